@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test command: fetch the test interpreters (cached), build the C fixtures, check
+# formatting and lints, then run every test against real processes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/fetch-pythons.sh
+scripts/build-fixtures.sh
+
+echo "== cargo fmt --check"
+cargo fmt --check
+echo "== cargo clippy"
+cargo clippy --all-targets --quiet -- -D warnings
+echo "== cargo test"
+# The interpreters must be there: a missing one fails the tests instead of skipping.
+export PYPROBE_REQUIRE_PYTHONS=1
+cargo test --all-targets

@@ -1,0 +1,23 @@
+//! Analysis of an event stream: stack reconstruction and aggregation into the
+//! data behind `pyprobe report`. Pure: no I/O, no syscalls.
+
+pub mod aggregate;
+pub mod filter;
+mod gc;
+pub mod histogram;
+mod imports;
+pub mod model;
+mod samples;
+pub mod stacks;
+
+#[cfg(test)]
+mod tests;
+
+pub use aggregate::Aggregator;
+pub use filter::{FileFilter, FilterError};
+pub use histogram::Histogram;
+pub use model::{
+    Anomalies, AuditCount, FunctionSource, FunctionStats, GcStats, ImportStats, Report, Target,
+    ThreadStats,
+};
+pub use stacks::{EndKind, Ended, StackCounters, StackTracker, MAX_DEPTH};

@@ -1,0 +1,151 @@
+//! The aggregated data behind `pyprobe report`, with strings resolved.
+
+use super::Histogram;
+
+/// The traced process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Target {
+    /// Process id.
+    pub pid: u32,
+    /// CPython version string.
+    pub python: String,
+    /// Path of the executable (or of the object carrying the probes).
+    pub executable: String,
+}
+
+/// Where function counts and times come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FunctionSource {
+    /// Entry and return probes: exact counts and times.
+    #[default]
+    Traced,
+    /// Return probes only (CPython 3.11): exact counts; times estimated from
+    /// samples when there are any, else zero.
+    ReturnsOnly,
+    /// Samples only: no counts; times estimated as samples × interval.
+    Sampled,
+}
+
+/// One Python function.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FunctionStats {
+    /// Function name.
+    pub function: String,
+    /// Source file.
+    pub file: String,
+    /// First line of the function (smallest sampled line when only sampled).
+    pub line: u32,
+    /// Finished calls; `None` when only sampled.
+    pub calls: Option<u64>,
+    /// Time on the stack; a recursive function counts once per outermost activation.
+    pub inclusive_ns: u64,
+    /// Time in the function itself, callees excluded.
+    pub exclusive_ns: u64,
+    /// Samples whose leaf is this function.
+    pub samples: u64,
+}
+
+/// One GC generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcStats {
+    /// GC generation (0 youngest).
+    pub generation: i32,
+    /// Collections that finished.
+    pub collections: u64,
+    /// Objects collected, summed.
+    pub collected: i64,
+    /// Time in collections.
+    pub total_ns: u64,
+    /// Longest pause.
+    pub max_ns: u64,
+    /// Pause latencies.
+    pub histogram: Histogram,
+}
+
+/// One imported module.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImportStats {
+    /// Module name.
+    pub module: String,
+    /// Whether any attempt found it.
+    pub found: bool,
+    /// Time in the import, nested imports included.
+    pub total_ns: u64,
+    /// Time in the import, nested imports excluded.
+    pub self_ns: u64,
+    /// Finished imports (timed or not).
+    pub count: u64,
+    /// The import this one first ran inside, if any.
+    pub importer: Option<String>,
+}
+
+/// Occurrences of one audit event name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditCount {
+    /// Audit event name.
+    pub event: String,
+    /// Times raised.
+    pub count: u64,
+}
+
+/// Events seen on one thread.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ThreadStats {
+    /// Native thread id.
+    pub tid: u32,
+    /// Events recorded on it.
+    pub events: u64,
+}
+
+/// Irregularities met while rebuilding stacks and pairing events; the report
+/// mentions the non-zero ones so a reader knows how far to trust the numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Anomalies {
+    /// Returns that matched a deeper frame: the frames above were popped.
+    pub resyncs: u64,
+    /// Entries that never saw their return (popped by a resync).
+    pub unpaired_entries: u64,
+    /// Returns without an entry (attached mid-call, or unpaired probes).
+    pub orphan_returns: u64,
+    /// Calls beyond the stack depth cap (counted, not timed).
+    pub depth_overflows: u64,
+    /// Frames still open at the end (time counted, call not).
+    pub open_at_end: u64,
+    /// GC starts without done, or done without start.
+    pub unpaired_gc: u64,
+    /// Import starts without done, or done without start.
+    pub unpaired_imports: u64,
+}
+
+/// Everything `pyprobe report` shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The traced process.
+    pub target: Target,
+    /// The recording's mode (`trace`, `sample`, `auto`).
+    pub mode: String,
+    /// Sampling interval, 0 when not sampling.
+    pub sample_interval_ns: u64,
+    /// From the recording's start to its end (trailer) or last event.
+    pub duration_ns: u64,
+    /// Events read.
+    pub events: u64,
+    /// Sum of the `Lost` events' counts (or the trailer's, if larger).
+    pub lost_events: u64,
+    /// Where function counts and times come from.
+    pub source: FunctionSource,
+    /// Sorted by inclusive time, then name.
+    pub functions: Vec<FunctionStats>,
+    /// By generation.
+    pub gc: Vec<GcStats>,
+    /// Slowest first.
+    pub imports: Vec<ImportStats>,
+    /// Most frequent first.
+    pub audit: Vec<AuditCount>,
+    /// By thread id.
+    pub threads: Vec<ThreadStats>,
+    /// How far to trust the numbers.
+    pub anomalies: Anomalies,
+    /// Set when the recording was cut short at this file offset.
+    pub truncated_at: Option<u64>,
+}

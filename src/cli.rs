@@ -1,0 +1,231 @@
+//! The command line (clap derive). Parsing only: `main.rs` dispatches.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pyprobe",
+    version,
+    about = "Profile and trace a live CPython process from outside, with nothing but ptrace",
+    long_about = "Profile and trace a live CPython process from outside, with nothing but ptrace.\n\n\
+        pyprobe needs no root, no eBPF, uprobes or perf_events, and no change to the target. \
+        It catches CPython's SystemTap (SDT) probes with breakpoints where the build has them, \
+        and samples Python stacks with a frame walker where it does not.",
+    after_help = "Examples:\n  \
+        pyprobe record -p 1234 -d 30 -o flame.svg     profile a running service for 30 s\n  \
+        pyprobe record -o run.pyprobe -- python3 app.py\n  \
+        pyprobe report run.pyprobe                    functions, GC pauses, imports, audit events\n  \
+        pyprobe probes /usr/bin/python3.11            what probes a binary has"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Record a live process or a command into a recording or a view.
+    Record(RecordArgs),
+    /// Render a recording as a flame graph or an export for other tools.
+    Flame(FlameArgs),
+    /// Summarise a recording: functions, GC pauses, imports, audit events, threads.
+    Report(ReportArgs),
+    /// Show the call flow of a recording, one line per call and return.
+    Calls(CallsArgs),
+    /// A live view of the hottest Python functions.
+    Top(TopArgs),
+    /// List the SDT probes of a binary or of a running process.
+    Probes(ProbesArgs),
+    /// Print the Python stack of every thread of a process, once.
+    Dump(DumpArgs),
+}
+
+/// Which process to look at: a running one, or a command to start.
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// Attach to this running process.
+    #[arg(short, long, value_name = "PID", conflicts_with = "command")]
+    pub pid: Option<i32>,
+    /// Start this command under pyprobe (after `--`).
+    #[arg(last = true, value_name = "CMD ARGS")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Sample function stacks; GC, import and audit exact through their probes.
+    Auto,
+    /// Every call and return exact, through the function probes.
+    Trace,
+    /// Function stacks by sampling only.
+    Sample,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Engine {
+    Auto,
+    Ring,
+    Int3,
+}
+
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Output: a recording (`.pyprobe`), or a view chosen by extension
+    /// (`.svg` flame graph, `.json` speedscope, `.txt` collapsed stacks).
+    /// Default: pyprobe-PID.pyprobe.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Stop after this many seconds (default: until the target exits or Ctrl-C).
+    #[arg(short, long, value_name = "SECONDS")]
+    pub duration: Option<f64>,
+    #[arg(long, value_enum, default_value_t = Mode::Auto)]
+    pub mode: Mode,
+    /// Sampling rate in Hz.
+    #[arg(short, long, value_name = "HZ", default_value_t = 100)]
+    pub rate: u32,
+    /// Probe groups to enable (comma-separated): function, gc, import, audit, line.
+    /// Default: every group the interpreter supports correctly, except line.
+    #[arg(long, value_delimiter = ',', value_name = "GROUPS")]
+    pub probes: Vec<String>,
+    /// Keep only events of files matching this glob (repeatable).
+    #[arg(long, value_name = "GLOB")]
+    pub include: Vec<String>,
+    /// Drop events of files matching this glob (repeatable).
+    #[arg(long, value_name = "GLOB")]
+    pub exclude: Vec<String>,
+    /// Record only while inside a call of this function (per thread).
+    #[arg(long, value_name = "FUNCTION")]
+    pub start_at: Option<String>,
+    /// Also trace child processes the target forks.
+    #[arg(long)]
+    pub subprocesses: bool,
+    /// How probe hits are caught.
+    #[arg(long, value_enum, default_value_t = Engine::Auto)]
+    pub engine: Engine,
+    /// Stop tracing functions exactly when the target spends more than this share
+    /// of its time stopped for pyprobe.
+    #[arg(long, value_name = "PERCENT")]
+    pub max_overhead: Option<f64>,
+    /// Sample without stopping the threads (faster, stacks may be torn).
+    #[arg(long)]
+    pub nonblocking: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FlameFormat {
+    Svg,
+    Collapsed,
+    Speedscope,
+    Chrome,
+}
+
+#[derive(Debug, Args)]
+pub struct FlameArgs {
+    /// A recording made by `pyprobe record`.
+    pub file: PathBuf,
+    #[arg(short, long, value_name = "OUT")]
+    pub output: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = FlameFormat::Svg)]
+    pub format: FlameFormat,
+    #[arg(long, value_name = "T")]
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SortKey {
+    Inclusive,
+    Exclusive,
+    Calls,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A recording made by `pyprobe record`.
+    pub file: PathBuf,
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    pub format: ReportFormat,
+    #[arg(long, value_enum, default_value_t = SortKey::Inclusive)]
+    pub sort: SortKey,
+    /// Show at most N functions (table only; JSON lists all).
+    #[arg(long, value_name = "N", default_value_t = 30)]
+    pub limit: usize,
+    /// Keep only functions whose file matches this glob (repeatable).
+    #[arg(long, value_name = "GLOB")]
+    pub include: Vec<String>,
+    /// Hide functions whose file matches this glob (repeatable).
+    #[arg(long, value_name = "GLOB")]
+    pub exclude: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TextFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct CallsArgs {
+    /// A recording made by `pyprobe record --mode trace`.
+    pub file: PathBuf,
+    /// Show only what happens inside calls of this function.
+    #[arg(long, value_name = "FUNCTION")]
+    pub start_at: Option<String>,
+    #[arg(long, value_enum, default_value_t = TextFormat::Text)]
+    pub format: TextFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Every Python process this user may trace.
+    #[arg(long, conflicts_with_all = ["pid", "command"])]
+    pub all: bool,
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    pub interval: f64,
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub limit: usize,
+    /// Print one snapshot as text and exit.
+    #[arg(long)]
+    pub once: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TableFormat {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbesArgs {
+    /// A running process to inspect (the object carrying the probes is found in its maps).
+    #[arg(short, long, value_name = "PID", conflicts_with = "path")]
+    pub pid: Option<i32>,
+    /// An ELF file: a python binary, libpython*.so, or any program with SDT notes.
+    #[arg(value_name = "PATH", required_unless_present = "pid")]
+    pub path: Option<PathBuf>,
+    /// Only this provider (default: every provider in PATH; for -p, `python` when
+    /// the process has it, else every object with SDT notes).
+    #[arg(long, value_name = "NAME")]
+    pub provider: Option<String>,
+    #[arg(long, value_enum, default_value_t = TableFormat::Table)]
+    pub format: TableFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct DumpArgs {
+    #[arg(short, long, value_name = "PID")]
+    pub pid: i32,
+    #[arg(long, value_enum, default_value_t = TextFormat::Text)]
+    pub format: TextFormat,
+}

@@ -1,0 +1,75 @@
+//! PT_LOAD segments: link-time address ↔ file offset.
+
+use goblin::elf::program_header::{PF_X, PT_LOAD};
+use goblin::elf::Elf;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LoadSegment {
+    pub vaddr: u64,
+    pub memsz: u64,
+    pub offset: u64,
+    pub filesz: u64,
+    pub executable: bool,
+}
+
+impl LoadSegment {
+    pub fn contains_vaddr(&self, vaddr: u64) -> bool {
+        vaddr >= self.vaddr && vaddr - self.vaddr < self.memsz
+    }
+
+    pub fn contains_offset(&self, offset: u64) -> bool {
+        offset >= self.offset && offset - self.offset < self.filesz
+    }
+}
+
+pub(super) fn load_segments(elf: &Elf) -> Vec<LoadSegment> {
+    elf.program_headers
+        .iter()
+        .filter(|ph| ph.p_type == PT_LOAD)
+        .map(|ph| LoadSegment {
+            vaddr: ph.p_vaddr,
+            memsz: ph.p_memsz,
+            offset: ph.p_offset,
+            filesz: ph.p_filesz,
+            executable: ph.p_flags & PF_X != 0,
+        })
+        .collect()
+}
+
+pub(super) fn file_offset(segments: &[LoadSegment], vaddr: u64) -> Option<u64> {
+    segments
+        .iter()
+        .find(|s| s.contains_vaddr(vaddr) && vaddr - s.vaddr < s.filesz)
+        .map(|s| s.offset + (vaddr - s.vaddr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_addresses_inside_file_bytes_only() {
+        let segs = [
+            LoadSegment {
+                vaddr: 0x400000,
+                memsz: 0x1000,
+                offset: 0,
+                filesz: 0x1000,
+                executable: true,
+            },
+            LoadSegment {
+                vaddr: 0x601e00,
+                memsz: 0x400,
+                offset: 0x1e00,
+                filesz: 0x200,
+                executable: false,
+            },
+        ];
+        assert_eq!(file_offset(&segs, 0x400123), Some(0x123));
+        assert_eq!(file_offset(&segs, 0x601f00), Some(0x1f00));
+        // .bss: in memory but not in the file.
+        assert_eq!(file_offset(&segs, 0x602100), None);
+        assert_eq!(file_offset(&segs, 0x10), None);
+    }
+}

@@ -1,0 +1,13 @@
+//! pyprobe: profile and trace a live CPython process from outside, with nothing but ptrace.
+//!
+//! Data flows one way: target process → events → recording → views.
+
+pub mod analyze;
+pub mod elf;
+pub mod output;
+pub mod process;
+pub mod python;
+pub mod record;
+pub mod sdt;
+pub mod session;
+pub mod tracer;

@@ -1,0 +1,135 @@
+//! Reading and writing another process's memory.
+//!
+//! Reads go through `process_vm_readv` (one syscall, no stop needed); writes go
+//! through `/proc/PID/mem`, which the kernel lets a tracer use even on read-only code
+//! pages. Every read has a caller-given size: nothing here allocates by what the
+//! target says.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+
+use nix::sys::uio::{process_vm_readv, RemoteIoVec};
+use nix::unistd::Pid;
+
+/// Longest string pyprobe reads from a target (file names, function names, modules).
+pub const MAX_STRING: usize = 1024;
+
+#[derive(Debug)]
+pub struct ProcessMemory {
+    pid: i32,
+    mem: Option<File>,
+}
+
+impl ProcessMemory {
+    pub fn new(pid: i32) -> ProcessMemory {
+        ProcessMemory { pid, mem: None }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Reads exactly `buf.len()` bytes at `addr`.
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let local = [io::IoSliceMut::new(buf)];
+        let remote = [RemoteIoVec {
+            base: addr as usize,
+            len: local[0].len(),
+        }];
+        let want = local[0].len();
+        let mut local = local;
+        match process_vm_readv(Pid::from_raw(self.pid), &mut local, &remote) {
+            Ok(n) if n == want => Ok(()),
+            Ok(n) => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "pid {}: short read at {addr:#x}: {n} of {want} bytes",
+                    self.pid
+                ),
+            )),
+            Err(e) => Err(io::Error::new(
+                io::Error::from(e).kind(),
+                format!(
+                    "pid {}: cannot read {want} bytes at {addr:#x}: {e}",
+                    self.pid
+                ),
+            )),
+        }
+    }
+
+    pub fn read_u64(&self, addr: u64) -> io::Result<u64> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    pub fn read_u16(&self, addr: u64) -> io::Result<u16> {
+        let mut b = [0u8; 2];
+        self.read(addr, &mut b)?;
+        Ok(u16::from_le_bytes(b))
+    }
+
+    /// Reads a NUL-terminated string of at most `max` bytes. A string without a
+    /// terminator within `max` is cut there (the target is not trusted to end it).
+    /// Reads stop at page ends so a string near an unmapped page still reads.
+    pub fn read_c_string(&self, addr: u64, max: usize) -> io::Result<String> {
+        let mut out = Vec::new();
+        let mut at = addr;
+        while out.len() < max {
+            let to_page_end = 4096 - (at % 4096) as usize;
+            let n = to_page_end.min(max - out.len()).min(256);
+            let mut chunk = vec![0u8; n];
+            if let Err(e) = self.read(at, &mut chunk) {
+                if out.is_empty() {
+                    return Err(e);
+                }
+                break;
+            }
+            if let Some(end) = chunk.iter().position(|&b| b == 0) {
+                out.extend_from_slice(&chunk[..end]);
+                return Ok(String::from_utf8_lossy(&out).into_owned());
+            }
+            out.extend_from_slice(&chunk);
+            at = at.wrapping_add(n as u64);
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// Writes `bytes` at `addr` through `/proc/PID/mem`.
+    pub fn write(&mut self, addr: u64, bytes: &[u8]) -> io::Result<()> {
+        let pid = self.pid;
+        if self.mem.is_none() {
+            let path = format!("/proc/{pid}/mem");
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot open {path} for writing: {e}"))
+                })?;
+            self.mem = Some(file);
+        }
+        let Some(mem) = self.mem.as_ref() else {
+            unreachable!("opened above")
+        };
+        mem.write_all_at(bytes, addr).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "pid {pid}: cannot write {} bytes at {addr:#x}: {e}",
+                    bytes.len()
+                ),
+            )
+        })
+    }
+}
+
+impl crate::sdt::MemoryReader for ProcessMemory {
+    fn read_exact(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.read(address, buf)
+    }
+}

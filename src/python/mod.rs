@@ -1,0 +1,6 @@
+//! What CPython's probes and structures mean. The tracer knows nothing of Python;
+//! this module gives the probes their names, groups and argument meanings.
+
+pub mod probes;
+pub mod tracing;
+pub mod version;

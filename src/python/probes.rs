@@ -1,0 +1,128 @@
+//! CPython's SDT probes (provider `python`): names, argument meanings, groups.
+//!
+//! From CPython's `Include/pydtrace.d`; see the "Instrumenting CPython with DTrace
+//! and SystemTap" how-to.
+
+use serde::Serialize;
+
+pub const PROVIDER: &str = "python";
+
+/// How an argument is to be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ArgKind {
+    /// A pointer to a NUL-terminated UTF-8 string in the target.
+    String,
+    /// An integer, taken as is.
+    Integer,
+    /// A pointer pyprobe does not follow.
+    Pointer,
+}
+
+/// Probe groups, as chosen with `record --probes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeGroup {
+    Function,
+    Line,
+    Gc,
+    Import,
+    Audit,
+}
+
+impl ProbeGroup {
+    pub const ALL: [ProbeGroup; 5] = [
+        ProbeGroup::Function,
+        ProbeGroup::Gc,
+        ProbeGroup::Import,
+        ProbeGroup::Audit,
+        ProbeGroup::Line,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ProbeGroup::Function => "function",
+            ProbeGroup::Line => "line",
+            ProbeGroup::Gc => "gc",
+            ProbeGroup::Import => "import",
+            ProbeGroup::Audit => "audit",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<ProbeGroup> {
+        ProbeGroup::ALL.into_iter().find(|g| g.name() == name)
+    }
+}
+
+/// One known CPython probe.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PythonProbe {
+    pub name: &'static str,
+    pub group: ProbeGroup,
+    pub args: &'static [(&'static str, ArgKind)],
+}
+
+use ArgKind::{Integer, Pointer, String as Str};
+
+pub const PROBES: &[PythonProbe] = &[
+    PythonProbe {
+        name: "function__entry",
+        group: ProbeGroup::Function,
+        args: &[("filename", Str), ("funcname", Str), ("lineno", Integer)],
+    },
+    PythonProbe {
+        name: "function__return",
+        group: ProbeGroup::Function,
+        args: &[("filename", Str), ("funcname", Str), ("lineno", Integer)],
+    },
+    PythonProbe {
+        name: "line",
+        group: ProbeGroup::Line,
+        args: &[("filename", Str), ("funcname", Str), ("lineno", Integer)],
+    },
+    PythonProbe {
+        name: "gc__start",
+        group: ProbeGroup::Gc,
+        args: &[("generation", Integer)],
+    },
+    PythonProbe {
+        name: "gc__done",
+        group: ProbeGroup::Gc,
+        args: &[("collected", Integer)],
+    },
+    PythonProbe {
+        name: "import__find__load__start",
+        group: ProbeGroup::Import,
+        args: &[("modulename", Str)],
+    },
+    PythonProbe {
+        name: "import__find__load__done",
+        group: ProbeGroup::Import,
+        args: &[("modulename", Str), ("found", Integer)],
+    },
+    PythonProbe {
+        name: "audit",
+        group: ProbeGroup::Audit,
+        args: &[("event", Str), ("args", Pointer)],
+    },
+];
+
+/// The meaning of a `python` probe, if pyprobe knows it.
+pub fn lookup(name: &str) -> Option<&'static PythonProbe> {
+    PROBES.iter().find(|p| p.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_group_has_a_probe_and_parses_back() {
+        for g in ProbeGroup::ALL {
+            assert!(PROBES.iter().any(|p| p.group == g));
+            assert_eq!(ProbeGroup::parse(g.name()), Some(g));
+        }
+        assert_eq!(lookup("gc__done").map(|p| p.args.len()), Some(1));
+        assert!(lookup("nope").is_none());
+    }
+}

@@ -1,0 +1,108 @@
+//! Choosing which CPython probes to trace, and building the engine's probe set.
+
+use std::collections::BTreeSet;
+
+use anyhow::{bail, Result};
+
+use super::probes::{lookup, ArgKind, ProbeGroup, PythonProbe, PROVIDER};
+use super::version::PyVersion;
+use crate::process::objects::LoadedObject;
+use crate::sdt;
+use crate::tracer::{Probe, ProbeSet, Site};
+
+/// The groups traced when the user does not choose, with a warning to print when
+/// the version limits what they give.
+pub fn default_groups(
+    version: Option<PyVersion>,
+    available: &BTreeSet<ProbeGroup>,
+) -> (BTreeSet<ProbeGroup>, Option<String>) {
+    let mut groups: BTreeSet<ProbeGroup> = available
+        .iter()
+        .copied()
+        .filter(|g| *g != ProbeGroup::Line)
+        .collect();
+    let mut warning = None;
+    if version.is_some_and(|v| v.is(3, 11)) && groups.contains(&ProbeGroup::Function) {
+        warning = Some(
+            "CPython 3.11: function__entry fires only while a tracing hook is set, so calls are counted \
+             from function__return (exact counts, no times); line is off (incomplete, gh-98894)"
+                .to_string(),
+        );
+    }
+    if !available.contains(&ProbeGroup::Function) {
+        groups.remove(&ProbeGroup::Function);
+    }
+    (groups, warning)
+}
+
+/// Parses `--probes a,b,c`.
+pub fn parse_groups(names: &[String]) -> Result<BTreeSet<ProbeGroup>> {
+    names
+        .iter()
+        .map(|n| {
+            ProbeGroup::parse(n.trim()).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "unknown probe group `{n}` (choose from function, gc, import, audit, line)"
+                )
+            })
+        })
+        .collect()
+}
+
+/// The probe groups an object carries.
+pub fn available_groups(object: &LoadedObject) -> BTreeSet<ProbeGroup> {
+    object
+        .elf
+        .provider_probes(PROVIDER)
+        .filter_map(|p| lookup(&p.name).map(|k| k.group))
+        .collect()
+}
+
+/// The engine's probe set for `groups`, and for each probe index its meaning.
+pub fn probe_set(
+    object: &LoadedObject,
+    groups: &BTreeSet<ProbeGroup>,
+) -> Result<(ProbeSet, Vec<&'static PythonProbe>)> {
+    let mut set = ProbeSet::default();
+    let mut meanings = Vec::new();
+    for probe in object.elf.provider_probes(PROVIDER) {
+        let Some(meaning) = lookup(&probe.name) else {
+            continue;
+        };
+        if !groups.contains(&meaning.group) {
+            continue;
+        }
+        let mut sites = Vec::new();
+        for site in &probe.sites {
+            let args = sdt::parse_args(&site.args)?;
+            for arg in &args {
+                if let Some(name) = arg.operand.symbol() {
+                    match object.elf.symbols.address(name) {
+                        Some(a) => set.symbols.push((name.to_owned(), object.runtime(a))),
+                        None => bail!(
+                            "probe {} uses symbol `{name}`, which {} does not define (stripped?)",
+                            probe.name,
+                            object.target_path
+                        ),
+                    }
+                }
+            }
+            sites.push(Site {
+                address: object.runtime(site.address),
+                args,
+            });
+        }
+        set.probes.push(Probe {
+            name: probe.name.clone(),
+            semaphore: probe.semaphore.map(|s| object.runtime(s)),
+            sites,
+            string_args: meaning
+                .args
+                .iter()
+                .map(|(_, k)| *k == ArgKind::String)
+                .collect(),
+        });
+        meanings.push(meaning);
+    }
+    Ok((set, meanings))
+}

@@ -1,0 +1,219 @@
+//! Compact encoding of events inside one events chunk.
+//!
+//! Each event is a tag byte (kind in the low bits, `SAME_TID` when the thread is
+//! the previous event's), the thread id as a varint unless `SAME_TID`, the
+//! timestamp (absolute varint for a chunk's first event, then a zigzag delta
+//! against the previous event: threads interleave, so deltas may be negative),
+//! and the kind's payload. State resets at every chunk so chunks stand alone.
+
+use super::wire::{put_uvarint, zigzag, Cursor};
+use super::{Event, EventKind, FrameRef, RecordError, StrId};
+
+const SAME_TID: u8 = 0x80;
+const KIND_MASK: u8 = 0x7f;
+
+mod tag {
+    pub const CALL: u8 = 0;
+    pub const RETURN: u8 = 1;
+    pub const LINE: u8 = 2;
+    pub const GC_START: u8 = 3;
+    pub const GC_DONE: u8 = 4;
+    pub const IMPORT_START: u8 = 5;
+    pub const IMPORT_DONE: u8 = 6;
+    pub const AUDIT: u8 = 7;
+    pub const SAMPLE: u8 = 8;
+    pub const THREAD_START: u8 = 9;
+    pub const THREAD_EXIT: u8 = 10;
+    pub const LOST: u8 = 11;
+}
+
+/// Smallest encoding of a frame: three one-byte varints.
+const MIN_FRAME_LEN: usize = 3;
+
+/// Delta state of the previous event in the current chunk.
+#[derive(Default)]
+struct Prev {
+    last: Option<(u32, u64)>,
+}
+
+/// Encodes events into an events-chunk payload.
+#[derive(Default)]
+pub(crate) struct EventEncoder {
+    prev: Prev,
+}
+
+impl EventEncoder {
+    /// Starts a new chunk: the next event is encoded with absolute values.
+    pub(crate) fn reset(&mut self) {
+        self.prev.last = None;
+    }
+
+    /// Appends `event`; a sample keeps only its innermost `max_frames` frames.
+    pub(crate) fn encode(&mut self, buf: &mut Vec<u8>, event: &Event, max_frames: usize) {
+        let kind = kind_tag(&event.kind);
+        match self.prev.last {
+            Some((tid, ts)) => {
+                if tid == event.tid {
+                    buf.push(kind | SAME_TID);
+                } else {
+                    buf.push(kind);
+                    put_uvarint(buf, u64::from(event.tid));
+                }
+                put_uvarint(buf, zigzag(event.ts_ns.wrapping_sub(ts) as i64));
+            }
+            None => {
+                buf.push(kind);
+                put_uvarint(buf, u64::from(event.tid));
+                put_uvarint(buf, event.ts_ns);
+            }
+        }
+        self.prev.last = Some((event.tid, event.ts_ns));
+        match &event.kind {
+            EventKind::Call { frame } | EventKind::Return { frame } | EventKind::Line { frame } => {
+                put_frame(buf, frame)
+            }
+            EventKind::GcStart { generation } => put_uvarint(buf, zigzag(i64::from(*generation))),
+            EventKind::GcDone { collected } => put_uvarint(buf, zigzag(*collected)),
+            EventKind::ImportStart { module } => put_uvarint(buf, u64::from(module.0)),
+            EventKind::ImportDone { module, found } => {
+                put_uvarint(buf, u64::from(module.0));
+                buf.push(u8::from(*found));
+            }
+            EventKind::Audit { event } => put_uvarint(buf, u64::from(event.0)),
+            EventKind::Sample { frames } => {
+                let kept = &frames[frames.len().saturating_sub(max_frames)..];
+                put_uvarint(buf, kept.len() as u64);
+                for f in kept {
+                    put_frame(buf, f);
+                }
+            }
+            EventKind::ThreadStart | EventKind::ThreadExit => {}
+            EventKind::Lost { count } => put_uvarint(buf, *count),
+        }
+    }
+}
+
+fn kind_tag(kind: &EventKind) -> u8 {
+    match kind {
+        EventKind::Call { .. } => tag::CALL,
+        EventKind::Return { .. } => tag::RETURN,
+        EventKind::Line { .. } => tag::LINE,
+        EventKind::GcStart { .. } => tag::GC_START,
+        EventKind::GcDone { .. } => tag::GC_DONE,
+        EventKind::ImportStart { .. } => tag::IMPORT_START,
+        EventKind::ImportDone { .. } => tag::IMPORT_DONE,
+        EventKind::Audit { .. } => tag::AUDIT,
+        EventKind::Sample { .. } => tag::SAMPLE,
+        EventKind::ThreadStart => tag::THREAD_START,
+        EventKind::ThreadExit => tag::THREAD_EXIT,
+        EventKind::Lost { .. } => tag::LOST,
+    }
+}
+
+fn put_frame(buf: &mut Vec<u8>, f: &FrameRef) {
+    put_uvarint(buf, u64::from(f.file.0));
+    put_uvarint(buf, u64::from(f.function.0));
+    put_uvarint(buf, u64::from(f.line));
+}
+
+/// Decodes events from an events-chunk payload.
+#[derive(Default)]
+pub(crate) struct EventDecoder {
+    prev: Prev,
+}
+
+impl EventDecoder {
+    /// Starts a new chunk.
+    pub(crate) fn reset(&mut self) {
+        self.prev.last = None;
+    }
+
+    /// Decodes the next event at the cursor.
+    pub(crate) fn decode(&mut self, c: &mut Cursor<'_>) -> Result<Event, RecordError> {
+        let tag_at = c.offset();
+        let tag_byte = c.u8()?;
+        let (tid, ts_ns) = match (self.prev.last, tag_byte & SAME_TID != 0) {
+            (Some((tid, ts)), same) => {
+                let tid = if same { tid } else { c.u32v("thread id")? };
+                (tid, ts.wrapping_add(c.ivarint()? as u64))
+            }
+            (None, false) => (c.u32v("thread id")?, c.uvarint()?),
+            (None, true) => {
+                return Err(RecordError::Corrupt {
+                    offset: tag_at,
+                    what: "first event of a chunk refers to a previous thread".into(),
+                })
+            }
+        };
+        self.prev.last = Some((tid, ts_ns));
+        let kind = match tag_byte & KIND_MASK {
+            tag::CALL => EventKind::Call {
+                frame: get_frame(c)?,
+            },
+            tag::RETURN => EventKind::Return {
+                frame: get_frame(c)?,
+            },
+            tag::LINE => EventKind::Line {
+                frame: get_frame(c)?,
+            },
+            tag::GC_START => {
+                let at = c.offset();
+                let g = c.ivarint()?;
+                let generation = i32::try_from(g).map_err(|_| RecordError::Corrupt {
+                    offset: at,
+                    what: format!("gc generation {g} out of range"),
+                })?;
+                EventKind::GcStart { generation }
+            }
+            tag::GC_DONE => EventKind::GcDone {
+                collected: c.ivarint()?,
+            },
+            tag::IMPORT_START => EventKind::ImportStart {
+                module: StrId(c.u32v("string id")?),
+            },
+            tag::IMPORT_DONE => {
+                let module = StrId(c.u32v("string id")?);
+                let at = c.offset();
+                let found = match c.u8()? {
+                    0 => false,
+                    1 => true,
+                    b => {
+                        return Err(RecordError::Corrupt {
+                            offset: at,
+                            what: format!("bad boolean {b}"),
+                        })
+                    }
+                };
+                EventKind::ImportDone { module, found }
+            }
+            tag::AUDIT => EventKind::Audit {
+                event: StrId(c.u32v("string id")?),
+            },
+            tag::SAMPLE => {
+                let n = c.count(MIN_FRAME_LEN, "sample frame")?;
+                let frames = (0..n).map(|_| get_frame(c)).collect::<Result<_, _>>()?;
+                EventKind::Sample { frames }
+            }
+            tag::THREAD_START => EventKind::ThreadStart,
+            tag::THREAD_EXIT => EventKind::ThreadExit,
+            tag::LOST => EventKind::Lost {
+                count: c.uvarint()?,
+            },
+            other => {
+                return Err(RecordError::Corrupt {
+                    offset: tag_at,
+                    what: format!("unknown event kind {other}"),
+                })
+            }
+        };
+        Ok(Event { tid, ts_ns, kind })
+    }
+}
+
+fn get_frame(c: &mut Cursor<'_>) -> Result<FrameRef, RecordError> {
+    Ok(FrameRef {
+        file: StrId(c.u32v("string id")?),
+        function: StrId(c.u32v("string id")?),
+        line: c.u32v("line")?,
+    })
+}

@@ -1,0 +1,39 @@
+//! Event types and the recording file (`.pyprobe`): its writer and its reader.
+//!
+//! A recording is the magic `PYPROBE\0`, a little-endian `u32` format version, then
+//! a stream of self-contained chunks. Each chunk is a kind byte, a `u32` payload
+//! length, the `u32` CRC-32 of the payload, and the payload. The first chunk is the
+//! [`Header`]; then come string-table chunks, event chunks, and finally a trailer
+//! whose absence means the recording was cut short. All integers inside payloads
+//! are LEB128 varints (zigzag for signed values).
+
+mod codec;
+mod error;
+pub mod event;
+mod header;
+mod reader;
+mod wire;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::RecordError;
+pub use event::*;
+pub use header::{Header, FORMAT_VERSION, MAGIC};
+pub use reader::{Completion, Events, RecordingReader, Trailer};
+pub use writer::{RecordingWriter, Summary, MAX_SAMPLE_FRAMES, MAX_STRING_LEN};
+
+/// Largest chunk payload a reader accepts; anything longer is corruption.
+pub const MAX_CHUNK_LEN: u32 = 64 << 20;
+
+/// Chunk kind bytes.
+pub(crate) mod kind {
+    pub const HEADER: u8 = 1;
+    pub const STRINGS: u8 = 2;
+    pub const EVENTS: u8 = 3;
+    pub const TRAILER: u8 = 4;
+}
+
+/// Bytes before a chunk's payload: kind, length, checksum.
+pub(crate) const CHUNK_HEADER_LEN: u64 = 9;

@@ -1,0 +1,319 @@
+//! Reads a recording chunk by chunk, in bounded memory, treating the file as hostile.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::io::{self, BufReader, Read};
+use std::path::Path;
+
+use super::codec::EventDecoder;
+use super::wire::Cursor;
+use super::{
+    kind, Event, Header, RecordError, StrId, CHUNK_HEADER_LEN, FORMAT_VERSION, MAGIC, MAX_CHUNK_LEN,
+};
+
+/// The trailer of a recording that was finished properly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trailer {
+    /// Monotonic end time, ns.
+    pub end_ns: u64,
+    /// Events the recorder knew were lost.
+    pub lost_events: u64,
+    /// Events the writer wrote.
+    pub events: u64,
+}
+
+/// How reading ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// The events have not all been read yet.
+    Reading,
+    /// The trailer was seen: the recording is whole.
+    Complete(Trailer),
+    /// The file ends without a trailer; every whole chunk before `offset` was read.
+    Truncated {
+        /// Where the first incomplete chunk starts (or the file ends).
+        offset: u64,
+    },
+    /// Reading stopped at an error about `offset` (already returned by the iterator).
+    Failed {
+        /// The offset named by the error.
+        offset: u64,
+    },
+}
+
+/// Streams a recording's events.
+pub struct RecordingReader<R: Read> {
+    input: R,
+    header: Header,
+    strings: Vec<String>,
+    /// File offset of the next chunk.
+    offset: u64,
+    /// Payload of the current events chunk and the read position in it.
+    chunk: Vec<u8>,
+    pos: usize,
+    chunk_base: u64,
+    decoder: EventDecoder,
+    events_read: u64,
+    completion: Completion,
+}
+
+impl RecordingReader<BufReader<File>> {
+    /// Opens the recording at `path` and reads its header.
+    pub fn open(path: &Path) -> Result<Self, RecordError> {
+        let file = File::open(path).map_err(|source| RecordError::Io { offset: 0, source })?;
+        Self::from_reader(BufReader::with_capacity(256 * 1024, file))
+    }
+}
+
+/// Outcome of reading one chunk.
+enum Chunk {
+    /// A whole, checksummed chunk of this kind is in `self.chunk`.
+    Whole(u8),
+    /// The file ends cleanly at a chunk boundary.
+    Eof,
+    /// The file ends inside the chunk starting at the current offset.
+    Partial,
+}
+
+impl<R: Read> RecordingReader<R> {
+    /// Reads the magic, version and header from `input`.
+    pub fn from_reader(input: R) -> Result<Self, RecordError> {
+        let mut r = RecordingReader {
+            input,
+            header: Header::default(),
+            strings: Vec::new(),
+            offset: 0,
+            chunk: Vec::new(),
+            pos: 0,
+            chunk_base: 0,
+            decoder: EventDecoder::default(),
+            events_read: 0,
+            completion: Completion::Reading,
+        };
+        let mut prefix = [0u8; 12];
+        let n = read_full(&mut r.input, &mut prefix, 0)?;
+        if n == 0 {
+            return Err(RecordError::Empty);
+        }
+        let magic_len = n.min(MAGIC.len());
+        if prefix[..magic_len] != MAGIC[..magic_len] {
+            return Err(RecordError::NotARecording);
+        }
+        if n < prefix.len() {
+            return Err(RecordError::TruncatedHeader { offset: n as u64 });
+        }
+        let version = u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]);
+        if version != FORMAT_VERSION {
+            return Err(RecordError::UnsupportedVersion { version });
+        }
+        r.offset = prefix.len() as u64;
+        let at = r.offset;
+        match r.read_chunk()? {
+            Chunk::Whole(kind::HEADER) => {}
+            Chunk::Whole(k) => {
+                return Err(RecordError::Corrupt {
+                    offset: at,
+                    what: format!("expected the header chunk, found chunk kind {k}"),
+                })
+            }
+            Chunk::Eof | Chunk::Partial => return Err(RecordError::TruncatedHeader { offset: at }),
+        }
+        let mut c = Cursor::new(&r.chunk, 0, at + CHUNK_HEADER_LEN);
+        r.header = Header::decode(&mut c, version)?;
+        r.chunk.clear();
+        Ok(r)
+    }
+
+    /// The recording's header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The string for `id`, or a placeholder such as `<unknown #7>` for an id the
+    /// recording never defined (e.g. one whose strings chunk was cut off).
+    pub fn string(&self, id: StrId) -> Cow<'_, str> {
+        match self.strings.get(id.0 as usize) {
+            Some(s) => Cow::Borrowed(s),
+            None => Cow::Owned(format!("<unknown #{}>", id.0)),
+        }
+    }
+
+    /// The string table read so far, indexed by [`StrId`].
+    pub fn strings(&self) -> &[String] {
+        &self.strings
+    }
+
+    /// Events returned so far.
+    pub fn events_read(&self) -> u64 {
+        self.events_read
+    }
+
+    /// How reading ended; [`Completion::Reading`] until the last event was returned.
+    pub fn completion(&self) -> Completion {
+        self.completion
+    }
+
+    /// Iterates over the remaining events.
+    pub fn events(&mut self) -> Events<'_, R> {
+        Events { reader: self }
+    }
+
+    /// The next event, `None` at the end (see [`completion`](Self::completion)).
+    /// After an error, returns `None`.
+    pub fn next_event(&mut self) -> Option<Result<Event, RecordError>> {
+        match self.advance() {
+            Ok(Some(e)) => {
+                self.events_read += 1;
+                Some(Ok(e))
+            }
+            Ok(None) => None,
+            Err(e) => {
+                self.completion = Completion::Failed { offset: e.offset() };
+                Some(Err(e))
+            }
+        }
+    }
+
+    fn advance(&mut self) -> Result<Option<Event>, RecordError> {
+        loop {
+            if self.completion != Completion::Reading {
+                return Ok(None);
+            }
+            if self.pos < self.chunk.len() {
+                let mut c = Cursor::new(&self.chunk, self.pos, self.chunk_base);
+                let event = self.decoder.decode(&mut c)?;
+                self.pos = c.pos();
+                return Ok(Some(event));
+            }
+            let at = self.offset;
+            match self.read_chunk()? {
+                Chunk::Eof | Chunk::Partial => {
+                    self.completion = Completion::Truncated { offset: at };
+                }
+                Chunk::Whole(kind::EVENTS) => {
+                    self.pos = 0;
+                    self.chunk_base = at + CHUNK_HEADER_LEN;
+                    self.decoder.reset();
+                }
+                Chunk::Whole(kind::STRINGS) => self.read_strings(at + CHUNK_HEADER_LEN)?,
+                Chunk::Whole(kind::TRAILER) => {
+                    let mut c = Cursor::new(&self.chunk, 0, at + CHUNK_HEADER_LEN);
+                    let trailer = Trailer {
+                        end_ns: c.uvarint()?,
+                        lost_events: c.uvarint()?,
+                        events: c.uvarint()?,
+                    };
+                    // Anything after the trailer is not part of the recording.
+                    self.completion = Completion::Complete(trailer);
+                }
+                Chunk::Whole(k) => {
+                    return Err(RecordError::Corrupt {
+                        offset: at,
+                        what: format!("unexpected chunk kind {k}"),
+                    })
+                }
+            }
+        }
+    }
+
+    fn read_strings(&mut self, base: u64) -> Result<(), RecordError> {
+        let mut c = Cursor::new(&self.chunk, 0, base);
+        // An entry is at least an id and a length.
+        let n = c.count(2, "string")?;
+        for _ in 0..n {
+            let at = c.offset();
+            let id = c.uvarint()?;
+            if id != self.strings.len() as u64 {
+                return Err(RecordError::Corrupt {
+                    offset: at,
+                    what: format!(
+                        "string id {id} out of order (expected {})",
+                        self.strings.len()
+                    ),
+                });
+            }
+            self.strings.push(c.string()?);
+        }
+        // The events that follow reuse the buffer.
+        self.chunk.clear();
+        self.pos = 0;
+        Ok(())
+    }
+
+    /// Reads the chunk at `self.offset` into `self.chunk`, checking its length and
+    /// checksum; advances `self.offset` past it when whole.
+    fn read_chunk(&mut self) -> Result<Chunk, RecordError> {
+        let at = self.offset;
+        self.chunk.clear();
+        self.pos = 0;
+        let mut head = [0u8; CHUNK_HEADER_LEN as usize];
+        let n = read_full(&mut self.input, &mut head, at)?;
+        if n == 0 {
+            return Ok(Chunk::Eof);
+        }
+        if n < head.len() {
+            return Ok(Chunk::Partial);
+        }
+        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
+        let stored = u32::from_le_bytes([head[5], head[6], head[7], head[8]]);
+        if len > MAX_CHUNK_LEN {
+            return Err(RecordError::ChunkTooLong { offset: at, len });
+        }
+        // `take` grows the buffer as bytes arrive: a lying length in a short file
+        // costs no more memory than the file holds.
+        (&mut self.input)
+            .take(u64::from(len))
+            .read_to_end(&mut self.chunk)
+            .map_err(|source| RecordError::Io {
+                offset: at + CHUNK_HEADER_LEN,
+                source,
+            })?;
+        if self.chunk.len() < len as usize {
+            self.chunk.clear();
+            return Ok(Chunk::Partial);
+        }
+        let computed = crc32fast::hash(&self.chunk);
+        if computed != stored {
+            self.chunk.clear();
+            return Err(RecordError::Checksum {
+                offset: at,
+                stored,
+                computed,
+            });
+        }
+        self.offset = at + CHUNK_HEADER_LEN + u64::from(len);
+        Ok(Chunk::Whole(head[0]))
+    }
+}
+
+/// Iterator over a recording's events; see [`RecordingReader::events`].
+pub struct Events<'a, R: Read> {
+    reader: &'a mut RecordingReader<R>,
+}
+
+impl<R: Read> Iterator for Events<'_, R> {
+    type Item = Result<Event, RecordError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.reader.next_event()
+    }
+}
+
+/// Reads until `buf` is full or the input ends; returns the bytes read.
+fn read_full(input: &mut impl Read, buf: &mut [u8], offset: u64) -> Result<usize, RecordError> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(source) => {
+                return Err(RecordError::Io {
+                    offset: offset + n as u64,
+                    source,
+                })
+            }
+        }
+    }
+    Ok(n)
+}

@@ -1,0 +1,515 @@
+//! Round trips and hostile-input tests for the recording file.
+
+use std::io::{self, Write};
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn header() -> Header {
+    Header {
+        pid: 4242,
+        command_line: vec!["python3".into(), "app.py".into(), "--flag".into()],
+        executable: "/usr/bin/python3.9".into(),
+        python_version: "3.9.2".into(),
+        mode: "trace".into(),
+        probes: vec!["function".into(), "gc".into()],
+        start_ns: 1_000,
+        wall_start_unix_ns: 1_700_000_000_000_000_000,
+        sample_interval_ns: 10_000_000,
+        ..Header::default()
+    }
+}
+
+/// One event of every kind, on two threads, with a timestamp going backwards.
+fn every_kind(w: &mut RecordingWriter<impl Write>) -> Vec<Event> {
+    let file = w.intern("/app/fib.py");
+    let fib = w.intern("fib");
+    let json = w.intern("json");
+    let open = w.intern("open");
+    let frame = FrameRef {
+        file,
+        function: fib,
+        line: 3,
+    };
+    let kinds = vec![
+        EventKind::ThreadStart,
+        EventKind::Call { frame },
+        EventKind::Line {
+            frame: FrameRef { line: 4, ..frame },
+        },
+        EventKind::Return { frame },
+        EventKind::GcStart { generation: 2 },
+        EventKind::GcDone { collected: -5 },
+        EventKind::GcDone {
+            collected: i64::MAX,
+        },
+        EventKind::ImportStart { module: json },
+        EventKind::ImportDone {
+            module: json,
+            found: true,
+        },
+        EventKind::ImportDone {
+            module: json,
+            found: false,
+        },
+        EventKind::Audit { event: open },
+        EventKind::Sample {
+            frames: vec![frame, FrameRef { line: 9, ..frame }],
+        },
+        EventKind::Sample { frames: vec![] },
+        EventKind::Lost { count: 17 },
+        EventKind::ThreadExit,
+    ];
+    let mut out = Vec::new();
+    for (i, kind) in kinds.into_iter().enumerate() {
+        let tid = if i % 3 == 0 { 7 } else { 8 };
+        let ts_ns = if i == 5 { 900 } else { 2_000 + 10 * i as u64 };
+        out.push(Event { tid, ts_ns, kind });
+    }
+    out.push(Event {
+        tid: u32::MAX,
+        ts_ns: u64::MAX,
+        kind: EventKind::ThreadStart,
+    });
+    out.push(Event {
+        tid: 0,
+        ts_ns: 0,
+        kind: EventKind::ThreadExit,
+    });
+    for e in &out {
+        w.write(e).unwrap();
+    }
+    out
+}
+
+/// A small complete recording and the events in it.
+fn small_recording() -> (Vec<u8>, Vec<Event>) {
+    let mut buf = Vec::new();
+    let mut w = RecordingWriter::new(&mut buf, &header()).unwrap();
+    let mut events = every_kind(&mut w);
+    // A second chunk whose strings come after the first chunk's events.
+    w.flush().unwrap();
+    let late = w.intern("late_function");
+    let e = Event {
+        tid: 9,
+        ts_ns: 5_000,
+        kind: EventKind::Call {
+            frame: FrameRef {
+                file: late,
+                function: late,
+                line: 1,
+            },
+        },
+    };
+    w.write(&e).unwrap();
+    events.push(e);
+    w.finish(6_000).unwrap();
+    (buf, events)
+}
+
+fn read_all(bytes: &[u8]) -> Result<(RecordingReader<&[u8]>, Vec<Event>), RecordError> {
+    let mut r = RecordingReader::from_reader(bytes)?;
+    let events = r.events().collect::<Result<Vec<_>, _>>()?;
+    Ok((r, events))
+}
+
+#[test]
+fn round_trip_every_kind() {
+    let (bytes, written) = small_recording();
+    let (r, read) = read_all(&bytes).unwrap();
+    assert_eq!(read, written);
+    assert_eq!(r.header(), &header());
+    assert_eq!(r.string(StrId(0)), "/app/fib.py");
+    assert_eq!(r.string(StrId(4)), "late_function");
+    assert_eq!(
+        r.completion(),
+        Completion::Complete(Trailer {
+            end_ns: 6_000,
+            lost_events: 17,
+            events: written.len() as u64,
+        })
+    );
+    assert_eq!(r.events_read(), written.len() as u64);
+}
+
+#[test]
+fn unknown_string_id_gives_placeholder() {
+    let (bytes, _) = small_recording();
+    let (r, _) = read_all(&bytes).unwrap();
+    assert_eq!(r.string(StrId(77)), "<unknown #77>");
+}
+
+#[test]
+fn summary_counts_and_caps() {
+    let mut buf = Vec::new();
+    let mut w = RecordingWriter::new(&mut buf, &header()).unwrap();
+    let long = "é".repeat(MAX_STRING_LEN); // 2 bytes each: twice the cap
+    let a = w.intern(&long);
+    assert_eq!(w.intern(&long), a, "interning is idempotent");
+    let b = w.intern("b");
+    assert_eq!((a, b), (StrId(0), StrId(1)));
+    let frames: Vec<FrameRef> = (0..MAX_SAMPLE_FRAMES as u32 + 10)
+        .map(|line| FrameRef {
+            file: b,
+            function: b,
+            line,
+        })
+        .collect();
+    w.write(&Event {
+        tid: 1,
+        ts_ns: 1,
+        kind: EventKind::Sample {
+            frames: frames.clone(),
+        },
+    })
+    .unwrap();
+    let s = w.finish(2).unwrap();
+    assert_eq!(s.events, 1);
+    assert_eq!(s.strings, 2);
+    assert_eq!(s.truncated_strings, 1);
+    assert_eq!(s.truncated_samples, 1);
+    assert_eq!(s.bytes, buf.len() as u64);
+    let (r, events) = read_all(&buf).unwrap();
+    assert_eq!(r.string(a).len(), MAX_STRING_LEN);
+    match &events[0].kind {
+        // The innermost frames are kept.
+        EventKind::Sample { frames: kept } => assert_eq!(kept[..], frames[10..]),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn writer_rejects_uninterned_ids() {
+    let mut w = RecordingWriter::new(Vec::new(), &header()).unwrap();
+    let err = w
+        .write(&Event {
+            tid: 1,
+            ts_ns: 1,
+            kind: EventKind::Audit { event: StrId(3) },
+        })
+        .unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+}
+
+#[test]
+fn many_events_span_many_chunks() {
+    let mut buf = Vec::new();
+    let mut w = RecordingWriter::new(&mut buf, &header()).unwrap();
+    let n = 200_000u64;
+    let mut frames = Vec::new();
+    for i in 0..n {
+        if i % 1000 == 0 {
+            let f = w.intern(&format!("f{i}"));
+            frames.push(FrameRef {
+                file: f,
+                function: f,
+                line: i as u32,
+            });
+        }
+        let frame = *frames.last().unwrap();
+        let kind = if i % 2 == 0 {
+            EventKind::Call { frame }
+        } else {
+            EventKind::Return { frame }
+        };
+        w.write(&Event {
+            tid: (i % 3) as u32,
+            ts_ns: i * 100,
+            kind,
+        })
+        .unwrap();
+    }
+    let s = w.finish(n * 100).unwrap();
+    assert!(s.chunks > 4, "expected several chunks, got {}", s.chunks);
+    let mut r = RecordingReader::from_reader(&buf[..]).unwrap();
+    let mut count = 0u64;
+    for (i, e) in r.events().enumerate() {
+        let e = e.unwrap();
+        assert_eq!(e.ts_ns, i as u64 * 100);
+        count += 1;
+    }
+    assert_eq!(count, n);
+    assert!(matches!(r.completion(), Completion::Complete(t) if t.events == n));
+    assert_eq!(r.string(frames[199].function), "f199000");
+}
+
+#[test]
+fn truncated_at_every_byte_reads_a_prefix() {
+    let (bytes, written) = small_recording();
+    let header_end = {
+        let mut buf = Vec::new();
+        RecordingWriter::new(&mut buf, &header()).unwrap();
+        buf.len()
+    };
+    for len in 0..bytes.len() {
+        let cut = &bytes[..len];
+        match RecordingReader::from_reader(cut) {
+            Ok(mut r) => {
+                assert!(len >= header_end, "header accepted at {len}");
+                let read: Vec<Event> = r.events().map(|e| e.unwrap()).collect();
+                assert_eq!(read[..], written[..read.len()], "cut at {len}");
+                match r.completion() {
+                    Completion::Truncated { offset } => assert!(offset <= len as u64),
+                    other => panic!("cut at {len}: {other:?}"),
+                }
+            }
+            Err(RecordError::Empty) => assert_eq!(len, 0),
+            Err(RecordError::TruncatedHeader { offset }) => {
+                assert!(len < header_end && offset <= len as u64)
+            }
+            Err(e) => panic!("cut at {len}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn flipped_payload_bytes_are_checksum_errors() {
+    let (bytes, _) = small_recording();
+    // Walk the chunks to find each payload.
+    let mut at = 12usize;
+    let mut chunks = Vec::new();
+    while at + 9 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at + 1..at + 5].try_into().unwrap()) as usize;
+        chunks.push((at, len));
+        at += 9 + len;
+    }
+    assert_eq!(at, bytes.len());
+    for &(start, len) in &chunks {
+        for i in start + 9..start + 9 + len {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x41;
+            let err = match read_all(&bad) {
+                Err(e) => e,
+                Ok(_) => panic!("flip at {i} not detected"),
+            };
+            match err {
+                RecordError::Checksum { offset, .. } => assert_eq!(offset, start as u64),
+                e => panic!("flip at {i}: {e}"),
+            }
+            assert!(err_message(&bad).contains(&format!("offset {start}")));
+        }
+    }
+    // Flips anywhere, framing bytes included, never panic. (The kind byte is
+    // outside the checksum, so those flips may surface as other errors.)
+    for i in 0..bytes.len() {
+        for bit in [0x01u8, 0x80] {
+            let mut bad = bytes.clone();
+            bad[i] ^= bit;
+            if let Ok(mut r) = RecordingReader::from_reader(&bad[..]) {
+                for e in r.events() {
+                    let _ = e;
+                }
+                assert_ne!(r.completion(), Completion::Reading);
+            }
+        }
+    }
+}
+
+fn err_message(bytes: &[u8]) -> String {
+    match read_all(bytes) {
+        Err(e) => e.to_string(),
+        Ok(_) => String::new(),
+    }
+}
+
+#[test]
+fn empty_foreign_and_future_files() {
+    assert!(matches!(
+        RecordingReader::from_reader(&b""[..]),
+        Err(RecordError::Empty)
+    ));
+    let foreign = RecordingReader::from_reader(&b"\x7fELF\x02\x01\x01\0rest of it"[..]);
+    let msg = foreign.err().unwrap().to_string();
+    assert!(msg.contains("not a pyprobe recording"), "{msg}");
+    assert!(msg.contains("offset 0"), "{msg}");
+    assert!(matches!(
+        RecordingReader::from_reader(&b"PYP"[..]),
+        Err(RecordError::TruncatedHeader { offset: 3 })
+    ));
+    let mut future = MAGIC.to_vec();
+    future.extend_from_slice(&2u32.to_le_bytes());
+    let err = RecordingReader::from_reader(&future[..]).err().unwrap();
+    assert!(matches!(
+        err,
+        RecordError::UnsupportedVersion { version: 2 }
+    ));
+    assert!(err.to_string().contains("offset 8"));
+    // Magic and version only.
+    let mut bare = MAGIC.to_vec();
+    bare.extend_from_slice(&1u32.to_le_bytes());
+    assert!(matches!(
+        RecordingReader::from_reader(&bare[..]),
+        Err(RecordError::TruncatedHeader { offset: 12 })
+    ));
+}
+
+fn with_chunk(kind: u8, payload: &[u8], len_override: Option<u32>) -> Vec<u8> {
+    let mut buf = Vec::new();
+    RecordingWriter::new(&mut buf, &header()).unwrap();
+    buf.push(kind);
+    let len = len_override.unwrap_or(payload.len() as u32);
+    buf.extend_from_slice(&len.to_le_bytes());
+    buf.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    buf.extend_from_slice(payload);
+    buf
+}
+
+#[test]
+fn absurd_length_bad_varint_and_unknown_kind_name_offsets() {
+    let base = with_chunk(kind::EVENTS, &[], None).len() as u64 - 9;
+    let err = read_all(&with_chunk(kind::EVENTS, &[], Some(u32::MAX)))
+        .err()
+        .unwrap();
+    assert!(matches!(err, RecordError::ChunkTooLong { offset, .. } if offset == base));
+    assert!(err.to_string().contains(&format!("offset {base}")));
+
+    // Event tag, then a thread-id varint that never ends.
+    let err = read_all(&with_chunk(kind::EVENTS, &[0, 0xff, 0xff], None))
+        .err()
+        .unwrap();
+    assert!(matches!(err, RecordError::BadVarint { offset } if offset == base + 10));
+    assert_eq!(
+        err.to_string(),
+        format!("bad varint at offset {}", base + 10)
+    );
+
+    let err = read_all(&with_chunk(99, &[1, 2, 3], None)).err().unwrap();
+    assert!(matches!(err, RecordError::Corrupt { offset, .. } if offset == base));
+
+    // A string count larger than the chunk could hold.
+    let err = read_all(&with_chunk(kind::STRINGS, &[0x7f, 0, 0], None))
+        .err()
+        .unwrap();
+    assert!(matches!(err, RecordError::Corrupt { .. }), "{err}");
+}
+
+#[test]
+fn disk_full_propagates_and_leaves_a_readable_prefix() {
+    /// Accepts `room` bytes, then fails like a full disk.
+    struct Full<'a> {
+        buf: &'a mut Vec<u8>,
+        room: usize,
+    }
+    impl Write for Full<'_> {
+        fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+            let n = data.len().min(self.room - self.buf.len());
+            if n == 0 {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            self.buf.extend_from_slice(&data[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    for room in [200usize, 100_000, 300_000] {
+        let mut buf = Vec::new();
+        let result = (|| -> io::Result<u64> {
+            let mut w = RecordingWriter::new(
+                Full {
+                    buf: &mut buf,
+                    room,
+                },
+                &header(),
+            )?;
+            let f = w.intern("f");
+            let frame = FrameRef {
+                file: f,
+                function: f,
+                line: 1,
+            };
+            for i in 0..1_000_000u64 {
+                w.write(&Event {
+                    tid: 1,
+                    ts_ns: i,
+                    kind: EventKind::Call { frame },
+                })?;
+            }
+            w.finish(0).map(|s| s.events)
+        })();
+        let err = result.unwrap_err();
+        assert!(
+            err.to_string().contains("writing the recording failed"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("No space left"), "{err}");
+        let mut r = RecordingReader::from_reader(&buf[..]).unwrap();
+        let n = r.events().collect::<Result<Vec<_>, _>>().unwrap().len();
+        assert!(matches!(r.completion(), Completion::Truncated { .. }));
+        // The first events chunk is ~256 KiB: it fits only in the largest room.
+        assert_eq!(n > 0, room > 256 * 1024);
+    }
+}
+
+#[test]
+fn dropped_writer_keeps_its_events() {
+    let mut buf = Vec::new();
+    let mut w = RecordingWriter::new(&mut buf, &header()).unwrap();
+    let written = every_kind(&mut w);
+    drop(w);
+    let mut r = RecordingReader::from_reader(&buf[..]).unwrap();
+    let read: Vec<Event> = r.events().map(|e| e.unwrap()).collect();
+    assert_eq!(read, written);
+    assert!(matches!(r.completion(), Completion::Truncated { .. }));
+}
+
+#[test]
+fn file_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.pyprobe");
+    let mut w = RecordingWriter::create(&path, &header()).unwrap();
+    let written = every_kind(&mut w);
+    w.finish(10).unwrap();
+    let mut r = RecordingReader::open(&path).unwrap();
+    let read: Vec<Event> = r.events().map(|e| e.unwrap()).collect();
+    assert_eq!(read, written);
+    let missing = RecordingReader::open(&dir.path().join("nope"))
+        .err()
+        .unwrap();
+    assert!(missing.to_string().contains("offset 0"));
+}
+
+proptest! {
+    #[test]
+    fn random_bytes_after_magic_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&1u32.to_le_bytes());
+        bytes.extend_from_slice(&tail);
+        if let Ok(mut r) = RecordingReader::from_reader(&bytes[..]) {
+            for e in r.events() { let _ = e; }
+            let _ = r.completion();
+        }
+    }
+
+    #[test]
+    fn random_chunks_after_a_valid_header_never_panic(
+        chunks in proptest::collection::vec((1u8..=4, proptest::collection::vec(any::<u8>(), 0..256)), 0..8)
+    ) {
+        let mut bytes = Vec::new();
+        RecordingWriter::new(&mut bytes, &header()).unwrap();
+        // Valid framing and checksums, so the payload decoders see the garbage.
+        for (kind, payload) in &chunks {
+            bytes.push(*kind);
+            bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+            bytes.extend_from_slice(payload);
+        }
+        let mut r = RecordingReader::from_reader(&bytes[..]).unwrap();
+        for e in r.events() { let _ = e; }
+        let _ = r.completion();
+    }
+
+    #[test]
+    fn mutated_recordings_never_panic(flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6)) {
+        let (mut bytes, _) = small_recording();
+        let n = bytes.len();
+        for (at, val) in flips {
+            bytes[at % n] = val;
+        }
+        if let Ok(mut r) = RecordingReader::from_reader(&bytes[..]) {
+            for e in r.events() { let _ = e; }
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! Commands that join the parts: pick what to read or trace, drive it, hand the
+//! result to a view.
+
+pub mod probes;
+pub mod record;
+pub mod report;

@@ -1,0 +1,40 @@
+//! `pyprobe report FILE`: read a recording and print the report.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+
+use crate::output::report::{build_report, render_json, render_table, ReportOptions};
+use crate::record::{Completion, RecordingReader};
+
+pub fn run(file: &Path, options: &ReportOptions, json: bool) -> Result<ExitCode> {
+    let mut reader =
+        RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let report =
+        build_report(&mut reader).with_context(|| format!("cannot read {}", file.display()))?;
+    if let Completion::Truncated { offset } = reader.completion() {
+        eprintln!(
+            "pyprobe: note: {} was cut short (no end marker): read every whole chunk before offset {offset}",
+            file.display()
+        );
+    }
+    let view = options.apply(&report).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let text = if json {
+        render_json(&view) + "\n"
+    } else {
+        render_table(&view, terminal_width())
+    };
+    std::io::stdout()
+        .write_all(text.as_bytes())
+        .context("cannot write to standard output")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn terminal_width() -> usize {
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(120)
+}

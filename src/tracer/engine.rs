@@ -1,0 +1,748 @@
+//! The ptrace engine: seize a process (or start one), install probes, catch every hit,
+//! follow threads, forks and execs, and leave the target as it found it.
+//!
+//! All ptrace requests and waits happen on the thread that created the engine:
+//! ptrace belongs to a thread, not a process.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+
+use anyhow::{anyhow, bail, Context, Result};
+use nix::errno::Errno;
+use nix::sys::ptrace::{self, Event, Options};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::process::memory::{ProcessMemory, MAX_STRING};
+use crate::process::status::thread_ids;
+use crate::sdt;
+
+use super::patch::{clean_copy, Patches};
+use super::probes::ProbeSet;
+use super::regs::Registers;
+use super::signals::{monotonic_ns, stop_requested, StopReason};
+
+/// Finds the probes to trace in a process image, once the object carrying them is
+/// fully mapped. `Ok(None)`: not (yet) there.
+pub trait Resolver {
+    fn resolve(&mut self, pid: i32) -> Result<Option<ProbeSet>>;
+}
+
+/// One probe hit, decoded.
+#[derive(Debug)]
+pub struct Hit<'a> {
+    pub pid: i32,
+    pub tid: i32,
+    pub ts_ns: u64,
+    pub probe: usize,
+    pub probe_name: &'a str,
+    pub args: &'a [u64],
+    /// For string arguments, the text read at the pointer (bounded); else `None`.
+    pub strings: &'a [Option<String>],
+}
+
+/// What the engine reports, in order.
+#[derive(Debug)]
+pub enum TraceEvent<'a> {
+    Hit(Hit<'a>),
+    /// Probes were installed in `pid` (at attach, after start-up or after an exec).
+    Installed {
+        pid: i32,
+        sites: usize,
+        refused: Vec<(u64, u8)>,
+    },
+    ThreadStart {
+        pid: i32,
+        tid: i32,
+        ts_ns: u64,
+    },
+    ThreadExit {
+        pid: i32,
+        tid: i32,
+        ts_ns: u64,
+    },
+    /// Something the user should know (a child cleaned, a signal, ...).
+    Notice(String),
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EngineOptions {
+    /// Trace forked children too (else they are cleaned and released).
+    pub subprocesses: bool,
+}
+
+/// How the run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The target process exited with this code.
+    Exited(i32),
+    /// The target was killed by this signal.
+    Killed(Signal),
+    /// pyprobe left before the target ended; the target runs on.
+    Detached(StopReason),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ThreadState {
+    /// Seized, its first stop not seen yet.
+    New,
+    Running,
+    /// In a ptrace-stop that pyprobe holds; `pending` is a signal to deliver on resume.
+    Stopped {
+        pending: Option<Signal>,
+    },
+    /// In group-stop, parked with PTRACE_LISTEN.
+    Listening,
+}
+
+#[derive(Debug)]
+struct Thread {
+    tgid: i32,
+    state: ThreadState,
+}
+
+#[derive(Debug)]
+struct Proc {
+    mem: ProcessMemory,
+    patches: Patches,
+    /// The object with the probes is not mapped yet: resume with PTRACE_SYSCALL and
+    /// look again after each `mmap`.
+    awaiting_object: bool,
+    last_maps_len: usize,
+}
+
+impl Proc {
+    fn new(pid: i32) -> Proc {
+        Proc {
+            mem: ProcessMemory::new(pid),
+            patches: Patches::default(),
+            awaiting_object: false,
+            last_maps_len: 0,
+        }
+    }
+}
+
+/// A forked child seen by its parent's event, not yet by its own first stop, or
+/// the other way round.
+#[derive(Debug, Clone, Copy)]
+struct PendingChild {
+    parent: i32,
+    vfork: bool,
+}
+
+pub struct Engine {
+    root: i32,
+    threads: HashMap<i32, Thread>,
+    procs: HashMap<i32, Proc>,
+    resolver: Box<dyn Resolver>,
+    options: EngineOptions,
+    pending_children: HashMap<i32, PendingChild>,
+    early_children: Vec<i32>,
+    exit: Option<Outcome>,
+    detached: bool,
+    hits: u64,
+    args_buf: Vec<u64>,
+    strings_buf: Vec<Option<String>>,
+}
+
+fn trace_options() -> Options {
+    Options::PTRACE_O_TRACECLONE
+        | Options::PTRACE_O_TRACEFORK
+        | Options::PTRACE_O_TRACEVFORK
+        | Options::PTRACE_O_TRACEEXEC
+        | Options::PTRACE_O_TRACESYSGOOD
+}
+
+fn is_stop_signal(sig: Signal) -> bool {
+    matches!(
+        sig,
+        Signal::SIGSTOP | Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU
+    )
+}
+
+fn tgid_of(tid: i32) -> Option<i32> {
+    let text = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+impl Engine {
+    fn new(root: i32, resolver: Box<dyn Resolver>, options: EngineOptions) -> Engine {
+        Engine {
+            root,
+            threads: HashMap::new(),
+            procs: HashMap::new(),
+            resolver,
+            options,
+            pending_children: HashMap::new(),
+            early_children: Vec::new(),
+            exit: None,
+            detached: false,
+            hits: 0,
+            args_buf: Vec::with_capacity(8),
+            strings_buf: Vec::with_capacity(8),
+        }
+    }
+
+    pub fn root(&self) -> i32 {
+        self.root
+    }
+
+    pub fn hits(&self) -> u64 {
+        self.hits
+    }
+
+    /// Seizes every thread of `pid`, stops them, installs the probes and lets them run.
+    pub fn attach(
+        pid: i32,
+        resolver: Box<dyn Resolver>,
+        options: EngineOptions,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<Engine> {
+        let mut engine = Engine::new(pid, resolver, options);
+        engine.procs.insert(pid, Proc::new(pid));
+        // Seize until the thread list is stable: a thread created by a not yet seized
+        // thread would otherwise escape.
+        loop {
+            let tids = thread_ids(pid)
+                .with_context(|| format!("process {pid} vanished while attaching"))?;
+            let new: Vec<i32> = tids
+                .into_iter()
+                .filter(|t| !engine.threads.contains_key(t))
+                .collect();
+            if new.is_empty() {
+                break;
+            }
+            for tid in new {
+                match ptrace::seize(Pid::from_raw(tid), trace_options()) {
+                    Ok(()) => {
+                        engine.threads.insert(
+                            tid,
+                            Thread {
+                                tgid: pid,
+                                state: ThreadState::Running,
+                            },
+                        );
+                    }
+                    Err(Errno::ESRCH) => continue, // ended meanwhile
+                    Err(e) if engine.threads.is_empty() => {
+                        return Err(super::errors::seize_error(pid, e))
+                    }
+                    Err(e) => bail!("cannot seize thread {tid} of process {pid}: {e}"),
+                }
+            }
+        }
+        if engine.threads.is_empty() {
+            bail!("process {pid} exited while pyprobe was attaching");
+        }
+        engine.stop_all(sink)?;
+        let installed = engine.install(pid, sink);
+        if let Err(e) = installed.and_then(|found| {
+            if found {
+                Ok(())
+            } else {
+                Err(anyhow!("no probes found"))
+            }
+        }) {
+            engine.detach_all(sink);
+            return Err(e.context(format!("cannot install probes in process {pid}")));
+        }
+        engine.resume_all();
+        Ok(engine)
+    }
+
+    /// Starts `command` as a traced child, stopped before it runs a single
+    /// instruction of the new program; the probes are installed as soon as the object
+    /// carrying them is mapped.
+    pub fn launch(
+        command: &[String],
+        resolver: Box<dyn Resolver>,
+        options: EngineOptions,
+        _sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<Engine> {
+        let program = command
+            .first()
+            .ok_or_else(|| anyhow!("no command given after `--`"))?;
+        let resolved = super::launch::find_program(program)?;
+        let argv: Vec<CString> = command
+            .iter()
+            .map(|a| CString::new(a.as_bytes()))
+            .collect::<Result<_, _>>()
+            .context("a command argument contains a NUL byte")?;
+        let path = CString::new(resolved.as_os_str().as_encoded_bytes())
+            .context("program path has a NUL byte")?;
+        let child = super::launch::spawn_stopped(&path, &argv)?;
+        let pid = child.as_raw();
+        ptrace::seize(child, trace_options()).map_err(|e| super::errors::seize_error(pid, e))?;
+        let mut engine = Engine::new(pid, resolver, options);
+        engine.procs.insert(pid, Proc::new(pid));
+        engine.threads.insert(
+            pid,
+            Thread {
+                tgid: pid,
+                state: ThreadState::Running,
+            },
+        );
+        // It stopped itself with SIGSTOP before exec; let it go on to exec.
+        kill(child, Signal::SIGCONT).context("cannot continue the started command")?;
+        Ok(engine)
+    }
+
+    /// Runs until the target exits or pyprobe is asked to stop; then leaves cleanly.
+    pub fn run(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<Outcome> {
+        let result = self.event_loop(sink);
+        if !self.detached {
+            self.detach_all(sink);
+        }
+        result?;
+        Ok(self.exit.unwrap_or(Outcome::Detached(StopReason::Internal)))
+    }
+
+    fn event_loop(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+        loop {
+            if let Some(reason) = stop_requested() {
+                self.exit = Some(Outcome::Detached(reason));
+                return Ok(());
+            }
+            if self.threads.is_empty() {
+                return Ok(());
+            }
+            match waitpid(None, Some(WaitPidFlag::__WALL)) {
+                Ok(status) => self.handle(status, false, sink)?,
+                Err(Errno::EINTR) => continue,
+                Err(Errno::ECHILD) => return Ok(()),
+                Err(e) => bail!("waitpid failed: {e}"),
+            }
+        }
+    }
+
+    /// Handles one wait status. While `holding` (stopping everyone), stopped threads
+    /// are kept stopped instead of resumed.
+    fn handle(
+        &mut self,
+        status: WaitStatus,
+        holding: bool,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<()> {
+        match status {
+            WaitStatus::Exited(pid, code) => {
+                self.thread_gone(pid.as_raw(), Outcome::Exited(code), sink)
+            }
+            WaitStatus::Signaled(pid, sig, _) => {
+                self.thread_gone(pid.as_raw(), Outcome::Killed(sig), sink)
+            }
+            WaitStatus::Stopped(pid, Signal::SIGTRAP) => {
+                let tid = pid.as_raw();
+                if self.try_hit(tid, sink) {
+                    self.resume_or_hold(tid, None, holding);
+                } else {
+                    // A SIGTRAP that is not ours belongs to the target.
+                    self.resume_or_hold(tid, Some(Signal::SIGTRAP), holding);
+                }
+            }
+            WaitStatus::Stopped(pid, sig) => self.resume_or_hold(pid.as_raw(), Some(sig), holding),
+            WaitStatus::PtraceSyscall(pid) => {
+                let tid = pid.as_raw();
+                self.check_awaited_object(tid, sink);
+                self.resume_or_hold(tid, None, holding);
+            }
+            WaitStatus::PtraceEvent(pid, sig, event) => {
+                self.handle_event(pid.as_raw(), sig, event, holding, sink)?
+            }
+            WaitStatus::Continued(_) | WaitStatus::StillAlive => {}
+        }
+        Ok(())
+    }
+
+    fn handle_event(
+        &mut self,
+        tid: i32,
+        sig: Signal,
+        event: i32,
+        holding: bool,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<()> {
+        const CLONE: i32 = Event::PTRACE_EVENT_CLONE as i32;
+        const FORK: i32 = Event::PTRACE_EVENT_FORK as i32;
+        const VFORK: i32 = Event::PTRACE_EVENT_VFORK as i32;
+        const EXEC: i32 = Event::PTRACE_EVENT_EXEC as i32;
+        const STOP: i32 = Event::PTRACE_EVENT_STOP as i32;
+        match event {
+            CLONE | FORK | VFORK => {
+                let new = ptrace::getevent(Pid::from_raw(tid)).unwrap_or(0) as i32;
+                let parent_tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
+                if new > 0 {
+                    if event == CLONE && tgid_of(new).is_none_or(|g| g == parent_tgid) {
+                        self.threads.entry(new).or_insert(Thread {
+                            tgid: parent_tgid,
+                            state: ThreadState::New,
+                        });
+                        sink(TraceEvent::ThreadStart {
+                            pid: parent_tgid,
+                            tid: new,
+                            ts_ns: monotonic_ns(),
+                        });
+                    } else {
+                        let pending = PendingChild {
+                            parent: parent_tgid,
+                            vfork: event == VFORK,
+                        };
+                        self.pending_children.insert(new, pending);
+                        if let Some(i) = self.early_children.iter().position(|&c| c == new) {
+                            self.early_children.remove(i);
+                            self.adopt_child(new, pending, sink);
+                        }
+                    }
+                }
+                self.resume_or_hold(tid, None, holding);
+            }
+            EXEC => {
+                // After exec the thread group is the leader alone; the old image and its
+                // patches are gone.
+                let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
+                self.threads.retain(|&t, th| th.tgid != tgid || t == tgid);
+                self.threads.insert(
+                    tgid,
+                    Thread {
+                        tgid,
+                        state: ThreadState::Running,
+                    },
+                );
+                let mut proc = Proc::new(tgid);
+                if let Some(old) = self.procs.get_mut(&tgid) {
+                    old.patches.forget();
+                }
+                proc.awaiting_object = true;
+                self.procs.insert(tgid, proc);
+                self.check_awaited_object(tgid, sink);
+                self.resume_or_hold(tgid, None, holding);
+            }
+            STOP => self.handle_stop_event(tid, sig, holding, sink),
+            _ => self.resume_or_hold(tid, None, holding),
+        }
+        Ok(())
+    }
+
+    fn handle_stop_event(
+        &mut self,
+        tid: i32,
+        sig: Signal,
+        holding: bool,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
+        let Some(thread) = self.threads.get(&tid) else {
+            // A new task whose creator's event has not been seen yet.
+            match tgid_of(tid) {
+                Some(g) if self.procs.contains_key(&g) && g != tid => {
+                    self.threads.insert(
+                        tid,
+                        Thread {
+                            tgid: g,
+                            state: ThreadState::Running,
+                        },
+                    );
+                    sink(TraceEvent::ThreadStart {
+                        pid: g,
+                        tid,
+                        ts_ns: monotonic_ns(),
+                    });
+                    self.resume_or_hold(tid, None, holding);
+                }
+                _ => match self.pending_children.get(&tid).copied() {
+                    Some(pending) => self.adopt_child(tid, pending, sink),
+                    None => self.early_children.push(tid),
+                },
+            }
+            return;
+        };
+        if thread.state == ThreadState::New {
+            self.set_state(tid, ThreadState::Running);
+            self.resume_or_hold(tid, None, holding);
+            return;
+        }
+        if is_stop_signal(sig) && ptrace::getsiginfo(Pid::from_raw(tid)) == Err(Errno::EINVAL) {
+            // Group-stop (the target was stopped, e.g. Ctrl-Z): stay stopped like an
+            // untraced process would, but keep receiving events.
+            if holding {
+                self.set_state(tid, ThreadState::Stopped { pending: None });
+            } else if unsafe { libc::ptrace(libc::PTRACE_LISTEN, tid, 0, 0) } == 0 {
+                self.set_state(tid, ThreadState::Listening);
+            }
+            return;
+        }
+        // Our own PTRACE_INTERRUPT (or a stop pyprobe need not act on).
+        self.resume_or_hold(tid, None, holding);
+    }
+
+    /// A forked child: trace it (`--subprocesses`) or clean its copy of the patches
+    /// and release it, before it runs on.
+    fn adopt_child(&mut self, child: i32, pending: PendingChild, sink: &mut dyn FnMut(TraceEvent)) {
+        self.pending_children.remove(&child);
+        let parent_patches = self
+            .procs
+            .get(&pending.parent)
+            .map(|p| p.patches.clone())
+            .unwrap_or_default();
+        if self.options.subprocesses {
+            let mut proc = Proc::new(child);
+            proc.patches = parent_patches;
+            self.procs.insert(child, proc);
+            self.threads.insert(
+                child,
+                Thread {
+                    tgid: child,
+                    state: ThreadState::Running,
+                },
+            );
+            sink(TraceEvent::ThreadStart {
+                pid: child,
+                tid: child,
+                ts_ns: monotonic_ns(),
+            });
+            let _ = ptrace::cont(Pid::from_raw(child), None);
+            return;
+        }
+        if !pending.vfork {
+            // The child has its own copy of the parent's memory, int3s included.
+            let (written, raised) = parent_patches.undo_list();
+            let mut mem = ProcessMemory::new(child);
+            if let Err(e) = clean_copy(written, raised, &mut mem) {
+                sink(TraceEvent::Notice(format!(
+                    "cannot clean forked child {child}: {e}"
+                )));
+            }
+        }
+        // A vfork child shares the parent's memory until it execs: nothing to clean.
+        let _ = ptrace::detach(Pid::from_raw(child), None);
+    }
+
+    fn set_state(&mut self, tid: i32, state: ThreadState) {
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.state = state;
+        }
+    }
+
+    fn resume_or_hold(&mut self, tid: i32, signal: Option<Signal>, holding: bool) {
+        if holding {
+            self.set_state(tid, ThreadState::Stopped { pending: signal });
+            return;
+        }
+        self.resume(tid, signal);
+    }
+
+    fn resume(&mut self, tid: i32, signal: Option<Signal>) {
+        let awaiting = self
+            .threads
+            .get(&tid)
+            .and_then(|t| self.procs.get(&t.tgid))
+            .is_some_and(|p| p.awaiting_object);
+        let pid = Pid::from_raw(tid);
+        let _ = if awaiting {
+            ptrace::syscall(pid, signal)
+        } else {
+            ptrace::cont(pid, signal)
+        };
+        self.set_state(tid, ThreadState::Running);
+    }
+
+    fn thread_gone(&mut self, tid: i32, how: Outcome, sink: &mut dyn FnMut(TraceEvent)) {
+        let Some(thread) = self.threads.remove(&tid) else {
+            return;
+        };
+        sink(TraceEvent::ThreadExit {
+            pid: thread.tgid,
+            tid,
+            ts_ns: monotonic_ns(),
+        });
+        if tid == thread.tgid {
+            if tid == self.root {
+                self.exit = Some(how);
+            }
+            self.procs.remove(&tid);
+            // Exited leader: the rest of its threads are gone with it.
+            self.threads.retain(|_, t| t.tgid != tid);
+        }
+    }
+
+    /// Decodes a breakpoint hit if `tid` stopped at one of our sites.
+    fn try_hit(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> bool {
+        let Some(tgid) = self.threads.get(&tid).map(|t| t.tgid) else {
+            return false;
+        };
+        let Some(proc) = self.procs.get(&tgid) else {
+            return false;
+        };
+        let Ok(raw) = ptrace::getregs(Pid::from_raw(tid)) else {
+            return false;
+        };
+        let regs = Registers(raw);
+        let site_addr = regs.0.rip.wrapping_sub(1);
+        let Some(&(pi, si)) = proc.patches.sites.get(&site_addr) else {
+            return false;
+        };
+        let ts_ns = monotonic_ns();
+        let probe = &proc.patches.set.probes[pi];
+        let site = &probe.sites[si];
+        let symbols = |name: &str| proc.patches.set.symbol(name);
+        self.args_buf.clear();
+        self.strings_buf.clear();
+        for (i, arg) in site.args.iter().enumerate() {
+            let value = sdt::evaluate(arg, &regs, &proc.mem, &symbols).unwrap_or(0);
+            self.args_buf.push(value);
+            let is_string = probe.string_args.get(i).copied().unwrap_or(false);
+            self.strings_buf.push(if is_string && value != 0 {
+                proc.mem.read_c_string(value, MAX_STRING).ok()
+            } else {
+                None
+            });
+        }
+        self.hits += 1;
+        sink(TraceEvent::Hit(Hit {
+            pid: tgid,
+            tid,
+            ts_ns,
+            probe: pi,
+            probe_name: &probe.name,
+            args: &self.args_buf,
+            strings: &self.strings_buf,
+        }));
+        true
+    }
+
+    /// Resolves and installs the probes of `pid`. `Ok(false)`: not mapped yet.
+    fn install(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Result<bool> {
+        let Some(set) = self.resolver.resolve(pid)? else {
+            return Ok(false);
+        };
+        let proc = self.procs.entry(pid).or_insert_with(|| Proc::new(pid));
+        let patches = Patches::install(set, &mut proc.mem)
+            .with_context(|| format!("patching process {pid}"))?;
+        sink(TraceEvent::Installed {
+            pid,
+            sites: patches.installed_sites(),
+            refused: patches.refused.clone(),
+        });
+        proc.patches = patches;
+        proc.awaiting_object = false;
+        Ok(true)
+    }
+
+    /// In a process that is starting up: once its maps changed, look for the probes.
+    fn check_awaited_object(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+        let Some(tgid) = self.threads.get(&tid).map(|t| t.tgid) else {
+            return;
+        };
+        let Some(proc) = self.procs.get_mut(&tgid) else {
+            return;
+        };
+        if !proc.awaiting_object {
+            return;
+        }
+        let maps_len = std::fs::read(format!("/proc/{tgid}/maps"))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        if maps_len == proc.last_maps_len {
+            return;
+        }
+        proc.last_maps_len = maps_len;
+        if let Err(e) = self.install(tgid, sink) {
+            sink(TraceEvent::Notice(format!("{e:#}")));
+            if let Some(p) = self.procs.get_mut(&tgid) {
+                p.awaiting_object = false;
+            }
+        }
+    }
+
+    /// Interrupts every running thread and waits until all are in a ptrace-stop.
+    fn stop_all(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+        for (&tid, thread) in &self.threads {
+            if matches!(
+                thread.state,
+                ThreadState::Running | ThreadState::Listening | ThreadState::New
+            ) {
+                let _ = ptrace::interrupt(Pid::from_raw(tid));
+            }
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self
+            .threads
+            .values()
+            .any(|t| !matches!(t.state, ThreadState::Stopped { .. }))
+        {
+            match waitpid(None, Some(WaitPidFlag::__WALL)) {
+                Ok(status) => self.handle(status, true, sink)?,
+                Err(Errno::EINTR) => {}
+                Err(Errno::ECHILD) => {
+                    self.threads.clear();
+                    break;
+                }
+                Err(e) => bail!("waitpid failed while stopping the target: {e}"),
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("the target's threads did not stop within 10 s");
+            }
+            // New threads seen while holding start stopped too.
+            for (&tid, thread) in &self.threads {
+                if thread.state == ThreadState::Running {
+                    let _ = ptrace::interrupt(Pid::from_raw(tid));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn resume_all(&mut self) {
+        let stopped: Vec<(i32, Option<Signal>)> = self
+            .threads
+            .iter()
+            .filter_map(|(&tid, t)| match t.state {
+                ThreadState::Stopped { pending } => Some((tid, pending)),
+                _ => None,
+            })
+            .collect();
+        for (tid, pending) in stopped {
+            self.resume(tid, pending);
+        }
+    }
+
+    /// Stops every thread, restores every byte and semaphore, and detaches, delivering
+    /// any signal a thread was stopped with.
+    pub fn detach_all(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        if self.detached {
+            return;
+        }
+        self.detached = true;
+        if let Err(e) = self.stop_all(sink) {
+            sink(TraceEvent::Notice(format!(
+                "while stopping the target to detach: {e:#}"
+            )));
+        }
+        for (pid, proc) in &mut self.procs {
+            if let Err(e) = proc.patches.remove(&mut proc.mem) {
+                sink(TraceEvent::Notice(format!(
+                    "process {pid}: restoring probe sites failed: {e}"
+                )));
+            }
+        }
+        for (&tid, thread) in &self.threads {
+            let pending = match thread.state {
+                ThreadState::Stopped { pending } => pending,
+                _ => None,
+            };
+            let _ = ptrace::detach(Pid::from_raw(tid), pending);
+        }
+        self.threads.clear();
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // The last line of defence (a panic unwinding through the session): never
+        // leave an int3 behind in a target that outlives pyprobe.
+        if !self.detached {
+            self.detach_all(&mut |_| {});
+        }
+    }
+}

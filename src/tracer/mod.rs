@@ -1,0 +1,14 @@
+//! The ptrace engine. It traces SDT probes of any program and knows nothing of Python.
+
+pub mod engine;
+pub mod errors;
+pub mod launch;
+pub mod patch;
+pub mod probes;
+pub mod regs;
+pub mod signals;
+
+pub use engine::{Engine, EngineOptions, Hit, Outcome, Resolver, TraceEvent};
+pub use probes::{Probe, ProbeSet, Site};
+pub use regs::Registers;
+pub use signals::StopReason;

@@ -1,0 +1,125 @@
+//! Turning probes on and off in one process image: semaphores raised and lowered by
+//! read-modify-write, `int3` written over each site's `nop` and the `nop` put back.
+
+use std::collections::HashMap;
+use std::io;
+
+use crate::process::memory::ProcessMemory;
+
+use super::probes::ProbeSet;
+
+pub const NOP: u8 = 0x90;
+pub const INT3: u8 = 0xcc;
+
+/// The probes installed in one address space, and what must be undone.
+#[derive(Debug, Clone, Default)]
+pub struct Patches {
+    pub set: ProbeSet,
+    /// Runtime site address → (probe index, site index).
+    pub sites: HashMap<u64, (usize, usize)>,
+    /// Sites holding our `int3` now.
+    written: Vec<u64>,
+    /// Semaphores we raised by one.
+    raised: Vec<u64>,
+    /// Sites refused because the byte there was not a `nop`.
+    pub refused: Vec<(u64, u8)>,
+}
+
+impl Patches {
+    /// Raises each probe's semaphore and writes `int3` over each site, in that order
+    /// for each probe. A site whose byte is not `0x90` is refused (left alone): the
+    /// resume-after-the-nop trick would be wrong there.
+    pub fn install(set: ProbeSet, mem: &mut ProcessMemory) -> io::Result<Patches> {
+        let mut patches = Patches {
+            set,
+            ..Patches::default()
+        };
+        for (pi, probe) in patches.set.probes.clone().iter().enumerate() {
+            if let Some(sem) = probe.semaphore {
+                if !patches.raised.contains(&sem) {
+                    adjust_semaphore(mem, sem, 1)?;
+                    patches.raised.push(sem);
+                }
+            }
+            for (si, site) in probe.sites.iter().enumerate() {
+                let mut byte = [0u8];
+                mem.read(site.address, &mut byte)?;
+                if byte[0] != NOP {
+                    patches.refused.push((site.address, byte[0]));
+                    continue;
+                }
+                mem.write(site.address, &[INT3])?;
+                patches.written.push(site.address);
+                patches.sites.insert(site.address, (pi, si));
+            }
+        }
+        Ok(patches)
+    }
+
+    /// Puts every `nop` back and lowers every semaphore raised. Goes on after an error
+    /// so as much as possible is undone; returns the first error.
+    pub fn remove(&mut self, mem: &mut ProcessMemory) -> io::Result<()> {
+        let mut first_error = None;
+        for addr in self.written.drain(..) {
+            if let Err(e) = mem.write(addr, &[NOP]) {
+                first_error.get_or_insert(e);
+            }
+        }
+        for sem in self.raised.drain(..) {
+            if let Err(e) = adjust_semaphore(mem, sem, -1) {
+                first_error.get_or_insert(e);
+            }
+        }
+        self.sites.clear();
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Forgets what was written without touching memory (the image is gone: exec).
+    pub fn forget(&mut self) {
+        self.written.clear();
+        self.raised.clear();
+        self.sites.clear();
+    }
+
+    pub fn installed_sites(&self) -> usize {
+        self.written.len()
+    }
+
+    pub fn is_active(&self) -> bool {
+        !self.written.is_empty() || !self.raised.is_empty()
+    }
+
+    /// Addresses of the sites holding `int3` and the semaphores raised (for a guardian
+    /// or a forked child that must be cleaned).
+    pub fn undo_list(&self) -> (&[u64], &[u64]) {
+        (&self.written, &self.raised)
+    }
+}
+
+/// Adds `delta` to a 2-byte semaphore counter: read, add, write back. Never an absolute
+/// write: other tracers may hold the semaphore too.
+pub fn adjust_semaphore(mem: &mut ProcessMemory, addr: u64, delta: i32) -> io::Result<()> {
+    let value = mem.read_u16(addr)?;
+    let new = if delta >= 0 {
+        value.saturating_add(delta as u16)
+    } else {
+        value.saturating_sub(delta.unsigned_abs() as u16)
+    };
+    mem.write(addr, &new.to_le_bytes())
+}
+
+/// Cleans a forked child's copy of the parent's patches (same addresses, own memory).
+pub fn clean_copy(written: &[u64], raised: &[u64], mem: &mut ProcessMemory) -> io::Result<()> {
+    let mut first_error = None;
+    for &addr in written {
+        if let Err(e) = mem.write(addr, &[NOP]) {
+            first_error.get_or_insert(e);
+        }
+    }
+    for &sem in raised {
+        if let Err(e) = adjust_semaphore(mem, sem, -1) {
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}

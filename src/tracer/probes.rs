@@ -1,0 +1,44 @@
+//! What the engine is asked to trace: probe sites at runtime addresses, with their
+//! parsed argument specs. Built by the caller (who knows what the probes mean).
+
+use crate::sdt::ArgSpec;
+
+/// One probe site at its runtime address.
+#[derive(Debug, Clone)]
+pub struct Site {
+    pub address: u64,
+    pub args: Vec<ArgSpec>,
+}
+
+/// One probe to trace: all its sites, its semaphore, and which of its arguments are
+/// pointers to C strings the engine should read at each hit.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    pub name: String,
+    /// Runtime address of the 2-byte semaphore counter, if the probe has one.
+    pub semaphore: Option<u64>,
+    pub sites: Vec<Site>,
+    /// `string_args[i]`: argument `i` is a `const char *` to read (bounded).
+    pub string_args: Vec<bool>,
+}
+
+/// Every probe to trace in one process image, with a symbol resolver for
+/// `sym(%rip)` operands (runtime addresses).
+#[derive(Debug, Clone, Default)]
+pub struct ProbeSet {
+    pub probes: Vec<Probe>,
+    pub symbols: Vec<(String, u64)>,
+}
+
+impl ProbeSet {
+    pub fn symbol(&self, name: &str) -> Option<u64> {
+        self.symbols
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| *a)
+    }
+
+    pub fn site_count(&self) -> usize {
+        self.probes.iter().map(|p| p.sites.len()).sum()
+    }
+}

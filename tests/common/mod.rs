@@ -1,0 +1,180 @@
+//! Shared helpers of the integration tests: the test interpreters, the C fixtures,
+//! target processes that clean up after themselves, and running pyprobe.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+
+pub const VERSIONS: [&str; 5] = ["3.9", "3.11", "3.13", "3.14", "3.15"];
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// One Debian test interpreter, as fetched by `scripts/fetch-pythons.sh`.
+#[derive(Debug, Clone)]
+pub struct Python {
+    pub version: &'static str,
+    /// The launcher that runs it (sets PYTHONHOME, or goes through the unpacked loader).
+    pub launcher: PathBuf,
+    /// The ELF file carrying the probes.
+    pub binary: PathBuf,
+}
+
+/// The interpreter of `version`, or `None` with a printed notice when it has not been
+/// fetched. Under `PYPROBE_REQUIRE_PYTHONS=1` (as in `scripts/test.sh`) a missing
+/// interpreter fails the test instead: CI never passes by skipping.
+pub fn python(version: &'static str) -> Option<Python> {
+    let launcher = repo().join(".pythons/bin").join(format!("python{version}"));
+    let unpacked = repo().join(format!(".pythons/{version}/usr/bin/python{version}"));
+    let binary = if unpacked.exists() {
+        unpacked
+    } else {
+        PathBuf::from(format!("/usr/bin/python{version}"))
+    };
+    if launcher.exists() && binary.exists() {
+        return Some(Python {
+            version,
+            launcher,
+            binary,
+        });
+    }
+    let msg = format!("python {version} is not fetched: run scripts/fetch-pythons.sh {version}");
+    if std::env::var_os("PYPROBE_REQUIRE_PYTHONS").is_some() {
+        panic!("{msg}");
+    }
+    eprintln!("NOTICE: skipping: {msg}");
+    None
+}
+
+/// A C fixture or test program built by `scripts/build-fixtures.sh`.
+pub fn fixture_binary(name: &str) -> PathBuf {
+    let path = repo().join("fixtures/build").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/build-fixtures.sh",
+        path.display()
+    );
+    path
+}
+
+pub fn pyprobe() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pyprobe"))
+}
+
+pub fn run_pyprobe(args: &[&str]) -> Output {
+    let out = pyprobe().args(args).output().expect("cannot run pyprobe");
+    eprintln!(
+        "pyprobe {}: status {:?}\nstderr: {}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn json_of(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "pyprobe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("pyprobe printed invalid JSON")
+}
+
+/// A running target process, killed when dropped.
+pub struct Target {
+    pub child: Child,
+    pub stdin: Option<ChildStdin>,
+    pub stdout: BufReader<ChildStdout>,
+}
+
+impl Target {
+    /// Starts `program args`, with stdin and stdout piped.
+    pub fn spawn(program: &Path, args: &[&str]) -> Target {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Target {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Reads stdout lines until one starts with `prefix`; returns it.
+    pub fn wait_for_line(&mut self, prefix: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self
+                .stdout
+                .read_line(&mut line)
+                .expect("reading target stdout");
+            assert!(
+                n > 0,
+                "target ended before printing a line starting with {prefix:?}"
+            );
+            if line.starts_with(prefix) {
+                return line.trim_end().to_owned();
+            }
+        }
+    }
+
+    pub fn send_line(&mut self, text: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{text}").expect("writing target stdin");
+        stdin.flush().expect("flushing target stdin");
+    }
+
+    /// Closes stdin and reads the rest of stdout (for a target already reaped by a
+    /// test's own `waitpid`).
+    pub fn read_rest(&mut self) -> String {
+        drop(self.stdin.take());
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stdout, &mut rest).expect("reading target stdout");
+        rest
+    }
+
+    /// Closes stdin and collects the rest of stdout and the exit status.
+    pub fn finish(mut self) -> (String, std::process::ExitStatus) {
+        drop(self.stdin.take());
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stdout, &mut rest).expect("reading target stdout");
+        let status = self.child.wait().expect("waiting for target");
+        (rest, status)
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A Python target that prints `ready` once started and then waits on stdin.
+pub const WAITING_SCRIPT: &str = "import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n";
+
+/// Reads `len` bytes of a live process's memory (the tests' own ground truth, not
+/// through pyprobe).
+pub fn read_target_memory(pid: i32, addr: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("open /proc/PID/mem");
+    let mut buf = vec![0u8; len];
+    mem.read_exact_at(&mut buf, addr)
+        .unwrap_or_else(|e| panic!("read {len} bytes at {addr:#x} of {pid}: {e}"));
+    buf
+}
