@@ -154,8 +154,10 @@ pub struct ReportArgs {
     pub file: PathBuf,
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     pub format: ReportFormat,
-    #[arg(long, value_enum, default_value_t = SortKey::Inclusive)]
-    pub sort: SortKey,
+    /// Order of the functions (default: inclusive time; calls when the recording
+    /// has exact counts but no times, as on CPython 3.11).
+    #[arg(long, value_enum)]
+    pub sort: Option<SortKey>,
     /// Show at most N functions (table only; JSON lists all).
     #[arg(long, value_name = "N", default_value_t = 30)]
     pub limit: usize,

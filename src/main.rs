@@ -38,11 +38,16 @@ fn main() -> ExitCode {
         Command::Flame(_) => not_implemented("flame"),
         Command::Report(args) => session::report::run(
             &args.file,
-            &pyprobe::output::report::ReportOptions {
+            &session::report::ReportRequest {
                 sort: match args.sort {
-                    cli::SortKey::Inclusive => pyprobe::output::report::SortKey::Inclusive,
-                    cli::SortKey::Exclusive => pyprobe::output::report::SortKey::Exclusive,
-                    cli::SortKey::Calls => pyprobe::output::report::SortKey::Calls,
+                    None => None,
+                    Some(cli::SortKey::Inclusive) => {
+                        Some(pyprobe::output::report::SortKey::Inclusive)
+                    }
+                    Some(cli::SortKey::Exclusive) => {
+                        Some(pyprobe::output::report::SortKey::Exclusive)
+                    }
+                    Some(cli::SortKey::Calls) => Some(pyprobe::output::report::SortKey::Calls),
                 },
                 limit: (args.format == cli::ReportFormat::Table).then_some(args.limit),
                 include: args.include,

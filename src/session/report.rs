@@ -6,10 +6,19 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use crate::output::report::{build_report, render_json, render_table, ReportOptions};
+use crate::analyze::FunctionSource;
+use crate::output::report::{build_report, render_json, render_table, ReportOptions, SortKey};
 use crate::record::{Completion, RecordingReader};
 
-pub fn run(file: &Path, options: &ReportOptions, json: bool) -> Result<ExitCode> {
+/// `--sort` left open picks what the recording can sort by.
+pub struct ReportRequest {
+    pub sort: Option<SortKey>,
+    pub limit: Option<usize>,
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+}
+
+pub fn run(file: &Path, request: &ReportRequest, json: bool) -> Result<ExitCode> {
     let mut reader =
         RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))?;
     let report =
@@ -20,6 +29,16 @@ pub fn run(file: &Path, options: &ReportOptions, json: bool) -> Result<ExitCode>
             file.display()
         );
     }
+    let default_sort = match report.source {
+        FunctionSource::ReturnsOnly => SortKey::Calls,
+        _ => SortKey::Inclusive,
+    };
+    let options = ReportOptions {
+        sort: request.sort.unwrap_or(default_sort),
+        limit: request.limit,
+        include: request.include.clone(),
+        exclude: request.exclude.clone(),
+    };
     let view = options.apply(&report).map_err(|e| anyhow::anyhow!("{e}"))?;
     let text = if json {
         render_json(&view) + "\n"
