@@ -421,3 +421,59 @@ fn record_refuses_bad_targets_clearly() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no CPython SDT probes"));
 }
+
+#[test]
+fn launch_finds_probes_in_libpython_mapped_after_exec() {
+    // The probes live in libpython3.11.so, mapped by the dynamic loader after exec:
+    // the engine must wait until it is fully mapped before arming it.
+    let embed = fixture_binary("embed_python3.11");
+    let out_path = tmp_recording("embed");
+    let out = pyprobe()
+        .args(["record", "-o", out_path.to_str().unwrap(), "--"])
+        .arg(&embed)
+        .arg(fixture_script("count_calls.py"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let truth: BTreeMap<String, u64> = serde_json::from_str(stdout.trim()).unwrap();
+    let report = json_of(&run_pyprobe(&[
+        "report",
+        out_path.to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    let got = calls_in_file(&report, "count_calls.py");
+    for (function, expected) in &truth {
+        assert_eq!(
+            got.get(function),
+            Some(expected),
+            "calls of {function} (from returns, 3.11)"
+        );
+    }
+    let _ = std::fs::remove_file(out_path);
+}
+
+#[test]
+fn start_at_keeps_only_what_runs_inside_that_function() {
+    let Some(py) = python("3.9") else { return };
+    let (_, code, report) = record_launch(
+        &py,
+        &fixture_script("count_calls.py"),
+        &[],
+        &["--start-at", "catcher"],
+    );
+    assert_eq!(code, 0);
+    let functions: std::collections::BTreeSet<String> = report["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["function"].as_str().unwrap().to_owned())
+        .collect();
+    let expected: std::collections::BTreeSet<String> = ["catcher", "thrower"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(functions, expected);
+    assert_eq!(calls_in_file(&report, "count_calls.py")["thrower"], 15);
+}

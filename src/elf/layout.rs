@@ -1,6 +1,6 @@
 //! PT_LOAD segments: link-time address ↔ file offset.
 
-use goblin::elf::program_header::{PF_X, PT_LOAD};
+use goblin::elf::program_header::{PF_W, PF_X, PT_LOAD};
 use goblin::elf::Elf;
 use serde::Serialize;
 
@@ -11,6 +11,7 @@ pub struct LoadSegment {
     pub offset: u64,
     pub filesz: u64,
     pub executable: bool,
+    pub writable: bool,
 }
 
 impl LoadSegment {
@@ -33,6 +34,7 @@ pub(super) fn load_segments(elf: &Elf) -> Vec<LoadSegment> {
             offset: ph.p_offset,
             filesz: ph.p_filesz,
             executable: ph.p_flags & PF_X != 0,
+            writable: ph.p_flags & PF_W != 0,
         })
         .collect()
 }
@@ -57,6 +59,7 @@ mod tests {
                 offset: 0,
                 filesz: 0x1000,
                 executable: true,
+                writable: false,
             },
             LoadSegment {
                 vaddr: 0x601e00,
@@ -64,6 +67,7 @@ mod tests {
                 offset: 0x1e00,
                 filesz: 0x200,
                 executable: false,
+                writable: false,
             },
         ];
         assert_eq!(file_offset(&segs, 0x400123), Some(0x123));

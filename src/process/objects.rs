@@ -31,14 +31,28 @@ impl LoadedObject {
     /// loader is still mapping an object, its code may be there before its data (where
     /// the semaphores live): patching then would be undone by the next `mmap`.
     pub fn is_fully_mapped(&self, maps: &[MapEntry]) -> bool {
+        // The loader first reserves the whole span with one read-only mapping of the
+        // file, then maps each segment over it: a segment counts as mapped only once
+        // a mapping with its permissions covers it (the end of a writable segment: its
+        // start may later be made read-only for RELRO).
         self.elf.segments.iter().filter(|s| s.filesz > 0).all(|s| {
             let covered = |a: u64| {
                 maps.iter().any(|m| {
-                    m.dev == self.dev && m.inode == self.inode && m.start <= a && a < m.end
+                    m.dev == self.dev
+                        && m.inode == self.inode
+                        && m.start <= a
+                        && a < m.end
+                        && m.executable == s.executable
+                        && (!s.writable || m.writable)
                 })
             };
             let start = self.runtime(s.vaddr);
-            covered(start) && covered(start.wrapping_add(s.filesz - 1))
+            let end = start.wrapping_add(s.filesz - 1);
+            if s.writable {
+                covered(end)
+            } else {
+                covered(start) && covered(end)
+            }
         })
     }
 
@@ -170,6 +184,7 @@ mod tests {
                 offset: 0,
                 filesz: 0x6b000,
                 executable: false,
+                writable: false,
             },
             LoadSegment {
                 vaddr: 0x6b000,
@@ -177,6 +192,7 @@ mod tests {
                 offset: 0x6b000,
                 filesz: 0x2b0000,
                 executable: true,
+                writable: false,
             },
         ];
         let text = entry(0x55d0c0a6b000, 0x55d0c0d1c000, 0x6b000, true);
@@ -188,6 +204,7 @@ mod tests {
             offset: 0,
             filesz: 0x1000,
             executable: true,
+            writable: false,
         }];
         let e = entry(0x400000, 0x401000, 0, true);
         assert_eq!(load_bias(&fixed, &[&e]), Some(0));
@@ -202,6 +219,7 @@ mod tests {
             offset: 0x2de10,
             filesz: 0x300,
             executable: false,
+            writable: false,
         }];
         let e = entry(0x7f0000022d000, 0x7f0000022f000, 0x2d000, false);
         let bias = load_bias(&segs, &[&e]).unwrap();
