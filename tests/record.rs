@@ -223,6 +223,16 @@ fn assert_restored(pid: i32, sites: &[u64], sems: &[u64]) {
     }
 }
 
+/// Waits (bounded) until pyprobe has raised the target's semaphores: attached.
+fn wait_until_traced(pid: i32, sems: &[u64]) {
+    let traced = (0..200).any(|_| {
+        std::thread::sleep(Duration::from_millis(25));
+        sems.iter()
+            .any(|&s| read_target_memory(pid, s, 2) != [0, 0])
+    });
+    assert!(traced, "pyprobe attached within 5 s");
+}
+
 fn untraced_result(py: &Python) -> String {
     let mut t = Target::spawn(&py.launcher, &[&fixture_script("forever.py")]);
     t.wait_for_line("ready");
@@ -301,7 +311,8 @@ fn leaves_cleanly_on_sigint_and_sigterm() {
             ])
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(1500));
+        wait_until_traced(pid, &sems);
+        std::thread::sleep(Duration::from_millis(500));
         unsafe { libc::kill(tracer.id() as i32, signal) };
         let status = tracer.wait().unwrap();
         assert!(
@@ -327,9 +338,10 @@ fn leaves_cleanly_on_sigint_and_sigterm() {
 #[test]
 fn a_forked_child_is_cleaned_and_runs_python_fine() {
     let Some(py) = python("3.9") else { return };
-    let mut target = Target::spawn(&py.launcher, &[&fixture_script("forever.py"), "--fork"]);
+    let mut target = Target::spawn(&py.launcher, &[&fixture_script("forever.py")]);
     target.wait_for_line("ready");
     let pid = target.pid();
+    let (_, sems) = sites_and_semaphores(pid);
     let out_path = tmp_recording("fork");
     let mut tracer = pyprobe()
         .args([
@@ -343,7 +355,8 @@ fn a_forked_child_is_cleaned_and_runs_python_fine() {
         ])
         .spawn()
         .unwrap();
-    // The child forks after 20 rounds, well within this, and must exit 0.
+    wait_until_traced(pid, &sems);
+    target.send_line("fork");
     assert_eq!(target.wait_for_line("child"), "child 0");
     unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
     assert!(tracer.wait().unwrap().success());
