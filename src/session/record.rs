@@ -282,6 +282,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     });
     let options = EngineOptions {
         subprocesses: request.subprocesses,
+        guardian: true,
     };
     signals::install().context("cannot install signal handlers")?;
 

@@ -18,9 +18,11 @@ use crate::process::memory::{ProcessMemory, MAX_STRING};
 use crate::process::status::thread_ids;
 use crate::sdt;
 
+use super::guardian::{Guardian, Op};
 use super::patch::{clean_copy, Patches};
 use super::probes::ProbeSet;
 use super::regs::Registers;
+use super::safety_net::{self, SafetyNet};
 use super::signals::{monotonic_ns, stop_requested, StopReason};
 
 /// Finds the probes to trace in a process image, once the object carrying them is
@@ -70,6 +72,8 @@ pub enum TraceEvent<'a> {
 pub struct EngineOptions {
     /// Trace forked children too (else they are cleaned and released).
     pub subprocesses: bool,
+    /// Start a guardian process that undoes the patches if pyprobe is killed.
+    pub guardian: bool,
 }
 
 /// How the run ended.
@@ -110,6 +114,8 @@ struct Proc {
     /// look again after each `mmap`.
     awaiting_object: bool,
     last_maps_len: usize,
+    /// The SIGTRAP safety net installed in this image (see `safety_net`).
+    net: Option<SafetyNet>,
 }
 
 impl Proc {
@@ -119,6 +125,7 @@ impl Proc {
             patches: Patches::default(),
             awaiting_object: false,
             last_maps_len: 0,
+            net: None,
         }
     }
 }
@@ -133,6 +140,8 @@ struct PendingChild {
 
 pub struct Engine {
     root: i32,
+    /// Undoes the patches if pyprobe dies without detaching (see `guardian`).
+    guardian: Option<Guardian>,
     threads: HashMap<i32, Thread>,
     procs: HashMap<i32, Proc>,
     resolver: Box<dyn Resolver>,
@@ -161,6 +170,16 @@ fn is_stop_signal(sig: Signal) -> bool {
     )
 }
 
+/// Whether `tid` is stopped at the entry of a system call (PTRACE_GET_SYSCALL_INFO).
+fn at_syscall_entry(tid: i32) -> bool {
+    const PTRACE_GET_SYSCALL_INFO: libc::c_uint = 0x420e;
+    const PTRACE_SYSCALL_INFO_ENTRY: u8 = 1;
+    let mut info = [0u8; 88];
+    // SAFETY: the kernel writes at most `info.len()` bytes into the buffer.
+    let n = unsafe { libc::ptrace(PTRACE_GET_SYSCALL_INFO, tid, info.len(), info.as_mut_ptr()) };
+    n > 0 && info[0] == PTRACE_SYSCALL_INFO_ENTRY
+}
+
 fn tgid_of(tid: i32) -> Option<i32> {
     let text = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
     text.lines()
@@ -172,6 +191,7 @@ impl Engine {
     fn new(root: i32, resolver: Box<dyn Resolver>, options: EngineOptions) -> Engine {
         Engine {
             root,
+            guardian: None,
             threads: HashMap::new(),
             procs: HashMap::new(),
             resolver,
@@ -202,6 +222,9 @@ impl Engine {
         sink: &mut dyn FnMut(TraceEvent),
     ) -> Result<Engine> {
         let mut engine = Engine::new(pid, resolver, options);
+        if options.guardian {
+            engine.guardian = Some(Guardian::spawn()?);
+        }
         engine.procs.insert(pid, Proc::new(pid));
         // Seize until the thread list is stable: a thread created by a not yet seized
         // thread would otherwise escape.
@@ -238,7 +261,7 @@ impl Engine {
             bail!("process {pid} exited while pyprobe was attaching");
         }
         engine.stop_all(sink)?;
-        let installed = engine.install(pid, sink);
+        let installed = engine.install(pid, pid, sink);
         if let Err(e) = installed.and_then(|found| {
             if found {
                 Ok(())
@@ -273,10 +296,16 @@ impl Engine {
             .context("a command argument contains a NUL byte")?;
         let path = CString::new(resolved.as_os_str().as_encoded_bytes())
             .context("program path has a NUL byte")?;
+        let guardian = if options.guardian {
+            Some(Guardian::spawn()?)
+        } else {
+            None
+        };
         let child = super::launch::spawn_stopped(&path, &argv)?;
         let pid = child.as_raw();
         ptrace::seize(child, trace_options()).map_err(|e| super::errors::seize_error(pid, e))?;
         let mut engine = Engine::new(pid, resolver, options);
+        engine.guardian = guardian;
         engine.procs.insert(pid, Proc::new(pid));
         engine.threads.insert(
             pid,
@@ -414,6 +443,9 @@ impl Engine {
                 if let Some(old) = self.procs.get_mut(&tgid) {
                     old.patches.forget();
                 }
+                if let Some(g) = self.guardian.as_mut() {
+                    let _ = g.tell(Op::Forget, tgid, 0);
+                }
                 proc.awaiting_object = true;
                 self.procs.insert(tgid, proc);
                 self.check_awaited_object(tgid, sink);
@@ -485,9 +517,20 @@ impl Engine {
             .get(&pending.parent)
             .map(|p| p.patches.clone())
             .unwrap_or_default();
+        let parent_net = self.procs.get(&pending.parent).and_then(|p| p.net);
         if self.options.subprocesses {
             let mut proc = Proc::new(child);
+            if let Some(g) = self.guardian.as_mut() {
+                let (written, raised) = parent_patches.undo_list();
+                for &sem in raised {
+                    let _ = g.tell(Op::SemaphoreRaised, child, sem);
+                }
+                for &site in written {
+                    let _ = g.tell(Op::SiteArmed, child, site);
+                }
+            }
             proc.patches = parent_patches;
+            proc.net = parent_net;
             self.procs.insert(child, proc);
             self.threads.insert(
                 child,
@@ -512,6 +555,14 @@ impl Engine {
                 sink(TraceEvent::Notice(format!(
                     "cannot clean forked child {child}: {e}"
                 )));
+            }
+            // And its copy of the SIGTRAP safety net (it is at its first, clean stop).
+            if let Some(net) = parent_net {
+                if let Err(e) = safety_net::uninstall(child, &mut mem, &net) {
+                    sink(TraceEvent::Notice(format!(
+                        "forked child {child}: cannot remove the SIGTRAP safety net: {e}"
+                    )));
+                }
             }
         }
         // A vfork child shares the parent's memory until it execs: nothing to clean.
@@ -561,6 +612,9 @@ impl Engine {
                 self.exit = Some(how);
             }
             self.procs.remove(&tid);
+            if let Some(g) = self.guardian.as_mut() {
+                let _ = g.tell(Op::Forget, tid, 0);
+            }
             // Exited leader: the rest of its threads are gone with it.
             self.threads.retain(|_, t| t.tgid != tid);
         }
@@ -611,13 +665,23 @@ impl Engine {
         true
     }
 
-    /// Resolves and installs the probes of `pid`. `Ok(false)`: not mapped yet.
-    fn install(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Result<bool> {
+    /// Resolves and installs the probes of `pid`, through its stopped thread `tid`.
+    /// `Ok(false)`: not mapped yet.
+    fn install(&mut self, pid: i32, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Result<bool> {
         let Some(set) = self.resolver.resolve(pid)? else {
             return Ok(false);
         };
         let proc = self.procs.entry(pid).or_insert_with(|| Proc::new(pid));
-        let patches = Patches::install(set, &mut proc.mem)
+        if proc.net.is_none() {
+            match safety_net::install(tid, &mut proc.mem) {
+                Ok(net) => proc.net = net,
+                Err(e) => sink(TraceEvent::Notice(format!(
+                    "process {pid}: no SIGTRAP safety net ({e}); if pyprobe is killed, a thread reaching a \
+                     probe site before the guardian restores it would die"
+                ))),
+            }
+        }
+        let patches = Patches::install(set, &mut proc.mem, self.guardian.as_mut())
             .with_context(|| format!("patching process {pid}"))?;
         sink(TraceEvent::Installed {
             pid,
@@ -647,7 +711,13 @@ impl Engine {
             return;
         }
         proc.last_maps_len = maps_len;
-        if let Err(e) = self.install(tgid, sink) {
+        // At a syscall-entry stop the kernel is about to run the pending call: no
+        // injection there; the exit stop follows at once.
+        if at_syscall_entry(tid) {
+            proc.last_maps_len = 0;
+            return;
+        }
+        if let Err(e) = self.install(tgid, tid, sink) {
             sink(TraceEvent::Notice(format!("{e:#}")));
             if let Some(p) = self.procs.get_mut(&tgid) {
                 p.awaiting_object = false;
@@ -720,7 +790,22 @@ impl Engine {
             )));
         }
         for (pid, proc) in &mut self.procs {
-            if let Err(e) = proc.patches.remove(&mut proc.mem) {
+            if let Some(net) = proc.net.take() {
+                // Any stopped thread of the process will do.
+                let tid = self
+                    .threads
+                    .iter()
+                    .find(|(_, t)| t.tgid == *pid)
+                    .map(|(&tid, _)| tid);
+                if let Some(tid) = tid {
+                    if let Err(e) = safety_net::uninstall(tid, &mut proc.mem, &net) {
+                        sink(TraceEvent::Notice(format!(
+                            "process {pid}: cannot remove the SIGTRAP safety net: {e}"
+                        )));
+                    }
+                }
+            }
+            if let Err(e) = proc.patches.remove(&mut proc.mem, self.guardian.as_mut()) {
                 sink(TraceEvent::Notice(format!(
                     "process {pid}: restoring probe sites failed: {e}"
                 )));
@@ -734,6 +819,9 @@ impl Engine {
             let _ = ptrace::detach(Pid::from_raw(tid), pending);
         }
         self.threads.clear();
+        if let Some(g) = self.guardian.take() {
+            g.finish();
+        }
     }
 }
 

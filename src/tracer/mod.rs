@@ -2,10 +2,13 @@
 
 pub mod engine;
 pub mod errors;
+pub mod guardian;
+pub mod inject;
 pub mod launch;
 pub mod patch;
 pub mod probes;
 pub mod regs;
+pub mod safety_net;
 pub mod signals;
 
 pub use engine::{Engine, EngineOptions, Hit, Outcome, Resolver, TraceEvent};

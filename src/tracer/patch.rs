@@ -6,7 +6,16 @@ use std::io;
 
 use crate::process::memory::ProcessMemory;
 
+use super::guardian::{Guardian, Op};
 use super::probes::ProbeSet;
+
+/// Tells the guardian, if there is one. What it cannot be told must not be patched.
+fn tell(guard: &mut Option<&mut Guardian>, op: Op, pid: i32, addr: u64) -> io::Result<()> {
+    match guard {
+        Some(g) => g.tell(op, pid, addr),
+        None => Ok(()),
+    }
+}
 
 pub const NOP: u8 = 0x90;
 pub const INT3: u8 = 0xcc;
@@ -29,45 +38,87 @@ impl Patches {
     /// Raises each probe's semaphore and writes `int3` over each site, in that order
     /// for each probe. A site whose byte is not `0x90` is refused (left alone): the
     /// resume-after-the-nop trick would be wrong there.
-    pub fn install(set: ProbeSet, mem: &mut ProcessMemory) -> io::Result<Patches> {
+    pub fn install(
+        set: ProbeSet,
+        mem: &mut ProcessMemory,
+        mut guard: Option<&mut Guardian>,
+    ) -> io::Result<Patches> {
         let mut patches = Patches {
             set,
             ..Patches::default()
         };
-        for (pi, probe) in patches.set.probes.clone().iter().enumerate() {
+        if let Err(e) = patches.arm(mem, &mut guard) {
+            // Never leave half an installation behind.
+            let _ = patches.remove(mem, guard);
+            return Err(e);
+        }
+        Ok(patches)
+    }
+
+    fn arm(
+        &mut self,
+        mem: &mut ProcessMemory,
+        guard: &mut Option<&mut Guardian>,
+    ) -> io::Result<()> {
+        let pid = mem.pid();
+        for (pi, probe) in self.set.probes.clone().iter().enumerate() {
             if let Some(sem) = probe.semaphore {
-                if !patches.raised.contains(&sem) {
-                    adjust_semaphore(mem, sem, 1)?;
-                    patches.raised.push(sem);
+                if !self.raised.contains(&sem) {
+                    tell(guard, Op::SemaphoreRaised, pid, sem)?;
+                    if let Err(e) = adjust_semaphore(mem, sem, 1) {
+                        let _ = tell(guard, Op::SemaphoreLowered, pid, sem);
+                        return Err(e);
+                    }
+                    self.raised.push(sem);
                 }
             }
             for (si, site) in probe.sites.iter().enumerate() {
                 let mut byte = [0u8];
                 mem.read(site.address, &mut byte)?;
                 if byte[0] != NOP {
-                    patches.refused.push((site.address, byte[0]));
+                    self.refused.push((site.address, byte[0]));
                     continue;
                 }
-                mem.write(site.address, &[INT3])?;
-                patches.written.push(site.address);
-                patches.sites.insert(site.address, (pi, si));
+                tell(guard, Op::SiteArmed, pid, site.address)?;
+                if let Err(e) = mem.write(site.address, &[INT3]) {
+                    let _ = tell(guard, Op::SiteRestored, pid, site.address);
+                    return Err(e);
+                }
+                self.written.push(site.address);
+                self.sites.insert(site.address, (pi, si));
             }
         }
-        Ok(patches)
+        Ok(())
     }
 
     /// Puts every `nop` back and lowers every semaphore raised. Goes on after an error
     /// so as much as possible is undone; returns the first error.
-    pub fn remove(&mut self, mem: &mut ProcessMemory) -> io::Result<()> {
+    pub fn remove(
+        &mut self,
+        mem: &mut ProcessMemory,
+        mut guard: Option<&mut Guardian>,
+    ) -> io::Result<()> {
+        let pid = mem.pid();
         let mut first_error = None;
-        for addr in self.written.drain(..) {
-            if let Err(e) = mem.write(addr, &[NOP]) {
-                first_error.get_or_insert(e);
+        // Semaphores first: the sites stop being reached, then the bytes go back.
+        for sem in self.raised.drain(..) {
+            match adjust_semaphore(mem, sem, -1) {
+                Ok(()) => {
+                    let _ = tell(&mut guard, Op::SemaphoreLowered, pid, sem);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
             }
         }
-        for sem in self.raised.drain(..) {
-            if let Err(e) = adjust_semaphore(mem, sem, -1) {
-                first_error.get_or_insert(e);
+        for addr in self.written.drain(..) {
+            match mem.write(addr, &[NOP]) {
+                Ok(()) => {
+                    let _ = tell(&mut guard, Op::SiteRestored, pid, addr);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
             }
         }
         self.sites.clear();
