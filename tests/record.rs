@@ -503,3 +503,79 @@ fn start_at_keeps_only_what_runs_inside_that_function() {
     assert_eq!(functions, expected);
     assert_eq!(calls_in_file(&report, "count_calls.py")["thrower"], 15);
 }
+
+#[test]
+fn subprocesses_are_traced_when_asked() {
+    let Some(py) = python("3.9") else { return };
+    let mut target = Target::spawn(&py.launcher, &[&fixture_script("forever.py")]);
+    target.wait_for_line("ready");
+    let pid = target.pid();
+    let (sites, sems) = sites_and_semaphores(pid);
+    let out_path = tmp_recording("subprocesses");
+    let mut tracer = pyprobe()
+        .args([
+            "record",
+            "-p",
+            &pid.to_string(),
+            "--mode",
+            "trace",
+            "--subprocesses",
+            "-o",
+            out_path.to_str().unwrap(),
+        ])
+        .spawn()
+        .unwrap();
+    wait_until_traced(pid, &sems);
+    target.send_line("fork");
+    assert_eq!(
+        target.wait_for_line("child"),
+        "child 0",
+        "the traced child ran Python and exited 0"
+    );
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    assert!(tracer.wait().unwrap().success());
+    assert_restored(pid, &sites, &sems);
+    let report = json_of(&run_pyprobe(&[
+        "report",
+        out_path.to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    // The child computed fib(12): 465 calls, each an entry and a return, on its own tid.
+    let child_events = report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["tid"].as_i64() != Some(pid as i64))
+        .map(|t| t["events"].as_u64().unwrap())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        child_events >= 930,
+        "the child's calls were recorded: {child_events} events"
+    );
+    target.send_line("stop");
+    target.wait_for_line("result");
+    let _ = std::fs::remove_file(out_path);
+}
+
+#[test]
+fn include_and_exclude_filter_by_file() {
+    let Some(py) = python("3.9") else { return };
+    let script = fixture_script("count_calls.py");
+    let (_, _, only_fixture) = record_launch(&py, &script, &[], &["--include", "*count_calls.py"]);
+    let files: std::collections::BTreeSet<String> = only_fixture["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["file"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(files.len(), 1, "only the fixture's file: {files:?}");
+    assert!(files.iter().all(|f| f.ends_with("count_calls.py")));
+    let (_, _, no_fixture) = record_launch(&py, &script, &[], &["--exclude", "*count_calls.py"]);
+    let functions = no_fixture["functions"].as_array().unwrap();
+    assert!(!functions.is_empty(), "the rest is still recorded");
+    assert!(functions
+        .iter()
+        .all(|f| !f["file"].as_str().unwrap().ends_with("count_calls.py")));
+}

@@ -13,7 +13,7 @@ use crate::analyze::FileFilter;
 use crate::process::memory::ProcessMemory;
 use crate::process::objects::{find_probe_object, sdt_objects};
 use crate::process::status::{check_inspectable, cmdline};
-use crate::python::probes::{ProbeGroup, PythonProbe, PROVIDER};
+use crate::python::probes::{ProbeGroup, PythonProbe, PROBES, PROVIDER};
 use crate::python::tracing::{available_groups, default_groups, parse_groups, probe_set};
 use crate::python::version::{self, PyVersion};
 use crate::record::{Event, EventKind, FrameRef, Header, RecordingWriter};
@@ -360,7 +360,9 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     let mut announced = false;
     let outcome = engine.run(&mut |event| match event {
         TraceEvent::Hit(hit) => {
-            let meaning = chosen.borrow().meanings.get(&hit.pid).and_then(|m| m.get(hit.probe).copied());
+            // A child traced under --subprocesses runs its parent's probe set: go by name.
+            let meaning = chosen.borrow().meanings.get(&hit.pid).and_then(|m| m.get(hit.probe).copied())
+                .or_else(|| PROBES.iter().find(|p| p.name == hit.probe_name));
             if let Some(meaning) = meaning {
                 builder.hit(meaning, hit.tid, hit.ts_ns, hit.args, hit.strings);
             }
