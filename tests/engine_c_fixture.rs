@@ -98,8 +98,8 @@ fn engine_decodes_every_argument_of_the_c_fixture() {
                             }
                         })
                         .collect();
-                    if let Some(Some(s)) = hit.strings.first() {
-                        strings.push(s.clone());
+                    if let Some(s) = hit.string(0) {
+                        strings.push(s.to_owned());
                     }
                     hits.entry(hit.probe_name.to_owned())
                         .or_default()

@@ -18,7 +18,7 @@ use crate::python::tracing::{available_groups, default_groups, parse_groups, pro
 use crate::python::version::{self, PyVersion};
 use crate::record::{Event, EventKind, FrameRef, Header, RecordingWriter};
 use crate::tracer::signals::{self, monotonic_ns, StopReason};
-use crate::tracer::{Engine, EngineOptions, Outcome, ProbeSet, Resolver, TraceEvent};
+use crate::tracer::{Engine, EngineOptions, Hit, Outcome, ProbeSet, Resolver, TraceEvent};
 
 /// What `pyprobe record` was asked to do (the CLI maps its flags onto this).
 #[derive(Debug, Clone, Default)]
@@ -167,17 +167,19 @@ impl EventBuilder {
         }
     }
 
-    fn frame(&mut self, strings: &[Option<String>], args: &[u64]) -> (FrameRef, bool) {
-        let file = strings.first().cloned().flatten().unwrap_or_default();
-        let function = strings.get(1).cloned().flatten().unwrap_or_default();
-        let line = args.get(2).copied().unwrap_or(0) as u32;
-        let keep = self.filter.matches(&file);
-        let frame = FrameRef {
-            file: self.intern(&file),
-            function: self.intern(&function),
+    fn frame(&mut self, hit: &Hit) -> Option<FrameRef> {
+        let file = hit.string(0).unwrap_or("");
+        if !self.filter.matches(file) {
+            return None;
+        }
+        let line = hit.args.get(2).copied().unwrap_or(0) as u32;
+        let file = self.intern(file);
+        let function = self.intern(hit.string(1).unwrap_or(""));
+        Some(FrameRef {
+            file,
+            function,
             line,
-        };
-        (frame, keep)
+        })
     }
 
     /// Whether a function event on `tid` is inside the `--start-at` window,
@@ -199,28 +201,16 @@ impl EventBuilder {
         *depth > 0
     }
 
-    fn hit(
-        &mut self,
-        meaning: &PythonProbe,
-        tid: i32,
-        ts_ns: u64,
-        args: &[u64],
-        strings: &[Option<String>],
-    ) {
-        let arg = |i: usize| args.get(i).copied().unwrap_or(0);
-        let text = |i: usize| strings.get(i).cloned().flatten().unwrap_or_default();
+    fn hit(&mut self, meaning: &PythonProbe, hit: &Hit) {
+        let arg = |i: usize| hit.args.get(i).copied().unwrap_or(0);
         let kind = match meaning.name {
             "function__entry" | "function__return" | "line" => {
-                let function = text(1);
                 let is_call = meaning.name == "function__entry";
                 let is_return = meaning.name == "function__return";
-                if !self.in_window(tid, &function, is_call, is_return) {
+                if !self.in_window(hit.tid, hit.string(1).unwrap_or(""), is_call, is_return) {
                     return;
                 }
-                let (frame, keep) = self.frame(strings, args);
-                if !keep {
-                    return;
-                }
+                let Some(frame) = self.frame(hit) else { return };
                 match meaning.name {
                     "function__entry" => EventKind::Call { frame },
                     "function__return" => EventKind::Return { frame },
@@ -234,18 +224,18 @@ impl EventBuilder {
                 collected: arg(0) as i64,
             },
             "import__find__load__start" => EventKind::ImportStart {
-                module: self.intern(&text(0)),
+                module: self.intern(hit.string(0).unwrap_or("")),
             },
             "import__find__load__done" => EventKind::ImportDone {
-                module: self.intern(&text(0)),
+                module: self.intern(hit.string(0).unwrap_or("")),
                 found: arg(1) as i32 != 0,
             },
             "audit" => EventKind::Audit {
-                event: self.intern(&text(0)),
+                event: self.intern(hit.string(0).unwrap_or("")),
             },
             _ => return,
         };
-        self.write(tid, ts_ns, kind);
+        self.write(hit.tid, hit.ts_ns, kind);
     }
 }
 
@@ -364,7 +354,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             let meaning = chosen.borrow().meanings.get(&hit.pid).and_then(|m| m.get(hit.probe).copied())
                 .or_else(|| PROBES.iter().find(|p| p.name == hit.probe_name));
             if let Some(meaning) = meaning {
-                builder.hit(meaning, hit.tid, hit.ts_ns, hit.args, hit.strings);
+                builder.hit(meaning, &hit);
             }
         }
         TraceEvent::ThreadStart { tid, ts_ns, .. } => builder.write(tid, ts_ns, EventKind::ThreadStart),

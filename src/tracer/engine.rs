@@ -14,10 +14,10 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use crate::process::memory::{ProcessMemory, MAX_STRING};
+use crate::process::memory::ProcessMemory;
 use crate::process::status::thread_ids;
-use crate::sdt;
 
+use super::decode::HitBuffers;
 use super::guardian::{Guardian, Op};
 use super::patch::{clean_copy, Patches};
 use super::probes::ProbeSet;
@@ -40,8 +40,15 @@ pub struct Hit<'a> {
     pub probe: usize,
     pub probe_name: &'a str,
     pub args: &'a [u64],
-    /// For string arguments, the text read at the pointer (bounded); else `None`.
-    pub strings: &'a [Option<String>],
+    buffers: &'a HitBuffers,
+}
+
+impl Hit<'_> {
+    /// String argument `i`: the text read at its pointer (bounded), if it is a
+    /// string argument and could be read.
+    pub fn string(&self, i: usize) -> Option<&str> {
+        self.buffers.string(i)
+    }
 }
 
 /// What the engine reports, in order.
@@ -151,8 +158,7 @@ pub struct Engine {
     exit: Option<Outcome>,
     detached: bool,
     hits: u64,
-    args_buf: Vec<u64>,
-    strings_buf: Vec<Option<String>>,
+    hit_buffers: HitBuffers,
 }
 
 fn trace_options() -> Options {
@@ -201,8 +207,7 @@ impl Engine {
             exit: None,
             detached: false,
             hits: 0,
-            args_buf: Vec::with_capacity(8),
-            strings_buf: Vec::with_capacity(8),
+            hit_buffers: HitBuffers::default(),
         }
     }
 
@@ -494,7 +499,10 @@ impl Engine {
             self.resume_or_hold(tid, None, holding);
             return;
         }
-        if is_stop_signal(sig) && ptrace::getsiginfo(Pid::from_raw(tid)) == Err(Errno::EINVAL) {
+        // Under PTRACE_SEIZE a group-stop is a PTRACE_EVENT_STOP carrying the stop
+        // signal (interrupts and new threads carry SIGTRAP); its siginfo is readable
+        // (si_code = signal | PTRACE_EVENT_STOP << 8), so no EINVAL test here.
+        if is_stop_signal(sig) {
             // Group-stop (the target was stopped, e.g. Ctrl-Z): stay stopped like an
             // untraced process would, but keep receiving events.
             if holding {
@@ -640,18 +648,8 @@ impl Engine {
         let probe = &proc.patches.set.probes[pi];
         let site = &probe.sites[si];
         let symbols = |name: &str| proc.patches.set.symbol(name);
-        self.args_buf.clear();
-        self.strings_buf.clear();
-        for (i, arg) in site.args.iter().enumerate() {
-            let value = sdt::evaluate(arg, &regs, &proc.mem, &symbols).unwrap_or(0);
-            self.args_buf.push(value);
-            let is_string = probe.string_args.get(i).copied().unwrap_or(false);
-            self.strings_buf.push(if is_string && value != 0 {
-                proc.mem.read_c_string(value, MAX_STRING).ok()
-            } else {
-                None
-            });
-        }
+        self.hit_buffers
+            .decode(probe, site, &regs, &proc.mem, &symbols);
         self.hits += 1;
         sink(TraceEvent::Hit(Hit {
             pid: tgid,
@@ -659,8 +657,8 @@ impl Engine {
             ts_ns,
             probe: pi,
             probe_name: &probe.name,
-            args: &self.args_buf,
-            strings: &self.strings_buf,
+            args: &self.hit_buffers.args,
+            buffers: &self.hit_buffers,
         }));
         true
     }

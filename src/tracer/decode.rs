@@ -1,0 +1,157 @@
+//! Decoding one probe hit without allocating: argument values into a reused
+//! buffer, and every string argument fetched with one `process_vm_readv` (one iovec
+//! per string) into reused buffers. A string longer than the first read, or one the
+//! batched read could not reach, is finished by a bounded page-wise read.
+
+use std::io::IoSliceMut;
+
+use nix::sys::uio::{process_vm_readv, RemoteIoVec};
+use nix::unistd::Pid;
+
+use crate::process::memory::{ProcessMemory, MAX_STRING};
+use crate::sdt;
+
+use super::probes::{Probe, Site};
+use super::regs::Registers;
+
+/// Bytes read per string in the batched read; most file and function names fit.
+const FIRST_READ: usize = 192;
+/// Most string arguments a probe may have (CPython's have two).
+const MAX_STRINGS: usize = 4;
+
+/// Reused buffers for one hit's decoded arguments.
+#[derive(Default, Debug)]
+pub struct HitBuffers {
+    pub args: Vec<u64>,
+    /// `strings[i]` is meaningful when `present[i]`.
+    pub strings: Vec<String>,
+    pub present: Vec<bool>,
+    raw: Vec<[u8; FIRST_READ]>,
+}
+
+impl HitBuffers {
+    /// Fills the buffers for a hit of `site` of `probe`.
+    pub fn decode(
+        &mut self,
+        probe: &Probe,
+        site: &Site,
+        regs: &Registers,
+        mem: &ProcessMemory,
+        symbols: &dyn Fn(&str) -> Option<u64>,
+    ) {
+        let n = site.args.len();
+        self.args.clear();
+        for arg in &site.args {
+            self.args
+                .push(sdt::evaluate(arg, regs, mem, symbols).unwrap_or(0));
+        }
+        if self.strings.len() < n {
+            self.strings.resize_with(n, String::new);
+            self.present.resize(n, false);
+        }
+        if self.raw.len() < MAX_STRINGS {
+            self.raw.resize(MAX_STRINGS, [0; FIRST_READ]);
+        }
+        // Which arguments are strings to read, and where.
+        let mut wanted = [(0usize, 0u64); MAX_STRINGS];
+        let mut count = 0;
+        for i in 0..n {
+            self.present[i] = false;
+            let is_string = probe.string_args.get(i).copied().unwrap_or(false);
+            if is_string && self.args[i] != 0 && count < MAX_STRINGS {
+                wanted[count] = (i, self.args[i]);
+                count += 1;
+            }
+        }
+        if count == 0 {
+            return;
+        }
+        let got = self.batched_read(mem.pid(), &wanted[..count]);
+        for (k, &(i, addr)) in wanted[..count].iter().enumerate() {
+            let read = got.saturating_sub(k * FIRST_READ).min(FIRST_READ);
+            let bytes = &self.raw[k][..read];
+            let text = &mut self.strings[i];
+            text.clear();
+            match bytes.iter().position(|&b| b == 0) {
+                Some(end) => push_lossy(text, &bytes[..end]),
+                // Longer than the first read, or near an unmapped page: finish it with
+                // the careful page-wise reader.
+                None => match mem.read_c_string(addr, MAX_STRING) {
+                    Ok(s) => text.push_str(&s),
+                    Err(_) => continue,
+                },
+            }
+            self.present[i] = true;
+        }
+    }
+
+    /// One `process_vm_readv` with one iovec per string; returns the bytes read (the
+    /// kernel stops at the first iovec it cannot fully read).
+    fn batched_read(&mut self, pid: i32, wanted: &[(usize, u64)]) -> usize {
+        let mut remote = [RemoteIoVec { base: 0, len: 0 }; MAX_STRINGS];
+        for (k, &(_, addr)) in wanted.iter().enumerate() {
+            remote[k] = RemoteIoVec {
+                base: addr as usize,
+                len: FIRST_READ,
+            };
+        }
+        let (a, rest) = self.raw.split_at_mut(1);
+        let (b, rest) = rest.split_at_mut(1);
+        let (c, d) = rest.split_at_mut(1);
+        let mut local = [
+            IoSliceMut::new(&mut a[0]),
+            IoSliceMut::new(&mut b[0]),
+            IoSliceMut::new(&mut c[0]),
+            IoSliceMut::new(&mut d[0]),
+        ];
+        let k = wanted.len();
+        process_vm_readv(Pid::from_raw(pid), &mut local[..k], &remote[..k]).unwrap_or(0)
+    }
+
+    /// The string argument `i` of the last decoded hit.
+    pub fn string(&self, i: usize) -> Option<&str> {
+        (self.present.get(i) == Some(&true)).then(|| self.strings[i].as_str())
+    }
+}
+
+fn push_lossy(out: &mut String, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => out.push_str(s),
+        Err(_) => out.push_str(&String::from_utf8_lossy(bytes)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decodes against pyprobe's own memory: short and long strings, a null pointer.
+    #[test]
+    fn strings_short_long_and_null() {
+        let short = std::ffi::CString::new("fib").unwrap();
+        let long = std::ffi::CString::new("x".repeat(700)).unwrap();
+        let mut raw: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        raw.rdi = short.as_ptr() as u64;
+        raw.rsi = long.as_ptr() as u64;
+        raw.rdx = 0;
+        raw.rcx = 42;
+        let regs = Registers(raw);
+        let site = Site { address: 0, args: sdt::parse_args("8@%rdi 8@%rsi 8@%rdx -4@%ecx").unwrap() };
+        let probe = Probe {
+            name: "p".into(),
+            semaphore: None,
+            sites: vec![site.clone()],
+            string_args: vec![true, true, true, false],
+        };
+        let mem = ProcessMemory::new(std::process::id() as i32);
+        let mut buffers = HitBuffers::default();
+        for _ in 0..2 {
+            buffers.decode(&probe, &site, &regs, &mem, &|_| None);
+            assert_eq!(buffers.string(0), Some("fib"));
+            assert_eq!(buffers.string(1).map(str::len), Some(700));
+            assert_eq!(buffers.string(2), None, "a null pointer is no string");
+            assert_eq!(buffers.string(3), None, "not a string argument");
+            assert_eq!(buffers.args[3], 42);
+        }
+    }
+}
