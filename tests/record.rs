@@ -579,3 +579,34 @@ fn include_and_exclude_filter_by_file() {
         .iter()
         .all(|f| !f["file"].as_str().unwrap().ends_with("count_calls.py")));
 }
+
+#[test]
+fn a_thread_blocked_in_a_system_call_is_not_disturbed() {
+    // Attaching interrupts the blocked read and pyprobe injects system calls through
+    // that thread (the SIGTRAP safety net): the read must resume as if nothing happened.
+    for version in ["3.9", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        let script = "import sys\nprint('ready', flush=True)\nline = sys.stdin.readline()\nprint('got', line.strip(), flush=True)\n";
+        let mut target = Target::spawn(&py.launcher, &["-c", script]);
+        target.wait_for_line("ready");
+        let pid = target.pid();
+        let (sites, sems) = sites_and_semaphores(pid);
+        let out_path = tmp_recording(&format!("blocked-{version}"));
+        let out = run_pyprobe(&[
+            "record",
+            "-p",
+            &pid.to_string(),
+            "-d",
+            "0.5",
+            "-o",
+            out_path.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{version}");
+        assert_restored(pid, &sites, &sems);
+        target.send_line("hello");
+        assert_eq!(target.wait_for_line("got"), "got hello", "{version}");
+        let (_, status) = target.finish();
+        assert!(status.success(), "{version}");
+        let _ = std::fs::remove_file(out_path);
+    }
+}

@@ -273,6 +273,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     let options = EngineOptions {
         subprocesses: request.subprocesses,
         guardian: true,
+        ..EngineOptions::default()
     };
     signals::install().context("cannot install signal handlers")?;
 
@@ -343,7 +344,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         builder.open(pid, &chosen.borrow());
     }
     if let Some(d) = request.duration {
-        signals::arm_timer(d);
+        signals::set_deadline(d);
     }
     let mode = request.mode.clone();
     // A launched command gets its start line once its interpreter is found.
@@ -371,6 +372,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             }
         }
         TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
+        TraceEvent::Tick { .. } => {}
     });
     let hits = engine.hits();
     drop(engine);

@@ -23,7 +23,9 @@ use super::patch::{clean_copy, Patches};
 use super::probes::ProbeSet;
 use super::regs::Registers;
 use super::safety_net::{self, SafetyNet};
-use super::signals::{monotonic_ns, stop_requested, StopReason};
+use super::signals::{
+    arm_tick, jitter, monotonic_ns, stop_requested, take_tick, until_deadline_ns, StopReason,
+};
 
 /// Finds the probes to trace in a process image, once the object carrying them is
 /// fully mapped. `Ok(None)`: not (yet) there.
@@ -73,12 +75,24 @@ pub enum TraceEvent<'a> {
     },
     /// Something the user should know (a child cleaned, a signal, ...).
     Notice(String),
+    /// Time to take a sample of process `pid`; `stopped`: every thread is held in a
+    /// ptrace-stop until the sink returns.
+    Tick {
+        pid: i32,
+        ts_ns: u64,
+        stopped: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EngineOptions {
     /// Trace forked children too (else they are cleaned and released).
     pub subprocesses: bool,
+    /// Emit a [`TraceEvent::Tick`] about every this many ns (with ±10 % jitter).
+    pub sample_interval_ns: Option<u64>,
+    /// Stop every thread during a tick (consistent stacks) instead of reading them
+    /// while they run.
+    pub blocking_samples: bool,
     /// Start a guardian process that undoes the patches if pyprobe is killed.
     pub guardian: bool,
 }
@@ -335,6 +349,7 @@ impl Engine {
     }
 
     fn event_loop(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+        self.arm_next_tick();
         loop {
             if let Some(reason) = stop_requested() {
                 self.exit = Some(Outcome::Detached(reason));
@@ -343,6 +358,11 @@ impl Engine {
             if self.threads.is_empty() {
                 return Ok(());
             }
+            if take_tick() {
+                self.on_tick(sink)?;
+                self.arm_next_tick();
+                continue;
+            }
             match waitpid(None, Some(WaitPidFlag::__WALL)) {
                 Ok(status) => self.handle(status, false, sink)?,
                 Err(Errno::EINTR) => continue,
@@ -350,6 +370,38 @@ impl Engine {
                 Err(e) => bail!("waitpid failed: {e}"),
             }
         }
+    }
+
+    /// Arms the timer: the next sample, or the `--duration` deadline.
+    fn arm_next_tick(&self) {
+        if let Some(interval) = self.options.sample_interval_ns {
+            arm_tick(jitter(interval, 10));
+        } else if let Some(left) = until_deadline_ns() {
+            // Wake up for the deadline even when the target is idle.
+            arm_tick(left.min(100_000_000));
+        }
+    }
+
+    /// A sampling tick: with `blocking`, every thread is stopped while the sink reads
+    /// the stacks, for a consistent picture; threads the target itself has stopped
+    /// (group-stop) stay as they are.
+    fn on_tick(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+        if self.options.sample_interval_ns.is_none() {
+            return Ok(());
+        }
+        let blocking = self.options.blocking_samples;
+        if blocking {
+            self.stop_all_running(sink)?;
+        }
+        sink(TraceEvent::Tick {
+            pid: self.root,
+            ts_ns: monotonic_ns(),
+            stopped: blocking,
+        });
+        if blocking {
+            self.resume_all();
+        }
+        Ok(())
     }
 
     /// Handles one wait status. While `holding` (stopping everyone), stopped threads
@@ -725,20 +777,31 @@ impl Engine {
 
     /// Interrupts every running thread and waits until all are in a ptrace-stop.
     fn stop_all(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+        self.stop_threads(true, sink)
+    }
+
+    /// Like `stop_all`, but threads parked in group-stop stay parked.
+    fn stop_all_running(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+        self.stop_threads(false, sink)
+    }
+
+    fn stop_threads(
+        &mut self,
+        include_listening: bool,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<()> {
+        let wanted = |state: ThreadState| match state {
+            ThreadState::Listening => include_listening,
+            ThreadState::Stopped { .. } => false,
+            _ => true,
+        };
         for (&tid, thread) in &self.threads {
-            if matches!(
-                thread.state,
-                ThreadState::Running | ThreadState::Listening | ThreadState::New
-            ) {
+            if wanted(thread.state) {
                 let _ = ptrace::interrupt(Pid::from_raw(tid));
             }
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while self
-            .threads
-            .values()
-            .any(|t| !matches!(t.state, ThreadState::Stopped { .. }))
-        {
+        while self.threads.values().any(|t| wanted(t.state)) {
             match waitpid(None, Some(WaitPidFlag::__WALL)) {
                 Ok(status) => self.handle(status, true, sink)?,
                 Err(Errno::EINTR) => {}

@@ -63,7 +63,10 @@ pub fn syscall(tid: i32, syscall_insn: u64, nr: i64, args: [u64; 6]) -> io::Resu
     ptrace::setregs(pid, regs).map_err(io::Error::from)?;
     let result = step_over_syscall(pid);
     let after = ptrace::getregs(pid);
-    // Whatever happened, the thread gets its own registers back.
+    // Whatever happened, the thread gets its own registers back. A thread stopped in
+    // an interrupted system call (rax = -ERESTART*, orig_rax = its number) has it
+    // restarted by the kernel's signal path when it resumes from this stop, exactly as
+    // it would have from the original one.
     ptrace::setregs(pid, saved).map_err(io::Error::from)?;
     result?;
     let after = after.map_err(io::Error::from)?;

@@ -1,15 +1,22 @@
-//! pyprobe's own signals: Ctrl-C, SIGTERM, SIGHUP and the `--duration` timer all ask
-//! the engine to leave cleanly. The handlers only set a flag; they are installed
-//! without SA_RESTART so a blocking `waitpid` returns EINTR and the loop sees it.
+//! pyprobe's own signals and clocks. Ctrl-C, SIGTERM and SIGHUP ask the engine to
+//! leave cleanly; SIGALRM is the tick of a one-shot timer (sampling, and checking the
+//! `--duration` deadline). The handlers only set flags, and are installed without
+//! SA_RESTART so a blocking `waitpid` returns EINTR and the loop sees them.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+static TICK: AtomicBool = AtomicBool::new(false);
+static DEADLINE_NS: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
-    STOP_SIGNAL.store(sig, Ordering::SeqCst);
+    if sig == libc::SIGALRM {
+        TICK.store(true, Ordering::SeqCst);
+    } else {
+        STOP_SIGNAL.store(sig, Ordering::SeqCst);
+    }
 }
 
 /// Installs the handlers for SIGINT, SIGTERM, SIGHUP and SIGALRM.
@@ -25,7 +32,7 @@ pub fn install() -> nix::Result<()> {
         Signal::SIGHUP,
         Signal::SIGALRM,
     ] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        // SAFETY: the handler only stores to atomics, which is async-signal-safe.
         unsafe { sigaction(sig, &action) }?;
     }
     Ok(())
@@ -34,7 +41,7 @@ pub fn install() -> nix::Result<()> {
 /// Why pyprobe is leaving before the target ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {
-    /// The `--duration` timer ran out.
+    /// The `--duration` deadline passed.
     Duration,
     /// Ctrl-C, SIGTERM or SIGHUP.
     Signal(Signal),
@@ -47,11 +54,12 @@ const INTERNAL: i32 = -1;
 /// What asked pyprobe to stop, if anything.
 pub fn stop_requested() -> Option<StopReason> {
     match STOP_SIGNAL.load(Ordering::SeqCst) {
-        0 => None,
-        INTERNAL => Some(StopReason::Internal),
-        n if n == libc::SIGALRM => Some(StopReason::Duration),
-        n => Signal::try_from(n).ok().map(StopReason::Signal),
+        0 => {}
+        INTERNAL => return Some(StopReason::Internal),
+        n => return Signal::try_from(n).ok().map(StopReason::Signal),
     }
+    let deadline = DEADLINE_NS.load(Ordering::SeqCst);
+    (deadline != 0 && monotonic_ns() >= deadline).then_some(StopReason::Duration)
 }
 
 /// Asks the engine to leave at its next turn (from pyprobe's own code).
@@ -59,12 +67,32 @@ pub fn request_stop() {
     STOP_SIGNAL.store(INTERNAL, Ordering::SeqCst);
 }
 
-/// Asks for SIGALRM after `seconds` (the `--duration` timer).
-pub fn arm_timer(seconds: f64) {
-    let secs = seconds.max(0.001);
+/// Stop after `seconds` from now (`--duration`). The timer must tick for a blocked
+/// loop to notice: see [`arm_tick`].
+pub fn set_deadline(seconds: f64) {
+    let ns = (seconds.max(0.0) * 1e9) as u64;
+    DEADLINE_NS.store(monotonic_ns().saturating_add(ns.max(1)), Ordering::SeqCst);
+}
+
+/// Nanoseconds left until the deadline, if one is set.
+pub fn until_deadline_ns() -> Option<u64> {
+    match DEADLINE_NS.load(Ordering::SeqCst) {
+        0 => None,
+        d => Some(d.saturating_sub(monotonic_ns())),
+    }
+}
+
+/// Whether the timer ticked since the last call (clears the flag).
+pub fn take_tick() -> bool {
+    TICK.swap(false, Ordering::SeqCst)
+}
+
+/// Arms a one-shot SIGALRM in `ns` nanoseconds (at least 1 µs).
+pub fn arm_tick(ns: u64) {
+    let ns = ns.max(1000);
     let value = libc::timeval {
-        tv_sec: secs.trunc() as libc::time_t,
-        tv_usec: (secs.fract() * 1e6) as libc::suseconds_t,
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_usec: ((ns % 1_000_000_000) / 1000) as libc::suseconds_t,
     };
     let timer = libc::itimerval {
         it_interval: libc::timeval {
@@ -86,4 +114,20 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A cheap pseudo-random jitter in [-spread, +spread] ns (xorshift on the clock), so
+/// sampling does not fall into lock-step with periodic work in the target.
+pub fn jitter(interval_ns: u64, spread_percent: u64) -> u64 {
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    let mut x = STATE.load(Ordering::Relaxed) ^ monotonic_ns() | 1;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    STATE.store(x, Ordering::Relaxed);
+    let spread = interval_ns * spread_percent / 100;
+    if spread == 0 {
+        return interval_ns;
+    }
+    interval_ns - spread + x % (2 * spread + 1)
 }
