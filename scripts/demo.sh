@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# The main job on the bundled demo target: build pyprobe, start fixtures/demo.py under
-# Debian's CPython 3.9 (which carries SDT probes), record it, and print the report.
+# The main job on the bundled demo target: build pyprobe, record fixtures/demo.py run
+# by the machine's python3 into profile.svg (in the mode that interpreter supports:
+# exact events where it has SDT probes, sampling where it has none), print the report
+# and say where the flame graph is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian's CPython 3.9 has every function probe (3.11's entry probe is broken upstream,
-# 3.12-3.14 have none); the project's script fetches it unpacked, without installing.
-scripts/fetch-pythons.sh 3.9 >/dev/null
-PYTHON=.pythons/bin/python3.9
+PYTHON=${PYTHON:-python3}
+command -v "$PYTHON" >/dev/null || { echo "demo: no $PYTHON on PATH (set PYTHON=...)" >&2; exit 1; }
 
-echo "demo: building pyprobe"
+echo "demo: building pyprobe (release)"
 cargo build --release --quiet
 
-echo "demo: recording fixtures/demo.py under pyprobe (every call, GC, import and audit event)"
-target/release/pyprobe record -o demo.pyprobe -- "$PYTHON" fixtures/demo.py --seconds 3
+echo "demo: recording fixtures/demo.py under $($PYTHON -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+target/release/pyprobe record -o profile.svg -- "$PYTHON" fixtures/demo.py --seconds 3
 echo
-target/release/pyprobe report demo.pyprobe --limit 15
+target/release/pyprobe report profile.pyprobe --limit 12
 echo
-echo "demo: the recording is demo.pyprobe; \`target/release/pyprobe report demo.pyprobe --format json\` gives the same as JSON"
+echo "demo: flame graph written to $(pwd)/profile.svg - open it in a web browser"
+echo "      (e.g. xdg-open profile.svg); the recording is profile.pyprobe: try"
+echo "      target/release/pyprobe flame profile.pyprobe --format speedscope"

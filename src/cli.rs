@@ -127,12 +127,28 @@ pub enum FlameFormat {
 pub struct FlameArgs {
     /// A recording made by `pyprobe record`.
     pub file: PathBuf,
+    /// Where to write (`-` for standard output); default: beside the recording
+    /// (FILE.svg, .folded.txt, .speedscope.json, .trace.json).
     #[arg(short, long, value_name = "OUT")]
     pub output: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = FlameFormat::Svg)]
     pub format: FlameFormat,
+    /// Title of the SVG (default: the target's command line).
     #[arg(long, value_name = "T")]
     pub title: Option<String>,
+    /// Keep full file paths in frame names (default: shortened).
+    #[arg(long)]
+    pub full_paths: bool,
+    /// What a frame's width stands for: time (trace: own time, sample: samples)
+    /// or calls (trace mode).
+    #[arg(long, value_enum, default_value_t = FlameBy::Time)]
+    pub by: FlameBy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FlameBy {
+    Time,
+    Calls,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -184,6 +200,15 @@ pub struct CallsArgs {
     pub start_at: Option<String>,
     #[arg(long, value_enum, default_value_t = TextFormat::Text)]
     pub format: TextFormat,
+    /// Only this thread.
+    #[arg(long, value_name = "TID")]
+    pub thread: Option<u32>,
+    /// Only calls less than N deep (below --start-at's call, if given).
+    #[arg(long, value_name = "N")]
+    pub max_depth: Option<usize>,
+    /// Keep full file paths in the text (JSON always has them).
+    #[arg(long)]
+    pub full_paths: bool,
 }
 
 #[derive(Debug, Args)]
@@ -200,6 +225,9 @@ pub struct TopArgs {
     /// Print one snapshot as text and exit.
     #[arg(long)]
     pub once: bool,
+    /// Watch a recording (possibly still being written) instead of a process.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["pid", "command", "all"])]
+    pub from: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

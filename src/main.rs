@@ -18,6 +18,13 @@ fn main() -> ExitCode {
             provider: args.provider,
             json: args.format == cli::TableFormat::Json,
         }),
+        Command::Record(args) if args.engine == cli::Engine::Ring => not_yet(
+            "`--engine ring` (probe sites that write to a shared ring) is not implemented yet; \
+             `--engine auto` and `int3` use breakpoints",
+        ),
+        Command::Record(args) if args.max_overhead.is_some() => {
+            not_yet("`--max-overhead` is not implemented yet: the overhead budget is not enforced")
+        }
         Command::Record(args) => session::record::run(&session::record::RecordRequest {
             pid: args.target.pid,
             command: args.target.command,
@@ -34,8 +41,25 @@ fn main() -> ExitCode {
             exclude: args.exclude,
             start_at: args.start_at,
             subprocesses: args.subprocesses,
+            rate: args.rate,
+            nonblocking: args.nonblocking,
         }),
-        Command::Flame(_) => not_implemented("flame"),
+        Command::Flame(args) => session::views::flame(&session::views::FlameRequest {
+            file: args.file,
+            output: args.output,
+            format: match args.format {
+                cli::FlameFormat::Svg => session::views::FlameFormat::Svg,
+                cli::FlameFormat::Collapsed => session::views::FlameFormat::Collapsed,
+                cli::FlameFormat::Speedscope => session::views::FlameFormat::Speedscope,
+                cli::FlameFormat::Chrome => session::views::FlameFormat::Chrome,
+            },
+            title: args.title,
+            full_paths: args.full_paths,
+            by: match args.by {
+                cli::FlameBy::Time => pyprobe::output::flame::By::Time,
+                cli::FlameBy::Calls => pyprobe::output::flame::By::Calls,
+            },
+        }),
         Command::Report(args) => session::report::run(
             &args.file,
             &session::report::ReportRequest {
@@ -55,9 +79,27 @@ fn main() -> ExitCode {
             },
             args.format == cli::ReportFormat::Json,
         ),
-        Command::Calls(_) => not_implemented("calls"),
-        Command::Top(_) => not_implemented("top"),
-        Command::Dump(_) => not_implemented("dump"),
+        Command::Calls(args) => session::views::calls(&session::views::CallsRequest {
+            file: args.file,
+            start_at: args.start_at,
+            thread: args.thread,
+            max_depth: args.max_depth,
+            json: args.format == cli::TextFormat::Json,
+            full_paths: args.full_paths,
+        }),
+        Command::Top(args) => session::views::top(&session::views::TopRequest {
+            pid: args.target.pid,
+            command: args.target.command,
+            all: args.all,
+            from: args.from,
+            interval: args.interval,
+            limit: args.limit,
+            once: args.once,
+        }),
+        Command::Dump(args) => session::dump::run(&session::dump::DumpRequest {
+            pid: args.pid,
+            json: args.format == cli::TextFormat::Json,
+        }),
     };
     match result {
         Ok(code) => code,
@@ -68,7 +110,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn not_implemented(command: &str) -> anyhow::Result<ExitCode> {
-    eprintln!("pyprobe: `{command}` is not implemented yet in this version");
+/// A flag of the contract that this version cannot honour: say so, exit 1.
+fn not_yet(what: &str) -> anyhow::Result<ExitCode> {
+    eprintln!("pyprobe: {what}");
     Ok(ExitCode::from(1))
 }

@@ -371,20 +371,3 @@ fn clear_errors_for_bad_targets() {
     let usage = run_pyprobe(&["probes"]);
     assert_eq!(usage.status.code(), Some(2), "usage errors exit 2");
 }
-
-#[test]
-fn commands_not_built_yet_say_so() {
-    for cmd in [
-        &["dump", "-p", "1"][..],
-        &["top", "--once"],
-        &["calls", "x"],
-        &["flame", "x"],
-    ] {
-        let out = run_pyprobe(cmd);
-        assert_eq!(out.status.code(), Some(1), "{cmd:?}");
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("not implemented yet"),
-            "{cmd:?}"
-        );
-    }
-}

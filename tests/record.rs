@@ -36,12 +36,18 @@ fn record_launch(py: &Python, script: &str, args: &[&str], extra: &[&str]) -> (S
         Path::new(script).file_stem().unwrap().to_str().unwrap()
     ));
     let mut cmd = pyprobe();
-    cmd.args(["record", "-o", out_path.to_str().unwrap()])
-        .args(extra)
-        .arg("--")
-        .arg(&py.launcher)
-        .arg(script)
-        .args(args);
+    cmd.args([
+        "record",
+        "--mode",
+        "trace",
+        "-o",
+        out_path.to_str().unwrap(),
+    ])
+    .args(extra)
+    .arg("--")
+    .arg(&py.launcher)
+    .arg(script)
+    .args(args);
     let out = cmd.output().expect("run pyprobe record");
     eprintln!("record stderr: {}", String::from_utf8_lossy(&out.stderr));
     let report = json_of(&run_pyprobe(&[
@@ -443,9 +449,14 @@ fn record_refuses_bad_targets_clearly() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no process with pid 999999999"));
     let sleeper = Target::spawn(Path::new("/bin/sleep"), &["30"]);
-    let out = run_pyprobe(&["record", "-p", &sleeper.pid().to_string()]);
+    let pid = sleeper.pid().to_string();
+    let out = run_pyprobe(&["record", "-p", &pid, "--mode", "trace"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no CPython SDT probes"));
+    // Sampling needs only the interpreter, and says it is not there.
+    let out = run_pyprobe(&["record", "-p", &pid]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no mapped object defining _PyRuntime"));
 }
 
 #[test]
@@ -455,7 +466,14 @@ fn launch_finds_probes_in_libpython_mapped_after_exec() {
     let embed = fixture_binary("embed_python3.11");
     let out_path = tmp_recording("embed");
     let out = pyprobe()
-        .args(["record", "-o", out_path.to_str().unwrap(), "--"])
+        .args([
+            "record",
+            "--mode",
+            "trace",
+            "-o",
+            out_path.to_str().unwrap(),
+            "--",
+        ])
         .arg(&embed)
         .arg(fixture_script("count_calls.py"))
         .output()

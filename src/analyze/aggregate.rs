@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::gc::GcTracker;
 use super::imports::ImportTracker;
+use super::model::{RaisingStack, Trigger, MAX_TRIGGERS};
 use super::samples::SampleTracker;
 use super::stacks::{code, EndKind, Ended, StackTracker};
 use super::{
@@ -38,6 +39,12 @@ pub struct Aggregator {
     gc: GcTracker,
     imports: ImportTracker,
     audit: HashMap<StrId, u64>,
+    /// Per thread: the stack recorded just before its next GC/import/audit event.
+    pending_stack: HashMap<u32, Vec<FrameRef>>,
+    /// (generation, innermost function) → (a line it was at, collections started in it).
+    gc_triggers: HashMap<(i32, (StrId, StrId)), (u32, u64)>,
+    /// (audit event, innermost frames) → times raised there.
+    audit_stacks: HashMap<(StrId, Vec<FrameRef>), u64>,
     threads: BTreeMap<u32, u64>,
     events: u64,
     lost: u64,
@@ -68,6 +75,9 @@ impl Aggregator {
             gc: GcTracker::default(),
             imports: ImportTracker::default(),
             audit: HashMap::new(),
+            pending_stack: HashMap::new(),
+            gc_triggers: HashMap::new(),
+            audit_stacks: HashMap::new(),
             threads: BTreeMap::new(),
             events: 0,
             lost: 0,
@@ -99,11 +109,33 @@ impl Aggregator {
                 self.apply_ended();
             }
             EventKind::Line { .. } | EventKind::ThreadStart => {}
-            EventKind::GcStart { generation } => self.gc.start(tid, *generation, ts),
+            EventKind::GcStart { generation } => {
+                if let Some(leaf) = self.trigger_stack(tid).last() {
+                    let entry = self
+                        .gc_triggers
+                        .entry((*generation, code(leaf)))
+                        .or_insert((leaf.line, 0));
+                    entry.1 += 1;
+                }
+                self.gc.start(tid, *generation, ts)
+            }
+            EventKind::Stack { frames } => {
+                self.pending_stack.insert(tid, frames.clone());
+            }
             EventKind::GcDone { collected } => self.gc.done(tid, *collected, ts),
-            EventKind::ImportStart { module } => self.imports.start(tid, *module, ts),
+            EventKind::ImportStart { module } => {
+                self.pending_stack.remove(&tid);
+                self.imports.start(tid, *module, ts)
+            }
             EventKind::ImportDone { module, found } => self.imports.done(tid, *module, *found, ts),
-            EventKind::Audit { event } => *self.audit.entry(*event).or_insert(0) += 1,
+            EventKind::Audit { event } => {
+                *self.audit.entry(*event).or_insert(0) += 1;
+                let stack = self.trigger_stack(tid);
+                if !stack.is_empty() {
+                    let kept = stack[stack.len().saturating_sub(8)..].to_vec();
+                    *self.audit_stacks.entry((*event, kept)).or_insert(0) += 1;
+                }
+            }
             EventKind::Sample { frames } => self.samples.record(frames),
             EventKind::ThreadExit => {
                 self.stacks.close_thread(tid, ts, &mut self.ended);
@@ -112,6 +144,16 @@ impl Aggregator {
                 self.imports.thread_exit(tid);
             }
             EventKind::Lost { count } => self.lost = self.lost.saturating_add(*count),
+        }
+    }
+
+    /// The Python stack of `tid` at the event being handled: the stack the frame
+    /// walker recorded for it (a `Stack` event just before), else the stack rebuilt
+    /// from call/return events (trace mode), else nothing.
+    fn trigger_stack(&mut self, tid: u32) -> Vec<FrameRef> {
+        match self.pending_stack.remove(&tid) {
+            Some(frames) => frames,
+            None => self.stacks.frames(tid).collect(),
         }
     }
 
@@ -214,7 +256,27 @@ impl Aggregator {
                 .then(a.line.cmp(&b.line))
         });
 
-        let (gc, unpaired_gc) = self.gc.finish();
+        let (mut gc, unpaired_gc) = self.gc.finish();
+        for stats in &mut gc {
+            let mut triggers: Vec<Trigger> = self
+                .gc_triggers
+                .iter()
+                .filter(|((g, _), _)| *g == stats.generation)
+                .map(|((_, (file, function)), &(line, count))| Trigger {
+                    function: names.get(*function),
+                    file: names.get(*file),
+                    line,
+                    count,
+                })
+                .collect();
+            triggers.sort_by(|a, b| {
+                b.count
+                    .cmp(&a.count)
+                    .then_with(|| a.function.cmp(&b.function))
+            });
+            triggers.truncate(MAX_TRIGGERS);
+            stats.triggers = triggers;
+        }
         let (modules, unpaired_imports) = self.imports.finish();
         let mut imports: Vec<ImportStats> = modules
             .into_iter()
@@ -234,14 +296,35 @@ impl Aggregator {
                 .then_with(|| a.module.cmp(&b.module))
         });
 
-        let mut audit: Vec<AuditCount> = self
-            .audit
-            .into_iter()
-            .map(|(id, count)| AuditCount {
+        let mut audit: Vec<AuditCount> = Vec::new();
+        for (&id, &count) in &self.audit {
+            let mut stacks: Vec<RaisingStack> = self
+                .audit_stacks
+                .iter()
+                .filter(|((event, _), _)| *event == id)
+                .map(|((_, frames), &count)| RaisingStack {
+                    frames: frames
+                        .iter()
+                        .map(|f| {
+                            format!(
+                                "{} ({}:{})",
+                                names.get(f.function),
+                                names.get(f.file),
+                                f.line
+                            )
+                        })
+                        .collect(),
+                    count,
+                })
+                .collect();
+            stacks.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.frames.cmp(&b.frames)));
+            stacks.truncate(MAX_TRIGGERS);
+            audit.push(AuditCount {
                 event: names.get(id),
                 count,
-            })
-            .collect();
+                stacks,
+            });
+        }
         audit.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.event.cmp(&b.event)));
 
         let c = self.stacks.counters();

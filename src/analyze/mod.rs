@@ -3,6 +3,7 @@
 
 pub mod aggregate;
 pub mod filter;
+pub mod folded;
 mod gc;
 pub mod histogram;
 mod imports;
@@ -17,7 +18,7 @@ pub use aggregate::Aggregator;
 pub use filter::{FileFilter, FilterError};
 pub use histogram::Histogram;
 pub use model::{
-    Anomalies, AuditCount, FunctionSource, FunctionStats, GcStats, ImportStats, Report, Target,
-    ThreadStats,
+    Anomalies, AuditCount, FunctionSource, FunctionStats, GcStats, ImportStats, RaisingStack,
+    Report, Target, ThreadStats, Trigger,
 };
 pub use stacks::{EndKind, Ended, StackCounters, StackTracker, MAX_DEPTH};

@@ -60,6 +60,21 @@ pub struct GcStats {
     pub max_ns: u64,
     /// Pause latencies.
     pub histogram: Histogram,
+    /// The Python functions running when collections started (the innermost frame
+    /// of the thread), most frequent first, at most [`MAX_TRIGGERS`].
+    pub triggers: Vec<Trigger>,
+}
+
+/// Most triggers / stacks kept per GC generation or audit event.
+pub const MAX_TRIGGERS: usize = 5;
+
+/// A function that was running when an event happened, and how often.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Trigger {
+    pub function: String,
+    pub file: String,
+    pub line: u32,
+    pub count: u64,
 }
 
 /// One imported module.
@@ -85,6 +100,17 @@ pub struct AuditCount {
     /// Audit event name.
     pub event: String,
     /// Times raised.
+    pub count: u64,
+    /// The Python stacks that raised it (innermost frame last, at most 8 frames),
+    /// most frequent first, where known; at most [`MAX_TRIGGERS`].
+    pub stacks: Vec<RaisingStack>,
+}
+
+/// One Python stack and how often it raised an event.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RaisingStack {
+    /// `function (file:line)`, outermost first.
+    pub frames: Vec<String>,
     pub count: u64,
 }
 

@@ -391,7 +391,8 @@ fn audit_threads_lost_and_duration() {
         r.audit[0],
         AuditCount {
             event: "open".into(),
-            count: 2
+            count: 2,
+            stacks: vec![]
         }
     );
     assert_eq!(r.audit[1].event, "socket.connect");

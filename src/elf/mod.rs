@@ -8,7 +8,7 @@ mod notes;
 mod symbols;
 
 pub use layout::LoadSegment;
-pub use notes::{SdtNote, SdtProbe, SdtSite};
+pub use notes::{parse_desc, SdtNote, SdtProbe, SdtSite};
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -157,8 +157,10 @@ pub(super) fn build_id(elf: &Elf, data: &[u8]) -> Option<String> {
     let notes = elf
         .iter_note_headers(data)
         .or_else(|| elf.iter_note_sections(data, Some(".note.gnu.build-id")))?;
+    // Stop at the first malformed note: goblin's iterator does not advance past one
+    // and would return the same error forever (found by fuzzing).
     notes
-        .filter_map(Result::ok)
+        .map_while(Result::ok)
         .find(|n| n.n_type == NT_GNU_BUILD_ID && n.name == "GNU")
         .map(|n| n.desc.iter().map(|b| format!("{b:02x}")).collect())
 }
@@ -199,6 +201,53 @@ mod tests {
         let d = desc(0x10, 0, 0, &["python", "gc__done", ""]);
         let n = parse_desc(&d, None).unwrap();
         assert_eq!((n.semaphore, n.args.as_str()), (0, ""));
+    }
+
+    /// A PT_NOTE segment holding one note whose name size runs past the file: goblin
+    /// returns the same error for ever, and the build-id scan must not loop on it.
+    #[test]
+    fn malformed_note_segment_does_not_hang() {
+        let mut elf = vec![0x7f, b'E', b'L', b'F', 2, 1, 1, 0];
+        elf.resize(16, 0);
+        for (v, n) in [
+            (3u64, 2), // e_type: ET_DYN
+            (62, 2),   // e_machine: x86-64
+            (1, 4),    // e_version
+            (0, 8),    // e_entry
+            (64, 8),   // e_phoff
+            (0, 8),    // e_shoff
+            (0, 4),    // e_flags
+            (64, 2),   // e_ehsize
+            (56, 2),   // e_phentsize
+            (1, 2),    // e_phnum
+            (64, 2),   // e_shentsize
+            (0, 2),    // e_shnum
+            (0, 2),    // e_shstrndx
+            // The program header: PT_NOTE, flags, offset, vaddr, paddr, filesz, memsz, align.
+            (4, 4),
+            (4, 4),
+            (120, 8),
+            (120, 8),
+            (120, 8),
+            (24, 8),
+            (24, 8),
+            (4, 8),
+            // The note: an absurd name size, no descriptor, type 3.
+            (0xffff_ff00, 4),
+            (0, 4),
+            (3, 4),
+        ] {
+            elf.extend_from_slice(&v.to_le_bytes()[..n]);
+        }
+        elf.resize(144, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(crate::elf::ElfInfo::parse(Path::new("bad.elf"), &elf).is_ok());
+        });
+        let parsed = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("ElfInfo::parse returns on a malformed note segment");
+        assert!(parsed, "a bad note costs the build id, not the whole file");
     }
 
     #[test]

@@ -124,7 +124,7 @@ struct JsonReport<'a> {
     duration_ns: u64,
     lost_events: u64,
     functions: Vec<JsonFunction<'a>>,
-    gc: Vec<JsonGc>,
+    gc: Vec<JsonGc<'a>>,
     imports: Vec<JsonImport<'a>>,
     audit: Vec<JsonAudit<'a>>,
     threads: Vec<JsonThread>,
@@ -154,7 +154,7 @@ struct JsonFunction<'a> {
 }
 
 #[derive(Serialize)]
-struct JsonGc {
+struct JsonGc<'a> {
     generation: i32,
     collections: u64,
     collected: i64,
@@ -162,6 +162,23 @@ struct JsonGc {
     max_ns: u64,
     /// Pauses per power-of-two bucket `[from_ns, to_ns)`, non-empty buckets only.
     histogram: Vec<JsonBucket>,
+    /// Where collections started: the function running, most frequent first.
+    triggers: Vec<JsonTrigger<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonTrigger<'a> {
+    function: &'a str,
+    file: &'a str,
+    line: u32,
+    count: u64,
+}
+
+#[derive(Serialize)]
+struct JsonRaisingStack<'a> {
+    /// Outermost first.
+    frames: &'a [String],
+    count: u64,
 }
 
 #[derive(Serialize)]
@@ -185,6 +202,8 @@ struct JsonImport<'a> {
 struct JsonAudit<'a> {
     event: &'a str,
     count: u64,
+    /// The Python stacks that raised it, where known, most frequent first.
+    stacks: Vec<JsonRaisingStack<'a>>,
 }
 
 #[derive(Serialize)]
@@ -249,6 +268,16 @@ pub fn render_json(report: &Report) -> String {
                         count,
                     })
                     .collect(),
+                triggers: g
+                    .triggers
+                    .iter()
+                    .map(|t| JsonTrigger {
+                        function: &t.function,
+                        file: &t.file,
+                        line: t.line,
+                        count: t.count,
+                    })
+                    .collect(),
             })
             .collect(),
         imports: report
@@ -269,6 +298,14 @@ pub fn render_json(report: &Report) -> String {
             .map(|a| JsonAudit {
                 event: &a.event,
                 count: a.count,
+                stacks: a
+                    .stacks
+                    .iter()
+                    .map(|st| JsonRaisingStack {
+                        frames: &st.frames,
+                        count: st.count,
+                    })
+                    .collect(),
             })
             .collect(),
         threads: report
@@ -503,6 +540,17 @@ fn gc_section(out: &mut String, r: &Report) {
                 "#".repeat(bar)
             );
         }
+        for t in &g.triggers {
+            let _ = writeln!(
+                out,
+                "{:>18} {} ({}:{}) ×{}",
+                "started in",
+                t.function,
+                fit_right(&t.file, 50),
+                t.line,
+                t.count
+            );
+        }
     }
 }
 
@@ -570,6 +618,17 @@ fn audit_section(out: &mut String, r: &Report, width: usize) {
             a.count,
             fit_right(&a.event, width.saturating_sub(11).max(20))
         );
+        // The innermost frame of each raising stack is the line that raised it.
+        for st in a.stacks.iter().take(3) {
+            if let Some(leaf) = st.frames.last() {
+                let _ = writeln!(
+                    out,
+                    "{:>9}  from {}",
+                    format!("×{}", st.count),
+                    fit_right(leaf, width.saturating_sub(16).max(20))
+                );
+            }
+        }
     }
 }
 
@@ -650,6 +709,7 @@ mod tests {
                 total_ns: 130_000,
                 max_ns: 90_000,
                 histogram,
+                triggers: vec![],
             }],
             imports: vec![
                 import("app", None, 800_000, true),
@@ -660,6 +720,7 @@ mod tests {
             audit: vec![AuditCount {
                 event: "open".into(),
                 count: 3,
+                stacks: vec![],
             }],
             threads: vec![ThreadStats {
                 tid: 1234,

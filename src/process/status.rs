@@ -2,16 +2,31 @@
 
 use anyhow::{Context, Result};
 
+/// `CAP_SYS_PTRACE`, bit 19 of the capability sets.
+const CAP_SYS_PTRACE: u32 = 19;
+
 #[derive(Debug, Clone, Default)]
 pub struct ProcessStatus {
     pub name: String,
     /// Single-letter state (R, S, D, T, t, Z, X, I).
     pub state: char,
     pub tgid: i32,
+    pub ppid: i32,
     /// The PID in each nested PID namespace, outermost (ours) first.
     pub ns_pids: Vec<i32>,
+    /// Real user id.
     pub uid: u32,
+    /// Real, effective, saved and filesystem user ids.
+    pub uids: [u32; 4],
+    /// Real, effective, saved and filesystem group ids.
+    pub gids: [u32; 4],
     pub threads: u32,
+    /// The process tracing this one (0: none).
+    pub tracer_pid: i32,
+    /// Effective capabilities (`CapEff`).
+    pub cap_eff: u64,
+    /// Seccomp mode: 0 none, 1 strict, 2 filter; `None` when the kernel does not say.
+    pub seccomp: Option<u32>,
     /// Kernel threads have no user address space.
     pub kernel_thread: bool,
 }
@@ -26,8 +41,20 @@ impl ProcessStatus {
         Ok(status)
     }
 
+    /// pyprobe's own status.
+    pub fn own() -> Result<ProcessStatus> {
+        Self::read(std::process::id() as i32)
+    }
+
     pub fn parse(text: &str) -> ProcessStatus {
         let mut s = ProcessStatus::default();
+        let ids = |value: &str| {
+            let mut out = [0u32; 4];
+            for (slot, v) in out.iter_mut().zip(value.split_whitespace()) {
+                *slot = v.parse().unwrap_or(0);
+            }
+            out
+        };
         for line in text.lines() {
             let Some((key, value)) = line.split_once(':') else {
                 continue;
@@ -37,6 +64,7 @@ impl ProcessStatus {
                 "Name" => s.name = value.to_owned(),
                 "State" => s.state = value.chars().next().unwrap_or('?'),
                 "Tgid" => s.tgid = value.parse().unwrap_or(0),
+                "PPid" => s.ppid = value.parse().unwrap_or(0),
                 "NSpid" => {
                     s.ns_pids = value
                         .split_whitespace()
@@ -44,13 +72,14 @@ impl ProcessStatus {
                         .collect()
                 }
                 "Uid" => {
-                    s.uid = value
-                        .split_whitespace()
-                        .next()
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(0)
+                    s.uids = ids(value);
+                    s.uid = s.uids[0];
                 }
+                "Gid" => s.gids = ids(value),
                 "Threads" => s.threads = value.parse().unwrap_or(0),
+                "TracerPid" => s.tracer_pid = value.parse().unwrap_or(0),
+                "CapEff" => s.cap_eff = u64::from_str_radix(value, 16).unwrap_or(0),
+                "Seccomp" => s.seccomp = value.parse().ok(),
                 _ => {}
             }
         }
@@ -61,6 +90,26 @@ impl ProcessStatus {
     pub fn inner_pid(&self) -> Option<i32> {
         (self.ns_pids.len() > 1).then(|| *self.ns_pids.last().unwrap_or(&0))
     }
+
+    /// Whether the effective capabilities hold CAP_SYS_PTRACE.
+    pub fn has_cap_sys_ptrace(&self) -> bool {
+        self.cap_eff & (1 << CAP_SYS_PTRACE) != 0
+    }
+
+    /// Whether a seccomp filter is installed on the process (`Seccomp: 2`).
+    pub fn seccomp_filtered(&self) -> bool {
+        self.seccomp == Some(2)
+    }
+}
+
+/// `" (pid N in its own PID namespace)"` when `pid` lives in a nested PID namespace,
+/// else an empty string: for start lines that name a process.
+pub fn ns_pid_note(pid: i32) -> String {
+    ProcessStatus::read(pid)
+        .ok()
+        .and_then(|s| s.inner_pid())
+        .map(|n| format!(" (pid {n} in its own PID namespace)"))
+        .unwrap_or_default()
 }
 
 /// Thread ids of a process, from `/proc/PID/task`.
@@ -88,7 +137,8 @@ pub fn cmdline(pid: i32) -> Vec<String> {
 }
 
 /// Checks that `pid` is a user process pyprobe could read, with one clear sentence
-/// when it is not.
+/// when it is not: no such process, a zombie, a kernel thread, or a process whose
+/// memory the kernel will not let pyprobe read (and why: see `tracer::errors`).
 pub fn check_inspectable(pid: i32) -> Result<ProcessStatus> {
     if pid <= 0 {
         anyhow::bail!("{pid} is not a valid process id");
@@ -99,7 +149,7 @@ pub fn check_inspectable(pid: i32) -> Result<ProcessStatus> {
             anyhow::bail!("no process with pid {pid} exists (or it is not visible from here)")
         }
     };
-    if status.state == 'Z' {
+    if status.state == 'Z' || status.state == 'X' {
         anyhow::bail!(
             "process {pid} ({}) is a zombie: it has exited and has no memory to read",
             status.name
@@ -111,7 +161,61 @@ pub fn check_inspectable(pid: i32) -> Result<ProcessStatus> {
             status.name
         );
     }
+    check_readable(pid)?;
     Ok(status)
+}
+
+/// Reads the target's memory map and one byte of its first mapping through
+/// `process_vm_readv`: the kernel refuses both exactly when it would refuse
+/// pyprobe's reads later (another user, Yama, a seccomp filter), so say why now.
+fn check_readable(pid: i32) -> Result<()> {
+    use crate::tracer::errors::{read_error, Access};
+    let maps = match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(read_error(pid, nix::errno::Errno::EACCES, Access::Maps));
+        }
+        Err(e)
+            if e.raw_os_error() == Some(libc::ESRCH)
+                || e.kind() == std::io::ErrorKind::NotFound =>
+        {
+            anyhow::bail!("process {pid} exited while pyprobe was looking at it")
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot read /proc/{pid}/maps")),
+    };
+    // The first readable mapping that is ordinary memory ([vvar] and [vsyscall] are not
+    // readable through process_vm_readv).
+    let start = maps.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let range = fields.next()?;
+        let perms = fields.next()?;
+        let name = line.split_whitespace().nth(5).unwrap_or("");
+        if !perms.starts_with('r') || name == "[vvar]" || name == "[vsyscall]" {
+            return None;
+        }
+        u64::from_str_radix(range.split('-').next()?, 16).ok()
+    });
+    let Some(start) = start else {
+        return Ok(());
+    };
+    let mut byte = [0u8; 1];
+    let local = [std::io::IoSliceMut::new(&mut byte)];
+    let remote = [nix::sys::uio::RemoteIoVec {
+        base: start as usize,
+        len: 1,
+    }];
+    let mut local = local;
+    match nix::sys::uio::process_vm_readv(nix::unistd::Pid::from_raw(pid), &mut local, &remote) {
+        Ok(_) => Ok(()),
+        Err(e @ (nix::errno::Errno::EPERM | nix::errno::Errno::ENOSYS)) => {
+            Err(read_error(pid, e, Access::Memory))
+        }
+        Err(nix::errno::Errno::ESRCH) => {
+            anyhow::bail!("process {pid} exited while pyprobe was looking at it")
+        }
+        // EFAULT and the like: the mapping changed under us; later reads will tell.
+        Err(_) => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -126,5 +230,29 @@ mod tests {
         assert_eq!(s.ns_pids, vec![4242, 7]);
         assert_eq!(s.inner_pid(), Some(7));
         assert_eq!((s.uid, s.threads), (1000, 3));
+    }
+
+    #[test]
+    fn parses_credentials_tracer_and_seccomp() {
+        let s = ProcessStatus::parse(
+            "Name:\tpyprobe\nPPid:\t1\nTracerPid:\t77\nUid:\t1000\t0\t1000\t0\nGid:\t5\t6\t7\t8\n\
+             CapEff:\t00000000a80425fb\nSeccomp:\t2\nSeccomp_filters:\t1\n",
+        );
+        assert_eq!((s.ppid, s.tracer_pid), (1, 77));
+        assert_eq!((s.uids, s.gids), ([1000, 0, 1000, 0], [5, 6, 7, 8]));
+        assert!(s.seccomp_filtered());
+        // 0xa80c25fb has bit 19 (0x80000) clear: Docker's default set.
+        assert!(!s.has_cap_sys_ptrace());
+        let root = ProcessStatus::parse("CapEff:\t000001ffffffffff\nSeccomp:\t0\n");
+        assert!(root.has_cap_sys_ptrace() && !root.seccomp_filtered());
+        assert_eq!(ProcessStatus::parse("Name:\tx\n").seccomp, None);
+    }
+
+    #[test]
+    fn own_process_is_inspectable() {
+        let me = check_inspectable(std::process::id() as i32).unwrap();
+        assert_eq!(me.tgid, std::process::id() as i32);
+        assert!(!me.kernel_thread);
+        assert_eq!(ns_pid_note(std::process::id() as i32), "");
     }
 }

@@ -4,3 +4,4 @@
 pub mod probes;
 pub mod tracing;
 pub mod version;
+pub mod walker;

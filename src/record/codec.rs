@@ -25,6 +25,7 @@ mod tag {
     pub const THREAD_START: u8 = 9;
     pub const THREAD_EXIT: u8 = 10;
     pub const LOST: u8 = 11;
+    pub const STACK: u8 = 12;
 }
 
 /// Smallest encoding of a frame: three one-byte varints.
@@ -80,7 +81,7 @@ impl EventEncoder {
                 buf.push(u8::from(*found));
             }
             EventKind::Audit { event } => put_uvarint(buf, u64::from(event.0)),
-            EventKind::Sample { frames } => {
+            EventKind::Sample { frames } | EventKind::Stack { frames } => {
                 let kept = &frames[frames.len().saturating_sub(max_frames)..];
                 put_uvarint(buf, kept.len() as u64);
                 for f in kept {
@@ -104,6 +105,7 @@ fn kind_tag(kind: &EventKind) -> u8 {
         EventKind::ImportDone { .. } => tag::IMPORT_DONE,
         EventKind::Audit { .. } => tag::AUDIT,
         EventKind::Sample { .. } => tag::SAMPLE,
+        EventKind::Stack { .. } => tag::STACK,
         EventKind::ThreadStart => tag::THREAD_START,
         EventKind::ThreadExit => tag::THREAD_EXIT,
         EventKind::Lost { .. } => tag::LOST,
@@ -193,6 +195,11 @@ impl EventDecoder {
                 let n = c.count(MIN_FRAME_LEN, "sample frame")?;
                 let frames = (0..n).map(|_| get_frame(c)).collect::<Result<_, _>>()?;
                 EventKind::Sample { frames }
+            }
+            tag::STACK => {
+                let n = c.count(MIN_FRAME_LEN, "stack frame")?;
+                let frames = (0..n).map(|_| get_frame(c)).collect::<Result<_, _>>()?;
+                EventKind::Stack { frames }
             }
             tag::THREAD_START => EventKind::ThreadStart,
             tag::THREAD_EXIT => EventKind::ThreadExit,

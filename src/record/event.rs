@@ -60,6 +60,12 @@ pub enum EventKind {
     Sample {
         frames: Vec<FrameRef>,
     },
+    /// The thread's Python stack, outermost first, when the event that follows it on
+    /// the same thread happened (a GC start, an import start, an audit event): what
+    /// code triggered it. Taken by the frame walker at that probe hit.
+    Stack {
+        frames: Vec<FrameRef>,
+    },
     ThreadStart,
     ThreadExit,
     /// `count` events were dropped (e.g. filtered out while budget-limited, ring full).

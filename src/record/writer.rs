@@ -168,7 +168,9 @@ impl<W: Write> RecordingWriter<W> {
                 module.0 < n
             }
             EventKind::Audit { event } => event.0 < n,
-            EventKind::Sample { frames } => frames.iter().all(ok_frame),
+            EventKind::Sample { frames } | EventKind::Stack { frames } => {
+                frames.iter().all(ok_frame)
+            }
             _ => true,
         };
         if ok {

@@ -1,6 +1,8 @@
 //! Commands that join the parts: pick what to read or trace, drive it, hand the
 //! result to a view.
 
+pub mod dump;
 pub mod probes;
 pub mod record;
 pub mod report;
+pub mod views;

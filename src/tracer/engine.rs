@@ -88,7 +88,8 @@ pub enum TraceEvent<'a> {
 pub struct EngineOptions {
     /// Trace forked children too (else they are cleaned and released).
     pub subprocesses: bool,
-    /// Emit a [`TraceEvent::Tick`] about every this many ns (with ±10 % jitter).
+    /// Emit a [`TraceEvent::Tick`] about every this many ns, uniformly jittered by
+    /// ±50 % so that a periodic target cannot fall into lock-step with sampling.
     pub sample_interval_ns: Option<u64>,
     /// Stop every thread during a tick (consistent stacks) instead of reading them
     /// while they run.
@@ -137,6 +138,9 @@ struct Proc {
     last_maps_len: usize,
     /// The SIGTRAP safety net installed in this image (see `safety_net`).
     net: Option<SafetyNet>,
+    /// Probes were installed at a stop where injecting is unsafe (a system call
+    /// stop): install the net at the next hit, a clean stop.
+    net_pending: bool,
 }
 
 impl Proc {
@@ -147,6 +151,7 @@ impl Proc {
             awaiting_object: false,
             last_maps_len: 0,
             net: None,
+            net_pending: false,
         }
     }
 }
@@ -280,7 +285,7 @@ impl Engine {
             bail!("process {pid} exited while pyprobe was attaching");
         }
         engine.stop_all(sink)?;
-        let installed = engine.install(pid, pid, sink);
+        let installed = engine.install(pid, Some(pid), sink);
         if let Err(e) = installed.and_then(|found| {
             if found {
                 Ok(())
@@ -322,7 +327,14 @@ impl Engine {
         };
         let child = super::launch::spawn_stopped(&path, &argv)?;
         let pid = child.as_raw();
-        ptrace::seize(child, trace_options()).map_err(|e| super::errors::seize_error(pid, e))?;
+        if let Err(e) = ptrace::seize(child, trace_options()) {
+            let error = super::errors::seize_error(pid, e);
+            // Never leave the forked command stopped before its exec: it would stay
+            // stopped for ever, holding pyprobe's pipes.
+            let _ = kill(child, Signal::SIGKILL);
+            let _ = waitpid(child, None);
+            return Err(error);
+        }
         let mut engine = Engine::new(pid, resolver, options);
         engine.guardian = guardian;
         engine.procs.insert(pid, Proc::new(pid));
@@ -375,7 +387,7 @@ impl Engine {
     /// Arms the timer: the next sample, or the `--duration` deadline.
     fn arm_next_tick(&self) {
         if let Some(interval) = self.options.sample_interval_ns {
-            arm_tick(jitter(interval, 10));
+            arm_tick(jitter(interval, 50));
         } else if let Some(left) = until_deadline_ns() {
             // Wake up for the deadline even when the target is idle.
             arm_tick(left.min(100_000_000));
@@ -703,6 +715,7 @@ impl Engine {
         self.hit_buffers
             .decode(probe, site, &regs, &proc.mem, &symbols);
         self.hits += 1;
+        let net_pending = proc.net_pending;
         sink(TraceEvent::Hit(Hit {
             pid: tgid,
             tid,
@@ -712,23 +725,32 @@ impl Engine {
             args: &self.hit_buffers.args,
             buffers: &self.hit_buffers,
         }));
+        if net_pending {
+            // A hit is a clean stop: the first one arms the safety net deferred at start-up.
+            if let Some(proc) = self.procs.get_mut(&tgid) {
+                Self::install_net(proc, tgid, tid, sink);
+            }
+        }
         true
     }
 
-    /// Resolves and installs the probes of `pid`, through its stopped thread `tid`.
+    /// Resolves and installs the probes of `pid`. `clean_stop`: a thread of it held at
+    /// a stop where system calls can be injected (for the SIGTRAP safety net).
     /// `Ok(false)`: not mapped yet.
-    fn install(&mut self, pid: i32, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Result<bool> {
+    fn install(
+        &mut self,
+        pid: i32,
+        clean_stop: Option<i32>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<bool> {
         let Some(set) = self.resolver.resolve(pid)? else {
             return Ok(false);
         };
         let proc = self.procs.entry(pid).or_insert_with(|| Proc::new(pid));
-        if proc.net.is_none() {
-            match safety_net::install(tid, &mut proc.mem) {
-                Ok(net) => proc.net = net,
-                Err(e) => sink(TraceEvent::Notice(format!(
-                    "process {pid}: no SIGTRAP safety net ({e}); if pyprobe is killed, a thread reaching a \
-                     probe site before the guardian restores it would die"
-                ))),
+        if proc.net.is_none() && !set.probes.is_empty() {
+            match clean_stop {
+                Some(tid) => Self::install_net(proc, pid, tid, sink),
+                None => proc.net_pending = true,
             }
         }
         let patches = Patches::install(set, &mut proc.mem, self.guardian.as_mut())
@@ -741,6 +763,17 @@ impl Engine {
         proc.patches = patches;
         proc.awaiting_object = false;
         Ok(true)
+    }
+
+    fn install_net(proc: &mut Proc, pid: i32, tid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+        proc.net_pending = false;
+        match safety_net::install(tid, &mut proc.mem) {
+            Ok(net) => proc.net = net,
+            Err(e) => sink(TraceEvent::Notice(format!(
+                "process {pid}: no SIGTRAP safety net ({e}); if pyprobe is killed, a thread reaching a \
+                 probe site before the guardian restores it would die"
+            ))),
+        }
     }
 
     /// In a process that is starting up: once its maps changed, look for the probes.
@@ -767,7 +800,7 @@ impl Engine {
             proc.last_maps_len = 0;
             return;
         }
-        if let Err(e) = self.install(tgid, tid, sink) {
+        if let Err(e) = self.install(tgid, None, sink) {
             sink(TraceEvent::Notice(format!("{e:#}")));
             if let Some(p) = self.procs.get_mut(&tgid) {
                 p.awaiting_object = false;

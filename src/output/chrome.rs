@@ -1,0 +1,370 @@
+//! `pyprobe flame --format chrome`: Chrome trace event JSON, which Perfetto UI
+//! and chrome://tracing open.
+//!
+//! One track per thread. A Python call is a complete slice (`"ph":"X"`) written
+//! when it ends (X slices need no ordering); frames popped by a resync end at
+//! that return, frames still open end with the recording, and returns without
+//! entry have no slice. GC pauses and imports are slices of their own on the
+//! thread they ran on (category `gc`, `import`); audit events and lost events are
+//! instants. Samples become slices too, on a track of their own beside their
+//! thread's (tid [`SAMPLED_TRACK`]` | tid`, named "thread N (sampled)"): a
+//! function's slice lasts from the first sample that shows it at its depth to
+//! the first sample that does not (so two calls with no sample between them
+//! show as one). Kept apart from the exact GC and import slices, whose times
+//! sampled slices only approximate, every track nests properly. The recording is read once and the output streamed: memory is
+//! bounded by the distinct functions and the stack depth, not the events.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::{Read, Write};
+
+use crate::analyze::stacks::{EndKind, Ended, StackTracker};
+use crate::output::flame::{FrameNames, ViewError, ViewInfo};
+use crate::output::speedscope::json_str;
+use crate::record::{EventKind, FrameRef, RecordingReader, StrId};
+
+/// Sampled stacks of thread `tid` go on the track `SAMPLED_TRACK | tid` (Linux
+/// thread ids stay below 2^22).
+pub const SAMPLED_TRACK: u32 = 1 << 30;
+
+/// Imports open at once per thread, beyond which the oldest are forgotten.
+const MAX_OPEN_IMPORTS: usize = 256;
+
+/// Options of the Chrome trace export.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChromeOptions {
+    /// Keep full file paths in slice names.
+    pub full_paths: bool,
+}
+
+/// `ns` as microseconds with three decimals, exactly.
+fn us(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1000, ns % 1000)
+}
+
+#[derive(Default)]
+struct ThreadState {
+    gc: Option<(i32, u64)>,
+    imports: Vec<(StrId, u64)>,
+    /// Frames of the last sample, outermost first, and when each was first seen.
+    sampled: Vec<(FrameRef, u64)>,
+    last_sample: u64,
+}
+
+struct Writer<W: Write> {
+    out: W,
+    pid: u32,
+    start: u64,
+    first: bool,
+    /// Slice name and args per frame, JSON-ready.
+    names: HashMap<FrameRef, (String, String)>,
+    /// The same for sampled functions, by (file, function).
+    sampled_names: HashMap<(StrId, StrId), (String, String)>,
+}
+
+impl<W: Write> Writer<W> {
+    fn event(&mut self, body: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+        if !self.first {
+            self.out.write_all(b",\n")?;
+        }
+        self.first = false;
+        self.out.write_fmt(body)
+    }
+
+    fn rel(&self, ts: u64) -> u64 {
+        ts.saturating_sub(self.start)
+    }
+
+    fn frame_slice(
+        &mut self,
+        names: &FrameNames<'_>,
+        tid: u32,
+        end_ts: u64,
+        ended: &Ended,
+    ) -> std::io::Result<()> {
+        let Ended::Timed {
+            frame,
+            inclusive_ns,
+            kind,
+            ..
+        } = ended
+        else {
+            return Ok(());
+        };
+        let (name, args) = self.names.entry(*frame).or_insert_with(|| {
+            (
+                json_str(&names.python(frame)),
+                format!(
+                    "\"function\":{},\"file\":{},\"line\":{}",
+                    json_str(&names.string(frame.function)),
+                    json_str(&names.string(frame.file)),
+                    frame.line
+                ),
+            )
+        });
+        let (name, args) = (name.clone(), args.clone());
+        let begin = self.rel(end_ts.saturating_sub(*inclusive_ns));
+        let end = match kind {
+            EndKind::Returned => "",
+            EndKind::Unpaired => ",\"end\":\"no return (popped by a later return)\"",
+            EndKind::Open => ",\"end\":\"still running at the end\"",
+        };
+        let pid = self.pid;
+        self.event(format_args!(
+            "{{\"name\":{name},\"cat\":\"python\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{pid},\"tid\":{tid},\"args\":{{{args}{end}}}}}",
+            us(begin),
+            us(*inclusive_ns),
+        ))
+    }
+}
+
+impl<W: Write> Writer<W> {
+    /// Closes the sampled frames of `state` above `keep`, innermost first, at `end_ts`.
+    fn close_sampled(
+        &mut self,
+        names: &FrameNames<'_>,
+        tid: u32,
+        state: &mut ThreadState,
+        keep: usize,
+        end_ts: u64,
+    ) -> std::io::Result<()> {
+        while state.sampled.len() > keep {
+            let Some((frame, start)) = state.sampled.pop() else {
+                break;
+            };
+            let (name, args) = self
+                .sampled_names
+                .entry((frame.file, frame.function))
+                .or_insert_with(|| {
+                    let function = names.string(frame.function);
+                    (
+                        json_str(&format!("{function} ({})", names.file(frame.file))),
+                        format!(
+                            "\"function\":{},\"file\":{},\"first_line_sampled\":{}",
+                            json_str(&function),
+                            json_str(&names.string(frame.file)),
+                            frame.line
+                        ),
+                    )
+                })
+                .clone();
+            let pid = self.pid;
+            let track = SAMPLED_TRACK | tid;
+            let (begin, dur) = (self.rel(start), end_ts.saturating_sub(start));
+            self.event(format_args!(
+                "{{\"name\":{name},\"cat\":\"sampled\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{pid},\"tid\":{track},\"args\":{{{args}}}}}",
+                us(begin),
+                us(dur),
+            ))?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads the whole recording and writes it as a Chrome trace to `out`.
+pub fn write_chrome<R: Read, W: Write>(
+    reader: &mut RecordingReader<R>,
+    options: &ChromeOptions,
+    out: W,
+) -> Result<(), ViewError> {
+    let header = reader.header().clone();
+    let mut w = Writer {
+        out,
+        pid: header.pid,
+        start: header.start_ns,
+        first: true,
+        names: HashMap::new(),
+        sampled_names: HashMap::new(),
+    };
+    // A sampled frame lasts at least one interval after the last sample showing it.
+    let tail = header.sample_interval_ns;
+    w.out.write_all(b"{\"traceEvents\":[\n")?;
+    let process = crate::output::flame::default_title(&header);
+    let process = process.strip_prefix("pyprobe: ").unwrap_or(&process);
+    w.event(format_args!(
+        "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{0},\"tid\":{0},\"args\":{{\"name\":{1}}}}}",
+        header.pid,
+        json_str(&format!("{process} (pid {})", header.pid))
+    ))?;
+    let mut tracker = StackTracker::new();
+    let mut ended = Vec::new();
+    let mut threads: HashMap<u32, ThreadState> = HashMap::new();
+    let mut seen: BTreeSet<u32> = BTreeSet::new();
+    let mut sampled_seen: BTreeSet<u32> = BTreeSet::new();
+    let mut base_set = header.start_ns != 0;
+    let mut last_ts = 0u64;
+
+    while let Some(event) = reader.next_event() {
+        let event = event?;
+        let (tid, ts) = (event.tid, event.ts_ns);
+        if !base_set {
+            w.start = ts;
+            base_set = true;
+        }
+        last_ts = last_ts.max(ts);
+        // A thread's own track is named once something goes on it (samples
+        // have their own track).
+        let sample = matches!(event.kind, EventKind::Sample { .. });
+        if !sample && seen.insert(tid) {
+            let name = if tid == header.pid {
+                format!("main thread ({tid})")
+            } else {
+                format!("thread {tid}")
+            };
+            w.event(format_args!(
+                "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{},\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
+                header.pid,
+                json_str(&name)
+            ))?;
+            w.event(format_args!(
+                "{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":{},\"tid\":{tid},\"args\":{{\"sort_index\":{}}}}}",
+                header.pid,
+                u32::from(tid != header.pid)
+            ))?;
+        }
+        let names = FrameNames::new(reader.strings(), options.full_paths);
+        match &event.kind {
+            EventKind::Call { frame } => tracker.call(tid, *frame, ts),
+            EventKind::Return { frame } => {
+                tracker.ret(tid, *frame, ts, &mut ended);
+                for e in ended.drain(..) {
+                    w.frame_slice(&names, tid, ts, &e)?;
+                }
+            }
+            EventKind::ThreadExit => {
+                tracker.close_thread(tid, ts, &mut ended);
+                for e in ended.drain(..) {
+                    w.frame_slice(&names, tid, ts, &e)?;
+                }
+                if let Some(mut t) = threads.remove(&tid) {
+                    w.close_sampled(&names, tid, &mut t, 0, ts)?;
+                }
+            }
+            EventKind::Sample { frames } => {
+                if sampled_seen.insert(tid) {
+                    let name = if tid == header.pid {
+                        format!("main thread ({tid}), sampled")
+                    } else {
+                        format!("thread {tid}, sampled")
+                    };
+                    let track = SAMPLED_TRACK | tid;
+                    w.event(format_args!(
+                        "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{},\"tid\":{track},\"args\":{{\"name\":{}}}}}",
+                        header.pid,
+                        json_str(&name)
+                    ))?;
+                    w.event(format_args!(
+                        "{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":{},\"tid\":{track},\"args\":{{\"sort_index\":{}}}}}",
+                        header.pid,
+                        u32::from(tid != header.pid)
+                    ))?;
+                }
+                let t = threads.entry(tid).or_default();
+                let same = t
+                    .sampled
+                    .iter()
+                    .zip(frames)
+                    .take_while(|((open, _), f)| open.file == f.file && open.function == f.function)
+                    .count();
+                w.close_sampled(&names, tid, t, same, ts)?;
+                t.sampled.extend(frames[same..].iter().map(|f| (*f, ts)));
+                t.last_sample = ts;
+            }
+            EventKind::GcStart { generation } => {
+                threads.entry(tid).or_default().gc = Some((*generation, ts));
+            }
+            EventKind::GcDone { collected } => {
+                if let Some((generation, start)) = threads.get_mut(&tid).and_then(|t| t.gc.take()) {
+                    let (begin, dur) = (w.rel(start), ts.saturating_sub(start));
+                    w.event(format_args!(
+                        "{{\"name\":\"gc (generation {generation})\",\"cat\":\"gc\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{},\"tid\":{tid},\"args\":{{\"generation\":{generation},\"collected\":{collected}}}}}",
+                        us(begin),
+                        us(dur),
+                        header.pid
+                    ))?;
+                }
+            }
+            EventKind::ImportStart { module } => {
+                let t = threads.entry(tid).or_default();
+                if t.imports.len() >= MAX_OPEN_IMPORTS {
+                    t.imports.remove(0);
+                }
+                t.imports.push((*module, ts));
+            }
+            EventKind::ImportDone { module, found } => {
+                let t = threads.entry(tid).or_default();
+                if let Some(i) = t.imports.iter().rposition(|(m, _)| m == module) {
+                    let start = t.imports[i].1;
+                    t.imports.truncate(i);
+                    let (begin, dur) = (w.rel(start), ts.saturating_sub(start));
+                    let m = names.string(*module);
+                    w.event(format_args!(
+                        "{{\"name\":{},\"cat\":\"import\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{},\"tid\":{tid},\"args\":{{\"module\":{},\"found\":{found}}}}}",
+                        json_str(&format!("import {m}")),
+                        us(begin),
+                        us(dur),
+                        header.pid,
+                        json_str(&m)
+                    ))?;
+                }
+            }
+            EventKind::Audit { event: name } => {
+                let name = names.string(*name);
+                w.event(format_args!(
+                    "{{\"name\":{},\"cat\":\"audit\",\"ph\":\"i\",\"s\":\"t\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
+                    json_str(&format!("audit {name}")),
+                    us(w.rel(ts)),
+                    header.pid
+                ))?;
+            }
+            EventKind::Lost { count } => {
+                w.event(format_args!(
+                    "{{\"name\":\"{count} events lost\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
+                    us(w.rel(ts)),
+                    header.pid
+                ))?;
+            }
+            EventKind::Line { .. } | EventKind::Stack { .. } | EventKind::ThreadStart => {}
+        }
+    }
+    let info = ViewInfo::of(reader);
+    let end = info.end_ns.unwrap_or(0).max(last_ts);
+    let names = FrameNames::new(reader.strings(), options.full_paths);
+    for tid in seen.iter().copied() {
+        tracker.close_thread(tid, end, &mut ended);
+        for e in ended.drain(..) {
+            w.frame_slice(&names, tid, end, &e)?;
+        }
+    }
+    let mut left: Vec<(u32, ThreadState)> = threads.into_iter().collect();
+    left.sort_unstable_by_key(|(tid, _)| *tid);
+    for (tid, mut t) in left {
+        let until = t
+            .last_sample
+            .saturating_add(tail)
+            .min(end.max(t.last_sample));
+        w.close_sampled(&names, tid, &mut t, 0, until)?;
+    }
+    write!(
+        w.out,
+        "\n],\"displayTimeUnit\":\"ns\",\"otherData\":{{\"exporter\":\"pyprobe {}\",\"pid\":{},\"python\":{},\"mode\":{},\"truncated\":{}}}}}\n",
+        env!("CARGO_PKG_VERSION"),
+        header.pid,
+        json_str(&header.python_version),
+        json_str(&header.mode),
+        info.truncated_at.is_some()
+    )?;
+    w.out.flush()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::us;
+
+    #[test]
+    fn microseconds_are_exact() {
+        assert_eq!(us(0), "0.000");
+        assert_eq!(us(1), "0.001");
+        assert_eq!(us(1_234_567), "1234.567");
+    }
+}

@@ -1,0 +1,373 @@
+//! `pyprobe flame --format speedscope`: a speedscope JSON file
+//! (<https://www.speedscope.app/file-format-schema.json>).
+//!
+//! Trace mode gives one *evented* profile per thread: a frame is opened (`O`) at
+//! its call and closed (`C`) at its end, in stack order, so the events always
+//! balance: frames the tracker pops in a resync (entries without return) close at
+//! that return, frames still open close at the end, and returns without entry
+//! open and close nothing. Sample mode gives one *sampled* profile per thread.
+//!
+//! The recording is read once. Each thread's events are rendered as they come
+//! into a per-thread buffer; when the buffers together pass a limit they are
+//! spilled to an unnamed temporary file, so memory stays bounded however long
+//! the recording is; the profiles are then written thread by thread.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+
+use crate::analyze::stacks::{Ended, StackTracker};
+use crate::output::flame::{FrameNames, ViewError, ViewInfo};
+use crate::record::{EventKind, FrameRef, RecordingReader};
+
+/// Bytes of rendered events kept in memory before spilling to a temporary file.
+pub const DEFAULT_SPOOL_LIMIT: usize = 32 << 20;
+
+/// Per-key byte streams kept in memory up to a limit, then in a temporary file.
+pub(crate) struct Spool<K: Ord + Copy> {
+    streams: BTreeMap<K, Stream>,
+    buffered: usize,
+    limit: usize,
+    file: Option<File>,
+    file_len: u64,
+}
+
+#[derive(Default)]
+struct Stream {
+    buf: Vec<u8>,
+    /// Spilled parts: offset and length in the temporary file.
+    segments: Vec<(u64, u64)>,
+    /// Items appended (for separators).
+    items: u64,
+}
+
+impl<K: Ord + Copy> Spool<K> {
+    pub(crate) fn new(limit: usize) -> Self {
+        Spool {
+            streams: BTreeMap::new(),
+            buffered: 0,
+            limit,
+            file: None,
+            file_len: 0,
+        }
+    }
+
+    /// Appends one item to `key`'s stream, preceded by `sep` unless it is the first.
+    pub(crate) fn push(&mut self, key: K, sep: &[u8], item: &[u8]) -> io::Result<()> {
+        let s = self.streams.entry(key).or_default();
+        if s.items > 0 {
+            s.buf.extend_from_slice(sep);
+            self.buffered += sep.len();
+        }
+        s.items += 1;
+        s.buf.extend_from_slice(item);
+        self.buffered += item.len();
+        if self.buffered > self.limit {
+            self.spill()?;
+        }
+        Ok(())
+    }
+
+    /// Items appended to `key`'s stream.
+    pub(crate) fn items(&self, key: K) -> u64 {
+        self.streams.get(&key).map_or(0, |s| s.items)
+    }
+
+    /// Keys with a stream, in order.
+    pub(crate) fn keys(&self) -> Vec<K> {
+        self.streams.keys().copied().collect()
+    }
+
+    fn spill(&mut self) -> io::Result<()> {
+        if self.file.is_none() {
+            self.file = Some(tempfile::tempfile()?);
+        }
+        let Some(file) = self.file.as_mut() else {
+            return Ok(());
+        };
+        for s in self.streams.values_mut() {
+            if s.buf.is_empty() {
+                continue;
+            }
+            file.write_all(&s.buf)?;
+            s.segments.push((self.file_len, s.buf.len() as u64));
+            self.file_len += s.buf.len() as u64;
+            s.buf.clear();
+            s.buf.shrink_to(64 * 1024);
+        }
+        self.buffered = 0;
+        Ok(())
+    }
+
+    /// Copies `key`'s stream to `out`.
+    pub(crate) fn copy_to(&mut self, key: K, out: &mut dyn Write) -> io::Result<()> {
+        let Some(s) = self.streams.get(&key) else {
+            return Ok(());
+        };
+        if let Some(file) = self.file.as_mut() {
+            let mut chunk = vec![0u8; 256 * 1024];
+            for &(offset, len) in &s.segments {
+                file.seek(SeekFrom::Start(offset))?;
+                let mut left = len;
+                while left > 0 {
+                    let n = left.min(chunk.len() as u64) as usize;
+                    file.read_exact(&mut chunk[..n])?;
+                    out.write_all(&chunk[..n])?;
+                    left -= n as u64;
+                }
+            }
+            file.seek(SeekFrom::End(0))?;
+        }
+        out.write_all(&s.buf)
+    }
+}
+
+/// Interns frames as indices of speedscope's shared frame table.
+#[derive(Default)]
+struct FrameTable {
+    index: HashMap<FrameRef, u32>,
+    frames: Vec<FrameRef>,
+}
+
+impl FrameTable {
+    fn get(&mut self, f: FrameRef) -> u32 {
+        let next = self.frames.len() as u32;
+        *self.index.entry(f).or_insert_with(|| {
+            self.frames.push(f);
+            next
+        })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Evented,
+    Sampled,
+}
+
+/// Options of the speedscope export.
+#[derive(Debug, Clone, Copy)]
+pub struct SpeedscopeOptions {
+    /// Keep full file paths in frame names.
+    pub full_paths: bool,
+    /// Bytes of events kept in memory before spilling to a temporary file.
+    pub spool_limit: usize,
+}
+
+impl Default for SpeedscopeOptions {
+    fn default() -> Self {
+        SpeedscopeOptions {
+            full_paths: false,
+            spool_limit: DEFAULT_SPOOL_LIMIT,
+        }
+    }
+}
+
+fn thread_name(tid: u32, pid: u32) -> String {
+    if tid == pid {
+        format!("main thread ({tid})")
+    } else {
+        format!("thread {tid}")
+    }
+}
+
+/// Reads the whole recording and writes it as a speedscope file to `out`.
+pub fn write_speedscope<R: Read, W: Write>(
+    reader: &mut RecordingReader<R>,
+    options: &SpeedscopeOptions,
+    mut out: W,
+) -> Result<(), ViewError> {
+    let header = reader.header().clone();
+    let mut spool: Spool<(u32, Kind)> = Spool::new(options.spool_limit);
+    let mut frames = FrameTable::default();
+    let mut tracker = StackTracker::new();
+    let mut ended = Vec::new();
+    // Per thread: the last `at` written, so times never go backwards.
+    let mut last_at: HashMap<u32, u64> = HashMap::new();
+    let mut base: Option<u64> = (header.start_ns != 0).then_some(header.start_ns);
+    let mut last_ts: Option<u64> = None;
+    let mut item = Vec::with_capacity(128);
+
+    fn close(
+        spool: &mut Spool<(u32, Kind)>,
+        frames: &mut FrameTable,
+        tid: u32,
+        at: u64,
+        ended: &mut Vec<Ended>,
+        item: &mut Vec<u8>,
+    ) -> io::Result<()> {
+        for e in ended.drain(..) {
+            if let Ended::Timed { frame, .. } = e {
+                item.clear();
+                let _ = write!(
+                    item,
+                    "{{\"type\":\"C\",\"frame\":{},\"at\":{at}}}",
+                    frames.get(frame)
+                );
+                spool.push((tid, Kind::Evented), b",", item)?;
+            }
+        }
+        Ok(())
+    }
+
+    while let Some(event) = reader.next_event() {
+        let event = event?;
+        let tid = event.tid;
+        let start = *base.get_or_insert(event.ts_ns);
+        last_ts = Some(last_ts.map_or(event.ts_ns, |t| t.max(event.ts_ns)));
+        let slot = last_at.entry(tid).or_insert(0);
+        let at = event.ts_ns.saturating_sub(start).max(*slot);
+        match &event.kind {
+            EventKind::Call { frame } => {
+                let before = tracker.depth(tid);
+                tracker.call(tid, *frame, event.ts_ns);
+                if tracker.depth(tid) > before {
+                    *slot = at;
+                    item.clear();
+                    let _ = write!(
+                        item,
+                        "{{\"type\":\"O\",\"frame\":{},\"at\":{at}}}",
+                        frames.get(*frame)
+                    );
+                    spool.push((tid, Kind::Evented), b",", &item)?;
+                }
+            }
+            EventKind::Return { frame } => {
+                *slot = at;
+                tracker.ret(tid, *frame, event.ts_ns, &mut ended);
+                close(&mut spool, &mut frames, tid, at, &mut ended, &mut item)?;
+            }
+            EventKind::ThreadExit => {
+                *slot = at;
+                tracker.close_thread(tid, event.ts_ns, &mut ended);
+                close(&mut spool, &mut frames, tid, at, &mut ended, &mut item)?;
+            }
+            EventKind::Sample { frames: stack } => {
+                item.clear();
+                item.push(b'[');
+                for (i, f) in stack.iter().enumerate() {
+                    if i > 0 {
+                        item.push(b',');
+                    }
+                    let _ = write!(item, "{}", frames.get(*f));
+                }
+                item.push(b']');
+                spool.push((tid, Kind::Sampled), b",", &item)?;
+            }
+            _ => {}
+        }
+    }
+    let info = ViewInfo::of(reader);
+    let start = base.unwrap_or(0);
+    let end_ts = info.end_ns.unwrap_or(0).max(last_ts.unwrap_or(start));
+    let end_at = end_ts.saturating_sub(start);
+    // Close what is still open, thread by thread, at the end.
+    let mut open: Vec<u32> = last_at.keys().copied().collect();
+    open.sort_unstable();
+    for tid in open {
+        let at = end_at.max(last_at[&tid]);
+        tracker.close_thread(tid, end_ts, &mut ended);
+        close(&mut spool, &mut frames, tid, at, &mut ended, &mut item)?;
+    }
+
+    let names = FrameNames::new(reader.strings(), options.full_paths);
+    let interval = header.sample_interval_ns;
+    let name = crate::output::flame::default_title(&header);
+    write!(
+        out,
+        "{{\"$schema\":\"https://www.speedscope.app/file-format-schema.json\",\
+         \"exporter\":\"pyprobe {}\",\"name\":{},\"activeProfileIndex\":0,\"profiles\":[",
+        env!("CARGO_PKG_VERSION"),
+        json_str(&name)
+    )?;
+    for (i, (tid, kind)) in spool.keys().into_iter().enumerate() {
+        if i > 0 {
+            out.write_all(b",\n")?;
+        } else {
+            out.write_all(b"\n")?;
+        }
+        let tname = thread_name(tid, header.pid);
+        match kind {
+            Kind::Evented => {
+                let end = end_at.max(last_at.get(&tid).copied().unwrap_or(0));
+                write!(
+                    out,
+                    "{{\"type\":\"evented\",\"name\":{},\"unit\":\"nanoseconds\",\
+                     \"startValue\":0,\"endValue\":{end},\"events\":[",
+                    json_str(&tname)
+                )?;
+                spool.copy_to((tid, kind), &mut out)?;
+                out.write_all(b"]}")?;
+            }
+            Kind::Sampled => {
+                let n = spool.items((tid, kind));
+                let (unit, weight) = if interval > 0 {
+                    ("nanoseconds", interval)
+                } else {
+                    ("none", 1)
+                };
+                write!(
+                    out,
+                    "{{\"type\":\"sampled\",\"name\":{},\"unit\":\"{unit}\",\
+                     \"startValue\":0,\"endValue\":{},\"samples\":[",
+                    json_str(&format!("{tname} (sampled)")),
+                    n.saturating_mul(weight)
+                )?;
+                spool.copy_to((tid, kind), &mut out)?;
+                out.write_all(b"],\"weights\":[")?;
+                let w = weight.to_string();
+                for j in 0..n {
+                    if j > 0 {
+                        out.write_all(b",")?;
+                    }
+                    out.write_all(w.as_bytes())?;
+                }
+                out.write_all(b"]}")?;
+            }
+        }
+    }
+    out.write_all(b"\n],\"shared\":{\"frames\":[")?;
+    for (i, f) in frames.frames.iter().enumerate() {
+        if i > 0 {
+            out.write_all(b",")?;
+        }
+        let full = names.string(f.file);
+        write!(
+            out,
+            "\n{{\"name\":{},\"file\":{},\"line\":{}}}",
+            json_str(&names.python(f)),
+            json_str(&full),
+            f.line
+        )?;
+    }
+    out.write_all(b"\n]}}\n")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// `s` as a JSON string literal.
+pub(crate) fn json_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spool_spills_and_reads_back_in_order() {
+        let mut spool: Spool<u32> = Spool::new(8);
+        for i in 0..20u32 {
+            spool.push(i % 3, b",", i.to_string().as_bytes()).unwrap();
+        }
+        assert!(spool.file.is_some());
+        let mut out = Vec::new();
+        spool.copy_to(1, &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "1,4,7,10,13,16,19");
+        let mut out = Vec::new();
+        spool.copy_to(0, &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "0,3,6,9,12,15,18");
+        assert_eq!(spool.items(2), 6);
+        assert_eq!(spool.keys(), vec![0, 1, 2]);
+    }
+}

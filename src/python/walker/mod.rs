@@ -1,0 +1,280 @@
+//! The frame walker: the Python stacks of a live CPython process, read from outside with
+//! `process_vm_readv` only (no ptrace, no stop, nothing written).
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use pyprobe::python::walker::Walker;
+//! let mut walker = Walker::attach(1234)?;
+//! eprintln!("{}", walker.describe());
+//! for thread in walker.stacks()? {
+//!     for frame in &thread.frames {   // outermost first
+//!         println!("{:?} {}:{} in {}", thread.native_tid, frame.file, frame.line, frame.function);
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! How it finds things:
+//! * the interpreter is the mapped object defining `_PyRuntime` (or with a `.PyRuntime`
+//!   section): the executable, `libpython3.X.so`, or a python binary run through the
+//!   dynamic loader; SDT notes are not needed;
+//! * the version comes from `Py_Version` (3.11+), else `_Py_DebugOffsets`, else the
+//!   object's name, else a `python3.X` path among the mappings;
+//! * the structure layout of 3.7 – 3.12 comes from `offsets/3.X.json` (generated from
+//!   that version's headers by `scripts/gen-offsets.sh`, embedded at build time); 3.13+
+//!   reads it from the `_Py_DebugOffsets` at the start of `_PyRuntime` (cookie, version
+//!   and sizes checked), so a new patch release needs nothing new.
+//!
+//! Per version: 3.7 – 3.10 walk `PyFrameObject`s (`f_back`, line from `f_lasti` and
+//! `co_lnotab` / 3.10's `co_linetable`); 3.11+ walk `_PyInterpreterFrame`s (line from
+//! `prev_instr`/`instr_ptr` and the location table), skip the shim frames owned by the C
+//! stack or the interpreter (3.12+), mask the tag bits of `f_executable` (3.14+), and
+//! skip any frame whose code is not a code object (`ob_type != &PyCode_Type`). Function
+//! names are `co_qualname` from 3.11 (`Class.method`), `co_name` before.
+//!
+//! Native thread ids: 3.11+ read `native_thread_id`; 3.7 – 3.10 read the tid out of the
+//! thread's `struct pthread` (its `pthread_t` is its address; the offset of the tid is
+//! found once against the live task list; see `threads.rs`); `None` when that fails.
+//! Tids are as pyprobe sees them, translated out of the target's PID namespace.
+//!
+//! Safety against a corrupt or hostile target: every read has a size fixed by the layout
+//! or capped (strings at 1024 code points, line tables at 1 MiB), stacks at 1024
+//! frames, 4096 thread states in all, 256 interpreters, with cycle detection on every
+//! chain; nothing here panics on what it reads. A walk cut short is flagged
+//! ([`ThreadStack::truncated`]) rather than failed.
+//!
+//! The target keeps running while it is read: a thread that runs meanwhile may give a
+//! torn stack (usually flagged truncated). Stop the threads (e.g. PTRACE_INTERRUPT) around
+//! [`Walker::stacks`] for a consistent one.
+//!
+//! Decoded code objects are cached by address (checked against the object's name,
+//! file, line-table pointers and first line on every use), so a steady-state sample costs
+//! one `process_vm_readv` per frame (a frame's code object and the next frame are read
+//! together), one per thread state (two on 3.11/3.12: `cframe`), and two for the
+//! interpreter list. [`Walker`] is `Send`: it can live on a sampling thread.
+
+pub mod layout;
+pub mod lines;
+mod locate;
+mod objects;
+mod stacks;
+mod threads;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+
+pub use layout::LayoutSource;
+pub use locate::find_interpreter_object;
+
+use crate::process::memory::ProcessMemory;
+use crate::python::version::PyVersion;
+use stacks::{RawThread, StackReader};
+use threads::Tids;
+
+/// One Python frame.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PyFrame {
+    /// `co_filename`.
+    pub file: Arc<str>,
+    /// `co_qualname` on 3.11+ (`Class.method`, `outer.<locals>.inner`), `co_name` before.
+    pub function: Arc<str>,
+    /// `co_firstlineno`: the line of the `def`.
+    pub first_line: u32,
+    /// The line being executed (the call, in an outer frame); the first line when the
+    /// frame has not started or its line table has no line for the instruction.
+    pub line: u32,
+}
+
+/// The Python stack of one thread state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadStack {
+    /// The kernel tid, as pyprobe sees it (outside the target's PID namespace); `None`
+    /// when the version does not record it and it could not be found.
+    pub native_tid: Option<i32>,
+    /// `threading.get_ident()`: the thread's `pthread_t`.
+    pub thread_id: u64,
+    /// Address of the `PyThreadState`.
+    pub thread_state: u64,
+    /// Outermost first (`<module>` first, the running function last).
+    pub frames: Vec<PyFrame>,
+    /// The walk stopped early: unreadable or corrupt memory (often: the thread ran
+    /// while being read), a cycle, or more than 1024 frames.
+    pub truncated: bool,
+}
+
+/// Reads the Python stacks of one process. See the module documentation.
+pub struct Walker {
+    pid: i32,
+    version: PyVersion,
+    version_from: &'static str,
+    interpreter_path: String,
+    layout_source: LayoutSource,
+    reader: StackReader<ProcessMemory>,
+    tids: Tids,
+}
+
+impl Walker {
+    /// Finds the interpreter in `pid`, its version and its structure layout. Reads only:
+    /// no ptrace, nothing stopped or written.
+    pub fn attach(pid: i32) -> Result<Walker> {
+        let status = crate::process::status::check_inspectable(pid)?;
+        let mem = ProcessMemory::new(pid);
+        let found = locate::locate(pid, &mem)?;
+        // The runtime must be readable now, or nothing will be.
+        if let Err(e) = crate::sdt::MemoryReader::read_exact(&mem, found.runtime, &mut [0u8; 8]) {
+            let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                " (reading another process's memory needs its user or CAP_SYS_PTRACE, and a \
+                 /proc/sys/kernel/yama/ptrace_scope that allows it)"
+            } else {
+                ""
+            };
+            anyhow::bail!(
+                "cannot read _PyRuntime of process {pid} in {}: {e}{hint}",
+                found.object.target_path
+            );
+        }
+        let version = found.version;
+        let (layout, layout_source) = if layout::uses_debug_offsets(version) {
+            layout::from_debug_offsets(&mem, found.runtime, version).with_context(|| {
+                format!(
+                    "python {version} in {}: cannot use its _Py_DebugOffsets",
+                    found.object.target_path
+                )
+            })?
+        } else {
+            layout::from_offsets_file(version)?
+        };
+        let code_type = found
+            .object
+            .elf
+            .symbols
+            .address("PyCode_Type")
+            .map(|a| found.object.runtime(a));
+        let reader = StackReader::new(mem, layout, found.runtime, code_type);
+        reader.thread_states().with_context(|| {
+            format!(
+                "cannot read the thread states of process {pid} (_PyRuntime at {:#x})",
+                found.runtime
+            )
+        })?;
+        Ok(Walker {
+            pid,
+            version,
+            version_from: found.version_from,
+            interpreter_path: found.object.target_path.clone(),
+            layout_source,
+            reader,
+            tids: Tids::new(pid, status.inner_pid().is_some()),
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The interpreter's version (micro version when the target records it: 3.11+).
+    pub fn version(&self) -> PyVersion {
+        self.version
+    }
+
+    /// The mapped file that carries the interpreter (`_PyRuntime`), as the target sees it.
+    pub fn interpreter_path(&self) -> &str {
+        &self.interpreter_path
+    }
+
+    /// Where the structure layout came from: an offsets table or `_Py_DebugOffsets`.
+    pub fn layout_source(&self) -> &LayoutSource {
+        &self.layout_source
+    }
+
+    /// One line for messages: version, where it was found, how the layout was obtained.
+    pub fn describe(&self) -> String {
+        format!(
+            "python {} in {} (version from {}); layout: {}",
+            self.version, self.interpreter_path, self.version_from, self.layout_source
+        )
+    }
+
+    /// The Python stack of every thread state of every interpreter, main thread first.
+    /// Fails only when `_PyRuntime` cannot be read (e.g. the process is gone); a thread
+    /// whose stack cannot be read whole comes back [`truncated`](ThreadStack::truncated).
+    pub fn stacks(&mut self) -> Result<Vec<ThreadStack>> {
+        let tstates = self
+            .reader
+            .thread_states()
+            .with_context(|| format!("cannot read the thread states of process {}", self.pid))?;
+        let raws: Vec<RawThread> = tstates
+            .iter()
+            .map(|(t, buf)| self.reader.thread(*t, buf))
+            .collect();
+        Ok(self.resolve(raws))
+    }
+
+    /// The Python stack of the thread with kernel tid `native_tid` (as pyprobe sees it),
+    /// reading only that thread's frames; `None` when no thread state has that tid.
+    pub fn thread_stack(&mut self, native_tid: i32) -> Result<Option<ThreadStack>> {
+        let tstates = self
+            .reader
+            .thread_states()
+            .with_context(|| format!("cannot read the thread states of process {}", self.pid))?;
+        let headers: Vec<(RawThread, Option<u64>)> = tstates
+            .iter()
+            .map(|(t, buf)| self.reader.thread_header(*t, buf))
+            .collect();
+        let tids = self.native_tids(&headers.iter().map(|(r, _)| r).collect::<Vec<_>>());
+        let Some(index) = tids.iter().position(|&t| t == Some(native_tid)) else {
+            return Ok(None);
+        };
+        let Some((mut raw, frame)) = headers.into_iter().nth(index) else {
+            return Ok(None);
+        };
+        if let Some(frame) = frame {
+            (raw.frames, raw.truncated) = self.reader.frames(frame);
+        }
+        Ok(Some(ThreadStack {
+            native_tid: Some(native_tid),
+            thread_id: raw.thread_id,
+            thread_state: raw.thread_state,
+            frames: raw.frames,
+            truncated: raw.truncated,
+        }))
+    }
+
+    fn native_tids(&mut self, raws: &[&RawThread]) -> Vec<Option<i32>> {
+        self.tids.begin_round();
+        let inner: Vec<Option<i32>> = if self.reader.layout.tstate_native_thread_id.is_some() {
+            raws.iter().map(|r| r.native_id).collect()
+        } else {
+            let pthreads: Vec<u64> = raws.iter().map(|r| r.thread_id).collect();
+            self.tids.inner_of_pthreads(&self.reader.mem, &pthreads)
+        };
+        inner
+            .into_iter()
+            .map(|t| t.and_then(|t| self.tids.outer(t)))
+            .collect()
+    }
+
+    fn resolve(&mut self, raws: Vec<RawThread>) -> Vec<ThreadStack> {
+        let tids = self.native_tids(&raws.iter().collect::<Vec<_>>());
+        raws.into_iter()
+            .zip(tids)
+            .map(|(raw, native_tid)| ThreadStack {
+                native_tid,
+                thread_id: raw.thread_id,
+                thread_state: raw.thread_state,
+                frames: raw.frames,
+                truncated: raw.truncated,
+            })
+            .collect()
+    }
+}
+
+/// The walker moves to whatever thread samples.
+const _: () = {
+    const fn assert_send<T: Send>() {}
+    assert_send::<Walker>();
+};

@@ -1,0 +1,455 @@
+//! The walk itself, over any [`MemoryReader`]: interpreters → thread states → frames →
+//! code objects. Everything read is treated as hostile: every list and chain is bounded
+//! and checked for cycles, every read has a size fixed by the layout or capped.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::sync::Arc;
+
+use super::layout::{FrameLayout, FrameRoot, Layout, LineTable};
+use super::lines;
+use super::objects::{
+    field_i32, field_u64, field_u8, plausible_pointer, read_bytes, read_str, read_u64,
+};
+use super::PyFrame;
+use crate::process::memory::ProcessMemory;
+use crate::sdt::MemoryReader;
+use nix::sys::uio::{process_vm_readv, RemoteIoVec};
+use nix::unistd::Pid;
+
+/// Deepest stack walked (frames, shims included); deeper stacks are cut and flagged.
+pub const MAX_DEPTH: usize = 1024;
+/// Most thread states read, over all interpreters.
+pub const MAX_THREADS: usize = 4096;
+/// Most interpreters read.
+pub const MAX_INTERPRETERS: usize = 256;
+/// Code objects remembered; the cache is emptied when it grows past this.
+const MAX_CODES: usize = 32 * 1024;
+/// Lines remembered per code object.
+const MAX_LINES_PER_CODE: usize = 512;
+
+/// One thread state as read, before its native thread id is resolved.
+#[derive(Debug, Clone)]
+pub struct RawThread {
+    pub thread_state: u64,
+    /// `thread_id`: the thread's `pthread_t` (`threading.get_ident()`).
+    pub thread_id: u64,
+    /// `native_thread_id` (3.11+), as the target's PID namespace numbers it.
+    pub native_id: Option<i32>,
+    pub frames: Vec<PyFrame>,
+    pub truncated: bool,
+}
+
+/// What the walker keeps of a code object, checked against the object on each use.
+struct CodeInfo {
+    /// Pointers and first line as last read: a different value means the address now
+    /// holds another code object.
+    key: [u64; 5],
+    file: Arc<str>,
+    function: Arc<str>,
+    table: Option<Box<[u8]>>,
+    lines: HashMap<i64, u32>,
+}
+
+pub struct StackReader<M> {
+    pub mem: M,
+    pub layout: Layout,
+    /// Runtime address of `_PyRuntime`.
+    pub runtime: u64,
+    /// Runtime address of `PyCode_Type`, to check that a frame's code is a code object.
+    pub code_type: Option<u64>,
+    codes: HashMap<u64, CodeInfo>,
+}
+
+/// Why a frame could not be used.
+enum FrameError {
+    /// Not Python code (a shim, or not a code object): skip it, keep walking.
+    Skip,
+    /// Unreadable or corrupt: stop the walk here.
+    Broken,
+}
+
+/// Target memory as the walker reads it: a [`MemoryReader`] that can also read two
+/// places in one go (a frame's code object and the next frame).
+pub trait Memory: MemoryReader {
+    /// Reads all of `abuf` at `a` and all of `bbuf` at `b`; says which succeeded. The
+    /// default makes two reads; [`ProcessMemory`] makes one `process_vm_readv`.
+    fn read_pair(&self, a: u64, abuf: &mut [u8], b: u64, bbuf: &mut [u8]) -> (bool, bool) {
+        (
+            self.read_exact(a, abuf).is_ok(),
+            self.read_exact(b, bbuf).is_ok(),
+        )
+    }
+}
+
+impl Memory for ProcessMemory {
+    fn read_pair(&self, a: u64, abuf: &mut [u8], b: u64, bbuf: &mut [u8]) -> (bool, bool) {
+        let (alen, blen) = (abuf.len(), bbuf.len());
+        let remote = [
+            RemoteIoVec {
+                base: a as usize,
+                len: alen,
+            },
+            RemoteIoVec {
+                base: b as usize,
+                len: blen,
+            },
+        ];
+        let result = {
+            let mut local = [io::IoSliceMut::new(abuf), io::IoSliceMut::new(&mut *bbuf)];
+            process_vm_readv(Pid::from_raw(self.pid()), &mut local, &remote)
+        };
+        match result {
+            Ok(n) if n == alen + blen => (true, true),
+            // The transfer stops at the first failing iovec.
+            Ok(n) if n >= alen => (true, false),
+            _ => (false, self.read_exact(b, bbuf).is_ok()),
+        }
+    }
+}
+
+/// Where a frame is in its code.
+enum Position {
+    /// Byte offset of the instruction (`f_lasti` up to 3.10).
+    Offset(i64),
+    /// The instruction pointer (3.11+), and the thread-local bytecode copy (3.14+ FT).
+    Pointer { ip: u64, tlbc_index: Option<i32> },
+}
+
+/// A frame's fields.
+struct RawFrame {
+    /// The next (outer) frame.
+    next: u64,
+    /// The code object, or `None` for a shim frame.
+    code: Option<u64>,
+    position: Position,
+}
+
+impl<M: Memory> StackReader<M> {
+    pub fn new(mem: M, layout: Layout, runtime: u64, code_type: Option<u64>) -> Self {
+        StackReader {
+            mem,
+            layout,
+            runtime,
+            code_type,
+            codes: HashMap::new(),
+        }
+    }
+
+    /// Every thread state of every interpreter, with its bytes (the span the walker
+    /// uses), oldest thread first per interpreter: the main thread first. Fails only if
+    /// `_PyRuntime` itself cannot be read.
+    pub fn thread_states(&self) -> io::Result<Vec<(u64, Vec<u8>)>> {
+        let l = &self.layout;
+        let mut interp = read_u64(&self.mem, self.runtime + l.runtime_interpreters_head)?;
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        while plausible_pointer(interp) && seen.len() < MAX_INTERPRETERS && seen.insert(interp) {
+            let Ok((head, next_interp)) =
+                self.two_fields(interp, l.interp_threads_head, l.interp_next)
+            else {
+                break;
+            };
+            let mut threads = Vec::new();
+            let mut tstate = head;
+            let mut seen_threads = HashSet::new();
+            while plausible_pointer(tstate)
+                && out.len() + threads.len() < MAX_THREADS
+                && seen_threads.insert(tstate)
+            {
+                let mut buf = vec![0u8; l.tstate_span() as usize];
+                if self.mem.read_exact(tstate, &mut buf).is_err() {
+                    break;
+                }
+                let Ok(next) = field_u64(&buf, l.tstate_next) else {
+                    break;
+                };
+                threads.push((tstate, buf));
+                tstate = next;
+            }
+            // New thread states are pushed at the head: reverse for oldest first.
+            out.extend(threads.into_iter().rev());
+            interp = next_interp;
+        }
+        Ok(out)
+    }
+
+    /// Two pointer fields of one structure: one read when they are near each other.
+    fn two_fields(&self, addr: u64, a: u64, b: u64) -> io::Result<(u64, u64)> {
+        let (lo, hi) = (a.min(b), a.max(b) + 8);
+        if hi - lo <= 4096 {
+            let mut buf = [0u8; 4096];
+            let buf = &mut buf[..(hi - lo) as usize];
+            self.mem.read_exact(addr + lo, buf)?;
+            Ok((field_u64(buf, a - lo)?, field_u64(buf, b - lo)?))
+        } else {
+            Ok((
+                read_u64(&self.mem, addr + a)?,
+                read_u64(&self.mem, addr + b)?,
+            ))
+        }
+    }
+
+    /// A thread state's ids and innermost frame (`None`: unreadable), from its bytes.
+    pub fn thread_header(&self, tstate: u64, buf: &[u8]) -> (RawThread, Option<u64>) {
+        let mut raw = RawThread {
+            thread_state: tstate,
+            thread_id: field_u64(buf, self.layout.tstate_thread_id).unwrap_or(0),
+            native_id: self
+                .layout
+                .tstate_native_thread_id
+                .and_then(|o| field_i32(buf, o).ok())
+                .filter(|&t| t > 0),
+            frames: Vec::new(),
+            truncated: false,
+        };
+        let frame = match self.layout.tstate_frame {
+            FrameRoot::Direct(o) => field_u64(buf, o).ok(),
+            FrameRoot::CFrame {
+                cframe,
+                current_frame,
+            } => field_u64(buf, cframe)
+                .ok()
+                .filter(|&c| plausible_pointer(c))
+                .and_then(|c| read_u64(&self.mem, c + current_frame).ok()),
+        };
+        if frame.is_none() {
+            raw.truncated = true;
+        }
+        (raw, frame)
+    }
+
+    /// A thread state and its stack.
+    pub fn thread(&mut self, tstate: u64, buf: &[u8]) -> RawThread {
+        let (mut raw, frame) = self.thread_header(tstate, buf);
+        if let Some(frame) = frame {
+            (raw.frames, raw.truncated) = self.frames(frame);
+        }
+        raw
+    }
+
+    /// Walks the frame chain from the innermost frame; returns the frames outermost
+    /// first, and whether the walk was cut short. One read per frame: each frame's code
+    /// object is read together with the next frame.
+    pub fn frames(&mut self, innermost: u64) -> (Vec<PyFrame>, bool) {
+        let mut out = Vec::new();
+        if innermost == 0 {
+            return (out, false);
+        }
+        let mut seen = HashSet::new();
+        let span = self.layout.frame_span() as usize;
+        let (mut frame, mut next_frame) = (vec![0u8; span], vec![0u8; span]);
+        let mut code_buf = vec![0u8; self.layout.code_span() as usize];
+        if !plausible_pointer(innermost) || self.mem.read_exact(innermost, &mut frame).is_err() {
+            return (out, true);
+        }
+        seen.insert(innermost);
+        let truncated = loop {
+            let Some(raw) = self.raw_frame(&frame) else {
+                break true;
+            };
+            let next = raw.next;
+            // The next frame is read only if it can be one: no cycle, within the depth.
+            let follow =
+                next != 0 && plausible_pointer(next) && seen.len() < MAX_DEPTH && seen.insert(next);
+            let code = raw.code.filter(|&c| plausible_pointer(c));
+            let (code_ok, next_ok) = match (code, follow) {
+                (Some(c), true) => self.mem.read_pair(c, &mut code_buf, next, &mut next_frame),
+                (Some(c), false) => (self.mem.read_exact(c, &mut code_buf).is_ok(), false),
+                (None, true) => (false, self.mem.read_exact(next, &mut next_frame).is_ok()),
+                (None, false) => (false, false),
+            };
+            let result = match code {
+                // A shim, or no code object (e.g. None): not Python code.
+                None => Err(FrameError::Skip),
+                Some(_) if !code_ok => Err(FrameError::Broken),
+                Some(c) => self.py_frame(c, &code_buf, raw.position),
+            };
+            match result {
+                Ok(f) => out.push(f),
+                Err(FrameError::Skip) => {}
+                Err(FrameError::Broken) => break true,
+            }
+            if next == 0 {
+                break false;
+            }
+            if !(follow && next_ok) {
+                break true;
+            }
+            std::mem::swap(&mut frame, &mut next_frame);
+        };
+        out.reverse();
+        (out, truncated)
+    }
+
+    /// A frame's fields from its bytes; `None` when they cannot be had.
+    fn raw_frame(&self, buf: &[u8]) -> Option<RawFrame> {
+        match self.layout.frame {
+            FrameLayout::Object {
+                back,
+                code,
+                lasti,
+                lasti_unit,
+            } => Some(RawFrame {
+                next: field_u64(buf, back).ok()?,
+                code: Some(field_u64(buf, code).ok()?),
+                position: Position::Offset(
+                    i64::from(field_i32(buf, lasti).ok()?) * lasti_unit as i64,
+                ),
+            }),
+            FrameLayout::Interpreter {
+                previous,
+                executable,
+                instr_ptr,
+                owner,
+                first_shim_owner,
+                tag_mask,
+                tlbc,
+            } => {
+                let shim = first_shim_owner
+                    .is_some_and(|first| field_u8(buf, owner).map_or(true, |owner| owner >= first));
+                Some(RawFrame {
+                    next: field_u64(buf, previous).ok()?,
+                    code: if shim {
+                        None
+                    } else {
+                        Some(field_u64(buf, executable).ok()? & !tag_mask)
+                    },
+                    position: Position::Pointer {
+                        ip: field_u64(buf, instr_ptr).ok()?,
+                        tlbc_index: tlbc.and_then(|(i, _)| field_i32(buf, i).ok()),
+                    },
+                })
+            }
+        }
+    }
+
+    /// Where `code`'s bytecode starts: inside the object (`co_code_adaptive`), or in a
+    /// free-threaded 3.14+ build, the thread-local copy `co_tlbc[tlbc_index]`.
+    fn bytecode_start(&self, code: u64, tlbc_index: Option<i32>) -> io::Result<u64> {
+        let adaptive = code + self.layout.code_adaptive.unwrap_or(0);
+        let (
+            Some(index),
+            FrameLayout::Interpreter {
+                tlbc: Some((_, co_tlbc)),
+                ..
+            },
+        ) = (tlbc_index, self.layout.frame)
+        else {
+            return Ok(adaptive);
+        };
+        if index <= 0 {
+            return Ok(adaptive);
+        }
+        // _PyCodeArray { Py_ssize_t size; char *entries[]; }
+        let array = read_u64(&self.mem, code + co_tlbc)?;
+        if !plausible_pointer(array) {
+            return Ok(adaptive);
+        }
+        let size = read_u64(&self.mem, array)?;
+        if (index as u64) >= size.min(1 << 16) {
+            return Ok(adaptive);
+        }
+        read_u64(&self.mem, array + 8 + 8 * index as u64)
+    }
+
+    /// The frame of code object `code` (whose header bytes are `header`) at `position`.
+    fn py_frame(
+        &mut self,
+        code: u64,
+        header: &[u8],
+        position: Position,
+    ) -> Result<PyFrame, FrameError> {
+        let l = &self.layout;
+        let get = |o: u64| field_u64(header, o).map_err(|_| FrameError::Broken);
+        if let Some(code_type) = self.code_type {
+            if get(l.ob_type)? != code_type {
+                return Err(FrameError::Skip);
+            }
+        }
+        let addr = match position {
+            Position::Offset(addr) => addr,
+            Position::Pointer { ip, tlbc_index } => {
+                let start = self
+                    .bytecode_start(code, tlbc_index)
+                    .map_err(|_| FrameError::Broken)?;
+                // Code units are 2 bytes: the instruction's offset, in bytes.
+                (ip.wrapping_sub(start) as i64).div_euclid(2) * 2
+            }
+        };
+        let l = &self.layout;
+        let first_line = field_i32(header, l.code_firstlineno)
+            .map_err(|_| FrameError::Broken)?
+            .max(0) as u32;
+        let key = [
+            get(l.code_filename)?,
+            get(l.code_name)?,
+            l.code_qualname.map(get).transpose()?.unwrap_or(0),
+            get(l.code_linetable)?,
+            u64::from(first_line),
+        ];
+        let cached = self.codes.get(&code).is_some_and(|c| c.key == key);
+        if !cached {
+            let info = self.code_info(key)?;
+            if self.codes.len() >= MAX_CODES {
+                self.codes.clear();
+            }
+            self.codes.insert(code, info);
+        }
+        let line_table = self.layout.line_table;
+        let info = self.codes.get_mut(&code).ok_or(FrameError::Broken)?;
+        let line = match info.lines.get(&addr) {
+            Some(&line) => line,
+            None => {
+                let line = info
+                    .table
+                    .as_deref()
+                    .and_then(|t| match line_table {
+                        LineTable::Lnotab => lines::lnotab_line(t, first_line, addr),
+                        LineTable::Linetable310 => lines::linetable310_line(t, first_line, addr),
+                        LineTable::Locations => lines::locations_line(t, first_line, addr),
+                    })
+                    .unwrap_or(first_line);
+                if info.lines.len() < MAX_LINES_PER_CODE {
+                    info.lines.insert(addr, line);
+                }
+                line
+            }
+        };
+        Ok(PyFrame {
+            file: info.file.clone(),
+            function: info.function.clone(),
+            first_line,
+            line,
+        })
+    }
+
+    fn code_info(&self, key: [u64; 5]) -> Result<CodeInfo, FrameError> {
+        let [filename, name, qualname, linetable, _] = key;
+        let u = &self.layout.unicode;
+        let file = read_str(&self.mem, u, filename).map_err(|_| FrameError::Broken)?;
+        let function = if qualname != 0 {
+            read_str(&self.mem, u, qualname)
+        } else {
+            read_str(&self.mem, u, name)
+        }
+        .map_err(|_| FrameError::Broken)?;
+        // A table that cannot be read costs the line numbers, not the frame.
+        let table = read_bytes(&self.mem, &self.layout, linetable)
+            .ok()
+            .map(Vec::into_boxed_slice);
+        Ok(CodeInfo {
+            key,
+            file: file.into(),
+            function: function.into(),
+            table,
+            lines: HashMap::new(),
+        })
+    }
+
+    /// How many code objects are cached.
+    #[cfg(test)]
+    pub fn cached_codes(&self) -> usize {
+        self.codes.len()
+    }
+}

@@ -1,0 +1,191 @@
+//! Turning probe hits and samples into recording events.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use crate::analyze::FileFilter;
+use crate::python::probes::PythonProbe;
+use crate::record::{Event, EventKind, FrameRef, Header, RecordingWriter, StrId};
+use crate::tracer::signals;
+use crate::tracer::Hit;
+
+use super::resolver::Chosen;
+
+/// Turns probe hits into recording events, filtering as asked.
+pub struct EventBuilder {
+    /// Created once the interpreter is known (for `-- CMD`, after it has started),
+    /// so the header names the right executable and Python version.
+    writer: Option<RecordingWriter<std::io::BufWriter<std::fs::File>>>,
+    header: Header,
+    output: PathBuf,
+    /// Events seen before the writer exists (thread starts only: no probe can hit).
+    early: Vec<Event>,
+    filter: FileFilter,
+    start_at: Option<String>,
+    /// Per thread: depth inside the `--start-at` function (0: outside).
+    inside: HashMap<i32, u32>,
+    write_error: Option<std::io::Error>,
+    events: u64,
+}
+
+impl EventBuilder {
+    pub fn new(
+        header: Header,
+        output: PathBuf,
+        filter: FileFilter,
+        start_at: Option<String>,
+    ) -> EventBuilder {
+        EventBuilder {
+            writer: None,
+            header,
+            output,
+            early: Vec::new(),
+            filter,
+            start_at,
+            inside: HashMap::new(),
+            write_error: None,
+            events: 0,
+        }
+    }
+
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// Ends the recording: the writer (if it was ever opened) and the first write error.
+    pub fn into_parts(
+        mut self,
+    ) -> (
+        Option<RecordingWriter<std::io::BufWriter<std::fs::File>>>,
+        Option<std::io::Error>,
+    ) {
+        (self.writer.take(), self.write_error.take())
+    }
+
+    pub fn write(&mut self, tid: i32, ts_ns: u64, kind: EventKind) {
+        if self.write_error.is_some() {
+            return;
+        }
+        let event = Event {
+            tid: tid as u32,
+            ts_ns,
+            kind,
+        };
+        let Some(writer) = self.writer.as_mut() else {
+            self.early.push(event);
+            return;
+        };
+        match writer.write(&event) {
+            Ok(()) => self.events += 1,
+            Err(e) => {
+                self.write_error = Some(e);
+                signals::request_stop();
+            }
+        }
+    }
+
+    /// Creates the recording, completing the header with what is known now.
+    pub fn open(&mut self, pid: i32, chosen: &Chosen) {
+        if self.writer.is_some() || self.write_error.is_some() {
+            return;
+        }
+        self.header.executable = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        if !chosen.object_path.is_empty() {
+            // Through a loader, /proc/PID/exe is the loader: name the interpreter.
+            self.header.executable = chosen.object_path.clone();
+        }
+        self.header.python_version = chosen.version.map(|v| v.to_string()).unwrap_or_default();
+        self.header.probes = chosen.groups.iter().map(|g| g.name().to_owned()).collect();
+        match RecordingWriter::create(&self.output, &self.header) {
+            Ok(w) => self.writer = Some(w),
+            Err(e) => {
+                self.write_error = Some(e);
+                signals::request_stop();
+                return;
+            }
+        }
+        for event in std::mem::take(&mut self.early) {
+            self.write(event.tid as i32, event.ts_ns, event.kind);
+        }
+    }
+
+    pub fn intern(&mut self, s: &str) -> StrId {
+        match self.writer.as_mut() {
+            Some(w) => w.intern(s),
+            None => crate::record::StrId(0),
+        }
+    }
+
+    fn frame(&mut self, hit: &Hit) -> Option<FrameRef> {
+        let file = hit.string(0).unwrap_or("");
+        if !self.filter.matches(file) {
+            return None;
+        }
+        let line = hit.args.get(2).copied().unwrap_or(0) as u32;
+        let file = self.intern(file);
+        let function = self.intern(hit.string(1).unwrap_or(""));
+        Some(FrameRef {
+            file,
+            function,
+            line,
+        })
+    }
+
+    /// Whether a function event on `tid` is inside the `--start-at` window,
+    /// updating the window on entry to and return from that function.
+    fn in_window(&mut self, tid: i32, function: &str, is_call: bool, is_return: bool) -> bool {
+        let Some(target) = &self.start_at else {
+            return true;
+        };
+        let depth = self.inside.entry(tid).or_insert(0);
+        let matches = function == target.as_str();
+        if is_call && matches {
+            *depth += 1;
+            return true;
+        }
+        if is_return && matches && *depth > 0 {
+            *depth -= 1;
+            return true;
+        }
+        *depth > 0
+    }
+
+    pub fn hit(&mut self, meaning: &PythonProbe, hit: &Hit) {
+        let arg = |i: usize| hit.args.get(i).copied().unwrap_or(0);
+        let kind = match meaning.name {
+            "function__entry" | "function__return" | "line" => {
+                let is_call = meaning.name == "function__entry";
+                let is_return = meaning.name == "function__return";
+                if !self.in_window(hit.tid, hit.string(1).unwrap_or(""), is_call, is_return) {
+                    return;
+                }
+                let Some(frame) = self.frame(hit) else { return };
+                match meaning.name {
+                    "function__entry" => EventKind::Call { frame },
+                    "function__return" => EventKind::Return { frame },
+                    _ => EventKind::Line { frame },
+                }
+            }
+            "gc__start" => EventKind::GcStart {
+                generation: arg(0) as i64 as i32,
+            },
+            "gc__done" => EventKind::GcDone {
+                collected: arg(0) as i64,
+            },
+            "import__find__load__start" => EventKind::ImportStart {
+                module: self.intern(hit.string(0).unwrap_or("")),
+            },
+            "import__find__load__done" => EventKind::ImportDone {
+                module: self.intern(hit.string(0).unwrap_or("")),
+                found: arg(1) as i32 != 0,
+            },
+            "audit" => EventKind::Audit {
+                event: self.intern(hit.string(0).unwrap_or("")),
+            },
+            _ => return,
+        };
+        self.write(hit.tid, hit.ts_ns, kind);
+    }
+}

@@ -1,0 +1,361 @@
+//! `pyprobe record`: attach to or start a CPython process, trace its probes through
+//! the ptrace engine, and stream the events into a recording.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::rc::Rc;
+
+use anyhow::{bail, Context, Result};
+
+use crate::analyze::FileFilter;
+use crate::process::objects::{find_probe_object, sdt_objects};
+use crate::process::status::{check_inspectable, cmdline};
+use crate::python::probes::{PROBES, PROVIDER};
+use crate::python::tracing::parse_groups;
+use crate::python::walker::find_interpreter_object;
+use crate::record::{EventKind, Header};
+use crate::tracer::signals::{self, monotonic_ns, StopReason};
+use crate::tracer::{Engine, EngineOptions, Outcome, TraceEvent};
+
+use events::EventBuilder;
+use resolver::{Chosen, Mode, PythonResolver};
+use sampler::Sampler;
+
+/// What `pyprobe record` was asked to do (the CLI maps its flags onto this).
+#[derive(Debug, Clone, Default)]
+pub struct RecordRequest {
+    pub pid: Option<i32>,
+    pub command: Vec<String>,
+    pub output: Option<PathBuf>,
+    pub duration: Option<f64>,
+    pub mode: String,
+    pub probes: Vec<String>,
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+    pub start_at: Option<String>,
+    pub subprocesses: bool,
+    /// Sampling rate in Hz (modes auto and sample).
+    pub rate: u32,
+    /// Sample without stopping the threads.
+    pub nonblocking: bool,
+}
+
+mod events;
+mod resolver;
+mod sampler;
+
+fn default_output(pid: i32) -> PathBuf {
+    PathBuf::from(format!("pyprobe-{pid}.pyprobe"))
+}
+
+fn parse_mode(mode: &str) -> Result<Mode> {
+    Ok(match mode {
+        "auto" => Mode::Auto,
+        "trace" => Mode::Trace,
+        "sample" => Mode::Sample,
+        other => bail!("unknown mode `{other}` (auto, trace or sample)"),
+    })
+}
+
+/// Refuses, with one clear sentence, a process this mode cannot record.
+fn check_attachable(pid: i32, mode: Mode) -> Result<()> {
+    check_inspectable(pid)?;
+    if pid == std::process::id() as i32 {
+        bail!("pyprobe cannot trace itself (pid {pid})");
+    }
+    if mode == Mode::Trace && find_probe_object(pid, PROVIDER).is_err() {
+        let others = sdt_objects(pid, None)
+            .map(|o| !o.is_empty())
+            .unwrap_or(false);
+        bail!(
+            "process {pid} has no CPython SDT probes{}: it is not a CPython built with --with-dtrace, \
+             so `--mode trace` cannot work; `--mode sample` reads its stacks instead",
+            if others { " (it has other SDT providers)" } else { "" }
+        );
+    }
+    if mode != Mode::Trace {
+        find_interpreter_object(pid).with_context(|| format!("process {pid} cannot be sampled"))?;
+    }
+    Ok(())
+}
+
+pub fn run(request: &RecordRequest) -> Result<ExitCode> {
+    let mode = parse_mode(&request.mode)?;
+    if request.rate == 0 || request.rate > 10_000 {
+        bail!(
+            "-r/--rate must be between 1 and 10000 Hz (got {})",
+            request.rate
+        );
+    }
+    let filter =
+        FileFilter::new(&request.include, &request.exclude).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let requested = if request.probes.is_empty() {
+        None
+    } else {
+        Some(parse_groups(&request.probes)?)
+    };
+    if mode == Mode::Sample && requested.is_some() {
+        bail!("`--probes` needs probes: use it with `--mode trace` or `--mode auto`");
+    }
+    let chosen = Rc::new(RefCell::new(Chosen::default()));
+    let resolver = Box::new(PythonResolver {
+        mode,
+        requested,
+        chosen: chosen.clone(),
+    });
+    let interval_ns = 1_000_000_000 / u64::from(request.rate);
+    let options = EngineOptions {
+        subprocesses: request.subprocesses,
+        guardian: true,
+        sample_interval_ns: (mode != Mode::Trace).then_some(interval_ns),
+        blocking_samples: !request.nonblocking,
+    };
+    signals::install().context("cannot install signal handlers")?;
+
+    let mut early = Vec::new();
+    let mut collect = |e: TraceEvent| early.push(format_early(&e));
+    let (mut engine, launched) = match (request.pid, request.command.is_empty()) {
+        (Some(pid), true) => {
+            check_attachable(pid, mode)?;
+            (Engine::attach(pid, resolver, options, &mut collect)?, false)
+        }
+        (None, false) => (
+            Engine::launch(&request.command, resolver, options, &mut collect)?,
+            true,
+        ),
+        (Some(_), false) => bail!("give either -p PID or a command after --, not both"),
+        (None, true) => bail!("nothing to record: give -p PID or a command after --"),
+    };
+    let pid = engine.root();
+    let output = request
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output(pid));
+    let recording_path = if is_view(&output) {
+        output.with_extension("pyprobe")
+    } else {
+        output.clone()
+    };
+    let header = Header {
+        pid: pid as u32,
+        command_line: if launched {
+            request.command.clone()
+        } else {
+            cmdline(pid)
+        },
+        mode: request.mode.clone(),
+        sample_interval_ns: if mode == Mode::Trace { 0 } else { interval_ns },
+        start_ns: monotonic_ns(),
+        wall_start_unix_ns: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+        ..Header::default()
+    };
+    for line in early {
+        eprintln!("{line}");
+    }
+    let mut builder = EventBuilder::new(
+        header,
+        recording_path.clone(),
+        filter,
+        request.start_at.clone(),
+    );
+    let mut sampler = Sampler::default();
+    let start_line = |chosen: &Chosen, pid: i32| print_start_line(chosen, pid, mode, request);
+    if !launched {
+        start_line(&chosen.borrow(), pid);
+        builder.open(pid, &chosen.borrow());
+    }
+    if let Some(d) = request.duration {
+        signals::set_deadline(d);
+    }
+    // A launched command gets its start line once its interpreter is found.
+    let mut announced = false;
+    let outcome = engine.run(&mut |event| match event {
+        TraceEvent::Hit(hit) => {
+            // A child traced under --subprocesses runs its parent's probe set: go by name.
+            let meaning = chosen
+                .borrow()
+                .meanings
+                .get(&hit.pid)
+                .and_then(|m| m.get(hit.probe).copied())
+                .or_else(|| PROBES.iter().find(|p| p.name == hit.probe_name));
+            if let Some(meaning) = meaning {
+                // Which code triggered a GC, an import or an audit event: from the
+                // walker, unless every call is traced (then the rebuilt stack says it).
+                let explains = matches!(meaning.name, "gc__start" | "import__find__load__start" | "audit");
+                if explains && needs_context_stacks(mode, &chosen.borrow()) {
+                    sampler.context(hit.pid, hit.tid, hit.ts_ns, &mut builder);
+                }
+                builder.hit(meaning, &hit);
+            }
+        }
+        TraceEvent::ThreadStart { tid, ts_ns, .. } => builder.write(tid, ts_ns, EventKind::ThreadStart),
+        TraceEvent::ThreadExit { tid, ts_ns, .. } => builder.write(tid, ts_ns, EventKind::ThreadExit),
+        TraceEvent::Installed { pid, sites, refused } => {
+            if launched && !announced {
+                announced = true;
+                start_line(&chosen.borrow(), pid);
+                builder.open(pid, &chosen.borrow());
+            }
+            if sites > 0 {
+                eprintln!("pyprobe: {sites} probe sites armed in process {pid}");
+            }
+            for (addr, byte) in refused {
+                eprintln!("pyprobe: refused site {addr:#x} in process {pid}: byte {byte:#04x} is not a nop");
+            }
+        }
+        TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
+        TraceEvent::Tick { pid, ts_ns, .. } => {
+            if announced || !launched {
+                sampler.sample(pid, ts_ns, &mut builder);
+            }
+        }
+    });
+    let hits = engine.hits();
+    drop(engine);
+    let end_ns = monotonic_ns();
+    let events = builder.events();
+    let (writer, write_error) = builder.into_parts();
+    let outcome = outcome?;
+    if mode != Mode::Trace && sampler.samples == 0 {
+        if let Some(e) = &sampler.last_error {
+            eprintln!("pyprobe: no samples: {e}");
+        }
+    }
+    let Some(writer) = writer else {
+        let why = write_error.map(|e| e.to_string()).unwrap_or_else(|| {
+            "the command never started a CPython interpreter pyprobe could read".into()
+        });
+        eprintln!("pyprobe: nothing recorded: {why}");
+        return Ok(exit_code(outcome, launched, pid));
+    };
+    let summary = writer.finish(end_ns);
+    if let Some(e) = write_error {
+        eprintln!(
+            "pyprobe: writing {} failed ({e}); detached from the target, which runs on. What was written before reads back.",
+            recording_path.display()
+        );
+        return Ok(ExitCode::from(1));
+    }
+    let summary = summary.with_context(|| format!("cannot finish {}", recording_path.display()))?;
+    let what = match mode {
+        Mode::Trace => format!("{hits} probe hits"),
+        _ => format!("{} samples, {hits} probe hits", sampler.samples),
+    };
+    eprintln!(
+        "pyprobe: {what}, {events} events written to {} ({} bytes){}",
+        recording_path.display(),
+        summary.bytes,
+        match outcome {
+            Outcome::Detached(StopReason::Duration) => "; duration reached, detached".to_string(),
+            Outcome::Detached(StopReason::Signal(s)) => format!("; {s} received, detached"),
+            Outcome::Detached(StopReason::Internal) => "; detached".to_string(),
+            Outcome::Exited(code) => format!("; target exited with status {code}"),
+            Outcome::Killed(sig) => format!("; target killed by {sig}"),
+        }
+    );
+    if is_view(&output) {
+        // The recording stays beside the view, so other views can be made later.
+        crate::session::views::write_view_for_extension(&recording_path, &output)
+            .with_context(|| format!("cannot write {}", output.display()))?;
+        eprintln!(
+            "pyprobe: wrote {} (recording kept in {})",
+            output.display(),
+            recording_path.display()
+        );
+    }
+    Ok(exit_code(outcome, launched, pid))
+}
+
+/// Whether the stack at a GC/import/audit hit must come from the frame walker: yes,
+/// unless entries and returns are all traced (3.11 traces returns only).
+fn needs_context_stacks(mode: Mode, chosen: &Chosen) -> bool {
+    mode != Mode::Trace
+        || chosen.version.is_some_and(|v| v.is(3, 11))
+        || !chosen
+            .groups
+            .contains(&crate::python::probes::ProbeGroup::Function)
+}
+
+fn is_view(path: &std::path::Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("svg" | "json" | "txt")
+    )
+}
+
+fn print_start_line(chosen: &Chosen, pid: i32, mode: Mode, request: &RecordRequest) {
+    let version = chosen
+        .version
+        .map(|v| v.to_string())
+        .unwrap_or_else(|| "?".into());
+    let groups: Vec<&str> = chosen.groups.iter().map(|g| g.name()).collect();
+    let how = if request.nonblocking {
+        "without stopping the threads"
+    } else {
+        "stopping the threads briefly"
+    };
+    let rate = request.rate;
+    let why = match mode {
+        Mode::Trace => "mode trace: every probe hit recorded exactly".to_string(),
+        Mode::Sample => format!("mode sample: stacks sampled at {rate} Hz, {how}"),
+        Mode::Auto if chosen.has_probes => format!(
+            "mode auto: function stacks sampled at {rate} Hz, {how}; {} exact through their probes \
+             (`--mode trace` for exact calls)",
+            if groups.is_empty() { "no events".to_string() } else { groups.join(", ") }
+        ),
+        Mode::Auto => format!(
+            "mode auto: stacks sampled at {rate} Hz, {how}; this CPython has no SDT probes \
+             (built without --with-dtrace), so no exact events"
+        ),
+    };
+    eprintln!(
+        "pyprobe: process {pid}, CPython {version} ({}): {why}",
+        chosen.object_path
+    );
+    if mode == Mode::Trace {
+        eprintln!("pyprobe: probes: {}", groups.join(","));
+    }
+    if let Some(w) = &chosen.warning {
+        eprintln!("pyprobe: note: {w}");
+    }
+}
+
+fn format_early(event: &TraceEvent) -> String {
+    match event {
+        TraceEvent::Installed { pid, sites, .. } => {
+            format!("pyprobe: {sites} probe sites armed in process {pid}")
+        }
+        TraceEvent::Notice(t) => format!("pyprobe: {t}"),
+        other => format!("pyprobe: {other:?}"),
+    }
+}
+
+/// `record -- CMD` exits with the command's status; a detached command is waited for.
+fn exit_code(outcome: Outcome, launched: bool, pid: i32) -> ExitCode {
+    if !launched {
+        return ExitCode::SUCCESS;
+    }
+    let status = match outcome {
+        Outcome::Exited(code) => code,
+        Outcome::Killed(sig) => 128 + sig as i32,
+        Outcome::Detached(_) => wait_for_child(pid),
+    };
+    ExitCode::from(status.clamp(0, 255) as u8)
+}
+
+fn wait_for_child(pid: i32) -> i32 {
+    use nix::sys::wait::{waitpid, WaitStatus};
+    loop {
+        match waitpid(nix::unistd::Pid::from_raw(pid), None) {
+            Ok(WaitStatus::Exited(_, code)) => return code,
+            Ok(WaitStatus::Signaled(_, sig, _)) => return 128 + sig as i32,
+            Ok(_) => continue,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return 1,
+        }
+    }
+}

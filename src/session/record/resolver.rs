@@ -1,0 +1,118 @@
+//! Finding what to trace in a process image, per mode: the probe groups of the
+//! interpreter's SDT notes, or nothing but the interpreter itself when sampling.
+
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
+use std::rc::Rc;
+
+use anyhow::{bail, Result};
+
+use crate::process::memory::ProcessMemory;
+use crate::process::objects::{find_probe_object, LoadedObject};
+use crate::python::probes::{ProbeGroup, PythonProbe, PROVIDER};
+use crate::python::tracing::{available_groups, default_groups, probe_set};
+use crate::python::version::{self, PyVersion};
+use crate::python::walker::find_interpreter_object;
+use crate::tracer::{ProbeSet, Resolver};
+
+/// How function stacks are seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Sampling for functions; GC, import and audit exact through their probes.
+    Auto,
+    /// Every probe hit, functions included.
+    Trace,
+    /// Sampling only, no probes.
+    Sample,
+}
+
+/// What the resolver found, shared with the event sink.
+#[derive(Default)]
+pub struct Chosen {
+    pub version: Option<PyVersion>,
+    pub groups: BTreeSet<ProbeGroup>,
+    /// Meaning of each probe index of the installed set, per process.
+    pub meanings: HashMap<i32, Vec<&'static PythonProbe>>,
+    pub object_path: String,
+    pub warning: Option<String>,
+    /// The interpreter carries SDT probes (built with --with-dtrace).
+    pub has_probes: bool,
+}
+
+pub struct PythonResolver {
+    pub mode: Mode,
+    pub requested: Option<BTreeSet<ProbeGroup>>,
+    pub chosen: Rc<RefCell<Chosen>>,
+}
+
+impl PythonResolver {
+    fn groups(
+        &self,
+        object: &LoadedObject,
+        version: Option<PyVersion>,
+    ) -> Result<(BTreeSet<ProbeGroup>, Option<String>)> {
+        let available = available_groups(object);
+        if let Some(requested) = &self.requested {
+            let missing: Vec<&str> = requested.difference(&available).map(|g| g.name()).collect();
+            if !missing.is_empty() {
+                bail!(
+                    "{} has no probes for: {} (it has: {})",
+                    object.target_path,
+                    missing.join(", "),
+                    available
+                        .iter()
+                        .map(|g| g.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            return Ok((requested.clone(), None));
+        }
+        let (mut groups, warning) = default_groups(version, &available);
+        if self.mode == Mode::Auto {
+            // Function stacks come from sampling; the rare events stay exact.
+            groups.remove(&ProbeGroup::Function);
+            return Ok((groups, None));
+        }
+        Ok((groups, warning))
+    }
+}
+
+impl Resolver for PythonResolver {
+    fn resolve(&mut self, pid: i32) -> Result<Option<ProbeSet>> {
+        let maps = crate::process::read_maps(pid)?;
+        let with_probes = if self.mode == Mode::Sample {
+            None
+        } else {
+            find_probe_object(pid, PROVIDER).ok()
+        };
+        let object = match with_probes {
+            Some(o) => o,
+            None if self.mode == Mode::Trace => return Ok(None),
+            None => match find_interpreter_object(pid) {
+                Ok(o) => o,
+                Err(_) => return Ok(None),
+            },
+        };
+        if !object.is_fully_mapped(&maps) {
+            return Ok(None);
+        }
+        let version = version::detect(&object, &ProcessMemory::new(pid));
+        let has_probes = object.has_provider(PROVIDER);
+        let (set, meanings, groups, warning) = if has_probes && self.mode != Mode::Sample {
+            let (groups, warning) = self.groups(&object, version)?;
+            let (set, meanings) = probe_set(&object, &groups)?;
+            (set, meanings, groups, warning)
+        } else {
+            (ProbeSet::default(), Vec::new(), BTreeSet::new(), None)
+        };
+        let mut chosen = self.chosen.borrow_mut();
+        chosen.version = version;
+        chosen.groups = groups;
+        chosen.meanings.insert(pid, meanings);
+        chosen.object_path = object.target_path.clone();
+        chosen.warning = warning;
+        chosen.has_probes = has_probes;
+        Ok(Some(set))
+    }
+}

@@ -1,0 +1,87 @@
+//! The frame walker in a recording: at each engine tick, every thread's Python stack
+//! as a `sample` event; at a GC, import or audit probe hit, the stack of the thread
+//! that hit it, as a `stack` event just before the event it explains.
+
+use crate::python::walker::{PyFrame, Walker};
+use crate::record::{EventKind, FrameRef};
+
+use super::events::EventBuilder;
+
+#[derive(Default)]
+pub struct Sampler {
+    walker: Option<Walker>,
+    /// Why the walker could not attach or read (the interpreter may still be starting).
+    pub last_error: Option<String>,
+    pub samples: u64,
+    pub ticks: u64,
+}
+
+impl Sampler {
+    /// The walker of `pid`, attached on first use (it fails while the interpreter is
+    /// not initialised yet; the next call tries again).
+    fn walker(&mut self, pid: i32) -> Option<&mut Walker> {
+        if self.walker.is_none() {
+            match Walker::attach(pid) {
+                Ok(w) => {
+                    eprintln!("pyprobe: frame walker: {}", w.describe());
+                    self.walker = Some(w);
+                    self.last_error = None;
+                }
+                Err(e) => {
+                    self.last_error = Some(format!("{e:#}"));
+                    return None;
+                }
+            }
+        }
+        self.walker.as_mut()
+    }
+
+    fn frames(builder: &mut EventBuilder, frames: &[PyFrame]) -> Vec<FrameRef> {
+        frames
+            .iter()
+            .map(|f| FrameRef {
+                file: builder.intern(&f.file),
+                function: builder.intern(&f.function),
+                line: f.line,
+            })
+            .collect()
+    }
+
+    /// Takes one sample of every thread of `pid`.
+    pub fn sample(&mut self, pid: i32, ts_ns: u64, builder: &mut EventBuilder) {
+        self.ticks += 1;
+        let Some(walker) = self.walker(pid) else {
+            return;
+        };
+        let stacks = match walker.stacks() {
+            Ok(s) => s,
+            Err(e) => {
+                self.last_error = Some(format!("{e:#}"));
+                return;
+            }
+        };
+        for stack in stacks {
+            if stack.frames.is_empty() {
+                continue;
+            }
+            let frames = Self::frames(builder, &stack.frames);
+            let tid = stack.native_tid.unwrap_or(pid);
+            builder.write(tid, ts_ns, EventKind::Sample { frames });
+            self.samples += 1;
+        }
+    }
+
+    /// Records the Python stack of thread `tid` (stopped at a probe hit) as the
+    /// context of the event about to be written for it.
+    pub fn context(&mut self, pid: i32, tid: i32, ts_ns: u64, builder: &mut EventBuilder) {
+        let Some(walker) = self.walker(pid) else {
+            return;
+        };
+        if let Ok(Some(stack)) = walker.thread_stack(tid) {
+            if !stack.frames.is_empty() {
+                let frames = Self::frames(builder, &stack.frames);
+                builder.write(tid, ts_ns, EventKind::Stack { frames });
+            }
+        }
+    }
+}

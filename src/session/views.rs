@@ -1,0 +1,393 @@
+//! `pyprobe flame`, `pyprobe calls` and `pyprobe top`: read a recording (or
+//! record one) and hand it to a view.
+
+use std::fs::File;
+use std::io::{self, BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use crate::output::calls::{write_calls, CallsOptions};
+use crate::output::chrome::{write_chrome, ChromeOptions};
+use crate::output::flame::{
+    choose_measure, read_folded, write_collapsed, write_svg, By, FrameNames, SvgOptions, ViewError,
+};
+use crate::output::report::build_report;
+use crate::output::speedscope::{write_speedscope, SpeedscopeOptions};
+use crate::output::top::{render_text, run_tui, snapshot_between, Snapshot, TopSort, ViewState};
+use crate::record::{Completion, RecordingReader};
+
+/// Output formats of `pyprobe flame`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FlameFormat {
+    /// Flame graph (inferno).
+    #[default]
+    Svg,
+    /// Folded stacks.
+    Collapsed,
+    /// speedscope JSON.
+    Speedscope,
+    /// Chrome trace event JSON (Perfetto).
+    Chrome,
+}
+
+impl FlameFormat {
+    /// File name ending used when no output is given.
+    fn suffix(self) -> &'static str {
+        match self {
+            FlameFormat::Svg => ".svg",
+            FlameFormat::Collapsed => ".folded.txt",
+            FlameFormat::Speedscope => ".speedscope.json",
+            FlameFormat::Chrome => ".trace.json",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            FlameFormat::Svg => "flame graph (open it in a browser)",
+            FlameFormat::Collapsed => "folded stacks",
+            FlameFormat::Speedscope => "speedscope profile (open it at speedscope.app)",
+            FlameFormat::Chrome => "Chrome trace (open it in ui.perfetto.dev or chrome://tracing)",
+        }
+    }
+}
+
+/// What `pyprobe flame` was asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct FlameRequest {
+    /// The recording.
+    pub file: PathBuf,
+    /// Where to write; `-` for standard output; default beside the recording.
+    pub output: Option<PathBuf>,
+    pub format: FlameFormat,
+    pub title: Option<String>,
+    pub full_paths: bool,
+    pub by: By,
+}
+
+fn open(file: &Path) -> Result<RecordingReader<io::BufReader<File>>> {
+    RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))
+}
+
+fn note_cut_short<R: io::Read>(reader: &RecordingReader<R>, file: &Path) {
+    if let Completion::Truncated { offset } = reader.completion() {
+        eprintln!(
+            "pyprobe: note: {} was cut short (no end marker): read every whole chunk before offset {offset}",
+            file.display()
+        );
+    }
+}
+
+/// Whether an error is the reader of our output going away (`| head`).
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
+            || c.downcast_ref::<ViewError>().is_some_and(
+                |v| matches!(v, ViewError::Io(e) if e.kind() == io::ErrorKind::BrokenPipe),
+            )
+    })
+}
+
+/// Renders `request.file` in `request.format` to `out`.
+fn render(request: &FlameRequest, out: &mut dyn Write) -> Result<()> {
+    let file = &request.file;
+    let mut reader = open(file)?;
+    match request.format {
+        FlameFormat::Svg | FlameFormat::Collapsed => {
+            let (folded, info) = read_folded(&mut reader)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            note_cut_short(&reader, file);
+            let (measure, note) = choose_measure(&folded, &info.header, request.by);
+            if let Some(note) = note {
+                eprintln!("pyprobe: note: {note}");
+            }
+            let names = FrameNames::new(reader.strings(), request.full_paths);
+            if request.format == FlameFormat::Svg {
+                let options = SvgOptions {
+                    title: request.title.as_deref(),
+                };
+                write_svg(&folded, &info, measure, &names, &options, &mut *out)?;
+            } else {
+                write_collapsed(&folded, measure, &names, &mut *out)?;
+            }
+        }
+        FlameFormat::Speedscope => {
+            let options = SpeedscopeOptions {
+                full_paths: request.full_paths,
+                ..SpeedscopeOptions::default()
+            };
+            write_speedscope(&mut reader, &options, &mut *out)
+                .with_context(|| format!("cannot convert {}", file.display()))?;
+            note_cut_short(&reader, file);
+        }
+        FlameFormat::Chrome => {
+            let options = ChromeOptions {
+                full_paths: request.full_paths,
+            };
+            write_chrome(&mut reader, &options, &mut *out)
+                .with_context(|| format!("cannot convert {}", file.display()))?;
+            note_cut_short(&reader, file);
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Writes the view to the file `path`, removing it again if rendering fails.
+fn render_to_file(request: &FlameRequest, path: &Path) -> Result<()> {
+    let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut out = BufWriter::new(file);
+    let result = render(request, &mut out)
+        .and_then(|()| out.flush().context("cannot write the output"))
+        .with_context(|| format!("cannot write {}", path.display()));
+    if result.is_err() {
+        drop(out);
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+/// The default output: the recording's name with the format's ending.
+fn default_output(file: &Path, format: FlameFormat) -> PathBuf {
+    let stem = file
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "pyprobe".into());
+    file.with_file_name(format!("{stem}{}", format.suffix()))
+}
+
+/// `pyprobe flame FILE`.
+pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
+    match &request.output {
+        Some(p) if p.as_os_str() == "-" => {
+            let stdout = io::stdout();
+            let mut out = BufWriter::new(stdout.lock());
+            match render(request, &mut out) {
+                Err(e) if is_broken_pipe(&e) => {}
+                other => other?,
+            }
+        }
+        output => {
+            let path = output
+                .clone()
+                .unwrap_or_else(|| default_output(&request.file, request.format));
+            render_to_file(request, &path)?;
+            eprintln!(
+                "pyprobe: wrote the {} to {}",
+                request.format.what(),
+                path.display()
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the view `out`'s extension names (`.svg` flame graph, `.json`
+/// speedscope, `.txt` folded stacks) from the recording at `recording`.
+/// Returns `false`, writing nothing, for any other extension.
+pub fn write_view_for_extension(recording: &Path, out: &Path) -> Result<bool> {
+    let format = match out.extension().and_then(|e| e.to_str()) {
+        Some("svg") => FlameFormat::Svg,
+        Some("json") => FlameFormat::Speedscope,
+        Some("txt") => FlameFormat::Collapsed,
+        _ => return Ok(false),
+    };
+    let request = FlameRequest {
+        file: recording.to_path_buf(),
+        output: Some(out.to_path_buf()),
+        format,
+        ..FlameRequest::default()
+    };
+    render_to_file(&request, out)?;
+    Ok(true)
+}
+
+/// What `pyprobe calls` was asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct CallsRequest {
+    pub file: PathBuf,
+    pub start_at: Option<String>,
+    pub thread: Option<u32>,
+    pub max_depth: Option<usize>,
+    pub json: bool,
+    pub full_paths: bool,
+}
+
+/// `pyprobe calls FILE`.
+pub fn calls(request: &CallsRequest) -> Result<ExitCode> {
+    let file = &request.file;
+    let mut reader = open(file)?;
+    let options = CallsOptions {
+        start_at: request.start_at.clone(),
+        thread: request.thread,
+        max_depth: request.max_depth,
+        json: request.json,
+        full_paths: request.full_paths,
+    };
+    let stdout = io::stdout();
+    let out = BufWriter::new(stdout.lock());
+    let summary = match write_calls(&mut reader, &options, out) {
+        Ok(s) => s,
+        Err(ViewError::Io(e)) if e.kind() == io::ErrorKind::BrokenPipe => {
+            return Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
+    };
+    note_cut_short(&reader, file);
+    if summary.calls + summary.returns == 0 {
+        if summary.samples > 0 {
+            eprintln!(
+                "pyprobe: note: {} holds samples, not calls: there is no call flow (see `pyprobe flame` and `pyprobe report`)",
+                file.display()
+            );
+        } else {
+            eprintln!(
+                "pyprobe: note: {} holds no call or return events",
+                file.display()
+            );
+        }
+    } else if let Some(f) = &request.start_at {
+        if summary.start_at_calls == 0 {
+            eprintln!("pyprobe: note: no call of `{f}` in {}", file.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `pyprobe top` was asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct TopRequest {
+    pub pid: Option<i32>,
+    pub command: Vec<String>,
+    pub all: bool,
+    /// Watch a recording (possibly being written) instead of a process.
+    pub from: Option<PathBuf>,
+    pub interval: f64,
+    pub limit: usize,
+    pub once: bool,
+}
+
+/// A data source reading a recording again at each refresh: the numbers cover
+/// what was added since the previous one.
+fn recording_source(file: PathBuf) -> impl FnMut() -> Snapshot {
+    let mut previous = None;
+    move || {
+        let report = RecordingReader::open(&file)
+            .map_err(anyhow::Error::from)
+            .and_then(|mut r| build_report(&mut r).map_err(anyhow::Error::from));
+        match report {
+            Ok(report) => {
+                let mut s = snapshot_between(previous.as_ref(), &report);
+                let grown = previous
+                    .as_ref()
+                    .is_none_or(|p: &crate::analyze::Report| p.events != report.events);
+                if !grown {
+                    // Nothing new (the recording is finished): show the whole of it.
+                    s = snapshot_between(None, &report);
+                    s.status = Some(format!(
+                        "{}: no new events; whole recording shown",
+                        file.display()
+                    ));
+                } else {
+                    s.status = Some(format!("from {}", file.display()));
+                }
+                previous = Some(report);
+                s
+            }
+            Err(e) => Snapshot {
+                status: Some(format!("cannot read {}: {e:#}", file.display())),
+                ..Snapshot::default()
+            },
+        }
+    }
+}
+
+/// Samples per second for `top --once -p PID`.
+const TOP_SAMPLE_RATE: u32 = 200;
+
+/// `pyprobe top`.
+pub fn top(request: &TopRequest) -> Result<ExitCode> {
+    if !(request.interval > 0.0 && request.interval.is_finite()) {
+        bail!("--interval must be a positive number of seconds");
+    }
+    let interval = Duration::from_secs_f64(request.interval);
+    let once = request.once || !io::stdout().is_terminal();
+    let limit = request.limit.max(1);
+    if let Some(file) = &request.from {
+        if once {
+            let mut reader = open(file)?;
+            let report = build_report(&mut reader)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let snapshot = snapshot_between(None, &report);
+            print_snapshot(&snapshot, limit)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        let state = ViewState {
+            sort: TopSort::Hot,
+            paused: false,
+            interval,
+            limit,
+        };
+        run_tui(recording_source(file.clone()), state).context("the terminal view failed")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if request.all {
+        eprintln!("pyprobe: `top --all` is not implemented yet in this version");
+        return Ok(ExitCode::from(1));
+    }
+    if !request.command.is_empty() {
+        eprintln!(
+            "pyprobe: `top -- CMD` is not implemented yet in this version; \
+             meanwhile: `pyprobe record -o run.pyprobe -- CMD` and `pyprobe top --from run.pyprobe`"
+        );
+        return Ok(ExitCode::from(1));
+    }
+    let Some(pid) = request.pid else {
+        eprintln!(
+            "pyprobe: top: nothing to watch: give -p PID, --from RECORDING (or -- CMD, --all)"
+        );
+        return Ok(ExitCode::from(2));
+    };
+    if !once {
+        eprintln!(
+            "pyprobe: the live `top -p PID` view is not implemented yet in this version; \
+             meanwhile `pyprobe top --once -p PID` samples for one --interval and prints a snapshot, \
+             and `pyprobe top --from FILE` watches a recording being written"
+        );
+        return Ok(ExitCode::from(1));
+    }
+    // One snapshot of a live process: record it for one interval, sampling
+    // stacks (GC and imports exact where the build has their probes).
+    let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
+    let recording = dir.path().join("top.pyprobe");
+    let record = crate::session::record::RecordRequest {
+        pid: Some(pid),
+        output: Some(recording.clone()),
+        duration: Some(request.interval),
+        mode: "auto".into(),
+        rate: TOP_SAMPLE_RATE,
+        ..Default::default()
+    };
+    let code = crate::session::record::run(&record)?;
+    if !recording.exists() {
+        bail!("nothing was recorded from process {pid}");
+    }
+    if code != ExitCode::SUCCESS {
+        return Ok(code);
+    }
+    let mut reader = open(&recording)?;
+    let report = build_report(&mut reader).context("cannot read the snapshot's recording")?;
+    print_snapshot(&snapshot_between(None, &report), limit)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_snapshot(snapshot: &Snapshot, limit: usize) -> Result<()> {
+    let text = render_text(snapshot, TopSort::Hot, limit);
+    match io::stdout().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("cannot write to standard output"),
+    }
+}
