@@ -61,7 +61,7 @@ pub fn syscall(tid: i32, syscall_insn: u64, nr: i64, args: [u64; 6]) -> io::Resu
     regs.r8 = args[4];
     regs.r9 = args[5];
     ptrace::setregs(pid, regs).map_err(io::Error::from)?;
-    let result = step_over_syscall(pid);
+    let result = step_over_syscall(pid, syscall_insn);
     let after = ptrace::getregs(pid);
     // Whatever happened, the thread gets its own registers back. A thread stopped in
     // an interrupted system call (rax = -ERESTART*, orig_rax = its number) has it
@@ -72,18 +72,31 @@ pub fn syscall(tid: i32, syscall_insn: u64, nr: i64, args: [u64; 6]) -> io::Resu
     let after = after.map_err(io::Error::from)?;
     if after.rip != syscall_insn + 2 {
         return Err(io::Error::other(format!(
-            "thread {tid}: injected system call ended at {:#x}, not after the instruction",
-            after.rip
+            "thread {tid}: injected system call at {syscall_insn:#x} ended at {:#x}, not after the \
+             instruction (thread was at {:#x}, orig_rax {:#x}, rax {:#x})",
+            after.rip,
+            saved.rip,
+            saved.orig_rax,
+            saved.rax
         )));
     }
     Ok(after.rax as i64)
 }
 
-fn step_over_syscall(pid: Pid) -> io::Result<()> {
+/// Single-steps until the instruction at `insn` has run. A SIGTRAP stop reported
+/// before it ran (rip still at `insn`: a trap left pending from an earlier stop) just
+/// means: step again.
+fn step_over_syscall(pid: Pid, insn: u64) -> io::Result<()> {
     ptrace::step(pid, None).map_err(io::Error::from)?;
     for _ in 0..100 {
         match waitpid(pid, Some(WaitPidFlag::__WALL)) {
-            Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => return Ok(()),
+            Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => {
+                let rip = ptrace::getregs(pid).map_err(io::Error::from)?.rip;
+                if rip != insn {
+                    return Ok(());
+                }
+                ptrace::step(pid, None).map_err(io::Error::from)?;
+            }
             // Another signal arrived meanwhile: it stays pending (not delivered now);
             // the thread gets it when it runs on.
             Ok(WaitStatus::Stopped(_, sig)) => {
