@@ -339,11 +339,10 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     if !request.command.is_empty() {
-        eprintln!(
-            "pyprobe: `top -- CMD` is not implemented yet in this version; \
-             meanwhile: `pyprobe record -o run.pyprobe -- CMD` and `pyprobe top --from run.pyprobe`"
-        );
-        return Ok(ExitCode::from(1));
+        if once {
+            bail!("`top --once -- CMD` is not supported: record it (`pyprobe record -- CMD`) and use `top --from`");
+        }
+        return live_top(Watch::Command(&request.command), interval, limit);
     }
     let Some(pid) = request.pid else {
         eprintln!(
@@ -352,12 +351,7 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
         return Ok(ExitCode::from(2));
     };
     if !once {
-        eprintln!(
-            "pyprobe: the live `top -p PID` view is not implemented yet in this version; \
-             meanwhile `pyprobe top --once -p PID` samples for one --interval and prints a snapshot, \
-             and `pyprobe top --from FILE` watches a recording being written"
-        );
-        return Ok(ExitCode::from(1));
+        return live_top(Watch::Pid(pid), interval, limit);
     }
     // One snapshot of a live process: record it for one interval, sampling
     // stacks (GC and imports exact where the build has their probes).
@@ -381,6 +375,88 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
     let mut reader = open(&recording)?;
     let report = build_report(&mut reader).context("cannot read the snapshot's recording")?;
     print_snapshot(&snapshot_between(None, &report), limit)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The live view of a running process: a recorder (`pyprobe record -p PID`, a child
+/// process with its own ptrace thread) writes a recording that the view re-reads at
+/// each interval. Quitting stops the recorder with SIGINT, which detaches cleanly.
+/// What a live `top` watches.
+enum Watch<'a> {
+    Pid(i32),
+    /// A command started under the recorder; it is ended (SIGTERM) when the view quits.
+    Command(&'a [String]),
+}
+
+fn live_top(watch: Watch, interval: Duration, limit: usize) -> Result<ExitCode> {
+    let target = match &watch {
+        Watch::Pid(pid) => {
+            crate::process::status::check_inspectable(*pid)?;
+            vec!["-p".to_string(), pid.to_string()]
+        }
+        Watch::Command(cmd) => std::iter::once("--".to_string())
+            .chain(cmd.iter().cloned())
+            .collect(),
+    };
+    let what = match &watch {
+        Watch::Pid(pid) => format!("process {pid}"),
+        Watch::Command(cmd) => format!("`{}`", cmd.join(" ")),
+    };
+    let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
+    let recording = dir.path().join("top.pyprobe");
+    let log_path = dir.path().join("record.log");
+    let log = std::fs::File::create(&log_path).context("cannot create the recorder's log")?;
+    let exe = std::env::current_exe().context("cannot find pyprobe's own executable")?;
+    let mut recorder = std::process::Command::new(exe)
+        .args([
+            "record",
+            "--mode",
+            "auto",
+            "-r",
+            &TOP_SAMPLE_RATE.to_string(),
+            "-o",
+        ])
+        .arg(&recording)
+        .args(&target)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("cannot start the recorder")?;
+    // Wait (bounded) for the recording to appear: attach can fail (permissions).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !recording.exists() {
+        if let Some(status) = recorder.try_wait()? {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            bail!("cannot watch {what} ({status}): {}", log.trim());
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = recorder.kill();
+            bail!("{what}: the recorder did not start within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let state = ViewState {
+        sort: TopSort::Hot,
+        paused: false,
+        interval,
+        limit,
+    };
+    let shown = run_tui(recording_source(recording.clone()), state);
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
+    if let Watch::Command(_) = watch {
+        // The recorder waits for the command it started: end it, as quitting means.
+        if let Ok(reader) = RecordingReader::open(&recording) {
+            let pid = reader.header().pid as i32;
+            if pid > 0 {
+                // SAFETY: plain kill(2) of the command the recorder started.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+        }
+    }
+    let _ = recorder.wait();
+    shown.context("the terminal view failed")?;
     Ok(ExitCode::SUCCESS)
 }
 

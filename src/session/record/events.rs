@@ -26,6 +26,7 @@ pub struct EventBuilder {
     inside: HashMap<i32, u32>,
     write_error: Option<std::io::Error>,
     events: u64,
+    last_flush_ns: u64,
 }
 
 impl EventBuilder {
@@ -45,11 +46,27 @@ impl EventBuilder {
             inside: HashMap::new(),
             write_error: None,
             events: 0,
+            last_flush_ns: 0,
         }
     }
 
     pub fn events(&self) -> u64 {
         self.events
+    }
+
+    /// Flushes buffered events at most every half second, so a recording being
+    /// written can be watched (`pyprobe top`) without waiting for a full chunk.
+    pub fn flush_if_due(&mut self, now_ns: u64) {
+        if now_ns.saturating_sub(self.last_flush_ns) < 500_000_000 {
+            return;
+        }
+        self.last_flush_ns = now_ns;
+        if let Some(w) = self.writer.as_mut() {
+            if let Err(e) = w.flush() {
+                self.write_error.get_or_insert(e);
+                signals::request_stop();
+            }
+        }
     }
 
     /// Ends the recording: the writer (if it was ever opened) and the first write error.
@@ -98,7 +115,10 @@ impl EventBuilder {
         }
         self.header.python_version = chosen.version.map(|v| v.to_string()).unwrap_or_default();
         self.header.probes = chosen.groups.iter().map(|g| g.name().to_owned()).collect();
-        match RecordingWriter::create(&self.output, &self.header) {
+        // The header reaches the file at once: a watcher (`top`) can open it now.
+        match RecordingWriter::create(&self.output, &self.header)
+            .and_then(|mut w| w.flush().map(|_| w))
+        {
             Ok(w) => self.writer = Some(w),
             Err(e) => {
                 self.write_error = Some(e);

@@ -65,6 +65,7 @@ fn check_attachable(pid: i32, mode: Mode) -> Result<()> {
         bail!("pyprobe cannot trace itself (pid {pid})");
     }
     if mode == Mode::Trace && find_probe_object(pid, PROVIDER).is_err() {
+        check_inspectable(pid)?; // it may have exited meanwhile: say so, not "no probes"
         let others = sdt_objects(pid, None)
             .map(|o| !o.is_empty())
             .unwrap_or(false);
@@ -211,6 +212,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         TraceEvent::Tick { pid, ts_ns, .. } => {
             if announced || !launched {
                 sampler.sample(pid, ts_ns, &mut builder);
+                builder.flush_if_due(ts_ns);
             }
         }
     });
