@@ -305,6 +305,150 @@ fn recording_source(file: PathBuf) -> impl FnMut() -> Snapshot {
     }
 }
 
+/// Whether `pid` runs a CPython pyprobe can read, owned by this user (cheap test
+/// first: a mapped file named like python, then the interpreter itself).
+fn is_python_of_this_user(pid: i32) -> bool {
+    let Ok(status) = crate::process::ProcessStatus::read(pid) else {
+        return false;
+    };
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if status.kernel_thread || status.state == 'Z' || (uid != 0 && status.uid != uid) {
+        return false;
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    maps.contains("python") && crate::python::walker::find_interpreter_object(pid).is_ok()
+}
+
+/// One recorder of `top --all`, and the view of its recording.
+struct Watched {
+    recorder: std::process::Child,
+    source: Box<dyn FnMut() -> Snapshot>,
+}
+
+/// The processes `top --all` watches: one recorder each.
+struct AllProcesses {
+    dir: tempfile::TempDir,
+    exe: PathBuf,
+    me: i32,
+    watched: std::collections::HashMap<i32, Watched>,
+    /// Processes found not to be (readable) Python, until they end.
+    not_python: std::collections::HashSet<i32>,
+}
+
+impl AllProcesses {
+    /// Starts recorders for new Python processes, drops ended ones, and merges what
+    /// every recording shows now.
+    fn refresh(&mut self) -> Snapshot {
+        let pids: Vec<i32> = std::fs::read_dir("/proc")
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let alive: std::collections::HashSet<i32> = pids.iter().copied().collect();
+        self.watched.retain(|pid, w| {
+            let ended = !alive.contains(pid) && matches!(w.recorder.try_wait(), Ok(Some(_)));
+            if ended {
+                let _ = w.recorder.wait();
+            }
+            !ended
+        });
+        self.not_python.retain(|pid| alive.contains(pid));
+        for pid in pids {
+            if pid == self.me || self.watched.contains_key(&pid) || self.not_python.contains(&pid) {
+                continue;
+            }
+            if !is_python_of_this_user(pid) {
+                self.not_python.insert(pid);
+                continue;
+            }
+            let recording = self.dir.path().join(format!("{pid}.pyprobe"));
+            let recorder = std::process::Command::new(&self.exe)
+                .args([
+                    "record",
+                    "--mode",
+                    "auto",
+                    "-r",
+                    &TOP_SAMPLE_RATE.to_string(),
+                    "-p",
+                    &pid.to_string(),
+                    "-o",
+                ])
+                .arg(&recording)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn();
+            match recorder {
+                Ok(recorder) => {
+                    let source = Box::new(recording_source(recording));
+                    self.watched.insert(pid, Watched { recorder, source });
+                }
+                Err(_) => {
+                    self.not_python.insert(pid);
+                }
+            }
+        }
+        let mut merged = Snapshot {
+            mode: crate::output::top::TopMode::Sample,
+            ..Snapshot::default()
+        };
+        for w in self.watched.values_mut() {
+            let s = (w.source)();
+            merged.rows.extend(s.rows);
+            merged.window_ns = merged.window_ns.max(s.window_ns);
+            merged.gc_per_s += s.gc_per_s;
+            merged.imports_per_s += s.imports_per_s;
+            merged.events += s.events;
+            merged.samples += s.samples;
+            merged.lost += s.lost;
+        }
+        merged.status = Some(format!("{} Python processes watched", self.watched.len()));
+        merged
+    }
+
+    /// Stops every recorder; SIGINT makes each detach cleanly.
+    fn stop(&mut self) {
+        for w in self.watched.values() {
+            // SAFETY: plain kill(2) of our own child.
+            unsafe { libc::kill(w.recorder.id() as i32, libc::SIGINT) };
+        }
+        for w in self.watched.values_mut() {
+            let _ = w.recorder.wait();
+        }
+    }
+}
+
+/// `top --all`: every Python process this user may trace; processes that start or
+/// end while it runs come and go at the next refresh.
+fn all_top(interval: Duration, limit: usize, once: bool) -> Result<ExitCode> {
+    let mut all = AllProcesses {
+        dir: tempfile::tempdir().context("cannot create a temporary directory")?,
+        exe: std::env::current_exe().context("cannot find pyprobe's own executable")?,
+        me: std::process::id() as i32,
+        watched: Default::default(),
+        not_python: Default::default(),
+    };
+    let shown = if once {
+        all.refresh();
+        std::thread::sleep(interval);
+        let snapshot = all.refresh();
+        print_snapshot(&snapshot, limit)
+    } else {
+        let state = ViewState {
+            sort: TopSort::Hot,
+            paused: false,
+            interval,
+            limit,
+        };
+        run_tui(|| all.refresh(), state).context("the terminal view failed")
+    };
+    all.stop();
+    shown?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Samples per second for `top --once -p PID`.
 const TOP_SAMPLE_RATE: u32 = 200;
 
@@ -335,8 +479,7 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if request.all {
-        eprintln!("pyprobe: `top --all` is not implemented yet in this version");
-        return Ok(ExitCode::from(1));
+        return all_top(interval, limit, once);
     }
     if !request.command.is_empty() {
         if once {
