@@ -54,6 +54,11 @@ impl EventBuilder {
         self.events
     }
 
+    /// Bytes written to the recording so far.
+    pub fn bytes(&self) -> u64 {
+        self.writer.as_ref().map_or(0, |w| w.summary().bytes)
+    }
+
     /// Flushes buffered events at most every half second, so a recording being
     /// written can be watched (`pyprobe top`) without waiting for a full chunk.
     pub fn flush_if_due(&mut self, now_ns: u64) {

@@ -44,6 +44,7 @@ pub struct RecordRequest {
 mod events;
 mod resolver;
 mod sampler;
+mod status;
 
 fn default_output(pid: i32) -> PathBuf {
     PathBuf::from(format!("pyprobe-{pid}.pyprobe"))
@@ -174,7 +175,9 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     }
     // A launched command gets its start line once its interpreter is found.
     let mut announced = false;
-    let outcome = engine.run(&mut |event| match event {
+    let mut status = status::Status::new();
+    let outcome = engine.run(&mut |event| {
+        match event {
         TraceEvent::Hit(hit) => {
             // A child traced under --subprocesses runs its parent's probe set: go by name.
             let meaning = chosen
@@ -215,7 +218,10 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                 builder.flush_if_due(ts_ns);
             }
         }
+        }
+        status.update(builder.events(), sampler.samples, 0, builder.bytes());
     });
+    status.finish();
     let hits = engine.hits();
     drop(engine);
     let end_ns = monotonic_ns();
