@@ -157,29 +157,34 @@ fn its_own_pid() {
     assert_one_sentence(&e);
 }
 
-/// The target exits at every moment of the attach: right before, while seizing,
-/// while installing. pyprobe either records until the exit or refuses in one
-/// sentence; it never panics, and the target always exits 0 (never by SIGTRAP).
+/// The target exits at every moment of the attach: before pyprobe looks, while it
+/// seizes, while it installs, and while it records. pyprobe either records until the
+/// exit or refuses in one sentence that says the process exited (never "a kernel
+/// thread", "not permitted" or "no probes"); it never panics, and the target always
+/// exits 0 (never by SIGTRAP).
 #[test]
 fn pid_that_exits_during_attach() {
     let Some(py) = python("3.9") else { return };
     let mut outcomes = std::collections::BTreeMap::new();
     for i in 0..40u64 {
-        // The target computes for 0 to ~200 ms, then exits.
+        // The target waits 0 to ~250 ms, calls a little, then exits.
         let script = format!(
-            "import sys\nprint('ready', flush=True)\nfib = lambda n: n if n < 2 else fib(n - 1) + fib(n - 2)\nfib({})\n",
-            (i % 10) + 8
+            "import sys, time\nprint('ready', flush=True)\ntime.sleep({})\n\
+             fib = lambda n: n if n < 2 else fib(n - 1) + fib(n - 2)\nfib(12)\n",
+            (i % 8) as f64 * 0.035
         );
         let mut target = Target::spawn(&py.launcher, &["-c", &script]);
         target.wait_for_line("ready");
-        std::thread::sleep(Duration::from_millis(i % 7));
+        std::thread::sleep(Duration::from_millis(i % 5));
         let recording = TempFile::new(&format!("exits-{i}.pyprobe"));
+        // Trace mode (ptrace and breakpoints) and auto mode (the sampler) in turn.
+        let mode = if i % 2 == 0 { "trace" } else { "auto" };
         let out = run_pyprobe(&[
             "record",
             "-p",
             &target.pid().to_string(),
             "--mode",
-            "trace",
+            mode,
             "-o",
             recording.path(),
         ]);
@@ -187,7 +192,8 @@ fn pid_that_exits_during_attach() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let kind = match out.status.code() {
             Some(0) => {
-                assert!(stderr.contains("target exited with status 0"), "{stderr}");
+                assert!(stderr.contains("exited"), "{mode}: {stderr}");
+                report_json(recording.path());
                 "recorded until it exited"
             }
             Some(1) => {
@@ -195,8 +201,13 @@ fn pid_that_exits_during_attach() {
                     .lines()
                     .find(|l| l.starts_with("pyprobe: error:"))
                     .unwrap_or_else(|| panic!("one error line: {stderr}"));
+                assert_one_sentence(e);
                 assert!(e.contains(&target.pid().to_string()), "names the pid: {e}");
-                "refused"
+                assert!(
+                    e.contains("exit") || e.contains("zombie") || e.contains("no process"),
+                    "run {i} ({mode}): says the process exited: {e}"
+                );
+                "refused: it exited"
             }
             other => panic!("unexpected exit {other:?}: {stderr}"),
         };

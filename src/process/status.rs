@@ -4,6 +4,9 @@ use anyhow::{Context, Result};
 
 /// `CAP_SYS_PTRACE`, bit 19 of the capability sets.
 const CAP_SYS_PTRACE: u32 = 19;
+/// Task flags (field 9 of /proc/PID/stat): exiting, kernel thread.
+const PF_EXITING: u64 = 0x0000_0004;
+const PF_KTHREAD: u64 = 0x0020_0000;
 
 #[derive(Debug, Clone, Default)]
 pub struct ProcessStatus {
@@ -29,6 +32,8 @@ pub struct ProcessStatus {
     pub seccomp: Option<u32>,
     /// Kernel threads have no user address space.
     pub kernel_thread: bool,
+    /// The (leader) task is exiting: its memory is going or gone.
+    pub exiting: bool,
 }
 
 impl ProcessStatus {
@@ -36,8 +41,15 @@ impl ProcessStatus {
         let path = format!("/proc/{pid}/status");
         let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
         let mut status = ProcessStatus::parse(&text);
-        // Kernel threads have an empty /proc/PID/cmdline and no mm: `VmSize` is absent.
-        status.kernel_thread = !text.contains("\nVmSize:");
+        match stat_flags(pid) {
+            Some(flags) => {
+                status.kernel_thread = flags & PF_KTHREAD != 0;
+                status.exiting = flags & PF_EXITING != 0;
+            }
+            // Kernel threads have no mm: `VmSize` is absent (but so it is for a
+            // process whose exit released its memory).
+            None => status.kernel_thread = !text.contains("\nVmSize:"),
+        }
         Ok(status)
     }
 
@@ -102,6 +114,17 @@ impl ProcessStatus {
     }
 }
 
+/// The task flags of `pid` (field 9 of /proc/PID/stat, after the parenthesised name).
+fn stat_flags(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(6)?
+        .parse()
+        .ok()
+}
+
 /// `" (pid N in its own PID namespace)"` when `pid` lives in a nested PID namespace,
 /// else an empty string: for start lines that name a process.
 pub fn ns_pid_note(pid: i32) -> String {
@@ -158,6 +181,12 @@ pub fn check_inspectable(pid: i32) -> Result<ProcessStatus> {
     if status.kernel_thread {
         anyhow::bail!(
             "process {pid} ({}) is a kernel thread, not a user program",
+            status.name
+        );
+    }
+    if status.exiting {
+        anyhow::bail!(
+            "process {pid} ({}) is exiting: it has no memory left to read",
             status.name
         );
     }
@@ -246,6 +275,17 @@ mod tests {
         let root = ProcessStatus::parse("CapEff:\t000001ffffffffff\nSeccomp:\t0\n");
         assert!(root.has_cap_sys_ptrace() && !root.seccomp_filtered());
         assert_eq!(ProcessStatus::parse("Name:\tx\n").seccomp, None);
+    }
+
+    #[test]
+    fn kernel_threads_and_exiting_tasks_by_their_flags() {
+        // pid 2 is kthreadd where this is not a PID namespace of its own.
+        if std::fs::read_to_string("/proc/2/comm").is_ok_and(|c| c.trim() == "kthreadd") {
+            let k = ProcessStatus::read(2).unwrap();
+            assert!(k.kernel_thread && !k.exiting);
+        }
+        let me = ProcessStatus::read(std::process::id() as i32).unwrap();
+        assert!(!me.kernel_thread && !me.exiting);
     }
 
     #[test]

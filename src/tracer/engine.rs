@@ -205,6 +205,17 @@ fn at_syscall_entry(tid: i32) -> bool {
     n > 0 && info[0] == PTRACE_SYSCALL_INFO_ENTRY
 }
 
+/// Whether SIGTRAP is pending for thread `tid` (`SigPnd` of /proc/TID/status).
+fn sigtrap_pending(tid: i32) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
+        return false;
+    };
+    text.lines()
+        .filter_map(|l| l.strip_prefix("SigPnd:"))
+        .filter_map(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .any(|mask| mask & (1 << (libc::SIGTRAP - 1)) != 0)
+}
+
 fn tgid_of(tid: i32) -> Option<i32> {
     let text = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
     text.lines()
@@ -857,6 +868,49 @@ impl Engine {
         Ok(())
     }
 
+    /// A thread interrupted just as it executed an `int3` reports the interrupt
+    /// first and keeps the SIGTRAP pending: after a detach nobody would catch it and
+    /// it would kill the target. Let each such thread take its SIGTRAP now (a hit).
+    /// A thread may first report a second, stale interrupt (`stop_all` interrupts a
+    /// thread again while its first stop is not yet collected): resume it until the
+    /// SIGTRAP is gone, a few rounds at most.
+    fn take_pending_traps(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        let pending: Vec<i32> = self
+            .threads
+            .iter()
+            .filter(|(_, t)| t.state == ThreadState::Stopped { pending: None })
+            .map(|(&tid, _)| tid)
+            .filter(|&tid| sigtrap_pending(tid))
+            .collect();
+        for tid in pending {
+            for _ in 0..4 {
+                let held = self.threads.get(&tid).map(|t| t.state);
+                if held != Some(ThreadState::Stopped { pending: None }) || !sigtrap_pending(tid) {
+                    break;
+                }
+                if ptrace::cont(Pid::from_raw(tid), None).is_err() {
+                    break;
+                }
+                self.set_state(tid, ThreadState::Running);
+                while self
+                    .threads
+                    .get(&tid)
+                    .is_some_and(|t| t.state == ThreadState::Running)
+                {
+                    match waitpid(Pid::from_raw(tid), Some(WaitPidFlag::__WALL)) {
+                        Ok(status) => {
+                            if self.handle(status, true, sink).is_err() {
+                                break;
+                            }
+                        }
+                        Err(Errno::EINTR) => {}
+                        Err(_) => break,
+                    }
+                }
+            }
+        }
+    }
+
     fn resume_all(&mut self) {
         let stopped: Vec<(i32, Option<Signal>)> = self
             .threads
@@ -883,6 +937,7 @@ impl Engine {
                 "while stopping the target to detach: {e:#}"
             )));
         }
+        self.take_pending_traps(sink);
         for (pid, proc) in &mut self.procs {
             if let Some(net) = proc.net.take() {
                 // Any stopped thread of the process will do.

@@ -132,6 +132,14 @@ pub fn explain_refusal(pid: i32, e: Errno, access: Access, facts: &Facts) -> Str
         ),
         None => format!("not permitted to {} process {pid}", access.verb()),
     };
+    // The kernel refuses to attach to a task that is exiting (EPERM): say that.
+    let gone = match &facts.target {
+        None => true,
+        Some(t) => t.exiting || t.state == 'Z' || t.state == 'X',
+    };
+    if gone && e != Errno::ENOSYS {
+        return format!("process {pid} exited while pyprobe was attaching");
+    }
     let seccomp = facts.own.seccomp_filtered();
     if e == Errno::ENOSYS {
         return if seccomp {
@@ -337,6 +345,19 @@ mod tests {
             m.contains("not dumpable") && m.contains("CAP_SYS_PTRACE"),
             "{m}"
         );
+    }
+
+    #[test]
+    fn a_target_exiting_meanwhile_is_named_as_such() {
+        let mut target = status(0, false, 0);
+        target.exiting = true;
+        let f = facts(None, status(1000, false, 0), target);
+        let m = explain_refusal(5, Errno::EPERM, Access::Trace, &f);
+        assert_eq!(m, "process 5 exited while pyprobe was attaching");
+        let mut f = facts(None, status(1000, false, 0), status(0, false, 0));
+        f.target = None;
+        let m = explain_refusal(5, Errno::EPERM, Access::Memory, &f);
+        assert_eq!(m, "process 5 exited while pyprobe was attaching");
     }
 
     #[test]

@@ -321,7 +321,8 @@ fn print_start_line(chosen: &Chosen, pid: i32, mode: Mode, request: &RecordReque
         ),
     };
     eprintln!(
-        "pyprobe: process {pid}, CPython {version} ({}): {why}",
+        "pyprobe: process {pid}{}, CPython {version} ({}): {why}",
+        crate::process::status::ns_pid_note(pid),
         chosen.object_path
     );
     if mode == Mode::Trace {
