@@ -82,7 +82,7 @@ pub fn load_bias(segments: &[LoadSegment], entries: &[&MapEntry]) -> Option<u64>
 }
 
 /// Every distinct file mapped into `pid`, in address order, with its mappings.
-fn mapped_files(maps: &[MapEntry]) -> Vec<Vec<&MapEntry>> {
+pub fn mapped_files(maps: &[MapEntry]) -> Vec<Vec<&MapEntry>> {
     let mut files: Vec<Vec<&MapEntry>> = Vec::new();
     for entry in maps.iter().filter(|m| m.is_file()) {
         match files
@@ -96,7 +96,8 @@ fn mapped_files(maps: &[MapEntry]) -> Vec<Vec<&MapEntry>> {
     files
 }
 
-fn open_object(pid: i32, entries: &[&MapEntry]) -> Option<LoadedObject> {
+/// Opens the ELF file behind one mapped file's mappings, with its load bias.
+pub fn open_object(pid: i32, entries: &[&MapEntry]) -> Option<LoadedObject> {
     let first = entries[0];
     // map_files works across mount namespaces and for deleted files; the root path
     // is the fallback where map_files is not readable.

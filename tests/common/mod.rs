@@ -178,3 +178,37 @@ pub fn read_target_memory(pid: i32, addr: u64, len: usize) -> Vec<u8> {
         .unwrap_or_else(|e| panic!("read {len} bytes at {addr:#x} of {pid}: {e}"));
     buf
 }
+
+/// Records `fixtures/python/SCRIPT ARGS` under `py` with `pyprobe record EXTRA`;
+/// returns the script's stdout and the report JSON.
+pub fn record_script(
+    py: &Python,
+    extra: &[&str],
+    script: &str,
+    args: &[&str],
+) -> (String, serde_json::Value) {
+    let out_path = std::env::temp_dir().join(format!(
+        "pyprobe-sample-{}-{}-{script}.pyprobe",
+        std::process::id(),
+        py.version
+    ));
+    let out = pyprobe()
+        .args(["record", "-o", out_path.to_str().unwrap()])
+        .args(extra)
+        .arg("--")
+        .arg(&py.launcher)
+        .arg(repo().join("fixtures/python").join(script))
+        .args(args)
+        .output()
+        .unwrap();
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "record failed");
+    let report = json_of(&run_pyprobe(&[
+        "report",
+        out_path.to_str().unwrap(),
+        "--format",
+        "json",
+    ]));
+    let _ = std::fs::remove_file(out_path);
+    (String::from_utf8_lossy(&out.stdout).into_owned(), report)
+}

@@ -4,9 +4,8 @@
 use anyhow::{bail, Result};
 
 use super::layout::DEBUG_COOKIE;
-use crate::elf::ElfInfo;
 use crate::process::maps::MapEntry;
-use crate::process::objects::{load_bias, LoadedObject};
+use crate::process::objects::{self, mapped_files, LoadedObject};
 use crate::process::read_maps;
 use crate::python::version::{self, PyVersion};
 use crate::sdt::MemoryReader;
@@ -19,21 +18,6 @@ pub struct Interpreter {
     pub version: PyVersion,
     /// How the version was found, for messages.
     pub version_from: &'static str,
-}
-
-/// Every distinct file mapped, with its mappings, in address order.
-fn mapped_files(maps: &[MapEntry]) -> Vec<Vec<&MapEntry>> {
-    let mut files: Vec<Vec<&MapEntry>> = Vec::new();
-    for entry in maps.iter().filter(|m| m.is_file()) {
-        match files
-            .iter_mut()
-            .find(|f| f[0].dev == entry.dev && f[0].inode == entry.inode)
-        {
-            Some(f) => f.push(entry),
-            None => files.push(vec![entry]),
-        }
-    }
-    files
 }
 
 fn base_name(path: &str) -> &str {
@@ -58,23 +42,10 @@ fn rank(path: &str, exe: Option<&str>) -> u8 {
     }
 }
 
+/// The object behind one mapped file, if it defines `_PyRuntime`.
 fn open_object(pid: i32, entries: &[&MapEntry]) -> Option<LoadedObject> {
-    let first = entries[0];
-    let (opened_path, elf) = [first.map_files_path(pid), first.root_path(pid)]
-        .into_iter()
-        .find_map(|p| ElfInfo::read(&p).ok().map(|elf| (p, elf)))?;
-    if elf.py_runtime.is_none() && elf.py_runtime_section.is_none() {
-        return None;
-    }
-    let bias = load_bias(&elf.segments, entries)?;
-    Some(LoadedObject {
-        target_path: first.path.clone(),
-        opened_path,
-        elf,
-        bias,
-        dev: first.dev,
-        inode: first.inode,
-    })
+    objects::open_object(pid, entries)
+        .filter(|o| o.elf.py_runtime.is_some() || o.elf.py_runtime_section.is_some())
 }
 
 /// The mapped object of `pid` that defines `_PyRuntime`: the executable, a
