@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 
@@ -94,7 +95,11 @@ pub struct Target {
 impl Target {
     /// Starts `program args`, with stdin and stdout piped.
     pub fn spawn(program: &Path, args: &[&str]) -> Target {
+        // A process group of its own: job-control stops (SIGTSTP) then work as in a
+        // shell, whatever group the test runner itself was started in (an orphaned
+        // group discards them).
         let mut child = Command::new(program)
+            .process_group(0)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
