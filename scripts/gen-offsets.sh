@@ -120,7 +120,8 @@ generate() {
             inc=$(build_include "$v") || true
             [[ -n ${inc:-} ]] || die "$v: no Debian suite reachable here has libpython$v-dev; set PYPROBE_INCLUDE_${v//./_}=/path/to/include/python$v (a build's include dir)"
             incs=(-I"$inc")
-            source="build headers $(basename "$(dirname "$(dirname "$inc")")") ($inc)"
+            # Name the build and the include folder, not where this machine keeps it.
+            source="headers of a pyenv build of $(basename "$(dirname "$(dirname "$inc")")") (include/$(basename "$inc"))"
             ;;
     esac
     local bin

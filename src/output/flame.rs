@@ -498,7 +498,7 @@ mod tests {
             "threading.py"
         );
         assert_eq!(
-            short_path("/work/.pythons/3.9/usr/lib/python3.9/os.py"),
+            short_path("/opt/py/.pythons/3.9/usr/lib/python3.9/os.py"),
             "os.py"
         );
         assert_eq!(
@@ -509,10 +509,7 @@ mod tests {
             short_path("/usr/lib/python3/dist-packages/six.py"),
             "six.py"
         );
-        assert_eq!(
-            short_path("/work/main/fixtures/demo.py"),
-            "fixtures/demo.py"
-        );
+        assert_eq!(short_path("/srv/app/fixtures/demo.py"), "fixtures/demo.py");
         assert_eq!(short_path("app/demo.py"), "app/demo.py");
         assert_eq!(short_path("/demo.py"), "/demo.py");
         assert_eq!(short_path("demo.py"), "demo.py");

@@ -159,7 +159,7 @@ mod tests {
     fn versions_in_paths_and_ranks() {
         let v = |p| version_in_path(p).map(|v| v.to_string());
         assert_eq!(
-            v("/root/.pyenv/versions/3.9.18/lib/python3.9/lib-dynload/_heapq.cpython-39-x86_64-linux-gnu.so"),
+            v("/home/app/.pyenv/versions/3.9.18/lib/python3.9/lib-dynload/_heapq.cpython-39-x86_64-linux-gnu.so"),
             Some("3.9".into())
         );
         assert_eq!(v("/usr/bin/python3.12"), Some("3.12".into()));
