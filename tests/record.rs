@@ -3,6 +3,7 @@
 //! a running process, and the target's safety (bytes restored, output unchanged).
 
 mod common;
+mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,14 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-
-fn fixture_script(name: &str) -> String {
-    repo()
-        .join("fixtures/python")
-        .join(name)
-        .display()
-        .to_string()
-}
+use support::{assert_restored, calls_in_file, fixture_script, sites_and_semaphores};
 
 fn tmp_recording(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
@@ -62,20 +56,6 @@ fn record_launch(py: &Python, script: &str, args: &[&str], extra: &[&str]) -> (S
         out.status.code().unwrap_or(-1),
         report,
     )
-}
-
-/// Calls per function name of one source file (rows of one function are summed: a
-/// resumed generator enters at its current line).
-fn calls_in_file(report: &Value, file_suffix: &str) -> BTreeMap<String, u64> {
-    let mut calls = BTreeMap::new();
-    for f in report["functions"].as_array().unwrap() {
-        if f["file"].as_str().unwrap().ends_with(file_suffix) {
-            *calls
-                .entry(f["function"].as_str().unwrap().to_owned())
-                .or_insert(0) += f["calls"].as_u64().unwrap_or(0);
-        }
-    }
-    calls
 }
 
 fn check_exact_counts(version: &'static str) {
@@ -184,60 +164,6 @@ fn gc_imports_and_audit_events() {
         assert!(
             report["functions"].as_array().unwrap().is_empty(),
             "{version}: no function probes asked"
-        );
-    }
-}
-
-/// The python probe sites and semaphores of a live process, from the listing.
-fn sites_and_semaphores(pid: i32) -> (Vec<u64>, Vec<u64>) {
-    let listing = json_of(&run_pyprobe(&[
-        "probes",
-        "-p",
-        &pid.to_string(),
-        "--format",
-        "json",
-    ]));
-    let mut sites = Vec::new();
-    let mut sems = Vec::new();
-    for p in listing["objects"][0]["probes"].as_array().unwrap() {
-        sems.extend(p["semaphore"].as_u64());
-        sites.extend(
-            p["sites"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| s["address"].as_u64().unwrap()),
-        );
-    }
-    (sites, sems)
-}
-
-fn assert_restored(pid: i32, sites: &[u64], sems: &[u64]) {
-    // The SIGTRAP safety net is gone: the target's disposition is its own again.
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let caught = status
-        .lines()
-        .find_map(|l| l.strip_prefix("SigCgt:"))
-        .unwrap()
-        .trim();
-    let caught = u64::from_str_radix(caught, 16).unwrap();
-    assert_eq!(
-        caught & (1 << (libc::SIGTRAP - 1)),
-        0,
-        "SIGTRAP handler removed"
-    );
-    for &s in sites {
-        assert_eq!(
-            read_target_memory(pid, s, 1),
-            [0x90],
-            "site {s:#x} restored to nop"
-        );
-    }
-    for &s in sems {
-        assert_eq!(
-            read_target_memory(pid, s, 2),
-            [0, 0],
-            "semaphore {s:#x} lowered"
         );
     }
 }

@@ -1,4 +1,4 @@
-//! Helpers shared by the fault, bad-input and unprivileged tests (on top of
+//! Helpers shared by the record, fault, bad-input and unprivileged tests (on top of
 //! `tests/common`): probe sites of a live target, waiting for pyprobe to attach,
 //! a pyprobe running in the background, and checks that nothing panicked.
 
@@ -80,6 +80,19 @@ pub fn sites_and_semaphores(pid: i32) -> (Vec<u64>, Vec<u64>) {
 
 /// Every probe site holds its `nop` again and every semaphore is down.
 pub fn assert_restored(pid: i32, sites: &[u64], sems: &[u64]) {
+    // The SIGTRAP safety net is gone: the target's disposition is its own again.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let caught = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .unwrap()
+        .trim();
+    let caught = u64::from_str_radix(caught, 16).unwrap();
+    assert_eq!(
+        caught & (1 << (libc::SIGTRAP - 1)),
+        0,
+        "SIGTRAP handler of {pid} removed"
+    );
     for &s in sites {
         assert_eq!(
             read_target_memory(pid, s, 1),
