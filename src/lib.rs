@@ -8,6 +8,7 @@ pub mod output;
 pub mod process;
 pub mod python;
 pub mod record;
+pub mod ring;
 pub mod sdt;
 pub mod session;
 pub mod tracer;
