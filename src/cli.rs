@@ -106,8 +106,13 @@ pub struct RecordArgs {
     /// How probe hits are caught.
     #[arg(long, value_enum, default_value_t = Engine::Auto)]
     pub engine: Engine,
-    /// Stop tracing functions exactly when the target spends more than this share
-    /// of its time stopped for pyprobe.
+    /// Slow the target by at most this much: when the time it spends stopped for
+    /// pyprobe exceeds PERCENT of the time it runs (over about the last second),
+    /// the function and line probes go off and its stacks are sampled instead
+    /// (at -r HZ); they come back on for short exact windows as the budget allows.
+    /// The report says what share of the time was traced exactly. Default: 5 for
+    /// `--mode auto` with function or line probes on a running process (-p);
+    /// none otherwise. 0 turns the budget off.
     #[arg(long, value_name = "PERCENT")]
     pub max_overhead: Option<f64>,
     /// Sample without stopping the threads (faster, stacks may be torn).

@@ -22,9 +22,6 @@ fn main() -> ExitCode {
             "`--engine ring` (probe sites that write to a shared ring) is not implemented yet; \
              `--engine auto` and `int3` use breakpoints",
         ),
-        Command::Record(args) if args.max_overhead.is_some() => {
-            not_yet("`--max-overhead` is not implemented yet: the overhead budget is not enforced")
-        }
         Command::Record(args) => session::record::run(&session::record::RecordRequest {
             pid: args.target.pid,
             command: args.target.command,
@@ -43,6 +40,7 @@ fn main() -> ExitCode {
             subprocesses: args.subprocesses,
             rate: args.rate,
             nonblocking: args.nonblocking,
+            max_overhead: args.max_overhead,
         }),
         Command::Flame(args) => session::views::flame(&session::views::FlameRequest {
             file: args.file,

@@ -11,7 +11,8 @@ use super::model::{RaisingStack, Trigger, MAX_TRIGGERS};
 use super::samples::SampleTracker;
 use super::stacks::{code, EndKind, Ended, StackTracker};
 use super::{
-    Anomalies, AuditCount, FunctionSource, FunctionStats, ImportStats, Report, Target, ThreadStats,
+    Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, ImportStats, Report,
+    Target, ThreadStats,
 };
 use crate::record::{Event, EventKind, FrameRef, Header, StrId};
 
@@ -52,6 +53,41 @@ pub struct Aggregator {
     return_events: u64,
     first_ts: Option<u64>,
     last_ts: Option<u64>,
+    windows: WindowTracker,
+}
+
+/// Exact windows of a budget-limited recording: when function tracing was on.
+#[derive(Default, Clone, Copy)]
+struct WindowTracker {
+    /// Window events seen at all (else the recording had no budget).
+    seen: bool,
+    open_since: Option<u64>,
+    exact_ns: u64,
+    windows: u64,
+}
+
+impl WindowTracker {
+    fn toggle(&mut self, exact: bool, ts: u64) {
+        self.seen = true;
+        match (exact, self.open_since) {
+            (true, None) => {
+                self.open_since = Some(ts);
+                self.windows += 1;
+            }
+            (false, Some(since)) => {
+                self.exact_ns += ts.saturating_sub(since);
+                self.open_since = None;
+            }
+            _ => {}
+        }
+    }
+
+    fn finish(self, end: u64) -> Option<ExactWindows> {
+        self.seen.then(|| ExactWindows {
+            exact_ns: self.exact_ns + self.open_since.map_or(0, |s| end.saturating_sub(s)),
+            windows: self.windows,
+        })
+    }
 }
 
 impl Aggregator {
@@ -85,6 +121,7 @@ impl Aggregator {
             return_events: 0,
             first_ts: None,
             last_ts: None,
+            windows: WindowTracker::default(),
         }
     }
 
@@ -104,7 +141,7 @@ impl Aggregator {
             }
             EventKind::Return { frame } => {
                 self.return_events += 1;
-                self.samples.note_function(frame);
+                self.samples.note_return(frame);
                 self.stacks.ret(tid, *frame, ts, &mut self.ended);
                 self.apply_ended();
             }
@@ -144,6 +181,16 @@ impl Aggregator {
                 self.imports.thread_exit(tid);
             }
             EventKind::Lost { count } => self.lost = self.lost.saturating_add(*count),
+            EventKind::Window { exact } => {
+                self.windows.toggle(*exact, ts);
+                if !*exact {
+                    // The returns of these frames will not be seen: they end here.
+                    for tid in self.stacks.thread_ids() {
+                        self.stacks.cut_thread(tid, ts, &mut self.ended);
+                    }
+                    self.apply_ended();
+                }
+            }
         }
     }
 
@@ -191,6 +238,26 @@ impl Aggregator {
         }
     }
 
+    /// A return seen before any entry of its function (attached, or an exact window
+    /// opened, mid-call) got a row of its own, keyed by the line it returned from;
+    /// once an entry has shown the function's first line, that row joins it.
+    fn merge_early_orphans(&mut self) {
+        for (key, orphan) in std::mem::take(&mut self.orphan_frames) {
+            let Some(&entry) = self.entry_frames.get(&key) else {
+                continue;
+            };
+            if entry == orphan {
+                continue;
+            }
+            if let Some(acc) = self.functions.remove(&orphan) {
+                let row = self.functions.entry(entry).or_default();
+                row.calls += acc.calls;
+                row.inclusive_ns = row.inclusive_ns.saturating_add(acc.inclusive_ns);
+                row.exclusive_ns = row.exclusive_ns.saturating_add(acc.exclusive_ns);
+            }
+        }
+    }
+
     /// Where function numbers come from, judged from the stream: returns without
     /// entries is CPython 3.11's return-only stream (its entry probe fires only
     /// while a tracing hook is set, so a few entries may still show up there).
@@ -221,12 +288,20 @@ impl Aggregator {
         let source = self.source();
         let has_calls = self.call_events + self.return_events > 0;
         let interval = self.sample_interval_ns;
+        let windowed = self.windows.seen;
 
+        self.merge_early_orphans();
         let mut names = Names::new(resolve);
         let mut samples = self.samples.finish();
         let mut functions: Vec<FunctionStats> = Vec::new();
         let mut add = |names: &mut Names<_>, frame: FrameRef, t: FuncAcc, leaf: u64, incl: u64| {
             let (inclusive_ns, exclusive_ns) = match source {
+                // Samples come only from outside exact windows (budget-limited
+                // recordings): their estimate adds to the exact time.
+                FunctionSource::Traced if windowed => (
+                    t.inclusive_ns.saturating_add(incl.saturating_mul(interval)),
+                    t.exclusive_ns.saturating_add(leaf.saturating_mul(interval)),
+                ),
                 FunctionSource::Traced => (t.inclusive_ns, t.exclusive_ns),
                 _ => (incl.saturating_mul(interval), leaf.saturating_mul(interval)),
             };
@@ -355,6 +430,7 @@ impl Aggregator {
                 unpaired_imports,
             },
             truncated_at: None,
+            exact_windows: self.windows.finish(close_at),
         }
     }
 }

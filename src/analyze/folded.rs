@@ -209,12 +209,25 @@ pub struct Folder {
     entry_frames: FastMap<(StrId, StrId), FrameRef>,
     orphan_frames: FastMap<(StrId, StrId), FrameRef>,
     counts: FoldCounts,
+    /// What one sample stands for in time: samples between exact windows of a
+    /// budget-limited trace add to the time measure.
+    sample_interval_ns: u64,
+    /// A window event was seen: the recording is budget-limited.
+    windowed: bool,
 }
 
 impl Folder {
     /// An empty folder.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty folder for a recording sampled every `ns`.
+    pub fn with_sample_interval(ns: u64) -> Self {
+        Folder {
+            sample_interval_ns: ns,
+            ..Self::default()
+        }
     }
 
     fn grow(&mut self) {
@@ -314,11 +327,25 @@ impl Folder {
                 }
                 if node != StackTree::ROOT {
                     self.samples[node as usize] += 1;
+                    if self.windowed {
+                        let n = node as usize;
+                        self.time[n] = self.time[n].wrapping_add(self.sample_interval_ns);
+                    }
                 }
             }
             EventKind::Lost { count } => {
                 self.counts.lost = self.counts.lost.saturating_add(*count);
             }
+            EventKind::Window { exact: false } => {
+                self.windowed = true;
+                // Exact tracing paused: open frames end here, their returns unseen.
+                for tid in self.tracker.thread_ids() {
+                    let before = self.tracker.depth(tid);
+                    self.tracker.cut_thread(tid, ts, &mut self.ended);
+                    self.apply_ended(tid, before);
+                }
+            }
+            EventKind::Window { exact: true } => self.windowed = true,
             EventKind::Line { .. }
             | EventKind::ImportStart { .. }
             | EventKind::ImportDone { .. }

@@ -18,7 +18,7 @@ pub use aggregate::Aggregator;
 pub use filter::{FileFilter, FilterError};
 pub use histogram::Histogram;
 pub use model::{
-    Anomalies, AuditCount, FunctionSource, FunctionStats, GcStats, ImportStats, RaisingStack,
-    Report, Target, ThreadStats, Trigger,
+    Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, GcStats, ImportStats,
+    RaisingStack, Report, Target, ThreadStats, Trigger,
 };
 pub use stacks::{EndKind, Ended, StackCounters, StackTracker, MAX_DEPTH};

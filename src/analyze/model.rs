@@ -174,4 +174,15 @@ pub struct Report {
     pub anomalies: Anomalies,
     /// Set when the recording was cut short at this file offset.
     pub truncated_at: Option<u64>,
+    /// Set when an overhead budget limited exact tracing to windows.
+    pub exact_windows: Option<ExactWindows>,
+}
+
+/// How much of a budget-limited recording was traced exactly.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExactWindows {
+    /// Total time with function tracing on.
+    pub exact_ns: u64,
+    /// Windows of exact tracing.
+    pub windows: u64,
 }

@@ -30,24 +30,43 @@ pub(crate) struct SampleAcc {
 pub(crate) struct SampleTracker {
     /// Known first lines per (file, function), sorted.
     first_lines: HashMap<(StrId, StrId), Vec<u32>>,
+    /// Lines returned from, per (file, function), sorted: stand-ins for first lines
+    /// where no entry is seen (CPython 3.11's return-only stream).
+    return_lines: HashMap<(StrId, StrId), Vec<u32>>,
     acc: HashMap<SampleKey, SampleAcc>,
     seen: HashSet<SampleKey>,
     pub(crate) samples: u64,
 }
 
 impl SampleTracker {
-    /// Learns a traced function's first line.
+    /// Learns a traced function's first line (from an entry).
     pub(crate) fn note_function(&mut self, f: &FrameRef) {
-        let lines = self.first_lines.entry((f.file, f.function)).or_default();
-        if let Err(i) = lines.binary_search(&f.line) {
-            lines.insert(i, f.line);
-        }
+        insert_sorted(
+            self.first_lines.entry((f.file, f.function)).or_default(),
+            f.line,
+        );
+    }
+
+    /// Learns a line a traced function returned from. It stands for the first
+    /// line only while no entry of that function is known: a return from a call
+    /// entered before an exact window carries its last line, which must not split
+    /// the function's samples off its row.
+    pub(crate) fn note_return(&mut self, f: &FrameRef) {
+        insert_sorted(
+            self.return_lines.entry((f.file, f.function)).or_default(),
+            f.line,
+        );
+    }
+
+    fn lines(&self, file: StrId, function: StrId) -> Option<&Vec<u32>> {
+        self.first_lines
+            .get(&(file, function))
+            .or_else(|| self.return_lines.get(&(file, function)))
     }
 
     fn key(&self, f: &FrameRef) -> SampleKey {
         let first = self
-            .first_lines
-            .get(&(f.file, f.function))
+            .lines(f.file, f.function)
             .and_then(|lines| enclosing(lines, f.line));
         match first {
             Some(line) => SampleKey::Known(FrameRef { line, ..*f }),
@@ -83,15 +102,14 @@ impl SampleTracker {
     }
 
     /// Per-function counts keyed by the frame the report shows.
-    pub(crate) fn finish(self) -> HashMap<FrameRef, SampleAcc> {
+    pub(crate) fn finish(mut self) -> HashMap<FrameRef, SampleAcc> {
         let mut out: HashMap<FrameRef, SampleAcc> = HashMap::new();
-        for (key, acc) in self.acc {
+        for (key, acc) in std::mem::take(&mut self.acc) {
             let frame = match key {
                 SampleKey::Known(f) => f,
                 SampleKey::Unknown { file, function } => {
                     let line = self
-                        .first_lines
-                        .get(&(file, function))
+                        .lines(file, function)
                         .and_then(|lines| enclosing(lines, acc.min_line).or(lines.first().copied()))
                         .unwrap_or(acc.min_line);
                     FrameRef {
@@ -111,6 +129,12 @@ impl SampleTracker {
             e.min_line = e.min_line.min(acc.min_line);
         }
         out
+    }
+}
+
+fn insert_sorted(lines: &mut Vec<u32>, line: u32) {
+    if let Err(i) = lines.binary_search(&line) {
+        lines.insert(i, line);
     }
 }
 

@@ -186,6 +186,23 @@ impl StackTracker {
         }
     }
 
+    /// Exact tracing paused at `ts` (overhead budget): `tid`'s open frames end
+    /// there, their time counted but not as calls, and not as an anomaly.
+    pub fn cut_thread(&mut self, tid: u32, ts: u64, out: &mut Vec<Ended>) {
+        if let Some(mut t) = self.threads.remove(&tid) {
+            while !t.frames.is_empty() {
+                t.pop(ts, EndKind::Open, out);
+            }
+        }
+    }
+
+    /// Threads with a stack, in id order.
+    pub fn thread_ids(&self) -> Vec<u32> {
+        let mut tids: Vec<u32> = self.threads.keys().copied().collect();
+        tids.sort_unstable();
+        tids
+    }
+
     /// Closes every thread at `ts`, in thread-id order for determinism.
     pub fn close_all(&mut self, ts: u64, out: &mut Vec<Ended>) {
         let mut tids: Vec<u32> = self.threads.keys().copied().collect();

@@ -184,6 +184,27 @@ fn attach_mid_call_counts_orphan_returns() {
 }
 
 #[test]
+fn a_return_before_the_first_entry_joins_the_function_row() {
+    // Attached while work ran: its first return (from line 9) comes before any entry
+    // shows its first line (5). One row for work, with every call.
+    let mut s = Script::new();
+    s.ret(10, "work", 9)
+        .call(20, "work", 5)
+        .ret(30, "work", 9)
+        .call(40, "work", 5)
+        .ret(50, "work", 9);
+    let r = s.report();
+    let rows: Vec<_> = r
+        .functions
+        .iter()
+        .filter(|f| f.function == "work")
+        .collect();
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!((rows[0].line, rows[0].calls), (5, Some(3)));
+    assert_eq!(rows[0].inclusive_ns, 20);
+}
+
+#[test]
 fn unpaired_entries_resync_like_cpython_315() {
     let mut s = Script::new();
     // main creates a generator (entry without return), calls work, and a
@@ -427,6 +448,66 @@ fn open_frames_count_time_not_calls() {
     let worker = func(&r, "worker");
     assert_eq!((worker.calls, worker.inclusive_ns), (Some(0), 20));
     assert_eq!(r.anomalies.open_at_end, 2);
+}
+
+#[test]
+fn budget_windows_cut_frames_and_samples_fill_the_gaps() {
+    // Exact window 0..100: main calls work twice; the window closes with main open.
+    // Sampled 100..300 (two samples of 100 ns each), then a second window in which
+    // a call entered before it returns (a return without entry).
+    let mut s = Script::new();
+    s.push(0, EventKind::Window { exact: true })
+        .call(0, "main", 1)
+        .call(10, "work", 5)
+        .ret(30, "work", 6)
+        .call(40, "work", 5)
+        .ret(60, "work", 6)
+        .push(100, EventKind::Window { exact: false })
+        .sample(150, &[("main", 3), ("work", 7)])
+        .sample(250, &[("main", 3), ("work", 7)])
+        .push(300, EventKind::Window { exact: true })
+        .ret(320, "work", 6)
+        .call(330, "work", 5)
+        .ret(350, "work", 6);
+    let header = Header {
+        sample_interval_ns: 100,
+        ..Header::default()
+    };
+    let r = s.report_with(&header, Some(400));
+    let work = func(&r, "work");
+    // Four exact calls ended (two, the orphan return, one more); 60 ns exact
+    // (20 + 20 + 20) plus two samples of 100 ns.
+    assert_eq!(work.calls, Some(4));
+    assert_eq!(work.exclusive_ns, 60 + 200);
+    assert_eq!(work.samples, 2);
+    assert_eq!(work.line, 5, "sampled time lands on the traced row");
+    let main = func(&r, "main");
+    // main was cut at 100 (open, not a call): 100 ns exact, 40 of it in work; the
+    // samples (leaf work) add 200 inclusive.
+    assert_eq!(main.calls, Some(0));
+    assert_eq!((main.inclusive_ns, main.exclusive_ns), (100 + 200, 60));
+    assert_eq!(r.anomalies.open_at_end, 0, "a window cut is not an anomaly");
+    let w = r.exact_windows.expect("windows seen");
+    assert_eq!((w.windows, w.exact_ns), (2, 100 + 100));
+    assert_eq!(
+        r.functions.iter().filter(|f| f.function == "work").count(),
+        1
+    );
+}
+
+#[test]
+fn without_windows_there_is_no_budget_and_samples_add_no_time() {
+    let mut s = Script::new();
+    s.call(0, "main", 1)
+        .sample(50, &[("main", 2)])
+        .ret(100, "main", 3);
+    let header = Header {
+        sample_interval_ns: 1000,
+        ..Header::default()
+    };
+    let r = s.report_with(&header, Some(100));
+    assert_eq!(r.exact_windows, None);
+    assert_eq!(func(&r, "main").inclusive_ns, 100);
 }
 
 #[test]

@@ -323,6 +323,27 @@ pub fn write_chrome<R: Read, W: Write>(
                     header.pid
                 ))?;
             }
+            EventKind::Window { exact } => {
+                if !exact {
+                    // Exact tracing paused: open slices end here, their returns unseen.
+                    for t in tracker.thread_ids() {
+                        tracker.cut_thread(t, ts, &mut ended);
+                        for e in ended.drain(..) {
+                            w.frame_slice(&names, t, ts, &e)?;
+                        }
+                    }
+                }
+                let name = if *exact {
+                    "exact tracing on"
+                } else {
+                    "exact tracing off (overhead budget): sampled"
+                };
+                w.event(format_args!(
+                    "{{\"name\":\"{name}\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
+                    us(w.rel(ts)),
+                    header.pid
+                ))?;
+            }
             EventKind::Line { .. } | EventKind::Stack { .. } | EventKind::ThreadStart => {}
         }
     }

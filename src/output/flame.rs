@@ -85,7 +85,7 @@ impl ViewInfo {
 pub fn read_folded<R: Read>(
     reader: &mut RecordingReader<R>,
 ) -> Result<(Folded, ViewInfo), RecordError> {
-    let mut folder = Folder::new();
+    let mut folder = Folder::with_sample_interval(reader.header().sample_interval_ns);
     while let Some(event) = reader.next_event() {
         folder.push(&event?);
     }

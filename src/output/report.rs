@@ -104,6 +104,22 @@ fn effective_mode(report: &Report) -> &str {
     }
 }
 
+/// Share of the recording's time with function calls traced exactly.
+pub fn exact_fraction(report: &Report) -> f64 {
+    match report.exact_windows {
+        Some(w) if report.duration_ns > 0 => {
+            (w.exact_ns as f64 / report.duration_ns as f64).min(1.0)
+        }
+        Some(_) => 0.0,
+        None if report.source == FunctionSource::Traced
+            && report.functions.iter().any(|f| f.calls.is_some()) =>
+        {
+            1.0
+        }
+        None => 0.0,
+    }
+}
+
 fn source_name(source: FunctionSource) -> &'static str {
     match source {
         FunctionSource::Traced => "traced",
@@ -133,6 +149,11 @@ struct JsonReport<'a> {
     sample_interval_ns: u64,
     truncated_at: Option<u64>,
     anomalies: JsonAnomalies,
+    /// Share of the recording with function calls traced exactly: 1 for a plain
+    /// trace, 0 when only sampled, in between under an overhead budget.
+    exact_fraction: f64,
+    /// Exact windows of a budget-limited recording (null without a budget).
+    exact_windows: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -320,6 +341,8 @@ pub fn render_json(report: &Report) -> String {
         source: source_name(report.source),
         sample_interval_ns: report.sample_interval_ns,
         truncated_at: report.truncated_at,
+        exact_fraction: exact_fraction(report),
+        exact_windows: report.exact_windows.map(|w| w.windows),
         anomalies: JsonAnomalies {
             resyncs: a.resyncs,
             unpaired_entries: a.unpaired_entries,
@@ -411,6 +434,15 @@ fn header_section(out: &mut String, r: &Report) {
     );
     if !r.target.executable.is_empty() {
         let _ = writeln!(out, "executable {}", r.target.executable);
+    }
+    if let Some(w) = r.exact_windows {
+        let _ = writeln!(
+            out,
+            "overhead budget: calls traced exactly {:.1}% of the time, in {} windows; sampled in \
+             between (call counts cover the exact windows only, times add the samples)",
+            exact_fraction(r) * 100.0,
+            w.windows
+        );
     }
     if let Some(offset) = r.truncated_at {
         let _ = writeln!(

@@ -92,6 +92,10 @@ pub fn probe_set(
                 args,
             });
         }
+        if matches!(meaning.group, ProbeGroup::Function | ProbeGroup::Line) {
+            // Hit per call or per line: what an overhead budget turns off.
+            set.budgeted.push(set.probes.len());
+        }
         set.probes.push(Probe {
             name: probe.name.clone(),
             semaphore: probe.semaphore.map(|s| object.runtime(s)),

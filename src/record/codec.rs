@@ -26,6 +26,7 @@ mod tag {
     pub const THREAD_EXIT: u8 = 10;
     pub const LOST: u8 = 11;
     pub const STACK: u8 = 12;
+    pub const WINDOW: u8 = 13;
 }
 
 /// Smallest encoding of a frame: three one-byte varints.
@@ -89,6 +90,7 @@ impl EventEncoder {
                 }
             }
             EventKind::ThreadStart | EventKind::ThreadExit => {}
+            EventKind::Window { exact } => buf.push(u8::from(*exact)),
             EventKind::Lost { count } => put_uvarint(buf, *count),
         }
     }
@@ -109,6 +111,7 @@ fn kind_tag(kind: &EventKind) -> u8 {
         EventKind::ThreadStart => tag::THREAD_START,
         EventKind::ThreadExit => tag::THREAD_EXIT,
         EventKind::Lost { .. } => tag::LOST,
+        EventKind::Window { .. } => tag::WINDOW,
     }
 }
 
@@ -175,19 +178,12 @@ impl EventDecoder {
             },
             tag::IMPORT_DONE => {
                 let module = StrId(c.u32v("string id")?);
-                let at = c.offset();
-                let found = match c.u8()? {
-                    0 => false,
-                    1 => true,
-                    b => {
-                        return Err(RecordError::Corrupt {
-                            offset: at,
-                            what: format!("bad boolean {b}"),
-                        })
-                    }
-                };
+                let found = get_bool(c)?;
                 EventKind::ImportDone { module, found }
             }
+            tag::WINDOW => EventKind::Window {
+                exact: get_bool(c)?,
+            },
             tag::AUDIT => EventKind::Audit {
                 event: StrId(c.u32v("string id")?),
             },
@@ -214,6 +210,18 @@ impl EventDecoder {
             }
         };
         Ok(Event { tid, ts_ns, kind })
+    }
+}
+
+fn get_bool(c: &mut Cursor<'_>) -> Result<bool, RecordError> {
+    let at = c.offset();
+    match c.u8()? {
+        0 => Ok(false),
+        1 => Ok(true),
+        b => Err(RecordError::Corrupt {
+            offset: at,
+            what: format!("bad boolean {b}"),
+        }),
     }
 }
 

@@ -68,6 +68,11 @@ pub enum EventKind {
     },
     ThreadStart,
     ThreadExit,
+    /// From here on, function calls of the whole process are traced exactly
+    /// (`exact`), or only sampled because the overhead budget was reached.
+    Window {
+        exact: bool,
+    },
     /// `count` events were dropped (e.g. filtered out while budget-limited, ring full).
     Lost {
         count: u64,

@@ -17,6 +17,7 @@ use nix::unistd::Pid;
 use crate::process::memory::ProcessMemory;
 use crate::process::status::thread_ids;
 
+use super::budget::{Budget, KernelCost};
 use super::decode::HitBuffers;
 use super::guardian::{Guardian, Op};
 use super::patch::{clean_copy, Patches};
@@ -26,6 +27,8 @@ use super::safety_net::{self, SafetyNet};
 use super::signals::{
     arm_tick, jitter, monotonic_ns, stop_requested, take_tick, until_deadline_ns, StopReason,
 };
+
+mod throttle;
 
 /// Finds the probes to trace in a process image, once the object carrying them is
 /// fully mapped. `Ok(None)`: not (yet) there.
@@ -82,6 +85,13 @@ pub enum TraceEvent<'a> {
         ts_ns: u64,
         stopped: bool,
     },
+    /// The overhead budget turned the budgeted probes on (`exact`) or off, in every
+    /// traced process.
+    Window {
+        pid: i32,
+        ts_ns: u64,
+        exact: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -96,6 +106,9 @@ pub struct EngineOptions {
     pub blocking_samples: bool,
     /// Start a guardian process that undoes the patches if pyprobe is killed.
     pub guardian: bool,
+    /// Slowdown allowed (0.05 for 5 %): above it the budgeted probes go off for a
+    /// while (see `budget`). Ticks should be on to sample meanwhile.
+    pub max_overhead: Option<f64>,
 }
 
 /// How the run ended.
@@ -178,6 +191,13 @@ pub struct Engine {
     detached: bool,
     hits: u64,
     hit_buffers: HitBuffers,
+    /// The overhead budget, once budgeted probes are installed.
+    budget: Option<Budget>,
+    kernel_cost: KernelCost,
+    /// When the current wait status was collected (budget accounting).
+    last_wait_ns: u64,
+    /// When each thread was last resumed after a hit (budget accounting).
+    resumed_ns: HashMap<i32, u64>,
 }
 
 fn trace_options() -> Options {
@@ -238,6 +258,10 @@ impl Engine {
             detached: false,
             hits: 0,
             hit_buffers: HitBuffers::default(),
+            budget: None,
+            kernel_cost: KernelCost::default(),
+            last_wait_ns: 0,
+            resumed_ns: HashMap::new(),
         }
     }
 
@@ -387,7 +411,12 @@ impl Engine {
                 continue;
             }
             match waitpid(None, Some(WaitPidFlag::__WALL)) {
-                Ok(status) => self.handle(status, false, sink)?,
+                Ok(status) => {
+                    if self.budget.is_some() {
+                        self.last_wait_ns = monotonic_ns();
+                    }
+                    self.handle(status, false, sink)?
+                }
                 Err(Errno::EINTR) => continue,
                 Err(Errno::ECHILD) => return Ok(()),
                 Err(e) => bail!("waitpid failed: {e}"),
@@ -416,6 +445,9 @@ impl Engine {
         if blocking {
             self.stop_all_running(sink)?;
         }
+        // Charged from the moment all are stopped: until then they ran (or waited
+        // for a CPU, which is not pyprobe's doing).
+        let began = monotonic_ns();
         sink(TraceEvent::Tick {
             pid: self.root,
             ts_ns: monotonic_ns(),
@@ -423,7 +455,9 @@ impl Engine {
         });
         if blocking {
             self.resume_all();
+            self.charge(monotonic_ns().saturating_sub(began));
         }
+        self.poll_budget(sink);
         Ok(())
     }
 
@@ -445,7 +479,11 @@ impl Engine {
             WaitStatus::Stopped(pid, Signal::SIGTRAP) => {
                 let tid = pid.as_raw();
                 if self.try_hit(tid, sink) {
-                    self.resume_or_hold(tid, None, holding);
+                    if holding || self.budget.is_none() {
+                        self.resume_or_hold(tid, None, holding);
+                    } else {
+                        self.resume_after_budgeted_hit(tid, sink);
+                    }
                 } else {
                     // A SIGTRAP that is not ours belongs to the target.
                     self.resume_or_hold(tid, Some(Signal::SIGTRAP), holding);
@@ -685,6 +723,7 @@ impl Engine {
         let Some(thread) = self.threads.remove(&tid) else {
             return;
         };
+        self.resumed_ns.remove(&tid);
         sink(TraceEvent::ThreadExit {
             pid: thread.tgid,
             tid,
@@ -719,6 +758,13 @@ impl Engine {
         let Some(&(pi, si)) = proc.patches.sites.get(&site_addr) else {
             return false;
         };
+        if self.budget.as_ref().is_some_and(|b| !b.exact())
+            && proc.patches.set.budgeted.contains(&pi)
+        {
+            // It passed the semaphore check just before the probe went off: the
+            // window is closed, so this hit is not recorded.
+            return true;
+        }
         let ts_ns = monotonic_ns();
         let probe = &proc.patches.set.probes[pi];
         let site = &probe.sites[si];
@@ -773,6 +819,7 @@ impl Engine {
         });
         proc.patches = patches;
         proc.awaiting_object = false;
+        self.budget_installed(pid, sink);
         Ok(true)
     }
 

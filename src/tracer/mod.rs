@@ -1,5 +1,6 @@
 //! The ptrace engine. It traces SDT probes of any program and knows nothing of Python.
 
+pub mod budget;
 pub mod decode;
 pub mod engine;
 pub mod errors;

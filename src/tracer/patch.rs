@@ -30,6 +30,8 @@ pub struct Patches {
     written: Vec<u64>,
     /// Semaphores we raised by one.
     raised: Vec<u64>,
+    /// Budgeted semaphores lowered back for now (see [`Patches::pause_budgeted`]).
+    paused: Vec<u64>,
     /// Sites refused because the byte there was not a `nop`.
     pub refused: Vec<(u64, u8)>,
 }
@@ -121,14 +123,71 @@ impl Patches {
                 }
             }
         }
+        // Paused semaphores are at their original value already.
+        self.paused.clear();
         self.sites.clear();
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Lowers the semaphores of the budgeted probes that we raised: CPython stops
+    /// reaching their sites (the `int3`s stay, harmless). Returns how many.
+    pub fn pause_budgeted(
+        &mut self,
+        mem: &mut ProcessMemory,
+        mut guard: Option<&mut Guardian>,
+    ) -> io::Result<usize> {
+        let pid = mem.pid();
+        let mut paused = 0;
+        for sem in self.budgeted_semaphores() {
+            let Some(i) = self.raised.iter().position(|&s| s == sem) else {
+                continue;
+            };
+            adjust_semaphore(mem, sem, -1)?;
+            self.raised.swap_remove(i);
+            self.paused.push(sem);
+            let _ = tell(&mut guard, Op::SemaphoreLowered, pid, sem);
+            paused += 1;
+        }
+        Ok(paused)
+    }
+
+    /// Raises again what [`Patches::pause_budgeted`] lowered.
+    pub fn resume_budgeted(
+        &mut self,
+        mem: &mut ProcessMemory,
+        mut guard: Option<&mut Guardian>,
+    ) -> io::Result<usize> {
+        let pid = mem.pid();
+        let mut resumed = 0;
+        while let Some(sem) = self.paused.pop() {
+            tell(&mut guard, Op::SemaphoreRaised, pid, sem)?;
+            if let Err(e) = adjust_semaphore(mem, sem, 1) {
+                let _ = tell(&mut guard, Op::SemaphoreLowered, pid, sem);
+                return Err(e);
+            }
+            self.raised.push(sem);
+            resumed += 1;
+        }
+        Ok(resumed)
+    }
+
+    fn budgeted_semaphores(&self) -> Vec<u64> {
+        let mut sems: Vec<u64> = self
+            .set
+            .budgeted
+            .iter()
+            .filter_map(|&i| self.set.probes.get(i).and_then(|p| p.semaphore))
+            .collect();
+        sems.sort_unstable();
+        sems.dedup();
+        sems
     }
 
     /// Forgets what was written without touching memory (the image is gone: exec).
     pub fn forget(&mut self) {
         self.written.clear();
         self.raised.clear();
+        self.paused.clear();
         self.sites.clear();
     }
 

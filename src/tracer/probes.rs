@@ -28,6 +28,9 @@ pub struct Probe {
 pub struct ProbeSet {
     pub probes: Vec<Probe>,
     pub symbols: Vec<(String, u64)>,
+    /// Indices of the probes an overhead budget may turn off for a while (the
+    /// frequent ones: function entry and return, line).
+    pub budgeted: Vec<usize>,
 }
 
 impl ProbeSet {

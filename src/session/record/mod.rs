@@ -11,7 +11,9 @@ use anyhow::{bail, Context, Result};
 use crate::analyze::FileFilter;
 use crate::process::objects::{find_probe_object, sdt_objects};
 use crate::process::status::{check_inspectable, cmdline};
-use crate::python::probes::{PROBES, PROVIDER};
+use std::collections::BTreeSet;
+
+use crate::python::probes::{ProbeGroup, PROBES, PROVIDER};
 use crate::python::tracing::parse_groups;
 use crate::python::walker::find_interpreter_object;
 use crate::record::{EventKind, Header};
@@ -39,6 +41,36 @@ pub struct RecordRequest {
     pub rate: u32,
     /// Sample without stopping the threads.
     pub nonblocking: bool,
+    /// `--max-overhead` as given, in percent (`None`: the default for the mode).
+    pub max_overhead: Option<f64>,
+}
+
+/// The default overhead budget, in percent, where one applies.
+const DEFAULT_MAX_OVERHEAD: f64 = 5.0;
+
+/// The slowdown allowed (fraction), from `--max-overhead` and the defaults: 5 % in
+/// auto mode when function or line probes are asked for on a running process.
+fn overhead_budget(
+    request: &RecordRequest,
+    mode: Mode,
+    requested: Option<&BTreeSet<ProbeGroup>>,
+) -> Result<Option<f64>> {
+    let costly = requested
+        .is_some_and(|g| g.contains(&ProbeGroup::Function) || g.contains(&ProbeGroup::Line));
+    match request.max_overhead {
+        Some(p) if !(0.0..=10_000.0).contains(&p) => {
+            bail!("--max-overhead must be a percentage between 0 and 10000 (got {p})")
+        }
+        Some(0.0) => Ok(None),
+        Some(_) if mode == Mode::Sample => bail!(
+            "--max-overhead limits probes, and `--mode sample` uses none: lower -r/--rate instead"
+        ),
+        Some(p) => Ok(Some(p / 100.0)),
+        None if mode == Mode::Auto && request.pid.is_some() && costly => {
+            Ok(Some(DEFAULT_MAX_OVERHEAD / 100.0))
+        }
+        None => Ok(None),
+    }
 }
 
 mod events;
@@ -100,6 +132,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     if mode == Mode::Sample && requested.is_some() {
         bail!("`--probes` needs probes: use it with `--mode trace` or `--mode auto`");
     }
+    let budget = overhead_budget(request, mode, requested.as_ref())?;
     let chosen = Rc::new(RefCell::new(Chosen::default()));
     let resolver = Box::new(PythonResolver {
         mode,
@@ -110,13 +143,20 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     let options = EngineOptions {
         subprocesses: request.subprocesses,
         guardian: true,
-        sample_interval_ns: (mode != Mode::Trace).then_some(interval_ns),
+        // Under a budget, stacks are sampled while the function probes are off.
+        sample_interval_ns: (mode != Mode::Trace || budget.is_some()).then_some(interval_ns),
         blocking_samples: !request.nonblocking,
+        max_overhead: budget,
     };
     signals::install().context("cannot install signal handlers")?;
 
     let mut early = Vec::new();
-    let mut collect = |e: TraceEvent| early.push(format_early(&e));
+    // A budget's first window opens while attaching, before the recording does.
+    let mut early_window = None;
+    let mut collect = |e: TraceEvent| match e {
+        TraceEvent::Window { pid, ts_ns, exact } => early_window = Some((pid, ts_ns, exact)),
+        other => early.push(format_early(&other)),
+    };
     let (mut engine, launched) = match (request.pid, request.command.is_empty()) {
         (Some(pid), true) => {
             check_attachable(pid, mode)?;
@@ -147,7 +187,11 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             cmdline(pid)
         },
         mode: request.mode.clone(),
-        sample_interval_ns: if mode == Mode::Trace { 0 } else { interval_ns },
+        sample_interval_ns: if mode == Mode::Trace && budget.is_none() {
+            0
+        } else {
+            interval_ns
+        },
         start_ns: monotonic_ns(),
         wall_start_unix_ns: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -165,10 +209,18 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         request.start_at.clone(),
     );
     let mut sampler = Sampler::default();
-    let start_line = |chosen: &Chosen, pid: i32| print_start_line(chosen, pid, mode, request);
+    let start_line =
+        |chosen: &Chosen, pid: i32| print_start_line(chosen, pid, mode, request, budget);
+    // Under a budget: `exact_window` says whether calls are traced exactly now
+    // (then no sampling).
     if !launched {
         start_line(&chosen.borrow(), pid);
         builder.open(pid, &chosen.borrow());
+    }
+    let mut exact_window = false;
+    if let Some((pid, ts_ns, exact)) = early_window {
+        exact_window = exact;
+        builder.write(pid, ts_ns, EventKind::Window { exact });
     }
     if let Some(d) = request.duration {
         signals::set_deadline(d);
@@ -212,8 +264,12 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             }
         }
         TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
+        TraceEvent::Window { pid, ts_ns, exact } => {
+            exact_window = exact;
+            builder.write(pid, ts_ns, EventKind::Window { exact });
+        }
         TraceEvent::Tick { pid, ts_ns, .. } => {
-            if announced || !launched {
+            if (announced || !launched) && !exact_window {
                 sampler.sample(pid, ts_ns, &mut builder);
                 builder.flush_if_due(ts_ns);
             }
@@ -223,6 +279,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     });
     status.finish();
     let hits = engine.hits();
+    let budget_summary = engine.budget_summary();
     drop(engine);
     let end_ns = monotonic_ns();
     let events = builder.events();
@@ -265,6 +322,15 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             Outcome::Killed(sig) => format!("; target killed by {sig}"),
         }
     );
+    if let (Some(max), Some((fraction, windows))) = (budget, budget_summary) {
+        eprintln!(
+            "pyprobe: overhead budget {}%: calls traced exactly {:.1}% of the time, in {windows} \
+             window{}; sampled in between",
+            max * 100.0,
+            fraction * 100.0,
+            if windows == 1 { "" } else { "s" }
+        );
+    }
     if is_view(&output) {
         // The recording stays beside the view, so other views can be made later.
         crate::session::views::write_view_for_extension(&recording_path, &output)
@@ -295,7 +361,13 @@ fn is_view(path: &std::path::Path) -> bool {
     )
 }
 
-fn print_start_line(chosen: &Chosen, pid: i32, mode: Mode, request: &RecordRequest) {
+fn print_start_line(
+    chosen: &Chosen,
+    pid: i32,
+    mode: Mode,
+    request: &RecordRequest,
+    budget: Option<f64>,
+) {
     let version = chosen
         .version
         .map(|v| v.to_string())
@@ -330,6 +402,23 @@ fn print_start_line(chosen: &Chosen, pid: i32, mode: Mode, request: &RecordReque
     }
     if let Some(w) = &chosen.warning {
         eprintln!("pyprobe: note: {w}");
+    }
+    if let Some(max) = budget {
+        let costly = chosen.groups.contains(&ProbeGroup::Function)
+            || chosen.groups.contains(&ProbeGroup::Line);
+        if costly {
+            eprintln!(
+                "pyprobe: overhead budget {}% (--max-overhead): above it, function probes go off and \
+                 stacks are sampled at {} Hz until the budget allows an exact window again",
+                max * 100.0,
+                request.rate
+            );
+        } else if chosen.has_probes {
+            eprintln!(
+                "pyprobe: overhead budget {}%: nothing to limit, no function or line probes are on",
+                max * 100.0
+            );
+        }
     }
 }
 

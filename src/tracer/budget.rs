@@ -1,0 +1,300 @@
+//! The overhead budget (`--max-overhead`): how much the target may be slowed by the
+//! time it spends stopped for pyprobe, and when the costly probes must go off.
+//!
+//! Slowdown is measured as time stopped over time run, in a decaying window (time
+//! constant [`HORIZON_NS`]), so a burst of calls cannot be paid for with an idle
+//! hour before it. Above the budget the budgeted probes (function entry/return,
+//! line) go off and the target is sampled; once the slowdown has decayed below
+//! [`RESUME_AT`] of the budget they go on again, for an exact window. On a
+//! call-heavy target this settles into short exact windows (tens of ms) between
+//! longer sampled stretches, averaging no more than the budget.
+//!
+//! The cost of one probe hit is what pyprobe sees (waitpid return to PTRACE_CONT)
+//! plus the kernel's part (trap, wake-up of pyprobe, resume), which pyprobe cannot
+//! time directly: it is estimated by [`KernelCost`] from the shortest gap between
+//! resuming a thread and its next stop.
+
+/// Time constant of the decaying window.
+pub const HORIZON_NS: f64 = 0.5e9;
+/// Probes come back on when the slowdown is below this share of the budget.
+pub const RESUME_AT: f64 = 0.8;
+/// At most this often the controller re-evaluates (it runs on the hot path).
+const POLL_NS: u64 = 1_000_000;
+
+/// What the controller wants done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Toggle {
+    /// Lower the budgeted probes' semaphores: sample instead.
+    Off,
+    /// Raise them again: an exact window starts.
+    On,
+}
+
+/// Decides when the budgeted probes are on, from the stopped time it is told about.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    /// Allowed slowdown (0.05 for 5 %).
+    max: f64,
+    exact: bool,
+    /// Decayed sums of stopped time and of elapsed time.
+    stopped_acc: f64,
+    elapsed_acc: f64,
+    /// Stopped time told since the last poll.
+    new_stopped: u64,
+    last_poll: u64,
+    /// Totals for the report: time with the probes on, and all time.
+    exact_since: Option<u64>,
+    exact_total: u64,
+    start: u64,
+    windows: u64,
+}
+
+impl Budget {
+    /// A budget of `max` slowdown (fraction), starting at `now` with probes on.
+    pub fn new(max: f64, now: u64) -> Budget {
+        Budget {
+            max: max.max(1e-6),
+            exact: true,
+            stopped_acc: 0.0,
+            // As if the target had run one horizon untouched before: the first
+            // exact window is not cut short by an empty history.
+            elapsed_acc: HORIZON_NS,
+            new_stopped: 0,
+            last_poll: now,
+            exact_since: Some(now),
+            exact_total: 0,
+            start: now,
+            windows: 1,
+        }
+    }
+
+    /// Whether the budgeted probes are on now.
+    pub fn exact(&self) -> bool {
+        self.exact
+    }
+
+    /// The target was stopped `ns` for pyprobe (a hit, a sample).
+    pub fn stopped(&mut self, ns: u64) {
+        self.new_stopped = self.new_stopped.saturating_add(ns);
+    }
+
+    /// The slowdown over the decaying window: stopped time over time run.
+    pub fn slowdown(&self) -> f64 {
+        let run = (self.elapsed_acc - self.stopped_acc).max(1.0);
+        self.stopped_acc / run
+    }
+
+    /// Re-evaluates at `now` (cheap when called more often than every ms).
+    pub fn poll(&mut self, now: u64) -> Option<Toggle> {
+        let dt = now.saturating_sub(self.last_poll);
+        if dt < POLL_NS {
+            return None;
+        }
+        self.last_poll = now;
+        let decay = (-(dt as f64) / HORIZON_NS).exp();
+        // Stopped time cannot exceed elapsed time (a stop counted twice, a clock
+        // step): clamp so the ratio stays meaningful.
+        let stopped = (self.new_stopped as f64).min(dt as f64);
+        self.new_stopped = 0;
+        self.stopped_acc = self.stopped_acc * decay + stopped;
+        self.elapsed_acc = self.elapsed_acc * decay + dt as f64;
+        let slowdown = self.slowdown();
+        if self.exact && slowdown > self.max {
+            self.exact = false;
+            if let Some(since) = self.exact_since.take() {
+                self.exact_total += now.saturating_sub(since);
+            }
+            return Some(Toggle::Off);
+        }
+        if !self.exact && slowdown < self.max * RESUME_AT {
+            self.exact = true;
+            self.exact_since = Some(now);
+            self.windows += 1;
+            return Some(Toggle::On);
+        }
+        None
+    }
+
+    /// Share of the time since the start with the budgeted probes on.
+    pub fn exact_fraction(&self, now: u64) -> f64 {
+        let total = now.saturating_sub(self.start);
+        if total == 0 {
+            return 1.0;
+        }
+        let open = self.exact_since.map_or(0, |s| now.saturating_sub(s));
+        ((self.exact_total + open) as f64 / total as f64).min(1.0)
+    }
+
+    /// Exact windows opened so far (the first one included).
+    pub fn windows(&self) -> u64 {
+        self.windows
+    }
+}
+
+/// Estimates the kernel's share of one ptrace stop: the shortest gap, within an
+/// epoch, between resuming a thread and seeing it stop again. With back-to-back
+/// hits that gap is nearly all kernel; with sparse hits it overestimates, which
+/// errs towards less overhead.
+#[derive(Debug, Clone)]
+pub struct KernelCost {
+    epoch_start: u64,
+    epoch_min: u64,
+    epoch_samples: u64,
+    estimate: u64,
+}
+
+/// One epoch of gap measurements.
+const EPOCH_NS: u64 = 1_000_000_000;
+/// An epoch with fewer gaps than this keeps the previous estimate.
+const MIN_SAMPLES: u64 = 100;
+/// Before any measurement: a typical stop on a small VM.
+const DEFAULT_KERNEL_NS: u64 = 20_000;
+/// A gap longer than this is the target running, not the kernel.
+const MAX_KERNEL_NS: u64 = 500_000;
+
+impl Default for KernelCost {
+    fn default() -> Self {
+        KernelCost {
+            epoch_start: 0,
+            epoch_min: u64::MAX,
+            epoch_samples: 0,
+            estimate: DEFAULT_KERNEL_NS,
+        }
+    }
+}
+
+impl KernelCost {
+    /// A thread resumed at `resumed` was seen stopped again at `stopped`.
+    pub fn gap(&mut self, resumed: u64, stopped: u64) {
+        if resumed == 0 || stopped < resumed {
+            return;
+        }
+        if stopped.saturating_sub(self.epoch_start) > EPOCH_NS {
+            if self.epoch_samples >= MIN_SAMPLES {
+                self.estimate = self.epoch_min;
+            }
+            self.epoch_start = stopped;
+            self.epoch_min = u64::MAX;
+            self.epoch_samples = 0;
+        }
+        let gap = (stopped - resumed).min(MAX_KERNEL_NS);
+        self.epoch_min = self.epoch_min.min(gap);
+        self.epoch_samples += 1;
+        // Until a full epoch has been seen, the running minimum is the best guess.
+        if self.epoch_samples >= MIN_SAMPLES && self.epoch_min < self.estimate {
+            self.estimate = self.epoch_min;
+        }
+    }
+
+    /// The current estimate, in ns.
+    pub fn estimate(&self) -> u64 {
+        self.estimate
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// Simulates a target that, while traced, is stopped `stopped_share` of the
+    /// time; returns the slowdown it suffered overall and the exact fraction.
+    fn simulate(max: f64, stopped_share: f64, seconds: u64) -> (f64, f64, u64) {
+        let mut b = Budget::new(max, 0);
+        let (mut stopped_total, mut run_total) = (0u64, 0u64);
+        let step = MS / 4;
+        let end = seconds * 1000 * MS;
+        let mut now = 0;
+        while now < end {
+            now += step;
+            let stopped = if b.exact() {
+                (step as f64 * stopped_share) as u64
+            } else {
+                0
+            };
+            stopped_total += stopped;
+            run_total += step - stopped;
+            b.stopped(stopped);
+            b.poll(now);
+        }
+        (
+            stopped_total as f64 / run_total as f64,
+            b.exact_fraction(now),
+            b.windows(),
+        )
+    }
+
+    #[test]
+    fn call_heavy_target_stays_within_budget() {
+        // fib under int3: stopped 98 % of the time while traced.
+        let (slowdown, exact, windows) = simulate(0.05, 0.98, 30);
+        assert!(slowdown <= 0.05, "slowdown {slowdown}");
+        assert!(slowdown >= 0.02, "budget wasted: slowdown {slowdown}");
+        assert!(exact > 0.01 && exact < 0.06, "exact fraction {exact}");
+        // Short windows, many of them, not one long one.
+        assert!(windows > 30, "{windows} windows");
+    }
+
+    #[test]
+    fn light_target_is_traced_all_the_time() {
+        let (slowdown, exact, windows) = simulate(0.05, 0.01, 10);
+        assert!(slowdown < 0.011);
+        assert_eq!(exact, 1.0);
+        assert_eq!(windows, 1);
+    }
+
+    #[test]
+    fn stopped_time_beyond_elapsed_is_clamped() {
+        let mut b = Budget::new(0.05, 0);
+        let mut toggles = Vec::new();
+        for i in 1..=200 {
+            b.stopped(u64::MAX);
+            toggles.extend(b.poll(i * MS));
+        }
+        assert_eq!(toggles, vec![Toggle::Off]);
+        assert!(b.slowdown().is_finite());
+        // A long pause decays it: probes come back.
+        assert_eq!(b.poll(10_000 * MS), Some(Toggle::On));
+    }
+
+    #[test]
+    fn polls_closer_than_a_millisecond_do_nothing() {
+        let mut b = Budget::new(0.05, 0);
+        for i in 1..=20 {
+            b.stopped(MS);
+            b.poll(i * MS);
+        }
+        assert!(b.exact());
+        b.stopped(MS);
+        assert_eq!(b.poll(20 * MS + MS / 2), None);
+        let mut now = 20 * MS;
+        while b.exact() {
+            now += MS;
+            b.stopped(MS);
+            b.poll(now);
+        }
+        assert!(now < 200 * MS, "went off only at {now}");
+    }
+
+    #[test]
+    fn kernel_cost_takes_the_shortest_gap_of_an_epoch() {
+        let mut k = KernelCost::default();
+        assert_eq!(k.estimate(), DEFAULT_KERNEL_NS);
+        let mut t = 1_000;
+        for i in 0..200u64 {
+            let resumed = t;
+            t += 15_000 + (i % 7) * 1_000;
+            k.gap(resumed, t);
+            t += 1_000;
+        }
+        assert_eq!(k.estimate(), 15_000);
+        // Sparse hits in the next epoch do not replace it.
+        k.gap(t + 2 * EPOCH_NS, t + 2 * EPOCH_NS + 400_000);
+        assert_eq!(k.estimate(), 15_000);
+        // Nonsense input is ignored.
+        k.gap(0, 5);
+        k.gap(10, 5);
+        assert_eq!(k.estimate(), 15_000);
+    }
+}

@@ -1,0 +1,112 @@
+//! The engine's side of the overhead budget: charging stopped time, and turning the
+//! budgeted probes off and on in every traced process.
+
+use super::{Engine, TraceEvent};
+use crate::tracer::budget::{Budget, Toggle};
+use crate::tracer::signals::monotonic_ns;
+
+impl Engine {
+    /// Probes were installed in `pid`: start the budget at the first budgeted
+    /// probes, and keep a process installed while probes are off in step.
+    pub(super) fn budget_installed(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+        let Some(max) = self.options.max_overhead else {
+            return;
+        };
+        let has_budgeted = self
+            .procs
+            .get(&pid)
+            .is_some_and(|p| !p.patches.set.budgeted.is_empty());
+        if !has_budgeted {
+            return;
+        }
+        match &self.budget {
+            None => {
+                let now = monotonic_ns();
+                self.budget = Some(Budget::new(max, now));
+                sink(TraceEvent::Window {
+                    pid: self.root,
+                    ts_ns: now,
+                    exact: true,
+                });
+            }
+            Some(b) if !b.exact() => {
+                if let Some(proc) = self.procs.get_mut(&pid) {
+                    if let Err(e) = proc
+                        .patches
+                        .pause_budgeted(&mut proc.mem, self.guardian.as_mut())
+                    {
+                        sink(TraceEvent::Notice(format!(
+                            "process {pid}: cannot turn the function probes off for the overhead \
+                             budget ({e})"
+                        )));
+                    }
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// The target was stopped `ns` for pyprobe.
+    pub(super) fn charge(&mut self, ns: u64) {
+        if let Some(b) = self.budget.as_mut() {
+            b.stopped(ns);
+        }
+    }
+
+    /// Resumes `tid` after a hit, charging the stop: what pyprobe spent since the
+    /// wait returned, plus the kernel's estimated share.
+    pub(super) fn resume_after_budgeted_hit(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+        let stopped_seen = self.last_wait_ns;
+        if let Some(&resumed) = self.resumed_ns.get(&tid) {
+            self.kernel_cost.gap(resumed, stopped_seen);
+        }
+        self.resume(tid, None);
+        let now = monotonic_ns();
+        self.resumed_ns.insert(tid, now);
+        let kernel = self.kernel_cost.estimate();
+        self.charge(now.saturating_sub(stopped_seen).saturating_add(kernel));
+        self.poll_budget(sink);
+    }
+
+    /// Lets the budget decide, and applies its decision to every process.
+    pub(super) fn poll_budget(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        let now = monotonic_ns();
+        let Some(toggle) = self.budget.as_mut().and_then(|b| b.poll(now)) else {
+            return;
+        };
+        let mut pids: Vec<i32> = self.procs.keys().copied().collect();
+        pids.sort_unstable();
+        for pid in pids {
+            let Some(proc) = self.procs.get_mut(&pid) else {
+                continue;
+            };
+            let guard = self.guardian.as_mut();
+            let result = match toggle {
+                Toggle::Off => proc.patches.pause_budgeted(&mut proc.mem, guard),
+                Toggle::On => proc.patches.resume_budgeted(&mut proc.mem, guard),
+            };
+            if let Err(e) = result {
+                sink(TraceEvent::Notice(format!(
+                    "process {pid}: cannot turn the function probes {} ({e})",
+                    if toggle == Toggle::On { "on" } else { "off" }
+                )));
+            }
+        }
+        if toggle == Toggle::Off {
+            // Gaps measured across an off stretch are not kernel time.
+            self.resumed_ns.clear();
+        }
+        sink(TraceEvent::Window {
+            pid: self.root,
+            ts_ns: now,
+            exact: toggle == Toggle::On,
+        });
+    }
+
+    /// `(exact fraction, windows)` of the overhead budget, if one was in force.
+    pub fn budget_summary(&self) -> Option<(f64, u64)> {
+        self.budget
+            .as_ref()
+            .map(|b| (b.exact_fraction(monotonic_ns()), b.windows()))
+    }
+}

@@ -1,0 +1,209 @@
+//! The overhead budget (`--max-overhead`): a call-heavy target gets short exact
+//! windows with samples between them; a light one stays exact throughout; probes
+//! turned off and on are all restored at the end, even when pyprobe is killed.
+//! Whether the slowdown stays within the budget is measured in the benchmark
+//! (`scripts/bench.sh`), never timed here.
+
+mod common;
+mod support;
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::*;
+use support::*;
+
+/// One budget test at a time: each runs a hot target, and the budget's windows are
+/// what is checked, which a machine crowded by the other tests would distort.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The probe sites and semaphores of `pid`, once its interpreter is up.
+fn probe_sites(pid: i32) -> (Vec<u64>, Vec<u64>) {
+    let mut found = None;
+    let up = wait_for(Duration::from_secs(10), || {
+        let out = run_pyprobe(&["probes", "-p", &pid.to_string(), "--format", "json"]);
+        if out.status.success() {
+            found = Some(sites_and_semaphores(pid));
+        }
+        found.is_some()
+    });
+    assert!(up, "the probes of {pid} are readable within 10 s");
+    found.unwrap()
+}
+
+/// `pyprobe record -p PID --mode trace --max-overhead PERCENT` in the background.
+fn trace_with_budget(output: &str, pid: i32, percent: &str) -> Tracer {
+    let pid = pid.to_string();
+    let args = ["-p", &pid, "--mode", "trace", "--max-overhead", percent];
+    Tracer::record(output, &args)
+}
+
+/// Records the hot loop under `pyprobe record -p PID EXTRA -d 2.5` and returns the
+/// report, after checking the target ran to its own correct end, untouched.
+fn record_hot_loop(py: &Python, extra: &[&str]) -> (serde_json::Value, String) {
+    let mut target = Target::spawn(&py.launcher, &[&fixture_script("hot_loop.py"), "4"]);
+    let pid = target.pid();
+    let (sites, sems) = probe_sites(pid);
+    let out = TempFile::new(&format!("budget-hot-{}.pyprobe", py.version));
+    let pid_text = pid.to_string();
+    let mut args = vec!["-p", &pid_text, "-d", "2.5"];
+    args.extend_from_slice(extra);
+    let (status, stderr) = Tracer::record(out.path(), &args).wait(Duration::from_secs(30));
+    assert!(status.success(), "record failed:\n{stderr}");
+    assert_restored(pid, &sites, &sems);
+    let line = target.wait_for_line("done");
+    assert_eq!(line.trim(), "done True", "the target's own check");
+    (report_json(out.path()), stderr)
+}
+
+fn function_row<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    report["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == name && f["file"].as_str().unwrap().ends_with("hot_loop.py"))
+        .unwrap_or_else(|| panic!("no row for {name}: {report}"))
+}
+
+fn hot_target_gets_exact_windows_and_samples(version: &'static str) {
+    let _serial = serial();
+    let Some(py) = python(version) else { return };
+    let (report, stderr) = record_hot_loop(&py, &["--mode", "trace", "--max-overhead", "5"]);
+    assert!(stderr.contains("overhead budget 5%"), "{stderr}");
+    let windows = report["exact_windows"].as_u64().expect("exact_windows set");
+    let fraction = report["exact_fraction"].as_f64().unwrap();
+    // Without the budget the hot loop would be traced all along (fraction 1).
+    assert!(windows >= 2, "several short windows, got {windows}");
+    assert!(
+        fraction > 0.0 && fraction < 0.5,
+        "exact fraction {fraction} under a 5 % budget"
+    );
+    let f = function_row(&report, "f");
+    assert!(
+        f["calls"].as_u64().unwrap() > 0,
+        "calls counted in windows: {f}"
+    );
+    assert!(
+        f["samples"].as_u64().unwrap() > 0,
+        "sampled between windows: {f}"
+    );
+    // Exact and sampled time of one function land on one row.
+    let rows = report["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["function"] == "f")
+        .count();
+    assert_eq!(rows, 1, "{report}");
+}
+
+#[test]
+fn hot_target_gets_exact_windows_and_samples_3_9() {
+    hot_target_gets_exact_windows_and_samples("3.9");
+}
+
+#[test]
+fn hot_target_gets_exact_windows_and_samples_3_15() {
+    hot_target_gets_exact_windows_and_samples("3.15");
+}
+
+#[test]
+fn light_target_stays_exact_and_its_counts_match_its_own() {
+    let _serial = serial();
+    let Some(py) = python("3.9") else { return };
+    let mut target = Target::spawn(&py.launcher, &[&fixture_script("paced_calls.py"), "1.5"]);
+    target.wait_for_line("ready");
+    let pid = target.pid();
+    let (_, sems) = probe_sites(pid);
+    let out = TempFile::new("budget-light.pyprobe");
+    let tracer = trace_with_budget(out.path(), pid, "30");
+    wait_until_traced(pid, &sems);
+    target.send_line("go");
+    let own: serde_json::Value = serde_json::from_str(target.wait_for_line("{").trim()).unwrap();
+    tracer.signal(libc::SIGINT);
+    let (status, stderr) = tracer.wait(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    let report = report_json(out.path());
+    let calls = calls_in_file(&report, "paced_calls.py");
+    assert!(calls["tick"] > 50, "{calls:?}");
+    assert_eq!(Some(calls["tick"]), own["tick"].as_u64(), "{report}");
+    assert_eq!(
+        report["exact_windows"], 1,
+        "one window, never closed: {report}"
+    );
+    assert_eq!(report["exact_fraction"], 1.0);
+}
+
+#[test]
+fn auto_mode_with_function_probes_on_a_live_target_defaults_to_5_percent() {
+    let _serial = serial();
+    let Some(py) = python("3.9") else { return };
+    let (report, stderr) = record_hot_loop(&py, &["--probes", "function"]);
+    assert!(stderr.contains("overhead budget 5%"), "{stderr}");
+    assert!(report["exact_windows"].as_u64().unwrap() >= 2, "{report}");
+    // And 0 turns it off: exact all along.
+    let (report, stderr) = record_hot_loop(&py, &["--probes", "function", "--max-overhead", "0"]);
+    assert!(!stderr.contains("overhead budget"), "{stderr}");
+    assert!(report["exact_windows"].is_null(), "{report}");
+    assert_eq!(report["exact_fraction"], 1.0);
+}
+
+#[test]
+fn a_budget_needs_probes() {
+    assert_refused(
+        &[
+            "record",
+            "--mode",
+            "sample",
+            "--max-overhead",
+            "5",
+            "--",
+            "true",
+        ],
+        &["--max-overhead", "sample"],
+    );
+    assert_refused(
+        &["record", "--max-overhead=-3", "--", "true"],
+        &["--max-overhead", "percentage"],
+    );
+}
+
+#[test]
+fn killed_while_probes_are_off_the_target_is_restored() {
+    let _serial = serial();
+    let Some(py) = python("3.9") else { return };
+    for run in 0..5u64 {
+        let mut target = Target::spawn(&py.launcher, &[&fixture_script("hot_loop.py"), "2.5"]);
+        let pid = target.pid();
+        let (sites, sems) = probe_sites(pid);
+        let out = TempFile::new(&format!("budget-kill-{run}.pyprobe"));
+        let tracer = trace_with_budget(out.path(), pid, "5");
+        wait_until_traced(pid, &sems);
+        // Somewhere in the cycle of windows (on for tens of ms, off for hundreds).
+        std::thread::sleep(Duration::from_millis(300 + run * 137));
+        tracer.signal(libc::SIGKILL);
+        let _ = tracer.wait(Duration::from_secs(10));
+        // The guardian restores at once; give it a moment.
+        let restored = wait_for(Duration::from_secs(2), || {
+            sems.iter()
+                .all(|&s| read_target_memory(pid, s, 2) == [0, 0])
+                && sites
+                    .iter()
+                    .all(|&s| read_target_memory(pid, s, 1) == [0x90])
+        });
+        assert!(
+            restored,
+            "run {run}: semaphores and sites restored after SIGKILL"
+        );
+        let line = target.wait_for_line("done");
+        assert_eq!(
+            line.trim(),
+            "done True",
+            "run {run}: the target's own check"
+        );
+    }
+}
