@@ -23,7 +23,11 @@ WORKLOADS = {
     "gc": ["gc_heavy.py", "40"],
     "threaded": ["threaded.py", "20000"],
     "sleepy": ["sleepy.py", "100"],
+    # Long enough (about 2 s untraced) for the overhead budget to settle; full
+    # tracing of it would take minutes, so only these configurations run on it.
+    "fib-long": ["fib.py", "34"],
 }
+ONLY = {"fib-long": {"untraced", "pyprobe trace 5%", "pyprobe sample 100", "py-spy 100"}}
 
 
 def interpreter(version):
@@ -69,6 +73,8 @@ def configurations(pyprobe, floor, pyspy, sites, sems, tmp):
         configs["floor"] = lambda cmd: args + ["--"] + cmd
     configs["pyprobe trace"] = lambda cmd: [pyprobe, "record", "--mode", "trace", "-o", rec, "--"] + cmd
     configs["pyprobe auto"] = lambda cmd: [pyprobe, "record", "--mode", "auto", "-o", rec, "--"] + cmd
+    configs["pyprobe trace 5%"] = lambda cmd: [
+        pyprobe, "record", "--mode", "trace", "--max-overhead", "5", "-o", rec, "--"] + cmd
     for rate in (100, 1000):
         configs[f"pyprobe sample {rate}"] = lambda cmd, r=rate: [
             pyprobe, "record", "--mode", "sample", "-r", str(r), "-o", rec, "--"] + cmd
@@ -90,7 +96,8 @@ def run_once(argv, env):
     m = re.search(r"(\d+) probe hits", proc.stderr) or re.search(r"^hits (\d+)", proc.stderr, re.M)
     if m:
         hits = int(m.group(1))
-    return elapsed, proc.returncode, hits, proc.stderr
+    exact = re.search(r"calls traced exactly ([\d.]+)%", proc.stderr)
+    return elapsed, proc.returncode, hits, (float(exact.group(1)) if exact else None), proc.stderr
 
 
 def main():
@@ -113,6 +120,7 @@ def main():
     workloads = [w for w in args.workloads.split(",") if w in WORKLOADS]
     times = {(w, c): [] for w in workloads for c in configs}
     hits = {}
+    exact = {}
     unavailable = {}
     for run in range(args.runs):
         for w in workloads:
@@ -120,13 +128,17 @@ def main():
             for name, make in configs.items():
                 if name in unavailable or (name == "floor" and w == "threaded"):  # the floor follows no threads
                     continue
-                elapsed, code, h, err = run_once(make(cmd), env)
+                if w in ONLY and name not in ONLY[w]:
+                    continue
+                elapsed, code, h, ex, err = run_once(make(cmd), env)
                 if code != 0:
                     unavailable[name] = err.strip().splitlines()[-1] if err.strip() else f"exit {code}"
                     continue
                 times[(w, name)].append(elapsed)
                 if h is not None:
                     hits[(w, name)] = h
+                if ex is not None:
+                    exact.setdefault((w, name), []).append(ex)
             print(f"bench: run {run + 1}/{args.runs} of {w} done", file=sys.stderr)
 
     results = []
@@ -138,6 +150,8 @@ def main():
                 continue
             med = statistics.median(t)
             row = {"workload": w, "config": name, "median_s": round(med, 4), "slowdown": round(med / base, 2)}
+            if (w, name) in exact:
+                row["exact_pct"] = round(statistics.median(exact[(w, name)]), 1)
             if (w, name) in hits and hits[(w, name)]:
                 row["hits"] = hits[(w, name)]
                 row["ns_per_hit"] = round((med - base) * 1e9 / hits[(w, name)])
@@ -156,10 +170,12 @@ def main():
 
     print(f"\npyprobe side-by-side, python {args.python}, {args.runs} interleaved runs, "
           f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs\n")
-    print(f"{'workload':<9} {'configuration':<22} {'median':>9} {'slowdown':>9} {'ns/hit':>8} {'vs floor':>9} {'vs py-spy':>10}")
+    print(f"{'workload':<9} {'configuration':<22} {'median':>9} {'slowdown':>9} {'ns/hit':>8} {'vs floor':>9} "
+          f"{'vs py-spy':>10} {'exact %':>8}")
     for r in results:
+        ns = r.get('ns_per_hit', '') if r['config'] != "pyprobe trace 5%" else ''
         print(f"{r['workload']:<9} {r['config']:<22} {r['median_s']:>8.3f}s {r['slowdown']:>8.2f}x "
-              f"{r.get('ns_per_hit', ''):>8} {r.get('vs_floor', ''):>9} {r.get('vs_py_spy', ''):>10}")
+              f"{ns:>8} {r.get('vs_floor', ''):>9} {r.get('vs_py_spy', ''):>10} {r.get('exact_pct', ''):>8}")
     for name, why in unavailable.items():
         print(f"unavailable: {name}: {why}")
     with open(args.json, "w") as f:

@@ -11,8 +11,9 @@
 //!
 //! The cost of one probe hit is what pyprobe sees (waitpid return to PTRACE_CONT)
 //! plus the kernel's part (trap, wake-up of pyprobe, resume), which pyprobe cannot
-//! time directly: it is estimated by [`KernelCost`] from the shortest gap between
-//! resuming a thread and its next stop.
+//! time on the target: [`KernelCost`] takes it from a calibration (a child of
+//! pyprobe hitting breakpoints, see `calibrate`) or, when the machine is busier
+//! than then, from the shortest gap between resuming a thread and its next stop.
 
 /// Time constant of the decaying window.
 pub const HORIZON_NS: f64 = 0.5e9;
@@ -131,16 +132,18 @@ impl Budget {
     }
 }
 
-/// Estimates the kernel's share of one ptrace stop: the shortest gap, within an
-/// epoch, between resuming a thread and seeing it stop again. With back-to-back
-/// hits that gap is nearly all kernel; with sparse hits it overestimates, which
-/// errs towards less overhead.
+/// Estimates the kernel's share of one ptrace stop: the calibrated cycle, or the
+/// shortest gap within an epoch between resuming a thread and seeing it stop
+/// again, whichever is larger. With back-to-back hits that gap is nearly all
+/// kernel (and follows the machine's load); with sparse hits it is larger than
+/// the kernel's share, which errs towards less overhead.
 #[derive(Debug, Clone)]
 pub struct KernelCost {
     epoch_start: u64,
     epoch_min: u64,
     epoch_samples: u64,
-    estimate: u64,
+    gap_estimate: u64,
+    calibrated: u64,
 }
 
 /// One epoch of gap measurements.
@@ -158,12 +161,21 @@ impl Default for KernelCost {
             epoch_start: 0,
             epoch_min: u64::MAX,
             epoch_samples: 0,
-            estimate: DEFAULT_KERNEL_NS,
+            gap_estimate: 0,
+            calibrated: DEFAULT_KERNEL_NS,
         }
     }
 }
 
 impl KernelCost {
+    /// Starts from a measured stop/resume cycle of `ns`.
+    pub fn calibrated(ns: u64) -> KernelCost {
+        KernelCost {
+            calibrated: ns.min(MAX_KERNEL_NS),
+            ..KernelCost::default()
+        }
+    }
+
     /// A thread resumed at `resumed` was seen stopped again at `stopped`.
     pub fn gap(&mut self, resumed: u64, stopped: u64) {
         if resumed == 0 || stopped < resumed {
@@ -171,7 +183,7 @@ impl KernelCost {
         }
         if stopped.saturating_sub(self.epoch_start) > EPOCH_NS {
             if self.epoch_samples >= MIN_SAMPLES {
-                self.estimate = self.epoch_min;
+                self.gap_estimate = self.epoch_min;
             }
             self.epoch_start = stopped;
             self.epoch_min = u64::MAX;
@@ -181,14 +193,16 @@ impl KernelCost {
         self.epoch_min = self.epoch_min.min(gap);
         self.epoch_samples += 1;
         // Until a full epoch has been seen, the running minimum is the best guess.
-        if self.epoch_samples >= MIN_SAMPLES && self.epoch_min < self.estimate {
-            self.estimate = self.epoch_min;
+        if self.epoch_samples >= MIN_SAMPLES
+            && (self.gap_estimate == 0 || self.epoch_min < self.gap_estimate)
+        {
+            self.gap_estimate = self.epoch_min;
         }
     }
 
     /// The current estimate, in ns.
     pub fn estimate(&self) -> u64 {
-        self.estimate
+        self.calibrated.max(self.gap_estimate)
     }
 }
 
@@ -279,8 +293,8 @@ mod tests {
 
     #[test]
     fn kernel_cost_takes_the_shortest_gap_of_an_epoch() {
-        let mut k = KernelCost::default();
-        assert_eq!(k.estimate(), DEFAULT_KERNEL_NS);
+        let mut k = KernelCost::calibrated(9_000);
+        assert_eq!(k.estimate(), 9_000);
         let mut t = 1_000;
         for i in 0..200u64 {
             let resumed = t;
@@ -296,5 +310,11 @@ mod tests {
         k.gap(0, 5);
         k.gap(10, 5);
         assert_eq!(k.estimate(), 15_000);
+        // Never below the calibration.
+        let mut quick = KernelCost::calibrated(30_000);
+        for i in 0..200u64 {
+            quick.gap(i * 20_000, i * 20_000 + 5_000);
+        }
+        assert_eq!(quick.estimate(), 30_000);
     }
 }

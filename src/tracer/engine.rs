@@ -18,6 +18,7 @@ use crate::process::memory::ProcessMemory;
 use crate::process::status::thread_ids;
 
 use super::budget::{Budget, KernelCost};
+use super::calibrate;
 use super::decode::HitBuffers;
 use super::guardian::{Guardian, Op};
 use super::patch::{clean_copy, Patches};
@@ -259,7 +260,13 @@ impl Engine {
             hits: 0,
             hit_buffers: HitBuffers::default(),
             budget: None,
-            kernel_cost: KernelCost::default(),
+            // Measured before touching the target, so it pays nothing for it.
+            kernel_cost: match options.max_overhead {
+                Some(_) => calibrate::stop_cycle_ns()
+                    .map(KernelCost::calibrated)
+                    .unwrap_or_default(),
+                None => KernelCost::default(),
+            },
             last_wait_ns: 0,
             resumed_ns: HashMap::new(),
         }

@@ -1,6 +1,7 @@
 //! The ptrace engine. It traces SDT probes of any program and knows nothing of Python.
 
 pub mod budget;
+pub mod calibrate;
 pub mod decode;
 pub mod engine;
 pub mod errors;

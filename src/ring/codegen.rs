@@ -1,0 +1,569 @@
+//! Machine code for one site's trampoline, and the patch that jumps to it.
+//!
+//! Trampoline layout (all in the target, no calls, no system calls):
+//!
+//! ```text
+//! lea rsp, [rsp-128]          ; step over the red zone (lea keeps flags)
+//! pushfq                      ; then push rax rcx rdx rsi rdi r8 r9 r10 r11
+//! reserve a slot (layout.rs protocol) -> r10 = index, r8 = slot address
+//!   (ring full or 8 failed CAS: lock inc lost; skip to restore)
+//! rdtsc, probe id, tag, thread, nargs/masks, each argument, string prefixes
+//! mov [r8].seq, r10 + 1       ; publish
+//! restore: pop in reverse, popfq, lea rsp, [rsp+128]
+//! the displaced instructions, relocated (BlockEncoder)
+//! jmp site+len                ; unless the last one was jmp/ret/call
+//! ```
+//!
+//! Arguments are computed from the registers as they were at the site:
+//! registers the trampoline pushed are read back from their stack slots,
+//! `%rsp` is the current rsp plus the 208 bytes moved, and `%rip` is the
+//! address after the `nop` (as in [`crate::sdt::evaluate`]). Memory
+//! operands and string pointers are dereferenced directly: the trampoline
+//! runs inside the target, so a bad pointer faults the target. SDT operands
+//! are valid at the site by construction; only flag as strings arguments the
+//! program guarantees to be NULL or a valid C string.
+
+use std::ops::Range;
+
+use iced_x86::code_asm::*;
+use iced_x86::IcedError;
+use thiserror::Error;
+
+use super::layout::*;
+use super::site::{SitePlan, Tail, PATCH_LEN};
+use crate::sdt::{ArgSpec, Displacement, MemOperand, Operand, RegFamily, RegWidth, Register};
+
+/// How the trampoline identifies the thread (stored in the record's `thread`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ThreadIdSource {
+    /// `mov rax, fs:[0]`: the TCB self-pointer that glibc and musl keep at
+    /// `%fs:0`, equal to the fs base. Faults in a thread without TLS set up.
+    #[default]
+    FsSelfPointer,
+    /// `rdfsbase rax`: needs the CPU feature and kernel support
+    /// (`HWCAP2_FSGSBASE` in the target's auxv, Linux 5.9+); raises SIGILL otherwise.
+    Rdfsbase,
+}
+
+/// Everything [`build_trampoline`] needs besides the site plan.
+pub struct TrampolineParams<'a> {
+    /// Written into each record's `probe` field.
+    pub probe_id: u32,
+    /// The site's argument specs (at most [`MAX_ARGS`]).
+    pub args: &'a [ArgSpec],
+    /// `string_args[i]`: capture argument `i` as a C string (missing entries are false).
+    pub string_args: &'a [bool],
+    /// Address of the ring header in the target; slots follow at `+ HEADER_SIZE`.
+    pub ring_addr: u64,
+    /// Slots in the ring (power of two, as in its header).
+    pub capacity: u64,
+    /// Address the trampoline code will be placed at.
+    pub tramp_addr: u64,
+    /// Address of the 4-byte per-process tag word (in a private mapping, so a
+    /// forked child has its own copy for the engine to rewrite).
+    pub tag_addr: u64,
+    pub thread_id: ThreadIdSource,
+    /// Runtime addresses of symbols used by `sym(...)` operands.
+    pub symbols: &'a dyn Fn(&str) -> Option<u64>,
+}
+
+/// A trampoline ready to be written at `addr`, and the site patch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trampoline {
+    pub addr: u64,
+    pub code: Vec<u8>,
+    /// Address of the patched site.
+    pub site: u64,
+    /// Bytes to write at `site`: `jmp rel32` to `addr`, then `int3` over the
+    /// rest of the displaced bytes (never executed; a stray jump there traps
+    /// instead of running half an instruction). Same length as the plan's
+    /// original bytes.
+    pub patch: Vec<u8>,
+}
+
+impl Trampoline {
+    /// Code bytes.
+    pub fn len(&self) -> usize {
+        self.code.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.code.is_empty()
+    }
+
+    /// `[addr, addr + len)`: a thread whose rip lies here is running the
+    /// trampoline; do not unmap or rewrite it until none is.
+    pub fn range(&self) -> Range<u64> {
+        self.addr..self.addr.wrapping_add(self.code.len() as u64)
+    }
+
+    pub fn contains(&self, rip: u64) -> bool {
+        self.range().contains(&rip)
+    }
+}
+
+/// Why no trampoline could be built.
+#[derive(Debug, Error)]
+pub enum CodegenError {
+    #[error("probe has {0} arguments; the ring records at most {MAX_ARGS}")]
+    TooManyArgs(usize),
+    #[error("{0} string flags given for {1} arguments")]
+    StringFlags(usize, usize),
+    #[error("argument {index} ({spec}) is flagged as a string but is not an 8-byte pointer")]
+    StringNotPointer { index: usize, spec: String },
+    #[error("argument {index} ({spec}) has size {size}; sizes are 1, 2, 4 or 8")]
+    BadSize {
+        index: usize,
+        spec: String,
+        size: u8,
+    },
+    #[error("argument {index} ({spec}) has scale {scale}; scales are 1, 2, 4 or 8")]
+    BadScale {
+        index: usize,
+        spec: String,
+        scale: u8,
+    },
+    #[error("argument {index} ({spec}) uses symbol `{symbol}`, which the resolver does not know")]
+    UnresolvedSymbol {
+        index: usize,
+        spec: String,
+        symbol: String,
+    },
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    #[error(
+        "trampoline at {tramp:#x} is more than 2 GiB from site {site:#x}; \
+         place it within ±2 GiB of the code it patches"
+    )]
+    TooFar { site: u64, tramp: u64 },
+    #[error("tag word at {tag:#x} overlaps the trampoline code {start:#x}..{end:#x}")]
+    TagOverlap { tag: u64, start: u64, end: u64 },
+    #[error("cannot assemble the trampoline: {0}")]
+    Assemble(String),
+}
+
+impl From<IcedError> for CodegenError {
+    fn from(e: IcedError) -> Self {
+        CodegenError::Assemble(e.to_string())
+    }
+}
+
+/// Bytes between the trampoline's rsp after its pushes and the site's rsp:
+/// red zone (128) + flags (8) + nine registers (72).
+const FRAME: i32 = 128 + 8 + 8 * SAVED.len() as i32;
+
+/// Registers the trampoline uses, in push order.
+const SAVED: [RegFamily; 9] = [
+    RegFamily::Rax,
+    RegFamily::Rcx,
+    RegFamily::Rdx,
+    RegFamily::Rsi,
+    RegFamily::Rdi,
+    RegFamily::R8,
+    RegFamily::R9,
+    RegFamily::R10,
+    RegFamily::R11,
+];
+
+/// Builds the trampoline for `plan` (see the module docs for its layout).
+pub fn build_trampoline(
+    plan: &SitePlan,
+    p: &TrampolineParams<'_>,
+) -> Result<Trampoline, CodegenError> {
+    check_capacity(p.capacity)?;
+    if p.args.len() > MAX_ARGS {
+        return Err(CodegenError::TooManyArgs(p.args.len()));
+    }
+    if p.string_args.len() > p.args.len() {
+        return Err(CodegenError::StringFlags(p.string_args.len(), p.args.len()));
+    }
+    let is_string = |i: usize| p.string_args.get(i).copied().unwrap_or(false);
+    for (index, arg) in p.args.iter().enumerate() {
+        if is_string(index) && arg.size != 8 {
+            return Err(CodegenError::StringNotPointer {
+                index,
+                spec: arg.to_string(),
+            });
+        }
+    }
+    // Check the patch distance first: no point assembling otherwise.
+    let patch = patch_bytes(plan, p.tramp_addr)?;
+
+    let mut a = CodeAssembler::new(64)?;
+    let site_rip = plan.site().wrapping_add(1);
+    a.lea(rsp, ptr(rsp - 128))?;
+    a.pushfq()?;
+    for family in SAVED {
+        a.push(gpr(family))?;
+    }
+
+    let mut restore = a.create_label();
+    emit_reserve(&mut a, p, &mut restore)?;
+    emit_header(&mut a, p, &is_string)?;
+    for (index, arg) in p.args.iter().enumerate() {
+        emit_arg(&mut a, arg, index, site_rip, p.symbols)?;
+        a.mov(qword_ptr(r8 + slot_arg(index)), r11)?;
+    }
+    let count = (0..p.args.len()).filter(|&i| is_string(i)).count();
+    let strings = (0..p.args.len()).filter(|&i| is_string(i));
+    for (k, index) in strings.enumerate() {
+        if let Some(area) = string_area(k, count) {
+            emit_string_copy(&mut a, index, area)?;
+        }
+    }
+    // Publish: seq = index + 1, after every payload store (x86 keeps store order).
+    a.lea(rax, ptr(r10 + 1))?;
+    a.mov(qword_ptr(r8 + S_SEQ as i32), rax)?;
+
+    a.set_label(&mut restore)?;
+    for family in SAVED.iter().rev() {
+        a.pop(gpr(*family))?;
+    }
+    a.popfq()?;
+    a.lea(rsp, ptr(rsp + 128))?;
+    for instr in plan.displaced() {
+        a.add_instruction(*instr)?;
+    }
+    match plan.tail() {
+        Tail::JumpBack => a.jmp(plan.end())?,
+        Tail::Terminates => {}
+        Tail::Call { target } => {
+            // Emulated `call`: push the original return address (site + len,
+            // outside the patch) without touching flags, then jump.
+            let ret = plan.end();
+            a.lea(rsp, ptr(rsp - 8))?;
+            a.mov(dword_ptr(rsp), ret as u32)?;
+            a.mov(dword_ptr(rsp + 4), (ret >> 32) as u32)?;
+            a.jmp(target)?;
+        }
+    }
+    let code = a.assemble(p.tramp_addr)?;
+    let end = p.tramp_addr.wrapping_add(code.len() as u64);
+    if p.tag_addr < end && p.tag_addr.wrapping_add(4) > p.tramp_addr {
+        return Err(CodegenError::TagOverlap {
+            tag: p.tag_addr,
+            start: p.tramp_addr,
+            end,
+        });
+    }
+    Ok(Trampoline {
+        addr: p.tramp_addr,
+        code,
+        site: plan.site(),
+        patch,
+    })
+}
+
+/// `jmp rel32` from the site to `tramp`, padded with `int3` to the plan's length.
+fn patch_bytes(plan: &SitePlan, tramp: u64) -> Result<Vec<u8>, CodegenError> {
+    let from = plan.site().wrapping_add(PATCH_LEN as u64);
+    let rel = i32::try_from(tramp.wrapping_sub(from) as i64).map_err(|_| CodegenError::TooFar {
+        site: plan.site(),
+        tramp,
+    })?;
+    let mut patch = Vec::with_capacity(plan.len());
+    patch.push(0xe9);
+    patch.extend_from_slice(&rel.to_le_bytes());
+    patch.resize(plan.len().max(PATCH_LEN), 0xcc);
+    Ok(patch)
+}
+
+/// Reserves a slot: on success r10 = index and r8 = slot address; on
+/// failure counts the event lost and jumps to `restore`.
+fn emit_reserve(
+    a: &mut CodeAssembler,
+    p: &TrampolineParams<'_>,
+    restore: &mut CodeLabel,
+) -> Result<(), CodegenError> {
+    let mut retry = a.create_label();
+    let mut full = a.create_label();
+    let mut reserved = a.create_label();
+    let capacity = p.capacity as i32; // <= 2^24, checked by check_capacity
+    a.mov(r9, p.ring_addr)?;
+    a.mov(ecx, RESERVE_ATTEMPTS)?;
+    a.set_label(&mut retry)?;
+    // tail before head: head - tail cannot underflow with an honest consumer.
+    a.mov(rdx, qword_ptr(r9 + H_TAIL as i32))?;
+    a.mov(rax, qword_ptr(r9 + H_HEAD as i32))?;
+    a.mov(r8, rax)?;
+    a.sub(r8, rdx)?;
+    a.cmp(r8, capacity)?;
+    a.jae(full)?;
+    a.lea(rdx, ptr(rax + 1))?;
+    a.lock().cmpxchg(qword_ptr(r9 + H_HEAD as i32), rdx)?;
+    a.je(reserved)?;
+    a.dec(ecx)?;
+    a.jnz(retry)?;
+    a.set_label(&mut full)?;
+    a.lock().inc(qword_ptr(r9 + H_LOST as i32))?;
+    a.jmp(*restore)?;
+    a.set_label(&mut reserved)?;
+    a.mov(r10, rax)?;
+    a.and(rax, capacity - 1)?;
+    a.shl(rax, SLOT_SIZE.trailing_zeros())?;
+    a.lea(r8, ptr(r9 + rax + HEADER_SIZE as i32))?;
+    Ok(())
+}
+
+/// tsc, probe, tag, thread, nargs and masks.
+fn emit_header(
+    a: &mut CodeAssembler,
+    p: &TrampolineParams<'_>,
+    is_string: &dyn Fn(usize) -> bool,
+) -> Result<(), CodegenError> {
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)?;
+    a.mov(qword_ptr(r8 + S_TSC as i32), rax)?;
+    a.mov(dword_ptr(r8 + S_PROBE as i32), p.probe_id)?;
+    a.mov(rax, p.tag_addr)?;
+    a.mov(eax, dword_ptr(rax))?;
+    a.mov(dword_ptr(r8 + S_TAG as i32), eax)?;
+    match p.thread_id {
+        ThreadIdSource::FsSelfPointer => a.mov(rax, qword_ptr(0u64).fs())?,
+        ThreadIdSource::Rdfsbase => a.rdfsbase(rax)?,
+    }
+    a.mov(qword_ptr(r8 + S_THREAD as i32), rax)?;
+    let mask = (0..p.args.len())
+        .filter(|&i| is_string(i))
+        .fold(0u32, |m, i| m | 1 << i);
+    // One 8-byte store covers nargs, string mask, and zeroes the truncated
+    // and null masks and the reserved word (the slot holds an old record).
+    let meta = p.args.len() as u32 | mask << 8;
+    a.mov(qword_ptr(r8 + S_NARGS as i32), meta as i32)?;
+    Ok(())
+}
+
+/// Leaves argument `index`'s value in r11. Uses rsi, rdi, r11 only.
+fn emit_arg(
+    a: &mut CodeAssembler,
+    arg: &ArgSpec,
+    index: usize,
+    site_rip: u64,
+    symbols: &dyn Fn(&str) -> Option<u64>,
+) -> Result<(), CodegenError> {
+    if !matches!(arg.size, 1 | 2 | 4 | 8) {
+        return Err(CodegenError::BadSize {
+            index,
+            spec: arg.to_string(),
+            size: arg.size,
+        });
+    }
+    match &arg.operand {
+        Operand::Immediate(v) => {
+            a.mov(r11, extend_value(*v as u64, arg.size, arg.signed))?;
+            return Ok(());
+        }
+        Operand::Register(reg) => {
+            load_family(a, r11, reg.family(), site_rip)?;
+            extract(a, r11, *reg)?;
+        }
+        Operand::Memory(m) => {
+            emit_address(a, m, index, arg, site_rip, symbols)?;
+            match arg.size {
+                1 => a.movzx(r11d, byte_ptr(rsi))?,
+                2 => a.movzx(r11d, word_ptr(rsi))?,
+                4 => a.mov(r11d, dword_ptr(rsi))?,
+                _ => a.mov(r11, qword_ptr(rsi))?,
+            }
+        }
+    }
+    extend(a, r11, arg.size, arg.signed)
+}
+
+/// Effective address of `m` into rsi, following `sdt::effective_address`.
+fn emit_address(
+    a: &mut CodeAssembler,
+    m: &MemOperand,
+    index: usize,
+    arg: &ArgSpec,
+    site_rip: u64,
+    symbols: &dyn Fn(&str) -> Option<u64>,
+) -> Result<(), CodegenError> {
+    let displacement = match &m.displacement {
+        Displacement::Absolute(d) => *d as u64,
+        Displacement::Symbol { name, offset } => symbols(name)
+            .ok_or_else(|| CodegenError::UnresolvedSymbol {
+                index,
+                spec: arg.to_string(),
+                symbol: name.clone(),
+            })?
+            .wrapping_add(*offset as u64),
+    };
+    a.mov(rsi, displacement)?;
+    let mut address_32 = false;
+    if let Some(base) = m.base {
+        if !m.base_is_ignored() {
+            load_family(a, rdi, base.family(), site_rip)?;
+            extract(a, rdi, base)?;
+            a.add(rsi, rdi)?;
+        }
+        address_32 |= base.width() == RegWidth::Dword;
+    }
+    if let Some(reg) = m.index {
+        if !matches!(m.scale, 1 | 2 | 4 | 8) {
+            return Err(CodegenError::BadScale {
+                index,
+                spec: arg.to_string(),
+                scale: m.scale,
+            });
+        }
+        load_family(a, rdi, reg.family(), site_rip)?;
+        extract(a, rdi, reg)?;
+        a.lea(rsi, ptr(rsi + rdi * u32::from(m.scale)))?;
+        address_32 |= reg.width() == RegWidth::Dword;
+    }
+    if address_32 {
+        a.mov(esi, esi)?;
+    }
+    Ok(())
+}
+
+/// `dst` = the full 64-bit value `family` had at the site.
+fn load_family(
+    a: &mut CodeAssembler,
+    dst: AsmRegister64,
+    family: RegFamily,
+    site_rip: u64,
+) -> Result<(), CodegenError> {
+    if let Some(pos) = SAVED.iter().position(|&f| f == family) {
+        // Pushed in SAVED order: the last push is at [rsp].
+        let offset = 8 * (SAVED.len() - 1 - pos) as i32;
+        a.mov(dst, qword_ptr(rsp + offset))?;
+    } else if family == RegFamily::Rsp {
+        a.lea(dst, ptr(rsp + FRAME))?;
+    } else if family == RegFamily::Rip {
+        a.mov(dst, site_rip)?;
+    } else {
+        a.mov(dst, gpr(family))?;
+    }
+    Ok(())
+}
+
+/// Keeps only the part of the family `reg` names (zero-extended), as `Register::extract`.
+fn extract(a: &mut CodeAssembler, dst: AsmRegister64, reg: Register) -> Result<(), CodegenError> {
+    let bits = if reg.is_high_byte() {
+        a.shr(dst, 8)?;
+        8
+    } else {
+        u32::from(reg.width().bytes()) * 8
+    };
+    if bits < 64 {
+        a.shl(dst, 64 - bits)?;
+        a.shr(dst, 64 - bits)?;
+    }
+    Ok(())
+}
+
+/// Truncates `dst` to `size` bytes and sign- or zero-extends it.
+fn extend(
+    a: &mut CodeAssembler,
+    dst: AsmRegister64,
+    size: u8,
+    signed: bool,
+) -> Result<(), CodegenError> {
+    let bits = u32::from(size) * 8;
+    if bits < 64 {
+        a.shl(dst, 64 - bits)?;
+        if signed {
+            a.sar(dst, 64 - bits)?;
+        } else {
+            a.shr(dst, 64 - bits)?;
+        }
+    }
+    Ok(())
+}
+
+/// The same as [`extend`], at build time (for immediates).
+fn extend_value(raw: u64, size: u8, signed: bool) -> u64 {
+    let shift = 64 - u32::from(size.clamp(1, 8)) * 8;
+    if shift == 0 {
+        raw
+    } else if signed {
+        (((raw << shift) as i64) >> shift) as u64
+    } else {
+        (raw << shift) >> shift
+    }
+}
+
+/// Copies at most `len - 1` bytes of the C string whose pointer is in
+/// argument `index` into its area, NUL-terminates it, and sets the null or
+/// truncated bit. Uses rsi, rdi, rcx, rax.
+fn emit_string_copy(
+    a: &mut CodeAssembler,
+    index: usize,
+    (offset, len): (usize, usize),
+) -> Result<(), CodegenError> {
+    let bit = 1u32 << index;
+    let mut copy = a.create_label();
+    let mut next = a.create_label();
+    let mut done = a.create_label();
+    a.mov(rsi, qword_ptr(r8 + slot_arg(index)))?;
+    a.lea(rdi, ptr(r8 + offset as i32))?;
+    a.test(rsi, rsi)?;
+    a.jnz(copy)?;
+    a.or(byte_ptr(r8 + S_NULL as i32), bit)?;
+    a.mov(byte_ptr(rdi), 0u32)?;
+    a.jmp(done)?;
+    a.set_label(&mut copy)?;
+    a.mov(ecx, (len - 1) as u32)?;
+    a.set_label(&mut next)?;
+    a.movzx(eax, byte_ptr(rsi))?;
+    a.mov(byte_ptr(rdi), al)?;
+    a.test(al, al)?;
+    a.jz(done)?;
+    a.inc(rsi)?;
+    a.inc(rdi)?;
+    a.dec(ecx)?;
+    a.jnz(next)?;
+    // Area full: terminate, and flag truncation unless the string ended exactly here.
+    a.mov(byte_ptr(rdi), 0u32)?;
+    a.cmp(byte_ptr(rsi), 0u32)?;
+    a.je(done)?;
+    a.or(byte_ptr(r8 + S_TRUNCATED as i32), bit)?;
+    a.set_label(&mut done)?;
+    // A label needs an instruction; this one costs nothing.
+    a.nop()?;
+    Ok(())
+}
+
+fn slot_arg(index: usize) -> i32 {
+    (S_ARGS + 8 * index) as i32
+}
+
+fn gpr(family: RegFamily) -> AsmRegister64 {
+    match family {
+        RegFamily::Rax => rax,
+        RegFamily::Rbx => rbx,
+        RegFamily::Rcx => rcx,
+        RegFamily::Rdx => rdx,
+        RegFamily::Rsi => rsi,
+        RegFamily::Rdi => rdi,
+        RegFamily::Rbp => rbp,
+        RegFamily::Rsp => rsp,
+        RegFamily::R8 => r8,
+        RegFamily::R9 => r9,
+        RegFamily::R10 => r10,
+        RegFamily::R11 => r11,
+        RegFamily::R12 => r12,
+        RegFamily::R13 => r13,
+        RegFamily::R14 => r14,
+        RegFamily::R15 => r15,
+        // Never asked for: load_family handles rip before calling gpr.
+        RegFamily::Rip => rax,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn immediates_extend_like_the_evaluator() {
+        assert_eq!(extend_value(5, 1, true), 5);
+        assert_eq!(extend_value(0x1ff, 1, false), 0xff);
+        assert_eq!(extend_value(0x80, 1, true) as i64, -128);
+        assert_eq!(extend_value(-5i64 as u64, 4, false), 0xffff_fffb);
+        assert_eq!(extend_value(-5i64 as u64, 8, true) as i64, -5);
+    }
+}

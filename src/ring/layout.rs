@@ -1,0 +1,229 @@
+//! The ring's shared-memory format: one header page followed by fixed-size slots.
+//!
+//! The ring lives in a memfd mapped `MAP_SHARED` both in the target (where the
+//! trampolines write it) and in pyprobe (which reads it). All integers are
+//! little-endian (x86-64 native) and naturally aligned.
+//!
+//! # Header (`HEADER_SIZE` = 4096 bytes, at the start of the mapping)
+//!
+//! | offset | type | field |
+//! | --- | --- | --- |
+//! | 0   | u64 | `magic` = [`MAGIC`] (`"PYPRRING"`) |
+//! | 8   | u32 | `version` = [`VERSION`] |
+//! | 12  | u32 | `slot_size` = [`SLOT_SIZE`] |
+//! | 16  | u64 | `capacity`: number of slots, a power of two, 1 ..= [`MAX_CAPACITY`] |
+//! | 24  | u32 | `header_size` = [`HEADER_SIZE`] |
+//! | 64  | u64 | `head`: next slot index to reserve (producers, `lock cmpxchg`) |
+//! | 128 | u64 | `tail`: next slot index to read (written only by the consumer) |
+//! | 192 | u64 | `lost`: events dropped (ring full or reservation retries exhausted) |
+//!
+//! `head`, `tail` and `lost` each own a 64-byte cache line so producers
+//! bumping `head` do not bounce the consumer's `tail`. Indices grow forever
+//! (no wrap in practice: 2^64 events); slot `i` lives at
+//! `HEADER_SIZE + (i & (capacity - 1)) * SLOT_SIZE`. The mapping is exactly
+//! [`ring_bytes`]`(capacity)` long.
+//!
+//! # Slot (`SLOT_SIZE` = 256 bytes)
+//!
+//! | offset | type | field |
+//! | --- | --- | --- |
+//! | 0  | u64 | `seq`: `i + 1` once slot index `i` is published (stored last) |
+//! | 8  | u64 | `tsc`: `rdtsc` taken after the slot was reserved |
+//! | 16 | u32 | `probe`: probe id chosen by the engine |
+//! | 20 | u32 | `tag`: per-process tag (the engine writes the pid into the trampoline page) |
+//! | 24 | u64 | `thread`: the thread's `%fs` base (`mov rax, fs:[0]` or `rdfsbase`) |
+//! | 32 | 6 × u64 | `args`: argument values, sign- or zero-extended per the spec |
+//! | 80 | u8 | `nargs` (0 ..= 6) |
+//! | 81 | u8 | `string_mask`: bit `i` set if argument `i` is a C string |
+//! | 82 | u8 | `truncated_mask`: bit `i` set if string `i` did not fit its area |
+//! | 83 | u8 | `null_mask`: bit `i` set if string `i`'s pointer was NULL |
+//! | 84 | u32 | reserved, 0 |
+//! | 88 | 168 bytes | string areas |
+//!
+//! The string area is split evenly among the string arguments, in argument
+//! order: with `n` strings, the `k`-th (counting only strings) starts at
+//! `SLOT_STRINGS + k * (STRINGS_LEN / n)` and is `STRINGS_LEN / n` bytes
+//! long (see [`string_area`]). It holds the string's first bytes, always
+//! NUL-terminated inside the area; when the string had more bytes the
+//! `truncated_mask` bit is set and the full string can be read from the
+//! pointer in `args[i]`.
+//!
+//! # Producer protocol (what each trampoline does)
+//!
+//! 1. Load `tail`, then `head` (in that order, so `head - tail` never
+//!    underflows with an honest consumer).
+//! 2. If `head - tail >= capacity`: `lock inc lost`, skip the event.
+//! 3. `lock cmpxchg head: head -> head + 1`; on failure go back to 1, at most
+//!    [`RESERVE_ATTEMPTS`] times in all, then `lock inc lost`.
+//! 4. Write the payload of slot `head`, then store `seq = head + 1` last (an
+//!    x86 store is a release: the consumer sees the payload once it sees `seq`).
+//!
+//! Producers never block and never loop unboundedly. The consumer reads
+//! slot `tail` once its `seq == tail + 1`, copies it out, then stores
+//! `tail + 1`.
+
+use thiserror::Error;
+
+/// `"PYPRRING"` read as a little-endian u64.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"PYPRRING");
+/// Bumped on any incompatible change of this layout.
+pub const VERSION: u32 = 1;
+/// The header occupies one page.
+pub const HEADER_SIZE: usize = 4096;
+/// Every slot has this size.
+pub const SLOT_SIZE: usize = 256;
+/// Largest capacity accepted: keeps the index mask an imm32 in the
+/// trampoline and the ring at most 4 GiB.
+pub const MAX_CAPACITY: u64 = 1 << 24;
+/// Arguments carried per record (SDT probes have at most 12; CPython's at most 3).
+pub const MAX_ARGS: usize = 6;
+/// How many times a producer tries to reserve a slot before counting the event lost.
+pub const RESERVE_ATTEMPTS: u32 = 8;
+
+pub const H_MAGIC: usize = 0;
+pub const H_VERSION: usize = 8;
+pub const H_SLOT_SIZE: usize = 12;
+pub const H_CAPACITY: usize = 16;
+pub const H_HEADER_SIZE: usize = 24;
+pub const H_HEAD: usize = 64;
+pub const H_TAIL: usize = 128;
+pub const H_LOST: usize = 192;
+
+pub const S_SEQ: usize = 0;
+pub const S_TSC: usize = 8;
+pub const S_PROBE: usize = 16;
+pub const S_TAG: usize = 20;
+pub const S_THREAD: usize = 24;
+pub const S_ARGS: usize = 32;
+pub const S_NARGS: usize = 80;
+pub const S_STRING_MASK: usize = 81;
+pub const S_TRUNCATED: usize = 82;
+pub const S_NULL: usize = 83;
+pub const S_STRINGS: usize = 88;
+/// Bytes shared by all string arguments of a record.
+pub const STRINGS_LEN: usize = SLOT_SIZE - S_STRINGS;
+
+// The fields must not overlap and the header fields must fit their page.
+const _: () = assert!(S_ARGS + 8 * MAX_ARGS <= S_NARGS && S_NULL < S_STRINGS);
+const _: () = assert!(H_LOST + 8 <= HEADER_SIZE && SLOT_SIZE.is_power_of_two());
+
+/// Why a ring could not be formatted or opened.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RingError {
+    #[error("ring capacity {0} is not a power of two between 1 and {MAX_CAPACITY}")]
+    BadCapacity(u64),
+    #[error("ring mapping is {actual} bytes but capacity {capacity} needs exactly {expected}")]
+    LengthMismatch {
+        capacity: u64,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("ring mapping of {0} bytes is smaller than the {HEADER_SIZE}-byte header")]
+    TooSmall(usize),
+    #[error("ring mapping is not 8-byte aligned")]
+    Misaligned,
+    #[error("ring header has magic {0:#018x}, not a pyprobe ring")]
+    BadMagic(u64),
+    #[error("ring header has version {0}, this pyprobe reads version {VERSION}")]
+    BadVersion(u32),
+    #[error("ring header has slot size {0}, expected {SLOT_SIZE}")]
+    BadSlotSize(u32),
+    #[error("ring header has header size {0}, expected {HEADER_SIZE}")]
+    BadHeaderSize(u32),
+}
+
+/// Whether `capacity` is acceptable: a power of two in 1 ..= [`MAX_CAPACITY`].
+pub fn check_capacity(capacity: u64) -> Result<(), RingError> {
+    if capacity.is_power_of_two() && capacity <= MAX_CAPACITY {
+        Ok(())
+    } else {
+        Err(RingError::BadCapacity(capacity))
+    }
+}
+
+/// Total mapping length for `capacity` slots.
+pub fn ring_bytes(capacity: u64) -> Result<usize, RingError> {
+    check_capacity(capacity)?;
+    // capacity <= 2^24, so this is at most 4 GiB + 4 KiB: fits usize on x86-64.
+    usize::try_from(capacity)
+        .ok()
+        .and_then(|c| c.checked_mul(SLOT_SIZE))
+        .and_then(|s| s.checked_add(HEADER_SIZE))
+        .ok_or(RingError::BadCapacity(capacity))
+}
+
+/// Byte range (offset within the slot, length) of the `k`-th of `count`
+/// string arguments, or `None` if `k >= count` or `count` is 0 or above [`MAX_ARGS`].
+pub fn string_area(k: usize, count: usize) -> Option<(usize, usize)> {
+    if count == 0 || count > MAX_ARGS || k >= count {
+        return None;
+    }
+    let len = STRINGS_LEN / count;
+    Some((S_STRINGS + k * len, len))
+}
+
+/// Formats a fresh ring in `mem` (the whole mapping): header fields, zero
+/// indices and counters, and every slot's `seq` zeroed so no stale slot looks
+/// published. Call it before the mapping is shared with the target.
+pub fn init_ring(mem: &mut [u8], capacity: u64) -> Result<(), RingError> {
+    let expected = ring_bytes(capacity)?;
+    if mem.len() != expected {
+        return Err(RingError::LengthMismatch {
+            capacity,
+            expected,
+            actual: mem.len(),
+        });
+    }
+    mem.fill(0);
+    put(mem, H_MAGIC, &MAGIC.to_le_bytes());
+    put(mem, H_VERSION, &VERSION.to_le_bytes());
+    put(mem, H_SLOT_SIZE, &(SLOT_SIZE as u32).to_le_bytes());
+    put(mem, H_CAPACITY, &capacity.to_le_bytes());
+    put(mem, H_HEADER_SIZE, &(HEADER_SIZE as u32).to_le_bytes());
+    Ok(())
+}
+
+fn put(mem: &mut [u8], offset: usize, bytes: &[u8]) {
+    if let Some(dst) = mem.get_mut(offset..offset + bytes.len()) {
+        dst.copy_from_slice(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_areas() {
+        assert_eq!(ring_bytes(1), Ok(HEADER_SIZE + SLOT_SIZE));
+        assert_eq!(ring_bytes(4096), Ok(HEADER_SIZE + 4096 * SLOT_SIZE));
+        for bad in [0, 3, 6, MAX_CAPACITY * 2, u64::MAX] {
+            assert_eq!(ring_bytes(bad), Err(RingError::BadCapacity(bad)));
+        }
+        assert_eq!(string_area(0, 1), Some((88, 168)));
+        assert_eq!(string_area(1, 2), Some((88 + 84, 84)));
+        assert_eq!(string_area(5, 6), Some((88 + 5 * 28, 28)));
+        assert_eq!(string_area(2, 2), None);
+        assert_eq!(string_area(0, 7), None);
+        assert_eq!(string_area(0, 0), None);
+        // Areas never run past the slot.
+        for n in 1..=MAX_ARGS {
+            let (off, len) = string_area(n - 1, n).expect("area");
+            assert!(off + len <= SLOT_SIZE && len >= 2);
+        }
+    }
+
+    #[test]
+    fn init_formats_header() {
+        let mut mem = vec![0xffu8; ring_bytes(4).expect("size")];
+        init_ring(&mut mem, 4).expect("init");
+        assert_eq!(&mem[0..8], b"PYPRRING");
+        assert_eq!(mem[H_CAPACITY], 4);
+        assert!(mem[H_HEAD..].iter().all(|&b| b == 0));
+        let mut short = vec![0u8; 100];
+        assert!(matches!(
+            init_ring(&mut short, 4),
+            Err(RingError::LengthMismatch { .. })
+        ));
+    }
+}

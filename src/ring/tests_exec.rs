@@ -1,0 +1,951 @@
+//! Tests that run generated trampolines in-process.
+//!
+//! Each test assembles a small "site function" into an executable mapping,
+//! runs it once unpatched, patches its `nop` with a jump to a trampoline
+//! built by `codegen`, runs it again, and compares: the ring must hold the
+//! record `sdt::evaluate` predicts, and every register, the flags and the
+//! red zone must be as in the unpatched run.
+
+use std::ffi::CStr;
+use std::io;
+use std::time::Instant;
+
+use iced_x86::code_asm::*;
+use iced_x86::{BlockEncoderOptions, Code, Instruction, MemoryOperand, Register as IcedReg};
+
+use super::codegen::{build_trampoline, ThreadIdSource, Trampoline, TrampolineParams};
+use super::consumer::{DrainStop, RingReader};
+use super::layout::{init_ring, ring_bytes, string_area, H_HEAD, H_TAIL};
+use super::site::{qualify_site, SitePlan, Tail};
+use super::BranchTargets;
+use crate::sdt::{evaluate, parse_args, ArgSpec, MemoryReader, RegFamily};
+
+const ZONE_TRAMP: usize = 0x1_0000;
+const ZONE_DATA: usize = 0x2_0000;
+const REGION_LEN: usize = 0x3_0000;
+
+// Offsets inside the data zone.
+const SNAP: usize = 0; // 16 registers by RegFamily index, flags, 16 red-zone qwords
+const SNAP_FLAGS: usize = 16;
+const SNAP_RED: usize = 17;
+const SNAP_WORDS: usize = 33;
+const BLOCK: usize = 0x400;
+const RIPVAR: usize = 0x800;
+const STR_SHORT: usize = 0x1000;
+const STR_LONG: usize = 0x1100;
+const STR_41: usize = 0x1300;
+const TAG: usize = 0x2000;
+
+const TAG_VALUE: u32 = 0xa5a5_0001;
+const CANARY: i32 = 0x5a5a_0000;
+/// CF PF AF ZF SF DF OF and the always-one bit 1.
+const FLAGS_Z: i32 = 0xcd7;
+const FLAGS_NZ: i32 = FLAGS_Z & !0x40;
+const FRAME_SIZE: i32 = 0x100;
+const ENTRY_STRINGS: &str = "8@%r13 8@%r14 -4@%eax -4@112(%rsp) 8@-8(%rbp) -1@%ah";
+
+/// One anonymous mapping split into code, trampoline and data zones, so
+/// everything is within ±2 GiB of everything else.
+struct Region {
+    base: *mut u8,
+}
+
+// SAFETY: the mapping is only written before threads start; threads only execute it.
+unsafe impl Send for Region {}
+unsafe impl Sync for Region {}
+
+impl Region {
+    fn new() -> Region {
+        // SAFETY: a fresh private anonymous mapping.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                REGION_LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
+        let region = Region { base: p.cast() };
+        region.protect_code(false);
+        region.put(STR_SHORT, b"file.py\0");
+        let long: Vec<u8> = (0..300).map(|i| b'a' + (i % 26) as u8).chain([0]).collect();
+        region.put(STR_LONG, &long);
+        let s41: Vec<u8> = (0..41).map(|i| b'0' + (i % 10) as u8).chain([0]).collect();
+        region.put(STR_41, &s41);
+        let block: Vec<u8> = (0..512u32).map(|i| (i * 37 + 11) as u8).collect();
+        region.put(BLOCK, &block);
+        region.put(RIPVAR, &0x0bad_f00d_1234_5678u64.to_le_bytes());
+        region.put(TAG, &TAG_VALUE.to_le_bytes());
+        region
+    }
+
+    fn addr(&self, offset: usize) -> u64 {
+        self.base as u64 + offset as u64
+    }
+
+    fn data(&self, offset: usize) -> u64 {
+        self.addr(ZONE_DATA + offset)
+    }
+
+    fn protect_code(&self, writable: bool) {
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ | libc::PROT_EXEC
+        };
+        // SAFETY: the code and trampoline zones are the first ZONE_DATA bytes of our mapping.
+        let rc = unsafe { libc::mprotect(self.base.cast(), ZONE_DATA, prot) };
+        assert_eq!(rc, 0, "mprotect: {}", io::Error::last_os_error());
+    }
+
+    fn write_code(&self, offset: usize, bytes: &[u8]) {
+        assert!(offset + bytes.len() <= ZONE_DATA);
+        self.protect_code(true);
+        // SAFETY: in bounds (checked above) and writable now.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(offset), bytes.len())
+        };
+        self.protect_code(false);
+    }
+
+    fn code(&self, offset: usize, len: usize) -> &[u8] {
+        assert!(offset + len <= ZONE_DATA);
+        // SAFETY: readable code zone, in bounds.
+        unsafe { std::slice::from_raw_parts(self.base.add(offset), len) }
+    }
+
+    fn put(&self, offset: usize, bytes: &[u8]) {
+        assert!(ZONE_DATA + offset + bytes.len() <= REGION_LEN);
+        // SAFETY: the data zone is always writable; in bounds.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.base.add(ZONE_DATA + offset),
+                bytes.len(),
+            )
+        };
+    }
+
+    fn snapshot(&self) -> [u64; SNAP_WORDS] {
+        let mut out = [0u64; SNAP_WORDS];
+        for (i, w) in out.iter_mut().enumerate() {
+            // SAFETY: aligned words inside the data zone.
+            *w = unsafe {
+                std::ptr::read_volatile(self.base.add(ZONE_DATA + SNAP + 8 * i).cast::<u64>())
+            };
+        }
+        out
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.base.cast(), REGION_LEN) };
+    }
+}
+
+/// A ring in its own mapping, as the engine would map the memfd.
+struct Ring {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: only accessed through atomics (reader) and the trampolines.
+unsafe impl Send for Ring {}
+unsafe impl Sync for Ring {}
+
+impl Ring {
+    fn new(capacity: u64) -> Ring {
+        let len = ring_bytes(capacity).expect("capacity");
+        // SAFETY: a fresh shared anonymous mapping.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: the mapping is len bytes, not yet shared with anyone.
+        let mem = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) };
+        init_ring(mem, capacity).expect("init");
+        Ring {
+            base: p.cast(),
+            len,
+        }
+    }
+
+    fn addr(&self) -> u64 {
+        self.base as u64
+    }
+
+    /// Marks everything read (tail = head), as a consumer that drops records.
+    fn discard(&self) {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        // SAFETY: header words of our 8-aligned mapping.
+        let (head, tail) = unsafe {
+            (
+                AtomicU64::from_ptr(self.base.add(H_HEAD).cast()),
+                AtomicU64::from_ptr(self.base.add(H_TAIL).cast()),
+            )
+        };
+        tail.store(head.load(Ordering::Acquire), Ordering::Release);
+    }
+
+    fn reader(&self) -> RingReader {
+        // SAFETY: the mapping outlives every reader in these tests.
+        unsafe { RingReader::new(self.base, self.len) }.expect("valid ring")
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+fn fs_base() -> u64 {
+    const ARCH_GET_FS: libc::c_int = 0x1003;
+    let mut base = 0u64;
+    // SAFETY: arch_prctl(ARCH_GET_FS) writes one u64 through the pointer.
+    let rc = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_GET_FS, &mut base as *mut u64) };
+    assert_eq!(rc, 0);
+    base
+}
+
+/// `mov [abs], reg` / `mov reg, [abs]` as rip-relative instructions.
+fn rip_mem(addr: u64) -> MemoryOperand {
+    MemoryOperand::with_base_displ(IcedReg::RIP, addr as i64)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    /// nop; mov rcx, [rbx+0x20]
+    Load,
+    /// nop; mov rdx, [rip+RIPVAR]
+    RipLoad,
+    /// nop; jz short taken; mov ecx, [rbx+0x20]
+    Jcc8,
+    /// nop; jmp rel32 far
+    TailJmp,
+    /// nop; call helper
+    TailCall,
+}
+
+const VARIANTS: [Variant; 5] = [
+    Variant::Load,
+    Variant::RipLoad,
+    Variant::Jcc8,
+    Variant::TailJmp,
+    Variant::TailCall,
+];
+
+/// Register values at the site, by RegFamily index (rbp and rsp come from the snapshot).
+fn site_regs(region: &Region) -> [u64; 16] {
+    let mut r = [0u64; 16];
+    r[RegFamily::Rax.index()] = 0x0123_4567_ffff_9ad6;
+    r[RegFamily::Rbx.index()] = region.data(BLOCK);
+    r[RegFamily::Rcx.index()] = 3;
+    r[RegFamily::Rdx.index()] = region.data(BLOCK + 0x80);
+    r[RegFamily::Rsi.index()] = 0xfedc_ba98_7654_3210;
+    r[RegFamily::Rdi.index()] = 7;
+    r[RegFamily::R8.index()] = region.data(STR_41);
+    r[RegFamily::R9.index()] = -2i64 as u64;
+    r[RegFamily::R10.index()] = 0x7fff_ffff_ffff_ffff;
+    r[RegFamily::R11.index()] = 0xdead_beef_cafe_f00d;
+    r[RegFamily::R12.index()] = 0x1212_3434_5656_7878;
+    r[RegFamily::R13.index()] = region.data(STR_SHORT);
+    r[RegFamily::R14.index()] = region.data(STR_LONG);
+    r[RegFamily::R15.index()] = 0x8000_0000_0000_0015;
+    r
+}
+
+const SET_REGS: [(RegFamily, AsmRegister64); 14] = [
+    (RegFamily::Rax, rax),
+    (RegFamily::Rbx, rbx),
+    (RegFamily::Rcx, rcx),
+    (RegFamily::Rdx, rdx),
+    (RegFamily::Rsi, rsi),
+    (RegFamily::Rdi, rdi),
+    (RegFamily::R8, r8),
+    (RegFamily::R9, r9),
+    (RegFamily::R10, r10),
+    (RegFamily::R11, r11),
+    (RegFamily::R12, r12),
+    (RegFamily::R13, r13),
+    (RegFamily::R14, r14),
+    (RegFamily::R15, r15),
+];
+
+const SNAP_REGS: [(RegFamily, IcedReg); 16] = [
+    (RegFamily::Rax, IcedReg::RAX),
+    (RegFamily::Rbx, IcedReg::RBX),
+    (RegFamily::Rcx, IcedReg::RCX),
+    (RegFamily::Rdx, IcedReg::RDX),
+    (RegFamily::Rsi, IcedReg::RSI),
+    (RegFamily::Rdi, IcedReg::RDI),
+    (RegFamily::Rbp, IcedReg::RBP),
+    (RegFamily::Rsp, IcedReg::RSP),
+    (RegFamily::R8, IcedReg::R8),
+    (RegFamily::R9, IcedReg::R9),
+    (RegFamily::R10, IcedReg::R10),
+    (RegFamily::R11, IcedReg::R11),
+    (RegFamily::R12, IcedReg::R12),
+    (RegFamily::R13, IcedReg::R13),
+    (RegFamily::R14, IcedReg::R14),
+    (RegFamily::R15, IcedReg::R15),
+];
+
+/// A site function in the region: `extern "C" fn()`.
+struct SiteFn {
+    entry: u64,
+    site: u64,
+    len: usize,
+}
+
+impl SiteFn {
+    fn call(&self) {
+        // SAFETY: `entry` is a function we assembled with the C ABI: it saves
+        // and restores callee-saved registers, clears DF and returns.
+        let f: extern "C" fn() = unsafe { std::mem::transmute(self.entry as usize) };
+        f();
+    }
+}
+
+fn assemble_site_fn(region: &Region, variant: Variant, flags: i32) -> SiteFn {
+    let mut a = CodeAssembler::new(64).expect("asm");
+    let step = |r: Result<(), IcedError>| r.expect("assemble");
+    let regs = site_regs(region);
+    let mut site = a.create_label();
+    let mut after = a.create_label();
+    let mut helper = a.create_label();
+    for r in [rbx, rbp, r12, r13, r14, r15] {
+        step(a.push(r));
+    }
+    step(a.sub(rsp, FRAME_SIZE));
+    step(a.lea(rbp, ptr(rsp + 0x80)));
+    step(a.mov(qword_ptr(rbp - 8), -12345));
+    step(a.mov(dword_ptr(rsp + 112), -7));
+    step(a.push(flags));
+    step(a.popfq());
+    // From here on only mov/lea: the flags stay as set.
+    for i in 0..16 {
+        step(a.mov(qword_ptr(rsp - 8 * (i + 1)), CANARY + i));
+    }
+    for (family, reg) in SET_REGS {
+        step(a.mov(reg, regs[family.index()]));
+    }
+    step(a.set_label(&mut site));
+    step(a.nop());
+    match variant {
+        Variant::Load => step(a.mov(rcx, qword_ptr(rbx + 0x20))),
+        Variant::RipLoad => {
+            let load = Instruction::with2(
+                Code::Mov_r64_rm64,
+                IcedReg::RDX,
+                rip_mem(region.data(RIPVAR)),
+            );
+            step(a.add_instruction(load.expect("instr")));
+        }
+        Variant::Jcc8 => {
+            let mut taken = a.create_label();
+            step(a.jz(taken));
+            step(a.mov(ecx, dword_ptr(rbx + 0x20)));
+            step(a.jmp(after));
+            step(a.set_label(&mut taken));
+            step(a.mov(r12, 0x777u64));
+            step(a.jmp(after));
+        }
+        Variant::TailJmp => {
+            let mut far = a.create_label();
+            step(a.jmp(far));
+            step(a.db(&[0xcc; 200]));
+            step(a.set_label(&mut far));
+            step(a.mov(r12, 0x4242u64));
+        }
+        Variant::TailCall => step(a.call(helper)),
+    }
+    step(a.set_label(&mut after));
+    for (family, reg) in SNAP_REGS {
+        let addr = region.data(SNAP + 8 * family.index());
+        let store = Instruction::with2(Code::Mov_rm64_r64, rip_mem(addr), reg);
+        step(a.add_instruction(store.expect("instr")));
+    }
+    for i in 0..16 {
+        step(a.mov(rax, qword_ptr(rsp - 8 * (i + 1))));
+        let addr = region.data(SNAP + 8 * (SNAP_RED + i as usize));
+        let store = Instruction::with2(Code::Mov_rm64_r64, rip_mem(addr), IcedReg::RAX);
+        step(a.add_instruction(store.expect("instr")));
+    }
+    step(a.pushfq());
+    step(a.pop(rax));
+    let store = Instruction::with2(
+        Code::Mov_rm64_r64,
+        rip_mem(region.data(SNAP + 8 * SNAP_FLAGS)),
+        IcedReg::RAX,
+    );
+    step(a.add_instruction(store.expect("instr")));
+    step(a.cld());
+    step(a.add(rsp, FRAME_SIZE));
+    for r in [r15, r14, r13, r12, rbp, rbx] {
+        step(a.pop(r));
+    }
+    step(a.ret());
+    step(a.set_label(&mut helper));
+    step(a.mov(r12, 0x5151u64));
+    step(a.ret());
+    let entry = region.addr(0);
+    let result = a
+        .assemble_options(entry, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+        .expect("assemble");
+    let site = result.label_ip(&site).expect("site label");
+    let code = result.inner.code_buffer;
+    region.write_code(0, &code);
+    SiteFn {
+        entry,
+        site,
+        len: code.len(),
+    }
+}
+
+fn plan_for(region: &Region, f: &SiteFn) -> SitePlan {
+    let text = region.code(0, f.len);
+    let targets = BranchTargets::scan(text, region.addr(0));
+    qualify_site(text, region.addr(0), f.site, &targets).expect("site qualifies")
+}
+
+struct Probe {
+    args: Vec<ArgSpec>,
+    strings: Vec<bool>,
+}
+
+fn probe(spec: &str, strings: &[bool]) -> Probe {
+    Probe {
+        args: parse_args(spec).expect("spec"),
+        strings: strings.to_vec(),
+    }
+}
+
+fn symbols_for(region: &Region) -> impl Fn(&str) -> Option<u64> + '_ {
+    move |name: &str| (name == "blk").then(|| region.data(BLOCK))
+}
+
+fn install(
+    region: &Region,
+    plan: &SitePlan,
+    p: &Probe,
+    ring: &Ring,
+    capacity: u64,
+    thread_id: ThreadIdSource,
+) -> Trampoline {
+    let symbols = symbols_for(region);
+    let params = TrampolineParams {
+        probe_id: 0x1234_5678,
+        args: &p.args,
+        string_args: &p.strings,
+        ring_addr: ring.addr(),
+        capacity,
+        tramp_addr: region.addr(ZONE_TRAMP),
+        tag_addr: region.data(TAG),
+        thread_id,
+        symbols: &symbols,
+    };
+    let tramp = build_trampoline(plan, &params).expect("trampoline");
+    assert!(tramp.len() < 0x1000, "trampoline is {} bytes", tramp.len());
+    assert_eq!(tramp.patch.len(), plan.len());
+    region.write_code(ZONE_TRAMP, &tramp.code);
+    let site_off = (plan.site() - region.addr(0)) as usize;
+    region.write_code(site_off, &tramp.patch);
+    tramp
+}
+
+fn restore(region: &Region, plan: &SitePlan) {
+    region.write_code((plan.site() - region.addr(0)) as usize, plan.original());
+}
+
+/// Memory as the site saw it: the frame cells the site function wrote,
+/// anything else read directly (only valid pointers are used).
+struct SiteMemory {
+    rsp: u64,
+    rbp: u64,
+}
+
+impl SiteMemory {
+    fn byte(&self, addr: u64) -> io::Result<u8> {
+        let cell = |base: u64, bytes: &[u8]| {
+            addr.checked_sub(base)
+                .and_then(|o| bytes.get(o as usize).copied())
+        };
+        if let Some(b) = cell(self.rsp.wrapping_add(112), &(-7i32).to_le_bytes()) {
+            return Ok(b);
+        }
+        if let Some(b) = cell(self.rbp.wrapping_sub(8), &(-12345i64).to_le_bytes()) {
+            return Ok(b);
+        }
+        for i in 0..16u64 {
+            let value = i64::from(CANARY) + i as i64;
+            if let Some(b) = cell(self.rsp - 8 * (i + 1), &value.to_le_bytes()) {
+                return Ok(b);
+            }
+        }
+        if addr >= self.rsp - 4096 && addr < self.rsp + 4096 {
+            return Err(io::Error::other("unknown stack byte"));
+        }
+        // SAFETY: the specs only point at our region and data.
+        Ok(unsafe { std::ptr::read_volatile(addr as *const u8) })
+    }
+}
+
+impl MemoryReader for SiteMemory {
+    fn read_exact(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = self.byte(address.wrapping_add(i as u64))?;
+        }
+        Ok(())
+    }
+}
+
+/// The expected argument values, from `sdt::evaluate` on the site's registers.
+fn expected_args(region: &Region, f: &SiteFn, p: &Probe, snap: &[u64; SNAP_WORDS]) -> Vec<u64> {
+    let mut regs = site_regs(region);
+    regs[RegFamily::Rsp.index()] = snap[RegFamily::Rsp.index()];
+    regs[RegFamily::Rbp.index()] = snap[RegFamily::Rbp.index()];
+    let rip = f.site + 1;
+    let file = move |fam: RegFamily| {
+        if fam == RegFamily::Rip {
+            rip
+        } else {
+            regs[fam.index()]
+        }
+    };
+    let mem = SiteMemory {
+        rsp: snap[RegFamily::Rsp.index()],
+        rbp: snap[RegFamily::Rbp.index()],
+    };
+    let symbols = symbols_for(region);
+    p.args
+        .iter()
+        .map(|a| evaluate(a, &file, &mem, &symbols).expect("evaluates"))
+        .collect()
+}
+
+/// Drains `ring`, checking every record against the expectation; returns their tscs.
+fn check_records(reader: &mut RingReader, p: &Probe, want: &[u64], thread: u64) -> Vec<u64> {
+    let nstrings = p.strings.iter().filter(|&&s| s).count();
+    let mut tscs = Vec::new();
+    let out = reader.drain(usize::MAX, |r| {
+        assert_eq!(r.probe, 0x1234_5678);
+        assert_eq!(r.tag, TAG_VALUE);
+        assert_eq!(r.thread, thread);
+        assert_eq!(r.nargs, p.args.len());
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(
+                r.args[i], *w,
+                "arg {i} ({}): {:#x} vs {w:#x}",
+                p.args[i], r.args[i]
+            );
+        }
+        let mut k = 0;
+        for (i, s) in r.strings.iter().enumerate() {
+            let flagged = p.strings.get(i).copied().unwrap_or(false);
+            assert_eq!(s.is_some(), flagged, "string flag {i}");
+            let Some(s) = s else { continue };
+            let (_, area) = string_area(k, nstrings).expect("area");
+            k += 1;
+            if want[i] == 0 {
+                assert!(s.null && s.bytes.is_empty() && !s.truncated);
+                continue;
+            }
+            // SAFETY: flagged arguments point at our NUL-terminated strings.
+            let full = unsafe { CStr::from_ptr(want[i] as *const libc::c_char) }.to_bytes();
+            let n = full.len().min(area - 1);
+            assert_eq!(s.bytes, &full[..n], "string {i}");
+            assert_eq!(s.truncated, full.len() > area - 1, "truncated {i}");
+            assert!(!s.null);
+        }
+        tscs.push(r.tsc);
+    });
+    assert_eq!(out.stop, DrainStop::Empty);
+    tscs
+}
+
+fn spec_text(p: &Probe) -> String {
+    let args: Vec<String> = p.args.iter().map(ToString::to_string).collect();
+    args.join(" ")
+}
+
+fn probes() -> Vec<Probe> {
+    vec![
+        probe(ENTRY_STRINGS, &[true, true]),
+        probe("8@%rax 8@%rcx 8@%rdx 8@%rsi 8@%rdi 8@%r8", &[]),
+        probe("8@%r9 8@%r10 8@%r11 -1@$5 8@%rsp 8@%rip", &[]),
+        probe(
+            "8@0x20(%rbx) -4@8(%rdx,%rcx,8) 8@(%r8) -2@%si 4@%r11d 1@%dil",
+            &[],
+        ),
+        probe(
+            "8@blk+16(%rip) 8@16(%rip) 8@-16(%rsp) 2@%r9w -8@%r12 1@%bh",
+            &[],
+        ),
+        probe(
+            "-1@$5 8@$0 8@%r13 8@%r14 8@%r8 -8@$-9",
+            &[false, true, true, true, true, false],
+        ),
+        probe("-2@%r10w -1@%ch 1@%dh -4@%esp 8@%r15 -1@%r9b", &[]),
+        probe("", &[]),
+    ]
+}
+
+/// Runs one site function unpatched and patched, and checks everything.
+fn run_case(variant: Variant, flags: i32, p: &Probe, thread_id: ThreadIdSource) {
+    let region = Region::new();
+    let f = assemble_site_fn(&region, variant, flags);
+    f.call();
+    let before = region.snapshot();
+    // The canaries are what the function wrote (the call variant's callee
+    // overwrites the first with its return address, patched or not).
+    for i in 1..16 {
+        assert_eq!(before[SNAP_RED + i], (CANARY + i as i32) as u64);
+    }
+    let plan = plan_for(&region, &f);
+    let ring = Ring::new(16);
+    install(&region, &plan, p, &ring, 16, thread_id);
+    let want = expected_args(&region, &f, p, &before);
+    let mut reader = ring.reader();
+    for round in 0..3 {
+        region.put(SNAP, &[0u8; SNAP_WORDS * 8]);
+        f.call();
+        let after = region.snapshot();
+        for (i, (x, y)) in before.iter().zip(after.iter()).enumerate() {
+            assert_eq!(
+                x,
+                y,
+                "{variant:?} {}: snapshot word {i} differs",
+                spec_text(p)
+            );
+        }
+        let tscs = check_records(&mut reader, p, &want, fs_base());
+        assert_eq!(tscs.len(), 1, "round {round}");
+    }
+    // Several calls, then one drain: tsc non-decreasing on one thread.
+    for _ in 0..5 {
+        f.call();
+    }
+    let tscs = check_records(&mut reader, p, &want, fs_base());
+    assert_eq!(tscs.len(), 5);
+    assert!(tscs.windows(2).all(|w| w[0] <= w[1]), "{tscs:?}");
+    assert_eq!(reader.lost(), 0);
+    // Restored: no more records, same behaviour.
+    restore(&region, &plan);
+    f.call();
+    assert_eq!(region.snapshot(), before);
+    assert_eq!(reader.drain(10, |_| {}).records, 0);
+}
+
+#[test]
+fn every_variant_and_probe_shape() {
+    for variant in VARIANTS {
+        for p in probes() {
+            run_case(variant, FLAGS_Z, &p, ThreadIdSource::FsSelfPointer);
+        }
+    }
+    // Both directions of the displaced rel8 jcc.
+    for p in probes() {
+        run_case(Variant::Jcc8, FLAGS_NZ, &p, ThreadIdSource::FsSelfPointer);
+    }
+}
+
+#[test]
+fn plans_of_the_variants() {
+    let region = Region::new();
+    let cases = [
+        (Variant::Load, 5, Tail::JumpBack),
+        (Variant::RipLoad, 8, Tail::JumpBack),
+        (Variant::Jcc8, 6, Tail::JumpBack),
+        (Variant::TailJmp, 6, Tail::Terminates),
+    ];
+    for (variant, len, tail) in cases {
+        let f = assemble_site_fn(&region, variant, FLAGS_Z);
+        let plan = plan_for(&region, &f);
+        assert_eq!((plan.len(), plan.tail()), (len, tail), "{variant:?}");
+    }
+    let f = assemble_site_fn(&region, Variant::TailCall, FLAGS_Z);
+    let plan = plan_for(&region, &f);
+    assert_eq!(plan.len(), 6);
+    assert!(matches!(plan.tail(), Tail::Call { .. }));
+}
+
+#[test]
+fn rdfsbase_thread_id_when_available() {
+    const HWCAP2_FSGSBASE: u64 = 1 << 1;
+    // SAFETY: getauxval has no preconditions.
+    let hwcap2 = unsafe { libc::getauxval(libc::AT_HWCAP2) };
+    if hwcap2 & HWCAP2_FSGSBASE == 0 {
+        eprintln!("note: FSGSBASE not enabled here; rdfsbase variant not run");
+        return;
+    }
+    run_case(
+        Variant::Load,
+        FLAGS_Z,
+        &probe(ENTRY_STRINGS, &[true, true]),
+        ThreadIdSource::Rdfsbase,
+    );
+}
+
+#[test]
+fn full_ring_counts_lost() {
+    let region = Region::new();
+    let f = assemble_site_fn(&region, Variant::Load, FLAGS_Z);
+    let plan = plan_for(&region, &f);
+    let ring = Ring::new(4);
+    install(
+        &region,
+        &plan,
+        &probe(ENTRY_STRINGS, &[true, true]),
+        &ring,
+        4,
+        ThreadIdSource::FsSelfPointer,
+    );
+    for _ in 0..10 {
+        f.call();
+    }
+    let mut reader = ring.reader();
+    let mut indices = Vec::new();
+    reader.drain(100, |r| indices.push(r.index));
+    assert_eq!(indices, [0, 1, 2, 3]);
+    assert_eq!(reader.lost(), 6);
+    // Draining freed the slots: the next call is recorded again.
+    f.call();
+    assert_eq!(reader.drain(100, |_| {}).records, 1);
+    assert_eq!(reader.lost(), 6);
+}
+
+/// `extern "C" fn(n: u64) -> u64 { n }` whose site is `nop; mov rax, rdi; ret`.
+fn assemble_identity(region: &Region) -> SiteFn {
+    let mut a = CodeAssembler::new(64).expect("asm");
+    a.nop().expect("nop");
+    a.mov(rax, rdi).expect("mov");
+    a.ret().expect("ret");
+    let entry = region.addr(0);
+    let code = a.assemble(entry).expect("assemble");
+    region.write_code(0, &code);
+    SiteFn {
+        entry,
+        site: entry,
+        len: code.len(),
+    }
+}
+
+fn call_identity(entry: u64, n: u64) -> u64 {
+    // SAFETY: assembled by `assemble_identity` with the C ABI.
+    let f: extern "C" fn(u64) -> u64 = unsafe { std::mem::transmute(entry as usize) };
+    f(n)
+}
+
+const THREADS: u64 = 4;
+const PER_THREAD: u64 = 10_000;
+
+/// Runs the producers; with `pause`, each yields every 64 calls so a
+/// consumer on this 2-core budget gets to run while they produce.
+fn run_producers(entry: u64, pause: bool) -> Vec<u64> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|_| {
+                s.spawn(move || {
+                    for n in 0..PER_THREAD {
+                        assert_eq!(call_identity(entry, n), n);
+                        if pause && n % 64 == 63 {
+                            std::thread::yield_now();
+                        }
+                    }
+                    fs_base()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("producer"))
+            .collect()
+    })
+}
+
+#[test]
+fn concurrent_producers_each_record_once() {
+    let region = Region::new();
+    let f = assemble_identity(&region);
+    let plan = plan_for(&region, &f);
+    assert_eq!((plan.len(), plan.tail()), (5, Tail::Terminates));
+    let capacity = 1 << 16;
+    let ring = Ring::new(capacity);
+    install(
+        &region,
+        &plan,
+        &probe("8@%rdi", &[]),
+        &ring,
+        capacity,
+        ThreadIdSource::FsSelfPointer,
+    );
+    let threads = run_producers(f.entry, false);
+    let mut reader = ring.reader();
+    let mut seen: std::collections::HashMap<u64, Vec<u64>> = Default::default();
+    let mut expected_index = 0;
+    let out = reader.drain(usize::MAX, |r| {
+        assert_eq!(r.index, expected_index);
+        expected_index += 1;
+        seen.entry(r.thread).or_default().push(r.args[0]);
+    });
+    assert_eq!(out.stop, DrainStop::Empty);
+    let lost = reader.lost();
+    eprintln!("concurrent producers: {} records, {lost} lost", out.records);
+    assert_eq!(out.records as u64 + lost, THREADS * PER_THREAD);
+    assert_eq!(reader.head(), out.records as u64);
+    for t in &threads {
+        let ns = seen.get(t).expect("records from every thread");
+        // One thread's events are reserved in its program order; none twice.
+        assert!(ns.windows(2).all(|w| w[0] < w[1]));
+        assert!(ns.iter().all(|&n| n < PER_THREAD));
+    }
+    assert_eq!(seen.len(), THREADS as usize);
+    // With 64k slots nothing is full; only 8 failed CAS in a row could lose one.
+    assert!(lost <= 10, "lost {lost}");
+}
+
+#[test]
+fn concurrent_producers_with_a_draining_consumer() {
+    let region = Region::new();
+    let f = assemble_identity(&region);
+    let plan = plan_for(&region, &f);
+    let capacity = 256;
+    let ring = Ring::new(capacity);
+    install(
+        &region,
+        &plan,
+        &probe("8@%rdi", &[]),
+        &ring,
+        capacity,
+        ThreadIdSource::FsSelfPointer,
+    );
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let mut seen: std::collections::HashMap<u64, Vec<u64>> = Default::default();
+    let mut records = 0u64;
+    std::thread::scope(|s| {
+        let consumer = s.spawn(|| {
+            let mut reader = ring.reader();
+            let mut out = Vec::new();
+            let mut step = || {
+                reader.drain(usize::MAX, |r| out.push((r.thread, r.args[0])));
+            };
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                step();
+                std::thread::yield_now();
+            }
+            step();
+            out
+        });
+        run_producers(f.entry, true);
+        done.store(true, std::sync::atomic::Ordering::Release);
+        for (thread, n) in consumer.join().expect("consumer") {
+            seen.entry(thread).or_default().push(n);
+            records += 1;
+        }
+    });
+    let lost = ring.reader().lost();
+    eprintln!("with a concurrent consumer (256 slots): {records} records, {lost} lost");
+    assert_eq!(records + lost, THREADS * PER_THREAD);
+    // The consumer ran while the ring lapped: slots were reused.
+    assert!(records > capacity, "only {records} records");
+    for ns in seen.values() {
+        assert!(ns.windows(2).all(|w| w[0] < w[1]));
+    }
+}
+
+/// Site function for timing: saves r13/r14, loads them with string
+/// pointers like CPython's function__entry, and returns.
+fn assemble_timed(region: &Region) -> SiteFn {
+    let mut a = CodeAssembler::new(64).expect("asm");
+    let step = |r: Result<(), IcedError>| r.expect("assemble");
+    let mut site = a.create_label();
+    step(a.push(r13));
+    step(a.push(r14));
+    step(a.mov(r13, region.data(STR_41)));
+    step(a.mov(r14, region.data(STR_SHORT)));
+    step(a.mov(eax, 42u32));
+    step(a.set_label(&mut site));
+    step(a.nop());
+    step(a.mov(rcx, qword_ptr(rsp)));
+    step(a.pop(r14));
+    step(a.pop(r13));
+    step(a.ret());
+    let entry = region.addr(0);
+    let result = a
+        .assemble_options(entry, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+        .expect("assemble");
+    let site = result.label_ip(&site).expect("label");
+    let code = result.inner.code_buffer;
+    region.write_code(0, &code);
+    SiteFn {
+        entry,
+        site,
+        len: code.len(),
+    }
+}
+
+/// Not an assertion: prints ns per event. Run with `--nocapture`.
+#[test]
+fn measure_ns_per_event() {
+    const CALLS: u64 = 10_000_000;
+    const BATCH: u64 = 50_000;
+    let time = |f: &SiteFn, ring: Option<&Ring>| {
+        let mut total = std::time::Duration::ZERO;
+        for _ in 0..CALLS / BATCH {
+            let start = Instant::now();
+            for _ in 0..BATCH {
+                f.call();
+            }
+            total += start.elapsed();
+            if let Some(ring) = ring {
+                // Discard between timed batches: only the producer is measured.
+                ring.discard();
+            }
+        }
+        total.as_nanos() as f64 / CALLS as f64
+    };
+    for (name, strings) in [
+        ("3 args, no strings", vec![]),
+        ("3 args, 2 strings (41 and 7 bytes)", vec![true, true]),
+    ] {
+        let region = Region::new();
+        let f = assemble_timed(&region);
+        let base = time(&f, None);
+        let plan = plan_for(&region, &f);
+        let capacity = 1 << 16;
+        let ring = Ring::new(capacity);
+        let p = probe("8@%r13 8@%r14 -4@%eax", &strings);
+        let tramp = install(
+            &region,
+            &plan,
+            &p,
+            &ring,
+            capacity,
+            ThreadIdSource::FsSelfPointer,
+        );
+        let patched = time(&f, Some(&ring));
+        let lost = ring.reader().lost();
+        eprintln!(
+            "ring trampoline, {name}: {:.1} ns/call unpatched, {:.1} ns/call patched, \
+             {:.1} ns/event ({} code bytes, {lost} lost)",
+            base,
+            patched,
+            patched - base,
+            tramp.len()
+        );
+    }
+}
