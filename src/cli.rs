@@ -103,7 +103,13 @@ pub struct RecordArgs {
     /// Also trace child processes the target forks.
     #[arg(long)]
     pub subprocesses: bool,
-    /// How probe hits are caught.
+    /// How probe hits are caught. `auto`: each site that qualifies is rewritten
+    /// into a jump to a trampoline injected in the target, which appends the event
+    /// to a ring shared with pyprobe (tens of ns per hit, no stop); the rest use
+    /// `int3`. `ring`: as auto, but fail if the ring cannot be set up. `int3`: a
+    /// breakpoint and a ptrace stop per hit (tens of µs), nothing injected but the
+    /// SIGTRAP safety net. After tracing, the ring (4 MiB) and the trampolines stay
+    /// mapped in the target, unused: a signal handler could still return into one.
     #[arg(long, value_enum, default_value_t = Engine::Auto)]
     pub engine: Engine,
     /// Slow the target by at most this much: when the time it spends stopped for

@@ -18,10 +18,6 @@ fn main() -> ExitCode {
             provider: args.provider,
             json: args.format == cli::TableFormat::Json,
         }),
-        Command::Record(args) if args.engine == cli::Engine::Ring => not_yet(
-            "`--engine ring` (probe sites that write to a shared ring) is not implemented yet; \
-             `--engine auto` and `int3` use breakpoints",
-        ),
         Command::Record(args) => session::record::run(&session::record::RecordRequest {
             pid: args.target.pid,
             command: args.target.command,
@@ -41,6 +37,11 @@ fn main() -> ExitCode {
             rate: args.rate,
             nonblocking: args.nonblocking,
             max_overhead: args.max_overhead,
+            ring: match args.engine {
+                cli::Engine::Auto => pyprobe::tracer::RingUse::Auto,
+                cli::Engine::Ring => pyprobe::tracer::RingUse::Required,
+                cli::Engine::Int3 => pyprobe::tracer::RingUse::Off,
+            },
         }),
         Command::Flame(args) => session::views::flame(&session::views::FlameRequest {
             file: args.file,
@@ -106,10 +107,4 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-/// A flag of the contract that this version cannot honour: say so, exit 1.
-fn not_yet(what: &str) -> anyhow::Result<ExitCode> {
-    eprintln!("pyprobe: {what}");
-    Ok(ExitCode::from(1))
 }

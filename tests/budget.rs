@@ -38,7 +38,17 @@ fn probe_sites(pid: i32) -> (Vec<u64>, Vec<u64>) {
 /// `pyprobe record -p PID --mode trace --max-overhead PERCENT` in the background.
 fn trace_with_budget(output: &str, pid: i32, percent: &str) -> Tracer {
     let pid = pid.to_string();
-    let args = ["-p", &pid, "--mode", "trace", "--max-overhead", percent];
+    // int3: the budget limits stops, and the ring engine does not stop the target.
+    let args = [
+        "-p",
+        &pid,
+        "--mode",
+        "trace",
+        "--engine",
+        "int3",
+        "--max-overhead",
+        percent,
+    ];
     Tracer::record(output, &args)
 }
 
@@ -72,7 +82,10 @@ fn function_row<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json
 fn hot_target_gets_exact_windows_and_samples(version: &'static str) {
     let _serial = serial();
     let Some(py) = python(version) else { return };
-    let (report, stderr) = record_hot_loop(&py, &["--mode", "trace", "--max-overhead", "5"]);
+    let (report, stderr) = record_hot_loop(
+        &py,
+        &["--mode", "trace", "--engine", "int3", "--max-overhead", "5"],
+    );
     assert!(stderr.contains("overhead budget 5%"), "{stderr}");
     let windows = report["exact_windows"].as_u64().expect("exact_windows set");
     let fraction = report["exact_fraction"].as_f64().unwrap();
@@ -142,7 +155,7 @@ fn light_target_stays_exact_and_its_counts_match_its_own() {
 fn auto_mode_with_function_probes_on_a_live_target_defaults_to_5_percent() {
     let _serial = serial();
     let Some(py) = python("3.9") else { return };
-    let (report, stderr) = record_hot_loop(&py, &["--probes", "function"]);
+    let (report, stderr) = record_hot_loop(&py, &["--probes", "function", "--engine", "int3"]);
     assert!(stderr.contains("overhead budget 5%"), "{stderr}");
     assert!(report["exact_windows"].as_u64().unwrap() >= 2, "{report}");
     // And 0 turns it off: exact all along.

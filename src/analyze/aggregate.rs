@@ -180,18 +180,27 @@ impl Aggregator {
                 self.gc.thread_exit(tid);
                 self.imports.thread_exit(tid);
             }
-            EventKind::Lost { count } => self.lost = self.lost.saturating_add(*count),
+            EventKind::Lost { count } => {
+                self.lost = self.lost.saturating_add(*count);
+                // Which calls and returns were dropped is unknown: stacks start over.
+                self.cut_stacks(ts);
+            }
             EventKind::Window { exact } => {
                 self.windows.toggle(*exact, ts);
                 if !*exact {
                     // The returns of these frames will not be seen: they end here.
-                    for tid in self.stacks.thread_ids() {
-                        self.stacks.cut_thread(tid, ts, &mut self.ended);
-                    }
-                    self.apply_ended();
+                    self.cut_stacks(ts);
                 }
             }
         }
+    }
+
+    /// Every open frame ends at `ts`, timed but not counted as a call.
+    fn cut_stacks(&mut self, ts: u64) {
+        for tid in self.stacks.thread_ids() {
+            self.stacks.cut_thread(tid, ts, &mut self.ended);
+        }
+        self.apply_ended();
     }
 
     /// The Python stack of `tid` at the event being handled: the stack the frame

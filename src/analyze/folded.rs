@@ -335,15 +335,13 @@ impl Folder {
             }
             EventKind::Lost { count } => {
                 self.counts.lost = self.counts.lost.saturating_add(*count);
+                // Which calls and returns were dropped is unknown: stacks start over.
+                self.cut_stacks(ts);
             }
             EventKind::Window { exact: false } => {
                 self.windowed = true;
                 // Exact tracing paused: open frames end here, their returns unseen.
-                for tid in self.tracker.thread_ids() {
-                    let before = self.tracker.depth(tid);
-                    self.tracker.cut_thread(tid, ts, &mut self.ended);
-                    self.apply_ended(tid, before);
-                }
+                self.cut_stacks(ts);
             }
             EventKind::Window { exact: true } => self.windowed = true,
             EventKind::Line { .. }
@@ -352,6 +350,15 @@ impl Folder {
             | EventKind::Audit { .. }
             | EventKind::Stack { .. }
             | EventKind::ThreadStart => {}
+        }
+    }
+
+    /// Every open frame ends at `ts`, timed but not counted as a call.
+    fn cut_stacks(&mut self, ts: u64) {
+        for tid in self.tracker.thread_ids() {
+            let before = self.tracker.depth(tid);
+            self.tracker.cut_thread(tid, ts, &mut self.ended);
+            self.apply_ended(tid, before);
         }
     }
 

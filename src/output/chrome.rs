@@ -317,6 +317,13 @@ pub fn write_chrome<R: Read, W: Write>(
                 ))?;
             }
             EventKind::Lost { count } => {
+                // Which calls and returns were dropped is unknown: slices end here.
+                for t in tracker.thread_ids() {
+                    tracker.cut_thread(t, ts, &mut ended);
+                    for e in ended.drain(..) {
+                        w.frame_slice(&names, t, ts, &e)?;
+                    }
+                }
                 w.event(format_args!(
                     "{{\"name\":\"{count} events lost\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
                     us(w.rel(ts)),

@@ -26,7 +26,7 @@
 use std::ops::Range;
 
 use iced_x86::code_asm::*;
-use iced_x86::IcedError;
+use iced_x86::{BlockEncoderOptions, IcedError};
 use thiserror::Error;
 
 use super::layout::*;
@@ -74,6 +74,10 @@ pub struct Trampoline {
     pub code: Vec<u8>,
     /// Address of the patched site.
     pub site: u64,
+    /// Where a thread continues that executed the site's `nop` (it stopped at an
+    /// `int3` there before the patch): the relocated displaced instructions, with
+    /// every register as at the site.
+    pub resume: u64,
     /// Bytes to write at `site`: `jmp rel32` to `addr`, then `int3` over the
     /// rest of the displaced bytes (never executed; a stray jump there traps
     /// instead of running half an instruction). Same length as the plan's
@@ -221,6 +225,11 @@ pub fn build_trampoline(
     }
     a.popfq()?;
     a.lea(rsp, ptr(rsp + 128))?;
+    let mut resume = a.create_label();
+    a.set_label(&mut resume)?;
+    // A label needs an instruction after it: a 1-byte nop, harmless if nothing
+    // is displaced besides the site's own nop.
+    a.nop()?;
     for instr in plan.displaced() {
         a.add_instruction(*instr)?;
     }
@@ -237,7 +246,12 @@ pub fn build_trampoline(
             a.jmp(target)?;
         }
     }
-    let code = a.assemble(p.tramp_addr)?;
+    let assembled = a.assemble_options(
+        p.tramp_addr,
+        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+    )?;
+    let resume = assembled.label_ip(&resume)?;
+    let code = assembled.inner.code_buffer;
     let end = p.tramp_addr.wrapping_add(code.len() as u64);
     if p.tag_addr < end && p.tag_addr.wrapping_add(4) > p.tramp_addr {
         return Err(CodegenError::TagOverlap {
@@ -250,6 +264,7 @@ pub fn build_trampoline(
         addr: p.tramp_addr,
         code,
         site: plan.site(),
+        resume,
         patch,
     })
 }

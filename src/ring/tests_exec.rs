@@ -617,7 +617,7 @@ fn run_case(variant: Variant, flags: i32, p: &Probe, thread_id: ThreadIdSource) 
     }
     let plan = plan_for(&region, &f);
     let ring = Ring::new(16);
-    install(&region, &plan, p, &ring, 16, thread_id);
+    let tramp = install(&region, &plan, p, &ring, 16, thread_id);
     let want = expected_args(&region, &f, p, &before);
     let mut reader = ring.reader();
     for round in 0..3 {
@@ -643,6 +643,17 @@ fn run_case(variant: Variant, flags: i32, p: &Probe, thread_id: ThreadIdSource) 
     assert_eq!(tscs.len(), 5);
     assert!(tscs.windows(2).all(|w| w[0] <= w[1]), "{tscs:?}");
     assert_eq!(reader.lost(), 0);
+    // A thread that stopped at an int3 on the site before the patch continues at
+    // `resume`: the displaced code with the site's registers, and no record.
+    let mut to_resume = vec![0xe9];
+    let rel = tramp.resume as i64 - (plan.site() as i64 + 5);
+    to_resume.extend_from_slice(&(rel as i32).to_le_bytes());
+    to_resume.resize(plan.len(), 0xcc);
+    region.write_code((plan.site() - region.addr(0)) as usize, &to_resume);
+    region.put(SNAP, &[0u8; SNAP_WORDS * 8]);
+    f.call();
+    assert_eq!(region.snapshot(), before, "{variant:?}: resumed run");
+    assert_eq!(reader.drain(10, |_| {}).records, 0);
     // Restored: no more records, same behaviour.
     restore(&region, &plan);
     f.call();

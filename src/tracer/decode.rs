@@ -85,6 +85,48 @@ impl HitBuffers {
         }
     }
 
+    /// Fills the buffers from a ring record of `probe`: its argument values, and
+    /// its string prefixes, completed from the target's memory when the record
+    /// had to cut them.
+    pub fn fill_from_ring(
+        &mut self,
+        probe: &Probe,
+        record: &crate::ring::RingRecord<'_>,
+        mem: &ProcessMemory,
+    ) {
+        let n = record.nargs.min(record.args.len());
+        self.args.clear();
+        self.args.extend_from_slice(&record.args[..n]);
+        if self.strings.len() < n {
+            self.strings.resize_with(n, String::new);
+            self.present.resize(n, false);
+        }
+        for i in 0..n {
+            self.present[i] = false;
+            if !probe.string_args.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            let Some(s) = record.strings.get(i).copied().flatten() else {
+                continue;
+            };
+            if s.null {
+                continue;
+            }
+            let text = &mut self.strings[i];
+            text.clear();
+            if s.truncated {
+                match mem.read_c_string(self.args[i], MAX_STRING) {
+                    Ok(full) => text.push_str(&full),
+                    // Gone meanwhile: the prefix is what there is.
+                    Err(_) => push_lossy(text, s.bytes),
+                }
+            } else {
+                push_lossy(text, s.bytes);
+            }
+            self.present[i] = true;
+        }
+    }
+
     /// One `process_vm_readv` with one iovec per string; returns the bytes read (the
     /// kernel stops at the first iovec it cannot fully read).
     fn batched_read(&mut self, pid: i32, wanted: &[(usize, u64)]) -> usize {

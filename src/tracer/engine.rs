@@ -29,7 +29,10 @@ use super::signals::{
     arm_tick, jitter, monotonic_ns, stop_requested, take_tick, until_deadline_ns, StopReason,
 };
 
+mod ring;
 mod throttle;
+
+pub use ring::RingUse;
 
 /// Finds the probes to trace in a process image, once the object carrying them is
 /// fully mapped. `Ok(None)`: not (yet) there.
@@ -79,6 +82,12 @@ pub enum TraceEvent<'a> {
     },
     /// Something the user should know (a child cleaned, a signal, ...).
     Notice(String),
+    /// `count` probe hits of `pid` were dropped (its ring was full).
+    Lost {
+        pid: i32,
+        count: u64,
+        ts_ns: u64,
+    },
     /// Time to take a sample of process `pid`; `stopped`: every thread is held in a
     /// ptrace-stop until the sink returns.
     Tick {
@@ -110,6 +119,8 @@ pub struct EngineOptions {
     /// Slowdown allowed (0.05 for 5 %): above it the budgeted probes go off for a
     /// while (see `budget`). Ticks should be on to sample meanwhile.
     pub max_overhead: Option<f64>,
+    /// Whether qualifying sites move to the ring engine (trampolines, no stop).
+    pub ring: RingUse,
 }
 
 /// How the run ended.
@@ -155,6 +166,10 @@ struct Proc {
     /// Probes were installed at a stop where injecting is unsafe (a system call
     /// stop): install the net at the next hit, a clean stop.
     net_pending: bool,
+    /// The ring engine serving some of this image's sites.
+    ring: Option<crate::tracer::ring_setup::RingProc>,
+    /// Its sites move to the ring at the next turn of the event loop.
+    ring_pending: bool,
 }
 
 impl Proc {
@@ -166,6 +181,8 @@ impl Proc {
             last_maps_len: 0,
             net: None,
             net_pending: false,
+            ring: None,
+            ring_pending: false,
         }
     }
 }
@@ -199,7 +216,13 @@ pub struct Engine {
     last_wait_ns: u64,
     /// When each thread was last resumed after a hit (budget accounting).
     resumed_ns: HashMap<i32, u64>,
+    ring_book: ring::RingBook,
+    /// An error met while handling an event that must end the run.
+    fatal: Option<anyhow::Error>,
 }
+
+/// How long the event loop sleeps when the rings and the waits are both empty.
+const RING_POLL_US: u64 = 200;
 
 fn trace_options() -> Options {
     Options::PTRACE_O_TRACECLONE
@@ -269,6 +292,8 @@ impl Engine {
             },
             last_wait_ns: 0,
             resumed_ns: HashMap::new(),
+            ring_book: ring::RingBook::default(),
+            fatal: None,
         }
     }
 
@@ -415,6 +440,30 @@ impl Engine {
             if take_tick() {
                 self.on_tick(sink)?;
                 self.arm_next_tick();
+                continue;
+            }
+            if let Some(e) = self.fatal.take() {
+                return Err(e);
+            }
+            if self.ring_active() {
+                // Hits arrive in the rings without a stop: poll them and the waits.
+                let drained = self.drain_rings(sink);
+                match waitpid(None, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::StillAlive) => {
+                        if drained == 0 {
+                            std::thread::sleep(std::time::Duration::from_micros(RING_POLL_US));
+                        }
+                    }
+                    Ok(status) => {
+                        if self.budget.is_some() {
+                            self.last_wait_ns = monotonic_ns();
+                        }
+                        self.handle(status, false, sink)?
+                    }
+                    Err(Errno::EINTR) => {}
+                    Err(Errno::ECHILD) => return Ok(()),
+                    Err(e) => bail!("waitpid failed: {e}"),
+                }
                 continue;
             }
             match waitpid(None, Some(WaitPidFlag::__WALL)) {
@@ -605,6 +654,7 @@ impl Engine {
                         tid,
                         ts_ns: monotonic_ns(),
                     });
+                    self.ring_thread_started(tid);
                     self.resume_or_hold(tid, None, holding);
                 }
                 _ => match self.pending_children.get(&tid).copied() {
@@ -615,6 +665,7 @@ impl Engine {
             return;
         };
         if thread.state == ThreadState::New {
+            self.ring_thread_started(tid);
             self.set_state(tid, ThreadState::Running);
             self.resume_or_hold(tid, None, holding);
             return;
@@ -648,8 +699,14 @@ impl Engine {
         let parent_net = self.procs.get(&pending.parent).and_then(|p| p.net);
         if self.options.subprocesses {
             let mut proc = Proc::new(child);
+            proc.patches = parent_patches;
+            if let Err(e) = Self::ring_fork(self.procs.get(&pending.parent), &mut proc) {
+                sink(TraceEvent::Notice(format!(
+                    "forked child {child}: cannot turn its ring sites back into int3s: {e:#}"
+                )));
+            }
             if let Some(g) = self.guardian.as_mut() {
-                let (written, raised) = parent_patches.undo_list();
+                let (written, raised) = proc.patches.undo_list();
                 for &sem in raised {
                     let _ = g.tell(Op::SemaphoreRaised, child, sem);
                 }
@@ -657,7 +714,6 @@ impl Engine {
                     let _ = g.tell(Op::SiteArmed, child, site);
                 }
             }
-            proc.patches = parent_patches;
             proc.net = parent_net;
             self.procs.insert(child, proc);
             self.threads.insert(
@@ -682,6 +738,11 @@ impl Engine {
             if let Err(e) = clean_copy(written, raised, &mut mem) {
                 sink(TraceEvent::Notice(format!(
                     "cannot clean forked child {child}: {e}"
+                )));
+            }
+            if let Err(e) = Self::ring_clean_released(self.procs.get(&pending.parent), child) {
+                sink(TraceEvent::Notice(format!(
+                    "cannot clean the ring sites of forked child {child}: {e:#}"
                 )));
             }
             // And its copy of the SIGTRAP safety net (it is at its first, clean stop).
@@ -751,6 +812,8 @@ impl Engine {
 
     /// Decodes a breakpoint hit if `tid` stopped at one of our sites.
     fn try_hit(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> bool {
+        // Ring records this thread published before reaching this int3 come first.
+        self.drain_rings(sink);
         let Some(tgid) = self.threads.get(&tid).map(|t| t.tgid) else {
             return false;
         };
@@ -795,6 +858,7 @@ impl Engine {
                 Self::install_net(proc, tgid, tid, sink);
             }
         }
+        self.ring_at_hit(tgid, tid, sink);
         true
     }
 
@@ -827,6 +891,7 @@ impl Engine {
         proc.patches = patches;
         proc.awaiting_object = false;
         self.budget_installed(pid, sink);
+        self.ring_installed(pid, clean_stop, sink)?;
         Ok(true)
     }
 
@@ -992,6 +1057,7 @@ impl Engine {
             )));
         }
         self.take_pending_traps(sink);
+        self.ring_detach(sink);
         for (pid, proc) in &mut self.procs {
             if let Some(net) = proc.net.take() {
                 // Any stopped thread of the process will do.

@@ -61,13 +61,21 @@ pub fn syscall(tid: i32, syscall_insn: u64, nr: i64, args: [u64; 6]) -> io::Resu
     regs.r8 = args[4];
     regs.r9 = args[5];
     ptrace::setregs(pid, regs).map_err(io::Error::from)?;
-    let result = step_over_syscall(pid, syscall_insn);
+    let mut held = Vec::new();
+    let result = step_over_syscall(pid, syscall_insn, &mut held);
     let after = ptrace::getregs(pid);
     // Whatever happened, the thread gets its own registers back. A thread stopped in
     // an interrupted system call (rax = -ERESTART*, orig_rax = its number) has it
     // restarted by the kernel's signal path when it resumes from this stop, exactly as
     // it would have from the original one.
-    ptrace::setregs(pid, saved).map_err(io::Error::from)?;
+    let restored = ptrace::setregs(pid, saved).map_err(io::Error::from);
+    // Signals that arrived during the step were held back (delivering them would
+    // have stopped the step short, for ever with SIGSTOP): queue them again now,
+    // with the thread's own registers back.
+    for sig in held {
+        let _ = nix::sys::signal::kill(pid, sig);
+    }
+    restored?;
     result?;
     let after = after.map_err(io::Error::from)?;
     if after.rip != syscall_insn + 2 {
@@ -85,8 +93,10 @@ pub fn syscall(tid: i32, syscall_insn: u64, nr: i64, args: [u64; 6]) -> io::Resu
 
 /// Single-steps until the instruction at `insn` has run. A SIGTRAP stop reported
 /// before it ran (rip still at `insn`: a trap left pending from an earlier stop) just
-/// means: step again.
-fn step_over_syscall(pid: Pid, insn: u64) -> io::Result<()> {
+/// means: step again. Any other signal is held back in `held` (suppressed now, for
+/// the caller to queue again). Whatever the outcome, the thread is left stopped:
+/// never running with the injected registers.
+fn step_over_syscall(pid: Pid, insn: u64, held: &mut Vec<Signal>) -> io::Result<()> {
     ptrace::step(pid, None).map_err(io::Error::from)?;
     for _ in 0..100 {
         match waitpid(pid, Some(WaitPidFlag::__WALL)) {
@@ -95,17 +105,13 @@ fn step_over_syscall(pid: Pid, insn: u64) -> io::Result<()> {
                 if rip != insn {
                     return Ok(());
                 }
-                ptrace::step(pid, None).map_err(io::Error::from)?;
             }
-            // Another signal arrived meanwhile: it stays pending (not delivered now);
-            // the thread gets it when it runs on.
             Ok(WaitStatus::Stopped(_, sig)) => {
-                let _ = nix::sys::signal::kill(pid, sig);
-                ptrace::step(pid, None).map_err(io::Error::from)?;
+                if !held.contains(&sig) {
+                    held.push(sig);
+                }
             }
-            Ok(WaitStatus::PtraceEvent(..)) | Ok(WaitStatus::PtraceSyscall(_)) => {
-                ptrace::step(pid, None).map_err(io::Error::from)?;
-            }
+            Ok(WaitStatus::PtraceEvent(..)) | Ok(WaitStatus::PtraceSyscall(_)) => {}
             Ok(other) => {
                 return Err(io::Error::other(format!(
                     "thread ended during an injected call: {other:?}"
@@ -113,6 +119,26 @@ fn step_over_syscall(pid: Pid, insn: u64) -> io::Result<()> {
             }
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
+        }
+        // Stopped: step on (a held signal is not delivered).
+        if let Err(e) = ptrace::step(pid, None) {
+            return Err(e.into());
+        }
+    }
+    // Still stepping after all that: stop it before anyone restores its registers.
+    let _ = ptrace::interrupt(pid);
+    loop {
+        match waitpid(pid, Some(WaitPidFlag::__WALL)) {
+            Ok(WaitStatus::Stopped(_, sig)) if sig != Signal::SIGTRAP => {
+                if !held.contains(&sig) {
+                    held.push(sig);
+                }
+                break;
+            }
+            Ok(WaitStatus::Stopped(..)) | Ok(WaitStatus::PtraceEvent(..)) => break,
+            Ok(WaitStatus::PtraceSyscall(_)) => break,
+            Err(nix::errno::Errno::EINTR) => continue,
+            _ => break,
         }
     }
     Err(io::Error::other("injected system call did not complete"))

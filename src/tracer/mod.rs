@@ -11,10 +11,12 @@ pub mod launch;
 pub mod patch;
 pub mod probes;
 pub mod regs;
+pub mod ring_setup;
 pub mod safety_net;
 pub mod signals;
+pub mod tsc;
 
-pub use engine::{Engine, EngineOptions, Hit, Outcome, Resolver, TraceEvent};
+pub use engine::{Engine, EngineOptions, Hit, Outcome, Resolver, RingUse, TraceEvent};
 pub use probes::{Probe, ProbeSet, Site};
 pub use regs::Registers;
 pub use signals::StopReason;

@@ -183,6 +183,22 @@ impl Patches {
         sems
     }
 
+    /// Hands the site at `addr` over to another mechanism (the ring engine, which has
+    /// written its own patch there): it is no longer an `int3` to catch or restore.
+    /// Returns its (probe index, site index).
+    pub fn take_site(&mut self, addr: u64) -> Option<(usize, usize)> {
+        let at = self.sites.remove(&addr)?;
+        self.written.retain(|&a| a != addr);
+        Some(at)
+    }
+
+    /// Takes back a site handed over with [`Patches::take_site`], now holding our
+    /// `int3` again (in a forked child traced on its own).
+    pub fn give_site(&mut self, addr: u64, at: (usize, usize)) {
+        self.sites.insert(addr, at);
+        self.written.push(addr);
+    }
+
     /// Forgets what was written without touching memory (the image is gone: exec).
     pub fn forget(&mut self) {
         self.written.clear();

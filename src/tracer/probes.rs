@@ -31,6 +31,9 @@ pub struct ProbeSet {
     /// Indices of the probes an overhead budget may turn off for a while (the
     /// frequent ones: function entry and return, line).
     pub budgeted: Vec<usize>,
+    /// Indices of the probes whose hits need the target stopped (the caller reads
+    /// its state at each, e.g. the Python stack): never served by the ring.
+    pub needs_stop: Vec<usize>,
 }
 
 impl ProbeSet {

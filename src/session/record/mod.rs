@@ -18,10 +18,10 @@ use crate::python::tracing::parse_groups;
 use crate::python::walker::find_interpreter_object;
 use crate::record::{EventKind, Header};
 use crate::tracer::signals::{self, monotonic_ns, StopReason};
-use crate::tracer::{Engine, EngineOptions, Outcome, TraceEvent};
+use crate::tracer::{Engine, EngineOptions, Outcome, RingUse, TraceEvent};
 
 use events::EventBuilder;
-use resolver::{Chosen, Mode, PythonResolver};
+use resolver::{needs_context_stacks, Chosen, Mode, PythonResolver, CONTEXT_PROBES};
 use sampler::Sampler;
 
 /// What `pyprobe record` was asked to do (the CLI maps its flags onto this).
@@ -43,6 +43,8 @@ pub struct RecordRequest {
     pub nonblocking: bool,
     /// `--max-overhead` as given, in percent (`None`: the default for the mode).
     pub max_overhead: Option<f64>,
+    /// `--engine`: whether probe sites move to the ring (no stop per hit).
+    pub ring: RingUse,
 }
 
 /// The default overhead budget, in percent, where one applies.
@@ -147,6 +149,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         sample_interval_ns: (mode != Mode::Trace || budget.is_some()).then_some(interval_ns),
         blocking_samples: !request.nonblocking,
         max_overhead: budget,
+        ring: request.ring,
     };
     signals::install().context("cannot install signal handlers")?;
 
@@ -241,8 +244,11 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             if let Some(meaning) = meaning {
                 // Which code triggered a GC, an import or an audit event: from the
                 // walker, unless every call is traced (then the rebuilt stack says it).
-                let explains = matches!(meaning.name, "gc__start" | "import__find__load__start" | "audit");
-                if explains && needs_context_stacks(mode, &chosen.borrow()) {
+                let explains = CONTEXT_PROBES.contains(&meaning.name) && {
+                    let now = chosen.borrow();
+                    needs_context_stacks(mode, now.version, &now.groups)
+                };
+                if explains {
                     sampler.context(hit.pid, hit.tid, hit.ts_ns, &mut builder);
                 }
                 builder.hit(meaning, &hit);
@@ -264,6 +270,9 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             }
         }
         TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
+        TraceEvent::Lost { pid, count, ts_ns } => {
+            builder.write(pid, ts_ns, EventKind::Lost { count })
+        }
         TraceEvent::Window { pid, ts_ns, exact } => {
             exact_window = exact;
             builder.write(pid, ts_ns, EventKind::Window { exact });
@@ -342,16 +351,6 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         );
     }
     Ok(exit_code(outcome, launched, pid))
-}
-
-/// Whether the stack at a GC/import/audit hit must come from the frame walker: yes,
-/// unless entries and returns are all traced (3.11 traces returns only).
-fn needs_context_stacks(mode: Mode, chosen: &Chosen) -> bool {
-    mode != Mode::Trace
-        || chosen.version.is_some_and(|v| v.is(3, 11))
-        || !chosen
-            .groups
-            .contains(&crate::python::probes::ProbeGroup::Function)
 }
 
 fn is_view(path: &std::path::Path) -> bool {

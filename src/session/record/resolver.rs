@@ -39,6 +39,22 @@ pub struct Chosen {
     pub has_probes: bool,
 }
 
+/// Probes at whose hits the Python stack is recorded: what triggered a GC, an
+/// import, an audit event.
+pub const CONTEXT_PROBES: [&str; 3] = ["gc__start", "import__find__load__start", "audit"];
+
+/// Whether the stack at a GC/import/audit hit must come from the frame walker: yes,
+/// unless entries and returns are all traced (3.11 traces returns only).
+pub fn needs_context_stacks(
+    mode: Mode,
+    version: Option<PyVersion>,
+    groups: &BTreeSet<ProbeGroup>,
+) -> bool {
+    mode != Mode::Trace
+        || version.is_some_and(|v| v.is(3, 11))
+        || !groups.contains(&ProbeGroup::Function)
+}
+
 pub struct PythonResolver {
     pub mode: Mode,
     pub requested: Option<BTreeSet<ProbeGroup>>,
@@ -101,7 +117,16 @@ impl Resolver for PythonResolver {
         let has_probes = object.has_provider(PROVIDER);
         let (set, meanings, groups, warning) = if has_probes && self.mode != Mode::Sample {
             let (groups, warning) = self.groups(&object, version)?;
-            let (set, meanings) = probe_set(&object, &groups)?;
+            let (mut set, meanings) = probe_set(&object, &groups)?;
+            if needs_context_stacks(self.mode, version, &groups) {
+                // The frame walker reads the stack at these hits: they must stop.
+                set.needs_stop = meanings
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| CONTEXT_PROBES.contains(&m.name))
+                    .map(|(i, _)| i)
+                    .collect();
+            }
             (set, meanings, groups, warning)
         } else {
             (ProbeSet::default(), Vec::new(), BTreeSet::new(), None)

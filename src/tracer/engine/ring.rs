@@ -1,0 +1,330 @@
+//! The engine's side of the ring engine: upgrading `int3` sites to trampolines
+//! once every thread is stopped, draining the rings into hits, following new
+//! threads and forks, and taking the patches out when leaving.
+
+use anyhow::{bail, Result};
+use nix::sys::ptrace;
+use nix::unistd::Pid;
+
+use super::{Engine, Hit, Proc, ThreadState, TraceEvent};
+use crate::process::memory::ProcessMemory;
+use crate::ring::DrainStop;
+use crate::tracer::ring_setup;
+use crate::tracer::signals::monotonic_ns;
+use crate::tracer::tsc::TscClock;
+
+/// How the engine uses the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RingUse {
+    /// Breakpoints only.
+    #[default]
+    Off,
+    /// The ring for every site that qualifies, `int3` for the rest.
+    Auto,
+    /// As `Auto`, but a process where the ring cannot be set up at all is an error.
+    Required,
+}
+
+/// Records taken from a ring per drain, so a busy ring cannot starve the rest.
+const DRAIN_BATCH: usize = 65_536;
+/// A slot reserved but not published for this long is given up (its producer
+/// was killed or is stuck), counted as lost.
+const STUCK_NS: u64 = 1_000_000_000;
+
+/// Ring state the engine keeps besides each process's [`RingProc`].
+#[derive(Default)]
+pub(super) struct RingBook {
+    pub(super) tsc: Option<TscClock>,
+    /// Lost counts already reported, per process.
+    pub(super) lost_reported: std::collections::HashMap<i32, u64>,
+    /// The slot the drain waits for, and since when.
+    pub(super) stuck: std::collections::HashMap<i32, (u64, u64)>,
+}
+
+impl Engine {
+    /// Whether any process is served by a ring (the event loop then polls).
+    pub(super) fn ring_active(&self) -> bool {
+        self.procs.values().any(|p| p.ring.is_some())
+    }
+
+    /// Probes were installed in `pid`. With every thread stopped and `clean_stop`
+    /// a thread where system calls can be injected (attaching), its sites move to
+    /// the ring now; else at its first hit, if it has one thread then.
+    pub(super) fn ring_installed(
+        &mut self,
+        pid: i32,
+        clean_stop: Option<i32>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<()> {
+        if self.options.ring == RingUse::Off {
+            return Ok(());
+        }
+        let all_stopped = self
+            .threads
+            .values()
+            .filter(|t| t.tgid == pid)
+            .all(|t| matches!(t.state, ThreadState::Stopped { pending: None }));
+        match clean_stop {
+            Some(tid) if all_stopped => self.ring_upgrade(pid, tid, sink),
+            _ => {
+                if let Some(proc) = self.procs.get_mut(&pid) {
+                    proc.ring_pending = proc.patches.installed_sites() > 0;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A hit of `tid` in `pid` (a clean stop): the ring set up at start-up is due.
+    /// Patching needs every thread stopped; at start-up there is usually one.
+    pub(super) fn ring_at_hit(&mut self, pid: i32, tid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+        let Some(proc) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        if !proc.ring_pending {
+            return;
+        }
+        proc.ring_pending = false;
+        let threads = self.threads.values().filter(|t| t.tgid == pid).count();
+        let result = if threads == 1 {
+            self.ring_upgrade(pid, tid, sink)
+        } else {
+            Err(anyhow::anyhow!(
+                "it had {threads} threads at its first probe hit; sites stay on int3"
+            ))
+        };
+        if let Err(e) = result {
+            self.ring_failed(pid, e, sink);
+        }
+    }
+
+    fn ring_failed(&mut self, pid: i32, e: anyhow::Error, sink: &mut dyn FnMut(TraceEvent)) {
+        if self.options.ring == RingUse::Required {
+            self.fatal
+                .get_or_insert(e.context(format!("`--engine ring` cannot serve process {pid}")));
+        } else {
+            sink(TraceEvent::Notice(format!(
+                "ring engine in process {pid}: unavailable, probe sites stay on int3: {e:#}"
+            )));
+        }
+    }
+
+    /// Sets up the ring in `pid`, every thread of it stopped, `tid` at a clean stop.
+    fn ring_upgrade(&mut self, pid: i32, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+        let result = self.ring_upgrade_process(pid, tid, sink);
+        if let Err(e) = result {
+            if self.options.ring == RingUse::Required {
+                return Err(e.context("`--engine ring` cannot be used"));
+            }
+            self.ring_failed(pid, e, sink);
+        }
+        Ok(())
+    }
+
+    fn ring_upgrade_process(
+        &mut self,
+        pid: i32,
+        tid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<()> {
+        let Some(proc) = self.procs.get_mut(&pid) else {
+            return Ok(());
+        };
+        proc.ring_pending = false;
+        // Every thread of the process, stopped: where it is and its %fs base.
+        let mut rips = Vec::new();
+        let mut fs_bases = Vec::new();
+        for (&t, thread) in &self.threads {
+            if thread.tgid != pid {
+                continue;
+            }
+            let regs = ptrace::getregs(Pid::from_raw(t))
+                .map_err(|e| anyhow::anyhow!("thread {t} is not stopped: {e}"))?;
+            rips.push((t, regs.rip));
+            fs_bases.push((t, regs.fs_base));
+        }
+        let setup = ring_setup::setup(
+            pid,
+            tid,
+            &mut proc.mem,
+            &mut proc.patches,
+            &rips,
+            &fs_bases,
+            self.guardian.as_mut(),
+        )?;
+        for &(t, resume) in &setup.moved {
+            let thread = Pid::from_raw(t);
+            let mut regs = ptrace::getregs(thread)?;
+            regs.rip = resume;
+            ptrace::setregs(thread, regs)?;
+        }
+        let ring_sites = setup.ring.sites.len();
+        let int3_sites = proc.patches.installed_sites();
+        if ring_sites == 0 && self.options.ring == RingUse::Required {
+            bail!("no probe site qualifies for the ring");
+        }
+        sink(TraceEvent::Notice(format!(
+            "ring engine in process {pid}: {ring_sites} probe sites write to a ring (no stop per hit), \
+             {int3_sites} stay on int3"
+        )));
+        for (addr, why) in setup.refused.iter().take(8) {
+            sink(TraceEvent::Notice(format!(
+                "ring engine in process {pid}: site {addr:#x} stays on int3: {why}"
+            )));
+        }
+        if self.ring_book.tsc.is_none() {
+            self.ring_book.tsc = Some(TscClock::calibrate());
+        }
+        proc.ring = Some(setup.ring);
+        Ok(())
+    }
+
+    /// A new thread of `tid`'s process, at its first stop: note its %fs base so
+    /// its ring records name it.
+    pub(super) fn ring_thread_started(&mut self, tid: i32) {
+        let Some(pid) = self.threads.get(&tid).map(|t| t.tgid) else {
+            return;
+        };
+        let Some(ring) = self.procs.get_mut(&pid).and_then(|p| p.ring.as_mut()) else {
+            return;
+        };
+        if let Ok(regs) = ptrace::getregs(Pid::from_raw(tid)) {
+            ring.threads.insert(regs.fs_base, tid);
+        }
+    }
+
+    /// Turns every published ring record into a hit; returns how many.
+    pub(super) fn drain_rings(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> usize {
+        if !self.ring_active() {
+            return 0;
+        }
+        let Engine {
+            procs,
+            hit_buffers,
+            ring_book,
+            hits,
+            ..
+        } = self;
+        let Some(tsc) = ring_book.tsc.as_mut() else {
+            return 0;
+        };
+        tsc.refine();
+        let mut total = 0;
+        for (&pid, proc) in procs.iter_mut() {
+            let Some(mut ring) = proc.ring.take() else {
+                continue;
+            };
+            let drained = ring.reader.drain(DRAIN_BATCH, |record| {
+                let Some(probe) = proc.patches.set.probes.get(record.probe as usize) else {
+                    return;
+                };
+                let tid = ring.threads.get(&record.thread).copied().unwrap_or(pid);
+                hit_buffers.fill_from_ring(probe, record, &proc.mem);
+                sink(TraceEvent::Hit(Hit {
+                    pid: if record.tag == 0 {
+                        pid
+                    } else {
+                        record.tag as i32
+                    },
+                    tid,
+                    ts_ns: tsc.to_ns(record.tsc),
+                    probe: record.probe as usize,
+                    probe_name: &probe.name,
+                    args: &hit_buffers.args,
+                    buffers: hit_buffers,
+                }));
+            });
+            *hits += drained.records as u64;
+            total += drained.records;
+            if let DrainStop::Pending { index } = drained.stop {
+                let now = monotonic_ns();
+                let since = match ring_book.stuck.get(&pid) {
+                    Some(&(i, t)) if i == index => t,
+                    _ => {
+                        ring_book.stuck.insert(pid, (index, now));
+                        now
+                    }
+                };
+                if now.saturating_sub(since) > STUCK_NS {
+                    ring.reader.skip_pending();
+                    ring_book.stuck.remove(&pid);
+                }
+            }
+            let lost = ring.reader.lost();
+            let reported = ring_book.lost_reported.entry(pid).or_insert(0);
+            if lost > *reported {
+                sink(TraceEvent::Lost {
+                    pid,
+                    count: lost - *reported,
+                    ts_ns: monotonic_ns(),
+                });
+                *reported = lost;
+            }
+            proc.ring = Some(ring);
+        }
+        total
+    }
+
+    /// Leaving (every thread stopped, semaphores not yet lowered): the original
+    /// bytes go back at every ring site, and the last records are read.
+    pub(super) fn ring_detach(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        let pids: Vec<i32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.ring.is_some())
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in pids {
+            let Some(proc) = self.procs.get_mut(&pid) else {
+                continue;
+            };
+            if let Some(ring) = &proc.ring {
+                // A thread inside a trampoline finishes it and jumps back to an
+                // instruction boundary of the original code: restoring is safe
+                // under it. Its record, if unpublished, is counted lost.
+                if let Err(e) = ring_setup::restore(&mut proc.mem, ring) {
+                    sink(TraceEvent::Notice(format!(
+                        "ring engine in process {pid}: restoring probe sites: {e}"
+                    )));
+                }
+            }
+        }
+        self.drain_rings(sink);
+        let Engine {
+            procs, ring_book, ..
+        } = self;
+        for (&pid, proc) in procs.iter_mut() {
+            if let Some(ring) = proc.ring.take() {
+                let pending = ring.reader.head().saturating_sub(ring.reader.tail());
+                if pending > 0 {
+                    sink(TraceEvent::Lost {
+                        pid,
+                        count: pending,
+                        ts_ns: monotonic_ns(),
+                    });
+                }
+                ring_book.lost_reported.remove(&pid);
+            }
+        }
+    }
+
+    /// A forked child at its first stop has copies of the parent's ring patches,
+    /// which write into the parent's ring: traced on its own, its sites become
+    /// `int3`s again (see [`Engine::ring_clean_released`] for a released one).
+    pub(super) fn ring_fork(parent: Option<&Proc>, child: &mut Proc) -> Result<()> {
+        let Some(ring) = parent.and_then(|p| p.ring.as_ref()) else {
+            return Ok(());
+        };
+        ring_setup::back_to_int3(&mut child.mem, ring, &mut child.patches)?;
+        Ok(())
+    }
+
+    /// A released forked child gets the original bytes back at every ring site.
+    pub(super) fn ring_clean_released(parent: Option<&Proc>, child: i32) -> Result<()> {
+        let Some(ring) = parent.and_then(|p| p.ring.as_ref()) else {
+            return Ok(());
+        };
+        ring_setup::clean_child(&mut ProcessMemory::new(child), ring)?;
+        Ok(())
+    }
+}

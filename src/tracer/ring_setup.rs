@@ -1,0 +1,445 @@
+//! Putting the ring engine into a stopped process: a shared ring (a memfd the
+//! target maps and pyprobe maps too), trampolines next to the probe object's code,
+//! and each qualifying site rewritten into a jump to its trampoline.
+//!
+//! Everything here runs with every thread of the process stopped, through system
+//! calls injected in one of them (`inject`) and writes to `/proc/PID/mem`.
+//! Nothing is unmapped when tracing ends: a thread interrupted by a signal inside
+//! a trampoline returns into it later, and ptrace cannot see that (see `ring`).
+
+use std::collections::HashMap;
+use std::fs::OpenOptions;
+use std::io;
+use std::ops::Range;
+
+use anyhow::{anyhow, bail, Context, Result};
+use memmap2::MmapMut;
+
+use crate::process::maps::{read_maps, MapEntry};
+use crate::process::memory::ProcessMemory;
+use crate::ring::{
+    build_trampoline, init_ring, plans_overlap, qualify_site, ring_bytes, BranchTargets,
+    RingReader, SitePlan, ThreadIdSource, TrampolineParams,
+};
+
+use super::guardian::{Guardian, Op};
+use super::inject;
+use super::patch::{Patches, INT3};
+
+/// Slots in a ring: 4 MiB of 256-byte records (they stay mapped after detaching).
+pub const CAPACITY: u64 = 1 << 14;
+/// Bytes of trampoline space per site (they are 200-500 bytes).
+const STRIDE: u64 = 1024;
+/// A trampoline region must lie this close to the code it serves (rel32 reach,
+/// with room for the region itself).
+const REACH: u64 = (1 << 31) - (64 << 20);
+const PAGE: u64 = 4096;
+
+const PROT_RW: u64 = 3;
+const PROT_RX: u64 = 5;
+const MAP_SHARED: u64 = 0x01;
+const MAP_PRIVATE_ANON: u64 = 0x22;
+const MAP_FIXED_NOREPLACE: u64 = 0x10_0000;
+const MFD_CLOEXEC: u64 = 1;
+
+/// One site served by the ring.
+#[derive(Debug, Clone)]
+pub struct RingSite {
+    pub probe: usize,
+    pub site: usize,
+    pub original: Vec<u8>,
+    pub patch: Vec<u8>,
+    pub trampoline: Range<u64>,
+}
+
+/// The ring engine's state in one process image.
+pub struct RingProc {
+    pub reader: RingReader,
+    /// pyprobe's own mapping of the ring; `reader` points into it.
+    _mapping: MmapMut,
+    /// Site address → what was patched there.
+    pub sites: HashMap<u64, RingSite>,
+    /// Where the trampolines are (a thread inside must get out before restoring).
+    pub regions: Vec<Range<u64>>,
+    /// The per-process tag word the trampolines write into each record.
+    pub tag_addr: u64,
+    /// The `%fs` base of each thread, for mapping records to threads.
+    pub threads: HashMap<u64, i32>,
+}
+
+impl std::fmt::Debug for RingProc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingProc")
+            .field("sites", &self.sites.len())
+            .field("regions", &self.regions)
+            .field("tag_addr", &self.tag_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What setting up the ring did.
+pub struct Setup {
+    pub ring: RingProc,
+    /// Threads stopped right after an `int3` hit on a site now patched: continue
+    /// at this address (the displaced code in the trampoline).
+    pub moved: Vec<(i32, u64)>,
+    /// Sites left to `int3`, with why.
+    pub refused: Vec<(u64, String)>,
+}
+
+/// Injects system calls through thread `tid` of `pid`.
+struct Injector {
+    tid: i32,
+    insn: u64,
+}
+
+impl Injector {
+    fn call(&self, what: &str, nr: i64, args: [u64; 6]) -> Result<u64> {
+        let r = inject::syscall(self.tid, self.insn, nr, args)
+            .with_context(|| format!("injecting {what}"))?;
+        if (-4095..0).contains(&r) {
+            bail!(
+                "{what} in the target failed: {}",
+                io::Error::from_raw_os_error(-r as i32)
+            );
+        }
+        Ok(r as u64)
+    }
+
+    fn mmap(&self, addr: u64, len: u64, prot: u64, flags: u64, fd: i64) -> Result<u64> {
+        self.call(
+            "mmap",
+            libc::SYS_mmap,
+            [addr, len, prot, flags, fd as u64, 0],
+        )
+    }
+}
+
+/// Sets up the ring in `pid` (every thread stopped; `tid` at a clean stop) for the
+/// `int3` sites of `patches`, and hands the sites it patched over from `patches`.
+/// `rips` are the threads' instruction pointers.
+pub fn setup(
+    pid: i32,
+    tid: i32,
+    mem: &mut ProcessMemory,
+    patches: &mut Patches,
+    rips: &[(i32, u64)],
+    fs_bases: &[(i32, u64)],
+    mut guard: Option<&mut Guardian>,
+) -> Result<Setup> {
+    let insn = inject::find_code(pid, mem, &[0x0f, 0x05])
+        .ok_or_else(|| anyhow!("no `syscall` instruction found in process {pid}"))?;
+    let inj = Injector { tid, insn };
+    // A private page: the tag word (pid) at 0, the memfd's name at 64.
+    let scratch = inj.mmap(0, PAGE, PROT_RW, MAP_PRIVATE_ANON, -1)?;
+    mem.write(scratch, &(pid as u32).to_le_bytes())?;
+    mem.write(scratch + 64, b"pyprobe-ring\0")?;
+    let bytes = ring_bytes(CAPACITY).map_err(|e| anyhow!("{e}"))? as u64;
+    let fd = inj.call(
+        "memfd_create",
+        libc::SYS_memfd_create,
+        [scratch + 64, MFD_CLOEXEC, 0, 0, 0, 0],
+    )?;
+    let mapped = (|| {
+        inj.call("ftruncate", libc::SYS_ftruncate, [fd, bytes, 0, 0, 0, 0])?;
+        let ring_addr = inj.mmap(0, bytes, PROT_RW, MAP_SHARED, fd as i64)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/fd/{fd}"))
+            .with_context(|| format!("opening the ring of process {pid} (its fd {fd})"))?;
+        // SAFETY: a shared mapping of a memfd only pyprobe and the target use; the
+        // reader accesses it with atomic and volatile operations.
+        let mut mapping = unsafe { MmapMut::map_mut(&file) }.context("mapping the ring")?;
+        init_ring(&mut mapping, CAPACITY).map_err(|e| anyhow!("{e}"))?;
+        Ok::<_, anyhow::Error>((ring_addr, mapping))
+    })();
+    // The mapping keeps the memory; the target keeps no descriptor of ours.
+    let _ = inj.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0]);
+    let (ring_addr, mut mapping) = mapped?;
+    // SAFETY: the mapping lives as long as the reader (both in RingProc).
+    let reader = unsafe { RingReader::new(mapping.as_mut_ptr(), mapping.len()) }
+        .map_err(|e| anyhow!("{e}"))?;
+
+    let maps = read_maps(pid)?;
+    let mut ring = RingProc {
+        reader,
+        _mapping: mapping,
+        sites: HashMap::new(),
+        regions: Vec::new(),
+        tag_addr: scratch,
+        threads: fs_bases.iter().map(|&(t, fs)| (fs, t)).collect(),
+    };
+    let mut moved = Vec::new();
+    let mut refused = Vec::new();
+    // Sites grouped by the executable mapping holding them.
+    let mut by_segment: HashMap<usize, Vec<u64>> = HashMap::new();
+    let mut addrs: Vec<u64> = patches.sites.keys().copied().collect();
+    addrs.sort_unstable();
+    addrs.retain(|addr| {
+        let stop = patches
+            .sites
+            .get(addr)
+            .is_some_and(|&(pi, _)| patches.set.needs_stop.contains(&pi));
+        if stop {
+            refused.push((
+                *addr,
+                "its hits need the target stopped (its stack is read there)".into(),
+            ));
+        }
+        !stop
+    });
+    for addr in addrs {
+        match maps
+            .iter()
+            .position(|m| m.executable && m.start <= addr && addr < m.end)
+        {
+            Some(i) => by_segment.entry(i).or_default().push(addr),
+            None => refused.push((addr, "not in an executable mapping".into())),
+        }
+    }
+    let mut segments: Vec<_> = by_segment.into_iter().collect();
+    segments.sort_unstable();
+    for (index, sites) in segments {
+        let segment = &maps[index];
+        let result = patch_segment(
+            &inj,
+            ring_addr,
+            segment,
+            &maps,
+            &sites,
+            mem,
+            patches,
+            rips,
+            &mut ring,
+            &mut moved,
+            &mut refused,
+            guard.as_deref_mut(),
+        );
+        if let Err(e) = result {
+            for &addr in &sites {
+                if !ring.sites.contains_key(&addr) {
+                    refused.push((addr, format!("{e:#}")));
+                }
+            }
+        }
+    }
+    Ok(Setup {
+        ring,
+        moved,
+        refused,
+    })
+}
+
+/// Qualifies, builds and patches the sites of one executable segment.
+#[allow(clippy::too_many_arguments)]
+fn patch_segment(
+    inj: &Injector,
+    ring_addr: u64,
+    segment: &MapEntry,
+    maps: &[MapEntry],
+    sites: &[u64],
+    mem: &mut ProcessMemory,
+    patches: &mut Patches,
+    rips: &[(i32, u64)],
+    ring: &mut RingProc,
+    moved: &mut Vec<(i32, u64)>,
+    refused: &mut Vec<(u64, String)>,
+    mut guard: Option<&mut Guardian>,
+) -> Result<()> {
+    let len = (segment.end - segment.start) as usize;
+    if len > 256 << 20 {
+        bail!(
+            "executable segment of {} MiB is too large to scan",
+            len >> 20
+        );
+    }
+    let mut text = vec![0u8; len];
+    mem.read(segment.start, &mut text)
+        .with_context(|| format!("reading code at {:#x}", segment.start))?;
+    // Our own int3s read as the nops they replace.
+    for &addr in patches.sites.keys() {
+        if (segment.start..segment.end).contains(&addr) {
+            text[(addr - segment.start) as usize] = 0x90;
+        }
+    }
+    let targets = BranchTargets::scan(&text, segment.start);
+    let mut plans: Vec<SitePlan> = Vec::new();
+    for &addr in sites {
+        match qualify_site(&text, segment.start, addr, &targets) {
+            Ok(plan) if plans.iter().any(|p| plans_overlap(p, &plan)) => {
+                refused.push((addr, "overlaps another patched site".into()))
+            }
+            Ok(plan) => plans.push(plan),
+            Err(why) => refused.push((addr, why.to_string())),
+        }
+    }
+    if plans.is_empty() {
+        return Ok(());
+    }
+    let size = (plans.len() as u64 * STRIDE).div_ceil(PAGE) * PAGE;
+    let region = place_region(inj, maps, segment, size)?;
+    ring.regions.push(region..region + size);
+    let symbols_set = patches.set.clone();
+    let symbols = |name: &str| symbols_set.symbol(name);
+    let mut built = Vec::new();
+    for (k, plan) in plans.iter().enumerate() {
+        let Some(&(pi, si)) = patches.sites.get(&plan.site()) else {
+            continue;
+        };
+        let probe = &patches.set.probes[pi];
+        let params = TrampolineParams {
+            probe_id: pi as u32,
+            args: &probe.sites[si].args,
+            string_args: &probe.string_args,
+            ring_addr,
+            capacity: CAPACITY,
+            tramp_addr: region + k as u64 * STRIDE,
+            tag_addr: ring.tag_addr,
+            thread_id: ThreadIdSource::FsSelfPointer,
+            symbols: &symbols,
+        };
+        match build_trampoline(plan, &params) {
+            Ok(t) if t.len() as u64 <= STRIDE => {
+                mem.write(t.addr, &t.code)?;
+                built.push((plan, t, pi, si));
+            }
+            Ok(t) => refused.push((plan.site(), format!("trampoline of {} bytes", t.len()))),
+            Err(e) => refused.push((plan.site(), e.to_string())),
+        }
+    }
+    inj.call(
+        "mprotect",
+        libc::SYS_mprotect,
+        [region, size, PROT_RX, 0, 0, 0],
+    )?;
+    for (plan, t, pi, si) in built {
+        // The site holds our int3 and, after it, the bytes the plan displaces.
+        let mut now = vec![0u8; plan.len()];
+        mem.read(plan.site(), &mut now)?;
+        if now[0] != INT3 || now[1..] != plan.original()[1..] {
+            refused.push((plan.site(), "code changed since it was read".into()));
+            continue;
+        }
+        let inside: Vec<&(i32, u64)> = rips
+            .iter()
+            .filter(|(_, rip)| *rip > plan.site() && *rip < plan.end())
+            .collect();
+        // Right after the int3 is where a thread stands that hit it: it goes on in
+        // the trampoline's copy of the displaced code. Anywhere else inside: refuse.
+        if inside.iter().any(|(_, rip)| *rip != plan.site() + 1) {
+            refused.push((plan.site(), "a thread is inside the displaced bytes".into()));
+            continue;
+        }
+        // Out of the int3 bookkeeping first: if pyprobe dies now, the guardian must
+        // not write a nop into the middle of the jump (the int3 left meanwhile is
+        // caught by the SIGTRAP safety net).
+        if let Some(g) = guard.as_deref_mut() {
+            g.tell(Op::SiteRestored, mem.pid(), plan.site())?;
+        }
+        patches.take_site(plan.site());
+        mem.write(plan.site(), &t.patch)?;
+        moved.extend(inside.iter().map(|&&(tid, _)| (tid, t.resume)));
+        ring.sites.insert(
+            plan.site(),
+            RingSite {
+                probe: pi,
+                site: si,
+                original: plan.original().to_vec(),
+                patch: t.patch.clone(),
+                trampoline: t.range(),
+            },
+        );
+    }
+    Ok(())
+}
+
+/// Maps `size` bytes of fresh private memory within rel32 reach of `segment`:
+/// the nearest gap in the address space, never over anything mapped.
+fn place_region(inj: &Injector, maps: &[MapEntry], segment: &MapEntry, size: u64) -> Result<u64> {
+    let mut spans: Vec<(u64, u64)> = maps.iter().map(|m| (m.start, m.end)).collect();
+    spans.sort_unstable();
+    let reach = |addr: u64| {
+        addr >= segment.end.saturating_sub(REACH) && addr + size <= segment.start + REACH
+    };
+    let mut candidates = Vec::new();
+    for w in spans.windows(2) {
+        let (gap_start, gap_end) = (w[0].1.div_ceil(PAGE) * PAGE, w[1].0 / PAGE * PAGE);
+        if gap_end <= gap_start || gap_end - gap_start < size + 2 * PAGE {
+            continue;
+        }
+        // A page of distance from the neighbours, at the end nearest the code.
+        let low = gap_start + PAGE;
+        let high = gap_end - PAGE - size;
+        for c in [low, high] {
+            if reach(c) {
+                candidates.push(c);
+            }
+        }
+    }
+    candidates.sort_unstable_by_key(|&c| c.abs_diff(segment.start));
+    for c in candidates.into_iter().take(8) {
+        match inj.mmap(c, size, PROT_RW, MAP_PRIVATE_ANON | MAP_FIXED_NOREPLACE, -1) {
+            Ok(got) if got == c => return Ok(c),
+            Ok(got) => {
+                // An old kernel took the address as a hint only: give it back.
+                let _ = inj.call("munmap", libc::SYS_munmap, [got, size, 0, 0, 0, 0]);
+            }
+            Err(_) => continue,
+        }
+    }
+    bail!(
+        "no free address within 2 GiB of the code at {:#x} for the trampolines",
+        segment.start
+    )
+}
+
+/// Takes the ring's sites out of `pid` (every thread stopped, none inside a
+/// trampoline): the original bytes go back where the patch still stands.
+pub fn restore(mem: &mut ProcessMemory, ring: &RingProc) -> io::Result<usize> {
+    let mut restored = 0;
+    let mut first_error = None;
+    for (&addr, site) in &ring.sites {
+        let mut now = vec![0u8; site.patch.len()];
+        let result = mem.read(addr, &mut now).and_then(|()| {
+            if now == site.patch {
+                mem.write(addr, &site.original)
+            } else {
+                Err(io::Error::other(format!(
+                    "site {addr:#x} no longer holds pyprobe's jump; left as it is"
+                )))
+            }
+        });
+        match result {
+            Ok(()) => restored += 1,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(restored), Err)
+}
+
+/// In a forked child that is traced on its own: each ring site becomes an `int3`
+/// site again (the child would otherwise write into its parent's ring).
+pub fn back_to_int3(
+    mem: &mut ProcessMemory,
+    ring: &RingProc,
+    patches: &mut Patches,
+) -> io::Result<()> {
+    for (&addr, site) in &ring.sites {
+        let mut bytes = site.original.clone();
+        bytes[0] = INT3;
+        mem.write(addr, &bytes)?;
+        patches.give_site(addr, (site.probe, site.site));
+    }
+    Ok(())
+}
+
+/// In a forked child that is not traced: the original bytes back at every ring site.
+pub fn clean_child(mem: &mut ProcessMemory, ring: &RingProc) -> io::Result<()> {
+    for (&addr, site) in &ring.sites {
+        mem.write(addr, &site.original)?;
+    }
+    Ok(())
+}
