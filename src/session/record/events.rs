@@ -27,7 +27,22 @@ pub struct EventBuilder {
     write_error: Option<std::io::Error>,
     events: u64,
     last_flush_ns: u64,
+    /// The (file, function) of recent hits by their string pointers in the target,
+    /// checked against the text before use: most hits repeat a few code objects,
+    /// and interning their names again is the costliest part of a hit.
+    frames: HashMap<(u64, u64), CachedNames>,
 }
+
+/// What a pair of name pointers resolved to last time.
+struct CachedNames {
+    file: String,
+    function: String,
+    /// `None`: the file is filtered out.
+    ids: Option<(StrId, StrId)>,
+}
+
+/// Most pointer pairs remembered; past it the cache starts over.
+const MAX_CACHED_FRAMES: usize = 65_536;
 
 impl EventBuilder {
     pub fn new(
@@ -47,6 +62,7 @@ impl EventBuilder {
             write_error: None,
             events: 0,
             last_flush_ns: 0,
+            frames: HashMap::new(),
         }
     }
 
@@ -145,12 +161,44 @@ impl EventBuilder {
 
     fn frame(&mut self, hit: &Hit) -> Option<FrameRef> {
         let file = hit.string(0).unwrap_or("");
-        if !self.filter.matches(file) {
-            return None;
-        }
+        let function = hit.string(1).unwrap_or("");
         let line = hit.args.get(2).copied().unwrap_or(0) as u32;
-        let file = self.intern(file);
-        let function = self.intern(hit.string(1).unwrap_or(""));
+        let key = (
+            hit.args.first().copied().unwrap_or(0),
+            hit.args.get(1).copied().unwrap_or(0),
+        );
+        if self.writer.is_some() {
+            if let Some(c) = self.frames.get(&key) {
+                // The same pointers may name other strings later (freed, reused):
+                // only the same text counts.
+                if c.file == file && c.function == function {
+                    let (file, function) = c.ids?;
+                    return Some(FrameRef {
+                        file,
+                        function,
+                        line,
+                    });
+                }
+            }
+        }
+        let ids = self
+            .filter
+            .matches(file)
+            .then(|| (self.intern(file), self.intern(function)));
+        if self.writer.is_some() {
+            if self.frames.len() >= MAX_CACHED_FRAMES {
+                self.frames.clear();
+            }
+            self.frames.insert(
+                key,
+                CachedNames {
+                    file: file.to_owned(),
+                    function: function.to_owned(),
+                    ids,
+                },
+            );
+        }
+        let (file, function) = ids?;
         Some(FrameRef {
             file,
             function,

@@ -315,10 +315,16 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     let summary = summary.with_context(|| format!("cannot finish {}", recording_path.display()))?;
-    let what = match mode {
+    let mut what = match mode {
         Mode::Trace => format!("{hits} probe hits"),
         _ => format!("{} samples, {hits} probe hits", sampler.samples),
     };
+    if summary.lost_events > 0 {
+        what.push_str(&format!(
+            " ({} more lost: the ring was full)",
+            summary.lost_events
+        ));
+    }
     eprintln!(
         "pyprobe: {what}, {events} events written to {} ({} bytes){}",
         recording_path.display(),
