@@ -27,13 +27,17 @@ WORKLOADS = {
     # tracing of it would take minutes, so only these configurations run on it.
     "fib-long": ["fib.py", "34"],
 }
-ONLY = {"fib-long": {"untraced", "pyprobe trace 5%", "pyprobe sample 100", "py-spy 100"}}
+ONLY = {"fib-long": {"untraced", "pyprobe trace 5%", "pyprobe ring", "pyprobe sample 100", "py-spy 100"}}
 
 
 def interpreter(version):
     """The unpacked Debian interpreter and the environment its launcher sets."""
     root = os.path.join(REPO, ".pythons", version, "usr")
     binary = os.path.join(root, "bin", "python" + version)
+    launcher = os.path.join(REPO, ".pythons", "bin", "python" + version)
+    if os.path.exists(os.path.join(root, "lib64", "ld-linux-x86-64.so.2")) and os.path.exists(launcher):
+        # Needs its suite's own glibc: run through the launcher (and its loader).
+        return launcher, dict(os.environ)
     if not os.path.exists(binary):
         binary = "/usr/bin/python" + version
         return binary, dict(os.environ)
@@ -42,7 +46,11 @@ def interpreter(version):
 
 
 def function_probe_addresses(pyprobe, binary):
-    out = subprocess.run([pyprobe, "probes", binary, "--format", "json"], capture_output=True, text=True, check=True)
+    out = subprocess.run([pyprobe, "probes", binary, "--format", "json"], capture_output=True, text=True)
+    if out.returncode != 0:
+        # A launcher script: the floor tracer cannot follow it through the loader.
+        print(f"bench: no probes in {binary}: the floor is not measured", file=sys.stderr)
+        return [], []
     sites, sems = [], []
     for probe in json.loads(out.stdout)["objects"][0]["probes"]:
         if probe["name"] in ("function__entry", "function__return"):
@@ -71,10 +79,13 @@ def configurations(pyprobe, floor, pyspy, sites, sems, tmp):
     if floor and sites:
         args = [floor] + sum([["--site", hex(a)] for a in sites], []) + sum([["--sem", hex(a)] for a in sems], [])
         configs["floor"] = lambda cmd: args + ["--"] + cmd
-    configs["pyprobe trace"] = lambda cmd: [pyprobe, "record", "--mode", "trace", "-o", rec, "--"] + cmd
+    configs["pyprobe trace"] = lambda cmd: [
+        pyprobe, "record", "--mode", "trace", "--engine", "int3", "-o", rec, "--"] + cmd
+    configs["pyprobe ring"] = lambda cmd: [
+        pyprobe, "record", "--mode", "trace", "--engine", "ring", "-o", rec, "--"] + cmd
     configs["pyprobe auto"] = lambda cmd: [pyprobe, "record", "--mode", "auto", "-o", rec, "--"] + cmd
     configs["pyprobe trace 5%"] = lambda cmd: [
-        pyprobe, "record", "--mode", "trace", "--max-overhead", "5", "-o", rec, "--"] + cmd
+        pyprobe, "record", "--mode", "trace", "--engine", "int3", "--max-overhead", "5", "-o", rec, "--"] + cmd
     for rate in (100, 1000):
         configs[f"pyprobe sample {rate}"] = lambda cmd, r=rate: [
             pyprobe, "record", "--mode", "sample", "-r", str(r), "-o", rec, "--"] + cmd
@@ -93,11 +104,19 @@ def run_once(argv, env):
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
     elapsed = time.monotonic() - start
     hits = None
+    dropped = None
     m = re.search(r"(\d+) probe hits", proc.stderr) or re.search(r"^hits (\d+)", proc.stderr, re.M)
     if m:
         hits = int(m.group(1))
+        lost = re.search(r"\((\d+) more lost", proc.stderr)
+        dropped = 0
+        if lost:
+            # Events the target produced: recorded plus dropped.
+            dropped = int(lost.group(1))
+            hits += dropped
     exact = re.search(r"calls traced exactly ([\d.]+)%", proc.stderr)
-    return elapsed, proc.returncode, hits, (float(exact.group(1)) if exact else None), proc.stderr
+    exact = float(exact.group(1)) if exact else None
+    return elapsed, proc.returncode, hits, exact, dropped, proc.stderr
 
 
 def main():
@@ -121,6 +140,7 @@ def main():
     times = {(w, c): [] for w in workloads for c in configs}
     hits = {}
     exact = {}
+    lost_pct = {}
     unavailable = {}
     for run in range(args.runs):
         for w in workloads:
@@ -130,7 +150,7 @@ def main():
                     continue
                 if w in ONLY and name not in ONLY[w]:
                     continue
-                elapsed, code, h, ex, err = run_once(make(cmd), env)
+                elapsed, code, h, ex, dropped, err = run_once(make(cmd), env)
                 if code != 0:
                     unavailable[name] = err.strip().splitlines()[-1] if err.strip() else f"exit {code}"
                     continue
@@ -139,6 +159,8 @@ def main():
                     hits[(w, name)] = h
                 if ex is not None:
                     exact.setdefault((w, name), []).append(ex)
+                if dropped is not None and h:
+                    lost_pct.setdefault((w, name), []).append(100.0 * dropped / h)
             print(f"bench: run {run + 1}/{args.runs} of {w} done", file=sys.stderr)
 
     results = []
@@ -152,6 +174,8 @@ def main():
             row = {"workload": w, "config": name, "median_s": round(med, 4), "slowdown": round(med / base, 2)}
             if (w, name) in exact:
                 row["exact_pct"] = round(statistics.median(exact[(w, name)]), 1)
+            if (w, name) in lost_pct and name == "pyprobe ring":
+                row["lost_pct"] = round(statistics.median(lost_pct[(w, name)]), 1)
             if (w, name) in hits and hits[(w, name)]:
                 row["hits"] = hits[(w, name)]
                 row["ns_per_hit"] = round((med - base) * 1e9 / hits[(w, name)])
@@ -162,6 +186,9 @@ def main():
         trace = per.get("pyprobe trace", {}).get("ns_per_hit")
         if floor and trace:
             per["pyprobe trace"]["vs_floor"] = round(trace / floor, 2)
+        ring = per.get("pyprobe ring", {}).get("ns_per_hit")
+        if floor and ring:
+            per["pyprobe ring"]["vs_floor"] = round(ring / floor, 4)
         for rate in (100, 1000):
             for nb in ("", " nb"):
                 ours, peer = per.get(f"pyprobe sample {rate}{nb}"), per.get(f"py-spy {rate}{nb}")
@@ -171,11 +198,12 @@ def main():
     print(f"\npyprobe side-by-side, python {args.python}, {args.runs} interleaved runs, "
           f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs\n")
     print(f"{'workload':<9} {'configuration':<22} {'median':>9} {'slowdown':>9} {'ns/hit':>8} {'vs floor':>9} "
-          f"{'vs py-spy':>10} {'exact %':>8}")
+          f"{'vs py-spy':>10} {'exact %':>8} {'lost %':>7}")
     for r in results:
         ns = r.get('ns_per_hit', '') if r['config'] != "pyprobe trace 5%" else ''
         print(f"{r['workload']:<9} {r['config']:<22} {r['median_s']:>8.3f}s {r['slowdown']:>8.2f}x "
-              f"{ns:>8} {r.get('vs_floor', ''):>9} {r.get('vs_py_spy', ''):>10} {r.get('exact_pct', ''):>8}")
+              f"{ns:>8} {r.get('vs_floor', ''):>9} {r.get('vs_py_spy', ''):>10} {r.get('exact_pct', ''):>8} "
+              f"{r.get('lost_pct', ''):>7}")
     for name, why in unavailable.items():
         print(f"unavailable: {name}: {why}")
     with open(args.json, "w") as f:
