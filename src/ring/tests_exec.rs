@@ -320,6 +320,23 @@ impl SiteFn {
     }
 }
 
+/// Assembles `a` at the start of `region`, writes it there and returns the site
+/// function, its site being the address of label `site`.
+fn place_site_fn(region: &Region, a: &mut CodeAssembler, site: &CodeLabel) -> SiteFn {
+    let entry = region.addr(0);
+    let result = a
+        .assemble_options(entry, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+        .expect("assemble");
+    let site = result.label_ip(site).expect("site label");
+    let code = result.inner.code_buffer;
+    region.write_code(0, &code);
+    SiteFn {
+        entry,
+        site,
+        len: code.len(),
+    }
+}
+
 fn assemble_site_fn(region: &Region, variant: Variant, flags: i32) -> SiteFn {
     let mut a = CodeAssembler::new(64).expect("asm");
     let step = |r: Result<(), IcedError>| r.expect("assemble");
@@ -402,18 +419,7 @@ fn assemble_site_fn(region: &Region, variant: Variant, flags: i32) -> SiteFn {
     step(a.set_label(&mut helper));
     step(a.mov(r12, 0x5151u64));
     step(a.ret());
-    let entry = region.addr(0);
-    let result = a
-        .assemble_options(entry, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
-        .expect("assemble");
-    let site = result.label_ip(&site).expect("site label");
-    let code = result.inner.code_buffer;
-    region.write_code(0, &code);
-    SiteFn {
-        entry,
-        site,
-        len: code.len(),
-    }
+    place_site_fn(region, &mut a, &site)
 }
 
 fn plan_for(region: &Region, f: &SiteFn) -> SitePlan {
@@ -895,18 +901,7 @@ fn assemble_timed(region: &Region) -> SiteFn {
     step(a.pop(r14));
     step(a.pop(r13));
     step(a.ret());
-    let entry = region.addr(0);
-    let result = a
-        .assemble_options(entry, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
-        .expect("assemble");
-    let site = result.label_ip(&site).expect("label");
-    let code = result.inner.code_buffer;
-    region.write_code(0, &code);
-    SiteFn {
-        entry,
-        site,
-        len: code.len(),
-    }
+    place_site_fn(region, &mut a, &site)
 }
 
 /// Not an assertion: prints ns per event. Run with `--nocapture`.
