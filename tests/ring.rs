@@ -147,3 +147,21 @@ fn the_target_survives_pyprobe_killed_while_the_ring_serves_it() {
         );
     }
 }
+
+#[test]
+fn asking_for_the_ring_where_no_probe_is_traced_is_not_an_error() {
+    let Some(py) = python("3.9") else { return };
+    // Sampling arms no probe: `--engine ring` has nothing to serve, and says nothing.
+    let mut target = Target::spawn(&py.launcher, &[&fixture_script("paced_calls.py"), "0.5"]);
+    target.wait_for_line("ready");
+    let out = TempFile::new("ring-sample.pyprobe");
+    let pid = target.pid().to_string();
+    let args = [
+        "-p", &pid, "--mode", "sample", "--engine", "ring", "-d", "0.3",
+    ];
+    let (status, stderr) = Tracer::record(out.path(), &args).wait(Duration::from_secs(20));
+    assert!(status.success(), "{stderr}");
+    assert!(!stderr.contains("ring engine"), "{stderr}");
+    target.send_line("go");
+    assert!(target.wait_for_line("{").contains("tick"));
+}

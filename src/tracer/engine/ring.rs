@@ -56,7 +56,11 @@ impl Engine {
         clean_stop: Option<i32>,
         sink: &mut dyn FnMut(TraceEvent),
     ) -> Result<()> {
-        if self.options.ring == RingUse::Off {
+        let has_sites = self
+            .procs
+            .get(&pid)
+            .is_some_and(|p| p.patches.installed_sites() > 0);
+        if self.options.ring == RingUse::Off || !has_sites {
             return Ok(());
         }
         let all_stopped = self
@@ -68,7 +72,7 @@ impl Engine {
             Some(tid) if all_stopped => self.ring_upgrade(pid, tid, sink),
             _ => {
                 if let Some(proc) = self.procs.get_mut(&pid) {
-                    proc.ring_pending = proc.patches.installed_sites() > 0;
+                    proc.ring_pending = true;
                 }
                 Ok(())
             }
