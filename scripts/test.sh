@@ -14,4 +14,6 @@ cargo clippy --all-targets --quiet -- -D warnings
 echo "== cargo test"
 # The interpreters must be there: a missing one fails the tests instead of skipping.
 export PYPROBE_REQUIRE_PYTHONS=1
-cargo test --all-targets
+# Release: the tests drive pyprobe against live programs, and the ring engine's
+# consumer must keep up with them as it does for users.
+cargo test --release --all-targets

@@ -165,3 +165,33 @@ fn asking_for_the_ring_where_no_probe_is_traced_is_not_an_error() {
     target.send_line("go");
     assert!(target.wait_for_line("{").contains("tick"));
 }
+
+#[test]
+fn a_call_heavy_program_loses_nothing_the_target_waits_instead() {
+    let Some(py) = python("3.9") else { return };
+    // fib(22): 57,313 calls, 114,626 events in a few tens of ms, faster than pyprobe
+    // can record them: the target is held while pyprobe catches up.
+    let out = TempFile::new("ring-fib.pyprobe");
+    let run = pyprobe()
+        .args([
+            "record",
+            "-o",
+            out.path(),
+            "--mode",
+            "trace",
+            "--engine",
+            "ring",
+            "--",
+        ])
+        .arg(&py.launcher)
+        .arg(repo().join("benches/workloads/fib.py"))
+        .arg("22")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "17711");
+    let report = report_json(out.path());
+    assert_eq!(report["lost_events"], 0, "{stderr}");
+    assert_eq!(calls_in_file(&report, "fib.py")["fib"], 57_313, "{stderr}");
+}

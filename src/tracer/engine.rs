@@ -448,6 +448,9 @@ impl Engine {
             if self.ring_active() {
                 // Hits arrive in the rings without a stop: poll them and the waits.
                 let drained = self.drain_rings(sink);
+                if self.ring_backpressure(sink)? {
+                    continue;
+                }
                 match waitpid(None, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
                     Ok(WaitStatus::StillAlive) => {
                         if drained == 0 {

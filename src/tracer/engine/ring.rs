@@ -25,8 +25,11 @@ pub enum RingUse {
     Required,
 }
 
-/// Records taken from a ring per drain, so a busy ring cannot starve the rest.
-const DRAIN_BATCH: usize = 65_536;
+/// Records taken from a ring per drain: small, so the backlog is looked at often.
+const DRAIN_BATCH: usize = 64;
+/// A backlog this large means pyprobe is falling behind: the target is held
+/// until the ring is empty, rather than let it overflow and lose events.
+const HIGH_WATER: u64 = ring_setup::CAPACITY / 8;
 /// A slot reserved but not published for this long is given up (its producer
 /// was killed or is stuck), counted as lost.
 const STUCK_NS: u64 = 1_000_000_000;
@@ -39,6 +42,8 @@ pub(super) struct RingBook {
     pub(super) lost_reported: std::collections::HashMap<i32, u64>,
     /// The slot the drain waits for, and since when.
     pub(super) stuck: std::collections::HashMap<i32, (u64, u64)>,
+    /// Times the target was held for pyprobe to catch up with a ring.
+    pub(super) holds: u64,
 }
 
 impl Engine {
@@ -197,6 +202,27 @@ impl Engine {
         }
     }
 
+    /// When a ring's backlog passes the high-water mark, holds every thread until
+    /// pyprobe has read all that was published: the target waits instead of losing
+    /// events. Returns whether it did.
+    pub(super) fn ring_backpressure(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<bool> {
+        let backlog = self
+            .procs
+            .values()
+            .filter_map(|p| p.ring.as_ref())
+            .map(|r| r.reader.head().saturating_sub(r.reader.tail()))
+            .max()
+            .unwrap_or(0);
+        if backlog <= HIGH_WATER {
+            return Ok(false);
+        }
+        self.ring_book.holds += 1;
+        self.stop_all_running(sink)?;
+        while self.drain_rings(sink) > 0 {}
+        self.resume_all();
+        Ok(true)
+    }
+
     /// Turns every published ring record into a hit; returns how many.
     pub(super) fn drain_rings(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> usize {
         if !self.ring_active() {
@@ -293,7 +319,13 @@ impl Engine {
                 }
             }
         }
-        self.drain_rings(sink);
+        while self.drain_rings(sink) > 0 {}
+        if self.ring_book.holds > 0 {
+            sink(TraceEvent::Notice(format!(
+                "ring engine: the target was held {} times while pyprobe caught up with the ring",
+                self.ring_book.holds
+            )));
+        }
         let Engine {
             procs, ring_book, ..
         } = self;
