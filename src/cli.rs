@@ -108,7 +108,7 @@ pub struct RecordArgs {
     /// to a ring shared with pyprobe (tens of ns per hit, no stop); the rest use
     /// `int3`. `ring`: as auto, but fail if the ring cannot be set up. `int3`: a
     /// breakpoint and a ptrace stop per hit (tens of µs), nothing injected but the
-    /// SIGTRAP safety net. After tracing, the ring (4 MiB) and the trampolines stay
+    /// SIGTRAP safety net. After tracing, the ring (8 MiB) and the trampolines stay
     /// mapped in the target, unused: a signal handler could still return into one.
     #[arg(long, value_enum, default_value_t = Engine::Auto)]
     pub engine: Engine,

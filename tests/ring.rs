@@ -7,10 +7,19 @@ mod common;
 mod support;
 
 use std::collections::BTreeSet;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
 use support::*;
+
+/// One ring test at a time: pyprobe must get a CPU to drain the ring as fast as
+/// the target fills it, which tests crowding the machine would not let it.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Records count_calls.py under `engine`; returns the fixture's own counts, the
 /// report and pyprobe's stderr.
@@ -56,6 +65,7 @@ fn rows(report: &serde_json::Value) -> BTreeSet<(String, u64, u64)> {
 }
 
 fn same_events_as_int3(version: &'static str) {
+    let _serial = serial();
     let Some(py) = python(version) else { return };
     let (truth, ring, stderr) = record_with(&py, "ring");
     assert!(
@@ -111,6 +121,7 @@ fn ring_gives_the_int3_engines_events_on_3_15() {
 
 #[test]
 fn the_target_survives_pyprobe_killed_while_the_ring_serves_it() {
+    let _serial = serial();
     let Some(py) = python("3.9") else { return };
     for run in 0..8u64 {
         let mut target = Target::spawn(&py.launcher, &[&fixture_script("hot_loop.py"), "2"]);
@@ -150,6 +161,7 @@ fn the_target_survives_pyprobe_killed_while_the_ring_serves_it() {
 
 #[test]
 fn asking_for_the_ring_where_no_probe_is_traced_is_not_an_error() {
+    let _serial = serial();
     let Some(py) = python("3.9") else { return };
     // Sampling arms no probe: `--engine ring` has nothing to serve, and says nothing.
     let mut target = Target::spawn(&py.launcher, &[&fixture_script("paced_calls.py"), "0.5"]);
@@ -168,6 +180,7 @@ fn asking_for_the_ring_where_no_probe_is_traced_is_not_an_error() {
 
 #[test]
 fn a_call_heavy_program_loses_nothing_the_target_waits_instead() {
+    let _serial = serial();
     let Some(py) = python("3.9") else { return };
     // fib(22): 57,313 calls, 114,626 events in a few tens of ms, faster than pyprobe
     // can record them: the target is held while pyprobe catches up.

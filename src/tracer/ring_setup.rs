@@ -26,8 +26,9 @@ use super::guardian::{Guardian, Op};
 use super::inject;
 use super::patch::{Patches, INT3};
 
-/// Slots in a ring: 4 MiB of 256-byte records (they stay mapped after detaching).
-pub const CAPACITY: u64 = 1 << 14;
+/// Slots in a ring: 8 MiB of 256-byte records (they stay mapped after detaching):
+/// about 5 ms of the busiest target, should pyprobe lose its CPU meanwhile.
+pub const CAPACITY: u64 = 1 << 15;
 /// Bytes of trampoline space per site (they are 200-500 bytes).
 const STRIDE: u64 = 1024;
 /// A trampoline region must lie this close to the code it serves (rel32 reach,
