@@ -7,19 +7,10 @@
 mod common;
 mod support;
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
 use support::*;
-
-/// One budget test at a time: each runs a hot target, and the budget's windows are
-/// what is checked, which a machine crowded by the other tests would distort.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The probe sites and semaphores of `pid`, once its interpreter is up.
 fn probe_sites(pid: i32) -> (Vec<u64>, Vec<u64>) {

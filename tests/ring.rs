@@ -7,19 +7,10 @@ mod common;
 mod support;
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
 use support::*;
-
-/// One ring test at a time: pyprobe must get a CPU to drain the ring as fast as
-/// the target fills it, which tests crowding the machine would not let it.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Records count_calls.py under `engine`; returns the fixture's own counts, the
 /// report and pyprobe's stderr.

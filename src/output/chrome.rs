@@ -74,6 +74,23 @@ impl<W: Write> Writer<W> {
         ts.saturating_sub(self.start)
     }
 
+    /// Ends every open slice of every thread at `ts` (their returns will not come).
+    fn cut_slices(
+        &mut self,
+        names: &FrameNames<'_>,
+        tracker: &mut StackTracker,
+        ended: &mut Vec<Ended>,
+        ts: u64,
+    ) -> std::io::Result<()> {
+        for t in tracker.thread_ids() {
+            tracker.cut_thread(t, ts, ended);
+            for e in ended.drain(..) {
+                self.frame_slice(names, t, ts, &e)?;
+            }
+        }
+        Ok(())
+    }
+
     fn frame_slice(
         &mut self,
         names: &FrameNames<'_>,
@@ -318,12 +335,7 @@ pub fn write_chrome<R: Read, W: Write>(
             }
             EventKind::Lost { count } => {
                 // Which calls and returns were dropped is unknown: slices end here.
-                for t in tracker.thread_ids() {
-                    tracker.cut_thread(t, ts, &mut ended);
-                    for e in ended.drain(..) {
-                        w.frame_slice(&names, t, ts, &e)?;
-                    }
-                }
+                w.cut_slices(&names, &mut tracker, &mut ended, ts)?;
                 w.event(format_args!(
                     "{{\"name\":\"{count} events lost\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
                     us(w.rel(ts)),
@@ -333,12 +345,7 @@ pub fn write_chrome<R: Read, W: Write>(
             EventKind::Window { exact } => {
                 if !exact {
                     // Exact tracing paused: open slices end here, their returns unseen.
-                    for t in tracker.thread_ids() {
-                        tracker.cut_thread(t, ts, &mut ended);
-                        for e in ended.drain(..) {
-                            w.frame_slice(&names, t, ts, &e)?;
-                        }
-                    }
+                    w.cut_slices(&names, &mut tracker, &mut ended, ts)?;
                 }
                 let name = if *exact {
                     "exact tracing on"

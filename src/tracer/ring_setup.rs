@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io;
-use std::ops::Range;
 
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::MmapMut;
@@ -50,7 +49,6 @@ pub struct RingSite {
     pub site: usize,
     pub original: Vec<u8>,
     pub patch: Vec<u8>,
-    pub trampoline: Range<u64>,
 }
 
 /// The ring engine's state in one process image.
@@ -60,8 +58,6 @@ pub struct RingProc {
     _mapping: MmapMut,
     /// Site address → what was patched there.
     pub sites: HashMap<u64, RingSite>,
-    /// Where the trampolines are (a thread inside must get out before restoring).
-    pub regions: Vec<Range<u64>>,
     /// The per-process tag word the trampolines write into each record.
     pub tag_addr: u64,
     /// The `%fs` base of each thread, for mapping records to threads.
@@ -72,7 +68,6 @@ impl std::fmt::Debug for RingProc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RingProc")
             .field("sites", &self.sites.len())
-            .field("regions", &self.regions)
             .field("tag_addr", &self.tag_addr)
             .finish_non_exhaustive()
     }
@@ -167,7 +162,6 @@ pub fn setup(
         reader,
         _mapping: mapping,
         sites: HashMap::new(),
-        regions: Vec::new(),
         tag_addr: scratch,
         threads: fs_bases.iter().map(|&(t, fs)| (fs, t)).collect(),
     };
@@ -280,9 +274,7 @@ fn patch_segment(
     }
     let size = (plans.len() as u64 * STRIDE).div_ceil(PAGE) * PAGE;
     let region = place_region(inj, maps, segment, size)?;
-    ring.regions.push(region..region + size);
-    let symbols_set = patches.set.clone();
-    let symbols = |name: &str| symbols_set.symbol(name);
+    let symbols = |name: &str| patches.set.symbol(name);
     let mut built = Vec::new();
     for (k, plan) in plans.iter().enumerate() {
         let Some(&(pi, si)) = patches.sites.get(&plan.site()) else {
@@ -348,7 +340,6 @@ fn patch_segment(
                 site: si,
                 original: plan.original().to_vec(),
                 patch: t.patch.clone(),
-                trampoline: t.range(),
             },
         );
     }

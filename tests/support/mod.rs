@@ -272,3 +272,11 @@ pub fn assert_refused_output(out: &Output, args: &[&str], words: &[&str]) -> Str
 pub fn exists(path: &Path) -> bool {
     path.exists()
 }
+
+/// One test of the binary at a time, for tests whose subject is timing-sensitive
+/// (the overhead budget's windows, pyprobe keeping up with the ring) and which a
+/// machine crowded by the binary's other tests would distort.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
