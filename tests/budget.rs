@@ -81,7 +81,10 @@ fn hot_target_gets_exact_windows_and_samples(version: &'static str) {
     let windows = report["exact_windows"].as_u64().expect("exact_windows set");
     let fraction = report["exact_fraction"].as_f64().unwrap();
     // Without the budget the hot loop would be traced all along (fraction 1).
-    assert!(windows >= 2, "several short windows, got {windows}");
+    assert!(
+        windows >= 2,
+        "several short windows, got {windows}:\n{stderr}"
+    );
     assert!(
         fraction > 0.0 && fraction < 0.5,
         "exact fraction {fraction} under a 5 % budget"

@@ -42,6 +42,12 @@ pub struct Budget {
     elapsed_acc: f64,
     /// Stopped time told since the last poll.
     new_stopped: u64,
+    /// The part of both that blocking samples took.
+    sampled_acc: f64,
+    new_sampled: u64,
+    /// Blocking samples taken and the time they stopped the target, for the summary.
+    samples: u64,
+    sampled_total: u64,
     last_poll: u64,
     /// Totals for the report: time with the probes on, and all time.
     exact_since: Option<u64>,
@@ -61,6 +67,10 @@ impl Budget {
             // exact window is not cut short by an empty history.
             elapsed_acc: HORIZON_NS,
             new_stopped: 0,
+            sampled_acc: 0.0,
+            new_sampled: 0,
+            samples: 0,
+            sampled_total: 0,
             last_poll: now,
             exact_since: Some(now),
             exact_total: 0,
@@ -79,10 +89,37 @@ impl Budget {
         self.new_stopped = self.new_stopped.saturating_add(ns);
     }
 
+    /// A blocking sample stopped the target `ns`.
+    pub fn sampled(&mut self, ns: u64) {
+        self.stopped(ns);
+        self.new_sampled = self.new_sampled.saturating_add(ns);
+        self.samples += 1;
+        self.sampled_total = self.sampled_total.saturating_add(ns);
+    }
+
     /// The slowdown over the decaying window: stopped time over time run.
     pub fn slowdown(&self) -> f64 {
+        self.share(self.stopped_acc)
+    }
+
+    fn share(&self, stopped: f64) -> f64 {
         let run = (self.elapsed_acc - self.stopped_acc).max(1.0);
-        self.stopped_acc / run
+        stopped / run
+    }
+
+    /// Whether blocking samples alone keep the slowdown above the line where the
+    /// probes come back: exact windows would never open again, and the samples
+    /// themselves may break the budget. The cure is to sample without stopping.
+    pub fn samples_too_costly(&self) -> bool {
+        !self.exact && self.share(self.sampled_acc) >= self.max * RESUME_AT
+    }
+
+    /// `(count, mean ns)` of the blocking samples charged so far.
+    pub fn sample_cost(&self) -> (u64, u64) {
+        (
+            self.samples,
+            self.sampled_total.checked_div(self.samples).unwrap_or(0),
+        )
     }
 
     /// Re-evaluates at `now` (cheap when called more often than every ms).
@@ -96,8 +133,11 @@ impl Budget {
         // Stopped time cannot exceed elapsed time (a stop counted twice, a clock
         // step): clamp so the ratio stays meaningful.
         let stopped = (self.new_stopped as f64).min(dt as f64);
+        let sampled = (self.new_sampled as f64).min(stopped);
         self.new_stopped = 0;
+        self.new_sampled = 0;
         self.stopped_acc = self.stopped_acc * decay + stopped;
+        self.sampled_acc = self.sampled_acc * decay + sampled;
         self.elapsed_acc = self.elapsed_acc * decay + dt as f64;
         let slowdown = self.slowdown();
         if self.exact && slowdown > self.max {
@@ -248,6 +288,48 @@ mod tests {
         assert!(exact > 0.01 && exact < 0.06, "exact fraction {exact}");
         // Short windows, many of them, not one long one.
         assert!(windows > 30, "{windows} windows");
+    }
+
+    /// Probes off, blocking samples costing `cost` every 10 ms: whether the budget
+    /// finds them too costly, and whether a window opens, within `ms`.
+    fn sampling_only(cost: u64, ms: u64) -> (bool, bool) {
+        let mut b = Budget::new(0.05, 0);
+        // A burst of hits sends the probes off.
+        let mut now = 0;
+        while b.exact() {
+            now += MS;
+            b.stopped(MS);
+            b.poll(now);
+        }
+        let (mut too_costly, mut reopened) = (false, false);
+        let end = now + ms * MS;
+        while now < end {
+            now += 10 * MS;
+            b.sampled(cost);
+            reopened |= b.poll(now) == Some(Toggle::On);
+            too_costly |= b.samples_too_costly();
+            if reopened {
+                break;
+            }
+        }
+        (too_costly, reopened)
+    }
+
+    #[test]
+    fn cheap_samples_let_windows_open_again() {
+        assert_eq!(sampling_only(50_000, 2_000), (false, true));
+    }
+
+    #[test]
+    fn samples_that_alone_hold_the_slowdown_up_are_found_too_costly() {
+        // 450 µs every 10 ms is 4.7 %: above the 4 % where probes come back.
+        assert_eq!(sampling_only(450_000, 2_000), (true, false));
+        let mut b = Budget::new(0.05, 0);
+        b.sampled(300_000);
+        b.sampled(500_000);
+        assert_eq!(b.sample_cost(), (2, 400_000));
+        // While exact, samples are not the question.
+        assert!(!b.samples_too_costly());
     }
 
     #[test]

@@ -33,6 +33,7 @@ mod ring;
 mod throttle;
 
 pub use ring::RingUse;
+pub use throttle::BudgetSummary;
 
 /// Finds the probes to trace in a process image, once the object carrying them is
 /// fully mapped. `Ok(None)`: not (yet) there.
@@ -216,6 +217,8 @@ pub struct Engine {
     last_wait_ns: u64,
     /// When each thread was last resumed after a hit (budget accounting).
     resumed_ns: HashMap<i32, u64>,
+    /// Blocking samples cost more than the budget leaves: sample without stopping.
+    samples_unblocked: bool,
     ring_book: ring::RingBook,
     /// An error met while handling an event that must end the run.
     fatal: Option<anyhow::Error>,
@@ -292,6 +295,7 @@ impl Engine {
             },
             last_wait_ns: 0,
             resumed_ns: HashMap::new(),
+            samples_unblocked: false,
             ring_book: ring::RingBook::default(),
             fatal: None,
         }
@@ -500,7 +504,12 @@ impl Engine {
         if self.options.sample_interval_ns.is_none() {
             return Ok(());
         }
-        let blocking = self.options.blocking_samples;
+        if self.budget.as_ref().is_some_and(|b| b.exact()) {
+            // An exact window: the probes say it all, a sample would be thrown away.
+            self.poll_budget(sink);
+            return Ok(());
+        }
+        let blocking = self.options.blocking_samples && !self.samples_unblocked;
         if blocking {
             self.stop_all_running(sink)?;
         }
@@ -514,9 +523,14 @@ impl Engine {
         });
         if blocking {
             self.resume_all();
-            self.charge(monotonic_ns().saturating_sub(began));
+            if let Some(b) = self.budget.as_mut() {
+                b.sampled(monotonic_ns().saturating_sub(began));
+            }
         }
         self.poll_budget(sink);
+        if blocking {
+            self.unblock_costly_samples(sink);
+        }
         Ok(())
     }
 

@@ -16,7 +16,9 @@ pub mod safety_net;
 pub mod signals;
 pub mod tsc;
 
-pub use engine::{Engine, EngineOptions, Hit, Outcome, Resolver, RingUse, TraceEvent};
+pub use engine::{
+    BudgetSummary, Engine, EngineOptions, Hit, Outcome, Resolver, RingUse, TraceEvent,
+};
 pub use probes::{Probe, ProbeSet, Site};
 pub use regs::Registers;
 pub use signals::StopReason;

@@ -337,13 +337,28 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             Outcome::Killed(sig) => format!("; target killed by {sig}"),
         }
     );
-    if let (Some(max), Some((fraction, windows))) = (budget, budget_summary) {
+    if let (Some(max), Some(b)) = (budget, budget_summary) {
+        let sampled = if b.blocking_samples == 0 {
+            String::new()
+        } else {
+            format!(
+                " ({} samples stopped the target, {} µs each on average{})",
+                b.blocking_samples,
+                b.sample_mean_ns / 1000,
+                if b.samples_unblocked {
+                    "; then sampled without stopping it"
+                } else {
+                    ""
+                }
+            )
+        };
         eprintln!(
-            "pyprobe: overhead budget {}%: calls traced exactly {:.1}% of the time, in {windows} \
-             window{}; sampled in between",
+            "pyprobe: overhead budget {}%: calls traced exactly {:.1}% of the time, in {} \
+             window{}; sampled in between{sampled}",
             max * 100.0,
-            fraction * 100.0,
-            if windows == 1 { "" } else { "s" }
+            b.exact_fraction * 100.0,
+            b.windows,
+            if b.windows == 1 { "" } else { "s" }
         );
     }
     if is_view(&output) {

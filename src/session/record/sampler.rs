@@ -14,13 +14,24 @@ pub struct Sampler {
     pub last_error: Option<String>,
     pub samples: u64,
     pub ticks: u64,
+    /// Failed attaches in a row, and when the next may be tried: an attach costs
+    /// about a millisecond, often with the target stopped, so retries back off.
+    failures: u32,
+    retry_at_ns: u64,
 }
 
+/// Longest wait between two attempts to attach the walker.
+const MAX_RETRY_NS: u64 = 50_000_000;
+
 impl Sampler {
-    /// The walker of `pid`, attached on first use (it fails while the interpreter is
-    /// not initialised yet; the next call tries again).
-    fn walker(&mut self, pid: i32) -> Option<&mut Walker> {
+    /// The walker of `pid`, attached on first use at `now` (it fails while the
+    /// interpreter is not initialised yet; a later call tries again, after 1, 2, 4 ...
+    /// up to 50 ms).
+    fn walker(&mut self, pid: i32, now: u64) -> Option<&mut Walker> {
         if self.walker.is_none() {
+            if now < self.retry_at_ns {
+                return None;
+            }
             match Walker::attach(pid) {
                 Ok(w) => {
                     eprintln!("pyprobe: frame walker: {}", w.describe());
@@ -29,6 +40,9 @@ impl Sampler {
                 }
                 Err(e) => {
                     self.last_error = Some(format!("{e:#}"));
+                    let wait = (1_000_000u64 << self.failures.min(16)).min(MAX_RETRY_NS);
+                    self.failures += 1;
+                    self.retry_at_ns = now.saturating_add(wait);
                     return None;
                 }
             }
@@ -50,7 +64,7 @@ impl Sampler {
     /// Takes one sample of every thread of `pid`.
     pub fn sample(&mut self, pid: i32, ts_ns: u64, builder: &mut EventBuilder) {
         self.ticks += 1;
-        let Some(walker) = self.walker(pid) else {
+        let Some(walker) = self.walker(pid, ts_ns) else {
             return;
         };
         let stacks = match walker.stacks() {
@@ -74,7 +88,7 @@ impl Sampler {
     /// Records the Python stack of thread `tid` (stopped at a probe hit) as the
     /// context of the event about to be written for it.
     pub fn context(&mut self, pid: i32, tid: i32, ts_ns: u64, builder: &mut EventBuilder) {
-        let Some(walker) = self.walker(pid) else {
+        let Some(walker) = self.walker(pid, ts_ns) else {
             return;
         };
         if let Ok(Some(stack)) = walker.thread_stack(tid) {

@@ -103,10 +103,53 @@ impl Engine {
         });
     }
 
-    /// `(exact fraction, windows)` of the overhead budget, if one was in force.
-    pub fn budget_summary(&self) -> Option<(f64, u64)> {
-        self.budget
-            .as_ref()
-            .map(|b| (b.exact_fraction(monotonic_ns()), b.windows()))
+    /// Blocking samples alone would hold the target above the budget's resume line:
+    /// from now on samples are taken without stopping it (as `--nonblocking`), so
+    /// their cost leaves the budget and exact windows can open again.
+    pub(super) fn unblock_costly_samples(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        let Some(b) = self.budget.as_ref() else {
+            return;
+        };
+        if !b.samples_too_costly() {
+            return;
+        }
+        self.samples_unblocked = true;
+        let (_, mean_ns) = b.sample_cost();
+        let interval = self.options.sample_interval_ns.unwrap_or(1).max(1);
+        sink(TraceEvent::Notice(format!(
+            "overhead budget: stopping the target for a sample costs it {} µs, {:.1}% of its \
+             time at this rate, more than the budget leaves for exact windows; sampling on \
+             without stopping it (as --nonblocking)",
+            mean_ns / 1000,
+            mean_ns as f64 * 100.0 / interval as f64
+        )));
     }
+
+    /// The overhead budget's outcome, if one was in force.
+    pub fn budget_summary(&self) -> Option<BudgetSummary> {
+        self.budget.as_ref().map(|b| {
+            let (blocking_samples, sample_mean_ns) = b.sample_cost();
+            BudgetSummary {
+                exact_fraction: b.exact_fraction(monotonic_ns()),
+                windows: b.windows(),
+                blocking_samples,
+                sample_mean_ns,
+                samples_unblocked: self.samples_unblocked,
+            }
+        })
+    }
+}
+
+/// What the overhead budget did in a run, for its closing line.
+#[derive(Debug, Clone, Copy)]
+pub struct BudgetSummary {
+    /// Share of the run with the budgeted probes on.
+    pub exact_fraction: f64,
+    /// Exact windows opened (the first one included).
+    pub windows: u64,
+    /// Samples that stopped the target between windows, and their mean cost.
+    pub blocking_samples: u64,
+    pub sample_mean_ns: u64,
+    /// Whether sampling went on without stopping the target (too costly).
+    pub samples_unblocked: bool,
 }
