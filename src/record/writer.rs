@@ -7,7 +7,7 @@
 //! chunks followed by at most one partial chunk, which a reader treats as the
 //! point where the recording was cut short.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
@@ -47,7 +47,7 @@ pub struct RecordingWriter<W: Write> {
     out: W,
     /// The first I/O error; every later call fails with it.
     failed: Option<(io::ErrorKind, String)>,
-    strings: HashMap<String, StrId>,
+    strings: FxHashMap<String, StrId>,
     pending_strings: Vec<u8>,
     pending_string_count: u64,
     events: Vec<u8>,
@@ -74,7 +74,7 @@ impl<W: Write> RecordingWriter<W> {
         let mut w = RecordingWriter {
             out,
             failed: None,
-            strings: HashMap::new(),
+            strings: FxHashMap::default(),
             pending_strings: Vec::new(),
             pending_string_count: 0,
             events: Vec::new(),

@@ -151,38 +151,40 @@ impl RingReader {
     }
 
     /// Reads up to `max` published records in order, calling `f` for each,
-    /// and advances `tail` after each one. Stops at the first slot that is
-    /// reserved but not published.
+    /// and publishes the new `tail` once at the end (a store per record would
+    /// pull the line producers read back and forth between the CPUs). Stops at
+    /// the first slot that is reserved but not published.
     pub fn drain<F: FnMut(&RingRecord<'_>)>(&mut self, max: usize, mut f: F) -> Drained {
         let head = self.head();
         let mut records = 0;
         // Bounded by `max` and by `capacity` (a hostile head cannot make it longer).
         let budget = max.min(usize::try_from(self.capacity).unwrap_or(usize::MAX));
+        let mut stop = None;
         while records < budget {
             if self.tail >= head {
-                return Drained {
-                    records,
-                    stop: DrainStop::Empty,
-                };
+                stop = Some(DrainStop::Empty);
+                break;
             }
+            // Copied out before `tail` moves past it: a producer may reuse the slot then.
             let Some(copy) = self.copy_published(self.tail) else {
-                return Drained {
-                    records,
-                    stop: DrainStop::Pending { index: self.tail },
-                };
+                stop = Some(DrainStop::Pending { index: self.tail });
+                break;
             };
             let record = decode(self.tail, &copy);
             f(&record);
-            self.advance();
+            self.tail = self.tail.wrapping_add(1);
             records += 1;
+        }
+        if records > 0 {
+            self.publish_tail();
         }
         Drained {
             records,
-            stop: if self.tail >= head {
+            stop: stop.unwrap_or(if self.tail >= head {
                 DrainStop::Empty
             } else {
                 DrainStop::Limit
-            },
+            }),
         }
     }
 
@@ -204,6 +206,10 @@ impl RingReader {
 
     fn advance(&mut self) {
         self.tail = self.tail.wrapping_add(1);
+        self.publish_tail();
+    }
+
+    fn publish_tail(&self) {
         self.word(H_TAIL).store(self.tail, Ordering::Release);
     }
 

@@ -61,7 +61,7 @@ pub struct RingProc {
     /// The per-process tag word the trampolines write into each record.
     pub tag_addr: u64,
     /// The `%fs` base of each thread, for mapping records to threads.
-    pub threads: HashMap<u64, i32>,
+    pub threads: rustc_hash::FxHashMap<u64, i32>,
 }
 
 impl std::fmt::Debug for RingProc {

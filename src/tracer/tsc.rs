@@ -62,9 +62,11 @@ impl TscClock {
 
     /// The monotonic time of counter value `tsc`.
     pub fn to_ns(&self, tsc: u64) -> u64 {
-        let delta = tsc as i128 - self.origin.tsc as i128;
-        let ns = self.origin.ns as i128 + (delta as f64 * self.ns_per_tick) as i128;
-        ns.clamp(0, u64::MAX as i128) as u64
+        // Integer and float work only on the offset from the origin (`as` saturates).
+        let delta = tsc.wrapping_sub(self.origin.tsc) as i64 as f64;
+        self.origin
+            .ns
+            .saturating_add_signed((delta * self.ns_per_tick) as i64)
     }
 }
 

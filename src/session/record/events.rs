@@ -1,6 +1,6 @@
 //! Turning probe hits and samples into recording events.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 
 use crate::analyze::FileFilter;
@@ -23,14 +23,14 @@ pub struct EventBuilder {
     filter: FileFilter,
     start_at: Option<String>,
     /// Per thread: depth inside the `--start-at` function (0: outside).
-    inside: HashMap<i32, u32>,
+    inside: FxHashMap<i32, u32>,
     write_error: Option<std::io::Error>,
     events: u64,
     last_flush_ns: u64,
     /// The (file, function) of recent hits by their string pointers in the target,
     /// checked against the text before use: most hits repeat a few code objects,
     /// and interning their names again is the costliest part of a hit.
-    frames: HashMap<(u64, u64), CachedNames>,
+    frames: FxHashMap<(u64, u64), CachedNames>,
 }
 
 /// What a pair of name pointers resolved to last time.
@@ -58,11 +58,11 @@ impl EventBuilder {
             early: Vec::new(),
             filter,
             start_at,
-            inside: HashMap::new(),
+            inside: FxHashMap::default(),
             write_error: None,
             events: 0,
             last_flush_ns: 0,
-            frames: HashMap::new(),
+            frames: FxHashMap::default(),
         }
     }
 

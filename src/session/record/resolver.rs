@@ -2,7 +2,7 @@
 //! interpreter's SDT notes, or nothing but the interpreter itself when sampling.
 
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::rc::Rc;
 
 use anyhow::{bail, Result};
@@ -32,7 +32,7 @@ pub struct Chosen {
     pub version: Option<PyVersion>,
     pub groups: BTreeSet<ProbeGroup>,
     /// Meaning of each probe index of the installed set, per process.
-    pub meanings: HashMap<i32, Vec<&'static PythonProbe>>,
+    pub meanings: rustc_hash::FxHashMap<i32, Vec<&'static PythonProbe>>,
     pub object_path: String,
     pub warning: Option<String>,
     /// The interpreter carries SDT probes (built with --with-dtrace).
