@@ -458,7 +458,11 @@ impl Engine {
                 match waitpid(None, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
                     Ok(WaitStatus::StillAlive) => {
                         if drained == 0 {
-                            std::thread::sleep(std::time::Duration::from_micros(RING_POLL_US));
+                            if self.ring_busy() {
+                                std::thread::yield_now();
+                            } else {
+                                std::thread::sleep(std::time::Duration::from_micros(RING_POLL_US));
+                            }
                         }
                     }
                     Ok(status) => {

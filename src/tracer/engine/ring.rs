@@ -30,6 +30,10 @@ const DRAIN_BATCH: usize = 64;
 /// A backlog this large means pyprobe is falling behind: the target is held
 /// until the ring is empty, rather than let it overflow and lose events.
 const HIGH_WATER: u64 = ring_setup::CAPACITY / 8;
+/// After a full batch or a hold, the event loop polls without sleeping for this
+/// long: a sleep of 200 µs may last milliseconds on a VM (the idle vCPU is
+/// descheduled), long enough for a busy target to fill the ring.
+const BUSY_NS: u64 = 2_000_000;
 /// A slot reserved but not published for this long is given up (its producer
 /// was killed or is stuck), counted as lost.
 const STUCK_NS: u64 = 1_000_000_000;
@@ -44,6 +48,8 @@ pub(super) struct RingBook {
     pub(super) stuck: std::collections::HashMap<i32, (u64, u64)>,
     /// Times the target was held for pyprobe to catch up with a ring.
     pub(super) holds: u64,
+    /// Until when a ring counts as busy (see [`BUSY_NS`]).
+    busy_until_ns: u64,
 }
 
 impl Engine {
@@ -220,7 +226,14 @@ impl Engine {
         self.stop_all_running(sink)?;
         while self.drain_rings(sink) > 0 {}
         self.resume_all();
+        self.ring_book.busy_until_ns = monotonic_ns() + BUSY_NS;
         Ok(true)
+    }
+
+    /// Whether the event loop should poll again at once rather than sleep: a
+    /// ring was busy a moment ago.
+    pub(super) fn ring_busy(&self) -> bool {
+        monotonic_ns() < self.ring_book.busy_until_ns
     }
 
     /// Turns every published ring record into a hit; returns how many.
@@ -266,6 +279,9 @@ impl Engine {
             });
             *hits += drained.records as u64;
             total += drained.records;
+            if drained.records == DRAIN_BATCH {
+                ring_book.busy_until_ns = monotonic_ns() + BUSY_NS;
+            }
             if let DrainStop::Pending { index } = drained.stop {
                 let now = monotonic_ns();
                 let since = match ring_book.stuck.get(&pid) {
