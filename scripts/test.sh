@@ -16,4 +16,5 @@ echo "== cargo test"
 export PYPROBE_REQUIRE_PYTHONS=1
 # Release: the tests drive pyprobe against live programs, and the ring engine's
 # consumer must keep up with them as it does for users.
-cargo test --release --all-targets
+# Every test binary runs even after a failure, so one run shows every failure.
+cargo test --release --all-targets --no-fail-fast
