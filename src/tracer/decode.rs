@@ -113,6 +113,12 @@ impl HitBuffers {
                 continue;
             }
             let text = &mut self.strings[i];
+            // Most events repeat the last event's file or function name: equal bytes
+            // are valid UTF-8 already (the buffer is a String) and need no copy.
+            if !s.truncated && text.as_bytes() == s.bytes {
+                self.present[i] = true;
+                continue;
+            }
             text.clear();
             if s.truncated {
                 match mem.read_c_string(self.args[i], MAX_STRING) {
