@@ -28,7 +28,7 @@ fn tmp(name: &str) -> PathBuf {
 /// Writes a recording at `path`: `events` are (tid, µs from the start, kind),
 /// with strings given by name and interned on the way.
 struct Rec {
-    writer: RecordingWriter<std::io::BufWriter<std::fs::File>>,
+    writer: RecordingWriter<pyprobe::record::BackgroundWriter>,
 }
 
 impl Rec {

@@ -7,6 +7,7 @@
 //! whose absence means the recording was cut short. All integers inside payloads
 //! are LEB128 varints (zigzag for signed values).
 
+mod background;
 mod codec;
 mod error;
 pub mod event;
@@ -22,7 +23,7 @@ pub use error::RecordError;
 pub use event::*;
 pub use header::{Header, FORMAT_VERSION, MAGIC};
 pub use reader::{Completion, Events, RecordingReader, Trailer};
-pub use writer::{RecordingWriter, Summary, MAX_SAMPLE_FRAMES, MAX_STRING_LEN};
+pub use writer::{BackgroundWriter, RecordingWriter, Summary, MAX_SAMPLE_FRAMES, MAX_STRING_LEN};
 
 /// Largest chunk payload a reader accepts; anything longer is corruption.
 pub const MAX_CHUNK_LEN: u32 = 64 << 20;

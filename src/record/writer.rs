@@ -9,9 +9,10 @@
 
 use rustc_hash::FxHashMap;
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::path::Path;
 
+pub use super::background::BackgroundWriter;
 use super::codec::EventEncoder;
 use super::wire::{put_str, put_uvarint, truncate_str};
 use super::{kind, Event, EventKind, FrameRef, Header, StrId, FORMAT_VERSION, MAGIC};
@@ -55,8 +56,9 @@ pub struct RecordingWriter<W: Write> {
     summary: Summary,
 }
 
-impl RecordingWriter<BufWriter<File>> {
-    /// Creates (or truncates) the file at `path` and writes the header.
+impl RecordingWriter<BackgroundWriter> {
+    /// Creates (or truncates) the file at `path` and writes the header. The file is
+    /// written by a thread of its own (see [`BackgroundWriter`]).
     pub fn create(path: &Path, header: &Header) -> io::Result<Self> {
         let file = File::create(path).map_err(|e| {
             io::Error::new(
@@ -64,7 +66,7 @@ impl RecordingWriter<BufWriter<File>> {
                 format!("cannot create recording {}: {e}", path.display()),
             )
         })?;
-        Self::new(BufWriter::new(file), header)
+        Self::new(BackgroundWriter::new(file)?, header)
     }
 }
 

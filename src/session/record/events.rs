@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::analyze::FileFilter;
 use crate::python::probes::PythonProbe;
-use crate::record::{Event, EventKind, FrameRef, Header, RecordingWriter, StrId};
+use crate::record::{BackgroundWriter, Event, EventKind, FrameRef, Header, RecordingWriter, StrId};
 use crate::tracer::signals;
 use crate::tracer::Hit;
 
@@ -15,7 +15,7 @@ use super::resolver::Chosen;
 pub struct EventBuilder {
     /// Created once the interpreter is known (for `-- CMD`, after it has started),
     /// so the header names the right executable and Python version.
-    writer: Option<RecordingWriter<std::io::BufWriter<std::fs::File>>>,
+    writer: Option<RecordingWriter<BackgroundWriter>>,
     header: Header,
     output: PathBuf,
     /// Events seen before the writer exists (thread starts only: no probe can hit).
@@ -94,7 +94,7 @@ impl EventBuilder {
     pub fn into_parts(
         mut self,
     ) -> (
-        Option<RecordingWriter<std::io::BufWriter<std::fs::File>>>,
+        Option<RecordingWriter<BackgroundWriter>>,
         Option<std::io::Error>,
     ) {
         (self.writer.take(), self.write_error.take())
