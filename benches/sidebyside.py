@@ -125,6 +125,7 @@ def main():
     parser.add_argument("--python", default="3.9")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--json", default="bench-results.json")
+    parser.add_argument("--configs", help="comma-separated configurations to run (default: all); untraced always runs")
     parser.add_argument("--pyprobe", default=os.path.join(REPO, "target", "release", "pyprobe"))
     parser.add_argument("--floor", default=os.path.join(REPO, "target", "floor"))
     args = parser.parse_args()
@@ -136,6 +137,12 @@ def main():
     sites, sems = function_probe_addresses(args.pyprobe, binary)
     tmp = tempfile.mkdtemp(prefix="pyprobe-bench-")
     configs = configurations(args.pyprobe, args.floor if os.path.exists(args.floor) else None, pyspy, sites, sems, tmp)
+    if args.configs:
+        wanted = set(args.configs.split(",")) | {"untraced"}
+        unknown = wanted - set(configs)
+        if unknown:
+            sys.exit(f"bench: unknown configurations {sorted(unknown)}; known: {sorted(configs)}")
+        configs = {k: v for k, v in configs.items() if k in wanted}
     workloads = [w for w in args.workloads.split(",") if w in WORKLOADS]
     times = {(w, c): [] for w in workloads for c in configs}
     hits = {}
