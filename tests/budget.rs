@@ -46,7 +46,13 @@ fn trace_with_budget(output: &str, pid: i32, percent: &str) -> Tracer {
 /// Records the hot loop under `pyprobe record -p PID EXTRA -d 2.5` and returns the
 /// report, after checking the target ran to its own correct end, untouched.
 fn record_hot_loop(py: &Python, extra: &[&str]) -> (serde_json::Value, String) {
-    let mut target = Target::spawn(&py.launcher, &[&fixture_script("hot_loop.py"), "4"]);
+    let mut target = Target::spawn(
+        &py.launcher,
+        &[&fixture_script("hot_loop.py"), "4", "ready"],
+    );
+    // Attached in the loop, not during start-up (whose nested calls would return
+    // without entry, beyond the one call in progress at each window's start).
+    target.wait_for_line("ready");
     let pid = target.pid();
     let (sites, sems) = probe_sites(pid);
     let out = TempFile::new(&format!("budget-hot-{}.pyprobe", py.version));
@@ -70,12 +76,15 @@ fn function_row<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json
         .unwrap_or_else(|| panic!("no row for {name}: {report}"))
 }
 
-fn hot_target_gets_exact_windows_and_samples(version: &'static str) {
+/// The hot loop under a 5 % budget through `engine`: short exact windows with
+/// samples between them. Through the ring, the target is not stopped per event:
+/// the budget is charged the ring's estimated cost and the holds.
+fn hot_target_gets_exact_windows_and_samples(version: &'static str, engine: &str) {
     let _serial = serial();
     let Some(py) = python(version) else { return };
     let (report, stderr) = record_hot_loop(
         &py,
-        &["--mode", "trace", "--engine", "int3", "--max-overhead", "5"],
+        &["--mode", "trace", "--engine", engine, "--max-overhead", "5"],
     );
     assert!(stderr.contains("overhead budget 5%"), "{stderr}");
     let windows = report["exact_windows"].as_u64().expect("exact_windows set");
@@ -106,16 +115,33 @@ fn hot_target_gets_exact_windows_and_samples(version: &'static str) {
         .filter(|r| r["function"] == "f")
         .count();
     assert_eq!(rows, 1, "{report}");
+    // The entry and return probes go on together: at most the call in progress
+    // at each window's start returns without its entry.
+    let orphans = report["anomalies"]["orphan_returns"].as_u64().unwrap();
+    assert!(
+        orphans <= windows + 1,
+        "{orphans} returns without entry in {windows} windows"
+    );
 }
 
 #[test]
 fn hot_target_gets_exact_windows_and_samples_3_9() {
-    hot_target_gets_exact_windows_and_samples("3.9");
+    hot_target_gets_exact_windows_and_samples("3.9", "int3");
 }
 
 #[test]
 fn hot_target_gets_exact_windows_and_samples_3_15() {
-    hot_target_gets_exact_windows_and_samples("3.15");
+    hot_target_gets_exact_windows_and_samples("3.15", "int3");
+}
+
+#[test]
+fn hot_target_through_the_ring_gets_exact_windows_3_9() {
+    hot_target_gets_exact_windows_and_samples("3.9", "ring");
+}
+
+#[test]
+fn hot_target_through_the_ring_gets_exact_windows_3_15() {
+    hot_target_gets_exact_windows_and_samples("3.15", "ring");
 }
 
 #[test]

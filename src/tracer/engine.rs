@@ -452,7 +452,11 @@ impl Engine {
             if self.ring_active() {
                 // Hits arrive in the rings without a stop: poll them and the waits.
                 let drained = self.drain_rings(sink);
-                if self.ring_backpressure(sink)? {
+                let held = self.ring_backpressure(sink)?;
+                if drained > 0 || held {
+                    self.poll_budget(sink);
+                }
+                if held {
                     continue;
                 }
                 match waitpid(None, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {

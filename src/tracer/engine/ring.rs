@@ -34,6 +34,10 @@ const HIGH_WATER: u64 = ring_setup::CAPACITY / 8;
 /// long: a sleep of 200 µs may last milliseconds on a VM (the idle vCPU is
 /// descheduled), long enough for a busy target to fill the ring.
 const BUSY_NS: u64 = 2_000_000;
+/// What one ring event costs the target, charged to the overhead budget (which
+/// cannot time code running inside the target): the in-process measurement of a
+/// trampoline with two string arguments, 47–62 ns on a 2-core VM.
+const RING_EVENT_NS: u64 = 60;
 /// A slot reserved but not published for this long is given up (its producer
 /// was killed or is stuck), counted as lost.
 const STUCK_NS: u64 = 1_000_000_000;
@@ -223,9 +227,12 @@ impl Engine {
             return Ok(false);
         }
         self.ring_book.holds += 1;
+        let began = monotonic_ns();
         self.stop_all_running(sink)?;
         while self.drain_rings(sink) > 0 {}
         self.resume_all();
+        // The target was held for pyprobe: stopped time, like an int3 hit's.
+        self.charge(monotonic_ns().saturating_sub(began));
         self.ring_book.busy_until_ns = monotonic_ns() + BUSY_NS;
         Ok(true)
     }
@@ -308,6 +315,7 @@ impl Engine {
             }
             proc.ring = Some(ring);
         }
+        self.charge(total as u64 * RING_EVENT_NS);
         total
     }
 

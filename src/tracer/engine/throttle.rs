@@ -74,6 +74,14 @@ impl Engine {
         let Some(toggle) = self.budget.as_mut().and_then(|b| b.poll(now)) else {
             return;
         };
+        // Turning the entry and return semaphores one after the other would let the
+        // target run calls with only one of them on: returns without entry at every
+        // window's start (hundreds through the ring, which never stops it). Stopped,
+        // it sees them switch together.
+        if let Err(e) = self.stop_all_running(sink) {
+            self.fatal = Some(e);
+            return;
+        }
         let mut pids: Vec<i32> = self.procs.keys().copied().collect();
         pids.sort_unstable();
         for pid in pids {
@@ -95,7 +103,12 @@ impl Engine {
         if toggle == Toggle::Off {
             // Gaps measured across an off stretch are not kernel time.
             self.resumed_ns.clear();
+            // What the rings hold was published inside the window: record it
+            // before the window's end.
+            while self.drain_rings(sink) > 0 {}
         }
+        self.resume_all();
+        self.charge(monotonic_ns().saturating_sub(now));
         sink(TraceEvent::Window {
             pid: self.root,
             ts_ns: now,
