@@ -199,3 +199,43 @@ fn a_call_heavy_program_loses_nothing_the_target_waits_instead() {
     assert_eq!(report["lost_events"], 0, "{stderr}");
     assert_eq!(calls_in_file(&report, "fib.py")["fib"], 57_313, "{stderr}");
 }
+
+/// A target that dies of SIGKILL right after its calls: what it published to the
+/// ring but pyprobe had not read yet is still recorded (the ring is mapped in
+/// pyprobe too and outlives the target).
+#[test]
+fn a_killed_target_loses_none_of_its_last_events() {
+    let _serial = serial();
+    for version in ["3.9", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        for run in 0..5 {
+            let out = TempFile::new(&format!("ring-killed-{version}-{run}.pyprobe"));
+            let result = pyprobe()
+                .args([
+                    "record",
+                    "-o",
+                    out.path(),
+                    "--mode",
+                    "trace",
+                    "--engine",
+                    "ring",
+                    "--",
+                ])
+                .arg(&py.launcher)
+                .arg(fixture_script("killed_after_calls.py"))
+                .output()
+                .unwrap();
+            assert_no_panic("killed target", &result.stderr);
+            assert_eq!(result.status.code(), Some(128 + libc::SIGKILL));
+            assert_eq!(String::from_utf8_lossy(&result.stdout).trim(), "calls 1973");
+            let report = report_json(out.path());
+            let fib = report["functions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["function"] == "fib")
+                .unwrap_or_else(|| panic!("{version} run {run}: no fib row: {report}"));
+            assert_eq!(fib["calls"], 1973, "{version} run {run}");
+        }
+    }
+}

@@ -813,6 +813,12 @@ impl Engine {
     }
 
     fn thread_gone(&mut self, tid: i32, how: Outcome, sink: &mut dyn FnMut(TraceEvent)) {
+        if !self.threads.contains_key(&tid) {
+            return;
+        }
+        // What the thread (or its process, whose ring goes with it) published
+        // before it went is recorded before its end.
+        while self.drain_rings(sink) > 0 {}
         let Some(thread) = self.threads.remove(&tid) else {
             return;
         };
