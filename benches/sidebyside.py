@@ -27,7 +27,8 @@ WORKLOADS = {
     # tracing of it would take minutes, so only these configurations run on it.
     "fib-long": ["fib.py", "34"],
 }
-ONLY = {"fib-long": {"untraced", "pyprobe trace 5%", "pyprobe ring", "pyprobe sample 100", "py-spy 100"}}
+ONLY = {"fib-long": {"untraced", "pyprobe trace 5%", "pyprobe ring", "pyprobe ring 5%", "pyprobe sample 100",
+                    "py-spy 100"}}
 
 
 def interpreter(version):
@@ -86,6 +87,8 @@ def configurations(pyprobe, floor, pyspy, sites, sems, tmp):
     configs["pyprobe auto"] = lambda cmd: [pyprobe, "record", "--mode", "auto", "-o", rec, "--"] + cmd
     configs["pyprobe trace 5%"] = lambda cmd: [
         pyprobe, "record", "--mode", "trace", "--engine", "int3", "--max-overhead", "5", "-o", rec, "--"] + cmd
+    configs["pyprobe ring 5%"] = lambda cmd: [
+        pyprobe, "record", "--mode", "trace", "--engine", "ring", "--max-overhead", "5", "-o", rec, "--"] + cmd
     for rate in (100, 1000):
         configs[f"pyprobe sample {rate}"] = lambda cmd, r=rate: [
             pyprobe, "record", "--mode", "sample", "-r", str(r), "-o", rec, "--"] + cmd
@@ -208,7 +211,7 @@ def main():
     print(f"{'workload':<9} {'configuration':<22} {'median':>9} {'slowdown':>9} {'ns/hit':>8} {'vs floor':>9} "
           f"{'vs py-spy':>10} {'exact %':>8} {'lost %':>7}")
     for r in results:
-        ns = r.get('ns_per_hit', '') if r['config'] != "pyprobe trace 5%" else ''
+        ns = r.get('ns_per_hit', '') if not r['config'].endswith("5%") else ''
         print(f"{r['workload']:<9} {r['config']:<22} {r['median_s']:>8.3f}s {r['slowdown']:>8.2f}x "
               f"{ns:>8} {r.get('vs_floor', ''):>9} {r.get('vs_py_spy', ''):>10} {r.get('exact_pct', ''):>8} "
               f"{r.get('lost_pct', ''):>7}")
