@@ -227,7 +227,7 @@ fn a_killed_target_loses_none_of_its_last_events() {
                 .unwrap();
             assert_no_panic("killed target", &result.stderr);
             assert_eq!(result.status.code(), Some(128 + libc::SIGKILL));
-            assert_eq!(String::from_utf8_lossy(&result.stdout).trim(), "calls 1973");
+            assert_eq!(String::from_utf8_lossy(&result.stdout).trim(), "calls 8361");
             let report = report_json(out.path());
             let fib = report["functions"]
                 .as_array()
@@ -235,7 +235,7 @@ fn a_killed_target_loses_none_of_its_last_events() {
                 .iter()
                 .find(|f| f["function"] == "fib")
                 .unwrap_or_else(|| panic!("{version} run {run}: no fib row: {report}"));
-            assert_eq!(fib["calls"], 1973, "{version} run {run}");
+            assert_eq!(fib["calls"], 8361, "{version} run {run}");
         }
     }
 }
