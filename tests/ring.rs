@@ -12,11 +12,14 @@ use std::time::Duration;
 use common::*;
 use support::*;
 
-/// Records count_calls.py under `engine`; returns the fixture's own counts, the
-/// report and pyprobe's stderr.
-fn record_with(py: &Python, engine: &str) -> (serde_json::Value, serde_json::Value, String) {
-    let out = TempFile::new(&format!("ring-{}-{engine}.pyprobe", py.version));
-    let run = pyprobe()
+/// `pyprobe record -o OUT --mode trace --engine ENGINE -- PYTHON ARGS`, to its end.
+fn trace_launched<A: AsRef<std::ffi::OsStr>>(
+    out: &TempFile,
+    engine: &str,
+    py: &Python,
+    args: &[A],
+) -> std::process::Output {
+    pyprobe()
         .args([
             "record",
             "-o",
@@ -28,9 +31,16 @@ fn record_with(py: &Python, engine: &str) -> (serde_json::Value, serde_json::Val
             "--",
         ])
         .arg(&py.launcher)
-        .arg(fixture_script("count_calls.py"))
+        .args(args)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// Records count_calls.py under `engine`; returns the fixture's own counts, the
+/// report and pyprobe's stderr.
+fn record_with(py: &Python, engine: &str) -> (serde_json::Value, serde_json::Value, String) {
+    let out = TempFile::new(&format!("ring-{}-{engine}.pyprobe", py.version));
+    let run = trace_launched(&out, engine, py, &[fixture_script("count_calls.py")]);
     let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
     assert_no_panic(engine, &run.stderr);
     assert!(run.status.success(), "{engine}: {stderr}");
@@ -176,22 +186,8 @@ fn a_call_heavy_program_loses_nothing_the_target_waits_instead() {
     // fib(22): 57,313 calls, 114,626 events in a few tens of ms, faster than pyprobe
     // can record them: the target is held while pyprobe catches up.
     let out = TempFile::new("ring-fib.pyprobe");
-    let run = pyprobe()
-        .args([
-            "record",
-            "-o",
-            out.path(),
-            "--mode",
-            "trace",
-            "--engine",
-            "ring",
-            "--",
-        ])
-        .arg(&py.launcher)
-        .arg(repo().join("benches/workloads/fib.py"))
-        .arg("22")
-        .output()
-        .unwrap();
+    let fib = repo().join("benches/workloads/fib.py");
+    let run = trace_launched(&out, "ring", &py, &[fib.to_str().unwrap(), "22"]);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "17711");
@@ -210,32 +206,13 @@ fn a_killed_target_loses_none_of_its_last_events() {
         let Some(py) = python(version) else { continue };
         for run in 0..5 {
             let out = TempFile::new(&format!("ring-killed-{version}-{run}.pyprobe"));
-            let result = pyprobe()
-                .args([
-                    "record",
-                    "-o",
-                    out.path(),
-                    "--mode",
-                    "trace",
-                    "--engine",
-                    "ring",
-                    "--",
-                ])
-                .arg(&py.launcher)
-                .arg(fixture_script("killed_after_calls.py"))
-                .output()
-                .unwrap();
+            let script = fixture_script("killed_after_calls.py");
+            let result = trace_launched(&out, "ring", &py, &[script]);
             assert_no_panic("killed target", &result.stderr);
             assert_eq!(result.status.code(), Some(128 + libc::SIGKILL));
             assert_eq!(String::from_utf8_lossy(&result.stdout).trim(), "calls 8361");
-            let report = report_json(out.path());
-            let fib = report["functions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|f| f["function"] == "fib")
-                .unwrap_or_else(|| panic!("{version} run {run}: no fib row: {report}"));
-            assert_eq!(fib["calls"], 8361, "{version} run {run}");
+            let calls = calls_in_file(&report_json(out.path()), "killed_after_calls.py");
+            assert_eq!(calls.get("fib"), Some(&8361), "{version} run {run}");
         }
     }
 }
