@@ -40,15 +40,30 @@ pub(super) fn load_segments(elf: &Elf) -> Vec<LoadSegment> {
 }
 
 pub(super) fn file_offset(segments: &[LoadSegment], vaddr: u64) -> Option<u64> {
+    // A hostile header may put the segment's file offset near u64::MAX: no offset then.
     segments
         .iter()
         .find(|s| s.contains_vaddr(vaddr) && vaddr - s.vaddr < s.filesz)
-        .map(|s| s.offset + (vaddr - s.vaddr))
+        .and_then(|s| s.offset.checked_add(vaddr - s.vaddr))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_offset_past_u64_max_is_no_offset() {
+        let segs = [LoadSegment {
+            vaddr: 0x1000,
+            memsz: 0x1000,
+            offset: u64::MAX - 4,
+            filesz: 0x1000,
+            executable: false,
+            writable: false,
+        }];
+        assert_eq!(file_offset(&segs, 0x1004), Some(u64::MAX));
+        assert_eq!(file_offset(&segs, 0x1005), None);
+    }
 
     #[test]
     fn maps_addresses_inside_file_bytes_only() {
