@@ -125,6 +125,20 @@ fn stat_flags(pid: i32) -> Option<u64> {
         .ok()
 }
 
+/// Whether thread `tid` is ending (or already gone): ptrace refuses to seize such a
+/// thread with EPERM, and there is nothing left of it to trace.
+pub fn thread_is_ending(tid: i32) -> bool {
+    match stat_flags(tid) {
+        Some(flags) => flags & PF_EXITING != 0,
+        None => true,
+    }
+}
+
+/// Whether thread `tid` is traced by this process.
+pub fn traced_by_us(tid: i32) -> bool {
+    ProcessStatus::read(tid).is_ok_and(|s| s.tracer_pid == std::process::id() as i32)
+}
+
 /// `" (pid N in its own PID namespace)"` when `pid` lives in a nested PID namespace,
 /// else an empty string: for start lines that name a process.
 pub fn ns_pid_note(pid: i32) -> String {

@@ -51,6 +51,7 @@ pub mod codegen;
 pub mod consumer;
 pub mod layout;
 pub mod site;
+pub mod trapnet;
 
 #[cfg(test)]
 mod tests_exec;

@@ -143,9 +143,28 @@ enum ThreadState {
     /// In a ptrace-stop that pyprobe holds; `pending` is a signal to deliver on resume.
     Stopped {
         pending: Option<Signal>,
+        kind: StopKind,
     },
     /// In group-stop, parked with PTRACE_LISTEN.
     Listening,
+}
+
+/// Where in the kernel a held thread is stopped, which decides what pyprobe may do
+/// with it (see `inject`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopKind {
+    /// pyprobe's interrupt, or a new thread's first stop: in the signal path.
+    Interrupt,
+    /// A signal-delivery stop: a hit pyprobe swallows, or a signal for the program.
+    Signal,
+    /// The program is stopped (SIGSTOP, Ctrl-Z): resumed with PTRACE_LISTEN, so it
+    /// stays stopped as it would without pyprobe.
+    Group,
+    /// Inside a system call (clone, fork, exec events; system call stops): its result
+    /// is not written yet, so nothing may be injected here.
+    InSyscall,
+    /// A vfork parent: resumed, it waits in the kernel until its child execs.
+    Vfork,
 }
 
 #[derive(Debug)]
@@ -226,6 +245,8 @@ pub struct Engine {
 
 /// How long the event loop sleeps when the rings and the waits are both empty.
 const RING_POLL_US: u64 = 200;
+/// `si_code` of a SIGTRAP raised by an `int3`.
+const SI_KERNEL: i32 = 0x80;
 
 fn trace_options() -> Options {
     Options::PTRACE_O_TRACECLONE
@@ -323,12 +344,13 @@ impl Engine {
         engine.procs.insert(pid, Proc::new(pid));
         // Seize until the thread list is stable: a thread created by a not yet seized
         // thread would otherwise escape.
+        let mut ending = Vec::new();
         loop {
             let tids = thread_ids(pid)
                 .with_context(|| format!("process {pid} vanished while attaching"))?;
             let new: Vec<i32> = tids
                 .into_iter()
-                .filter(|t| !engine.threads.contains_key(t))
+                .filter(|t| !engine.threads.contains_key(t) && !ending.contains(t))
                 .collect();
             if new.is_empty() {
                 break;
@@ -345,6 +367,23 @@ impl Engine {
                         );
                     }
                     Err(Errno::ESRCH) => continue, // ended meanwhile
+                    Err(Errno::EPERM) if !engine.threads.is_empty() => {
+                        if crate::process::status::traced_by_us(tid) {
+                            // Created by a thread seized already: traced from birth
+                            // (PTRACE_O_TRACECLONE); its first stop is on its way.
+                            engine.threads.insert(
+                                tid,
+                                Thread {
+                                    tgid: pid,
+                                    state: ThreadState::New,
+                                },
+                            );
+                        } else if crate::process::status::thread_is_ending(tid) {
+                            ending.push(tid); // nothing left of it to trace
+                        } else {
+                            bail!("cannot seize thread {tid} of process {pid}: EPERM");
+                        }
+                    }
                     Err(e) if engine.threads.is_empty() => {
                         return Err(super::errors::seize_error(pid, e))
                     }
@@ -356,7 +395,21 @@ impl Engine {
             bail!("process {pid} exited while pyprobe was attaching");
         }
         engine.stop_all(sink)?;
-        let installed = engine.install(pid, Some(pid), sink);
+        if engine.threads.values().all(|t| {
+            matches!(
+                t.state,
+                ThreadState::Stopped {
+                    kind: StopKind::Group,
+                    ..
+                }
+            )
+        }) {
+            sink(TraceEvent::Notice(format!(
+                "process {pid} is stopped (SIGSTOP or Ctrl-Z): it stays stopped, and events come \
+                 once it is continued (SIGCONT)"
+            )));
+        }
+        let installed = engine.install(pid, false, sink);
         if let Err(e) = installed.and_then(|found| {
             if found {
                 Ok(())
@@ -561,20 +614,29 @@ impl Engine {
                 let tid = pid.as_raw();
                 if self.try_hit(tid, sink) {
                     if holding || self.budget.is_none() {
-                        self.resume_or_hold(tid, None, holding);
+                        self.resume_or_hold(tid, None, StopKind::Signal, holding);
                     } else {
                         self.resume_after_budgeted_hit(tid, sink);
                     }
                 } else {
                     // A SIGTRAP that is not ours belongs to the target.
-                    self.resume_or_hold(tid, Some(Signal::SIGTRAP), holding);
+                    self.resume_or_hold(tid, Some(Signal::SIGTRAP), StopKind::Signal, holding);
                 }
             }
-            WaitStatus::Stopped(pid, sig) => self.resume_or_hold(pid.as_raw(), Some(sig), holding),
+            WaitStatus::Stopped(pid, sig) => {
+                self.resume_or_hold(pid.as_raw(), Some(sig), StopKind::Signal, holding)
+            }
             WaitStatus::PtraceSyscall(pid) => {
                 let tid = pid.as_raw();
+                self.set_state(
+                    tid,
+                    ThreadState::Stopped {
+                        pending: None,
+                        kind: StopKind::InSyscall,
+                    },
+                );
                 self.check_awaited_object(tid, sink);
-                self.resume_or_hold(tid, None, holding);
+                self.resume_or_hold(tid, None, StopKind::InSyscall, holding);
             }
             WaitStatus::PtraceEvent(pid, sig, event) => {
                 self.handle_event(pid.as_raw(), sig, event, holding, sink)?
@@ -624,7 +686,12 @@ impl Engine {
                         }
                     }
                 }
-                self.resume_or_hold(tid, None, holding);
+                let kind = if event == VFORK {
+                    StopKind::Vfork
+                } else {
+                    StopKind::InSyscall
+                };
+                self.resume_or_hold(tid, None, kind, holding);
             }
             EXEC => {
                 // After exec the thread group is the leader alone; the old image and its
@@ -647,11 +714,18 @@ impl Engine {
                 }
                 proc.awaiting_object = true;
                 self.procs.insert(tgid, proc);
+                self.set_state(
+                    tgid,
+                    ThreadState::Stopped {
+                        pending: None,
+                        kind: StopKind::InSyscall,
+                    },
+                );
                 self.check_awaited_object(tgid, sink);
-                self.resume_or_hold(tgid, None, holding);
+                self.resume_or_hold(tgid, None, StopKind::InSyscall, holding);
             }
             STOP => self.handle_stop_event(tid, sig, holding, sink),
-            _ => self.resume_or_hold(tid, None, holding),
+            _ => self.resume_or_hold(tid, None, StopKind::InSyscall, holding),
         }
         Ok(())
     }
@@ -680,7 +754,7 @@ impl Engine {
                         ts_ns: monotonic_ns(),
                     });
                     self.ring_thread_started(tid);
-                    self.resume_or_hold(tid, None, holding);
+                    self.resume_or_hold(tid, None, StopKind::Interrupt, holding);
                 }
                 _ => match self.pending_children.get(&tid).copied() {
                     Some(pending) => self.adopt_child(tid, pending, sink),
@@ -692,7 +766,7 @@ impl Engine {
         if thread.state == ThreadState::New {
             self.ring_thread_started(tid);
             self.set_state(tid, ThreadState::Running);
-            self.resume_or_hold(tid, None, holding);
+            self.resume_or_hold(tid, None, StopKind::Interrupt, holding);
             return;
         }
         // Under PTRACE_SEIZE a group-stop is a PTRACE_EVENT_STOP carrying the stop
@@ -701,15 +775,11 @@ impl Engine {
         if is_stop_signal(sig) {
             // Group-stop (the target was stopped, e.g. Ctrl-Z): stay stopped like an
             // untraced process would, but keep receiving events.
-            if holding {
-                self.set_state(tid, ThreadState::Stopped { pending: None });
-            } else if unsafe { libc::ptrace(libc::PTRACE_LISTEN, tid, 0, 0) } == 0 {
-                self.set_state(tid, ThreadState::Listening);
-            }
+            self.resume_or_hold(tid, None, StopKind::Group, holding);
             return;
         }
         // Our own PTRACE_INTERRUPT (or a stop pyprobe need not act on).
-        self.resume_or_hold(tid, None, holding);
+        self.resume_or_hold(tid, None, StopKind::Interrupt, holding);
     }
 
     /// A forked child: trace it (`--subprocesses`) or clean its copy of the patches
@@ -789,15 +859,38 @@ impl Engine {
         }
     }
 
-    fn resume_or_hold(&mut self, tid: i32, signal: Option<Signal>, holding: bool) {
-        if holding {
-            self.set_state(tid, ThreadState::Stopped { pending: signal });
-            return;
+    /// Records the stop `tid` is in, and resumes it unless `holding`.
+    fn resume_or_hold(&mut self, tid: i32, signal: Option<Signal>, kind: StopKind, holding: bool) {
+        self.set_state(
+            tid,
+            ThreadState::Stopped {
+                pending: signal,
+                kind,
+            },
+        );
+        if !holding {
+            self.resume(tid, signal);
         }
-        self.resume(tid, signal);
     }
 
     fn resume(&mut self, tid: i32, signal: Option<Signal>) {
+        let group_stopped = self.threads.get(&tid).is_some_and(|t| {
+            matches!(
+                t.state,
+                ThreadState::Stopped {
+                    kind: StopKind::Group,
+                    ..
+                }
+            )
+        });
+        if group_stopped {
+            // Still stopped as the program's job control wants; events keep coming.
+            // SAFETY: PTRACE_LISTEN takes no pointers.
+            if unsafe { libc::ptrace(libc::PTRACE_LISTEN, tid, 0, 0) } == 0 {
+                self.set_state(tid, ThreadState::Listening);
+                return;
+            }
+        }
         let awaiting = self
             .threads
             .get(&tid)
@@ -859,6 +952,12 @@ impl Engine {
         let Some(&(pi, si)) = proc.patches.sites.get(&site_addr) else {
             return false;
         };
+        // An `int3` reports SI_KERNEL; the program's own kill/raise/tgkill reports
+        // SI_USER or SI_TKILL even when it lands just after a site.
+        match ptrace::getsiginfo(Pid::from_raw(tid)) {
+            Ok(info) if info.si_code == SI_KERNEL => {}
+            _ => return false,
+        }
         if self.budget.as_ref().is_some_and(|b| !b.exact())
             && proc.patches.set.budgeted.contains(&pi)
         {
@@ -893,25 +992,28 @@ impl Engine {
         true
     }
 
-    /// Resolves and installs the probes of `pid`. `clean_stop`: a thread of it held at
-    /// a stop where system calls can be injected (for the SIGTRAP safety net).
-    /// `Ok(false)`: not mapped yet.
+    /// Resolves and installs the probes of `pid`, every thread of it stopped.
+    /// `starting`: the process is still being loaded (launch, exec); its sites move
+    /// to the ring only at their first hit, once the loader has finished mapping
+    /// (a trampoline region placed now could be mapped over). `Ok(false)`: not
+    /// mapped yet.
     fn install(
         &mut self,
         pid: i32,
-        clean_stop: Option<i32>,
+        starting: bool,
         sink: &mut dyn FnMut(TraceEvent),
     ) -> Result<bool> {
         let Some(set) = self.resolver.resolve(pid)? else {
             return Ok(false);
         };
+        // A thread where system calls can be injected, found before any `int3` is
+        // written (finding one may let a thread finish the system call it is in).
+        let clean = if set.probes.is_empty() {
+            None
+        } else {
+            self.clean_thread(pid, sink)
+        };
         let proc = self.procs.entry(pid).or_insert_with(|| Proc::new(pid));
-        if proc.net.is_none() && !set.probes.is_empty() {
-            match clean_stop {
-                Some(tid) => Self::install_net(proc, pid, tid, sink),
-                None => proc.net_pending = true,
-            }
-        }
         let patches = Patches::install(set, &mut proc.mem, self.guardian.as_mut())
             .with_context(|| format!("patching process {pid}"))?;
         sink(TraceEvent::Installed {
@@ -921,20 +1023,116 @@ impl Engine {
         });
         proc.patches = patches;
         proc.awaiting_object = false;
+        if proc.net.is_none() && proc.patches.installed_sites() > 0 {
+            match clean {
+                Some(tid) => Self::install_net(proc, pid, tid, sink),
+                None => proc.net_pending = true,
+            }
+        }
         self.budget_installed(pid, sink);
-        self.ring_installed(pid, clean_stop, sink)?;
+        self.ring_installed(pid, if starting { None } else { clean }, sink)?;
         Ok(true)
     }
 
     fn install_net(proc: &mut Proc, pid: i32, tid: i32, sink: &mut dyn FnMut(TraceEvent)) {
         proc.net_pending = false;
-        match safety_net::install(tid, &mut proc.mem) {
-            Ok(net) => proc.net = net,
+        let mut sites: Vec<u64> = proc.patches.sites.keys().copied().collect();
+        sites.sort_unstable();
+        match safety_net::install(tid, &mut proc.mem, &sites) {
+            Ok(net) => proc.net = Some(net),
             Err(e) => sink(TraceEvent::Notice(format!(
                 "process {pid}: no SIGTRAP safety net ({e}); if pyprobe is killed, a thread reaching a \
                  probe site before the guardian restores it would die"
             ))),
         }
+        let blocking = safety_net::threads_blocking_sigtrap(pid);
+        if !blocking.is_empty() {
+            sink(TraceEvent::Notice(format!(
+                "process {pid}: threads {blocking:?} block SIGTRAP; a probe hit there makes the kernel \
+                 unblock it and reset it to its default"
+            )));
+        }
+    }
+
+    /// A thread of `pid` held at a stop where a system call can be injected (see
+    /// `inject`): one already there, else one brought there from a stop inside a
+    /// system call (it finishes the call and stops again before running any code of
+    /// its own). `None` when no thread of it gets there.
+    fn clean_thread(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Option<i32> {
+        let rank = |state: ThreadState| match state {
+            ThreadState::Stopped {
+                pending: None,
+                kind,
+            } => match kind {
+                StopKind::Interrupt => Some(0),
+                StopKind::Signal => Some(1),
+                StopKind::Group => Some(2),
+                StopKind::InSyscall | StopKind::Vfork => None,
+            },
+            _ => None,
+        };
+        let ready = self
+            .threads
+            .iter()
+            .filter(|(_, t)| t.tgid == pid)
+            .filter_map(|(&tid, t)| rank(t.state).map(|r| (r, tid)))
+            .min();
+        if let Some((_, tid)) = ready {
+            return Some(tid);
+        }
+        let mut candidates: Vec<(u8, i32)> = self
+            .threads
+            .iter()
+            .filter(|(_, t)| t.tgid == pid)
+            .filter_map(|(&tid, t)| match t.state {
+                ThreadState::Stopped {
+                    kind: StopKind::InSyscall,
+                    ..
+                } => Some((0, tid)),
+                ThreadState::Stopped {
+                    pending: Some(_),
+                    kind: StopKind::Signal,
+                } => Some((1, tid)),
+                _ => None,
+            })
+            .collect();
+        candidates.sort_unstable();
+        candidates
+            .into_iter()
+            .take(4)
+            .find_map(|(_, tid)| self.bring_to_clean_stop(tid, sink))
+    }
+
+    /// Lets held thread `tid` leave its stop and stop again at once on its way out
+    /// of the kernel (an interrupt queued before resuming is taken before any code
+    /// of the program runs).
+    fn bring_to_clean_stop(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Option<i32> {
+        for _ in 0..8 {
+            let pending = match self.threads.get(&tid)?.state {
+                ThreadState::Stopped {
+                    pending: None,
+                    kind: StopKind::Interrupt | StopKind::Signal | StopKind::Group,
+                } => return Some(tid),
+                ThreadState::Stopped {
+                    kind: StopKind::Vfork,
+                    ..
+                } => return None,
+                ThreadState::Stopped { pending, .. } => pending,
+                _ => None,
+            };
+            if !matches!(self.threads.get(&tid)?.state, ThreadState::Running) {
+                let thread = Pid::from_raw(tid);
+                ptrace::interrupt(thread).ok()?;
+                ptrace::cont(thread, pending).ok()?;
+                self.set_state(tid, ThreadState::Running);
+            }
+            match waitpid(Pid::from_raw(tid), Some(WaitPidFlag::__WALL)) {
+                Ok(status) => self.handle(status, true, sink).ok()?,
+                Err(Errno::EINTR) => {}
+                Err(_) => return None,
+            }
+        }
+        None
     }
 
     /// In a process that is starting up: once its maps changed, look for the probes.
@@ -961,7 +1159,7 @@ impl Engine {
             proc.last_maps_len = 0;
             return;
         }
-        if let Err(e) = self.install(tgid, None, sink) {
+        if let Err(e) = self.install(tgid, true, sink) {
             sink(TraceEvent::Notice(format!("{e:#}")));
             if let Some(p) = self.procs.get_mut(&tgid) {
                 p.awaiting_object = false;
@@ -1028,14 +1226,29 @@ impl Engine {
         let pending: Vec<i32> = self
             .threads
             .iter()
-            .filter(|(_, t)| t.state == ThreadState::Stopped { pending: None })
+            .filter(|(_, t)| {
+                matches!(
+                    t.state,
+                    ThreadState::Stopped {
+                        pending: None,
+                        kind: StopKind::Interrupt | StopKind::Signal
+                    }
+                )
+            })
             .map(|(&tid, _)| tid)
             .filter(|&tid| sigtrap_pending(tid))
             .collect();
         for tid in pending {
             for _ in 0..4 {
                 let held = self.threads.get(&tid).map(|t| t.state);
-                if held != Some(ThreadState::Stopped { pending: None }) || !sigtrap_pending(tid) {
+                let clean = matches!(
+                    held,
+                    Some(ThreadState::Stopped {
+                        pending: None,
+                        kind: StopKind::Interrupt | StopKind::Signal
+                    })
+                );
+                if !clean || !sigtrap_pending(tid) {
                     break;
                 }
                 if ptrace::cont(Pid::from_raw(tid), None).is_err() {
@@ -1066,7 +1279,7 @@ impl Engine {
             .threads
             .iter()
             .filter_map(|(&tid, t)| match t.state {
-                ThreadState::Stopped { pending } => Some((tid, pending)),
+                ThreadState::Stopped { pending, .. } => Some((tid, pending)),
                 _ => None,
             })
             .collect();
@@ -1089,22 +1302,34 @@ impl Engine {
         }
         self.take_pending_traps(sink);
         self.ring_detach(sink);
-        for (pid, proc) in &mut self.procs {
-            if let Some(net) = proc.net.take() {
-                // Any stopped thread of the process will do.
-                let tid = self
-                    .threads
-                    .iter()
-                    .find(|(_, t)| t.tgid == *pid)
-                    .map(|(&tid, _)| tid);
-                if let Some(tid) = tid {
-                    if let Err(e) = safety_net::uninstall(tid, &mut proc.mem, &net) {
-                        sink(TraceEvent::Notice(format!(
-                            "process {pid}: cannot remove the SIGTRAP safety net: {e}"
-                        )));
-                    }
-                }
+        let with_net: Vec<i32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.net.is_some())
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in with_net {
+            let tid = self.clean_thread(pid, sink);
+            let Some(proc) = self.procs.get_mut(&pid) else {
+                continue;
+            };
+            let Some(net) = proc.net.take() else {
+                continue;
+            };
+            let result = match tid {
+                Some(tid) => safety_net::uninstall(tid, &mut proc.mem, &net),
+                None => Err(std::io::Error::other(
+                    "no thread of it is at a stop where a system call can be injected",
+                )),
+            };
+            if let Err(e) = result {
+                sink(TraceEvent::Notice(format!(
+                    "process {pid}: cannot give SIGTRAP back its own disposition: {e}; \
+                     pyprobe's handler stays and passes the program's own SIGTRAPs on as it set them"
+                )));
             }
+        }
+        for (pid, proc) in &mut self.procs {
             if let Err(e) = proc.patches.remove(&mut proc.mem, self.guardian.as_mut()) {
                 sink(TraceEvent::Notice(format!(
                     "process {pid}: restoring probe sites failed: {e}"
@@ -1113,7 +1338,7 @@ impl Engine {
         }
         for (&tid, thread) in &self.threads {
             let pending = match thread.state {
-                ThreadState::Stopped { pending } => pending,
+                ThreadState::Stopped { pending, .. } => pending,
                 _ => None,
             };
             let _ = ptrace::detach(Pid::from_raw(tid), pending);

@@ -1,14 +1,33 @@
-//! Making a stopped thread of the target run one system call for pyprobe: point
-//! its rip at a `syscall` instruction already in its memory, set the registers,
-//! single-step, read the result, and put every register back.
+//! Making a stopped thread of the target run one system call for pyprobe: point its
+//! rip at a `syscall` instruction already in its memory, set the registers, let it
+//! run exactly that call, read the result, and put every register back.
 //!
-//! Only at clean stops: an event stop, an interrupt stop, or a syscall-exit stop
-//! (at a syscall-entry stop the kernel would run the pending call with our arguments).
+//! The thread must be at a stop inside the kernel's signal path (an interrupt stop,
+//! a group-stop, or the signal-delivery stop of a hit pyprobe swallows): there the
+//! thread's own system call, if one was under way, has already been cut short with
+//! its restart code (`-ERESTART*`), and the kernel restarts it when the thread leaves
+//! the signal path with its registers back. An event stop (clone, fork, exec) is
+//! *inside* a system call: the call would finish after the injected registers were
+//! set and write its result over them, and the thread's own call would then return
+//! garbage (a `fork()` that made a child would report ENOSYS). The engine never
+//! injects there (see `Engine::clean_thread`).
+//!
+//! The call runs between a syscall-entry and a syscall-exit stop (PTRACE_SYSCALL),
+//! never by single-stepping: a single-step raises a forced SIGTRAP, and the kernel
+//! forcing a signal that the program ignores or blocks resets it to its default and
+//! unblocks it for good. After the exit stop an interrupt brings the thread back
+//! into the signal path, where its registers are restored, so the restart logic sees
+//! them exactly as at the original stop.
+//!
+//! A signal that arrives for the thread before the call runs is taken off (the
+//! thread must not run its handler with pyprobe's registers) and queued again to the
+//! same thread afterwards, by the thread itself, with its original `siginfo` (the
+//! kernel lets a thread queue any `siginfo` to itself, not to others).
 
 use std::io;
 
+use nix::errno::Errno;
 use nix::sys::ptrace;
-use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
@@ -17,6 +36,13 @@ use crate::process::memory::ProcessMemory;
 
 /// Most bytes of executable memory searched for an instruction.
 const MAX_SCAN: usize = 64 << 20;
+/// Most stops awaited for one injected call before giving up.
+const MAX_STOPS: usize = 64;
+/// Most signals held back during one injected call (queued again afterwards).
+const MAX_HELD: usize = 16;
+const SIGINFO_BYTES: usize = 128;
+/// Bytes below the stack pointer left alone: the red zone and a margin.
+const STACK_GAP: u64 = 128 + 512;
 
 /// Finds `pattern` in the process's executable mappings (the vdso first: it is always
 /// there and always has `syscall`).
@@ -44,15 +70,39 @@ pub fn find_code(pid: i32, mem: &ProcessMemory, pattern: &[u8]) -> Option<u64> {
     None
 }
 
+/// A signal taken off the thread during an injected call, to queue again.
+struct Held {
+    signal: i32,
+    info: [u8; SIGINFO_BYTES],
+}
+
 /// Runs `nr(args...)` in stopped thread `tid` using the `syscall` instruction at
-/// `syscall_insn`; returns the raw result (negative errno on failure).
+/// `syscall_insn`; returns the raw result (negative errno on failure). The thread is
+/// left at an interrupt stop with all its registers as they were.
 pub fn syscall(tid: i32, syscall_insn: u64, nr: i64, args: [u64; 6]) -> io::Result<i64> {
     let pid = Pid::from_raw(tid);
-    let saved = ptrace::getregs(pid).map_err(io::Error::from)?;
-    let mut regs = saved;
-    regs.rip = syscall_insn;
+    let saved = ptrace::getregs(pid).map_err(|e| ptrace_error(tid, "reading registers", e))?;
+    let mut held = Vec::new();
+    let result = run_one(tid, &saved, syscall_insn, nr, args, &mut held);
+    requeue(tid, &saved, syscall_insn, held);
+    result
+}
+
+/// One injected call; the registers are `saved` again whenever the thread is left
+/// stopped, whatever happened.
+fn run_one(
+    tid: i32,
+    saved: &libc::user_regs_struct,
+    insn: u64,
+    nr: i64,
+    args: [u64; 6],
+    held: &mut Vec<Held>,
+) -> io::Result<i64> {
+    let pid = Pid::from_raw(tid);
+    let mut regs = *saved;
+    regs.rip = insn;
     regs.rax = nr as u64;
-    // No syscall restart logic for the injected call.
+    // Not in a system call as far as the restart logic is concerned.
     regs.orig_rax = u64::MAX;
     regs.rdi = args[0];
     regs.rsi = args[1];
@@ -60,86 +110,184 @@ pub fn syscall(tid: i32, syscall_insn: u64, nr: i64, args: [u64; 6]) -> io::Resu
     regs.r10 = args[3];
     regs.r8 = args[4];
     regs.r9 = args[5];
-    ptrace::setregs(pid, regs).map_err(io::Error::from)?;
-    let mut held = Vec::new();
-    let result = step_over_syscall(pid, syscall_insn, &mut held);
-    let after = ptrace::getregs(pid);
-    // Whatever happened, the thread gets its own registers back. A thread stopped in
-    // an interrupted system call (rax = -ERESTART*, orig_rax = its number) has it
-    // restarted by the kernel's signal path when it resumes from this stop, exactly as
-    // it would have from the original one.
-    let restored = ptrace::setregs(pid, saved).map_err(io::Error::from);
-    // Signals that arrived during the step were held back (delivering them would
-    // have stopped the step short, for ever with SIGSTOP): queue them again now,
-    // with the thread's own registers back.
-    for sig in held {
-        let _ = nix::sys::signal::kill(pid, sig);
-    }
-    restored?;
-    result?;
-    let after = after.map_err(io::Error::from)?;
-    if after.rip != syscall_insn + 2 {
-        return Err(io::Error::other(format!(
-            "thread {tid}: injected system call at {syscall_insn:#x} ended at {:#x}, not after the \
-             instruction (thread was at {:#x}, orig_rax {:#x}, rax {:#x})",
-            after.rip,
-            saved.rip,
-            saved.orig_rax,
-            saved.rax
-        )));
-    }
-    Ok(after.rax as i64)
+    ptrace::setregs(pid, regs).map_err(|e| ptrace_error(tid, "setting registers", e))?;
+    let outcome = drive(tid, insn, held);
+    // Back at a stop in the signal path (or ended): the thread's own registers.
+    let restored = ptrace::setregs(pid, *saved);
+    let result = outcome?;
+    restored.map_err(|e| ptrace_error(tid, "restoring registers", e))?;
+    Ok(result)
 }
 
-/// Single-steps until the instruction at `insn` has run. A SIGTRAP stop reported
-/// before it ran (rip still at `insn`: a trap left pending from an earlier stop) just
-/// means: step again. Any other signal is held back in `held` (suppressed now, for
-/// the caller to queue again). Whatever the outcome, the thread is left stopped:
-/// never running with the injected registers.
-fn step_over_syscall(pid: Pid, insn: u64, held: &mut Vec<Signal>) -> io::Result<()> {
-    ptrace::step(pid, None).map_err(io::Error::from)?;
-    for _ in 0..100 {
-        match waitpid(pid, Some(WaitPidFlag::__WALL)) {
-            Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => {
-                let rip = ptrace::getregs(pid).map_err(io::Error::from)?.rip;
-                if rip != insn {
-                    return Ok(());
+/// Where the injected call is.
+#[derive(PartialEq)]
+enum Phase {
+    /// Not entered yet.
+    Before,
+    /// Entered; the exit stop comes next.
+    Inside,
+    /// Done (`result`); waiting for the interrupt stop in the signal path.
+    After,
+}
+
+fn drive(tid: i32, insn: u64, held: &mut Vec<Held>) -> io::Result<i64> {
+    let pid = Pid::from_raw(tid);
+    let mut phase = Phase::Before;
+    let mut result = 0i64;
+    ptrace::syscall(pid, None).map_err(|e| ptrace_error(tid, "resuming", e))?;
+    for _ in 0..MAX_STOPS {
+        let status = match waitpid(pid, Some(WaitPidFlag::__WALL)) {
+            Ok(s) => s,
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(ptrace_error(tid, "waiting", e)),
+        };
+        match status {
+            WaitStatus::PtraceSyscall(_) => match phase {
+                Phase::Before => {
+                    let at = ptrace::getregs(pid).map_err(|e| ptrace_error(tid, "reading", e))?;
+                    if at.rip != insn + 2 {
+                        // Not our call: the thread ran code it should not have.
+                        return Err(io::Error::other(format!(
+                            "thread {tid}: a system call stop at {:#x}, not at the injected \
+                             call at {insn:#x}",
+                            at.rip
+                        )));
+                    }
+                    phase = Phase::Inside;
+                    ptrace::syscall(pid, None).map_err(|e| ptrace_error(tid, "resuming", e))?;
                 }
-            }
-            Ok(WaitStatus::Stopped(_, sig)) => {
-                if !held.contains(&sig) {
-                    held.push(sig);
+                Phase::Inside => {
+                    let at = ptrace::getregs(pid).map_err(|e| ptrace_error(tid, "reading", e))?;
+                    result = at.rax as i64;
+                    phase = Phase::After;
+                    // Back into the signal path before user mode: an interrupt is
+                    // taken on the way out of the system call.
+                    ptrace::interrupt(pid).map_err(|e| ptrace_error(tid, "interrupting", e))?;
+                    ptrace::cont(pid, None).map_err(|e| ptrace_error(tid, "resuming", e))?;
                 }
+                Phase::After => {
+                    ptrace::cont(pid, None).map_err(|e| ptrace_error(tid, "resuming", e))?;
+                }
+            },
+            WaitStatus::PtraceEvent(_, _, event) if event == libc::PTRACE_EVENT_STOP => {
+                if phase == Phase::After {
+                    return Ok(result);
+                }
+                // A stale interrupt, or the thread taking part in a group-stop that
+                // was under way: on to the call.
+                ptrace::syscall(pid, None).map_err(|e| ptrace_error(tid, "resuming", e))?;
             }
-            Ok(WaitStatus::PtraceEvent(..)) | Ok(WaitStatus::PtraceSyscall(_)) => {}
-            Ok(other) => {
-                return Err(io::Error::other(format!(
-                    "thread ended during an injected call: {other:?}"
-                )))
+            WaitStatus::Stopped(_, sig) => {
+                // A signal on its way to the thread: hold it back now, queue it again
+                // once the thread has its registers back.
+                let info = siginfo(tid).unwrap_or([0; SIGINFO_BYTES]);
+                if held.len() < MAX_HELD {
+                    held.push(Held {
+                        signal: sig as i32,
+                        info,
+                    });
+                }
+                let resume = if phase == Phase::After {
+                    ptrace::cont(pid, None)
+                } else {
+                    ptrace::syscall(pid, None)
+                };
+                resume.map_err(|e| ptrace_error(tid, "resuming", e))?;
             }
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-        // Stopped: step on (a held signal is not delivered).
-        if let Err(e) = ptrace::step(pid, None) {
-            return Err(e.into());
+            WaitStatus::PtraceEvent(..) => {
+                // No other event comes out of the calls pyprobe injects.
+                let resume = if phase == Phase::After {
+                    ptrace::cont(pid, None)
+                } else {
+                    ptrace::syscall(pid, None)
+                };
+                resume.map_err(|e| ptrace_error(tid, "resuming", e))?;
+            }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("thread {tid} ended during an injected system call: {other:?}"),
+                ))
+            }
         }
     }
-    // Still stepping after all that: stop it before anyone restores its registers.
+    // Still not back after all that: stop it before anyone restores its registers.
     let _ = ptrace::interrupt(pid);
     loop {
         match waitpid(pid, Some(WaitPidFlag::__WALL)) {
-            Ok(WaitStatus::Stopped(_, sig)) if sig != Signal::SIGTRAP => {
-                if !held.contains(&sig) {
-                    held.push(sig);
+            Err(Errno::EINTR) => continue,
+            Ok(WaitStatus::Stopped(_, sig)) => {
+                if held.len() < MAX_HELD {
+                    held.push(Held {
+                        signal: sig as i32,
+                        info: siginfo(tid).unwrap_or([0; SIGINFO_BYTES]),
+                    });
                 }
                 break;
             }
-            Ok(WaitStatus::Stopped(..)) | Ok(WaitStatus::PtraceEvent(..)) => break,
-            Ok(WaitStatus::PtraceSyscall(_)) => break,
-            Err(nix::errno::Errno::EINTR) => continue,
             _ => break,
         }
     }
-    Err(io::Error::other("injected system call did not complete"))
+    Err(io::Error::other(format!(
+        "thread {tid}: the injected system call did not complete within {MAX_STOPS} stops"
+    )))
+}
+
+/// Queues the held signals again to `tid`, each with its own `siginfo`, through an
+/// injected `rt_tgsigqueueinfo` to itself; `tgkill` from pyprobe if that fails
+/// (same signal, pyprobe as its sender).
+fn requeue(tid: i32, saved: &libc::user_regs_struct, insn: u64, mut held: Vec<Held>) {
+    let tgid = tgid_of(tid).unwrap_or(tid);
+    let scratch = (saved.rsp.wrapping_sub(STACK_GAP + SIGINFO_BYTES as u64)) & !15;
+    let mut rounds = 0;
+    while let Some(h) = held.pop() {
+        rounds += 1;
+        let queued = rounds <= MAX_HELD
+            && ProcessMemory::new(tgid).write(scratch, &h.info).is_ok()
+            && run_one(
+                tid,
+                saved,
+                insn,
+                libc::SYS_rt_tgsigqueueinfo,
+                [tgid as u64, tid as u64, h.signal as u64, scratch, 0, 0],
+                &mut held,
+            )
+            .is_ok_and(|r| r == 0);
+        if !queued {
+            // SAFETY: plain system call on integer arguments.
+            unsafe { libc::syscall(libc::SYS_tgkill, tgid, tid, h.signal) };
+        }
+    }
+}
+
+fn siginfo(tid: i32) -> Option<[u8; SIGINFO_BYTES]> {
+    let mut info = [0u8; SIGINFO_BYTES];
+    // SAFETY: the kernel writes one siginfo_t (128 bytes) into the buffer.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETSIGINFO,
+            tid,
+            std::ptr::null_mut::<libc::c_void>(),
+            info.as_mut_ptr(),
+        )
+    };
+    (r == 0).then_some(info)
+}
+
+fn tgid_of(tid: i32) -> Option<i32> {
+    crate::process::status::ProcessStatus::read(tid)
+        .ok()
+        .map(|s| s.tgid)
+}
+
+fn ptrace_error(tid: i32, what: &str, e: Errno) -> io::Error {
+    let kind = if e == Errno::ESRCH {
+        io::ErrorKind::NotFound
+    } else {
+        io::ErrorKind::Other
+    };
+    io::Error::new(
+        kind,
+        format!("thread {tid}: {what} for an injected system call: {e}"),
+    )
 }

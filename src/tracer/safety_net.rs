@@ -1,41 +1,31 @@
-//! A SIGTRAP safety net in the target, for the moment pyprobe might die.
+//! Putting the SIGTRAP net (see [`crate::ring::trapnet`]) into a stopped process
+//! and taking it out again, through system calls injected in a thread at a clean stop.
 //!
-//! While pyprobe traces, every `int3` stops the thread and pyprobe swallows the
-//! SIGTRAP. If pyprobe is killed (SIGKILL), the kernel detaches the target with the
-//! `int3`s still in place; the guardian puts the bytes back, but a running thread can
-//! reach a site first, and SIGTRAP's default action would kill the target. So, while
-//! tracing, the target's SIGTRAP disposition is a handler that does nothing: a hit
-//! without a tracer then costs a signal delivery and resumes right after the `int3`,
-//! which is exactly past the `nop` it replaced. The handler lives on a page pyprobe
-//! maps into the target; on a clean exit the original disposition comes back and the
-//! page is unmapped. Installed only when the target has SIGTRAP at its default.
+//! While pyprobe has `int3`s in a process, the process's SIGTRAP disposition is the
+//! net's handler standing in for whatever the program set (default, ignored, or a
+//! handler of its own): pyprobe's traps are told apart and swallowed, the program's
+//! own SIGTRAPs get the program's disposition. On a clean exit the program's
+//! disposition comes back, unless the program set another one meanwhile: then that
+//! one stays. The page stays mapped (a signal frame may still return through its
+//! restorer); a later attach finds it by its marker and reuses it.
 
 use std::io;
 
+use crate::process::maps::read_maps;
 use crate::process::memory::ProcessMemory;
+use crate::ring::trapnet::{self, KernelSigaction, PAGE_SIZE};
 
 use super::inject::{find_code, syscall};
 
-const SYS_MMAP: i64 = 9;
-const SYS_MUNMAP: i64 = 11;
-const SYS_RT_SIGACTION: i64 = 13;
-const SA_RESTORER: u64 = 0x0400_0000;
-const SA_RESTART: u64 = 0x1000_0000;
-const SA_NODEFER: u64 = 0x4000_0000;
 const SIGTRAP: u64 = 5;
-/// `ret` at offset 0 (the handler), `mov $15, %rax; syscall` (rt_sigreturn) at 8.
-const PAGE_CODE: [u8; 17] = [
-    0xc3, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f,
-    0x05,
-];
 
-/// What was installed in one process image, to undo on a clean exit.
+/// The net as installed in one process image.
 #[derive(Debug, Clone, Copy)]
 pub struct SafetyNet {
-    page: u64,
+    pub page: u64,
     syscall_insn: u64,
-    /// The original `struct sigaction` (kernel layout: handler, flags, restorer, mask).
-    original: [u64; 4],
+    /// The program's own disposition the net stands in for.
+    pub original: KernelSigaction,
 }
 
 /// Where to put a `struct sigaction` for the kernel to read: below the stopped
@@ -43,114 +33,141 @@ pub struct SafetyNet {
 fn scratch(tid: i32) -> io::Result<u64> {
     let regs =
         nix::sys::ptrace::getregs(nix::unistd::Pid::from_raw(tid)).map_err(io::Error::from)?;
-    Ok((regs.rsp - 128 - 256) & !15)
-}
-
-fn write_action(mem: &mut ProcessMemory, at: u64, action: &[u64; 4]) -> io::Result<()> {
-    let mut bytes = [0u8; 32];
-    for (i, v) in action.iter().enumerate() {
-        bytes[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
-    }
-    mem.write(at, &bytes)
-}
-
-fn read_action(mem: &ProcessMemory, at: u64) -> io::Result<[u64; 4]> {
-    let mut bytes = [0u8; 32];
-    mem.read(at, &mut bytes)?;
-    let mut out = [0u64; 4];
-    for (i, v) in out.iter_mut().enumerate() {
-        *v = u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-    }
-    Ok(out)
+    Ok((regs.rsp - 128 - 512) & !15)
 }
 
 fn check(result: i64, what: &str) -> io::Result<i64> {
     if (-4095..0).contains(&result) {
-        Err(io::Error::from_raw_os_error(-result as i32))
-            .map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))
+        let e = io::Error::from_raw_os_error(-result as i32);
+        Err(io::Error::new(e.kind(), format!("{what}: {e}")))
     } else {
         Ok(result)
     }
 }
 
-/// Installs the net through stopped thread `tid`. `Ok(None)`: the target handles
-/// SIGTRAP itself (its handler is left alone).
-pub fn install(tid: i32, mem: &mut ProcessMemory) -> io::Result<Option<SafetyNet>> {
-    let pid = mem.pid();
-    let syscall_insn = find_code(pid, mem, &[0x0f, 0x05])
-        .ok_or_else(|| io::Error::other("no `syscall` instruction found in the target"))?;
-    let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
-    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-    let page = check(
-        syscall(
-            tid,
-            syscall_insn,
-            SYS_MMAP,
-            [0, 4096, prot, flags, u64::MAX, 0],
-        )?,
-        "mmap",
-    )? as u64;
-    let result = (|| {
-        // /proc/PID/mem writes reach read-only pages (as debuggers' breakpoints do).
-        mem.write(page, &PAGE_CODE)?;
-        let at = scratch(tid)?;
-        let action = [page, SA_RESTORER | SA_RESTART | SA_NODEFER, page + 8, 0];
-        write_action(mem, at, &action)?;
-        check(
-            syscall(
-                tid,
-                syscall_insn,
-                SYS_RT_SIGACTION,
-                [SIGTRAP, at, at + 32, 8, 0, 0],
-            )?,
-            "rt_sigaction",
-        )?;
-        let original = read_action(mem, at + 32)?;
-        Ok::<_, io::Error>(original)
-    })();
-    let original = match result {
-        Ok(o) => o,
-        Err(e) => {
-            let _ = syscall(tid, syscall_insn, SYS_MUNMAP, [page, 4096, 0, 0, 0, 0]);
-            return Err(e);
+/// The disposition SIGTRAP has now in the process of stopped thread `tid`.
+fn current(tid: i32, insn: u64, mem: &ProcessMemory) -> io::Result<KernelSigaction> {
+    let at = scratch(tid)?;
+    check(
+        syscall(tid, insn, libc::SYS_rt_sigaction, [SIGTRAP, 0, at, 8, 0, 0])?,
+        "rt_sigaction (reading SIGTRAP's disposition)",
+    )?;
+    let mut bytes = [0u8; KernelSigaction::BYTES];
+    mem.read(at, &mut bytes)?;
+    Ok(KernelSigaction::from_bytes(&bytes))
+}
+
+fn set(tid: i32, insn: u64, mem: &mut ProcessMemory, action: KernelSigaction) -> io::Result<()> {
+    let at = scratch(tid)?;
+    mem.write(at, &action.to_bytes())?;
+    check(
+        syscall(tid, insn, libc::SYS_rt_sigaction, [SIGTRAP, at, 0, 8, 0, 0])?,
+        "rt_sigaction",
+    )?;
+    Ok(())
+}
+
+/// Net pages left in the process by an earlier pyprobe: anonymous executable
+/// one-page mappings carrying the marker, with the disposition each recorded.
+fn earlier_pages(mem: &ProcessMemory) -> Vec<(u64, KernelSigaction)> {
+    let Ok(maps) = read_maps(mem.pid()) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for m in maps
+        .iter()
+        .filter(|m| m.executable && m.inode == 0 && m.end - m.start == PAGE_SIZE as u64)
+        .take(256)
+    {
+        if mem.read(m.start, &mut buf).is_ok() {
+            if let Some(original) = trapnet::parse_page(&buf) {
+                found.push((m.start, original));
+            }
         }
+    }
+    found
+}
+
+/// Installs the net through stopped thread `tid` (at a clean stop), for the
+/// process's probe `sites`.
+pub fn install(tid: i32, mem: &mut ProcessMemory, sites: &[u64]) -> io::Result<SafetyNet> {
+    let pid = mem.pid();
+    let insn = find_code(pid, mem, &[0x0f, 0x05])
+        .ok_or_else(|| io::Error::other("no `syscall` instruction found in the target"))?;
+    let now = current(tid, insn, mem)?;
+    let earlier = earlier_pages(mem);
+    // An earlier pyprobe's net still in place (it was killed): the program's own
+    // disposition is the one that net recorded.
+    let (page, original) = match earlier.iter().find(|(page, _)| now.handler == *page) {
+        Some(&(page, original)) => (page, original),
+        None => match earlier.first() {
+            Some(&(page, _)) => (page, now),
+            None => {
+                let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
+                let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+                let page = check(
+                    syscall(
+                        tid,
+                        insn,
+                        libc::SYS_mmap,
+                        [0, PAGE_SIZE as u64, prot, flags, u64::MAX, 0],
+                    )?,
+                    "mmap",
+                )? as u64;
+                (page, now)
+            }
+        },
     };
     let net = SafetyNet {
         page,
-        syscall_insn,
+        syscall_insn: insn,
         original,
     };
-    if original[0] != 0 {
-        // SIG_IGN or the target's own handler: give it back and do without the net.
-        uninstall(tid, mem, &net)?;
-        return Ok(None);
-    }
-    Ok(Some(net))
+    write_page(mem, &net, sites)?;
+    set(tid, insn, mem, trapnet::net_action(page, original))?;
+    Ok(net)
 }
 
-/// Puts the original SIGTRAP disposition back and unmaps the page. Safe while
-/// traced: no thread can be inside the handler, since pyprobe swallows every SIGTRAP
-/// of its own sites before it is delivered.
+/// Writes the page for `sites` (the same code; only the table changes). No thread
+/// runs the handler meanwhile: every one is stopped, or the program's own trap
+/// would be what brought it there, and that path reads no table.
+pub fn write_page(mem: &mut ProcessMemory, net: &SafetyNet, sites: &[u64]) -> io::Result<()> {
+    let bytes = trapnet::build_page(net.page, net.original, sites).map_err(io::Error::other)?;
+    // /proc/PID/mem writes reach read-only private pages (as debuggers' breakpoints do).
+    mem.write(net.page, &bytes)
+}
+
+/// Gives SIGTRAP back the program's disposition through stopped thread `tid` (at a
+/// clean stop), unless the program replaced the net meanwhile: its choice stays.
 pub fn uninstall(tid: i32, mem: &mut ProcessMemory, net: &SafetyNet) -> io::Result<()> {
-    let at = scratch(tid)?;
-    write_action(mem, at, &net.original)?;
-    check(
-        syscall(
-            tid,
-            net.syscall_insn,
-            SYS_RT_SIGACTION,
-            [SIGTRAP, at, 0, 8, 0, 0],
-        )?,
-        "rt_sigaction",
-    )?;
-    check(
-        syscall(
-            tid,
-            net.syscall_insn,
-            SYS_MUNMAP,
-            [net.page, 4096, 0, 0, 0, 0],
-        )?,
-        "munmap",
-    )?;
-    Ok(())
+    let now = current(tid, net.syscall_insn, mem)?;
+    if now.handler == net.page {
+        set(tid, net.syscall_insn, mem, net.original)?;
+    }
+    // No site of pyprobe's is left: a trap at one of those addresses is not its own.
+    write_page(mem, net, &[])
+}
+
+/// Threads of `pid` that block SIGTRAP: a probe hit in such a thread makes the kernel
+/// unblock it and reset SIGTRAP to its default (a forced signal), which pyprobe
+/// cannot undo.
+pub fn threads_blocking_sigtrap(pid: i32) -> Vec<i32> {
+    let Ok(tids) = crate::process::status::thread_ids(pid) else {
+        return Vec::new();
+    };
+    tids.into_iter()
+        .filter(|tid| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+                .ok()
+                .and_then(|text| {
+                    text.lines()
+                        .find_map(|l| l.strip_prefix("SigBlk:"))
+                        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                })
+                // A mask with every signal blocked is a passing state (a thread
+                // being created, a handler running), not a choice about SIGTRAP.
+                .is_some_and(|mask| mask & (1 << (SIGTRAP - 1)) != 0 && mask.count_ones() < 60)
+        })
+        .collect()
 }

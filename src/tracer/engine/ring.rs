@@ -82,7 +82,7 @@ impl Engine {
             .threads
             .values()
             .filter(|t| t.tgid == pid)
-            .all(|t| matches!(t.state, ThreadState::Stopped { pending: None }));
+            .all(|t| matches!(t.state, ThreadState::Stopped { .. }));
         match clean_stop {
             Some(tid) if all_stopped => self.ring_upgrade(pid, tid, sink),
             _ => {
