@@ -53,7 +53,20 @@ pub struct Hit<'a> {
     buffers: &'a HitBuffers,
 }
 
-impl Hit<'_> {
+impl<'a> Hit<'a> {
+    /// The same hit, stamped at `ts_ns`.
+    pub fn at(&self, ts_ns: u64) -> Hit<'a> {
+        Hit {
+            pid: self.pid,
+            tid: self.tid,
+            ts_ns,
+            probe: self.probe,
+            probe_name: self.probe_name,
+            args: self.args,
+            buffers: self.buffers,
+        }
+    }
+
     /// String argument `i`: the text read at its pointer (bounded), if it is a
     /// string argument and could be read.
     pub fn string(&self, i: usize) -> Option<&str> {
@@ -965,6 +978,17 @@ impl Engine {
             // window is closed, so this hit is not recorded.
             return true;
         }
+        // What was deferred to the first hit (the SIGTRAP net, the ring) is set up
+        // before the hit is stamped: pyprobe's own time is in no call or pause.
+        if proc.net_pending {
+            if let Some(proc) = self.procs.get_mut(&tgid) {
+                Self::install_net(proc, tgid, tid, sink);
+            }
+        }
+        self.ring_at_hit(tgid, tid, sink);
+        let Some(proc) = self.procs.get(&tgid) else {
+            return true;
+        };
         let ts_ns = monotonic_ns();
         let probe = &proc.patches.set.probes[pi];
         let site = &probe.sites[si];
@@ -972,7 +996,6 @@ impl Engine {
         self.hit_buffers
             .decode(probe, site, &regs, &proc.mem, &symbols);
         self.hits += 1;
-        let net_pending = proc.net_pending;
         sink(TraceEvent::Hit(Hit {
             pid: tgid,
             tid,
@@ -982,13 +1005,6 @@ impl Engine {
             args: &self.hit_buffers.args,
             buffers: &self.hit_buffers,
         }));
-        if net_pending {
-            // A hit is a clean stop: the first one arms the safety net deferred at start-up.
-            if let Some(proc) = self.procs.get_mut(&tgid) {
-                Self::install_net(proc, tgid, tid, sink);
-            }
-        }
-        self.ring_at_hit(tgid, tid, sink);
         true
     }
 

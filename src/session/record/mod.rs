@@ -24,6 +24,9 @@ use events::EventBuilder;
 use resolver::{needs_context_stacks, Chosen, Mode, PythonResolver, CONTEXT_PROBES};
 use sampler::Sampler;
 
+/// Probes whose event opens a pause that a later probe closes.
+const OPENING_PROBES: [&str; 2] = ["gc__start", "import__find__load__start"];
+
 /// What `pyprobe record` was asked to do (the CLI maps its flags onto this).
 #[derive(Debug, Clone, Default)]
 pub struct RecordRequest {
@@ -251,7 +254,11 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                 if explains {
                     sampler.context(hit.pid, hit.tid, hit.ts_ns, &mut builder);
                 }
-                builder.hit(meaning, &hit);
+                // The thread was stopped before the collection or import began:
+                // it begins when the thread goes on, after pyprobe's stack read.
+                let opens_pause = explains && OPENING_PROBES.contains(&meaning.name);
+                let ts_ns = if opens_pause { monotonic_ns() } else { hit.ts_ns };
+                builder.hit(meaning, &hit.at(ts_ns));
             }
         }
         TraceEvent::ThreadStart { tid, ts_ns, .. } => builder.write(tid, ts_ns, EventKind::ThreadStart),
