@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The test command: fetch the test interpreters (cached), build the C fixtures, check
-# formatting and lints, then run every test against real processes.
+# The test command: set the machine up for the tests where something is missing
+# (Debian packages, the unprivileged test user), fetch the test interpreters
+# (cached), build the C fixtures, check formatting and lints, then run every test
+# against real processes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+scripts/setup-test-machine.sh
 scripts/fetch-pythons.sh
 scripts/build-fixtures.sh
 
