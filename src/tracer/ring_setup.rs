@@ -16,6 +16,7 @@ use memmap2::MmapMut;
 
 use crate::process::maps::{read_maps, MapEntry};
 use crate::process::memory::ProcessMemory;
+use crate::ring::region::{self, RegionHeader, RegionSite};
 use crate::ring::{
     build_trampoline, init_ring, plans_overlap, qualify_site, ring_bytes, BranchTargets,
     RingReader, SitePlan, ThreadIdSource, TrampolineParams,
@@ -199,7 +200,7 @@ pub fn setup(
         let segment = &maps[index];
         let result = patch_segment(
             &inj,
-            ring_addr,
+            (ring_addr, bytes),
             segment,
             &maps,
             &sites,
@@ -230,7 +231,7 @@ pub fn setup(
 #[allow(clippy::too_many_arguments)]
 fn patch_segment(
     inj: &Injector,
-    ring_addr: u64,
+    (ring_addr, ring_len): (u64, u64),
     segment: &MapEntry,
     maps: &[MapEntry],
     sites: &[u64],
@@ -265,6 +266,10 @@ fn patch_segment(
             Ok(plan) if plans.iter().any(|p| plans_overlap(p, &plan)) => {
                 refused.push((addr, "overlaps another patched site".into()))
             }
+            Ok(_) if plans.len() == region::MAX_SITES => refused.push((
+                addr,
+                format!("one region serves at most {} sites", region::MAX_SITES),
+            )),
             Ok(plan) => plans.push(plan),
             Err(why) => refused.push((addr, why.to_string())),
         }
@@ -272,7 +277,9 @@ fn patch_segment(
     if plans.is_empty() {
         return Ok(());
     }
-    let size = (plans.len() as u64 * STRIDE).div_ceil(PAGE) * PAGE;
+    // The header first (see `ring::region`), then the trampolines.
+    let span = region::encoded_len(plans.len()).next_multiple_of(64) as u64;
+    let size = (span + plans.len() as u64 * STRIDE).div_ceil(PAGE) * PAGE;
     let region = place_region(inj, maps, segment, size)?;
     let symbols = |name: &str| patches.set.symbol(name);
     let mut built = Vec::new();
@@ -287,7 +294,7 @@ fn patch_segment(
             string_args: &probe.string_args,
             ring_addr,
             capacity: CAPACITY,
-            tramp_addr: region + k as u64 * STRIDE,
+            tramp_addr: region + span + k as u64 * STRIDE,
             tag_addr: ring.tag_addr,
             thread_id: ThreadIdSource::FsSelfPointer,
             symbols: &symbols,
@@ -301,6 +308,27 @@ fn patch_segment(
             Err(e) => refused.push((plan.site(), e.to_string())),
         }
     }
+    // Every trampoline written is listed, before any site jumps to one: a later
+    // pyprobe then recognises each jump left behind (one not patched in the end is
+    // listed harmlessly: only a site holding the exact jump is ever taken over).
+    let header = RegionHeader {
+        region_len: size,
+        ring_addr,
+        ring_len,
+        tag_addr: ring.tag_addr,
+        sites: built
+            .iter()
+            .map(|(plan, t, _, _)| RegionSite {
+                site: plan.site(),
+                tramp: t.addr,
+                original: plan.original().to_vec(),
+            })
+            .collect(),
+    };
+    let header = header
+        .encode()
+        .map_err(|e| anyhow!("trampoline region header: {e}"))?;
+    mem.write(region, &header)?;
     inj.call(
         "mprotect",
         libc::SYS_mprotect,
