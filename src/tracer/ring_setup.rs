@@ -352,11 +352,11 @@ fn patch_segment(
             refused.push((plan.site(), "a thread is inside the displaced bytes".into()));
             continue;
         }
-        // Out of the int3 bookkeeping first: if pyprobe dies now, the guardian must
-        // not write a nop into the middle of the jump (the int3 left meanwhile is
-        // caught by the SIGTRAP safety net).
+        // The guardian learns the jump and the bytes under it before it is written:
+        // if pyprobe dies now, it puts back the original bytes (never a lone nop
+        // into the middle of the jump), whichever of int3 or jump it finds.
         if let Some(g) = guard.as_deref_mut() {
-            g.tell(Op::SiteRestored, mem.pid(), plan.site())?;
+            g.tell_ring_site(mem.pid(), plan.site(), plan.original(), &t.patch)?;
         }
         patches.take_site(plan.site());
         mem.write(plan.site(), &t.patch)?;
@@ -416,7 +416,11 @@ fn place_region(inj: &Injector, maps: &[MapEntry], segment: &MapEntry, size: u64
 
 /// Takes the ring's sites out of `pid` (every thread stopped, none inside a
 /// trampoline): the original bytes go back where the patch still stands.
-pub fn restore(mem: &mut ProcessMemory, ring: &RingProc) -> io::Result<usize> {
+pub fn restore(
+    mem: &mut ProcessMemory,
+    ring: &RingProc,
+    mut guard: Option<&mut Guardian>,
+) -> io::Result<usize> {
     let mut restored = 0;
     let mut first_error = None;
     for (&addr, site) in &ring.sites {
@@ -431,7 +435,12 @@ pub fn restore(mem: &mut ProcessMemory, ring: &RingProc) -> io::Result<usize> {
             }
         });
         match result {
-            Ok(()) => restored += 1,
+            Ok(()) => {
+                restored += 1;
+                if let Some(g) = guard.as_deref_mut() {
+                    let _ = g.tell(Op::SiteRestored, mem.pid(), addr);
+                }
+            }
             Err(e) => {
                 first_error.get_or_insert(e);
             }

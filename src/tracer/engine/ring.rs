@@ -336,7 +336,7 @@ impl Engine {
                 // A thread inside a trampoline finishes it and jumps back to an
                 // instruction boundary of the original code: restoring is safe
                 // under it. Its record, if unpublished, is counted lost.
-                if let Err(e) = ring_setup::restore(&mut proc.mem, ring) {
+                if let Err(e) = ring_setup::restore(&mut proc.mem, ring, self.guardian.as_mut()) {
                     sink(TraceEvent::Notice(format!(
                         "ring engine in process {pid}: restoring probe sites: {e}"
                     )));
