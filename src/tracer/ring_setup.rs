@@ -490,9 +490,10 @@ pub struct Leftovers {
 const MAX_REGION_PAGES: u64 = region::MAX_REGION_LEN / PAGE;
 
 impl Leftovers {
-    /// Puts the original bytes back at `site`, whose byte is `found`, if it holds a
-    /// jump into a region of pyprobe's trampolines whose header lists it. Returns
-    /// why not otherwise: the site is then left as it is.
+    /// Puts the original bytes back at `site` (one of the object's probe sites: the
+    /// caller's), whose byte is `found`, if it holds a jump into a region of
+    /// pyprobe's trampolines whose header lists it. Returns why not otherwise: the
+    /// site is then left as it is.
     pub fn take_over(
         &mut self,
         mem: &mut ProcessMemory,
