@@ -155,8 +155,8 @@ struct Undo {
     /// `/proc/PID/mem`, opened while the tracer is alive so that undoing costs only
     /// reads and writes when every microsecond counts.
     mem: Option<File>,
-    /// The process's start time when `mem` was opened: its pid is not reused by
-    /// another process the guardian would then stop.
+    /// The process's start time when `mem` was opened, so that the guardian never
+    /// stops another process that got the same pid since.
     started: Option<u64>,
 }
 
@@ -358,7 +358,10 @@ fn restore_ring(pid: i32, undo: &Undo) -> (usize, Option<(usize, String)>) {
     let Some(mem) = &undo.mem else {
         return (0, Some((all, "its memory could not be opened".into())));
     };
-    if start_time(pid) != undo.started || undo.started.is_none() {
+    let Some(started) = undo.started else {
+        return (0, Some((all, "its start time could not be read".into())));
+    };
+    if start_time(pid) != Some(started) {
         return (0, None); // exited: nothing left to restore
     }
     let held = match hold(pid, Instant::now() + HOLD_LIMIT) {
