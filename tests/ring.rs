@@ -145,7 +145,8 @@ fn the_target_survives_pyprobe_killed_while_the_ring_serves_it() {
         std::thread::sleep(Duration::from_millis(100 + run * 90));
         tracer.signal(libc::SIGKILL);
         let _ = tracer.wait(Duration::from_secs(10));
-        // The guardian lowers the semaphores: the jumps stay, no longer reached.
+        // The guardian lowers the semaphores at once (the jumps, still valid, are no
+        // longer reached), then puts the original code back with the threads stopped.
         let lowered = wait_for(Duration::from_secs(2), || {
             sems.iter()
                 .all(|&s| read_target_memory(pid, s, 2) == [0, 0])

@@ -30,6 +30,7 @@ use iced_x86::{BlockEncoderOptions, IcedError};
 use thiserror::Error;
 
 use super::layout::*;
+use super::region::jump_patch;
 use super::site::{SitePlan, Tail, PATCH_LEN};
 use crate::sdt::{ArgSpec, Displacement, MemOperand, Operand, RegFamily, RegWidth, Register};
 
@@ -269,18 +270,13 @@ pub fn build_trampoline(
     })
 }
 
-/// `jmp rel32` from the site to `tramp`, padded with `int3` to the plan's length.
+/// `jmp rel32` from the site to `tramp`, padded with `int3` to the plan's length
+/// (the form a later pyprobe recognises, see [`super::region`]).
 fn patch_bytes(plan: &SitePlan, tramp: u64) -> Result<Vec<u8>, CodegenError> {
-    let from = plan.site().wrapping_add(PATCH_LEN as u64);
-    let rel = i32::try_from(tramp.wrapping_sub(from) as i64).map_err(|_| CodegenError::TooFar {
+    jump_patch(plan.site(), tramp, plan.len().max(PATCH_LEN)).ok_or(CodegenError::TooFar {
         site: plan.site(),
         tramp,
-    })?;
-    let mut patch = Vec::with_capacity(plan.len());
-    patch.push(0xe9);
-    patch.extend_from_slice(&rel.to_le_bytes());
-    patch.resize(plan.len().max(PATCH_LEN), 0xcc);
-    Ok(patch)
+    })
 }
 
 /// Reserves a slot: on success r10 = index and r8 = slot address; on

@@ -12,7 +12,9 @@
 //! * [`consumer`]: [`RingReader`], which validates and drains a ring;
 //! * [`branches`]: [`BranchTargets`], direct branch targets of a segment;
 //! * [`site`]: [`qualify_site`], whether and how a site can be patched;
-//! * [`codegen`]: [`build_trampoline`], the trampoline's machine code and the site patch.
+//! * [`codegen`]: [`build_trampoline`], the trampoline's machine code and the site patch;
+//! * [`region`]: [`RegionHeader`], the header of a trampoline region, which
+//!   lets a later pyprobe recognise and undo the jumps of one that died.
 //!
 //! Injecting the trampolines, mapping the ring and patching sites through
 //! ptrace is the engine's job. What it must hold to:
@@ -37,7 +39,16 @@
 //!   patch, write the original bytes back. Threads already inside a
 //!   trampoline ([`Trampoline::contains`]) finish it and jump back to
 //!   `site + len`, an instruction boundary of the original code, so restoring
-//!   under them is safe; unmapping is not. A thread interrupted by a signal
+//!   under them is safe; unmapping is not. A thread *entering* the site
+//!   while it is rewritten is not safe whatever the order of the writes: the
+//!   jump's displacement is bytes 1-4, so rewriting them under the `0xe9`
+//!   sends it to a torn address, and changing the first byte first (to the
+//!   `nop`, or an `int3` whose handler resumes at `site + 1`) runs the
+//!   displacement as code. Hence every thread stopped, for any rewrite.
+//! * **Header.** A region starts on a page with a [`RegionHeader`] listing
+//!   each site it serves and the original bytes, so a pyprobe that finds a
+//!   jump left at a site by one that died can check it is pyprobe's and undo
+//!   it. Write it before the first site jumps to the region. A thread interrupted by a signal
 //!   inside a trampoline keeps that rip in its signal frame, where ptrace
 //!   does not show it: unless that can be ruled out, leave trampoline pages
 //!   and the ring mapped in the target after detaching.
@@ -50,6 +61,7 @@ pub mod branches;
 pub mod codegen;
 pub mod consumer;
 pub mod layout;
+pub mod region;
 pub mod site;
 pub mod trapnet;
 
@@ -62,4 +74,5 @@ pub use branches::BranchTargets;
 pub use codegen::{build_trampoline, CodegenError, ThreadIdSource, Trampoline, TrampolineParams};
 pub use consumer::{DrainStop, Drained, RingReader, RingRecord, RingString};
 pub use layout::{init_ring, ring_bytes, RingError};
+pub use region::{RegionError, RegionHeader, RegionSite};
 pub use site::{plans_overlap, qualify_site, thread_inside, SitePlan, SiteRefusal, Tail};

@@ -15,6 +15,9 @@ use super::branches::{direct_target, BranchTargets};
 
 /// Bytes the site patch (`jmp rel32`) needs.
 pub const PATCH_LEN: usize = 5;
+/// Most bytes a plan replaces: the `nop`, fewer than [`PATCH_LEN`] - 1 bytes
+/// of whole instructions, and one more instruction (at most 15 bytes).
+pub const MAX_PLAN_LEN: usize = PATCH_LEN - 1 + 15;
 
 /// Below this, addresses are never mapped (`vm.mmap_min_addr`); a displaced
 /// operand pointing there is refused because the assembler uses small

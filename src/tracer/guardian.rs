@@ -9,18 +9,38 @@
 //! `int3` (rip = site + 1, after the replaced `nop`) with its SIGTRAP discarded, so it
 //! is safe; the danger is a running thread reaching an `int3` after the kernel has
 //! detached it and before the guardian has restored the byte: that is the window.
+//!
+//! Ring sites (a `jmp rel32` to a trampoline) come last, and not with the threads
+//! running: a thread entering a site while its bytes change would run a torn jump,
+//! whatever the order of the writes (see `ring`, "Restoring"). Left in place a jump
+//! is harmless (its trampoline and ring stay mapped; a full ring only counts losses),
+//! so the guardian stops every thread of the process with ptrace, now that the
+//! tracer's link is gone, writes the original bytes, and lets them go. Where it
+//! cannot stop them (another tracer, a thread that does not stop), the jumps stay,
+//! and the next pyprobe recognises and takes them over.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{Read, Write};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use nix::errno::Errno;
+use nix::sys::ptrace;
 use nix::sys::signal::{signal, SigHandler, Signal};
-use nix::unistd::{fork, pipe2, ForkResult};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, pipe2, ForkResult, Pid};
 
-use super::patch::NOP;
+use super::patch::{INT3, NOP};
 
 const MSG_LEN: usize = 13;
+/// Bytes of a ring site's original and patch in a [`Op::RingSiteArmed`] message.
+const SITE_BYTES: usize = 24;
+/// After the 13-byte head of [`Op::RingSiteArmed`]: length, original, patch.
+const RING_PAYLOAD: usize = 1 + 2 * SITE_BYTES;
+/// How long the guardian waits for the dead tracer's ptrace link to go and for
+/// the target's threads to stop, before it leaves the ring jumps in place.
+const HOLD_LIMIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -35,6 +55,10 @@ pub enum Op {
     Forget = 5,
     /// The tracer left cleanly: nothing to undo.
     Done = 6,
+    /// A ring jump is about to be written at `addr` over the site's `int3`; the
+    /// message goes on with the original bytes and the jump (see [`Guardian::tell_ring_site`]).
+    /// `SiteRestored` ends it, `SiteArmed` makes it an `int3` site again.
+    RingSiteArmed = 7,
 }
 
 /// The tracer's end of the link.
@@ -77,6 +101,34 @@ impl Guardian {
         self.pipe.write_all(&msg)
     }
 
+    /// Tells the guardian that `patch` is about to replace `original` at the ring
+    /// site `addr` (as [`Guardian::tell`]: a failure means do not patch).
+    pub fn tell_ring_site(
+        &mut self,
+        pid: i32,
+        addr: u64,
+        original: &[u8],
+        patch: &[u8],
+    ) -> std::io::Result<()> {
+        let len = original.len();
+        if len == 0 || len > SITE_BYTES || patch.len() != len {
+            return Err(std::io::Error::other(format!(
+                "ring site {addr:#x} of process {pid}: {len} original and {} patch bytes \
+                 do not fit the guardian's message",
+                patch.len()
+            )));
+        }
+        let mut msg = [0u8; MSG_LEN + RING_PAYLOAD];
+        msg[0] = Op::RingSiteArmed as u8;
+        msg[1..5].copy_from_slice(&pid.to_le_bytes());
+        msg[5..13].copy_from_slice(&addr.to_le_bytes());
+        msg[13] = len as u8;
+        msg[14..14 + len].copy_from_slice(original);
+        msg[14 + SITE_BYTES..14 + SITE_BYTES + len].copy_from_slice(patch);
+        // One write of less than PIPE_BUF: the guardian reads it whole or not at all.
+        self.pipe.write_all(&msg)
+    }
+
     /// The tracer is leaving cleanly: the guardian exits without touching anything.
     pub fn finish(mut self) {
         let _ = self.tell(Op::Done, 0, 0);
@@ -89,13 +141,23 @@ impl Guardian {
     }
 }
 
+/// A ring site: the bytes to put back, and the jump that replaced them.
+struct RingSite {
+    original: Vec<u8>,
+    patch: Vec<u8>,
+}
+
 #[derive(Default)]
 struct Undo {
     sites: HashSet<u64>,
+    ring: HashMap<u64, RingSite>,
     semaphores: HashMap<u64, u32>,
     /// `/proc/PID/mem`, opened while the tracer is alive so that undoing costs only
     /// reads and writes when every microsecond counts.
     mem: Option<File>,
+    /// The process's start time when `mem` was opened, so that the guardian never
+    /// stops another process that got the same pid since.
+    started: Option<u64>,
 }
 
 impl Undo {
@@ -106,6 +168,7 @@ impl Undo {
                 .write(true)
                 .open(format!("/proc/{pid}/mem"))
                 .ok();
+            self.started = start_time(pid);
         }
     }
 
@@ -120,12 +183,236 @@ impl Undo {
         mem.write_all_at(&v.to_le_bytes(), sem).is_ok()
     }
 
+    /// A ring site still holding the `int3` its jump was about to replace gets its
+    /// `nop` back at once, like any `int3` site (one byte: safe with threads running).
+    fn restore_unpatched_ring(&self, site: u64, ring: &RingSite) -> bool {
+        use std::os::unix::fs::FileExt;
+        let Some(mem) = &self.mem else { return false };
+        let mut now = vec![0u8; ring.patch.len()];
+        if mem.read_exact_at(&mut now, site).is_err() {
+            return false;
+        }
+        match ring_fix(&now, ring) {
+            Some(fix) if fix.len() == 1 => mem.write_all_at(fix, site).is_ok(),
+            _ => false,
+        }
+    }
+
     fn restore(&self, site: u64) -> bool {
         use std::os::unix::fs::FileExt;
         self.mem
             .as_ref()
             .is_some_and(|mem| mem.write_all_at(&[NOP], site).is_ok())
     }
+}
+
+/// What to write at a ring site found holding `now` to give it its original bytes
+/// back: all of them over the jump; only the first over the `int3` that the jump
+/// was about to replace (the tracer died between telling and writing); nothing
+/// over anything else (restored already, or not pyprobe's any more).
+fn ring_fix<'a>(now: &[u8], site: &'a RingSite) -> Option<&'a [u8]> {
+    let original = site.original.as_slice();
+    if now == site.patch {
+        Some(original)
+    } else if now.first() == Some(&INT3) && now.get(1..) == original.get(1..) {
+        original.get(..1)
+    } else {
+        None
+    }
+}
+
+/// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks.
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: count from the last ')'.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// The pid of the process tracing `pid`, 0 for none.
+fn tracer_of(pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Every thread of a process held in a ptrace stop by the guardian. Dropping it
+/// lets them go, each with the signal that stopped it, if one did (delivered as it
+/// would have been without the guardian); a thread in group-stop stays stopped.
+#[derive(Default)]
+struct Held {
+    threads: Vec<(i32, Option<Signal>)>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        for &(tid, sig) in &self.threads {
+            let _ = ptrace::detach(Pid::from_raw(tid), sig);
+        }
+    }
+}
+
+/// Stops every thread of `pid` with `PTRACE_SEIZE` and `PTRACE_INTERRUPT` (no
+/// signal is sent: neither the target nor its parent sees the stop), within
+/// `deadline`. A thread it seized but that did not stop in time is let go when
+/// the guardian exits.
+fn hold(pid: i32, deadline: Instant) -> Result<Held, String> {
+    // The dead tracer's link goes a moment after its pipe closes.
+    loop {
+        match tracer_of(pid) {
+            None => return Err("it exited".into()),
+            Some(0) => break,
+            Some(t) if Instant::now() > deadline => {
+                return Err(format!("it is still traced by process {t}"))
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    let mut held = Held::default();
+    // Seized threads cannot create more; one more round sees any a running one made.
+    for _ in 0..64 {
+        let tids = crate::process::status::thread_ids(pid).map_err(|_| "it exited")?;
+        let new: Vec<i32> = tids
+            .into_iter()
+            .filter(|t| !held.threads.iter().any(|(h, _)| h == t))
+            .collect();
+        if new.is_empty() {
+            return Ok(held);
+        }
+        for tid in new {
+            let thread = Pid::from_raw(tid);
+            let seized = loop {
+                match ptrace::seize(thread, ptrace::Options::empty()) {
+                    // Still the dead tracer's a moment longer.
+                    Err(Errno::EPERM) if !exiting(pid, tid) && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    other => break other,
+                }
+            };
+            match seized {
+                Ok(()) => {}
+                Err(Errno::ESRCH) => continue,
+                // A thread that is exiting cannot be seized, and needs no stop.
+                Err(Errno::EPERM) if exiting(pid, tid) => continue,
+                Err(e) => return Err(format!("cannot seize its thread {tid}: {e}")),
+            }
+            if let Err(e) = ptrace::interrupt(thread) {
+                if e != Errno::ESRCH {
+                    return Err(format!("cannot stop its thread {tid}: {e}"));
+                }
+            }
+            if let Some(sig) = wait_stop(thread, deadline)? {
+                held.threads.push((tid, sig));
+            }
+        }
+    }
+    Err("its threads kept multiplying".into())
+}
+
+/// Whether thread `tid` of `pid` is gone or a zombie.
+fn exiting(pid: i32, tid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim().chars().next());
+    matches!(state, None | Some('Z' | 'X'))
+}
+
+/// Waits for a seized, interrupted thread to stop: `Some(signal)` with the signal
+/// that stopped it instead of the interrupt, if any; `None` if it ended.
+fn wait_stop(thread: Pid, deadline: Instant) -> Result<Option<Option<Signal>>, String> {
+    loop {
+        match waitpid(thread, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(Errno::EINTR) => {
+                if Instant::now() > deadline {
+                    return Err(format!("its thread {thread} did not stop"));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            // The interrupt, or a group-stop (which resumes as one at release).
+            Ok(WaitStatus::PtraceEvent(..)) => return Ok(Some(None)),
+            Ok(WaitStatus::Stopped(_, sig)) => return Ok(Some(Some(sig))),
+            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(Errno::ECHILD) => {
+                return Ok(None)
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("waiting for its thread {thread}: {e}")),
+        }
+    }
+}
+
+/// Puts the original bytes back at the ring sites of `pid`, with every thread of
+/// it stopped. Returns how many it restored and, if it left some, how many and why.
+fn restore_ring(pid: i32, undo: &Undo) -> (usize, Option<(usize, String)>) {
+    use std::os::unix::fs::FileExt;
+    let all = undo.ring.len();
+    let Some(mem) = &undo.mem else {
+        return (0, Some((all, "its memory could not be opened".into())));
+    };
+    let Some(started) = undo.started else {
+        return (0, Some((all, "its start time could not be read".into())));
+    };
+    if start_time(pid) != Some(started) {
+        return (0, None); // exited: nothing left to restore
+    }
+    let held = match hold(pid, Instant::now() + HOLD_LIMIT) {
+        Ok(held) => held,
+        Err(why) => {
+            return (
+                0,
+                Some((all, format!("its threads could not be stopped: {why}"))),
+            )
+        }
+    };
+    let mut rips = Vec::new();
+    for &(tid, _) in &held.threads {
+        match ptrace::getregs(Pid::from_raw(tid)) {
+            Ok(regs) => rips.push(regs.rip),
+            Err(e) => {
+                return (
+                    0,
+                    Some((all, format!("its thread {tid} cannot be read: {e}"))),
+                )
+            }
+        }
+    }
+    let mut restored = 0;
+    let mut left = 0;
+    for (&addr, site) in &undo.ring {
+        let end = addr.saturating_add(site.original.len() as u64);
+        // Only a signal frame could put a thread there; its code must stay.
+        if rips.iter().any(|&rip| rip > addr && rip < end) {
+            left += 1;
+            continue;
+        }
+        let mut now = vec![0u8; site.patch.len()];
+        if mem.read_exact_at(&mut now, addr).is_err() {
+            left += 1;
+            continue;
+        }
+        match ring_fix(&now, site) {
+            Some(bytes) if mem.write_all_at(bytes, addr).is_ok() => restored += 1,
+            Some(_) => left += 1,
+            None => {}
+        }
+    }
+    drop(held);
+    let why = (left > 0).then(|| {
+        (
+            left,
+            "a thread stood inside them, or their memory could not be read or written".into(),
+        )
+    });
+    (restored, why)
 }
 
 fn run_guardian(mut pipe: File) -> i32 {
@@ -156,10 +443,23 @@ fn run_guardian(mut pipe: File) -> i32 {
         }
         match msg[0] {
             x if x == Op::SiteArmed as u8 => {
+                undo.ring.remove(&addr);
                 undo.sites.insert(addr);
             }
             x if x == Op::SiteRestored as u8 => {
                 undo.sites.remove(&addr);
+                undo.ring.remove(&addr);
+            }
+            x if x == Op::RingSiteArmed as u8 => {
+                let mut payload = [0u8; RING_PAYLOAD];
+                if pipe.read_exact(&mut payload).is_err() {
+                    break;
+                }
+                let len = usize::from(payload[0]).min(SITE_BYTES);
+                let original = payload[1..1 + len].to_vec();
+                let patch = payload[1 + SITE_BYTES..1 + SITE_BYTES + len].to_vec();
+                undo.sites.remove(&addr);
+                undo.ring.insert(addr, RingSite { original, patch });
             }
             x if x == Op::SemaphoreRaised as u8 => *undo.semaphores.entry(addr).or_insert(0) += 1,
             x if x == Op::SemaphoreLowered as u8 => {
@@ -193,18 +493,43 @@ fn run_guardian(mut pipe: File) -> i32 {
                 restored.0 += 1;
             }
         }
+        for (&site, ring) in &undo.ring {
+            if undo.restore_unpatched_ring(site, ring) {
+                restored.0 += 1;
+            }
+        }
+    }
+    // Ring jumps last: harmless meanwhile, and they need the threads stopped.
+    let mut ring_restored = 0;
+    let mut ring_left = Vec::new();
+    for (&pid, undo) in &state {
+        if undo.ring.is_empty() {
+            continue;
+        }
+        let (n, left) = restore_ring(pid, undo);
+        ring_restored += n;
+        if let Some((left, why)) = left {
+            ring_left.push((pid, left, why));
+        }
     }
     let took = crate::tracer::signals::monotonic_ns().saturating_sub(start);
     if !state
         .values()
-        .all(|u| u.sites.is_empty() && u.semaphores.values().all(|&n| n == 0))
+        .all(|u| u.sites.is_empty() && u.ring.is_empty() && u.semaphores.values().all(|&n| n == 0))
     {
         eprintln!(
-            "pyprobe guardian: pyprobe died; restored {} probe sites and lowered {} semaphores in {} process(es) in {} µs",
-            restored.0,
+            "pyprobe guardian: pyprobe died; restored {} probe sites ({ring_restored} of them ring jumps) \
+             and lowered {} semaphores in {} process(es) in {} µs",
+            restored.0 + ring_restored,
             restored.1,
             state.len(),
             took / 1000
+        );
+    }
+    for (pid, left, why) in ring_left {
+        eprintln!(
+            "pyprobe guardian: process {pid}: {left} ring jumps left in place ({why}); harmless \
+             (their trampolines stay mapped), and the next pyprobe attaching takes them over"
         );
     }
     0
@@ -225,5 +550,57 @@ fn close_other_fds(keep: &File) {
             // them, the directory listing's, is already closed: EBADF is fine).
             unsafe { libc::close(fd) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_sites_get_their_original_bytes_only_over_pyprobes_own() {
+        let site = RingSite {
+            original: vec![0x90, 0x48, 0x8b, 0x4b, 0x20],
+            patch: vec![0xe9, 1, 2, 3, 4],
+        };
+        // The jump: every original byte back.
+        assert_eq!(ring_fix(&site.patch, &site), Some(&site.original[..]));
+        // The int3 the jump was about to replace: its nop back.
+        assert_eq!(
+            ring_fix(&[0xcc, 0x48, 0x8b, 0x4b, 0x20], &site),
+            Some(&[0x90][..])
+        );
+        // Restored already, or someone else's bytes: left alone.
+        assert_eq!(ring_fix(&site.original, &site), None);
+        assert_eq!(ring_fix(&[0xe9, 9, 9, 9, 9], &site), None);
+        assert_eq!(ring_fix(&[0xcc, 0, 0, 0, 0], &site), None);
+    }
+
+    #[test]
+    fn a_ring_site_message_holds_both_byte_strings() {
+        let (read_end, write_end) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+        let mut g = Guardian {
+            pipe: File::from(write_end),
+            guardian_pid: 0,
+        };
+        let original = [0x90, 0x55, 0x48, 0xb8, 1, 2, 3, 4, 5, 6, 7, 8];
+        let patch = [0xe9, 1, 2, 3, 4, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc];
+        g.tell_ring_site(42, 0x1234, &original, &patch)
+            .expect("told");
+        // Too long for the message, or mismatched: refused, so never patched.
+        assert!(g
+            .tell_ring_site(42, 0x1234, &[0x90; 25], &[0xcc; 25])
+            .is_err());
+        assert!(g
+            .tell_ring_site(42, 0x1234, &original, &patch[..5])
+            .is_err());
+        drop(g);
+        let mut msg = Vec::new();
+        File::from(read_end).read_to_end(&mut msg).expect("read");
+        assert_eq!(msg.len(), MSG_LEN + RING_PAYLOAD);
+        assert_eq!(msg[0], Op::RingSiteArmed as u8);
+        assert_eq!(msg[13], 12);
+        assert_eq!(&msg[14..26], &original);
+        assert_eq!(&msg[14 + SITE_BYTES..26 + SITE_BYTES], &patch);
     }
 }

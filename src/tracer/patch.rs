@@ -8,6 +8,7 @@ use crate::process::memory::ProcessMemory;
 
 use super::guardian::{Guardian, Op};
 use super::probes::ProbeSet;
+use super::ring_setup;
 
 /// Tells the guardian, if there is one. What it cannot be told must not be patched.
 fn tell(guard: &mut Option<&mut Guardian>, op: Op, pid: i32, addr: u64) -> io::Result<()> {
@@ -34,12 +35,19 @@ pub struct Patches {
     paused: Vec<u64>,
     /// Sites refused because the byte there was not a `nop`.
     pub refused: Vec<(u64, u8)>,
+    /// Why each of `refused` was refused (same order).
+    pub refusals: Vec<(u64, String)>,
+    /// Sites that held a jump left by a pyprobe that died, put back to their
+    /// original code and armed.
+    pub taken_over: Vec<u64>,
 }
 
 impl Patches {
     /// Raises each probe's semaphore and writes `int3` over each site, in that order
     /// for each probe. A site whose byte is not `0x90` is refused (left alone): the
-    /// resume-after-the-nop trick would be wrong there.
+    /// resume-after-the-nop trick would be wrong there; unless it holds a ring jump
+    /// that a pyprobe which died left behind, which is undone first (see
+    /// [`ring_setup::Leftovers`]; only when attaching, with every thread stopped).
     pub fn install(
         set: ProbeSet,
         mem: &mut ProcessMemory,
@@ -63,6 +71,7 @@ impl Patches {
         guard: &mut Option<&mut Guardian>,
     ) -> io::Result<()> {
         let pid = mem.pid();
+        let mut leftovers = ring_setup::Leftovers::default();
         for (pi, probe) in self.set.probes.clone().iter().enumerate() {
             if let Some(sem) = probe.semaphore {
                 if !self.raised.contains(&sem) {
@@ -78,8 +87,14 @@ impl Patches {
                 let mut byte = [0u8];
                 mem.read(site.address, &mut byte)?;
                 if byte[0] != NOP {
-                    self.refused.push((site.address, byte[0]));
-                    continue;
+                    match leftovers.take_over(mem, site.address, byte[0]) {
+                        Ok(()) => self.taken_over.push(site.address),
+                        Err(why) => {
+                            self.refused.push((site.address, byte[0]));
+                            self.refusals.push((site.address, why));
+                            continue;
+                        }
+                    }
                 }
                 tell(guard, Op::SiteArmed, pid, site.address)?;
                 if let Err(e) = mem.write(site.address, &[INT3]) {

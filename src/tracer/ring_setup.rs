@@ -16,6 +16,8 @@ use memmap2::MmapMut;
 
 use crate::process::maps::{read_maps, MapEntry};
 use crate::process::memory::ProcessMemory;
+use crate::ring::region::{self, jump_target, RegionHeader, RegionSite};
+use crate::ring::site::PATCH_LEN;
 use crate::ring::{
     build_trampoline, init_ring, plans_overlap, qualify_site, ring_bytes, BranchTargets,
     RingReader, SitePlan, ThreadIdSource, TrampolineParams,
@@ -199,7 +201,7 @@ pub fn setup(
         let segment = &maps[index];
         let result = patch_segment(
             &inj,
-            ring_addr,
+            (ring_addr, bytes),
             segment,
             &maps,
             &sites,
@@ -230,7 +232,7 @@ pub fn setup(
 #[allow(clippy::too_many_arguments)]
 fn patch_segment(
     inj: &Injector,
-    ring_addr: u64,
+    (ring_addr, ring_len): (u64, u64),
     segment: &MapEntry,
     maps: &[MapEntry],
     sites: &[u64],
@@ -265,6 +267,10 @@ fn patch_segment(
             Ok(plan) if plans.iter().any(|p| plans_overlap(p, &plan)) => {
                 refused.push((addr, "overlaps another patched site".into()))
             }
+            Ok(_) if plans.len() == region::MAX_SITES => refused.push((
+                addr,
+                format!("one region serves at most {} sites", region::MAX_SITES),
+            )),
             Ok(plan) => plans.push(plan),
             Err(why) => refused.push((addr, why.to_string())),
         }
@@ -272,7 +278,9 @@ fn patch_segment(
     if plans.is_empty() {
         return Ok(());
     }
-    let size = (plans.len() as u64 * STRIDE).div_ceil(PAGE) * PAGE;
+    // The header first (see `ring::region`), then the trampolines.
+    let span = region::encoded_len(plans.len()).next_multiple_of(64) as u64;
+    let size = (span + plans.len() as u64 * STRIDE).div_ceil(PAGE) * PAGE;
     let region = place_region(inj, maps, segment, size)?;
     let symbols = |name: &str| patches.set.symbol(name);
     let mut built = Vec::new();
@@ -287,7 +295,7 @@ fn patch_segment(
             string_args: &probe.string_args,
             ring_addr,
             capacity: CAPACITY,
-            tramp_addr: region + k as u64 * STRIDE,
+            tramp_addr: region + span + k as u64 * STRIDE,
             tag_addr: ring.tag_addr,
             thread_id: ThreadIdSource::FsSelfPointer,
             symbols: &symbols,
@@ -301,6 +309,27 @@ fn patch_segment(
             Err(e) => refused.push((plan.site(), e.to_string())),
         }
     }
+    // Every trampoline written is listed, before any site jumps to one: a later
+    // pyprobe then recognises each jump left behind (one not patched in the end is
+    // listed harmlessly: only a site holding the exact jump is ever taken over).
+    let header = RegionHeader {
+        region_len: size,
+        ring_addr,
+        ring_len,
+        tag_addr: ring.tag_addr,
+        sites: built
+            .iter()
+            .map(|(plan, t, _, _)| RegionSite {
+                site: plan.site(),
+                tramp: t.addr,
+                original: plan.original().to_vec(),
+            })
+            .collect(),
+    };
+    let header = header
+        .encode()
+        .map_err(|e| anyhow!("trampoline region header: {e}"))?;
+    mem.write(region, &header)?;
     inj.call(
         "mprotect",
         libc::SYS_mprotect,
@@ -324,11 +353,11 @@ fn patch_segment(
             refused.push((plan.site(), "a thread is inside the displaced bytes".into()));
             continue;
         }
-        // Out of the int3 bookkeeping first: if pyprobe dies now, the guardian must
-        // not write a nop into the middle of the jump (the int3 left meanwhile is
-        // caught by the SIGTRAP safety net).
+        // The guardian learns the jump and the bytes under it before it is written:
+        // if pyprobe dies now, it puts back the original bytes (never a lone nop
+        // into the middle of the jump), whichever of int3 or jump it finds.
         if let Some(g) = guard.as_deref_mut() {
-            g.tell(Op::SiteRestored, mem.pid(), plan.site())?;
+            g.tell_ring_site(mem.pid(), plan.site(), plan.original(), &t.patch)?;
         }
         patches.take_site(plan.site());
         mem.write(plan.site(), &t.patch)?;
@@ -388,7 +417,11 @@ fn place_region(inj: &Injector, maps: &[MapEntry], segment: &MapEntry, size: u64
 
 /// Takes the ring's sites out of `pid` (every thread stopped, none inside a
 /// trampoline): the original bytes go back where the patch still stands.
-pub fn restore(mem: &mut ProcessMemory, ring: &RingProc) -> io::Result<usize> {
+pub fn restore(
+    mem: &mut ProcessMemory,
+    ring: &RingProc,
+    mut guard: Option<&mut Guardian>,
+) -> io::Result<usize> {
     let mut restored = 0;
     let mut first_error = None;
     for (&addr, site) in &ring.sites {
@@ -403,7 +436,12 @@ pub fn restore(mem: &mut ProcessMemory, ring: &RingProc) -> io::Result<usize> {
             }
         });
         match result {
-            Ok(()) => restored += 1,
+            Ok(()) => {
+                restored += 1;
+                if let Some(g) = guard.as_deref_mut() {
+                    let _ = g.tell(Op::SiteRestored, mem.pid(), addr);
+                }
+            }
             Err(e) => {
                 first_error.get_or_insert(e);
             }
@@ -434,4 +472,169 @@ pub fn clean_child(mem: &mut ProcessMemory, ring: &RingProc) -> io::Result<()> {
         mem.write(addr, &site.original)?;
     }
     Ok(())
+}
+
+/// Probe sites that do not hold their `nop` at install: a jump that a pyprobe
+/// which died left there is put back to the original code; anything else is
+/// refused, with why. Every thread of the process must be stopped (attaching).
+#[derive(Debug, Default)]
+pub struct Leftovers {
+    maps: Option<Vec<MapEntry>>,
+    /// The threads' instruction pointers, or why they could not all be read.
+    rips: Option<Result<Vec<u64>, String>>,
+    /// Trampoline regions read so far, by address.
+    regions: HashMap<u64, Result<RegionHeader, String>>,
+}
+
+/// How far below a jump's target its region's header may lie.
+const MAX_REGION_PAGES: u64 = region::MAX_REGION_LEN / PAGE;
+
+impl Leftovers {
+    /// Puts the original bytes back at `site` (one of the object's probe sites: the
+    /// caller's), whose byte is `found`, if it holds a jump into a region of
+    /// pyprobe's trampolines whose header lists it. Returns why not otherwise: the
+    /// site is then left as it is.
+    pub fn take_over(
+        &mut self,
+        mem: &mut ProcessMemory,
+        site: u64,
+        found: u8,
+    ) -> Result<(), String> {
+        let pid = mem.pid();
+        if found == 0xcc {
+            return Err(
+                "holds an int3, not its nop (0x90): a breakpoint of another tool, or of \
+                 a pyprobe killed together with its guardian; left as it is"
+                    .into(),
+            );
+        }
+        if found != 0xe9 {
+            return Err(format!(
+                "holds {found:#04x}, not its nop (0x90) nor a jump of pyprobe's (another tool \
+                 may have patched it); left as it is"
+            ));
+        }
+        let mut head = [0u8; PATCH_LEN];
+        mem.read(site, &mut head)
+            .map_err(|e| format!("holds a jump, but {e}"))?;
+        let target = jump_target(site, &head).ok_or("not a jump")?;
+        let (at, header) = self
+            .region(mem, target)
+            .map_err(|why| format!("holds a jump to {target:#x}, {why}; left as it is"))?;
+        let entry = header.find(site).ok_or_else(|| {
+            format!(
+                "holds a jump into pyprobe's trampolines at {at:#x}, whose header does not \
+                 list this site; left as it is"
+            )
+        })?;
+        let patch = entry
+            .patch()
+            .filter(|_| entry.tramp == target)
+            .ok_or_else(|| {
+                format!(
+                    "holds a jump to {target:#x}, but the header at {at:#x} lists trampoline \
+                     {:#x} for it; left as it is",
+                    entry.tramp
+                )
+            })?;
+        let mut now = vec![0u8; patch.len()];
+        mem.read(site, &mut now)
+            .map_err(|e| format!("holds a jump, but {e}"))?;
+        if now != patch {
+            return Err(format!(
+                "holds a jump into pyprobe's trampolines at {at:#x}, but not the bytes their \
+                 header describes; left as it is"
+            ));
+        }
+        let end = site.saturating_add(patch.len() as u64);
+        match self.rips(pid) {
+            Ok(rips) if rips.iter().any(|&rip| rip > site && rip < end) => {
+                return Err(format!(
+                    "holds pyprobe's jump, but a thread of process {pid} stands inside it; \
+                     left as it is"
+                ))
+            }
+            Ok(_) => {}
+            Err(why) => return Err(format!("holds pyprobe's jump, but {why}; left as it is")),
+        }
+        // Every thread is stopped and none inside the jump: one write, never seen half done.
+        mem.write(site, &entry.original)
+            .map_err(|e| format!("holds pyprobe's jump, but {e}"))
+    }
+
+    /// The header of the pyprobe trampoline region holding `target`: the nearest
+    /// page start at or below it with the marker, in the same mapping.
+    fn region(&mut self, mem: &ProcessMemory, target: u64) -> Result<(u64, RegionHeader), String> {
+        let pid = mem.pid();
+        if self.maps.is_none() {
+            self.maps = Some(read_maps(pid).map_err(|e| format!("{e:#}"))?);
+        }
+        let maps = self.maps.as_deref().unwrap_or_default();
+        let m = maps
+            .iter()
+            .find(|m| m.start <= target && target < m.end)
+            .ok_or("where nothing is mapped")?;
+        // pyprobe's regions are anonymous, private and read-only code.
+        if !m.executable || m.writable || m.inode != 0 || !m.path.is_empty() {
+            return Err(format!(
+                "in {} ({:#x}..{:#x}), not pyprobe's trampolines",
+                if m.path.is_empty() {
+                    "a mapping"
+                } else {
+                    &m.path
+                },
+                m.start,
+                m.end
+            ));
+        }
+        let mut page = target & !(PAGE - 1);
+        for _ in 0..MAX_REGION_PAGES {
+            if page < m.start {
+                break;
+            }
+            let mut magic = [0u8; 8];
+            if mem.read(page, &mut magic).is_ok() && magic == region::MAGIC {
+                let header = self
+                    .regions
+                    .entry(page)
+                    .or_insert_with(|| read_header(mem, page))
+                    .clone()
+                    .map_err(|e| {
+                        format!("whose pyprobe trampoline header at {page:#x} is unusable: {e}")
+                    })?;
+                if target >= page.saturating_add(header.region_len) {
+                    return Err(format!(
+                        "past the end of the pyprobe trampoline region at {page:#x}"
+                    ));
+                }
+                return Ok((page, header));
+            }
+            page = page.wrapping_sub(PAGE);
+        }
+        Err("in code without pyprobe's trampoline marker".into())
+    }
+
+    fn rips(&mut self, pid: i32) -> Result<&[u64], String> {
+        let rips = self.rips.get_or_insert_with(|| {
+            let tids = crate::process::status::thread_ids(pid).map_err(|e| format!("{e:#}"))?;
+            tids.into_iter()
+                .map(|t| {
+                    nix::sys::ptrace::getregs(nix::unistd::Pid::from_raw(t))
+                        .map(|r| r.rip)
+                        .map_err(|e| format!("thread {t} of process {pid} is not stopped ({e})"))
+                })
+                .collect()
+        });
+        rips.as_deref().map_err(Clone::clone)
+    }
+}
+
+/// Reads and checks the header of the region at `page` (bounded by its format).
+fn read_header(mem: &ProcessMemory, page: u64) -> Result<RegionHeader, String> {
+    let mut prefix = [0u8; region::PREFIX_LEN];
+    mem.read(page, &mut prefix).map_err(|e| e.to_string())?;
+    let len = RegionHeader::announced_len(&prefix).map_err(|e| e.to_string())?;
+    let mut bytes = vec![0u8; len];
+    mem.read(page, &mut bytes).map_err(|e| e.to_string())?;
+    RegionHeader::parse(&bytes, page).map_err(|e| e.to_string())
 }

@@ -71,6 +71,7 @@ impl Engine {
         clean_stop: Option<i32>,
         sink: &mut dyn FnMut(TraceEvent),
     ) -> Result<()> {
+        self.report_leftovers(pid, sink);
         let has_sites = self
             .procs
             .get(&pid)
@@ -92,6 +93,37 @@ impl Engine {
                 Ok(())
             }
         }
+    }
+
+    /// Says which probe sites the installation took over from a pyprobe that died,
+    /// and which it refused and why: never a silent "0 probe sites armed".
+    fn report_leftovers(&self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+        let Some(patches) = self.procs.get(&pid).map(|p| &p.patches) else {
+            return;
+        };
+        if !patches.taken_over.is_empty() {
+            sink(TraceEvent::Notice(format!(
+                "process {pid}: {} probe sites held the ring jumps of a pyprobe that was killed; \
+                 their original code is back and they are armed again",
+                patches.taken_over.len()
+            )));
+        }
+        let refused = &patches.refusals;
+        if refused.is_empty() {
+            return;
+        }
+        let mut text = format!(
+            "process {pid}: {} of {} probe sites refused, not traced:",
+            refused.len(),
+            patches.set.site_count()
+        );
+        for (addr, why) in refused.iter().take(4) {
+            text.push_str(&format!(" site {addr:#x} {why}."));
+        }
+        if refused.len() > 4 {
+            text.push_str(&format!(" ({} more)", refused.len() - 4));
+        }
+        sink(TraceEvent::Notice(text));
     }
 
     /// A hit of `tid` in `pid` (a clean stop): the ring set up at start-up is due.
@@ -336,7 +368,7 @@ impl Engine {
                 // A thread inside a trampoline finishes it and jumps back to an
                 // instruction boundary of the original code: restoring is safe
                 // under it. Its record, if unpublished, is counted lost.
-                if let Err(e) = ring_setup::restore(&mut proc.mem, ring) {
+                if let Err(e) = ring_setup::restore(&mut proc.mem, ring, self.guardian.as_mut()) {
                     sink(TraceEvent::Notice(format!(
                         "ring engine in process {pid}: restoring probe sites: {e}"
                     )));
