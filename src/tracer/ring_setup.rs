@@ -78,8 +78,8 @@ impl std::fmt::Debug for RingProc {
 /// What setting up the ring did.
 pub struct Setup {
     pub ring: RingProc,
-    /// Threads stopped right after an `int3` hit on a site now patched: continue
-    /// at this address (the displaced code in the trampoline).
+    /// Threads stopped right after an `int3` hit on a site now patched, moved to
+    /// this address (the displaced code in the trampoline) before the patch.
     pub moved: Vec<(i32, u64)>,
     /// Sites left to `int3`, with why.
     pub refused: Vec<(u64, String)>,
@@ -358,6 +358,17 @@ fn patch_segment(
         // into the middle of the jump), whichever of int3 or jump it finds.
         if let Some(g) = guard.as_deref_mut() {
             g.tell_ring_site(mem.pid(), plan.site(), plan.original(), &t.patch)?;
+        }
+        // A thread stopped right after the int3 goes on in the trampoline's copy
+        // of the displaced code; moved before the jump is written, so that if
+        // pyprobe dies in between it never resumes inside the jump's bytes.
+        for &&(tid, _) in &inside {
+            let thread = nix::unistd::Pid::from_raw(tid);
+            let mut regs = nix::sys::ptrace::getregs(thread)
+                .with_context(|| format!("thread {tid} of process {} is not stopped", mem.pid()))?;
+            regs.rip = t.resume;
+            nix::sys::ptrace::setregs(thread, regs)
+                .with_context(|| format!("moving thread {tid} into its trampoline"))?;
         }
         patches.take_site(plan.site());
         mem.write(plan.site(), &t.patch)?;

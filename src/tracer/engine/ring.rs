@@ -203,12 +203,6 @@ impl Engine {
             &fs_bases,
             self.guardian.as_mut(),
         )?;
-        for &(t, resume) in &setup.moved {
-            let thread = Pid::from_raw(t);
-            let mut regs = ptrace::getregs(thread)?;
-            regs.rip = resume;
-            ptrace::setregs(thread, regs)?;
-        }
         let ring_sites = setup.ring.sites.len();
         let int3_sites = proc.patches.installed_sites();
         if ring_sites == 0 && self.options.ring == RingUse::Required {
