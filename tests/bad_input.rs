@@ -98,21 +98,78 @@ fn python_without_probes_in_trace_mode() {
         &[&pid, "no CPython SDT probes", "--with-dtrace"],
     );
     assert_one_sentence(&e);
-    // Launching it: it runs to the end, untouched, and pyprobe says nothing was recorded.
+    // Launching it: refused as soon as its interpreter is mapped, before it runs a
+    // line of Python (it does not run untraced behind the user's back).
     let recording = TempFile::new("noprobes.pyprobe");
+    let args = ["record", "--mode", "trace", "-o", recording.path(), "--"];
     let out = pyprobe()
-        .args(["record", "--mode", "trace", "-o", recording.path(), "--"])
+        .args(args)
         .arg(python)
         .args(["-c", "print(6 * 7)"])
         .output()
         .unwrap();
-    assert_no_panic("record -- python without probes", &out.stderr);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("nothing recorded") || stderr.contains("no CPython"),
-        "says nothing could be traced: {stderr}"
+    let e = assert_refused_output(
+        &out,
+        &args,
+        &["no SDT probes", "--with-dtrace", "--mode sample"],
     );
+    assert_one_sentence(&e);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "",
+        "the command did not run"
+    );
+}
+
+/// CPython 3.13 has SDT probes but none for functions: `--mode trace` is refused
+/// with what works instead, attached or launched; asking only for the probes it has
+/// works.
+#[test]
+fn python_without_function_probes_in_trace_mode() {
+    let Some(py) = python("3.13") else { return };
+    let mut target = Target::spawn(&py.launcher, &["-c", WAITING_SCRIPT]);
+    target.wait_for_line("ready");
+    let pid = target.pid().to_string();
+    let e = assert_refused(
+        &["record", "-p", &pid, "--mode", "trace"],
+        &["CPython 3.13", "no function probes", "default mode"],
+    );
+    assert_one_sentence(&e);
+    let recording = TempFile::new("nofunction.pyprobe");
+    let args = ["record", "--mode", "trace", "-o", recording.path(), "--"];
+    let out = pyprobe()
+        .args(args)
+        .arg(&py.launcher)
+        .args(["-c", "print(6 * 7)"])
+        .output()
+        .unwrap();
+    assert_refused_output(&out, &args, &["no function probes"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "",
+        "the command did not run"
+    );
+    let out = pyprobe()
+        .args([
+            "record",
+            "--mode",
+            "trace",
+            "--probes",
+            "gc,import",
+            "-o",
+            recording.path(),
+        ])
+        .arg("--")
+        .arg(&py.launcher)
+        .args(["-c", "print(6 * 7)"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n");
 }
 
 /// Whether an ELF file, or a libpython next to it, has `.note.stapsdt` (via readelf,

@@ -35,6 +35,44 @@ pub fn default_groups(
     (groups, warning)
 }
 
+/// Why `--mode trace` cannot count the calls of this interpreter (it has no
+/// function probes), in one sentence naming what works instead; `None` when it can,
+/// or when the user chose probe groups without function probes.
+pub fn trace_refusal(
+    object: &LoadedObject,
+    version: Option<PyVersion>,
+    requested: Option<&BTreeSet<ProbeGroup>>,
+) -> Option<String> {
+    if requested.is_some_and(|r| !r.contains(&ProbeGroup::Function)) {
+        return None;
+    }
+    let available = available_groups(object);
+    if available.contains(&ProbeGroup::Function) {
+        return None;
+    }
+    let name = match version {
+        Some(v) => format!("CPython {v} ({})", object.target_path),
+        None => object.target_path.to_string(),
+    };
+    let why = if available.is_empty() {
+        "has no SDT probes (it was built without --with-dtrace)".to_string()
+    } else {
+        let groups: Vec<&str> = available.iter().map(|g| g.name()).collect();
+        format!(
+            "has no function probes (only {}; CPython 3.12 to 3.14 never have them)",
+            groups.join(", ")
+        )
+    };
+    let instead = if available.is_empty() {
+        "the default mode (or --mode sample) samples its stacks".to_string()
+    } else {
+        "the default mode samples its stacks and traces its other events exactly".to_string()
+    };
+    Some(format!(
+        "{name} {why}, so `--mode trace` cannot count its calls exactly; {instead}"
+    ))
+}
+
 /// Parses `--probes a,b,c`.
 pub fn parse_groups(names: &[String]) -> Result<BTreeSet<ProbeGroup>> {
     names

@@ -74,6 +74,12 @@ impl<'a> Hit<'a> {
     }
 }
 
+/// A resolver's "this process cannot be traced as asked", found when the object
+/// with its probes is mapped: a launched command ends there, before it runs.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refusal(pub String);
+
 /// What the engine reports, in order.
 #[derive(Debug)]
 pub enum TraceEvent<'a> {
@@ -230,6 +236,8 @@ struct PendingChild {
 
 pub struct Engine {
     root: i32,
+    /// pyprobe started the root process itself (`record -- CMD`).
+    launched: bool,
     /// Undoes the patches if pyprobe dies without detaching (see `guardian`).
     guardian: Option<Guardian>,
     threads: HashMap<i32, Thread>,
@@ -308,6 +316,7 @@ impl Engine {
     fn new(root: i32, resolver: Box<dyn Resolver>, options: EngineOptions) -> Engine {
         Engine {
             root,
+            launched: false,
             guardian: None,
             threads: HashMap::new(),
             procs: HashMap::new(),
@@ -473,6 +482,7 @@ impl Engine {
             return Err(error);
         }
         let mut engine = Engine::new(pid, resolver, options);
+        engine.launched = true;
         engine.guardian = guardian;
         engine.procs.insert(pid, Proc::new(pid));
         engine.threads.insert(
@@ -490,6 +500,13 @@ impl Engine {
     /// Runs until the target exits or pyprobe is asked to stop; then leaves cleanly.
     pub fn run(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<Outcome> {
         let result = self.event_loop(sink);
+        if let Err(e) = &result {
+            if self.launched && e.downcast_ref::<Refusal>().is_some() {
+                // The command pyprobe started was refused before it ran any code of
+                // its own: it does not run untraced behind the user's back.
+                let _ = kill(Pid::from_raw(self.root), Signal::SIGKILL);
+            }
+        }
         if !self.detached {
             self.detach_all(sink);
         }
@@ -1176,6 +1193,11 @@ impl Engine {
             return;
         }
         if let Err(e) = self.install(tgid, true, sink) {
+            if e.downcast_ref::<Refusal>().is_some() {
+                // Refused before the process ran any code of its own: the run ends.
+                self.fatal.get_or_insert(e);
+                return;
+            }
             sink(TraceEvent::Notice(format!("{e:#}")));
             if let Some(p) = self.procs.get_mut(&tgid) {
                 p.awaiting_object = false;

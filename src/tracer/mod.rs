@@ -17,7 +17,7 @@ pub mod signals;
 pub mod tsc;
 
 pub use engine::{
-    BudgetSummary, Engine, EngineOptions, Hit, Outcome, Resolver, RingUse, TraceEvent,
+    BudgetSummary, Engine, EngineOptions, Hit, Outcome, Refusal, Resolver, RingUse, TraceEvent,
 };
 pub use probes::{Probe, ProbeSet, Site};
 pub use regs::Registers;

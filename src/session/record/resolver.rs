@@ -10,10 +10,10 @@ use anyhow::{bail, Result};
 use crate::process::memory::ProcessMemory;
 use crate::process::objects::{find_probe_object, LoadedObject};
 use crate::python::probes::{ProbeGroup, PythonProbe, PROVIDER};
-use crate::python::tracing::{available_groups, default_groups, probe_set};
+use crate::python::tracing::{available_groups, default_groups, probe_set, trace_refusal};
 use crate::python::version::{self, PyVersion};
 use crate::python::walker::find_interpreter_object;
-use crate::tracer::{ProbeSet, Resolver};
+use crate::tracer::{ProbeSet, Refusal, Resolver};
 
 /// How function stacks are seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +104,6 @@ impl Resolver for PythonResolver {
         };
         let object = match with_probes {
             Some(o) => o,
-            None if self.mode == Mode::Trace => return Ok(None),
             None => match find_interpreter_object(pid) {
                 Ok(o) => o,
                 Err(_) => return Ok(None),
@@ -114,6 +113,11 @@ impl Resolver for PythonResolver {
             return Ok(None);
         }
         let version = version::detect(&object, &ProcessMemory::new(pid));
+        if self.mode == Mode::Trace {
+            if let Some(why) = trace_refusal(&object, version, self.requested.as_ref()) {
+                return Err(Refusal(why).into());
+            }
+        }
         let has_probes = object.has_provider(PROVIDER);
         let (set, meanings, groups, warning) = if has_probes && self.mode != Mode::Sample {
             let (groups, warning) = self.groups(&object, version)?;
