@@ -2,13 +2,14 @@
 //! the ptrace engine, and stream the events into a recording.
 
 use std::cell::RefCell;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::rc::Rc;
 
 use anyhow::{bail, Context, Result};
 
 use crate::analyze::FileFilter;
+use crate::output::file::{check, check_recording, Stdout};
 use crate::process::objects::{find_probe_object, sdt_objects};
 use crate::process::status::{check_inspectable, cmdline};
 use std::collections::BTreeSet;
@@ -135,6 +136,10 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         bail!("`--probes` needs probes: use it with `--mode trace` or `--mode auto`");
     }
     let budget = overhead_budget(request, mode, requested.as_ref())?;
+    if let Some(output) = &request.output {
+        // Before anything is attached or started.
+        check_outputs(output)?;
+    }
     let chosen = Rc::new(RefCell::new(Chosen::default()));
     let resolver = Box::new(PythonResolver {
         mode,
@@ -292,14 +297,29 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     drop(engine);
     let end_ns = monotonic_ns();
     let events = builder.events();
-    let (writer, write_error) = builder.into_parts();
-    let outcome = outcome?;
+    let (opened, write_error) = builder.into_parts();
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => {
+            // The run failed: OUT is not replaced; what was recorded is kept.
+            if let Some((writer, file)) = opened {
+                drop(writer);
+                if let Some(kept) = file.salvage() {
+                    eprintln!(
+                        "pyprobe: what was recorded before the error is in {}",
+                        kept.display()
+                    );
+                }
+            }
+            return Err(e);
+        }
+    };
     if mode != Mode::Trace && sampler.samples == 0 {
         if let Some(e) = &sampler.last_error {
             eprintln!("pyprobe: no samples: {e}");
         }
     }
-    let Some(writer) = writer else {
+    let Some((writer, file)) = opened else {
         let why = write_error.map(|e| e.to_string()).unwrap_or_else(|| {
             "the command never started a CPython interpreter pyprobe could read".into()
         });
@@ -307,14 +327,25 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         return Ok(exit_code(outcome, launched, pid));
     };
     let summary = writer.finish(end_ns);
-    if let Some(e) = write_error {
+    let failure = match (write_error, &summary) {
+        (Some(e), _) => Some(e.to_string()),
+        (None, Err(e)) => Some(e.to_string()),
+        (None, Ok(_)) => None,
+    };
+    if let Some(e) = failure {
+        let kept = match file.salvage() {
+            Some(p) => format!("What was written before reads back from {}.", p.display()),
+            None => "Nothing was kept.".into(),
+        };
         eprintln!(
-            "pyprobe: writing {} failed ({e}); detached from the target, which runs on. What was written before reads back.",
+            "pyprobe: writing {} failed ({e}); detached from the target, which runs on. {kept}",
             recording_path.display()
         );
         return Ok(ExitCode::from(1));
     }
-    let summary = summary.with_context(|| format!("cannot finish {}", recording_path.display()))?;
+    let summary = summary?;
+    file.commit()
+        .with_context(|| format!("cannot finish {}", recording_path.display()))?;
     let mut what = match mode {
         Mode::Trace => format!("{hits} probe hits"),
         _ => format!("{} samples, {hits} probe hits", sampler.samples),
@@ -372,6 +403,19 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         );
     }
     Ok(exit_code(outcome, launched, pid))
+}
+
+/// Refuses outputs that cannot be written (a device, a directory, a recording
+/// under way at the same name).
+fn check_outputs(output: &Path) -> Result<()> {
+    let recording = if is_view(output) {
+        check(output, Stdout::Refused)?;
+        output.with_extension("pyprobe")
+    } else {
+        output.to_owned()
+    };
+    check_recording(&recording)?;
+    Ok(())
 }
 
 fn is_view(path: &std::path::Path) -> bool {
