@@ -19,6 +19,6 @@ pub mod tsc;
 pub use engine::{
     BudgetSummary, Engine, EngineOptions, Hit, Outcome, Resolver, RingUse, TraceEvent,
 };
-pub use probes::{Probe, ProbeSet, Site};
+pub use probes::{usable_sites, Probe, ProbeSet, Refusal, Site};
 pub use regs::Registers;
 pub use signals::StopReason;

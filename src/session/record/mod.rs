@@ -163,6 +163,12 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     let mut early_window = None;
     let mut collect = |e: TraceEvent| match e {
         TraceEvent::Window { pid, ts_ns, exact } => early_window = Some((pid, ts_ns, exact)),
+        TraceEvent::Installed {
+            pid, ref refused, ..
+        } => {
+            early.push(format_early(&e));
+            early.extend(refusal_lines(pid, refused, &chosen));
+        }
         other => early.push(format_early(&other)),
     };
     let (mut engine, launched) = match (request.pid, request.command.is_empty()) {
@@ -238,56 +244,64 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     let mut status = status::Status::new();
     let outcome = engine.run(&mut |event| {
         match event {
-        TraceEvent::Hit(hit) => {
-            // A child traced under --subprocesses runs its parent's probe set: go by name.
-            let meaning = chosen
-                .borrow()
-                .meanings
-                .get(&hit.pid)
-                .and_then(|m| m.get(hit.probe).copied())
-                .or_else(|| PROBES.iter().find(|p| p.name == hit.probe_name));
-            if let Some(meaning) = meaning {
-                // Which code triggered a GC, an import or an audit event: from the
-                // walker, unless every call is traced (then the rebuilt stack says it).
-                let explains = CONTEXT_PROBES.contains(&meaning.name) && {
-                    let now = chosen.borrow();
-                    needs_context_stacks(mode, now.version, &now.groups)
-                };
-                if explains {
-                    sampler.context(hit.pid, hit.tid, hit.ts_ns, &mut builder);
+            TraceEvent::Hit(hit) => {
+                // A child traced under --subprocesses runs its parent's probe set: go by name.
+                let meaning = chosen
+                    .borrow()
+                    .meanings
+                    .get(&hit.pid)
+                    .and_then(|m| m.get(hit.probe).copied())
+                    .or_else(|| PROBES.iter().find(|p| p.name == hit.probe_name));
+                if let Some(meaning) = meaning {
+                    // Which code triggered a GC, an import or an audit event: from the
+                    // walker, unless every call is traced (then the rebuilt stack says it).
+                    let explains = CONTEXT_PROBES.contains(&meaning.name) && {
+                        let now = chosen.borrow();
+                        needs_context_stacks(mode, now.version, &now.groups)
+                    };
+                    if explains {
+                        sampler.context(hit.pid, hit.tid, hit.ts_ns, &mut builder);
+                    }
+                    builder.hit(meaning, &hit);
                 }
-                builder.hit(meaning, &hit);
             }
-        }
-        TraceEvent::ThreadStart { tid, ts_ns, .. } => builder.write(tid, ts_ns, EventKind::ThreadStart),
-        TraceEvent::ThreadExit { tid, ts_ns, .. } => builder.write(tid, ts_ns, EventKind::ThreadExit),
-        TraceEvent::Installed { pid, sites, refused } => {
-            if launched && !announced {
-                announced = true;
-                start_line(&chosen.borrow(), pid);
-                builder.open(pid, &chosen.borrow());
+            TraceEvent::ThreadStart { tid, ts_ns, .. } => {
+                builder.write(tid, ts_ns, EventKind::ThreadStart)
             }
-            if sites > 0 {
-                eprintln!("pyprobe: {sites} probe sites armed in process {pid}");
+            TraceEvent::ThreadExit { tid, ts_ns, .. } => {
+                builder.write(tid, ts_ns, EventKind::ThreadExit)
             }
-            for (addr, byte) in refused {
-                eprintln!("pyprobe: refused site {addr:#x} in process {pid}: byte {byte:#04x} is not a nop");
+            TraceEvent::Installed {
+                pid,
+                sites,
+                refused,
+            } => {
+                if launched && !announced {
+                    announced = true;
+                    start_line(&chosen.borrow(), pid);
+                    builder.open(pid, &chosen.borrow());
+                }
+                if sites > 0 {
+                    eprintln!("pyprobe: {sites} probe sites armed in process {pid}");
+                }
+                for line in refusal_lines(pid, &refused, &chosen) {
+                    eprintln!("{line}");
+                }
             }
-        }
-        TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
-        TraceEvent::Lost { pid, count, ts_ns } => {
-            builder.write(pid, ts_ns, EventKind::Lost { count })
-        }
-        TraceEvent::Window { pid, ts_ns, exact } => {
-            exact_window = exact;
-            builder.write(pid, ts_ns, EventKind::Window { exact });
-        }
-        TraceEvent::Tick { pid, ts_ns, .. } => {
-            if (announced || !launched) && !exact_window {
-                sampler.sample(pid, ts_ns, &mut builder);
-                builder.flush_if_due(ts_ns);
+            TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
+            TraceEvent::Lost { pid, count, ts_ns } => {
+                builder.write(pid, ts_ns, EventKind::Lost { count })
             }
-        }
+            TraceEvent::Window { pid, ts_ns, exact } => {
+                exact_window = exact;
+                builder.write(pid, ts_ns, EventKind::Window { exact });
+            }
+            TraceEvent::Tick { pid, ts_ns, .. } => {
+                if (announced || !launched) && !exact_window {
+                    sampler.sample(pid, ts_ns, &mut builder);
+                    builder.flush_if_due(ts_ns);
+                }
+            }
         }
         status.update(builder.events(), sampler.samples, 0, builder.bytes());
     });
@@ -484,6 +498,26 @@ fn print_start_line(
             );
         }
     }
+}
+
+/// What was left alone in `pid`, one line each: sites whose byte was not a `nop`,
+/// and what the resolver refused (forged or corrupt notes, odd semaphores).
+fn refusal_lines(pid: i32, refused: &[(u64, u8)], chosen: &RefCell<Chosen>) -> Vec<String> {
+    let bytes = refused.iter().map(|(addr, byte)| {
+        format!("pyprobe: refused site {addr:#x} in process {pid}: byte {byte:#04x} is not a nop")
+    });
+    let other = chosen
+        .borrow_mut()
+        .refusals
+        .remove(&pid)
+        .unwrap_or_default();
+    bytes
+        .chain(
+            other
+                .into_iter()
+                .map(|why| format!("pyprobe: process {pid}: {why}")),
+        )
+        .collect()
 }
 
 fn format_early(event: &TraceEvent) -> String {

@@ -13,6 +13,7 @@ use crate::python::probes::{ProbeGroup, PythonProbe, PROVIDER};
 use crate::python::tracing::{available_groups, default_groups, probe_set};
 use crate::python::version::{self, PyVersion};
 use crate::python::walker::find_interpreter_object;
+use crate::tracer::patch::check_semaphore;
 use crate::tracer::{ProbeSet, Resolver};
 
 /// How function stacks are seen.
@@ -37,6 +38,8 @@ pub struct Chosen {
     pub warning: Option<String>,
     /// The interpreter carries SDT probes (built with --with-dtrace).
     pub has_probes: bool,
+    /// Per process: sites and semaphores left alone, one sentence each.
+    pub refusals: rustc_hash::FxHashMap<i32, Vec<String>>,
 }
 
 /// Probes at whose hits the Python stack is recorded: what triggered a GC, an
@@ -94,6 +97,26 @@ impl PythonResolver {
     }
 }
 
+/// What will be left alone in `pid`: what the ELF checks refused, and semaphores
+/// holding more than a count now (the patcher refuses those again when it raises).
+fn refusals(object: &LoadedObject, set: &ProbeSet, pid: i32) -> Vec<String> {
+    let mut out: Vec<String> = set
+        .refused
+        .iter()
+        .map(|r| format!("{}: {}", object.target_path, r.reason))
+        .collect();
+    let mem = ProcessMemory::new(pid);
+    for probe in &set.probes {
+        let Some(sem) = probe.semaphore else { continue };
+        if let Ok(value) = mem.read_u16(sem) {
+            if let Err(why) = check_semaphore(sem, value) {
+                out.push(format!("{why}; probe {} not armed", probe.name));
+            }
+        }
+    }
+    out
+}
+
 impl Resolver for PythonResolver {
     fn resolve(&mut self, pid: i32) -> Result<Option<ProbeSet>> {
         let maps = crate::process::read_maps(pid)?;
@@ -118,6 +141,8 @@ impl Resolver for PythonResolver {
         let (set, meanings, groups, warning) = if has_probes && self.mode != Mode::Sample {
             let (groups, warning) = self.groups(&object, version)?;
             let (mut set, meanings) = probe_set(&object, &groups)?;
+            let refusals = refusals(&object, &set, pid);
+            self.chosen.borrow_mut().refusals.insert(pid, refusals);
             if needs_context_stacks(self.mode, version, &groups) {
                 // The frame walker reads the stack at these hits: they must stop.
                 set.needs_stop = meanings
