@@ -66,6 +66,10 @@ fn the_target_survives_pyprobe_being_killed_50_times_of_50() {
         {
             restored_lines += 1;
         }
+        // Killed, pyprobe leaves what it recorded in OUT.partial.
+        let mut partial = out_path.clone().into_os_string();
+        partial.push(".partial");
+        let _ = std::fs::remove_file(partial);
         let _ = std::fs::remove_file(out_path);
     }
     eprintln!(

@@ -6,6 +6,7 @@
 mod layout;
 mod notes;
 mod symbols;
+mod verify;
 
 pub use layout::LoadSegment;
 pub use notes::{parse_desc, SdtNote, SdtProbe, SdtSite};
@@ -99,7 +100,8 @@ impl ElfInfo {
             });
         }
         let segments = layout::load_segments(&elf);
-        let probes = notes::read_probes(path, &elf, data)?;
+        let mut probes = notes::read_probes(path, &elf, data)?;
+        verify::verify_probes(&elf, data, &segments, &mut probes);
         let symbols = symbols::SymbolTable::from_elf(&elf);
         let section = |name: &str| {
             elf.section_headers

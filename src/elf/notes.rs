@@ -34,6 +34,9 @@ pub struct SdtSite {
     /// Link-time address of the site (a one-byte `nop`).
     pub address: u64,
     pub args: String,
+    /// Why this site must not be written, if so (see [`super::verify`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// A probe: all sites of one (provider, name). Sites share one semaphore.
@@ -43,6 +46,10 @@ pub struct SdtProbe {
     pub name: String,
     /// Link-time address of the 2-byte semaphore counter, if the probe has one.
     pub semaphore: Option<u64>,
+    /// Why the semaphore must not be written, if so: then no site of the probe is
+    /// armed either.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub semaphore_refused: Option<String>,
     pub sites: Vec<SdtSite>,
 }
 
@@ -86,6 +93,7 @@ fn add_site(probes: &mut Vec<SdtProbe>, note: SdtNote) {
     let site = SdtSite {
         address: note.address,
         args: note.args,
+        refused: None,
     };
     let semaphore = (note.semaphore != 0).then_some(note.semaphore);
     match probes
@@ -94,14 +102,22 @@ fn add_site(probes: &mut Vec<SdtProbe>, note: SdtNote) {
     {
         Some(probe) => {
             probe.sites.push(site);
-            if probe.semaphore.is_none() {
-                probe.semaphore = semaphore;
+            match (probe.semaphore, semaphore) {
+                (None, _) => probe.semaphore = semaphore,
+                // One probe has one semaphore: notes that disagree are not to be trusted.
+                (Some(a), Some(b)) if a != b && probe.semaphore_refused.is_none() => {
+                    probe.semaphore_refused = Some(format!(
+                        "semaphore {a:#x} refused: another note of the same probe names {b:#x}"
+                    ));
+                }
+                _ => {}
             }
         }
         None => probes.push(SdtProbe {
             provider: note.provider,
             name: note.name,
             semaphore,
+            semaphore_refused: None,
             sites: vec![site],
         }),
     }

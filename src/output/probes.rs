@@ -30,6 +30,9 @@ pub struct ProbeRow {
     pub name: String,
     /// Address of the 2-byte semaphore (runtime for a live process).
     pub semaphore: Option<u64>,
+    /// Why pyprobe would leave the semaphore, and so the whole probe, alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
     pub sites: Vec<SiteRow>,
 }
 
@@ -41,6 +44,9 @@ pub struct SiteRow {
     pub args: String,
     /// One entry per argument: its decoded form, or why it does not parse.
     pub decoded: Vec<DecodedArg>,
+    /// Why pyprobe would never write this site (link-time addresses).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -114,6 +120,13 @@ pub fn render_table(listing: &ProbeListing) -> String {
                 );
                 if !args.is_empty() {
                     let _ = writeln!(out, "  {:<34} {:>18} {:>18}    {args}", "", "", "");
+                }
+                let refused = site
+                    .refused
+                    .as_ref()
+                    .or(probe.refused.as_ref().filter(|_| i == 0));
+                if let Some(why) = refused {
+                    let _ = writeln!(out, "  {:<34} {:>18} {:>18}    {why}", "", "", "");
                 }
             }
         }

@@ -8,7 +8,7 @@ use super::probes::{lookup, ArgKind, ProbeGroup, PythonProbe, PROVIDER};
 use super::version::PyVersion;
 use crate::process::objects::LoadedObject;
 use crate::sdt;
-use crate::tracer::{Probe, ProbeSet, Site};
+use crate::tracer::{usable_sites, Probe, ProbeSet, Site};
 
 /// The groups traced when the user does not choose, with a warning to print when
 /// the version limits what they give.
@@ -110,8 +110,12 @@ pub fn probe_set(
         if !groups.contains(&meaning.group) {
             continue;
         }
+        let usable = usable_sites(object, probe, &mut set.refused);
+        if usable.is_empty() {
+            continue;
+        }
         let mut sites = Vec::new();
-        for site in &probe.sites {
+        for site in usable {
             let args = sdt::parse_args(&site.args)?;
             for arg in &args {
                 if let Some(name) = arg.operand.symbol() {

@@ -8,7 +8,6 @@
 //! point where the recording was cut short.
 
 use rustc_hash::FxHashMap;
-use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
 
@@ -57,15 +56,24 @@ pub struct RecordingWriter<W: Write> {
 }
 
 impl RecordingWriter<BackgroundWriter> {
-    /// Creates (or truncates) the file at `path` and writes the header. The file is
-    /// written by a thread of its own (see [`BackgroundWriter`]).
+    /// Creates (or truncates) the file at `path` (mode 0600 when new) and writes the
+    /// header. The file is written by a thread of its own (see [`BackgroundWriter`]).
+    /// For callers that own `path` (tests, tools): pyprobe's commands write through
+    /// [`crate::output::file`], which never truncates a file.
     pub fn create(path: &Path, header: &Header) -> io::Result<Self> {
-        let file = File::create(path).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("cannot create recording {}: {e}", path.display()),
-            )
-        })?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot create recording {}: {e}", path.display()),
+                )
+            })?;
         Self::new(BackgroundWriter::new(file)?, header)
     }
 }

@@ -90,6 +90,7 @@ fn object_probes(
             provider: p.provider.clone(),
             name: p.name.clone(),
             semaphore: p.semaphore.map(at),
+            refused: p.semaphore_refused.clone(),
             sites: p
                 .sites
                 .iter()
@@ -97,6 +98,7 @@ fn object_probes(
                     address: at(s.address),
                     args: s.args.clone(),
                     decoded: decode_args(p, &s.args),
+                    refused: s.refused.clone(),
                 })
                 .collect(),
         })

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::output::calls::{write_calls, CallsOptions};
 use crate::output::chrome::{write_chrome, ChromeOptions};
+use crate::output::file::{partial_path, Output, Stdout};
 use crate::output::flame::{
     choose_measure, read_folded, write_collapsed, write_svg, By, FrameNames, SvgOptions, ViewError,
 };
@@ -136,18 +137,17 @@ fn render(request: &FlameRequest, out: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
-/// Writes the view to the file `path`, removing it again if rendering fails.
-fn render_to_file(request: &FlameRequest, path: &Path) -> Result<()> {
-    let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    let mut out = BufWriter::new(file);
-    let result = render(request, &mut out)
+/// Writes the view to `path` (a FIFO, or a new file renamed over `path` once the
+/// view is complete: a failure leaves whatever was at `path` untouched).
+fn render_to_file(request: &FlameRequest, path: &Path, stdout: Stdout) -> Result<()> {
+    let output = Output::replace(path, stdout)?;
+    let mut out = BufWriter::new(output.file());
+    render(request, &mut out)
         .and_then(|()| out.flush().context("cannot write the output"))
-        .with_context(|| format!("cannot write {}", path.display()));
-    if result.is_err() {
-        drop(out);
-        let _ = std::fs::remove_file(path);
-    }
-    result
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    drop(out);
+    output.commit()?;
+    Ok(())
 }
 
 /// The default output: the recording's name with the format's ending.
@@ -174,7 +174,7 @@ pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
             let path = output
                 .clone()
                 .unwrap_or_else(|| default_output(&request.file, request.format));
-            render_to_file(request, &path)?;
+            render_to_file(request, &path, Stdout::Allowed)?;
             eprintln!(
                 "pyprobe: wrote the {} to {}",
                 request.format.what(),
@@ -201,7 +201,7 @@ pub fn write_view_for_extension(recording: &Path, out: &Path) -> Result<bool> {
         format,
         ..FlameRequest::default()
     };
-    render_to_file(&request, out)?;
+    render_to_file(&request, out, Stdout::Refused)?;
     Ok(true)
 }
 
@@ -270,12 +270,27 @@ pub struct TopRequest {
     pub once: bool,
 }
 
+/// Opens a recording that may still be written: its `.partial` while the recorder
+/// runs, the recording itself once it has ended.
+fn open_live(
+    file: &Path,
+) -> Result<RecordingReader<io::BufReader<File>>, crate::record::RecordError> {
+    match RecordingReader::open(&partial_path(file)) {
+        Err(crate::record::RecordError::Io { source, .. })
+            if source.kind() == io::ErrorKind::NotFound =>
+        {
+            RecordingReader::open(file)
+        }
+        other => other,
+    }
+}
+
 /// A data source reading a recording again at each refresh: the numbers cover
 /// what was added since the previous one.
 fn recording_source(file: PathBuf) -> impl FnMut() -> Snapshot {
     let mut previous = None;
     move || {
-        let report = RecordingReader::open(&file)
+        let report = open_live(&file)
             .map_err(anyhow::Error::from)
             .and_then(|mut r| build_report(&mut r).map_err(anyhow::Error::from));
         match report {
@@ -462,7 +477,8 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
     let limit = request.limit.max(1);
     if let Some(file) = &request.from {
         if once {
-            let mut reader = open(file)?;
+            let mut reader =
+                open_live(file).with_context(|| format!("cannot read {}", file.display()))?;
             let report = build_report(&mut reader)
                 .with_context(|| format!("cannot read {}", file.display()))?;
             let snapshot = snapshot_between(None, &report);
@@ -568,7 +584,7 @@ fn live_top(watch: Watch, interval: Duration, limit: usize) -> Result<ExitCode> 
         .context("cannot start the recorder")?;
     // Wait (bounded) for the recording to appear: attach can fail (permissions).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !recording.exists() {
+    while !recording.exists() && !partial_path(&recording).exists() {
         if let Some(status) = recorder.try_wait()? {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             bail!("cannot watch {what} ({status}): {}", log.trim());
@@ -590,7 +606,7 @@ fn live_top(watch: Watch, interval: Duration, limit: usize) -> Result<ExitCode> 
     unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
     if let Watch::Command(_) = watch {
         // The recorder waits for the command it started: end it, as quitting means.
-        if let Ok(reader) = RecordingReader::open(&recording) {
+        if let Ok(reader) = open_live(&recording) {
             let pid = reader.header().pid as i32;
             if pid > 0 {
                 // SAFETY: plain kill(2) of the command the recorder started.

@@ -78,7 +78,7 @@ impl<'a> Hit<'a> {
 /// with its probes is mapped: a launched command ends there, before it runs.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct Refusal(pub String);
+pub struct NotTraceable(pub String);
 
 /// What the engine reports, in order.
 #[derive(Debug)]
@@ -88,7 +88,6 @@ pub enum TraceEvent<'a> {
     Installed {
         pid: i32,
         sites: usize,
-        refused: Vec<(u64, u8)>,
     },
     ThreadStart {
         pid: i32,
@@ -501,7 +500,7 @@ impl Engine {
     pub fn run(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<Outcome> {
         let result = self.event_loop(sink);
         if let Err(e) = &result {
-            if self.launched && e.downcast_ref::<Refusal>().is_some() {
+            if self.launched && e.downcast_ref::<NotTraceable>().is_some() {
                 // The command pyprobe started was refused before it ran any code of
                 // its own: it does not run untraced behind the user's back.
                 let _ = kill(Pid::from_raw(self.root), Signal::SIGKILL);
@@ -1052,7 +1051,6 @@ impl Engine {
         sink(TraceEvent::Installed {
             pid,
             sites: patches.installed_sites(),
-            refused: patches.refused.clone(),
         });
         proc.patches = patches;
         proc.awaiting_object = false;
@@ -1193,7 +1191,7 @@ impl Engine {
             return;
         }
         if let Err(e) = self.install(tgid, true, sink) {
-            if e.downcast_ref::<Refusal>().is_some() {
+            if e.downcast_ref::<NotTraceable>().is_some() {
                 // Refused before the process ran any code of its own: the run ends.
                 self.fatal.get_or_insert(e);
                 return;

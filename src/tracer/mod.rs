@@ -17,8 +17,8 @@ pub mod signals;
 pub mod tsc;
 
 pub use engine::{
-    BudgetSummary, Engine, EngineOptions, Hit, Outcome, Refusal, Resolver, RingUse, TraceEvent,
+    BudgetSummary, Engine, EngineOptions, Hit, NotTraceable, Outcome, Resolver, RingUse, TraceEvent,
 };
-pub use probes::{Probe, ProbeSet, Site};
+pub use probes::{usable_sites, Probe, ProbeSet, Refusal, Site};
 pub use regs::Registers;
 pub use signals::StopReason;

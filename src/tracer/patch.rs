@@ -7,7 +7,7 @@ use std::io;
 use crate::process::memory::ProcessMemory;
 
 use super::guardian::{Guardian, Op};
-use super::probes::ProbeSet;
+use super::probes::{ProbeSet, Refusal};
 use super::ring_setup;
 
 /// Tells the guardian, if there is one. What it cannot be told must not be patched.
@@ -21,6 +21,21 @@ fn tell(guard: &mut Option<&mut Guardian>, op: Op, pid: i32, addr: u64) -> io::R
 pub const NOP: u8 = 0x90;
 pub const INT3: u8 = 0xcc;
 
+/// Most a semaphore may hold when pyprobe raises it: a count of tracers, never
+/// a pointer or other data a wrong address would find there.
+pub const MAX_SEMAPHORE: u16 = 1024;
+
+/// Why a semaphore holding `value` must not be raised, if so.
+pub fn check_semaphore(addr: u64, value: u16) -> Result<(), String> {
+    if value > MAX_SEMAPHORE {
+        return Err(format!(
+            "semaphore {addr:#x} refused: it holds {value}, not a count of tracers (at most \
+             {MAX_SEMAPHORE}); the address may not be a semaphore"
+        ));
+    }
+    Ok(())
+}
+
 /// The probes installed in one address space, and what must be undone.
 #[derive(Debug, Clone, Default)]
 pub struct Patches {
@@ -33,10 +48,13 @@ pub struct Patches {
     raised: Vec<u64>,
     /// Budgeted semaphores lowered back for now (see [`Patches::pause_budgeted`]).
     paused: Vec<u64>,
-    /// Sites refused because the byte there was not a `nop`.
-    pub refused: Vec<(u64, u8)>,
-    /// Why each of `refused` was refused (same order).
-    pub refusals: Vec<(u64, String)>,
+    /// Everything left alone, with the reason: what the set's builder refused, and
+    /// semaphores found holding more than a count at install time (their probes
+    /// are not armed).
+    pub refusals: Vec<Refusal>,
+    /// Sites that held something else than a `nop` or a ring jump pyprobe can
+    /// vouch for, with why they were left alone.
+    pub jump_refusals: Vec<(u64, String)>,
     /// Sites that held a jump left by a pyprobe that died, put back to their
     /// original code and armed.
     pub taken_over: Vec<u64>,
@@ -54,6 +72,7 @@ impl Patches {
         mut guard: Option<&mut Guardian>,
     ) -> io::Result<Patches> {
         let mut patches = Patches {
+            refusals: set.refused.clone(),
             set,
             ..Patches::default()
         };
@@ -75,8 +94,18 @@ impl Patches {
         for (pi, probe) in self.set.probes.clone().iter().enumerate() {
             if let Some(sem) = probe.semaphore {
                 if !self.raised.contains(&sem) {
+                    let value = mem.read_u16(sem)?;
+                    if let Err(reason) = check_semaphore(sem, value) {
+                        // Neither raised nor armed: nothing is written for this probe.
+                        self.refusals.push(Refusal {
+                            address: sem,
+                            probe: probe.name.clone(),
+                            reason: format!("{reason}; probe {} not armed", probe.name),
+                        });
+                        continue;
+                    }
                     tell(guard, Op::SemaphoreRaised, pid, sem)?;
-                    if let Err(e) = adjust_semaphore(mem, sem, 1) {
+                    if let Err(e) = mem.write(sem, &(value + 1).to_le_bytes()) {
                         let _ = tell(guard, Op::SemaphoreLowered, pid, sem);
                         return Err(e);
                     }
@@ -90,8 +119,7 @@ impl Patches {
                     match leftovers.take_over(mem, site.address, byte[0]) {
                         Ok(()) => self.taken_over.push(site.address),
                         Err(why) => {
-                            self.refused.push((site.address, byte[0]));
-                            self.refusals.push((site.address, why));
+                            self.jump_refusals.push((site.address, why));
                             continue;
                         }
                     }
@@ -175,8 +203,18 @@ impl Patches {
         let pid = mem.pid();
         let mut resumed = 0;
         while let Some(sem) = self.paused.pop() {
+            let value = mem.read_u16(sem)?;
+            if let Err(reason) = check_semaphore(sem, value) {
+                // Changed since it was raised last: leave it, and its hits stop.
+                self.refusals.push(Refusal {
+                    address: sem,
+                    probe: String::new(),
+                    reason,
+                });
+                continue;
+            }
             tell(&mut guard, Op::SemaphoreRaised, pid, sem)?;
-            if let Err(e) = adjust_semaphore(mem, sem, 1) {
+            if let Err(e) = mem.write(sem, &(value + 1).to_le_bytes()) {
                 let _ = tell(&mut guard, Op::SemaphoreLowered, pid, sem);
                 return Err(e);
             }

@@ -1,6 +1,8 @@
 //! What the engine is asked to trace: probe sites at runtime addresses, with their
 //! parsed argument specs. Built by the caller (who knows what the probes mean).
 
+use crate::elf::{SdtProbe, SdtSite};
+use crate::process::objects::LoadedObject;
 use crate::sdt::ArgSpec;
 
 /// One probe site at its runtime address.
@@ -34,6 +36,48 @@ pub struct ProbeSet {
     /// Indices of the probes whose hits need the target stopped (the caller reads
     /// its state at each, e.g. the Python stack): never served by the ring.
     pub needs_stop: Vec<usize>,
+    /// Sites and semaphores left out while the set was built: never written.
+    pub refused: Vec<Refusal>,
+}
+
+/// A site or semaphore pyprobe leaves alone, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Runtime address of the site or semaphore.
+    pub address: u64,
+    pub probe: String,
+    /// A sentence naming the address and the reason.
+    pub reason: String,
+}
+
+/// The sites of `probe` (an SDT probe of `object`) that may be armed; what its
+/// ELF checks refused goes to `refused`. None at all when its semaphore is
+/// refused: raising nothing, it must not be armed either.
+pub fn usable_sites<'a>(
+    object: &LoadedObject,
+    probe: &'a SdtProbe,
+    refused: &mut Vec<Refusal>,
+) -> Vec<&'a SdtSite> {
+    if let (Some(sem), Some(why)) = (probe.semaphore, &probe.semaphore_refused) {
+        refused.push(Refusal {
+            address: object.runtime(sem),
+            probe: probe.name.clone(),
+            reason: format!("{why}; probe {} not armed", probe.name),
+        });
+        return Vec::new();
+    }
+    let mut usable = Vec::new();
+    for site in &probe.sites {
+        match &site.refused {
+            Some(why) => refused.push(Refusal {
+                address: object.runtime(site.address),
+                probe: probe.name.clone(),
+                reason: why.clone(),
+            }),
+            None => usable.push(site),
+        }
+    }
+    usable
 }
 
 impl ProbeSet {

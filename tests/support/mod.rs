@@ -26,7 +26,8 @@ pub fn tmp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("pyprobe-{}-{name}", std::process::id()))
 }
 
-/// Removes a file when dropped.
+/// Removes a file when dropped, and the `.partial` a killed recorder leaves
+/// beside it.
 pub struct TempFile(pub PathBuf);
 
 impl TempFile {
@@ -42,6 +43,9 @@ impl TempFile {
 impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+        let mut partial = self.0.clone().into_os_string();
+        partial.push(".partial");
+        let _ = std::fs::remove_file(partial);
     }
 }
 

@@ -4,6 +4,7 @@ use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 
 use crate::analyze::FileFilter;
+use crate::output::file::Output;
 use crate::python::probes::PythonProbe;
 use crate::record::{BackgroundWriter, Event, EventKind, FrameRef, Header, RecordingWriter, StrId};
 use crate::tracer::signals;
@@ -18,6 +19,8 @@ pub struct EventBuilder {
     writer: Option<RecordingWriter<BackgroundWriter>>,
     header: Header,
     output: PathBuf,
+    /// The file the writer writes (`OUT.partial` until the recording ends).
+    file: Option<Output>,
     /// Events seen before the writer exists (thread starts only: no probe can hit).
     early: Vec<Event>,
     filter: FileFilter,
@@ -55,6 +58,7 @@ impl EventBuilder {
             writer: None,
             header,
             output,
+            file: None,
             early: Vec::new(),
             filter,
             start_at,
@@ -90,14 +94,16 @@ impl EventBuilder {
         }
     }
 
-    /// Ends the recording: the writer (if it was ever opened) and the first write error.
+    /// Ends the recording: the writer and its file (if it was ever opened) and the
+    /// first write error.
     pub fn into_parts(
         mut self,
     ) -> (
-        Option<RecordingWriter<BackgroundWriter>>,
+        Option<(RecordingWriter<BackgroundWriter>, Output)>,
         Option<std::io::Error>,
     ) {
-        (self.writer.take(), self.write_error.take())
+        let opened = self.writer.take().zip(self.file.take());
+        (opened, self.write_error.take())
     }
 
     pub fn write(&mut self, tid: i32, ts_ns: u64, kind: EventKind) {
@@ -137,10 +143,24 @@ impl EventBuilder {
         self.header.python_version = chosen.version.map(|v| v.to_string()).unwrap_or_default();
         self.header.probes = chosen.groups.iter().map(|g| g.name().to_owned()).collect();
         // The header reaches the file at once: a watcher (`top`) can open it now.
-        match RecordingWriter::create(&self.output, &self.header)
-            .and_then(|mut w| w.flush().map(|_| w))
-        {
-            Ok(w) => self.writer = Some(w),
+        let opened = Output::partial(&self.output).and_then(|file| {
+            let mut w =
+                RecordingWriter::new(BackgroundWriter::new(file.try_clone_file()?)?, &self.header)?;
+            w.flush()?;
+            Ok((w, file))
+        });
+        match opened {
+            Ok((w, file)) => {
+                if file.is_renamed() {
+                    eprintln!(
+                        "pyprobe: recording into {} (renamed to {} when the recording ends)",
+                        file.writing_to().display(),
+                        self.output.display()
+                    );
+                }
+                self.writer = Some(w);
+                self.file = Some(file);
+            }
             Err(e) => {
                 self.write_error = Some(e);
                 signals::request_stop();

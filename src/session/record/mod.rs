@@ -2,13 +2,14 @@
 //! the ptrace engine, and stream the events into a recording.
 
 use std::cell::RefCell;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::rc::Rc;
 
 use anyhow::{bail, Context, Result};
 
 use crate::analyze::FileFilter;
+use crate::output::file::{check, check_recording, Stdout};
 use crate::process::objects::{find_probe_object, sdt_objects};
 use crate::process::status::{check_inspectable, cmdline};
 use std::collections::BTreeSet;
@@ -138,6 +139,10 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         bail!("`--probes` needs probes: use it with `--mode trace` or `--mode auto`");
     }
     let budget = overhead_budget(request, mode, requested.as_ref())?;
+    if let Some(output) = &request.output {
+        // Before anything is attached or started.
+        check_outputs(output)?;
+    }
     let chosen = Rc::new(RefCell::new(Chosen::default()));
     let resolver = Box::new(PythonResolver {
         mode,
@@ -161,6 +166,10 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     let mut early_window = None;
     let mut collect = |e: TraceEvent| match e {
         TraceEvent::Window { pid, ts_ns, exact } => early_window = Some((pid, ts_ns, exact)),
+        TraceEvent::Installed { pid, .. } => {
+            early.push(format_early(&e));
+            early.extend(refusal_lines(pid, &chosen));
+        }
         other => early.push(format_early(&other)),
     };
     let (mut engine, launched) = match (request.pid, request.command.is_empty()) {
@@ -236,60 +245,68 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     let mut status = status::Status::new();
     let outcome = engine.run(&mut |event| {
         match event {
-        TraceEvent::Hit(hit) => {
-            // A child traced under --subprocesses runs its parent's probe set: go by name.
-            let meaning = chosen
-                .borrow()
-                .meanings
-                .get(&hit.pid)
-                .and_then(|m| m.get(hit.probe).copied())
-                .or_else(|| PROBES.iter().find(|p| p.name == hit.probe_name));
-            if let Some(meaning) = meaning {
-                // Which code triggered a GC, an import or an audit event: from the
-                // walker, unless every call is traced (then the rebuilt stack says it).
-                let explains = CONTEXT_PROBES.contains(&meaning.name) && {
-                    let now = chosen.borrow();
-                    needs_context_stacks(mode, now.version, &now.groups)
-                };
-                if explains {
-                    sampler.context(hit.pid, hit.tid, hit.ts_ns, &mut builder);
+            TraceEvent::Hit(hit) => {
+                // A child traced under --subprocesses runs its parent's probe set: go by name.
+                let meaning = chosen
+                    .borrow()
+                    .meanings
+                    .get(&hit.pid)
+                    .and_then(|m| m.get(hit.probe).copied())
+                    .or_else(|| PROBES.iter().find(|p| p.name == hit.probe_name));
+                if let Some(meaning) = meaning {
+                    // Which code triggered a GC, an import or an audit event: from the
+                    // walker, unless every call is traced (then the rebuilt stack says it).
+                    let explains = CONTEXT_PROBES.contains(&meaning.name) && {
+                        let now = chosen.borrow();
+                        needs_context_stacks(mode, now.version, &now.groups)
+                    };
+                    if explains {
+                        sampler.context(hit.pid, hit.tid, hit.ts_ns, &mut builder);
+                    }
+                    // The thread was stopped before the collection or import began:
+                    // it begins when the thread goes on, after pyprobe's stack read.
+                    let opens_pause = explains && OPENING_PROBES.contains(&meaning.name);
+                    let ts_ns = if opens_pause {
+                        monotonic_ns()
+                    } else {
+                        hit.ts_ns
+                    };
+                    builder.hit(meaning, &hit.at(ts_ns));
                 }
-                // The thread was stopped before the collection or import began:
-                // it begins when the thread goes on, after pyprobe's stack read.
-                let opens_pause = explains && OPENING_PROBES.contains(&meaning.name);
-                let ts_ns = if opens_pause { monotonic_ns() } else { hit.ts_ns };
-                builder.hit(meaning, &hit.at(ts_ns));
             }
-        }
-        TraceEvent::ThreadStart { tid, ts_ns, .. } => builder.write(tid, ts_ns, EventKind::ThreadStart),
-        TraceEvent::ThreadExit { tid, ts_ns, .. } => builder.write(tid, ts_ns, EventKind::ThreadExit),
-        TraceEvent::Installed { pid, sites, refused } => {
-            if launched && !announced {
-                announced = true;
-                start_line(&chosen.borrow(), pid);
-                builder.open(pid, &chosen.borrow());
+            TraceEvent::ThreadStart { tid, ts_ns, .. } => {
+                builder.write(tid, ts_ns, EventKind::ThreadStart)
             }
-            if sites > 0 {
-                eprintln!("pyprobe: {sites} probe sites armed in process {pid}");
+            TraceEvent::ThreadExit { tid, ts_ns, .. } => {
+                builder.write(tid, ts_ns, EventKind::ThreadExit)
             }
-            for (addr, byte) in refused {
-                eprintln!("pyprobe: refused site {addr:#x} in process {pid}: byte {byte:#04x} is not a nop");
+            TraceEvent::Installed { pid, sites } => {
+                if launched && !announced {
+                    announced = true;
+                    start_line(&chosen.borrow(), pid);
+                    builder.open(pid, &chosen.borrow());
+                }
+                if sites > 0 {
+                    eprintln!("pyprobe: {sites} probe sites armed in process {pid}");
+                }
+                for line in refusal_lines(pid, &chosen) {
+                    eprintln!("{line}");
+                }
             }
-        }
-        TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
-        TraceEvent::Lost { pid, count, ts_ns } => {
-            builder.write(pid, ts_ns, EventKind::Lost { count })
-        }
-        TraceEvent::Window { pid, ts_ns, exact } => {
-            exact_window = exact;
-            builder.write(pid, ts_ns, EventKind::Window { exact });
-        }
-        TraceEvent::Tick { pid, ts_ns, .. } => {
-            if (announced || !launched) && !exact_window {
-                sampler.sample(pid, ts_ns, &mut builder);
-                builder.flush_if_due(ts_ns);
+            TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
+            TraceEvent::Lost { pid, count, ts_ns } => {
+                builder.write(pid, ts_ns, EventKind::Lost { count })
             }
-        }
+            TraceEvent::Window { pid, ts_ns, exact } => {
+                exact_window = exact;
+                builder.write(pid, ts_ns, EventKind::Window { exact });
+            }
+            TraceEvent::Tick { pid, ts_ns, .. } => {
+                if (announced || !launched) && !exact_window {
+                    sampler.sample(pid, ts_ns, &mut builder);
+                    builder.flush_if_due(ts_ns);
+                }
+            }
         }
         status.update(builder.events(), sampler.samples, 0, builder.bytes());
     });
@@ -299,14 +316,29 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     drop(engine);
     let end_ns = monotonic_ns();
     let events = builder.events();
-    let (writer, write_error) = builder.into_parts();
-    let outcome = outcome?;
+    let (opened, write_error) = builder.into_parts();
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => {
+            // The run failed: OUT is not replaced; what was recorded is kept.
+            if let Some((writer, file)) = opened {
+                drop(writer);
+                if let Some(kept) = file.salvage() {
+                    eprintln!(
+                        "pyprobe: what was recorded before the error is in {}",
+                        kept.display()
+                    );
+                }
+            }
+            return Err(e);
+        }
+    };
     if mode != Mode::Trace && sampler.samples == 0 {
         if let Some(e) = &sampler.last_error {
             eprintln!("pyprobe: no samples: {e}");
         }
     }
-    let Some(writer) = writer else {
+    let Some((writer, file)) = opened else {
         let why = write_error.map(|e| e.to_string()).unwrap_or_else(|| {
             "the command never started a CPython interpreter pyprobe could read".into()
         });
@@ -314,14 +346,25 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         return Ok(exit_code(outcome, launched, pid));
     };
     let summary = writer.finish(end_ns);
-    if let Some(e) = write_error {
+    let failure = match (write_error, &summary) {
+        (Some(e), _) => Some(e.to_string()),
+        (None, Err(e)) => Some(e.to_string()),
+        (None, Ok(_)) => None,
+    };
+    if let Some(e) = failure {
+        let kept = match file.salvage() {
+            Some(p) => format!("What was written before reads back from {}.", p.display()),
+            None => "Nothing was kept.".into(),
+        };
         eprintln!(
-            "pyprobe: writing {} failed ({e}); detached from the target, which runs on. What was written before reads back.",
+            "pyprobe: writing {} failed ({e}); detached from the target, which runs on. {kept}",
             recording_path.display()
         );
         return Ok(ExitCode::from(1));
     }
-    let summary = summary.with_context(|| format!("cannot finish {}", recording_path.display()))?;
+    let summary = summary?;
+    file.commit()
+        .with_context(|| format!("cannot finish {}", recording_path.display()))?;
     let mut what = match mode {
         Mode::Trace => format!("{hits} probe hits"),
         _ => format!("{} samples, {hits} probe hits", sampler.samples),
@@ -379,6 +422,19 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         );
     }
     Ok(exit_code(outcome, launched, pid))
+}
+
+/// Refuses outputs that cannot be written (a device, a directory, a recording
+/// under way at the same name).
+fn check_outputs(output: &Path) -> Result<()> {
+    let recording = if is_view(output) {
+        check(output, Stdout::Refused)?;
+        output.with_extension("pyprobe")
+    } else {
+        output.to_owned()
+    };
+    check_recording(&recording)?;
+    Ok(())
 }
 
 fn is_view(path: &std::path::Path) -> bool {
@@ -447,6 +503,20 @@ fn print_start_line(
             );
         }
     }
+}
+
+/// What the resolver left alone in `pid` (forged or corrupt notes, odd
+/// semaphores), one line each; sites holding something else than their `nop` are
+/// reported by the engine, with why.
+fn refusal_lines(pid: i32, chosen: &RefCell<Chosen>) -> Vec<String> {
+    chosen
+        .borrow_mut()
+        .refusals
+        .remove(&pid)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|why| format!("pyprobe: process {pid}: {why}"))
+        .collect()
 }
 
 fn format_early(event: &TraceEvent) -> String {

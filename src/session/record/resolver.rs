@@ -13,7 +13,8 @@ use crate::python::probes::{ProbeGroup, PythonProbe, PROVIDER};
 use crate::python::tracing::{available_groups, default_groups, probe_set, trace_refusal};
 use crate::python::version::{self, PyVersion};
 use crate::python::walker::find_interpreter_object;
-use crate::tracer::{ProbeSet, Refusal, Resolver};
+use crate::tracer::patch::check_semaphore;
+use crate::tracer::{NotTraceable, ProbeSet, Resolver};
 
 /// How function stacks are seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +38,8 @@ pub struct Chosen {
     pub warning: Option<String>,
     /// The interpreter carries SDT probes (built with --with-dtrace).
     pub has_probes: bool,
+    /// Per process: sites and semaphores left alone, one sentence each.
+    pub refusals: rustc_hash::FxHashMap<i32, Vec<String>>,
 }
 
 /// Probes at whose hits the Python stack is recorded: what triggered a GC, an
@@ -94,6 +97,26 @@ impl PythonResolver {
     }
 }
 
+/// What will be left alone in `pid`: what the ELF checks refused, and semaphores
+/// holding more than a count now (the patcher refuses those again when it raises).
+fn refusals(object: &LoadedObject, set: &ProbeSet, pid: i32) -> Vec<String> {
+    let mut out: Vec<String> = set
+        .refused
+        .iter()
+        .map(|r| format!("{}: {}", object.target_path, r.reason))
+        .collect();
+    let mem = ProcessMemory::new(pid);
+    for probe in &set.probes {
+        let Some(sem) = probe.semaphore else { continue };
+        if let Ok(value) = mem.read_u16(sem) {
+            if let Err(why) = check_semaphore(sem, value) {
+                out.push(format!("{why}; probe {} not armed", probe.name));
+            }
+        }
+    }
+    out
+}
+
 impl Resolver for PythonResolver {
     fn resolve(&mut self, pid: i32) -> Result<Option<ProbeSet>> {
         let maps = crate::process::read_maps(pid)?;
@@ -115,13 +138,15 @@ impl Resolver for PythonResolver {
         let version = version::detect(&object, &ProcessMemory::new(pid));
         if self.mode == Mode::Trace {
             if let Some(why) = trace_refusal(&object, version, self.requested.as_ref()) {
-                return Err(Refusal(why).into());
+                return Err(NotTraceable(why).into());
             }
         }
         let has_probes = object.has_provider(PROVIDER);
         let (set, meanings, groups, warning) = if has_probes && self.mode != Mode::Sample {
             let (groups, warning) = self.groups(&object, version)?;
             let (mut set, meanings) = probe_set(&object, &groups)?;
+            let refusals = refusals(&object, &set, pid);
+            self.chosen.borrow_mut().refusals.insert(pid, refusals);
             if needs_context_stacks(self.mode, version, &groups) {
                 // The frame walker reads the stack at these hits: they must stop.
                 set.needs_stop = meanings

@@ -108,7 +108,7 @@ impl Engine {
                 patches.taken_over.len()
             )));
         }
-        let refused = &patches.refusals;
+        let refused = &patches.jump_refusals;
         if refused.is_empty() {
             return;
         }

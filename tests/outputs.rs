@@ -1,0 +1,308 @@
+//! Outputs named by the user (`-o OUT`): pyprobe never removes or truncates what
+//! it did not create. A failing run leaves OUT as it was, devices are refused, a
+//! FIFO is written straight into, and recordings are private (0600).
+
+mod common;
+mod support;
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use pyprobe::record::{Event, EventKind, FrameRef, Header, RecordingWriter};
+use support::*;
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("pyprobe-outputs-")
+        .tempdir()
+        .unwrap()
+}
+
+/// A small trace recording: main → work, 3 µs.
+fn recording(path: &Path) {
+    let header = Header {
+        pid: 100,
+        command_line: vec!["python3".into(), "main.py".into()],
+        executable: "/usr/bin/python3.9".into(),
+        python_version: "3.9.2".into(),
+        mode: "trace".into(),
+        start_ns: 1_000,
+        ..Header::default()
+    };
+    let mut w = RecordingWriter::create(path, &header).unwrap();
+    let file = w.intern("/app/main.py");
+    let frame = |name: &str, w: &mut RecordingWriter<_>| FrameRef {
+        file,
+        function: w.intern(name),
+        line: 1,
+    };
+    let main = frame("main", &mut w);
+    let work = frame("work", &mut w);
+    for (ts_ns, kind) in [
+        (1_000, EventKind::Call { frame: main }),
+        (2_000, EventKind::Call { frame: work }),
+        (3_000, EventKind::Return { frame: work }),
+        (4_000, EventKind::Return { frame: main }),
+    ] {
+        w.write(&Event {
+            tid: 100,
+            ts_ns,
+            kind,
+        })
+        .unwrap();
+    }
+    w.finish(5_000).unwrap();
+}
+
+/// The names in `dir`, sorted (to see that no temporary is left behind).
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+/// Bytes no view would write.
+fn precious() -> Vec<u8> {
+    (0..4096u32).map(|i| (i * 7 % 251) as u8).collect()
+}
+
+#[test]
+fn a_failing_flame_leaves_an_existing_output_byte_for_byte() {
+    let dir = tempdir();
+    let input = dir.path().join("notes.txt");
+    std::fs::write(&input, "not a recording\n").unwrap();
+    let out = dir.path().join("out.svg");
+    std::fs::write(&out, precious()).unwrap();
+    for format in ["svg", "collapsed", "speedscope", "chrome"] {
+        let o = run_pyprobe(&["flame", s(&input), "-o", s(&out), "--format", format]);
+        assert_refused_output(&o, &["flame", format], &["notes.txt"]);
+        assert_eq!(
+            std::fs::read(&out).unwrap(),
+            precious(),
+            "{format}: OUT untouched"
+        );
+    }
+    // The default output, beside the input, is no different.
+    let beside = dir.path().join("notes.svg");
+    std::fs::write(&beside, precious()).unwrap();
+    let o = run_pyprobe(&["flame", s(&input)]);
+    assert_refused_output(&o, &["flame"], &["notes.txt"]);
+    assert_eq!(std::fs::read(&beside).unwrap(), precious());
+    assert_eq!(
+        names(dir.path()),
+        ["notes.svg", "notes.txt", "out.svg"],
+        "no temporary left behind"
+    );
+}
+
+#[test]
+fn a_successful_flame_replaces_the_output() {
+    let dir = tempdir();
+    let input = dir.path().join("run.pyprobe");
+    recording(&input);
+    let out = dir.path().join("out.txt");
+    std::fs::write(&out, precious()).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = run_pyprobe(&["flame", s(&input), "-o", s(&out), "--format", "collapsed"]);
+    assert!(o.status.success());
+    let expected = run_pyprobe(&["flame", s(&input), "-o", "-", "--format", "collapsed"]);
+    assert!(expected.status.success());
+    assert!(!expected.stdout.is_empty());
+    assert_eq!(std::fs::read(&out).unwrap(), expected.stdout);
+    assert_eq!(mode(&out), 0o600, "outputs are private");
+    assert_eq!(names(dir.path()), ["out.txt", "run.pyprobe"]);
+}
+
+fn assert_char_device(p: &Path, rdev: u64) {
+    let meta = std::fs::symlink_metadata(p)
+        .unwrap_or_else(|e| panic!("{} still exists: {e}", p.display()));
+    assert!(
+        meta.file_type().is_char_device(),
+        "{} still a character device",
+        p.display()
+    );
+    assert_eq!(meta.rdev(), rdev);
+}
+
+#[test]
+fn a_character_device_is_refused_and_left_alone() {
+    let dir = tempdir();
+    let input = dir.path().join("run.pyprobe");
+    recording(&input);
+    let null_rdev = std::fs::metadata("/dev/null").unwrap().rdev();
+    let e = assert_refused(
+        &["flame", s(&input), "-o", "/dev/null"],
+        &["/dev/null", "character device", "`-o -`"],
+    );
+    assert!(!e.contains('\n'));
+    assert_char_device(Path::new("/dev/null"), null_rdev);
+
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("NOTICE: skipping the failing render into a device node: needs root (mknod)");
+        return;
+    }
+    // A device node of our own (what /dev/null is): a failing render must not
+    // remove it, as it used to.
+    let node = dir.path().join("null");
+    let c = std::ffi::CString::new(s(&node)).unwrap();
+    // SAFETY: mknod(2) with a valid C string.
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, null_rdev as libc::dev_t) };
+    assert_eq!(r, 0, "mknod {}", node.display());
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "not a recording\n").unwrap();
+    assert_refused(&["flame", s(&notes), "-o", s(&node)], &["character device"]);
+    assert_char_device(&node, null_rdev);
+
+    // `record` refuses it before starting anything.
+    let Some(py) = python("3.9") else { return };
+    let marker = dir.path().join("ran");
+    let code = format!("open({:?}, 'w')", s(&marker));
+    assert_refused(
+        &["record", "-o", s(&node), "--", s(&py.launcher), "-c", &code],
+        &["character device"],
+    );
+    assert!(!marker.exists(), "the command was never started");
+    assert_char_device(&node, null_rdev);
+}
+
+#[test]
+fn a_fifo_output_is_written_straight_into() {
+    let dir = tempdir();
+    let input = dir.path().join("run.pyprobe");
+    recording(&input);
+    let fifo = dir.path().join("view.fifo");
+    let c = std::ffi::CString::new(s(&fifo)).unwrap();
+    // SAFETY: mkfifo(3) with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    let o = run_pyprobe(&["flame", s(&input), "-o", s(&fifo), "--format", "collapsed"]);
+    assert!(o.status.success());
+    let read = reader.join().unwrap();
+    let expected = run_pyprobe(&["flame", s(&input), "-o", "-", "--format", "collapsed"]);
+    assert!(!expected.stdout.is_empty());
+    assert_eq!(read, expected.stdout);
+    let is_fifo = || std::fs::symlink_metadata(&fifo).is_ok_and(|m| m.file_type().is_fifo());
+    assert!(is_fifo());
+    // A failing render leaves the FIFO where it was (it used to be removed).
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "not a recording\n").unwrap();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    assert_refused(&["flame", s(&notes), "-o", s(&fifo)], &["notes.txt"]);
+    reader.join().unwrap();
+    assert!(is_fifo(), "{} still a FIFO", fifo.display());
+    assert_eq!(names(dir.path()), ["notes.txt", "run.pyprobe", "view.fifo"]);
+}
+
+/// `pyprobe record -o OUT -p PID --mode trace` under umask 0: whatever the umask,
+/// the recording is private.
+fn record_under_umask_0(out: &Path, pid: i32) -> Tracer {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pyprobe"));
+    // SAFETY: umask(2) only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0);
+            Ok(())
+        })
+    };
+    Tracer::command(cmd, s(out), &["-p", &pid.to_string(), "--mode", "trace"])
+}
+
+fn partial(out: &Path) -> PathBuf {
+    let mut name = out.file_name().unwrap().to_owned();
+    name.push(".partial");
+    out.with_file_name(name)
+}
+
+#[test]
+fn a_recording_replaces_out_only_when_it_ends_and_is_private() {
+    let Some(py) = python("3.9") else { return };
+    let dir = tempdir();
+    let out = dir.path().join("run.pyprobe");
+    std::fs::write(&out, precious()).unwrap();
+    let mut t = Target::spawn(&py.launcher, &[&fixture_script("faults.py")]);
+    t.wait_for_line("ready");
+    let pid = t.pid();
+
+    // Killed while recording: OUT is as it was; what was recorded is readable
+    // in OUT.partial.
+    let tracer = record_under_umask_0(&out, pid);
+    let started = wait_for(Duration::from_secs(20), || {
+        std::fs::metadata(partial(&out)).is_ok_and(|m| m.len() > 0)
+    });
+    assert!(started, "recording into {}", partial(&out).display());
+    t.send_line("ping");
+    t.wait_for_line("pong");
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        precious(),
+        "OUT untouched while recording"
+    );
+    assert_eq!(mode(&partial(&out)), 0o600);
+    tracer.signal(libc::SIGKILL);
+    let (status, stderr) = tracer.wait(Duration::from_secs(20));
+    assert_eq!(status.code(), None, "killed");
+    assert!(
+        stderr.contains("run.pyprobe.partial"),
+        "the start says where: {stderr}"
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), precious());
+    let report = run_pyprobe(&["report", s(&partial(&out)), "--format", "json"]);
+    assert_no_panic("report of the partial recording", &report.stderr);
+    assert!(report.status.success(), "the partial recording reads back");
+    assert!(String::from_utf8_lossy(&report.stderr).contains("cut short"));
+
+    // Its partial is left for the user: a new recording to OUT is refused, and
+    // neither is touched.
+    let held = std::fs::read(partial(&out)).unwrap();
+    assert_refused(
+        &[
+            "record",
+            "-o",
+            s(&out),
+            "-p",
+            &pid.to_string(),
+            "--mode",
+            "trace",
+        ],
+        &["run.pyprobe.partial exists"],
+    );
+    assert_eq!(std::fs::read(partial(&out)).unwrap(), held);
+    assert_eq!(std::fs::read(&out).unwrap(), precious());
+    std::fs::remove_file(partial(&out)).unwrap();
+
+    // A run that ends well replaces OUT, private, and leaves nothing else.
+    let tracer = record_under_umask_0(&out, pid);
+    assert!(wait_for(Duration::from_secs(20), || partial(&out).exists()));
+    t.send_line("ping");
+    t.wait_for_line("pong");
+    tracer.signal(libc::SIGINT);
+    let (status, _) = tracer.wait(Duration::from_secs(30));
+    assert!(status.success());
+    assert_eq!(mode(&out), 0o600, "recordings are private");
+    assert_eq!(names(dir.path()), ["run.pyprobe"]);
+    report_json(s(&out));
+    t.send_line("stop");
+    assert_eq!(t.wait_for_line("result"), "result 144");
+}
