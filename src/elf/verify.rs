@@ -170,7 +170,8 @@ impl<'a> Verifier<'a> {
                 pc - start
             ));
         }
-        Ok((start, from, segment.vaddr + segment.filesz))
+        // A hostile header may put the segment's end past u64::MAX.
+        Ok((start, from, segment.vaddr.saturating_add(segment.filesz)))
     }
 
     /// Decodes from `start` through the sorted `sites` (all in `start..end`):
@@ -339,6 +340,21 @@ mod tests {
 
     fn repo() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    #[test]
+    fn a_segment_ending_past_the_address_space_is_no_panic() {
+        // Found by the elf_notes fuzzer (debug builds check the overflow; the
+        // fuzzer replays this seed): an executable segment whose address plus size
+        // passes u64::MAX, with probe sites in it, none of them usable.
+        let data = std::fs::read(repo().join("fuzz/seeds/elf_notes/segment-end-overflow")).unwrap();
+        if let Ok(info) = ElfInfo::parse(Path::new("fuzz.elf"), &data) {
+            for probe in &info.probes {
+                for site in &probe.sites {
+                    assert!(site.refused.is_some(), "{:#x} accepted", site.address);
+                }
+            }
+        }
     }
 
     /// A file the tests need, or `None` with a notice (a failure under
