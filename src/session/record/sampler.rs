@@ -3,7 +3,7 @@
 //! that hit it, as a `stack` event just before the event it explains.
 
 use crate::python::walker::{PyFrame, Walker};
-use crate::record::{EventKind, FrameRef};
+use crate::record::{EventKind, FrameRef, WalkedFrame};
 
 use super::events::EventBuilder;
 
@@ -50,12 +50,16 @@ impl Sampler {
         self.walker.as_mut()
     }
 
-    fn frames(builder: &mut EventBuilder, frames: &[PyFrame]) -> Vec<FrameRef> {
+    /// Frames as recorded: named by `co_name`, as the function probes name them.
+    fn frames(builder: &mut EventBuilder, frames: &[PyFrame]) -> Vec<WalkedFrame> {
         frames
             .iter()
-            .map(|f| FrameRef {
-                file: builder.intern(&f.file),
-                function: builder.intern(&f.function),
+            .map(|f| WalkedFrame {
+                code: FrameRef {
+                    file: builder.intern(&f.file),
+                    function: builder.intern(&f.name),
+                    line: f.first_line,
+                },
                 line: f.line,
             })
             .collect()
