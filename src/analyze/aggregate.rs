@@ -9,7 +9,7 @@ use super::gc::GcTracker;
 use super::imports::ImportTracker;
 use super::model::{RaisingStack, Trigger, MAX_TRIGGERS};
 use super::replay::{Pairing, Replay, Step};
-use super::samples::SampleTracker;
+use super::samples::{SampleAcc, SampleTracker};
 use super::{
     Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, ImportStats, Report,
     Target, ThreadStats,
@@ -162,7 +162,8 @@ impl Aggregator {
             }
             EventKind::Sample { frames } => {
                 let codes: Vec<FrameRef> = frames.iter().map(|w| replay.walked_code(w)).collect();
-                self.samples.record(&codes);
+                let weight = replay.plan().sample_weight(tid, self.sample_interval_ns);
+                self.samples.record(&codes, weight);
             }
             EventKind::ThreadExit => {
                 self.gc.thread_exit(tid);
@@ -246,7 +247,8 @@ impl Aggregator {
         let mut names = Names::new(resolve);
         let mut samples = self.samples.finish();
         let mut functions: Vec<FunctionStats> = Vec::new();
-        let mut add = |names: &mut Names<_>, frame: FrameRef, t: FuncAcc, leaf: u64, incl: u64| {
+        let mut add = |names: &mut Names<_>, frame: FrameRef, t: FuncAcc, s: SampleAcc| {
+            let (leaf, incl) = (s.leaf, s.inclusive);
             let (inclusive_ns, exclusive_ns) = match source {
                 // Samples come only from outside exact windows (budget-limited
                 // recordings): their estimate adds to the exact time.
@@ -255,7 +257,12 @@ impl Aggregator {
                     t.exclusive_ns.saturating_add(leaf.saturating_mul(interval)),
                 ),
                 FunctionSource::Traced => (t.inclusive_ns, t.exclusive_ns),
-                _ => (incl.saturating_mul(interval), leaf.saturating_mul(interval)),
+                // Sampled alongside a busy trace: each sample stands for its
+                // thread's time between samples.
+                FunctionSource::ReturnsOnly => (s.inclusive_ns, s.leaf_ns),
+                FunctionSource::Sampled => {
+                    (incl.saturating_mul(interval), leaf.saturating_mul(interval))
+                }
             };
             functions.push(FunctionStats {
                 function: names.get(frame.function),
@@ -269,10 +276,10 @@ impl Aggregator {
         };
         for (frame, t) in &self.functions {
             let s = samples.remove(frame).unwrap_or_default();
-            add(&mut names, *frame, *t, s.leaf, s.inclusive);
+            add(&mut names, *frame, *t, s);
         }
         for (frame, s) in samples {
-            add(&mut names, frame, FuncAcc::default(), s.leaf, s.inclusive);
+            add(&mut names, frame, FuncAcc::default(), s);
         }
         functions.sort_by(|a, b| {
             b.inclusive_ns

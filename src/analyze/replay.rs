@@ -216,6 +216,8 @@ pub struct Plan {
     modules: FastSet<Name>,
     /// Names of the interpreter's shim code objects.
     shims: FastSet<Name>,
+    /// Per thread: first and last sample time, and samples.
+    sampled: FastMap<u32, (u64, u64, u64)>,
     /// Call and return events of the recording.
     pub calls: u64,
     pub returns: u64,
@@ -334,6 +336,16 @@ impl Plan {
             .or_else(|| self.walked_min.get(&name).copied())
             .unwrap_or(w.line);
         FrameRef { line, ..w.code }
+    }
+
+    /// The time one sample of thread `tid` stands for: the time between its first
+    /// and last sample over the samples taken in between (a busy tracer takes
+    /// them late), else `nominal`.
+    pub fn sample_weight(&self, tid: u32, nominal: u64) -> u64 {
+        match self.sampled.get(&tid) {
+            Some(&(first, last, n)) if n >= 3 && last > first => (last - first) / (n - 1),
+            _ => nominal,
+        }
     }
 
     fn is_shim(&self, f: &FrameRef) -> bool {
@@ -528,6 +540,11 @@ impl Planner {
             }
             EventKind::Sample { frames } => {
                 self.plan.samples += 1;
+                let ts = event.ts_ns;
+                let s = self.plan.sampled.entry(tid).or_insert((ts, ts, 0));
+                s.0 = s.0.min(ts);
+                s.1 = s.1.max(ts);
+                s.2 += 1;
                 self.walked(frames);
             }
             EventKind::Stack { frames } => self.walked(frames),

@@ -11,6 +11,9 @@ pub(crate) struct SampleAcc {
     pub(crate) leaf: u64,
     /// Samples with this function anywhere on the stack (once per sample).
     pub(crate) inclusive: u64,
+    /// The time those samples stand for, as leaf and anywhere on the stack.
+    pub(crate) leaf_ns: u64,
+    pub(crate) inclusive_ns: u64,
 }
 
 #[derive(Default)]
@@ -21,17 +24,22 @@ pub(crate) struct SampleTracker {
 }
 
 impl SampleTracker {
-    /// Counts one sampled stack of functions, outermost first.
-    pub(crate) fn record(&mut self, codes: &[FrameRef]) {
+    /// Counts one sampled stack of functions, outermost first, standing for
+    /// `weight_ns` of time.
+    pub(crate) fn record(&mut self, codes: &[FrameRef], weight_ns: u64) {
         self.samples += 1;
         self.seen.clear();
         for code in codes {
             if self.seen.insert(*code) {
-                self.acc.entry(*code).or_default().inclusive += 1;
+                let a = self.acc.entry(*code).or_default();
+                a.inclusive += 1;
+                a.inclusive_ns = a.inclusive_ns.saturating_add(weight_ns);
             }
         }
         if let Some(leaf) = codes.last() {
-            self.acc.entry(*leaf).or_default().leaf += 1;
+            let a = self.acc.entry(*leaf).or_default();
+            a.leaf += 1;
+            a.leaf_ns = a.leaf_ns.saturating_add(weight_ns);
         }
     }
 

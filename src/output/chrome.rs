@@ -89,7 +89,9 @@ impl<W: Write> Writer<W> {
             )
         });
         let (name, args) = (name.clone(), args.clone());
+        // Clipped at the trace's start like every other time: slices still nest.
         let begin = self.rel(e.start_ns());
+        let dur = self.rel(e.ts).saturating_sub(begin);
         let end = match e.kind {
             EndKind::Returned => "",
             EndKind::Unpaired => ",\"end\":\"no return (popped by a later return)\"",
@@ -105,7 +107,7 @@ impl<W: Write> Writer<W> {
         self.event(format_args!(
             "{{\"name\":{name},\"cat\":\"python\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{pid},\"tid\":{tid},\"args\":{{{args}{start}{end}}}}}",
             us(begin),
-            us(e.inclusive_ns),
+            us(dur),
         ))
     }
 

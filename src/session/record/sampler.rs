@@ -89,6 +89,33 @@ impl Sampler {
         }
     }
 
+    /// Records every thread's Python stack as the frames running when tracing
+    /// begins (call it with the threads stopped, before any probe can hit).
+    pub fn running(&mut self, pid: i32, ts_ns: u64) -> Vec<(i32, Vec<PyFrame>)> {
+        let Some(walker) = self.walker(pid, ts_ns) else {
+            return Vec::new();
+        };
+        match walker.stacks() {
+            Ok(stacks) => stacks
+                .into_iter()
+                .filter(|s| !s.frames.is_empty())
+                .map(|s| (s.native_tid.unwrap_or(pid), s.frames))
+                .collect(),
+            Err(e) => {
+                self.last_error = Some(format!("{e:#}"));
+                Vec::new()
+            }
+        }
+    }
+
+    /// Writes stacks taken by [`running`](Self::running) as `running` events.
+    pub fn write_running(builder: &mut EventBuilder, ts_ns: u64, stacks: Vec<(i32, Vec<PyFrame>)>) {
+        for (tid, frames) in stacks {
+            let frames = Self::frames(builder, &frames);
+            builder.write(tid, ts_ns, EventKind::Running { frames });
+        }
+    }
+
     /// Records the Python stack of thread `tid` (stopped at a probe hit) as the
     /// context of the event about to be written for it.
     pub fn context(&mut self, pid: i32, tid: i32, ts_ns: u64, builder: &mut EventBuilder) {
