@@ -208,7 +208,7 @@ pub struct Plan {
     walked: FastMap<Name, Vec<u32>>,
     /// Smallest line a frame entered without line (-1) returned from.
     unknown_min: FastMap<Name, u32>,
-    /// Smallest line of returns that no known first line explains.
+    /// Smallest line of returns without entry, per function name.
     orphan_min: FastMap<Name, u32>,
     /// Smallest current line of walked frames of format 1 (first line unknown).
     walked_min: FastMap<Name, u32>,
@@ -303,6 +303,7 @@ impl Plan {
         {
             return l;
         }
+        // Unknown: one row per file and name.
         self.orphan_min.get(&name).copied().unwrap_or(line)
     }
 
@@ -485,6 +486,11 @@ impl Planner {
                     self.plan.shims.insert(name);
                     return;
                 }
+                if self.is_311 {
+                    // Returns only: each may be a function's row of last resort.
+                    let m = self.plan.orphan_min.entry(name).or_insert(frame.line);
+                    *m = (*m).min(frame.line);
+                }
                 let creations_possible = self.creations_possible;
                 let t = Self::thread(&mut self.threads, self.segment, tid);
                 if t.overflow > 0 {
@@ -585,10 +591,16 @@ impl Planner {
             _ => Pairing::Paired,
         };
         // Known first lines: entries (through their resume lines) and the walker.
+        // 3.11's few entries fire when an exception is thrown into a generator,
+        // at the line it is suspended at: no first line.
         let mut first_lines: FastMap<Name, Vec<u32>> = plan.walked.clone();
-        for &(file, function, line) in &self.entry_lines {
-            let first = plan.entry_line(file, function, line);
-            insert_sorted(first_lines.entry((file, function)).or_default(), first);
+        if plan.pairing == Pairing::ReturnsOnly {
+            plan.resumes.clear();
+        } else {
+            for &(file, function, line) in &self.entry_lines {
+                let first = plan.entry_line(file, function, line);
+                insert_sorted(first_lines.entry((file, function)).or_default(), first);
+            }
         }
         plan.first_lines = first_lines;
         self.plan

@@ -344,9 +344,9 @@ fn return_only_stream_gives_exact_counts_and_sampled_times() {
         s.ret(i * 10, "tick", 3);
     }
     s.ret(100, "main", 1);
-    s.sample(5, &[("main", 1, 2), ("tick", 3, 4)]);
-    s.sample(15, &[("main", 1, 2), ("tick", 3, 5)]);
-    s.sample(25, &[("main", 1, 2)]);
+    s.sample(1_000, &[("main", 1, 2), ("tick", 3, 4)]);
+    s.sample(2_000, &[("main", 1, 2), ("tick", 3, 5)]);
+    s.sample(3_000, &[("main", 1, 2)]);
     let header = Header {
         python_version: "3.11.2".into(),
         sample_interval_ns: 1_000,
@@ -367,6 +367,14 @@ fn return_only_stream_gives_exact_counts_and_sampled_times() {
         (main.samples, main.inclusive_ns, main.exclusive_ns),
         (1, 3_000, 1_000)
     );
+    // Samples taken late (every 1 µs where 0.5 µs was asked): each stands for
+    // the time that really passed between them.
+    let header = Header {
+        sample_interval_ns: 500,
+        ..header
+    };
+    let r = s.report_with(&header, None);
+    assert_eq!(func(&r, "tick").inclusive_ns, 2_000);
 }
 
 #[test]
@@ -898,4 +906,41 @@ proptest! {
             prop_assert!(f.inclusive_ns >= f.exclusive_ns, "{:?}", f);
         }
     }
+}
+
+#[test]
+fn cpython_311_returns_are_rows_of_functions_not_lines() {
+    // Returns only: an unsampled generator returns from three lines, and an
+    // exception thrown into it fires its entry at a yield line (31); two
+    // same-named methods are told apart by the walker's first lines.
+    let mut s = Script::new();
+    for (ts, line) in [(10, 29), (20, 33), (30, 35)] {
+        s.ret(ts, "walk", line);
+    }
+    s.call(40, "walk", 31).ret(41, "walk", 35);
+    s.sample(50, &[("main", 1, 2), ("__init__", 10, 12)])
+        .sample(60, &[("main", 1, 2), ("__init__", 20, 22)]);
+    s.ret(51, "__init__", 12)
+        .ret(61, "__init__", 23)
+        .ret(62, "__init__", 23);
+    let r = s.report_with(&header_of("3.11.2"), None);
+    assert_eq!(r.source, FunctionSource::ReturnsOnly);
+    let walk: Vec<_> = r
+        .functions
+        .iter()
+        .filter(|f| f.function == "walk")
+        .collect();
+    assert_eq!(walk.len(), 1, "{walk:#?}");
+    assert_eq!(walk[0].calls, Some(4));
+    let init: Vec<(u32, Option<u64>)> = r
+        .functions
+        .iter()
+        .filter(|f| f.function == "__init__")
+        .map(|f| (f.line, f.calls))
+        .collect();
+    assert_eq!(init.len(), 2, "{init:?}");
+    assert!(
+        init.contains(&(10, Some(1))) && init.contains(&(20, Some(2))),
+        "{init:?}"
+    );
 }
