@@ -10,10 +10,10 @@ use std::hint::black_box;
 use std::io;
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
-use pyprobe::analyze::folded::{Folder, Measure};
-use pyprobe::analyze::{Aggregator, Ended, StackTracker};
+use pyprobe::analyze::folded::{fold_events, Measure};
+use pyprobe::analyze::{plan_events, Aggregator, Replay};
 use pyprobe::output::flame::{write_collapsed, FrameNames};
-use pyprobe::record::{Completion, Event, EventKind, Header, RecordingReader};
+use pyprobe::record::{Completion, Event, Header, RecordingReader};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -51,53 +51,48 @@ fn load() -> Loaded {
     }
 }
 
-/// Only the per-thread stack rebuilding, which both views below run inside.
-fn rebuild_stacks(events: &[Event]) -> usize {
-    let mut tracker = StackTracker::new();
-    let mut ended: Vec<Ended> = Vec::new();
+/// Only the replay (plan and per-thread stacks), which both views below run inside.
+fn rebuild_stacks(l: &Loaded) -> usize {
+    let plan = plan_events(&l.header, &l.strings, &l.events);
+    let mut replay = Replay::new(&l.header, plan);
+    let mut steps = Vec::new();
     let mut total = 0;
-    for e in events {
-        match &e.kind {
-            EventKind::Call { frame } => tracker.call(e.tid, *frame, e.ts_ns),
-            EventKind::Return { frame } => {
-                tracker.ret(e.tid, *frame, e.ts_ns, &mut ended);
-                total += ended.len();
-                ended.clear();
-            }
-            _ => {}
-        }
+    for e in &l.events {
+        steps.clear();
+        replay.push(e, &mut steps);
+        total += steps.len();
     }
-    let end = events.last().map_or(0, |e| e.ts_ns);
-    tracker.close_all(end, &mut ended);
-    total + ended.len()
+    steps.clear();
+    let end = l.events.last().map_or(0, |e| e.ts_ns);
+    replay.finish(end, &mut steps);
+    total + steps.len()
 }
 
 /// The data behind `pyprobe report` (functions table, GC, imports, threads).
 fn aggregate(l: &Loaded) -> usize {
+    let plan = plan_events(&l.header, &l.strings, &l.events);
+    let mut replay = Replay::new(&l.header, plan);
     let mut agg = Aggregator::new(&l.header);
+    let mut steps = Vec::new();
     for e in &l.events {
-        agg.push(e);
+        steps.clear();
+        let ts = replay.push(e, &mut steps);
+        agg.push(e, ts, &steps, &replay);
     }
-    let report = agg.finish(l.end_ns, |id| l.strings[id.0 as usize].clone());
+    let report = agg.finish(replay, l.end_ns, |id| l.strings[id.0 as usize].clone());
     report.functions.len()
 }
 
 /// Folded stacks: the tree behind `pyprobe flame` and `pyprobe folded`.
 fn fold(l: &Loaded) -> usize {
-    let mut folder = Folder::new();
-    for e in &l.events {
-        folder.push(e);
-    }
-    folder.finish(l.end_ns).tree.len()
+    fold_events(&l.header, &l.strings, &l.events, l.end_ns)
+        .tree
+        .len()
 }
 
 /// Folded stacks written out as collapsed `a;b;c 123` lines.
 fn fold_collapsed(l: &Loaded) -> usize {
-    let mut folder = Folder::new();
-    for e in &l.events {
-        folder.push(e);
-    }
-    let folded = folder.finish(l.end_ns);
+    let folded = fold_events(&l.header, &l.strings, &l.events, l.end_ns);
     let names = FrameNames::new(&l.strings, false);
     write_collapsed(&folded, Measure::Time, &names, io::sink()).unwrap();
     folded.tree.len()
@@ -119,7 +114,7 @@ fn bench_stacks(c: &mut Criterion) {
     group.sample_size(10);
     group.throughput(Throughput::Elements(loaded.events.len() as u64));
     group.bench_function("rebuild_stacks", |b| {
-        b.iter(|| rebuild_stacks(black_box(&loaded.events)))
+        b.iter(|| rebuild_stacks(black_box(&loaded)))
     });
     group.bench_function("report_aggregate", |b| {
         b.iter(|| aggregate(black_box(&loaded)))

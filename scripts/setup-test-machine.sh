@@ -19,6 +19,7 @@ declare -A NEED=(
     [util-linux]=/usr/bin/setpriv
     [passwd]=/usr/sbin/useradd
     [ca-certificates]=/etc/ssl/certs/ca-certificates.crt
+    [python3-pip]=/usr/lib/python3/dist-packages/pip
 )
 missing=()
 for pkg in "${!NEED[@]}"; do

@@ -73,14 +73,6 @@ fn check_exact_counts(version: &'static str) {
     let got = calls_in_file(&report, "count_calls.py");
     for (function, &expected) in &truth {
         let counted = got.get(function).copied().unwrap_or(0);
-        if function == "squares" && version == "3.15" {
-            // 3.15 fires an entry without return when a generator is created.
-            assert!(
-                counted >= expected && counted <= expected + 3,
-                "{version}: squares {counted} vs {expected}"
-            );
-            continue;
-        }
         assert_eq!(
             counted, expected,
             "{version}: calls of {function} (report {got:?})"
@@ -91,6 +83,22 @@ fn check_exact_counts(version: &'static str) {
         report["threads"].as_array().unwrap().len() >= 3,
         "{version}: main and two worker threads"
     );
+    // One row per function (the generator too), and times that add up.
+    let mut rows: BTreeMap<&str, u32> = BTreeMap::new();
+    for f in report["functions"].as_array().unwrap() {
+        if f["file"].as_str().unwrap().ends_with("count_calls.py") {
+            *rows.entry(f["function"].as_str().unwrap()).or_default() += 1;
+        }
+        assert!(
+            f["inclusive_ns"].as_u64() >= f["exclusive_ns"].as_u64(),
+            "{version}: {f}"
+        );
+    }
+    assert!(rows.values().all(|&n| n == 1), "{version}: rows {rows:?}");
+    if version != "3.11" {
+        assert_eq!(report["anomalies"]["resyncs"], 0, "{version}");
+        assert_eq!(report["anomalies"]["unpaired_entries"], 0, "{version}");
+    }
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{python, repo, run_pyprobe};
-use pyprobe::record::{Event, EventKind, FrameRef, Header, RecordingWriter};
+use pyprobe::record::{Event, EventKind, FrameRef, Header, RecordingWriter, WalkedFrame};
 
 const START: u64 = 1_000_000_000;
 
@@ -127,11 +127,16 @@ fn trace_recording(name: &str) -> PathBuf {
 fn sample_recording(name: &str) -> PathBuf {
     let path = tmp(name);
     let mut r = Rec::new(&path, header("sample", 10_000_000));
-    let main = r.frame(APP, "main", 5);
-    let work12 = r.frame(APP, "work", 12);
-    let work13 = r.frame(APP, "work", 13);
-    let leaf = r.frame(APP, "leaf", 21);
-    let run = r.frame(APP, "run", 50);
+    // The walker reads each frame's function (its first line) and current line.
+    let mut walked = |function: &str, first: u32, line: u32| WalkedFrame {
+        code: r.frame(APP, function, first),
+        line,
+    };
+    let main = walked("main", 1, 5);
+    let work12 = walked("work", 10, 12);
+    let work13 = walked("work", 10, 13);
+    let leaf = walked("leaf", 20, 21);
+    let run = walked("run", 48, 50);
     for i in 0..3 {
         r.at(
             100,
@@ -227,9 +232,9 @@ fn collapsed_samples_golden() {
     assert_eq!(
         flame(&s, &["--format", "collapsed"]),
         "\
-main (src/main.py:5);work (src/main.py:12);leaf (src/main.py:21) 3
-main (src/main.py:5);work (src/main.py:13) 1
-run (src/main.py:50) 2
+main (src/main.py:1);work (src/main.py:10) 1
+main (src/main.py:1);work (src/main.py:10);leaf (src/main.py:20) 3
+run (src/main.py:48) 2
 "
     );
 }
@@ -241,7 +246,7 @@ fn speedscope_evented_golden() {
         unversioned(&flame(&t, &["--format", "speedscope"])),
         r#"{"$schema":"https://www.speedscope.app/file-format-schema.json","exporter":"pyprobe VERSION","name":"pyprobe: python3 main.py","activeProfileIndex":0,"profiles":[
 {"type":"evented","name":"main thread (100)","unit":"nanoseconds","startValue":0,"endValue":10000,"events":[{"type":"O","frame":0,"at":0},{"type":"O","frame":1,"at":1000},{"type":"O","frame":2,"at":2000},{"type":"C","frame":2,"at":4000},{"type":"C","frame":1,"at":6000},{"type":"O","frame":3,"at":7000},{"type":"C","frame":3,"at":8000},{"type":"O","frame":4,"at":9100},{"type":"O","frame":5,"at":9200},{"type":"C","frame":5,"at":9300},{"type":"C","frame":4,"at":9300},{"type":"C","frame":0,"at":10000}]},
-{"type":"evented","name":"thread 101","unit":"nanoseconds","startValue":0,"endValue":10000,"events":[{"type":"O","frame":2,"at":3500},{"type":"C","frame":2,"at":3700}]}
+{"type":"evented","name":"thread 101","unit":"nanoseconds","startValue":0,"endValue":10000,"events":[{"type":"O","frame":1,"at":3000},{"type":"C","frame":1,"at":3000},{"type":"O","frame":2,"at":3500},{"type":"C","frame":2,"at":3700}]}
 ],"shared":{"frames":[
 {"name":"main (src/main.py:1)","file":"/app/src/main.py","line":1},
 {"name":"work (src/main.py:10)","file":"/app/src/main.py","line":10},
@@ -260,14 +265,13 @@ fn speedscope_sampled_golden() {
     assert_eq!(
         unversioned(&flame(&s, &["--format", "speedscope"])),
         r#"{"$schema":"https://www.speedscope.app/file-format-schema.json","exporter":"pyprobe VERSION","name":"pyprobe: python3 main.py","activeProfileIndex":0,"profiles":[
-{"type":"sampled","name":"main thread (100) (sampled)","unit":"nanoseconds","startValue":0,"endValue":40000000,"samples":[[0,1,2],[0,1,2],[0,1,2],[0,4]],"weights":[10000000,10000000,10000000,10000000]},
+{"type":"sampled","name":"main thread (100) (sampled)","unit":"nanoseconds","startValue":0,"endValue":40000000,"samples":[[0,1,2],[0,1,2],[0,1,2],[0,1]],"weights":[10000000,10000000,10000000,10000000]},
 {"type":"sampled","name":"thread 101 (sampled)","unit":"nanoseconds","startValue":0,"endValue":20000000,"samples":[[3],[3]],"weights":[10000000,10000000]}
 ],"shared":{"frames":[
-{"name":"main (src/main.py:5)","file":"/app/src/main.py","line":5},
-{"name":"work (src/main.py:12)","file":"/app/src/main.py","line":12},
-{"name":"leaf (src/main.py:21)","file":"/app/src/main.py","line":21},
-{"name":"run (src/main.py:50)","file":"/app/src/main.py","line":50},
-{"name":"work (src/main.py:13)","file":"/app/src/main.py","line":13}
+{"name":"main (src/main.py:1)","file":"/app/src/main.py","line":1},
+{"name":"work (src/main.py:10)","file":"/app/src/main.py","line":10},
+{"name":"leaf (src/main.py:20)","file":"/app/src/main.py","line":20},
+{"name":"run (src/main.py:48)","file":"/app/src/main.py","line":48}
 ]}}
 "#
     );
@@ -302,6 +306,7 @@ fn chrome_trace_golden() {
 {"name":"thread_sort_index","ph":"M","pid":100,"tid":100,"args":{"sort_index":0}},
 {"name":"thread_name","ph":"M","pid":100,"tid":101,"args":{"name":"thread 101"}},
 {"name":"thread_sort_index","ph":"M","pid":100,"tid":101,"args":{"sort_index":1}},
+{"name":"work (src/main.py:10)","cat":"python","ph":"X","ts":3.000,"dur":0.000,"pid":100,"tid":101,"args":{"function":"work","file":"/app/src/main.py","line":10,"start":"running when tracing began"}},
 {"name":"leaf (src/main.py:20)","cat":"python","ph":"X","ts":3.500,"dur":0.200,"pid":100,"tid":101,"args":{"function":"leaf","file":"/app/src/main.py","line":20,"end":"still running at the end"}},
 {"name":"leaf (src/main.py:20)","cat":"python","ph":"X","ts":2.000,"dur":2.000,"pid":100,"tid":100,"args":{"function":"leaf","file":"/app/src/main.py","line":20}},
 {"name":"gc (generation 0)","cat":"gc","ph":"X","ts":5.000,"dur":0.500,"pid":100,"tid":100,"args":{"generation":0,"collected":7}},
@@ -332,10 +337,10 @@ fn chrome_trace_of_samples_golden() {
     assert_eq!(
         slices,
         [
-            r#"{"name":"leaf (src/main.py)","cat":"sampled","ph":"X","ts":0.000,"dur":30000.000,"pid":100,"tid":1073741924,"args":{"function":"leaf","file":"/app/src/main.py","first_line_sampled":21}},"#,
-            r#"{"name":"work (src/main.py)","cat":"sampled","ph":"X","ts":0.000,"dur":40000.000,"pid":100,"tid":1073741924,"args":{"function":"work","file":"/app/src/main.py","first_line_sampled":12}},"#,
-            r#"{"name":"main (src/main.py)","cat":"sampled","ph":"X","ts":0.000,"dur":40000.000,"pid":100,"tid":1073741924,"args":{"function":"main","file":"/app/src/main.py","first_line_sampled":5}},"#,
-            r#"{"name":"run (src/main.py)","cat":"sampled","ph":"X","ts":5000.000,"dur":20000.000,"pid":100,"tid":1073741925,"args":{"function":"run","file":"/app/src/main.py","first_line_sampled":50}}"#,
+            r#"{"name":"leaf (src/main.py)","cat":"sampled","ph":"X","ts":0.000,"dur":30000.000,"pid":100,"tid":1073741924,"args":{"function":"leaf","file":"/app/src/main.py","line":20}},"#,
+            r#"{"name":"work (src/main.py)","cat":"sampled","ph":"X","ts":0.000,"dur":40000.000,"pid":100,"tid":1073741924,"args":{"function":"work","file":"/app/src/main.py","line":10}},"#,
+            r#"{"name":"main (src/main.py)","cat":"sampled","ph":"X","ts":0.000,"dur":40000.000,"pid":100,"tid":1073741924,"args":{"function":"main","file":"/app/src/main.py","line":1}},"#,
+            r#"{"name":"run (src/main.py)","cat":"sampled","ph":"X","ts":5000.000,"dur":20000.000,"pid":100,"tid":1073741925,"args":{"function":"run","file":"/app/src/main.py","line":48}}"#,
         ]
     );
 }
@@ -427,7 +432,7 @@ fn svg_from_a_sample_recording() {
     );
     assert!(titles
         .iter()
-        .any(|t| t.starts_with("leaf (src/main.py:21) (3 samples, 50.00%)")));
+        .any(|t| t.starts_with("leaf (src/main.py:20) (3 samples, 50.00%)")));
     assert!(
         texts.contains(
             &"pid 100, CPython 3.9.2, sample mode, 40.0 ms, 6 samples every 10.0 ms; width: samples"
@@ -542,7 +547,8 @@ fn calls_text_golden() {
          0.000      100  -> src/main.py:main:1
          1.000      100    -> src/main.py:work:10
          2.000      100      -> src/main.py:leaf:20
-         3.000      101  <- src/main.py:work:11  (entry not seen)
+         3.000      101  -> src/main.py:work:10  (running when tracing began)
+         3.000      101  <- src/main.py:work:11
          3.500      101  -> src/main.py:leaf:20
          4.000      100      <- src/main.py:leaf:21
          6.000      100    <- src/main.py:work:12
@@ -564,6 +570,8 @@ fn calls_filters() {
         "      TIME(µs)      TID  FLOW
          1.000      100  -> src/main.py:work:10
          2.000      100    -> src/main.py:leaf:20
+         3.000      101  -> src/main.py:work:10  (running when tracing began)
+         3.000      101  <- src/main.py:work:11
          4.000      100    <- src/main.py:leaf:21
          6.000      100  <- src/main.py:work:12
 "
@@ -572,13 +580,16 @@ fn calls_filters() {
         stdout_of(&["calls", f, "--start-at", "main.py:work", "--max-depth", "1"]),
         "      TIME(µs)      TID  FLOW
          1.000      100  -> src/main.py:work:10
+         3.000      101  -> src/main.py:work:10  (running when tracing began)
+         3.000      101  <- src/main.py:work:11
          6.000      100  <- src/main.py:work:12
 "
     );
     assert_eq!(
         stdout_of(&["calls", f, "--thread", "101", "--full-paths"]),
         "      TIME(µs)      TID  FLOW
-         3.000      101  <- /app/src/main.py:work:11  (entry not seen)
+         3.000      101  -> /app/src/main.py:work:10  (running when tracing began)
+         3.000      101  <- /app/src/main.py:work:11
          3.500      101  -> /app/src/main.py:leaf:20
 "
     );
@@ -607,7 +618,8 @@ fn calls_json_golden() {
         r#"[
 {"ts_us":0.000,"tid":100,"event":"call","depth":0,"function":"main","file":"/app/src/main.py","line":1},
 {"ts_us":1.000,"tid":100,"event":"call","depth":1,"function":"work","file":"/app/src/main.py","line":10},
-{"ts_us":3.000,"tid":101,"event":"return","depth":0,"function":"work","file":"/app/src/main.py","line":11,"entry_seen":false},
+{"ts_us":3.000,"tid":101,"event":"call","depth":0,"function":"work","file":"/app/src/main.py","line":10,"running_when_tracing_began":true},
+{"ts_us":3.000,"tid":101,"event":"return","depth":0,"function":"work","file":"/app/src/main.py","line":11},
 {"ts_us":3.500,"tid":101,"event":"call","depth":0,"function":"leaf","file":"/app/src/main.py","line":20},
 {"ts_us":6.000,"tid":100,"event":"return","depth":1,"function":"work","file":"/app/src/main.py","line":12},
 {"ts_us":7.000,"tid":100,"event":"call","depth":1,"function":"dumps","file":"/usr/lib/python3.9/json/__init__.py","line":5},
@@ -618,7 +630,7 @@ fn calls_json_golden() {
 "#
     );
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(v.as_array().unwrap().len(), 9);
+    assert_eq!(v.as_array().unwrap().len(), 10);
 }
 
 #[test]
@@ -654,8 +666,8 @@ CALLS/S  OWN%  TOTAL%      OWN  PID  FUNCTION  FILE:LINE
 pyprobe top: pid 100, CPython 3.9.2, sample mode, over 40.0 ms: 6 samples
 GC 0.00/s (0.0% of the time), imports 0.00/s
 OWN%  TOTAL%  SAMPLES  PID  FUNCTION  FILE:LINE
-50.0    50.0        3  100  leaf      src/main.py:21
-33.3    33.3        2  100  run       src/main.py:50
+50.0    50.0        3  100  leaf      src/main.py:20
+33.3    33.3        2  100  run       src/main.py:48
 "
     );
 }

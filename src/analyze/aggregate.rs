@@ -8,13 +8,13 @@ use std::collections::{BTreeMap, HashMap};
 use super::gc::GcTracker;
 use super::imports::ImportTracker;
 use super::model::{RaisingStack, Trigger, MAX_TRIGGERS};
-use super::samples::SampleTracker;
-use super::stacks::{code, EndKind, Ended, StackTracker};
+use super::replay::{Pairing, Replay, Step};
+use super::samples::{SampleAcc, SampleTracker};
 use super::{
     Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, ImportStats, Report,
     Target, ThreadStats,
 };
-use crate::record::{Event, EventKind, FrameRef, Header, StrId};
+use crate::record::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
 
 #[derive(Default, Clone, Copy)]
 struct FuncAcc {
@@ -24,33 +24,29 @@ struct FuncAcc {
 }
 
 /// Accumulates events into report data, in memory bounded by the number of
-/// distinct functions, modules, threads and the stack depth cap.
+/// distinct functions, modules, threads and the stack depth cap. Stacks and
+/// times come from the shared [`Replay`]: feed [`push`](Self::push) each event
+/// with the replay's time and steps for it.
 pub struct Aggregator {
     target: Target,
     mode: String,
     start_ns: u64,
     sample_interval_ns: u64,
-    stacks: StackTracker,
-    ended: Vec<Ended>,
     functions: HashMap<FrameRef, FuncAcc>,
-    /// First entry frame seen per code (file, function), for returns without entry.
-    entry_frames: HashMap<(StrId, StrId), FrameRef>,
-    orphan_frames: HashMap<(StrId, StrId), FrameRef>,
     samples: SampleTracker,
     gc: GcTracker,
     imports: ImportTracker,
     audit: HashMap<StrId, u64>,
-    /// Per thread: the stack recorded just before its next GC/import/audit event.
-    pending_stack: HashMap<u32, Vec<FrameRef>>,
+    /// Per thread: the stack recorded just before its next GC/import/audit event,
+    /// as (function, line shown).
+    pending_stack: HashMap<u32, Vec<(FrameRef, u32)>>,
     /// (generation, innermost function) → (a line it was at, collections started in it).
-    gc_triggers: HashMap<(i32, (StrId, StrId)), (u32, u64)>,
-    /// (audit event, innermost frames) → times raised there.
-    audit_stacks: HashMap<(StrId, Vec<FrameRef>), u64>,
+    gc_triggers: HashMap<(i32, FrameRef), (u32, u64)>,
+    /// (audit event, innermost frames as (function, line)) → times raised there.
+    audit_stacks: HashMap<(StrId, Vec<(FrameRef, u32)>), u64>,
     threads: BTreeMap<u32, u64>,
     events: u64,
     lost: u64,
-    call_events: u64,
-    return_events: u64,
     first_ts: Option<u64>,
     last_ts: Option<u64>,
     windows: WindowTracker,
@@ -90,6 +86,14 @@ impl WindowTracker {
     }
 }
 
+/// Walked frames as (function, line shown).
+fn walked(replay: &Replay, frames: &[WalkedFrame]) -> Vec<(FrameRef, u32)> {
+    frames
+        .iter()
+        .map(|w| (replay.walked_code(w), w.line))
+        .collect()
+}
+
 impl Aggregator {
     /// Starts aggregating a recording described by `header`.
     pub fn new(header: &Header) -> Self {
@@ -102,11 +106,7 @@ impl Aggregator {
             mode: header.mode.clone(),
             start_ns: header.start_ns,
             sample_interval_ns: header.sample_interval_ns,
-            stacks: StackTracker::new(),
-            ended: Vec::new(),
             functions: HashMap::new(),
-            entry_frames: HashMap::new(),
-            orphan_frames: HashMap::new(),
             samples: SampleTracker::default(),
             gc: GcTracker::default(),
             imports: ImportTracker::default(),
@@ -117,47 +117,34 @@ impl Aggregator {
             threads: BTreeMap::new(),
             events: 0,
             lost: 0,
-            call_events: 0,
-            return_events: 0,
             first_ts: None,
             last_ts: None,
             windows: WindowTracker::default(),
         }
     }
 
-    /// Adds one event.
-    pub fn push(&mut self, event: &Event) {
-        let (tid, ts) = (event.tid, event.ts_ns);
+    /// Adds one event, at its thread's time `ts`, with the steps the replay made
+    /// of it.
+    pub fn push(&mut self, event: &Event, ts: u64, steps: &[Step], replay: &Replay) {
+        let tid = event.tid;
         self.events += 1;
         *self.threads.entry(tid).or_insert(0) += 1;
         self.first_ts = Some(self.first_ts.map_or(ts, |t| t.min(ts)));
         self.last_ts = Some(self.last_ts.map_or(ts, |t| t.max(ts)));
+        self.apply(steps);
         match &event.kind {
-            EventKind::Call { frame } => {
-                self.call_events += 1;
-                self.entry_frames.entry(code(frame)).or_insert(*frame);
-                self.samples.note_function(frame);
-                self.stacks.call(tid, *frame, ts);
-            }
-            EventKind::Return { frame } => {
-                self.return_events += 1;
-                self.samples.note_return(frame);
-                self.stacks.ret(tid, *frame, ts, &mut self.ended);
-                self.apply_ended();
-            }
-            EventKind::Line { .. } | EventKind::ThreadStart => {}
             EventKind::GcStart { generation } => {
-                if let Some(leaf) = self.trigger_stack(tid).last() {
+                if let Some(&(leaf, line)) = self.trigger_stack(tid, replay).last() {
                     let entry = self
                         .gc_triggers
-                        .entry((*generation, code(leaf)))
-                        .or_insert((leaf.line, 0));
+                        .entry((*generation, leaf))
+                        .or_insert((line, 0));
                     entry.1 += 1;
                 }
                 self.gc.start(tid, *generation, ts)
             }
             EventKind::Stack { frames } => {
-                self.pending_stack.insert(tid, frames.clone());
+                self.pending_stack.insert(tid, walked(replay, frames));
             }
             EventKind::GcDone { collected } => self.gc.done(tid, *collected, ts),
             EventKind::ImportStart { module } => {
@@ -167,143 +154,101 @@ impl Aggregator {
             EventKind::ImportDone { module, found } => self.imports.done(tid, *module, *found, ts),
             EventKind::Audit { event } => {
                 *self.audit.entry(*event).or_insert(0) += 1;
-                let stack = self.trigger_stack(tid);
+                let stack = self.trigger_stack(tid, replay);
                 if !stack.is_empty() {
                     let kept = stack[stack.len().saturating_sub(8)..].to_vec();
                     *self.audit_stacks.entry((*event, kept)).or_insert(0) += 1;
                 }
             }
-            EventKind::Sample { frames } => self.samples.record(frames),
+            EventKind::Sample { frames } => {
+                let codes: Vec<FrameRef> = frames.iter().map(|w| replay.walked_code(w)).collect();
+                let weight = replay.plan().sample_weight(tid, self.sample_interval_ns);
+                self.samples.record(&codes, weight);
+            }
             EventKind::ThreadExit => {
-                self.stacks.close_thread(tid, ts, &mut self.ended);
-                self.apply_ended();
                 self.gc.thread_exit(tid);
                 self.imports.thread_exit(tid);
             }
             EventKind::Lost { count } => {
                 self.lost = self.lost.saturating_add(*count);
-                // Which calls and returns were dropped is unknown: stacks start over.
-                self.cut_stacks(ts);
             }
-            EventKind::Window { exact } => {
-                self.windows.toggle(*exact, ts);
-                if !*exact {
-                    // The returns of these frames will not be seen: they end here.
-                    self.cut_stacks(ts);
-                }
-            }
+            EventKind::Window { exact } => self.windows.toggle(*exact, ts),
+            EventKind::Call { .. }
+            | EventKind::Return { .. }
+            | EventKind::Line { .. }
+            | EventKind::Running { .. }
+            | EventKind::ThreadStart => {}
         }
-    }
-
-    /// Every open frame ends at `ts`, timed but not counted as a call.
-    fn cut_stacks(&mut self, ts: u64) {
-        for tid in self.stacks.thread_ids() {
-            self.stacks.cut_thread(tid, ts, &mut self.ended);
-        }
-        self.apply_ended();
     }
 
     /// The Python stack of `tid` at the event being handled: the stack the frame
-    /// walker recorded for it (a `Stack` event just before), else the stack rebuilt
-    /// from call/return events (trace mode), else nothing.
-    fn trigger_stack(&mut self, tid: u32) -> Vec<FrameRef> {
+    /// walker recorded for it (a `Stack` event just before), else the replayed
+    /// stack (trace mode), else nothing.
+    fn trigger_stack(&mut self, tid: u32, replay: &Replay) -> Vec<(FrameRef, u32)> {
         match self.pending_stack.remove(&tid) {
             Some(frames) => frames,
-            None => self.stacks.frames(tid).collect(),
+            None => replay.stack(tid).map(|c| (c, c.line)).collect(),
         }
     }
 
-    fn apply_ended(&mut self) {
-        for ended in self.ended.drain(..) {
-            match ended {
-                Ended::Timed {
-                    frame,
-                    inclusive_ns,
-                    exclusive_ns,
-                    outermost,
-                    kind,
-                } => {
-                    let acc = self.functions.entry(frame).or_default();
-                    if kind != EndKind::Open {
+    /// Books the frames and calls the replay ended.
+    pub fn apply(&mut self, steps: &[Step]) {
+        for step in steps {
+            match *step {
+                Step::Exit(e) => {
+                    let acc = self.functions.entry(e.code).or_default();
+                    if e.is_call() {
                         acc.calls += 1;
                     }
-                    acc.exclusive_ns = acc.exclusive_ns.saturating_add(exclusive_ns);
-                    if outermost {
-                        acc.inclusive_ns = acc.inclusive_ns.saturating_add(inclusive_ns);
+                    acc.exclusive_ns = acc.exclusive_ns.saturating_add(e.exclusive_ns);
+                    if e.outermost {
+                        acc.inclusive_ns = acc.inclusive_ns.saturating_add(e.inclusive_ns);
                     }
                 }
-                Ended::Untimed { frame } => {
-                    // A return without its entry carries the line it returned from:
-                    // count it on the function's row as first seen by an entry, else
-                    // on the first such return's row, so one function is one row.
-                    let key = code(&frame);
-                    let row = match self.entry_frames.get(&key) {
-                        Some(entry) => *entry,
-                        None => *self.orphan_frames.entry(key).or_insert(frame),
-                    };
-                    self.functions.entry(row).or_default().calls += 1;
-                }
+                Step::Untimed { code, .. } => self.functions.entry(code).or_default().calls += 1,
+                Step::Enter { .. } => {}
             }
-        }
-    }
-
-    /// A return seen before any entry of its function (attached, or an exact window
-    /// opened, mid-call) got a row of its own, keyed by the line it returned from;
-    /// once an entry has shown the function's first line, that row joins it.
-    fn merge_early_orphans(&mut self) {
-        for (key, orphan) in std::mem::take(&mut self.orphan_frames) {
-            let Some(&entry) = self.entry_frames.get(&key) else {
-                continue;
-            };
-            if entry == orphan {
-                continue;
-            }
-            if let Some(acc) = self.functions.remove(&orphan) {
-                let row = self.functions.entry(entry).or_default();
-                row.calls += acc.calls;
-                row.inclusive_ns = row.inclusive_ns.saturating_add(acc.inclusive_ns);
-                row.exclusive_ns = row.exclusive_ns.saturating_add(acc.exclusive_ns);
-            }
-        }
-    }
-
-    /// Where function numbers come from, judged from the stream: returns without
-    /// entries is CPython 3.11's return-only stream (its entry probe fires only
-    /// while a tracing hook is set, so a few entries may still show up there).
-    fn source(&self) -> FunctionSource {
-        let is_311 = self.target.python == "3.11" || self.target.python.starts_with("3.11.");
-        match (self.call_events, self.return_events) {
-            (0, 0) if self.samples.samples > 0 => FunctionSource::Sampled,
-            (0, 0) => FunctionSource::Traced,
-            (0, _) => FunctionSource::ReturnsOnly,
-            (c, r) if is_311 && c.saturating_mul(2) < r => FunctionSource::ReturnsOnly,
-            _ => FunctionSource::Traced,
         }
     }
 
     /// Ends the recording at `end_ns` (the trailer's end; `None` uses the last
     /// event) and resolves string ids with `resolve`.
-    pub fn finish(mut self, end_ns: Option<u64>, resolve: impl Fn(StrId) -> String) -> Report {
+    pub fn finish(
+        mut self,
+        mut replay: Replay,
+        end_ns: Option<u64>,
+        resolve: impl Fn(StrId) -> String,
+    ) -> Report {
         let end = end_ns.or(self.last_ts).unwrap_or(self.start_ns);
         // Open frames end no earlier than the last event, so no time is negative.
         let close_at = end.max(self.last_ts.unwrap_or(0));
-        self.stacks.close_all(close_at, &mut self.ended);
-        self.apply_ended();
+        let mut steps = Vec::new();
+        replay.finish(close_at, &mut steps);
+        self.apply(&steps);
         let start = if self.start_ns != 0 {
             self.start_ns
         } else {
             self.first_ts.unwrap_or(end)
         };
-        let source = self.source();
-        let has_calls = self.call_events + self.return_events > 0;
+        let plan = replay.plan();
+        let source = match plan.pairing() {
+            _ if plan.calls + plan.returns == 0 && self.samples.samples > 0 => {
+                FunctionSource::Sampled
+            }
+            Pairing::ReturnsOnly => FunctionSource::ReturnsOnly,
+            _ => FunctionSource::Traced,
+        };
+        let has_calls = plan.calls + plan.returns > 0;
         let interval = self.sample_interval_ns;
         let windowed = self.windows.seen;
+        let times: HashMap<u32, super::replay::ThreadTime> =
+            replay.thread_times().into_iter().collect();
 
-        self.merge_early_orphans();
         let mut names = Names::new(resolve);
         let mut samples = self.samples.finish();
         let mut functions: Vec<FunctionStats> = Vec::new();
-        let mut add = |names: &mut Names<_>, frame: FrameRef, t: FuncAcc, leaf: u64, incl: u64| {
+        let mut add = |names: &mut Names<_>, frame: FrameRef, t: FuncAcc, s: SampleAcc| {
+            let (leaf, incl) = (s.leaf, s.inclusive);
             let (inclusive_ns, exclusive_ns) = match source {
                 // Samples come only from outside exact windows (budget-limited
                 // recordings): their estimate adds to the exact time.
@@ -312,7 +257,12 @@ impl Aggregator {
                     t.exclusive_ns.saturating_add(leaf.saturating_mul(interval)),
                 ),
                 FunctionSource::Traced => (t.inclusive_ns, t.exclusive_ns),
-                _ => (incl.saturating_mul(interval), leaf.saturating_mul(interval)),
+                // Sampled alongside a busy trace: each sample stands for its
+                // thread's time between samples.
+                FunctionSource::ReturnsOnly => (s.inclusive_ns, s.leaf_ns),
+                FunctionSource::Sampled => {
+                    (incl.saturating_mul(interval), leaf.saturating_mul(interval))
+                }
             };
             functions.push(FunctionStats {
                 function: names.get(frame.function),
@@ -326,10 +276,10 @@ impl Aggregator {
         };
         for (frame, t) in &self.functions {
             let s = samples.remove(frame).unwrap_or_default();
-            add(&mut names, *frame, *t, s.leaf, s.inclusive);
+            add(&mut names, *frame, *t, s);
         }
         for (frame, s) in samples {
-            add(&mut names, frame, FuncAcc::default(), s.leaf, s.inclusive);
+            add(&mut names, frame, FuncAcc::default(), s);
         }
         functions.sort_by(|a, b| {
             b.inclusive_ns
@@ -346,9 +296,9 @@ impl Aggregator {
                 .gc_triggers
                 .iter()
                 .filter(|((g, _), _)| *g == stats.generation)
-                .map(|((_, (file, function)), &(line, count))| Trigger {
-                    function: names.get(*function),
-                    file: names.get(*file),
+                .map(|((_, code), &(line, count))| Trigger {
+                    function: names.get(code.function),
+                    file: names.get(code.file),
                     line,
                     count,
                 })
@@ -389,13 +339,8 @@ impl Aggregator {
                 .map(|((_, frames), &count)| RaisingStack {
                     frames: frames
                         .iter()
-                        .map(|f| {
-                            format!(
-                                "{} ({}:{})",
-                                names.get(f.function),
-                                names.get(f.file),
-                                f.line
-                            )
+                        .map(|(f, line)| {
+                            format!("{} ({}:{})", names.get(f.function), names.get(f.file), line)
                         })
                         .collect(),
                     count,
@@ -411,7 +356,7 @@ impl Aggregator {
         }
         audit.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.event.cmp(&b.event)));
 
-        let c = self.stacks.counters();
+        let c = replay.counters();
         Report {
             target: self.target,
             mode: self.mode,
@@ -427,7 +372,15 @@ impl Aggregator {
             threads: self
                 .threads
                 .into_iter()
-                .map(|(tid, events)| ThreadStats { tid, events })
+                .map(|(tid, events)| {
+                    let t = times.get(&tid).copied().unwrap_or_default();
+                    ThreadStats {
+                        tid,
+                        events,
+                        traced_ns: t.wall_ns(),
+                        exclusive_ns: t.exclusive_ns,
+                    }
+                })
                 .collect(),
             anomalies: Anomalies {
                 resyncs: c.resyncs,
@@ -435,6 +388,9 @@ impl Aggregator {
                 orphan_returns: c.orphan_returns,
                 depth_overflows: c.depth_overflows,
                 open_at_end: c.open_at_end,
+                open_at_start: c.open_at_start,
+                generator_creations: c.generator_creations,
+                shim_returns: c.shim_returns,
                 unpaired_gc,
                 unpaired_imports,
             },

@@ -1,11 +1,10 @@
 //! Folded stacks: every stack a recording shows, merged into one tree, with the
 //! exclusive time, the calls and the samples of each stack.
 //!
-//! Trace mode: each thread's stack is rebuilt from call and return events with a
-//! [`StackTracker`], so unpaired streams (entries without return, returns without
-//! entry, the depth cap) are handled the way the report handles them, and the call
-//! counts per function add up to the report's. A frame's exclusive time goes to the
-//! stack it ran on. A GC pause becomes a `[gc]` frame on top of the stack that
+//! Trace mode: each thread's stack comes from the shared [`Replay`], the one the
+//! report uses, so per function the flame graph's own time is the report's
+//! exclusive time and its calls the report's calls. A frame's exclusive time
+//! goes to the stack it ran on. A GC pause becomes a `[gc]` frame on top of the stack that
 //! triggered it, its time taken out of that frame's own time; Python code run by
 //! the collector (finalizers) goes under the `[gc]` frame.
 //!
@@ -18,8 +17,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::stacks::{code, EndKind, Ended, StackCounters, StackTracker};
-use crate::record::{Event, EventKind, FrameRef, StrId};
+use super::replay::{Pairing, Replay, ReplayCounters, Step};
+use crate::record::{Event, EventKind, FrameRef, Header};
 
 /// A fast hasher for the small integer keys of the tree (the Fx algorithm):
 /// the keys come from the recording's own ids, and the tree is bounded, so
@@ -66,7 +65,7 @@ type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 /// One frame of a folded stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FoldFrame {
-    /// A Python function: first line for traced frames, current line for sampled ones.
+    /// A Python function: file, name, first line.
     Python(FrameRef),
     /// A garbage collection of this generation.
     Gc {
@@ -174,11 +173,13 @@ pub struct FoldCounts {
     pub first_ts: Option<u64>,
     /// Latest timestamp.
     pub last_ts: Option<u64>,
+    /// The function events are returns only (CPython 3.11): no stacks from them.
+    pub returns_only: bool,
 }
 
 #[derive(Default)]
 struct ThreadFold {
-    /// The node of each frame on the tracker's stack, bottom first.
+    /// The node of each frame on the replay's stack, bottom first.
     nodes: Vec<NodeId>,
     gc: Option<OpenGc>,
 }
@@ -186,14 +187,15 @@ struct ThreadFold {
 struct OpenGc {
     start_ns: u64,
     node: NodeId,
-    /// Tracker depth when the collection started: frames entered at this depth
+    /// Stack depth when the collection started: frames entered at this depth
     /// run inside the collection (finalizers).
     depth: usize,
     /// Inclusive time of those frames.
     inner_ns: u64,
 }
 
-/// Folds events into stacks; feed it with [`push`](Self::push).
+/// Folds a replayed recording into stacks: feed it each event with
+/// [`push`](Self::push), then [`finish`](Self::finish).
 #[derive(Default)]
 pub struct Folder {
     tree: StackTree,
@@ -202,12 +204,7 @@ pub struct Folder {
     time: Vec<u64>,
     calls: Vec<u64>,
     samples: Vec<u64>,
-    tracker: StackTracker,
     threads: FastMap<u32, ThreadFold>,
-    ended: Vec<Ended>,
-    /// First entry frame per code, to place returns without entry on one row.
-    entry_frames: FastMap<(StrId, StrId), FrameRef>,
-    orphan_frames: FastMap<(StrId, StrId), FrameRef>,
     counts: FoldCounts,
     /// What one sample stands for in time: samples between exact windows of a
     /// budget-limited trace add to the time measure.
@@ -245,44 +242,23 @@ impl Folder {
         node
     }
 
-    /// Adds one event.
-    pub fn push(&mut self, event: &Event) {
-        let (tid, ts) = (event.tid, event.ts_ns);
+    /// Adds one event, at its thread's time `ts`, with the steps the replay made
+    /// of it.
+    pub fn push(&mut self, event: &Event, ts: u64, steps: &[Step], replay: &Replay) {
+        let tid = event.tid;
         let c = &mut self.counts;
         c.events += 1;
         c.first_ts = Some(c.first_ts.map_or(ts, |t| t.min(ts)));
         c.last_ts = Some(c.last_ts.map_or(ts, |t| t.max(ts)));
         match &event.kind {
-            EventKind::Call { frame } => {
-                self.counts.calls += 1;
-                self.entry_frames.entry(code(frame)).or_insert(*frame);
-                let before = self.tracker.depth(tid);
-                self.tracker.call(tid, *frame, ts);
-                if self.tracker.depth(tid) > before {
-                    let t = self.threads.entry(tid).or_default();
-                    let parent = match &t.gc {
-                        Some(gc) if gc.depth == before => gc.node,
-                        _ => t.nodes.last().copied().unwrap_or(StackTree::ROOT),
-                    };
-                    let node = self.tree.child(parent, FoldFrame::Python(*frame));
-                    t.nodes.push(node);
-                    self.grow();
-                }
-            }
-            EventKind::Return { frame } => {
-                self.counts.returns += 1;
-                let before = self.tracker.depth(tid);
-                self.tracker.ret(tid, *frame, ts, &mut self.ended);
-                self.apply_ended(tid, before);
-            }
-            EventKind::ThreadExit => {
-                let before = self.tracker.depth(tid);
-                self.tracker.close_thread(tid, ts, &mut self.ended);
-                self.apply_ended(tid, before);
-                self.threads.remove(&tid);
-            }
+            EventKind::Call { .. } => self.counts.calls += 1,
+            EventKind::Return { .. } => self.counts.returns += 1,
+            _ => {}
+        }
+        self.apply(steps);
+        match &event.kind {
             EventKind::GcStart { generation } => {
-                let depth = self.tracker.depth(tid);
+                let depth = replay.depth(tid);
                 let top = self
                     .threads
                     .get(&tid)
@@ -322,8 +298,8 @@ impl Folder {
             EventKind::Sample { frames } => {
                 self.counts.samples += 1;
                 let mut node = StackTree::ROOT;
-                for f in frames {
-                    node = self.child(node, FoldFrame::Python(*f));
+                for w in frames {
+                    node = self.child(node, FoldFrame::Python(replay.walked_code(w)));
                 }
                 if node != StackTree::ROOT {
                     self.samples[node as usize] += 1;
@@ -335,88 +311,62 @@ impl Folder {
             }
             EventKind::Lost { count } => {
                 self.counts.lost = self.counts.lost.saturating_add(*count);
-                // Which calls and returns were dropped is unknown: stacks start over.
-                self.cut_stacks(ts);
             }
-            EventKind::Window { exact: false } => {
-                self.windowed = true;
-                // Exact tracing paused: open frames end here, their returns unseen.
-                self.cut_stacks(ts);
+            EventKind::Window { .. } => self.windowed = true,
+            EventKind::ThreadExit => {
+                self.threads.remove(&tid);
             }
-            EventKind::Window { exact: true } => self.windowed = true,
-            EventKind::Line { .. }
-            | EventKind::ImportStart { .. }
-            | EventKind::ImportDone { .. }
-            | EventKind::Audit { .. }
-            | EventKind::Stack { .. }
-            | EventKind::ThreadStart => {}
+            _ => {}
         }
     }
 
-    /// Every open frame ends at `ts`, timed but not counted as a call.
-    fn cut_stacks(&mut self, ts: u64) {
-        for tid in self.tracker.thread_ids() {
-            let before = self.tracker.depth(tid);
-            self.tracker.cut_thread(tid, ts, &mut self.ended);
-            self.apply_ended(tid, before);
-        }
-    }
-
-    /// Books the frames the tracker just ended on `tid`, whose depth was `before`.
-    fn apply_ended(&mut self, tid: u32, before: usize) {
-        let mut ended = std::mem::take(&mut self.ended);
-        let mut popped = 0usize;
-        for e in ended.drain(..) {
-            match e {
-                Ended::Timed {
-                    inclusive_ns,
-                    exclusive_ns,
-                    kind,
-                    ..
+    /// Books the frames the replay pushed and ended.
+    fn apply(&mut self, steps: &[Step]) {
+        for step in steps {
+            match *step {
+                Step::Enter {
+                    tid, code, depth, ..
                 } => {
-                    popped += 1;
-                    let Some(index) = before.checked_sub(popped) else {
+                    let t = self.threads.entry(tid).or_default();
+                    t.nodes.truncate(depth);
+                    let parent = match &t.gc {
+                        Some(gc) if gc.depth == depth => gc.node,
+                        _ => t.nodes.last().copied().unwrap_or(StackTree::ROOT),
+                    };
+                    let node = self.tree.child(parent, FoldFrame::Python(code));
+                    self.threads.entry(tid).or_default().nodes.push(node);
+                    self.grow();
+                }
+                Step::Exit(e) => {
+                    let Some(t) = self.threads.get_mut(&e.tid) else {
                         continue;
                     };
-                    let Some(t) = self.threads.get_mut(&tid) else {
-                        continue;
-                    };
-                    let Some(&node) = t.nodes.get(index) else {
+                    let Some(&node) = t.nodes.get(e.depth) else {
                         continue;
                     };
                     if let Some(gc) = &mut t.gc {
-                        if index == gc.depth {
-                            gc.inner_ns = gc.inner_ns.saturating_add(inclusive_ns);
+                        if e.depth == gc.depth {
+                            gc.inner_ns = gc.inner_ns.saturating_add(e.inclusive_ns);
                         }
                     }
+                    t.nodes.truncate(e.depth);
                     let n = node as usize;
-                    self.time[n] = self.time[n].wrapping_add(exclusive_ns);
-                    if kind != EndKind::Open {
+                    self.time[n] = self.time[n].wrapping_add(e.exclusive_ns);
+                    if e.is_call() {
                         self.calls[n] += 1;
                     }
                 }
-                Ended::Untimed { frame } => {
-                    // A return without its entry carries the line it returned
-                    // from: book it on the function's entry frame, as the report does.
-                    let key = code(&frame);
-                    let row = match self.entry_frames.get(&key) {
-                        Some(entry) => *entry,
-                        None => *self.orphan_frames.entry(key).or_insert(frame),
-                    };
+                Step::Untimed { tid, code, .. } => {
+                    // A call whose entry was not seen: counted on top of the stack.
                     let top = self
                         .threads
                         .get(&tid)
                         .and_then(|t| t.nodes.last().copied())
                         .unwrap_or(StackTree::ROOT);
-                    let node = self.child(top, FoldFrame::Python(row));
+                    let node = self.child(top, FoldFrame::Python(code));
                     self.calls[node as usize] += 1;
                 }
             }
-        }
-        self.ended = ended;
-        let depth = self.tracker.depth(tid);
-        if let Some(t) = self.threads.get_mut(&tid) {
-            t.nodes.truncate(depth);
         }
     }
 
@@ -427,19 +377,16 @@ impl Folder {
 
     /// Ends the recording at `end_ns` (`None`: the last event): open frames end
     /// there, their time counted, their calls not.
-    pub fn finish(mut self, end_ns: Option<u64>) -> Folded {
+    pub fn finish(mut self, mut replay: Replay, end_ns: Option<u64>) -> Folded {
         let last = self.counts.last_ts.unwrap_or(0);
         let close_at = end_ns.unwrap_or(last).max(last);
-        let mut tids: Vec<u32> = self.threads.keys().copied().collect();
-        tids.sort_unstable();
-        for tid in tids {
-            let before = self.tracker.depth(tid);
-            self.tracker.close_thread(tid, close_at, &mut self.ended);
-            self.apply_ended(tid, before);
-        }
+        let mut steps = Vec::new();
+        replay.finish(close_at, &mut steps);
+        self.apply(&steps);
         self.grow();
+        self.counts.returns_only = replay.plan().pairing() == Pairing::ReturnsOnly;
         Folded {
-            counters: self.tracker.counters(),
+            counters: replay.counters(),
             tree: self.tree,
             time: self.time,
             calls: self.calls,
@@ -447,6 +394,25 @@ impl Folder {
             counts: self.counts,
         }
     }
+}
+
+/// Folds events held in memory (tests, benchmarks): plans, replays and folds them.
+pub fn fold_events(
+    header: &Header,
+    strings: &[String],
+    events: &[Event],
+    end_ns: Option<u64>,
+) -> Folded {
+    let plan = super::replay::plan_events(header, strings, events);
+    let mut replay = Replay::new(header, plan);
+    let mut folder = Folder::with_sample_interval(header.sample_interval_ns);
+    let mut steps = Vec::new();
+    for e in events {
+        steps.clear();
+        let ts = replay.push(e, &mut steps);
+        folder.push(e, ts, &steps, &replay);
+    }
+    folder.finish(replay, end_ns)
 }
 
 /// The folded stacks of a whole recording.
@@ -460,7 +426,7 @@ pub struct Folded {
     /// Event counts.
     pub counts: FoldCounts,
     /// How well call and return events paired.
-    pub counters: StackCounters,
+    pub counters: ReplayCounters,
 }
 
 impl Folded {
@@ -593,6 +559,7 @@ impl Folded {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::StrId;
 
     fn fr(function: u32, line: u32) -> FrameRef {
         FrameRef {
@@ -604,6 +571,27 @@ mod tests {
 
     fn ev(tid: u32, ts_ns: u64, kind: EventKind) -> Event {
         Event { tid, ts_ns, kind }
+    }
+
+    fn walked(function: u32, line: u32) -> crate::record::WalkedFrame {
+        crate::record::WalkedFrame {
+            code: fr(function, 1),
+            line,
+        }
+    }
+
+    fn fold(events: &[Event], end: Option<u64>) -> Folded {
+        let header = Header::default();
+        let plan = crate::analyze::replay::plan_events(&header, &[], events);
+        let mut replay = Replay::new(&header, plan);
+        let mut folder = Folder::new();
+        let mut steps = Vec::new();
+        for e in events {
+            steps.clear();
+            let ts = replay.push(e, &mut steps);
+            folder.push(e, ts, &steps, &replay);
+        }
+        folder.finish(replay, end)
     }
 
     fn stacks(f: &Folded, m: Measure) -> Vec<(Vec<u32>, u64)> {
@@ -624,18 +612,17 @@ mod tests {
 
     #[test]
     fn exclusive_time_and_calls_per_stack() {
-        let mut f = Folder::new();
-        for e in [
-            ev(1, 0, EventKind::Call { frame: fr(1, 1) }),
-            ev(1, 10, EventKind::Call { frame: fr(2, 5) }),
-            ev(1, 30, EventKind::Return { frame: fr(2, 7) }),
-            ev(1, 35, EventKind::Call { frame: fr(2, 5) }),
-            ev(1, 40, EventKind::Return { frame: fr(2, 6) }),
-            ev(1, 50, EventKind::Return { frame: fr(1, 3) }),
-        ] {
-            f.push(&e);
-        }
-        let folded = f.finish(None);
+        let folded = fold(
+            &[
+                ev(1, 0, EventKind::Call { frame: fr(1, 1) }),
+                ev(1, 10, EventKind::Call { frame: fr(2, 5) }),
+                ev(1, 30, EventKind::Return { frame: fr(2, 7) }),
+                ev(1, 35, EventKind::Call { frame: fr(2, 5) }),
+                ev(1, 40, EventKind::Return { frame: fr(2, 6) }),
+                ev(1, 50, EventKind::Return { frame: fr(1, 3) }),
+            ],
+            None,
+        );
         assert_eq!(
             stacks(&folded, Measure::Time),
             vec![(vec![1], 25), (vec![1, 2], 25)]
@@ -649,20 +636,20 @@ mod tests {
 
     #[test]
     fn unpaired_streams() {
-        let mut f = Folder::new();
-        for e in [
-            // Attached mid-call: a return without entry.
-            ev(1, 0, EventKind::Return { frame: fr(7, 9) }),
-            // An entry without return (3.15 generator creation), popped by a resync.
-            ev(1, 10, EventKind::Call { frame: fr(1, 1) }),
-            ev(1, 20, EventKind::Call { frame: fr(2, 2) }),
-            ev(1, 30, EventKind::Return { frame: fr(1, 1) }),
-            // Open at the end.
-            ev(2, 40, EventKind::Call { frame: fr(3, 3) }),
-        ] {
-            f.push(&e);
-        }
-        let folded = f.finish(Some(100));
+        let folded = fold(
+            &[
+                // Attached mid-call: a return on an empty stack, a frame running
+                // when tracing began.
+                ev(1, 0, EventKind::Return { frame: fr(7, 9) }),
+                // An entry without return (3.15 generator creation), popped by a resync.
+                ev(1, 10, EventKind::Call { frame: fr(1, 1) }),
+                ev(1, 20, EventKind::Call { frame: fr(2, 2) }),
+                ev(1, 30, EventKind::Return { frame: fr(1, 1) }),
+                // Open at the end.
+                ev(2, 40, EventKind::Call { frame: fr(3, 3) }),
+            ],
+            Some(100),
+        );
         assert_eq!(
             stacks(&folded, Measure::Calls),
             vec![(vec![1], 1), (vec![1, 2], 1), (vec![7], 1)]
@@ -671,25 +658,25 @@ mod tests {
             stacks(&folded, Measure::Time),
             vec![(vec![1], 10), (vec![1, 2], 10), (vec![3], 60)]
         );
-        assert_eq!(folded.counters.orphan_returns, 1);
+        assert_eq!(folded.counters.open_at_start, 1);
+        assert_eq!(folded.counters.orphan_returns, 0);
         assert_eq!(folded.counters.unpaired_entries, 1);
     }
 
     #[test]
     fn gc_pause_goes_on_top_of_its_stack() {
-        let mut f = Folder::new();
-        for e in [
-            ev(1, 0, EventKind::Call { frame: fr(1, 1) }),
-            ev(1, 10, EventKind::GcStart { generation: 0 }),
-            // A finalizer run by the collector.
-            ev(1, 12, EventKind::Call { frame: fr(2, 2) }),
-            ev(1, 16, EventKind::Return { frame: fr(2, 2) }),
-            ev(1, 20, EventKind::GcDone { collected: 3 }),
-            ev(1, 50, EventKind::Return { frame: fr(1, 1) }),
-        ] {
-            f.push(&e);
-        }
-        let folded = f.finish(None);
+        let folded = fold(
+            &[
+                ev(1, 0, EventKind::Call { frame: fr(1, 1) }),
+                ev(1, 10, EventKind::GcStart { generation: 0 }),
+                // A finalizer run by the collector.
+                ev(1, 12, EventKind::Call { frame: fr(2, 2) }),
+                ev(1, 16, EventKind::Return { frame: fr(2, 2) }),
+                ev(1, 20, EventKind::GcDone { collected: 3 }),
+                ev(1, 50, EventKind::Return { frame: fr(1, 1) }),
+            ],
+            None,
+        );
         assert_eq!(
             stacks(&folded, Measure::Time),
             vec![(vec![1], 40), (vec![1, 99], 6), (vec![1, 99, 2], 4)]
@@ -700,22 +687,21 @@ mod tests {
 
     #[test]
     fn walk_in_name_order_and_prune_narrow_stacks() {
-        let mut f = Folder::new();
-        for e in [
-            ev(1, 0, EventKind::Call { frame: fr(3, 1) }),
-            ev(1, 10, EventKind::Call { frame: fr(2, 1) }),
-            ev(1, 11, EventKind::Return { frame: fr(2, 1) }),
-            ev(1, 20, EventKind::Call { frame: fr(1, 1) }),
-            ev(1, 60, EventKind::Call { frame: fr(4, 1) }),
-            ev(1, 62, EventKind::Return { frame: fr(4, 1) }),
-            ev(1, 70, EventKind::Return { frame: fr(1, 1) }),
-            ev(1, 100, EventKind::Return { frame: fr(3, 1) }),
-            ev(2, 100, EventKind::Call { frame: fr(5, 1) }),
-            ev(2, 101, EventKind::Return { frame: fr(5, 1) }),
-        ] {
-            f.push(&e);
-        }
-        let folded = f.finish(None);
+        let folded = fold(
+            &[
+                ev(1, 0, EventKind::Call { frame: fr(3, 1) }),
+                ev(1, 10, EventKind::Call { frame: fr(2, 1) }),
+                ev(1, 11, EventKind::Return { frame: fr(2, 1) }),
+                ev(1, 20, EventKind::Call { frame: fr(1, 1) }),
+                ev(1, 60, EventKind::Call { frame: fr(4, 1) }),
+                ev(1, 62, EventKind::Return { frame: fr(4, 1) }),
+                ev(1, 70, EventKind::Return { frame: fr(1, 1) }),
+                ev(1, 100, EventKind::Return { frame: fr(3, 1) }),
+                ev(2, 100, EventKind::Call { frame: fr(5, 1) }),
+                ev(2, 101, EventKind::Return { frame: fr(5, 1) }),
+            ],
+            None,
+        );
         let name = |f: &FoldFrame| match f {
             FoldFrame::Python(p) => format!("f{}", p.function.0),
             FoldFrame::Gc { .. } => "gc".into(),
@@ -742,34 +728,33 @@ mod tests {
 
     #[test]
     fn samples_count_per_stack() {
-        let mut f = Folder::new();
-        for e in [
-            ev(
-                1,
-                0,
-                EventKind::Sample {
-                    frames: vec![fr(1, 4), fr(2, 8)],
-                },
-            ),
-            ev(
-                1,
-                1,
-                EventKind::Sample {
-                    frames: vec![fr(1, 4), fr(2, 8)],
-                },
-            ),
-            ev(
-                1,
-                2,
-                EventKind::Sample {
-                    frames: vec![fr(1, 4)],
-                },
-            ),
-            ev(1, 3, EventKind::Sample { frames: vec![] }),
-        ] {
-            f.push(&e);
-        }
-        let folded = f.finish(None);
+        let folded = fold(
+            &[
+                ev(
+                    1,
+                    0,
+                    EventKind::Sample {
+                        frames: vec![walked(1, 4), walked(2, 8)],
+                    },
+                ),
+                ev(
+                    1,
+                    1,
+                    EventKind::Sample {
+                        frames: vec![walked(1, 4), walked(2, 8)],
+                    },
+                ),
+                ev(
+                    1,
+                    2,
+                    EventKind::Sample {
+                        frames: vec![walked(1, 4)],
+                    },
+                ),
+                ev(1, 3, EventKind::Sample { frames: vec![] }),
+            ],
+            None,
+        );
         assert_eq!(
             stacks(&folded, Measure::Samples),
             vec![(vec![1], 1), (vec![1, 2], 2)]

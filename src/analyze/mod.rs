@@ -8,8 +8,8 @@ mod gc;
 pub mod histogram;
 mod imports;
 pub mod model;
+pub mod replay;
 mod samples;
-pub mod stacks;
 
 #[cfg(test)]
 mod tests;
@@ -21,4 +21,7 @@ pub use model::{
     Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, GcStats, ImportStats,
     RaisingStack, Report, Target, ThreadStats, Trigger,
 };
-pub use stacks::{EndKind, Ended, StackCounters, StackTracker, MAX_DEPTH};
+pub use replay::{
+    plan_events, replay_recording, EndKind, Exit, Pairing, Plan, Planner, Replay, ReplayCounters,
+    Step, MAX_DEPTH,
+};

@@ -19,8 +19,8 @@ pub enum FunctionSource {
     /// Entry and return probes: exact counts and times.
     #[default]
     Traced,
-    /// Return probes only (CPython 3.11): exact counts; times estimated from
-    /// samples when there are any, else zero.
+    /// Return probes only (CPython 3.11): exact counts; times estimated from the
+    /// samples taken alongside, zero without samples.
     ReturnsOnly,
     /// Samples only: no counts; times estimated as samples × interval.
     Sampled,
@@ -121,6 +121,12 @@ pub struct ThreadStats {
     pub tid: u32,
     /// Events recorded on it.
     pub events: u64,
+    /// From the start of its first traced frame to the end of its last: the
+    /// wall time its frames cover (0 without traced frames).
+    pub traced_ns: u64,
+    /// Sum of the exclusive times of its traced frames: `traced_ns` less the
+    /// moments it ran outside any Python frame.
+    pub exclusive_ns: u64,
 }
 
 /// Irregularities met while rebuilding stacks and pairing events; the report
@@ -131,12 +137,20 @@ pub struct Anomalies {
     pub resyncs: u64,
     /// Entries that never saw their return (popped by a resync).
     pub unpaired_entries: u64,
-    /// Returns without an entry (attached mid-call, or unpaired probes).
+    /// Returns without an entry that no frame running at the start explains
+    /// (CPython 3.15's `generator.throw()`, events lost).
     pub orphan_returns: u64,
     /// Calls beyond the stack depth cap (counted, not timed).
     pub depth_overflows: u64,
     /// Frames still open at the end (time counted, call not).
     pub open_at_end: u64,
+    /// Frames already running when tracing began (time counted from then).
+    pub open_at_start: u64,
+    /// Entries at the creation of a generator or coroutine (CPython 3.15), which
+    /// run no code: left out of stacks and counts.
+    pub generator_creations: u64,
+    /// Returns of the interpreter's shim frames (CPython 3.15), left out.
+    pub shim_returns: u64,
     /// GC starts without done, or done without start.
     pub unpaired_gc: u64,
     /// Import starts without done, or done without start.

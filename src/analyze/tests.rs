@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::record::{Event, EventKind, FrameRef, Header, StrId};
+use crate::record::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
 
 /// Builds events against a little string table.
 #[derive(Default)]
@@ -58,17 +58,33 @@ impl Script {
         self.push(ts, EventKind::Return { frame })
     }
 
-    fn sample(&mut self, ts: u64, stack: &[(&str, u32)]) -> &mut Self {
-        let frames = stack.iter().map(|&(n, l)| self.frame(n, l)).collect();
+    /// A sampled stack of (function, first line, current line), outermost first.
+    fn sample(&mut self, ts: u64, stack: &[(&str, u32, u32)]) -> &mut Self {
+        let frames = self.walked(stack);
         self.push(ts, EventKind::Sample { frames })
     }
 
+    fn walked(&mut self, stack: &[(&str, u32, u32)]) -> Vec<WalkedFrame> {
+        stack
+            .iter()
+            .map(|&(n, first, line)| WalkedFrame {
+                code: self.frame(n, first),
+                line,
+            })
+            .collect()
+    }
+
     fn report_with(&self, header: &Header, end: Option<u64>) -> Report {
+        let plan = plan_events(header, &self.strings, &self.events);
+        let mut replay = Replay::new(header, plan);
         let mut agg = Aggregator::new(header);
+        let mut steps = Vec::new();
         for e in &self.events {
-            agg.push(e);
+            steps.clear();
+            let ts = replay.push(e, &mut steps);
+            agg.push(e, ts, &steps, &replay);
         }
-        agg.finish(end, |id| {
+        agg.finish(replay, end, |id| {
             self.strings
                 .get(id.0 as usize)
                 .cloned()
@@ -78,6 +94,13 @@ impl Script {
 
     fn report(&self) -> Report {
         self.report_with(&Header::default(), None)
+    }
+}
+
+fn header_of(python: &str) -> Header {
+    Header {
+        python_version: python.into(),
+        ..Header::default()
     }
 }
 
@@ -160,9 +183,10 @@ fn exception_unwinding_returns_each_frame() {
 }
 
 #[test]
-fn attach_mid_call_counts_orphan_returns() {
+fn attach_mid_call_seeds_the_frames_running() {
     let mut s = Script::new();
-    // Attached inside outer -> inner: their returns come with an empty stack.
+    // Attached inside outer -> inner: their returns come with an empty stack,
+    // innermost first. They were running from the start (5).
     s.call(10, "leaf", 7)
         .ret(20, "leaf", 7)
         .ret(30, "inner", 4)
@@ -175,12 +199,58 @@ fn attach_mid_call_counts_orphan_returns() {
         Some(50),
     );
     assert_eq!(func(&r, "leaf").inclusive_ns, 10);
-    for name in ["inner", "outer"] {
-        let f = func(&r, name);
-        assert_eq!((f.calls, f.inclusive_ns, f.exclusive_ns), (Some(1), 0, 0));
-    }
-    assert_eq!(r.anomalies.orphan_returns, 2);
+    let inner = func(&r, "inner");
+    assert_eq!(
+        (inner.calls, inner.inclusive_ns, inner.exclusive_ns),
+        (Some(1), 25, 15)
+    );
+    let outer = func(&r, "outer");
+    assert_eq!(
+        (outer.calls, outer.inclusive_ns, outer.exclusive_ns),
+        (Some(1), 35, 10)
+    );
+    assert_eq!(r.anomalies.orphan_returns, 0);
+    assert_eq!(r.anomalies.open_at_start, 2);
     assert_eq!(r.duration_ns, 45);
+}
+
+#[test]
+fn frames_running_at_attach_come_from_the_walker() {
+    let mut s = Script::new();
+    // The walker saw serve -> handle at attach (4); handle returns, serve never does.
+    let frames = s.walked(&[("serve", 10, 14), ("handle", 20, 23)]);
+    s.push(4, EventKind::Running { frames })
+        .call(10, "parse", 30)
+        .ret(15, "parse", 31)
+        .ret(20, "handle", 25)
+        .call(30, "handle", 20)
+        .ret(40, "handle", 25);
+    let r = s.report_with(
+        &Header {
+            start_ns: 5,
+            ..Header::default()
+        },
+        Some(50),
+    );
+    let handle = func(&r, "handle");
+    assert_eq!(handle.line, 20);
+    assert_eq!(
+        (handle.calls, handle.inclusive_ns, handle.exclusive_ns),
+        (Some(2), 16 + 10, 11 + 10)
+    );
+    let serve = func(&r, "serve");
+    assert_eq!(
+        (
+            serve.line,
+            serve.calls,
+            serve.inclusive_ns,
+            serve.exclusive_ns
+        ),
+        (10, Some(0), 46, 20)
+    );
+    assert_eq!(r.anomalies.open_at_start, 2);
+    assert_eq!(r.anomalies.open_at_end, 1);
+    assert_eq!(r.anomalies.orphan_returns, 0);
 }
 
 #[test]
@@ -205,27 +275,64 @@ fn a_return_before_the_first_entry_joins_the_function_row() {
 }
 
 #[test]
-fn unpaired_entries_resync_like_cpython_315() {
+fn unpaired_entries_resync_where_every_entry_should_return() {
     let mut s = Script::new();
-    // main creates a generator (entry without return), calls work, and a
-    // specialised call returns without entry.
+    s.call(0, "main", 1)
+        .call(10, "lost", 5)
+        .call(20, "work", 8)
+        .ret(30, "work", 8)
+        .ret(50, "main", 1);
+    let r = s.report();
+    let lost = func(&r, "lost");
+    assert_eq!(lost.calls, Some(1));
+    assert_eq!((lost.inclusive_ns, lost.exclusive_ns), (40, 30));
+    assert_eq!(func(&r, "main").exclusive_ns, 10);
+    assert_eq!(r.anomalies.resyncs, 1);
+    assert_eq!(r.anomalies.unpaired_entries, 1);
+}
+
+#[test]
+fn cpython_315_generator_creations_are_left_out() {
+    let mut s = Script::new();
+    // main creates gen (an entry without return), calls work, consumes gen (an
+    // entry at its first line, a yield, a resume at the yield's line, a return),
+    // and an `__init__` shim returns without entry.
     s.call(0, "main", 1)
         .call(10, "gen", 5)
         .call(20, "work", 8)
         .ret(30, "work", 8)
-        .ret(35, "special", 12)
-        .ret(50, "main", 1);
-    let r = s.report();
+        .call(40, "gen", 5)
+        .ret(45, "gen", 6)
+        .call(50, "gen", 6)
+        .ret(60, "gen", 7);
+    let shim = FrameRef {
+        file: s.id("__init__"),
+        function: s.id("__init__"),
+        line: u32::MAX,
+    };
+    s.push(65, EventKind::Return { frame: shim })
+        .ret(100, "main", 1);
+    let r = s.report_with(&header_of("3.15.2"), None);
     let gen = func(&r, "gen");
-    assert_eq!(gen.calls, Some(1));
-    assert_eq!(gen.inclusive_ns, 40, "ended at main's return");
-    assert_eq!(gen.exclusive_ns, 30);
-    assert_eq!(func(&r, "main").inclusive_ns, 50);
-    assert_eq!(func(&r, "main").exclusive_ns, 10);
-    assert_eq!(func(&r, "special").calls, Some(1));
+    assert_eq!((gen.line, gen.calls), (5, Some(2)), "a resume is a call");
+    assert_eq!((gen.inclusive_ns, gen.exclusive_ns), (15, 15));
+    assert_eq!(
+        r.functions.iter().filter(|f| f.function == "gen").count(),
+        1
+    );
+    let work = func(&r, "work");
+    assert_eq!(work.inclusive_ns, 10);
+    let main = func(&r, "main");
+    assert_eq!((main.inclusive_ns, main.exclusive_ns), (100, 75));
+    assert!(r.functions.iter().all(|f| f.function != "__init__"));
+    assert_eq!(r.anomalies.generator_creations, 1);
+    assert_eq!(r.anomalies.shim_returns, 1);
+    assert_eq!(r.anomalies.resyncs, 0);
+    assert_eq!(r.anomalies.unpaired_entries, 0);
+    assert_eq!(r.anomalies.orphan_returns, 0);
+    // The same stream from a CPython whose entries all return resyncs instead.
+    let r = s.report();
     assert_eq!(r.anomalies.resyncs, 1);
-    assert_eq!(r.anomalies.unpaired_entries, 1);
-    assert_eq!(r.anomalies.orphan_returns, 1);
 }
 
 #[test]
@@ -237,9 +344,9 @@ fn return_only_stream_gives_exact_counts_and_sampled_times() {
         s.ret(i * 10, "tick", 3);
     }
     s.ret(100, "main", 1);
-    s.sample(5, &[("main", 2), ("tick", 4)]);
-    s.sample(15, &[("main", 2), ("tick", 5)]);
-    s.sample(25, &[("main", 2)]);
+    s.sample(1_000, &[("main", 1, 2), ("tick", 3, 4)]);
+    s.sample(2_000, &[("main", 1, 2), ("tick", 3, 5)]);
+    s.sample(3_000, &[("main", 1, 2)]);
     let header = Header {
         python_version: "3.11.2".into(),
         sample_interval_ns: 1_000,
@@ -260,15 +367,26 @@ fn return_only_stream_gives_exact_counts_and_sampled_times() {
         (main.samples, main.inclusive_ns, main.exclusive_ns),
         (1, 3_000, 1_000)
     );
+    // Samples taken late (every 1 µs where 0.5 µs was asked): each stands for
+    // the time that really passed between them.
+    let header = Header {
+        sample_interval_ns: 500,
+        ..header
+    };
+    let r = s.report_with(&header, None);
+    assert_eq!(func(&r, "tick").inclusive_ns, 2_000);
 }
 
 #[test]
 fn sample_mode_estimates_from_samples() {
     let mut s = Script::new();
-    s.sample(0, &[("main", 10), ("fib", 4), ("fib", 5), ("fib", 4)])
-        .sample(1, &[("main", 10), ("fib", 6)])
-        .sample(2, &[("main", 11)])
-        .sample(3, &[]);
+    s.sample(
+        0,
+        &[("main", 9, 10), ("fib", 3, 4), ("fib", 3, 5), ("fib", 3, 4)],
+    )
+    .sample(1, &[("main", 9, 10), ("fib", 3, 6)])
+    .sample(2, &[("main", 9, 11)])
+    .sample(3, &[]);
     let header = Header {
         mode: "sample".into(),
         sample_interval_ns: 1_000_000,
@@ -284,7 +402,7 @@ fn sample_mode_estimates_from_samples() {
         "once per sample despite recursion"
     );
     assert_eq!(fib.exclusive_ns, 2_000_000);
-    assert_eq!(fib.line, 4, "smallest sampled line");
+    assert_eq!(fib.line, 3, "the first line the walker read");
     let main = func(&r, "main");
     assert_eq!(
         (main.samples, main.inclusive_ns, main.exclusive_ns),
@@ -420,8 +538,16 @@ fn audit_threads_lost_and_duration() {
     assert_eq!(
         r.threads,
         vec![
-            ThreadStats { tid: 1, events: 4 },
-            ThreadStats { tid: 9, events: 2 }
+            ThreadStats {
+                tid: 1,
+                events: 4,
+                ..ThreadStats::default()
+            },
+            ThreadStats {
+                tid: 9,
+                events: 2,
+                ..ThreadStats::default()
+            }
         ]
     );
     assert_eq!(r.lost_events, 5);
@@ -463,8 +589,8 @@ fn budget_windows_cut_frames_and_samples_fill_the_gaps() {
         .call(40, "work", 5)
         .ret(60, "work", 6)
         .push(100, EventKind::Window { exact: false })
-        .sample(150, &[("main", 3), ("work", 7)])
-        .sample(250, &[("main", 3), ("work", 7)])
+        .sample(150, &[("main", 1, 3), ("work", 5, 7)])
+        .sample(250, &[("main", 1, 3), ("work", 5, 7)])
         .push(300, EventKind::Window { exact: true })
         .ret(320, "work", 6)
         .call(330, "work", 5)
@@ -475,10 +601,11 @@ fn budget_windows_cut_frames_and_samples_fill_the_gaps() {
     };
     let r = s.report_with(&header, Some(400));
     let work = func(&r, "work");
-    // Four exact calls ended (two, the orphan return, one more); 60 ns exact
-    // (20 + 20 + 20) plus two samples of 100 ns.
+    // Four exact calls ended (two, one running when the window opened, one
+    // more); 80 ns exact (20 + 20 + 20 from the window's start + 20) plus two
+    // samples of 100 ns.
     assert_eq!(work.calls, Some(4));
-    assert_eq!(work.exclusive_ns, 60 + 200);
+    assert_eq!(work.exclusive_ns, 80 + 200);
     assert_eq!(work.samples, 2);
     assert_eq!(work.line, 5, "sampled time lands on the traced row");
     let main = func(&r, "main");
@@ -499,7 +626,7 @@ fn budget_windows_cut_frames_and_samples_fill_the_gaps() {
 fn without_windows_there_is_no_budget_and_samples_add_no_time() {
     let mut s = Script::new();
     s.call(0, "main", 1)
-        .sample(50, &[("main", 2)])
+        .sample(50, &[("main", 1, 2)])
         .ret(100, "main", 3);
     let header = Header {
         sample_interval_ns: 1000,
@@ -543,58 +670,183 @@ fn unknown_strings_resolve_to_placeholders() {
 }
 
 #[test]
-fn stack_tracker_reports_each_end() {
+fn replay_reports_each_end_and_keeps_time_monotonic() {
     let f = |n: u32| FrameRef {
         file: StrId(0),
         function: StrId(n),
         line: n,
     };
-    let mut t = StackTracker::new();
-    let mut out = Vec::new();
-    t.call(1, f(1), 0);
-    t.call(1, f(2), 5);
-    assert_eq!(t.depth(1), 2);
-    assert_eq!(t.frames(1).collect::<Vec<_>>(), vec![f(1), f(2)]);
-    t.ret(1, f(1), 9, &mut out);
+    let ev = |tid, ts_ns, kind| Event { tid, ts_ns, kind };
+    let events = vec![
+        ev(1, 0, EventKind::Call { frame: f(1) }),
+        ev(1, 5, EventKind::Call { frame: f(2) }),
+        ev(1, 9, EventKind::Return { frame: f(1) }),
+        // Timestamps going backwards (TSC conversion): the clock holds still.
+        ev(2, 100, EventKind::Call { frame: f(3) }),
+        ev(2, 50, EventKind::Call { frame: f(4) }),
+        ev(2, 120, EventKind::Return { frame: f(4) }),
+        ev(2, 110, EventKind::Return { frame: f(3) }),
+    ];
+    let header = Header::default();
+    let mut replay = Replay::new(&header, plan_events(&header, &[], &events));
+    let mut steps = Vec::new();
+    let mut exits = Vec::new();
+    for e in &events {
+        steps.clear();
+        replay.push(e, &mut steps);
+        exits.extend(steps.iter().filter_map(|s| match s {
+            Step::Exit(x) => Some((x.code.function.0, x.start_ns(), x.ts, x.kind)),
+            _ => None,
+        }));
+    }
     assert_eq!(
-        out,
+        exits,
         vec![
-            Ended::Timed {
-                frame: f(2),
-                inclusive_ns: 4,
-                exclusive_ns: 4,
-                outermost: true,
-                kind: EndKind::Unpaired
-            },
-            Ended::Timed {
-                frame: f(1),
-                inclusive_ns: 9,
-                exclusive_ns: 5,
-                outermost: true,
-                kind: EndKind::Returned
-            },
-        ]
+            (2, 5, 9, EndKind::Unpaired),
+            (1, 0, 9, EndKind::Returned),
+            (4, 100, 120, EndKind::Returned),
+            (3, 100, 120, EndKind::Returned),
+        ],
+        "the child ends within its parent"
     );
-    out.clear();
-    // Timestamps going backwards never make negative (wrapped) times.
-    t.call(2, f(3), 100);
-    t.ret(2, f(3), 50, &mut out);
-    assert!(matches!(
-        out[0],
-        Ended::Timed {
-            inclusive_ns: 0,
-            ..
+    assert_eq!(replay.counters().resyncs, 1);
+}
+
+#[test]
+fn same_named_nesting_is_not_recursion() {
+    // Derived.__init__ (line 10) calls super().__init__ (Base.__init__, line 5);
+    // a visitor's visit_default calls another class's visit_default.
+    let mut s = Script::new();
+    s.call(0, "__init__", 10)
+        .call(10, "__init__", 5)
+        .ret(80, "__init__", 6)
+        .ret(100, "__init__", 12)
+        .call(200, "__init__", 5)
+        .ret(230, "__init__", 6);
+    let r = s.report();
+    let rows: Vec<_> = r
+        .functions
+        .iter()
+        .filter(|f| f.function == "__init__")
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:#?}");
+    let base = rows.iter().find(|f| f.line == 5).unwrap();
+    assert_eq!(
+        (base.calls, base.inclusive_ns, base.exclusive_ns),
+        (Some(2), 100, 100)
+    );
+    let derived = rows.iter().find(|f| f.line == 10).unwrap();
+    assert_eq!(
+        (derived.calls, derived.inclusive_ns, derived.exclusive_ns),
+        (Some(1), 100, 30)
+    );
+    // A true recursion still counts its inclusive time once.
+    let mut s = Script::new();
+    s.call(0, "visit", 3)
+        .call(10, "visit", 3)
+        .ret(20, "visit", 4)
+        .ret(30, "visit", 4);
+    let r = s.report();
+    let visit = func(&r, "visit");
+    assert_eq!((visit.inclusive_ns, visit.exclusive_ns), (30, 30));
+}
+
+#[test]
+fn a_generator_is_one_row_whatever_line_it_resumes_at() {
+    // CPython 3.9: a resume enters at the line it yielded from (25, then 28);
+    // returns come from 25, 28 and 29 (the end).
+    let mut s = Script::new();
+    s.call(0, "main", 1)
+        .call(10, "numbers", 23)
+        .ret(12, "numbers", 25)
+        .call(20, "numbers", 25)
+        .ret(22, "numbers", 28)
+        .call(30, "numbers", 28)
+        .ret(33, "numbers", 29)
+        .ret(40, "main", 2);
+    let r = s.report_with(&header_of("3.9.2"), None);
+    let rows: Vec<_> = r
+        .functions
+        .iter()
+        .filter(|f| f.function == "numbers")
+        .collect();
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(
+        (
+            rows[0].line,
+            rows[0].calls,
+            rows[0].inclusive_ns,
+            rows[0].exclusive_ns
+        ),
+        (23, Some(3), 7, 7)
+    );
+    // Resumes seen before the first entry (attached mid-generator) still join it.
+    let mut s = Script::new();
+    s.call(0, "numbers", 28)
+        .ret(1, "numbers", 29)
+        .call(10, "numbers", 23)
+        .ret(12, "numbers", 28);
+    let r = s.report_with(&header_of("3.9.2"), None);
+    let rows: Vec<_> = r
+        .functions
+        .iter()
+        .filter(|f| f.function == "numbers")
+        .collect();
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!((rows[0].line, rows[0].calls), (23, Some(2)));
+}
+
+#[test]
+fn flame_graph_and_report_agree_per_function() {
+    let mut s = Script::new();
+    s.call(0, "main", 1)
+        .call(10, "a", 5)
+        .call(20, "a", 9)
+        .ret(30, "a", 10)
+        .push(35, EventKind::GcStart { generation: 0 })
+        .push(38, EventKind::GcDone { collected: 1 })
+        .ret(40, "a", 6)
+        .ret(45, "b", 20)
+        .call(50, "c", 30);
+    let header = header_of("3.15.0");
+    let r = s.report_with(&header, Some(100));
+    let folded = crate::analyze::folded::fold_events(&header, &s.strings, &s.events, Some(100));
+    let mut time: std::collections::HashMap<(String, u32), (u64, u64)> = Default::default();
+    let mut path = Vec::new();
+    for node in 1..folded.tree.len() as u32 {
+        folded.tree.path(node, &mut path);
+        if let Some(crate::analyze::folded::FoldFrame::Python(f)) = path.last() {
+            let e = time
+                .entry((s.strings[f.function.0 as usize].clone(), f.line))
+                .or_default();
+            e.0 += folded.value(node, crate::analyze::folded::Measure::Time);
+            e.1 += folded.value(node, crate::analyze::folded::Measure::Calls);
         }
-    ));
-    assert_eq!(t.counters().resyncs, 1);
+    }
+    for f in &r.functions {
+        let (t, c) = time
+            .get(&(f.function.clone(), f.line))
+            .copied()
+            .unwrap_or_default();
+        // The flame graph takes GC pauses off their frame into a [gc] frame.
+        let gc = if f.function == "a" && f.line == 5 {
+            3
+        } else {
+            0
+        };
+        assert_eq!(t + gc, f.exclusive_ns, "{}: time", f.function);
+        assert_eq!(Some(c), f.calls, "{}: calls", f.function);
+        assert!(f.inclusive_ns >= f.exclusive_ns, "{f:?}");
+    }
 }
 
 fn arb_event() -> impl Strategy<Value = Event> {
-    let frame = (0u32..4, 0u32..4, 0u32..4).prop_map(|(a, b, l)| FrameRef {
-        file: StrId(a),
-        function: StrId(b),
-        line: l,
-    });
+    let frame =
+        (0u32..4, 0u32..4, prop_oneof![0u32..4, Just(u32::MAX)]).prop_map(|(a, b, l)| FrameRef {
+            file: StrId(a),
+            function: StrId(b),
+            line: l,
+        });
     let kind = prop_oneof![
         frame.clone().prop_map(|frame| EventKind::Call { frame }),
         frame.clone().prop_map(|frame| EventKind::Return { frame }),
@@ -605,7 +857,23 @@ fn arb_event() -> impl Strategy<Value = Event> {
             module: StrId(m),
             found
         }),
-        proptest::collection::vec(frame, 0..6).prop_map(|frames| EventKind::Sample { frames }),
+        proptest::collection::vec((frame.clone(), 0u32..8), 0..6).prop_map(|frames| {
+            EventKind::Sample {
+                frames: frames
+                    .into_iter()
+                    .map(|(code, line)| WalkedFrame { code, line })
+                    .collect(),
+            }
+        }),
+        proptest::collection::vec((frame.clone(), 0u32..8), 0..6).prop_map(|frames| {
+            EventKind::Running {
+                frames: frames
+                    .into_iter()
+                    .map(|(code, line)| WalkedFrame { code, line })
+                    .collect(),
+            }
+        }),
+        any::<bool>().prop_map(|exact| EventKind::Window { exact }),
         Just(EventKind::ThreadExit),
         any::<u64>().prop_map(|count| EventKind::Lost { count }),
     ];
@@ -615,13 +883,64 @@ fn arb_event() -> impl Strategy<Value = Event> {
 proptest! {
     #[test]
     fn arbitrary_streams_never_panic(events in proptest::collection::vec(arb_event(), 0..200),
-                                     end in proptest::option::of(any::<u64>())) {
-        let header = Header { sample_interval_ns: u64::MAX / 3, ..Header::default() };
+                                     end in proptest::option::of(any::<u64>()),
+                                     python in prop_oneof![Just("3.9.2"), Just("3.11.2"), Just("3.15.0")]) {
+        let header = Header {
+            sample_interval_ns: u64::MAX / 3,
+            python_version: python.into(),
+            ..Header::default()
+        };
+        let strings: Vec<String> = ["__init__", "<module>", "a", "b"].iter().map(|s| s.to_string()).collect();
+        let plan = plan_events(&header, &strings, &events);
+        let mut replay = Replay::new(&header, plan);
         let mut agg = Aggregator::new(&header);
+        let mut steps = Vec::new();
         for e in &events {
-            agg.push(e);
+            steps.clear();
+            let ts = replay.push(e, &mut steps);
+            agg.push(e, ts, &steps, &replay);
         }
-        let r = agg.finish(end, |id| id.0.to_string());
+        let r = agg.finish(replay, end, |id| id.0.to_string());
         prop_assert_eq!(r.events, events.len() as u64);
+        for f in &r.functions {
+            prop_assert!(f.inclusive_ns >= f.exclusive_ns, "{:?}", f);
+        }
     }
+}
+
+#[test]
+fn cpython_311_returns_are_rows_of_functions_not_lines() {
+    // Returns only: an unsampled generator returns from three lines, and an
+    // exception thrown into it fires its entry at a yield line (31); two
+    // same-named methods are told apart by the walker's first lines.
+    let mut s = Script::new();
+    for (ts, line) in [(10, 29), (20, 33), (30, 35)] {
+        s.ret(ts, "walk", line);
+    }
+    s.call(40, "walk", 31).ret(41, "walk", 35);
+    s.sample(50, &[("main", 1, 2), ("__init__", 10, 12)])
+        .sample(60, &[("main", 1, 2), ("__init__", 20, 22)]);
+    s.ret(51, "__init__", 12)
+        .ret(61, "__init__", 23)
+        .ret(62, "__init__", 23);
+    let r = s.report_with(&header_of("3.11.2"), None);
+    assert_eq!(r.source, FunctionSource::ReturnsOnly);
+    let walk: Vec<_> = r
+        .functions
+        .iter()
+        .filter(|f| f.function == "walk")
+        .collect();
+    assert_eq!(walk.len(), 1, "{walk:#?}");
+    assert_eq!(walk[0].calls, Some(4));
+    let init: Vec<(u32, Option<u64>)> = r
+        .functions
+        .iter()
+        .filter(|f| f.function == "__init__")
+        .map(|f| (f.line, f.calls))
+        .collect();
+    assert_eq!(init.len(), 2, "{init:?}");
+    assert!(
+        init.contains(&(10, Some(1))) && init.contains(&(20, Some(2))),
+        "{init:?}"
+    );
 }

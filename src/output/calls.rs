@@ -2,15 +2,16 @@
 //! stack depth, with the time from the start (µs), the thread and
 //! `file:function:line` — what DTrace and SystemTap flow scripts print.
 //!
-//! Depth comes from the same stack tracker as the report, so unpaired streams
-//! stay readable: a return without entry is marked, and a return that pops
-//! frames whose return never came (an entry without return) says how many.
+//! Depth comes from the same replay as the report, so unpaired streams stay
+//! readable: a return without entry is marked, a return that pops frames whose
+//! return never came says how many, frames running when tracing began are shown
+//! at the start, and CPython 3.15's entry at a generator's creation is marked.
 //! The recording is streamed; memory is bounded by the threads and stack depth.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, Write};
 
-use crate::analyze::stacks::{Ended, StackTracker};
+use crate::analyze::{replay_recording, EndKind, Step};
 use crate::output::flame::{FrameNames, ViewError};
 use crate::output::speedscope::json_str;
 use crate::record::{EventKind, FrameRef, RecordingReader};
@@ -81,10 +82,22 @@ enum Note {
     None,
     NoEntry,
     Popped(usize),
+    Running,
+    Creation,
+}
+
+/// One line of the flow.
+struct Line {
+    tid: u32,
+    ts: u64,
+    frame: FrameRef,
+    is_call: bool,
+    depth: usize,
+    note: Note,
 }
 
 /// Reads the whole recording and writes its call flow to `out`.
-pub fn write_calls<R: Read, W: Write>(
+pub fn write_calls<R: Read + Seek, W: Write>(
     reader: &mut RecordingReader<R>,
     options: &CallsOptions,
     mut out: W,
@@ -92,142 +105,211 @@ pub fn write_calls<R: Read, W: Write>(
     let header = reader.header().clone();
     let matcher = options.start_at.as_deref().map(Matcher::new);
     let mut summary = CallsSummary::default();
-    let mut tracker = StackTracker::new();
-    let mut ended: Vec<Ended> = Vec::new();
     // Per thread inside a `start_at` window: the depth of that call.
     let mut windows: HashMap<u32, usize> = HashMap::new();
     let mut base: Option<u64> = (header.start_ns != 0).then_some(header.start_ns);
-    let mut line = String::with_capacity(256);
+    let mut text = String::with_capacity(256);
+    let mut creations = 0u64;
+    let mut lines: Vec<Line> = Vec::new();
 
     if options.json {
         out.write_all(b"[")?;
     } else {
         writeln!(out, "{:>14} {:>8}  FLOW", "TIME(µs)", "TID")?;
     }
-    while let Some(event) = reader.next_event() {
-        let event = event?;
-        let (tid, ts) = (event.tid, event.ts_ns);
+    replay_recording(reader, |reader, event, ts, steps, replay| {
+        let tid = event.tid;
         let start = *base.get_or_insert(ts);
-        let names = FrameNames::new(reader.strings(), options.full_paths);
-        let (frame, is_call, level, note) = match &event.kind {
+        lines.clear();
+        // Frames running when tracing began, seeded before this event.
+        for step in steps {
+            if let Step::Enter {
+                code,
+                depth,
+                seeded: true,
+                ..
+            } = *step
+            {
+                lines.push(Line {
+                    tid,
+                    ts,
+                    frame: code,
+                    is_call: true,
+                    depth,
+                    note: Note::Running,
+                });
+            }
+        }
+        match &event.kind {
             EventKind::Call { frame } => {
                 summary.calls += 1;
-                let before = tracker.depth(tid);
-                tracker.call(tid, *frame, ts);
-                if let Some(m) = &matcher {
-                    if m.matches(&names, frame) {
-                        summary.start_at_calls += 1;
-                        windows.entry(tid).or_insert(before);
-                    }
-                }
-                let level = match (&matcher, windows.get(&tid)) {
-                    (None, _) => Some(before),
-                    (Some(_), Some(&b)) => Some(before.saturating_sub(b)),
-                    (Some(_), None) => None,
+                let entered = steps.iter().find_map(|s| match *s {
+                    Step::Enter {
+                        depth,
+                        seeded: false,
+                        ..
+                    } => Some(depth),
+                    _ => None,
+                });
+                let created = replay.counters().generator_creations > creations;
+                creations = replay.counters().generator_creations;
+                let (depth, note) = match entered {
+                    Some(d) => (d, Note::None),
+                    None if created => (replay.depth(tid), Note::Creation),
+                    None => (replay.depth(tid), Note::None),
                 };
-                (*frame, true, level, Note::None)
+                lines.push(Line {
+                    tid,
+                    ts,
+                    frame: *frame,
+                    is_call: true,
+                    depth,
+                    note,
+                });
             }
             EventKind::Return { frame } => {
                 summary.returns += 1;
-                let before = tracker.depth(tid);
-                tracker.ret(tid, *frame, ts, &mut ended);
-                let after = tracker.depth(tid);
-                let timed = ended
-                    .iter()
-                    .filter(|e| matches!(e, Ended::Timed { .. }))
-                    .count();
-                ended.clear();
-                let (depth, note) = match timed {
-                    0 => (before, Note::NoEntry),
-                    1 => (after, Note::None),
-                    n => (after, Note::Popped(n - 1)),
-                };
-                let level = match (&matcher, windows.get(&tid).copied()) {
-                    (None, _) => Some(depth),
-                    (Some(_), Some(b)) => {
-                        if timed > 0 && after <= b {
-                            windows.remove(&tid);
-                        }
-                        Some(depth.saturating_sub(b))
+                let mut popped = 0usize;
+                let mut returned = None;
+                let mut untimed = false;
+                for step in steps {
+                    match *step {
+                        Step::Exit(e) if e.kind == EndKind::Returned => returned = Some(e.depth),
+                        Step::Exit(_) => popped += 1,
+                        Step::Untimed { .. } => untimed = true,
+                        Step::Enter { .. } => {}
                     }
-                    (Some(_), None) => None,
+                }
+                let (depth, note) = match (returned, untimed) {
+                    (Some(d), _) if popped > 0 => (d, Note::Popped(popped)),
+                    (Some(d), _) => (d, Note::None),
+                    (None, true) => (replay.depth(tid), Note::NoEntry),
+                    // The interpreter's own shim frames: not a call.
+                    (None, false) => return Ok(()),
                 };
-                (*frame, false, level, note)
+                lines.push(Line {
+                    tid,
+                    ts,
+                    frame: *frame,
+                    is_call: false,
+                    depth,
+                    note,
+                });
             }
             EventKind::ThreadExit => {
-                tracker.close_thread(tid, ts, &mut ended);
-                ended.clear();
                 windows.remove(&tid);
-                continue;
             }
-            EventKind::Sample { .. } => {
-                summary.samples += 1;
-                continue;
-            }
-            _ => continue,
-        };
-        let Some(level) = level else {
-            continue;
-        };
-        if options.thread.is_some_and(|t| t != tid) {
-            continue;
+            EventKind::Sample { .. } => summary.samples += 1,
+            _ => {}
         }
-        if options.max_depth.is_some_and(|m| level >= m) {
-            continue;
-        }
-        let rel = ts.saturating_sub(start);
-        line.clear();
-        if options.json {
-            use std::fmt::Write as _;
-            let full = FrameNames::new(reader.strings(), true);
-            let _ = write!(
-                line,
-                "{}{{\"ts_us\":{}.{:03},\"tid\":{tid},\"event\":\"{}\",\"depth\":{level},\"function\":{},\"file\":{},\"line\":{}",
-                if summary.lines == 0 { "\n" } else { ",\n" },
-                rel / 1000,
-                rel % 1000,
-                if is_call { "call" } else { "return" },
-                json_str(&full.string(frame.function)),
-                json_str(&full.string(frame.file)),
-                frame.line
-            );
-            match note {
-                Note::None => {}
-                Note::NoEntry => line.push_str(",\"entry_seen\":false"),
-                Note::Popped(n) => {
-                    let _ = write!(line, ",\"popped_without_return\":{n}");
+        let names = FrameNames::new(reader.strings(), options.full_paths);
+        for l in lines.drain(..) {
+            // The `start_at` window: from that function's call to its return.
+            if let Some(m) = &matcher {
+                if l.is_call && m.matches(&names, &l.frame) && !matches!(l.note, Note::Creation) {
+                    summary.start_at_calls += 1;
+                    windows.entry(l.tid).or_insert(l.depth);
                 }
             }
-            line.push('}');
-        } else {
-            use std::fmt::Write as _;
-            let indent = level.min(MAX_INDENT) * 2;
-            let _ = write!(
-                line,
-                "{:>10}.{:03} {tid:>8}  {:indent$}{} {}:{}:{}",
-                rel / 1000,
-                rel % 1000,
-                "",
-                if is_call { "->" } else { "<-" },
-                names.file(frame.file),
-                names.string(frame.function),
-                frame.line,
-            );
-            match note {
-                Note::None => {}
-                Note::NoEntry => line.push_str("  (entry not seen)"),
-                Note::Popped(n) => {
-                    let _ = write!(line, "  (also ends {n} frame(s) whose return never came)");
+            let level = match (&matcher, windows.get(&l.tid).copied()) {
+                (None, _) => l.depth,
+                (Some(_), Some(b)) => {
+                    if !l.is_call && l.depth <= b && !matches!(l.note, Note::NoEntry) {
+                        windows.remove(&l.tid);
+                    }
+                    l.depth.saturating_sub(b)
                 }
+                (Some(_), None) => continue,
+            };
+            if options.thread.is_some_and(|t| t != l.tid) {
+                continue;
             }
-            line.push('\n');
+            if options.max_depth.is_some_and(|m| level >= m) {
+                continue;
+            }
+            write_line(
+                &mut text,
+                &l,
+                level,
+                start,
+                &names,
+                reader.strings(),
+                options,
+                &summary,
+            );
+            out.write_all(text.as_bytes())?;
+            summary.lines += 1;
         }
-        out.write_all(line.as_bytes())?;
-        summary.lines += 1;
-    }
+        Ok::<(), ViewError>(())
+    })?;
     if options.json {
         out.write_all(if summary.lines == 0 { b"]\n" } else { b"\n]\n" })?;
     }
     out.flush()?;
     Ok(summary)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_line(
+    text: &mut String,
+    l: &Line,
+    level: usize,
+    start: u64,
+    names: &FrameNames<'_>,
+    strings: &[String],
+    options: &CallsOptions,
+    summary: &CallsSummary,
+) {
+    use std::fmt::Write as _;
+    let rel = l.ts.saturating_sub(start);
+    let tid = l.tid;
+    let frame = l.frame;
+    text.clear();
+    if options.json {
+        let full = FrameNames::new(strings, true);
+        let _ = write!(
+            text,
+            "{}{{\"ts_us\":{}.{:03},\"tid\":{tid},\"event\":\"{}\",\"depth\":{level},\"function\":{},\"file\":{},\"line\":{}",
+            if summary.lines == 0 { "\n" } else { ",\n" },
+            rel / 1000,
+            rel % 1000,
+            if l.is_call { "call" } else { "return" },
+            json_str(&full.string(frame.function)),
+            json_str(&full.string(frame.file)),
+            frame.line
+        );
+        match l.note {
+            Note::None => {}
+            Note::NoEntry => text.push_str(",\"entry_seen\":false"),
+            Note::Popped(n) => {
+                let _ = write!(text, ",\"popped_without_return\":{n}");
+            }
+            Note::Running => text.push_str(",\"running_when_tracing_began\":true"),
+            Note::Creation => text.push_str(",\"generator_creation\":true"),
+        }
+        text.push('}');
+    } else {
+        let indent = level.min(MAX_INDENT) * 2;
+        let _ = write!(
+            text,
+            "{:>10}.{:03} {tid:>8}  {:indent$}{} {}:{}:{}",
+            rel / 1000,
+            rel % 1000,
+            "",
+            if l.is_call { "->" } else { "<-" },
+            names.file(frame.file),
+            names.string(frame.function),
+            frame.line,
+        );
+        match l.note {
+            Note::None => {}
+            Note::NoEntry => text.push_str("  (entry not seen)"),
+            Note::Popped(n) => {
+                let _ = write!(text, "  (also ends {n} frame(s) whose return never came)");
+            }
+            Note::Running => text.push_str("  (running when tracing began)"),
+            Note::Creation => text.push_str("  (creates a generator: runs nothing yet)"),
+        }
+        text.push('\n');
+    }
 }

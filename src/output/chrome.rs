@@ -2,9 +2,10 @@
 //! and chrome://tracing open.
 //!
 //! One track per thread. A Python call is a complete slice (`"ph":"X"`) written
-//! when it ends (X slices need no ordering); frames popped by a resync end at
-//! that return, frames still open end with the recording, and returns without
-//! entry have no slice. GC pauses and imports are slices of their own on the
+//! when the shared replay pops it (X slices need no ordering); the replay keeps
+//! each thread's clock monotonic, so a child always nests within its parent.
+//! Frames running when tracing began start then, frames still open end with the
+//! recording, and returns without entry have no slice. GC pauses and imports are slices of their own on the
 //! thread they ran on (category `gc`, `import`); audit events and lost events are
 //! instants. Samples become slices too, on a track of their own beside their
 //! thread's (tid [`SAMPLED_TRACK`]` | tid`, named "thread N (sampled)"): a
@@ -15,9 +16,9 @@
 //! bounded by the distinct functions and the stack depth, not the events.
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::{Read, Write};
+use std::io::{Read, Seek, Write};
 
-use crate::analyze::stacks::{EndKind, Ended, StackTracker};
+use crate::analyze::{replay_recording, EndKind, Exit, Step};
 use crate::output::flame::{FrameNames, ViewError, ViewInfo};
 use crate::output::speedscope::json_str;
 use crate::record::{EventKind, FrameRef, RecordingReader, StrId};
@@ -74,42 +75,11 @@ impl<W: Write> Writer<W> {
         ts.saturating_sub(self.start)
     }
 
-    /// Ends every open slice of every thread at `ts` (their returns will not come).
-    fn cut_slices(
-        &mut self,
-        names: &FrameNames<'_>,
-        tracker: &mut StackTracker,
-        ended: &mut Vec<Ended>,
-        ts: u64,
-    ) -> std::io::Result<()> {
-        for t in tracker.thread_ids() {
-            tracker.cut_thread(t, ts, ended);
-            for e in ended.drain(..) {
-                self.frame_slice(names, t, ts, &e)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn frame_slice(
-        &mut self,
-        names: &FrameNames<'_>,
-        tid: u32,
-        end_ts: u64,
-        ended: &Ended,
-    ) -> std::io::Result<()> {
-        let Ended::Timed {
-            frame,
-            inclusive_ns,
-            kind,
-            ..
-        } = ended
-        else {
-            return Ok(());
-        };
-        let (name, args) = self.names.entry(*frame).or_insert_with(|| {
+    fn frame_slice(&mut self, names: &FrameNames<'_>, e: &Exit) -> std::io::Result<()> {
+        let frame = e.code;
+        let (name, args) = self.names.entry(frame).or_insert_with(|| {
             (
-                json_str(&names.python(frame)),
+                json_str(&names.python(&frame)),
                 format!(
                     "\"function\":{},\"file\":{},\"line\":{}",
                     json_str(&names.string(frame.function)),
@@ -119,18 +89,35 @@ impl<W: Write> Writer<W> {
             )
         });
         let (name, args) = (name.clone(), args.clone());
-        let begin = self.rel(end_ts.saturating_sub(*inclusive_ns));
-        let end = match kind {
+        // Clipped at the trace's start like every other time: slices still nest.
+        let begin = self.rel(e.start_ns());
+        let dur = self.rel(e.ts).saturating_sub(begin);
+        let end = match e.kind {
             EndKind::Returned => "",
             EndKind::Unpaired => ",\"end\":\"no return (popped by a later return)\"",
             EndKind::Open => ",\"end\":\"still running at the end\"",
+            EndKind::Cut => ",\"end\":\"exact tracing stopped\"",
         };
-        let pid = self.pid;
+        let start = if e.seeded {
+            ",\"start\":\"running when tracing began\""
+        } else {
+            ""
+        };
+        let (pid, tid) = (self.pid, e.tid);
         self.event(format_args!(
-            "{{\"name\":{name},\"cat\":\"python\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{pid},\"tid\":{tid},\"args\":{{{args}{end}}}}}",
+            "{{\"name\":{name},\"cat\":\"python\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{pid},\"tid\":{tid},\"args\":{{{args}{start}{end}}}}}",
             us(begin),
-            us(*inclusive_ns),
+            us(dur),
         ))
+    }
+
+    fn slices(&mut self, names: &FrameNames<'_>, steps: &[Step]) -> std::io::Result<()> {
+        for step in steps {
+            if let Step::Exit(e) = step {
+                self.frame_slice(names, e)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -156,7 +143,7 @@ impl<W: Write> Writer<W> {
                     (
                         json_str(&format!("{function} ({})", names.file(frame.file))),
                         format!(
-                            "\"function\":{},\"file\":{},\"first_line_sampled\":{}",
+                            "\"function\":{},\"file\":{},\"line\":{}",
                             json_str(&function),
                             json_str(&names.string(frame.file)),
                             frame.line
@@ -178,7 +165,7 @@ impl<W: Write> Writer<W> {
 }
 
 /// Reads the whole recording and writes it as a Chrome trace to `out`.
-pub fn write_chrome<R: Read, W: Write>(
+pub fn write_chrome<R: Read + Seek, W: Write>(
     reader: &mut RecordingReader<R>,
     options: &ChromeOptions,
     out: W,
@@ -202,17 +189,14 @@ pub fn write_chrome<R: Read, W: Write>(
         header.pid,
         json_str(&format!("{process} (pid {})", header.pid))
     ))?;
-    let mut tracker = StackTracker::new();
-    let mut ended = Vec::new();
     let mut threads: HashMap<u32, ThreadState> = HashMap::new();
     let mut seen: BTreeSet<u32> = BTreeSet::new();
     let mut sampled_seen: BTreeSet<u32> = BTreeSet::new();
     let mut base_set = header.start_ns != 0;
     let mut last_ts = 0u64;
 
-    while let Some(event) = reader.next_event() {
-        let event = event?;
-        let (tid, ts) = (event.tid, event.ts_ns);
+    let mut replay = replay_recording(reader, |reader, event, ts, steps, replay| {
+        let tid = event.tid;
         if !base_set {
             w.start = ts;
             base_set = true;
@@ -239,19 +223,10 @@ pub fn write_chrome<R: Read, W: Write>(
             ))?;
         }
         let names = FrameNames::new(reader.strings(), options.full_paths);
+        w.slices(&names, steps)?;
         match &event.kind {
-            EventKind::Call { frame } => tracker.call(tid, *frame, ts),
-            EventKind::Return { frame } => {
-                tracker.ret(tid, *frame, ts, &mut ended);
-                for e in ended.drain(..) {
-                    w.frame_slice(&names, tid, ts, &e)?;
-                }
-            }
+            EventKind::Call { .. } | EventKind::Return { .. } | EventKind::Running { .. } => {}
             EventKind::ThreadExit => {
-                tracker.close_thread(tid, ts, &mut ended);
-                for e in ended.drain(..) {
-                    w.frame_slice(&names, tid, ts, &e)?;
-                }
                 if let Some(mut t) = threads.remove(&tid) {
                     w.close_sampled(&names, tid, &mut t, 0, ts)?;
                 }
@@ -276,14 +251,15 @@ pub fn write_chrome<R: Read, W: Write>(
                     ))?;
                 }
                 let t = threads.entry(tid).or_default();
+                let codes: Vec<FrameRef> = frames.iter().map(|f| replay.walked_code(f)).collect();
                 let same = t
                     .sampled
                     .iter()
-                    .zip(frames)
-                    .take_while(|((open, _), f)| open.file == f.file && open.function == f.function)
+                    .zip(&codes)
+                    .take_while(|((open, _), f)| open == *f)
                     .count();
                 w.close_sampled(&names, tid, t, same, ts)?;
-                t.sampled.extend(frames[same..].iter().map(|f| (*f, ts)));
+                t.sampled.extend(codes[same..].iter().map(|f| (*f, ts)));
                 t.last_sample = ts;
             }
             EventKind::GcStart { generation } => {
@@ -334,8 +310,6 @@ pub fn write_chrome<R: Read, W: Write>(
                 ))?;
             }
             EventKind::Lost { count } => {
-                // Which calls and returns were dropped is unknown: slices end here.
-                w.cut_slices(&names, &mut tracker, &mut ended, ts)?;
                 w.event(format_args!(
                     "{{\"name\":\"{count} events lost\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
                     us(w.rel(ts)),
@@ -343,10 +317,6 @@ pub fn write_chrome<R: Read, W: Write>(
                 ))?;
             }
             EventKind::Window { exact } => {
-                if !exact {
-                    // Exact tracing paused: open slices end here, their returns unseen.
-                    w.cut_slices(&names, &mut tracker, &mut ended, ts)?;
-                }
                 let name = if *exact {
                     "exact tracing on"
                 } else {
@@ -360,16 +330,14 @@ pub fn write_chrome<R: Read, W: Write>(
             }
             EventKind::Line { .. } | EventKind::Stack { .. } | EventKind::ThreadStart => {}
         }
-    }
+        Ok::<(), ViewError>(())
+    })?;
     let info = ViewInfo::of(reader);
     let end = info.end_ns.unwrap_or(0).max(last_ts);
     let names = FrameNames::new(reader.strings(), options.full_paths);
-    for tid in seen.iter().copied() {
-        tracker.close_thread(tid, end, &mut ended);
-        for e in ended.drain(..) {
-            w.frame_slice(&names, tid, end, &e)?;
-        }
-    }
+    let mut steps = Vec::new();
+    replay.finish(end, &mut steps);
+    w.slices(&names, &steps)?;
     let mut left: Vec<(u32, ThreadState)> = threads.into_iter().collect();
     left.sort_unstable_by_key(|(tid, _)| *tid);
     for (tid, mut t) in left {

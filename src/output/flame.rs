@@ -5,12 +5,13 @@
 //! else the last two path components) unless full paths are asked for.
 
 use std::borrow::Cow;
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, Write};
 
 use inferno::flamegraph::color::{Color, PaletteMap};
 use inferno::flamegraph::{self, Options};
 
 use crate::analyze::folded::{FoldFrame, Folded, Folder, Measure};
+use crate::analyze::replay_recording;
 use crate::output::report::format_ns;
 use crate::record::{Completion, FrameRef, Header, RecordError, RecordingReader, StrId};
 
@@ -82,15 +83,16 @@ impl ViewInfo {
 }
 
 /// Reads every event of `reader` into folded stacks.
-pub fn read_folded<R: Read>(
+pub fn read_folded<R: Read + Seek>(
     reader: &mut RecordingReader<R>,
 ) -> Result<(Folded, ViewInfo), RecordError> {
     let mut folder = Folder::with_sample_interval(reader.header().sample_interval_ns);
-    while let Some(event) = reader.next_event() {
-        folder.push(&event?);
-    }
+    let replay = replay_recording(reader, |_, event, ts, steps, replay| {
+        folder.push(event, ts, steps, replay);
+        Ok::<(), RecordError>(())
+    })?;
     let info = ViewInfo::of(reader);
-    Ok((folder.finish(info.end_ns), info))
+    Ok((folder.finish(replay, info.end_ns), info))
 }
 
 /// Whether the recording holds samples rather than calls.
@@ -111,7 +113,7 @@ pub fn choose_measure(folded: &Folded, header: &Header, by: By) -> (Measure, Opt
         ),
         By::Calls => (Measure::Calls, None),
         By::Time if sampled => (Measure::Samples, None),
-        By::Time if c.calls == 0 && c.returns > 0 => {
+        By::Time if c.returns_only || (c.calls == 0 && c.returns > 0) => {
             if c.samples > 0 {
                 (Measure::Samples, None)
             } else {

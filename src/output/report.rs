@@ -3,27 +3,32 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::analyze::{Aggregator, FileFilter, FilterError, FunctionSource, FunctionStats, Report};
+use crate::analyze::{
+    replay_recording, Aggregator, FileFilter, FilterError, FunctionSource, FunctionStats, Report,
+};
 use crate::record::{Completion, RecordError, RecordingReader};
 
 /// Reads every event of `reader` and aggregates them. A recording cut short
 /// gives a report of what it holds, with `truncated_at` set.
-pub fn build_report<R: Read>(reader: &mut RecordingReader<R>) -> Result<Report, RecordError> {
+pub fn build_report<R: Read + Seek>(
+    reader: &mut RecordingReader<R>,
+) -> Result<Report, RecordError> {
     let mut agg = Aggregator::new(reader.header());
-    for event in reader.events() {
-        agg.push(&event?);
-    }
+    let replay = replay_recording(reader, |_, event, ts, steps, replay| {
+        agg.push(event, ts, steps, replay);
+        Ok::<(), RecordError>(())
+    })?;
     let (end, lost, truncated_at) = match reader.completion() {
         Completion::Complete(t) => (Some(t.end_ns), t.lost_events, None),
         Completion::Truncated { offset } => (None, 0, Some(offset)),
         Completion::Reading | Completion::Failed { .. } => (None, 0, None),
     };
-    let mut report = agg.finish(end, |id| reader.string(id).into_owned());
+    let mut report = agg.finish(replay, end, |id| reader.string(id).into_owned());
     report.lost_events = report.lost_events.max(lost);
     report.truncated_at = truncated_at;
     Ok(report)
@@ -231,6 +236,10 @@ struct JsonAudit<'a> {
 struct JsonThread {
     tid: u32,
     events: u64,
+    /// From the start of its first traced frame to the end of its last.
+    traced_ns: u64,
+    /// Sum of its traced frames' exclusive times.
+    exclusive_ns: u64,
 }
 
 #[derive(Serialize)]
@@ -242,6 +251,9 @@ struct JsonAnomalies {
     open_at_end: u64,
     unpaired_gc: u64,
     unpaired_imports: u64,
+    open_at_start: u64,
+    generator_creations: u64,
+    shim_returns: u64,
 }
 
 /// The report as the JSON document of DESIGN.md (pretty-printed, newline-terminated).
@@ -335,6 +347,8 @@ pub fn render_json(report: &Report) -> String {
             .map(|t| JsonThread {
                 tid: t.tid,
                 events: t.events,
+                traced_ns: t.traced_ns,
+                exclusive_ns: t.exclusive_ns,
             })
             .collect(),
         events: report.events,
@@ -351,6 +365,9 @@ pub fn render_json(report: &Report) -> String {
             open_at_end: a.open_at_end,
             unpaired_gc: a.unpaired_gc,
             unpaired_imports: a.unpaired_imports,
+            open_at_start: a.open_at_start,
+            generator_creations: a.generator_creations,
+            shim_returns: a.shim_returns,
         },
     };
     // Serialising plain structs of strings and integers cannot fail.
@@ -451,10 +468,20 @@ fn header_section(out: &mut String, r: &Report) {
         );
     }
     match r.source {
+        FunctionSource::ReturnsOnly
+            if r.sample_interval_ns > 0 && r.functions.iter().any(|f| f.samples > 0) =>
+        {
+            let _ = writeln!(
+                out,
+                "note: return events only (CPython 3.11): call counts are exact; times are sampled \
+                 (every {}, stacks read alongside), samples × interval",
+                format_ns(r.sample_interval_ns)
+            );
+        }
         FunctionSource::ReturnsOnly => {
             let _ = writeln!(
                 out,
-                "note: return events only (CPython 3.11): call counts are exact, times are estimated from samples"
+                "note: return events only (CPython 3.11): call counts are exact; no times (no samples were taken)"
             );
         }
         FunctionSource::Sampled => {
@@ -472,6 +499,28 @@ fn header_section(out: &mut String, r: &Report) {
             out,
             "note: {} stack resyncs ({} entries without return), {} returns without entry (counted, not timed)",
             a.resyncs, a.unpaired_entries, a.orphan_returns
+        );
+    }
+    if a.open_at_start > 0 {
+        let _ = writeln!(
+            out,
+            "note: {} frames were already running when tracing began: their times count from then",
+            a.open_at_start
+        );
+    }
+    if a.open_at_end > 0 {
+        let _ = writeln!(
+            out,
+            "note: {} frames were still running at the end: their times count, their calls do not",
+            a.open_at_end
+        );
+    }
+    if a.generator_creations > 0 {
+        let _ = writeln!(
+            out,
+            "note: {} generator or coroutine creations fired an entry without return (CPython 3.15): \
+             left out, as they run no code",
+            a.generator_creations
         );
     }
     if a.depth_overflows > 0 {
@@ -757,6 +806,7 @@ mod tests {
             threads: vec![ThreadStats {
                 tid: 1234,
                 events: 999,
+                ..ThreadStats::default()
             }],
             ..Report::default()
         }
@@ -988,7 +1038,7 @@ mod tests {
         })
         .unwrap();
         w.finish(3_000).unwrap();
-        let bytes = &buf[..cut.unwrap_or(buf.len())];
+        let bytes = std::io::Cursor::new(&buf[..cut.unwrap_or(buf.len())]);
         let mut reader = RecordingReader::from_reader(bytes).unwrap();
         build_report(&mut reader).unwrap()
     }

@@ -2,12 +2,13 @@
 //! (<https://www.speedscope.app/file-format-schema.json>).
 //!
 //! Trace mode gives one *evented* profile per thread: a frame is opened (`O`) at
-//! its call and closed (`C`) at its end, in stack order, so the events always
-//! balance: frames the tracker pops in a resync (entries without return) close at
-//! that return, frames still open close at the end, and returns without entry
-//! open and close nothing. Sample mode gives one *sampled* profile per thread.
+//! its call and closed (`C`) at its end, in stack order, as the shared replay
+//! pushes and pops it, so the events always balance: frames running when tracing
+//! began open at its start, frames still open close at the end, and returns
+//! without entry open and close nothing. Sample mode gives one *sampled* profile
+//! per thread.
 //!
-//! The recording is read once. Each thread's events are rendered as they come
+//! The recording is read twice (once to plan the replay). Each thread's events are rendered as they come
 //! into a per-thread buffer; when the buffers together pass a limit they are
 //! spilled to an unnamed temporary file, so memory stays bounded however long
 //! the recording is; the profiles are then written thread by thread.
@@ -16,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 
-use crate::analyze::stacks::{Ended, StackTracker};
+use crate::analyze::{replay_recording, Step};
 use crate::output::flame::{FrameNames, ViewError, ViewInfo};
 use crate::record::{EventKind, FrameRef, RecordingReader};
 
@@ -172,7 +173,7 @@ fn thread_name(tid: u32, pid: u32) -> String {
 }
 
 /// Reads the whole recording and writes it as a speedscope file to `out`.
-pub fn write_speedscope<R: Read, W: Write>(
+pub fn write_speedscope<R: Read + Seek, W: Write>(
     reader: &mut RecordingReader<R>,
     options: &SpeedscopeOptions,
     mut out: W,
@@ -180,95 +181,81 @@ pub fn write_speedscope<R: Read, W: Write>(
     let header = reader.header().clone();
     let mut spool: Spool<(u32, Kind)> = Spool::new(options.spool_limit);
     let mut frames = FrameTable::default();
-    let mut tracker = StackTracker::new();
-    let mut ended = Vec::new();
     // Per thread: the last `at` written, so times never go backwards.
     let mut last_at: HashMap<u32, u64> = HashMap::new();
     let mut base: Option<u64> = (header.start_ns != 0).then_some(header.start_ns);
     let mut last_ts: Option<u64> = None;
     let mut item = Vec::with_capacity(128);
 
-    fn close(
+    fn write_steps(
         spool: &mut Spool<(u32, Kind)>,
         frames: &mut FrameTable,
-        tid: u32,
-        at: u64,
-        ended: &mut Vec<Ended>,
+        last_at: &mut HashMap<u32, u64>,
+        start: u64,
+        steps: &[Step],
         item: &mut Vec<u8>,
     ) -> io::Result<()> {
-        for e in ended.drain(..) {
-            if let Ended::Timed { frame, .. } = e {
-                item.clear();
-                let _ = write!(
-                    item,
-                    "{{\"type\":\"C\",\"frame\":{},\"at\":{at}}}",
-                    frames.get(frame)
-                );
-                spool.push((tid, Kind::Evented), b",", item)?;
-            }
+        for step in steps {
+            let (tid, ts, code, open) = match *step {
+                Step::Enter { tid, ts, code, .. } => (tid, ts, code, true),
+                Step::Exit(e) => (e.tid, e.ts, e.code, false),
+                Step::Untimed { .. } => continue,
+            };
+            let slot = last_at.entry(tid).or_insert(0);
+            let at = ts.saturating_sub(start).max(*slot);
+            *slot = at;
+            item.clear();
+            let _ = write!(
+                item,
+                "{{\"type\":\"{}\",\"frame\":{},\"at\":{at}}}",
+                if open { "O" } else { "C" },
+                frames.get(code)
+            );
+            spool.push((tid, Kind::Evented), b",", item)?;
         }
         Ok(())
     }
 
-    while let Some(event) = reader.next_event() {
-        let event = event?;
-        let tid = event.tid;
-        let start = *base.get_or_insert(event.ts_ns);
-        last_ts = Some(last_ts.map_or(event.ts_ns, |t| t.max(event.ts_ns)));
-        let slot = last_at.entry(tid).or_insert(0);
-        let at = event.ts_ns.saturating_sub(start).max(*slot);
-        match &event.kind {
-            EventKind::Call { frame } => {
-                let before = tracker.depth(tid);
-                tracker.call(tid, *frame, event.ts_ns);
-                if tracker.depth(tid) > before {
-                    *slot = at;
-                    item.clear();
-                    let _ = write!(
-                        item,
-                        "{{\"type\":\"O\",\"frame\":{},\"at\":{at}}}",
-                        frames.get(*frame)
-                    );
-                    spool.push((tid, Kind::Evented), b",", &item)?;
+    let mut replay = replay_recording(reader, |_, event, ts, steps, replay| {
+        let start = *base.get_or_insert(ts);
+        last_ts = Some(last_ts.map_or(ts, |t| t.max(ts)));
+        write_steps(
+            &mut spool,
+            &mut frames,
+            &mut last_at,
+            start,
+            steps,
+            &mut item,
+        )?;
+        if let EventKind::Sample { frames: stack } = &event.kind {
+            item.clear();
+            item.push(b'[');
+            for (i, w) in stack.iter().enumerate() {
+                if i > 0 {
+                    item.push(b',');
                 }
+                let _ = write!(item, "{}", frames.get(replay.walked_code(w)));
             }
-            EventKind::Return { frame } => {
-                *slot = at;
-                tracker.ret(tid, *frame, event.ts_ns, &mut ended);
-                close(&mut spool, &mut frames, tid, at, &mut ended, &mut item)?;
-            }
-            EventKind::ThreadExit => {
-                *slot = at;
-                tracker.close_thread(tid, event.ts_ns, &mut ended);
-                close(&mut spool, &mut frames, tid, at, &mut ended, &mut item)?;
-            }
-            EventKind::Sample { frames: stack } => {
-                item.clear();
-                item.push(b'[');
-                for (i, f) in stack.iter().enumerate() {
-                    if i > 0 {
-                        item.push(b',');
-                    }
-                    let _ = write!(item, "{}", frames.get(*f));
-                }
-                item.push(b']');
-                spool.push((tid, Kind::Sampled), b",", &item)?;
-            }
-            _ => {}
+            item.push(b']');
+            spool.push((event.tid, Kind::Sampled), b",", &item)?;
         }
-    }
+        Ok::<(), ViewError>(())
+    })?;
     let info = ViewInfo::of(reader);
     let start = base.unwrap_or(0);
     let end_ts = info.end_ns.unwrap_or(0).max(last_ts.unwrap_or(start));
     let end_at = end_ts.saturating_sub(start);
     // Close what is still open, thread by thread, at the end.
-    let mut open: Vec<u32> = last_at.keys().copied().collect();
-    open.sort_unstable();
-    for tid in open {
-        let at = end_at.max(last_at[&tid]);
-        tracker.close_thread(tid, end_ts, &mut ended);
-        close(&mut spool, &mut frames, tid, at, &mut ended, &mut item)?;
-    }
+    let mut steps = Vec::new();
+    replay.finish(end_ts, &mut steps);
+    write_steps(
+        &mut spool,
+        &mut frames,
+        &mut last_at,
+        start,
+        &steps,
+        &mut item,
+    )?;
 
     let names = FrameNames::new(reader.strings(), options.full_paths);
     let interval = header.sample_interval_ns;

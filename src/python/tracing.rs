@@ -25,7 +25,8 @@ pub fn default_groups(
     if version.is_some_and(|v| v.is(3, 11)) && groups.contains(&ProbeGroup::Function) {
         warning = Some(
             "CPython 3.11: function__entry fires only while a tracing hook is set, so calls are counted \
-             from function__return (exact counts, no times); line is off (incomplete, gh-98894)"
+             from function__return (exact counts) and times come from stacks sampled alongside; line \
+             is off (incomplete, gh-98894)"
                 .to_string(),
         );
     }

@@ -7,7 +7,7 @@
 //! and the kind's payload. State resets at every chunk so chunks stand alone.
 
 use super::wire::{put_uvarint, zigzag, Cursor};
-use super::{Event, EventKind, FrameRef, RecordError, StrId};
+use super::{Event, EventKind, FrameRef, RecordError, StrId, WalkedFrame};
 
 const SAME_TID: u8 = 0x80;
 const KIND_MASK: u8 = 0x7f;
@@ -21,16 +21,23 @@ mod tag {
     pub const IMPORT_START: u8 = 5;
     pub const IMPORT_DONE: u8 = 6;
     pub const AUDIT: u8 = 7;
-    pub const SAMPLE: u8 = 8;
+    /// Format 1: frames without their first line. Read, no longer written.
+    pub const SAMPLE_V1: u8 = 8;
     pub const THREAD_START: u8 = 9;
     pub const THREAD_EXIT: u8 = 10;
     pub const LOST: u8 = 11;
-    pub const STACK: u8 = 12;
+    /// Format 1, as `SAMPLE_V1`.
+    pub const STACK_V1: u8 = 12;
     pub const WINDOW: u8 = 13;
+    pub const SAMPLE: u8 = 14;
+    pub const STACK: u8 = 15;
+    pub const RUNNING: u8 = 16;
 }
 
 /// Smallest encoding of a frame: three one-byte varints.
 const MIN_FRAME_LEN: usize = 3;
+/// Smallest encoding of a walked frame: four one-byte varints.
+const MIN_WALKED_LEN: usize = 4;
 
 /// Delta state of the previous event in the current chunk.
 #[derive(Default)]
@@ -82,11 +89,14 @@ impl EventEncoder {
                 buf.push(u8::from(*found));
             }
             EventKind::Audit { event } => put_uvarint(buf, u64::from(event.0)),
-            EventKind::Sample { frames } | EventKind::Stack { frames } => {
+            EventKind::Sample { frames }
+            | EventKind::Stack { frames }
+            | EventKind::Running { frames } => {
                 let kept = &frames[frames.len().saturating_sub(max_frames)..];
                 put_uvarint(buf, kept.len() as u64);
                 for f in kept {
-                    put_frame(buf, f);
+                    put_frame(buf, &f.code);
+                    put_uvarint(buf, u64::from(f.line));
                 }
             }
             EventKind::ThreadStart | EventKind::ThreadExit => {}
@@ -108,6 +118,7 @@ fn kind_tag(kind: &EventKind) -> u8 {
         EventKind::Audit { .. } => tag::AUDIT,
         EventKind::Sample { .. } => tag::SAMPLE,
         EventKind::Stack { .. } => tag::STACK,
+        EventKind::Running { .. } => tag::RUNNING,
         EventKind::ThreadStart => tag::THREAD_START,
         EventKind::ThreadExit => tag::THREAD_EXIT,
         EventKind::Lost { .. } => tag::LOST,
@@ -187,16 +198,21 @@ impl EventDecoder {
             tag::AUDIT => EventKind::Audit {
                 event: StrId(c.u32v("string id")?),
             },
-            tag::SAMPLE => {
-                let n = c.count(MIN_FRAME_LEN, "sample frame")?;
-                let frames = (0..n).map(|_| get_frame(c)).collect::<Result<_, _>>()?;
-                EventKind::Sample { frames }
-            }
-            tag::STACK => {
-                let n = c.count(MIN_FRAME_LEN, "stack frame")?;
-                let frames = (0..n).map(|_| get_frame(c)).collect::<Result<_, _>>()?;
-                EventKind::Stack { frames }
-            }
+            tag::SAMPLE_V1 => EventKind::Sample {
+                frames: get_frames_v1(c, "sample frame")?,
+            },
+            tag::STACK_V1 => EventKind::Stack {
+                frames: get_frames_v1(c, "stack frame")?,
+            },
+            tag::SAMPLE => EventKind::Sample {
+                frames: get_walked(c, "sample frame")?,
+            },
+            tag::STACK => EventKind::Stack {
+                frames: get_walked(c, "stack frame")?,
+            },
+            tag::RUNNING => EventKind::Running {
+                frames: get_walked(c, "running frame")?,
+            },
             tag::THREAD_START => EventKind::ThreadStart,
             tag::THREAD_EXIT => EventKind::ThreadExit,
             tag::LOST => EventKind::Lost {
@@ -231,4 +247,30 @@ fn get_frame(c: &mut Cursor<'_>) -> Result<FrameRef, RecordError> {
         function: StrId(c.u32v("string id")?),
         line: c.u32v("line")?,
     })
+}
+
+/// Frames of format 1: the current line only, the first line unknown (0).
+fn get_frames_v1(c: &mut Cursor<'_>, what: &str) -> Result<Vec<WalkedFrame>, RecordError> {
+    let n = c.count(MIN_FRAME_LEN, what)?;
+    (0..n)
+        .map(|_| {
+            let f = get_frame(c)?;
+            Ok(WalkedFrame {
+                code: FrameRef { line: 0, ..f },
+                line: f.line,
+            })
+        })
+        .collect()
+}
+
+fn get_walked(c: &mut Cursor<'_>, what: &str) -> Result<Vec<WalkedFrame>, RecordError> {
+    let n = c.count(MIN_WALKED_LEN, what)?;
+    (0..n)
+        .map(|_| {
+            Ok(WalkedFrame {
+                code: get_frame(c)?,
+                line: c.u32v("line")?,
+            })
+        })
+        .collect()
 }

@@ -2,7 +2,7 @@
 
 use std::io;
 
-use super::{FORMAT_VERSION, MAX_CHUNK_LEN};
+use super::{FORMAT_VERSION, MAX_CHUNK_LEN, OLDEST_FORMAT_VERSION};
 
 /// Why a recording could not be read (further). A recording that is merely cut
 /// short is not an error: see [`Completion`](super::Completion).
@@ -25,7 +25,8 @@ pub enum RecordError {
     NotARecording,
     /// Written by a newer (or unknown) format version.
     #[error(
-        "unsupported recording format version {version} at offset 8 (this pyprobe reads version {})",
+        "unsupported recording format version {version} at offset 8 (this pyprobe reads versions {} to {})",
+        OLDEST_FORMAT_VERSION,
         FORMAT_VERSION
     )]
     UnsupportedVersion {

@@ -10,13 +10,27 @@ use serde::Serialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct StrId(pub u32);
 
-/// One Python frame: where a call is (used by `call`/`return`/`line` and samples).
+/// One Python frame: where a call is (used by `call`/`return`/`line`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct FrameRef {
     pub file: StrId,
     pub function: StrId,
-    /// First line of the function for `call`/`return`; the current line for `line`
-    /// events and sampled frames.
+    /// The line the probe passed: for `call`, the line the frame is at when it
+    /// starts or resumes (CPython 3.9: the first line, or the line a generator
+    /// resumes at); for `return`, the line it returns from; for `line`, the line.
+    /// Rows and stacks key a function by its code object instead (see
+    /// `analyze::replay`). As the key of a function, the first line.
+    pub line: u32,
+}
+
+/// A frame as the frame walker read it: the code object it runs and the line it
+/// is at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct WalkedFrame {
+    /// File, name (`co_name`) and first line (`co_firstlineno`; 0 when unknown,
+    /// in recordings of format 1).
+    pub code: FrameRef,
+    /// The line being executed (the call, in an outer frame).
     pub line: u32,
 }
 
@@ -58,13 +72,19 @@ pub enum EventKind {
     },
     /// A whole stack, outermost first, taken by the frame walker.
     Sample {
-        frames: Vec<FrameRef>,
+        frames: Vec<WalkedFrame>,
     },
     /// The thread's Python stack, outermost first, when the event that follows it on
     /// the same thread happened (a GC start, an import start, an audit event): what
     /// code triggered it. Taken by the frame walker at that probe hit.
     Stack {
-        frames: Vec<FrameRef>,
+        frames: Vec<WalkedFrame>,
+    },
+    /// The thread's Python stack, outermost first, when exact tracing began (read
+    /// by the frame walker at attach, the thread stopped): frames that are running
+    /// and whose entries the recording therefore lacks.
+    Running {
+        frames: Vec<WalkedFrame>,
     },
     ThreadStart,
     ThreadExit,

@@ -5,8 +5,11 @@ use super::RecordError;
 
 /// First eight bytes of every recording.
 pub const MAGIC: [u8; 8] = *b"PYPROBE\0";
-/// The format version this crate writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this crate writes. Version 2 added the walker's first line
+/// to sampled frames and the `running` event; version 1 is still read.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this crate reads.
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 
 /// Header strings and lists are capped so a header stays small and bounded.
 const MAX_HEADER_STR: usize = 4096;

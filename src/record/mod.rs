@@ -21,7 +21,7 @@ mod tests;
 
 pub use error::RecordError;
 pub use event::*;
-pub use header::{Header, FORMAT_VERSION, MAGIC};
+pub use header::{Header, FORMAT_VERSION, MAGIC, OLDEST_FORMAT_VERSION};
 pub use reader::{Completion, Events, RecordingReader, Trailer};
 pub use writer::{BackgroundWriter, RecordingWriter, Summary, MAX_SAMPLE_FRAMES, MAX_STRING_LEN};
 

@@ -2,13 +2,14 @@
 
 use std::borrow::Cow;
 use std::fs::File;
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use super::codec::EventDecoder;
 use super::wire::Cursor;
 use super::{
-    kind, Event, Header, RecordError, StrId, CHUNK_HEADER_LEN, FORMAT_VERSION, MAGIC, MAX_CHUNK_LEN,
+    kind, Event, Header, RecordError, StrId, CHUNK_HEADER_LEN, FORMAT_VERSION, MAGIC,
+    MAX_CHUNK_LEN, OLDEST_FORMAT_VERSION,
 };
 
 /// The trailer of a recording that was finished properly.
@@ -48,6 +49,8 @@ pub struct RecordingReader<R: Read> {
     strings: Vec<String>,
     /// File offset of the next chunk.
     offset: u64,
+    /// File offset of the first chunk after the header.
+    events_start: u64,
     /// Payload of the current events chunk and the read position in it.
     chunk: Vec<u8>,
     pos: usize,
@@ -55,6 +58,8 @@ pub struct RecordingReader<R: Read> {
     decoder: EventDecoder,
     events_read: u64,
     completion: Completion,
+    /// The events are being read again (after [`rewind`](Self::rewind)).
+    reread: bool,
 }
 
 impl RecordingReader<BufReader<File>> {
@@ -83,12 +88,14 @@ impl<R: Read> RecordingReader<R> {
             header: Header::default(),
             strings: Vec::new(),
             offset: 0,
+            events_start: 0,
             chunk: Vec::new(),
             pos: 0,
             chunk_base: 0,
             decoder: EventDecoder::default(),
             events_read: 0,
             completion: Completion::Reading,
+            reread: false,
         };
         let mut prefix = [0u8; 12];
         let n = read_full(&mut r.input, &mut prefix, 0)?;
@@ -103,7 +110,7 @@ impl<R: Read> RecordingReader<R> {
             return Err(RecordError::TruncatedHeader { offset: n as u64 });
         }
         let version = u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]);
-        if version != FORMAT_VERSION {
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(RecordError::UnsupportedVersion { version });
         }
         r.offset = prefix.len() as u64;
@@ -121,6 +128,7 @@ impl<R: Read> RecordingReader<R> {
         let mut c = Cursor::new(&r.chunk, 0, at + CHUNK_HEADER_LEN);
         r.header = Header::decode(&mut c, version)?;
         r.chunk.clear();
+        r.events_start = r.offset;
         Ok(r)
     }
 
@@ -223,6 +231,11 @@ impl<R: Read> RecordingReader<R> {
         for _ in 0..n {
             let at = c.offset();
             let id = c.uvarint()?;
+            if id < self.strings.len() as u64 && self.reread {
+                // Read again after a rewind: the table already holds it.
+                c.string()?;
+                continue;
+            }
             if id != self.strings.len() as u64 {
                 return Err(RecordError::Corrupt {
                     offset: at,
@@ -283,6 +296,28 @@ impl<R: Read> RecordingReader<R> {
         }
         self.offset = at + CHUNK_HEADER_LEN + u64::from(len);
         Ok(Chunk::Whole(head[0]))
+    }
+}
+
+impl<R: Read + Seek> RecordingReader<R> {
+    /// Goes back to the first event, to read the events again (the string table
+    /// read so far stays).
+    pub fn rewind(&mut self) -> Result<(), RecordError> {
+        self.input
+            .seek(SeekFrom::Start(self.events_start))
+            .map_err(|source| RecordError::Io {
+                offset: self.events_start,
+                source,
+            })?;
+        self.offset = self.events_start;
+        self.chunk.clear();
+        self.pos = 0;
+        self.chunk_base = 0;
+        self.decoder.reset();
+        self.events_read = 0;
+        self.completion = Completion::Reading;
+        self.reread = true;
+        Ok(())
     }
 }
 

@@ -55,9 +55,34 @@ fn every_kind(w: &mut RecordingWriter<impl Write>) -> Vec<Event> {
         },
         EventKind::Audit { event: open },
         EventKind::Sample {
-            frames: vec![frame, FrameRef { line: 9, ..frame }],
+            frames: vec![
+                WalkedFrame {
+                    code: frame,
+                    line: 3,
+                },
+                WalkedFrame {
+                    code: frame,
+                    line: 9,
+                },
+            ],
         },
         EventKind::Sample { frames: vec![] },
+        EventKind::Stack {
+            frames: vec![WalkedFrame {
+                code: frame,
+                line: 4,
+            }],
+        },
+        EventKind::Running {
+            frames: vec![WalkedFrame {
+                code: FrameRef {
+                    line: u32::MAX,
+                    ..frame
+                },
+                line: 0,
+            }],
+        },
+        EventKind::Window { exact: true },
         EventKind::Lost { count: 17 },
         EventKind::ThreadExit,
     ];
@@ -149,10 +174,13 @@ fn summary_counts_and_caps() {
     assert_eq!(w.intern(&long), a, "interning is idempotent");
     let b = w.intern("b");
     assert_eq!((a, b), (StrId(0), StrId(1)));
-    let frames: Vec<FrameRef> = (0..MAX_SAMPLE_FRAMES as u32 + 10)
-        .map(|line| FrameRef {
-            file: b,
-            function: b,
+    let frames: Vec<WalkedFrame> = (0..MAX_SAMPLE_FRAMES as u32 + 10)
+        .map(|line| WalkedFrame {
+            code: FrameRef {
+                file: b,
+                function: b,
+                line: 1,
+            },
             line,
         })
         .collect();
@@ -328,11 +356,11 @@ fn empty_foreign_and_future_files() {
         Err(RecordError::TruncatedHeader { offset: 3 })
     ));
     let mut future = MAGIC.to_vec();
-    future.extend_from_slice(&2u32.to_le_bytes());
+    future.extend_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
     let err = RecordingReader::from_reader(&future[..]).err().unwrap();
     assert!(matches!(
         err,
-        RecordError::UnsupportedVersion { version: 2 }
+        RecordError::UnsupportedVersion { version } if version == FORMAT_VERSION + 1
     ));
     assert!(err.to_string().contains("offset 8"));
     // Magic and version only.
@@ -512,4 +540,42 @@ proptest! {
             for e in r.events() { let _ = e; }
         }
     }
+}
+
+#[test]
+fn format_1_samples_read_with_their_first_line_unknown() {
+    use super::codec::EventDecoder;
+    use super::wire::Cursor;
+    // Tag 8 (a format-1 sample), thread 5, time 100, one frame: file 1,
+    // function 2, current line 40.
+    let payload = [8u8, 5, 100, 1, 1, 2, 40];
+    let mut c = Cursor::new(&payload, 0, 0);
+    let event = EventDecoder::default().decode(&mut c).unwrap();
+    assert_eq!(
+        event.kind,
+        EventKind::Sample {
+            frames: vec![WalkedFrame {
+                code: FrameRef {
+                    file: StrId(1),
+                    function: StrId(2),
+                    line: 0
+                },
+                line: 40
+            }]
+        }
+    );
+    // A whole format-1 file (no samples) reads too.
+    let mut buf = Vec::new();
+    let mut w = RecordingWriter::new(&mut buf, &header()).unwrap();
+    w.write(&Event {
+        tid: 1,
+        ts_ns: 1,
+        kind: EventKind::ThreadStart,
+    })
+    .unwrap();
+    w.finish(2).unwrap();
+    buf[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let (r, events) = read_all(&buf).unwrap();
+    assert_eq!(r.header().format_version, 1);
+    assert_eq!(events.len(), 1);
 }

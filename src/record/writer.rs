@@ -178,9 +178,9 @@ impl<W: Write> RecordingWriter<W> {
                 module.0 < n
             }
             EventKind::Audit { event } => event.0 < n,
-            EventKind::Sample { frames } | EventKind::Stack { frames } => {
-                frames.iter().all(ok_frame)
-            }
+            EventKind::Sample { frames }
+            | EventKind::Stack { frames }
+            | EventKind::Running { frames } => frames.iter().all(|f| ok_frame(&f.code)),
             _ => true,
         };
         if ok {

@@ -217,3 +217,42 @@ pub fn record_script(
     let _ = std::fs::remove_file(out_path);
     (String::from_utf8_lossy(&out.stdout).into_owned(), report)
 }
+
+/// A pure-Python program from PyPI, installed once into a git-ignored cache
+/// (`target/pypi/NAME-VERSION`) by the machine's `python3.11 -m pip`; returns the
+/// folder to put on `PYTHONPATH`. Pure wheels run under every test interpreter.
+pub fn pypi(name: &str, version: &str) -> PathBuf {
+    let dir = repo().join("target/pypi").join(format!("{name}-{version}"));
+    if dir.join(".complete").exists() {
+        return dir;
+    }
+    // Installed beside, then renamed: tests running at once never see half of it.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let partial = repo()
+        .join("target/pypi")
+        .join(format!(".{name}-{version}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&partial);
+    let out = Command::new("python3.11")
+        .args(["-m", "pip", "install", "--quiet", "--no-deps", "--target"])
+        .arg(&partial)
+        .arg(format!("{name}=={version}"))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run python3.11 -m pip to install {name}: {e}"));
+    assert!(
+        out.status.success(),
+        "installing {name}=={version} from PyPI failed (python3.11 -m pip; Debian: python3-pip): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(partial.join(".complete"), b"").unwrap();
+    if std::fs::rename(&partial, &dir).is_err() {
+        // Another test installed it meanwhile.
+        let _ = std::fs::remove_dir_all(&partial);
+    }
+    assert!(
+        dir.join(".complete").exists(),
+        "{} installed",
+        dir.display()
+    );
+    dir
+}

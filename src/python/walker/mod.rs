@@ -82,6 +82,9 @@ pub struct PyFrame {
     pub file: Arc<str>,
     /// `co_qualname` on 3.11+ (`Class.method`, `outer.<locals>.inner`), `co_name` before.
     pub function: Arc<str>,
+    /// `co_name`: the name the function probes pass, which recordings use so that
+    /// sampled and traced frames name a function the same way.
+    pub name: Arc<str>,
     /// `co_firstlineno`: the line of the `def`.
     pub first_line: u32,
     /// The line being executed (the call, in an outer frame); the first line when the

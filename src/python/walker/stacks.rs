@@ -47,6 +47,7 @@ struct CodeInfo {
     key: [u64; 5],
     file: Arc<str>,
     function: Arc<str>,
+    name: Arc<str>,
     table: Option<Box<[u8]>>,
     lines: HashMap<i64, u32>,
 }
@@ -419,6 +420,7 @@ impl<M: Memory> StackReader<M> {
         Ok(PyFrame {
             file: info.file.clone(),
             function: info.function.clone(),
+            name: info.name.clone(),
             first_line,
             line,
         })
@@ -428,12 +430,12 @@ impl<M: Memory> StackReader<M> {
         let [filename, name, qualname, linetable, _] = key;
         let u = &self.layout.unicode;
         let file = read_str(&self.mem, u, filename).map_err(|_| FrameError::Broken)?;
+        let name = read_str(&self.mem, u, name).map_err(|_| FrameError::Broken)?;
         let function = if qualname != 0 {
-            read_str(&self.mem, u, qualname)
+            read_str(&self.mem, u, qualname).map_err(|_| FrameError::Broken)?
         } else {
-            read_str(&self.mem, u, name)
-        }
-        .map_err(|_| FrameError::Broken)?;
+            name.clone()
+        };
         // A table that cannot be read costs the line numbers, not the frame.
         let table = read_bytes(&self.mem, &self.layout, linetable)
             .ok()
@@ -442,6 +444,7 @@ impl<M: Memory> StackReader<M> {
             key,
             file: file.into(),
             function: function.into(),
+            name: name.into(),
             table,
             lines: HashMap::new(),
         })

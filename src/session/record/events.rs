@@ -34,6 +34,9 @@ pub struct EventBuilder {
     /// checked against the text before use: most hits repeat a few code objects,
     /// and interning their names again is the costliest part of a hit.
     frames: FxHashMap<(u64, u64), CachedNames>,
+    /// The sampling interval of stacks taken alongside return-only tracing
+    /// (CPython 3.11 in trace mode), written to the header when that is the case.
+    alongside_interval_ns: u64,
 }
 
 /// What a pair of name pointers resolved to last time.
@@ -67,7 +70,13 @@ impl EventBuilder {
             events: 0,
             last_flush_ns: 0,
             frames: FxHashMap::default(),
+            alongside_interval_ns: 0,
         }
+    }
+
+    /// Stacks will be sampled every `ns` alongside a return-only trace.
+    pub fn sample_alongside(&mut self, ns: u64) {
+        self.alongside_interval_ns = ns;
     }
 
     pub fn events(&self) -> u64 {
@@ -142,6 +151,12 @@ impl EventBuilder {
         }
         self.header.python_version = chosen.version.map(|v| v.to_string()).unwrap_or_default();
         self.header.probes = chosen.groups.iter().map(|g| g.name().to_owned()).collect();
+        if super::resolver::returns_only(chosen.version, &chosen.groups) {
+            self.header.sample_interval_ns = self
+                .header
+                .sample_interval_ns
+                .max(self.alongside_interval_ns);
+        }
         // The header reaches the file at once: a watcher (`top`) can open it now.
         let opened = Output::partial(&self.output).and_then(|file| {
             let mut w =

@@ -22,7 +22,7 @@ use crate::tracer::signals::{self, monotonic_ns, StopReason};
 use crate::tracer::{Engine, EngineOptions, Outcome, RingUse, TraceEvent};
 
 use events::EventBuilder;
-use resolver::{needs_context_stacks, Chosen, Mode, PythonResolver, CONTEXT_PROBES};
+use resolver::{needs_context_stacks, returns_only, Chosen, Mode, PythonResolver, CONTEXT_PROBES};
 use sampler::Sampler;
 
 /// Probes whose event opens a pause that a later probe closes.
@@ -150,12 +150,17 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         chosen: chosen.clone(),
     });
     let interval_ns = 1_000_000_000 / u64::from(request.rate);
+    // Trace mode ticks too: on CPython 3.11, whose entry probe does not fire, stacks
+    // are sampled alongside the exact return counts for times. Which version runs
+    // is known only once the probes are found, so those samples do not stop the
+    // target (elsewhere the ticks are ignored).
+    let alongside = mode == Mode::Trace && budget.is_none();
     let options = EngineOptions {
         subprocesses: request.subprocesses,
         guardian: true,
         // Under a budget, stacks are sampled while the function probes are off.
-        sample_interval_ns: (mode != Mode::Trace || budget.is_some()).then_some(interval_ns),
-        blocking_samples: !request.nonblocking,
+        sample_interval_ns: Some(interval_ns),
+        blocking_samples: !request.nonblocking && !alongside,
         max_overhead: budget,
         ring: request.ring,
     };
@@ -164,14 +169,28 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     let mut early = Vec::new();
     // A budget's first window opens while attaching, before the recording does.
     let mut early_window = None;
+    let mut sampler = Sampler::default();
+    // The stacks running when the probes went in at attach (every thread is
+    // stopped then): frames whose entries the recording will never see.
+    let mut running = None;
     let mut collect = |e: TraceEvent| match e {
         TraceEvent::Window { pid, ts_ns, exact } => early_window = Some((pid, ts_ns, exact)),
         TraceEvent::Installed { pid, .. } => {
+            if request.pid == Some(pid)
+                && running.is_none()
+                && chosen.borrow().groups.contains(&ProbeGroup::Function)
+            {
+                let ts = monotonic_ns();
+                running = Some((ts, sampler.running(pid, ts)));
+            }
             early.push(format_early(&e));
             early.extend(refusal_lines(pid, &chosen));
         }
         other => early.push(format_early(&other)),
     };
+    // The recording starts before the probes go in: the stacks read while
+    // attaching are part of it.
+    let start_ns = monotonic_ns();
     let (mut engine, launched) = match (request.pid, request.command.is_empty()) {
         (Some(pid), true) => {
             check_attachable(pid, mode)?;
@@ -207,7 +226,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         } else {
             interval_ns
         },
-        start_ns: monotonic_ns(),
+        start_ns,
         wall_start_unix_ns: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -223,7 +242,9 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         filter,
         request.start_at.clone(),
     );
-    let mut sampler = Sampler::default();
+    if alongside {
+        builder.sample_alongside(interval_ns);
+    }
     let start_line =
         |chosen: &Chosen, pid: i32| print_start_line(chosen, pid, mode, request, budget);
     // Under a budget: `exact_window` says whether calls are traced exactly now
@@ -231,6 +252,9 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     if !launched {
         start_line(&chosen.borrow(), pid);
         builder.open(pid, &chosen.borrow());
+        if let Some((ts, stacks)) = running.take() {
+            Sampler::write_running(&mut builder, ts, stacks);
+        }
     }
     let mut exact_window = false;
     if let Some((pid, ts_ns, exact)) = early_window {
@@ -302,7 +326,11 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                 builder.write(pid, ts_ns, EventKind::Window { exact });
             }
             TraceEvent::Tick { pid, ts_ns, .. } => {
-                if (announced || !launched) && !exact_window {
+                let sampling = !alongside || {
+                    let now = chosen.borrow();
+                    returns_only(now.version, &now.groups)
+                };
+                if sampling && (announced || !launched) && !exact_window {
                     sampler.sample(pid, ts_ns, &mut builder);
                     builder.flush_if_due(ts_ns);
                 }
@@ -333,7 +361,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             return Err(e);
         }
     };
-    if mode != Mode::Trace && sampler.samples == 0 {
+    if (mode != Mode::Trace || sampler.ticks > 0) && sampler.samples == 0 {
         if let Some(e) = &sampler.last_error {
             eprintln!("pyprobe: no samples: {e}");
         }
@@ -366,7 +394,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     file.commit()
         .with_context(|| format!("cannot finish {}", recording_path.display()))?;
     let mut what = match mode {
-        Mode::Trace => format!("{hits} probe hits"),
+        Mode::Trace if sampler.samples == 0 => format!("{hits} probe hits"),
         _ => format!("{} samples, {hits} probe hits", sampler.samples),
     };
     if summary.lost_events > 0 {
@@ -463,6 +491,11 @@ fn print_start_line(
     };
     let rate = request.rate;
     let why = match mode {
+        Mode::Trace if returns_only(chosen.version, &chosen.groups) => format!(
+            "mode trace: every probe hit recorded exactly; this CPython's function probes give \
+             returns only, so stacks are also sampled at {rate} Hz, without stopping the threads, \
+             for times"
+        ),
         Mode::Trace => "mode trace: every probe hit recorded exactly".to_string(),
         Mode::Sample => format!("mode sample: stacks sampled at {rate} Hz, {how}"),
         Mode::Auto if chosen.has_probes => format!(

@@ -58,6 +58,12 @@ pub fn needs_context_stacks(
         || !groups.contains(&ProbeGroup::Function)
 }
 
+/// Whether function calls are traced from return probes only (CPython 3.11):
+/// trace mode then samples stacks alongside, for times.
+pub fn returns_only(version: Option<PyVersion>, groups: &BTreeSet<ProbeGroup>) -> bool {
+    version.is_some_and(|v| v.is(3, 11)) && groups.contains(&ProbeGroup::Function)
+}
+
 pub struct PythonResolver {
     pub mode: Mode,
     pub requested: Option<BTreeSet<ProbeGroup>>,

@@ -3,7 +3,7 @@
 //! that hit it, as a `stack` event just before the event it explains.
 
 use crate::python::walker::{PyFrame, Walker};
-use crate::record::{EventKind, FrameRef};
+use crate::record::{EventKind, FrameRef, WalkedFrame};
 
 use super::events::EventBuilder;
 
@@ -50,12 +50,16 @@ impl Sampler {
         self.walker.as_mut()
     }
 
-    fn frames(builder: &mut EventBuilder, frames: &[PyFrame]) -> Vec<FrameRef> {
+    /// Frames as recorded: named by `co_name`, as the function probes name them.
+    fn frames(builder: &mut EventBuilder, frames: &[PyFrame]) -> Vec<WalkedFrame> {
         frames
             .iter()
-            .map(|f| FrameRef {
-                file: builder.intern(&f.file),
-                function: builder.intern(&f.function),
+            .map(|f| WalkedFrame {
+                code: FrameRef {
+                    file: builder.intern(&f.file),
+                    function: builder.intern(&f.name),
+                    line: f.first_line,
+                },
                 line: f.line,
             })
             .collect()
@@ -82,6 +86,33 @@ impl Sampler {
             let tid = stack.native_tid.unwrap_or(pid);
             builder.write(tid, ts_ns, EventKind::Sample { frames });
             self.samples += 1;
+        }
+    }
+
+    /// Records every thread's Python stack as the frames running when tracing
+    /// begins (call it with the threads stopped, before any probe can hit).
+    pub fn running(&mut self, pid: i32, ts_ns: u64) -> Vec<(i32, Vec<PyFrame>)> {
+        let Some(walker) = self.walker(pid, ts_ns) else {
+            return Vec::new();
+        };
+        match walker.stacks() {
+            Ok(stacks) => stacks
+                .into_iter()
+                .filter(|s| !s.frames.is_empty())
+                .map(|s| (s.native_tid.unwrap_or(pid), s.frames))
+                .collect(),
+            Err(e) => {
+                self.last_error = Some(format!("{e:#}"));
+                Vec::new()
+            }
+        }
+    }
+
+    /// Writes stacks taken by [`running`](Self::running) as `running` events.
+    pub fn write_running(builder: &mut EventBuilder, ts_ns: u64, stacks: Vec<(i32, Vec<PyFrame>)>) {
+        for (tid, frames) in stacks {
+            let frames = Self::frames(builder, &frames);
+            builder.write(tid, ts_ns, EventKind::Running { frames });
         }
     }
 
