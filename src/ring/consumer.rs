@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::layout::*;
+use super::stack::*;
 
 /// A decoded record. Strings borrow from a private copy of the slot, so the
 /// callback may keep nothing past its return; copy what you need.
@@ -25,6 +26,24 @@ pub struct RingRecord<'a> {
     pub args: [u64; MAX_ARGS],
     /// `strings[i]` is `Some` if argument `i` was captured as a C string.
     pub strings: [Option<RingString<'a>>; MAX_ARGS],
+    /// The Python stack the trampoline captured, for a stack probe's record.
+    pub stack: Option<RingStack>,
+}
+
+/// A stack captured in the target (see [`super::stack`]), innermost frame first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingStack {
+    /// The thread's thread state was found (else no frames).
+    pub found: bool,
+    /// Frames were left out: more than fit the record, or the walk hit its bound.
+    pub truncated: bool,
+    /// Frames counted by the walk (at least `frames.len()`).
+    pub depth: usize,
+    /// (code pointer, position) pairs, innermost first; at most [`MAX_STACK_FRAMES`].
+    pub frames: Vec<(u64, u64)>,
+    /// The record claimed a stack but its continuation slots did not check out
+    /// (a torn or hostile ring): `frames` is empty.
+    pub broken: bool,
 }
 
 /// The captured prefix of a C-string argument.
@@ -170,9 +189,10 @@ impl RingReader {
                 stop = Some(DrainStop::Pending { index: self.tail });
                 break;
             };
-            let record = decode(self.tail, &copy);
+            let mut record = decode(self.tail, &copy);
+            let used = self.stack_of(&copy, head, &mut record);
             f(&record);
-            self.tail = self.tail.wrapping_add(1);
+            self.tail = self.tail.wrapping_add(1 + used);
             records += 1;
         }
         if records > 0 {
@@ -186,6 +206,61 @@ impl RingReader {
                 DrainStop::Limit
             }),
         }
+    }
+
+    /// Reads the continuation slots of the record at `tail` (its first slot is
+    /// `first`) into `record.stack`; returns how many slots they take. A claim that
+    /// does not fit what producers reserved takes none (the record keeps no stack).
+    fn stack_of(&self, first: &[u8; SLOT_SIZE], head: u64, record: &mut RingRecord<'_>) -> u64 {
+        let slots = first[S_STACK_SLOTS];
+        let flags = first[S_STACK_FLAGS];
+        if slots == 0 || flags & STACK_CAPTURED == 0 {
+            return 0;
+        }
+        let n = u64::from(slots);
+        let mut stack = RingStack {
+            found: flags & STACK_FOUND != 0,
+            truncated: flags & STACK_TRUNCATED != 0,
+            depth: usize::from(u16::from_le_bytes([
+                first[S_STACK_DEPTH],
+                first[S_STACK_DEPTH + 1],
+            ])),
+            frames: Vec::new(),
+            broken: false,
+        };
+        if slots > MAX_STACK_SLOTS || n >= self.capacity || head.wrapping_sub(self.tail) <= n {
+            stack.broken = true;
+            record.stack = Some(stack);
+            return 0;
+        }
+        let want = stack.depth.min(frames_for(slots));
+        stack.truncated |= stack.depth > want;
+        for k in 1..=n {
+            let index = self.tail.wrapping_add(k);
+            let owner_ok = self
+                .copy_with_seq(index, continuation_seq(index))
+                .filter(|c| {
+                    u64::from_le_bytes(c[C_OWNER..C_OWNER + 8].try_into().unwrap_or([0; 8]))
+                        == self.tail
+                });
+            let Some(copy) = owner_ok else {
+                stack.broken = true;
+                continue;
+            };
+            for pair in copy[C_PAIRS..].chunks_exact(16).take(PAIRS_PER_SLOT) {
+                if stack.frames.len() >= want {
+                    break;
+                }
+                let word =
+                    |o: usize| u64::from_le_bytes(pair[o..o + 8].try_into().unwrap_or([0; 8]));
+                stack.frames.push((word(0), word(8)));
+            }
+        }
+        if stack.broken {
+            stack.frames.clear();
+        }
+        record.stack = Some(stack);
+        n
     }
 
     /// Gives up on the slot at `tail` if it is reserved but unpublished,
@@ -215,8 +290,12 @@ impl RingReader {
 
     /// The slot for `index` copied out, if its `seq` says it is published.
     fn copy_published(&self, index: u64) -> Option<[u8; SLOT_SIZE]> {
+        self.copy_with_seq(index, index.wrapping_add(1))
+    }
+
+    /// The slot for `index` copied out, if its `seq` is `want`.
+    fn copy_with_seq(&self, index: u64, want: u64) -> Option<[u8; SLOT_SIZE]> {
         let slot = HEADER_SIZE + ((index & (self.capacity - 1)) as usize) * SLOT_SIZE;
-        let want = index.wrapping_add(1);
         if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
             return None;
         }
@@ -299,6 +378,7 @@ pub fn decode(index: u64, slot: &[u8; SLOT_SIZE]) -> RingRecord<'_> {
         nargs,
         args,
         strings,
+        stack: None,
     }
 }
 

@@ -37,7 +37,7 @@
 //! | 81 | u8 | `string_mask`: bit `i` set if argument `i` is a C string |
 //! | 82 | u8 | `truncated_mask`: bit `i` set if string `i` did not fit its area |
 //! | 83 | u8 | `null_mask`: bit `i` set if string `i`'s pointer was NULL |
-//! | 84 | u32 | reserved, 0 |
+//! | 84 | u32 | stack: continuation slots, flags, depth (0 unless a stack probe: `stack.rs`) |
 //! | 88 | 168 bytes | string areas |
 //!
 //! The string area is split evenly among the string arguments, in argument
@@ -67,7 +67,7 @@ use thiserror::Error;
 /// `"PYPRRING"` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PYPRRING");
 /// Bumped on any incompatible change of this layout.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The header occupies one page.
 pub const HEADER_SIZE: usize = 4096;
 /// Every slot has this size.

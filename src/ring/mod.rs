@@ -13,6 +13,7 @@
 //! * [`branches`]: [`BranchTargets`], direct branch targets of a segment;
 //! * [`site`]: [`qualify_site`], whether and how a site can be patched;
 //! * [`codegen`]: [`build_trampoline`], the trampoline's machine code and the site patch;
+//! * [`stack`]: [`StackCapture`], the Python stack walked by a trampoline;
 //! * [`region`]: [`RegionHeader`], the header of a trampoline region, which
 //!   lets a later pyprobe recognise and undo the jumps of one that died.
 //!
@@ -63,6 +64,7 @@ pub mod consumer;
 pub mod layout;
 pub mod region;
 pub mod site;
+pub mod stack;
 pub mod trapnet;
 
 #[cfg(test)]
@@ -76,3 +78,4 @@ pub use consumer::{DrainStop, Drained, RingReader, RingRecord, RingString};
 pub use layout::{init_ring, ring_bytes, RingError};
 pub use region::{RegionError, RegionHeader, RegionSite};
 pub use site::{plans_overlap, qualify_site, thread_inside, SitePlan, SiteRefusal, Tail};
+pub use stack::{StackCapture, StackFrame, StackRoot};

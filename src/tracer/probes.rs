@@ -34,6 +34,10 @@ pub struct ProbeSet {
     /// Indices of the probes whose hits need the target stopped (the caller reads
     /// its state at each, e.g. the Python stack): never served by the ring.
     pub needs_stop: Vec<usize>,
+    /// Indices of the probes whose ring records carry the thread's stack, captured
+    /// by the trampoline with `stack_capture` (sites that cannot stay on int3).
+    pub stack_probes: Vec<usize>,
+    pub stack_capture: Option<crate::ring::StackCapture>,
 }
 
 impl ProbeSet {
