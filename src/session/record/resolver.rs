@@ -37,6 +37,18 @@ pub struct Chosen {
     pub warning: Option<String>,
     /// The interpreter carries SDT probes (built with --with-dtrace).
     pub has_probes: bool,
+    /// Why ring trampolines cannot capture stacks here was said already.
+    pub stack_fallback_said: bool,
+}
+
+/// Continuation slots of a stack record: up to 60 frames, innermost first.
+const STACK_SLOTS: u8 = crate::ring::stack::MAX_STACK_SLOTS;
+
+/// The offsets ring trampolines walk `pid`'s frames by (the frame walker's own).
+fn stack_capture(pid: i32) -> Result<crate::ring::StackCapture, String> {
+    crate::python::walker::Walker::attach(pid)
+        .map_err(|e| format!("{e:#}"))?
+        .stack_capture(STACK_SLOTS)
 }
 
 /// Probes at whose hits the Python stack is recorded: what triggered a GC, an
@@ -123,13 +135,30 @@ impl Resolver for PythonResolver {
             let (groups, warning) = self.groups(&object, version)?;
             let (mut set, meanings) = probe_set(&object, &groups)?;
             if needs_context_stacks(self.mode, version, &groups) {
-                // The frame walker reads the stack at these hits: they must stop.
-                set.needs_stop = meanings
+                let context: Vec<usize> = meanings
                     .iter()
                     .enumerate()
                     .filter(|(_, m)| CONTEXT_PROBES.contains(&m.name))
                     .map(|(i, _)| i)
                     .collect();
+                match stack_capture(pid) {
+                    // The ring's trampolines capture the stack at these hits themselves.
+                    Ok(capture) => {
+                        set.stack_capture = Some(capture);
+                        set.stack_probes = context;
+                    }
+                    // The frame walker reads the stack at these hits: they must stop.
+                    Err(why) => {
+                        let mut chosen = self.chosen.borrow_mut();
+                        if !std::mem::replace(&mut chosen.stack_fallback_said, true) {
+                            eprintln!(
+                                "pyprobe: GC, import and audit hits stop the target (int3) \
+                                 for their stacks: the ring cannot capture them here: {why}"
+                            );
+                        }
+                        set.needs_stop = context;
+                    }
+                }
             }
             (set, meanings, groups, warning)
         } else {
