@@ -163,6 +163,10 @@ impl From<IcedError> for CodegenError {
 /// red zone (128) + flags (8) + nine registers (72).
 const FRAME: i32 = 128 + 8 + 8 * SAVED.len() as i32;
 
+/// TSC cycles a stack probe's event waits for room in a full ring before it is
+/// counted lost: about 10 ms at 3 GHz, time for a descheduled pyprobe to drain.
+const FULL_WAIT_CYCLES: i32 = 1 << 25;
+
 /// Registers the trampoline uses, in push order.
 const SAVED: [RegFamily; 9] = [
     RegFamily::Rax,
@@ -301,8 +305,16 @@ fn emit_reserve(
     let capacity = p.capacity as i32; // <= 2^24, checked by check_capacity
                                       // A stack record takes its continuation slots too, reserved in the same CAS.
     let extra = p.stack.map_or(0, |s| i32::from(s.slots));
+    // A stack probe's event (GC, import, audit: rare, and exact under int3) waits,
+    // bounded, for pyprobe to free room rather than be dropped at once.
+    let mut wait = a.create_label();
+    let waits = p.stack.is_some();
     a.mov(r9, p.ring_addr)?;
     a.mov(ecx, RESERVE_ATTEMPTS)?;
+    if waits {
+        // r11 = the deadline, set at the first wait.
+        a.xor(r11d, r11d)?;
+    }
     a.set_label(&mut retry)?;
     // tail before head: head - tail cannot underflow with an honest consumer.
     a.mov(rdx, qword_ptr(r9 + H_TAIL as i32))?;
@@ -310,12 +322,28 @@ fn emit_reserve(
     a.mov(r8, rax)?;
     a.sub(r8, rdx)?;
     a.cmp(r8, capacity - extra)?;
-    a.jae(full)?;
+    a.jae(if waits { wait } else { full })?;
     a.lea(rdx, ptr(rax + 1 + extra))?;
     a.lock().cmpxchg(qword_ptr(r9 + H_HEAD as i32), rdx)?;
     a.je(reserved)?;
     a.dec(ecx)?;
     a.jnz(retry)?;
+    if waits {
+        a.jmp(full)?;
+        let mut timed = a.create_label();
+        a.set_label(&mut wait)?;
+        a.rdtsc()?;
+        a.shl(rdx, 32)?;
+        a.or(rax, rdx)?;
+        a.test(r11, r11)?;
+        a.jnz(timed)?;
+        a.lea(r11, ptr(rax + FULL_WAIT_CYCLES))?;
+        a.set_label(&mut timed)?;
+        a.cmp(rax, r11)?;
+        a.jae(full)?;
+        a.pause()?;
+        a.jmp(retry)?;
+    }
     a.set_label(&mut full)?;
     a.lock().inc(qword_ptr(r9 + H_LOST as i32))?;
     a.jmp(*restore)?;

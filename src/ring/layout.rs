@@ -52,13 +52,15 @@
 //!
 //! 1. Load `tail`, then `head` (in that order, so `head - tail` never
 //!    underflows with an honest consumer).
-//! 2. If `head - tail >= capacity`: `lock inc lost`, skip the event.
+//! 2. If `head - tail >= capacity`: `lock inc lost`, skip the event. A stack
+//!    record (1 + N slots, see `stack.rs`) first waits, `pause` by `pause`, up to
+//!    2^25 TSC cycles from its first look for room, re-reading from step 1.
 //! 3. `lock cmpxchg head: head -> head + 1`; on failure go back to 1, at most
 //!    [`RESERVE_ATTEMPTS`] times in all, then `lock inc lost`.
 //! 4. Write the payload of slot `head`, then store `seq = head + 1` last (an
 //!    x86 store is a release: the consumer sees the payload once it sees `seq`).
 //!
-//! Producers never block and never loop unboundedly. The consumer reads
+//! Producers never block and never loop unboundedly (the wait above is bounded). The consumer reads
 //! slot `tail` once its `seq == tail + 1`, copies it out, then stores
 //! `tail + 1`.
 

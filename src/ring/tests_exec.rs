@@ -1291,3 +1291,55 @@ fn stack_records_that_do_not_fit_are_lost_whole() {
     };
     assert!(build_trampoline(&plan, &params).is_err());
 }
+
+#[test]
+fn a_stack_record_waits_for_room_instead_of_being_lost() {
+    let region = Region::new();
+    let f = assemble_site_fn(&region, Variant::Load, FLAGS_Z);
+    put_threads(&region, fs_base(), 0, false);
+    let plan = plan_for(&region, &f);
+    // Room for 4 records of 1 + 1 slots; the consumer drains every 50 µs.
+    let ring = Ring::new(8);
+    let p = probe("", &[]);
+    let symbols = symbols_for(&region);
+    let capture = fake_capture(&region, StackRoot::Direct(32), 1);
+    let params = TrampolineParams {
+        probe_id: 1,
+        args: &p.args,
+        string_args: &p.strings,
+        ring_addr: ring.addr(),
+        capacity: 8,
+        tramp_addr: region.addr(ZONE_TRAMP),
+        tag_addr: region.data(TAG),
+        thread_id: ThreadIdSource::FsSelfPointer,
+        symbols: &symbols,
+        stack: Some(&capture),
+    };
+    let tramp = build_trampoline(&plan, &params).expect("trampoline");
+    region.write_code(ZONE_TRAMP, &tramp.code);
+    region.write_code((plan.site() - region.addr(0)) as usize, &tramp.patch);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let records = std::thread::scope(|s| {
+        let consumer = s.spawn(|| {
+            let mut reader = ring.reader();
+            let mut n = 0;
+            loop {
+                let last = done.load(std::sync::atomic::Ordering::Acquire);
+                n += reader
+                    .drain(usize::MAX, |r| assert!(r.stack.is_some()))
+                    .records;
+                if last {
+                    return (n, reader.lost());
+                }
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        });
+        for _ in 0..40 {
+            f.call();
+        }
+        done.store(true, std::sync::atomic::Ordering::Release);
+        consumer.join().expect("consumer")
+    });
+    restore(&region, &plan);
+    assert_eq!(records, (40, 0), "(records, lost)");
+}
