@@ -53,6 +53,11 @@
 //!   inside a trampoline keeps that rip in its signal frame, where ptrace
 //!   does not show it: unless that can be ruled out, leave trampoline pages
 //!   and the ring mapped in the target after detaching.
+//! * **Python stacks.** A trampoline built with a [`StackCapture`] reads the
+//!   interpreter's thread list and its own thread's frame chain (NULL-checked,
+//!   bounded; see [`stack`]): give it only the offsets of the layout the frame
+//!   walker uses for this very interpreter, and only for probes that fire with the
+//!   GIL held (GC, import, audit), so the list is not rewritten under it.
 //! * **Stack.** A trampoline uses 80 bytes below the red zone (208 bytes
 //!   below the site's rsp), and dereferences memory operands and string
 //!   pointers directly: a bad pointer faults the target, where the int3
