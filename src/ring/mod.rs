@@ -57,7 +57,9 @@
 //!   interpreter's thread list and its own thread's frame chain (NULL-checked,
 //!   bounded; see [`stack`]): give it only the offsets of the layout the frame
 //!   walker uses for this very interpreter, and only for probes that fire with the
-//!   GIL held (GC, import, audit), so the list is not rewritten under it.
+//!   GIL held (GC, import, audit). CPython links and frees thread states under
+//!   the GIL, but `PyThreadState_Delete` lets C code free one without it: a
+//!   thread state freed while the list is walked is a residual risk of this route.
 //! * **Stack.** A trampoline uses 80 bytes below the red zone (208 bytes
 //!   below the site's rsp), and dereferences memory operands and string
 //!   pointers directly: a bad pointer faults the target, where the int3
