@@ -624,4 +624,94 @@ mod tests {
             }
         }
     }
+
+    /// Writes slot `index` raw: `seq`, then `fields` as (offset, bytes).
+    fn put_slot(ring: &mut TestRing, index: u64, seq: u64, fields: &[(usize, &[u8])]) {
+        let bytes = ring.bytes();
+        let capacity = u64::from_le_bytes(bytes[H_CAPACITY..H_CAPACITY + 8].try_into().expect("8"));
+        let s = HEADER_SIZE + ((index & (capacity - 1)) as usize) * SLOT_SIZE;
+        for (o, b) in fields {
+            bytes[s + o..s + o + b.len()].copy_from_slice(b);
+        }
+        bytes[s..s + 8].copy_from_slice(&seq.to_le_bytes());
+    }
+
+    fn set_head(ring: &mut TestRing, head: u64) {
+        ring.bytes()[H_HEAD..H_HEAD + 8].copy_from_slice(&head.to_le_bytes());
+    }
+
+    /// A first slot claiming `slots` continuation slots and `depth` frames.
+    fn stack_head(ring: &mut TestRing, index: u64, slots: u8, depth: u16) {
+        let meta = [
+            slots,
+            STACK_CAPTURED | STACK_FOUND,
+            depth as u8,
+            (depth >> 8) as u8,
+        ];
+        put_slot(ring, index, index + 1, &[(S_STACK_SLOTS, &meta)]);
+    }
+
+    fn continuation(ring: &mut TestRing, index: u64, owner: u64, pairs: &[(u64, u64)]) {
+        let mut body = Vec::new();
+        for (c, p) in pairs {
+            body.extend_from_slice(&c.to_le_bytes());
+            body.extend_from_slice(&p.to_le_bytes());
+        }
+        let owner = owner.to_le_bytes();
+        put_slot(
+            ring,
+            index,
+            continuation_seq(index),
+            &[(C_OWNER, &owner), (C_PAIRS, &body)],
+        );
+    }
+
+    #[test]
+    fn stack_records_are_checked_before_they_are_trusted() {
+        let mut ring = TestRing::new(16);
+        // 0: a good record of 1 + 2 slots, 3 frames: the first three pairs.
+        stack_head(&mut ring, 0, 2, 3);
+        let pairs: Vec<(u64, u64)> = (0..PAIRS_PER_SLOT as u64)
+            .map(|k| (0x1000 + k, k))
+            .collect();
+        continuation(&mut ring, 1, 0, &pairs);
+        continuation(&mut ring, 2, 0, &pairs);
+        // 3: a record whose second continuation names another owner: broken, 3 slots.
+        stack_head(&mut ring, 3, 2, 2);
+        continuation(&mut ring, 4, 3, &pairs);
+        continuation(&mut ring, 5, 99, &pairs);
+        // 6: claims more slots than a record can have: broken, takes only its own.
+        stack_head(&mut ring, 6, MAX_STACK_SLOTS + 1, 2);
+        // 7: claims slots past what producers reserved (head is 8): broken, 1 slot.
+        stack_head(&mut ring, 7, 2, 2);
+        set_head(&mut ring, 8);
+        let mut reader = ring.reader().expect("reader");
+        let mut got = Vec::new();
+        let out = reader.drain(100, |r| {
+            got.push((r.index, r.stack.clone().expect("stack")))
+        });
+        assert_eq!(out.stop, DrainStop::Empty);
+        let summary: Vec<_> = got
+            .iter()
+            .map(|(i, s)| (*i, s.broken, s.frames.len(), s.depth))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (0, false, 3, 3),
+                (3, true, 0, 2),
+                (6, true, 0, 2),
+                (7, true, 0, 2)
+            ]
+        );
+        assert_eq!(got[0].1.frames, pairs[..3]);
+        assert_eq!(reader.tail(), 8);
+        // A continuation slot is never read as a record of its own, even at the tail.
+        continuation(&mut ring, 8, 7, &pairs);
+        set_head(&mut ring, 9);
+        let mut reader = ring.reader().expect("reader");
+        assert_eq!(reader.tail(), 8);
+        let out = reader.drain(100, |_| panic!("a continuation slot read as a record"));
+        assert_eq!(out.stop, DrainStop::Pending { index: 8 });
+    }
 }
