@@ -8,6 +8,7 @@
 //! reserve a slot (layout.rs protocol) -> r10 = index, r8 = slot address
 //!   (ring full or 8 failed CAS: lock inc lost; skip to restore)
 //! rdtsc, probe id, tag, thread, nargs/masks, each argument, string prefixes
+//! (stack probes) the thread's Python stack into the following slots (stack.rs)
 //! mov [r8].seq, r10 + 1       ; publish
 //! restore: pop in reverse, popfq, lea rsp, [rsp+128]
 //! the displaced instructions, relocated (BlockEncoder)
@@ -32,6 +33,7 @@ use thiserror::Error;
 use super::layout::*;
 use super::region::jump_patch;
 use super::site::{SitePlan, Tail, PATCH_LEN};
+use super::stack::{emit_capture, StackCapture};
 use crate::sdt::{ArgSpec, Displacement, MemOperand, Operand, RegFamily, RegWidth, Register};
 
 /// How the trampoline identifies the thread (stored in the record's `thread`).
@@ -66,6 +68,8 @@ pub struct TrampolineParams<'a> {
     pub thread_id: ThreadIdSource,
     /// Runtime addresses of symbols used by `sym(...)` operands.
     pub symbols: &'a dyn Fn(&str) -> Option<u64>,
+    /// Capture the thread's Python stack into continuation slots (see [`super::stack`]).
+    pub stack: Option<&'a StackCapture>,
 }
 
 /// A trampoline ready to be written at `addr`, and the site patch.
@@ -143,6 +147,8 @@ pub enum CodegenError {
     TooFar { site: u64, tramp: u64 },
     #[error("tag word at {tag:#x} overlaps the trampoline code {start:#x}..{end:#x}")]
     TagOverlap { tag: u64, start: u64, end: u64 },
+    #[error("cannot capture stacks: {0}")]
+    Stack(String),
     #[error("cannot assemble the trampoline: {0}")]
     Assemble(String),
 }
@@ -156,6 +162,10 @@ impl From<IcedError> for CodegenError {
 /// Bytes between the trampoline's rsp after its pushes and the site's rsp:
 /// red zone (128) + flags (8) + nine registers (72).
 const FRAME: i32 = 128 + 8 + 8 * SAVED.len() as i32;
+
+/// TSC cycles a stack probe's event waits for room in a full ring before it is
+/// counted lost: about 10 ms at 3 GHz, time for a descheduled pyprobe to drain.
+const FULL_WAIT_CYCLES: i32 = 1 << 25;
 
 /// Registers the trampoline uses, in push order.
 const SAVED: [RegFamily; 9] = [
@@ -215,6 +225,9 @@ pub fn build_trampoline(
         if let Some(area) = string_area(k, count) {
             emit_string_copy(&mut a, index, area)?;
         }
+    }
+    if let Some(stack) = p.stack {
+        emit_capture(&mut a, stack, p.ring_addr, p.capacity)?;
     }
     // Publish: seq = index + 1, after every payload store (x86 keeps store order).
     a.lea(rax, ptr(r10 + 1))?;
@@ -290,21 +303,47 @@ fn emit_reserve(
     let mut full = a.create_label();
     let mut reserved = a.create_label();
     let capacity = p.capacity as i32; // <= 2^24, checked by check_capacity
+                                      // A stack record takes its continuation slots too, reserved in the same CAS.
+    let extra = p.stack.map_or(0, |s| i32::from(s.slots));
+    // A stack probe's event (GC, import, audit: rare, and exact under int3) waits,
+    // bounded, for pyprobe to free room rather than be dropped at once.
+    let mut wait = a.create_label();
+    let waits = p.stack.is_some();
     a.mov(r9, p.ring_addr)?;
     a.mov(ecx, RESERVE_ATTEMPTS)?;
+    if waits {
+        // r11 = the deadline, set at the first wait.
+        a.xor(r11d, r11d)?;
+    }
     a.set_label(&mut retry)?;
     // tail before head: head - tail cannot underflow with an honest consumer.
     a.mov(rdx, qword_ptr(r9 + H_TAIL as i32))?;
     a.mov(rax, qword_ptr(r9 + H_HEAD as i32))?;
     a.mov(r8, rax)?;
     a.sub(r8, rdx)?;
-    a.cmp(r8, capacity)?;
-    a.jae(full)?;
-    a.lea(rdx, ptr(rax + 1))?;
+    a.cmp(r8, capacity - extra)?;
+    a.jae(if waits { wait } else { full })?;
+    a.lea(rdx, ptr(rax + 1 + extra))?;
     a.lock().cmpxchg(qword_ptr(r9 + H_HEAD as i32), rdx)?;
     a.je(reserved)?;
     a.dec(ecx)?;
     a.jnz(retry)?;
+    if waits {
+        a.jmp(full)?;
+        let mut timed = a.create_label();
+        a.set_label(&mut wait)?;
+        a.rdtsc()?;
+        a.shl(rdx, 32)?;
+        a.or(rax, rdx)?;
+        a.test(r11, r11)?;
+        a.jnz(timed)?;
+        a.lea(r11, ptr(rax + FULL_WAIT_CYCLES))?;
+        a.set_label(&mut timed)?;
+        a.cmp(rax, r11)?;
+        a.jae(full)?;
+        a.pause()?;
+        a.jmp(retry)?;
+    }
     a.set_label(&mut full)?;
     a.lock().inc(qword_ptr(r9 + H_LOST as i32))?;
     a.jmp(*restore)?;

@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::layout::*;
+use super::stack::*;
 
 /// A decoded record. Strings borrow from a private copy of the slot, so the
 /// callback may keep nothing past its return; copy what you need.
@@ -25,6 +26,24 @@ pub struct RingRecord<'a> {
     pub args: [u64; MAX_ARGS],
     /// `strings[i]` is `Some` if argument `i` was captured as a C string.
     pub strings: [Option<RingString<'a>>; MAX_ARGS],
+    /// The Python stack the trampoline captured, for a stack probe's record.
+    pub stack: Option<RingStack>,
+}
+
+/// A stack captured in the target (see [`super::stack`]), innermost frame first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingStack {
+    /// The thread's thread state was found (else no frames).
+    pub found: bool,
+    /// Frames were left out: more than fit the record, or the walk hit its bound.
+    pub truncated: bool,
+    /// Frames counted by the walk (at least `frames.len()`).
+    pub depth: usize,
+    /// (code pointer, position) pairs, innermost first; at most [`MAX_STACK_FRAMES`].
+    pub frames: Vec<(u64, u64)>,
+    /// The record claimed a stack but its continuation slots did not check out
+    /// (a torn or hostile ring): `frames` is empty.
+    pub broken: bool,
 }
 
 /// The captured prefix of a C-string argument.
@@ -170,9 +189,10 @@ impl RingReader {
                 stop = Some(DrainStop::Pending { index: self.tail });
                 break;
             };
-            let record = decode(self.tail, &copy);
+            let mut record = decode(self.tail, &copy);
+            let used = self.stack_of(&copy, head, &mut record);
             f(&record);
-            self.tail = self.tail.wrapping_add(1);
+            self.tail = self.tail.wrapping_add(1 + used);
             records += 1;
         }
         if records > 0 {
@@ -186,6 +206,61 @@ impl RingReader {
                 DrainStop::Limit
             }),
         }
+    }
+
+    /// Reads the continuation slots of the record at `tail` (its first slot is
+    /// `first`) into `record.stack`; returns how many slots they take. A claim that
+    /// does not fit what producers reserved takes none (the record keeps no stack).
+    fn stack_of(&self, first: &[u8; SLOT_SIZE], head: u64, record: &mut RingRecord<'_>) -> u64 {
+        let slots = first[S_STACK_SLOTS];
+        let flags = first[S_STACK_FLAGS];
+        if slots == 0 || flags & STACK_CAPTURED == 0 {
+            return 0;
+        }
+        let n = u64::from(slots);
+        let mut stack = RingStack {
+            found: flags & STACK_FOUND != 0,
+            truncated: flags & STACK_TRUNCATED != 0,
+            depth: usize::from(u16::from_le_bytes([
+                first[S_STACK_DEPTH],
+                first[S_STACK_DEPTH + 1],
+            ])),
+            frames: Vec::new(),
+            broken: false,
+        };
+        if slots > MAX_STACK_SLOTS || n >= self.capacity || head.wrapping_sub(self.tail) <= n {
+            stack.broken = true;
+            record.stack = Some(stack);
+            return 0;
+        }
+        let want = stack.depth.min(frames_for(slots));
+        stack.truncated |= stack.depth > want;
+        for k in 1..=n {
+            let index = self.tail.wrapping_add(k);
+            let owner_ok = self
+                .copy_with_seq(index, continuation_seq(index))
+                .filter(|c| {
+                    u64::from_le_bytes(c[C_OWNER..C_OWNER + 8].try_into().unwrap_or([0; 8]))
+                        == self.tail
+                });
+            let Some(copy) = owner_ok else {
+                stack.broken = true;
+                continue;
+            };
+            for pair in copy[C_PAIRS..].chunks_exact(16).take(PAIRS_PER_SLOT) {
+                if stack.frames.len() >= want {
+                    break;
+                }
+                let word =
+                    |o: usize| u64::from_le_bytes(pair[o..o + 8].try_into().unwrap_or([0; 8]));
+                stack.frames.push((word(0), word(8)));
+            }
+        }
+        if stack.broken {
+            stack.frames.clear();
+        }
+        record.stack = Some(stack);
+        n
     }
 
     /// Gives up on the slot at `tail` if it is reserved but unpublished,
@@ -215,8 +290,12 @@ impl RingReader {
 
     /// The slot for `index` copied out, if its `seq` says it is published.
     fn copy_published(&self, index: u64) -> Option<[u8; SLOT_SIZE]> {
+        self.copy_with_seq(index, index.wrapping_add(1))
+    }
+
+    /// The slot for `index` copied out, if its `seq` is `want`.
+    fn copy_with_seq(&self, index: u64, want: u64) -> Option<[u8; SLOT_SIZE]> {
         let slot = HEADER_SIZE + ((index & (self.capacity - 1)) as usize) * SLOT_SIZE;
-        let want = index.wrapping_add(1);
         if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
             return None;
         }
@@ -299,6 +378,7 @@ pub fn decode(index: u64, slot: &[u8; SLOT_SIZE]) -> RingRecord<'_> {
         nargs,
         args,
         strings,
+        stack: None,
     }
 }
 
@@ -543,5 +623,95 @@ mod tests {
                 prop_assert!(s.bytes.len() <= STRINGS_LEN);
             }
         }
+    }
+
+    /// Writes slot `index` raw: `seq`, then `fields` as (offset, bytes).
+    fn put_slot(ring: &mut TestRing, index: u64, seq: u64, fields: &[(usize, &[u8])]) {
+        let bytes = ring.bytes();
+        let capacity = u64::from_le_bytes(bytes[H_CAPACITY..H_CAPACITY + 8].try_into().expect("8"));
+        let s = HEADER_SIZE + ((index & (capacity - 1)) as usize) * SLOT_SIZE;
+        for (o, b) in fields {
+            bytes[s + o..s + o + b.len()].copy_from_slice(b);
+        }
+        bytes[s..s + 8].copy_from_slice(&seq.to_le_bytes());
+    }
+
+    fn set_head(ring: &mut TestRing, head: u64) {
+        ring.bytes()[H_HEAD..H_HEAD + 8].copy_from_slice(&head.to_le_bytes());
+    }
+
+    /// A first slot claiming `slots` continuation slots and `depth` frames.
+    fn stack_head(ring: &mut TestRing, index: u64, slots: u8, depth: u16) {
+        let meta = [
+            slots,
+            STACK_CAPTURED | STACK_FOUND,
+            depth as u8,
+            (depth >> 8) as u8,
+        ];
+        put_slot(ring, index, index + 1, &[(S_STACK_SLOTS, &meta)]);
+    }
+
+    fn continuation(ring: &mut TestRing, index: u64, owner: u64, pairs: &[(u64, u64)]) {
+        let mut body = Vec::new();
+        for (c, p) in pairs {
+            body.extend_from_slice(&c.to_le_bytes());
+            body.extend_from_slice(&p.to_le_bytes());
+        }
+        let owner = owner.to_le_bytes();
+        put_slot(
+            ring,
+            index,
+            continuation_seq(index),
+            &[(C_OWNER, &owner), (C_PAIRS, &body)],
+        );
+    }
+
+    #[test]
+    fn stack_records_are_checked_before_they_are_trusted() {
+        let mut ring = TestRing::new(16);
+        // 0: a good record of 1 + 2 slots, 3 frames: the first three pairs.
+        stack_head(&mut ring, 0, 2, 3);
+        let pairs: Vec<(u64, u64)> = (0..PAIRS_PER_SLOT as u64)
+            .map(|k| (0x1000 + k, k))
+            .collect();
+        continuation(&mut ring, 1, 0, &pairs);
+        continuation(&mut ring, 2, 0, &pairs);
+        // 3: a record whose second continuation names another owner: broken, 3 slots.
+        stack_head(&mut ring, 3, 2, 2);
+        continuation(&mut ring, 4, 3, &pairs);
+        continuation(&mut ring, 5, 99, &pairs);
+        // 6: claims more slots than a record can have: broken, takes only its own.
+        stack_head(&mut ring, 6, MAX_STACK_SLOTS + 1, 2);
+        // 7: claims slots past what producers reserved (head is 8): broken, 1 slot.
+        stack_head(&mut ring, 7, 2, 2);
+        set_head(&mut ring, 8);
+        let mut reader = ring.reader().expect("reader");
+        let mut got = Vec::new();
+        let out = reader.drain(100, |r| {
+            got.push((r.index, r.stack.clone().expect("stack")))
+        });
+        assert_eq!(out.stop, DrainStop::Empty);
+        let summary: Vec<_> = got
+            .iter()
+            .map(|(i, s)| (*i, s.broken, s.frames.len(), s.depth))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (0, false, 3, 3),
+                (3, true, 0, 2),
+                (6, true, 0, 2),
+                (7, true, 0, 2)
+            ]
+        );
+        assert_eq!(got[0].1.frames, pairs[..3]);
+        assert_eq!(reader.tail(), 8);
+        // A continuation slot is never read as a record of its own, even at the tail.
+        continuation(&mut ring, 8, 7, &pairs);
+        set_head(&mut ring, 9);
+        let mut reader = ring.reader().expect("reader");
+        assert_eq!(reader.tail(), 8);
+        let out = reader.drain(100, |_| panic!("a continuation slot read as a record"));
+        assert_eq!(out.stop, DrainStop::Pending { index: 8 });
     }
 }

@@ -37,7 +37,7 @@
 //! | 81 | u8 | `string_mask`: bit `i` set if argument `i` is a C string |
 //! | 82 | u8 | `truncated_mask`: bit `i` set if string `i` did not fit its area |
 //! | 83 | u8 | `null_mask`: bit `i` set if string `i`'s pointer was NULL |
-//! | 84 | u32 | reserved, 0 |
+//! | 84 | u32 | stack: continuation slots, flags, depth (0 unless a stack probe: `stack.rs`) |
 //! | 88 | 168 bytes | string areas |
 //!
 //! The string area is split evenly among the string arguments, in argument
@@ -52,13 +52,15 @@
 //!
 //! 1. Load `tail`, then `head` (in that order, so `head - tail` never
 //!    underflows with an honest consumer).
-//! 2. If `head - tail >= capacity`: `lock inc lost`, skip the event.
+//! 2. If `head - tail >= capacity`: `lock inc lost`, skip the event. A stack
+//!    record (1 + N slots, see `stack.rs`) first waits, `pause` by `pause`, up to
+//!    2^25 TSC cycles from its first look for room, re-reading from step 1.
 //! 3. `lock cmpxchg head: head -> head + 1`; on failure go back to 1, at most
 //!    [`RESERVE_ATTEMPTS`] times in all, then `lock inc lost`.
 //! 4. Write the payload of slot `head`, then store `seq = head + 1` last (an
 //!    x86 store is a release: the consumer sees the payload once it sees `seq`).
 //!
-//! Producers never block and never loop unboundedly. The consumer reads
+//! Producers never block and never loop unboundedly (the wait above is bounded). The consumer reads
 //! slot `tail` once its `seq == tail + 1`, copies it out, then stores
 //! `tail + 1`.
 
@@ -67,7 +69,7 @@ use thiserror::Error;
 /// `"PYPRRING"` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PYPRRING");
 /// Bumped on any incompatible change of this layout.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The header occupies one page.
 pub const HEADER_SIZE: usize = 4096;
 /// Every slot has this size.

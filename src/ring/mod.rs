@@ -13,6 +13,7 @@
 //! * [`branches`]: [`BranchTargets`], direct branch targets of a segment;
 //! * [`site`]: [`qualify_site`], whether and how a site can be patched;
 //! * [`codegen`]: [`build_trampoline`], the trampoline's machine code and the site patch;
+//! * [`stack`]: [`StackCapture`], the Python stack walked by a trampoline;
 //! * [`region`]: [`RegionHeader`], the header of a trampoline region, which
 //!   lets a later pyprobe recognise and undo the jumps of one that died.
 //!
@@ -52,6 +53,13 @@
 //!   inside a trampoline keeps that rip in its signal frame, where ptrace
 //!   does not show it: unless that can be ruled out, leave trampoline pages
 //!   and the ring mapped in the target after detaching.
+//! * **Python stacks.** A trampoline built with a [`StackCapture`] reads the
+//!   interpreter's thread list and its own thread's frame chain (NULL-checked,
+//!   bounded; see [`stack`]): give it only the offsets of the layout the frame
+//!   walker uses for this very interpreter, and only for probes that fire with the
+//!   GIL held (GC, import, audit). CPython links and frees thread states under
+//!   the GIL, but `PyThreadState_Delete` lets C code free one without it: a
+//!   thread state freed while the list is walked is a residual risk of this route.
 //! * **Stack.** A trampoline uses 80 bytes below the red zone (208 bytes
 //!   below the site's rsp), and dereferences memory operands and string
 //!   pointers directly: a bad pointer faults the target, where the int3
@@ -63,6 +71,7 @@ pub mod consumer;
 pub mod layout;
 pub mod region;
 pub mod site;
+pub mod stack;
 pub mod trapnet;
 
 #[cfg(test)]
@@ -72,7 +81,8 @@ mod tests_site;
 
 pub use branches::BranchTargets;
 pub use codegen::{build_trampoline, CodegenError, ThreadIdSource, Trampoline, TrampolineParams};
-pub use consumer::{DrainStop, Drained, RingReader, RingRecord, RingString};
+pub use consumer::{DrainStop, Drained, RingReader, RingRecord, RingStack, RingString};
 pub use layout::{init_ring, ring_bytes, RingError};
 pub use region::{RegionError, RegionHeader, RegionSite};
 pub use site::{plans_overlap, qualify_site, thread_inside, SitePlan, SiteRefusal, Tail};
+pub use stack::{StackCapture, StackFrame, StackRoot};

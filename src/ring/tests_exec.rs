@@ -14,9 +14,13 @@ use iced_x86::code_asm::*;
 use iced_x86::{BlockEncoderOptions, Code, Instruction, MemoryOperand, Register as IcedReg};
 
 use super::codegen::{build_trampoline, ThreadIdSource, Trampoline, TrampolineParams};
+use super::consumer::RingStack;
 use super::consumer::{DrainStop, RingReader};
 use super::layout::{init_ring, ring_bytes, string_area, H_HEAD, H_TAIL};
 use super::site::{qualify_site, SitePlan, Tail};
+use super::stack::{
+    frames_for, StackCapture, StackFrame, StackRoot, MAX_STACK_SLOTS, MAX_WALK, PAIRS_PER_SLOT,
+};
 use super::BranchTargets;
 use crate::sdt::{evaluate, parse_args, ArgSpec, MemoryReader, RegFamily};
 
@@ -463,6 +467,7 @@ fn install(
         tag_addr: region.data(TAG),
         thread_id,
         symbols: &symbols,
+        stack: None,
     };
     let tramp = build_trampoline(plan, &params).expect("trampoline");
     assert!(tramp.len() < 0x1000, "trampoline is {} bytes", tramp.len());
@@ -955,4 +960,386 @@ fn measure_ns_per_event() {
             tramp.len()
         );
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Stack capture against a fake interpreter laid out in the data zone.
+// ---------------------------------------------------------------------------------
+
+/// `_PyRuntime.interpreters.head` of the fake interpreter.
+const FAKE_HEAD: usize = 0x3000;
+const FAKE_INTERPS: usize = 0x3100; // two interpreters, 0x40 apart
+const FAKE_TSTATES: usize = 0x3200; // tstates, 0x40 apart
+const FAKE_FRAMES: usize = 0x4000; // frames, 0x20 apart (up to 0x400 of them)
+const FRAME_STRIDE: usize = 0x20;
+
+/// Offsets of the fake structures: interp {next 8, threads 16}, tstate {next 8,
+/// thread_id 24, frame 32, cframe 40}, cframe {current 8}, frame {back 0, code 8,
+/// position 16, owner 24}.
+fn fake_capture(region: &Region, root: StackRoot, slots: u8) -> StackCapture {
+    StackCapture {
+        interpreters_head: region.data(FAKE_HEAD),
+        interp_next: 8,
+        interp_threads_head: 16,
+        tstate_next: 8,
+        tstate_thread_id: 24,
+        root,
+        frame: StackFrame {
+            back: 0,
+            code: 8,
+            position: 16,
+            position_size: 8,
+            owner: Some((24, 3)),
+            code_tag_mask: 1,
+        },
+        slots,
+    }
+}
+
+fn put_u64(region: &Region, offset: usize, value: u64) {
+    region.put(offset, &value.to_le_bytes());
+}
+
+fn frame_at(k: usize) -> usize {
+    FAKE_FRAMES + k * FRAME_STRIDE
+}
+
+/// Frame `k`: back, code, position, owner.
+fn put_frame(region: &Region, k: usize, back: u64, code: u64, position: u64, owner: u8) {
+    put_u64(region, frame_at(k), back);
+    put_u64(region, frame_at(k) + 8, code);
+    put_u64(region, frame_at(k) + 16, position);
+    put_u64(region, frame_at(k) + 24, u64::from(owner));
+}
+
+/// Two interpreters; the first has one thread state of another thread (whose
+/// `next` may loop onto itself), the second a foreign one then ours, whose frame
+/// root is `frame` (also written behind the `cframe` pointer).
+fn put_threads(region: &Region, ours: u64, frame: u64, self_loop: bool) {
+    let interp = |i: usize| FAKE_INTERPS + 0x40 * i;
+    let tstate = |i: usize| FAKE_TSTATES + 0x40 * i;
+    put_u64(region, FAKE_HEAD, region.data(interp(0)));
+    put_u64(region, interp(0) + 8, region.data(interp(1)));
+    put_u64(region, interp(0) + 16, region.data(tstate(0)));
+    put_u64(region, interp(1) + 8, 0);
+    put_u64(region, interp(1) + 16, region.data(tstate(1)));
+    let loop_to = if self_loop { region.data(tstate(0)) } else { 0 };
+    put_u64(region, tstate(0) + 8, loop_to);
+    put_u64(region, tstate(0) + 24, 0x1111);
+    put_u64(region, tstate(1) + 8, region.data(tstate(2)));
+    put_u64(region, tstate(1) + 24, 0x2222);
+    put_u64(region, tstate(2) + 8, 0);
+    put_u64(region, tstate(2) + 24, ours);
+    put_u64(region, tstate(2) + 32, frame);
+    // cframe at tstate(3): its current_frame (+8) is the frame.
+    put_u64(region, tstate(2) + 40, region.data(tstate(3)));
+    put_u64(region, tstate(3) + 8, frame);
+}
+
+/// Runs the site function once patched with a stack-capturing trampoline, checks
+/// registers, flags and red zone are untouched, and returns the record's stack.
+fn capture_once(
+    region: &Region,
+    f: &SiteFn,
+    ring: &Ring,
+    capacity: u64,
+    c: &StackCapture,
+) -> RingStack {
+    let stacks = capture_runs(region, f, ring, capacity, c, 1);
+    stacks.into_iter().next().expect("one record")
+}
+
+fn capture_runs(
+    region: &Region,
+    f: &SiteFn,
+    ring: &Ring,
+    capacity: u64,
+    c: &StackCapture,
+    runs: usize,
+) -> Vec<RingStack> {
+    let plan = plan_for(region, f);
+    restore(region, &plan);
+    region.put(SNAP, &[0u8; SNAP_WORDS * 8]);
+    f.call();
+    let before = region.snapshot();
+    let p = probe(ENTRY_STRINGS, &[true, true]);
+    let symbols = symbols_for(region);
+    let params = TrampolineParams {
+        probe_id: 0x1234_5678,
+        args: &p.args,
+        string_args: &p.strings,
+        ring_addr: ring.addr(),
+        capacity,
+        tramp_addr: region.addr(ZONE_TRAMP),
+        tag_addr: region.data(TAG),
+        thread_id: ThreadIdSource::FsSelfPointer,
+        symbols: &symbols,
+        stack: Some(c),
+    };
+    let tramp = build_trampoline(&plan, &params).expect("trampoline");
+    assert!(tramp.len() < 0x1000, "trampoline is {} bytes", tramp.len());
+    region.write_code(ZONE_TRAMP, &tramp.code);
+    region.write_code((plan.site() - region.addr(0)) as usize, &tramp.patch);
+    let want = expected_args(region, f, &p, &before);
+    let mut reader = ring.reader();
+    let mut out = Vec::new();
+    for _ in 0..runs {
+        region.put(SNAP, &[0u8; SNAP_WORDS * 8]);
+        f.call();
+        assert_eq!(
+            region.snapshot(),
+            before,
+            "the trampoline changed the site's state"
+        );
+        reader.drain(usize::MAX, |r| {
+            assert_eq!(r.args[..r.nargs], want[..]);
+            out.push(r.stack.clone().expect("a stack record"));
+        });
+    }
+    assert_eq!(reader.lost(), 0);
+    assert_eq!(reader.head(), reader.tail(), "every slot consumed");
+    restore(region, &plan);
+    out
+}
+
+#[test]
+fn stack_capture_walks_a_fake_interpreter() {
+    let region = Region::new();
+    let f = assemble_site_fn(&region, Variant::Load, FLAGS_Z);
+    let ring = Ring::new(16);
+    let me = fs_base();
+    let code = |k: u64| 0x7000_0000_0000 + k * 0x100;
+    // 0: code 1 -> 1: a shim (owner 3) -> 2: no code -> 3: tagged code 4 -> end.
+    put_frame(&region, 0, region.data(frame_at(1)), code(1), 11, 0);
+    put_frame(&region, 1, region.data(frame_at(2)), code(2), 22, 3);
+    put_frame(&region, 2, region.data(frame_at(3)), 0, 33, 0);
+    put_frame(&region, 3, 0, code(4) | 1, 44, 1);
+    put_threads(&region, me, region.data(frame_at(0)), false);
+    for root in [
+        StackRoot::Direct(32),
+        StackRoot::Indirect {
+            pointer: 40,
+            field: 8,
+        },
+    ] {
+        let s = capture_once(&region, &f, &ring, 16, &fake_capture(&region, root, 1));
+        assert!(s.found && !s.truncated && !s.broken, "{root:?}: {s:?}");
+        assert_eq!(s.depth, 2);
+        assert_eq!(s.frames, [(code(1), 11), (code(4), 44)], "{root:?}");
+    }
+
+    // A NULL frame root: found, no frames. A NULL cframe: the same.
+    put_threads(&region, me, 0, false);
+    let s = capture_once(
+        &region,
+        &f,
+        &ring,
+        16,
+        &fake_capture(&region, StackRoot::Direct(32), 1),
+    );
+    assert!(
+        s.found && s.frames.is_empty() && s.depth == 0 && !s.truncated,
+        "{s:?}"
+    );
+    put_u64(&region, FAKE_TSTATES + 0x80 + 40, 0);
+    let indirect = StackRoot::Indirect {
+        pointer: 40,
+        field: 8,
+    };
+    let s = capture_once(&region, &f, &ring, 16, &fake_capture(&region, indirect, 1));
+    assert!(s.found && s.frames.is_empty() && s.depth == 0, "{s:?}");
+
+    // No thread state of ours, and a thread list that loops onto itself: bounded.
+    put_threads(&region, me ^ 0x40, region.data(frame_at(0)), true);
+    let s = capture_once(
+        &region,
+        &f,
+        &ring,
+        16,
+        &fake_capture(&region, StackRoot::Direct(32), 1),
+    );
+    assert!(!s.found && s.frames.is_empty() && s.depth == 0, "{s:?}");
+    // No interpreter at all.
+    put_u64(&region, FAKE_HEAD, 0);
+    let s = capture_once(
+        &region,
+        &f,
+        &ring,
+        16,
+        &fake_capture(&region, StackRoot::Direct(32), 1),
+    );
+    assert!(!s.found && s.frames.is_empty(), "{s:?}");
+
+    // A cycle of two frames: the walk stops at its bound, flagged, with the slots full.
+    put_frame(&region, 0, region.data(frame_at(1)), code(1), 1, 0);
+    put_frame(&region, 1, region.data(frame_at(0)), code(2), 2, 0);
+    put_threads(&region, me, region.data(frame_at(0)), false);
+    let s = capture_once(
+        &region,
+        &f,
+        &ring,
+        16,
+        &fake_capture(&region, StackRoot::Direct(32), 2),
+    );
+    assert!(s.found && s.truncated && !s.broken, "{s:?}");
+    assert_eq!(s.depth, MAX_WALK as usize - 1);
+    assert_eq!(s.frames.len(), 2 * PAIRS_PER_SLOT);
+    assert!(s.frames.iter().enumerate().all(|(i, &(c, p))| {
+        (c, p)
+            == if i % 2 == 0 {
+                (code(1), 1)
+            } else {
+                (code(2), 2)
+            }
+    }));
+
+    // An over-long chain (100 frames, room for 15 or 60): the innermost are kept,
+    // the depth says how many there were.
+    for k in 0..100 {
+        let back = if k == 99 {
+            0
+        } else {
+            region.data(frame_at(k + 1))
+        };
+        put_frame(&region, k, back, code(k as u64), k as u64, 0);
+    }
+    for slots in [1, MAX_STACK_SLOTS] {
+        let s = capture_once(
+            &region,
+            &f,
+            &ring,
+            16,
+            &fake_capture(&region, StackRoot::Direct(32), slots),
+        );
+        let kept = frames_for(slots);
+        assert!(s.found && s.truncated && s.depth == 100, "{s:?}");
+        assert_eq!(s.frames.len(), kept);
+        assert!(s
+            .frames
+            .iter()
+            .enumerate()
+            .all(|(k, &f)| f == (code(k as u64), k as u64)));
+    }
+
+    // Records of 1 + 2 slots wrapping around a ring of 8, many times.
+    let ring8 = Ring::new(8);
+    for k in 0..5 {
+        let back = if k == 4 {
+            0
+        } else {
+            region.data(frame_at(k + 1))
+        };
+        put_frame(&region, k, back, code(k as u64), k as u64, 0);
+    }
+    let stacks = capture_runs(
+        &region,
+        &f,
+        &ring8,
+        8,
+        &fake_capture(&region, StackRoot::Direct(32), 2),
+        11,
+    );
+    assert_eq!(stacks.len(), 11);
+    for s in stacks {
+        assert_eq!(s.depth, 5);
+        assert_eq!(
+            s.frames,
+            (0..5u64).map(|k| (code(k), k)).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+fn stack_records_that_do_not_fit_are_lost_whole() {
+    let region = Region::new();
+    let f = assemble_site_fn(&region, Variant::Load, FLAGS_Z);
+    put_threads(&region, fs_base(), 0, false);
+    let plan = plan_for(&region, &f);
+    let ring = Ring::new(4);
+    let p = probe("", &[]);
+    let symbols = symbols_for(&region);
+    let capture = fake_capture(&region, StackRoot::Direct(32), 3);
+    let params = TrampolineParams {
+        probe_id: 1,
+        args: &p.args,
+        string_args: &p.strings,
+        ring_addr: ring.addr(),
+        capacity: 4,
+        tramp_addr: region.addr(ZONE_TRAMP),
+        tag_addr: region.data(TAG),
+        thread_id: ThreadIdSource::FsSelfPointer,
+        symbols: &symbols,
+        stack: Some(&capture),
+    };
+    let tramp = build_trampoline(&plan, &params).expect("trampoline");
+    region.write_code(ZONE_TRAMP, &tramp.code);
+    region.write_code((plan.site() - region.addr(0)) as usize, &tramp.patch);
+    // Each record takes all 4 slots: the second waits for the first to be read.
+    f.call();
+    f.call();
+    let mut reader = ring.reader();
+    assert_eq!(reader.drain(10, |r| assert!(r.stack.is_some())).records, 1);
+    assert_eq!(reader.lost(), 1);
+    f.call();
+    assert_eq!(reader.drain(10, |_| {}).records, 1);
+    restore(&region, &plan);
+    // A ring of 4 slots cannot hold a record of 1 + 4.
+    let too_big = fake_capture(&region, StackRoot::Direct(32), 4);
+    let params = TrampolineParams {
+        stack: Some(&too_big),
+        ..params
+    };
+    assert!(build_trampoline(&plan, &params).is_err());
+}
+
+#[test]
+fn a_stack_record_waits_for_room_instead_of_being_lost() {
+    let region = Region::new();
+    let f = assemble_site_fn(&region, Variant::Load, FLAGS_Z);
+    put_threads(&region, fs_base(), 0, false);
+    let plan = plan_for(&region, &f);
+    // Room for 4 records of 1 + 1 slots; the consumer drains every 50 µs.
+    let ring = Ring::new(8);
+    let p = probe("", &[]);
+    let symbols = symbols_for(&region);
+    let capture = fake_capture(&region, StackRoot::Direct(32), 1);
+    let params = TrampolineParams {
+        probe_id: 1,
+        args: &p.args,
+        string_args: &p.strings,
+        ring_addr: ring.addr(),
+        capacity: 8,
+        tramp_addr: region.addr(ZONE_TRAMP),
+        tag_addr: region.data(TAG),
+        thread_id: ThreadIdSource::FsSelfPointer,
+        symbols: &symbols,
+        stack: Some(&capture),
+    };
+    let tramp = build_trampoline(&plan, &params).expect("trampoline");
+    region.write_code(ZONE_TRAMP, &tramp.code);
+    region.write_code((plan.site() - region.addr(0)) as usize, &tramp.patch);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let records = std::thread::scope(|s| {
+        let consumer = s.spawn(|| {
+            let mut reader = ring.reader();
+            let mut n = 0;
+            loop {
+                let last = done.load(std::sync::atomic::Ordering::Acquire);
+                n += reader
+                    .drain(usize::MAX, |r| assert!(r.stack.is_some()))
+                    .records;
+                if last {
+                    return (n, reader.lost());
+                }
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        });
+        for _ in 0..40 {
+            f.call();
+        }
+        done.store(true, std::sync::atomic::Ordering::Release);
+        consumer.join().expect("consumer")
+    });
+    restore(&region, &plan);
+    assert_eq!(records, (40, 0), "(records, lost)");
 }

@@ -41,6 +41,7 @@ fn params<'a>(
         tag_addr: tramp + 0xff0,
         thread_id: ThreadIdSource::FsSelfPointer,
         symbols: &no_symbols,
+        stack: None,
     }
 }
 

@@ -51,6 +51,9 @@ pub struct Hit<'a> {
     pub probe_name: &'a str,
     pub args: &'a [u64],
     buffers: &'a HitBuffers,
+    /// The thread's stack as the ring trampoline captured it (stack probes served
+    /// by the ring); `None` at an `int3` stop, where the caller can read it itself.
+    pub stack: Option<&'a crate::ring::consumer::RingStack>,
 }
 
 impl<'a> Hit<'a> {
@@ -64,6 +67,7 @@ impl<'a> Hit<'a> {
             probe_name: self.probe_name,
             args: self.args,
             buffers: self.buffers,
+            stack: self.stack,
         }
     }
 
@@ -1020,6 +1024,7 @@ impl Engine {
             probe_name: &probe.name,
             args: &self.hit_buffers.args,
             buffers: &self.hit_buffers,
+            stack: None,
         }));
         true
     }

@@ -38,6 +38,10 @@ pub struct ProbeSet {
     pub needs_stop: Vec<usize>,
     /// Sites and semaphores left out while the set was built: never written.
     pub refused: Vec<Refusal>,
+    /// Indices of the probes whose ring records carry the thread's stack, captured
+    /// by the trampoline with `stack_capture` (sites that cannot stay on int3).
+    pub stack_probes: Vec<usize>,
+    pub stack_capture: Option<crate::ring::StackCapture>,
 }
 
 /// A site or semaphore pyprobe leaves alone, and why.

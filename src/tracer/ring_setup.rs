@@ -299,6 +299,11 @@ fn patch_segment(
             tag_addr: ring.tag_addr,
             thread_id: ThreadIdSource::FsSelfPointer,
             symbols: &symbols,
+            stack: patches
+                .set
+                .stack_capture
+                .as_ref()
+                .filter(|_| patches.set.stack_probes.contains(&pi)),
         };
         match build_trampoline(plan, &params) {
             Ok(t) if t.len() as u64 <= STRIDE => {

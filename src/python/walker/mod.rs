@@ -72,6 +72,8 @@ pub use locate::find_interpreter_object;
 
 use crate::process::memory::ProcessMemory;
 use crate::python::version::PyVersion;
+use crate::ring::{StackCapture, StackFrame, StackRoot};
+use layout::{FrameLayout, FrameRoot, Layout};
 use stacks::{RawThread, StackReader};
 use threads::Tids;
 
@@ -247,6 +249,18 @@ impl Walker {
         }))
     }
 
+    /// Names a stack captured in the target by a ring trampoline (see
+    /// [`StackReader::name_captured`]): outermost first, and whether frames were dropped.
+    pub fn name_captured(&mut self, captured: &[(u64, u64)]) -> (Vec<PyFrame>, bool) {
+        self.reader.name_captured(captured)
+    }
+
+    /// The offsets a ring trampoline walks this interpreter's frames by: the same
+    /// layout this walker reads with. `Err` says why the trampolines cannot.
+    pub fn stack_capture(&self, slots: u8) -> std::result::Result<StackCapture, String> {
+        capture_of(&self.reader.layout, self.reader.runtime, slots)
+    }
+
     fn native_tids(&mut self, raws: &[&RawThread]) -> Vec<Option<i32>> {
         self.tids.begin_round();
         let inner: Vec<Option<i32>> = if self.reader.layout.tstate_native_thread_id.is_some() {
@@ -274,6 +288,70 @@ impl Walker {
             })
             .collect()
     }
+}
+
+/// The offsets of `layout` (runtime at `runtime`) as a ring stack capture.
+pub fn capture_of(
+    layout: &Layout,
+    runtime: u64,
+    slots: u8,
+) -> std::result::Result<StackCapture, String> {
+    let root = match layout.tstate_frame {
+        FrameRoot::Direct(o) => StackRoot::Direct(o),
+        FrameRoot::CFrame {
+            cframe,
+            current_frame,
+        } => StackRoot::Indirect {
+            pointer: cframe,
+            field: current_frame,
+        },
+    };
+    let frame = match layout.frame {
+        FrameLayout::Object {
+            back, code, lasti, ..
+        } => StackFrame {
+            back,
+            code,
+            position: lasti,
+            position_size: 4,
+            owner: None,
+            code_tag_mask: 0,
+        },
+        FrameLayout::Interpreter { tlbc: Some(_), .. } => {
+            // No GIL: another thread may free a thread state while the list is walked.
+            return Err(
+                "a free-threaded build's thread list cannot be walked safely \
+                        from inside the target"
+                    .into(),
+            );
+        }
+        FrameLayout::Interpreter {
+            previous,
+            executable,
+            instr_ptr,
+            owner,
+            first_shim_owner,
+            tag_mask,
+            tlbc: None,
+        } => StackFrame {
+            back: previous,
+            code: executable,
+            position: instr_ptr,
+            position_size: 8,
+            owner: first_shim_owner.map(|first| (owner, first)),
+            code_tag_mask: tag_mask,
+        },
+    };
+    Ok(StackCapture {
+        interpreters_head: runtime.wrapping_add(layout.runtime_interpreters_head),
+        interp_next: layout.interp_next,
+        interp_threads_head: layout.interp_threads_head,
+        tstate_next: layout.tstate_next,
+        tstate_thread_id: layout.tstate_thread_id,
+        root,
+        frame,
+        slots,
+    })
 }
 
 /// The walker moves to whatever thread samples.

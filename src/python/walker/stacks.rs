@@ -283,6 +283,80 @@ impl<M: Memory> StackReader<M> {
         (out, truncated)
     }
 
+    /// Names frames captured elsewhere (by a ring trampoline), innermost first, as
+    /// (code pointer, position): `f_lasti` up to 3.10, the instruction pointer
+    /// from 3.11. Returns them outermost first, and whether any was dropped. Each
+    /// code object's header is read again and checked against the cache's key, so
+    /// an address freed and reused since the capture is named afresh (or skipped
+    /// when it no longer holds a code object).
+    pub fn name_captured(&mut self, captured: &[(u64, u64)]) -> (Vec<PyFrame>, bool) {
+        let mut out = Vec::new();
+        let mut dropped = false;
+        let mut header = vec![0u8; self.layout.code_span() as usize];
+        for &(code, position) in captured.iter().take(MAX_DEPTH) {
+            if !plausible_pointer(code) {
+                dropped = true;
+                continue;
+            }
+            let readable = self.mem.read_exact(code, &mut header).is_ok();
+            let position = match self.layout.frame {
+                FrameLayout::Object { lasti_unit, .. } => {
+                    Position::Offset((position as i64).wrapping_mul(lasti_unit as i64))
+                }
+                FrameLayout::Interpreter { .. } => Position::Pointer {
+                    ip: position,
+                    tlbc_index: None,
+                },
+            };
+            let frame = if readable {
+                self.py_frame(code, &header, position).ok()
+            } else {
+                // The target is gone (it exited with records still in the ring): the
+                // name this address last had, validated when it was read.
+                self.cached_frame(code, position)
+            };
+            match frame {
+                Some(f) => out.push(f),
+                None => dropped = true,
+            }
+        }
+        out.reverse();
+        (out, dropped)
+    }
+
+    /// The frame of `code` at `position` from the cache alone, without reading.
+    fn cached_frame(&mut self, code: u64, position: Position) -> Option<PyFrame> {
+        let addr = match position {
+            Position::Offset(addr) => addr,
+            Position::Pointer { ip, .. } => {
+                let start = code + self.layout.code_adaptive.unwrap_or(0);
+                (ip.wrapping_sub(start) as i64).div_euclid(2) * 2
+            }
+        };
+        let line_table = self.layout.line_table;
+        let info = self.codes.get_mut(&code)?;
+        let first_line = info.key[4] as u32;
+        let line = match info.lines.get(&addr) {
+            Some(&line) => line,
+            None => info
+                .table
+                .as_deref()
+                .and_then(|t| match line_table {
+                    LineTable::Lnotab => lines::lnotab_line(t, first_line, addr),
+                    LineTable::Linetable310 => lines::linetable310_line(t, first_line, addr),
+                    LineTable::Locations => lines::locations_line(t, first_line, addr),
+                })
+                .unwrap_or(first_line),
+        };
+        Some(PyFrame {
+            file: info.file.clone(),
+            function: info.function.clone(),
+            name: info.name.clone(),
+            first_line,
+            line,
+        })
+    }
+
     /// A frame's fields from its bytes; `None` when they cannot be had.
     fn raw_frame(&self, buf: &[u8]) -> Option<RawFrame> {
         match self.layout.frame {

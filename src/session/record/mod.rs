@@ -146,6 +146,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     let chosen = Rc::new(RefCell::new(Chosen::default()));
     let resolver = Box::new(PythonResolver {
         mode,
+        capture_stacks: request.ring == RingUse::Required,
         requested,
         chosen: chosen.clone(),
     });
@@ -284,12 +285,20 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                         let now = chosen.borrow();
                         needs_context_stacks(mode, now.version, &now.groups)
                     };
-                    if explains {
-                        sampler.context(hit.pid, hit.tid, hit.ts_ns, &mut builder);
+                    match hit.stack {
+                        // Captured by the ring trampoline, in the target, at the hit.
+                        Some(stack) if explains => {
+                            sampler.captured(hit.pid, hit.tid, hit.ts_ns, stack, &mut builder)
+                        }
+                        None if explains => {
+                            sampler.context(hit.pid, hit.tid, hit.ts_ns, &mut builder)
+                        }
+                        _ => {}
                     }
                     // The thread was stopped before the collection or import began:
                     // it begins when the thread goes on, after pyprobe's stack read.
-                    let opens_pause = explains && OPENING_PROBES.contains(&meaning.name);
+                    let opens_pause =
+                        explains && hit.stack.is_none() && OPENING_PROBES.contains(&meaning.name);
                     let ts_ns = if opens_pause {
                         monotonic_ns()
                     } else {

@@ -40,6 +40,18 @@ pub struct Chosen {
     pub has_probes: bool,
     /// Per process: sites and semaphores left alone, one sentence each.
     pub refusals: rustc_hash::FxHashMap<i32, Vec<String>>,
+    /// Why ring trampolines cannot capture stacks here was said already.
+    pub stack_fallback_said: bool,
+}
+
+/// Continuation slots of a stack record: up to 60 frames, innermost first.
+const STACK_SLOTS: u8 = crate::ring::stack::MAX_STACK_SLOTS;
+
+/// The offsets ring trampolines walk `pid`'s frames by (the frame walker's own).
+fn stack_capture(pid: i32) -> Result<crate::ring::StackCapture, String> {
+    crate::python::walker::Walker::attach(pid)
+        .map_err(|e| format!("{e:#}"))?
+        .stack_capture(STACK_SLOTS)
 }
 
 /// Probes at whose hits the Python stack is recorded: what triggered a GC, an
@@ -66,6 +78,11 @@ pub fn returns_only(version: Option<PyVersion>, groups: &BTreeSet<ProbeGroup>) -
 
 pub struct PythonResolver {
     pub mode: Mode,
+    /// GC, import and audit hits may go through the ring with their stacks captured
+    /// in the target (`--engine ring`). Not by default yet: the trampoline finds its
+    /// thread state by walking the interpreter's thread list, and a thread state
+    /// that C code frees without the GIL could be read while freed.
+    pub capture_stacks: bool,
     pub requested: Option<BTreeSet<ProbeGroup>>,
     pub chosen: Rc<RefCell<Chosen>>,
 }
@@ -154,13 +171,37 @@ impl Resolver for PythonResolver {
             let refusals = refusals(&object, &set, pid);
             self.chosen.borrow_mut().refusals.insert(pid, refusals);
             if needs_context_stacks(self.mode, version, &groups) {
-                // The frame walker reads the stack at these hits: they must stop.
-                set.needs_stop = meanings
+                let context: Vec<usize> = meanings
                     .iter()
                     .enumerate()
                     .filter(|(_, m)| CONTEXT_PROBES.contains(&m.name))
                     .map(|(i, _)| i)
                     .collect();
+                let capture = if self.capture_stacks {
+                    stack_capture(pid)
+                } else {
+                    Err("asked for with --engine ring only".to_string())
+                };
+                match capture {
+                    // The ring's trampolines capture the stack at these hits themselves.
+                    Ok(capture) => {
+                        set.stack_capture = Some(capture);
+                        set.stack_probes = context;
+                    }
+                    // The frame walker reads the stack at these hits: they must stop.
+                    Err(why) => {
+                        let mut chosen = self.chosen.borrow_mut();
+                        if self.capture_stacks
+                            && !std::mem::replace(&mut chosen.stack_fallback_said, true)
+                        {
+                            eprintln!(
+                                "pyprobe: GC, import and audit hits stop the target (int3) \
+                                 for their stacks: the ring cannot capture them here: {why}"
+                            );
+                        }
+                        set.needs_stop = context;
+                    }
+                }
             }
             (set, meanings, groups, warning)
         } else {

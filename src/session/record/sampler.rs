@@ -4,6 +4,7 @@
 
 use crate::python::walker::{PyFrame, Walker};
 use crate::record::{EventKind, FrameRef, WalkedFrame};
+use crate::ring::RingStack;
 
 use super::events::EventBuilder;
 
@@ -113,6 +114,27 @@ impl Sampler {
         for (tid, frames) in stacks {
             let frames = Self::frames(builder, &frames);
             builder.write(tid, ts_ns, EventKind::Running { frames });
+        }
+    }
+
+    /// Records a stack the ring trampoline captured at thread `tid`'s hit, named
+    /// through the walker's code-object cache, as the context of the event about to
+    /// be written for it: the same `stack` event as [`Sampler::context`] writes.
+    pub fn captured(
+        &mut self,
+        pid: i32,
+        tid: i32,
+        ts_ns: u64,
+        stack: &RingStack,
+        builder: &mut EventBuilder,
+    ) {
+        let Some(walker) = self.walker(pid, ts_ns) else {
+            return;
+        };
+        let (frames, _dropped) = walker.name_captured(&stack.frames);
+        if !frames.is_empty() {
+            let frames = Self::frames(builder, &frames);
+            builder.write(tid, ts_ns, EventKind::Stack { frames });
         }
     }
 

@@ -308,6 +308,7 @@ impl Engine {
                     probe_name: &probe.name,
                     args: &hit_buffers.args,
                     buffers: hit_buffers,
+                    stack: record.stack.as_ref(),
                 }));
             });
             *hits += drained.records as u64;

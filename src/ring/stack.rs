@@ -1,0 +1,303 @@
+//! Capturing the Python stack inside a trampoline: the thread's own frame chain,
+//! walked in the target at ring speed, as (code pointer, position) pairs.
+//!
+//! The ring stays ignorant of Python: [`StackCapture`] is plain offsets that the
+//! caller takes from the frame walker's layout. The walk:
+//!
+//! 1. the thread's identity is `%fs:0` (glibc's `pthread_self()`, which is what
+//!    CPython stores in `PyThreadState.thread_id`);
+//! 2. from `*interpreters_head`, each interpreter's thread list (`threads_head`,
+//!    then `next`) is searched for the thread state with that `thread_id`; at most
+//!    [`MAX_TSTATE_STEPS`] steps over all lists;
+//! 3. from that thread state's innermost frame ([`StackRoot`]), up to
+//!    [`MAX_WALK`] frames are followed through `back`/`previous`; frames owned by
+//!    the C stack (per `owner`, 3.12+) and frames without code are skipped; every
+//!    other frame is counted, and the first [`frames_for`]`(slots)` are written.
+//!
+//! Every pointer is checked for NULL before it is followed; every loop has a fixed
+//! bound, so a cycle or an over-long chain ends the walk (flagged truncated) rather
+//! than the target. Nothing is dereferenced besides the interpreter's own thread and
+//! frame structures: code objects are named later, by pyprobe, from outside.
+//!
+//! # Record
+//!
+//! A record with a stack takes `1 + slots` consecutive ring slots, reserved at once.
+//! In the first (the ordinary record), byte [`S_STACK_SLOTS`] holds `slots`, byte
+//! [`S_STACK_FLAGS`] the flags ([`STACK_CAPTURED`], [`STACK_FOUND`],
+//! [`STACK_TRUNCATED`]) and the u16 at [`S_STACK_DEPTH`] the frames counted. Each
+//! following slot `k` holds `seq` ([`continuation_seq`] of its index), at [`C_OWNER`] the first
+//! slot's index, and from [`C_PAIRS`] [`PAIRS_PER_SLOT`] pairs of u64: the code
+//! pointer (tag bits masked off) and the position (`f_lasti` sign-extended up to
+//! 3.10, the instruction pointer from 3.11), innermost frame first. The
+//! continuation slots are published before the first one.
+
+use iced_x86::code_asm::*;
+
+use super::codegen::CodegenError;
+use super::layout::{HEADER_SIZE, SLOT_SIZE};
+
+/// Byte of the first slot holding the number of continuation slots.
+pub const S_STACK_SLOTS: usize = 84;
+/// Byte of the first slot holding the stack flags.
+pub const S_STACK_FLAGS: usize = 85;
+/// u16 of the first slot holding the number of frames counted.
+pub const S_STACK_DEPTH: usize = 86;
+/// The trampoline ran a stack capture (even if it found nothing).
+pub const STACK_CAPTURED: u8 = 1;
+/// The thread's thread state was found.
+pub const STACK_FOUND: u8 = 2;
+/// The walk hit its bound with frames left (a cycle or a very deep stack).
+pub const STACK_TRUNCATED: u8 = 4;
+/// A continuation slot's `seq` is its index + 1 with this bit set: never taken for
+/// a record of its own (e.g. after its first slot was skipped as stuck).
+pub const CONT_SEQ_BIT: u64 = 1 << 63;
+
+/// The `seq` of the continuation slot at `index` once written.
+pub const fn continuation_seq(index: u64) -> u64 {
+    index.wrapping_add(1) | CONT_SEQ_BIT
+}
+
+/// Continuation slot: the index of the record's first slot.
+pub const C_OWNER: usize = 8;
+/// Continuation slot: where the pairs start.
+pub const C_PAIRS: usize = 16;
+/// (code, position) pairs per continuation slot.
+pub const PAIRS_PER_SLOT: usize = (SLOT_SIZE - C_PAIRS) / 16;
+/// Most continuation slots per record.
+pub const MAX_STACK_SLOTS: u8 = 4;
+/// Most frames a record can carry.
+pub const MAX_STACK_FRAMES: usize = MAX_STACK_SLOTS as usize * PAIRS_PER_SLOT;
+/// Steps over interpreters and thread states while looking for the thread.
+pub const MAX_TSTATE_STEPS: u32 = 256;
+/// Frames followed (shims included) before the walk gives up.
+pub const MAX_WALK: u32 = 1024;
+
+/// Frames carried by a record with `slots` continuation slots.
+pub const fn frames_for(slots: u8) -> usize {
+    slots as usize * PAIRS_PER_SLOT
+}
+
+/// Where a thread state keeps its innermost frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StackRoot {
+    /// A pointer field of the thread state (3.9/3.10 `frame`, 3.13+ `current_frame`).
+    Direct(u64),
+    /// `tstate->[pointer]->[field]` (3.11/3.12 `cframe->current_frame`).
+    Indirect { pointer: u64, field: u64 },
+}
+
+/// A frame's fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StackFrame {
+    /// The next (outer) frame: `f_back` or `previous`.
+    pub back: u64,
+    /// The code object: `f_code`, `f_executable`.
+    pub code: u64,
+    /// The position: `f_lasti` (4 bytes, sign-extended) or the instruction pointer (8).
+    pub position: u64,
+    /// 4 or 8.
+    pub position_size: u8,
+    /// `owner` byte, and the first owner value that marks a C-stack shim (skipped).
+    pub owner: Option<(u64, u8)>,
+    /// Tag bits of the code pointer, masked off (3.14+ stack references).
+    pub code_tag_mask: u64,
+}
+
+/// Offsets the trampoline walks by, taken from the frame walker's layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StackCapture {
+    /// Runtime address of `_PyRuntime.interpreters.head`.
+    pub interpreters_head: u64,
+    pub interp_next: u64,
+    pub interp_threads_head: u64,
+    pub tstate_next: u64,
+    pub tstate_thread_id: u64,
+    pub root: StackRoot,
+    pub frame: StackFrame,
+    /// Continuation slots per record, 1 ..= [`MAX_STACK_SLOTS`].
+    pub slots: u8,
+}
+
+impl StackCapture {
+    /// The offsets as displacements, or why they cannot be.
+    fn check(&self, capacity: u64) -> Result<(), CodegenError> {
+        let bad = |what: &str| Err(CodegenError::Stack(what.to_string()));
+        if self.slots == 0 || self.slots > MAX_STACK_SLOTS {
+            return bad("continuation slots out of range");
+        }
+        if u64::from(self.slots) >= capacity {
+            return bad("the ring is too small for a stack record");
+        }
+        if !matches!(self.frame.position_size, 4 | 8) {
+            return bad("position size is neither 4 nor 8");
+        }
+        let root = match self.root {
+            StackRoot::Direct(o) => [o, 0],
+            StackRoot::Indirect { pointer, field } => [pointer, field],
+        };
+        let offsets = [
+            self.interp_next,
+            self.interp_threads_head,
+            self.tstate_next,
+            self.tstate_thread_id,
+            self.frame.back,
+            self.frame.code,
+            self.frame.position,
+            self.frame.owner.map_or(0, |o| o.0),
+        ];
+        if offsets.iter().chain(root.iter()).any(|&o| o > 1 << 20) {
+            return bad("a structure offset is implausibly large");
+        }
+        if i32::try_from(!self.frame.code_tag_mask as i64).is_err() {
+            return bad("code tag mask does not fit an immediate");
+        }
+        if self.interpreters_head == 0 {
+            return bad("no address for the interpreters list");
+        }
+        Ok(())
+    }
+}
+
+fn d(o: u64) -> i32 {
+    // Checked by StackCapture::check.
+    o as i32
+}
+
+/// Emits the capture. On entry r8 = the first slot, r10 = its index; the
+/// continuation slots `r10 + 1 ..= r10 + slots` are reserved. Uses rax, rcx, rdx,
+/// rsi, rdi, r9, r11; leaves r8 and r10.
+pub(super) fn emit_capture(
+    a: &mut CodeAssembler,
+    c: &StackCapture,
+    ring_addr: u64,
+    capacity: u64,
+) -> Result<(), CodegenError> {
+    c.check(capacity)?;
+    let mask = (capacity - 1) as u32;
+    let slots_base = ring_addr.wrapping_add(HEADER_SIZE as u64);
+    let cap = frames_for(c.slots) as u32;
+    let shift = SLOT_SIZE.trailing_zeros();
+    let mut interp_loop = a.create_label();
+    let mut thread_loop = a.create_label();
+    let mut next_interp = a.create_label();
+    let mut found = a.create_label();
+    let mut walk = a.create_label();
+    let mut room = a.create_label();
+    let mut counted = a.create_label();
+    let mut next_frame = a.create_label();
+    let mut cut = a.create_label();
+    let mut walked = a.create_label();
+    let mut finish = a.create_label();
+
+    let meta = u32::from(c.slots) | u32::from(STACK_CAPTURED) << 8;
+    a.mov(dword_ptr(r8 + S_STACK_SLOTS as i32), meta)?;
+    // Find the thread state whose thread_id is this thread's pthread_self().
+    a.mov(rdx, qword_ptr(0u64).fs())?;
+    a.mov(rax, c.interpreters_head)?;
+    a.mov(rax, qword_ptr(rax))?;
+    a.mov(ecx, MAX_TSTATE_STEPS)?;
+    a.set_label(&mut interp_loop)?;
+    a.test(rax, rax)?;
+    a.jz(finish)?;
+    a.mov(rsi, qword_ptr(rax + d(c.interp_threads_head)))?;
+    a.set_label(&mut thread_loop)?;
+    a.test(rsi, rsi)?;
+    a.jz(next_interp)?;
+    a.cmp(qword_ptr(rsi + d(c.tstate_thread_id)), rdx)?;
+    a.je(found)?;
+    a.dec(ecx)?;
+    a.jz(finish)?;
+    a.mov(rsi, qword_ptr(rsi + d(c.tstate_next)))?;
+    a.jmp(thread_loop)?;
+    a.set_label(&mut next_interp)?;
+    a.dec(ecx)?;
+    a.jz(finish)?;
+    a.mov(rax, qword_ptr(rax + d(c.interp_next)))?;
+    a.jmp(interp_loop)?;
+
+    a.set_label(&mut found)?;
+    a.or(byte_ptr(r8 + S_STACK_FLAGS as i32), u32::from(STACK_FOUND))?;
+    match c.root {
+        StackRoot::Direct(o) => a.mov(rsi, qword_ptr(rsi + d(o)))?,
+        StackRoot::Indirect { pointer, field } => {
+            a.mov(rsi, qword_ptr(rsi + d(pointer)))?;
+            a.test(rsi, rsi)?;
+            a.jz(finish)?;
+            a.mov(rsi, qword_ptr(rsi + d(field)))?;
+        }
+    }
+    // rsi = frame, edx = frames counted, ecx = walk budget, r9 = continuation slot
+    // index, rdi = where the next pair goes, r11d = pairs left in that slot.
+    a.xor(edx, edx)?;
+    a.mov(r9, r10)?;
+    a.xor(r11d, r11d)?;
+    a.xor(edi, edi)?;
+    a.mov(ecx, MAX_WALK)?;
+    a.set_label(&mut walk)?;
+    a.test(rsi, rsi)?;
+    a.jz(walked)?;
+    a.dec(ecx)?;
+    a.jz(cut)?;
+    if let Some((owner, first_shim)) = c.frame.owner {
+        a.movzx(eax, byte_ptr(rsi + d(owner)))?;
+        a.cmp(eax, u32::from(first_shim))?;
+        a.jae(next_frame)?;
+    }
+    a.mov(rax, qword_ptr(rsi + d(c.frame.code)))?;
+    a.test(rax, rax)?;
+    a.jz(next_frame)?;
+    a.cmp(edx, cap)?;
+    a.jae(counted)?;
+    a.test(r11d, r11d)?;
+    a.jnz(room)?;
+    a.inc(r9)?;
+    a.mov(eax, r9d)?;
+    a.and(eax, mask)?;
+    a.shl(rax, shift)?;
+    a.mov(rdi, slots_base + C_PAIRS as u64)?;
+    a.add(rdi, rax)?;
+    a.mov(r11d, PAIRS_PER_SLOT as u32)?;
+    a.set_label(&mut room)?;
+    a.mov(rax, qword_ptr(rsi + d(c.frame.code)))?;
+    if c.frame.code_tag_mask != 0 {
+        a.and(rax, !c.frame.code_tag_mask as i64 as i32)?;
+    }
+    a.mov(qword_ptr(rdi), rax)?;
+    if c.frame.position_size == 4 {
+        a.movsxd(rax, dword_ptr(rsi + d(c.frame.position)))?;
+    } else {
+        a.mov(rax, qword_ptr(rsi + d(c.frame.position)))?;
+    }
+    a.mov(qword_ptr(rdi + 8), rax)?;
+    a.add(rdi, 16)?;
+    a.dec(r11d)?;
+    a.set_label(&mut counted)?;
+    a.inc(edx)?;
+    a.set_label(&mut next_frame)?;
+    a.mov(rsi, qword_ptr(rsi + d(c.frame.back)))?;
+    a.jmp(walk)?;
+    a.set_label(&mut cut)?;
+    a.or(
+        byte_ptr(r8 + S_STACK_FLAGS as i32),
+        u32::from(STACK_TRUNCATED),
+    )?;
+    a.set_label(&mut walked)?;
+    a.mov(word_ptr(r8 + S_STACK_DEPTH as i32), dx)?;
+
+    // Every continuation slot gets its owner and seq, used or not, before the
+    // first slot is published.
+    a.set_label(&mut finish)?;
+    for k in 1..=u32::from(c.slots) {
+        a.lea(rax, ptr(r10 + k as i32))?;
+        a.mov(edi, eax)?;
+        a.and(edi, mask)?;
+        a.shl(rdi, shift)?;
+        a.mov(rcx, slots_base)?;
+        a.add(rdi, rcx)?;
+        a.mov(qword_ptr(rdi + C_OWNER as i32), r10)?;
+        a.inc(rax)?;
+        a.bts(rax, 63)?;
+        a.mov(qword_ptr(rdi), rax)?;
+    }
+    Ok(())
+}
