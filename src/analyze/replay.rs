@@ -402,6 +402,7 @@ struct PlanThread {
 pub struct Planner {
     creations_possible: bool,
     is_311: bool,
+    version_known: bool,
     threads: FastMap<u32, PlanThread>,
     segment: u32,
     entry_lines: FastSet<(StrId, StrId, u32)>,
@@ -414,6 +415,7 @@ impl Planner {
         Planner {
             creations_possible: version_at_least(&header.python_version, 3, 15),
             is_311: is_311(&header.python_version),
+            version_known: !header.python_version.is_empty(),
             threads: FastMap::default(),
             segment: 0,
             entry_lines: FastSet::default(),
@@ -584,10 +586,13 @@ impl Planner {
         }
         let plan = &mut self.plan;
         plan.pairing = match (plan.calls, plan.returns) {
-            (0, r) if r > 0 => Pairing::ReturnsOnly,
             // 3.11's entry probe fires only while a tracing hook is set: a few.
             (c, r) if self.is_311 && c.saturating_mul(2) < r => Pairing::ReturnsOnly,
             _ if self.creations_possible => Pairing::Creations,
+            // Returns alone from an interpreter of unknown version: as 3.11. A
+            // known one whose entries all return (attached to a loop that only
+            // returned meanwhile) pairs as usual.
+            (0, r) if r > 0 && !self.version_known => Pairing::ReturnsOnly,
             _ => Pairing::Paired,
         };
         // Known first lines: entries (through their resume lines) and the walker.
