@@ -22,6 +22,5 @@ pub use model::{
     RaisingStack, Report, Target, ThreadStats, Trigger,
 };
 pub use replay::{
-    plan_events, replay_recording, EndKind, Exit, Pairing, Plan, Planner, Replay, ReplayCounters,
-    Step, MAX_DEPTH,
+    plan_events, EndKind, Exit, Pairing, Plan, Planner, Replay, ReplayCounters, Step, MAX_DEPTH,
 };

@@ -38,12 +38,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
-use std::io::{Read, Seek};
 
 use super::folded::FxHasher;
-use crate::record::{
-    Event, EventKind, FrameRef, Header, RecordError, RecordingReader, StrId, WalkedFrame,
-};
+use crate::record::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
 
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 type FastSet<K> = HashSet<K, BuildHasherDefault<FxHasher>>;
@@ -402,6 +399,7 @@ struct PlanThread {
 pub struct Planner {
     creations_possible: bool,
     is_311: bool,
+    version_known: bool,
     threads: FastMap<u32, PlanThread>,
     segment: u32,
     entry_lines: FastSet<(StrId, StrId, u32)>,
@@ -414,6 +412,7 @@ impl Planner {
         Planner {
             creations_possible: version_at_least(&header.python_version, 3, 15),
             is_311: is_311(&header.python_version),
+            version_known: !header.python_version.is_empty(),
             threads: FastMap::default(),
             segment: 0,
             entry_lines: FastSet::default(),
@@ -584,10 +583,13 @@ impl Planner {
         }
         let plan = &mut self.plan;
         plan.pairing = match (plan.calls, plan.returns) {
-            (0, r) if r > 0 => Pairing::ReturnsOnly,
             // 3.11's entry probe fires only while a tracing hook is set: a few.
             (c, r) if self.is_311 && c.saturating_mul(2) < r => Pairing::ReturnsOnly,
             _ if self.creations_possible => Pairing::Creations,
+            // Returns alone from an interpreter of unknown version: as 3.11. A
+            // known one whose entries all return (attached to a loop that only
+            // returned meanwhile) pairs as usual.
+            (0, r) if r > 0 && !self.version_known => Pairing::ReturnsOnly,
             _ => Pairing::Paired,
         };
         // Known first lines: entries (through their resume lines) and the walker.
@@ -946,29 +948,4 @@ pub fn plan_events<'a>(
         planner.push(e, strings);
     }
     planner.finish()
-}
-
-/// Reads every event of `reader` to plan the replay, then goes back to the first
-/// event and replays them: `f` gets the reader (for its strings), each event, its
-/// thread's monotonic time, the steps it caused and the replay. The replay is
-/// returned unfinished: call [`Replay::finish`] with the recording's end.
-pub fn replay_recording<R: Read + Seek, E: From<RecordError>>(
-    reader: &mut RecordingReader<R>,
-    mut f: impl FnMut(&RecordingReader<R>, &Event, u64, &[Step], &Replay) -> Result<(), E>,
-) -> Result<Replay, E> {
-    let header = reader.header().clone();
-    let mut planner = Planner::new(&header);
-    while let Some(event) = reader.next_event() {
-        planner.push(&event?, reader.strings());
-    }
-    reader.rewind()?;
-    let mut replay = Replay::new(&header, planner.finish());
-    let mut steps = Vec::new();
-    while let Some(event) = reader.next_event() {
-        let event = event?;
-        steps.clear();
-        let ts = replay.push(&event, &mut steps);
-        f(reader, &event, ts, &steps, &replay)?;
-    }
-    Ok(replay)
 }

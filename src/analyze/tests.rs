@@ -944,3 +944,23 @@ fn cpython_311_returns_are_rows_of_functions_not_lines() {
         "{init:?}"
     );
 }
+
+#[test]
+fn returns_alone_from_a_paired_cpython_are_frames_that_were_running() {
+    // Attached to 3.9 while handle -> work ran; they returned, nothing else ran:
+    // no entry at all, yet not a returns-only (3.11) stream.
+    let mut s = Script::new();
+    let frames = s.walked(&[("serve", 10, 14), ("handle", 20, 23), ("work", 30, 31)]);
+    s.push(5, EventKind::Running { frames })
+        .ret(40, "work", 33)
+        .ret(41, "handle", 25);
+    let r = s.report_with(&header_of("3.9.2"), Some(100));
+    assert_eq!(r.source, FunctionSource::Traced);
+    let work = func(&r, "work");
+    assert_eq!(
+        (work.line, work.calls, work.inclusive_ns),
+        (30, Some(1), 35)
+    );
+    let serve = func(&r, "serve");
+    assert_eq!((serve.calls, serve.inclusive_ns), (Some(0), 95));
+}

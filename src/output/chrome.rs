@@ -18,8 +18,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io::{Read, Seek, Write};
 
-use crate::analyze::{replay_recording, EndKind, Exit, Step};
+use crate::analyze::{EndKind, Exit, Step};
 use crate::output::flame::{FrameNames, ViewError, ViewInfo};
+use crate::output::replay_recording;
 use crate::output::speedscope::json_str;
 use crate::record::{EventKind, FrameRef, RecordingReader, StrId};
 

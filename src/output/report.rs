@@ -8,9 +8,8 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::analyze::{
-    replay_recording, Aggregator, FileFilter, FilterError, FunctionSource, FunctionStats, Report,
-};
+use crate::analyze::{Aggregator, FileFilter, FilterError, FunctionSource, FunctionStats, Report};
+use crate::output::replay_recording;
 use crate::record::{Completion, RecordError, RecordingReader};
 
 /// Reads every event of `reader` and aggregates them. A recording cut short

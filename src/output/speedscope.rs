@@ -17,8 +17,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 
-use crate::analyze::{replay_recording, Step};
+use crate::analyze::Step;
 use crate::output::flame::{FrameNames, ViewError, ViewInfo};
+use crate::output::replay_recording;
 use crate::record::{EventKind, FrameRef, RecordingReader};
 
 /// Bytes of rendered events kept in memory before spilling to a temporary file.

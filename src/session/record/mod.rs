@@ -189,9 +189,6 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         }
         other => early.push(format_early(&other)),
     };
-    // The recording starts before the probes go in: the stacks read while
-    // attaching are part of it.
-    let start_ns = monotonic_ns();
     let (mut engine, launched) = match (request.pid, request.command.is_empty()) {
         (Some(pid), true) => {
             check_attachable(pid, mode)?;
@@ -227,7 +224,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         } else {
             interval_ns
         },
-        start_ns,
+        start_ns: recording_start(&mut running, early_window),
         wall_start_unix_ns: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -253,14 +250,15 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     if !launched {
         start_line(&chosen.borrow(), pid);
         builder.open(pid, &chosen.borrow());
-        if let Some((ts, stacks)) = running.take() {
-            Sampler::write_running(&mut builder, ts, stacks);
-        }
     }
     let mut exact_window = false;
     if let Some((pid, ts_ns, exact)) = early_window {
         exact_window = exact;
         builder.write(pid, ts_ns, EventKind::Window { exact });
+    }
+    // After the window: a window starts the stacks afresh.
+    if let Some((ts, stacks)) = running.take() {
+        Sampler::write_running(&mut builder, ts, stacks);
     }
     if let Some(d) = request.duration {
         signals::set_deadline(d);
@@ -472,6 +470,25 @@ fn check_outputs(output: &Path) -> Result<()> {
     };
     check_recording(&recording)?;
     Ok(())
+}
+
+/// When the recording starts: when the probes went in at attach (the stacks read
+/// then are running from that moment; a budget's first window opens then too),
+/// else now.
+fn recording_start(
+    running: &mut Option<(u64, sampler::RunningStacks)>,
+    early_window: Option<(i32, u64, bool)>,
+) -> u64 {
+    let now = monotonic_ns();
+    match (running.as_mut(), early_window) {
+        (Some((ts, _)), Some((_, window, _))) => {
+            // Tracing began with the window; the stacks were read just before.
+            *ts = window.max(*ts);
+            *ts
+        }
+        (Some((ts, _)), None) => *ts,
+        (None, _) => now,
+    }
 }
 
 fn is_view(path: &std::path::Path) -> bool {

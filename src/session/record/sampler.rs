@@ -8,6 +8,9 @@ use crate::ring::RingStack;
 
 use super::events::EventBuilder;
 
+/// Every thread's stack when tracing began, by native thread id.
+pub type RunningStacks = Vec<(i32, Vec<PyFrame>)>;
+
 #[derive(Default)]
 pub struct Sampler {
     walker: Option<Walker>,
@@ -92,7 +95,7 @@ impl Sampler {
 
     /// Records every thread's Python stack as the frames running when tracing
     /// begins (call it with the threads stopped, before any probe can hit).
-    pub fn running(&mut self, pid: i32, ts_ns: u64) -> Vec<(i32, Vec<PyFrame>)> {
+    pub fn running(&mut self, pid: i32, ts_ns: u64) -> RunningStacks {
         let Some(walker) = self.walker(pid, ts_ns) else {
             return Vec::new();
         };
