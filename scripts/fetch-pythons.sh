@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch Debian's CPython builds (which carry the SystemTap SDT probes pyprobe uses) and
 # unpack them, without installing anything, into the git-ignored cache .pythons/ at the
-# repo root.  Launchers end up in .pythons/bin/python3.X.  See "Test CPythons" in DESIGN.md.
+# repo root.  Launchers end up in .pythons/bin/python3.X.  (Which suite gives which version: SUITE below.)
 #
 #   scripts/fetch-pythons.sh              # all of 3.9 3.11 3.13 3.14 3.15
 #   scripts/fetch-pythons.sh 3.9 3.15     # only these

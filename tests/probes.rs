@@ -103,7 +103,7 @@ fn python_probe_names(object: &Value) -> BTreeSet<String> {
         .collect()
 }
 
-/// What DESIGN.md's version table says each Debian build carries.
+/// The probes each Debian build of a CPython version is known to carry.
 fn check_version_probes(version: &str, names: &BTreeSet<String>, object: &Value) {
     for name in ALWAYS {
         assert!(

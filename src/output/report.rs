@@ -1,4 +1,4 @@
-//! `pyprobe report`: a JSON document (a stable interface, see DESIGN.md) or a
+//! `pyprobe report`: a JSON document (a stable interface) or a
 //! text table.
 
 use std::collections::{HashMap, HashSet};
@@ -132,7 +132,7 @@ fn source_name(source: FunctionSource) -> &'static str {
     }
 }
 
-// The JSON document. Field order and names are the stable schema of DESIGN.md;
+// The JSON document. Field order and names are a stable schema that users script against;
 // keys after the schema's are additions.
 
 #[derive(Serialize)]
@@ -255,7 +255,7 @@ struct JsonAnomalies {
     shim_returns: u64,
 }
 
-/// The report as the JSON document of DESIGN.md (pretty-printed, newline-terminated).
+/// The report as its JSON document (pretty-printed, newline-terminated).
 pub fn render_json(report: &Report) -> String {
     let a = report.anomalies;
     let doc = JsonReport {
