@@ -134,9 +134,34 @@ pub fn thread_is_ending(tid: i32) -> bool {
     }
 }
 
+/// One field of `/proc/TID/status`, its value trimmed; for the callers that need
+/// one value often (at each thread creation, each stopped thread) without parsing
+/// the whole file.
+fn status_field(tid: i32, name: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+}
+
+/// The process (thread group) thread `tid` belongs to.
+pub fn tgid_of(tid: i32) -> Option<i32> {
+    status_field(tid, "Tgid")?.parse().ok()
+}
+
+/// The process tracing `tid`, 0 for none.
+pub fn tracer_of(tid: i32) -> Option<i32> {
+    status_field(tid, "TracerPid")?.parse().ok()
+}
+
+/// A signal set of thread `tid`: `SigPnd` (pending for it) or `SigBlk` (blocked).
+pub fn signal_set(tid: i32, name: &str) -> Option<u64> {
+    u64::from_str_radix(&status_field(tid, name)?, 16).ok()
+}
+
 /// Whether thread `tid` is traced by this process.
 pub fn traced_by_us(tid: i32) -> bool {
-    ProcessStatus::read(tid).is_ok_and(|s| s.tracer_pid == std::process::id() as i32)
+    tracer_of(tid) == Some(std::process::id() as i32)
 }
 
 /// `" (pid N in its own PID namespace)"` when `pid` lives in a nested PID namespace,

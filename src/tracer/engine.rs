@@ -15,7 +15,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use crate::process::memory::ProcessMemory;
-use crate::process::status::thread_ids;
+use crate::process::status::{signal_set, tgid_of, thread_ids};
 
 use super::budget::{Budget, KernelCost};
 use super::calibrate;
@@ -297,22 +297,9 @@ fn at_syscall_entry(tid: i32) -> bool {
     n > 0 && info[0] == PTRACE_SYSCALL_INFO_ENTRY
 }
 
-/// Whether SIGTRAP is pending for thread `tid` (`SigPnd` of /proc/TID/status).
+/// Whether SIGTRAP is pending for thread `tid`.
 fn sigtrap_pending(tid: i32) -> bool {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
-        return false;
-    };
-    text.lines()
-        .filter_map(|l| l.strip_prefix("SigPnd:"))
-        .filter_map(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .any(|mask| mask & (1 << (libc::SIGTRAP - 1)) != 0)
-}
-
-fn tgid_of(tid: i32) -> Option<i32> {
-    let text = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse().ok())
+    signal_set(tid, "SigPnd").is_some_and(|mask| mask & (1 << (libc::SIGTRAP - 1)) != 0)
 }
 
 impl Engine {

@@ -233,17 +233,6 @@ fn start_time(pid: i32) -> Option<u64> {
         .ok()
 }
 
-/// The pid of the process tracing `pid`, 0 for none.
-fn tracer_of(pid: i32) -> Option<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("TracerPid:"))?
-        .trim()
-        .parse()
-        .ok()
-}
-
 /// Every thread of a process held in a ptrace stop by the guardian. Dropping it
 /// lets them go, each with the signal that stopped it, if one did (delivered as it
 /// would have been without the guardian); a thread in group-stop stays stopped.
@@ -267,7 +256,7 @@ impl Drop for Held {
 fn hold(pid: i32, deadline: Instant) -> Result<Held, String> {
     // The dead tracer's link goes a moment after its pipe closes.
     loop {
-        match tracer_of(pid) {
+        match crate::process::status::tracer_of(pid) {
             None => return Err("it exited".into()),
             Some(0) => break,
             Some(t) if Instant::now() > deadline => {

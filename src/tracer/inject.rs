@@ -33,6 +33,7 @@ use nix::unistd::Pid;
 
 use crate::process::maps::read_maps;
 use crate::process::memory::ProcessMemory;
+use crate::process::status::tgid_of;
 
 /// Most bytes of executable memory searched for an instruction.
 const MAX_SCAN: usize = 64 << 20;
@@ -272,12 +273,6 @@ fn siginfo(tid: i32) -> Option<[u8; SIGINFO_BYTES]> {
         )
     };
     (r == 0).then_some(info)
-}
-
-fn tgid_of(tid: i32) -> Option<i32> {
-    crate::process::status::ProcessStatus::read(tid)
-        .ok()
-        .map(|s| s.tgid)
 }
 
 fn ptrace_error(tid: i32, what: &str, e: Errno) -> io::Error {

@@ -13,6 +13,7 @@ use std::io;
 
 use crate::process::maps::read_maps;
 use crate::process::memory::ProcessMemory;
+use crate::process::status::{signal_set, thread_ids};
 use crate::ring::trapnet::{self, KernelSigaction, PAGE_SIZE};
 
 use super::inject::{find_code, syscall};
@@ -153,18 +154,12 @@ pub fn uninstall(tid: i32, mem: &mut ProcessMemory, net: &SafetyNet) -> io::Resu
 /// unblock it and reset SIGTRAP to its default (a forced signal), which pyprobe
 /// cannot undo.
 pub fn threads_blocking_sigtrap(pid: i32) -> Vec<i32> {
-    let Ok(tids) = crate::process::status::thread_ids(pid) else {
+    let Ok(tids) = thread_ids(pid) else {
         return Vec::new();
     };
     tids.into_iter()
-        .filter(|tid| {
-            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
-                .ok()
-                .and_then(|text| {
-                    text.lines()
-                        .find_map(|l| l.strip_prefix("SigBlk:"))
-                        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-                })
+        .filter(|&tid| {
+            signal_set(tid, "SigBlk")
                 // A mask with every signal blocked is a passing state (a thread
                 // being created, a handler running), not a choice about SIGTRAP.
                 .is_some_and(|mask| mask & (1 << (SIGTRAP - 1)) != 0 && mask.count_ones() < 60)
