@@ -356,7 +356,6 @@ impl Aggregator {
         }
         audit.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.event.cmp(&b.event)));
 
-        let c = replay.counters();
         Report {
             target: self.target,
             mode: self.mode,
@@ -383,14 +382,7 @@ impl Aggregator {
                 })
                 .collect(),
             anomalies: Anomalies {
-                resyncs: c.resyncs,
-                unpaired_entries: c.unpaired_entries,
-                orphan_returns: c.orphan_returns,
-                depth_overflows: c.depth_overflows,
-                open_at_end: c.open_at_end,
-                open_at_start: c.open_at_start,
-                generator_creations: c.generator_creations,
-                shim_returns: c.shim_returns,
+                replay: replay.counters(),
                 unpaired_gc,
                 unpaired_imports,
             },

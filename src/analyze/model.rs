@@ -1,5 +1,6 @@
 //! The aggregated data behind `pyprobe report`, with strings resolved.
 
+use super::replay::ReplayCounters;
 use super::Histogram;
 
 /// The traced process.
@@ -133,24 +134,8 @@ pub struct ThreadStats {
 /// mentions the non-zero ones so a reader knows how far to trust the numbers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Anomalies {
-    /// Returns that matched a deeper frame: the frames above were popped.
-    pub resyncs: u64,
-    /// Entries that never saw their return (popped by a resync).
-    pub unpaired_entries: u64,
-    /// Returns without an entry that no frame running at the start explains
-    /// (CPython 3.15's `generator.throw()`, events lost).
-    pub orphan_returns: u64,
-    /// Calls beyond the stack depth cap (counted, not timed).
-    pub depth_overflows: u64,
-    /// Frames still open at the end (time counted, call not).
-    pub open_at_end: u64,
-    /// Frames already running when tracing began (time counted from then).
-    pub open_at_start: u64,
-    /// Entries at the creation of a generator or coroutine (CPython 3.15), which
-    /// run no code: left out of stacks and counts.
-    pub generator_creations: u64,
-    /// Returns of the interpreter's shim frames (CPython 3.15), left out.
-    pub shim_returns: u64,
+    /// What the replay met while pairing calls and returns.
+    pub replay: ReplayCounters,
     /// GC starts without done, or done without start.
     pub unpaired_gc: u64,
     /// Import starts without done, or done without start.

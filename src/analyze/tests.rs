@@ -179,7 +179,7 @@ fn exception_unwinding_returns_each_frame() {
     assert_eq!(func(&r, "b").inclusive_ns, 40);
     assert_eq!(func(&r, "b").exclusive_ns, 10);
     assert_eq!(func(&r, "a").exclusive_ns, 20);
-    assert_eq!(r.anomalies.resyncs, 0);
+    assert_eq!(r.anomalies.replay.resyncs, 0);
 }
 
 #[test]
@@ -209,8 +209,8 @@ fn attach_mid_call_seeds_the_frames_running() {
         (outer.calls, outer.inclusive_ns, outer.exclusive_ns),
         (Some(1), 35, 10)
     );
-    assert_eq!(r.anomalies.orphan_returns, 0);
-    assert_eq!(r.anomalies.open_at_start, 2);
+    assert_eq!(r.anomalies.replay.orphan_returns, 0);
+    assert_eq!(r.anomalies.replay.open_at_start, 2);
     assert_eq!(r.duration_ns, 45);
 }
 
@@ -248,9 +248,9 @@ fn frames_running_at_attach_come_from_the_walker() {
         ),
         (10, Some(0), 46, 20)
     );
-    assert_eq!(r.anomalies.open_at_start, 2);
-    assert_eq!(r.anomalies.open_at_end, 1);
-    assert_eq!(r.anomalies.orphan_returns, 0);
+    assert_eq!(r.anomalies.replay.open_at_start, 2);
+    assert_eq!(r.anomalies.replay.open_at_end, 1);
+    assert_eq!(r.anomalies.replay.orphan_returns, 0);
 }
 
 #[test]
@@ -287,8 +287,8 @@ fn unpaired_entries_resync_where_every_entry_should_return() {
     assert_eq!(lost.calls, Some(1));
     assert_eq!((lost.inclusive_ns, lost.exclusive_ns), (40, 30));
     assert_eq!(func(&r, "main").exclusive_ns, 10);
-    assert_eq!(r.anomalies.resyncs, 1);
-    assert_eq!(r.anomalies.unpaired_entries, 1);
+    assert_eq!(r.anomalies.replay.resyncs, 1);
+    assert_eq!(r.anomalies.replay.unpaired_entries, 1);
 }
 
 #[test]
@@ -325,14 +325,14 @@ fn cpython_315_generator_creations_are_left_out() {
     let main = func(&r, "main");
     assert_eq!((main.inclusive_ns, main.exclusive_ns), (100, 75));
     assert!(r.functions.iter().all(|f| f.function != "__init__"));
-    assert_eq!(r.anomalies.generator_creations, 1);
-    assert_eq!(r.anomalies.shim_returns, 1);
-    assert_eq!(r.anomalies.resyncs, 0);
-    assert_eq!(r.anomalies.unpaired_entries, 0);
-    assert_eq!(r.anomalies.orphan_returns, 0);
+    assert_eq!(r.anomalies.replay.generator_creations, 1);
+    assert_eq!(r.anomalies.replay.shim_returns, 1);
+    assert_eq!(r.anomalies.replay.resyncs, 0);
+    assert_eq!(r.anomalies.replay.unpaired_entries, 0);
+    assert_eq!(r.anomalies.replay.orphan_returns, 0);
     // The same stream from a CPython whose entries all return resyncs instead.
     let r = s.report();
-    assert_eq!(r.anomalies.resyncs, 1);
+    assert_eq!(r.anomalies.replay.resyncs, 1);
 }
 
 #[test]
@@ -573,7 +573,7 @@ fn open_frames_count_time_not_calls() {
     );
     let worker = func(&r, "worker");
     assert_eq!((worker.calls, worker.inclusive_ns), (Some(0), 20));
-    assert_eq!(r.anomalies.open_at_end, 2);
+    assert_eq!(r.anomalies.replay.open_at_end, 2);
 }
 
 #[test]
@@ -613,7 +613,10 @@ fn budget_windows_cut_frames_and_samples_fill_the_gaps() {
     // samples (leaf work) add 200 inclusive.
     assert_eq!(main.calls, Some(0));
     assert_eq!((main.inclusive_ns, main.exclusive_ns), (100 + 200, 60));
-    assert_eq!(r.anomalies.open_at_end, 0, "a window cut is not an anomaly");
+    assert_eq!(
+        r.anomalies.replay.open_at_end, 0,
+        "a window cut is not an anomaly"
+    );
     let w = r.exact_windows.expect("windows seen");
     assert_eq!((w.windows, w.exact_ns), (2, 100 + 100));
     assert_eq!(
@@ -651,8 +654,8 @@ fn depth_is_capped() {
     let deep = func(&r, "deep");
     assert_eq!(deep.calls, Some(n));
     assert_eq!(deep.inclusive_ns, 2 * n - 1);
-    assert_eq!(r.anomalies.depth_overflows, 100);
-    assert_eq!(r.anomalies.orphan_returns, 0);
+    assert_eq!(r.anomalies.replay.depth_overflows, 100);
+    assert_eq!(r.anomalies.replay.orphan_returns, 0);
 }
 
 #[test]

@@ -357,16 +357,16 @@ pub fn render_json(report: &Report) -> String {
         exact_fraction: exact_fraction(report),
         exact_windows: report.exact_windows.map(|w| w.windows),
         anomalies: JsonAnomalies {
-            resyncs: a.resyncs,
-            unpaired_entries: a.unpaired_entries,
-            orphan_returns: a.orphan_returns,
-            depth_overflows: a.depth_overflows,
-            open_at_end: a.open_at_end,
+            resyncs: a.replay.resyncs,
+            unpaired_entries: a.replay.unpaired_entries,
+            orphan_returns: a.replay.orphan_returns,
+            depth_overflows: a.replay.depth_overflows,
+            open_at_end: a.replay.open_at_end,
             unpaired_gc: a.unpaired_gc,
             unpaired_imports: a.unpaired_imports,
-            open_at_start: a.open_at_start,
-            generator_creations: a.generator_creations,
-            shim_returns: a.shim_returns,
+            open_at_start: a.replay.open_at_start,
+            generator_creations: a.replay.generator_creations,
+            shim_returns: a.replay.shim_returns,
         },
     };
     // Serialising plain structs of strings and integers cannot fail.
@@ -493,40 +493,40 @@ fn header_section(out: &mut String, r: &Report) {
         FunctionSource::Traced => {}
     }
     let a = r.anomalies;
-    if a.resyncs > 0 || (a.orphan_returns > 0 && r.source == FunctionSource::Traced) {
+    if a.replay.resyncs > 0 || (a.replay.orphan_returns > 0 && r.source == FunctionSource::Traced) {
         let _ = writeln!(
             out,
             "note: {} stack resyncs ({} entries without return), {} returns without entry (counted, not timed)",
-            a.resyncs, a.unpaired_entries, a.orphan_returns
+            a.replay.resyncs, a.replay.unpaired_entries, a.replay.orphan_returns
         );
     }
-    if a.open_at_start > 0 {
+    if a.replay.open_at_start > 0 {
         let _ = writeln!(
             out,
             "note: {} frames were already running when tracing began: their times count from then",
-            a.open_at_start
+            a.replay.open_at_start
         );
     }
-    if a.open_at_end > 0 {
+    if a.replay.open_at_end > 0 {
         let _ = writeln!(
             out,
             "note: {} frames were still running at the end: their times count, their calls do not",
-            a.open_at_end
+            a.replay.open_at_end
         );
     }
-    if a.generator_creations > 0 {
+    if a.replay.generator_creations > 0 {
         let _ = writeln!(
             out,
             "note: {} generator or coroutine creations fired an entry without return (CPython 3.15): \
              left out, as they run no code",
-            a.generator_creations
+            a.replay.generator_creations
         );
     }
-    if a.depth_overflows > 0 {
+    if a.replay.depth_overflows > 0 {
         let _ = writeln!(
             out,
             "note: {} calls deeper than {} frames were counted but not timed",
-            a.depth_overflows,
+            a.replay.depth_overflows,
             crate::analyze::MAX_DEPTH
         );
     }
