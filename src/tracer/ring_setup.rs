@@ -78,9 +78,6 @@ impl std::fmt::Debug for RingProc {
 /// What setting up the ring did.
 pub struct Setup {
     pub ring: RingProc,
-    /// Threads stopped right after an `int3` hit on a site now patched, moved to
-    /// this address (the displaced code in the trampoline) before the patch.
-    pub moved: Vec<(i32, u64)>,
     /// Sites left to `int3`, with why.
     pub refused: Vec<(u64, String)>,
 }
@@ -167,7 +164,6 @@ pub fn setup(
         tag_addr: scratch,
         threads: fs_bases.iter().map(|&(t, fs)| (fs, t)).collect(),
     };
-    let mut moved = Vec::new();
     let mut refused = Vec::new();
     // Sites grouped by the executable mapping holding them.
     let mut by_segment: HashMap<usize, Vec<u64>> = HashMap::new();
@@ -209,7 +205,6 @@ pub fn setup(
             patches,
             rips,
             &mut ring,
-            &mut moved,
             &mut refused,
             guard.as_deref_mut(),
         );
@@ -221,11 +216,7 @@ pub fn setup(
             }
         }
     }
-    Ok(Setup {
-        ring,
-        moved,
-        refused,
-    })
+    Ok(Setup { ring, refused })
 }
 
 /// Qualifies, builds and patches the sites of one executable segment.
@@ -240,7 +231,6 @@ fn patch_segment(
     patches: &mut Patches,
     rips: &[(i32, u64)],
     ring: &mut RingProc,
-    moved: &mut Vec<(i32, u64)>,
     refused: &mut Vec<(u64, String)>,
     mut guard: Option<&mut Guardian>,
 ) -> Result<()> {
@@ -377,7 +367,6 @@ fn patch_segment(
         }
         patches.take_site(plan.site());
         mem.write(plan.site(), &t.patch)?;
-        moved.extend(inside.iter().map(|&&(tid, _)| (tid, t.resume)));
         ring.sites.insert(
             plan.site(),
             RingSite {
