@@ -379,7 +379,9 @@ impl Engine {
                         );
                     }
                     Err(Errno::ESRCH) => continue, // ended meanwhile
-                    Err(Errno::EPERM) if !engine.threads.is_empty() => {
+                    // Any thread but the leader: the task list is in tid order, and
+                    // after pid wrap-around a new thread may sort before the leader.
+                    Err(Errno::EPERM) if tid != pid => {
                         if crate::process::status::traced_by_us(tid) {
                             // Created by a thread seized already: traced from birth
                             // (PTRACE_O_TRACECLONE); its first stop is on its way.
