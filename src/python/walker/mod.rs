@@ -53,6 +53,7 @@
 //! together), one per thread state (two on 3.11/3.12: `cframe`), and two for the
 //! interpreter list. [`Walker`] is `Send`: it can live on a sampling thread.
 
+pub mod current;
 pub mod layout;
 pub mod lines;
 mod locate;
@@ -120,6 +121,8 @@ pub struct Walker {
     layout_source: LayoutSource,
     reader: StackReader<ProcessMemory>,
     tids: Tids,
+    /// Where the target's threads find their own thread state, or why not.
+    current: std::result::Result<crate::ring::CurrentThreadState, String>,
 }
 
 impl Walker {
@@ -159,6 +162,7 @@ impl Walker {
             .symbols
             .address("PyCode_Type")
             .map(|a| found.object.runtime(a));
+        let current = current::current_thread_state(&found.object, &mem);
         let reader = StackReader::new(mem, layout, found.runtime, code_type);
         reader.thread_states().with_context(|| {
             format!(
@@ -174,6 +178,7 @@ impl Walker {
             layout_source,
             reader,
             tids: Tids::new(pid, status.inner_pid().is_some()),
+            current,
         })
     }
 
@@ -258,7 +263,8 @@ impl Walker {
     /// The offsets a ring trampoline walks this interpreter's frames by: the same
     /// layout this walker reads with. `Err` says why the trampolines cannot.
     pub fn stack_capture(&self, slots: u8) -> std::result::Result<StackCapture, String> {
-        capture_of(&self.reader.layout, self.reader.runtime, slots)
+        let current = self.current.clone()?;
+        capture_of(&self.reader.layout, current, slots)
     }
 
     fn native_tids(&mut self, raws: &[&RawThread]) -> Vec<Option<i32>> {
@@ -290,10 +296,11 @@ impl Walker {
     }
 }
 
-/// The offsets of `layout` (runtime at `runtime`) as a ring stack capture.
+/// The offsets of `layout` as a ring stack capture, the thread state read from
+/// `current`.
 pub fn capture_of(
     layout: &Layout,
-    runtime: u64,
+    current: crate::ring::CurrentThreadState,
     slots: u8,
 ) -> std::result::Result<StackCapture, String> {
     let root = match layout.tstate_frame {
@@ -318,12 +325,9 @@ pub fn capture_of(
             code_tag_mask: 0,
         },
         FrameLayout::Interpreter { tlbc: Some(_), .. } => {
-            // No GIL: another thread may free a thread state while the list is walked.
-            return Err(
-                "a free-threaded build's thread list cannot be walked safely \
-                        from inside the target"
-                    .into(),
-            );
+            // Not built for: positions there index per-thread copies of the
+            // bytecode, and nothing tests captures on such a build.
+            return Err("stack capture in the target is not built for free-threaded builds".into());
         }
         FrameLayout::Interpreter {
             previous,
@@ -343,10 +347,7 @@ pub fn capture_of(
         },
     };
     Ok(StackCapture {
-        interpreters_head: runtime.wrapping_add(layout.runtime_interpreters_head),
-        interp_next: layout.interp_next,
-        interp_threads_head: layout.interp_threads_head,
-        tstate_next: layout.tstate_next,
+        current,
         tstate_thread_id: layout.tstate_thread_id,
         root,
         frame,

@@ -146,7 +146,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     let chosen = Rc::new(RefCell::new(Chosen::default()));
     let resolver = Box::new(PythonResolver {
         mode,
-        capture_stacks: request.ring == RingUse::Required,
+        capture_stacks: request.ring != RingUse::Off,
         requested,
         chosen: chosen.clone(),
     });
