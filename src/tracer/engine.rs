@@ -105,6 +105,10 @@ pub enum TraceEvent<'a> {
     },
     /// Something the user should know (a child cleaned, a signal, ...).
     Notice(String),
+    /// One drain of `pid`'s ring is over: the hits it gave came before.
+    RingDrained {
+        pid: i32,
+    },
     /// `count` probe hits of `pid` were dropped (its ring was full).
     Lost {
         pid: i32,
@@ -187,6 +191,9 @@ enum StopKind {
     InSyscall,
     /// A vfork parent: resumed, it waits in the kernel until its child execs.
     Vfork,
+    /// On its way out (PTRACE_EVENT_EXIT): nothing may be injected, it will not
+    /// return to the program.
+    Exiting,
 }
 
 #[derive(Debug)]
@@ -277,6 +284,7 @@ fn trace_options() -> Options {
         | Options::PTRACE_O_TRACEFORK
         | Options::PTRACE_O_TRACEVFORK
         | Options::PTRACE_O_TRACEEXEC
+        | Options::PTRACE_O_TRACEEXIT
         | Options::PTRACE_O_TRACESYSGOOD
 }
 
@@ -681,6 +689,7 @@ impl Engine {
         const VFORK: i32 = Event::PTRACE_EVENT_VFORK as i32;
         const EXEC: i32 = Event::PTRACE_EVENT_EXEC as i32;
         const STOP: i32 = Event::PTRACE_EVENT_STOP as i32;
+        const EXIT: i32 = Event::PTRACE_EVENT_EXIT as i32;
         match event {
             CLONE | FORK | VFORK => {
                 let new = ptrace::getevent(Pid::from_raw(tid)).unwrap_or(0) as i32;
@@ -747,6 +756,13 @@ impl Engine {
                 self.resume_or_hold(tgid, None, StopKind::InSyscall, holding);
             }
             STOP => self.handle_stop_event(tid, sig, holding, sink),
+            EXIT => {
+                // The process's memory is still there: what its ring holds is read
+                // and named now, not after the process is gone (stacks captured in
+                // the target are named by reading their code objects).
+                while self.drain_rings(sink) > 0 {}
+                self.resume_or_hold(tid, None, StopKind::Exiting, holding);
+            }
             _ => self.resume_or_hold(tid, None, StopKind::InSyscall, holding),
         }
         Ok(())
@@ -1092,7 +1108,7 @@ impl Engine {
                 StopKind::Interrupt => Some(0),
                 StopKind::Signal => Some(1),
                 StopKind::Group => Some(2),
-                StopKind::InSyscall | StopKind::Vfork => None,
+                StopKind::InSyscall | StopKind::Vfork | StopKind::Exiting => None,
             },
             _ => None,
         };

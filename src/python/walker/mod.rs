@@ -260,6 +260,11 @@ impl Walker {
         self.reader.name_captured(captured)
     }
 
+    /// Starts a new batch of captured stacks (see [`StackReader::new_naming_batch`]).
+    pub fn new_naming_batch(&mut self) {
+        self.reader.new_naming_batch()
+    }
+
     /// The offsets a ring trampoline walks this interpreter's frames by: the same
     /// layout this walker reads with. `Err` says why the trampolines cannot.
     pub fn stack_capture(&self, slots: u8) -> std::result::Result<StackCapture, String> {

@@ -325,6 +325,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                 }
             }
             TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
+            TraceEvent::RingDrained { .. } => sampler.new_naming_batch(),
             TraceEvent::Lost { pid, count, ts_ns } => {
                 builder.write(pid, ts_ns, EventKind::Lost { count })
             }

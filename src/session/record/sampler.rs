@@ -120,6 +120,13 @@ impl Sampler {
         }
     }
 
+    /// The stacks captured so far are named: code objects are checked again.
+    pub fn new_naming_batch(&mut self) {
+        if let Some(walker) = self.walker.as_mut() {
+            walker.new_naming_batch();
+        }
+    }
+
     /// Records a stack the ring trampoline captured at thread `tid`'s hit, named
     /// through the walker's code-object cache, as the context of the event about to
     /// be written for it: the same `stack` event as [`Sampler::context`] writes.

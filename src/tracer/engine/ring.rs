@@ -311,6 +311,9 @@ impl Engine {
                     stack: record.stack.as_ref(),
                 }));
             });
+            if drained.records > 0 {
+                sink(TraceEvent::RingDrained { pid });
+            }
             *hits += drained.records as u64;
             total += drained.records;
             if drained.records == DRAIN_BATCH {
