@@ -19,7 +19,7 @@ pub use filter::{FileFilter, FilterError};
 pub use histogram::Histogram;
 pub use model::{
     Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, GcStats, ImportStats,
-    RaisingStack, Report, Target, ThreadStats, Trigger,
+    RaisingStack, Report, Target, Thinned, ThreadStats, Trigger,
 };
 pub use replay::{
     plan_events, EndKind, Exit, Pairing, Plan, Planner, Replay, ReplayCounters, Step, MAX_DEPTH,

@@ -22,7 +22,7 @@ use crate::analyze::{EndKind, Exit, Step};
 use crate::output::flame::{FrameNames, ViewError, ViewInfo};
 use crate::output::replay_recording;
 use crate::output::speedscope::json_str;
-use crate::record::{EventKind, FrameRef, RecordingReader, StrId};
+use crate::record::{EventKind, FrameRef, RecordingReader, StrId, ThinLevel};
 
 /// Sampled stacks of thread `tid` go on the track `SAMPLED_TRACK | tid` (Linux
 /// thread ids stay below 2^22).
@@ -310,9 +310,30 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                     header.pid
                 ))?;
             }
+            EventKind::AuditsCounted { count } => {
+                w.event(format_args!(
+                    "{{\"name\":\"{count} audit events counted (overhead budget)\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
+                    us(w.rel(ts)),
+                    header.pid
+                ))?;
+            }
             EventKind::Lost { count } => {
                 w.event(format_args!(
                     "{{\"name\":\"{count} events lost\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
+                    us(w.rel(ts)),
+                    header.pid
+                ))?;
+            }
+            EventKind::Thinned { level } => {
+                let name = match level {
+                    ThinLevel::Full => "stacks of GC, import and audit events on",
+                    ThinLevel::Stackless => {
+                        "stacks of GC, import and audit events off (overhead budget)"
+                    }
+                    ThinLevel::Uncounted => "audit events off (overhead budget)",
+                };
+                w.event(format_args!(
+                    "{{\"name\":\"{name}\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
                     us(w.rel(ts)),
                     header.pid
                 ))?;

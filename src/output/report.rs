@@ -158,6 +158,21 @@ struct JsonReport<'a> {
     exact_fraction: f64,
     /// Exact windows of a budget-limited recording (null without a budget).
     exact_windows: Option<u64>,
+    /// GC, import and audit events recorded without their stacks to stay within
+    /// the overhead budget (null when the budget never thinned them).
+    thinned: Option<JsonThinned>,
+}
+
+#[derive(Serialize)]
+struct JsonThinned {
+    /// GC, import and audit events recorded without their stack.
+    events: u64,
+    duration_ns: u64,
+    /// Audit events counted but not recorded: not in `audit` (names unknown).
+    audits_counted: u64,
+    /// Time with audit events neither recorded nor counted (even counting them
+    /// cost more than the budget).
+    uncounted_ns: u64,
 }
 
 #[derive(Serialize)]
@@ -356,6 +371,12 @@ pub fn render_json(report: &Report) -> String {
         truncated_at: report.truncated_at,
         exact_fraction: exact_fraction(report),
         exact_windows: report.exact_windows.map(|w| w.windows),
+        thinned: report.thinned.map(|t| JsonThinned {
+            events: t.events,
+            duration_ns: t.thinned_ns,
+            audits_counted: t.audits_counted,
+            uncounted_ns: t.uncounted_ns,
+        }),
         anomalies: JsonAnomalies {
             resyncs: a.replay.resyncs,
             unpaired_entries: a.replay.unpaired_entries,
@@ -459,6 +480,25 @@ fn header_section(out: &mut String, r: &Report) {
             exact_fraction(r) * 100.0,
             w.windows
         );
+    }
+    if let Some(t) = r.thinned.filter(|t| t.events + t.audits_counted > 0) {
+        let _ = writeln!(
+            out,
+            "overhead budget: stacks of GC, import and audit events were left out for {} of the \
+             run: {} events recorded without the stack that raised them, {} audit events \
+             counted without their names (not in the audit table); --max-overhead raises the budget",
+            format_ns(t.thinned_ns),
+            t.events,
+            t.audits_counted
+        );
+        if t.uncounted_ns > 0 {
+            let _ = writeln!(
+                out,
+                "overhead budget: for {} even counting audit events cost more than the budget: \
+                 their probe was off, and those events are not counted",
+                format_ns(t.uncounted_ns)
+            );
+        }
     }
     if let Some(offset) = r.truncated_at {
         let _ = writeln!(

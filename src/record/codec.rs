@@ -7,7 +7,7 @@
 //! and the kind's payload. State resets at every chunk so chunks stand alone.
 
 use super::wire::{put_uvarint, zigzag, Cursor};
-use super::{Event, EventKind, FrameRef, RecordError, StrId, WalkedFrame};
+use super::{Event, EventKind, FrameRef, RecordError, StrId, ThinLevel, WalkedFrame};
 
 const SAME_TID: u8 = 0x80;
 const KIND_MASK: u8 = 0x7f;
@@ -32,6 +32,8 @@ mod tag {
     pub const SAMPLE: u8 = 14;
     pub const STACK: u8 = 15;
     pub const RUNNING: u8 = 16;
+    pub const THINNED: u8 = 17;
+    pub const AUDITS_COUNTED: u8 = 18;
 }
 
 /// Smallest encoding of a frame: three one-byte varints.
@@ -101,7 +103,10 @@ impl EventEncoder {
             }
             EventKind::ThreadStart | EventKind::ThreadExit => {}
             EventKind::Window { exact } => buf.push(u8::from(*exact)),
-            EventKind::Lost { count } => put_uvarint(buf, *count),
+            EventKind::Thinned { level } => buf.push(*level as u8),
+            EventKind::Lost { count } | EventKind::AuditsCounted { count } => {
+                put_uvarint(buf, *count)
+            }
         }
     }
 }
@@ -123,6 +128,8 @@ fn kind_tag(kind: &EventKind) -> u8 {
         EventKind::ThreadExit => tag::THREAD_EXIT,
         EventKind::Lost { .. } => tag::LOST,
         EventKind::Window { .. } => tag::WINDOW,
+        EventKind::Thinned { .. } => tag::THINNED,
+        EventKind::AuditsCounted { .. } => tag::AUDITS_COUNTED,
     }
 }
 
@@ -194,6 +201,16 @@ impl EventDecoder {
             }
             tag::WINDOW => EventKind::Window {
                 exact: get_bool(c)?,
+            },
+            tag::THINNED => {
+                let v = c.u8()?;
+                EventKind::Thinned {
+                    level: ThinLevel::from_u8(v)
+                        .ok_or_else(|| c.corrupt(format!("thinning level {v}")))?,
+                }
+            }
+            tag::AUDITS_COUNTED => EventKind::AuditsCounted {
+                count: c.uvarint()?,
             },
             tag::AUDIT => EventKind::Audit {
                 event: StrId(c.u32v("string id")?),

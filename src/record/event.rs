@@ -93,6 +93,16 @@ pub enum EventKind {
     Window {
         exact: bool,
     },
+    /// From here on, GC, import and audit events of the process are recorded as
+    /// `level` says, to stay within the overhead budget.
+    Thinned {
+        level: ThinLevel,
+    },
+    /// `count` audit events were counted in the target but not recorded (no
+    /// name, no stack), to stay within the overhead budget.
+    AuditsCounted {
+        count: u64,
+    },
     /// `count` events were dropped (e.g. filtered out while budget-limited, ring full).
     Lost {
         count: u64,
@@ -105,4 +115,24 @@ pub struct Event {
     pub ts_ns: u64,
     #[serde(flatten)]
     pub kind: EventKind,
+}
+
+/// How GC, import and audit events are recorded under an overhead budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThinLevel {
+    /// Each with the Python stack that raised it.
+    Full = 0,
+    /// Without their stacks; audit events only counted, without their names.
+    Stackless = 1,
+    /// As `Stackless`, and audit events not even counted (their probe is off).
+    Uncounted = 2,
+}
+
+impl ThinLevel {
+    pub fn from_u8(v: u8) -> Option<ThinLevel> {
+        [ThinLevel::Full, ThinLevel::Stackless, ThinLevel::Uncounted]
+            .get(usize::from(v))
+            .copied()
+    }
 }

@@ -83,6 +83,10 @@ fn every_kind(w: &mut RecordingWriter<impl Write>) -> Vec<Event> {
             }],
         },
         EventKind::Window { exact: true },
+        EventKind::Thinned {
+            level: ThinLevel::Uncounted,
+        },
+        EventKind::AuditsCounted { count: 123_456 },
         EventKind::Lost { count: 17 },
         EventKind::ThreadExit,
     ];

@@ -16,7 +16,9 @@ use iced_x86::{BlockEncoderOptions, Code, Instruction, MemoryOperand, Register a
 use super::codegen::{build_trampoline, ThreadIdSource, Trampoline, TrampolineParams};
 use super::consumer::RingStack;
 use super::consumer::{DrainStop, RingReader};
-use super::layout::{init_ring, ring_bytes, string_area, H_HEAD, H_TAIL};
+use super::layout::{
+    init_ring, ring_bytes, string_area, H_HEAD, H_TAIL, THIN_COUNT, THIN_OFF, THIN_STACKLESS,
+};
 use super::site::{qualify_site, SitePlan, Tail};
 use super::stack::{
     frames_for, CurrentThreadState, StackCapture, StackFrame, StackRoot, MAX_STACK_SLOTS, MAX_WALK,
@@ -1356,4 +1358,74 @@ fn a_stack_record_waits_for_room_instead_of_being_lost() {
     });
     restore(&region, &plan);
     assert_eq!(records, (40, 0), "(records, lost)");
+}
+
+#[test]
+fn a_thin_ring_records_stack_probes_without_their_stack() {
+    let region = Region::new();
+    let f = assemble_site_fn(&region, Variant::Load, FLAGS_Z);
+    put_frame(&region, 0, 0, 0x7000_0000_0100, 7, 0);
+    put_threads(&region, fs_base(), region.data(frame_at(0)));
+    let plan = plan_for(&region, &f);
+    restore(&region, &plan);
+    region.put(SNAP, &[0u8; SNAP_WORDS * 8]);
+    f.call();
+    let before = region.snapshot();
+    let ring = Ring::new(16);
+    let p = probe(ENTRY_STRINGS, &[true, true]);
+    let symbols = symbols_for(&region);
+    let capture = fake_capture(&region, StackRoot::Direct(32), 2);
+    let params = TrampolineParams {
+        probe_id: 9,
+        args: &p.args,
+        string_args: &p.strings,
+        ring_addr: ring.addr(),
+        capacity: 16,
+        tramp_addr: region.addr(ZONE_TRAMP),
+        tag_addr: region.data(TAG),
+        thread_id: ThreadIdSource::FsSelfPointer,
+        symbols: &symbols,
+        stack: Some(&capture),
+    };
+    let tramp = build_trampoline(&plan, &params).expect("trampoline");
+    region.write_code(ZONE_TRAMP, &tramp.code);
+    region.write_code((plan.site() - region.addr(0)) as usize, &tramp.patch);
+    let want = expected_args(&region, &f, &p, &before);
+    let mut reader = ring.reader();
+    for mode in [
+        THIN_STACKLESS,
+        THIN_OFF,
+        THIN_COUNT,
+        THIN_STACKLESS,
+        THIN_COUNT,
+    ] {
+        reader.set_thin(9, mode);
+        assert_eq!(reader.thin(9), mode);
+        let (head, counted) = (reader.head(), reader.counted(9));
+        region.put(SNAP, &[0u8; SNAP_WORDS * 8]);
+        f.call();
+        assert_eq!(region.snapshot(), before, "thin {mode}: the site's state");
+        // Stackless: one slot; with the stack 1 + 2 slots; counted: none.
+        let slots = [3, 1, 0][usize::from(mode)];
+        assert_eq!(reader.head() - head, slots, "thin {mode}");
+        assert_eq!(
+            reader.counted(9) - counted,
+            u64::from(mode == THIN_COUNT),
+            "thin {mode}"
+        );
+        let mut seen = 0;
+        reader.drain(usize::MAX, |r| {
+            seen += 1;
+            assert_eq!(r.args[..r.nargs], want[..], "thin {mode}");
+            match (&r.stack, mode) {
+                (None, THIN_STACKLESS) => {}
+                (Some(s), THIN_OFF) => assert_eq!(s.frames, [(0x7000_0000_0100, 7)]),
+                (s, _) => panic!("thin {mode}: stack {s:?}"),
+            }
+        });
+        assert_eq!(seen, u64::from(mode != THIN_COUNT));
+    }
+    assert_eq!(reader.counted(9), 2);
+    assert_eq!(reader.lost(), 0);
+    restore(&region, &plan);
 }

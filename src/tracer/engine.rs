@@ -28,6 +28,7 @@ use super::safety_net::{self, SafetyNet};
 use super::signals::{
     arm_tick, jitter, monotonic_ns, stop_requested, take_tick, until_deadline_ns, StopReason,
 };
+use crate::record::ThinLevel;
 
 mod ring;
 mod throttle;
@@ -54,6 +55,9 @@ pub struct Hit<'a> {
     /// The thread's stack as the ring trampoline captured it (stack probes served
     /// by the ring); `None` at an `int3` stop, where the caller can read it itself.
     pub stack: Option<&'a crate::ring::consumer::RingStack>,
+    /// The thread is held at an `int3` stop for this hit (else the hit came
+    /// through a ring, and the thread has gone on).
+    pub stopped: bool,
 }
 
 impl<'a> Hit<'a> {
@@ -68,6 +72,7 @@ impl<'a> Hit<'a> {
             args: self.args,
             buffers: self.buffers,
             stack: self.stack,
+            stopped: self.stopped,
         }
     }
 
@@ -105,6 +110,22 @@ pub enum TraceEvent<'a> {
     },
     /// Something the user should know (a child cleaned, a signal, ...).
     Notice(String),
+    /// Over the overhead budget, GC, import and audit events go as `level` says
+    /// until further notice: thinned, the sink must not read stacks at stops.
+    Thinning {
+        pid: i32,
+        ts_ns: u64,
+        level: ThinLevel,
+    },
+    /// `count` hits of probe `probe` of `pid` were counted in the target instead of
+    /// recorded (thinned to stay within the overhead budget): no arguments, no stack.
+    Counted {
+        pid: i32,
+        probe: usize,
+        probe_name: &'a str,
+        count: u64,
+        ts_ns: u64,
+    },
     /// One drain of `pid`'s ring is over: the hits it gave came before.
     RingDrained {
         pid: i32,
@@ -262,6 +283,18 @@ pub struct Engine {
     hit_buffers: HitBuffers,
     /// The overhead budget, once budgeted probes are installed.
     budget: Option<Budget>,
+    /// Ring set-up done during the current stop (not charged to the budget), and
+    /// over the whole run.
+    setup_in_stop_ns: u64,
+    setup_total_ns: u64,
+    /// Times counting thinned audit events proved too costly since stacks were
+    /// last on.
+    uncount_strikes: u32,
+    /// Events counted in the target since thinning last changed.
+    counted_since_thin: u64,
+    /// Over budget: how stack probes record, and since when.
+    thin: ThinLevel,
+    thinned_at: u64,
     kernel_cost: KernelCost,
     /// When the current wait status was collected (budget accounting).
     last_wait_ns: u64,
@@ -327,6 +360,12 @@ impl Engine {
             hits: 0,
             hit_buffers: HitBuffers::default(),
             budget: None,
+            thin: ThinLevel::Full,
+            thinned_at: 0,
+            setup_in_stop_ns: 0,
+            setup_total_ns: 0,
+            uncount_strikes: 0,
+            counted_since_thin: 0,
             // Measured before touching the target, so it pays nothing for it.
             kernel_cost: match options.max_overhead {
                 Some(_) => calibrate::stop_cycle_ns()
@@ -595,7 +634,11 @@ impl Engine {
         if self.options.sample_interval_ns.is_none() {
             return Ok(());
         }
-        if self.budget.as_ref().is_some_and(|b| b.exact()) {
+        let functions_traced = self
+            .procs
+            .values()
+            .any(|p| !p.patches.set.budgeted.is_empty());
+        if functions_traced && self.budget.as_ref().is_some_and(|b| b.exact()) {
             // An exact window: the probes say it all, a sample would be thrown away.
             self.poll_budget(sink);
             return Ok(());
@@ -1030,6 +1073,7 @@ impl Engine {
             args: &self.hit_buffers.args,
             buffers: &self.hit_buffers,
             stack: None,
+            stopped: true,
         }));
         true
     }

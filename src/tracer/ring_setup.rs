@@ -64,6 +64,8 @@ pub struct RingProc {
     pub tag_addr: u64,
     /// The `%fs` base of each thread, for mapping records to threads.
     pub threads: rustc_hash::FxHashMap<u64, i32>,
+    /// Per probe id, the events counted instead of recorded already reported.
+    pub counted_reported: HashMap<u32, u64>,
 }
 
 impl std::fmt::Debug for RingProc {
@@ -163,6 +165,7 @@ pub fn setup(
         sites: HashMap::new(),
         tag_addr: scratch,
         threads: fs_bases.iter().map(|&(t, fs)| (fs, t)).collect(),
+        counted_reported: HashMap::new(),
     };
     let mut refused = Vec::new();
     // Sites grouped by the executable mapping holding them.

@@ -12,12 +12,11 @@ use crate::analyze::FileFilter;
 use crate::output::file::{check, check_recording, Stdout};
 use crate::process::objects::{find_probe_object, sdt_objects};
 use crate::process::status::{check_inspectable, cmdline};
-use std::collections::BTreeSet;
 
 use crate::python::probes::{ProbeGroup, PROBES, PROVIDER};
 use crate::python::tracing::parse_groups;
 use crate::python::walker::find_interpreter_object;
-use crate::record::{EventKind, Header};
+use crate::record::{EventKind, Header, ThinLevel};
 use crate::tracer::signals::{self, monotonic_ns, StopReason};
 use crate::tracer::{Engine, EngineOptions, Outcome, RingUse, TraceEvent};
 
@@ -54,15 +53,9 @@ pub struct RecordRequest {
 /// The default overhead budget, in percent, where one applies.
 const DEFAULT_MAX_OVERHEAD: f64 = 5.0;
 
-/// The slowdown allowed (fraction), from `--max-overhead` and the defaults: 5 % in
-/// auto mode when function or line probes are asked for on a running process.
-fn overhead_budget(
-    request: &RecordRequest,
-    mode: Mode,
-    requested: Option<&BTreeSet<ProbeGroup>>,
-) -> Result<Option<f64>> {
-    let costly = requested
-        .is_some_and(|g| g.contains(&ProbeGroup::Function) || g.contains(&ProbeGroup::Line));
+/// The slowdown allowed (fraction), from `--max-overhead` and the default: 5 % in
+/// auto mode, where nothing asked for is exact but what the budget allows.
+fn overhead_budget(request: &RecordRequest, mode: Mode) -> Result<Option<f64>> {
     match request.max_overhead {
         Some(p) if !(0.0..=10_000.0).contains(&p) => {
             bail!("--max-overhead must be a percentage between 0 and 10000 (got {p})")
@@ -72,9 +65,7 @@ fn overhead_budget(
             "--max-overhead limits probes, and `--mode sample` uses none: lower -r/--rate instead"
         ),
         Some(p) => Ok(Some(p / 100.0)),
-        None if mode == Mode::Auto && request.pid.is_some() && costly => {
-            Ok(Some(DEFAULT_MAX_OVERHEAD / 100.0))
-        }
+        None if mode == Mode::Auto => Ok(Some(DEFAULT_MAX_OVERHEAD / 100.0)),
         None => Ok(None),
     }
 }
@@ -83,6 +74,57 @@ mod events;
 mod resolver;
 mod sampler;
 mod status;
+
+/// The closing line of an overhead budget: what it cost the target, and what it
+/// left out to hold.
+fn budget_line(max: f64, b: &crate::tracer::BudgetSummary) -> String {
+    let sampled = if b.blocking_samples == 0 {
+        String::new()
+    } else {
+        format!(
+            "; {} samples stopped it, {} µs each on average{}",
+            b.blocking_samples,
+            b.sample_mean_ns / 1000,
+            if b.samples_unblocked {
+                ", then sampling went on without stopping it"
+            } else {
+                ""
+            }
+        )
+    };
+    let held = if b.slowdown <= max {
+        "held"
+    } else {
+        "exceeded"
+    };
+    let kept = if b.traced_functions {
+        format!(
+            "calls traced exactly {:.1}% of the time, in {} window{}, sampled in between",
+            b.exact_fraction * 100.0,
+            b.windows,
+            if b.windows == 1 { "" } else { "s" }
+        )
+    } else {
+        format!(
+            "stacks of GC, import and audit events recorded {:.1}% of the time",
+            b.exact_fraction * 100.0
+        )
+    };
+    let setup = if b.setup_ns > 0 {
+        format!(
+            " (and {:.1} ms once, to set up the ring)",
+            b.setup_ns as f64 / 1e6
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "overhead budget {}% {held}: the target was stopped for pyprobe {:.2}% of its run \
+         time{setup}; {kept}{sampled}",
+        max * 100.0,
+        b.slowdown * 100.0
+    )
+}
 
 fn default_output(pid: i32) -> PathBuf {
     PathBuf::from(format!("pyprobe-{pid}.pyprobe"))
@@ -138,7 +180,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     if mode == Mode::Sample && requested.is_some() {
         bail!("`--probes` needs probes: use it with `--mode trace` or `--mode auto`");
     }
-    let budget = overhead_budget(request, mode, requested.as_ref())?;
+    let budget = overhead_budget(request, mode)?;
     if let Some(output) = &request.output {
         // Before anything is attached or started.
         check_outputs(output)?;
@@ -265,6 +307,8 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     }
     // A launched command gets its start line once its interpreter is found.
     let mut announced = false;
+    // Over budget: GC, import and audit events go without their stacks.
+    let mut thinned = false;
     let mut status = status::Status::new();
     let outcome = engine.run(&mut |event| {
         match event {
@@ -288,7 +332,8 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                         Some(stack) if explains => {
                             sampler.captured(hit.pid, hit.tid, hit.ts_ns, stack, &mut builder)
                         }
-                        None if explains => {
+                        // Held at its int3: read now, unless over budget.
+                        None if explains && hit.stopped && !thinned => {
                             sampler.context(hit.pid, hit.tid, hit.ts_ns, &mut builder)
                         }
                         _ => {}
@@ -296,7 +341,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                     // The thread was stopped before the collection or import began:
                     // it begins when the thread goes on, after pyprobe's stack read.
                     let opens_pause =
-                        explains && hit.stack.is_none() && OPENING_PROBES.contains(&meaning.name);
+                        explains && hit.stopped && OPENING_PROBES.contains(&meaning.name);
                     let ts_ns = if opens_pause {
                         monotonic_ns()
                     } else {
@@ -326,6 +371,28 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             }
             TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
             TraceEvent::RingDrained { .. } => sampler.new_naming_batch(),
+            TraceEvent::Counted {
+                pid,
+                probe,
+                probe_name,
+                count,
+                ts_ns,
+            } => {
+                let audit = chosen
+                    .borrow()
+                    .meanings
+                    .get(&pid)
+                    .and_then(|m| m.get(probe).copied())
+                    .or_else(|| PROBES.iter().find(|p| p.name == probe_name))
+                    .is_some_and(|m| m.name == "audit");
+                if audit {
+                    builder.write(pid, ts_ns, EventKind::AuditsCounted { count });
+                }
+            }
+            TraceEvent::Thinning { pid, ts_ns, level } => {
+                thinned = level != ThinLevel::Full;
+                builder.write(pid, ts_ns, EventKind::Thinned { level });
+            }
             TraceEvent::Lost { pid, count, ts_ns } => {
                 builder.write(pid, ts_ns, EventKind::Lost { count })
             }
@@ -424,28 +491,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         }
     );
     if let (Some(max), Some(b)) = (budget, budget_summary) {
-        let sampled = if b.blocking_samples == 0 {
-            String::new()
-        } else {
-            format!(
-                " ({} samples stopped the target, {} µs each on average{})",
-                b.blocking_samples,
-                b.sample_mean_ns / 1000,
-                if b.samples_unblocked {
-                    "; then sampled without stopping it"
-                } else {
-                    ""
-                }
-            )
-        };
-        eprintln!(
-            "pyprobe: overhead budget {}%: calls traced exactly {:.1}% of the time, in {} \
-             window{}; sampled in between{sampled}",
-            max * 100.0,
-            b.exact_fraction * 100.0,
-            b.windows,
-            if b.windows == 1 { "" } else { "s" }
-        );
+        eprintln!("pyprobe: {}", budget_line(max, &b));
     }
     if is_view(&output) {
         // The recording stays beside the view, so other views can be made later.
@@ -558,7 +604,8 @@ fn print_start_line(
             );
         } else if chosen.has_probes {
             eprintln!(
-                "pyprobe: overhead budget {}%: nothing to limit, no function or line probes are on",
+                "pyprobe: overhead budget {}% (--max-overhead): above it, GC, import and audit \
+                 events are recorded without their stacks, and audit storms only counted",
                 max * 100.0
             );
         }

@@ -184,6 +184,13 @@ impl Resolver for PythonResolver {
                     // The ring's trampolines capture the stack at these hits themselves.
                     Ok(capture) => {
                         set.stack_capture = Some(capture);
+                        // Over budget an audit storm is counted, not recorded: it
+                        // opens nothing that a later probe closes (GC, imports do).
+                        set.count_when_thin = context
+                            .iter()
+                            .copied()
+                            .filter(|&i| meanings[i].name == "audit")
+                            .collect();
                         set.stack_probes = context;
                     }
                     // The frame walker reads the stack at these hits: they must stop.
