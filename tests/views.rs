@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{python, repo, run_pyprobe};
-use pyprobe::record::{Event, EventKind, FrameRef, Header, RecordingWriter, WalkedFrame};
+use pyprobe::record::{
+    Event, EventKind, FrameRef, Header, RecordingWriter, SampleState, WalkedFrame,
+};
 
 const START: u64 = 1_000_000_000;
 
@@ -143,18 +145,34 @@ fn sample_recording(name: &str) -> PathBuf {
             f64::from(i) * 10_000.0,
             EventKind::Sample {
                 frames: vec![main, work12, leaf],
+                state: SampleState::default(),
             },
         );
     }
-    r.at(101, 5_000.0, EventKind::Sample { frames: vec![run] });
+    r.at(
+        101,
+        5_000.0,
+        EventKind::Sample {
+            frames: vec![run],
+            state: SampleState::default(),
+        },
+    );
     r.at(
         100,
         30_000.0,
         EventKind::Sample {
             frames: vec![main, work13],
+            state: SampleState::default(),
         },
     );
-    r.at(101, 15_000.0, EventKind::Sample { frames: vec![run] });
+    r.at(
+        101,
+        15_000.0,
+        EventKind::Sample {
+            frames: vec![run],
+            state: SampleState::default(),
+        },
+    );
     r.finish(40_000);
     path
 }

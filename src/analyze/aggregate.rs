@@ -160,7 +160,7 @@ impl Aggregator {
                     *self.audit_stacks.entry((*event, kept)).or_insert(0) += 1;
                 }
             }
-            EventKind::Sample { frames } => {
+            EventKind::Sample { frames, .. } => {
                 let codes: Vec<FrameRef> = frames.iter().map(|w| replay.walked_code(w)).collect();
                 let weight = replay.plan().sample_weight(tid, self.sample_interval_ns);
                 self.samples.record(&codes, weight);

@@ -295,7 +295,7 @@ impl Folder {
                     self.time[p] = self.time[p].wrapping_sub(own);
                 }
             }
-            EventKind::Sample { frames } => {
+            EventKind::Sample { frames, .. } => {
                 self.counts.samples += 1;
                 let mut node = StackTree::ROOT;
                 for w in frames {
@@ -559,7 +559,7 @@ impl Folded {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::StrId;
+    use crate::record::{SampleState, StrId};
 
     fn fr(function: u32, line: u32) -> FrameRef {
         FrameRef {
@@ -735,6 +735,7 @@ mod tests {
                     0,
                     EventKind::Sample {
                         frames: vec![walked(1, 4), walked(2, 8)],
+                        state: SampleState::default(),
                     },
                 ),
                 ev(
@@ -742,6 +743,7 @@ mod tests {
                     1,
                     EventKind::Sample {
                         frames: vec![walked(1, 4), walked(2, 8)],
+                        state: SampleState::default(),
                     },
                 ),
                 ev(
@@ -749,9 +751,17 @@ mod tests {
                     2,
                     EventKind::Sample {
                         frames: vec![walked(1, 4)],
+                        state: SampleState::default(),
                     },
                 ),
-                ev(1, 3, EventKind::Sample { frames: vec![] }),
+                ev(
+                    1,
+                    3,
+                    EventKind::Sample {
+                        frames: vec![],
+                        state: SampleState::default(),
+                    },
+                ),
             ],
             None,
         );

@@ -232,7 +232,7 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                     w.close_sampled(&names, tid, &mut t, 0, ts)?;
                 }
             }
-            EventKind::Sample { frames } => {
+            EventKind::Sample { frames, .. } => {
                 if sampled_seen.insert(tid) {
                     let name = if tid == header.pid {
                         format!("main thread ({tid}), sampled")

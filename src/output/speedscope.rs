@@ -228,7 +228,7 @@ pub fn write_speedscope<R: Read + Seek, W: Write>(
             steps,
             &mut item,
         )?;
-        if let EventKind::Sample { frames: stack } = &event.kind {
+        if let EventKind::Sample { frames: stack, .. } = &event.kind {
             item.clear();
             item.push(b'[');
             for (i, w) in stack.iter().enumerate() {

@@ -332,13 +332,15 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                 exact_window = exact;
                 builder.write(pid, ts_ns, EventKind::Window { exact });
             }
-            TraceEvent::Tick { pid, ts_ns, .. } => {
+            TraceEvent::Tick {
+                pid, ts_ns, on_cpu, ..
+            } => {
                 let sampling = !alongside || {
                     let now = chosen.borrow();
                     returns_only(now.version, &now.groups)
                 };
                 if sampling && (announced || !launched) && !exact_window {
-                    sampler.sample(pid, ts_ns, &mut builder);
+                    sampler.sample(pid, ts_ns, &on_cpu, &mut builder);
                     builder.flush_if_due(ts_ns);
                 }
             }
