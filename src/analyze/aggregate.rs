@@ -10,6 +10,7 @@ use super::imports::ImportTracker;
 use super::model::{RaisingStack, Trigger, MAX_TRIGGERS};
 use super::replay::{Pairing, Replay, Step};
 use super::samples::{SampleAcc, SampleTracker};
+use super::states::{SampleFilter, SampleTally};
 use super::{
     Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, ImportStats, Report,
     Target, ThreadStats,
@@ -50,6 +51,7 @@ pub struct Aggregator {
     first_ts: Option<u64>,
     last_ts: Option<u64>,
     windows: WindowTracker,
+    tally: SampleTally,
 }
 
 /// Exact windows of a budget-limited recording: when function tracing was on.
@@ -95,8 +97,15 @@ fn walked(replay: &Replay, frames: &[WalkedFrame]) -> Vec<(FrameRef, u32)> {
 }
 
 impl Aggregator {
-    /// Starts aggregating a recording described by `header`.
+    /// Starts aggregating a recording described by `header`, counting the samples of
+    /// threads on a CPU (the default [`SampleFilter`]).
     pub fn new(header: &Header) -> Self {
+        Self::with_filter(header, SampleFilter::default())
+    }
+
+    /// Starts aggregating a recording described by `header`, counting the samples
+    /// `filter` keeps.
+    pub fn with_filter(header: &Header, filter: SampleFilter) -> Self {
         Aggregator {
             target: Target {
                 pid: header.pid,
@@ -120,6 +129,7 @@ impl Aggregator {
             first_ts: None,
             last_ts: None,
             windows: WindowTracker::default(),
+            tally: SampleTally::new(filter, header),
         }
     }
 
@@ -160,7 +170,10 @@ impl Aggregator {
                     *self.audit_stacks.entry((*event, kept)).or_insert(0) += 1;
                 }
             }
-            EventKind::Sample { frames, .. } => {
+            EventKind::Sample { frames, state } => {
+                if !self.tally.admit(*state) {
+                    return;
+                }
                 let codes: Vec<FrameRef> = frames.iter().map(|w| replay.walked_code(w)).collect();
                 let weight = replay.plan().sample_weight(tid, self.sample_interval_ns);
                 self.samples.record(&codes, weight);
@@ -388,6 +401,7 @@ impl Aggregator {
             },
             truncated_at: None,
             exact_windows: self.windows.finish(close_at),
+            samples: self.tally,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The aggregated data behind `pyprobe report`, with strings resolved.
 
 use super::replay::ReplayCounters;
-use super::Histogram;
+use super::{Histogram, SampleTally};
 
 /// The traced process.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -175,6 +175,8 @@ pub struct Report {
     pub truncated_at: Option<u64>,
     /// Set when an overhead budget limited exact tracing to windows.
     pub exact_windows: Option<ExactWindows>,
+    /// Which samples were counted (by their thread's state), and how many were not.
+    pub samples: SampleTally,
 }
 
 /// How much of a budget-limited recording was traced exactly.
