@@ -53,6 +53,22 @@ pub struct TargetArgs {
     pub command: Vec<String>,
 }
 
+/// Which sampled stacks a view counts, by what their thread was doing.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct SampleArgs {
+    /// Count the samples of waiting threads too (asleep, blocked on I/O, a lock or
+    /// the GIL). By default only threads on a CPU count: a thread sleeping in
+    /// `select` no longer takes the profile over. Exact (traced) calls are never
+    /// filtered.
+    #[arg(long)]
+    pub idle: bool,
+    /// Count only the samples of the thread holding the GIL (with --idle, even
+    /// while it waits). Where the GIL cannot be read, samples are kept and the
+    /// view says so.
+    #[arg(long)]
+    pub gil: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
     /// Sample function stacks; GC, import and audit exact through their probes.
@@ -124,6 +140,10 @@ pub struct RecordArgs {
     /// Sample without stopping the threads (faster, stacks may be torn).
     #[arg(long)]
     pub nonblocking: bool,
+    /// For a view written directly (-o x.svg, .json, .txt); the recording keeps
+    /// every sample and its thread's state.
+    #[command(flatten)]
+    pub samples: SampleArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -154,6 +174,8 @@ pub struct FlameArgs {
     /// or calls (trace mode).
     #[arg(long, value_enum, default_value_t = FlameBy::Time)]
     pub by: FlameBy,
+    #[command(flatten)]
+    pub samples: SampleArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -194,6 +216,8 @@ pub struct ReportArgs {
     /// Hide functions whose file matches this glob (repeatable).
     #[arg(long, value_name = "GLOB")]
     pub exclude: Vec<String>,
+    #[command(flatten)]
+    pub samples: SampleArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -239,6 +263,8 @@ pub struct TopArgs {
     /// Watch a recording (possibly still being written) instead of a process.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["pid", "command", "all"])]
     pub from: Option<PathBuf>,
+    #[command(flatten)]
+    pub samples: SampleArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

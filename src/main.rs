@@ -42,6 +42,7 @@ fn main() -> ExitCode {
                 cli::Engine::Ring => pyprobe::tracer::RingUse::Required,
                 cli::Engine::Int3 => pyprobe::tracer::RingUse::Off,
             },
+            samples: sample_filter(args.samples),
         }),
         Command::Flame(args) => session::views::flame(&session::views::FlameRequest {
             file: args.file,
@@ -58,6 +59,7 @@ fn main() -> ExitCode {
                 cli::FlameBy::Time => pyprobe::output::flame::By::Time,
                 cli::FlameBy::Calls => pyprobe::output::flame::By::Calls,
             },
+            samples: sample_filter(args.samples),
         }),
         Command::Report(args) => session::report::run(
             &args.file,
@@ -75,6 +77,7 @@ fn main() -> ExitCode {
                 limit: (args.format == cli::ReportFormat::Table).then_some(args.limit),
                 include: args.include,
                 exclude: args.exclude,
+                samples: sample_filter(args.samples),
             },
             args.format == cli::ReportFormat::Json,
         ),
@@ -94,6 +97,7 @@ fn main() -> ExitCode {
             interval: args.interval,
             limit: args.limit,
             once: args.once,
+            samples: sample_filter(args.samples),
         }),
         Command::Dump(args) => session::dump::run(&session::dump::DumpRequest {
             pid: args.pid,
@@ -106,5 +110,12 @@ fn main() -> ExitCode {
             eprintln!("pyprobe: error: {e:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+fn sample_filter(args: cli::SampleArgs) -> pyprobe::analyze::SampleFilter {
+    pyprobe::analyze::SampleFilter {
+        idle: args.idle,
+        gil: args.gil,
     }
 }

@@ -10,6 +10,7 @@ use super::imports::ImportTracker;
 use super::model::{RaisingStack, Trigger, MAX_TRIGGERS};
 use super::replay::{Pairing, Replay, Step};
 use super::samples::{SampleAcc, SampleTracker};
+use super::states::{SampleFilter, SampleTally};
 use super::{
     Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, ImportStats, Report,
     Target, Thinned, ThreadStats,
@@ -51,6 +52,7 @@ pub struct Aggregator {
     last_ts: Option<u64>,
     windows: WindowTracker,
     thinning: ThinningTracker,
+    tally: SampleTally,
 }
 
 /// Stretches where GC, import and audit events went without their stacks.
@@ -147,8 +149,15 @@ fn walked(replay: &Replay, frames: &[WalkedFrame]) -> Vec<(FrameRef, u32)> {
 }
 
 impl Aggregator {
-    /// Starts aggregating a recording described by `header`.
+    /// Starts aggregating a recording described by `header`, counting the samples of
+    /// threads on a CPU (the default [`SampleFilter`]).
     pub fn new(header: &Header) -> Self {
+        Self::with_filter(header, SampleFilter::default())
+    }
+
+    /// Starts aggregating a recording described by `header`, counting the samples
+    /// `filter` keeps.
+    pub fn with_filter(header: &Header, filter: SampleFilter) -> Self {
         Aggregator {
             target: Target {
                 pid: header.pid,
@@ -173,6 +182,7 @@ impl Aggregator {
             last_ts: None,
             windows: WindowTracker::default(),
             thinning: ThinningTracker::default(),
+            tally: SampleTally::new(filter, header),
         }
     }
 
@@ -216,7 +226,10 @@ impl Aggregator {
                     *self.audit_stacks.entry((*event, kept)).or_insert(0) += 1;
                 }
             }
-            EventKind::Sample { frames } => {
+            EventKind::Sample { frames, state } => {
+                if !self.tally.admit(*state) {
+                    return;
+                }
                 let codes: Vec<FrameRef> = frames.iter().map(|w| replay.walked_code(w)).collect();
                 let weight = replay.plan().sample_weight(tid, self.sample_interval_ns);
                 self.samples.record(&codes, weight);
@@ -449,6 +462,7 @@ impl Aggregator {
             truncated_at: None,
             exact_windows: self.windows.finish(close_at),
             thinned: self.thinning.finish(close_at),
+            samples: self.tally,
         }
     }
 }

@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::replay::{Pairing, Replay, ReplayCounters, Step};
+use super::states::{SampleFilter, SampleTally};
 use crate::record::{Event, EventKind, FrameRef, Header};
 
 /// A fast hasher for the small integer keys of the tree (the Fx algorithm):
@@ -211,6 +212,8 @@ pub struct Folder {
     sample_interval_ns: u64,
     /// A window event was seen: the recording is budget-limited.
     windowed: bool,
+    /// Which samples count (see `states`); without a recording's header, all do.
+    tally: SampleTally,
 }
 
 impl Folder {
@@ -219,10 +222,20 @@ impl Folder {
         Self::default()
     }
 
-    /// An empty folder for a recording sampled every `ns`.
+    /// An empty folder for a recording sampled every `ns`, counting every sample.
     pub fn with_sample_interval(ns: u64) -> Self {
         Folder {
             sample_interval_ns: ns,
+            ..Self::default()
+        }
+    }
+
+    /// An empty folder for the recording `header` describes, counting the samples
+    /// `filter` keeps.
+    pub fn for_recording(header: &Header, filter: SampleFilter) -> Self {
+        Folder {
+            sample_interval_ns: header.sample_interval_ns,
+            tally: SampleTally::new(filter, header),
             ..Self::default()
         }
     }
@@ -295,8 +308,11 @@ impl Folder {
                     self.time[p] = self.time[p].wrapping_sub(own);
                 }
             }
-            EventKind::Sample { frames } => {
+            EventKind::Sample { frames, state } => {
                 self.counts.samples += 1;
+                if !self.tally.admit(*state) {
+                    return;
+                }
                 let mut node = StackTree::ROOT;
                 for w in frames {
                     node = self.child(node, FoldFrame::Python(replay.walked_code(w)));
@@ -392,6 +408,7 @@ impl Folder {
             calls: self.calls,
             samples: self.samples,
             counts: self.counts,
+            tally: self.tally,
         }
     }
 }
@@ -405,7 +422,7 @@ pub fn fold_events(
 ) -> Folded {
     let plan = super::replay::plan_events(header, strings, events);
     let mut replay = Replay::new(header, plan);
-    let mut folder = Folder::with_sample_interval(header.sample_interval_ns);
+    let mut folder = Folder::for_recording(header, SampleFilter::default());
     let mut steps = Vec::new();
     for e in events {
         steps.clear();
@@ -427,6 +444,8 @@ pub struct Folded {
     pub counts: FoldCounts,
     /// How well call and return events paired.
     pub counters: ReplayCounters,
+    /// Which samples were counted (by their thread's state), and how many were not.
+    pub tally: SampleTally,
 }
 
 impl Folded {
@@ -559,7 +578,7 @@ impl Folded {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::StrId;
+    use crate::record::{SampleState, StrId};
 
     fn fr(function: u32, line: u32) -> FrameRef {
         FrameRef {
@@ -735,6 +754,7 @@ mod tests {
                     0,
                     EventKind::Sample {
                         frames: vec![walked(1, 4), walked(2, 8)],
+                        state: SampleState::default(),
                     },
                 ),
                 ev(
@@ -742,6 +762,7 @@ mod tests {
                     1,
                     EventKind::Sample {
                         frames: vec![walked(1, 4), walked(2, 8)],
+                        state: SampleState::default(),
                     },
                 ),
                 ev(
@@ -749,9 +770,17 @@ mod tests {
                     2,
                     EventKind::Sample {
                         frames: vec![walked(1, 4)],
+                        state: SampleState::default(),
                     },
                 ),
-                ev(1, 3, EventKind::Sample { frames: vec![] }),
+                ev(
+                    1,
+                    3,
+                    EventKind::Sample {
+                        frames: vec![],
+                        state: SampleState::default(),
+                    },
+                ),
             ],
             None,
         );

@@ -10,6 +10,7 @@ mod imports;
 pub mod model;
 pub mod replay;
 mod samples;
+pub mod states;
 
 #[cfg(test)]
 mod tests;
@@ -24,3 +25,4 @@ pub use model::{
 pub use replay::{
     plan_events, EndKind, Exit, Pairing, Plan, Planner, Replay, ReplayCounters, Step, MAX_DEPTH,
 };
+pub use states::{SampleFilter, SampleTally};

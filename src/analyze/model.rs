@@ -1,7 +1,7 @@
 //! The aggregated data behind `pyprobe report`, with strings resolved.
 
 use super::replay::ReplayCounters;
-use super::Histogram;
+use super::{Histogram, SampleTally};
 
 /// The traced process.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -178,6 +178,8 @@ pub struct Report {
     /// Set when an overhead budget recorded GC, import and audit events without
     /// their stacks for a while.
     pub thinned: Option<Thinned>,
+    /// Which samples were counted (by their thread's state), and how many were not.
+    pub samples: SampleTally,
 }
 
 /// GC, import and audit events recorded without their stacks (counted exactly,

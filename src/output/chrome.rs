@@ -18,7 +18,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io::{Read, Seek, Write};
 
-use crate::analyze::{EndKind, Exit, Step};
+use crate::analyze::{EndKind, Exit, SampleFilter, SampleTally, Step};
 use crate::output::flame::{FrameNames, ViewError, ViewInfo};
 use crate::output::replay_recording;
 use crate::output::speedscope::json_str;
@@ -36,6 +36,8 @@ const MAX_OPEN_IMPORTS: usize = 256;
 pub struct ChromeOptions {
     /// Keep full file paths in slice names.
     pub full_paths: bool,
+    /// Which samples are drawn; a sample left out ends its thread's sampled slices.
+    pub samples: SampleFilter,
 }
 
 /// `ns` as microseconds with three decimals, exactly.
@@ -170,8 +172,9 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
     reader: &mut RecordingReader<R>,
     options: &ChromeOptions,
     out: W,
-) -> Result<(), ViewError> {
+) -> Result<SampleTally, ViewError> {
     let header = reader.header().clone();
+    let mut tally = SampleTally::new(options.samples, &header);
     let mut w = Writer {
         out,
         pid: header.pid,
@@ -232,7 +235,7 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                     w.close_sampled(&names, tid, &mut t, 0, ts)?;
                 }
             }
-            EventKind::Sample { frames } => {
+            EventKind::Sample { frames, state } => {
                 if sampled_seen.insert(tid) {
                     let name = if tid == header.pid {
                         format!("main thread ({tid}), sampled")
@@ -252,7 +255,12 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                     ))?;
                 }
                 let t = threads.entry(tid).or_default();
-                let codes: Vec<FrameRef> = frames.iter().map(|f| replay.walked_code(f)).collect();
+                // A sample left out (a waiting thread, by default) ends what was open.
+                let codes: Vec<FrameRef> = if tally.admit(*state) {
+                    frames.iter().map(|f| replay.walked_code(f)).collect()
+                } else {
+                    Vec::new()
+                };
                 let same = t
                     .sampled
                     .iter()
@@ -379,7 +387,7 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
         info.truncated_at.is_some()
     )?;
     w.out.flush()?;
-    Ok(())
+    Ok(tally)
 }
 
 #[cfg(test)]

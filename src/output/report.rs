@@ -8,16 +8,27 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::analyze::{Aggregator, FileFilter, FilterError, FunctionSource, FunctionStats, Report};
+use crate::analyze::{
+    Aggregator, FileFilter, FilterError, FunctionSource, FunctionStats, Report, SampleFilter,
+};
 use crate::output::replay_recording;
 use crate::record::{Completion, RecordError, RecordingReader};
 
-/// Reads every event of `reader` and aggregates them. A recording cut short
-/// gives a report of what it holds, with `truncated_at` set.
+/// Reads every event of `reader` and aggregates them, with the samples of threads
+/// on a CPU (the default [`SampleFilter`]). A recording cut short gives a report of
+/// what it holds, with `truncated_at` set.
 pub fn build_report<R: Read + Seek>(
     reader: &mut RecordingReader<R>,
 ) -> Result<Report, RecordError> {
-    let mut agg = Aggregator::new(reader.header());
+    build_report_filtered(reader, SampleFilter::default())
+}
+
+/// As [`build_report`], with the samples `filter` keeps.
+pub fn build_report_filtered<R: Read + Seek>(
+    reader: &mut RecordingReader<R>,
+    filter: SampleFilter,
+) -> Result<Report, RecordError> {
+    let mut agg = Aggregator::with_filter(reader.header(), filter);
     let replay = replay_recording(reader, |_, event, ts, steps, replay| {
         agg.push(event, ts, steps, replay);
         Ok::<(), RecordError>(())
@@ -161,6 +172,8 @@ struct JsonReport<'a> {
     /// GC, import and audit events recorded without their stacks to stay within
     /// the overhead budget (null when the budget never thinned them).
     thinned: Option<JsonThinned>,
+    /// Which samples were counted, by what their thread was doing, and how many not.
+    sample_filter: JsonSampleFilter,
 }
 
 #[derive(Serialize)]
@@ -173,6 +186,28 @@ struct JsonThinned {
     /// Time with audit events neither recorded nor counted (even counting them
     /// cost more than the budget).
     uncounted_ns: u64,
+}
+
+#[derive(Serialize)]
+struct JsonSampleFilter {
+    /// `--idle`: waiting threads' samples count too.
+    idle: bool,
+    /// `--gil`: only the GIL holder's samples count.
+    gil: bool,
+    /// False for a trace-mode recording: its samples time exact calls, all count.
+    applied: bool,
+    /// Samples in the recording.
+    samples: u64,
+    /// Samples counted: the functions' samples and percentages are of these.
+    kept: u64,
+    /// Left out because their thread was waiting.
+    idle_left_out: u64,
+    /// Left out by `--gil`: their thread did not hold the GIL.
+    gil_left_out: u64,
+    /// Counted without a recorded thread state (older recordings): as on a CPU.
+    cpu_state_unknown: u64,
+    /// Counted without knowing whether their thread held the GIL.
+    gil_state_unknown: u64,
 }
 
 #[derive(Serialize)]
@@ -377,6 +412,17 @@ pub fn render_json(report: &Report) -> String {
             audits_counted: t.audits_counted,
             uncounted_ns: t.uncounted_ns,
         }),
+        sample_filter: JsonSampleFilter {
+            idle: report.samples.filter.idle,
+            gil: report.samples.filter.gil,
+            applied: report.samples.applied,
+            samples: report.samples.samples,
+            kept: report.samples.kept,
+            idle_left_out: report.samples.idle_left_out,
+            gil_left_out: report.samples.gil_left_out,
+            cpu_state_unknown: report.samples.cpu_unknown,
+            gil_state_unknown: report.samples.gil_unknown,
+        },
         anomalies: JsonAnomalies {
             resyncs: a.replay.resyncs,
             unpaired_entries: a.replay.unpaired_entries,
@@ -532,6 +578,9 @@ fn header_section(out: &mut String, r: &Report) {
         }
         FunctionSource::Traced => {}
     }
+    for line in r.samples.notes() {
+        let _ = writeln!(out, "{line}");
+    }
     let a = r.anomalies;
     if a.replay.resyncs > 0 || (a.replay.orphan_returns > 0 && r.source == FunctionSource::Traced) {
         let _ = writeln!(
@@ -608,7 +657,13 @@ fn functions_section(out: &mut String, r: &Report, width: usize) {
             Some(c) if !sampled => c.to_string(),
             _ => f.samples.to_string(),
         };
-        let share = if r.duration_ns > 0 {
+        // Sampled: a share of the samples counted (threads add up to 100 %, not
+        // to 100 % each).
+        let share = if sampled && r.samples.kept > 0 {
+            format!("{:.1}%", f.samples as f64 * 100.0 / r.samples.kept as f64)
+        } else if sampled {
+            "-".to_string()
+        } else if r.duration_ns > 0 {
             format!(
                 "{:.1}%",
                 f.exclusive_ns as f64 * 100.0 / r.duration_ns as f64
@@ -769,7 +824,9 @@ mod tests {
 
     use super::*;
     use crate::analyze::{AuditCount, GcStats, Histogram, ImportStats, Target, ThreadStats};
-    use crate::record::{Event, EventKind, FrameRef, Header, RecordingWriter};
+    use crate::record::{
+        Event, EventKind, FrameRef, Header, RecordingWriter, SampleState, WalkedFrame,
+    };
 
     fn function(name: &str, file: &str, calls: Option<u64>, incl: u64, excl: u64) -> FunctionStats {
         FunctionStats {
@@ -1080,6 +1137,113 @@ mod tests {
         let bytes = std::io::Cursor::new(&buf[..cut.unwrap_or(buf.len())]);
         let mut reader = RecordingReader::from_reader(bytes).unwrap();
         build_report(&mut reader).unwrap()
+    }
+
+    /// A sampled recording: thread 1 in `burn` on a CPU holding the GIL (6 samples),
+    /// thread 2 in `nap` waiting (3), thread 3 in `hash` on a CPU without the GIL (1).
+    fn sampled_with_states() -> Vec<u8> {
+        let mut buf = Vec::new();
+        let header = Header {
+            pid: 1,
+            mode: "sample".into(),
+            sample_interval_ns: 10_000_000,
+            ..Header::default()
+        };
+        let mut w = RecordingWriter::new(&mut buf, &header).unwrap();
+        let file = w.intern("/app/x.py");
+        let mut sample = |tid: u32, ts: u64, name: &str, on_cpu: bool, gil: bool| {
+            let function = w.intern(name);
+            let code = FrameRef {
+                file,
+                function,
+                line: 1,
+            };
+            w.write(&Event {
+                tid,
+                ts_ns: ts,
+                kind: EventKind::Sample {
+                    frames: vec![WalkedFrame { code, line: 2 }],
+                    state: SampleState {
+                        on_cpu: Some(on_cpu),
+                        holds_gil: Some(gil),
+                    },
+                },
+            })
+            .unwrap();
+        };
+        for i in 0..6 {
+            sample(1, 1_000 + i * 10_000_000, "burn", true, true);
+        }
+        for i in 0..3 {
+            sample(2, 2_000 + i * 10_000_000, "nap", false, false);
+        }
+        sample(3, 3_000, "hash", true, false);
+        w.finish(60_000_000).unwrap();
+        buf
+    }
+
+    #[test]
+    fn samples_are_filtered_by_thread_state_and_the_report_says_so() {
+        let buf = sampled_with_states();
+        let report = |filter: SampleFilter| {
+            let mut reader = RecordingReader::from_reader(std::io::Cursor::new(&buf[..])).unwrap();
+            build_report_filtered(&mut reader, filter).unwrap()
+        };
+        let samples = |r: &Report| -> Vec<(String, u64)> {
+            r.functions
+                .iter()
+                .map(|f| (f.function.clone(), f.samples))
+                .collect()
+        };
+        let on_cpu = report(SampleFilter::default());
+        assert_eq!(
+            samples(&on_cpu),
+            [("burn".to_string(), 6), ("hash".to_string(), 1)]
+        );
+        let t = render_table(&on_cpu, 120);
+        assert!(
+            t.contains("idle samples left out: 3 of 10; --idle includes them"),
+            "{t}"
+        );
+        // Percentages are of the samples kept: 6 of 7.
+        assert!(
+            t.lines().any(|l| l.contains("burn") && l.contains("85.7%")),
+            "{t}"
+        );
+        let doc: Value = serde_json::from_str(&render_json(&on_cpu)).unwrap();
+        let f = &doc["sample_filter"];
+        assert_eq!(
+            (f["idle"].as_bool(), f["gil"].as_bool()),
+            (Some(false), Some(false))
+        );
+        assert_eq!(
+            (
+                f["samples"].as_u64(),
+                f["kept"].as_u64(),
+                f["idle_left_out"].as_u64()
+            ),
+            (Some(10), Some(7), Some(3))
+        );
+
+        let idle = report(SampleFilter {
+            idle: true,
+            gil: false,
+        });
+        assert_eq!(samples(&idle).len(), 3);
+        assert!(render_table(&idle, 120).contains("--idle); 10 counted"));
+
+        let gil = report(SampleFilter {
+            idle: false,
+            gil: true,
+        });
+        assert_eq!(samples(&gil), [("burn".to_string(), 6)]);
+        let t = render_table(&gil, 120);
+        assert!(t.contains("not holding the GIL left out: 1 of 10"), "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.contains("burn") && l.contains("100.0%")),
+            "{t}"
+        );
     }
 
     #[test]

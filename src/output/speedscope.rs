@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 
-use crate::analyze::Step;
+use crate::analyze::{SampleFilter, SampleTally, Step};
 use crate::output::flame::{FrameNames, ViewError, ViewInfo};
 use crate::output::replay_recording;
 use crate::record::{EventKind, FrameRef, RecordingReader};
@@ -152,6 +152,8 @@ enum Kind {
 pub struct SpeedscopeOptions {
     /// Keep full file paths in frame names.
     pub full_paths: bool,
+    /// Which samples go into the sampled profiles.
+    pub samples: SampleFilter,
     /// Bytes of events kept in memory before spilling to a temporary file.
     pub spool_limit: usize,
 }
@@ -160,6 +162,7 @@ impl Default for SpeedscopeOptions {
     fn default() -> Self {
         SpeedscopeOptions {
             full_paths: false,
+            samples: SampleFilter::default(),
             spool_limit: DEFAULT_SPOOL_LIMIT,
         }
     }
@@ -178,8 +181,9 @@ pub fn write_speedscope<R: Read + Seek, W: Write>(
     reader: &mut RecordingReader<R>,
     options: &SpeedscopeOptions,
     mut out: W,
-) -> Result<(), ViewError> {
+) -> Result<SampleTally, ViewError> {
     let header = reader.header().clone();
+    let mut tally = SampleTally::new(options.samples, &header);
     let mut spool: Spool<(u32, Kind)> = Spool::new(options.spool_limit);
     let mut frames = FrameTable::default();
     // Per thread: the last `at` written, so times never go backwards.
@@ -228,7 +232,11 @@ pub fn write_speedscope<R: Read + Seek, W: Write>(
             steps,
             &mut item,
         )?;
-        if let EventKind::Sample { frames: stack } = &event.kind {
+        let sample = match &event.kind {
+            EventKind::Sample { frames, state } if tally.admit(*state) => Some(frames),
+            _ => None,
+        };
+        if let Some(stack) = sample {
             item.clear();
             item.push(b'[');
             for (i, w) in stack.iter().enumerate() {
@@ -330,7 +338,7 @@ pub fn write_speedscope<R: Read + Seek, W: Write>(
     }
     out.write_all(b"\n]}}\n")?;
     out.flush()?;
-    Ok(())
+    Ok(tally)
 }
 
 /// `s` as a JSON string literal.

@@ -34,6 +34,17 @@ pub struct WalkedFrame {
     pub line: u32,
 }
 
+/// What a sampled thread was doing when its stack was read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct SampleState {
+    /// On a CPU (`Some(true)`: running or runnable, the kernel's `R`), waiting
+    /// (`Some(false)`: sleeping in a system call, on a lock or on I/O); `None` when not
+    /// recorded (recordings before format 3) or not readable.
+    pub on_cpu: Option<bool>,
+    /// Whether it held the GIL; `None` when that cannot be told (see the walker).
+    pub holds_gil: Option<bool>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum EventKind {
@@ -70,9 +81,11 @@ pub enum EventKind {
     Audit {
         event: StrId,
     },
-    /// A whole stack, outermost first, taken by the frame walker.
+    /// A whole stack, outermost first, taken by the frame walker, and what its
+    /// thread was doing then.
     Sample {
         frames: Vec<WalkedFrame>,
+        state: SampleState,
     },
     /// The thread's Python stack, outermost first, when the event that follows it on
     /// the same thread happened (a GC start, an import start, an audit event): what

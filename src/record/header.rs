@@ -6,8 +6,9 @@ use super::RecordError;
 /// First eight bytes of every recording.
 pub const MAGIC: [u8; 8] = *b"PYPROBE\0";
 /// The format version this crate writes. Version 2 added the walker's first line
-/// to sampled frames and the `running` event, version 3 the `thinned` and `audits counted` events;
-/// versions 1 and 2 are still read.
+/// to sampled frames and the `running` event; version 3 the thread's state (on CPU,
+/// holding the GIL) to each sample, and the `thinned` and `audits counted` events.
+/// Versions 1 and 2 are still read (their samples' states unknown).
 pub const FORMAT_VERSION: u32 = 3;
 /// The oldest format version this crate reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 1;

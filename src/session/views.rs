@@ -9,13 +9,15 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
+use crate::analyze::{SampleFilter, SampleTally};
 use crate::output::calls::{write_calls, CallsOptions};
 use crate::output::chrome::{write_chrome, ChromeOptions};
 use crate::output::file::{partial_path, Output, Stdout};
 use crate::output::flame::{
-    choose_measure, read_folded, write_collapsed, write_svg, By, FrameNames, SvgOptions, ViewError,
+    choose_measure, read_folded_filtered, write_collapsed, write_svg, By, FrameNames, SvgOptions,
+    ViewError,
 };
-use crate::output::report::build_report;
+use crate::output::report::build_report_filtered;
 use crate::output::speedscope::{write_speedscope, SpeedscopeOptions};
 use crate::output::top::{render_text, run_tui, snapshot_between, Snapshot, TopSort, ViewState};
 use crate::record::{Completion, RecordingReader};
@@ -66,6 +68,8 @@ pub struct FlameRequest {
     pub title: Option<String>,
     pub full_paths: bool,
     pub by: By,
+    /// Which samples count (`--idle`, `--gil`).
+    pub samples: SampleFilter,
 }
 
 fn open(file: &Path) -> Result<RecordingReader<io::BufReader<File>>> {
@@ -92,13 +96,22 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// Says which samples a view counted and what it left out, unless it was all of them.
+fn note_samples(tally: &SampleTally) {
+    if tally.left_out() > 0 || tally.cpu_unknown > 0 || tally.filter != SampleFilter::default() {
+        for line in tally.notes() {
+            eprintln!("pyprobe: {line}");
+        }
+    }
+}
+
 /// Renders `request.file` in `request.format` to `out`.
 fn render(request: &FlameRequest, out: &mut dyn Write) -> Result<()> {
     let file = &request.file;
     let mut reader = open(file)?;
-    match request.format {
+    let tally = match request.format {
         FlameFormat::Svg | FlameFormat::Collapsed => {
-            let (folded, info) = read_folded(&mut reader)
+            let (folded, info) = read_folded_filtered(&mut reader, request.samples)
                 .with_context(|| format!("cannot read {}", file.display()))?;
             note_cut_short(&reader, file);
             let (measure, note) = choose_measure(&folded, &info.header, request.by);
@@ -114,25 +127,31 @@ fn render(request: &FlameRequest, out: &mut dyn Write) -> Result<()> {
             } else {
                 write_collapsed(&folded, measure, &names, &mut *out)?;
             }
+            folded.tally
         }
         FlameFormat::Speedscope => {
             let options = SpeedscopeOptions {
                 full_paths: request.full_paths,
+                samples: request.samples,
                 ..SpeedscopeOptions::default()
             };
-            write_speedscope(&mut reader, &options, &mut *out)
+            let tally = write_speedscope(&mut reader, &options, &mut *out)
                 .with_context(|| format!("cannot convert {}", file.display()))?;
             note_cut_short(&reader, file);
+            tally
         }
         FlameFormat::Chrome => {
             let options = ChromeOptions {
                 full_paths: request.full_paths,
+                samples: request.samples,
             };
-            write_chrome(&mut reader, &options, &mut *out)
+            let tally = write_chrome(&mut reader, &options, &mut *out)
                 .with_context(|| format!("cannot convert {}", file.display()))?;
             note_cut_short(&reader, file);
+            tally
         }
-    }
+    };
+    note_samples(&tally);
     out.flush()?;
     Ok(())
 }
@@ -186,9 +205,13 @@ pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
 }
 
 /// Writes the view `out`'s extension names (`.svg` flame graph, `.json`
-/// speedscope, `.txt` folded stacks) from the recording at `recording`.
-/// Returns `false`, writing nothing, for any other extension.
-pub fn write_view_for_extension(recording: &Path, out: &Path) -> Result<bool> {
+/// speedscope, `.txt` folded stacks) from the recording at `recording`, with the
+/// samples `samples` keeps. Returns `false`, writing nothing, for any other extension.
+pub fn write_view_for_extension(
+    recording: &Path,
+    out: &Path,
+    samples: SampleFilter,
+) -> Result<bool> {
     let format = match out.extension().and_then(|e| e.to_str()) {
         Some("svg") => FlameFormat::Svg,
         Some("json") => FlameFormat::Speedscope,
@@ -199,6 +222,7 @@ pub fn write_view_for_extension(recording: &Path, out: &Path) -> Result<bool> {
         file: recording.to_path_buf(),
         output: Some(out.to_path_buf()),
         format,
+        samples,
         ..FlameRequest::default()
     };
     render_to_file(&request, out, Stdout::Refused)?;
@@ -268,6 +292,8 @@ pub struct TopRequest {
     pub interval: f64,
     pub limit: usize,
     pub once: bool,
+    /// Which samples count (`--idle`, `--gil`).
+    pub samples: SampleFilter,
 }
 
 /// Opens a recording that may still be written: its `.partial` while the recorder
@@ -287,12 +313,12 @@ fn open_live(
 
 /// A data source reading a recording again at each refresh: the numbers cover
 /// what was added since the previous one.
-fn recording_source(file: PathBuf) -> impl FnMut() -> Snapshot {
+fn recording_source(file: PathBuf, samples: SampleFilter) -> impl FnMut() -> Snapshot {
     let mut previous = None;
     move || {
         let report = open_live(&file)
             .map_err(anyhow::Error::from)
-            .and_then(|mut r| build_report(&mut r).map_err(anyhow::Error::from));
+            .and_then(|mut r| build_report_filtered(&mut r, samples).map_err(anyhow::Error::from));
         match report {
             Ok(report) => {
                 let mut s = snapshot_between(previous.as_ref(), &report);
@@ -349,6 +375,8 @@ struct AllProcesses {
     watched: std::collections::HashMap<i32, Watched>,
     /// Processes found not to be (readable) Python, until they end.
     not_python: std::collections::HashSet<i32>,
+    /// Which samples count.
+    samples: SampleFilter,
 }
 
 impl AllProcesses {
@@ -397,7 +425,7 @@ impl AllProcesses {
                 .spawn();
             match recorder {
                 Ok(recorder) => {
-                    let source = Box::new(recording_source(recording));
+                    let source = Box::new(recording_source(recording, self.samples));
                     self.watched.insert(pid, Watched { recorder, source });
                 }
                 Err(_) => {
@@ -407,6 +435,7 @@ impl AllProcesses {
         }
         let mut merged = Snapshot {
             mode: crate::output::top::TopMode::Sample,
+            filter: self.samples,
             ..Snapshot::default()
         };
         for w in self.watched.values_mut() {
@@ -417,6 +446,8 @@ impl AllProcesses {
             merged.imports_per_s += s.imports_per_s;
             merged.events += s.events;
             merged.samples += s.samples;
+            merged.left_out += s.left_out;
+            merged.state_unknown += s.state_unknown;
             merged.lost += s.lost;
         }
         merged.status = Some(format!("{} Python processes watched", self.watched.len()));
@@ -437,13 +468,19 @@ impl AllProcesses {
 
 /// `top --all`: every Python process this user may trace; processes that start or
 /// end while it runs come and go at the next refresh.
-fn all_top(interval: Duration, limit: usize, once: bool) -> Result<ExitCode> {
+fn all_top(
+    interval: Duration,
+    limit: usize,
+    once: bool,
+    samples: SampleFilter,
+) -> Result<ExitCode> {
     let mut all = AllProcesses {
         dir: tempfile::tempdir().context("cannot create a temporary directory")?,
         exe: std::env::current_exe().context("cannot find pyprobe's own executable")?,
         me: std::process::id() as i32,
         watched: Default::default(),
         not_python: Default::default(),
+        samples,
     };
     let shown = if once {
         all.refresh();
@@ -479,7 +516,7 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
         if once {
             let mut reader =
                 open_live(file).with_context(|| format!("cannot read {}", file.display()))?;
-            let report = build_report(&mut reader)
+            let report = build_report_filtered(&mut reader, request.samples)
                 .with_context(|| format!("cannot read {}", file.display()))?;
             let snapshot = snapshot_between(None, &report);
             print_snapshot(&snapshot, limit)?;
@@ -491,17 +528,23 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
             interval,
             limit,
         };
-        run_tui(recording_source(file.clone()), state).context("the terminal view failed")?;
+        run_tui(recording_source(file.clone(), request.samples), state)
+            .context("the terminal view failed")?;
         return Ok(ExitCode::SUCCESS);
     }
     if request.all {
-        return all_top(interval, limit, once);
+        return all_top(interval, limit, once, request.samples);
     }
     if !request.command.is_empty() {
         if once {
             bail!("`top --once -- CMD` is not supported: record it (`pyprobe record -- CMD`) and use `top --from`");
         }
-        return live_top(Watch::Command(&request.command), interval, limit);
+        return live_top(
+            Watch::Command(&request.command),
+            interval,
+            limit,
+            request.samples,
+        );
     }
     let Some(pid) = request.pid else {
         eprintln!(
@@ -510,7 +553,7 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
         return Ok(ExitCode::from(2));
     };
     if !once {
-        return live_top(Watch::Pid(pid), interval, limit);
+        return live_top(Watch::Pid(pid), interval, limit, request.samples);
     }
     // One snapshot of a live process: record it for one interval, sampling
     // stacks (GC and imports exact where the build has their probes).
@@ -532,7 +575,8 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
         return Ok(code);
     }
     let mut reader = open(&recording)?;
-    let report = build_report(&mut reader).context("cannot read the snapshot's recording")?;
+    let report = build_report_filtered(&mut reader, request.samples)
+        .context("cannot read the snapshot's recording")?;
     print_snapshot(&snapshot_between(None, &report), limit)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -547,7 +591,12 @@ enum Watch<'a> {
     Command(&'a [String]),
 }
 
-fn live_top(watch: Watch, interval: Duration, limit: usize) -> Result<ExitCode> {
+fn live_top(
+    watch: Watch,
+    interval: Duration,
+    limit: usize,
+    samples: SampleFilter,
+) -> Result<ExitCode> {
     let target = match &watch {
         Watch::Pid(pid) => {
             crate::process::status::check_inspectable(*pid)?;
@@ -601,7 +650,7 @@ fn live_top(watch: Watch, interval: Duration, limit: usize) -> Result<ExitCode> 
         interval,
         limit,
     };
-    let shown = run_tui(recording_source(recording.clone()), state);
+    let shown = run_tui(recording_source(recording.clone(), samples), state);
     // SAFETY: plain kill(2) of our own child.
     unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
     if let Watch::Command(_) = watch {

@@ -137,11 +137,14 @@ pub enum TraceEvent<'a> {
         ts_ns: u64,
     },
     /// Time to take a sample of process `pid`; `stopped`: every thread is held in a
-    /// ptrace-stop until the sink returns.
+    /// ptrace-stop until the sink returns. `on_cpu`: whether each of its threads was on
+    /// a CPU, read from the kernel before anything was stopped (a thread missing was
+    /// not readable).
     Tick {
         pid: i32,
         ts_ns: u64,
         stopped: bool,
+        on_cpu: Vec<(i32, bool)>,
     },
     /// The overhead budget turned the budgeted probes on (`exact`) or off, in every
     /// traced process.
@@ -644,6 +647,8 @@ impl Engine {
             return Ok(());
         }
         let blocking = self.options.blocking_samples && !self.samples_unblocked;
+        // Before the stop, which would show every thread as stopped.
+        let on_cpu = self.cpu_states();
         if blocking {
             self.stop_all_running(sink)?;
         }
@@ -654,6 +659,7 @@ impl Engine {
             pid: self.root,
             ts_ns: monotonic_ns(),
             stopped: blocking,
+            on_cpu,
         });
         if blocking {
             self.resume_all();
@@ -666,6 +672,32 @@ impl Engine {
             self.unblock_costly_samples(sink);
         }
         Ok(())
+    }
+
+    /// Whether each thread of the root process is on a CPU (running or runnable), from
+    /// the kernel's scheduler state. A thread in a ptrace-stop of pyprobe's own (a
+    /// probe hit, an interrupt) was caught running; one in a group-stop (SIGSTOP) or a
+    /// vfork wait was not.
+    fn cpu_states(&self) -> Vec<(i32, bool)> {
+        self.threads
+            .iter()
+            .filter(|(_, t)| t.tgid == self.root)
+            .filter_map(|(&tid, t)| {
+                let on_cpu = match crate::process::status::task_state(self.root, tid)? {
+                    'R' => true,
+                    't' => !matches!(
+                        t.state,
+                        ThreadState::Listening
+                            | ThreadState::Stopped {
+                                kind: StopKind::Group | StopKind::Vfork,
+                                ..
+                            }
+                    ),
+                    _ => false,
+                };
+                Some((tid, on_cpu))
+            })
+            .collect()
     }
 
     /// Handles one wait status. While `holding` (stopping everyone), stopped threads

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::sync::Arc;
 
-use super::layout::{FrameLayout, FrameRoot, Layout, LineTable};
+use super::layout::{FrameLayout, FrameRoot, GilLayout, Layout, LineTable};
 use super::lines;
 use super::objects::{
     field_i32, field_u64, field_u8, plausible_pointer, read_bytes, read_str, read_u64,
@@ -188,6 +188,53 @@ impl<M: Memory> StackReader<M> {
             interp = next_interp;
         }
         Ok(out)
+    }
+
+    /// The thread states holding a GIL now (one per GIL at most; none while no thread
+    /// holds it), or `None` when that cannot be told: this version's GIL offsets are
+    /// unknown, or something on the way could not be read.
+    pub fn gil_holders(&self) -> Option<Vec<u64>> {
+        match self.layout.gil? {
+            GilLayout::RuntimeCurrent { tstate_current } => {
+                let current =
+                    read_u64(&self.mem, self.runtime.checked_add(tstate_current)?).ok()?;
+                Some(if current == 0 { vec![] } else { vec![current] })
+            }
+            GilLayout::Interpreter {
+                ceval_gil,
+                last_holder,
+                locked,
+            } => {
+                let l = &self.layout;
+                let mut interp =
+                    read_u64(&self.mem, self.runtime + l.runtime_interpreters_head).ok()?;
+                let (lo, hi) = (last_holder.min(locked), last_holder.max(locked) + 8);
+                let mut buf = vec![0u8; (hi - lo) as usize];
+                let mut seen = HashSet::new();
+                let mut gils = HashSet::new();
+                let mut holders = Vec::new();
+                while plausible_pointer(interp)
+                    && seen.len() < MAX_INTERPRETERS
+                    && seen.insert(interp)
+                {
+                    let (gil, next) = self.two_fields(interp, ceval_gil, l.interp_next).ok()?;
+                    if !plausible_pointer(gil) {
+                        return None;
+                    }
+                    // Interpreters may share one GIL (the main interpreter's).
+                    if gils.insert(gil) {
+                        self.mem.read_exact(gil.checked_add(lo)?, &mut buf).ok()?;
+                        let holder = field_u64(&buf, last_holder - lo).ok()?;
+                        // 1 while held; 0 free; -1 not initialised yet.
+                        if field_i32(&buf, locked - lo).ok()? > 0 && holder != 0 {
+                            holders.push(holder);
+                        }
+                    }
+                    interp = next;
+                }
+                Some(holders)
+            }
+        }
     }
 
     /// Two pointer fields of one structure: one read when they are near each other.

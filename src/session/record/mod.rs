@@ -8,7 +8,7 @@ use std::rc::Rc;
 
 use anyhow::{bail, Context, Result};
 
-use crate::analyze::FileFilter;
+use crate::analyze::{FileFilter, SampleFilter};
 use crate::output::file::{check, check_recording, Stdout};
 use crate::process::objects::{find_probe_object, sdt_objects};
 use crate::process::status::{check_inspectable, cmdline};
@@ -48,6 +48,8 @@ pub struct RecordRequest {
     pub max_overhead: Option<f64>,
     /// `--engine`: whether probe sites move to the ring (no stop per hit).
     pub ring: RingUse,
+    /// Which samples a view written directly (`-o x.svg`) counts.
+    pub samples: SampleFilter,
 }
 
 /// The default overhead budget, in percent, where one applies.
@@ -184,6 +186,14 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     if let Some(output) = &request.output {
         // Before anything is attached or started.
         check_outputs(output)?;
+    }
+    if request.samples != SampleFilter::default() && !request.output.as_deref().is_some_and(is_view)
+    {
+        eprintln!(
+            "pyprobe: note: --idle and --gil choose the samples a view counts (-o x.svg, .json, \
+             .txt); a recording keeps every sample with its thread's state, for report, flame \
+             and top --from to filter"
+        );
     }
     let chosen = Rc::new(RefCell::new(Chosen::default()));
     let resolver = Box::new(PythonResolver {
@@ -400,13 +410,15 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                 exact_window = exact;
                 builder.write(pid, ts_ns, EventKind::Window { exact });
             }
-            TraceEvent::Tick { pid, ts_ns, .. } => {
+            TraceEvent::Tick {
+                pid, ts_ns, on_cpu, ..
+            } => {
                 let sampling = !alongside || {
                     let now = chosen.borrow();
                     returns_only(now.version, &now.groups)
                 };
                 if sampling && (announced || !launched) && !exact_window {
-                    sampler.sample(pid, ts_ns, &mut builder);
+                    sampler.sample(pid, ts_ns, &on_cpu, &mut builder);
                     builder.flush_if_due(ts_ns);
                 }
             }
@@ -495,7 +507,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     }
     if is_view(&output) {
         // The recording stays beside the view, so other views can be made later.
-        crate::session::views::write_view_for_extension(&recording_path, &output)
+        crate::session::views::write_view_for_extension(&recording_path, &output, request.samples)
             .with_context(|| format!("cannot write {}", output.display()))?;
         eprintln!(
             "pyprobe: wrote {} (recording kept in {})",

@@ -3,7 +3,7 @@
 //! that hit it, as a `stack` event just before the event it explains.
 
 use crate::python::walker::{PyFrame, Walker};
-use crate::record::{EventKind, FrameRef, WalkedFrame};
+use crate::record::{EventKind, FrameRef, SampleState, WalkedFrame};
 use crate::ring::RingStack;
 
 use super::events::EventBuilder;
@@ -69,8 +69,15 @@ impl Sampler {
             .collect()
     }
 
-    /// Takes one sample of every thread of `pid`.
-    pub fn sample(&mut self, pid: i32, ts_ns: u64, builder: &mut EventBuilder) {
+    /// Takes one sample of every thread of `pid`; `on_cpu` says which of its threads
+    /// were on a CPU (see the engine's tick).
+    pub fn sample(
+        &mut self,
+        pid: i32,
+        ts_ns: u64,
+        on_cpu: &[(i32, bool)],
+        builder: &mut EventBuilder,
+    ) {
         self.ticks += 1;
         let Some(walker) = self.walker(pid, ts_ns) else {
             return;
@@ -88,7 +95,16 @@ impl Sampler {
             }
             let frames = Self::frames(builder, &stack.frames);
             let tid = stack.native_tid.unwrap_or(pid);
-            builder.write(tid, ts_ns, EventKind::Sample { frames });
+            let state = SampleState {
+                // Only a tid the walker knows is looked up: the fallback (the pid)
+                // would give the main thread's state to another thread.
+                on_cpu: stack
+                    .native_tid
+                    .and_then(|t| on_cpu.iter().find(|(id, _)| *id == t))
+                    .map(|(_, c)| *c),
+                holds_gil: stack.holds_gil,
+            };
+            builder.write(tid, ts_ns, EventKind::Sample { frames, state });
             self.samples += 1;
         }
     }
