@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use pyprobe::analyze::parse_duration;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "pyprobe",
@@ -144,6 +146,20 @@ pub struct FlameArgs {
     pub output: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = FlameFormat::Svg)]
     pub format: FlameFormat,
+    /// Chrome trace and speedscope only: drop calls (and GC pauses, imports,
+    /// sampled slices) shorter than this, e.g. 50us, 1ms. A call dropped takes
+    /// its callees with it (they are shorter still). An export estimated above
+    /// 200 MB is announced on stderr, with these filters, before it is written.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub min_duration: Option<u64>,
+    /// Chrome trace and speedscope only: keep only functions whose file matches
+    /// this glob (repeatable); GC, import and audit events stay.
+    #[arg(long, value_name = "GLOB")]
+    pub include: Vec<String>,
+    /// Chrome trace and speedscope only: drop functions whose file matches this
+    /// glob (repeatable); their callees stay, under their caller.
+    #[arg(long, value_name = "GLOB")]
+    pub exclude: Vec<String>,
     /// Title of the SVG (default: the target's command line).
     #[arg(long, value_name = "T")]
     pub title: Option<String>,

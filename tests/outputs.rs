@@ -1,6 +1,8 @@
 //! Outputs named by the user (`-o OUT`): pyprobe never removes or truncates what
 //! it did not create. A failing run leaves OUT as it was, devices are refused, a
-//! FIFO is written straight into, and recordings are private (0600).
+//! FIFO is written straight into, and recordings are private (0600). Large trace
+//! exports are announced before they are written, with filters that make them
+//! smaller.
 
 mod common;
 mod support;
@@ -305,4 +307,225 @@ fn a_recording_replaces_out_only_when_it_ends_and_is_private() {
     report_json(s(&out));
     t.send_line("stop");
     assert_eq!(t.wait_for_line("result"), "result 144");
+}
+
+/// A trace recording of `calls` short calls (10 µs each) and two long ones
+/// (2 ms each) under `main`, in files `/app/main.py` (main, long) and
+/// `/usr/lib/python3.9/json/encoder.py` (the short ones).
+fn many_calls(path: &Path, calls: u32) {
+    let header = Header {
+        pid: 100,
+        command_line: vec!["python3".into(), "main.py".into()],
+        executable: "/usr/bin/python3.9".into(),
+        python_version: "3.9.2".into(),
+        mode: "trace".into(),
+        start_ns: 1_000,
+        ..Header::default()
+    };
+    let mut w = RecordingWriter::create(path, &header).unwrap();
+    let app = w.intern("/app/main.py");
+    let lib = w.intern("/usr/lib/python3.9/json/encoder.py");
+    let main = FrameRef {
+        file: app,
+        function: w.intern("main"),
+        line: 1,
+    };
+    let long = FrameRef {
+        file: app,
+        function: w.intern("long"),
+        line: 10,
+    };
+    let short = FrameRef {
+        file: lib,
+        function: w.intern("encode"),
+        line: 20,
+    };
+    let mut ts = 1_000;
+    let mut write = |ts: u64, kind| {
+        w.write(&Event {
+            tid: 100,
+            ts_ns: ts,
+            kind,
+        })
+        .unwrap()
+    };
+    write(ts, EventKind::Call { frame: main });
+    for i in 0..calls {
+        let (frame, ns) = if i % (calls / 2).max(1) == 1 {
+            (long, 2_000_000)
+        } else {
+            (short, 10_000)
+        };
+        ts += 1_000;
+        write(ts, EventKind::Call { frame });
+        ts += ns;
+        write(ts, EventKind::Return { frame });
+    }
+    ts += 1_000;
+    write(ts, EventKind::Return { frame: main });
+    w.finish(ts + 1_000).unwrap();
+}
+
+/// The slices of a Chrome trace (`ph: X`, category python), and the open events
+/// of a speedscope file, which must nest on each thread.
+fn chrome_calls(json: &[u8]) -> Vec<serde_json::Value> {
+    let doc: serde_json::Value = serde_json::from_slice(json).unwrap();
+    doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "python")
+        .cloned()
+        .collect()
+}
+
+fn speedscope_opens(json: &[u8]) -> usize {
+    let doc: serde_json::Value = serde_json::from_slice(json).unwrap();
+    let mut opens = 0;
+    for p in doc["profiles"].as_array().unwrap() {
+        let mut stack = Vec::new();
+        let mut last = 0;
+        for e in p["events"].as_array().unwrap() {
+            let at = e["at"].as_u64().unwrap();
+            assert!(at >= last, "times go forward: {e}");
+            last = at;
+            if e["type"] == "O" {
+                opens += 1;
+                stack.push(e["frame"].clone());
+            } else {
+                assert_eq!(stack.pop().as_ref(), Some(&e["frame"]), "nested: {e}");
+            }
+        }
+        assert!(stack.is_empty(), "balanced");
+    }
+    opens
+}
+
+#[test]
+fn min_duration_include_and_exclude_drop_calls_from_trace_exports() {
+    let dir = tempdir();
+    let input = dir.path().join("calls.pyprobe");
+    many_calls(&input, 1000);
+    let export = |format: &str, extra: &[&str]| {
+        let mut args = vec!["flame", s(&input), "-o", "-", "--format", format];
+        args.extend_from_slice(extra);
+        let o = run_pyprobe(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        o.stdout
+    };
+    // Everything: main and its 1000 calls.
+    let all = chrome_calls(&export("chrome", &[]));
+    assert_eq!(all.len(), 1001);
+    assert_eq!(speedscope_opens(&export("speedscope", &[])), 1001);
+    // 1 ms: main and the two long calls.
+    let long = chrome_calls(&export("chrome", &["--min-duration", "1ms"]));
+    assert_eq!(long.len(), 3, "{long:?}");
+    assert!(long.iter().all(|e| e["dur"].as_f64().unwrap() >= 1000.0));
+    assert_eq!(
+        speedscope_opens(&export("speedscope", &["--min-duration", "1ms"])),
+        3
+    );
+    // 10 µs keeps them all (it is at least), 11 µs does not.
+    assert_eq!(
+        chrome_calls(&export("chrome", &["--min-duration", "10us"])).len(),
+        1001
+    );
+    assert_eq!(
+        chrome_calls(&export("chrome", &["--min-duration", "11us"])).len(),
+        3
+    );
+    // By file: the library's calls, or all but them.
+    let lib = chrome_calls(&export("chrome", &["--include", "*/json/*"]));
+    assert_eq!(lib.len(), 998);
+    assert!(lib.iter().all(|e| e["args"]["function"] == "encode"));
+    let app = chrome_calls(&export("chrome", &["--exclude", "*/json/*"]));
+    assert_eq!(app.len(), 3);
+    assert_eq!(
+        speedscope_opens(&export("speedscope", &["--exclude", "*/json/*"])),
+        3
+    );
+    assert_eq!(
+        speedscope_opens(&export("speedscope", &["--include", "*/json/*"])),
+        998
+    );
+}
+
+/// A Chrome trace (or speedscope file) estimated above the threshold (200 MB;
+/// `PYPROBE_LARGE_VIEW_BYTES` in tests) is announced, with its size and events
+/// and the filters that shrink it, before it is written; the estimate follows the
+/// filters given.
+#[test]
+fn a_large_trace_export_is_announced_with_the_filters_that_shrink_it() {
+    let dir = tempdir();
+    let input = dir.path().join("calls.pyprobe");
+    many_calls(&input, 20_000);
+    let export = |format: &str, limit: Option<&str>, extra: &[&str]| {
+        let out = dir.path().join(format!("{format}.json"));
+        let mut cmd = pyprobe();
+        cmd.args(["flame", s(&input), "-o", s(&out), "--format", format])
+            .args(extra);
+        match limit {
+            Some(l) => cmd.env("PYPROBE_LARGE_VIEW_BYTES", l),
+            None => cmd.env_remove("PYPROBE_LARGE_VIEW_BYTES"),
+        };
+        let o = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{stderr}");
+        let size = std::fs::metadata(&out).unwrap().len();
+        (stderr, size)
+    };
+    // The default threshold is far above this recording.
+    let (stderr, chrome_size) = export("chrome", None, &[]);
+    assert!(!stderr.contains("warning"), "{stderr}");
+    assert!(chrome_size > 2_000_000, "{chrome_size}");
+
+    let (stderr, _) = export("chrome", Some("1000000"), &[]);
+    let warning = stderr
+        .lines()
+        .find(|l| l.starts_with("pyprobe: warning: the Chrome trace will be about"))
+        .unwrap_or_else(|| panic!("a warning: {stderr}"));
+    for word in [
+        "20001 calls",
+        "of the recording's 40002 events",
+        "--min-duration",
+        "--include",
+        "--exclude",
+    ] {
+        assert!(warning.contains(word), "{word:?}: {warning}");
+    }
+    // Before a byte is written: the warning comes before the line saying it was.
+    let at = |what: &str| stderr.find(what).unwrap();
+    assert!(at("warning") < at("wrote the Chrome trace"), "{stderr}");
+    // "about N MB": within a factor of two of what was written.
+    let about: Vec<&str> = warning
+        .split("about ")
+        .nth(1)
+        .unwrap()
+        .splitn(3, ' ')
+        .collect();
+    let unit = match about[1] {
+        "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        other => panic!("a size unit, not {other:?}: {warning}"),
+    };
+    let estimate = about[0].parse::<f64>().unwrap() * unit;
+    let ratio = estimate / chrome_size as f64;
+    assert!(
+        (0.5..2.0).contains(&ratio),
+        "estimate {estimate} for {chrome_size} bytes"
+    );
+
+    // Filtered down to the long calls, it is small again: no warning.
+    let (stderr, _) = export("chrome", Some("1000000"), &["--min-duration", "1ms"]);
+    assert!(!stderr.contains("warning"), "{stderr}");
+
+    // Speedscope alike.
+    let (stderr, size) = export("speedscope", Some("100000"), &[]);
+    assert!(
+        stderr.contains("pyprobe: warning: the speedscope file will be about"),
+        "{stderr}"
+    );
+    let (stderr, _) = export("speedscope", Some(&(size * 3).to_string()), &[]);
+    assert!(!stderr.contains("warning"), "{stderr}");
 }

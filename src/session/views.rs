@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
+use crate::analyze::SliceFilter;
 use crate::output::calls::{write_calls, CallsOptions};
 use crate::output::chrome::{write_chrome, ChromeOptions};
 use crate::output::file::{partial_path, Output, Stdout};
@@ -18,6 +19,7 @@ use crate::output::flame::{
 use crate::output::report::build_report;
 use crate::output::speedscope::{write_speedscope, SpeedscopeOptions};
 use crate::output::top::{render_text, run_tui, snapshot_between, Snapshot, TopSort, ViewState};
+use crate::output::Census;
 use crate::record::{Completion, RecordingReader};
 
 /// Output formats of `pyprobe flame`.
@@ -45,6 +47,16 @@ impl FlameFormat {
         }
     }
 
+    /// What it is, in a few words.
+    fn short(self) -> &'static str {
+        match self {
+            FlameFormat::Svg => "flame graph (SVG)",
+            FlameFormat::Collapsed => "collapsed stacks (text)",
+            FlameFormat::Speedscope => "speedscope profile (JSON)",
+            FlameFormat::Chrome => "Chrome trace (JSON)",
+        }
+    }
+
     fn what(self) -> &'static str {
         match self {
             FlameFormat::Svg => "flame graph (open it in a browser)",
@@ -66,6 +78,64 @@ pub struct FlameRequest {
     pub title: Option<String>,
     pub full_paths: bool,
     pub by: By,
+    /// What the trace exports keep (`--include`, `--exclude`, `--min-duration`).
+    pub filter: SliceFilter,
+}
+
+/// Exports estimated larger than this many bytes are announced before they are
+/// written, with the filters that shrink them. `PYPROBE_LARGE_VIEW_BYTES`
+/// overrides it, for tests.
+const LARGE_VIEW_BYTES: u64 = 200_000_000;
+
+fn large_view_bytes() -> u64 {
+    std::env::var("PYPROBE_LARGE_VIEW_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(LARGE_VIEW_BYTES)
+}
+
+/// `bytes` for people: `230 MB`, `1.6 GB`.
+fn human_bytes(bytes: u64) -> String {
+    match bytes {
+        b if b >= 10_000_000_000 => format!("{} GB", b / 1_000_000_000),
+        b if b >= 1_000_000_000 => format!("{:.1} GB", b as f64 / 1e9),
+        b if b >= 100_000_000 => format!("{} MB", b / 1_000_000),
+        b if b >= 1_000_000 => format!("{:.1} MB", b as f64 / 1e6),
+        b if b >= 1_000 => format!("{} kB", b / 1_000),
+        b => format!("{b} bytes"),
+    }
+}
+
+/// Says on stderr, before it is written, that an export will be large, and how
+/// to make it smaller.
+fn warn_if_large(format: FlameFormat, census: &Census, filtered: bool) {
+    let bytes = match format {
+        FlameFormat::Chrome => census.chrome_bytes(),
+        FlameFormat::Speedscope => census.speedscope_bytes(),
+        FlameFormat::Svg | FlameFormat::Collapsed => return,
+    };
+    if bytes <= large_view_bytes() {
+        return;
+    }
+    let what = match format {
+        FlameFormat::Chrome => "Chrome trace",
+        _ => "speedscope file",
+    };
+    eprintln!(
+        "pyprobe: warning: the {what} will be about {} ({} calls and {} samples of the \
+         recording's {} events{}); viewers slow down past a few hundred MB: --min-duration \
+         (e.g. 100us) drops shorter calls, --include/--exclude GLOB keep or drop functions by \
+         file",
+        human_bytes(bytes),
+        census.calls,
+        census.samples,
+        census.events,
+        if filtered {
+            ", with the filters given"
+        } else {
+            ""
+        },
+    );
 }
 
 fn open(file: &Path) -> Result<RecordingReader<io::BufReader<File>>> {
@@ -96,7 +166,9 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 fn render(request: &FlameRequest, out: &mut dyn Write) -> Result<()> {
     let file = &request.file;
     let mut reader = open(file)?;
-    match request.format {
+    let format = request.format;
+    let filtered = !request.filter.is_empty();
+    match format {
         FlameFormat::Svg | FlameFormat::Collapsed => {
             let (folded, info) = read_folded(&mut reader)
                 .with_context(|| format!("cannot read {}", file.display()))?;
@@ -118,17 +190,21 @@ fn render(request: &FlameRequest, out: &mut dyn Write) -> Result<()> {
         FlameFormat::Speedscope => {
             let options = SpeedscopeOptions {
                 full_paths: request.full_paths,
+                filter: request.filter.clone(),
                 ..SpeedscopeOptions::default()
             };
-            write_speedscope(&mut reader, &options, &mut *out)
+            let before = |c: &Census| warn_if_large(format, c, filtered);
+            write_speedscope(&mut reader, &options, before, &mut *out)
                 .with_context(|| format!("cannot convert {}", file.display()))?;
             note_cut_short(&reader, file);
         }
         FlameFormat::Chrome => {
             let options = ChromeOptions {
                 full_paths: request.full_paths,
+                filter: request.filter.clone(),
             };
-            write_chrome(&mut reader, &options, &mut *out)
+            let before = |c: &Census| warn_if_large(format, c, filtered);
+            write_chrome(&mut reader, &options, before, &mut *out)
                 .with_context(|| format!("cannot convert {}", file.display()))?;
             note_cut_short(&reader, file);
         }
@@ -161,6 +237,16 @@ fn default_output(file: &Path, format: FlameFormat) -> PathBuf {
 
 /// `pyprobe flame FILE`.
 pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
+    let format = request.format;
+    if !request.filter.is_empty()
+        && !matches!(format, FlameFormat::Chrome | FlameFormat::Speedscope)
+    {
+        bail!(
+            "--include, --exclude and --min-duration filter the trace exports (--format chrome \
+             or speedscope), not a {}",
+            format.short()
+        );
+    }
     match &request.output {
         Some(p) if p.as_os_str() == "-" => {
             let stdout = io::stdout();
