@@ -77,10 +77,17 @@ pub struct RecordArgs {
     #[command(flatten)]
     pub target: TargetArgs,
     /// Output: a recording (`.pyprobe`), or a view chosen by extension
-    /// (`.svg` flame graph, `.json` speedscope, `.txt` collapsed stacks).
-    /// Default: pyprobe-PID.pyprobe.
+    /// (`.svg` flame graph, `.json` speedscope, `.txt` collapsed stacks; the
+    /// recording is kept beside it as FILE.pyprobe). Any other name is refused
+    /// before the target is touched (a FIFO takes the recording). An existing
+    /// file is refused unless --force is given. Default: pyprobe-PID.pyprobe, or
+    /// pyprobe-PID.1.pyprobe, .2, ... when that exists (nothing is replaced).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Replace existing output files (-o FILE, the recording beside a view, or the
+    /// default name).
+    #[arg(long)]
+    pub force: bool,
     /// Stop after this many seconds (default: until the target exits or Ctrl-C).
     #[arg(short, long, value_name = "SECONDS")]
     pub duration: Option<f64>,
@@ -140,12 +147,20 @@ pub enum FlameFormat {
 pub struct FlameArgs {
     /// A recording made by `pyprobe record`.
     pub file: PathBuf,
-    /// Where to write (`-` for standard output); default: beside the recording
-    /// (FILE.svg, .folded.txt, .speedscope.json, .trace.json).
+    /// Where to write (`-` for standard output). Its extension must fit the
+    /// format (.svg; .txt or .folded for collapsed; .json for speedscope and
+    /// chrome), else pyprobe refuses; without --format, it chooses the format
+    /// (.json: speedscope). An existing file is refused unless --force is given.
+    /// Default: beside the recording (FILE.svg, .folded.txt, .speedscope.json,
+    /// .trace.json), or FILE.1.svg, .2, ... when that exists.
     #[arg(short, long, value_name = "OUT")]
     pub output: Option<PathBuf>,
-    #[arg(long, value_enum, default_value_t = FlameFormat::Svg)]
-    pub format: FlameFormat,
+    /// What to write (default: from OUT's extension, else svg).
+    #[arg(long, value_enum)]
+    pub format: Option<FlameFormat>,
+    /// Replace an existing output file (OUT, or the default name).
+    #[arg(long)]
+    pub force: bool,
     /// Chrome trace and speedscope only: drop calls (and GC pauses, imports,
     /// sampled slices) shorter than this, e.g. 50us, 1ms. A call dropped takes
     /// its callees with it (they are shorter still). An export estimated above

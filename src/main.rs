@@ -22,6 +22,7 @@ fn main() -> ExitCode {
             pid: args.target.pid,
             command: args.target.command,
             output: args.output,
+            force: args.force,
             duration: args.duration,
             mode: match args.mode {
                 cli::Mode::Auto => "auto",
@@ -49,18 +50,19 @@ fn main() -> ExitCode {
                 Ok(files) => session::views::flame(&session::views::FlameRequest {
                     file: args.file,
                     output: args.output,
-                    format: match args.format {
+                    format: args.format.map(|f| match f {
                         cli::FlameFormat::Svg => session::views::FlameFormat::Svg,
                         cli::FlameFormat::Collapsed => session::views::FlameFormat::Collapsed,
                         cli::FlameFormat::Speedscope => session::views::FlameFormat::Speedscope,
                         cli::FlameFormat::Chrome => session::views::FlameFormat::Chrome,
-                    },
+                    }),
                     title: args.title,
                     full_paths: args.full_paths,
                     by: match args.by {
                         cli::FlameBy::Time => pyprobe::output::flame::By::Time,
                         cli::FlameBy::Calls => pyprobe::output::flame::By::Calls,
                     },
+                    force: args.force,
                     filter: pyprobe::analyze::SliceFilter {
                         files,
                         min_duration_ns: args.min_duration.unwrap_or(0),

@@ -1,8 +1,9 @@
 //! Outputs named by the user (`-o OUT`): pyprobe never removes or truncates what
-//! it did not create. A failing run leaves OUT as it was, devices are refused, a
-//! FIFO is written straight into, and recordings are private (0600). Large trace
-//! exports are announced before they are written, with filters that make them
-//! smaller.
+//! it did not create. A failing run leaves OUT as it was, an existing file is
+//! replaced only with `--force` (a default name moves on to the next free one),
+//! devices are refused, a FIFO is written straight into, and recordings are
+//! private (0600). Large trace exports are announced before they are written,
+//! with filters that make them smaller.
 
 mod common;
 mod support;
@@ -88,10 +89,23 @@ fn a_failing_flame_leaves_an_existing_output_byte_for_byte() {
     let dir = tempdir();
     let input = dir.path().join("notes.txt");
     std::fs::write(&input, "not a recording\n").unwrap();
-    let out = dir.path().join("out.svg");
-    std::fs::write(&out, precious()).unwrap();
-    for format in ["svg", "collapsed", "speedscope", "chrome"] {
-        let o = run_pyprobe(&["flame", s(&input), "-o", s(&out), "--format", format]);
+    for (format, name) in [
+        ("svg", "out.svg"),
+        ("collapsed", "out.txt"),
+        ("speedscope", "out.json"),
+        ("chrome", "out.json"),
+    ] {
+        let out = dir.path().join(name);
+        std::fs::write(&out, precious()).unwrap();
+        let o = run_pyprobe(&[
+            "flame",
+            s(&input),
+            "-o",
+            s(&out),
+            "--format",
+            format,
+            "--force",
+        ]);
         assert_refused_output(&o, &["flame", format], &["notes.txt"]);
         assert_eq!(
             std::fs::read(&out).unwrap(),
@@ -107,7 +121,7 @@ fn a_failing_flame_leaves_an_existing_output_byte_for_byte() {
     assert_eq!(std::fs::read(&beside).unwrap(), precious());
     assert_eq!(
         names(dir.path()),
-        ["notes.svg", "notes.txt", "out.svg"],
+        ["notes.svg", "notes.txt", "out.json", "out.svg", "out.txt"],
         "no temporary left behind"
     );
 }
@@ -120,7 +134,23 @@ fn a_successful_flame_replaces_the_output() {
     let out = dir.path().join("out.txt");
     std::fs::write(&out, precious()).unwrap();
     std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let o = run_pyprobe(&["flame", s(&input), "-o", s(&out), "--format", "collapsed"]);
+    // Without --force, refused before anything is read or written.
+    let e = assert_refused(
+        &["flame", s(&input), "-o", s(&out), "--format", "collapsed"],
+        &["out.txt exists", "--force"],
+    );
+    assert!(!e.contains('\n'));
+    assert_eq!(std::fs::read(&out).unwrap(), precious());
+    assert_eq!(mode(&out), 0o644);
+    let o = run_pyprobe(&[
+        "flame",
+        s(&input),
+        "-o",
+        s(&out),
+        "--format",
+        "collapsed",
+        "--force",
+    ]);
     assert!(o.status.success());
     let expected = run_pyprobe(&["flame", s(&input), "-o", "-", "--format", "collapsed"]);
     assert!(expected.status.success());
@@ -217,8 +247,8 @@ fn a_fifo_output_is_written_straight_into() {
     assert_eq!(names(dir.path()), ["notes.txt", "run.pyprobe", "view.fifo"]);
 }
 
-/// `pyprobe record -o OUT -p PID --mode trace` under umask 0: whatever the umask,
-/// the recording is private.
+/// `pyprobe record -o OUT -p PID --mode trace --force` under umask 0: whatever the
+/// umask, the recording is private.
 fn record_under_umask_0(out: &Path, pid: i32) -> Tracer {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pyprobe"));
     // SAFETY: umask(2) only, between fork and exec.
@@ -228,7 +258,11 @@ fn record_under_umask_0(out: &Path, pid: i32) -> Tracer {
             Ok(())
         })
     };
-    Tracer::command(cmd, s(out), &["-p", &pid.to_string(), "--mode", "trace"])
+    Tracer::command(
+        cmd,
+        s(out),
+        &["-p", &pid.to_string(), "--mode", "trace", "--force"],
+    )
 }
 
 fn partial(out: &Path) -> PathBuf {
@@ -287,6 +321,7 @@ fn a_recording_replaces_out_only_when_it_ends_and_is_private() {
             &pid.to_string(),
             "--mode",
             "trace",
+            "--force",
         ],
         &["run.pyprobe.partial exists"],
     );
@@ -307,6 +342,117 @@ fn a_recording_replaces_out_only_when_it_ends_and_is_private() {
     report_json(s(&out));
     t.send_line("stop");
     assert_eq!(t.wait_for_line("result"), "result 144");
+}
+
+/// `record -o OUT` with OUT there: refused before the command starts, OUT as it
+/// was; `--force` replaces it. A view's recording beside it counts as well.
+#[test]
+fn record_keeps_an_existing_output_unless_forced() {
+    let Some(py) = python("3.11") else { return };
+    let dir = tempdir();
+    let out = dir.path().join("run.pyprobe");
+    std::fs::write(&out, precious()).unwrap();
+    let marker = dir.path().join("ran");
+    let code = format!("open({:?}, 'w')", s(&marker));
+    let record = |out: &Path, extra: &[&str]| {
+        pyprobe()
+            .args(["record", "-o", s(out)])
+            .args(extra)
+            .arg("--")
+            .arg(&py.launcher)
+            .args(["-c", &code])
+            .output()
+            .unwrap()
+    };
+    let o = record(&out, &[]);
+    let e = assert_refused_output(
+        &o,
+        &["record", "-o", "run.pyprobe"],
+        &["run.pyprobe exists", "--force"],
+    );
+    assert!(!e.contains('\n'));
+    assert!(!marker.exists(), "the command never ran");
+    assert_eq!(std::fs::read(&out).unwrap(), precious());
+
+    let o = record(&out, &["--force"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(marker.exists(), "the command ran");
+    report_json(s(&out));
+    std::fs::remove_file(&marker).unwrap();
+
+    // `-o view.svg` writes view.pyprobe too: an existing one is refused alike.
+    let view = dir.path().join("view.svg");
+    let beside = dir.path().join("view.pyprobe");
+    std::fs::write(&beside, precious()).unwrap();
+    let o = record(&view, &[]);
+    assert_refused_output(
+        &o,
+        &["record", "-o", "view.svg"],
+        &["view.pyprobe exists", "view.svg"],
+    );
+    assert!(!marker.exists(), "the command never ran");
+    assert!(!view.exists());
+    assert_eq!(std::fs::read(&beside).unwrap(), precious());
+    let o = record(&view, &["--force"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read_to_string(&view).unwrap().starts_with("<?xml"));
+    report_json(s(&beside));
+    assert_eq!(
+        names(dir.path()),
+        ["ran", "run.pyprobe", "view.pyprobe", "view.svg"]
+    );
+}
+
+/// Without -o, the default names move on to the next free one rather than replace
+/// a file, and say where they wrote; `--force` replaces the default name.
+#[test]
+fn default_names_never_replace_a_file() {
+    let Some(py) = python("3.11") else { return };
+    let dir = tempdir();
+    let mut target = Target::spawn(&py.launcher, &["-c", WAITING_SCRIPT]);
+    target.wait_for_line("ready");
+    let pid = target.pid();
+    let taken = dir.path().join(format!("pyprobe-{pid}.pyprobe"));
+    std::fs::write(&taken, precious()).unwrap();
+    // An interrupted recording's partial holds the next name too.
+    let held = dir.path().join(format!("pyprobe-{pid}.1.pyprobe.partial"));
+    std::fs::write(&held, precious()).unwrap();
+    let o = pyprobe()
+        .current_dir(dir.path())
+        .args(["record", "-p", &pid.to_string(), "-d", "0.3"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let written = dir.path().join(format!("pyprobe-{pid}.2.pyprobe"));
+    assert!(
+        stderr.contains(&format!("written to pyprobe-{pid}.2.pyprobe")),
+        "says where: {stderr}"
+    );
+    report_json(s(&written));
+    assert_eq!(std::fs::read(&taken).unwrap(), precious());
+    assert_eq!(std::fs::read(&held).unwrap(), precious());
+    drop(target);
+
+    // `flame` beside its recording: run.svg is there, run.1.svg is written.
+    let input = dir.path().join("run.pyprobe");
+    recording(&input);
+    let svg = dir.path().join("run.svg");
+    std::fs::write(&svg, precious()).unwrap();
+    let o = run_pyprobe(&["flame", s(&input)]);
+    assert!(o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let next = dir.path().join("run.1.svg");
+    assert!(
+        stderr.contains(s(&next)) && stderr.contains("--force"),
+        "says where, and why: {stderr}"
+    );
+    assert!(std::fs::read_to_string(&next).unwrap().starts_with("<?xml"));
+    assert_eq!(std::fs::read(&svg).unwrap(), precious());
+    let o = run_pyprobe(&["flame", s(&input), "--force"]);
+    assert!(o.status.success());
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<?xml"));
+    assert!(!dir.path().join("run.2.svg").exists());
 }
 
 /// A trace recording of `calls` short calls (10 µs each) and two long ones
@@ -462,8 +608,16 @@ fn a_large_trace_export_is_announced_with_the_filters_that_shrink_it() {
     let export = |format: &str, limit: Option<&str>, extra: &[&str]| {
         let out = dir.path().join(format!("{format}.json"));
         let mut cmd = pyprobe();
-        cmd.args(["flame", s(&input), "-o", s(&out), "--format", format])
-            .args(extra);
+        cmd.args([
+            "flame",
+            s(&input),
+            "-o",
+            s(&out),
+            "--force",
+            "--format",
+            format,
+        ])
+        .args(extra);
         match limit {
             Some(l) => cmd.env("PYPROBE_LARGE_VIEW_BYTES", l),
             None => cmd.env_remove("PYPROBE_LARGE_VIEW_BYTES"),

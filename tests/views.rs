@@ -463,24 +463,25 @@ fn flame_writes_beside_the_recording_by_default() {
 
 #[test]
 fn view_chosen_by_extension() {
+    use pyprobe::output::file::Existing;
     use pyprobe::session::views::write_view_for_extension;
     let t = trace_recording("by-extension.pyprobe");
     let svg = tmp("by-extension.svg");
-    assert!(write_view_for_extension(&t, &svg).unwrap());
+    assert!(write_view_for_extension(&t, &svg, Existing::Keep).unwrap());
     svg_texts(&std::fs::read_to_string(&svg).unwrap());
     let json = tmp("by-extension.json");
-    assert!(write_view_for_extension(&t, &json).unwrap());
+    assert!(write_view_for_extension(&t, &json, Existing::Keep).unwrap());
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(doc["profiles"][0]["type"], "evented");
     let txt = tmp("by-extension.txt");
-    assert!(write_view_for_extension(&t, &txt).unwrap());
+    assert!(write_view_for_extension(&t, &txt, Existing::Keep).unwrap());
     assert_eq!(
         std::fs::read_to_string(&txt).unwrap(),
         flame(&t, &["--format", "collapsed"])
     );
     let other = tmp("by-extension.pyprobe2");
-    assert!(!write_view_for_extension(&t, &other).unwrap());
+    assert!(!write_view_for_extension(&t, &other, Existing::Keep).unwrap());
     assert!(!other.exists());
 }
 

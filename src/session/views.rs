@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use crate::analyze::SliceFilter;
 use crate::output::calls::{write_calls, CallsOptions};
 use crate::output::chrome::{write_chrome, ChromeOptions};
-use crate::output::file::{partial_path, Output, Stdout};
+use crate::output::file::{check, first_free, numbered, partial_path, Existing, Output, Stdout};
 use crate::output::flame::{
     choose_measure, read_folded, write_collapsed, write_svg, By, FrameNames, SvgOptions, ViewError,
 };
@@ -47,6 +47,26 @@ impl FlameFormat {
         }
     }
 
+    /// File name extensions (lower case) an output of this format may have.
+    fn extensions(self) -> &'static [&'static str] {
+        match self {
+            FlameFormat::Svg => &["svg"],
+            FlameFormat::Collapsed => &["txt", "folded"],
+            FlameFormat::Speedscope | FlameFormat::Chrome => &["json"],
+        }
+    }
+
+    /// The format an output named `path` gets when none is asked for: `.svg`
+    /// flame graph, `.txt` (or `.folded`) collapsed stacks, `.json` speedscope.
+    pub fn for_extension(path: &Path) -> Option<FlameFormat> {
+        match extension(path).as_deref() {
+            Some("svg") => Some(FlameFormat::Svg),
+            Some("txt" | "folded") => Some(FlameFormat::Collapsed),
+            Some("json") => Some(FlameFormat::Speedscope),
+            _ => None,
+        }
+    }
+
     /// What it is, in a few words.
     fn short(self) -> &'static str {
         match self {
@@ -54,6 +74,16 @@ impl FlameFormat {
             FlameFormat::Collapsed => "collapsed stacks (text)",
             FlameFormat::Speedscope => "speedscope profile (JSON)",
             FlameFormat::Chrome => "Chrome trace (JSON)",
+        }
+    }
+
+    /// The `--format` value naming it.
+    fn flag(self) -> &'static str {
+        match self {
+            FlameFormat::Svg => "svg",
+            FlameFormat::Collapsed => "collapsed",
+            FlameFormat::Speedscope => "speedscope",
+            FlameFormat::Chrome => "chrome",
         }
     }
 
@@ -67,6 +97,20 @@ impl FlameFormat {
     }
 }
 
+/// The extension of `path`, in lower case.
+pub fn extension(path: &Path) -> Option<String> {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+}
+
+/// Whether `path` is a FIFO now (links followed): whatever it is named, it takes
+/// any format.
+pub fn is_fifo(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
+}
+
 /// What `pyprobe flame` was asked to do.
 #[derive(Debug, Clone, Default)]
 pub struct FlameRequest {
@@ -74,10 +118,13 @@ pub struct FlameRequest {
     pub file: PathBuf,
     /// Where to write; `-` for standard output; default beside the recording.
     pub output: Option<PathBuf>,
-    pub format: FlameFormat,
+    /// `None`: as the output's extension says, else SVG.
+    pub format: Option<FlameFormat>,
     pub title: Option<String>,
     pub full_paths: bool,
     pub by: By,
+    /// Replace an existing output.
+    pub force: bool,
     /// What the trace exports keep (`--include`, `--exclude`, `--min-duration`).
     pub filter: SliceFilter,
 }
@@ -162,11 +209,10 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
-/// Renders `request.file` in `request.format` to `out`.
-fn render(request: &FlameRequest, out: &mut dyn Write) -> Result<()> {
+/// Renders `request.file` in `format` to `out`.
+fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> Result<()> {
     let file = &request.file;
     let mut reader = open(file)?;
-    let format = request.format;
     let filtered = !request.filter.is_empty();
     match format {
         FlameFormat::Svg | FlameFormat::Collapsed => {
@@ -178,7 +224,7 @@ fn render(request: &FlameRequest, out: &mut dyn Write) -> Result<()> {
                 eprintln!("pyprobe: note: {note}");
             }
             let names = FrameNames::new(reader.strings(), request.full_paths);
-            if request.format == FlameFormat::Svg {
+            if format == FlameFormat::Svg {
                 let options = SvgOptions {
                     title: request.title.as_deref(),
                 };
@@ -215,10 +261,16 @@ fn render(request: &FlameRequest, out: &mut dyn Write) -> Result<()> {
 
 /// Writes the view to `path` (a FIFO, or a new file renamed over `path` once the
 /// view is complete: a failure leaves whatever was at `path` untouched).
-fn render_to_file(request: &FlameRequest, path: &Path, stdout: Stdout) -> Result<()> {
-    let output = Output::replace(path, stdout)?;
+fn render_to_file(
+    request: &FlameRequest,
+    format: FlameFormat,
+    path: &Path,
+    stdout: Stdout,
+    existing: Existing,
+) -> Result<()> {
+    let output = Output::replace(path, stdout, existing)?;
     let mut out = BufWriter::new(output.file());
-    render(request, &mut out)
+    render(request, format, &mut out)
         .and_then(|()| out.flush().context("cannot write the output"))
         .with_context(|| format!("cannot write {}", path.display()))?;
     drop(out);
@@ -235,9 +287,52 @@ fn default_output(file: &Path, format: FlameFormat) -> PathBuf {
     file.with_file_name(format!("{stem}{}", format.suffix()))
 }
 
+/// The format to write: `--format`, else what the output's extension says, else
+/// SVG. An output named for another format is refused (a FIFO takes any).
+fn flame_format(request: &FlameRequest) -> Result<FlameFormat> {
+    let named = request
+        .output
+        .as_deref()
+        .filter(|p| p.as_os_str() != "-" && !is_fifo(p));
+    let Some(out) = named else {
+        return Ok(request.format.unwrap_or_default());
+    };
+    // What OUT is first (a device, a directory): its name is beside the point.
+    check(out, Stdout::Allowed, Existing::Replace)?;
+    match request.format {
+        Some(format) => {
+            let fits = extension(out).is_some_and(|e| format.extensions().contains(&e.as_str()));
+            if !fits {
+                let endings: Vec<String> = format
+                    .extensions()
+                    .iter()
+                    .map(|e| format!(".{e}"))
+                    .collect();
+                bail!(
+                    "{} does not fit --format {}, which writes a {}: name the output {}, or \
+                     `-o -` for standard output",
+                    out.display(),
+                    format.flag(),
+                    format.short(),
+                    endings.join(" or ")
+                );
+            }
+            Ok(format)
+        }
+        None => FlameFormat::for_extension(out).ok_or_else(|| {
+            anyhow::anyhow!(
+                "pyprobe flame cannot tell what to write to {} from its extension: name it \
+                 .svg (flame graph), .txt (collapsed stacks) or .json (speedscope; a Chrome trace \
+                 with --format chrome), or give --format",
+                out.display()
+            )
+        }),
+    }
+}
+
 /// `pyprobe flame FILE`.
 pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
-    let format = request.format;
+    let format = flame_format(request)?;
     if !request.filter.is_empty()
         && !matches!(format, FlameFormat::Chrome | FlameFormat::Speedscope)
     {
@@ -247,23 +342,43 @@ pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
             format.short()
         );
     }
+    let existing = if request.force {
+        Existing::Replace
+    } else {
+        Existing::Keep
+    };
     match &request.output {
         Some(p) if p.as_os_str() == "-" => {
             let stdout = io::stdout();
             let mut out = BufWriter::new(stdout.lock());
-            match render(request, &mut out) {
+            match render(request, format, &mut out) {
                 Err(e) if is_broken_pipe(&e) => {}
                 other => other?,
             }
         }
-        output => {
-            let path = output
-                .clone()
-                .unwrap_or_else(|| default_output(&request.file, request.format));
-            render_to_file(request, &path, Stdout::Allowed)?;
+        Some(path) => {
+            render_to_file(request, format, path, Stdout::Allowed, existing)?;
+            eprintln!("pyprobe: wrote the {} to {}", format.what(), path.display());
+        }
+        None => {
+            // Beside the recording, under the next free name unless --force.
+            let base = default_output(&request.file, format);
+            let path = match existing {
+                Existing::Replace => base.clone(),
+                Existing::Keep => first_free(|n| numbered(&base, format.suffix(), n), false)
+                    .with_context(|| {
+                        format!("cannot find a free name beside {}", base.display())
+                    })?,
+            };
+            render_to_file(request, format, &path, Stdout::Allowed, existing)?;
+            let taken = if path == base {
+                String::new()
+            } else {
+                format!(" ({} exists; --force replaces it)", base.display())
+            };
             eprintln!(
-                "pyprobe: wrote the {} to {}",
-                request.format.what(),
+                "pyprobe: wrote the {} to {}{taken}",
+                format.what(),
                 path.display()
             );
         }
@@ -272,22 +387,19 @@ pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
 }
 
 /// Writes the view `out`'s extension names (`.svg` flame graph, `.json`
-/// speedscope, `.txt` folded stacks) from the recording at `recording`.
-/// Returns `false`, writing nothing, for any other extension.
-pub fn write_view_for_extension(recording: &Path, out: &Path) -> Result<bool> {
-    let format = match out.extension().and_then(|e| e.to_str()) {
-        Some("svg") => FlameFormat::Svg,
-        Some("json") => FlameFormat::Speedscope,
-        Some("txt") => FlameFormat::Collapsed,
-        _ => return Ok(false),
+/// speedscope, `.txt` or `.folded` collapsed stacks) from the recording at
+/// `recording`. Returns `false`, writing nothing, for any other extension.
+pub fn write_view_for_extension(recording: &Path, out: &Path, existing: Existing) -> Result<bool> {
+    let Some(format) = FlameFormat::for_extension(out) else {
+        return Ok(false);
     };
     let request = FlameRequest {
         file: recording.to_path_buf(),
         output: Some(out.to_path_buf()),
-        format,
+        format: Some(format),
         ..FlameRequest::default()
     };
-    render_to_file(&request, out, Stdout::Refused)?;
+    render_to_file(&request, format, out, Stdout::Refused, existing)?;
     Ok(true)
 }
 
@@ -474,6 +586,8 @@ impl AllProcesses {
                     &TOP_SAMPLE_RATE.to_string(),
                     "-p",
                     &pid.to_string(),
+                    // A pid used again while `top --all` runs: its own file.
+                    "--force",
                     "-o",
                 ])
                 .arg(&recording)

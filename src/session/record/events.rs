@@ -4,7 +4,7 @@ use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 
 use crate::analyze::FileFilter;
-use crate::output::file::Output;
+use crate::output::file::{Existing, Output};
 use crate::python::probes::PythonProbe;
 use crate::record::{BackgroundWriter, Event, EventKind, FrameRef, Header, RecordingWriter, StrId};
 use crate::tracer::signals;
@@ -19,6 +19,8 @@ pub struct EventBuilder {
     writer: Option<RecordingWriter<BackgroundWriter>>,
     header: Header,
     output: PathBuf,
+    /// Whether a file at `output` may be replaced.
+    existing: Existing,
     /// The file the writer writes (`OUT.partial` until the recording ends).
     file: Option<Output>,
     /// Events seen before the writer exists (thread starts only: no probe can hit).
@@ -54,6 +56,7 @@ impl EventBuilder {
     pub fn new(
         header: Header,
         output: PathBuf,
+        existing: Existing,
         filter: FileFilter,
         start_at: Option<String>,
     ) -> EventBuilder {
@@ -61,6 +64,7 @@ impl EventBuilder {
             writer: None,
             header,
             output,
+            existing,
             file: None,
             early: Vec::new(),
             filter,
@@ -158,7 +162,7 @@ impl EventBuilder {
                 .max(self.alongside_interval_ns);
         }
         // The header reaches the file at once: a watcher (`top`) can open it now.
-        let opened = Output::partial(&self.output).and_then(|file| {
+        let opened = Output::partial(&self.output, self.existing).and_then(|file| {
             let mut w =
                 RecordingWriter::new(BackgroundWriter::new(file.try_clone_file()?)?, &self.header)?;
             w.flush()?;

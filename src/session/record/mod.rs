@@ -9,9 +9,10 @@ use std::rc::Rc;
 use anyhow::{bail, Context, Result};
 
 use crate::analyze::FileFilter;
-use crate::output::file::{check, check_recording, Stdout};
+use crate::output::file::{check, check_recording, first_free, numbered, Existing, Stdout};
 use crate::process::objects::{find_probe_object, sdt_objects};
 use crate::process::status::{check_inspectable, cmdline};
+use crate::session::views::{extension, is_fifo, FlameFormat};
 use std::collections::BTreeSet;
 
 use crate::python::probes::{ProbeGroup, PROBES, PROVIDER};
@@ -34,6 +35,8 @@ pub struct RecordRequest {
     pub pid: Option<i32>,
     pub command: Vec<String>,
     pub output: Option<PathBuf>,
+    /// Replace existing outputs (`--force`).
+    pub force: bool,
     pub duration: Option<f64>,
     pub mode: String,
     pub probes: Vec<String>,
@@ -84,8 +87,15 @@ mod resolver;
 mod sampler;
 mod status;
 
-fn default_output(pid: i32) -> PathBuf {
-    PathBuf::from(format!("pyprobe-{pid}.pyprobe"))
+/// The recording's default name: `pyprobe-PID.pyprobe`, or with `--force` not
+/// given and that taken, the first free `pyprobe-PID.N.pyprobe`.
+fn default_output(pid: i32, existing: Existing) -> Result<PathBuf> {
+    let base = PathBuf::from(format!("pyprobe-{pid}.pyprobe"));
+    match existing {
+        Existing::Replace => Ok(base),
+        Existing::Keep => first_free(|n| numbered(&base, ".pyprobe", n), true)
+            .context("cannot find a free name for the recording"),
+    }
 }
 
 fn parse_mode(mode: &str) -> Result<Mode> {
@@ -139,10 +149,17 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         bail!("`--probes` needs probes: use it with `--mode trace` or `--mode auto`");
     }
     let budget = overhead_budget(request, mode, requested.as_ref())?;
-    if let Some(output) = &request.output {
+    let existing = if request.force {
+        Existing::Replace
+    } else {
+        Existing::Keep
+    };
+    let view = match &request.output {
         // Before anything is attached or started.
-        check_outputs(output)?;
-    }
+        Some(output) => check_outputs(output, existing)?,
+        None => None,
+    };
+
     let chosen = Rc::new(RefCell::new(Chosen::default()));
     let resolver = Box::new(PythonResolver {
         mode,
@@ -202,11 +219,11 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         (None, true) => bail!("nothing to record: give -p PID or a command after --"),
     };
     let pid = engine.root();
-    let output = request
-        .output
-        .clone()
-        .unwrap_or_else(|| default_output(pid));
-    let recording_path = if is_view(&output) {
+    let output = match &request.output {
+        Some(o) => o.clone(),
+        None => default_output(pid, existing)?,
+    };
+    let recording_path = if view.is_some() {
         output.with_extension("pyprobe")
     } else {
         output.clone()
@@ -237,6 +254,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     let mut builder = EventBuilder::new(
         header,
         recording_path.clone(),
+        existing,
         filter,
         request.start_at.clone(),
     );
@@ -446,9 +464,9 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             if b.windows == 1 { "" } else { "s" }
         );
     }
-    if is_view(&output) {
+    if view.is_some() {
         // The recording stays beside the view, so other views can be made later.
-        crate::session::views::write_view_for_extension(&recording_path, &output)
+        crate::session::views::write_view_for_extension(&recording_path, &output, existing)
             .with_context(|| format!("cannot write {}", output.display()))?;
         eprintln!(
             "pyprobe: wrote {} (recording kept in {})",
@@ -459,17 +477,37 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     Ok(exit_code(outcome, launched, pid))
 }
 
-/// Refuses outputs that cannot be written (a device, a directory, a recording
-/// under way at the same name).
-fn check_outputs(output: &Path) -> Result<()> {
-    let recording = if is_view(output) {
-        check(output, Stdout::Refused)?;
-        output.with_extension("pyprobe")
-    } else {
-        output.to_owned()
+/// Refuses, before anything is attached or started, an output pyprobe cannot or
+/// must not write: a name whose extension is no format it writes, an existing
+/// file (without `--force`), a device, a directory, a recording under way at the
+/// same name. Returns the view's format when OUT names a view (the recording
+/// then goes beside it, as OUT.pyprobe).
+fn check_outputs(output: &Path, existing: Existing) -> Result<Option<FlameFormat>> {
+    // What OUT is first (a device, a directory): its name is beside the point.
+    check(output, Stdout::Refused, Existing::Replace)?;
+    let view = FlameFormat::for_extension(output);
+    let recording = match view {
+        Some(_) => {
+            check(output, Stdout::Refused, existing)?;
+            output.with_extension("pyprobe")
+        }
+        None if extension(output).as_deref() == Some("pyprobe") || is_fifo(output) => {
+            output.to_owned()
+        }
+        None => bail!(
+            "pyprobe record cannot write {}: name the output .pyprobe (a recording), .svg \
+             (flame graph), .json (speedscope) or .txt (collapsed stacks)",
+            output.display()
+        ),
     };
-    check_recording(&recording)?;
-    Ok(())
+    check_recording(&recording, existing).map_err(|e| {
+        if view.is_some() && e.kind() == std::io::ErrorKind::AlreadyExists {
+            anyhow::anyhow!("{e} (the recording kept beside {})", output.display())
+        } else {
+            e.into()
+        }
+    })?;
+    Ok(view)
 }
 
 /// When the recording starts: when the probes went in at attach (the stacks read
@@ -489,13 +527,6 @@ fn recording_start(
         (Some((ts, _)), None) => *ts,
         (None, _) => now,
     }
-}
-
-fn is_view(path: &std::path::Path) -> bool {
-    matches!(
-        path.extension().and_then(|e| e.to_str()),
-        Some("svg" | "json" | "txt")
-    )
 }
 
 fn print_start_line(
