@@ -88,6 +88,12 @@ pub struct RecordArgs {
     /// default name).
     #[arg(long)]
     pub force: bool,
+    /// Say more at start: each probe site armed, which go through the ring and
+    /// which stay on int3 and why, each site refused and why, the frame walker's
+    /// layout. By default, one line says what is traced and how, and only
+    /// warnings that change what is recorded are added.
+    #[arg(short, long)]
+    pub verbose: bool,
     /// Stop after this many seconds (default: until the target exits or Ctrl-C).
     #[arg(short, long, value_name = "SECONDS")]
     pub duration: Option<f64>,

@@ -23,6 +23,7 @@ fn main() -> ExitCode {
             command: args.target.command,
             output: args.output,
             force: args.force,
+            verbose: args.verbose,
             duration: args.duration,
             mode: match args.mode {
                 cli::Mode::Auto => "auto",

@@ -2,7 +2,8 @@
 //! it did not create. A failing run leaves OUT as it was, an existing file is
 //! replaced only with `--force` (a default name moves on to the next free one),
 //! devices are refused, a FIFO is written straight into, and recordings are
-//! private (0600). Large trace exports are announced before they are written,
+//! private (0600). And what `record` says on stderr (one line at start, the
+//! details with `-v`), and large trace exports announced before they are written,
 //! with filters that make them smaller.
 
 mod common;
@@ -453,6 +454,92 @@ fn default_names_never_replace_a_file() {
     assert!(o.status.success());
     assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<?xml"));
     assert!(!dir.path().join("run.2.svg").exists());
+}
+
+/// The stderr of a plain `record -- CMD`: one line at start saying what is
+/// traced and how, then the closing summary, and nothing else.
+#[test]
+fn record_says_one_line_at_start() {
+    let Some(py) = python("3.11") else { return };
+    let dir = tempdir();
+    let out = dir.path().join("run.pyprobe");
+    let o = pyprobe()
+        .args(["record", "-o", s(&out), "--"])
+        .arg(&py.launcher)
+        .args(["-c", "import time; time.sleep(0.2)"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "a start line and a summary:\n{stderr}");
+    let start = lines[0];
+    let header = report_json(s(&out));
+    let pid = header["target"]["pid"]
+        .as_u64()
+        .expect("the pid in the report");
+    for word in [
+        &format!("pyprobe: process {pid} (python3.11 -c import time;"),
+        "CPython 3.11",
+        "mode auto",
+        "stacks sampled at 100 Hz",
+        "gc, import, audit exact",
+        "engine auto",
+        &format!("writing {}.partial ({} when done)", s(&out), s(&out)),
+    ] {
+        assert!(
+            start.contains(word),
+            "the start line says {word:?}: {start}"
+        );
+    }
+    assert!(
+        lines[1].starts_with("pyprobe: ") && lines[1].contains("events written to"),
+        "{}",
+        lines[1]
+    );
+    // No internal event printed raw.
+    assert!(
+        !stderr.contains('{') && !stderr.contains("ThreadStart"),
+        "{stderr}"
+    );
+}
+
+/// `-v` adds the site-level details: each process's sites armed, which go to the
+/// ring and which stay on int3 and why, and the frame walker's layout.
+#[test]
+fn record_verbose_says_the_sites() {
+    let Some(py) = python("3.11") else { return };
+    let dir = tempdir();
+    let out = dir.path().join("run.pyprobe");
+    let run = |extra: &[&str]| {
+        let o = pyprobe()
+            .args(["record", "-o", s(&out), "--force"])
+            .args(extra)
+            .arg("--")
+            .arg(&py.launcher)
+            .args(["-c", "import time; time.sleep(0.2)"])
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    // How many sites each engine serves (which stay on int3, and why, depends on
+    // what the ring can capture for this interpreter).
+    let details = [
+        "probe sites armed in process",
+        "probe sites write to a ring",
+        "stay on int3",
+        "frame walker: python 3.11",
+        "interpreter: ",
+    ];
+    let verbose = run(&["-v"]);
+    for d in details {
+        assert!(verbose.contains(d), "-v says {d:?}:\n{verbose}");
+    }
+    let plain = run(&[]);
+    for d in details {
+        assert!(!plain.contains(d), "without -v, no {d:?}:\n{plain}");
+    }
 }
 
 /// A trace recording of `calls` short calls (10 µs each) and two long ones

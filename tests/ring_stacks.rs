@@ -69,7 +69,8 @@ fn record(py: &Python, extra: &[&str], name: &str) -> (String, String, Vec<Vec<S
 fn check(version: &'static str) {
     let Some(py) = python(version) else { return };
     // In-target capture is asked for with --engine ring (see the resolver).
-    let (stderr, stdout, ring) = record(&py, &["--engine", "ring"], "ring");
+    // `-v`: the start says which sites go to the ring and which stay on int3.
+    let (stderr, stdout, ring) = record(&py, &["--engine", "ring", "-v"], "ring");
     assert_eq!(stdout.trim(), CALLS.to_string());
     assert!(
         stderr.contains("probe sites write to a ring"),

@@ -1,7 +1,7 @@
 //! Turning probe hits and samples into recording events.
 
 use rustc_hash::FxHashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::analyze::FileFilter;
 use crate::output::file::{Existing, Output};
@@ -170,13 +170,6 @@ impl EventBuilder {
         });
         match opened {
             Ok((w, file)) => {
-                if file.is_renamed() {
-                    eprintln!(
-                        "pyprobe: recording into {} (renamed to {} when the recording ends)",
-                        file.writing_to().display(),
-                        self.output.display()
-                    );
-                }
                 self.writer = Some(w);
                 self.file = Some(file);
             }
@@ -189,6 +182,18 @@ impl EventBuilder {
         for event in std::mem::take(&mut self.early) {
             self.write(event.tid as i32, event.ts_ns, event.kind);
         }
+    }
+
+    /// Once the recording is open: where it is written now (`OUT.partial`, or a
+    /// FIFO) and the name it gets when it ends.
+    pub fn writing_to(&self) -> Option<(&Path, &Path)> {
+        let file = self.file.as_ref()?;
+        let now = if file.is_renamed() {
+            file.writing_to()
+        } else {
+            self.output.as_path()
+        };
+        Some((now, self.output.as_path()))
     }
 
     pub fn intern(&mut self, s: &str) -> StrId {

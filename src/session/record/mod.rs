@@ -37,6 +37,8 @@ pub struct RecordRequest {
     pub output: Option<PathBuf>,
     /// Replace existing outputs (`--force`).
     pub force: bool,
+    /// Say the site-level details at start (`-v`).
+    pub verbose: bool,
     pub duration: Option<f64>,
     pub mode: String,
     pub probes: Vec<String>,
@@ -159,7 +161,6 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         Some(output) => check_outputs(output, existing)?,
         None => None,
     };
-
     let chosen = Rc::new(RefCell::new(Chosen::default()));
     let resolver = Box::new(PythonResolver {
         mode,
@@ -191,9 +192,13 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     // The stacks running when the probes went in at attach (every thread is
     // stopped then): frames whose entries the recording will never see.
     let mut running = None;
+    // Threads that started or ended while attaching: recorded once the
+    // recording exists.
+    let mut early_threads = Vec::new();
+    let verbose = request.verbose;
     let mut collect = |e: TraceEvent| match e {
         TraceEvent::Window { pid, ts_ns, exact } => early_window = Some((pid, ts_ns, exact)),
-        TraceEvent::Installed { pid, .. } => {
+        TraceEvent::Installed { pid, sites } => {
             if request.pid == Some(pid)
                 && running.is_none()
                 && chosen.borrow().groups.contains(&ProbeGroup::Function)
@@ -201,10 +206,28 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                 let ts = monotonic_ns();
                 running = Some((ts, sampler.running(pid, ts)));
             }
-            early.push(format_early(&e));
-            early.extend(refusal_lines(pid, &chosen));
+            if verbose {
+                early.push(armed_line(pid, sites));
+            }
+            early.extend(refusal_lines(pid, &chosen, verbose));
         }
-        other => early.push(format_early(&other)),
+        TraceEvent::ThreadStart { tid, ts_ns, .. } => {
+            early_threads.push((tid, ts_ns, EventKind::ThreadStart))
+        }
+        TraceEvent::ThreadExit { tid, ts_ns, .. } => {
+            early_threads.push((tid, ts_ns, EventKind::ThreadExit))
+        }
+        TraceEvent::Notice(text) => early.push(format!("pyprobe: {text}")),
+        TraceEvent::Summarised { short, full } => {
+            early.push(format!("pyprobe: {}", if verbose { full } else { short }))
+        }
+        TraceEvent::Detail(text) if verbose => early.push(format!("pyprobe: {text}")),
+        // Nothing is hit, sampled or lost before the probes are in and the
+        // target runs again.
+        TraceEvent::Detail(_)
+        | TraceEvent::Hit(_)
+        | TraceEvent::Lost { .. }
+        | TraceEvent::Tick { .. } => {}
     };
     let (mut engine, launched) = match (request.pid, request.command.is_empty()) {
         (Some(pid), true) => {
@@ -248,9 +271,6 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             .unwrap_or(0),
         ..Header::default()
     };
-    for line in early {
-        eprintln!("{line}");
-    }
     let mut builder = EventBuilder::new(
         header,
         recording_path.clone(),
@@ -261,13 +281,25 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     if alongside {
         builder.sample_alongside(interval_ns);
     }
-    let start_line =
-        |chosen: &Chosen, pid: i32| print_start_line(chosen, pid, mode, request, budget);
+    sampler.verbose = request.verbose;
+    let start = StartLine {
+        mode,
+        request,
+        budget,
+        view: view.map(|_| output.as_path()),
+        launched,
+    };
     // Under a budget: `exact_window` says whether calls are traced exactly now
     // (then no sampling).
     if !launched {
-        start_line(&chosen.borrow(), pid);
         builder.open(pid, &chosen.borrow());
+        start.print(&chosen.borrow(), pid, &builder);
+    }
+    for line in early {
+        eprintln!("{line}");
+    }
+    for (tid, ts_ns, kind) in early_threads {
+        builder.write(tid, ts_ns, kind);
     }
     let mut exact_window = false;
     if let Some((pid, ts_ns, exact)) = early_window {
@@ -332,17 +364,25 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             TraceEvent::Installed { pid, sites } => {
                 if launched && !announced {
                     announced = true;
-                    start_line(&chosen.borrow(), pid);
                     builder.open(pid, &chosen.borrow());
+                    start.print(&chosen.borrow(), pid, &builder);
                 }
-                if sites > 0 {
-                    eprintln!("pyprobe: {sites} probe sites armed in process {pid}");
+                if request.verbose {
+                    eprintln!("{}", armed_line(pid, sites));
                 }
-                for line in refusal_lines(pid, &chosen) {
+                for line in refusal_lines(pid, &chosen, request.verbose) {
                     eprintln!("{line}");
                 }
             }
             TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
+            TraceEvent::Summarised { short, full } => {
+                eprintln!("pyprobe: {}", if request.verbose { full } else { short })
+            }
+            TraceEvent::Detail(text) => {
+                if request.verbose {
+                    eprintln!("pyprobe: {text}");
+                }
+            }
             TraceEvent::Lost { pid, count, ts_ns } => {
                 builder.write(pid, ts_ns, EventKind::Lost { count })
             }
@@ -529,94 +569,174 @@ fn recording_start(
     }
 }
 
-fn print_start_line(
-    chosen: &Chosen,
-    pid: i32,
+/// The line that says, once the interpreter is known, what is traced and how:
+/// the process, its CPython, the mode, the sampling rate, the probes and their
+/// engine, and where the recording goes.
+struct StartLine<'a> {
     mode: Mode,
-    request: &RecordRequest,
+    request: &'a RecordRequest,
     budget: Option<f64>,
-) {
-    let version = chosen
-        .version
-        .map(|v| v.to_string())
-        .unwrap_or_else(|| "?".into());
-    let groups: Vec<&str> = chosen.groups.iter().map(|g| g.name()).collect();
-    let how = if request.nonblocking {
-        "without stopping the threads"
-    } else {
-        "stopping the threads briefly"
-    };
-    let rate = request.rate;
-    let why = match mode {
-        Mode::Trace if returns_only(chosen.version, &chosen.groups) => format!(
-            "mode trace: every probe hit recorded exactly; this CPython's function probes give \
-             returns only, so stacks are also sampled at {rate} Hz, without stopping the threads, \
-             for times"
-        ),
-        Mode::Trace => "mode trace: every probe hit recorded exactly".to_string(),
-        Mode::Sample => format!("mode sample: stacks sampled at {rate} Hz, {how}"),
-        Mode::Auto if chosen.has_probes => format!(
-            "mode auto: function stacks sampled at {rate} Hz, {how}; {} exact through their probes \
-             (`--mode trace` for exact calls)",
-            if groups.is_empty() { "no events".to_string() } else { groups.join(", ") }
-        ),
-        Mode::Auto => format!(
-            "mode auto: stacks sampled at {rate} Hz, {how}; this CPython has no SDT probes \
-             (built without --with-dtrace), so no exact events"
-        ),
-    };
-    eprintln!(
-        "pyprobe: process {pid}{}, CPython {version} ({}): {why}",
-        crate::process::status::ns_pid_note(pid),
-        chosen.object_path
-    );
-    if mode == Mode::Trace {
-        eprintln!("pyprobe: probes: {}", groups.join(","));
-    }
-    if let Some(w) = &chosen.warning {
-        eprintln!("pyprobe: note: {w}");
-    }
-    if let Some(max) = budget {
-        let costly = chosen.groups.contains(&ProbeGroup::Function)
-            || chosen.groups.contains(&ProbeGroup::Line);
-        if costly {
-            eprintln!(
-                "pyprobe: overhead budget {}% (--max-overhead): above it, function probes go off and \
-                 stacks are sampled at {} Hz until the budget allows an exact window again",
-                max * 100.0,
-                request.rate
-            );
-        } else if chosen.has_probes {
-            eprintln!(
-                "pyprobe: overhead budget {}%: nothing to limit, no function or line probes are on",
-                max * 100.0
-            );
+    /// The view written at the end, when -o names one.
+    view: Option<&'a Path>,
+    launched: bool,
+}
+
+/// At most this many characters of the target's command line in the start line.
+const COMMAND_CHARS: usize = 48;
+
+impl StartLine<'_> {
+    fn print(&self, chosen: &Chosen, pid: i32, builder: &EventBuilder) {
+        eprintln!("{}", self.text(chosen, pid, builder));
+        if self.request.verbose {
+            eprintln!("pyprobe: interpreter: {}", chosen.object_path);
+            if let Some(w) = &chosen.warning {
+                eprintln!("pyprobe: note: {w}");
+            }
         }
     }
+
+    fn text(&self, chosen: &Chosen, pid: i32, builder: &EventBuilder) -> String {
+        let request = self.request;
+        let version = chosen
+            .version
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| "?".into());
+        let argv = if self.launched {
+            request.command.clone()
+        } else {
+            cmdline(pid)
+        };
+        // The program by its name, not its directory.
+        let command = argv
+            .iter()
+            .enumerate()
+            .map(|(i, a)| match i {
+                0 => a.rsplit('/').next().unwrap_or(a),
+                _ => a.as_str(),
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        let command = if command.chars().count() > COMMAND_CHARS {
+            let cut: String = command.chars().take(COMMAND_CHARS - 1).collect();
+            format!("{cut}…")
+        } else {
+            command
+        };
+        let groups: Vec<&str> = chosen.groups.iter().map(|g| g.name()).collect();
+        let rate = request.rate;
+        let sampled = format!(
+            "stacks sampled at {rate} Hz{}",
+            if request.nonblocking {
+                " without stopping the threads"
+            } else {
+                ", stopping the threads briefly"
+            }
+        );
+        let engine = match request.ring {
+            RingUse::Auto => "engine auto: ring, else int3",
+            RingUse::Required => "engine ring",
+            RingUse::Off => "engine int3",
+        };
+        let what = match self.mode {
+            Mode::Trace if returns_only(chosen.version, &chosen.groups) => {
+                let others: Vec<&str> = groups
+                    .iter()
+                    .copied()
+                    .filter(|g| *g != "function")
+                    .collect();
+                let others = if others.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {}", others.join(", "))
+                };
+                format!(
+                    "mode trace: function returns (this CPython's entries do not fire){others} \
+                     exact ({engine}); times from stacks sampled at {rate} Hz without stopping \
+                     the threads"
+                )
+            }
+            Mode::Trace => format!("mode trace: {} exact ({engine})", groups.join(", ")),
+            Mode::Sample => format!("mode sample: {sampled}"),
+            Mode::Auto if chosen.has_probes && !groups.is_empty() => {
+                format!(
+                    "mode auto: {sampled}; {} exact ({engine})",
+                    groups.join(", ")
+                )
+            }
+            Mode::Auto if chosen.has_probes => format!("mode auto: {sampled}"),
+            Mode::Auto => format!(
+                "mode auto: {sampled}; no exact events: this CPython has no SDT probes (built \
+                 without --with-dtrace)"
+            ),
+        };
+        let budget = match self.budget {
+            Some(max)
+                if chosen.groups.contains(&ProbeGroup::Function)
+                    || chosen.groups.contains(&ProbeGroup::Line) =>
+            {
+                format!(
+                    "; overhead budget {}%: above it, function probes go off and stacks are \
+                     sampled",
+                    max * 100.0
+                )
+            }
+            Some(max) if chosen.has_probes => format!(
+                "; overhead budget {}%: nothing to limit, no function or line probes are on",
+                max * 100.0
+            ),
+            _ => String::new(),
+        };
+        let into = match (builder.writing_to(), self.view) {
+            (None, _) => String::new(),
+            (Some((writing, final_name)), view) => {
+                let recording = if writing == final_name {
+                    format!("{}", final_name.display())
+                } else {
+                    format!("{} ({} when done)", writing.display(), final_name.display())
+                };
+                match view {
+                    Some(v) => format!("; writing {recording}, then {}", v.display()),
+                    None => format!("; writing {recording}"),
+                }
+            }
+        };
+        format!(
+            "pyprobe: process {pid}{} ({command}), CPython {version}: {what}{budget}{into}",
+            crate::process::status::ns_pid_note(pid),
+        )
+    }
+}
+
+fn armed_line(pid: i32, sites: usize) -> String {
+    format!("pyprobe: {sites} probe sites armed in process {pid}")
 }
 
 /// What the resolver left alone in `pid` (forged or corrupt notes, odd
-/// semaphores), one line each; sites holding something else than their `nop` are
-/// reported by the engine, with why.
-fn refusal_lines(pid: i32, chosen: &RefCell<Chosen>) -> Vec<String> {
-    chosen
+/// semaphores): one line each with `verbose`, else one line saying how many.
+/// Sites holding something else than their `nop` are reported by the engine.
+fn refusal_lines(pid: i32, chosen: &RefCell<Chosen>, verbose: bool) -> Vec<String> {
+    let refusals = chosen
         .borrow_mut()
         .refusals
         .remove(&pid)
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if refusals.is_empty() {
+        return Vec::new();
+    }
+    if !verbose {
+        return vec![format!(
+            "pyprobe: process {pid}: {} probe note{} or semaphore{} failed pyprobe's checks and \
+             {} left alone, not traced (-v says which and why)",
+            refusals.len(),
+            if refusals.len() == 1 { "" } else { "s" },
+            if refusals.len() == 1 { "" } else { "s" },
+            if refusals.len() == 1 { "is" } else { "are" }
+        )];
+    }
+    refusals
         .into_iter()
         .map(|why| format!("pyprobe: process {pid}: {why}"))
         .collect()
-}
-
-fn format_early(event: &TraceEvent) -> String {
-    match event {
-        TraceEvent::Installed { pid, sites, .. } => {
-            format!("pyprobe: {sites} probe sites armed in process {pid}")
-        }
-        TraceEvent::Notice(t) => format!("pyprobe: {t}"),
-        other => format!("pyprobe: {other:?}"),
-    }
 }
 
 /// `record -- CMD` exits with the command's status; a detached command is waited for.
