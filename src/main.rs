@@ -22,6 +22,8 @@ fn main() -> ExitCode {
             pid: args.target.pid,
             command: args.target.command,
             output: args.output,
+            force: args.force,
+            verbose: args.verbose,
             duration: args.duration,
             mode: match args.mode {
                 cli::Mode::Auto => "auto",
@@ -44,23 +46,33 @@ fn main() -> ExitCode {
             },
             samples: sample_filter(args.samples),
         }),
-        Command::Flame(args) => session::views::flame(&session::views::FlameRequest {
-            file: args.file,
-            output: args.output,
-            format: match args.format {
-                cli::FlameFormat::Svg => session::views::FlameFormat::Svg,
-                cli::FlameFormat::Collapsed => session::views::FlameFormat::Collapsed,
-                cli::FlameFormat::Speedscope => session::views::FlameFormat::Speedscope,
-                cli::FlameFormat::Chrome => session::views::FlameFormat::Chrome,
-            },
-            title: args.title,
-            full_paths: args.full_paths,
-            by: match args.by {
-                cli::FlameBy::Time => pyprobe::output::flame::By::Time,
-                cli::FlameBy::Calls => pyprobe::output::flame::By::Calls,
-            },
-            samples: sample_filter(args.samples),
-        }),
+        Command::Flame(args) => {
+            match pyprobe::analyze::FileFilter::new(&args.include, &args.exclude) {
+                Err(e) => Err(anyhow::anyhow!("{e}")),
+                Ok(files) => session::views::flame(&session::views::FlameRequest {
+                    file: args.file,
+                    output: args.output,
+                    format: args.format.map(|f| match f {
+                        cli::FlameFormat::Svg => session::views::FlameFormat::Svg,
+                        cli::FlameFormat::Collapsed => session::views::FlameFormat::Collapsed,
+                        cli::FlameFormat::Speedscope => session::views::FlameFormat::Speedscope,
+                        cli::FlameFormat::Chrome => session::views::FlameFormat::Chrome,
+                    }),
+                    title: args.title,
+                    full_paths: args.full_paths,
+                    by: match args.by {
+                        cli::FlameBy::Time => pyprobe::output::flame::By::Time,
+                        cli::FlameBy::Calls => pyprobe::output::flame::By::Calls,
+                    },
+                    force: args.force,
+                    samples: sample_filter(args.samples),
+                    filter: pyprobe::analyze::SliceFilter {
+                        files,
+                        min_duration_ns: args.min_duration.unwrap_or(0),
+                    },
+                }),
+            }
+        }
         Command::Report(args) => session::report::run(
             &args.file,
             &session::report::ReportRequest {

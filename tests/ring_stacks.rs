@@ -69,8 +69,9 @@ fn record(py: &Python, extra: &[&str], name: &str) -> (String, String, Vec<Vec<S
 fn check(version: &'static str) {
     let Some(py) = python(version) else { return };
     // The default engine captures the stacks in the target (without a budget, so
-    // that a storm of audit events is not thinned).
-    let (stderr, stdout, ring) = record(&py, &["--max-overhead", "0"], "ring");
+    // that a storm of audit events is not thinned). `-v`: the start says which
+    // sites go to the ring and which stay on int3.
+    let (stderr, stdout, ring) = record(&py, &["--max-overhead", "0", "-v"], "ring");
     assert_eq!(stdout.trim(), CALLS.to_string());
     assert!(
         stderr.contains("probe sites write to a ring"),

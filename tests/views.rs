@@ -308,7 +308,7 @@ fn speedscope_spilled_to_disk_is_identical() {
             spool_limit: limit,
             ..SpeedscopeOptions::default()
         };
-        write_speedscope(&mut reader, &options, &mut out).unwrap();
+        write_speedscope(&mut reader, &options, |_| {}, &mut out).unwrap();
         String::from_utf8(out).unwrap()
     };
     assert_eq!(render(16), render(1 << 20));
@@ -482,24 +482,27 @@ fn flame_writes_beside_the_recording_by_default() {
 
 #[test]
 fn view_chosen_by_extension() {
+    use pyprobe::output::file::Existing;
     use pyprobe::session::views::write_view_for_extension;
     let t = trace_recording("by-extension.pyprobe");
     let svg = tmp("by-extension.svg");
-    assert!(write_view_for_extension(&t, &svg, SampleFilter::default()).unwrap());
+    assert!(write_view_for_extension(&t, &svg, SampleFilter::default(), Existing::Keep).unwrap());
     svg_texts(&std::fs::read_to_string(&svg).unwrap());
     let json = tmp("by-extension.json");
-    assert!(write_view_for_extension(&t, &json, SampleFilter::default()).unwrap());
+    assert!(write_view_for_extension(&t, &json, SampleFilter::default(), Existing::Keep).unwrap());
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(doc["profiles"][0]["type"], "evented");
     let txt = tmp("by-extension.txt");
-    assert!(write_view_for_extension(&t, &txt, SampleFilter::default()).unwrap());
+    assert!(write_view_for_extension(&t, &txt, SampleFilter::default(), Existing::Keep).unwrap());
     assert_eq!(
         std::fs::read_to_string(&txt).unwrap(),
         flame(&t, &["--format", "collapsed"])
     );
     let other = tmp("by-extension.pyprobe2");
-    assert!(!write_view_for_extension(&t, &other, SampleFilter::default()).unwrap());
+    assert!(
+        !write_view_for_extension(&t, &other, SampleFilter::default(), Existing::Keep).unwrap()
+    );
     assert!(!other.exists());
 }
 

@@ -16,7 +16,7 @@ pub mod states;
 mod tests;
 
 pub use aggregate::Aggregator;
-pub use filter::{FileFilter, FilterError};
+pub use filter::{parse_duration, FileFilter, FilterError, SliceFilter};
 pub use histogram::Histogram;
 pub use model::{
     Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, GcStats, ImportStats,

@@ -18,10 +18,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io::{Read, Seek, Write};
 
-use crate::analyze::{EndKind, Exit, SampleFilter, SampleTally, Step};
+use crate::analyze::{EndKind, Exit, SampleFilter, SampleTally, SliceFilter, Step};
 use crate::output::flame::{FrameNames, ViewError, ViewInfo};
-use crate::output::replay_recording;
 use crate::output::speedscope::json_str;
+use crate::output::{plan_recording, replay_planned, Census};
 use crate::record::{EventKind, FrameRef, RecordingReader, StrId, ThinLevel};
 
 /// Sampled stacks of thread `tid` go on the track `SAMPLED_TRACK | tid` (Linux
@@ -32,12 +32,14 @@ pub const SAMPLED_TRACK: u32 = 1 << 30;
 const MAX_OPEN_IMPORTS: usize = 256;
 
 /// Options of the Chrome trace export.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ChromeOptions {
     /// Keep full file paths in slice names.
     pub full_paths: bool,
     /// Which samples are drawn; a sample left out ends its thread's sampled slices.
     pub samples: SampleFilter,
+    /// Which functions (by file) and which slices (by duration) to keep.
+    pub filter: SliceFilter,
 }
 
 /// `ns` as microseconds with three decimals, exactly.
@@ -63,6 +65,9 @@ struct Writer<W: Write> {
     names: HashMap<FrameRef, (String, String)>,
     /// The same for sampled functions, by (file, function).
     sampled_names: HashMap<(StrId, StrId), (String, String)>,
+    filter: SliceFilter,
+    /// Whether the filter keeps each file.
+    kept_files: HashMap<StrId, bool>,
 }
 
 impl<W: Write> Writer<W> {
@@ -78,8 +83,23 @@ impl<W: Write> Writer<W> {
         ts.saturating_sub(self.start)
     }
 
+    /// Whether the filter keeps the functions of `file`.
+    fn keeps(&mut self, names: &FrameNames<'_>, file: StrId) -> bool {
+        if self.filter.files.is_empty() {
+            return true;
+        }
+        let filter = &self.filter;
+        *self
+            .kept_files
+            .entry(file)
+            .or_insert_with(|| filter.files.matches(&names.string(file)))
+    }
+
     fn frame_slice(&mut self, names: &FrameNames<'_>, e: &Exit) -> std::io::Result<()> {
         let frame = e.code;
+        if !self.keeps(names, frame.file) {
+            return Ok(());
+        }
         let (name, args) = self.names.entry(frame).or_insert_with(|| {
             (
                 json_str(&names.python(&frame)),
@@ -95,6 +115,9 @@ impl<W: Write> Writer<W> {
         // Clipped at the trace's start like every other time: slices still nest.
         let begin = self.rel(e.start_ns());
         let dur = self.rel(e.ts).saturating_sub(begin);
+        if !self.filter.long_enough(dur) {
+            return Ok(());
+        }
         let end = match e.kind {
             EndKind::Returned => "",
             EndKind::Unpaired => ",\"end\":\"no return (popped by a later return)\"",
@@ -138,6 +161,10 @@ impl<W: Write> Writer<W> {
             let Some((frame, start)) = state.sampled.pop() else {
                 break;
             };
+            let (begin, dur) = (self.rel(start), end_ts.saturating_sub(start));
+            if !self.filter.long_enough(dur) || !self.keeps(names, frame.file) {
+                continue;
+            }
             let (name, args) = self
                 .sampled_names
                 .entry((frame.file, frame.function))
@@ -156,7 +183,6 @@ impl<W: Write> Writer<W> {
                 .clone();
             let pid = self.pid;
             let track = SAMPLED_TRACK | tid;
-            let (begin, dur) = (self.rel(start), end_ts.saturating_sub(start));
             self.event(format_args!(
                 "{{\"name\":{name},\"cat\":\"sampled\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{pid},\"tid\":{track},\"args\":{{{args}}}}}",
                 us(begin),
@@ -167,14 +193,19 @@ impl<W: Write> Writer<W> {
     }
 }
 
-/// Reads the whole recording and writes it as a Chrome trace to `out`.
+/// Reads the whole recording and writes it as a Chrome trace to `out`. `before`
+/// gets the recording's [`Census`] (under the options' filter) once it is read
+/// and before anything is written: what the trace will hold.
 pub fn write_chrome<R: Read + Seek, W: Write>(
     reader: &mut RecordingReader<R>,
     options: &ChromeOptions,
+    before: impl FnOnce(&Census),
     out: W,
 ) -> Result<SampleTally, ViewError> {
     let header = reader.header().clone();
     let mut tally = SampleTally::new(options.samples, &header);
+    let (plan, census) = plan_recording(reader, &options.filter)?;
+    before(&census);
     let mut w = Writer {
         out,
         pid: header.pid,
@@ -182,6 +213,8 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
         first: true,
         names: HashMap::new(),
         sampled_names: HashMap::new(),
+        filter: options.filter.clone(),
+        kept_files: HashMap::new(),
     };
     // A sampled frame lasts at least one interval after the last sample showing it.
     let tail = header.sample_interval_ns;
@@ -199,7 +232,7 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
     let mut base_set = header.start_ns != 0;
     let mut last_ts = 0u64;
 
-    let mut replay = replay_recording(reader, |reader, event, ts, steps, replay| {
+    let mut replay = replay_planned(reader, plan, |reader, event, ts, steps, replay| {
         let tid = event.tid;
         if !base_set {
             w.start = ts;
@@ -275,7 +308,9 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                 threads.entry(tid).or_default().gc = Some((*generation, ts));
             }
             EventKind::GcDone { collected } => {
-                if let Some((generation, start)) = threads.get_mut(&tid).and_then(|t| t.gc.take()) {
+                let gc = threads.get_mut(&tid).and_then(|t| t.gc.take());
+                let gc = gc.filter(|&(_, start)| w.filter.long_enough(ts.saturating_sub(start)));
+                if let Some((generation, start)) = gc {
                     let (begin, dur) = (w.rel(start), ts.saturating_sub(start));
                     w.event(format_args!(
                         "{{\"name\":\"gc (generation {generation})\",\"cat\":\"gc\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{},\"tid\":{tid},\"args\":{{\"generation\":{generation},\"collected\":{collected}}}}}",
@@ -298,6 +333,9 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                     let start = t.imports[i].1;
                     t.imports.truncate(i);
                     let (begin, dur) = (w.rel(start), ts.saturating_sub(start));
+                    if !w.filter.long_enough(dur) {
+                        return Ok(());
+                    }
                     let m = names.string(*module);
                     w.event(format_args!(
                         "{{\"name\":{},\"cat\":\"import\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{},\"tid\":{tid},\"args\":{{\"module\":{},\"found\":{found}}}}}",

@@ -7,9 +7,7 @@
 //! and the kind's payload. State resets at every chunk so chunks stand alone.
 
 use super::wire::{put_uvarint, zigzag, Cursor};
-use super::{
-    Event, EventKind, FrameRef, RecordError, SampleState, StrId, ThinLevel, WalkedFrame,
-};
+use super::{Event, EventKind, FrameRef, RecordError, SampleState, StrId, ThinLevel, WalkedFrame};
 
 const SAME_TID: u8 = 0x80;
 const KIND_MASK: u8 = 0x7f;

@@ -108,7 +108,7 @@ pub enum TraceEvent<'a> {
         tid: i32,
         ts_ns: u64,
     },
-    /// Something the user should know (a child cleaned, a signal, ...).
+    /// Something the user should know (a child cleaned, a signal, a fallback ...).
     Notice(String),
     /// Over the overhead budget, GC, import and audit events go as `level` says
     /// until further notice: thinned, the sink must not read stacks at stops.
@@ -129,6 +129,15 @@ pub enum TraceEvent<'a> {
     /// One drain of `pid`'s ring is over: the hits it gave came before.
     RingDrained {
         pid: i32,
+    },
+    /// A site-level fact for whoever asks for details (`record -v`): how many
+    /// sites went to the ring, which stay on int3 and why.
+    Detail(String),
+    /// A notice in two lengths: `short` says what changes for the user (e.g. how
+    /// many sites are not traced), `full` also names each site and why (`-v`).
+    Summarised {
+        short: String,
+        full: String,
     },
     /// `count` probe hits of `pid` were dropped (its ring was full).
     Lost {

@@ -192,8 +192,11 @@ pub fn record_script(
     script: &str,
     args: &[&str],
 ) -> (String, serde_json::Value) {
+    // A fresh path for each call: tests running at once record the same script.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let out_path = std::env::temp_dir().join(format!(
-        "pyprobe-sample-{}-{}-{script}.pyprobe",
+        "pyprobe-sample-{}-{n}-{}-{script}.pyprobe",
         std::process::id(),
         py.version
     ));

@@ -22,6 +22,8 @@ pub struct Sampler {
     /// about a millisecond, often with the target stopped, so retries back off.
     failures: u32,
     retry_at_ns: u64,
+    /// Say which layout the walker reads the interpreter with (`-v`).
+    pub verbose: bool,
 }
 
 /// Longest wait between two attempts to attach the walker.
@@ -38,7 +40,9 @@ impl Sampler {
             }
             match Walker::attach(pid) {
                 Ok(w) => {
-                    eprintln!("pyprobe: frame walker: {}", w.describe());
+                    if self.verbose {
+                        eprintln!("pyprobe: frame walker: {}", w.describe());
+                    }
                     self.walker = Some(w);
                     self.last_error = None;
                 }

@@ -116,18 +116,22 @@ impl Engine {
         if refused.is_empty() {
             return;
         }
-        let mut text = format!(
-            "process {pid}: {} of {} probe sites refused, not traced:",
+        let head = format!(
+            "process {pid}: {} of {} probe sites refused, not traced",
             refused.len(),
             patches.set.site_count()
         );
+        let mut full = format!("{head}:");
         for (addr, why) in refused.iter().take(4) {
-            text.push_str(&format!(" site {addr:#x} {why}."));
+            full.push_str(&format!(" site {addr:#x} {why}."));
         }
         if refused.len() > 4 {
-            text.push_str(&format!(" ({} more)", refused.len() - 4));
+            full.push_str(&format!(" ({} more)", refused.len() - 4));
         }
-        sink(TraceEvent::Notice(text));
+        sink(TraceEvent::Summarised {
+            short: format!("{head} (-v says which and why)"),
+            full,
+        });
     }
 
     /// A hit of `tid` in `pid` (a clean stop): the ring set up at start-up is due.
@@ -216,12 +220,12 @@ impl Engine {
         if ring_sites == 0 && self.options.ring == RingUse::Required {
             bail!("no probe site qualifies for the ring");
         }
-        sink(TraceEvent::Notice(format!(
+        sink(TraceEvent::Detail(format!(
             "ring engine in process {pid}: {ring_sites} probe sites write to a ring (no stop per hit), \
              {int3_sites} stay on int3"
         )));
         for (addr, why) in setup.refused.iter().take(8) {
-            sink(TraceEvent::Notice(format!(
+            sink(TraceEvent::Detail(format!(
                 "ring engine in process {pid}: site {addr:#x} stays on int3: {why}"
             )));
         }
