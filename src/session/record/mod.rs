@@ -563,7 +563,11 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         }
     );
     if let (Some(max), Some(b)) = (budget, budget_summary) {
-        eprintln!("pyprobe: {}", budget_line(max, &b));
+        // Said when the budget changed what was recorded, or was exceeded.
+        let acted = b.traced_functions || b.exact_fraction < 1.0 || b.slowdown > max;
+        if acted || request.verbose {
+            eprintln!("pyprobe: {}", budget_line(max, &b));
+        }
     }
     if view.is_some() {
         // The recording stays beside the view, so other views can be made later.
