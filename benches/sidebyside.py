@@ -26,9 +26,15 @@ WORKLOADS = {
     # Long enough (about 2 s untraced) for the overhead budget to settle; full
     # tracing of it would take minutes, so only these configurations run on it.
     "fib-long": ["fib.py", "34"],
+    # The default mode where it used to hurt: an audit event per id() call, and a
+    # real program from PyPI (black, which calls id() some 150,000 times).
+    "audit": ["audit.py", "10"],
+    "black": ["black_format.py"],
 }
 ONLY = {"fib-long": {"untraced", "pyprobe trace 5%", "pyprobe ring", "pyprobe ring 5%", "pyprobe sample 100",
-                    "py-spy 100"}}
+                    "py-spy 100"},
+        "audit": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"},
+        "black": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"}}
 
 
 def interpreter(version):

@@ -42,6 +42,9 @@ const RING_EVENT_NS: u64 = 60;
 /// What one event counted but not recorded costs the target (`pushfq`, a
 /// `lock inc`, `popfq` and the jumps): 20–50 ns per `id()` call on a 2-core VM.
 pub(super) const RING_COUNT_NS: u64 = 30;
+/// What each frame a trampoline walks for a stack record adds (two dependent
+/// loads from memory the interpreter touched recently, two stores).
+const RING_FRAME_NS: u64 = 10;
 /// A slot reserved but not published for this long is given up (its producer
 /// was killed or is stuck), counted as lost.
 const STUCK_NS: u64 = 1_000_000_000;
@@ -305,11 +308,15 @@ impl Engine {
         tsc.refine();
         let mut total = 0;
         let mut counted_total = 0;
+        let mut frames_walked = 0u64;
         for (&pid, proc) in procs.iter_mut() {
             let Some(mut ring) = proc.ring.take() else {
                 continue;
             };
             let drained = ring.reader.drain(DRAIN_BATCH, |record| {
+                if let Some(stack) = &record.stack {
+                    frames_walked += stack.depth as u64;
+                }
                 let Some(probe) = proc.patches.set.probes.get(record.probe as usize) else {
                     return;
                 };
@@ -381,7 +388,11 @@ impl Engine {
             proc.ring = Some(ring);
         }
         self.counted_since_thin += counted_total;
-        self.charge(total as u64 * RING_EVENT_NS + counted_total * RING_COUNT_NS);
+        self.charge(
+            total as u64 * RING_EVENT_NS
+                + frames_walked * RING_FRAME_NS
+                + counted_total * RING_COUNT_NS,
+        );
         total
     }
 
