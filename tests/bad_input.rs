@@ -523,6 +523,9 @@ fn report(path: &str) -> std::process::Output {
         .output()
         .unwrap();
     assert_no_panic(&format!("report {path}"), &out.stderr);
+    if out.status.success() {
+        assert_report_schema(&serde_json::from_slice(&out.stdout).expect("report JSON"));
+    }
     out
 }
 
