@@ -54,6 +54,29 @@ struct CodeInfo {
     checked_in: u64,
 }
 
+impl CodeInfo {
+    /// The line of the instruction at byte offset `addr`, from the cache or the
+    /// line table (cached, up to [`MAX_LINES_PER_CODE`] per code object).
+    fn line_at(&mut self, addr: i64, first_line: u32, table: LineTable) -> u32 {
+        if let Some(&line) = self.lines.get(&addr) {
+            return line;
+        }
+        let line = self
+            .table
+            .as_deref()
+            .and_then(|t| match table {
+                LineTable::Lnotab => lines::lnotab_line(t, first_line, addr),
+                LineTable::Linetable310 => lines::linetable310_line(t, first_line, addr),
+                LineTable::Locations => lines::locations_line(t, first_line, addr),
+            })
+            .unwrap_or(first_line);
+        if self.lines.len() < MAX_LINES_PER_CODE {
+            self.lines.insert(addr, line);
+        }
+        line
+    }
+}
+
 pub struct StackReader<M> {
     pub mem: M,
     pub layout: Layout,
@@ -404,24 +427,7 @@ impl<M: Memory> StackReader<M> {
         let line_table = self.layout.line_table;
         let info = self.codes.get_mut(&code)?;
         let first_line = info.key[4] as u32;
-        let line = match info.lines.get(&addr) {
-            Some(&line) => line,
-            None => {
-                let line = info
-                    .table
-                    .as_deref()
-                    .and_then(|t| match line_table {
-                        LineTable::Lnotab => lines::lnotab_line(t, first_line, addr),
-                        LineTable::Linetable310 => lines::linetable310_line(t, first_line, addr),
-                        LineTable::Locations => lines::locations_line(t, first_line, addr),
-                    })
-                    .unwrap_or(first_line);
-                if info.lines.len() < MAX_LINES_PER_CODE {
-                    info.lines.insert(addr, line);
-                }
-                line
-            }
-        };
+        let line = info.line_at(addr, first_line, line_table);
         Some(PyFrame {
             file: info.file.clone(),
             function: info.function.clone(),
@@ -547,24 +553,7 @@ impl<M: Memory> StackReader<M> {
         }
         let line_table = self.layout.line_table;
         let info = self.codes.get_mut(&code).ok_or(FrameError::Broken)?;
-        let line = match info.lines.get(&addr) {
-            Some(&line) => line,
-            None => {
-                let line = info
-                    .table
-                    .as_deref()
-                    .and_then(|t| match line_table {
-                        LineTable::Lnotab => lines::lnotab_line(t, first_line, addr),
-                        LineTable::Linetable310 => lines::linetable310_line(t, first_line, addr),
-                        LineTable::Locations => lines::locations_line(t, first_line, addr),
-                    })
-                    .unwrap_or(first_line);
-                if info.lines.len() < MAX_LINES_PER_CODE {
-                    info.lines.insert(addr, line);
-                }
-                line
-            }
-        };
+        let line = info.line_at(addr, first_line, line_table);
         Ok(PyFrame {
             file: info.file.clone(),
             function: info.function.clone(),
