@@ -14,7 +14,7 @@ use crate::process::objects::{find_probe_object, sdt_objects};
 use crate::process::status::{check_inspectable, cmdline};
 use crate::session::views::{extension, is_fifo, FlameFormat};
 
-use crate::python::probes::{ProbeGroup, PROBES, PROVIDER};
+use crate::python::probes::{ProbeGroup, PROVIDER};
 use crate::python::tracing::parse_groups;
 use crate::python::walker::find_interpreter_object;
 use crate::record::{EventKind, Header, ThinLevel};
@@ -375,13 +375,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     let outcome = engine.run(&mut |event| {
         match event {
             TraceEvent::Hit(hit) => {
-                // A child traced under --subprocesses runs its parent's probe set: go by name.
-                let meaning = chosen
-                    .borrow()
-                    .meanings
-                    .get(&hit.pid)
-                    .and_then(|m| m.get(hit.probe).copied())
-                    .or_else(|| PROBES.iter().find(|p| p.name == hit.probe_name));
+                let meaning = chosen.borrow().meaning(hit.pid, hit.probe, hit.probe_name);
                 if let Some(meaning) = meaning {
                     // Which code triggered a GC, an import or an audit event: from the
                     // walker, unless every call is traced (then the rebuilt stack says it).
@@ -442,10 +436,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             } => {
                 let audit = chosen
                     .borrow()
-                    .meanings
-                    .get(&pid)
-                    .and_then(|m| m.get(probe).copied())
-                    .or_else(|| PROBES.iter().find(|p| p.name == probe_name))
+                    .meaning(pid, probe, probe_name)
                     .is_some_and(|m| m.name == "audit");
                 if audit {
                     builder.write(pid, ts_ns, EventKind::AuditsCounted { count });

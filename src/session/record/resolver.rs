@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 
 use crate::process::memory::ProcessMemory;
 use crate::process::objects::{find_probe_object, LoadedObject};
-use crate::python::probes::{ProbeGroup, PythonProbe, PROVIDER};
+use crate::python::probes::{ProbeGroup, PythonProbe, PROBES, PROVIDER};
 use crate::python::tracing::{available_groups, default_groups, probe_set, trace_refusal};
 use crate::python::version::{self, PyVersion};
 use crate::python::walker::find_interpreter_object;
@@ -42,6 +42,17 @@ pub struct Chosen {
     pub refusals: rustc_hash::FxHashMap<i32, Vec<String>>,
     /// Why ring trampolines cannot capture stacks here was said already.
     pub stack_fallback_said: bool,
+}
+
+impl Chosen {
+    /// What probe `probe` of `pid` stands for. A child traced under
+    /// `--subprocesses` runs its parent's probe set: then it goes by `name`.
+    pub fn meaning(&self, pid: i32, probe: usize, name: &str) -> Option<&'static PythonProbe> {
+        self.meanings
+            .get(&pid)
+            .and_then(|m| m.get(probe).copied())
+            .or_else(|| PROBES.iter().find(|p| p.name == name))
+    }
 }
 
 /// Continuation slots of a stack record: up to 60 frames, innermost first.
