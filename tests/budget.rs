@@ -246,7 +246,8 @@ fn killed_while_probes_are_off_the_target_is_restored() {
 fn record_audit_storm(py: &Python, work: u32) -> (u64, String, serde_json::Value) {
     let out = TempFile::new(&format!("budget-storm-{}-{work}.pyprobe", py.version));
     let result = pyprobe()
-        .args(["record", "-o", out.path(), "--"])
+        // -v: the budget's closing line is said on every run, not only when it acted.
+        .args(["record", "-v", "-o", out.path(), "--"])
         .arg(&py.launcher)
         .arg(fixture_script("audit_storm.py"))
         .args(["2", &work.to_string()])
