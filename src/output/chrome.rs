@@ -329,7 +329,11 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                     header.pid
                 ))?;
             }
-            EventKind::Line { .. } | EventKind::Stack { .. } | EventKind::ThreadStart => {}
+            EventKind::Line { .. }
+            | EventKind::Stack { .. }
+            | EventKind::ThreadStart { .. }
+            | EventKind::ProcessStart { .. }
+            | EventKind::Exec { .. } => {}
         }
         Ok::<(), ViewError>(())
     })?;

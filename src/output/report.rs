@@ -9,6 +9,7 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::analyze::{Aggregator, FileFilter, FilterError, FunctionSource, FunctionStats, Report};
+use crate::output::flame::short_command;
 use crate::output::replay_recording;
 use crate::record::{Completion, RecordError, RecordingReader};
 
@@ -79,21 +80,27 @@ impl ReportOptions {
     pub fn apply(&self, report: &Report) -> Result<Report, FilterError> {
         let filter = FileFilter::new(&self.include, &self.exclude)?;
         let mut view = report.clone();
-        view.functions.retain(|f| filter.matches(&f.file));
         let key = |f: &FunctionStats| match self.sort {
             SortKey::Inclusive => (f.inclusive_ns, f.exclusive_ns),
             SortKey::Exclusive => (f.exclusive_ns, f.inclusive_ns),
             SortKey::Calls => (f.calls.unwrap_or(f.samples), f.inclusive_ns),
         };
-        view.functions.sort_by(|a, b| {
-            key(b)
-                .cmp(&key(a))
-                .then_with(|| a.function.cmp(&b.function))
-                .then_with(|| a.file.cmp(&b.file))
-                .then(a.line.cmp(&b.line))
-        });
-        if let Some(limit) = self.limit {
-            view.functions.truncate(limit);
+        let shape = |functions: &mut Vec<FunctionStats>| {
+            functions.retain(|f| filter.matches(&f.file));
+            functions.sort_by(|a, b| {
+                key(b)
+                    .cmp(&key(a))
+                    .then_with(|| a.function.cmp(&b.function))
+                    .then_with(|| a.file.cmp(&b.file))
+                    .then(a.line.cmp(&b.line))
+            });
+            if let Some(limit) = self.limit {
+                functions.truncate(limit);
+            }
+        };
+        shape(&mut view.functions);
+        for p in &mut view.processes {
+            shape(&mut p.functions);
         }
         Ok(view)
     }
@@ -158,6 +165,30 @@ struct JsonReport<'a> {
     exact_fraction: f64,
     /// Exact windows of a budget-limited recording (null without a budget).
     exact_windows: Option<u64>,
+    /// The recording's own process, then each child traced with it
+    /// (`--subprocesses`): its functions on their own, with shares of its own time.
+    processes: Vec<JsonProcess<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonProcess<'a> {
+    pid: u32,
+    parent: Option<u32>,
+    command: &'a str,
+    threads: u64,
+    samples: u64,
+    duration_ns: u64,
+    /// The time its functions' shares are of: the sum of their exclusive times.
+    own_ns: u64,
+    functions: Vec<JsonProcessFunction<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonProcessFunction<'a> {
+    #[serde(flatten)]
+    function: JsonFunction<'a>,
+    /// `exclusive_ns` over the process's `own_ns`.
+    share: f64,
 }
 
 #[derive(Serialize)]
@@ -234,6 +265,8 @@ struct JsonAudit<'a> {
 #[derive(Serialize)]
 struct JsonThread {
     tid: u32,
+    /// The process it ran in.
+    pid: u32,
     events: u64,
     /// From the start of its first traced frame to the end of its last.
     traced_ns: u64,
@@ -255,6 +288,18 @@ struct JsonAnomalies {
     shim_returns: u64,
 }
 
+fn json_function(f: &FunctionStats) -> JsonFunction<'_> {
+    JsonFunction {
+        function: &f.function,
+        file: &f.file,
+        line: f.line,
+        calls: f.calls,
+        inclusive_ns: f.inclusive_ns,
+        exclusive_ns: f.exclusive_ns,
+        samples: f.samples,
+    }
+}
+
 /// The report as its JSON document (pretty-printed, newline-terminated).
 pub fn render_json(report: &Report) -> String {
     let a = report.anomalies;
@@ -269,19 +314,7 @@ pub fn render_json(report: &Report) -> String {
         mode: effective_mode(report),
         duration_ns: report.duration_ns,
         lost_events: report.lost_events,
-        functions: report
-            .functions
-            .iter()
-            .map(|f| JsonFunction {
-                function: &f.function,
-                file: &f.file,
-                line: f.line,
-                calls: f.calls,
-                inclusive_ns: f.inclusive_ns,
-                exclusive_ns: f.exclusive_ns,
-                samples: f.samples,
-            })
-            .collect(),
+        functions: report.functions.iter().map(json_function).collect(),
         gc: report
             .gc
             .iter()
@@ -345,6 +378,7 @@ pub fn render_json(report: &Report) -> String {
             .iter()
             .map(|t| JsonThread {
                 tid: t.tid,
+                pid: t.pid,
                 events: t.events,
                 traced_ns: t.traced_ns,
                 exclusive_ns: t.exclusive_ns,
@@ -356,6 +390,31 @@ pub fn render_json(report: &Report) -> String {
         truncated_at: report.truncated_at,
         exact_fraction: exact_fraction(report),
         exact_windows: report.exact_windows.map(|w| w.windows),
+        processes: report
+            .processes
+            .iter()
+            .map(|p| JsonProcess {
+                pid: p.pid,
+                parent: p.parent,
+                command: &p.command,
+                threads: p.threads,
+                samples: p.samples,
+                duration_ns: p.duration_ns,
+                own_ns: p.own_ns,
+                functions: p
+                    .functions
+                    .iter()
+                    .map(|f| JsonProcessFunction {
+                        function: json_function(f),
+                        share: if p.own_ns > 0 {
+                            f.exclusive_ns as f64 / p.own_ns as f64
+                        } else {
+                            0.0
+                        },
+                    })
+                    .collect(),
+            })
+            .collect(),
         anomalies: JsonAnomalies {
             resyncs: a.replay.resyncs,
             unpaired_entries: a.replay.unpaired_entries,
@@ -539,12 +598,64 @@ fn header_section(out: &mut String, r: &Report) {
     }
 }
 
+/// Functions: one table, or one per process when the recording holds several
+/// (`--subprocesses`), each with shares of that process's own time.
 fn functions_section(out: &mut String, r: &Report, width: usize) {
-    if r.functions.is_empty() {
+    if r.processes.len() <= 1 {
+        if !r.functions.is_empty() {
+            let _ = writeln!(out, "\nFunctions");
+            function_rows(out, r, &r.functions, r.duration_ns, width);
+        }
         return;
     }
+    let _ = writeln!(
+        out,
+        "\nProcesses ({}): each one's functions below, self% of that process's own time",
+        r.processes.len()
+    );
+    let _ = writeln!(
+        out,
+        "{:>8}  {:>8}  {:>7}  {:>8}  {:>9}  {:>9}  command",
+        "pid", "parent", "threads", "samples", "lived", "own time"
+    );
+    let room = width.saturating_sub(60).max(20);
+    for p in &r.processes {
+        let parent = p.parent.map_or("-".to_string(), |p| p.to_string());
+        let _ = writeln!(
+            out,
+            "{:>8}  {parent:>8}  {:>7}  {:>8}  {:>9}  {:>9}  {}",
+            p.pid,
+            p.threads,
+            p.samples,
+            format_ns(p.duration_ns),
+            format_ns(p.own_ns),
+            fit_right(&short_command(&p.command), room)
+        );
+    }
+    for p in &r.processes {
+        if p.functions.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "\nFunctions of process {} ({}): self% of its own time, {}",
+            p.pid,
+            fit_right(&short_command(&p.command), width.saturating_sub(60).max(20)),
+            format_ns(p.own_ns)
+        );
+        function_rows(out, r, &p.functions, p.own_ns, width);
+    }
+}
+
+/// The rows of `functions`, self% of `whole`.
+fn function_rows(
+    out: &mut String,
+    r: &Report,
+    functions: &[FunctionStats],
+    whole: u64,
+    width: usize,
+) {
     let sampled = r.source == FunctionSource::Sampled;
-    let _ = writeln!(out, "\nFunctions");
     let _ = writeln!(
         out,
         "{:>10}  {:>9}  {:>9}  {:>6}  function  file:line",
@@ -555,24 +666,20 @@ fn functions_section(out: &mut String, r: &Report, width: usize) {
     );
     // Fixed columns take 44 characters; names and places share the rest.
     let room = width.saturating_sub(44).max(30);
-    let name_width = r
-        .functions
+    let name_width = functions
         .iter()
         .map(|f| f.function.chars().count())
         .max()
         .unwrap_or(0)
         .clamp(8, room / 2);
     let place_width = room.saturating_sub(name_width + 2).max(12);
-    for f in &r.functions {
+    for f in functions {
         let count = match f.calls {
             Some(c) if !sampled => c.to_string(),
             _ => f.samples.to_string(),
         };
-        let share = if r.duration_ns > 0 {
-            format!(
-                "{:.1}%",
-                f.exclusive_ns as f64 * 100.0 / r.duration_ns as f64
-            )
+        let share = if whole > 0 {
+            format!("{:.1}%", f.exclusive_ns as f64 * 100.0 / whole as f64)
         } else {
             "-".to_string()
         };
@@ -717,6 +824,13 @@ fn threads_section(out: &mut String, r: &Report) {
         return;
     }
     let _ = writeln!(out, "\nThreads");
+    if r.processes.len() > 1 {
+        let _ = writeln!(out, "{:>10}  {:>10}  {:>10}", "tid", "pid", "events");
+        for t in &r.threads {
+            let _ = writeln!(out, "{:>10}  {:>10}  {:>10}", t.tid, t.pid, t.events);
+        }
+        return;
+    }
     let _ = writeln!(out, "{:>10}  {:>10}", "tid", "events");
     for t in &r.threads {
         let _ = writeln!(out, "{:>10}  {:>10}", t.tid, t.events);
@@ -728,7 +842,9 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::analyze::{AuditCount, GcStats, Histogram, ImportStats, Target, ThreadStats};
+    use crate::analyze::{
+        AuditCount, GcStats, Histogram, ImportStats, ProcessStats, Target, ThreadStats,
+    };
     use crate::record::{Event, EventKind, FrameRef, Header, RecordingWriter};
 
     fn function(name: &str, file: &str, calls: Option<u64>, incl: u64, excl: u64) -> FunctionStats {
@@ -884,6 +1000,91 @@ mod tests {
         assert!(has_keys(&doc["audit"][0], &["event", "count"]));
         assert!(has_keys(&doc["threads"][0], &["tid", "events"]));
         assert!(doc["truncated_at"].is_null());
+    }
+
+    #[test]
+    fn several_processes_have_sections_of_their_own() {
+        let mut r = sample_report();
+        r.processes = vec![
+            ProcessStats {
+                pid: 1234,
+                command: "/usr/bin/python3 pool.py".into(),
+                threads: 1,
+                own_ns: 2_000_000_000,
+                functions: vec![function(
+                    "main",
+                    "/app/main.py",
+                    None,
+                    2_000_000_000,
+                    2_000_000_000,
+                )],
+                ..ProcessStats::default()
+            },
+            ProcessStats {
+                pid: 1240,
+                parent: Some(1234),
+                command: "/usr/bin/python3 -c spawn_main".into(),
+                threads: 1,
+                own_ns: 400_000_000,
+                functions: vec![
+                    function(
+                        "worker_burn",
+                        "/app/pool.py",
+                        None,
+                        400_000_000,
+                        300_000_000,
+                    ),
+                    function(
+                        "recv",
+                        "/usr/lib/python3.9/x.py",
+                        None,
+                        100_000_000,
+                        100_000_000,
+                    ),
+                ],
+                ..ProcessStats::default()
+            },
+        ];
+        r.threads.push(ThreadStats {
+            tid: 1240,
+            pid: 1240,
+            events: 5,
+            ..ThreadStats::default()
+        });
+        let t = render_table(&r, 100);
+        assert!(t.contains("\nProcesses (2): "), "{t}");
+        assert!(
+            t.lines().any(|l| l.trim_start().starts_with("1240")
+                && l.contains("1234")
+                && l.ends_with("python3 -c spawn_main")),
+            "{t}"
+        );
+        let section = t
+            .split("\nFunctions of process 1240 (python3 -c spawn_main)")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{t}"));
+        let burn = section.lines().find(|l| l.contains("worker_burn")).unwrap();
+        assert!(
+            burn.contains("75.0%"),
+            "a share of the worker's own time: {burn}"
+        );
+        assert!(t.contains("       tid         pid      events"), "{t}");
+        let doc: Value = serde_json::from_str(&render_json(&r)).unwrap();
+        let worker = &doc["processes"][1];
+        assert_eq!(worker["parent"], 1234);
+        assert_eq!(worker["functions"][0]["function"], "worker_burn");
+        assert_eq!(worker["functions"][0]["share"], 0.75);
+        assert_eq!(doc["processes"][0]["parent"], Value::Null);
+        assert_eq!(doc["threads"][1]["pid"], 1240);
+        // The options shape each process's rows too.
+        let limited = ReportOptions {
+            limit: Some(1),
+            sort: SortKey::Exclusive,
+            ..ReportOptions::default()
+        }
+        .apply(&r)
+        .unwrap();
+        assert_eq!(limited.processes[1].functions.len(), 1);
     }
 
     #[test]

@@ -32,6 +32,10 @@ mod tag {
     pub const SAMPLE: u8 = 14;
     pub const STACK: u8 = 15;
     pub const RUNNING: u8 = 16;
+    /// Format 3: a thread start naming its process (`THREAD_START` names none).
+    pub const THREAD_START_IN: u8 = 17;
+    pub const PROCESS_START: u8 = 18;
+    pub const EXEC: u8 = 19;
 }
 
 /// Smallest encoding of a frame: three one-byte varints.
@@ -99,7 +103,13 @@ impl EventEncoder {
                     put_uvarint(buf, u64::from(f.line));
                 }
             }
-            EventKind::ThreadStart | EventKind::ThreadExit => {}
+            EventKind::ThreadStart { pid: 0 } | EventKind::ThreadExit => {}
+            EventKind::ThreadStart { pid } => put_uvarint(buf, u64::from(*pid)),
+            EventKind::ProcessStart { parent, command } => {
+                put_uvarint(buf, u64::from(*parent));
+                put_uvarint(buf, u64::from(command.0));
+            }
+            EventKind::Exec { command } => put_uvarint(buf, u64::from(command.0)),
             EventKind::Window { exact } => buf.push(u8::from(*exact)),
             EventKind::Lost { count } => put_uvarint(buf, *count),
         }
@@ -119,7 +129,10 @@ fn kind_tag(kind: &EventKind) -> u8 {
         EventKind::Sample { .. } => tag::SAMPLE,
         EventKind::Stack { .. } => tag::STACK,
         EventKind::Running { .. } => tag::RUNNING,
-        EventKind::ThreadStart => tag::THREAD_START,
+        EventKind::ThreadStart { pid: 0 } => tag::THREAD_START,
+        EventKind::ThreadStart { .. } => tag::THREAD_START_IN,
+        EventKind::ProcessStart { .. } => tag::PROCESS_START,
+        EventKind::Exec { .. } => tag::EXEC,
         EventKind::ThreadExit => tag::THREAD_EXIT,
         EventKind::Lost { .. } => tag::LOST,
         EventKind::Window { .. } => tag::WINDOW,
@@ -213,7 +226,17 @@ impl EventDecoder {
             tag::RUNNING => EventKind::Running {
                 frames: get_walked(c, "running frame")?,
             },
-            tag::THREAD_START => EventKind::ThreadStart,
+            tag::THREAD_START => EventKind::ThreadStart { pid: 0 },
+            tag::THREAD_START_IN => EventKind::ThreadStart {
+                pid: c.u32v("process id")?,
+            },
+            tag::PROCESS_START => EventKind::ProcessStart {
+                parent: c.u32v("process id")?,
+                command: StrId(c.u32v("string id")?),
+            },
+            tag::EXEC => EventKind::Exec {
+                command: StrId(c.u32v("string id")?),
+            },
             tag::THREAD_EXIT => EventKind::ThreadExit,
             tag::LOST => EventKind::Lost {
                 count: c.uvarint()?,

@@ -6,8 +6,10 @@ use super::RecordError;
 /// First eight bytes of every recording.
 pub const MAGIC: [u8; 8] = *b"PYPROBE\0";
 /// The format version this crate writes. Version 2 added the walker's first line
-/// to sampled frames and the `running` event; version 1 is still read.
-pub const FORMAT_VERSION: u32 = 2;
+/// to sampled frames and the `running` event; version 3 the processes traced
+/// with `--subprocesses` (`process_start`, `exec`, and the process of each thread
+/// start). Versions 1 and 2 are still read.
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest format version this crate reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 

@@ -105,7 +105,8 @@ fn render(request: &FlameRequest, out: &mut dyn Write) -> Result<()> {
             if let Some(note) = note {
                 eprintln!("pyprobe: note: {note}");
             }
-            let names = FrameNames::new(reader.strings(), request.full_paths);
+            let names =
+                FrameNames::new(reader.strings(), request.full_paths).with_header(&info.header);
             if request.format == FlameFormat::Svg {
                 let options = SvgOptions {
                     title: request.title.as_deref(),

@@ -305,8 +305,8 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                     builder.hit(meaning, &hit.at(ts_ns));
                 }
             }
-            TraceEvent::ThreadStart { tid, ts_ns, .. } => {
-                builder.write(tid, ts_ns, EventKind::ThreadStart)
+            TraceEvent::ThreadStart { pid, tid, ts_ns } => {
+                builder.write(tid, ts_ns, EventKind::ThreadStart { pid: pid as u32 })
             }
             TraceEvent::ThreadExit { tid, ts_ns, .. } => {
                 builder.write(tid, ts_ns, EventKind::ThreadExit)
