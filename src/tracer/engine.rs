@@ -103,6 +103,19 @@ pub enum TraceEvent<'a> {
         tid: i32,
         ts_ns: u64,
     },
+    /// A forked child of traced process `parent` is traced (`--subprocesses`): a
+    /// process of its own, its leader `pid` its first thread.
+    ProcessStart {
+        pid: i32,
+        parent: i32,
+        ts_ns: u64,
+    },
+    /// Process `pid` ran `execve`: a new program (its command line is new), the old
+    /// image and every thread but the leader gone.
+    Exec {
+        pid: i32,
+        ts_ns: u64,
+    },
     /// Something the user should know (a child cleaned, a signal, ...).
     Notice(String),
     /// `count` probe hits of `pid` were dropped (its ring was full).
@@ -593,21 +606,25 @@ impl Engine {
             return Ok(());
         }
         let blocking = self.options.blocking_samples && !self.samples_unblocked;
+        // Each process is sampled on its own: stopped only while its own stacks are
+        // read, never while another process's are. One still starting (its
+        // interpreter not mapped yet) has nothing to read.
+        let mut pids: Vec<i32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| !p.awaiting_object)
+            .map(|(&pid, _)| pid)
+            .collect();
+        pids.sort_unstable();
         if blocking {
-            self.stop_all_running(sink)?;
-        }
-        // Charged from the moment all are stopped: until then they ran (or waited
-        // for a CPU, which is not pyprobe's doing).
-        let began = monotonic_ns();
-        sink(TraceEvent::Tick {
-            pid: self.root,
-            ts_ns: monotonic_ns(),
-            stopped: blocking,
-        });
-        if blocking {
-            self.resume_all();
-            if let Some(b) = self.budget.as_mut() {
-                b.sampled(monotonic_ns().saturating_sub(began));
+            self.sample_stopped(pids, sink)?;
+        } else {
+            for pid in pids {
+                sink(TraceEvent::Tick {
+                    pid,
+                    ts_ns: monotonic_ns(),
+                    stopped: false,
+                });
             }
         }
         self.poll_budget(sink);
@@ -615,6 +632,85 @@ impl Engine {
             self.unblock_costly_samples(sink);
         }
         Ok(())
+    }
+
+    /// Samples each process of `pids` with every thread of it stopped: all are
+    /// interrupted at once, and each is read and let go as soon as its own threads
+    /// are all held, so none waits for another's threads or stack reads.
+    fn sample_stopped(
+        &mut self,
+        mut left: Vec<i32>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<()> {
+        // Threads seized but not seen yet stop by themselves; threads parked in
+        // group-stop stay parked (their stacks do not move).
+        let running = |t: &Thread| matches!(t.state, ThreadState::Running | ThreadState::New);
+        let mut interrupted = std::collections::HashSet::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            for (&tid, thread) in &self.threads {
+                if left.contains(&thread.tgid) && running(thread) && interrupted.insert(tid) {
+                    let _ = ptrace::interrupt(Pid::from_raw(tid));
+                }
+            }
+            let mut i = 0;
+            while i < left.len() {
+                let pid = left[i];
+                let mut threads = self.threads.values().filter(|t| t.tgid == pid);
+                let (mut any, mut held) = (false, true);
+                for t in &mut threads {
+                    any = true;
+                    held &= !running(t);
+                }
+                if any && !held {
+                    i += 1;
+                    continue;
+                }
+                left.swap_remove(i);
+                if !any {
+                    continue; // gone meanwhile
+                }
+                // Charged from the moment all are stopped: until then they ran (or
+                // waited for a CPU, which is not pyprobe's doing).
+                let began = monotonic_ns();
+                sink(TraceEvent::Tick {
+                    pid,
+                    ts_ns: began,
+                    stopped: true,
+                });
+                self.resume_process(pid);
+                if let Some(b) = self.budget.as_mut() {
+                    b.sampled(monotonic_ns().saturating_sub(began));
+                }
+            }
+            if left.is_empty() {
+                return Ok(());
+            }
+            match waitpid(None, Some(WaitPidFlag::__WALL)) {
+                Ok(status) => {
+                    // The processes not sampled yet are held; the others' stops are
+                    // handled and resumed as in the event loop.
+                    let holding = status.pid().is_some_and(|tid| {
+                        let tid = tid.as_raw();
+                        self.threads
+                            .get(&tid)
+                            .map(|t| t.tgid)
+                            .or_else(|| tgid_of(tid))
+                            .is_some_and(|pid| left.contains(&pid))
+                    });
+                    self.handle(status, holding, sink)?
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::ECHILD) => {
+                    self.threads.clear();
+                    return Ok(());
+                }
+                Err(e) => bail!("waitpid failed while stopping the target: {e}"),
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("the target's threads did not stop within 10 s");
+            }
+        }
     }
 
     /// Handles one wait status. While `holding` (stopping everyone), stopped threads
@@ -736,6 +832,10 @@ impl Engine {
                 }
                 proc.awaiting_object = true;
                 self.procs.insert(tgid, proc);
+                sink(TraceEvent::Exec {
+                    pid: tgid,
+                    ts_ns: monotonic_ns(),
+                });
                 self.set_state(
                     tgid,
                     ThreadState::Stopped {
@@ -840,9 +940,9 @@ impl Engine {
                     state: ThreadState::Running,
                 },
             );
-            sink(TraceEvent::ThreadStart {
+            sink(TraceEvent::ProcessStart {
                 pid: child,
-                tid: child,
+                parent: pending.parent,
                 ts_ns: monotonic_ns(),
             });
             let _ = ptrace::cont(Pid::from_raw(child), None);
@@ -1205,6 +1305,22 @@ impl Engine {
     /// Like `stop_all`, but threads parked in group-stop stay parked.
     fn stop_all_running(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
         self.stop_threads(false, sink)
+    }
+
+    /// Resumes the threads of process `pid` that pyprobe holds.
+    pub(super) fn resume_process(&mut self, pid: i32) {
+        let stopped: Vec<(i32, Option<Signal>)> = self
+            .threads
+            .iter()
+            .filter(|(_, t)| t.tgid == pid)
+            .filter_map(|(&tid, t)| match t.state {
+                ThreadState::Stopped { pending, .. } => Some((tid, pending)),
+                _ => None,
+            })
+            .collect();
+        for (tid, pending) in stopped {
+            self.resume(tid, pending);
+        }
     }
 
     fn stop_threads(

@@ -21,7 +21,7 @@ use crate::record::{EventKind, Header};
 use crate::tracer::signals::{self, monotonic_ns, StopReason};
 use crate::tracer::{Engine, EngineOptions, Outcome, RingUse, TraceEvent};
 
-use events::EventBuilder;
+use events::{EventBuilder, NamedKind};
 use resolver::{needs_context_stacks, returns_only, Chosen, Mode, PythonResolver, CONTEXT_PROBES};
 use sampler::Sampler;
 
@@ -308,8 +308,21 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             TraceEvent::ThreadStart { pid, tid, ts_ns } => {
                 builder.write(tid, ts_ns, EventKind::ThreadStart { pid: pid as u32 })
             }
-            TraceEvent::ThreadExit { tid, ts_ns, .. } => {
+            TraceEvent::ThreadExit { pid, tid, ts_ns } => {
+                if tid == pid {
+                    sampler.forget(pid);
+                }
                 builder.write(tid, ts_ns, EventKind::ThreadExit)
+            }
+            TraceEvent::ProcessStart { pid, parent, ts_ns } => {
+                let parent = parent as u32;
+                let command = cmdline(pid).join(" ");
+                builder.write_named(pid, ts_ns, &command, NamedKind::ProcessStart { parent });
+            }
+            TraceEvent::Exec { pid, ts_ns } => {
+                sampler.forget(pid);
+                let command = cmdline(pid).join(" ");
+                builder.write_named(pid, ts_ns, &command, NamedKind::Exec);
             }
             TraceEvent::Installed { pid, sites } => {
                 if launched && !announced {
