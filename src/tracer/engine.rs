@@ -225,6 +225,9 @@ struct Proc {
     ring: Option<crate::tracer::ring_setup::RingProc>,
     /// Its sites move to the ring at the next turn of the event loop.
     ring_pending: bool,
+    /// A vfork child before its exec: the memory is its parent's, and so are the
+    /// patches in it (never written, budgeted or undone through this process).
+    shares_parent_memory: bool,
 }
 
 impl Proc {
@@ -238,6 +241,7 @@ impl Proc {
             net_pending: false,
             ring: None,
             ring_pending: false,
+            shares_parent_memory: false,
         }
     }
 }
@@ -917,18 +921,25 @@ impl Engine {
         if self.options.subprocesses {
             let mut proc = Proc::new(child);
             proc.patches = parent_patches;
-            if let Err(e) = Self::ring_fork(self.procs.get(&pending.parent), &mut proc) {
-                sink(TraceEvent::Notice(format!(
-                    "forked child {child}: cannot turn its ring sites back into int3s: {e:#}"
-                )));
-            }
-            if let Some(g) = self.guardian.as_mut() {
-                let (written, raised) = proc.patches.undo_list();
-                for &sem in raised {
-                    let _ = g.tell(Op::SemaphoreRaised, child, sem);
+            if pending.vfork {
+                // It runs in its parent's memory until it execs: what is written
+                // there is the parent's, undone with the parent's. Its copy of the
+                // patches only names the hits it might take meanwhile.
+                proc.shares_parent_memory = true;
+            } else {
+                if let Err(e) = Self::ring_fork(self.procs.get(&pending.parent), &mut proc) {
+                    sink(TraceEvent::Notice(format!(
+                        "forked child {child}: cannot turn its ring sites back into int3s: {e:#}"
+                    )));
                 }
-                for &site in written {
-                    let _ = g.tell(Op::SiteArmed, child, site);
+                if let Some(g) = self.guardian.as_mut() {
+                    let (written, raised) = proc.patches.undo_list();
+                    for &sem in raised {
+                        let _ = g.tell(Op::SemaphoreRaised, child, sem);
+                    }
+                    for &site in written {
+                        let _ = g.tell(Op::SiteArmed, child, site);
+                    }
                 }
             }
             proc.net = parent_net;
@@ -1476,6 +1487,11 @@ impl Engine {
             }
         }
         for (pid, proc) in &mut self.procs {
+            if proc.shares_parent_memory {
+                // The parent's patches, undone with the parent's.
+                proc.patches.forget();
+                continue;
+            }
             if let Err(e) = proc.patches.remove(&mut proc.mem, self.guardian.as_mut()) {
                 sink(TraceEvent::Notice(format!(
                     "process {pid}: restoring probe sites failed: {e}"

@@ -30,7 +30,7 @@ impl Engine {
                 });
             }
             Some(b) if !b.exact() => {
-                if let Some(proc) = self.procs.get_mut(&pid) {
+                if let Some(proc) = self.procs.get_mut(&pid).filter(|p| !p.shares_parent_memory) {
                     if let Err(e) = proc
                         .patches
                         .pause_budgeted(&mut proc.mem, self.guardian.as_mut())
@@ -88,6 +88,9 @@ impl Engine {
             let Some(proc) = self.procs.get_mut(&pid) else {
                 continue;
             };
+            if proc.shares_parent_memory {
+                continue; // switched with its parent's
+            }
             let guard = self.guardian.as_mut();
             let result = match toggle {
                 Toggle::Off => proc.patches.pause_budgeted(&mut proc.mem, guard),
