@@ -54,6 +54,9 @@ pub struct Hit<'a> {
     /// The thread's stack as the ring trampoline captured it (stack probes served
     /// by the ring); `None` at an `int3` stop, where the caller can read it itself.
     pub stack: Option<&'a crate::ring::consumer::RingStack>,
+    /// The thread is held at the hit (an `int3` stop) while the sink runs: its
+    /// state can be read. A ring hit was published while the thread ran on.
+    pub stopped: bool,
 }
 
 impl<'a> Hit<'a> {
@@ -68,6 +71,7 @@ impl<'a> Hit<'a> {
             args: self.args,
             buffers: self.buffers,
             stack: self.stack,
+            stopped: self.stopped,
         }
     }
 
@@ -228,6 +232,12 @@ struct Proc {
     /// A vfork child before its exec: the memory is its parent's, and so are the
     /// patches in it (never written, budgeted or undone through this process).
     shares_parent_memory: bool,
+    /// Hits of the probes that stop the process (GC, import, audit: its stack is
+    /// read at each) in the current second.
+    stops: StopWindow,
+    /// Stopping probes found too frequent, to move to the ring at the next turn
+    /// of the event loop.
+    promote: Vec<usize>,
 }
 
 impl Proc {
@@ -242,8 +252,17 @@ impl Proc {
             ring: None,
             ring_pending: false,
             shares_parent_memory: false,
+            stops: StopWindow::default(),
+            promote: Vec::new(),
         }
     }
+}
+
+/// Hits of stopping probes since `since`, per probe.
+#[derive(Debug, Default)]
+struct StopWindow {
+    since: u64,
+    hits: HashMap<usize, u32>,
 }
 
 /// A forked child seen by its parent's event, not yet by its own first stop, or
@@ -541,6 +560,9 @@ impl Engine {
             if let Some(e) = self.fatal.take() {
                 return Err(e);
             }
+            if self.procs.values().any(|p| !p.promote.is_empty()) {
+                self.promote_hot_probes(sink)?;
+            }
             if self.ring_active() {
                 // Hits arrive in the rings without a stop: poll them and the waits.
                 let drained = self.drain_rings(sink);
@@ -623,6 +645,9 @@ impl Engine {
         if blocking {
             self.sample_stopped(pids, sink)?;
         } else {
+            // Running on, each could fill its ring faster than it is read here:
+            // what it published meanwhile is drained by the event loop, under its
+            // back-pressure.
             for pid in pids {
                 sink(TraceEvent::Tick {
                     pid,
@@ -677,9 +702,10 @@ impl Engine {
                 // Charged from the moment all are stopped: until then they ran (or
                 // waited for a CPU, which is not pyprobe's doing).
                 let began = monotonic_ns();
+                self.drain_ring_of(pid, sink);
                 sink(TraceEvent::Tick {
                     pid,
-                    ts_ns: began,
+                    ts_ns: monotonic_ns(),
                     stopped: true,
                 });
                 self.resume_process(pid);
@@ -690,7 +716,19 @@ impl Engine {
             if left.is_empty() {
                 return Ok(());
             }
-            match waitpid(None, Some(WaitPidFlag::__WALL)) {
+            // The rings of the processes still running fill meanwhile: drained
+            // while waiting, so that a slow stop does not make them overflow.
+            let flags = if self.ring_active() {
+                WaitPidFlag::__WALL | WaitPidFlag::WNOHANG
+            } else {
+                WaitPidFlag::__WALL
+            };
+            match waitpid(None, Some(flags)) {
+                Ok(WaitStatus::StillAlive) => {
+                    if self.drain_rings(sink) == 0 {
+                        std::thread::yield_now();
+                    }
+                }
                 Ok(status) => {
                     // The processes not sampled yet are held; the others' stops are
                     // handled and resumed as in the event loop.
@@ -932,6 +970,10 @@ impl Engine {
                         "forked child {child}: cannot turn its ring sites back into int3s: {e:#}"
                     )));
                 }
+                // Its sites move to a ring of its own at its first hit, as after an
+                // exec: a hit is a clean stop to set it up from.
+                proc.ring_pending =
+                    self.options.ring != RingUse::Off && proc.patches.installed_sites() > 0;
                 if let Some(g) = self.guardian.as_mut() {
                     let (written, raised) = proc.patches.undo_list();
                     for &sem in raised {
@@ -1125,7 +1167,9 @@ impl Engine {
             args: &self.hit_buffers.args,
             buffers: &self.hit_buffers,
             stack: None,
+            stopped: true,
         }));
+        self.count_stop(tgid, pi, ts_ns);
         true
     }
 
@@ -1310,12 +1354,22 @@ impl Engine {
 
     /// Interrupts every running thread and waits until all are in a ptrace-stop.
     fn stop_all(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
-        self.stop_threads(true, sink)
+        self.stop_threads(true, None, sink)
     }
 
     /// Like `stop_all`, but threads parked in group-stop stay parked.
     fn stop_all_running(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
-        self.stop_threads(false, sink)
+        self.stop_threads(false, None, sink)
+    }
+
+    /// Like `stop_all_running`, for the threads of process `pid` only: the other
+    /// traced processes run on (their stops meanwhile are handled as usual).
+    pub(super) fn stop_process(
+        &mut self,
+        pid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<()> {
+        self.stop_threads(false, Some(pid), sink)
     }
 
     /// Resumes the threads of process `pid` that pyprobe holds.
@@ -1337,22 +1391,41 @@ impl Engine {
     fn stop_threads(
         &mut self,
         include_listening: bool,
+        only: Option<i32>,
         sink: &mut dyn FnMut(TraceEvent),
     ) -> Result<()> {
-        let wanted = |state: ThreadState| match state {
-            ThreadState::Listening => include_listening,
-            ThreadState::Stopped { .. } => false,
-            _ => true,
+        let wanted = |thread: &Thread| {
+            only.is_none_or(|pid| thread.tgid == pid)
+                && match thread.state {
+                    ThreadState::Listening => include_listening,
+                    ThreadState::Stopped { .. } => false,
+                    _ => true,
+                }
         };
         for (&tid, thread) in &self.threads {
-            if wanted(thread.state) {
+            if wanted(thread) {
                 let _ = ptrace::interrupt(Pid::from_raw(tid));
             }
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while self.threads.values().any(|t| wanted(t.state)) {
+        while self.threads.values().any(wanted) {
             match waitpid(None, Some(WaitPidFlag::__WALL)) {
-                Ok(status) => self.handle(status, true, sink)?,
+                Ok(status) => {
+                    // Stopping one process: the others' stops are handled and
+                    // resumed as in the event loop.
+                    let holding = match (only, status.pid()) {
+                        (Some(pid), Some(tid)) => {
+                            let tid = tid.as_raw();
+                            self.threads
+                                .get(&tid)
+                                .map(|t| t.tgid)
+                                .or_else(|| tgid_of(tid))
+                                == Some(pid)
+                        }
+                        _ => true,
+                    };
+                    self.handle(status, holding, sink)?
+                }
                 Err(Errno::EINTR) => {}
                 Err(Errno::ECHILD) => {
                     self.threads.clear();
@@ -1365,7 +1438,8 @@ impl Engine {
             }
             // New threads seen while holding start stopped too.
             for (&tid, thread) in &self.threads {
-                if thread.state == ThreadState::Running {
+                if thread.state == ThreadState::Running && only.is_none_or(|pid| thread.tgid == pid)
+                {
                     let _ = ptrace::interrupt(Pid::from_raw(tid));
                 }
             }

@@ -288,7 +288,9 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                         Some(stack) if explains => {
                             sampler.captured(hit.pid, hit.tid, hit.ts_ns, stack, &mut builder)
                         }
-                        None if explains => {
+                        // Read now, the thread held at its int3. A ring hit without
+                        // stack (a probe too frequent to stop for) has none.
+                        None if explains && hit.stopped => {
                             sampler.context(hit.pid, hit.tid, hit.ts_ns, &mut builder)
                         }
                         _ => {}
@@ -296,7 +298,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                     // The thread was stopped before the collection or import began:
                     // it begins when the thread goes on, after pyprobe's stack read.
                     let opens_pause =
-                        explains && hit.stack.is_none() && OPENING_PROBES.contains(&meaning.name);
+                        explains && hit.stopped && OPENING_PROBES.contains(&meaning.name);
                     let ts_ns = if opens_pause {
                         monotonic_ns()
                     } else {

@@ -41,6 +41,12 @@ const RING_EVENT_NS: u64 = 60;
 /// A slot reserved but not published for this long is given up (its producer
 /// was killed or is stuck), counted as lost.
 const STUCK_NS: u64 = 1_000_000_000;
+/// When the probes whose hits stop a process (GC, import, audit: their stacks are
+/// read there) stop it this many times within a second, the most frequent of them
+/// moves to the ring in that process: its later hits are counted without stopping
+/// it, and without their stacks. At 20–150 µs per stop, a second of them costs the
+/// process 2–15 % before that; the others go on as they were.
+pub const STOPS_PER_SECOND: u32 = 1000;
 
 /// Ring state the engine keeps besides each process's [`RingProc`].
 #[derive(Default)]
@@ -224,6 +230,144 @@ impl Engine {
         Ok(())
     }
 
+    /// Counts a hit of stopping probe `probe` in `pid` at `now`: past the
+    /// allowance (see [`STOPS_PER_SECOND`]), the most frequent stopping probe is
+    /// marked to move to the ring.
+    pub(super) fn count_stop(&mut self, pid: i32, probe: usize, now: u64) {
+        if self.options.ring == RingUse::Off {
+            return;
+        }
+        let Some(proc) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        if !proc.patches.set.needs_stop.contains(&probe) {
+            return;
+        }
+        let window = &mut proc.stops;
+        if now.saturating_sub(window.since) > 1_000_000_000 {
+            window.since = now;
+            window.hits.clear();
+        }
+        *window.hits.entry(probe).or_insert(0) += 1;
+        if window.hits.values().sum::<u32>() < STOPS_PER_SECOND {
+            return;
+        }
+        let hottest = window
+            .hits
+            .iter()
+            .max_by_key(|&(&p, &n)| (n, std::cmp::Reverse(p)))
+            .map(|(&p, _)| p);
+        window.hits.clear();
+        window.since = now;
+        if let Some(p) = hottest.filter(|p| !proc.promote.contains(p)) {
+            proc.promote.push(p);
+        }
+    }
+
+    /// Moves the stopping probes found too frequent to the ring, process by
+    /// process, each stopped meanwhile. Their later hits carry no stack; a probe
+    /// that cannot move stays on `int3` (said once).
+    pub(super) fn promote_hot_probes(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+        let mut pids: Vec<i32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| !p.promote.is_empty())
+            .map(|(&pid, _)| pid)
+            .collect();
+        pids.sort_unstable();
+        for pid in pids {
+            let Some(proc) = self.procs.get_mut(&pid) else {
+                continue;
+            };
+            let probes = std::mem::take(&mut proc.promote);
+            // Decided once per process: it no longer stops for them, or never will.
+            proc.patches.set.needs_stop.retain(|p| !probes.contains(p));
+            let names: Vec<String> = probes
+                .iter()
+                .filter_map(|&p| proc.patches.set.probes.get(p).map(|p| p.name.clone()))
+                .collect();
+            let names = names.join(", ");
+            let what = format!(
+                "process {pid}: its GC, import and audit probes stopped it {STOPS_PER_SECOND} \
+                 times within a second (for their stacks), most for {names}"
+            );
+            if proc.ring.is_none() || proc.shares_parent_memory {
+                sink(TraceEvent::Notice(format!(
+                    "{what}; no ring in this process, so {names} stays on int3 (each hit stops it)"
+                )));
+                continue;
+            }
+            let began = monotonic_ns();
+            self.stop_process(pid, sink)?;
+            let result = self.promote_stopped(pid, &probes, sink);
+            self.resume_process(pid);
+            self.charge(monotonic_ns().saturating_sub(began));
+            match result {
+                Ok(None) => sink(TraceEvent::Notice(format!(
+                    "{what}: from now on {names} hits go through the ring, counted without \
+                     stopping it and without their stacks"
+                ))),
+                Ok(Some(why)) => sink(TraceEvent::Notice(format!(
+                    "{what}; {names} stays on int3 (each hit stops it): {why}"
+                ))),
+                Err(e) => sink(TraceEvent::Notice(format!(
+                    "{what}; {names} stays on int3 (each hit stops it): {e:#}"
+                ))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the sites of `probes` in `pid` (every thread stopped) to its ring;
+    /// `Some(why)` when one of them stays on `int3`.
+    fn promote_stopped(
+        &mut self,
+        pid: i32,
+        probes: &[usize],
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<Option<String>> {
+        let Some(tid) = self.clean_thread(pid, sink) else {
+            return Ok(Some(
+                "no thread of it is at a stop where system calls can be injected".into(),
+            ));
+        };
+        let mut rips = Vec::new();
+        for (&t, thread) in &self.threads {
+            if thread.tgid != pid {
+                continue;
+            }
+            let regs = ptrace::getregs(Pid::from_raw(t))
+                .map_err(|e| anyhow::anyhow!("thread {t} is not stopped: {e}"))?;
+            rips.push((t, regs.rip));
+        }
+        let Some(proc) = self.procs.get_mut(&pid) else {
+            return Ok(None);
+        };
+        let Some(ring) = proc.ring.as_mut() else {
+            return Ok(Some("its ring is gone".into()));
+        };
+        let addrs: Vec<u64> = proc
+            .patches
+            .sites
+            .iter()
+            .filter(|(_, &(p, _))| probes.contains(&p))
+            .map(|(&addr, _)| addr)
+            .collect();
+        let refused = ring_setup::promote(
+            pid,
+            tid,
+            &mut proc.mem,
+            &mut proc.patches,
+            ring,
+            &rips,
+            addrs,
+            self.guardian.as_mut(),
+        )?;
+        Ok(refused
+            .first()
+            .map(|(addr, why)| format!("site {addr:#x} {why}")))
+    }
+
     /// A new thread of `tid`'s process, at its first stop: note its %fs base so
     /// its ring records name it.
     pub(super) fn ring_thread_started(&mut self, tid: i32) {
@@ -271,6 +415,20 @@ impl Engine {
 
     /// Turns every published ring record into a hit; returns how many.
     pub(super) fn drain_rings(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> usize {
+        self.drain_rings_of(None, sink)
+    }
+
+    /// Turns what process `pid` published into hits until its ring is empty: with
+    /// its threads stopped, everything it did before now is recorded before what
+    /// is read of it now (a sample), whose time is later. Only for a process
+    /// whose threads are all stopped: a running one may publish faster than this
+    /// reads.
+    pub(super) fn drain_ring_of(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+        while self.drain_rings_of(Some(pid), sink) > 0 {}
+    }
+
+    /// [`drain_rings`](Self::drain_rings), for one process only (`Some`).
+    fn drain_rings_of(&mut self, only: Option<i32>, sink: &mut dyn FnMut(TraceEvent)) -> usize {
         if !self.ring_active() {
             return 0;
         }
@@ -287,6 +445,9 @@ impl Engine {
         tsc.refine();
         let mut total = 0;
         for (&pid, proc) in procs.iter_mut() {
+            if only.is_some_and(|only| only != pid) {
+                continue;
+            }
             let Some(mut ring) = proc.ring.take() else {
                 continue;
             };
@@ -309,6 +470,7 @@ impl Engine {
                     args: &hit_buffers.args,
                     buffers: hit_buffers,
                     stack: record.stack.as_ref(),
+                    stopped: false,
                 }));
             });
             *hits += drained.records as u64;
