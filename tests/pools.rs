@@ -1,12 +1,18 @@
-//! Process pools under `--subprocesses`, with `fixtures/python/pool.py`: workers
-//! burn CPU in `worker_burn`, the parent in `parent_spin`; the fixture prints the
-//! pids of the workers that ran tasks.
+//! Process pools under `--subprocesses`: every worker (forked, forked from a fork
+//! server, or spawned: fork and exec of python) is a process of its own in the
+//! recording, sampled like the parent, with its pid and command line at the root
+//! of its stacks and its functions in its own rows, shares of its own time.
+//!
+//! * `fixtures/python/pool.py`: workers burn CPU in `worker_burn`, the parent in
+//!   `parent_spin`; the fixture prints the pids of the workers that ran tasks.
+//! * black from PyPI formatting a directory with two workers.
 
 mod common;
 mod support;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Instant;
 
 use common::*;
@@ -51,6 +57,185 @@ fn record(py: &Python, name: &str, args: &[&str], extra: &[&str], env: &[(&str, 
         stderr,
         report,
     }
+}
+
+/// The report's processes by pid.
+fn processes(report: &Value) -> BTreeMap<u64, &Value> {
+    report["processes"]
+        .as_array()
+        .expect("processes in the report")
+        .iter()
+        .map(|p| (p["pid"].as_u64().unwrap(), p))
+        .collect()
+}
+
+/// A process's functions by name, their rows summed: (exclusive share, inclusive ns).
+fn functions(process: &Value) -> HashMap<String, (f64, u64)> {
+    let mut out: HashMap<String, (f64, u64)> = HashMap::new();
+    for f in process["functions"].as_array().unwrap() {
+        let e = out
+            .entry(f["function"].as_str().unwrap().to_owned())
+            .or_default();
+        e.0 += f["share"].as_f64().unwrap();
+        e.1 += f["inclusive_ns"].as_u64().unwrap();
+    }
+    out
+}
+
+/// Every process's shares add up to the whole of its own time.
+fn check_shares(what: &str, report: &Value) {
+    for (pid, p) in processes(report) {
+        let rows = p["functions"].as_array().unwrap();
+        if rows.is_empty() {
+            continue;
+        }
+        let sum: f64 = rows.iter().map(|f| f["share"].as_f64().unwrap()).sum();
+        let own: u64 = rows
+            .iter()
+            .map(|f| f["exclusive_ns"].as_u64().unwrap())
+            .sum();
+        assert!(
+            (sum - 1.0).abs() < 0.005 && own == p["own_ns"].as_u64().unwrap(),
+            "{what}: process {pid}: shares add up to {sum}, exclusive times to {own} of {}",
+            p["own_ns"]
+        );
+    }
+}
+
+/// The folded stacks of a recording: (outermost frame, innermost frame) per line.
+fn folded(path: &str) -> Vec<(String, String)> {
+    let out = pyprobe()
+        .args(["flame", path, "--format", "collapsed", "-o", "-"])
+        .output()
+        .expect("run pyprobe flame");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let stack = l.rsplit_once(' ').unwrap().0;
+            let frames: Vec<&str> = stack.split(';').collect();
+            (
+                frames[0].to_owned(),
+                frames
+                    .last()
+                    .unwrap()
+                    .split(" (")
+                    .next()
+                    .unwrap()
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The pool fixture with `method` on `version`: two workers, each task burning
+/// one second.
+fn check_pool(version: &'static str, method: &str) {
+    let Some(py) = python(version) else { return };
+    let what = format!("{version} {method}");
+    let script = fixture_script("pool.py");
+    let run = record(&py, method, &[&script, method, "2", "2", "1"], &[], &[]);
+    let workers: Vec<u64> = run
+        .stdout
+        .trim()
+        .strip_prefix("workers ")
+        .unwrap_or_else(|| panic!("{what}: fixture output {:?}", run.stdout))
+        .split(' ')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert!(!workers.is_empty(), "{what}: workers ran the tasks");
+    let report = &run.report;
+    let root = report["target"]["pid"].as_u64().unwrap();
+    let procs = processes(report);
+    assert_eq!(
+        report["processes"][0]["pid"], root,
+        "{what}: the recording's own process first"
+    );
+    // The parent spun in parent_spin, never in worker_burn.
+    let parent = functions(procs[&root]);
+    assert!(
+        parent.contains_key("parent_spin") && !parent.contains_key("worker_burn"),
+        "{what}: the parent's functions: {parent:?}"
+    );
+    for w in &workers {
+        let p = procs
+            .get(w)
+            .unwrap_or_else(|| panic!("{what}: worker {w} is a process of the recording"));
+        assert!(p["parent"].is_u64(), "{what}: worker {w} has a parent");
+        assert!(
+            procs.contains_key(&p["parent"].as_u64().unwrap()),
+            "{what}: worker {w}'s parent is traced too"
+        );
+        let f = functions(p);
+        let burn = f.get("worker_burn").map_or(0.0, |b| b.0);
+        // A second of burning against the worker's start-up (a spawned worker
+        // imports anew) and its wait for a task.
+        assert!(
+            burn >= 0.3 && !f.contains_key("parent_spin"),
+            "{what}: worker {w} spent {burn:.2} of its time in worker_burn: {f:?}"
+        );
+        assert!(
+            p["command"].as_str().unwrap().contains("python"),
+            "{what}: worker {w}'s command line: {}",
+            p["command"]
+        );
+    }
+    // Its threads are the workers', not the parent's.
+    for t in report["threads"].as_array().unwrap() {
+        let tid = t["tid"].as_u64().unwrap();
+        if workers.contains(&tid) {
+            assert_eq!(t["pid"], tid, "{what}: thread {tid} leads its own process");
+        }
+    }
+    check_shares(&what, report);
+    // In the flame graph, worker_burn sits under a worker's process frame only.
+    let stacks = folded(run.recording.path());
+    let burning: Vec<&String> = stacks
+        .iter()
+        .filter(|(_, leaf)| leaf == "worker_burn")
+        .map(|(root, _)| root)
+        .collect();
+    assert!(
+        !burning.is_empty(),
+        "{what}: worker_burn in the flame graph"
+    );
+    for r in burning {
+        assert!(
+            workers.iter().any(|w| r.starts_with(&format!("pid {w}: "))),
+            "{what}: worker_burn under {r}, not under a worker (workers {workers:?})"
+        );
+    }
+    assert!(
+        stacks
+            .iter()
+            .all(|(root, _)| root.starts_with("pid ") && root.contains(": ")),
+        "{what}: every stack starts at its process"
+    );
+}
+
+#[test]
+fn pool_workers_are_processes_of_their_own_3_9() {
+    check_pool("3.9", "fork");
+    check_pool("3.9", "spawn");
+    check_pool("3.9", "executor-fork");
+}
+
+#[test]
+fn pool_workers_are_processes_of_their_own_3_11() {
+    check_pool("3.11", "fork");
+    check_pool("3.11", "executor-spawn");
+    check_pool("3.11", "forkserver");
+}
+
+#[test]
+fn pool_workers_are_processes_of_their_own_3_13() {
+    check_pool("3.13", "fork");
+    check_pool("3.13", "spawn");
+    check_pool("3.13", "forkserver");
 }
 
 /// `builtins.id` audit events per process of a recording, and how many of them
@@ -131,4 +316,108 @@ fn a_worker_raising_audit_events_all_the_time_is_counted_not_stopped() {
             run.stderr
         );
     }
+}
+
+/// Copies of black's own sources, for black to reformat.
+fn black_input(black: &Path, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pyprobe-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..2 {
+        for f in ["linegen.py", "trans.py"] {
+            std::fs::copy(black.join("black").join(f), dir.join(format!("{i}_{f}"))).unwrap();
+        }
+    }
+    dir
+}
+
+/// black, from PyPI, formatting four files with two workers: the formatting is
+/// in the workers' rows, not the parent's, and the output is black's own.
+#[test]
+fn black_with_workers() {
+    let _serial = support::serial();
+    let version = "3.11";
+    let Some(py) = python(version) else { return };
+    let dirs = [
+        pypi_pure("black", "24.8.0"),
+        pypi("click", "8.1.7"),
+        pypi("mypy_extensions", "1.0.0"),
+        pypi("packaging", "24.1"),
+        pypi("pathspec", "0.12.1"),
+        pypi("platformdirs", "4.2.2"),
+    ];
+    let pythonpath = std::env::join_paths(&dirs).unwrap();
+    let pythonpath = pythonpath.to_str().unwrap();
+    let cache = std::env::temp_dir().join(format!("pyprobe-{}-black-cache", std::process::id()));
+    let args = |dir: &Path| -> Vec<String> {
+        ["-m", "black", "-l", "60", "-W", "2", dir.to_str().unwrap()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    // Untraced first, for its output and its time.
+    let input = black_input(&dirs[0], "black-untraced");
+    let _ = std::fs::remove_dir_all(&cache);
+    let started = Instant::now();
+    let untraced = Command::new(&py.launcher)
+        .args(args(&input))
+        .env("PYTHONPATH", pythonpath)
+        .env("BLACK_CACHE_DIR", &cache)
+        .output()
+        .unwrap();
+    let untraced_s = started.elapsed().as_secs_f64();
+    let untraced_err = String::from_utf8_lossy(&untraced.stderr).into_owned();
+    assert!(untraced.status.success(), "black: {untraced_err}");
+    assert!(
+        untraced_err.contains("4 files reformatted"),
+        "{untraced_err}"
+    );
+
+    let input = black_input(&dirs[0], "black-traced");
+    let _ = std::fs::remove_dir_all(&cache);
+    let started = Instant::now();
+    let args = args(&input);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let cache_s = cache.to_str().unwrap();
+    let run = record(
+        &py,
+        "black",
+        &args,
+        &[],
+        &[("PYTHONPATH", pythonpath), ("BLACK_CACHE_DIR", cache_s)],
+    );
+    let traced_s = started.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(&cache);
+    let _ = std::fs::remove_dir_all(&input);
+    eprintln!(
+        "black with 2 workers on {version}: {untraced_s:.2} s untraced, {traced_s:.2} s traced"
+    );
+    assert!(run.stderr.contains("4 files reformatted"), "{}", run.stderr);
+
+    let report = &run.report;
+    let root = report["target"]["pid"].as_u64().unwrap();
+    let procs = processes(report);
+    let formatting = "format_file_in_place";
+    let parent = functions(procs[&root]);
+    assert!(
+        !parent.contains_key(formatting),
+        "the parent formats nothing itself: {parent:?}"
+    );
+    let formatters: Vec<u64> = procs
+        .iter()
+        .filter(|(_, p)| functions(p).contains_key(formatting))
+        .map(|(&pid, _)| pid)
+        .collect();
+    assert!(
+        !formatters.is_empty() && formatters.len() <= 2,
+        "black's two workers format: {formatters:?} of {:?}",
+        procs.keys().collect::<Vec<_>>()
+    );
+    for w in &formatters {
+        assert_eq!(
+            procs[w]["parent"], root,
+            "worker {w} is a child of black's process"
+        );
+    }
+    check_shares("black", report);
 }
