@@ -60,6 +60,8 @@ pub(super) struct RingBook {
     pub(super) holds: u64,
     /// Until when a ring counts as busy (see [`BUSY_NS`]).
     busy_until_ns: u64,
+    /// Sites said to stay on `int3`, with why.
+    said: std::collections::HashSet<(u64, String)>,
 }
 
 impl Engine {
@@ -218,7 +220,14 @@ impl Engine {
             "ring engine in process {pid}: {ring_sites} probe sites write to a ring (no stop per hit), \
              {int3_sites} stay on int3"
         )));
-        for (addr, why) in setup.refused.iter().take(8) {
+        // Said once per site and reason: the workers of a pool share their
+        // parent's sites, and their reasons.
+        let new: Vec<&(u64, String)> = setup
+            .refused
+            .iter()
+            .filter(|r| self.ring_book.said.insert((*r).clone()))
+            .collect();
+        for (addr, why) in new.into_iter().take(8) {
             sink(TraceEvent::Notice(format!(
                 "ring engine in process {pid}: site {addr:#x} stays on int3: {why}"
             )));
