@@ -215,6 +215,30 @@ fn check_pool(version: &'static str, method: &str) {
             .all(|(root, _)| root.starts_with("pid ") && root.contains(": ")),
         "{what}: every stack starts at its process"
     );
+    // In the Chrome trace, worker_burn runs in the workers' processes.
+    let chrome = TempFile::new(&format!("pool-{version}-{method}.json"));
+    let out = pyprobe()
+        .args(["flame", run.recording.path(), "--format", "chrome"])
+        .args(["-o", chrome.path()])
+        .output()
+        .expect("run pyprobe flame");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace: Value = serde_json::from_slice(&std::fs::read(chrome.path()).unwrap()).unwrap();
+    let burning: Vec<u64> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["args"]["function"] == "worker_burn")
+        .map(|e| e["pid"].as_u64().unwrap())
+        .collect();
+    assert!(
+        !burning.is_empty() && burning.iter().all(|p| workers.contains(p)),
+        "{what}: worker_burn slices in processes {burning:?}, workers {workers:?}"
+    );
 }
 
 #[test]
