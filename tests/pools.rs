@@ -239,6 +239,27 @@ fn check_pool(version: &'static str, method: &str) {
         !burning.is_empty() && burning.iter().all(|p| workers.contains(p)),
         "{what}: worker_burn slices in processes {burning:?}, workers {workers:?}"
     );
+    // In speedscope, each worker's thread is named with its process.
+    let out = pyprobe()
+        .args(["flame", run.recording.path(), "--format", "speedscope"])
+        .args(["-o", "-"])
+        .output()
+        .expect("run pyprobe flame");
+    let profiles: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = profiles["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    for w in &workers {
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with(&format!("pid {w}, main thread ({w})"))),
+            "{what}: worker {w} in the speedscope profiles {names:?}"
+        );
+    }
 }
 
 #[test]
