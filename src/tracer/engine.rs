@@ -1086,7 +1086,8 @@ impl Engine {
         }
         // What the thread (or its process, whose ring goes with it) published
         // before it went is recorded before its end.
-        while self.drain_rings(sink) > 0 {}
+        let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
+        self.drain_ring_of(tgid, sink);
         let Some(thread) = self.threads.remove(&tid) else {
             return;
         };
@@ -1111,11 +1112,12 @@ impl Engine {
 
     /// Decodes a breakpoint hit if `tid` stopped at one of our sites.
     fn try_hit(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> bool {
-        // Ring records this thread published before reaching this int3 come first.
-        self.drain_rings(sink);
         let Some(tgid) = self.threads.get(&tid).map(|t| t.tgid) else {
             return false;
         };
+        // Ring records this thread published before reaching this int3 come first:
+        // all of them (a GC's end before the next GC's start), not one batch.
+        self.drain_ring_of(tgid, sink);
         let Some(proc) = self.procs.get(&tgid) else {
             return false;
         };

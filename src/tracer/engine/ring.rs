@@ -427,13 +427,25 @@ impl Engine {
         self.drain_rings_of(None, sink)
     }
 
-    /// Turns what process `pid` published into hits until its ring is empty: with
-    /// its threads stopped, everything it did before now is recorded before what
-    /// is read of it now (a sample), whose time is later. Only for a process
-    /// whose threads are all stopped: a running one may publish faster than this
-    /// reads.
+    /// Turns what process `pid` has published so far into hits: what a thread of
+    /// it did before it stopped is recorded before what is read of it now (a
+    /// sample, an `int3` hit), whose time is later.
     pub(super) fn drain_ring_of(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
-        while self.drain_rings_of(Some(pid), sink) > 0 {}
+        // Up to what was published now: its other threads may run on meanwhile.
+        let head = |e: &Engine| {
+            e.procs
+                .get(&pid)
+                .and_then(|p| p.ring.as_ref())
+                .map(|r| (r.reader.head(), r.reader.tail()))
+        };
+        let Some((target, _)) = head(self) else {
+            return;
+        };
+        while head(self).is_some_and(|(_, tail)| tail < target) {
+            if self.drain_rings_of(Some(pid), sink) == 0 {
+                break; // a slot reserved, not yet published
+            }
+        }
     }
 
     /// [`drain_rings`](Self::drain_rings), for one process only (`Some`).
