@@ -1100,6 +1100,22 @@ impl Engine {
         if tid == thread.tgid {
             if tid == self.root {
                 self.exit = Some(how);
+            } else if let Outcome::Killed(sig) = how {
+                // A crash is said (a pool's workers ended with SIGTERM are not).
+                if matches!(
+                    sig,
+                    Signal::SIGSEGV
+                        | Signal::SIGBUS
+                        | Signal::SIGILL
+                        | Signal::SIGTRAP
+                        | Signal::SIGABRT
+                        | Signal::SIGFPE
+                        | Signal::SIGSYS
+                ) {
+                    sink(TraceEvent::Notice(format!(
+                        "process {tid} was killed by {sig}"
+                    )));
+                }
             }
             self.procs.remove(&tid);
             if let Some(g) = self.guardian.as_mut() {
@@ -1455,7 +1471,7 @@ impl Engine {
     /// A thread may first report a second, stale interrupt (`stop_all` interrupts a
     /// thread again while its first stop is not yet collected): resume it until the
     /// SIGTRAP is gone, a few rounds at most.
-    fn take_pending_traps(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(super) fn take_pending_traps(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         let pending: Vec<i32> = self
             .threads
             .iter()

@@ -308,6 +308,10 @@ impl Engine {
             }
             let began = monotonic_ns();
             self.stop_process(pid, sink)?;
+            // A thread interrupted just as it executed one of these int3s keeps its
+            // SIGTRAP pending: once the site is a jump, that trap would no longer
+            // be pyprobe's and would kill it. It takes it now, as a hit.
+            self.take_pending_traps(sink);
             let result = self.promote_stopped(pid, &probes, sink);
             self.resume_process(pid);
             self.charge(monotonic_ns().saturating_sub(began));
