@@ -26,9 +26,15 @@ WORKLOADS = {
     # Long enough (about 2 s untraced) for the overhead budget to settle; full
     # tracing of it would take minutes, so only these configurations run on it.
     "fib-long": ["fib.py", "34"],
+    # The default mode where it used to hurt: an audit event per id() call, and a
+    # real program from PyPI (black, which calls id() some 150,000 times).
+    "audit": ["audit.py", "10"],
+    "black": ["black_format.py"],
 }
 ONLY = {"fib-long": {"untraced", "pyprobe trace 5%", "pyprobe ring", "pyprobe ring 5%", "pyprobe sample 100",
-                    "py-spy 100"}}
+                    "py-spy 100"},
+        "audit": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"},
+        "black": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"}}
 
 
 def interpreter(version):
@@ -81,19 +87,19 @@ def configurations(pyprobe, floor, pyspy, sites, sems, tmp):
         args = [floor] + sum([["--site", hex(a)] for a in sites], []) + sum([["--sem", hex(a)] for a in sems], [])
         configs["floor"] = lambda cmd: args + ["--"] + cmd
     configs["pyprobe trace"] = lambda cmd: [
-        pyprobe, "record", "--mode", "trace", "--engine", "int3", "-o", rec, "--"] + cmd
+        pyprobe, "record", "--force", "--mode", "trace", "--engine", "int3", "-o", rec, "--"] + cmd
     configs["pyprobe ring"] = lambda cmd: [
-        pyprobe, "record", "--mode", "trace", "--engine", "ring", "-o", rec, "--"] + cmd
-    configs["pyprobe auto"] = lambda cmd: [pyprobe, "record", "--mode", "auto", "-o", rec, "--"] + cmd
+        pyprobe, "record", "--force", "--mode", "trace", "--engine", "ring", "-o", rec, "--"] + cmd
+    configs["pyprobe auto"] = lambda cmd: [pyprobe, "record", "--force", "--mode", "auto", "-o", rec, "--"] + cmd
     configs["pyprobe trace 5%"] = lambda cmd: [
-        pyprobe, "record", "--mode", "trace", "--engine", "int3", "--max-overhead", "5", "-o", rec, "--"] + cmd
+        pyprobe, "record", "--force", "--mode", "trace", "--engine", "int3", "--max-overhead", "5", "-o", rec, "--"] + cmd
     configs["pyprobe ring 5%"] = lambda cmd: [
-        pyprobe, "record", "--mode", "trace", "--engine", "ring", "--max-overhead", "5", "-o", rec, "--"] + cmd
+        pyprobe, "record", "--force", "--mode", "trace", "--engine", "ring", "--max-overhead", "5", "-o", rec, "--"] + cmd
     for rate in (100, 1000):
         configs[f"pyprobe sample {rate}"] = lambda cmd, r=rate: [
-            pyprobe, "record", "--mode", "sample", "-r", str(r), "-o", rec, "--"] + cmd
+            pyprobe, "record", "--force", "--mode", "sample", "-r", str(r), "-o", rec, "--"] + cmd
         configs[f"pyprobe sample {rate} nb"] = lambda cmd, r=rate: [
-            pyprobe, "record", "--mode", "sample", "--nonblocking", "-r", str(r), "-o", rec, "--"] + cmd
+            pyprobe, "record", "--force", "--mode", "sample", "--nonblocking", "-r", str(r), "-o", rec, "--"] + cmd
         if pyspy:
             configs[f"py-spy {rate}"] = lambda cmd, r=rate: [
                 pyspy, "record", "-r", str(r), "-f", "raw", "-o", os.path.join(tmp, "spy.txt"), "--"] + cmd

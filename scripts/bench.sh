@@ -7,4 +7,11 @@ cd "$(dirname "$0")/.."
 scripts/fetch-pythons.sh 3.9 >/dev/null
 cargo build --release --quiet
 gcc -O2 -Wall -o target/floor benches/floor/floor.c
+# The real-program workload: black, pure Python (no compiled wheel), installed once.
+if [ ! -d target/pypi/black/black ]; then
+  echo "bench: installing black (pure Python) into target/pypi/black" >&2
+  python3 -m pip install --quiet --target target/pypi/black --no-compile \
+    --python-version 3.9 --implementation py --only-binary=:all: \
+    black==24.10.0 click mypy_extensions packaging pathspec platformdirs tomli typing_extensions
+fi
 exec python3 benches/sidebyside.py "$@"

@@ -13,7 +13,7 @@ echo "demo: building pyprobe (release)"
 cargo build --release --quiet
 
 echo "demo: recording fixtures/demo.py under $($PYTHON -c 'import sys; print(sys.executable, sys.version.split()[0])')"
-target/release/pyprobe record -o profile.svg -- "$PYTHON" fixtures/demo.py --seconds 3
+target/release/pyprobe record --force -o profile.svg -- "$PYTHON" fixtures/demo.py --seconds 3
 echo
 target/release/pyprobe report profile.pyprobe --limit 12
 echo

@@ -94,6 +94,11 @@ int main(void) {
     D(interpreter_state.size);
     D(interpreter_state.next);
     D(interpreter_state.threads_head);
+    /* The GIL: the interpreter's `ceval.gil` pointer, and its own `_gil`'s fields. */
+    D(interpreter_state.ceval_gil);
+    D(interpreter_state.gil_runtime_state);
+    D(interpreter_state.gil_runtime_state_locked);
+    D(interpreter_state.gil_runtime_state_holder);
     D(thread_state.size);
     D(thread_state.next);
     D(thread_state.interp);
@@ -147,6 +152,13 @@ int main(void) {
     first = 0;
     OBJ("runtime_state");
     FIELD("interpreters_head", offsetof(_PyRuntimeState, interpreters.head));
+#if PY_VERSION_HEX >= 0x030C0000
+    /* 3.12 keeps the current thread state in a thread-local: see ceval_gil. */
+    NULLFIELD("gilstate_tstate_current");
+#else
+    /* The thread state holding the GIL; NULL while none does. */
+    FIELD("gilstate_tstate_current", offsetof(_PyRuntimeState, gilstate.tstate_current));
+#endif
     CLOSE();
     OBJ("interpreter_state");
     FIELD("next", offsetof(PyInterpreterState, next));
@@ -155,7 +167,19 @@ int main(void) {
 #else
     FIELD("threads_head", offsetof(PyInterpreterState, tstate_head));
 #endif
+#if PY_VERSION_HEX >= 0x030C0000
+    /* A pointer to the GIL the interpreter uses (its own `_gil`, or the main one's). */
+    FIELD("ceval_gil", offsetof(PyInterpreterState, ceval.gil));
+#else
+    NULLFIELD("ceval_gil");
+#endif
     CLOSE();
+#if PY_VERSION_HEX >= 0x030C0000
+    OBJ("gil_runtime_state");
+    FIELD("last_holder", offsetof(struct _gil_runtime_state, last_holder));
+    FIELD("locked", offsetof(struct _gil_runtime_state, locked));
+    CLOSE();
+#endif
     OBJ("thread_state");
     FIELD("size", sizeof(PyThreadState));
     FIELD("next", offsetof(PyThreadState, next));

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use pyprobe::analyze::parse_duration;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "pyprobe",
@@ -53,6 +55,22 @@ pub struct TargetArgs {
     pub command: Vec<String>,
 }
 
+/// Which sampled stacks a view counts, by what their thread was doing.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct SampleArgs {
+    /// Count the samples of waiting threads too (asleep, blocked on I/O, a lock or
+    /// the GIL). By default only threads on a CPU count: a thread sleeping in
+    /// `select` no longer takes the profile over. Exact (traced) calls are never
+    /// filtered.
+    #[arg(long)]
+    pub idle: bool,
+    /// Count only the samples of the thread holding the GIL (with --idle, even
+    /// while it waits). Where the GIL cannot be read, samples are kept and the
+    /// view says so.
+    #[arg(long)]
+    pub gil: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
     /// Sample function stacks; GC, import and audit exact through their probes.
@@ -75,10 +93,23 @@ pub struct RecordArgs {
     #[command(flatten)]
     pub target: TargetArgs,
     /// Output: a recording (`.pyprobe`), or a view chosen by extension
-    /// (`.svg` flame graph, `.json` speedscope, `.txt` collapsed stacks).
-    /// Default: pyprobe-PID.pyprobe.
+    /// (`.svg` flame graph, `.json` speedscope, `.txt` collapsed stacks; the
+    /// recording is kept beside it as FILE.pyprobe). Any other name is refused
+    /// before the target is touched (a FIFO takes the recording). An existing
+    /// file is refused unless --force is given. Default: pyprobe-PID.pyprobe, or
+    /// pyprobe-PID.1.pyprobe, .2, ... when that exists (nothing is replaced).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Replace existing output files (-o FILE, the recording beside a view, or the
+    /// default name).
+    #[arg(long)]
+    pub force: bool,
+    /// Say more at start: each probe site armed, which go through the ring and
+    /// which stay on int3 and why, each site refused and why, the frame walker's
+    /// layout. By default, one line says what is traced and how, and only
+    /// warnings that change what is recorded are added.
+    #[arg(short, long)]
+    pub verbose: bool,
     /// Stop after this many seconds (default: until the target exits or Ctrl-C).
     #[arg(short, long, value_name = "SECONDS")]
     pub duration: Option<f64>,
@@ -124,6 +155,10 @@ pub struct RecordArgs {
     /// Sample without stopping the threads (faster, stacks may be torn).
     #[arg(long)]
     pub nonblocking: bool,
+    /// For a view written directly (-o x.svg, .json, .txt); the recording keeps
+    /// every sample and its thread's state.
+    #[command(flatten)]
+    pub samples: SampleArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -138,12 +173,34 @@ pub enum FlameFormat {
 pub struct FlameArgs {
     /// A recording made by `pyprobe record`.
     pub file: PathBuf,
-    /// Where to write (`-` for standard output); default: beside the recording
-    /// (FILE.svg, .folded.txt, .speedscope.json, .trace.json).
+    /// Where to write (`-` for standard output). Its extension must fit the
+    /// format (.svg; .txt or .folded for collapsed; .json for speedscope and
+    /// chrome), else pyprobe refuses; without --format, it chooses the format
+    /// (.json: speedscope). An existing file is refused unless --force is given.
+    /// Default: beside the recording (FILE.svg, .folded.txt, .speedscope.json,
+    /// .trace.json), or FILE.1.svg, .2, ... when that exists.
     #[arg(short, long, value_name = "OUT")]
     pub output: Option<PathBuf>,
-    #[arg(long, value_enum, default_value_t = FlameFormat::Svg)]
-    pub format: FlameFormat,
+    /// What to write (default: from OUT's extension, else svg).
+    #[arg(long, value_enum)]
+    pub format: Option<FlameFormat>,
+    /// Replace an existing output file (OUT, or the default name).
+    #[arg(long)]
+    pub force: bool,
+    /// Chrome trace and speedscope only: drop calls (and GC pauses, imports,
+    /// sampled slices) shorter than this, e.g. 50us, 1ms. A call dropped takes
+    /// its callees with it (they are shorter still). An export estimated above
+    /// 200 MB is announced on stderr, with these filters, before it is written.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub min_duration: Option<u64>,
+    /// Chrome trace and speedscope only: keep only functions whose file matches
+    /// this glob (repeatable); GC, import and audit events stay.
+    #[arg(long, value_name = "GLOB")]
+    pub include: Vec<String>,
+    /// Chrome trace and speedscope only: drop functions whose file matches this
+    /// glob (repeatable); their callees stay, under their caller.
+    #[arg(long, value_name = "GLOB")]
+    pub exclude: Vec<String>,
     /// Title of the SVG (default: the target's command line).
     #[arg(long, value_name = "T")]
     pub title: Option<String>,
@@ -154,6 +211,8 @@ pub struct FlameArgs {
     /// or calls (trace mode).
     #[arg(long, value_enum, default_value_t = FlameBy::Time)]
     pub by: FlameBy,
+    #[command(flatten)]
+    pub samples: SampleArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -194,6 +253,8 @@ pub struct ReportArgs {
     /// Hide functions whose file matches this glob (repeatable).
     #[arg(long, value_name = "GLOB")]
     pub exclude: Vec<String>,
+    #[command(flatten)]
+    pub samples: SampleArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -239,6 +300,8 @@ pub struct TopArgs {
     /// Watch a recording (possibly still being written) instead of a process.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["pid", "command", "all"])]
     pub from: Option<PathBuf>,
+    #[command(flatten)]
+    pub samples: SampleArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

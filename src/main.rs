@@ -22,6 +22,8 @@ fn main() -> ExitCode {
             pid: args.target.pid,
             command: args.target.command,
             output: args.output,
+            force: args.force,
+            verbose: args.verbose,
             duration: args.duration,
             mode: match args.mode {
                 cli::Mode::Auto => "auto",
@@ -42,23 +44,35 @@ fn main() -> ExitCode {
                 cli::Engine::Ring => pyprobe::tracer::RingUse::Required,
                 cli::Engine::Int3 => pyprobe::tracer::RingUse::Off,
             },
+            samples: sample_filter(args.samples),
         }),
-        Command::Flame(args) => session::views::flame(&session::views::FlameRequest {
-            file: args.file,
-            output: args.output,
-            format: match args.format {
-                cli::FlameFormat::Svg => session::views::FlameFormat::Svg,
-                cli::FlameFormat::Collapsed => session::views::FlameFormat::Collapsed,
-                cli::FlameFormat::Speedscope => session::views::FlameFormat::Speedscope,
-                cli::FlameFormat::Chrome => session::views::FlameFormat::Chrome,
-            },
-            title: args.title,
-            full_paths: args.full_paths,
-            by: match args.by {
-                cli::FlameBy::Time => pyprobe::output::flame::By::Time,
-                cli::FlameBy::Calls => pyprobe::output::flame::By::Calls,
-            },
-        }),
+        Command::Flame(args) => {
+            match pyprobe::analyze::FileFilter::new(&args.include, &args.exclude) {
+                Err(e) => Err(anyhow::anyhow!("{e}")),
+                Ok(files) => session::views::flame(&session::views::FlameRequest {
+                    file: args.file,
+                    output: args.output,
+                    format: args.format.map(|f| match f {
+                        cli::FlameFormat::Svg => session::views::FlameFormat::Svg,
+                        cli::FlameFormat::Collapsed => session::views::FlameFormat::Collapsed,
+                        cli::FlameFormat::Speedscope => session::views::FlameFormat::Speedscope,
+                        cli::FlameFormat::Chrome => session::views::FlameFormat::Chrome,
+                    }),
+                    title: args.title,
+                    full_paths: args.full_paths,
+                    by: match args.by {
+                        cli::FlameBy::Time => pyprobe::output::flame::By::Time,
+                        cli::FlameBy::Calls => pyprobe::output::flame::By::Calls,
+                    },
+                    force: args.force,
+                    samples: sample_filter(args.samples),
+                    filter: pyprobe::analyze::SliceFilter {
+                        files,
+                        min_duration_ns: args.min_duration.unwrap_or(0),
+                    },
+                }),
+            }
+        }
         Command::Report(args) => session::report::run(
             &args.file,
             &session::report::ReportRequest {
@@ -75,6 +89,7 @@ fn main() -> ExitCode {
                 limit: (args.format == cli::ReportFormat::Table).then_some(args.limit),
                 include: args.include,
                 exclude: args.exclude,
+                samples: sample_filter(args.samples),
             },
             args.format == cli::ReportFormat::Json,
         ),
@@ -94,6 +109,7 @@ fn main() -> ExitCode {
             interval: args.interval,
             limit: args.limit,
             once: args.once,
+            samples: sample_filter(args.samples),
         }),
         Command::Dump(args) => session::dump::run(&session::dump::DumpRequest {
             pid: args.pid,
@@ -106,5 +122,12 @@ fn main() -> ExitCode {
             eprintln!("pyprobe: error: {e:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+fn sample_filter(args: cli::SampleArgs) -> pyprobe::analyze::SampleFilter {
+    pyprobe::analyze::SampleFilter {
+        idle: args.idle,
+        gil: args.gil,
     }
 }

@@ -279,6 +279,195 @@ fn pid_that_exits_during_attach() {
     eprintln!("attach during exit: {outcomes:?}");
 }
 
+// ---- outputs ------------------------------------------------------------------
+
+/// An output name pyprobe cannot write is refused before the command starts: the
+/// command never runs (its marker file is not created), nothing is written.
+#[test]
+fn record_refuses_an_output_it_cannot_write_before_starting_the_command() {
+    let Some(py) = python("3.11") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("marker");
+    let code = format!("open({:?}, 'w')", marker.to_str().unwrap());
+    for name in ["x.html", "x", "x.pyprobe.gz", "x.svgz"] {
+        let out = dir.path().join(name);
+        let args = ["record", "-o", out.to_str().unwrap(), "--"];
+        let run = pyprobe()
+            .args(args)
+            .arg(&py.launcher)
+            .args(["-c", &code])
+            .output()
+            .unwrap();
+        let e = assert_refused_output(&run, &args, &[name, ".pyprobe", ".svg", ".json", ".txt"]);
+        assert_one_sentence(&e);
+        assert!(!marker.exists(), "{name}: the command never ran");
+        assert!(!out.exists(), "{name}: nothing written");
+    }
+    // Upper case is the same extension.
+    let out = dir.path().join("X.SVG");
+    let run = pyprobe()
+        .args(["record", "-o", out.to_str().unwrap(), "--"])
+        .arg(&py.launcher)
+        .args(["-c", &code])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(marker.exists(), "the command ran");
+    assert!(std::fs::read_to_string(&out).unwrap().starts_with("<?xml"));
+    assert!(
+        dir.path().join("X.pyprobe").exists(),
+        "the recording beside"
+    );
+}
+
+/// A process is not attached to when the output is refused: nothing in it is
+/// touched (no tracer, no semaphore raised).
+#[test]
+fn record_refuses_an_output_it_cannot_write_before_attaching() {
+    let Some(py) = python("3.9") else { return };
+    let mut target = Target::spawn(&py.launcher, &["-c", WAITING_SCRIPT]);
+    target.wait_for_line("ready");
+    let pid = target.pid().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("profile.html");
+    let e = assert_refused(
+        &[
+            "record",
+            "-p",
+            &pid,
+            "-d",
+            "0.5",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        &["profile.html", ".pyprobe"],
+    );
+    assert_one_sentence(&e);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.contains("TracerPid:\t0"), "never attached: {status}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// `flame -o` must fit the format: an explicit `--format` with another
+/// extension is refused; without `--format` the extension chooses it.
+#[test]
+fn flame_refuses_an_output_named_for_another_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("run.pyprobe");
+    small_recording(&rec);
+    let rec = rec.to_str().unwrap();
+    let at = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    for (format, name, words) in [
+        (
+            "chrome",
+            "x.svg",
+            &["x.svg", "--format chrome", ".json"][..],
+        ),
+        ("svg", "x.json", &["x.json", "--format svg", ".svg"][..]),
+        (
+            "speedscope",
+            "x.txt",
+            &["x.txt", "--format speedscope", ".json"][..],
+        ),
+        (
+            "collapsed",
+            "x.svg",
+            &["x.svg", "--format collapsed", ".txt"][..],
+        ),
+    ] {
+        let e = assert_refused(&["flame", rec, "-o", &at(name), "--format", format], words);
+        assert_one_sentence(&e);
+        assert!(!dir.path().join(name).exists(), "{format} {name}");
+    }
+    let e = assert_refused(
+        &["flame", rec, "-o", &at("x.html")],
+        &["x.html", "--format"],
+    );
+    assert_one_sentence(&e);
+    // The extension chooses: .json is speedscope, .txt collapsed stacks.
+    let out = run_pyprobe(&["flame", rec, "-o", &at("chosen.json")]);
+    assert!(out.status.success());
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(at("chosen.json")).unwrap()).unwrap();
+    assert!(
+        doc["$schema"].as_str().unwrap().contains("speedscope"),
+        "{doc}"
+    );
+    let out = run_pyprobe(&["flame", rec, "-o", &at("chosen.txt")]);
+    assert!(out.status.success());
+    let folded = std::fs::read_to_string(at("chosen.txt")).unwrap();
+    assert!(folded.lines().all(|l| l
+        .rsplit_once(' ')
+        .is_some_and(|(_, n)| n.parse::<u64>().is_ok())));
+    let out = run_pyprobe(&["flame", rec, "-o", &at("trace.json"), "--format", "chrome"]);
+    assert!(out.status.success());
+    // The filters belong to the trace exports.
+    let e = assert_refused(
+        &["flame", rec, "-o", &at("f.svg"), "--min-duration", "1ms"],
+        &["--min-duration", "chrome"],
+    );
+    assert_one_sentence(&e);
+    // A duration without its unit is a usage error.
+    let out = run_pyprobe(&[
+        "flame",
+        rec,
+        "-o",
+        &at("c.json"),
+        "--format",
+        "chrome",
+        "--min-duration",
+        "5",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no unit"));
+    assert!(!dir.path().join("c.json").exists());
+}
+
+/// A trace recording of a few calls: main → work, twice.
+fn small_recording(path: &Path) {
+    let header = Header {
+        pid: 42,
+        command_line: vec!["python3".into(), "app.py".into()],
+        executable: "/usr/bin/python3.9".into(),
+        python_version: "3.9.2".into(),
+        mode: "trace".into(),
+        ..Header::default()
+    };
+    let mut w = RecordingWriter::create(path, &header).unwrap();
+    let file = w.intern("/app/app.py");
+    let main = FrameRef {
+        file,
+        function: w.intern("main"),
+        line: 1,
+    };
+    let work = FrameRef {
+        file,
+        function: w.intern("work"),
+        line: 5,
+    };
+    let mut ts = 1_000;
+    let mut event = |kind| {
+        ts += 1_000;
+        w.write(&Event {
+            tid: 42,
+            ts_ns: ts,
+            kind,
+        })
+        .unwrap();
+    };
+    event(EventKind::Call { frame: main });
+    for _ in 0..2 {
+        event(EventKind::Call { frame: work });
+        event(EventKind::Return { frame: work });
+    }
+    event(EventKind::Return { frame: main });
+    w.finish(ts + 1_000).unwrap();
+}
+
 // ---- recordings ---------------------------------------------------------------
 
 /// A recording with a header, strings, several event chunks and a trailer
@@ -334,6 +523,9 @@ fn report(path: &str) -> std::process::Output {
         .output()
         .unwrap();
     assert_no_panic(&format!("report {path}"), &out.stderr);
+    if out.status.success() {
+        assert_report_schema(&serde_json::from_slice(&out.stdout).expect("report JSON"));
+    }
     out
 }
 

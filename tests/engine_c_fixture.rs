@@ -119,7 +119,9 @@ fn decode_every_argument(ring: RingUse) {
                         .push(values);
                 }
                 TraceEvent::Installed { sites, .. } => installed += sites,
-                TraceEvent::Notice(text) => notices.push(text),
+                TraceEvent::Notice(text)
+                | TraceEvent::Detail(text)
+                | TraceEvent::Summarised { full: text, .. } => notices.push(text),
                 _ => {}
             })
             .unwrap();

@@ -529,6 +529,8 @@ fn a_thousand_attach_detach_cycles() {
                 &pid.to_string(),
                 "-d",
                 "0.02",
+                // The same file each cycle.
+                "--force",
                 "-o",
             ])
             .arg(recording.path())

@@ -389,7 +389,8 @@ fn a_forged_python_runs_as_without_pyprobe() {
     let usr = py.binary.parent().unwrap().parent().unwrap();
     let recording = dir.path().join("run.pyprobe");
     let out = pyprobe()
-        .args(["record", "--mode", "trace", "-o"])
+        // `-v`: each probe refused, and why.
+        .args(["record", "-v", "--mode", "trace", "-o"])
         .arg(&recording)
         .arg("--")
         .arg(&forged)

@@ -331,46 +331,38 @@ fn pool_workers_are_processes_of_their_own_3_13() {
     check_pool("3.13", "forkserver");
 }
 
-/// `builtins.id` audit events per process of a recording, and how many of them
-/// had their stack read (a `stack` event just before: the process was stopped).
-fn id_events(path: &str) -> BTreeMap<u32, (u64, u64)> {
+/// Audit events per process of a recording: `builtins.id` events recorded, and
+/// audit events counted without being recorded (over the overhead budget).
+fn audit_events(path: &str) -> BTreeMap<u32, (u64, u64)> {
     let mut reader = RecordingReader::open(Path::new(path)).expect("open recording");
     let mut processes = ProcessMap::new(reader.header());
-    let mut stacked: HashMap<u32, bool> = HashMap::new();
     let events: Vec<_> = reader.events().map(|e| e.expect("event")).collect();
     let mut out: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
     for e in &events {
         processes.push(e);
-        match &e.kind {
-            EventKind::Stack { .. } => {
-                stacked.insert(e.tid, true);
-            }
-            EventKind::Audit { event } => {
-                let had_stack = stacked.remove(&e.tid).unwrap_or(false);
-                if reader.string(*event) == "builtins.id" {
-                    let n = out.entry(processes.pid_of(e.tid)).or_default();
-                    n.0 += 1;
-                    n.1 += u64::from(had_stack);
-                }
-            }
-            _ => {}
-        }
+        let n = match &e.kind {
+            EventKind::Audit { event } if reader.string(*event) == "builtins.id" => (1, 0),
+            EventKind::AuditsCounted { count } => (0, *count),
+            _ => continue,
+        };
+        let p = out.entry(processes.pid_of(e.tid)).or_default();
+        p.0 += n.0;
+        p.1 += n.1;
     }
     out
 }
 
-/// Four workers raising an audit event at each of 100,000 id() calls: each is
-/// counted, and the worker is not stopped for each (the audit probe moves to
-/// the ring once it has stopped the worker a thousand times in a second).
-/// Before, every such event stopped the worker to read its stack: minutes.
+/// Four forked workers raising an audit event at each of 100,000 id() calls:
+/// each worker gets a ring of its own, where its GC, import and audit probes go
+/// (none stays on an int3 that would stop it at each event), and every event is
+/// accounted for, in the worker that raised it. Before, a forked child's ring
+/// sites were turned back into int3s and each of these events stopped it.
 #[test]
-fn a_worker_raising_audit_events_all_the_time_is_counted_not_stopped() {
-    // Several runs: the move to the ring races with the worker's next hit (a run
-    // in two or three crashed a worker before that race was closed).
-    for version in ["3.9", "3.13", "3.9", "3.13", "3.9", "3.13"] {
+fn forked_workers_get_rings_of_their_own_and_every_event_counts() {
+    // Several runs: a worker set up as it forks races with the others.
+    for version in ["3.9", "3.13", "3.9", "3.13"] {
         let Some(py) = python(version) else { continue };
         let script = fixture_script("pool.py");
-        // Four workers: four moves to the ring per run.
         let (pool, ids) = (4u64, 100_000u64);
         let run = record(
             &py,
@@ -383,7 +375,7 @@ fn a_worker_raising_audit_events_all_the_time_is_counted_not_stopped() {
                 "0.2",
                 &ids.to_string(),
             ],
-            &[],
+            &["-v"],
             &[],
         );
         let workers: Vec<u32> = run
@@ -394,31 +386,43 @@ fn a_worker_raising_audit_events_all_the_time_is_counted_not_stopped() {
             .split(' ')
             .map(|p| p.parse().unwrap())
             .collect();
-        let counts = id_events(run.recording.path());
-        let mut total = 0;
         for w in &workers {
-            let (events, stacked) = counts.get(w).copied().unwrap_or_default();
-            total += events;
-            // A thousand stops, and those its move to the ring waits for while
-            // pyprobe is busy with the other processes (on a crowded machine).
+            let ring = format!("ring engine in process {w}: ");
+            let line = run
+                .stderr
+                .lines()
+                .find(|l| l.contains(&ring))
+                .unwrap_or_else(|| panic!("{version}: worker {w} has no ring: {}", run.stderr));
             assert!(
-                stacked <= ids / 10,
-                "{version}: worker {w} was stopped for {stacked} of its {events} id() audit events"
+                line.ends_with(" 0 stay on int3"),
+                "{version}: worker {w}: {line}"
             );
         }
-        // Each task ran in one worker; stray id() calls of the pool may add a few.
-        // Events pyprobe could not read in time (it got no CPU for longer than a
-        // ring lasts, on a crowded machine) are counted as lost, never missing.
+        let counts = audit_events(run.recording.path());
+        let (mut recorded, mut counted) = (0, 0);
+        for w in &workers {
+            let (r, c) = counts.get(w).copied().unwrap_or_default();
+            recorded += r;
+            counted += c;
+        }
+        // Each task ran in one worker. Counted events are every audit event, a
+        // few of other names among them; events pyprobe could not read in time
+        // (it got no CPU for longer than a ring lasts) are counted as lost; over
+        // the overhead budget, audit events may go uncounted for a while, which
+        // the report says.
         let lost = run.report["lost_events"].as_u64().unwrap();
+        let uncounted = run.report["thinned"]["uncounted_ns"].as_u64().unwrap_or(0);
+        let total = recorded + counted;
         assert!(
-            total + lost >= pool * ids && total < pool * ids + 100,
-            "{version}: {total} id() audit events in the workers ({lost} lost), {} made",
+            (total + lost >= pool * ids || uncounted > 0) && total < pool * ids + 1_000,
+            "{version}: {recorded} id() audit events recorded and {counted} counted in the \
+             workers ({lost} lost, {uncounted} ns uncounted), {} made",
             pool * ids
         );
         assert!(
-            run.stderr.contains("most for audit"),
-            "{version}: the move to the ring is said: {}",
-            run.stderr
+            total + lost >= pool * ids / 2,
+            "{version}: {total} of {} audit events accounted for",
+            pool * ids
         );
     }
 }

@@ -14,9 +14,12 @@ use common::*;
 use serde_json::Value;
 use support::{assert_restored, calls_in_file, fixture_script, sites_and_semaphores};
 
+/// A fresh path for each call: tests running at once record the same fixture.
 fn tmp_recording(name: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     std::env::temp_dir().join(format!(
-        "pyprobe-test-{}-{name}.pyprobe",
+        "pyprobe-test-{}-{n}-{name}.pyprobe",
         std::process::id()
     ))
 }

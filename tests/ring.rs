@@ -12,7 +12,8 @@ use std::time::Duration;
 use common::*;
 use support::*;
 
-/// `pyprobe record -o OUT --mode trace --engine ENGINE -- PYTHON ARGS`, to its end.
+/// `pyprobe record -o OUT -v --mode trace --engine ENGINE -- PYTHON ARGS`, to its
+/// end (`-v`: the start says how many sites each engine got).
 fn trace_launched<A: AsRef<std::ffi::OsStr>>(
     out: &TempFile,
     engine: &str,
@@ -24,6 +25,7 @@ fn trace_launched<A: AsRef<std::ffi::OsStr>>(
             "record",
             "-o",
             out.path(),
+            "-v",
             "--mode",
             "trace",
             "--engine",

@@ -159,7 +159,8 @@ fn target_after_killed_ring(py: &Python, death: Death, tag: &str) -> Left {
     let (sites, _) = sites_and_semaphores(pid);
     let out = TempFile::new(&format!("takeover-first-{tag}.pyprobe"));
     let pid_arg = pid.to_string();
-    let args = ["-p", &pid_arg, "--mode", "trace", "--engine", "ring"];
+    // `-v`: the start says how many sites the ring serves.
+    let args = ["-p", &pid_arg, "--mode", "trace", "--engine", "ring", "-v"];
     let mut first = Live::record(&out, &args);
     let serving = first.wait_line("probe sites write to a ring");
     // "ring engine in process P: N probe sites write to a ring (...), 0 stay on int3"
@@ -211,7 +212,8 @@ fn target_after_killed_ring(py: &Python, death: Death, tag: &str) -> Left {
 fn record_again(py: &Python, mut target: Target, tag: &str) -> (u64, String) {
     let out = TempFile::new(&format!("takeover-second-{tag}.pyprobe"));
     let pid_arg = target.pid().to_string();
-    let mut second = Live::record(&out, &["-p", &pid_arg, "--mode", "trace"]);
+    // `-v`: each site refused, and why.
+    let mut second = Live::record(&out, &["-p", &pid_arg, "--mode", "trace", "-v"]);
     // The start line comes once attaching is over: every site is armed by then.
     second.wait_line("mode trace");
     target.send_line("5000");

@@ -89,7 +89,17 @@ fn attach_cycles(version: &'static str, mode: &str, cycles: usize) {
     let out = TempFile::new(&format!("harm-{mode}-{version}.pyprobe"));
     for i in 0..cycles {
         let extra = ATTACH_MODES[i % ATTACH_MODES.len()];
-        let mut args = vec!["record", "-p", &pid, "-d", "0.2", "-o", out.path()];
+        // The same file each cycle.
+        let mut args = vec![
+            "record",
+            "-p",
+            &pid,
+            "-d",
+            "0.2",
+            "--force",
+            "-o",
+            out.path(),
+        ];
         args.extend_from_slice(extra);
         let run = run_pyprobe(&args);
         let stderr = String::from_utf8_lossy(&run.stderr);
@@ -365,6 +375,8 @@ fn a_stopped_program_stays_stopped_while_pyprobe_watches_it() {
                 "0.5",
                 "-o",
                 out.path(),
+                // The file the first run wrote.
+                "--force",
                 "--mode",
                 "trace",
             ],

@@ -36,11 +36,19 @@ fn record(
 ) -> (PathBuf, String) {
     let path = tmp(&format!("{}-{name}.pyprobe", py.version));
     let mut cmd = pyprobe();
-    cmd.args(["record", "--mode", "trace", "-o", path.to_str().unwrap()])
-        .args(extra)
-        .arg("--")
-        .arg(&py.launcher)
-        .args(args);
+    // Recorded again at the same name when the machine disturbed a run.
+    cmd.args([
+        "record",
+        "--mode",
+        "trace",
+        "--force",
+        "-o",
+        path.to_str().unwrap(),
+    ])
+    .args(extra)
+    .arg("--")
+    .arg(&py.launcher)
+    .args(args);
     if let Some(p) = pythonpath {
         cmd.env("PYTHONPATH", p);
     }

@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{python, repo, run_pyprobe};
-use pyprobe::record::{Event, EventKind, FrameRef, Header, RecordingWriter, WalkedFrame};
+use pyprobe::analyze::SampleFilter;
+use pyprobe::record::{
+    Event, EventKind, FrameRef, Header, RecordingWriter, SampleState, WalkedFrame,
+};
 
 const START: u64 = 1_000_000_000;
 
@@ -143,18 +146,34 @@ fn sample_recording(name: &str) -> PathBuf {
             f64::from(i) * 10_000.0,
             EventKind::Sample {
                 frames: vec![main, work12, leaf],
+                state: SampleState::default(),
             },
         );
     }
-    r.at(101, 5_000.0, EventKind::Sample { frames: vec![run] });
+    r.at(
+        101,
+        5_000.0,
+        EventKind::Sample {
+            frames: vec![run],
+            state: SampleState::default(),
+        },
+    );
     r.at(
         100,
         30_000.0,
         EventKind::Sample {
             frames: vec![main, work13],
+            state: SampleState::default(),
         },
     );
-    r.at(101, 15_000.0, EventKind::Sample { frames: vec![run] });
+    r.at(
+        101,
+        15_000.0,
+        EventKind::Sample {
+            frames: vec![run],
+            state: SampleState::default(),
+        },
+    );
     r.finish(40_000);
     path
 }
@@ -289,7 +308,7 @@ fn speedscope_spilled_to_disk_is_identical() {
             spool_limit: limit,
             ..SpeedscopeOptions::default()
         };
-        write_speedscope(&mut reader, &options, &mut out).unwrap();
+        write_speedscope(&mut reader, &options, |_| {}, &mut out).unwrap();
         String::from_utf8(out).unwrap()
     };
     assert_eq!(render(16), render(1 << 20));
@@ -435,7 +454,7 @@ fn svg_from_a_sample_recording() {
         .any(|t| t.starts_with("leaf (src/main.py:20) (3 samples, 50.00%)")));
     assert!(
         texts.contains(
-            &"pid 100, CPython 3.9.2, sample mode, 40.0 ms, 6 samples every 10.0 ms; width: samples"
+            &"pid 100, CPython 3.9.2, sample mode, 40.0 ms, 6 samples every 10.0 ms, thread state not recorded; width: samples"
                 .to_string()
         ),
         "{texts:?}"
@@ -463,24 +482,27 @@ fn flame_writes_beside_the_recording_by_default() {
 
 #[test]
 fn view_chosen_by_extension() {
+    use pyprobe::output::file::Existing;
     use pyprobe::session::views::write_view_for_extension;
     let t = trace_recording("by-extension.pyprobe");
     let svg = tmp("by-extension.svg");
-    assert!(write_view_for_extension(&t, &svg).unwrap());
+    assert!(write_view_for_extension(&t, &svg, SampleFilter::default(), Existing::Keep).unwrap());
     svg_texts(&std::fs::read_to_string(&svg).unwrap());
     let json = tmp("by-extension.json");
-    assert!(write_view_for_extension(&t, &json).unwrap());
+    assert!(write_view_for_extension(&t, &json, SampleFilter::default(), Existing::Keep).unwrap());
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(doc["profiles"][0]["type"], "evented");
     let txt = tmp("by-extension.txt");
-    assert!(write_view_for_extension(&t, &txt).unwrap());
+    assert!(write_view_for_extension(&t, &txt, SampleFilter::default(), Existing::Keep).unwrap());
     assert_eq!(
         std::fs::read_to_string(&txt).unwrap(),
         flame(&t, &["--format", "collapsed"])
     );
     let other = tmp("by-extension.pyprobe2");
-    assert!(!write_view_for_extension(&t, &other).unwrap());
+    assert!(
+        !write_view_for_extension(&t, &other, SampleFilter::default(), Existing::Keep).unwrap()
+    );
     assert!(!other.exists());
 }
 
@@ -663,7 +685,7 @@ CALLS/S  OWN%  TOTAL%      OWN  PID  FUNCTION  FILE:LINE
     assert_eq!(
         text,
         "\
-pyprobe top: pid 100, CPython 3.9.2, sample mode, over 40.0 ms: 6 samples
+pyprobe top: pid 100, CPython 3.9.2, sample mode, over 40.0 ms: 6 samples (thread state not recorded)
 GC 0.00/s (0.0% of the time), imports 0.00/s
 OWN%  TOTAL%  SAMPLES  PID  FUNCTION  FILE:LINE
 50.0    50.0        3  100  leaf      src/main.py:20

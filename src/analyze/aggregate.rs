@@ -10,11 +10,12 @@ use super::imports::ImportTracker;
 use super::model::{RaisingStack, Trigger, MAX_TRIGGERS};
 use super::replay::{Pairing, Replay, Step};
 use super::samples::{SampleAcc, SampleTracker};
+use super::states::{SampleFilter, SampleTally};
 use super::{
     Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, ImportStats, ProcessStats,
-    Report, Target, ThreadStats,
+    Report, Target, Thinned, ThreadStats,
 };
-use crate::record::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
+use crate::record::{Event, EventKind, FrameRef, Header, StrId, ThinLevel, WalkedFrame};
 
 #[derive(Default, Clone, Copy)]
 struct FuncAcc {
@@ -174,6 +175,59 @@ pub struct Aggregator {
     first_ts: Option<u64>,
     last_ts: Option<u64>,
     windows: WindowTracker,
+    thinning: ThinningTracker,
+    tally: SampleTally,
+}
+
+/// Stretches where GC, import and audit events went without their stacks.
+#[derive(Default, Clone, Copy)]
+struct ThinningTracker {
+    seen: bool,
+    /// Since when thinned, and since when audit events are not even counted.
+    since: Option<u64>,
+    uncounted_since: Option<u64>,
+    thinned_ns: u64,
+    uncounted_ns: u64,
+    events: u64,
+    audits_counted: u64,
+}
+
+impl ThinningTracker {
+    fn set(&mut self, level: ThinLevel, ts: u64) {
+        self.seen = true;
+        let close = |since: &mut Option<u64>, total: &mut u64| {
+            if let Some(s) = since.take() {
+                *total += ts.saturating_sub(s);
+            }
+        };
+        if level == ThinLevel::Full {
+            close(&mut self.since, &mut self.thinned_ns);
+        } else if self.since.is_none() {
+            self.since = Some(ts);
+        }
+        if level == ThinLevel::Uncounted {
+            self.uncounted_since.get_or_insert(ts);
+        } else {
+            close(&mut self.uncounted_since, &mut self.uncounted_ns);
+        }
+    }
+
+    /// A GC, import or audit event: counted if it went without its stack.
+    fn event(&mut self) {
+        if self.since.is_some() {
+            self.events += 1;
+        }
+    }
+
+    fn finish(self, end: u64) -> Option<Thinned> {
+        let open = |since: Option<u64>| since.map_or(0, |s| end.saturating_sub(s));
+        self.seen.then(|| Thinned {
+            events: self.events,
+            audits_counted: self.audits_counted,
+            thinned_ns: self.thinned_ns + open(self.since),
+            uncounted_ns: self.uncounted_ns + open(self.uncounted_since),
+        })
+    }
 }
 
 /// Exact windows of a budget-limited recording: when function tracing was on.
@@ -219,8 +273,15 @@ fn walked(replay: &Replay, frames: &[WalkedFrame]) -> Vec<(FrameRef, u32)> {
 }
 
 impl Aggregator {
-    /// Starts aggregating a recording described by `header`.
+    /// Starts aggregating a recording described by `header`, counting the samples of
+    /// threads on a CPU (the default [`SampleFilter`]).
     pub fn new(header: &Header) -> Self {
+        Self::with_filter(header, SampleFilter::default())
+    }
+
+    /// Starts aggregating a recording described by `header`, counting the samples
+    /// `filter` keeps.
+    pub fn with_filter(header: &Header, filter: SampleFilter) -> Self {
         Aggregator {
             target: Target {
                 pid: header.pid,
@@ -247,6 +308,8 @@ impl Aggregator {
             first_ts: None,
             last_ts: None,
             windows: WindowTracker::default(),
+            thinning: ThinningTracker::default(),
+            tally: SampleTally::new(filter, header),
         }
     }
 
@@ -266,6 +329,7 @@ impl Aggregator {
         self.apply(steps, replay);
         match &event.kind {
             EventKind::GcStart { generation } => {
+                self.thinning.event();
                 if let Some(&(leaf, line)) = self.trigger_stack(tid, replay).last() {
                     let entry = self
                         .gc_triggers
@@ -280,11 +344,13 @@ impl Aggregator {
             }
             EventKind::GcDone { collected } => self.gc.done(tid, *collected, ts),
             EventKind::ImportStart { module } => {
+                self.thinning.event();
                 self.pending_stack.remove(&tid);
                 self.imports.start(tid, *module, ts)
             }
             EventKind::ImportDone { module, found } => self.imports.done(tid, *module, *found, ts),
             EventKind::Audit { event } => {
+                self.thinning.event();
                 *self.audit.entry(*event).or_insert(0) += 1;
                 let stack = self.trigger_stack(tid, replay);
                 if !stack.is_empty() {
@@ -292,7 +358,10 @@ impl Aggregator {
                     *self.audit_stacks.entry((*event, kept)).or_insert(0) += 1;
                 }
             }
-            EventKind::Sample { frames } => {
+            EventKind::Sample { frames, state } => {
+                if !self.tally.admit(*state) {
+                    return;
+                }
                 let codes: Vec<FrameRef> = frames.iter().map(|w| replay.walked_code(w)).collect();
                 let weight = replay.plan().sample_weight(tid, self.sample_interval_ns);
                 self.samples.record(&codes, weight);
@@ -308,6 +377,10 @@ impl Aggregator {
                 self.lost = self.lost.saturating_add(*count);
             }
             EventKind::Window { exact } => self.windows.toggle(*exact, ts),
+            EventKind::Thinned { level } => self.thinning.set(*level, ts),
+            EventKind::AuditsCounted { count } => {
+                self.thinning.audits_counted = self.thinning.audits_counted.saturating_add(*count)
+            }
             EventKind::Call { .. }
             | EventKind::Return { .. }
             | EventKind::Line { .. }
@@ -514,6 +587,8 @@ impl Aggregator {
             processes,
             truncated_at: None,
             exact_windows: self.windows.finish(close_at),
+            thinned: self.thinning.finish(close_at),
+            samples: self.tally,
         }
     }
 }

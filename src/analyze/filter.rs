@@ -1,4 +1,5 @@
-//! `--include` / `--exclude` glob filtering on source file names.
+//! `--include` / `--exclude` glob filtering on source file names, and the
+//! `--min-duration` of the trace exports.
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
@@ -48,6 +49,61 @@ impl FileFilter {
     }
 }
 
+/// What the trace exports (`flame --format chrome|speedscope`) keep: functions
+/// whose file passes `files`, and calls (slices) lasting at least
+/// `min_duration_ns`. GC pauses and imports are slices too and go by duration;
+/// instants (audit events, lost events) always stay.
+#[derive(Debug, Clone, Default)]
+pub struct SliceFilter {
+    pub files: FileFilter,
+    pub min_duration_ns: u64,
+}
+
+impl SliceFilter {
+    /// Whether the filter keeps everything.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty() && self.min_duration_ns == 0
+    }
+
+    /// Whether a slice lasting `ns` is long enough.
+    pub fn long_enough(&self, ns: u64) -> bool {
+        ns >= self.min_duration_ns
+    }
+}
+
+/// Parses a duration with its unit: `200ns`, `50us` (or `50µs`), `1.5ms`, `2s`.
+pub fn parse_duration(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let scale = match unit.trim() {
+        "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        "" => {
+            return Err(format!(
+                "`{text}` has no unit: write it as 200ns, 50us, 1ms or 2s"
+            ))
+        }
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `{text}`: use ns, us, ms or s"
+            ))
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration such as 200ns, 50us, 1ms or 2s"))?;
+    let ns = value * scale;
+    if !ns.is_finite() || ns > u64::MAX as f64 {
+        return Err(format!("`{text}` is too long a duration"));
+    }
+    Ok(ns.round() as u64)
+}
+
 fn build(patterns: &[String]) -> Result<Option<GlobSet>, FilterError> {
     if patterns.is_empty() {
         return Ok(None);
@@ -86,6 +142,22 @@ mod tests {
         assert!(!app.matches("/app/test_fib.py"));
         assert!(f(&["fib.py"], &[]).matches("/app/fib.py"));
         assert!(!f(&[], &["<frozen*"]).matches("<frozen importlib._bootstrap>"));
+    }
+
+    #[test]
+    fn durations_need_a_unit() {
+        assert_eq!(parse_duration("50us"), Ok(50_000));
+        assert_eq!(parse_duration("50µs"), Ok(50_000));
+        assert_eq!(parse_duration("1ms"), Ok(1_000_000));
+        assert_eq!(parse_duration("1.5ms"), Ok(1_500_000));
+        assert_eq!(parse_duration("2s"), Ok(2_000_000_000));
+        assert_eq!(parse_duration("200ns"), Ok(200));
+        assert_eq!(parse_duration("0us"), Ok(0));
+        assert!(parse_duration("50").unwrap_err().contains("no unit"));
+        assert!(parse_duration("5m").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("ms").is_err());
+        assert!(parse_duration("1.2.3ms").is_err());
+        assert!(parse_duration("-1ms").is_err());
     }
 
     #[test]

@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::replay::{Pairing, Replay, ReplayCounters, Step};
+use super::states::{SampleFilter, SampleTally};
 use crate::record::{Event, EventKind, FrameRef, Header, StrId};
 
 /// A fast hasher for the small integer keys of the tree (the Fx algorithm):
@@ -218,6 +219,8 @@ pub struct Folder {
     sample_interval_ns: u64,
     /// A window event was seen: the recording is budget-limited.
     windowed: bool,
+    /// Which samples count (see `states`); without a recording's header, all do.
+    tally: SampleTally,
 }
 
 impl Folder {
@@ -226,10 +229,20 @@ impl Folder {
         Self::default()
     }
 
-    /// An empty folder for a recording sampled every `ns`.
+    /// An empty folder for a recording sampled every `ns`, counting every sample.
     pub fn with_sample_interval(ns: u64) -> Self {
         Folder {
             sample_interval_ns: ns,
+            ..Self::default()
+        }
+    }
+
+    /// An empty folder for the recording `header` describes, counting the samples
+    /// `filter` keeps.
+    pub fn for_recording(header: &Header, filter: SampleFilter) -> Self {
+        Folder {
+            sample_interval_ns: header.sample_interval_ns,
+            tally: SampleTally::new(filter, header),
             ..Self::default()
         }
     }
@@ -312,9 +325,9 @@ impl Folder {
                     self.time[p] = self.time[p].wrapping_sub(own);
                 }
             }
-            EventKind::Sample { frames } => {
+            EventKind::Sample { frames, state } => {
                 self.counts.samples += 1;
-                if frames.is_empty() {
+                if !self.tally.admit(*state) || frames.is_empty() {
                     return;
                 }
                 let mut node = self.base(tid, replay);
@@ -410,6 +423,7 @@ impl Folder {
             calls: self.calls,
             samples: self.samples,
             counts: self.counts,
+            tally: self.tally,
         }
     }
 }
@@ -423,7 +437,7 @@ pub fn fold_events(
 ) -> Folded {
     let plan = super::replay::plan_events(header, strings, events);
     let mut replay = Replay::new(header, plan);
-    let mut folder = Folder::with_sample_interval(header.sample_interval_ns);
+    let mut folder = Folder::for_recording(header, SampleFilter::default());
     let mut steps = Vec::new();
     for e in events {
         steps.clear();
@@ -445,6 +459,8 @@ pub struct Folded {
     pub counts: FoldCounts,
     /// How well call and return events paired.
     pub counters: ReplayCounters,
+    /// Which samples were counted (by their thread's state), and how many were not.
+    pub tally: SampleTally,
 }
 
 impl Folded {
@@ -577,7 +593,7 @@ impl Folded {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::StrId;
+    use crate::record::{SampleState, StrId};
 
     fn fr(function: u32, line: u32) -> FrameRef {
         FrameRef {
@@ -755,6 +771,7 @@ mod tests {
                     0,
                     EventKind::Sample {
                         frames: vec![walked(1, 4), walked(2, 8)],
+                        state: SampleState::default(),
                     },
                 ),
                 ev(
@@ -762,6 +779,7 @@ mod tests {
                     1,
                     EventKind::Sample {
                         frames: vec![walked(1, 4), walked(2, 8)],
+                        state: SampleState::default(),
                     },
                 ),
                 ev(
@@ -769,9 +787,17 @@ mod tests {
                     2,
                     EventKind::Sample {
                         frames: vec![walked(1, 4)],
+                        state: SampleState::default(),
                     },
                 ),
-                ev(1, 3, EventKind::Sample { frames: vec![] }),
+                ev(
+                    1,
+                    3,
+                    EventKind::Sample {
+                        frames: vec![],
+                        state: SampleState::default(),
+                    },
+                ),
             ],
             None,
         );

@@ -11,17 +11,19 @@ pub mod model;
 pub mod processes;
 pub mod replay;
 mod samples;
+pub mod states;
 
 #[cfg(test)]
 mod tests;
 
 pub use aggregate::Aggregator;
-pub use filter::{FileFilter, FilterError};
+pub use filter::{parse_duration, FileFilter, FilterError, SliceFilter};
 pub use histogram::Histogram;
 pub use model::{
     Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, GcStats, ImportStats,
-    ProcessStats, RaisingStack, Report, Target, ThreadStats, Trigger,
+    ProcessStats, RaisingStack, Report, Target, Thinned, ThreadStats, Trigger,
 };
 pub use replay::{
     plan_events, EndKind, Exit, Pairing, Plan, Planner, Replay, ReplayCounters, Step, MAX_DEPTH,
 };
+pub use states::{SampleFilter, SampleTally};

@@ -1,7 +1,7 @@
 //! The aggregated data behind `pyprobe report`, with strings resolved.
 
 use super::replay::ReplayCounters;
-use super::Histogram;
+use super::{Histogram, SampleTally};
 
 /// The traced process.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -203,6 +203,26 @@ pub struct Report {
     pub truncated_at: Option<u64>,
     /// Set when an overhead budget limited exact tracing to windows.
     pub exact_windows: Option<ExactWindows>,
+    /// Set when an overhead budget recorded GC, import and audit events without
+    /// their stacks for a while.
+    pub thinned: Option<Thinned>,
+    /// Which samples were counted (by their thread's state), and how many were not.
+    pub samples: SampleTally,
+}
+
+/// GC, import and audit events recorded without their stacks (counted exactly,
+/// but not attributed to the code that raised them), to stay within the budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Thinned {
+    /// Events recorded without their stack.
+    pub events: u64,
+    /// Time spent thinned.
+    pub thinned_ns: u64,
+    /// Audit events counted in the target but not recorded (names unknown).
+    pub audits_counted: u64,
+    /// Time with the audit probe off because even counting cost too much: audit
+    /// events of that time are neither recorded nor counted.
+    pub uncounted_ns: u64,
 }
 
 /// How much of a budget-limited recording was traced exactly.

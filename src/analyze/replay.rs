@@ -560,7 +560,7 @@ impl Planner {
                         index: None,
                     }));
             }
-            EventKind::Sample { frames } => {
+            EventKind::Sample { frames, .. } => {
                 self.plan.samples += 1;
                 let ts = event.ts_ns;
                 let s = self.plan.sampled.entry(tid).or_insert((ts, ts, 0));

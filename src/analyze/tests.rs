@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::record::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
+use crate::record::{Event, EventKind, FrameRef, Header, SampleState, StrId, WalkedFrame};
 
 /// Builds events against a little string table.
 #[derive(Default)]
@@ -61,7 +61,13 @@ impl Script {
     /// A sampled stack of (function, first line, current line), outermost first.
     fn sample(&mut self, ts: u64, stack: &[(&str, u32, u32)]) -> &mut Self {
         let frames = self.walked(stack);
-        self.push(ts, EventKind::Sample { frames })
+        self.push(
+            ts,
+            EventKind::Sample {
+                frames,
+                state: SampleState::default(),
+            },
+        )
     }
 
     fn walked(&mut self, stack: &[(&str, u32, u32)]) -> Vec<WalkedFrame> {
@@ -866,6 +872,7 @@ fn arb_event() -> impl Strategy<Value = Event> {
                     .into_iter()
                     .map(|(code, line)| WalkedFrame { code, line })
                     .collect(),
+                state: SampleState::default(),
             }
         }),
         proptest::collection::vec((frame.clone(), 0u32..8), 0..6).prop_map(|frames| {

@@ -1,6 +1,6 @@
 //! PT_LOAD segments: link-time address ↔ file offset.
 
-use goblin::elf::program_header::{PF_W, PF_X, PT_LOAD};
+use goblin::elf::program_header::{PF_W, PF_X, PT_INTERP, PT_LOAD, PT_TLS};
 use goblin::elf::Elf;
 use serde::Serialize;
 
@@ -37,6 +37,22 @@ pub(super) fn load_segments(elf: &Elf) -> Vec<LoadSegment> {
             writable: ph.p_flags & PF_W != 0,
         })
         .collect()
+}
+
+/// The executable's static TLS block, as the thread pointer sees it: the block
+/// ends at `%fs:0` and is `memsz` rounded up to its alignment long (x86-64 TLS
+/// variant II). `None` for a shared library (no `PT_INTERP`: its block is placed
+/// by the loader) or an object without TLS.
+pub(super) fn executable_tls_size(elf: &Elf) -> Option<u64> {
+    if !elf.program_headers.iter().any(|ph| ph.p_type == PT_INTERP) {
+        return None;
+    }
+    let tls = elf.program_headers.iter().find(|ph| ph.p_type == PT_TLS)?;
+    let align = tls.p_align.max(1);
+    if !align.is_power_of_two() || tls.p_memsz > 1 << 20 {
+        return None;
+    }
+    Some(tls.p_memsz.checked_add(align - 1)? & !(align - 1))
 }
 
 pub(super) fn file_offset(segments: &[LoadSegment], vaddr: u64) -> Option<u64> {

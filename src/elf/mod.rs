@@ -57,6 +57,9 @@ pub struct ElfInfo {
     pub py_version_symbol: Option<u64>,
     /// Every defined symbol with an address, for `sym(%rip)` argument operands.
     pub symbols: symbols::SymbolTable,
+    /// Size of the static TLS block of an executable (`PT_TLS` rounded to its
+    /// alignment): `%fs`-relative offsets of its thread-locals lie in `-size..0`.
+    pub executable_tls_size: Option<u64>,
 }
 
 impl ElfInfo {
@@ -119,6 +122,7 @@ impl ElfInfo {
             py_runtime_section: section(".PyRuntime"),
             py_version_symbol: symbols.address("Py_Version"),
             symbols,
+            executable_tls_size: layout::executable_tls_size(&elf),
         })
     }
 

@@ -18,11 +18,11 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io::{Read, Seek, Write};
 
-use crate::analyze::{EndKind, Exit, Step};
+use crate::analyze::{EndKind, Exit, SampleFilter, SampleTally, SliceFilter, Step};
 use crate::output::flame::{short_command, FrameNames, ViewError, ViewInfo};
-use crate::output::replay_recording;
 use crate::output::speedscope::json_str;
-use crate::record::{EventKind, FrameRef, RecordingReader, StrId};
+use crate::output::{plan_recording, replay_planned, Census};
+use crate::record::{EventKind, FrameRef, RecordingReader, StrId, ThinLevel};
 
 /// Sampled stacks of thread `tid` go on the track `SAMPLED_TRACK | tid` (Linux
 /// thread ids stay below 2^22).
@@ -32,10 +32,14 @@ pub const SAMPLED_TRACK: u32 = 1 << 30;
 const MAX_OPEN_IMPORTS: usize = 256;
 
 /// Options of the Chrome trace export.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ChromeOptions {
     /// Keep full file paths in slice names.
     pub full_paths: bool,
+    /// Which samples are drawn; a sample left out ends its thread's sampled slices.
+    pub samples: SampleFilter,
+    /// Which functions (by file) and which slices (by duration) to keep.
+    pub filter: SliceFilter,
 }
 
 /// `ns` as microseconds with three decimals, exactly.
@@ -64,6 +68,9 @@ struct Writer<W: Write> {
     names: HashMap<FrameRef, (String, String)>,
     /// The same for sampled functions, by (file, function).
     sampled_names: HashMap<(StrId, StrId), (String, String)>,
+    filter: SliceFilter,
+    /// Whether the filter keeps each file.
+    kept_files: HashMap<StrId, bool>,
 }
 
 impl<W: Write> Writer<W> {
@@ -84,8 +91,23 @@ impl<W: Write> Writer<W> {
         self.pids.get(&tid).copied().unwrap_or(self.root)
     }
 
+    /// Whether the filter keeps the functions of `file`.
+    fn keeps(&mut self, names: &FrameNames<'_>, file: StrId) -> bool {
+        if self.filter.files.is_empty() {
+            return true;
+        }
+        let filter = &self.filter;
+        *self
+            .kept_files
+            .entry(file)
+            .or_insert_with(|| filter.files.matches(&names.string(file)))
+    }
+
     fn frame_slice(&mut self, names: &FrameNames<'_>, e: &Exit) -> std::io::Result<()> {
         let frame = e.code;
+        if !self.keeps(names, frame.file) {
+            return Ok(());
+        }
         let (name, args) = self.names.entry(frame).or_insert_with(|| {
             (
                 json_str(&names.python(&frame)),
@@ -101,6 +123,9 @@ impl<W: Write> Writer<W> {
         // Clipped at the trace's start like every other time: slices still nest.
         let begin = self.rel(e.start_ns());
         let dur = self.rel(e.ts).saturating_sub(begin);
+        if !self.filter.long_enough(dur) {
+            return Ok(());
+        }
         let end = match e.kind {
             EndKind::Returned => "",
             EndKind::Unpaired => ",\"end\":\"no return (popped by a later return)\"",
@@ -144,6 +169,10 @@ impl<W: Write> Writer<W> {
             let Some((frame, start)) = state.sampled.pop() else {
                 break;
             };
+            let (begin, dur) = (self.rel(start), end_ts.saturating_sub(start));
+            if !self.filter.long_enough(dur) || !self.keeps(names, frame.file) {
+                continue;
+            }
             let (name, args) = self
                 .sampled_names
                 .entry((frame.file, frame.function))
@@ -162,7 +191,6 @@ impl<W: Write> Writer<W> {
                 .clone();
             let pid = self.pid(tid);
             let track = SAMPLED_TRACK | tid;
-            let (begin, dur) = (self.rel(start), end_ts.saturating_sub(start));
             self.event(format_args!(
                 "{{\"name\":{name},\"cat\":\"sampled\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{pid},\"tid\":{track},\"args\":{{{args}}}}}",
                 us(begin),
@@ -173,13 +201,19 @@ impl<W: Write> Writer<W> {
     }
 }
 
-/// Reads the whole recording and writes it as a Chrome trace to `out`.
+/// Reads the whole recording and writes it as a Chrome trace to `out`. `before`
+/// gets the recording's [`Census`] (under the options' filter) once it is read
+/// and before anything is written: what the trace will hold.
 pub fn write_chrome<R: Read + Seek, W: Write>(
     reader: &mut RecordingReader<R>,
     options: &ChromeOptions,
+    before: impl FnOnce(&Census),
     out: W,
-) -> Result<(), ViewError> {
+) -> Result<SampleTally, ViewError> {
     let header = reader.header().clone();
+    let mut tally = SampleTally::new(options.samples, &header);
+    let (plan, census) = plan_recording(reader, &options.filter)?;
+    before(&census);
     let mut w = Writer {
         out,
         root: header.pid,
@@ -188,6 +222,8 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
         first: true,
         names: HashMap::new(),
         sampled_names: HashMap::new(),
+        filter: options.filter.clone(),
+        kept_files: HashMap::new(),
     };
     // A sampled frame lasts at least one interval after the last sample showing it.
     let tail = header.sample_interval_ns;
@@ -206,7 +242,7 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
     let mut base_set = header.start_ns != 0;
     let mut last_ts = 0u64;
 
-    let mut replay = replay_recording(reader, |reader, event, ts, steps, replay| {
+    let mut replay = replay_planned(reader, plan, |reader, event, ts, steps, replay| {
         let tid = event.tid;
         if !base_set {
             w.start = ts;
@@ -254,7 +290,7 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                     w.close_sampled(&names, tid, &mut t, 0, ts)?;
                 }
             }
-            EventKind::Sample { frames } => {
+            EventKind::Sample { frames, state } => {
                 if sampled_seen.insert(tid) {
                     let name = if tid == pid {
                         format!("main thread ({tid}), sampled")
@@ -272,7 +308,12 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                     ))?;
                 }
                 let t = threads.entry(tid).or_default();
-                let codes: Vec<FrameRef> = frames.iter().map(|f| replay.walked_code(f)).collect();
+                // A sample left out (a waiting thread, by default) ends what was open.
+                let codes: Vec<FrameRef> = if tally.admit(*state) {
+                    frames.iter().map(|f| replay.walked_code(f)).collect()
+                } else {
+                    Vec::new()
+                };
                 let same = t
                     .sampled
                     .iter()
@@ -287,7 +328,9 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                 threads.entry(tid).or_default().gc = Some((*generation, ts));
             }
             EventKind::GcDone { collected } => {
-                if let Some((generation, start)) = threads.get_mut(&tid).and_then(|t| t.gc.take()) {
+                let gc = threads.get_mut(&tid).and_then(|t| t.gc.take());
+                let gc = gc.filter(|&(_, start)| w.filter.long_enough(ts.saturating_sub(start)));
+                if let Some((generation, start)) = gc {
                     let (begin, dur) = (w.rel(start), ts.saturating_sub(start));
                     w.event(format_args!(
                         "{{\"name\":\"gc (generation {generation})\",\"cat\":\"gc\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{},\"tid\":{tid},\"args\":{{\"generation\":{generation},\"collected\":{collected}}}}}",
@@ -310,6 +353,9 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                     let start = t.imports[i].1;
                     t.imports.truncate(i);
                     let (begin, dur) = (w.rel(start), ts.saturating_sub(start));
+                    if !w.filter.long_enough(dur) {
+                        return Ok(());
+                    }
                     let m = names.string(*module);
                     w.event(format_args!(
                         "{{\"name\":{},\"cat\":\"import\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{},\"tid\":{tid},\"args\":{{\"module\":{},\"found\":{found}}}}}",
@@ -330,9 +376,30 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                     pid
                 ))?;
             }
+            EventKind::AuditsCounted { count } => {
+                w.event(format_args!(
+                    "{{\"name\":\"{count} audit events counted (overhead budget)\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
+                    us(w.rel(ts)),
+                    pid
+                ))?;
+            }
             EventKind::Lost { count } => {
                 w.event(format_args!(
                     "{{\"name\":\"{count} events lost\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
+                    us(w.rel(ts)),
+                    pid
+                ))?;
+            }
+            EventKind::Thinned { level } => {
+                let name = match level {
+                    ThinLevel::Full => "stacks of GC, import and audit events on",
+                    ThinLevel::Stackless => {
+                        "stacks of GC, import and audit events off (overhead budget)"
+                    }
+                    ThinLevel::Uncounted => "audit events off (overhead budget)",
+                };
+                w.event(format_args!(
+                    "{{\"name\":\"{name}\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
                     us(w.rel(ts)),
                     pid
                 ))?;
@@ -382,7 +449,7 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
         info.truncated_at.is_some()
     )?;
     w.out.flush()?;
-    Ok(())
+    Ok(tally)
 }
 
 #[cfg(test)]

@@ -2,9 +2,12 @@
 //!
 //! pyprobe never removes or truncates anything it did not create in that run: the
 //! output is written to a new file beside OUT and renamed over OUT only once it is
-//! complete. A run that fails leaves OUT as it was. Only regular files are
-//! replaced; a FIFO the user named is written straight into; anything else
-//! (a device, a directory, a socket) is refused.
+//! complete. A run that fails leaves OUT as it was. An existing OUT is replaced
+//! only when the user said so (`--force`, [`Existing::Replace`]); otherwise it is
+//! refused before anything starts, and a file that appears at OUT while pyprobe
+//! writes is not replaced either. Only regular files are replaced; a FIFO the
+//! user named is written straight into; anything else (a device, a directory, a
+//! socket) is refused.
 //!
 //! Outputs hold another process's function names and paths: mode 0600.
 
@@ -26,6 +29,15 @@ pub enum Destination {
     File(PathBuf),
 }
 
+/// What to do with a regular file already at OUT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Existing {
+    /// Refuse: it is the user's (the default).
+    Keep,
+    /// Replace it once the output is complete (`--force`).
+    Replace,
+}
+
 /// Whether `-` may mean standard output for this command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stdout {
@@ -45,9 +57,20 @@ fn instead(stdout: Stdout) -> &'static str {
     }
 }
 
+/// The refusal of an OUT that exists.
+fn exists_error(path: &Path) -> io::Error {
+    err(
+        io::ErrorKind::AlreadyExists,
+        format!(
+            "{} exists: pass --force to replace it, or choose another -o",
+            path.display()
+        ),
+    )
+}
+
 /// Checks OUT before anything is written (or attached): what it is, and whether
 /// pyprobe may replace it.
-pub fn check(path: &Path, stdout: Stdout) -> io::Result<Destination> {
+pub fn check(path: &Path, stdout: Stdout, existing: Existing) -> io::Result<Destination> {
     if path.as_os_str() == "-" {
         return match stdout {
             Stdout::Allowed => Ok(Destination::Stdout),
@@ -123,6 +146,9 @@ pub fn check(path: &Path, stdout: Stdout) -> io::Result<Destination> {
             ),
         ));
     }
+    if existing == Existing::Keep {
+        return Err(exists_error(path));
+    }
     if nix::unistd::access(&real, nix::unistd::AccessFlags::W_OK).is_err() {
         return Err(err(
             io::ErrorKind::PermissionDenied,
@@ -157,8 +183,8 @@ fn partial_in_use(partial: &Path, out: &Path) -> io::Error {
 }
 
 /// [`check`] for a recording: also refuses when its `OUT.partial` exists.
-pub fn check_recording(path: &Path) -> io::Result<Destination> {
-    let destination = check(path, Stdout::Refused)?;
+pub fn check_recording(path: &Path, existing: Existing) -> io::Result<Destination> {
+    let destination = check(path, Stdout::Refused, existing)?;
     if let Destination::File(real) = &destination {
         let partial = partial_path(real);
         if std::fs::symlink_metadata(&partial).is_ok() {
@@ -166,6 +192,45 @@ pub fn check_recording(path: &Path) -> io::Result<Destination> {
         }
     }
     Ok(destination)
+}
+
+/// The first name `numbered(0)`, `numbered(1)`, ... at which nothing exists (nor,
+/// for a `recording`, its `.partial`): where a default output goes without
+/// replacing anything.
+pub fn first_free(numbered: impl Fn(u32) -> PathBuf, recording: bool) -> io::Result<PathBuf> {
+    let taken = |p: &Path| {
+        std::fs::symlink_metadata(p).is_ok()
+            || (recording && std::fs::symlink_metadata(partial_path(p)).is_ok())
+    };
+    const TRIES: u32 = 10_000;
+    (0..TRIES)
+        .map(&numbered)
+        .find(|p| !taken(p))
+        .ok_or_else(|| {
+            err(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} and the next {TRIES} numbered names exist: name the output with -o \
+                     (or pass --force to replace {})",
+                    numbered(0).display(),
+                    numbered(0).display()
+                ),
+            )
+        })
+}
+
+/// `base` with `.N` before `suffix` (`run.svg`, `.svg`, 2: `run.2.svg`); `base`
+/// itself for 0.
+pub fn numbered(base: &Path, suffix: &str, n: u32) -> PathBuf {
+    if n == 0 {
+        return base.to_owned();
+    }
+    let name = base
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = name.strip_suffix(suffix).unwrap_or(&name);
+    base.with_file_name(format!("{stem}.{n}{suffix}"))
 }
 
 fn parent_dir(path: &Path) -> &Path {
@@ -245,6 +310,8 @@ pub struct Output {
     shown: PathBuf,
     /// Where the result goes (links followed).
     target: PathBuf,
+    /// Whether a file at OUT may be replaced (one may appear while writing).
+    existing: Existing,
     inner: Option<Inner>,
 }
 
@@ -253,19 +320,24 @@ impl Output {
     /// removed unless committed. Blocks on a FIFO until it has a reader. `stdout`:
     /// whether the command could write to `-o -` (the caller handles `-`), for the
     /// advice in errors.
-    pub fn replace(path: &Path, stdout: Stdout) -> io::Result<Output> {
-        Self::create(path, false, stdout)
+    pub fn replace(path: &Path, stdout: Stdout, existing: Existing) -> io::Result<Output> {
+        Self::create(path, false, stdout, existing)
     }
 
     /// A recording: written to `OUT.partial` (fails if that exists: an earlier
     /// run's or another recorder's), kept there if the run never ends well. A FIFO
     /// without a reader is an error.
-    pub fn partial(path: &Path) -> io::Result<Output> {
-        Self::create(path, true, Stdout::Refused)
+    pub fn partial(path: &Path, existing: Existing) -> io::Result<Output> {
+        Self::create(path, true, Stdout::Refused, existing)
     }
 
-    fn create(path: &Path, partial: bool, stdout: Stdout) -> io::Result<Output> {
-        let target = match check(path, stdout)? {
+    fn create(
+        path: &Path,
+        partial: bool,
+        stdout: Stdout,
+        existing: Existing,
+    ) -> io::Result<Output> {
+        let target = match check(path, stdout, existing)? {
             Destination::Stdout => {
                 return Err(err(
                     io::ErrorKind::InvalidInput,
@@ -277,6 +349,7 @@ impl Output {
                 return Ok(Output {
                     shown: path.to_owned(),
                     target: p,
+                    existing,
                     inner: Some(Inner::Fifo(file)),
                 });
             }
@@ -323,6 +396,7 @@ impl Output {
         Ok(Output {
             shown: path.to_owned(),
             target,
+            existing,
             inner: Some(inner),
         })
     }
@@ -355,32 +429,72 @@ impl Output {
         !matches!(self.inner, Some(Inner::Fifo(_)))
     }
 
-    /// The output is complete: it replaces OUT.
+    /// The output is complete: it becomes OUT. Without [`Existing::Replace`], a
+    /// file that appeared at OUT meanwhile stays, and the output is kept beside it.
     pub fn commit(mut self) -> io::Result<()> {
-        let rename_failed = |from: &Path, e: io::Error| {
+        let appeared = |kept: &Path| {
             err(
-                e.kind(),
+                io::ErrorKind::AlreadyExists,
                 format!(
-                    "cannot rename {} to {}: {e} (the output is left in {})",
-                    from.display(),
+                    "{} appeared while pyprobe was writing it and is left as it is; the output \
+                     is in {} (pass --force to replace an existing output)",
                     self.shown.display(),
-                    from.display()
+                    kept.display()
                 ),
             )
         };
         match self.inner.take().expect("output still open") {
             Inner::Fifo(_) => Ok(()),
-            Inner::Temporary(t) => match t.persist(&self.target) {
+            Inner::Temporary(t) if self.existing == Existing::Replace => {
+                match t.persist(&self.target) {
+                    Ok(_) => Ok(()),
+                    // The temporary is removed with the error's file.
+                    Err(e) => Err(err(
+                        e.error.kind(),
+                        format!("cannot replace {}: {}", self.shown.display(), e.error),
+                    )),
+                }
+            }
+            Inner::Temporary(t) => match t.persist_noclobber(&self.target) {
                 Ok(_) => Ok(()),
-                // The temporary is removed with the error's file.
+                Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => {
+                    let kept = e.file.path().to_owned();
+                    let _ = e.file.keep();
+                    Err(appeared(&kept))
+                }
                 Err(e) => Err(err(
                     e.error.kind(),
-                    format!("cannot replace {}: {}", self.shown.display(), e.error),
+                    format!("cannot write {}: {}", self.shown.display(), e.error),
                 )),
             },
             Inner::Partial { file, path } => {
                 drop(file);
-                std::fs::rename(&path, &self.target).map_err(|e| rename_failed(&path, e))
+                let rename_failed = |e: io::Error| {
+                    err(
+                        e.kind(),
+                        format!(
+                            "cannot rename {} to {}: {e} (the output is left in {})",
+                            path.display(),
+                            self.shown.display(),
+                            path.display()
+                        ),
+                    )
+                };
+                if self.existing == Existing::Replace {
+                    return std::fs::rename(&path, &self.target).map_err(rename_failed);
+                }
+                let temp = tempfile::TempPath::try_from_path(&path).map_err(rename_failed)?;
+                match temp.persist_noclobber(&self.target) {
+                    Ok(()) => Ok(()),
+                    Err(e) => {
+                        let _ = e.path.keep();
+                        if e.error.kind() == io::ErrorKind::AlreadyExists {
+                            Err(appeared(&path))
+                        } else {
+                            Err(rename_failed(e.error))
+                        }
+                    }
+                }
             }
         }
     }
@@ -441,7 +555,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("view.svg");
         std::fs::write(&out, b"old").unwrap();
-        let o = Output::replace(&out, Stdout::Allowed).unwrap();
+        let o = Output::replace(&out, Stdout::Allowed, Existing::Replace).unwrap();
         o.file().write_all(b"new").unwrap();
         assert_eq!(std::fs::read(&out).unwrap(), b"old");
         drop(o);
@@ -451,7 +565,7 @@ mod tests {
             1,
             "temporary removed"
         );
-        let o = Output::replace(&out, Stdout::Allowed).unwrap();
+        let o = Output::replace(&out, Stdout::Allowed, Existing::Replace).unwrap();
         o.file().write_all(b"new").unwrap();
         o.commit().unwrap();
         assert_eq!(std::fs::read(&out).unwrap(), b"new");
@@ -464,24 +578,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("run.pyprobe");
         // Nothing there: what was written becomes OUT.
-        let o = Output::partial(&out).unwrap();
+        let o = Output::partial(&out, Existing::Replace).unwrap();
         assert_eq!(o.writing_to(), partial_path(&out));
         o.file().write_all(b"chunks").unwrap();
         assert_eq!(o.salvage(), Some(out.clone()));
         assert_eq!(std::fs::read(&out).unwrap(), b"chunks");
         // OUT exists: it stays, the partial stays beside it.
-        let o = Output::partial(&out).unwrap();
+        let o = Output::partial(&out, Existing::Replace).unwrap();
         o.file().write_all(b"more").unwrap();
         assert_eq!(o.salvage(), Some(partial_path(&out)));
         assert_eq!(std::fs::read(&out).unwrap(), b"chunks");
         assert_eq!(std::fs::read(partial_path(&out)).unwrap(), b"more");
         // A partial that exists is never truncated.
-        let e = Output::partial(&out).err().unwrap();
+        let e = Output::partial(&out, Existing::Replace).err().unwrap();
         assert!(e.to_string().contains("run.pyprobe.partial exists"), "{e}");
         assert_eq!(std::fs::read(partial_path(&out)).unwrap(), b"more");
         std::fs::remove_file(partial_path(&out)).unwrap();
         // Nothing written: nothing left.
-        drop(Output::partial(&out).unwrap());
+        drop(Output::partial(&out, Existing::Replace).unwrap());
         assert!(!partial_path(&out).exists());
     }
 
@@ -489,7 +603,7 @@ mod tests {
     fn partial_is_private_whatever_the_umask() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("r.pyprobe");
-        let o = Output::partial(&out).unwrap();
+        let o = Output::partial(&out, Existing::Replace).unwrap();
         assert_eq!(mode(o.writing_to()), 0o600);
         o.file().write_all(b"x").unwrap();
         o.commit().unwrap();
@@ -499,20 +613,20 @@ mod tests {
     #[test]
     fn what_is_not_a_regular_file_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let e = check(dir.path(), Stdout::Allowed).unwrap_err();
+        let e = check(dir.path(), Stdout::Allowed, Existing::Replace).unwrap_err();
         assert!(e.to_string().contains("is a directory"), "{e}");
         assert!(e.to_string().contains("`-o -`"), "{e}");
-        let e = check(Path::new("/dev/null"), Stdout::Refused).unwrap_err();
+        let e = check(Path::new("/dev/null"), Stdout::Refused, Existing::Replace).unwrap_err();
         assert!(e.to_string().contains("is a character device"), "{e}");
         assert!(!e.to_string().contains("`-o -`"), "{e}");
         assert_eq!(
-            check(Path::new("-"), Stdout::Allowed).unwrap(),
+            check(Path::new("-"), Stdout::Allowed, Existing::Keep).unwrap(),
             Destination::Stdout
         );
-        assert!(check(Path::new("-"), Stdout::Refused).is_err());
+        assert!(check(Path::new("-"), Stdout::Refused, Existing::Keep).is_err());
         let link = dir.path().join("link");
         std::os::unix::fs::symlink("/dev/null", &link).unwrap();
-        let e = check(&link, Stdout::Allowed).unwrap_err();
+        let e = check(&link, Stdout::Allowed, Existing::Replace).unwrap_err();
         assert!(e.to_string().contains("character device"), "{e}");
         assert!(std::fs::symlink_metadata(&link)
             .unwrap()
@@ -527,7 +641,7 @@ mod tests {
         std::fs::write(&real, b"old").unwrap();
         let link = dir.path().join("link.txt");
         std::os::unix::fs::symlink(&real, &link).unwrap();
-        let o = Output::replace(&link, Stdout::Allowed).unwrap();
+        let o = Output::replace(&link, Stdout::Allowed, Existing::Replace).unwrap();
         o.file().write_all(b"new").unwrap();
         o.commit().unwrap();
         assert!(std::fs::symlink_metadata(&link)
@@ -535,5 +649,87 @@ mod tests {
             .file_type()
             .is_symlink());
         assert_eq!(std::fs::read(&real).unwrap(), b"new");
+    }
+
+    #[test]
+    fn an_existing_output_is_kept_unless_replacing_was_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("view.svg");
+        std::fs::write(&out, b"old").unwrap();
+        let e = Output::replace(&out, Stdout::Allowed, Existing::Keep)
+            .err()
+            .unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert!(e.to_string().contains("view.svg exists"), "{e}");
+        assert!(e.to_string().contains("--force"), "{e}");
+        let e = Output::partial(&out, Existing::Keep).err().unwrap();
+        assert!(e.to_string().contains("--force"), "{e}");
+        // Through a link too.
+        let link = dir.path().join("link.svg");
+        std::os::unix::fs::symlink(&out, &link).unwrap();
+        let e = check(&link, Stdout::Allowed, Existing::Keep).unwrap_err();
+        assert!(e.to_string().contains("link.svg exists"), "{e}");
+        assert_eq!(std::fs::read(&out).unwrap(), b"old");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn a_file_that_appears_while_writing_is_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("view.svg");
+        let o = Output::replace(&out, Stdout::Allowed, Existing::Keep).unwrap();
+        o.file().write_all(b"new").unwrap();
+        std::fs::write(&out, b"theirs").unwrap();
+        let kept = o.writing_to().to_owned();
+        let e = o.commit().unwrap_err();
+        assert!(e.to_string().contains("appeared"), "{e}");
+        assert!(e.to_string().contains(&*kept.to_string_lossy()), "{e}");
+        assert_eq!(std::fs::read(&out).unwrap(), b"theirs");
+        assert_eq!(std::fs::read(&kept).unwrap(), b"new", "the output is kept");
+
+        let rec = dir.path().join("run.pyprobe");
+        let o = Output::partial(&rec, Existing::Keep).unwrap();
+        o.file().write_all(b"chunks").unwrap();
+        std::fs::write(&rec, b"theirs").unwrap();
+        let e = o.commit().unwrap_err();
+        assert!(e.to_string().contains("run.pyprobe.partial"), "{e}");
+        assert_eq!(std::fs::read(&rec).unwrap(), b"theirs");
+        assert_eq!(std::fs::read(partial_path(&rec)).unwrap(), b"chunks");
+
+        // Nothing there: committed as usual.
+        let fresh = dir.path().join("fresh.pyprobe");
+        let o = Output::partial(&fresh, Existing::Keep).unwrap();
+        o.file().write_all(b"x").unwrap();
+        o.commit().unwrap();
+        assert_eq!(std::fs::read(&fresh).unwrap(), b"x");
+        assert!(!partial_path(&fresh).exists());
+    }
+
+    #[test]
+    fn the_first_free_name_skips_files_and_partial_recordings() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("pyprobe-7.pyprobe");
+        let name = |n| numbered(&base, ".pyprobe", n);
+        assert_eq!(first_free(name, true).unwrap(), base);
+        std::fs::write(&base, b"").unwrap();
+        assert_eq!(
+            first_free(name, true).unwrap(),
+            dir.path().join("pyprobe-7.1.pyprobe")
+        );
+        std::fs::write(partial_path(&dir.path().join("pyprobe-7.1.pyprobe")), b"").unwrap();
+        assert_eq!(
+            first_free(name, true).unwrap(),
+            dir.path().join("pyprobe-7.2.pyprobe")
+        );
+        assert_eq!(
+            first_free(name, false).unwrap(),
+            dir.path().join("pyprobe-7.1.pyprobe"),
+            "a view has no partial"
+        );
+        let view = dir.path().join("run.trace.json");
+        assert_eq!(
+            numbered(&view, ".trace.json", 3),
+            dir.path().join("run.3.trace.json")
+        );
     }
 }

@@ -11,6 +11,7 @@ use inferno::flamegraph::color::{Color, PaletteMap};
 use inferno::flamegraph::{self, Options};
 
 use crate::analyze::folded::{FoldFrame, Folded, Folder, Measure};
+use crate::analyze::SampleFilter;
 use crate::output::replay_recording;
 use crate::output::report::format_ns;
 use crate::record::{Completion, FrameRef, Header, RecordError, RecordingReader, StrId};
@@ -82,11 +83,20 @@ impl ViewInfo {
     }
 }
 
-/// Reads every event of `reader` into folded stacks.
+/// Reads every event of `reader` into folded stacks, with the samples of threads on
+/// a CPU (the default [`SampleFilter`]).
 pub fn read_folded<R: Read + Seek>(
     reader: &mut RecordingReader<R>,
 ) -> Result<(Folded, ViewInfo), RecordError> {
-    let mut folder = Folder::with_sample_interval(reader.header().sample_interval_ns);
+    read_folded_filtered(reader, SampleFilter::default())
+}
+
+/// Reads every event of `reader` into folded stacks, with the samples `filter` keeps.
+pub fn read_folded_filtered<R: Read + Seek>(
+    reader: &mut RecordingReader<R>,
+    filter: SampleFilter,
+) -> Result<(Folded, ViewInfo), RecordError> {
+    let mut folder = Folder::for_recording(reader.header(), filter);
     let replay = replay_recording(reader, |_, event, ts, steps, replay| {
         folder.push(event, ts, steps, replay);
         Ok::<(), RecordError>(())
@@ -443,7 +453,23 @@ pub fn subtitle(folded: &Folded, info: &ViewInfo, measure: Measure) -> String {
         } else {
             String::new()
         };
-        format!("{} samples{every}", thousands(c.samples))
+        let t = folded.tally;
+        let which = match (t.applied, t.filter.idle, t.filter.gil) {
+            (false, ..) => "",
+            // Recorded before samples kept their thread's state: nothing was told apart.
+            _ if t.kept > 0 && t.cpu_unknown == t.kept => ", thread state not recorded",
+            (true, false, false) => ", threads on a CPU",
+            (true, true, false) => ", idle threads included",
+            (true, _, true) => ", the GIL holder's",
+        };
+        let left = match t.left_out() {
+            0 => String::new(),
+            n if t.filter == SampleFilter::default() => {
+                format!(" ({} idle left out)", thousands(n))
+            }
+            n => format!(" ({} left out)", thousands(n)),
+        };
+        format!("{} samples{every}{which}{left}", thousands(t.kept))
     } else {
         format!("{} events", thousands(c.events))
     };
@@ -546,10 +572,24 @@ pub fn write_svg<W: Write>(
         |path, value| lines.push(format!("{} {value}", path.join(";"))),
     );
     if lines.is_empty() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "nothing to draw: the recording has no stacks (no call/return or sample events)",
-        ));
+        let t = folded.tally;
+        let why = if t.kept == 0 && t.left_out() > 0 {
+            format!(
+                "nothing to draw: every one of the {} samples was left out ({}; --idle \
+                 includes waiting threads{})",
+                t.samples,
+                t.filter.describe(),
+                if t.filter.gil {
+                    ", without --gil every thread"
+                } else {
+                    ""
+                }
+            )
+        } else {
+            "nothing to draw: the recording has no stacks (no call/return or sample events)"
+                .to_string()
+        };
+        return Err(io::Error::new(io::ErrorKind::InvalidData, why));
     }
     lines.sort_unstable();
     let title = options

@@ -8,17 +8,29 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::analyze::{Aggregator, FileFilter, FilterError, FunctionSource, FunctionStats, Report};
+use crate::analyze::{
+    Aggregator, FileFilter, FilterError, FunctionSource, FunctionStats, ProcessStats, Report,
+    SampleFilter,
+};
 use crate::output::flame::short_command;
 use crate::output::replay_recording;
 use crate::record::{Completion, RecordError, RecordingReader};
 
-/// Reads every event of `reader` and aggregates them. A recording cut short
-/// gives a report of what it holds, with `truncated_at` set.
+/// Reads every event of `reader` and aggregates them, with the samples of threads
+/// on a CPU (the default [`SampleFilter`]). A recording cut short gives a report of
+/// what it holds, with `truncated_at` set.
 pub fn build_report<R: Read + Seek>(
     reader: &mut RecordingReader<R>,
 ) -> Result<Report, RecordError> {
-    let mut agg = Aggregator::new(reader.header());
+    build_report_filtered(reader, SampleFilter::default())
+}
+
+/// As [`build_report`], with the samples `filter` keeps.
+pub fn build_report_filtered<R: Read + Seek>(
+    reader: &mut RecordingReader<R>,
+    filter: SampleFilter,
+) -> Result<Report, RecordError> {
+    let mut agg = Aggregator::with_filter(reader.header(), filter);
     let replay = replay_recording(reader, |_, event, ts, steps, replay| {
         agg.push(event, ts, steps, replay);
         Ok::<(), RecordError>(())
@@ -165,9 +177,48 @@ struct JsonReport<'a> {
     exact_fraction: f64,
     /// Exact windows of a budget-limited recording (null without a budget).
     exact_windows: Option<u64>,
+    /// GC, import and audit events recorded without their stacks to stay within
+    /// the overhead budget (null when the budget never thinned them).
+    thinned: Option<JsonThinned>,
+    /// Which samples were counted, by what their thread was doing, and how many not.
+    sample_filter: JsonSampleFilter,
     /// The recording's own process, then each child traced with it
     /// (`--subprocesses`): its functions on their own, with shares of its own time.
     processes: Vec<JsonProcess<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonThinned {
+    /// GC, import and audit events recorded without their stack.
+    events: u64,
+    duration_ns: u64,
+    /// Audit events counted but not recorded: not in `audit` (names unknown).
+    audits_counted: u64,
+    /// Time with audit events neither recorded nor counted (even counting them
+    /// cost more than the budget).
+    uncounted_ns: u64,
+}
+
+#[derive(Serialize)]
+struct JsonSampleFilter {
+    /// `--idle`: waiting threads' samples count too.
+    idle: bool,
+    /// `--gil`: only the GIL holder's samples count.
+    gil: bool,
+    /// False for a trace-mode recording: its samples time exact calls, all count.
+    applied: bool,
+    /// Samples in the recording.
+    samples: u64,
+    /// Samples counted: the functions' samples and percentages are of these.
+    kept: u64,
+    /// Left out because their thread was waiting.
+    idle_left_out: u64,
+    /// Left out by `--gil`: their thread did not hold the GIL.
+    gil_left_out: u64,
+    /// Counted without a recorded thread state (older recordings): as on a CPU.
+    cpu_state_unknown: u64,
+    /// Counted without knowing whether their thread held the GIL.
+    gil_state_unknown: u64,
 }
 
 #[derive(Serialize)]
@@ -178,7 +229,7 @@ struct JsonProcess<'a> {
     threads: u64,
     samples: u64,
     duration_ns: u64,
-    /// The time its functions' shares are of: the sum of their exclusive times.
+    /// The sum of its functions' exclusive times.
     own_ns: u64,
     functions: Vec<JsonProcessFunction<'a>>,
 }
@@ -187,7 +238,8 @@ struct JsonProcess<'a> {
 struct JsonProcessFunction<'a> {
     #[serde(flatten)]
     function: JsonFunction<'a>,
-    /// `exclusive_ns` over the process's `own_ns`.
+    /// Its share of the process's own time: its samples over the process's counted
+    /// samples when sampled, else `exclusive_ns` over `own_ns`.
     share: f64,
 }
 
@@ -286,6 +338,22 @@ struct JsonAnomalies {
     open_at_start: u64,
     generator_creations: u64,
     shim_returns: u64,
+}
+
+/// A function's share of its process's own time: of its counted samples when
+/// sampled (as the whole recording's table counts them), else of the sum of its
+/// functions' exclusive times.
+fn process_share(r: &Report, p: &ProcessStats, f: &FunctionStats) -> f64 {
+    let (part, whole) = if r.source == FunctionSource::Sampled {
+        (f.samples, p.samples)
+    } else {
+        (f.exclusive_ns, p.own_ns)
+    };
+    if whole > 0 {
+        part as f64 / whole as f64
+    } else {
+        0.0
+    }
 }
 
 fn json_function(f: &FunctionStats) -> JsonFunction<'_> {
@@ -390,6 +458,23 @@ pub fn render_json(report: &Report) -> String {
         truncated_at: report.truncated_at,
         exact_fraction: exact_fraction(report),
         exact_windows: report.exact_windows.map(|w| w.windows),
+        thinned: report.thinned.map(|t| JsonThinned {
+            events: t.events,
+            duration_ns: t.thinned_ns,
+            audits_counted: t.audits_counted,
+            uncounted_ns: t.uncounted_ns,
+        }),
+        sample_filter: JsonSampleFilter {
+            idle: report.samples.filter.idle,
+            gil: report.samples.filter.gil,
+            applied: report.samples.applied,
+            samples: report.samples.samples,
+            kept: report.samples.kept,
+            idle_left_out: report.samples.idle_left_out,
+            gil_left_out: report.samples.gil_left_out,
+            cpu_state_unknown: report.samples.cpu_unknown,
+            gil_state_unknown: report.samples.gil_unknown,
+        },
         processes: report
             .processes
             .iter()
@@ -406,11 +491,7 @@ pub fn render_json(report: &Report) -> String {
                     .iter()
                     .map(|f| JsonProcessFunction {
                         function: json_function(f),
-                        share: if p.own_ns > 0 {
-                            f.exclusive_ns as f64 / p.own_ns as f64
-                        } else {
-                            0.0
-                        },
+                        share: process_share(report, p, f),
                     })
                     .collect(),
             })
@@ -519,6 +600,25 @@ fn header_section(out: &mut String, r: &Report) {
             w.windows
         );
     }
+    if let Some(t) = r.thinned.filter(|t| t.events + t.audits_counted > 0) {
+        let _ = writeln!(
+            out,
+            "overhead budget: stacks of GC, import and audit events were left out for {} of the \
+             run: {} events recorded without the stack that raised them, {} audit events \
+             counted without their names (not in the audit table); --max-overhead raises the budget",
+            format_ns(t.thinned_ns),
+            t.events,
+            t.audits_counted
+        );
+        if t.uncounted_ns > 0 {
+            let _ = writeln!(
+                out,
+                "overhead budget: for {} even counting audit events cost more than the budget: \
+                 their probe was off, and those events are not counted",
+                format_ns(t.uncounted_ns)
+            );
+        }
+    }
     if let Some(offset) = r.truncated_at {
         let _ = writeln!(
             out,
@@ -550,6 +650,9 @@ fn header_section(out: &mut String, r: &Report) {
             );
         }
         FunctionSource::Traced => {}
+    }
+    for line in r.samples.notes() {
+        let _ = writeln!(out, "{line}");
     }
     let a = r.anomalies;
     if a.replay.resyncs > 0 || (a.replay.orphan_returns > 0 && r.source == FunctionSource::Traced) {
@@ -604,7 +707,11 @@ fn functions_section(out: &mut String, r: &Report, width: usize) {
     if r.processes.len() <= 1 {
         if !r.functions.is_empty() {
             let _ = writeln!(out, "\nFunctions");
-            function_rows(out, r, &r.functions, r.duration_ns, width);
+            let whole = Whole {
+                samples: r.samples.kept,
+                ns: r.duration_ns,
+            };
+            function_rows(out, r, &r.functions, whole, width);
         }
         return;
     }
@@ -636,15 +743,29 @@ fn functions_section(out: &mut String, r: &Report, width: usize) {
         if p.functions.is_empty() {
             continue;
         }
+        let of = if r.source == FunctionSource::Sampled {
+            format!("self% of its {} samples counted", p.samples)
+        } else {
+            format!("self% of its own time, {}", format_ns(p.own_ns))
+        };
         let _ = writeln!(
             out,
-            "\nFunctions of process {} ({}): self% of its own time, {}",
+            "\nFunctions of process {} ({}): {of}",
             p.pid,
             fit_right(&short_command(&p.command), width.saturating_sub(60).max(20)),
-            format_ns(p.own_ns)
         );
-        function_rows(out, r, &p.functions, p.own_ns, width);
+        let whole = Whole {
+            samples: p.samples,
+            ns: p.own_ns,
+        };
+        function_rows(out, r, &p.functions, whole, width);
     }
+}
+
+/// What self% is a share of: samples counted when sampled, else time.
+struct Whole {
+    samples: u64,
+    ns: u64,
 }
 
 /// The rows of `functions`, self% of `whole`.
@@ -652,7 +773,7 @@ fn function_rows(
     out: &mut String,
     r: &Report,
     functions: &[FunctionStats],
-    whole: u64,
+    whole: Whole,
     width: usize,
 ) {
     let sampled = r.source == FunctionSource::Sampled;
@@ -678,8 +799,14 @@ fn function_rows(
             Some(c) if !sampled => c.to_string(),
             _ => f.samples.to_string(),
         };
-        let share = if whole > 0 {
-            format!("{:.1}%", f.exclusive_ns as f64 * 100.0 / whole as f64)
+        // Sampled: a share of the samples counted (threads add up to 100 %, not
+        // to 100 % each).
+        let share = if sampled && whole.samples > 0 {
+            format!("{:.1}%", f.samples as f64 * 100.0 / whole.samples as f64)
+        } else if sampled {
+            "-".to_string()
+        } else if whole.ns > 0 {
+            format!("{:.1}%", f.exclusive_ns as f64 * 100.0 / whole.ns as f64)
         } else {
             "-".to_string()
         };
@@ -845,7 +972,9 @@ mod tests {
     use crate::analyze::{
         AuditCount, GcStats, Histogram, ImportStats, ProcessStats, Target, ThreadStats,
     };
-    use crate::record::{Event, EventKind, FrameRef, Header, RecordingWriter};
+    use crate::record::{
+        Event, EventKind, FrameRef, Header, RecordingWriter, SampleState, WalkedFrame,
+    };
 
     fn function(name: &str, file: &str, calls: Option<u64>, incl: u64, excl: u64) -> FunctionStats {
         FunctionStats {
@@ -1241,6 +1370,113 @@ mod tests {
         let bytes = std::io::Cursor::new(&buf[..cut.unwrap_or(buf.len())]);
         let mut reader = RecordingReader::from_reader(bytes).unwrap();
         build_report(&mut reader).unwrap()
+    }
+
+    /// A sampled recording: thread 1 in `burn` on a CPU holding the GIL (6 samples),
+    /// thread 2 in `nap` waiting (3), thread 3 in `hash` on a CPU without the GIL (1).
+    fn sampled_with_states() -> Vec<u8> {
+        let mut buf = Vec::new();
+        let header = Header {
+            pid: 1,
+            mode: "sample".into(),
+            sample_interval_ns: 10_000_000,
+            ..Header::default()
+        };
+        let mut w = RecordingWriter::new(&mut buf, &header).unwrap();
+        let file = w.intern("/app/x.py");
+        let mut sample = |tid: u32, ts: u64, name: &str, on_cpu: bool, gil: bool| {
+            let function = w.intern(name);
+            let code = FrameRef {
+                file,
+                function,
+                line: 1,
+            };
+            w.write(&Event {
+                tid,
+                ts_ns: ts,
+                kind: EventKind::Sample {
+                    frames: vec![WalkedFrame { code, line: 2 }],
+                    state: SampleState {
+                        on_cpu: Some(on_cpu),
+                        holds_gil: Some(gil),
+                    },
+                },
+            })
+            .unwrap();
+        };
+        for i in 0..6 {
+            sample(1, 1_000 + i * 10_000_000, "burn", true, true);
+        }
+        for i in 0..3 {
+            sample(2, 2_000 + i * 10_000_000, "nap", false, false);
+        }
+        sample(3, 3_000, "hash", true, false);
+        w.finish(60_000_000).unwrap();
+        buf
+    }
+
+    #[test]
+    fn samples_are_filtered_by_thread_state_and_the_report_says_so() {
+        let buf = sampled_with_states();
+        let report = |filter: SampleFilter| {
+            let mut reader = RecordingReader::from_reader(std::io::Cursor::new(&buf[..])).unwrap();
+            build_report_filtered(&mut reader, filter).unwrap()
+        };
+        let samples = |r: &Report| -> Vec<(String, u64)> {
+            r.functions
+                .iter()
+                .map(|f| (f.function.clone(), f.samples))
+                .collect()
+        };
+        let on_cpu = report(SampleFilter::default());
+        assert_eq!(
+            samples(&on_cpu),
+            [("burn".to_string(), 6), ("hash".to_string(), 1)]
+        );
+        let t = render_table(&on_cpu, 120);
+        assert!(
+            t.contains("idle samples left out: 3 of 10; --idle includes them"),
+            "{t}"
+        );
+        // Percentages are of the samples kept: 6 of 7.
+        assert!(
+            t.lines().any(|l| l.contains("burn") && l.contains("85.7%")),
+            "{t}"
+        );
+        let doc: Value = serde_json::from_str(&render_json(&on_cpu)).unwrap();
+        let f = &doc["sample_filter"];
+        assert_eq!(
+            (f["idle"].as_bool(), f["gil"].as_bool()),
+            (Some(false), Some(false))
+        );
+        assert_eq!(
+            (
+                f["samples"].as_u64(),
+                f["kept"].as_u64(),
+                f["idle_left_out"].as_u64()
+            ),
+            (Some(10), Some(7), Some(3))
+        );
+
+        let idle = report(SampleFilter {
+            idle: true,
+            gil: false,
+        });
+        assert_eq!(samples(&idle).len(), 3);
+        assert!(render_table(&idle, 120).contains("--idle); 10 counted"));
+
+        let gil = report(SampleFilter {
+            idle: false,
+            gil: true,
+        });
+        assert_eq!(samples(&gil), [("burn".to_string(), 6)]);
+        let t = render_table(&gil, 120);
+        assert!(t.contains("not holding the GIL left out: 1 of 10"), "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.contains("burn") && l.contains("100.0%")),
+            "{t}"
+        );
     }
 
     #[test]

@@ -17,10 +17,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 
-use crate::analyze::Step;
+use crate::analyze::{SampleFilter, SampleTally, SliceFilter, Step};
 use crate::output::flame::{FrameNames, ViewError, ViewInfo};
-use crate::output::replay_recording;
-use crate::record::{EventKind, FrameRef, RecordingReader};
+use crate::output::{plan_recording, replay_planned, Census};
+use crate::record::{EventKind, FrameRef, RecordingReader, StrId};
 
 /// Bytes of rendered events kept in memory before spilling to a temporary file.
 pub const DEFAULT_SPOOL_LIMIT: usize = 32 << 20;
@@ -148,20 +148,63 @@ enum Kind {
 }
 
 /// Options of the speedscope export.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SpeedscopeOptions {
     /// Keep full file paths in frame names.
     pub full_paths: bool,
+    /// Which samples go into the sampled profiles.
+    pub samples: SampleFilter,
     /// Bytes of events kept in memory before spilling to a temporary file.
     pub spool_limit: usize,
+    /// Which functions (by file) and which calls (by duration) to keep. Sampled
+    /// stacks lose the frames of files it drops; they have no durations.
+    pub filter: SliceFilter,
 }
 
 impl Default for SpeedscopeOptions {
     fn default() -> Self {
         SpeedscopeOptions {
             full_paths: false,
+            samples: SampleFilter::default(),
             spool_limit: DEFAULT_SPOOL_LIMIT,
+            filter: SliceFilter::default(),
         }
+    }
+}
+
+/// Where a frame of a thread's evented profile stands.
+#[derive(Clone, Copy)]
+enum Open {
+    /// Its file is filtered out: it has no events.
+    Dropped,
+    /// Not written yet: it is written once it (or a frame it calls) proves long
+    /// enough; it started at `start`.
+    Waiting { start: u64, code: FrameRef },
+    /// Its open event is written.
+    Written,
+}
+
+/// Decides which frames of the evented profiles are written. A call shorter than
+/// the minimum duration has only shorter calls inside it, so a frame is written
+/// (with every waiting frame below it, whose calls contain it and are longer) at
+/// the first exit that lasted long enough; frames filtered out by file leave
+/// their callees to their caller.
+struct Pruner {
+    filter: SliceFilter,
+    files: HashMap<StrId, bool>,
+    stacks: HashMap<u32, Vec<Open>>,
+}
+
+impl Pruner {
+    fn keeps_file(&mut self, names: &FrameNames<'_>, file: StrId) -> bool {
+        if self.filter.files.is_empty() {
+            return true;
+        }
+        let filter = &self.filter;
+        *self
+            .files
+            .entry(file)
+            .or_insert_with(|| filter.files.matches(&names.string(file)))
     }
 }
 
@@ -174,12 +217,18 @@ fn thread_name(tid: u32, pid: u32) -> String {
 }
 
 /// Reads the whole recording and writes it as a speedscope file to `out`.
+/// `before` gets the recording's [`Census`] (under the options' filter) once it is
+/// read and before anything is written: what the file will hold.
 pub fn write_speedscope<R: Read + Seek, W: Write>(
     reader: &mut RecordingReader<R>,
     options: &SpeedscopeOptions,
+    before: impl FnOnce(&Census),
     mut out: W,
-) -> Result<(), ViewError> {
+) -> Result<SampleTally, ViewError> {
     let header = reader.header().clone();
+    let mut tally = SampleTally::new(options.samples, &header);
+    let (plan, census) = plan_recording(reader, &options.filter)?;
+    before(&census);
     let mut spool: Spool<(u32, Kind)> = Spool::new(options.spool_limit);
     let mut frames = FrameTable::default();
     // Per thread: the last `at` written, so times never go backwards.
@@ -187,55 +236,111 @@ pub fn write_speedscope<R: Read + Seek, W: Write>(
     let mut base: Option<u64> = (header.start_ns != 0).then_some(header.start_ns);
     let mut last_ts: Option<u64> = None;
     let mut item = Vec::with_capacity(128);
+    let mut pruner = Pruner {
+        filter: options.filter.clone(),
+        files: HashMap::new(),
+        stacks: HashMap::new(),
+    };
 
-    fn write_steps(
-        spool: &mut Spool<(u32, Kind)>,
-        frames: &mut FrameTable,
-        last_at: &mut HashMap<u32, u64>,
+    struct Sink<'s> {
+        spool: &'s mut Spool<(u32, Kind)>,
+        frames: &'s mut FrameTable,
+        last_at: &'s mut HashMap<u32, u64>,
+        item: &'s mut Vec<u8>,
         start: u64,
-        steps: &[Step],
-        item: &mut Vec<u8>,
-    ) -> io::Result<()> {
-        for step in steps {
-            let (tid, ts, code, open) = match *step {
-                Step::Enter { tid, ts, code, .. } => (tid, ts, code, true),
-                Step::Exit(e) => (e.tid, e.ts, e.code, false),
-                Step::Untimed { .. } => continue,
-            };
-            let slot = last_at.entry(tid).or_insert(0);
-            let at = ts.saturating_sub(start).max(*slot);
+    }
+
+    impl Sink<'_> {
+        fn event(&mut self, tid: u32, ts: u64, code: FrameRef, open: bool) -> io::Result<()> {
+            let slot = self.last_at.entry(tid).or_insert(0);
+            let at = ts.saturating_sub(self.start).max(*slot);
             *slot = at;
-            item.clear();
+            self.item.clear();
             let _ = write!(
-                item,
+                self.item,
                 "{{\"type\":\"{}\",\"frame\":{},\"at\":{at}}}",
                 if open { "O" } else { "C" },
-                frames.get(code)
+                self.frames.get(code)
             );
-            spool.push((tid, Kind::Evented), b",", item)?;
+            self.spool.push((tid, Kind::Evented), b",", self.item)
+        }
+    }
+
+    fn write_steps(
+        sink: &mut Sink<'_>,
+        pruner: &mut Pruner,
+        names: &FrameNames<'_>,
+        steps: &[Step],
+    ) -> io::Result<()> {
+        for step in steps {
+            match *step {
+                Step::Enter { tid, ts, code, .. } => {
+                    let open = if !pruner.keeps_file(names, code.file) {
+                        Open::Dropped
+                    } else if pruner.filter.min_duration_ns == 0 {
+                        sink.event(tid, ts, code, true)?;
+                        Open::Written
+                    } else {
+                        Open::Waiting { start: ts, code }
+                    };
+                    pruner.stacks.entry(tid).or_default().push(open);
+                }
+                Step::Exit(e) => {
+                    let stack = pruner.stacks.entry(e.tid).or_default();
+                    match stack.pop() {
+                        Some(Open::Written) => sink.event(e.tid, e.ts, e.code, false)?,
+                        Some(Open::Waiting { start, .. })
+                            if pruner.filter.long_enough(e.ts.saturating_sub(start)) =>
+                        {
+                            // The frames below it that wait are its callers: longer.
+                            for open in stack.iter_mut() {
+                                if let Open::Waiting { start, code } = *open {
+                                    sink.event(e.tid, start, code, true)?;
+                                    *open = Open::Written;
+                                }
+                            }
+                            sink.event(e.tid, start, e.code, true)?;
+                            sink.event(e.tid, e.ts, e.code, false)?;
+                        }
+                        _ => {}
+                    }
+                }
+                Step::Untimed { .. } => {}
+            }
         }
         Ok(())
     }
 
-    let mut replay = replay_recording(reader, |_, event, ts, steps, replay| {
+    let mut replay = replay_planned(reader, plan, |reader, event, ts, steps, replay| {
         let start = *base.get_or_insert(ts);
         last_ts = Some(last_ts.map_or(ts, |t| t.max(ts)));
-        write_steps(
-            &mut spool,
-            &mut frames,
-            &mut last_at,
+        let names = FrameNames::new(reader.strings(), options.full_paths);
+        let mut sink = Sink {
+            spool: &mut spool,
+            frames: &mut frames,
+            last_at: &mut last_at,
+            item: &mut item,
             start,
-            steps,
-            &mut item,
-        )?;
-        if let EventKind::Sample { frames: stack } = &event.kind {
+        };
+        write_steps(&mut sink, &mut pruner, &names, steps)?;
+        let sample = match &event.kind {
+            EventKind::Sample { frames, state } if tally.admit(*state) => Some(frames),
+            _ => None,
+        };
+        if let Some(stack) = sample {
             item.clear();
             item.push(b'[');
-            for (i, w) in stack.iter().enumerate() {
-                if i > 0 {
+            let mut first = true;
+            for w in stack {
+                let code = replay.walked_code(w);
+                if !pruner.keeps_file(&names, code.file) {
+                    continue;
+                }
+                if !first {
                     item.push(b',');
                 }
-                let _ = write!(item, "{}", frames.get(replay.walked_code(w)));
+                first = false;
+                let _ = write!(item, "{}", frames.get(code));
             }
             item.push(b']');
             spool.push((event.tid, Kind::Sampled), b",", &item)?;
@@ -249,16 +354,16 @@ pub fn write_speedscope<R: Read + Seek, W: Write>(
     // Close what is still open, thread by thread, at the end.
     let mut steps = Vec::new();
     replay.finish(end_ts, &mut steps);
-    write_steps(
-        &mut spool,
-        &mut frames,
-        &mut last_at,
-        start,
-        &steps,
-        &mut item,
-    )?;
-
     let names = FrameNames::new(reader.strings(), options.full_paths);
+    let mut sink = Sink {
+        spool: &mut spool,
+        frames: &mut frames,
+        last_at: &mut last_at,
+        item: &mut item,
+        start,
+    };
+    write_steps(&mut sink, &mut pruner, &names, &steps)?;
+
     let interval = header.sample_interval_ns;
     let name = crate::output::flame::default_title(&header);
     write!(
@@ -336,7 +441,7 @@ pub fn write_speedscope<R: Read + Seek, W: Write>(
     }
     out.write_all(b"\n]}}\n")?;
     out.flush()?;
-    Ok(())
+    Ok(tally)
 }
 
 /// `s` as a JSON string literal.

@@ -27,7 +27,7 @@ use ratatui::text::Line;
 use ratatui::widgets::{Paragraph, Row, Table};
 use ratatui::{Frame, Terminal};
 
-use crate::analyze::{FunctionSource, Report};
+use crate::analyze::{FunctionSource, Report, SampleFilter};
 use crate::output::flame::short_path;
 use crate::output::report::format_ns;
 
@@ -88,8 +88,14 @@ pub struct Snapshot {
     pub imports_per_s: f64,
     /// Events in the window.
     pub events: u64,
-    /// Samples in the window (sample mode).
+    /// Samples counted in the window (sample mode).
     pub samples: u64,
+    /// Samples left out in the window by `filter` (a waiting thread's, by default).
+    pub left_out: u64,
+    /// Which samples count.
+    pub filter: SampleFilter,
+    /// Samples counted in the window whose thread's state was not recorded.
+    pub state_unknown: u64,
     /// Events lost in the window.
     pub lost: u64,
     /// A line for the status bar (where the data comes from, an error...).
@@ -269,6 +275,15 @@ pub fn snapshot_between(prev: Option<&Report>, cur: &Report) -> Snapshot {
         imports_per_s: per_s(imports_now.saturating_sub(imports_then) as f64, window_ns),
         events: cur.events.saturating_sub(prev.map_or(0, |p| p.events)),
         samples: total_samples,
+        left_out: cur
+            .samples
+            .left_out()
+            .saturating_sub(prev.map_or(0, |p| p.samples.left_out())),
+        filter: cur.samples.filter,
+        state_unknown: cur
+            .samples
+            .cpu_unknown
+            .saturating_sub(prev.map_or(0, |p| p.samples.cpu_unknown)),
         lost: cur
             .lost_events
             .saturating_sub(prev.map_or(0, |p| p.lost_events)),
@@ -295,7 +310,24 @@ fn title_line(s: &Snapshot) -> String {
     };
     let what = match s.mode {
         TopMode::Trace => format!("{} events", s.events),
-        TopMode::Sample => format!("{} samples", s.samples),
+        TopMode::Sample => {
+            let which = match (s.filter.idle, s.filter.gil) {
+                _ if s.samples > 0 && s.state_unknown >= s.samples => {
+                    " (thread state not recorded)"
+                }
+                (false, false) => " on a CPU",
+                (true, false) => " (idle included)",
+                (_, true) => " of the GIL holder",
+            };
+            let left = match s.left_out {
+                0 => String::new(),
+                n if s.filter == SampleFilter::default() => {
+                    format!(" ({n} idle left out: --idle includes them)")
+                }
+                n => format!(" ({n} left out)"),
+            };
+            format!("{} samples{which}{left}", s.samples)
+        }
     };
     let lost = if s.lost > 0 {
         format!(", {} lost", s.lost)

@@ -125,6 +125,36 @@ fn stat_flags(pid: i32) -> Option<u64> {
         .ok()
 }
 
+/// The scheduler state of thread `tid` of process `pid`, the letter after the name
+/// in `/proc/PID/task/TID/stat`: `R` running or runnable, `S` asleep (a system call,
+/// a lock), `D` waiting in the kernel (I/O), `T` stopped, `t` in a ptrace-stop, `Z`
+/// zombie, ...; `None` when it cannot be read (the thread is gone). One bounded read:
+/// cheap enough for every thread at every sample.
+pub fn task_state(pid: i32, tid: i32) -> Option<char> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    // `tid (name) S ...`: the name is at most 64 bytes, so the state is well inside.
+    let mut buf = [0u8; 128];
+    let mut len = 0;
+    while len < buf.len() {
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    parse_stat_state(&buf[..len])
+}
+
+/// The state letter of a `/proc/.../stat` line (or its start): the first character
+/// after the last `)`, which closes the name (a name may hold `)` itself).
+fn parse_stat_state(stat: &[u8]) -> Option<char> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let state = *stat.get(close + 2)?;
+    (stat.get(close + 1) == Some(&b' ') && state.is_ascii_alphabetic()).then_some(state as char)
+}
+
 /// Whether thread `tid` is ending (or already gone): ptrace refuses to seize such a
 /// thread with EPERM, and there is nothing left of it to trace.
 pub fn thread_is_ending(tid: i32) -> bool {
@@ -325,6 +355,21 @@ mod tests {
         }
         let me = ProcessStatus::read(std::process::id() as i32).unwrap();
         assert!(!me.kernel_thread && !me.exiting);
+    }
+
+    #[test]
+    fn stat_state_is_read_after_the_name() {
+        assert_eq!(parse_stat_state(b"12 (python3) S 1 12 12 0"), Some('S'));
+        assert_eq!(parse_stat_state(b"12 (a) b) (c) R 1 12"), Some('R'));
+        assert_eq!(parse_stat_state(b"12 (python3"), None);
+        assert_eq!(parse_stat_state(b"12 (x)"), None);
+        assert_eq!(parse_stat_state(b"12 (x) 7"), None);
+        let me = std::process::id() as i32;
+        // SAFETY: gettid cannot fail.
+        let tid = unsafe { libc::gettid() };
+        // This thread runs while it reads its own state.
+        assert_eq!(task_state(me, tid), Some('R'));
+        assert_eq!(task_state(me, i32::MAX), None);
     }
 
     #[test]

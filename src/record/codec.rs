@@ -7,7 +7,7 @@
 //! and the kind's payload. State resets at every chunk so chunks stand alone.
 
 use super::wire::{put_uvarint, zigzag, Cursor};
-use super::{Event, EventKind, FrameRef, RecordError, StrId, WalkedFrame};
+use super::{Event, EventKind, FrameRef, RecordError, SampleState, StrId, ThinLevel, WalkedFrame};
 
 const SAME_TID: u8 = 0x80;
 const KIND_MASK: u8 = 0x7f;
@@ -29,13 +29,18 @@ mod tag {
     /// Format 1, as `SAMPLE_V1`.
     pub const STACK_V1: u8 = 12;
     pub const WINDOW: u8 = 13;
-    pub const SAMPLE: u8 = 14;
+    /// Format 2: a sample without its thread's state. Read, no longer written.
+    pub const SAMPLE_V2: u8 = 14;
     pub const STACK: u8 = 15;
     pub const RUNNING: u8 = 16;
-    /// Format 3: a thread start naming its process (`THREAD_START` names none).
-    pub const THREAD_START_IN: u8 = 17;
-    pub const PROCESS_START: u8 = 18;
-    pub const EXEC: u8 = 19;
+    /// A sample: its thread's state (one byte, see `put_state`), then its frames.
+    pub const SAMPLE: u8 = 17;
+    pub const THINNED: u8 = 18;
+    pub const AUDITS_COUNTED: u8 = 19;
+    /// Format 4: a thread start naming its process (`THREAD_START` names none).
+    pub const THREAD_START_IN: u8 = 20;
+    pub const PROCESS_START: u8 = 21;
+    pub const EXEC: u8 = 22;
 }
 
 /// Smallest encoding of a frame: three one-byte varints.
@@ -93,15 +98,12 @@ impl EventEncoder {
                 buf.push(u8::from(*found));
             }
             EventKind::Audit { event } => put_uvarint(buf, u64::from(event.0)),
-            EventKind::Sample { frames }
-            | EventKind::Stack { frames }
-            | EventKind::Running { frames } => {
-                let kept = &frames[frames.len().saturating_sub(max_frames)..];
-                put_uvarint(buf, kept.len() as u64);
-                for f in kept {
-                    put_frame(buf, &f.code);
-                    put_uvarint(buf, u64::from(f.line));
-                }
+            EventKind::Sample { frames, state } => {
+                buf.push(state_byte(*state));
+                put_walked(buf, frames, max_frames);
+            }
+            EventKind::Stack { frames } | EventKind::Running { frames } => {
+                put_walked(buf, frames, max_frames)
             }
             EventKind::ThreadStart { pid: 0 } | EventKind::ThreadExit => {}
             EventKind::ThreadStart { pid } => put_uvarint(buf, u64::from(*pid)),
@@ -111,8 +113,50 @@ impl EventEncoder {
             }
             EventKind::Exec { command } => put_uvarint(buf, u64::from(command.0)),
             EventKind::Window { exact } => buf.push(u8::from(*exact)),
-            EventKind::Lost { count } => put_uvarint(buf, *count),
+            EventKind::Thinned { level } => buf.push(*level as u8),
+            EventKind::Lost { count } | EventKind::AuditsCounted { count } => {
+                put_uvarint(buf, *count)
+            }
         }
+    }
+}
+
+/// A sample's frames: its innermost `max_frames`.
+fn put_walked(buf: &mut Vec<u8>, frames: &[WalkedFrame], max_frames: usize) {
+    let kept = &frames[frames.len().saturating_sub(max_frames)..];
+    put_uvarint(buf, kept.len() as u64);
+    for f in kept {
+        put_frame(buf, &f.code);
+        put_uvarint(buf, u64::from(f.line));
+    }
+}
+
+/// A sample's state in one byte: bits 0-1 on CPU (0 unknown, 1 yes, 2 no), bits 2-3
+/// holding the GIL (the same); the other bits are 0.
+fn state_byte(state: SampleState) -> u8 {
+    let two = |v: Option<bool>| match v {
+        None => 0u8,
+        Some(true) => 1,
+        Some(false) => 2,
+    };
+    two(state.on_cpu) | two(state.holds_gil) << 2
+}
+
+fn get_state(c: &mut Cursor<'_>) -> Result<SampleState, RecordError> {
+    let at = c.offset();
+    let b = c.u8()?;
+    let two = |v: u8| match v {
+        0 => Ok(None),
+        1 => Ok(Some(true)),
+        2 => Ok(Some(false)),
+        _ => Err(()),
+    };
+    match (b >> 4, two(b & 3), two((b >> 2) & 3)) {
+        (0, Ok(on_cpu), Ok(holds_gil)) => Ok(SampleState { on_cpu, holds_gil }),
+        _ => Err(RecordError::Corrupt {
+            offset: at,
+            what: format!("bad sample state {b:#04x}"),
+        }),
     }
 }
 
@@ -136,6 +180,8 @@ fn kind_tag(kind: &EventKind) -> u8 {
         EventKind::ThreadExit => tag::THREAD_EXIT,
         EventKind::Lost { .. } => tag::LOST,
         EventKind::Window { .. } => tag::WINDOW,
+        EventKind::Thinned { .. } => tag::THINNED,
+        EventKind::AuditsCounted { .. } => tag::AUDITS_COUNTED,
     }
 }
 
@@ -208,18 +254,37 @@ impl EventDecoder {
             tag::WINDOW => EventKind::Window {
                 exact: get_bool(c)?,
             },
+            tag::THINNED => {
+                let v = c.u8()?;
+                EventKind::Thinned {
+                    level: ThinLevel::from_u8(v)
+                        .ok_or_else(|| c.corrupt(format!("thinning level {v}")))?,
+                }
+            }
+            tag::AUDITS_COUNTED => EventKind::AuditsCounted {
+                count: c.uvarint()?,
+            },
             tag::AUDIT => EventKind::Audit {
                 event: StrId(c.u32v("string id")?),
             },
             tag::SAMPLE_V1 => EventKind::Sample {
                 frames: get_frames_v1(c, "sample frame")?,
+                state: SampleState::default(),
             },
             tag::STACK_V1 => EventKind::Stack {
                 frames: get_frames_v1(c, "stack frame")?,
             },
-            tag::SAMPLE => EventKind::Sample {
+            tag::SAMPLE_V2 => EventKind::Sample {
                 frames: get_walked(c, "sample frame")?,
+                state: SampleState::default(),
             },
+            tag::SAMPLE => {
+                let state = get_state(c)?;
+                EventKind::Sample {
+                    frames: get_walked(c, "sample frame")?,
+                    state,
+                }
+            }
             tag::STACK => EventKind::Stack {
                 frames: get_walked(c, "stack frame")?,
             },

@@ -34,6 +34,17 @@ pub struct WalkedFrame {
     pub line: u32,
 }
 
+/// What a sampled thread was doing when its stack was read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct SampleState {
+    /// On a CPU (`Some(true)`: running or runnable, the kernel's `R`), waiting
+    /// (`Some(false)`: sleeping in a system call, on a lock or on I/O); `None` when not
+    /// recorded (recordings before format 3) or not readable.
+    pub on_cpu: Option<bool>,
+    /// Whether it held the GIL; `None` when that cannot be told (see the walker).
+    pub holds_gil: Option<bool>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum EventKind {
@@ -70,9 +81,11 @@ pub enum EventKind {
     Audit {
         event: StrId,
     },
-    /// A whole stack, outermost first, taken by the frame walker.
+    /// A whole stack, outermost first, taken by the frame walker, and what its
+    /// thread was doing then.
     Sample {
         frames: Vec<WalkedFrame>,
+        state: SampleState,
     },
     /// The thread's Python stack, outermost first, when the event that follows it on
     /// the same thread happened (a GC start, an import start, an audit event): what
@@ -110,6 +123,16 @@ pub enum EventKind {
     Window {
         exact: bool,
     },
+    /// From here on, GC, import and audit events of the process are recorded as
+    /// `level` says, to stay within the overhead budget.
+    Thinned {
+        level: ThinLevel,
+    },
+    /// `count` audit events were counted in the target but not recorded (no
+    /// name, no stack), to stay within the overhead budget.
+    AuditsCounted {
+        count: u64,
+    },
     /// `count` events were dropped (e.g. filtered out while budget-limited, ring full).
     Lost {
         count: u64,
@@ -122,4 +145,24 @@ pub struct Event {
     pub ts_ns: u64,
     #[serde(flatten)]
     pub kind: EventKind,
+}
+
+/// How GC, import and audit events are recorded under an overhead budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThinLevel {
+    /// Each with the Python stack that raised it.
+    Full = 0,
+    /// Without their stacks; audit events only counted, without their names.
+    Stackless = 1,
+    /// As `Stackless`, and audit events not even counted (their probe is off).
+    Uncounted = 2,
+}
+
+impl ThinLevel {
+    pub fn from_u8(v: u8) -> Option<ThinLevel> {
+        [ThinLevel::Full, ThinLevel::Stackless, ThinLevel::Uncounted]
+            .get(usize::from(v))
+            .copied()
+    }
 }

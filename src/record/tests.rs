@@ -72,8 +72,32 @@ fn every_kind(w: &mut RecordingWriter<impl Write>) -> Vec<Event> {
                     line: 9,
                 },
             ],
+            state: SampleState {
+                on_cpu: Some(true),
+                holds_gil: Some(false),
+            },
         },
-        EventKind::Sample { frames: vec![] },
+        EventKind::Sample {
+            frames: vec![],
+            state: SampleState::default(),
+        },
+        EventKind::Sample {
+            frames: vec![WalkedFrame {
+                code: frame,
+                line: 3,
+            }],
+            state: SampleState {
+                on_cpu: Some(false),
+                holds_gil: Some(true),
+            },
+        },
+        EventKind::Sample {
+            frames: vec![],
+            state: SampleState {
+                on_cpu: None,
+                holds_gil: Some(false),
+            },
+        },
         EventKind::Stack {
             frames: vec![WalkedFrame {
                 code: frame,
@@ -90,6 +114,10 @@ fn every_kind(w: &mut RecordingWriter<impl Write>) -> Vec<Event> {
             }],
         },
         EventKind::Window { exact: true },
+        EventKind::Thinned {
+            level: ThinLevel::Uncounted,
+        },
+        EventKind::AuditsCounted { count: 123_456 },
         EventKind::Lost { count: 17 },
         EventKind::ThreadExit,
     ];
@@ -196,6 +224,7 @@ fn summary_counts_and_caps() {
         ts_ns: 1,
         kind: EventKind::Sample {
             frames: frames.clone(),
+            state: SampleState::default(),
         },
     })
     .unwrap();
@@ -209,7 +238,7 @@ fn summary_counts_and_caps() {
     assert_eq!(r.string(a).len(), MAX_STRING_LEN);
     match &events[0].kind {
         // The innermost frames are kept.
-        EventKind::Sample { frames: kept } => assert_eq!(kept[..], frames[10..]),
+        EventKind::Sample { frames: kept, .. } => assert_eq!(kept[..], frames[10..]),
         other => panic!("unexpected {other:?}"),
     }
 }
@@ -568,7 +597,8 @@ fn format_1_samples_read_with_their_first_line_unknown() {
                     line: 0
                 },
                 line: 40
-            }]
+            }],
+            state: SampleState::default(),
         }
     );
     // A whole format-1 file (no samples) reads too.
@@ -587,15 +617,28 @@ fn format_1_samples_read_with_their_first_line_unknown() {
     assert_eq!(events.len(), 1);
 }
 
-/// Recordings of format 2 have thread starts without their process: they read
-/// as the recording's own process (pid 0), with no process events.
 #[test]
-fn format_2_thread_starts_read_without_a_process() {
+fn format_2_samples_read_with_their_state_unknown() {
+    use super::codec::EventDecoder;
+    use super::wire::Cursor;
+    // Tag 14 (a format-2 sample), thread 5, time 100, one frame: file 1, function
+    // 2, first line 30, current line 40.
+    let payload = [14u8, 5, 100, 1, 1, 2, 30, 40];
+    let mut c = Cursor::new(&payload, 0, 0);
+    let event = EventDecoder::default().decode(&mut c).unwrap();
+    let EventKind::Sample { frames, state } = event.kind else {
+        panic!("not a sample: {event:?}");
+    };
+    assert_eq!(
+        (frames.len(), frames[0].code.line, frames[0].line),
+        (1, 30, 40)
+    );
+    assert_eq!(state, SampleState::default());
+    // A whole format-2 file reads too.
     let mut buf = Vec::new();
     let mut w = RecordingWriter::new(&mut buf, &header()).unwrap();
-    // A format-2 writer wrote tag 9 with no payload, as ThreadStart { pid: 0 } is.
     w.write(&Event {
-        tid: 5,
+        tid: 1,
         ts_ns: 1,
         kind: EventKind::ThreadStart { pid: 0 },
     })
@@ -604,5 +647,65 @@ fn format_2_thread_starts_read_without_a_process() {
     buf[8..12].copy_from_slice(&2u32.to_le_bytes());
     let (r, events) = read_all(&buf).unwrap();
     assert_eq!(r.header().format_version, 2);
+    assert_eq!(events.len(), 1);
+}
+
+#[test]
+fn sample_states_round_trip_and_bad_ones_are_corrupt() {
+    use super::codec::EventDecoder;
+    use super::wire::Cursor;
+    let states = [None, Some(true), Some(false)];
+    for on_cpu in states {
+        for holds_gil in states {
+            let state = SampleState { on_cpu, holds_gil };
+            let mut buf = Vec::new();
+            let mut w = RecordingWriter::new(&mut buf, &header()).unwrap();
+            w.write(&Event {
+                tid: 3,
+                ts_ns: 7,
+                kind: EventKind::Sample {
+                    frames: vec![],
+                    state,
+                },
+            })
+            .unwrap();
+            w.finish(8).unwrap();
+            let (_, events) = read_all(&buf).unwrap();
+            assert_eq!(
+                events[0].kind,
+                EventKind::Sample {
+                    frames: vec![],
+                    state
+                }
+            );
+        }
+    }
+    // Tag 17, thread 5, time 100, then a state byte: 3 is no value, nor any high bit.
+    for bad in [0x03u8, 0x0c, 0x10, 0x80] {
+        let payload = [17u8, 5, 100, bad, 0];
+        let err = EventDecoder::default()
+            .decode(&mut Cursor::new(&payload, 0, 0))
+            .unwrap_err();
+        assert!(err.to_string().contains("sample state"), "{bad:#x}: {err}");
+    }
+}
+
+/// Recordings of format 3 have thread starts without their process: they read
+/// as the recording's own process (pid 0), with no process events.
+#[test]
+fn format_3_thread_starts_read_without_a_process() {
+    let mut buf = Vec::new();
+    let mut w = RecordingWriter::new(&mut buf, &header()).unwrap();
+    // A format-3 writer wrote tag 9 with no payload, as ThreadStart { pid: 0 } is.
+    w.write(&Event {
+        tid: 5,
+        ts_ns: 1,
+        kind: EventKind::ThreadStart { pid: 0 },
+    })
+    .unwrap();
+    w.finish(2).unwrap();
+    buf[8..12].copy_from_slice(&3u32.to_le_bytes());
+    let (r, events) = read_all(&buf).unwrap();
+    assert_eq!(r.header().format_version, 3);
     assert_eq!(events[0].kind, EventKind::ThreadStart { pid: 0 });
 }

@@ -125,7 +125,7 @@ impl<W: Write> RecordingWriter<W> {
     pub fn write(&mut self, event: &Event) -> io::Result<()> {
         self.check_failed()?;
         self.check_ids(&event.kind)?;
-        if let EventKind::Sample { frames } = &event.kind {
+        if let EventKind::Sample { frames, .. } = &event.kind {
             if frames.len() > MAX_SAMPLE_FRAMES {
                 self.summary.truncated_samples += 1;
             }
@@ -178,7 +178,7 @@ impl<W: Write> RecordingWriter<W> {
                 module.0 < n
             }
             EventKind::Audit { event } => event.0 < n,
-            EventKind::Sample { frames }
+            EventKind::Sample { frames, .. }
             | EventKind::Stack { frames }
             | EventKind::Running { frames } => frames.iter().all(|f| ok_frame(&f.code)),
             _ => true,

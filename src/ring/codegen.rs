@@ -208,34 +208,51 @@ pub fn build_trampoline(
     let site_rip = plan.site().wrapping_add(1);
     a.lea(rsp, ptr(rsp - 128))?;
     a.pushfq()?;
+    let mut counted = a.create_label();
+    let thinnable = p.stack.is_some() && p.probe_id < THIN_PROBES;
+    if thinnable {
+        // Counted only (a storm over budget): the count and nothing else, before
+        // the other registers are saved, is the cheapest event there is.
+        let id = p.probe_id as i32;
+        let mut record = a.create_label();
+        a.push(rax)?;
+        a.mov(rax, p.ring_addr)?;
+        a.cmp(byte_ptr(rax + H_THIN as i32 + id), u32::from(THIN_COUNT))?;
+        a.jne(record)?;
+        a.lock().inc(qword_ptr(rax + H_COUNTED as i32 + 8 * id))?;
+        a.pop(rax)?;
+        a.jmp(counted)?;
+        a.set_label(&mut record)?;
+        a.pop(rax)?;
+    }
     for family in SAVED {
         a.push(gpr(family))?;
     }
 
     let mut restore = a.create_label();
-    emit_reserve(&mut a, p, &mut restore)?;
-    emit_header(&mut a, p, &is_string)?;
-    for (index, arg) in p.args.iter().enumerate() {
-        emit_arg(&mut a, arg, index, site_rip, p.symbols)?;
-        a.mov(qword_ptr(r8 + slot_arg(index)), r11)?;
-    }
-    let count = (0..p.args.len()).filter(|&i| is_string(i)).count();
-    let strings = (0..p.args.len()).filter(|&i| is_string(i));
-    for (k, index) in strings.enumerate() {
-        if let Some(area) = string_area(k, count) {
-            emit_string_copy(&mut a, index, area)?;
+    match p.stack {
+        Some(stack) if thinnable => {
+            // The consumer may thin this probe: record it without its stack (or
+            // only count it, above; see the `thin` header field).
+            let id = p.probe_id as i32;
+            let mut full = a.create_label();
+            a.mov(rax, p.ring_addr)?;
+            a.cmp(byte_ptr(rax + H_THIN as i32 + id), u32::from(THIN_OFF))?;
+            a.je(full)?;
+            emit_record(&mut a, p, None, site_rip, &is_string, &mut restore)?;
+            a.jmp(restore)?;
+            a.set_label(&mut full)?;
+            emit_record(&mut a, p, Some(stack), site_rip, &is_string, &mut restore)?;
         }
+        stack => emit_record(&mut a, p, stack, site_rip, &is_string, &mut restore)?,
     }
-    if let Some(stack) = p.stack {
-        emit_capture(&mut a, stack, p.ring_addr, p.capacity)?;
-    }
-    // Publish: seq = index + 1, after every payload store (x86 keeps store order).
-    a.lea(rax, ptr(r10 + 1))?;
-    a.mov(qword_ptr(r8 + S_SEQ as i32), rax)?;
 
     a.set_label(&mut restore)?;
     for family in SAVED.iter().rev() {
         a.pop(gpr(*family))?;
+    }
+    if thinnable {
+        a.set_label(&mut counted)?;
     }
     a.popfq()?;
     a.lea(rsp, ptr(rsp + 128))?;
@@ -283,6 +300,38 @@ pub fn build_trampoline(
     })
 }
 
+/// Reserves a slot (with `stack`'s continuation slots), fills and publishes it;
+/// jumps to `restore` when the event is lost.
+fn emit_record(
+    a: &mut CodeAssembler,
+    p: &TrampolineParams<'_>,
+    stack: Option<&StackCapture>,
+    site_rip: u64,
+    is_string: &dyn Fn(usize) -> bool,
+    restore: &mut CodeLabel,
+) -> Result<(), CodegenError> {
+    emit_reserve(a, p, stack, restore)?;
+    emit_header(a, p, is_string)?;
+    for (index, arg) in p.args.iter().enumerate() {
+        emit_arg(a, arg, index, site_rip, p.symbols)?;
+        a.mov(qword_ptr(r8 + slot_arg(index)), r11)?;
+    }
+    let count = (0..p.args.len()).filter(|&i| is_string(i)).count();
+    let strings = (0..p.args.len()).filter(|&i| is_string(i));
+    for (k, index) in strings.enumerate() {
+        if let Some(area) = string_area(k, count) {
+            emit_string_copy(a, index, area)?;
+        }
+    }
+    if let Some(stack) = stack {
+        emit_capture(a, stack, p.ring_addr, p.capacity)?;
+    }
+    // Publish: seq = index + 1, after every payload store (x86 keeps store order).
+    a.lea(rax, ptr(r10 + 1))?;
+    a.mov(qword_ptr(r8 + S_SEQ as i32), rax)?;
+    Ok(())
+}
+
 /// `jmp rel32` from the site to `tramp`, padded with `int3` to the plan's length
 /// (the form a later pyprobe recognises, see [`super::region`]).
 fn patch_bytes(plan: &SitePlan, tramp: u64) -> Result<Vec<u8>, CodegenError> {
@@ -297,6 +346,7 @@ fn patch_bytes(plan: &SitePlan, tramp: u64) -> Result<Vec<u8>, CodegenError> {
 fn emit_reserve(
     a: &mut CodeAssembler,
     p: &TrampolineParams<'_>,
+    stack: Option<&StackCapture>,
     restore: &mut CodeLabel,
 ) -> Result<(), CodegenError> {
     let mut retry = a.create_label();
@@ -304,10 +354,11 @@ fn emit_reserve(
     let mut reserved = a.create_label();
     let capacity = p.capacity as i32; // <= 2^24, checked by check_capacity
                                       // A stack record takes its continuation slots too, reserved in the same CAS.
-    let extra = p.stack.map_or(0, |s| i32::from(s.slots));
+    let extra = stack.map_or(0, |s| i32::from(s.slots));
     // A stack probe's event (GC, import, audit: rare, and exact under int3) waits,
     // bounded, for pyprobe to free room rather than be dropped at once.
     let mut wait = a.create_label();
+    // Thin or not: the event is as exact as with its stack.
     let waits = p.stack.is_some();
     a.mov(r9, p.ring_addr)?;
     a.mov(ecx, RESERVE_ATTEMPTS)?;

@@ -5,7 +5,7 @@
 //! it is decoded, and no value read from the mapping is trusted (counts are
 //! clamped, indices compared, lengths bounded).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use super::layout::*;
 use super::stack::*;
@@ -162,6 +162,30 @@ impl RingReader {
     /// Events the producers dropped, plus slots this reader skipped.
     pub fn lost(&self) -> u64 {
         self.load(H_LOST)
+    }
+
+    /// Tells stack probe `probe` how to record ([`THIN_OFF`], [`THIN_STACKLESS`],
+    /// [`THIN_COUNT`]): thinning costs the target and pyprobe a fraction of a
+    /// stack record. Probes from [`THIN_PROBES`] on are never thinned.
+    pub fn set_thin(&self, probe: u32, mode: u8) {
+        if let Some(byte) = self.thin_byte(probe) {
+            byte.store(mode, Ordering::Relaxed);
+        }
+    }
+
+    /// How stack probe `probe` records now.
+    pub fn thin(&self, probe: u32) -> u8 {
+        self.thin_byte(probe)
+            .map_or(THIN_OFF, |b| b.load(Ordering::Relaxed))
+    }
+
+    /// Events of `probe` counted instead of recorded, since the ring was made.
+    pub fn counted(&self, probe: u32) -> u64 {
+        if probe < THIN_PROBES {
+            self.load(H_COUNTED + 8 * probe as usize)
+        } else {
+            0
+        }
     }
 
     /// Slots skipped by [`skip_pending`](Self::skip_pending) (also counted in [`lost`](Self::lost)).
@@ -323,6 +347,15 @@ impl RingReader {
         // (< HEADER_SIZE + capacity * SLOT_SIZE == len, checked in `new`);
         // `base` is 8-aligned and the mapping outlives `self` (contract of `new`).
         unsafe { AtomicU64::from_ptr(self.base.add(offset) as *mut u64) }
+    }
+
+    fn thin_byte(&self, probe: u32) -> Option<&AtomicU8> {
+        if probe >= THIN_PROBES {
+            return None;
+        }
+        // SAFETY: H_THIN + probe < H_COUNTED < HEADER_SIZE, inside the mapping
+        // (checked in `new`), which outlives `self`; bytes need no alignment.
+        Some(unsafe { AtomicU8::from_ptr(self.base.add(H_THIN + probe as usize) as *mut u8) })
     }
 }
 

@@ -16,6 +16,8 @@
 //! | 64  | u64 | `head`: next slot index to reserve (producers, `lock cmpxchg`) |
 //! | 128 | u64 | `tail`: next slot index to read (written only by the consumer) |
 //! | 192 | u64 | `lost`: events dropped (ring full or reservation retries exhausted) |
+//! | 256 | 64 × u8 | `thin`: per probe id below [`THIN_PROBES`], how a stack probe records: [`THIN_OFF`] with its stack, [`THIN_STACKLESS`] without, [`THIN_COUNT`] not at all but counted (written only by the consumer) |
+//! | 512 | 64 × u64 | `counted`: per probe id, events counted instead of recorded (`lock inc`) |
 //!
 //! `head`, `tail` and `lost` each own a 64-byte cache line so producers
 //! bumping `head` do not bounce the consumer's `tail`. Indices grow forever
@@ -90,6 +92,14 @@ pub const H_HEADER_SIZE: usize = 24;
 pub const H_HEAD: usize = 64;
 pub const H_TAIL: usize = 128;
 pub const H_LOST: usize = 192;
+pub const H_THIN: usize = 256;
+pub const H_COUNTED: usize = 512;
+/// Probe ids that can be thinned (one `thin` byte and one `counted` word each).
+pub const THIN_PROBES: u32 = 64;
+/// `thin` values.
+pub const THIN_OFF: u8 = 0;
+pub const THIN_STACKLESS: u8 = 1;
+pub const THIN_COUNT: u8 = 2;
 
 pub const S_SEQ: usize = 0;
 pub const S_TSC: usize = 8;
@@ -107,7 +117,9 @@ pub const STRINGS_LEN: usize = SLOT_SIZE - S_STRINGS;
 
 // The fields must not overlap and the header fields must fit their page.
 const _: () = assert!(S_ARGS + 8 * MAX_ARGS <= S_NARGS && S_NULL < S_STRINGS);
-const _: () = assert!(H_LOST + 8 <= HEADER_SIZE && SLOT_SIZE.is_power_of_two());
+const _: () = assert!(H_THIN + THIN_PROBES as usize <= H_COUNTED);
+const _: () = assert!(H_COUNTED + 8 * THIN_PROBES as usize <= HEADER_SIZE);
+const _: () = assert!(SLOT_SIZE.is_power_of_two());
 
 /// Why a ring could not be formatted or opened.
 #[derive(Debug, Error, PartialEq, Eq)]

@@ -53,13 +53,13 @@
 //!   inside a trampoline keeps that rip in its signal frame, where ptrace
 //!   does not show it: unless that can be ruled out, leave trampoline pages
 //!   and the ring mapped in the target after detaching.
-//! * **Python stacks.** A trampoline built with a [`StackCapture`] reads the
-//!   interpreter's thread list and its own thread's frame chain (NULL-checked,
-//!   bounded; see [`stack`]): give it only the offsets of the layout the frame
-//!   walker uses for this very interpreter, and only for probes that fire with the
-//!   GIL held (GC, import, audit). CPython links and frees thread states under
-//!   the GIL, but `PyThreadState_Delete` lets C code free one without it: a
-//!   thread state freed while the list is walked is a residual risk of this route.
+//! * **Python stacks.** A trampoline built with a [`StackCapture`] reads its own
+//!   thread's state where the interpreter keeps it (a thread-local, or the GIL
+//!   holder's global checked against `pthread_self()`) and walks that thread's
+//!   own frame chain (NULL-checked, bounded; see [`stack`]): give it only the
+//!   offsets of the layout the frame walker uses for this very interpreter, and
+//!   only for probes that fire with the GIL held (GC, import, audit). It never
+//!   reads another thread's state, which that thread could free meanwhile.
 //! * **Stack.** A trampoline uses 80 bytes below the red zone (208 bytes
 //!   below the site's rsp), and dereferences memory operands and string
 //!   pointers directly: a bad pointer faults the target, where the int3
@@ -85,4 +85,4 @@ pub use consumer::{DrainStop, Drained, RingReader, RingRecord, RingStack, RingSt
 pub use layout::{init_ring, ring_bytes, RingError};
 pub use region::{RegionError, RegionHeader, RegionSite};
 pub use site::{plans_overlap, qualify_site, thread_inside, SitePlan, SiteRefusal, Tail};
-pub use stack::{StackCapture, StackFrame, StackRoot};
+pub use stack::{CurrentThreadState, StackCapture, StackFrame, StackRoot};

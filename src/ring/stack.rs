@@ -4,15 +4,18 @@
 //! The ring stays ignorant of Python: [`StackCapture`] is plain offsets that the
 //! caller takes from the frame walker's layout. The walk:
 //!
-//! 1. the thread's identity is `%fs:0` (glibc's `pthread_self()`, which is what
-//!    CPython stores in `PyThreadState.thread_id`);
-//! 2. from `*interpreters_head`, each interpreter's thread list (`threads_head`,
-//!    then `next`) is searched for the thread state with that `thread_id`; at most
-//!    [`MAX_TSTATE_STEPS`] steps over all lists;
+//! 1. the thread's own thread state is read where the interpreter keeps it
+//!    ([`CurrentThreadState`]): a thread-local of the executable (3.12+), or the
+//!    global holding the GIL holder's state (up to 3.11; GC, import and audit
+//!    probes fire with the GIL held); no list of thread states is walked, so no
+//!    other thread's state, which that thread may free at any time, is read;
+//! 2. its `thread_id` must equal `%fs:0` (glibc's `pthread_self()`, which is what
+//!    CPython stores there), or nothing is walked;
 //! 3. from that thread state's innermost frame ([`StackRoot`]), up to
 //!    [`MAX_WALK`] frames are followed through `back`/`previous`; frames owned by
 //!    the C stack (per `owner`, 3.12+) and frames without code are skipped; every
 //!    other frame is counted, and the first [`frames_for`]`(slots)` are written.
+//!    They are the thread's own frames, alive while it runs the probe.
 //!
 //! Every pointer is checked for NULL before it is followed; every loop has a fixed
 //! bound, so a cycle or an over-long chain ends the walk (flagged truncated) rather
@@ -67,14 +70,22 @@ pub const PAIRS_PER_SLOT: usize = (SLOT_SIZE - C_PAIRS) / 16;
 pub const MAX_STACK_SLOTS: u8 = 4;
 /// Most frames a record can carry.
 pub const MAX_STACK_FRAMES: usize = MAX_STACK_SLOTS as usize * PAIRS_PER_SLOT;
-/// Steps over interpreters and thread states while looking for the thread.
-pub const MAX_TSTATE_STEPS: u32 = 256;
 /// Frames followed (shims included) before the walk gives up.
 pub const MAX_WALK: u32 = 1024;
 
 /// Frames carried by a record with `slots` continuation slots.
 pub const fn frames_for(slots: u8) -> usize {
     slots as usize * PAIRS_PER_SLOT
+}
+
+/// Where a thread reads its own `PyThreadState *`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CurrentThreadState {
+    /// `%fs:offset`: a thread-local of the executable (`_Py_tss_tstate`, 3.12+).
+    ThreadLocal(i32),
+    /// The runtime address of a global holding the GIL holder's thread state
+    /// (`_PyRuntime.gilstate.tstate_current`, up to 3.11).
+    GilHolder(u64),
 }
 
 /// Where a thread state keeps its innermost frame.
@@ -106,11 +117,9 @@ pub struct StackFrame {
 /// Offsets the trampoline walks by, taken from the frame walker's layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StackCapture {
-    /// Runtime address of `_PyRuntime.interpreters.head`.
-    pub interpreters_head: u64,
-    pub interp_next: u64,
-    pub interp_threads_head: u64,
-    pub tstate_next: u64,
+    /// Where the thread finds its thread state.
+    pub current: CurrentThreadState,
+    /// `PyThreadState.thread_id`: the thread's `pthread_t`.
     pub tstate_thread_id: u64,
     pub root: StackRoot,
     pub frame: StackFrame,
@@ -136,9 +145,6 @@ impl StackCapture {
             StackRoot::Indirect { pointer, field } => [pointer, field],
         };
         let offsets = [
-            self.interp_next,
-            self.interp_threads_head,
-            self.tstate_next,
             self.tstate_thread_id,
             self.frame.back,
             self.frame.code,
@@ -151,8 +157,8 @@ impl StackCapture {
         if i32::try_from(!self.frame.code_tag_mask as i64).is_err() {
             return bad("code tag mask does not fit an immediate");
         }
-        if self.interpreters_head == 0 {
-            return bad("no address for the interpreters list");
+        if matches!(self.current, CurrentThreadState::GilHolder(0)) {
+            return bad("no address for the current thread state");
         }
         Ok(())
     }
@@ -177,10 +183,6 @@ pub(super) fn emit_capture(
     let slots_base = ring_addr.wrapping_add(HEADER_SIZE as u64);
     let cap = frames_for(c.slots) as u32;
     let shift = SLOT_SIZE.trailing_zeros();
-    let mut interp_loop = a.create_label();
-    let mut thread_loop = a.create_label();
-    let mut next_interp = a.create_label();
-    let mut found = a.create_label();
     let mut walk = a.create_label();
     let mut room = a.create_label();
     let mut counted = a.create_label();
@@ -191,31 +193,21 @@ pub(super) fn emit_capture(
 
     let meta = u32::from(c.slots) | u32::from(STACK_CAPTURED) << 8;
     a.mov(dword_ptr(r8 + S_STACK_SLOTS as i32), meta)?;
-    // Find the thread state whose thread_id is this thread's pthread_self().
-    a.mov(rdx, qword_ptr(0u64).fs())?;
-    a.mov(rax, c.interpreters_head)?;
-    a.mov(rax, qword_ptr(rax))?;
-    a.mov(ecx, MAX_TSTATE_STEPS)?;
-    a.set_label(&mut interp_loop)?;
-    a.test(rax, rax)?;
-    a.jz(finish)?;
-    a.mov(rsi, qword_ptr(rax + d(c.interp_threads_head)))?;
-    a.set_label(&mut thread_loop)?;
+    // This thread's own thread state, if its thread_id is this thread's pthread_self().
+    match c.current {
+        CurrentThreadState::ThreadLocal(offset) => {
+            a.mov(rsi, qword_ptr(i64::from(offset) as u64).fs())?
+        }
+        CurrentThreadState::GilHolder(address) => {
+            a.mov(rsi, address)?;
+            a.mov(rsi, qword_ptr(rsi))?;
+        }
+    }
     a.test(rsi, rsi)?;
-    a.jz(next_interp)?;
+    a.jz(finish)?;
+    a.mov(rdx, qword_ptr(0u64).fs())?;
     a.cmp(qword_ptr(rsi + d(c.tstate_thread_id)), rdx)?;
-    a.je(found)?;
-    a.dec(ecx)?;
-    a.jz(finish)?;
-    a.mov(rsi, qword_ptr(rsi + d(c.tstate_next)))?;
-    a.jmp(thread_loop)?;
-    a.set_label(&mut next_interp)?;
-    a.dec(ecx)?;
-    a.jz(finish)?;
-    a.mov(rax, qword_ptr(rax + d(c.interp_next)))?;
-    a.jmp(interp_loop)?;
-
-    a.set_label(&mut found)?;
+    a.jne(finish)?;
     a.or(byte_ptr(r8 + S_STACK_FLAGS as i32), u32::from(STACK_FOUND))?;
     match c.root {
         StackRoot::Direct(o) => a.mov(rsi, qword_ptr(rsi + d(o)))?,

@@ -16,10 +16,13 @@ use iced_x86::{BlockEncoderOptions, Code, Instruction, MemoryOperand, Register a
 use super::codegen::{build_trampoline, ThreadIdSource, Trampoline, TrampolineParams};
 use super::consumer::RingStack;
 use super::consumer::{DrainStop, RingReader};
-use super::layout::{init_ring, ring_bytes, string_area, H_HEAD, H_TAIL};
+use super::layout::{
+    init_ring, ring_bytes, string_area, H_HEAD, H_TAIL, THIN_COUNT, THIN_OFF, THIN_STACKLESS,
+};
 use super::site::{qualify_site, SitePlan, Tail};
 use super::stack::{
-    frames_for, StackCapture, StackFrame, StackRoot, MAX_STACK_SLOTS, MAX_WALK, PAIRS_PER_SLOT,
+    frames_for, CurrentThreadState, StackCapture, StackFrame, StackRoot, MAX_STACK_SLOTS, MAX_WALK,
+    PAIRS_PER_SLOT,
 };
 use super::BranchTargets;
 use crate::sdt::{evaluate, parse_args, ArgSpec, MemoryReader, RegFamily};
@@ -966,22 +969,25 @@ fn measure_ns_per_event() {
 // Stack capture against a fake interpreter laid out in the data zone.
 // ---------------------------------------------------------------------------------
 
-/// `_PyRuntime.interpreters.head` of the fake interpreter.
-const FAKE_HEAD: usize = 0x3000;
-const FAKE_INTERPS: usize = 0x3100; // two interpreters, 0x40 apart
+/// The fake interpreter's "current thread state" global.
+const FAKE_CURRENT: usize = 0x3000;
 const FAKE_TSTATES: usize = 0x3200; // tstates, 0x40 apart
 const FAKE_FRAMES: usize = 0x4000; // frames, 0x20 apart (up to 0x400 of them)
 const FRAME_STRIDE: usize = 0x20;
 
-/// Offsets of the fake structures: interp {next 8, threads 16}, tstate {next 8,
-/// thread_id 24, frame 32, cframe 40}, cframe {current 8}, frame {back 0, code 8,
-/// position 16, owner 24}.
+/// Offsets of the fake structures: tstate {thread_id 24, frame 32, cframe 40},
+/// cframe {current 8}, frame {back 0, code 8, position 16, owner 24}.
 fn fake_capture(region: &Region, root: StackRoot, slots: u8) -> StackCapture {
+    fake_capture_from(
+        CurrentThreadState::GilHolder(region.data(FAKE_CURRENT)),
+        root,
+        slots,
+    )
+}
+
+fn fake_capture_from(current: CurrentThreadState, root: StackRoot, slots: u8) -> StackCapture {
     StackCapture {
-        interpreters_head: region.data(FAKE_HEAD),
-        interp_next: 8,
-        interp_threads_head: 16,
-        tstate_next: 8,
+        current,
         tstate_thread_id: 24,
         root,
         frame: StackFrame {
@@ -1012,28 +1018,16 @@ fn put_frame(region: &Region, k: usize, back: u64, code: u64, position: u64, own
     put_u64(region, frame_at(k) + 24, u64::from(owner));
 }
 
-/// Two interpreters; the first has one thread state of another thread (whose
-/// `next` may loop onto itself), the second a foreign one then ours, whose frame
-/// root is `frame` (also written behind the `cframe` pointer).
-fn put_threads(region: &Region, ours: u64, frame: u64, self_loop: bool) {
-    let interp = |i: usize| FAKE_INTERPS + 0x40 * i;
+/// The current thread state (the global) is tstate 0, whose `thread_id` is `ours`
+/// and whose frame root is `frame` (also written behind the `cframe` pointer).
+fn put_threads(region: &Region, ours: u64, frame: u64) {
     let tstate = |i: usize| FAKE_TSTATES + 0x40 * i;
-    put_u64(region, FAKE_HEAD, region.data(interp(0)));
-    put_u64(region, interp(0) + 8, region.data(interp(1)));
-    put_u64(region, interp(0) + 16, region.data(tstate(0)));
-    put_u64(region, interp(1) + 8, 0);
-    put_u64(region, interp(1) + 16, region.data(tstate(1)));
-    let loop_to = if self_loop { region.data(tstate(0)) } else { 0 };
-    put_u64(region, tstate(0) + 8, loop_to);
-    put_u64(region, tstate(0) + 24, 0x1111);
-    put_u64(region, tstate(1) + 8, region.data(tstate(2)));
-    put_u64(region, tstate(1) + 24, 0x2222);
-    put_u64(region, tstate(2) + 8, 0);
-    put_u64(region, tstate(2) + 24, ours);
-    put_u64(region, tstate(2) + 32, frame);
-    // cframe at tstate(3): its current_frame (+8) is the frame.
-    put_u64(region, tstate(2) + 40, region.data(tstate(3)));
-    put_u64(region, tstate(3) + 8, frame);
+    put_u64(region, FAKE_CURRENT, region.data(tstate(0)));
+    put_u64(region, tstate(0) + 24, ours);
+    put_u64(region, tstate(0) + 32, frame);
+    // cframe at tstate(1): its current_frame (+8) is the frame.
+    put_u64(region, tstate(0) + 40, region.data(tstate(1)));
+    put_u64(region, tstate(1) + 8, frame);
 }
 
 /// Runs the site function once patched with a stack-capturing trampoline, checks
@@ -1102,6 +1096,11 @@ fn capture_runs(
     out
 }
 
+thread_local! {
+    /// Stands for CPython's `_Py_tss_tstate`.
+    static FAKE_TSS_TSTATE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 #[test]
 fn stack_capture_walks_a_fake_interpreter() {
     let region = Region::new();
@@ -1114,7 +1113,7 @@ fn stack_capture_walks_a_fake_interpreter() {
     put_frame(&region, 1, region.data(frame_at(2)), code(2), 22, 3);
     put_frame(&region, 2, region.data(frame_at(3)), 0, 33, 0);
     put_frame(&region, 3, 0, code(4) | 1, 44, 1);
-    put_threads(&region, me, region.data(frame_at(0)), false);
+    put_threads(&region, me, region.data(frame_at(0)));
     for root in [
         StackRoot::Direct(32),
         StackRoot::Indirect {
@@ -1129,7 +1128,7 @@ fn stack_capture_walks_a_fake_interpreter() {
     }
 
     // A NULL frame root: found, no frames. A NULL cframe: the same.
-    put_threads(&region, me, 0, false);
+    put_threads(&region, me, 0);
     let s = capture_once(
         &region,
         &f,
@@ -1141,7 +1140,7 @@ fn stack_capture_walks_a_fake_interpreter() {
         s.found && s.frames.is_empty() && s.depth == 0 && !s.truncated,
         "{s:?}"
     );
-    put_u64(&region, FAKE_TSTATES + 0x80 + 40, 0);
+    put_u64(&region, FAKE_TSTATES + 40, 0);
     let indirect = StackRoot::Indirect {
         pointer: 40,
         field: 8,
@@ -1149,8 +1148,8 @@ fn stack_capture_walks_a_fake_interpreter() {
     let s = capture_once(&region, &f, &ring, 16, &fake_capture(&region, indirect, 1));
     assert!(s.found && s.frames.is_empty() && s.depth == 0, "{s:?}");
 
-    // No thread state of ours, and a thread list that loops onto itself: bounded.
-    put_threads(&region, me ^ 0x40, region.data(frame_at(0)), true);
+    // The current thread state is another thread's: nothing is walked.
+    put_threads(&region, me ^ 0x40, region.data(frame_at(0)));
     let s = capture_once(
         &region,
         &f,
@@ -1159,8 +1158,8 @@ fn stack_capture_walks_a_fake_interpreter() {
         &fake_capture(&region, StackRoot::Direct(32), 1),
     );
     assert!(!s.found && s.frames.is_empty() && s.depth == 0, "{s:?}");
-    // No interpreter at all.
-    put_u64(&region, FAKE_HEAD, 0);
+    // No current thread state at all.
+    put_u64(&region, FAKE_CURRENT, 0);
     let s = capture_once(
         &region,
         &f,
@@ -1170,10 +1169,27 @@ fn stack_capture_walks_a_fake_interpreter() {
     );
     assert!(!s.found && s.frames.is_empty(), "{s:?}");
 
+    // The thread state read from a thread-local of this (test) executable.
+    put_threads(&region, me, region.data(frame_at(0)));
+    let tstate = region.data(FAKE_TSTATES);
+    FAKE_TSS_TSTATE.with(|t| t.set(tstate));
+    let offset = FAKE_TSS_TSTATE.with(|t| t.as_ptr() as u64).wrapping_sub(me) as i64;
+    let offset = i32::try_from(offset).expect("static TLS is near the thread pointer");
+    let from_tls = fake_capture_from(
+        CurrentThreadState::ThreadLocal(offset),
+        StackRoot::Direct(32),
+        1,
+    );
+    let s = capture_once(&region, &f, &ring, 16, &from_tls);
+    assert!(s.found && s.depth == 2, "{s:?}");
+    FAKE_TSS_TSTATE.with(|t| t.set(0));
+    let s = capture_once(&region, &f, &ring, 16, &from_tls);
+    assert!(!s.found && s.frames.is_empty(), "{s:?}");
+
     // A cycle of two frames: the walk stops at its bound, flagged, with the slots full.
     put_frame(&region, 0, region.data(frame_at(1)), code(1), 1, 0);
     put_frame(&region, 1, region.data(frame_at(0)), code(2), 2, 0);
-    put_threads(&region, me, region.data(frame_at(0)), false);
+    put_threads(&region, me, region.data(frame_at(0)));
     let s = capture_once(
         &region,
         &f,
@@ -1253,7 +1269,7 @@ fn stack_capture_walks_a_fake_interpreter() {
 fn stack_records_that_do_not_fit_are_lost_whole() {
     let region = Region::new();
     let f = assemble_site_fn(&region, Variant::Load, FLAGS_Z);
-    put_threads(&region, fs_base(), 0, false);
+    put_threads(&region, fs_base(), 0);
     let plan = plan_for(&region, &f);
     let ring = Ring::new(4);
     let p = probe("", &[]);
@@ -1296,7 +1312,7 @@ fn stack_records_that_do_not_fit_are_lost_whole() {
 fn a_stack_record_waits_for_room_instead_of_being_lost() {
     let region = Region::new();
     let f = assemble_site_fn(&region, Variant::Load, FLAGS_Z);
-    put_threads(&region, fs_base(), 0, false);
+    put_threads(&region, fs_base(), 0);
     let plan = plan_for(&region, &f);
     // Room for 4 records of 1 + 1 slots; the consumer drains every 50 µs.
     let ring = Ring::new(8);
@@ -1342,4 +1358,74 @@ fn a_stack_record_waits_for_room_instead_of_being_lost() {
     });
     restore(&region, &plan);
     assert_eq!(records, (40, 0), "(records, lost)");
+}
+
+#[test]
+fn a_thin_ring_records_stack_probes_without_their_stack() {
+    let region = Region::new();
+    let f = assemble_site_fn(&region, Variant::Load, FLAGS_Z);
+    put_frame(&region, 0, 0, 0x7000_0000_0100, 7, 0);
+    put_threads(&region, fs_base(), region.data(frame_at(0)));
+    let plan = plan_for(&region, &f);
+    restore(&region, &plan);
+    region.put(SNAP, &[0u8; SNAP_WORDS * 8]);
+    f.call();
+    let before = region.snapshot();
+    let ring = Ring::new(16);
+    let p = probe(ENTRY_STRINGS, &[true, true]);
+    let symbols = symbols_for(&region);
+    let capture = fake_capture(&region, StackRoot::Direct(32), 2);
+    let params = TrampolineParams {
+        probe_id: 9,
+        args: &p.args,
+        string_args: &p.strings,
+        ring_addr: ring.addr(),
+        capacity: 16,
+        tramp_addr: region.addr(ZONE_TRAMP),
+        tag_addr: region.data(TAG),
+        thread_id: ThreadIdSource::FsSelfPointer,
+        symbols: &symbols,
+        stack: Some(&capture),
+    };
+    let tramp = build_trampoline(&plan, &params).expect("trampoline");
+    region.write_code(ZONE_TRAMP, &tramp.code);
+    region.write_code((plan.site() - region.addr(0)) as usize, &tramp.patch);
+    let want = expected_args(&region, &f, &p, &before);
+    let mut reader = ring.reader();
+    for mode in [
+        THIN_STACKLESS,
+        THIN_OFF,
+        THIN_COUNT,
+        THIN_STACKLESS,
+        THIN_COUNT,
+    ] {
+        reader.set_thin(9, mode);
+        assert_eq!(reader.thin(9), mode);
+        let (head, counted) = (reader.head(), reader.counted(9));
+        region.put(SNAP, &[0u8; SNAP_WORDS * 8]);
+        f.call();
+        assert_eq!(region.snapshot(), before, "thin {mode}: the site's state");
+        // Stackless: one slot; with the stack 1 + 2 slots; counted: none.
+        let slots = [3, 1, 0][usize::from(mode)];
+        assert_eq!(reader.head() - head, slots, "thin {mode}");
+        assert_eq!(
+            reader.counted(9) - counted,
+            u64::from(mode == THIN_COUNT),
+            "thin {mode}"
+        );
+        let mut seen = 0;
+        reader.drain(usize::MAX, |r| {
+            seen += 1;
+            assert_eq!(r.args[..r.nargs], want[..], "thin {mode}");
+            match (&r.stack, mode) {
+                (None, THIN_STACKLESS) => {}
+                (Some(s), THIN_OFF) => assert_eq!(s.frames, [(0x7000_0000_0100, 7)]),
+                (s, _) => panic!("thin {mode}: stack {s:?}"),
+            }
+        });
+        assert_eq!(seen, u64::from(mode != THIN_COUNT));
+    }
+    assert_eq!(reader.counted(9), 2);
+    assert_eq!(reader.lost(), 0);
+    restore(&region, &plan);
 }

@@ -39,8 +39,12 @@ pub fn render_text(stacks: &[ThreadStack]) -> String {
         let tid = thread
             .native_tid
             .map_or_else(|| "tid unknown".to_owned(), |t| format!("tid {t}"));
+        let gil = match thread.holds_gil {
+            Some(true) => ", holding the GIL",
+            _ => "",
+        };
         out.push_str(&format!(
-            "Thread {tid}, ident {:#x} (most recent call last):\n",
+            "Thread {tid}, ident {:#x}{gil} (most recent call last):\n",
             thread.thread_id
         ));
         if thread.frames.is_empty() && !thread.truncated {
@@ -71,6 +75,7 @@ pub fn render_json(walker: &Walker, stacks: &[ThreadStack]) -> String {
                 "thread_id": t.thread_id,
                 "thread_state": format!("{:#x}", t.thread_state),
                 "truncated": t.truncated,
+                "holds_gil": t.holds_gil,
                 "frames": t.frames.iter().map(|f| json!({
                     "function": &*f.function,
                     "file": &*f.file,

@@ -6,8 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use crate::analyze::FunctionSource;
-use crate::output::report::{build_report, render_json, render_table, ReportOptions, SortKey};
+use crate::analyze::{FunctionSource, SampleFilter};
+use crate::output::report::{
+    build_report_filtered, render_json, render_table, ReportOptions, SortKey,
+};
 use crate::record::{Completion, RecordingReader};
 
 /// `--sort` left open picks what the recording can sort by.
@@ -16,13 +18,15 @@ pub struct ReportRequest {
     pub limit: Option<usize>,
     pub include: Vec<String>,
     pub exclude: Vec<String>,
+    /// Which samples count (`--idle`, `--gil`).
+    pub samples: SampleFilter,
 }
 
 pub fn run(file: &Path, request: &ReportRequest, json: bool) -> Result<ExitCode> {
     let mut reader =
         RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let report =
-        build_report(&mut reader).with_context(|| format!("cannot read {}", file.display()))?;
+    let report = build_report_filtered(&mut reader, request.samples)
+        .with_context(|| format!("cannot read {}", file.display()))?;
     if let Completion::Truncated { offset } = reader.completion() {
         eprintln!(
             "pyprobe: note: {} was cut short (no end marker): read every whole chunk before offset {offset}",

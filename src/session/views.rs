@@ -9,15 +9,18 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
+use crate::analyze::{SampleFilter, SampleTally, SliceFilter};
 use crate::output::calls::{write_calls, CallsOptions};
 use crate::output::chrome::{write_chrome, ChromeOptions};
-use crate::output::file::{partial_path, Output, Stdout};
+use crate::output::file::{check, first_free, numbered, partial_path, Existing, Output, Stdout};
 use crate::output::flame::{
-    choose_measure, read_folded, write_collapsed, write_svg, By, FrameNames, SvgOptions, ViewError,
+    choose_measure, read_folded_filtered, write_collapsed, write_svg, By, FrameNames, SvgOptions,
+    ViewError,
 };
-use crate::output::report::build_report;
+use crate::output::report::build_report_filtered;
 use crate::output::speedscope::{write_speedscope, SpeedscopeOptions};
 use crate::output::top::{render_text, run_tui, snapshot_between, Snapshot, TopSort, ViewState};
+use crate::output::Census;
 use crate::record::{Completion, RecordingReader};
 
 /// Output formats of `pyprobe flame`.
@@ -45,6 +48,46 @@ impl FlameFormat {
         }
     }
 
+    /// File name extensions (lower case) an output of this format may have.
+    fn extensions(self) -> &'static [&'static str] {
+        match self {
+            FlameFormat::Svg => &["svg"],
+            FlameFormat::Collapsed => &["txt", "folded"],
+            FlameFormat::Speedscope | FlameFormat::Chrome => &["json"],
+        }
+    }
+
+    /// The format an output named `path` gets when none is asked for: `.svg`
+    /// flame graph, `.txt` (or `.folded`) collapsed stacks, `.json` speedscope.
+    pub fn for_extension(path: &Path) -> Option<FlameFormat> {
+        match extension(path).as_deref() {
+            Some("svg") => Some(FlameFormat::Svg),
+            Some("txt" | "folded") => Some(FlameFormat::Collapsed),
+            Some("json") => Some(FlameFormat::Speedscope),
+            _ => None,
+        }
+    }
+
+    /// What it is, in a few words.
+    fn short(self) -> &'static str {
+        match self {
+            FlameFormat::Svg => "flame graph (SVG)",
+            FlameFormat::Collapsed => "collapsed stacks (text)",
+            FlameFormat::Speedscope => "speedscope profile (JSON)",
+            FlameFormat::Chrome => "Chrome trace (JSON)",
+        }
+    }
+
+    /// The `--format` value naming it.
+    fn flag(self) -> &'static str {
+        match self {
+            FlameFormat::Svg => "svg",
+            FlameFormat::Collapsed => "collapsed",
+            FlameFormat::Speedscope => "speedscope",
+            FlameFormat::Chrome => "chrome",
+        }
+    }
+
     fn what(self) -> &'static str {
         match self {
             FlameFormat::Svg => "flame graph (open it in a browser)",
@@ -55,6 +98,20 @@ impl FlameFormat {
     }
 }
 
+/// The extension of `path`, in lower case.
+pub fn extension(path: &Path) -> Option<String> {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+}
+
+/// Whether `path` is a FIFO now (links followed): whatever it is named, it takes
+/// any format.
+pub fn is_fifo(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
+}
+
 /// What `pyprobe flame` was asked to do.
 #[derive(Debug, Clone, Default)]
 pub struct FlameRequest {
@@ -62,10 +119,73 @@ pub struct FlameRequest {
     pub file: PathBuf,
     /// Where to write; `-` for standard output; default beside the recording.
     pub output: Option<PathBuf>,
-    pub format: FlameFormat,
+    /// `None`: as the output's extension says, else SVG.
+    pub format: Option<FlameFormat>,
     pub title: Option<String>,
     pub full_paths: bool,
     pub by: By,
+    /// Which samples count (`--idle`, `--gil`).
+    pub samples: SampleFilter,
+    /// Replace an existing output.
+    pub force: bool,
+    /// What the trace exports keep (`--include`, `--exclude`, `--min-duration`).
+    pub filter: SliceFilter,
+}
+
+/// Exports estimated larger than this many bytes are announced before they are
+/// written, with the filters that shrink them. `PYPROBE_LARGE_VIEW_BYTES`
+/// overrides it, for tests.
+const LARGE_VIEW_BYTES: u64 = 200_000_000;
+
+fn large_view_bytes() -> u64 {
+    std::env::var("PYPROBE_LARGE_VIEW_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(LARGE_VIEW_BYTES)
+}
+
+/// `bytes` for people: `230 MB`, `1.6 GB`.
+fn human_bytes(bytes: u64) -> String {
+    match bytes {
+        b if b >= 10_000_000_000 => format!("{} GB", b / 1_000_000_000),
+        b if b >= 1_000_000_000 => format!("{:.1} GB", b as f64 / 1e9),
+        b if b >= 100_000_000 => format!("{} MB", b / 1_000_000),
+        b if b >= 1_000_000 => format!("{:.1} MB", b as f64 / 1e6),
+        b if b >= 1_000 => format!("{} kB", b / 1_000),
+        b => format!("{b} bytes"),
+    }
+}
+
+/// Says on stderr, before it is written, that an export will be large, and how
+/// to make it smaller.
+fn warn_if_large(format: FlameFormat, census: &Census, filtered: bool) {
+    let bytes = match format {
+        FlameFormat::Chrome => census.chrome_bytes(),
+        FlameFormat::Speedscope => census.speedscope_bytes(),
+        FlameFormat::Svg | FlameFormat::Collapsed => return,
+    };
+    if bytes <= large_view_bytes() {
+        return;
+    }
+    let what = match format {
+        FlameFormat::Chrome => "Chrome trace",
+        _ => "speedscope file",
+    };
+    eprintln!(
+        "pyprobe: warning: the {what} will be about {} ({} calls and {} samples of the \
+         recording's {} events{}); viewers slow down past a few hundred MB: --min-duration \
+         (e.g. 100us) drops shorter calls, --include/--exclude GLOB keep or drop functions by \
+         file",
+        human_bytes(bytes),
+        census.calls,
+        census.samples,
+        census.events,
+        if filtered {
+            ", with the filters given"
+        } else {
+            ""
+        },
+    );
 }
 
 fn open(file: &Path) -> Result<RecordingReader<io::BufReader<File>>> {
@@ -92,13 +212,23 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
-/// Renders `request.file` in `request.format` to `out`.
-fn render(request: &FlameRequest, out: &mut dyn Write) -> Result<()> {
+/// Says which samples a view counted and what it left out, unless it was all of them.
+fn note_samples(tally: &SampleTally) {
+    if tally.left_out() > 0 || tally.cpu_unknown > 0 || tally.filter != SampleFilter::default() {
+        for line in tally.notes() {
+            eprintln!("pyprobe: {line}");
+        }
+    }
+}
+
+/// Renders `request.file` in `format` to `out`.
+fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> Result<()> {
     let file = &request.file;
     let mut reader = open(file)?;
-    match request.format {
+    let filtered = !request.filter.is_empty();
+    let tally = match format {
         FlameFormat::Svg | FlameFormat::Collapsed => {
-            let (folded, info) = read_folded(&mut reader)
+            let (folded, info) = read_folded_filtered(&mut reader, request.samples)
                 .with_context(|| format!("cannot read {}", file.display()))?;
             note_cut_short(&reader, file);
             let (measure, note) = choose_measure(&folded, &info.header, request.by);
@@ -107,7 +237,7 @@ fn render(request: &FlameRequest, out: &mut dyn Write) -> Result<()> {
             }
             let names =
                 FrameNames::new(reader.strings(), request.full_paths).with_header(&info.header);
-            if request.format == FlameFormat::Svg {
+            if format == FlameFormat::Svg {
                 let options = SvgOptions {
                     title: request.title.as_deref(),
                 };
@@ -115,35 +245,51 @@ fn render(request: &FlameRequest, out: &mut dyn Write) -> Result<()> {
             } else {
                 write_collapsed(&folded, measure, &names, &mut *out)?;
             }
+            folded.tally
         }
         FlameFormat::Speedscope => {
             let options = SpeedscopeOptions {
                 full_paths: request.full_paths,
+                samples: request.samples,
+                filter: request.filter.clone(),
                 ..SpeedscopeOptions::default()
             };
-            write_speedscope(&mut reader, &options, &mut *out)
+            let before = |c: &Census| warn_if_large(format, c, filtered);
+            let tally = write_speedscope(&mut reader, &options, before, &mut *out)
                 .with_context(|| format!("cannot convert {}", file.display()))?;
             note_cut_short(&reader, file);
+            tally
         }
         FlameFormat::Chrome => {
             let options = ChromeOptions {
                 full_paths: request.full_paths,
+                samples: request.samples,
+                filter: request.filter.clone(),
             };
-            write_chrome(&mut reader, &options, &mut *out)
+            let before = |c: &Census| warn_if_large(format, c, filtered);
+            let tally = write_chrome(&mut reader, &options, before, &mut *out)
                 .with_context(|| format!("cannot convert {}", file.display()))?;
             note_cut_short(&reader, file);
+            tally
         }
-    }
+    };
+    note_samples(&tally);
     out.flush()?;
     Ok(())
 }
 
 /// Writes the view to `path` (a FIFO, or a new file renamed over `path` once the
 /// view is complete: a failure leaves whatever was at `path` untouched).
-fn render_to_file(request: &FlameRequest, path: &Path, stdout: Stdout) -> Result<()> {
-    let output = Output::replace(path, stdout)?;
+fn render_to_file(
+    request: &FlameRequest,
+    format: FlameFormat,
+    path: &Path,
+    stdout: Stdout,
+    existing: Existing,
+) -> Result<()> {
+    let output = Output::replace(path, stdout, existing)?;
     let mut out = BufWriter::new(output.file());
-    render(request, &mut out)
+    render(request, format, &mut out)
         .and_then(|()| out.flush().context("cannot write the output"))
         .with_context(|| format!("cannot write {}", path.display()))?;
     drop(out);
@@ -160,25 +306,98 @@ fn default_output(file: &Path, format: FlameFormat) -> PathBuf {
     file.with_file_name(format!("{stem}{}", format.suffix()))
 }
 
+/// The format to write: `--format`, else what the output's extension says, else
+/// SVG. An output named for another format is refused (a FIFO takes any).
+fn flame_format(request: &FlameRequest) -> Result<FlameFormat> {
+    let named = request
+        .output
+        .as_deref()
+        .filter(|p| p.as_os_str() != "-" && !is_fifo(p));
+    let Some(out) = named else {
+        return Ok(request.format.unwrap_or_default());
+    };
+    // What OUT is first (a device, a directory): its name is beside the point.
+    check(out, Stdout::Allowed, Existing::Replace)?;
+    match request.format {
+        Some(format) => {
+            let fits = extension(out).is_some_and(|e| format.extensions().contains(&e.as_str()));
+            if !fits {
+                let endings: Vec<String> = format
+                    .extensions()
+                    .iter()
+                    .map(|e| format!(".{e}"))
+                    .collect();
+                bail!(
+                    "{} does not fit --format {}, which writes a {}: name the output {}, or \
+                     `-o -` for standard output",
+                    out.display(),
+                    format.flag(),
+                    format.short(),
+                    endings.join(" or ")
+                );
+            }
+            Ok(format)
+        }
+        None => FlameFormat::for_extension(out).ok_or_else(|| {
+            anyhow::anyhow!(
+                "pyprobe flame cannot tell what to write to {} from its extension: name it \
+                 .svg (flame graph), .txt (collapsed stacks) or .json (speedscope; a Chrome trace \
+                 with --format chrome), or give --format",
+                out.display()
+            )
+        }),
+    }
+}
+
 /// `pyprobe flame FILE`.
 pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
+    let format = flame_format(request)?;
+    if !request.filter.is_empty()
+        && !matches!(format, FlameFormat::Chrome | FlameFormat::Speedscope)
+    {
+        bail!(
+            "--include, --exclude and --min-duration filter the trace exports (--format chrome \
+             or speedscope), not a {}",
+            format.short()
+        );
+    }
+    let existing = if request.force {
+        Existing::Replace
+    } else {
+        Existing::Keep
+    };
     match &request.output {
         Some(p) if p.as_os_str() == "-" => {
             let stdout = io::stdout();
             let mut out = BufWriter::new(stdout.lock());
-            match render(request, &mut out) {
+            match render(request, format, &mut out) {
                 Err(e) if is_broken_pipe(&e) => {}
                 other => other?,
             }
         }
-        output => {
-            let path = output
-                .clone()
-                .unwrap_or_else(|| default_output(&request.file, request.format));
-            render_to_file(request, &path, Stdout::Allowed)?;
+        Some(path) => {
+            render_to_file(request, format, path, Stdout::Allowed, existing)?;
+            eprintln!("pyprobe: wrote the {} to {}", format.what(), path.display());
+        }
+        None => {
+            // Beside the recording, under the next free name unless --force.
+            let base = default_output(&request.file, format);
+            let path = match existing {
+                Existing::Replace => base.clone(),
+                Existing::Keep => first_free(|n| numbered(&base, format.suffix(), n), false)
+                    .with_context(|| {
+                        format!("cannot find a free name beside {}", base.display())
+                    })?,
+            };
+            render_to_file(request, format, &path, Stdout::Allowed, existing)?;
+            let taken = if path == base {
+                String::new()
+            } else {
+                format!(" ({} exists; --force replaces it)", base.display())
+            };
             eprintln!(
-                "pyprobe: wrote the {} to {}",
-                request.format.what(),
+                "pyprobe: wrote the {} to {}{taken}",
+                format.what(),
                 path.display()
             );
         }
@@ -187,22 +406,26 @@ pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
 }
 
 /// Writes the view `out`'s extension names (`.svg` flame graph, `.json`
-/// speedscope, `.txt` folded stacks) from the recording at `recording`.
-/// Returns `false`, writing nothing, for any other extension.
-pub fn write_view_for_extension(recording: &Path, out: &Path) -> Result<bool> {
-    let format = match out.extension().and_then(|e| e.to_str()) {
-        Some("svg") => FlameFormat::Svg,
-        Some("json") => FlameFormat::Speedscope,
-        Some("txt") => FlameFormat::Collapsed,
-        _ => return Ok(false),
+/// speedscope, `.txt` or `.folded` collapsed stacks) from the recording at
+/// `recording`, with the samples `samples` keeps. Returns `false`, writing
+/// nothing, for any other extension.
+pub fn write_view_for_extension(
+    recording: &Path,
+    out: &Path,
+    samples: SampleFilter,
+    existing: Existing,
+) -> Result<bool> {
+    let Some(format) = FlameFormat::for_extension(out) else {
+        return Ok(false);
     };
     let request = FlameRequest {
         file: recording.to_path_buf(),
         output: Some(out.to_path_buf()),
-        format,
+        format: Some(format),
+        samples,
         ..FlameRequest::default()
     };
-    render_to_file(&request, out, Stdout::Refused)?;
+    render_to_file(&request, format, out, Stdout::Refused, existing)?;
     Ok(true)
 }
 
@@ -269,6 +492,8 @@ pub struct TopRequest {
     pub interval: f64,
     pub limit: usize,
     pub once: bool,
+    /// Which samples count (`--idle`, `--gil`).
+    pub samples: SampleFilter,
 }
 
 /// Opens a recording that may still be written: its `.partial` while the recorder
@@ -288,12 +513,12 @@ fn open_live(
 
 /// A data source reading a recording again at each refresh: the numbers cover
 /// what was added since the previous one.
-fn recording_source(file: PathBuf) -> impl FnMut() -> Snapshot {
+fn recording_source(file: PathBuf, samples: SampleFilter) -> impl FnMut() -> Snapshot {
     let mut previous = None;
     move || {
         let report = open_live(&file)
             .map_err(anyhow::Error::from)
-            .and_then(|mut r| build_report(&mut r).map_err(anyhow::Error::from));
+            .and_then(|mut r| build_report_filtered(&mut r, samples).map_err(anyhow::Error::from));
         match report {
             Ok(report) => {
                 let mut s = snapshot_between(previous.as_ref(), &report);
@@ -350,6 +575,8 @@ struct AllProcesses {
     watched: std::collections::HashMap<i32, Watched>,
     /// Processes found not to be (readable) Python, until they end.
     not_python: std::collections::HashSet<i32>,
+    /// Which samples count.
+    samples: SampleFilter,
 }
 
 impl AllProcesses {
@@ -389,6 +616,8 @@ impl AllProcesses {
                     &TOP_SAMPLE_RATE.to_string(),
                     "-p",
                     &pid.to_string(),
+                    // A pid used again while `top --all` runs: its own file.
+                    "--force",
                     "-o",
                 ])
                 .arg(&recording)
@@ -398,7 +627,7 @@ impl AllProcesses {
                 .spawn();
             match recorder {
                 Ok(recorder) => {
-                    let source = Box::new(recording_source(recording));
+                    let source = Box::new(recording_source(recording, self.samples));
                     self.watched.insert(pid, Watched { recorder, source });
                 }
                 Err(_) => {
@@ -408,6 +637,7 @@ impl AllProcesses {
         }
         let mut merged = Snapshot {
             mode: crate::output::top::TopMode::Sample,
+            filter: self.samples,
             ..Snapshot::default()
         };
         for w in self.watched.values_mut() {
@@ -418,6 +648,8 @@ impl AllProcesses {
             merged.imports_per_s += s.imports_per_s;
             merged.events += s.events;
             merged.samples += s.samples;
+            merged.left_out += s.left_out;
+            merged.state_unknown += s.state_unknown;
             merged.lost += s.lost;
         }
         merged.status = Some(format!("{} Python processes watched", self.watched.len()));
@@ -438,13 +670,19 @@ impl AllProcesses {
 
 /// `top --all`: every Python process this user may trace; processes that start or
 /// end while it runs come and go at the next refresh.
-fn all_top(interval: Duration, limit: usize, once: bool) -> Result<ExitCode> {
+fn all_top(
+    interval: Duration,
+    limit: usize,
+    once: bool,
+    samples: SampleFilter,
+) -> Result<ExitCode> {
     let mut all = AllProcesses {
         dir: tempfile::tempdir().context("cannot create a temporary directory")?,
         exe: std::env::current_exe().context("cannot find pyprobe's own executable")?,
         me: std::process::id() as i32,
         watched: Default::default(),
         not_python: Default::default(),
+        samples,
     };
     let shown = if once {
         all.refresh();
@@ -480,7 +718,7 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
         if once {
             let mut reader =
                 open_live(file).with_context(|| format!("cannot read {}", file.display()))?;
-            let report = build_report(&mut reader)
+            let report = build_report_filtered(&mut reader, request.samples)
                 .with_context(|| format!("cannot read {}", file.display()))?;
             let snapshot = snapshot_between(None, &report);
             print_snapshot(&snapshot, limit)?;
@@ -492,17 +730,23 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
             interval,
             limit,
         };
-        run_tui(recording_source(file.clone()), state).context("the terminal view failed")?;
+        run_tui(recording_source(file.clone(), request.samples), state)
+            .context("the terminal view failed")?;
         return Ok(ExitCode::SUCCESS);
     }
     if request.all {
-        return all_top(interval, limit, once);
+        return all_top(interval, limit, once, request.samples);
     }
     if !request.command.is_empty() {
         if once {
             bail!("`top --once -- CMD` is not supported: record it (`pyprobe record -- CMD`) and use `top --from`");
         }
-        return live_top(Watch::Command(&request.command), interval, limit);
+        return live_top(
+            Watch::Command(&request.command),
+            interval,
+            limit,
+            request.samples,
+        );
     }
     let Some(pid) = request.pid else {
         eprintln!(
@@ -511,7 +755,7 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
         return Ok(ExitCode::from(2));
     };
     if !once {
-        return live_top(Watch::Pid(pid), interval, limit);
+        return live_top(Watch::Pid(pid), interval, limit, request.samples);
     }
     // One snapshot of a live process: record it for one interval, sampling
     // stacks (GC and imports exact where the build has their probes).
@@ -533,7 +777,8 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
         return Ok(code);
     }
     let mut reader = open(&recording)?;
-    let report = build_report(&mut reader).context("cannot read the snapshot's recording")?;
+    let report = build_report_filtered(&mut reader, request.samples)
+        .context("cannot read the snapshot's recording")?;
     print_snapshot(&snapshot_between(None, &report), limit)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -548,7 +793,12 @@ enum Watch<'a> {
     Command(&'a [String]),
 }
 
-fn live_top(watch: Watch, interval: Duration, limit: usize) -> Result<ExitCode> {
+fn live_top(
+    watch: Watch,
+    interval: Duration,
+    limit: usize,
+    samples: SampleFilter,
+) -> Result<ExitCode> {
     let target = match &watch {
         Watch::Pid(pid) => {
             crate::process::status::check_inspectable(*pid)?;
@@ -602,7 +852,7 @@ fn live_top(watch: Watch, interval: Duration, limit: usize) -> Result<ExitCode> 
         interval,
         limit,
     };
-    let shown = run_tui(recording_source(recording.clone()), state);
+    let shown = run_tui(recording_source(recording.clone(), samples), state);
     // SAFETY: plain kill(2) of our own child.
     unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
     if let Watch::Command(_) = watch {

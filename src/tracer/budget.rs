@@ -54,6 +54,8 @@ pub struct Budget {
     exact_total: u64,
     start: u64,
     windows: u64,
+    /// Stopped time charged over the whole run (clamped as in `poll`).
+    stopped_total: u64,
 }
 
 impl Budget {
@@ -76,7 +78,25 @@ impl Budget {
             exact_total: 0,
             start: now,
             windows: 1,
+            stopped_total: 0,
         }
+    }
+
+    /// Goes off without waiting for the slowdown to show it (the caller knows
+    /// better: a backlog it cannot keep up with), or takes back an `On` just given
+    /// (the caller came down one step of its own ladder instead): the slowdown
+    /// must recover before the next `On`.
+    pub fn stay_off(&mut self) {
+        if self.exact {
+            self.exact = false;
+            self.exact_since = None;
+            self.windows = self.windows.saturating_sub(1);
+        }
+    }
+
+    /// The slowdown allowed (0.05 for 5 %).
+    pub fn max(&self) -> f64 {
+        self.max
     }
 
     /// Whether the budgeted probes are on now.
@@ -136,6 +156,7 @@ impl Budget {
         let sampled = (self.new_sampled as f64).min(stopped);
         self.new_stopped = 0;
         self.new_sampled = 0;
+        self.stopped_total = self.stopped_total.saturating_add(stopped as u64);
         self.stopped_acc = self.stopped_acc * decay + stopped;
         self.sampled_acc = self.sampled_acc * decay + sampled;
         self.elapsed_acc = self.elapsed_acc * decay + dt as f64;
@@ -164,6 +185,13 @@ impl Budget {
         }
         let open = self.exact_since.map_or(0, |s| now.saturating_sub(s));
         ((self.exact_total + open) as f64 / total as f64).min(1.0)
+    }
+
+    /// Slowdown over the whole run so far: time stopped for pyprobe over time run.
+    pub fn overall_slowdown(&self, now: u64) -> f64 {
+        let total = now.saturating_sub(self.start);
+        let run = total.saturating_sub(self.stopped_total).max(1);
+        self.stopped_total as f64 / run as f64
     }
 
     /// Exact windows opened so far (the first one included).

@@ -28,6 +28,7 @@ use super::safety_net::{self, SafetyNet};
 use super::signals::{
     arm_tick, jitter, monotonic_ns, stop_requested, take_tick, until_deadline_ns, StopReason,
 };
+use crate::record::ThinLevel;
 
 mod ring;
 mod throttle;
@@ -54,8 +55,8 @@ pub struct Hit<'a> {
     /// The thread's stack as the ring trampoline captured it (stack probes served
     /// by the ring); `None` at an `int3` stop, where the caller can read it itself.
     pub stack: Option<&'a crate::ring::consumer::RingStack>,
-    /// The thread is held at the hit (an `int3` stop) while the sink runs: its
-    /// state can be read. A ring hit was published while the thread ran on.
+    /// The thread is held at an `int3` stop for this hit (else the hit came
+    /// through a ring, and the thread has gone on).
     pub stopped: bool,
 }
 
@@ -120,8 +121,37 @@ pub enum TraceEvent<'a> {
         pid: i32,
         ts_ns: u64,
     },
-    /// Something the user should know (a child cleaned, a signal, ...).
+    /// Something the user should know (a child cleaned, a signal, a fallback ...).
     Notice(String),
+    /// Over the overhead budget, GC, import and audit events go as `level` says
+    /// until further notice: thinned, the sink must not read stacks at stops.
+    Thinning {
+        pid: i32,
+        ts_ns: u64,
+        level: ThinLevel,
+    },
+    /// `count` hits of probe `probe` of `pid` were counted in the target instead of
+    /// recorded (thinned to stay within the overhead budget): no arguments, no stack.
+    Counted {
+        pid: i32,
+        probe: usize,
+        probe_name: &'a str,
+        count: u64,
+        ts_ns: u64,
+    },
+    /// One drain of `pid`'s ring is over: the hits it gave came before.
+    RingDrained {
+        pid: i32,
+    },
+    /// A site-level fact for whoever asks for details (`record -v`): how many
+    /// sites went to the ring, which stay on int3 and why.
+    Detail(String),
+    /// A notice in two lengths: `short` says what changes for the user (e.g. how
+    /// many sites are not traced), `full` also names each site and why (`-v`).
+    Summarised {
+        short: String,
+        full: String,
+    },
     /// `count` probe hits of `pid` were dropped (its ring was full).
     Lost {
         pid: i32,
@@ -129,11 +159,14 @@ pub enum TraceEvent<'a> {
         ts_ns: u64,
     },
     /// Time to take a sample of process `pid`; `stopped`: every thread is held in a
-    /// ptrace-stop until the sink returns.
+    /// ptrace-stop until the sink returns. `on_cpu`: whether each of its threads was on
+    /// a CPU, read from the kernel before anything was stopped (a thread missing was
+    /// not readable).
     Tick {
         pid: i32,
         ts_ns: u64,
         stopped: bool,
+        on_cpu: Vec<(i32, bool)>,
     },
     /// The overhead budget turned the budgeted probes on (`exact`) or off, in every
     /// traced process.
@@ -204,6 +237,9 @@ enum StopKind {
     InSyscall,
     /// A vfork parent: resumed, it waits in the kernel until its child execs.
     Vfork,
+    /// On its way out (PTRACE_EVENT_EXIT): nothing may be injected, it will not
+    /// return to the program.
+    Exiting,
 }
 
 #[derive(Debug)]
@@ -291,6 +327,18 @@ pub struct Engine {
     hit_buffers: HitBuffers,
     /// The overhead budget, once budgeted probes are installed.
     budget: Option<Budget>,
+    /// Ring set-up done during the current stop (not charged to the budget), and
+    /// over the whole run.
+    setup_in_stop_ns: u64,
+    setup_total_ns: u64,
+    /// Times counting thinned audit events proved too costly since stacks were
+    /// last on.
+    uncount_strikes: u32,
+    /// Events counted in the target since thinning last changed.
+    counted_since_thin: u64,
+    /// Over budget: how stack probes record, and since when.
+    thin: ThinLevel,
+    thinned_at: u64,
     kernel_cost: KernelCost,
     /// When the current wait status was collected (budget accounting).
     last_wait_ns: u64,
@@ -313,6 +361,7 @@ fn trace_options() -> Options {
         | Options::PTRACE_O_TRACEFORK
         | Options::PTRACE_O_TRACEVFORK
         | Options::PTRACE_O_TRACEEXEC
+        | Options::PTRACE_O_TRACEEXIT
         | Options::PTRACE_O_TRACESYSGOOD
 }
 
@@ -355,6 +404,12 @@ impl Engine {
             hits: 0,
             hit_buffers: HitBuffers::default(),
             budget: None,
+            thin: ThinLevel::Full,
+            thinned_at: 0,
+            setup_in_stop_ns: 0,
+            setup_total_ns: 0,
+            uncount_strikes: 0,
+            counted_since_thin: 0,
             // Measured before touching the target, so it pays nothing for it.
             kernel_cost: match options.max_overhead {
                 Some(_) => calibrate::stop_cycle_ns()
@@ -626,7 +681,11 @@ impl Engine {
         if self.options.sample_interval_ns.is_none() {
             return Ok(());
         }
-        if self.budget.as_ref().is_some_and(|b| b.exact()) {
+        let functions_traced = self
+            .procs
+            .values()
+            .any(|p| !p.patches.set.budgeted.is_empty());
+        if functions_traced && self.budget.as_ref().is_some_and(|b| b.exact()) {
             // An exact window: the probes say it all, a sample would be thrown away.
             self.poll_budget(sink);
             return Ok(());
@@ -649,10 +708,12 @@ impl Engine {
             // what it published meanwhile is drained by the event loop, under its
             // back-pressure.
             for pid in pids {
+                let on_cpu = self.cpu_states(pid);
                 sink(TraceEvent::Tick {
                     pid,
                     ts_ns: monotonic_ns(),
                     stopped: false,
+                    on_cpu,
                 });
             }
         }
@@ -675,6 +736,11 @@ impl Engine {
         // group-stop stay parked (their stacks do not move).
         let running = |t: &Thread| matches!(t.state, ThreadState::Running | ThreadState::New);
         let mut interrupted = std::collections::HashSet::new();
+        // Before the stop, which would show every thread as stopped.
+        let mut on_cpu: HashMap<i32, Vec<(i32, bool)>> = left
+            .iter()
+            .map(|&pid| (pid, self.cpu_states(pid)))
+            .collect();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             for (&tid, thread) in &self.threads {
@@ -707,6 +773,7 @@ impl Engine {
                     pid,
                     ts_ns: monotonic_ns(),
                     stopped: true,
+                    on_cpu: on_cpu.remove(&pid).unwrap_or_default(),
                 });
                 self.resume_process(pid);
                 if let Some(b) = self.budget.as_mut() {
@@ -753,6 +820,32 @@ impl Engine {
                 bail!("the target's threads did not stop within 10 s");
             }
         }
+    }
+
+    /// Whether each thread of process `pid` is on a CPU (running or runnable), from
+    /// the kernel's scheduler state. A thread in a ptrace-stop of pyprobe's own (a
+    /// probe hit, an interrupt) was caught running; one in a group-stop (SIGSTOP) or a
+    /// vfork wait was not.
+    fn cpu_states(&self, pid: i32) -> Vec<(i32, bool)> {
+        self.threads
+            .iter()
+            .filter(|(_, t)| t.tgid == pid)
+            .filter_map(|(&tid, t)| {
+                let on_cpu = match crate::process::status::task_state(pid, tid)? {
+                    'R' => true,
+                    't' => !matches!(
+                        t.state,
+                        ThreadState::Listening
+                            | ThreadState::Stopped {
+                                kind: StopKind::Group | StopKind::Vfork,
+                                ..
+                            }
+                    ),
+                    _ => false,
+                };
+                Some((tid, on_cpu))
+            })
+            .collect()
     }
 
     /// Handles one wait status. While `holding` (stopping everyone), stopped threads
@@ -819,6 +912,7 @@ impl Engine {
         const VFORK: i32 = Event::PTRACE_EVENT_VFORK as i32;
         const EXEC: i32 = Event::PTRACE_EVENT_EXEC as i32;
         const STOP: i32 = Event::PTRACE_EVENT_STOP as i32;
+        const EXIT: i32 = Event::PTRACE_EVENT_EXIT as i32;
         match event {
             CLONE | FORK | VFORK => {
                 let new = ptrace::getevent(Pid::from_raw(tid)).unwrap_or(0) as i32;
@@ -889,6 +983,13 @@ impl Engine {
                 self.resume_or_hold(tgid, None, StopKind::InSyscall, holding);
             }
             STOP => self.handle_stop_event(tid, sig, holding, sink),
+            EXIT => {
+                // The process's memory is still there: what its ring holds is read
+                // and named now, not after the process is gone (stacks captured in
+                // the target are named by reading their code objects).
+                while self.drain_rings(sink) > 0 {}
+                self.resume_or_hold(tid, None, StopKind::Exiting, holding);
+            }
             _ => self.resume_or_hold(tid, None, StopKind::InSyscall, holding),
         }
         Ok(())
@@ -1265,7 +1366,7 @@ impl Engine {
                 StopKind::Interrupt => Some(0),
                 StopKind::Signal => Some(1),
                 StopKind::Group => Some(2),
-                StopKind::InSyscall | StopKind::Vfork => None,
+                StopKind::InSyscall | StopKind::Vfork | StopKind::Exiting => None,
             },
             _ => None,
         };

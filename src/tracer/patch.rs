@@ -177,11 +177,32 @@ impl Patches {
     pub fn pause_budgeted(
         &mut self,
         mem: &mut ProcessMemory,
+        guard: Option<&mut Guardian>,
+    ) -> io::Result<usize> {
+        let sems = self.semaphores_of(&self.set.budgeted);
+        self.pause_semaphores(mem, guard, sems)
+    }
+
+    /// Lowers the semaphores of the probes an overhead budget thins to counts,
+    /// when even counting them costs more than the budget: their hits stop.
+    pub fn pause_counted(
+        &mut self,
+        mem: &mut ProcessMemory,
+        guard: Option<&mut Guardian>,
+    ) -> io::Result<usize> {
+        let sems = self.semaphores_of(&self.set.count_when_thin);
+        self.pause_semaphores(mem, guard, sems)
+    }
+
+    fn pause_semaphores(
+        &mut self,
+        mem: &mut ProcessMemory,
         mut guard: Option<&mut Guardian>,
+        sems: Vec<u64>,
     ) -> io::Result<usize> {
         let pid = mem.pid();
         let mut paused = 0;
-        for sem in self.budgeted_semaphores() {
+        for sem in sems {
             let Some(i) = self.raised.iter().position(|&s| s == sem) else {
                 continue;
             };
@@ -194,7 +215,8 @@ impl Patches {
         Ok(paused)
     }
 
-    /// Raises again what [`Patches::pause_budgeted`] lowered.
+    /// Raises again what [`Patches::pause_budgeted`] and [`Patches::pause_counted`]
+    /// lowered.
     pub fn resume_budgeted(
         &mut self,
         mem: &mut ProcessMemory,
@@ -224,10 +246,8 @@ impl Patches {
         Ok(resumed)
     }
 
-    fn budgeted_semaphores(&self) -> Vec<u64> {
-        let mut sems: Vec<u64> = self
-            .set
-            .budgeted
+    fn semaphores_of(&self, probes: &[usize]) -> Vec<u64> {
+        let mut sems: Vec<u64> = probes
             .iter()
             .filter_map(|&i| self.set.probes.get(i).and_then(|p| p.semaphore))
             .collect();

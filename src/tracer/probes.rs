@@ -42,6 +42,10 @@ pub struct ProbeSet {
     /// by the trampoline with `stack_capture` (sites that cannot stay on int3).
     pub stack_probes: Vec<usize>,
     pub stack_capture: Option<crate::ring::StackCapture>,
+    /// Stack probes that an overhead budget thins to a count (no record at all)
+    /// rather than to a record without its stack: events that come in storms and
+    /// open nothing another probe closes (an audit event per `id()` call).
+    pub count_when_thin: Vec<usize>,
 }
 
 /// A site or semaphore pyprobe leaves alone, and why.

@@ -67,6 +67,8 @@ pub struct RingProc {
     /// Where the ring is mapped in the target, and its length.
     pub ring_addr: u64,
     pub ring_len: u64,
+    /// Per probe id, the events counted instead of recorded already reported.
+    pub counted_reported: HashMap<u32, u64>,
 }
 
 impl std::fmt::Debug for RingProc {
@@ -167,6 +169,7 @@ pub fn setup(
         threads: fs_bases.iter().map(|&(t, fs)| (fs, t)).collect(),
         ring_addr,
         ring_len: bytes,
+        counted_reported: HashMap::new(),
     };
     let mut refused = Vec::new();
     let mut addrs: Vec<u64> = patches.sites.keys().copied().collect();

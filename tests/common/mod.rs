@@ -65,6 +65,8 @@ pub fn pyprobe() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pyprobe"))
 }
 
+/// Runs pyprobe with `args`. A `report ... --format json` that succeeds has its
+/// document checked against `docs/report.schema.json`.
 pub fn run_pyprobe(args: &[&str]) -> Output {
     let out = pyprobe().args(args).output().expect("cannot run pyprobe");
     eprintln!(
@@ -73,7 +75,48 @@ pub fn run_pyprobe(args: &[&str]) -> Output {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+    if out.status.success() && is_json_report(args) {
+        assert_report_schema(&serde_json::from_slice(&out.stdout).expect("report JSON"));
+    }
     out
+}
+
+/// Whether `args` ask for `pyprobe report --format json`.
+pub fn is_json_report(args: &[&str]) -> bool {
+    args.first() == Some(&"report")
+        && (args.windows(2).any(|w| w == ["--format", "json"]) || args.contains(&"--format=json"))
+}
+
+/// The validator of `docs/report.schema.json`, compiled once.
+fn report_schema() -> &'static jsonschema::Validator {
+    static SCHEMA: std::sync::OnceLock<jsonschema::Validator> = std::sync::OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        let path = repo().join("docs/report.schema.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        let schema: serde_json::Value = serde_json::from_str(&text).expect("schema is JSON");
+        jsonschema::draft202012::new(&schema).expect("a valid draft 2020-12 schema")
+    })
+}
+
+/// Where `doc` departs from `docs/report.schema.json`: one line per error, none
+/// when it conforms.
+pub fn report_schema_errors(doc: &serde_json::Value) -> Vec<String> {
+    report_schema()
+        .iter_errors(doc)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect()
+}
+
+/// Fails unless `doc` conforms to `docs/report.schema.json` (a report field added
+/// without the schema's update fails here).
+pub fn assert_report_schema(doc: &serde_json::Value) {
+    let errors = report_schema_errors(doc);
+    assert!(
+        errors.is_empty(),
+        "the report departs from docs/report.schema.json:\n{}",
+        errors.join("\n")
+    );
 }
 
 pub fn json_of(out: &Output) -> serde_json::Value {
@@ -192,8 +235,11 @@ pub fn record_script(
     script: &str,
     args: &[&str],
 ) -> (String, serde_json::Value) {
+    // A fresh path for each call: tests running at once record the same script.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let out_path = std::env::temp_dir().join(format!(
-        "pyprobe-sample-{}-{}-{script}.pyprobe",
+        "pyprobe-sample-{}-{n}-{}-{script}.pyprobe",
         std::process::id(),
         py.version
     ));

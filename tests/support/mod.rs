@@ -58,28 +58,43 @@ pub fn assert_no_panic(what: &str, stderr: &[u8]) {
     );
 }
 
-/// The python probe sites and semaphores of a live process, from `probes -p`.
+/// The python probe sites and semaphores of a live process, from `probes -p`;
+/// waits up to 10 s for a process still starting (its interpreter not mapped
+/// yet lists no object).
 pub fn sites_and_semaphores(pid: i32) -> (Vec<u64>, Vec<u64>) {
-    let listing = json_of(&run_pyprobe(&[
-        "probes",
-        "-p",
-        &pid.to_string(),
-        "--format",
-        "json",
-    ]));
-    let mut sites = Vec::new();
-    let mut sems = Vec::new();
-    for p in listing["objects"][0]["probes"].as_array().unwrap() {
-        sems.extend(p["semaphore"].as_u64());
-        sites.extend(
-            p["sites"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| s["address"].as_u64().unwrap()),
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = run_pyprobe(&["probes", "-p", &pid.to_string(), "--format", "json"]);
+        let listing: Option<Value> = out
+            .status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).ok())
+            .flatten();
+        if let Some(probes) = listing
+            .as_ref()
+            .and_then(|l| l["objects"][0]["probes"].as_array())
+        {
+            let mut sites = Vec::new();
+            let mut sems = Vec::new();
+            for p in probes {
+                sems.extend(p["semaphore"].as_u64());
+                sites.extend(
+                    p["sites"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|s| s["address"].as_u64().unwrap()),
+                );
+            }
+            return (sites, sems);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no python probes listed for process {pid} within 10 s: {}",
+            String::from_utf8_lossy(&out.stderr)
         );
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    (sites, sems)
 }
 
 /// Every probe site holds its `nop` again and every semaphore is down.

@@ -97,6 +97,23 @@ pub struct UnicodeLayout {
     pub ascii_bit: u32,
 }
 
+/// Where the thread state holding the GIL is found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GilLayout {
+    /// Up to 3.11: `_PyRuntime.gilstate.tstate_current` (its offset in `_PyRuntime`),
+    /// the thread state holding the GIL, NULL while none does (a thread releasing
+    /// the GIL swaps it out first, and swaps it back in once it has taken it again).
+    RuntimeCurrent { tstate_current: u64 },
+    /// 3.12+: each interpreter's `ceval.gil` (its offset in the interpreter state)
+    /// points to a `struct _gil_runtime_state`, held by `last_holder` (a thread
+    /// state) while `locked` (an int) is set; offsets in that structure.
+    Interpreter {
+        ceval_gil: u64,
+        last_holder: u64,
+        locked: u64,
+    },
+}
+
 /// Every offset the walker uses, for one interpreter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -120,6 +137,9 @@ pub struct Layout {
     pub bytes_ob_size: u64,
     pub bytes_ob_sval: u64,
     pub unicode: UnicodeLayout,
+    /// How to tell the GIL's holder; `None` when this version's offsets are not
+    /// known (then whether a thread holds the GIL is unknown, never guessed).
+    pub gil: Option<GilLayout>,
 }
 
 impl Layout {
@@ -248,6 +268,9 @@ struct Header {
 struct OffsetsFile {
     runtime_state: RuntimeState,
     interpreter_state: InterpreterState,
+    /// 3.12: `struct _gil_runtime_state`.
+    #[serde(default)]
+    gil_runtime_state: Option<GilRuntimeState>,
     thread_state: ThreadState,
     frame_object: Option<FrameObject>,
     interpreter_frame: Option<InterpreterFrame>,
@@ -262,12 +285,24 @@ struct OffsetsFile {
 #[derive(Debug, Deserialize)]
 struct RuntimeState {
     interpreters_head: u64,
+    /// Up to 3.11: `gilstate.tstate_current`.
+    #[serde(default)]
+    gilstate_tstate_current: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
 struct InterpreterState {
     next: u64,
     threads_head: u64,
+    /// 3.12+: `ceval.gil`.
+    #[serde(default)]
+    ceval_gil: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct GilRuntimeState {
+    last_holder: u64,
+    locked: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -438,6 +473,19 @@ fn layout_of_file(f: &OffsetsFile) -> Result<Layout> {
         "locations" => LineTable::Locations,
         other => bail!("unknown line table kind {other:?}"),
     };
+    let gil = match (
+        f.runtime_state.gilstate_tstate_current,
+        f.interpreter_state.ceval_gil,
+        &f.gil_runtime_state,
+    ) {
+        (Some(tstate_current), _, _) => Some(GilLayout::RuntimeCurrent { tstate_current }),
+        (None, Some(ceval_gil), Some(g)) => Some(GilLayout::Interpreter {
+            ceval_gil,
+            last_holder: g.last_holder,
+            locked: g.locked,
+        }),
+        _ => None,
+    };
     let u = &f.unicode_object;
     let layout = Layout {
         runtime_interpreters_head: f.runtime_state.interpreters_head,
@@ -467,6 +515,7 @@ fn layout_of_file(f: &OffsetsFile) -> Result<Layout> {
             compact_bit: u.compact_bit,
             ascii_bit: u.ascii_bit,
         },
+        gil,
     };
     check_spans(&layout)?;
     Ok(layout)
@@ -487,10 +536,49 @@ fn check_spans(l: &Layout) -> Result<()> {
         || u.ascii_bit > 31
         || l.bytes_ob_sval > 256
         || l.code_adaptive.is_some_and(|c| c > MAX_SMALL_STRUCT)
+        || !l.gil.is_none_or(|g| gil_plausible(&g))
     {
         bail!("structure offsets out of range: {l:?}");
     }
     Ok(())
+}
+
+/// Whether the GIL offsets keep every read small and inside its structure.
+fn gil_plausible(g: &GilLayout) -> bool {
+    match *g {
+        GilLayout::RuntimeCurrent { tstate_current } => tstate_current < MAX_RUNTIME_SIZE,
+        GilLayout::Interpreter {
+            ceval_gil,
+            last_holder,
+            locked,
+        } => {
+            ceval_gil < MAX_INTERP_SIZE
+                && last_holder < MAX_SMALL_STRUCT
+                && locked < MAX_SMALL_STRUCT
+                && last_holder.abs_diff(locked) >= 4
+        }
+    }
+}
+
+/// The GIL's offsets from `_Py_DebugOffsets` (3.13+): the interpreter's `ceval.gil`
+/// pointer, and where `locked` and `last_holder` are in the GIL structure (given as
+/// offsets of the interpreter's own `_gil`). `None` when the positions file lacks
+/// them or a value is implausible: the GIL state is then unknown.
+fn debug_gil(pos: &dyn Fn(&str) -> Result<u64>) -> Option<GilLayout> {
+    let size = pos("interpreter_state.size").ok()?;
+    let ceval_gil = pos("interpreter_state.ceval_gil").ok()?;
+    let own = pos("interpreter_state.gil_runtime_state").ok()?;
+    let locked = pos("interpreter_state.gil_runtime_state_locked").ok()?;
+    let holder = pos("interpreter_state.gil_runtime_state_holder").ok()?;
+    if [ceval_gil, own, locked, holder].iter().any(|&o| o >= size) {
+        return None;
+    }
+    let g = GilLayout::Interpreter {
+        ceval_gil,
+        last_holder: holder.checked_sub(own)?,
+        locked: locked.checked_sub(own)?,
+    };
+    gil_plausible(&g).then_some(g)
 }
 
 /// The minor version whose `_Py_DebugOffsets` layout describes `version`: its own, or
@@ -647,6 +735,12 @@ fn parse_debug_offsets(
         256,
         &["unicode_object.state", "unicode_object.length"],
     )?;
+    let gil = if free_threaded {
+        // No GIL to hold, or one enabled for a while: not told apart here.
+        None
+    } else {
+        debug_gil(&pos)
+    };
     let ascii_size = pos("unicode_object.asciiobject_size")?;
     if !(24..=256).contains(&ascii_size) || ascii_size < un[0] + 4 {
         bail!("_Py_DebugOffsets.unicode_object.asciiobject_size = {ascii_size} is not plausible");
@@ -703,6 +797,7 @@ fn parse_debug_offsets(
             compact_bit: f.unicode_object.compact_bit + state_shift,
             ascii_bit: f.unicode_object.ascii_bit + state_shift,
         },
+        gil,
     };
     check_spans(&layout)?;
     Ok((
@@ -734,6 +829,17 @@ mod tests {
             assert!(source.to_string().contains(&format!("3.{minor}.json")));
             assert_eq!(layout.code_qualname.is_some(), minor >= 11);
             assert_eq!(layout.tstate_native_thread_id.is_some(), minor >= 11);
+            match layout.gil {
+                Some(GilLayout::RuntimeCurrent { tstate_current }) => {
+                    assert!(minor <= 11 && tstate_current > 0)
+                }
+                Some(GilLayout::Interpreter {
+                    last_holder,
+                    locked,
+                    ..
+                }) => assert!(minor == 12 && last_holder != locked),
+                None => panic!("3.{minor}: no GIL offsets"),
+            }
         }
         for minor in 13..=15 {
             assert!(debug_offsets_size(v(minor)).unwrap() > 100);
@@ -758,6 +864,10 @@ mod tests {
             ("interpreter_state.size", 200_000),
             ("interpreter_state.next", 8),
             ("interpreter_state.threads_head", 7000),
+            ("interpreter_state.ceval_gil", 7100),
+            ("interpreter_state.gil_runtime_state", 7200),
+            ("interpreter_state.gil_runtime_state_locked", 7216),
+            ("interpreter_state.gil_runtime_state_holder", 7208),
             ("thread_state.size", 400),
             ("thread_state.next", 8),
             ("thread_state.interp", 16),
@@ -811,6 +921,31 @@ mod tests {
         assert_eq!(layout.tstate_native_thread_id, Some(152));
         assert_eq!(layout.code_adaptive, Some(200));
         assert_eq!(layout.unicode.ascii_size, 40);
+        assert_eq!(
+            layout.gil,
+            Some(GilLayout::Interpreter {
+                ceval_gil: 7100,
+                last_holder: 8,
+                locked: 16
+            })
+        );
+        // GIL offsets that make no sense leave the GIL state unknown, the rest usable.
+        for (field, value) in [
+            ("interpreter_state.gil_runtime_state_locked", 7100),
+            ("interpreter_state.gil_runtime_state_holder", 1 << 30),
+            ("interpreter_state.ceval_gil", 300_000),
+        ] {
+            let layout = parse_313(&block_313(|m| {
+                m.insert(field, value);
+            }))
+            .unwrap();
+            assert_eq!(layout.gil, None, "{field} = {value}");
+        }
+        let free_threaded = parse_313(&block_313(|m| {
+            m.insert("free_threaded", 1);
+        }))
+        .unwrap();
+        assert_eq!(free_threaded.gil, None);
 
         let mut bad_cookie = block_313(|_| {});
         bad_cookie[0] = b'y';

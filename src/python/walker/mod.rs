@@ -32,6 +32,12 @@
 //! skip any frame whose code is not a code object (`ob_type != &PyCode_Type`). Function
 //! names are `co_qualname` from 3.11 (`Class.method`), `co_name` before.
 //!
+//! The GIL's holder: up to 3.11 `_PyRuntime.gilstate.tstate_current`, the thread state
+//! holding it (NULL while released); 3.12+ each interpreter's `ceval.gil`, held by its
+//! `last_holder` while `locked` is set (offsets from `offsets/3.12.json`, or from
+//! `_Py_DebugOffsets`). Without those offsets (a free-threaded build, a positions file
+//! without them) whether a thread holds the GIL is unknown: `None`, never guessed.
+//!
 //! Native thread ids: 3.11+ read `native_thread_id`; 3.7 – 3.10 read the tid out of the
 //! thread's `struct pthread` (its `pthread_t` is its address; the offset of the tid is
 //! found once against the live task list; see `threads.rs`); `None` when that fails.
@@ -50,9 +56,11 @@
 //! Decoded code objects are cached by address (checked against the object's name,
 //! file, line-table pointers and first line on every use), so a steady-state sample costs
 //! one `process_vm_readv` per frame (a frame's code object and the next frame are read
-//! together), one per thread state (two on 3.11/3.12: `cframe`), and two for the
-//! interpreter list. [`Walker`] is `Send`: it can live on a sampling thread.
+//! together), one per thread state (two on 3.11/3.12: `cframe`), two for the
+//! interpreter list, and for the GIL one (up to 3.11) or one plus two per interpreter.
+//! [`Walker`] is `Send`: it can live on a sampling thread.
 
+pub mod current;
 pub mod layout;
 pub mod lines;
 mod locate;
@@ -109,6 +117,10 @@ pub struct ThreadStack {
     /// The walk stopped early: unreadable or corrupt memory (often: the thread ran
     /// while being read), a cycle, or more than 1024 frames.
     pub truncated: bool,
+    /// Whether this thread held the GIL when the stacks were read; `None` when that
+    /// cannot be told (no GIL offsets for this version, a free-threaded build, or
+    /// unreadable).
+    pub holds_gil: Option<bool>,
 }
 
 /// Reads the Python stacks of one process. See the module documentation.
@@ -120,6 +132,8 @@ pub struct Walker {
     layout_source: LayoutSource,
     reader: StackReader<ProcessMemory>,
     tids: Tids,
+    /// Where the target's threads find their own thread state, or why not.
+    current: std::result::Result<crate::ring::CurrentThreadState, String>,
 }
 
 impl Walker {
@@ -159,6 +173,7 @@ impl Walker {
             .symbols
             .address("PyCode_Type")
             .map(|a| found.object.runtime(a));
+        let current = current::current_thread_state(&found.object, &mem);
         let reader = StackReader::new(mem, layout, found.runtime, code_type);
         reader.thread_states().with_context(|| {
             format!(
@@ -174,6 +189,7 @@ impl Walker {
             layout_source,
             reader,
             tids: Tids::new(pid, status.inner_pid().is_some()),
+            current,
         })
     }
 
@@ -212,11 +228,12 @@ impl Walker {
             .reader
             .thread_states()
             .with_context(|| format!("cannot read the thread states of process {}", self.pid))?;
+        let holders = self.reader.gil_holders();
         let raws: Vec<RawThread> = tstates
             .iter()
             .map(|(t, buf)| self.reader.thread(*t, buf))
             .collect();
-        Ok(self.resolve(raws))
+        Ok(self.resolve(raws, holders.as_deref()))
     }
 
     /// The Python stack of the thread with kernel tid `native_tid` (as pyprobe sees it),
@@ -234,6 +251,7 @@ impl Walker {
         let Some(index) = tids.iter().position(|&t| t == Some(native_tid)) else {
             return Ok(None);
         };
+        let holders = self.reader.gil_holders();
         let Some((mut raw, frame)) = headers.into_iter().nth(index) else {
             return Ok(None);
         };
@@ -244,6 +262,7 @@ impl Walker {
             native_tid: Some(native_tid),
             thread_id: raw.thread_id,
             thread_state: raw.thread_state,
+            holds_gil: holders.map(|h| h.contains(&raw.thread_state)),
             frames: raw.frames,
             truncated: raw.truncated,
         }))
@@ -255,10 +274,16 @@ impl Walker {
         self.reader.name_captured(captured)
     }
 
+    /// Starts a new batch of captured stacks (see [`StackReader::new_naming_batch`]).
+    pub fn new_naming_batch(&mut self) {
+        self.reader.new_naming_batch()
+    }
+
     /// The offsets a ring trampoline walks this interpreter's frames by: the same
     /// layout this walker reads with. `Err` says why the trampolines cannot.
     pub fn stack_capture(&self, slots: u8) -> std::result::Result<StackCapture, String> {
-        capture_of(&self.reader.layout, self.reader.runtime, slots)
+        let current = self.current.clone()?;
+        capture_of(&self.reader.layout, current, slots)
     }
 
     fn native_tids(&mut self, raws: &[&RawThread]) -> Vec<Option<i32>> {
@@ -275,7 +300,7 @@ impl Walker {
             .collect()
     }
 
-    fn resolve(&mut self, raws: Vec<RawThread>) -> Vec<ThreadStack> {
+    fn resolve(&mut self, raws: Vec<RawThread>, gil_holders: Option<&[u64]>) -> Vec<ThreadStack> {
         let tids = self.native_tids(&raws.iter().collect::<Vec<_>>());
         raws.into_iter()
             .zip(tids)
@@ -283,6 +308,7 @@ impl Walker {
                 native_tid,
                 thread_id: raw.thread_id,
                 thread_state: raw.thread_state,
+                holds_gil: gil_holders.map(|h| h.contains(&raw.thread_state)),
                 frames: raw.frames,
                 truncated: raw.truncated,
             })
@@ -290,10 +316,11 @@ impl Walker {
     }
 }
 
-/// The offsets of `layout` (runtime at `runtime`) as a ring stack capture.
+/// The offsets of `layout` as a ring stack capture, the thread state read from
+/// `current`.
 pub fn capture_of(
     layout: &Layout,
-    runtime: u64,
+    current: crate::ring::CurrentThreadState,
     slots: u8,
 ) -> std::result::Result<StackCapture, String> {
     let root = match layout.tstate_frame {
@@ -318,12 +345,9 @@ pub fn capture_of(
             code_tag_mask: 0,
         },
         FrameLayout::Interpreter { tlbc: Some(_), .. } => {
-            // No GIL: another thread may free a thread state while the list is walked.
-            return Err(
-                "a free-threaded build's thread list cannot be walked safely \
-                        from inside the target"
-                    .into(),
-            );
+            // Not built for: positions there index per-thread copies of the
+            // bytecode, and nothing tests captures on such a build.
+            return Err("stack capture in the target is not built for free-threaded builds".into());
         }
         FrameLayout::Interpreter {
             previous,
@@ -343,10 +367,7 @@ pub fn capture_of(
         },
     };
     Ok(StackCapture {
-        interpreters_head: runtime.wrapping_add(layout.runtime_interpreters_head),
-        interp_next: layout.interp_next,
-        interp_threads_head: layout.interp_threads_head,
-        tstate_next: layout.tstate_next,
+        current,
         tstate_thread_id: layout.tstate_thread_id,
         root,
         frame,

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::sync::Arc;
 
-use super::layout::{FrameLayout, FrameRoot, Layout, LineTable};
+use super::layout::{FrameLayout, FrameRoot, GilLayout, Layout, LineTable};
 use super::lines;
 use super::objects::{
     field_i32, field_u64, field_u8, plausible_pointer, read_bytes, read_str, read_u64,
@@ -50,6 +50,8 @@ struct CodeInfo {
     name: Arc<str>,
     table: Option<Box<[u8]>>,
     lines: HashMap<i64, u32>,
+    /// The naming batch in which the key was last checked against the target.
+    checked_in: u64,
 }
 
 pub struct StackReader<M> {
@@ -60,6 +62,8 @@ pub struct StackReader<M> {
     /// Runtime address of `PyCode_Type`, to check that a frame's code is a code object.
     pub code_type: Option<u64>,
     codes: HashMap<u64, CodeInfo>,
+    /// Naming batch of [`Self::name_captured`]: see [`Self::new_naming_batch`].
+    batch: u64,
 }
 
 /// Why a frame could not be used.
@@ -134,7 +138,18 @@ impl<M: Memory> StackReader<M> {
             runtime,
             code_type,
             codes: HashMap::new(),
+            batch: 1,
         }
+    }
+
+    /// Starts a new batch of captured stacks to name. Within a batch (the records
+    /// one drain of a ring took, named within microseconds), a code object checked
+    /// against the target once is not read again: a storm of rare events (an audit
+    /// event per `id()` call) costs one read per code object per batch instead of
+    /// one per frame per event. Every batch checks again, so a code object freed and
+    /// another allocated at its address is seen at the next batch.
+    pub fn new_naming_batch(&mut self) {
+        self.batch += 1;
     }
 
     /// Every thread state of every interpreter, with its bytes (the span the walker
@@ -173,6 +188,53 @@ impl<M: Memory> StackReader<M> {
             interp = next_interp;
         }
         Ok(out)
+    }
+
+    /// The thread states holding a GIL now (one per GIL at most; none while no thread
+    /// holds it), or `None` when that cannot be told: this version's GIL offsets are
+    /// unknown, or something on the way could not be read.
+    pub fn gil_holders(&self) -> Option<Vec<u64>> {
+        match self.layout.gil? {
+            GilLayout::RuntimeCurrent { tstate_current } => {
+                let current =
+                    read_u64(&self.mem, self.runtime.checked_add(tstate_current)?).ok()?;
+                Some(if current == 0 { vec![] } else { vec![current] })
+            }
+            GilLayout::Interpreter {
+                ceval_gil,
+                last_holder,
+                locked,
+            } => {
+                let l = &self.layout;
+                let mut interp =
+                    read_u64(&self.mem, self.runtime + l.runtime_interpreters_head).ok()?;
+                let (lo, hi) = (last_holder.min(locked), last_holder.max(locked) + 8);
+                let mut buf = vec![0u8; (hi - lo) as usize];
+                let mut seen = HashSet::new();
+                let mut gils = HashSet::new();
+                let mut holders = Vec::new();
+                while plausible_pointer(interp)
+                    && seen.len() < MAX_INTERPRETERS
+                    && seen.insert(interp)
+                {
+                    let (gil, next) = self.two_fields(interp, ceval_gil, l.interp_next).ok()?;
+                    if !plausible_pointer(gil) {
+                        return None;
+                    }
+                    // Interpreters may share one GIL (the main interpreter's).
+                    if gils.insert(gil) {
+                        self.mem.read_exact(gil.checked_add(lo)?, &mut buf).ok()?;
+                        let holder = field_u64(&buf, last_holder - lo).ok()?;
+                        // 1 while held; 0 free; -1 not initialised yet.
+                        if field_i32(&buf, locked - lo).ok()? > 0 && holder != 0 {
+                            holders.push(holder);
+                        }
+                    }
+                    interp = next;
+                }
+                Some(holders)
+            }
+        }
     }
 
     /// Two pointer fields of one structure: one read when they are near each other.
@@ -298,7 +360,6 @@ impl<M: Memory> StackReader<M> {
                 dropped = true;
                 continue;
             }
-            let readable = self.mem.read_exact(code, &mut header).is_ok();
             let position = match self.layout.frame {
                 FrameLayout::Object { lasti_unit, .. } => {
                     Position::Offset((position as i64).wrapping_mul(lasti_unit as i64))
@@ -308,8 +369,15 @@ impl<M: Memory> StackReader<M> {
                     tlbc_index: None,
                 },
             };
-            let frame = if readable {
-                self.py_frame(code, &header, position).ok()
+            let checked = self.codes.get(&code).map(|c| c.checked_in);
+            let frame = if checked == Some(self.batch) {
+                self.cached_frame(code, position)
+            } else if self.mem.read_exact(code, &mut header).is_ok() {
+                let frame = self.py_frame(code, &header, position).ok();
+                if let Some(info) = self.codes.get_mut(&code).filter(|_| frame.is_some()) {
+                    info.checked_in = self.batch;
+                }
+                frame
             } else {
                 // The target is gone (it exited with records still in the ring): the
                 // name this address last had, validated when it was read.
@@ -338,15 +406,21 @@ impl<M: Memory> StackReader<M> {
         let first_line = info.key[4] as u32;
         let line = match info.lines.get(&addr) {
             Some(&line) => line,
-            None => info
-                .table
-                .as_deref()
-                .and_then(|t| match line_table {
-                    LineTable::Lnotab => lines::lnotab_line(t, first_line, addr),
-                    LineTable::Linetable310 => lines::linetable310_line(t, first_line, addr),
-                    LineTable::Locations => lines::locations_line(t, first_line, addr),
-                })
-                .unwrap_or(first_line),
+            None => {
+                let line = info
+                    .table
+                    .as_deref()
+                    .and_then(|t| match line_table {
+                        LineTable::Lnotab => lines::lnotab_line(t, first_line, addr),
+                        LineTable::Linetable310 => lines::linetable310_line(t, first_line, addr),
+                        LineTable::Locations => lines::locations_line(t, first_line, addr),
+                    })
+                    .unwrap_or(first_line);
+                if info.lines.len() < MAX_LINES_PER_CODE {
+                    info.lines.insert(addr, line);
+                }
+                line
+            }
         };
         Some(PyFrame {
             file: info.file.clone(),
@@ -521,6 +595,7 @@ impl<M: Memory> StackReader<M> {
             name: name.into(),
             table,
             lines: HashMap::new(),
+            checked_in: 0,
         })
     }
 

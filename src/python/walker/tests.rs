@@ -5,7 +5,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use super::layout::{self, FrameLayout, FrameRoot, Layout};
+use super::layout::{self, FrameLayout, FrameRoot, GilLayout, Layout};
 use super::objects::MAX_CHARS;
 use super::stacks::{Memory, StackReader, MAX_DEPTH, MAX_THREADS};
 use crate::python::version::PyVersion;
@@ -147,8 +147,13 @@ impl Image {
 
     /// `_PyRuntime` → one interpreter → thread states (one per innermost frame).
     fn runtime(&mut self, l: &Layout, innermost: &[u64]) -> (u64, Vec<u64>) {
-        let runtime = self.alloc(l.runtime_interpreters_head + 8);
-        let interp = self.alloc(l.interp_next.max(l.interp_threads_head) + 8);
+        let (current, ceval_gil) = match l.gil {
+            Some(GilLayout::RuntimeCurrent { tstate_current }) => (tstate_current, 0),
+            Some(GilLayout::Interpreter { ceval_gil, .. }) => (0, ceval_gil),
+            None => (0, 0),
+        };
+        let runtime = self.alloc(l.runtime_interpreters_head.max(current) + 8);
+        let interp = self.alloc(l.interp_next.max(l.interp_threads_head).max(ceval_gil) + 8);
         self.u64(runtime + l.runtime_interpreters_head, interp);
         // As CPython: each new thread state becomes the head of the list.
         let mut tstates = Vec::new();
@@ -345,6 +350,60 @@ fn cycles_and_endless_chains_are_bounded() {
         assert!(truncated);
         assert_eq!(frames.len(), MAX_DEPTH);
         assert_eq!(reader.thread_states().unwrap().len(), 2);
+    }
+}
+
+#[test]
+fn gil_holder_is_read_or_unknown() {
+    for minor in 7..=12 {
+        let (layout, _) = layout::from_offsets_file(v(minor)).unwrap();
+        let mut img = Image::new();
+        let (runtime, tstates) = img.runtime(&layout, &[0, 0]);
+        let mut head = [0u8; 8];
+        img.read_exact(runtime + layout.runtime_interpreters_head, &mut head)
+            .unwrap();
+        let interp = u64::from_le_bytes(head);
+        // Held by the second thread state, then by none.
+        // Bytes to write, where.
+        type Writes = Vec<(u64, Vec<u8>)>;
+        let (held, free): (Writes, Writes) = match layout.gil.unwrap() {
+            GilLayout::RuntimeCurrent { tstate_current } => (
+                vec![(runtime + tstate_current, tstates[1].to_le_bytes().to_vec())],
+                vec![(runtime + tstate_current, 0u64.to_le_bytes().to_vec())],
+            ),
+            GilLayout::Interpreter {
+                ceval_gil,
+                last_holder,
+                locked,
+            } => {
+                let gil = img.alloc(last_holder.max(locked) + 8);
+                img.u64(interp + ceval_gil, gil);
+                (
+                    vec![
+                        (gil + last_holder, tstates[1].to_le_bytes().to_vec()),
+                        (gil + locked, 1i32.to_le_bytes().to_vec()),
+                    ],
+                    // Released: `last_holder` stays, `locked` goes to 0.
+                    vec![(gil + locked, 0i32.to_le_bytes().to_vec())],
+                )
+            }
+        };
+        for (at, bytes) in &held {
+            img.put(*at, bytes);
+        }
+        let mut reader = StackReader::new(img, layout.clone(), runtime, Some(CODE_TYPE));
+        assert_eq!(reader.gil_holders(), Some(vec![tstates[1]]), "3.{minor}");
+        for (at, bytes) in &free {
+            reader.mem.put(*at, bytes);
+        }
+        assert_eq!(reader.gil_holders(), Some(vec![]), "3.{minor}");
+        // Unknown, not guessed: no offsets, or a GIL pointer that cannot be one.
+        if let Some(GilLayout::Interpreter { ceval_gil, .. }) = layout.gil {
+            reader.mem.u64(interp + ceval_gil, 3);
+            assert_eq!(reader.gil_holders(), None, "3.{minor}");
+        }
+        reader.layout.gil = None;
+        assert_eq!(reader.gil_holders(), None, "3.{minor}");
     }
 }
 

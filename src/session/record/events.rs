@@ -1,10 +1,10 @@
 //! Turning probe hits and samples into recording events.
 
 use rustc_hash::FxHashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::analyze::FileFilter;
-use crate::output::file::Output;
+use crate::output::file::{Existing, Output};
 use crate::python::probes::PythonProbe;
 use crate::record::{BackgroundWriter, Event, EventKind, FrameRef, Header, RecordingWriter, StrId};
 use crate::tracer::signals;
@@ -19,6 +19,8 @@ pub struct EventBuilder {
     writer: Option<RecordingWriter<BackgroundWriter>>,
     header: Header,
     output: PathBuf,
+    /// Whether a file at `output` may be replaced.
+    existing: Existing,
     /// The file the writer writes (`OUT.partial` until the recording ends).
     file: Option<Output>,
     /// Events seen before the writer exists (thread and process starts, execs: no
@@ -73,6 +75,7 @@ impl EventBuilder {
     pub fn new(
         header: Header,
         output: PathBuf,
+        existing: Existing,
         filter: FileFilter,
         start_at: Option<String>,
     ) -> EventBuilder {
@@ -80,6 +83,7 @@ impl EventBuilder {
             writer: None,
             header,
             output,
+            existing,
             file: None,
             early: Vec::new(),
             filter,
@@ -177,7 +181,7 @@ impl EventBuilder {
                 .max(self.alongside_interval_ns);
         }
         // The header reaches the file at once: a watcher (`top`) can open it now.
-        let opened = Output::partial(&self.output).and_then(|file| {
+        let opened = Output::partial(&self.output, self.existing).and_then(|file| {
             let mut w =
                 RecordingWriter::new(BackgroundWriter::new(file.try_clone_file()?)?, &self.header)?;
             w.flush()?;
@@ -185,13 +189,6 @@ impl EventBuilder {
         });
         match opened {
             Ok((w, file)) => {
-                if file.is_renamed() {
-                    eprintln!(
-                        "pyprobe: recording into {} (renamed to {} when the recording ends)",
-                        file.writing_to().display(),
-                        self.output.display()
-                    );
-                }
                 self.writer = Some(w);
                 self.file = Some(file);
             }
@@ -208,6 +205,18 @@ impl EventBuilder {
             };
             self.write(event.tid as i32, event.ts_ns, kind);
         }
+    }
+
+    /// Once the recording is open: where it is written now (`OUT.partial`, or a
+    /// FIFO) and the name it gets when it ends.
+    pub fn writing_to(&self) -> Option<(&Path, &Path)> {
+        let file = self.file.as_ref()?;
+        let now = if file.is_renamed() {
+            file.writing_to()
+        } else {
+            self.output.as_path()
+        };
+        Some((now, self.output.as_path()))
     }
 
     /// Writes an event naming `text` (a command line): interned now, or once the

@@ -8,16 +8,16 @@ use std::rc::Rc;
 
 use anyhow::{bail, Context, Result};
 
-use crate::analyze::FileFilter;
-use crate::output::file::{check, check_recording, Stdout};
+use crate::analyze::{FileFilter, SampleFilter};
+use crate::output::file::{check, check_recording, first_free, numbered, Existing, Stdout};
 use crate::process::objects::{find_probe_object, sdt_objects};
 use crate::process::status::{check_inspectable, cmdline};
-use std::collections::BTreeSet;
+use crate::session::views::{extension, is_fifo, FlameFormat};
 
 use crate::python::probes::{ProbeGroup, PROBES, PROVIDER};
 use crate::python::tracing::parse_groups;
 use crate::python::walker::find_interpreter_object;
-use crate::record::{EventKind, Header};
+use crate::record::{EventKind, Header, ThinLevel};
 use crate::tracer::signals::{self, monotonic_ns, StopReason};
 use crate::tracer::{Engine, EngineOptions, Outcome, RingUse, TraceEvent};
 
@@ -34,6 +34,10 @@ pub struct RecordRequest {
     pub pid: Option<i32>,
     pub command: Vec<String>,
     pub output: Option<PathBuf>,
+    /// Replace existing outputs (`--force`).
+    pub force: bool,
+    /// Say the site-level details at start (`-v`).
+    pub verbose: bool,
     pub duration: Option<f64>,
     pub mode: String,
     pub probes: Vec<String>,
@@ -49,20 +53,16 @@ pub struct RecordRequest {
     pub max_overhead: Option<f64>,
     /// `--engine`: whether probe sites move to the ring (no stop per hit).
     pub ring: RingUse,
+    /// Which samples a view written directly (`-o x.svg`) counts.
+    pub samples: SampleFilter,
 }
 
 /// The default overhead budget, in percent, where one applies.
 const DEFAULT_MAX_OVERHEAD: f64 = 5.0;
 
-/// The slowdown allowed (fraction), from `--max-overhead` and the defaults: 5 % in
-/// auto mode when function or line probes are asked for on a running process.
-fn overhead_budget(
-    request: &RecordRequest,
-    mode: Mode,
-    requested: Option<&BTreeSet<ProbeGroup>>,
-) -> Result<Option<f64>> {
-    let costly = requested
-        .is_some_and(|g| g.contains(&ProbeGroup::Function) || g.contains(&ProbeGroup::Line));
+/// The slowdown allowed (fraction), from `--max-overhead` and the default: 5 % in
+/// auto mode, where nothing asked for is exact but what the budget allows.
+fn overhead_budget(request: &RecordRequest, mode: Mode) -> Result<Option<f64>> {
     match request.max_overhead {
         Some(p) if !(0.0..=10_000.0).contains(&p) => {
             bail!("--max-overhead must be a percentage between 0 and 10000 (got {p})")
@@ -72,9 +72,7 @@ fn overhead_budget(
             "--max-overhead limits probes, and `--mode sample` uses none: lower -r/--rate instead"
         ),
         Some(p) => Ok(Some(p / 100.0)),
-        None if mode == Mode::Auto && request.pid.is_some() && costly => {
-            Ok(Some(DEFAULT_MAX_OVERHEAD / 100.0))
-        }
+        None if mode == Mode::Auto => Ok(Some(DEFAULT_MAX_OVERHEAD / 100.0)),
         None => Ok(None),
     }
 }
@@ -84,8 +82,66 @@ mod resolver;
 mod sampler;
 mod status;
 
-fn default_output(pid: i32) -> PathBuf {
-    PathBuf::from(format!("pyprobe-{pid}.pyprobe"))
+/// The closing line of an overhead budget: what it cost the target, and what it
+/// left out to hold.
+fn budget_line(max: f64, b: &crate::tracer::BudgetSummary) -> String {
+    let sampled = if b.blocking_samples == 0 {
+        String::new()
+    } else {
+        format!(
+            "; {} samples stopped it, {} µs each on average{}",
+            b.blocking_samples,
+            b.sample_mean_ns / 1000,
+            if b.samples_unblocked {
+                ", then sampling went on without stopping it"
+            } else {
+                ""
+            }
+        )
+    };
+    let held = if b.slowdown <= max {
+        "held"
+    } else {
+        "exceeded"
+    };
+    let kept = if b.traced_functions {
+        format!(
+            "calls traced exactly {:.1}% of the time, in {} window{}, sampled in between",
+            b.exact_fraction * 100.0,
+            b.windows,
+            if b.windows == 1 { "" } else { "s" }
+        )
+    } else {
+        format!(
+            "stacks of GC, import and audit events recorded {:.1}% of the time",
+            b.exact_fraction * 100.0
+        )
+    };
+    let setup = if b.setup_ns > 0 {
+        format!(
+            " (and {:.1} ms once, to set up the ring)",
+            b.setup_ns as f64 / 1e6
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "overhead budget {}% {held}: the target was stopped for pyprobe {:.2}% of its run \
+         time{setup}; {kept}{sampled}",
+        max * 100.0,
+        b.slowdown * 100.0
+    )
+}
+
+/// The recording's default name: `pyprobe-PID.pyprobe`, or with `--force` not
+/// given and that taken, the first free `pyprobe-PID.N.pyprobe`.
+fn default_output(pid: i32, existing: Existing) -> Result<PathBuf> {
+    let base = PathBuf::from(format!("pyprobe-{pid}.pyprobe"));
+    match existing {
+        Existing::Replace => Ok(base),
+        Existing::Keep => first_free(|n| numbered(&base, ".pyprobe", n), true)
+            .context("cannot find a free name for the recording"),
+    }
 }
 
 fn parse_mode(mode: &str) -> Result<Mode> {
@@ -138,15 +194,28 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     if mode == Mode::Sample && requested.is_some() {
         bail!("`--probes` needs probes: use it with `--mode trace` or `--mode auto`");
     }
-    let budget = overhead_budget(request, mode, requested.as_ref())?;
-    if let Some(output) = &request.output {
+    let budget = overhead_budget(request, mode)?;
+    let existing = if request.force {
+        Existing::Replace
+    } else {
+        Existing::Keep
+    };
+    let view = match &request.output {
         // Before anything is attached or started.
-        check_outputs(output)?;
+        Some(output) => check_outputs(output, existing)?,
+        None => None,
+    };
+    if request.samples != SampleFilter::default() && view.is_none() {
+        eprintln!(
+            "pyprobe: note: --idle and --gil choose the samples a view counts (-o x.svg, .json, \
+             .txt); a recording keeps every sample with its thread's state, for report, flame \
+             and top --from to filter"
+        );
     }
     let chosen = Rc::new(RefCell::new(Chosen::default()));
     let resolver = Box::new(PythonResolver {
         mode,
-        capture_stacks: request.ring == RingUse::Required,
+        capture_stacks: request.ring != RingUse::Off,
         requested,
         chosen: chosen.clone(),
     });
@@ -174,9 +243,13 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     // The stacks running when the probes went in at attach (every thread is
     // stopped then): frames whose entries the recording will never see.
     let mut running = None;
+    // Threads that started or ended while attaching: recorded once the
+    // recording exists.
+    let mut early_threads = Vec::new();
+    let verbose = request.verbose;
     let mut collect = |e: TraceEvent| match e {
         TraceEvent::Window { pid, ts_ns, exact } => early_window = Some((pid, ts_ns, exact)),
-        TraceEvent::Installed { pid, .. } => {
+        TraceEvent::Installed { pid, sites } => {
             if request.pid == Some(pid)
                 && running.is_none()
                 && chosen.borrow().groups.contains(&ProbeGroup::Function)
@@ -184,10 +257,33 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                 let ts = monotonic_ns();
                 running = Some((ts, sampler.running(pid, ts)));
             }
-            early.push(format_early(&e));
-            early.extend(refusal_lines(pid, &chosen));
+            if verbose {
+                early.push(armed_line(pid, sites));
+            }
+            early.extend(refusal_lines(pid, &chosen, verbose));
         }
-        other => early.push(format_early(&other)),
+        TraceEvent::ThreadStart { pid, tid, ts_ns } => {
+            early_threads.push((tid, ts_ns, EventKind::ThreadStart { pid: pid as u32 }))
+        }
+        TraceEvent::ThreadExit { tid, ts_ns, .. } => {
+            early_threads.push((tid, ts_ns, EventKind::ThreadExit))
+        }
+        TraceEvent::Notice(text) => early.push(format!("pyprobe: {text}")),
+        TraceEvent::Summarised { short, full } => {
+            early.push(format!("pyprobe: {}", if verbose { full } else { short }))
+        }
+        TraceEvent::Detail(text) if verbose => early.push(format!("pyprobe: {text}")),
+        // Nothing is hit, sampled or lost before the probes are in and the
+        // target runs again.
+        TraceEvent::Detail(_)
+        | TraceEvent::Hit(_)
+        | TraceEvent::Lost { .. }
+        | TraceEvent::Counted { .. }
+        | TraceEvent::RingDrained { .. }
+        | TraceEvent::Thinning { .. }
+        | TraceEvent::ProcessStart { .. }
+        | TraceEvent::Exec { .. }
+        | TraceEvent::Tick { .. } => {}
     };
     let (mut engine, launched) = match (request.pid, request.command.is_empty()) {
         (Some(pid), true) => {
@@ -202,11 +298,11 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         (None, true) => bail!("nothing to record: give -p PID or a command after --"),
     };
     let pid = engine.root();
-    let output = request
-        .output
-        .clone()
-        .unwrap_or_else(|| default_output(pid));
-    let recording_path = if is_view(&output) {
+    let output = match &request.output {
+        Some(o) => o.clone(),
+        None => default_output(pid, existing)?,
+    };
+    let recording_path = if view.is_some() {
         output.with_extension("pyprobe")
     } else {
         output.clone()
@@ -231,25 +327,35 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             .unwrap_or(0),
         ..Header::default()
     };
-    for line in early {
-        eprintln!("{line}");
-    }
     let mut builder = EventBuilder::new(
         header,
         recording_path.clone(),
+        existing,
         filter,
         request.start_at.clone(),
     );
     if alongside {
         builder.sample_alongside(interval_ns);
     }
-    let start_line =
-        |chosen: &Chosen, pid: i32| print_start_line(chosen, pid, mode, request, budget);
+    sampler.verbose = request.verbose;
+    let start = StartLine {
+        mode,
+        request,
+        budget,
+        view: view.map(|_| output.as_path()),
+        launched,
+    };
     // Under a budget: `exact_window` says whether calls are traced exactly now
     // (then no sampling).
     if !launched {
-        start_line(&chosen.borrow(), pid);
         builder.open(pid, &chosen.borrow());
+        start.print(&chosen.borrow(), pid, &builder);
+    }
+    for line in early {
+        eprintln!("{line}");
+    }
+    for (tid, ts_ns, kind) in early_threads {
+        builder.write(tid, ts_ns, kind);
     }
     let mut exact_window = false;
     if let Some((pid, ts_ns, exact)) = early_window {
@@ -265,6 +371,8 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     }
     // A launched command gets its start line once its interpreter is found.
     let mut announced = false;
+    // Over budget: GC, import and audit events go without their stacks.
+    let mut thinned = false;
     let mut status = status::Status::new();
     let outcome = engine.run(&mut |event| {
         match event {
@@ -288,9 +396,9 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                         Some(stack) if explains => {
                             sampler.captured(hit.pid, hit.tid, hit.ts_ns, stack, &mut builder)
                         }
-                        // Read now, the thread held at its int3. A ring hit without
-                        // stack (a probe too frequent to stop for) has none.
-                        None if explains && hit.stopped => {
+                        // Held at its int3: read now, unless over budget. A ring
+                        // hit without stack has none.
+                        None if explains && hit.stopped && !thinned => {
                             sampler.context(hit.pid, hit.tid, hit.ts_ns, &mut builder)
                         }
                         _ => {}
@@ -329,17 +437,48 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             TraceEvent::Installed { pid, sites } => {
                 if launched && !announced {
                     announced = true;
-                    start_line(&chosen.borrow(), pid);
                     builder.open(pid, &chosen.borrow());
+                    start.print(&chosen.borrow(), pid, &builder);
                 }
-                if sites > 0 {
-                    eprintln!("pyprobe: {sites} probe sites armed in process {pid}");
+                if request.verbose {
+                    eprintln!("{}", armed_line(pid, sites));
                 }
-                for line in refusal_lines(pid, &chosen) {
+                for line in refusal_lines(pid, &chosen, request.verbose) {
                     eprintln!("{line}");
                 }
             }
             TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
+            TraceEvent::RingDrained { pid } => sampler.new_naming_batch(pid),
+            TraceEvent::Counted {
+                pid,
+                probe,
+                probe_name,
+                count,
+                ts_ns,
+            } => {
+                let audit = chosen
+                    .borrow()
+                    .meanings
+                    .get(&pid)
+                    .and_then(|m| m.get(probe).copied())
+                    .or_else(|| PROBES.iter().find(|p| p.name == probe_name))
+                    .is_some_and(|m| m.name == "audit");
+                if audit {
+                    builder.write(pid, ts_ns, EventKind::AuditsCounted { count });
+                }
+            }
+            TraceEvent::Thinning { pid, ts_ns, level } => {
+                thinned = level != ThinLevel::Full;
+                builder.write(pid, ts_ns, EventKind::Thinned { level });
+            }
+            TraceEvent::Summarised { short, full } => {
+                eprintln!("pyprobe: {}", if request.verbose { full } else { short })
+            }
+            TraceEvent::Detail(text) => {
+                if request.verbose {
+                    eprintln!("pyprobe: {text}");
+                }
+            }
             TraceEvent::Lost { pid, count, ts_ns } => {
                 builder.write(pid, ts_ns, EventKind::Lost { count })
             }
@@ -347,13 +486,15 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                 exact_window = exact;
                 builder.write(pid, ts_ns, EventKind::Window { exact });
             }
-            TraceEvent::Tick { pid, ts_ns, .. } => {
+            TraceEvent::Tick {
+                pid, ts_ns, on_cpu, ..
+            } => {
                 let sampling = !alongside || {
                     let now = chosen.borrow();
                     returns_only(now.version, &now.groups)
                 };
                 if sampling && (announced || !launched) && !exact_window {
-                    sampler.sample(pid, ts_ns, &mut builder);
+                    sampler.sample(pid, ts_ns, &on_cpu, &mut builder);
                     builder.flush_if_due(ts_ns);
                 }
             }
@@ -438,33 +579,21 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         }
     );
     if let (Some(max), Some(b)) = (budget, budget_summary) {
-        let sampled = if b.blocking_samples == 0 {
-            String::new()
-        } else {
-            format!(
-                " ({} samples stopped the target, {} µs each on average{})",
-                b.blocking_samples,
-                b.sample_mean_ns / 1000,
-                if b.samples_unblocked {
-                    "; then sampled without stopping it"
-                } else {
-                    ""
-                }
-            )
-        };
-        eprintln!(
-            "pyprobe: overhead budget {}%: calls traced exactly {:.1}% of the time, in {} \
-             window{}; sampled in between{sampled}",
-            max * 100.0,
-            b.exact_fraction * 100.0,
-            b.windows,
-            if b.windows == 1 { "" } else { "s" }
-        );
+        // Said when the budget changed what was recorded, or was exceeded.
+        let acted = b.traced_functions || b.exact_fraction < 1.0 || b.slowdown > max;
+        if acted || request.verbose {
+            eprintln!("pyprobe: {}", budget_line(max, &b));
+        }
     }
-    if is_view(&output) {
+    if view.is_some() {
         // The recording stays beside the view, so other views can be made later.
-        crate::session::views::write_view_for_extension(&recording_path, &output)
-            .with_context(|| format!("cannot write {}", output.display()))?;
+        crate::session::views::write_view_for_extension(
+            &recording_path,
+            &output,
+            request.samples,
+            existing,
+        )
+        .with_context(|| format!("cannot write {}", output.display()))?;
         eprintln!(
             "pyprobe: wrote {} (recording kept in {})",
             output.display(),
@@ -474,17 +603,37 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     Ok(exit_code(outcome, launched, pid))
 }
 
-/// Refuses outputs that cannot be written (a device, a directory, a recording
-/// under way at the same name).
-fn check_outputs(output: &Path) -> Result<()> {
-    let recording = if is_view(output) {
-        check(output, Stdout::Refused)?;
-        output.with_extension("pyprobe")
-    } else {
-        output.to_owned()
+/// Refuses, before anything is attached or started, an output pyprobe cannot or
+/// must not write: a name whose extension is no format it writes, an existing
+/// file (without `--force`), a device, a directory, a recording under way at the
+/// same name. Returns the view's format when OUT names a view (the recording
+/// then goes beside it, as OUT.pyprobe).
+fn check_outputs(output: &Path, existing: Existing) -> Result<Option<FlameFormat>> {
+    // What OUT is first (a device, a directory): its name is beside the point.
+    check(output, Stdout::Refused, Existing::Replace)?;
+    let view = FlameFormat::for_extension(output);
+    let recording = match view {
+        Some(_) => {
+            check(output, Stdout::Refused, existing)?;
+            output.with_extension("pyprobe")
+        }
+        None if extension(output).as_deref() == Some("pyprobe") || is_fifo(output) => {
+            output.to_owned()
+        }
+        None => bail!(
+            "pyprobe record cannot write {}: name the output .pyprobe (a recording), .svg \
+             (flame graph), .json (speedscope) or .txt (collapsed stacks)",
+            output.display()
+        ),
     };
-    check_recording(&recording)?;
-    Ok(())
+    check_recording(&recording, existing).map_err(|e| {
+        if view.is_some() && e.kind() == std::io::ErrorKind::AlreadyExists {
+            anyhow::anyhow!("{e} (the recording kept beside {})", output.display())
+        } else {
+            e.into()
+        }
+    })?;
+    Ok(view)
 }
 
 /// When the recording starts: when the probes went in at attach (the stacks read
@@ -506,101 +655,175 @@ fn recording_start(
     }
 }
 
-fn is_view(path: &std::path::Path) -> bool {
-    matches!(
-        path.extension().and_then(|e| e.to_str()),
-        Some("svg" | "json" | "txt")
-    )
+/// The line that says, once the interpreter is known, what is traced and how:
+/// the process, its CPython, the mode, the sampling rate, the probes and their
+/// engine, and where the recording goes.
+struct StartLine<'a> {
+    mode: Mode,
+    request: &'a RecordRequest,
+    budget: Option<f64>,
+    /// The view written at the end, when -o names one.
+    view: Option<&'a Path>,
+    launched: bool,
 }
 
-fn print_start_line(
-    chosen: &Chosen,
-    pid: i32,
-    mode: Mode,
-    request: &RecordRequest,
-    budget: Option<f64>,
-) {
-    let version = chosen
-        .version
-        .map(|v| v.to_string())
-        .unwrap_or_else(|| "?".into());
-    let groups: Vec<&str> = chosen.groups.iter().map(|g| g.name()).collect();
-    let how = if request.nonblocking {
-        "without stopping the threads"
-    } else {
-        "stopping the threads briefly"
-    };
-    let rate = request.rate;
-    let why = match mode {
-        Mode::Trace if returns_only(chosen.version, &chosen.groups) => format!(
-            "mode trace: every probe hit recorded exactly; this CPython's function probes give \
-             returns only, so stacks are also sampled at {rate} Hz, without stopping the threads, \
-             for times"
-        ),
-        Mode::Trace => "mode trace: every probe hit recorded exactly".to_string(),
-        Mode::Sample => format!("mode sample: stacks sampled at {rate} Hz, {how}"),
-        Mode::Auto if chosen.has_probes => format!(
-            "mode auto: function stacks sampled at {rate} Hz, {how}; {} exact through their probes \
-             (`--mode trace` for exact calls)",
-            if groups.is_empty() { "no events".to_string() } else { groups.join(", ") }
-        ),
-        Mode::Auto => format!(
-            "mode auto: stacks sampled at {rate} Hz, {how}; this CPython has no SDT probes \
-             (built without --with-dtrace), so no exact events"
-        ),
-    };
-    eprintln!(
-        "pyprobe: process {pid}{}, CPython {version} ({}): {why}",
-        crate::process::status::ns_pid_note(pid),
-        chosen.object_path
-    );
-    if mode == Mode::Trace {
-        eprintln!("pyprobe: probes: {}", groups.join(","));
-    }
-    if let Some(w) = &chosen.warning {
-        eprintln!("pyprobe: note: {w}");
-    }
-    if let Some(max) = budget {
-        let costly = chosen.groups.contains(&ProbeGroup::Function)
-            || chosen.groups.contains(&ProbeGroup::Line);
-        if costly {
-            eprintln!(
-                "pyprobe: overhead budget {}% (--max-overhead): above it, function probes go off and \
-                 stacks are sampled at {} Hz until the budget allows an exact window again",
-                max * 100.0,
-                request.rate
-            );
-        } else if chosen.has_probes {
-            eprintln!(
-                "pyprobe: overhead budget {}%: nothing to limit, no function or line probes are on",
-                max * 100.0
-            );
+/// At most this many characters of the target's command line in the start line.
+const COMMAND_CHARS: usize = 48;
+
+impl StartLine<'_> {
+    fn print(&self, chosen: &Chosen, pid: i32, builder: &EventBuilder) {
+        eprintln!("{}", self.text(chosen, pid, builder));
+        if self.request.verbose {
+            eprintln!("pyprobe: interpreter: {}", chosen.object_path);
+            if let Some(w) = &chosen.warning {
+                eprintln!("pyprobe: note: {w}");
+            }
         }
     }
+
+    fn text(&self, chosen: &Chosen, pid: i32, builder: &EventBuilder) -> String {
+        let request = self.request;
+        let version = chosen
+            .version
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| "?".into());
+        let argv = if self.launched {
+            request.command.clone()
+        } else {
+            cmdline(pid)
+        };
+        // The program by its name, not its directory.
+        let command = argv
+            .iter()
+            .enumerate()
+            .map(|(i, a)| match i {
+                0 => a.rsplit('/').next().unwrap_or(a),
+                _ => a.as_str(),
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        let command = if command.chars().count() > COMMAND_CHARS {
+            let cut: String = command.chars().take(COMMAND_CHARS - 1).collect();
+            format!("{cut}…")
+        } else {
+            command
+        };
+        let groups: Vec<&str> = chosen.groups.iter().map(|g| g.name()).collect();
+        let rate = request.rate;
+        let sampled = format!(
+            "stacks sampled at {rate} Hz{}",
+            if request.nonblocking {
+                " without stopping the threads"
+            } else {
+                ", stopping the threads briefly"
+            }
+        );
+        let engine = match request.ring {
+            RingUse::Auto => "engine auto: ring, else int3",
+            RingUse::Required => "engine ring",
+            RingUse::Off => "engine int3",
+        };
+        let what = match self.mode {
+            Mode::Trace if returns_only(chosen.version, &chosen.groups) => {
+                let others: Vec<&str> = groups
+                    .iter()
+                    .copied()
+                    .filter(|g| *g != "function")
+                    .collect();
+                let others = if others.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {}", others.join(", "))
+                };
+                format!(
+                    "mode trace: function returns (this CPython's entries do not fire){others} \
+                     exact ({engine}); times from stacks sampled at {rate} Hz without stopping \
+                     the threads"
+                )
+            }
+            Mode::Trace => format!("mode trace: {} exact ({engine})", groups.join(", ")),
+            Mode::Sample => format!("mode sample: {sampled}"),
+            Mode::Auto if chosen.has_probes && !groups.is_empty() => {
+                format!(
+                    "mode auto: {sampled}; {} exact ({engine})",
+                    groups.join(", ")
+                )
+            }
+            Mode::Auto if chosen.has_probes => format!("mode auto: {sampled}"),
+            Mode::Auto => format!(
+                "mode auto: {sampled}; no exact events: this CPython has no SDT probes (built \
+                 without --with-dtrace)"
+            ),
+        };
+        let budget = match self.budget {
+            Some(max)
+                if chosen.groups.contains(&ProbeGroup::Function)
+                    || chosen.groups.contains(&ProbeGroup::Line) =>
+            {
+                format!(
+                    "; overhead budget {}%: above it, function probes go off and stacks are \
+                     sampled",
+                    max * 100.0
+                )
+            }
+            Some(max) if chosen.has_probes => format!(
+                "; overhead budget {}%: above it, GC, import and audit events go without their \
+                 stacks",
+                max * 100.0
+            ),
+            _ => String::new(),
+        };
+        let into = match (builder.writing_to(), self.view) {
+            (None, _) => String::new(),
+            (Some((writing, final_name)), view) => {
+                let recording = if writing == final_name {
+                    format!("{}", final_name.display())
+                } else {
+                    format!("{} ({} when done)", writing.display(), final_name.display())
+                };
+                match view {
+                    Some(v) => format!("; writing {recording}, then {}", v.display()),
+                    None => format!("; writing {recording}"),
+                }
+            }
+        };
+        format!(
+            "pyprobe: process {pid}{} ({command}), CPython {version}: {what}{budget}{into}",
+            crate::process::status::ns_pid_note(pid),
+        )
+    }
+}
+
+fn armed_line(pid: i32, sites: usize) -> String {
+    format!("pyprobe: {sites} probe sites armed in process {pid}")
 }
 
 /// What the resolver left alone in `pid` (forged or corrupt notes, odd
-/// semaphores), one line each; sites holding something else than their `nop` are
-/// reported by the engine, with why.
-fn refusal_lines(pid: i32, chosen: &RefCell<Chosen>) -> Vec<String> {
-    chosen
+/// semaphores): one line each with `verbose`, else one line saying how many.
+/// Sites holding something else than their `nop` are reported by the engine.
+fn refusal_lines(pid: i32, chosen: &RefCell<Chosen>, verbose: bool) -> Vec<String> {
+    let refusals = chosen
         .borrow_mut()
         .refusals
         .remove(&pid)
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if refusals.is_empty() {
+        return Vec::new();
+    }
+    if !verbose {
+        return vec![format!(
+            "pyprobe: process {pid}: {} probe note{} or semaphore{} failed pyprobe's checks and \
+             {} left alone, not traced (-v says which and why)",
+            refusals.len(),
+            if refusals.len() == 1 { "" } else { "s" },
+            if refusals.len() == 1 { "" } else { "s" },
+            if refusals.len() == 1 { "is" } else { "are" }
+        )];
+    }
+    refusals
         .into_iter()
         .map(|why| format!("pyprobe: process {pid}: {why}"))
         .collect()
-}
-
-fn format_early(event: &TraceEvent) -> String {
-    match event {
-        TraceEvent::Installed { pid, sites, .. } => {
-            format!("pyprobe: {sites} probe sites armed in process {pid}")
-        }
-        TraceEvent::Notice(t) => format!("pyprobe: {t}"),
-        other => format!("pyprobe: {other:?}"),
-    }
 }
 
 /// `record -- CMD` exits with the command's status; a detached command is waited for.

@@ -79,9 +79,7 @@ pub fn returns_only(version: Option<PyVersion>, groups: &BTreeSet<ProbeGroup>) -
 pub struct PythonResolver {
     pub mode: Mode,
     /// GC, import and audit hits may go through the ring with their stacks captured
-    /// in the target (`--engine ring`). Not by default yet: the trampoline finds its
-    /// thread state by walking the interpreter's thread list, and a thread state
-    /// that C code frees without the GIL could be read while freed.
+    /// in the target (every engine but `int3`).
     pub capture_stacks: bool,
     pub requested: Option<BTreeSet<ProbeGroup>>,
     pub chosen: Rc<RefCell<Chosen>>,
@@ -180,12 +178,19 @@ impl Resolver for PythonResolver {
                 let capture = if self.capture_stacks {
                     stack_capture(pid)
                 } else {
-                    Err("asked for with --engine ring only".to_string())
+                    Err("--engine int3".to_string())
                 };
                 match capture {
                     // The ring's trampolines capture the stack at these hits themselves.
                     Ok(capture) => {
                         set.stack_capture = Some(capture);
+                        // Over budget an audit storm is counted, not recorded: it
+                        // opens nothing that a later probe closes (GC, imports do).
+                        set.count_when_thin = context
+                            .iter()
+                            .copied()
+                            .filter(|&i| meanings[i].name == "audit")
+                            .collect();
                         set.stack_probes = context;
                     }
                     // The frame walker reads the stack at these hits: they must stop.

@@ -5,7 +5,7 @@
 use rustc_hash::FxHashMap;
 
 use crate::python::walker::{PyFrame, Walker};
-use crate::record::{EventKind, FrameRef, WalkedFrame};
+use crate::record::{EventKind, FrameRef, SampleState, WalkedFrame};
 use crate::ring::RingStack;
 
 use super::events::EventBuilder;
@@ -25,6 +25,8 @@ pub struct Sampler {
     /// Whether a walker was described on stderr already (one line, not one per
     /// process of a pool).
     described: bool,
+    /// Say which layout the walker reads the interpreter with (`-v`).
+    pub verbose: bool,
 }
 
 /// One process's walker, or when to try attaching it again.
@@ -52,7 +54,7 @@ impl Sampler {
             }
             match Walker::attach(pid) {
                 Ok(w) => {
-                    if !std::mem::replace(&mut self.described, true) {
+                    if self.verbose && !std::mem::replace(&mut self.described, true) {
                         eprintln!("pyprobe: frame walker: {}", w.describe());
                     }
                     slot.walker = Some(w);
@@ -91,8 +93,15 @@ impl Sampler {
             .collect()
     }
 
-    /// Takes one sample of every thread of `pid`.
-    pub fn sample(&mut self, pid: i32, ts_ns: u64, builder: &mut EventBuilder) {
+    /// Takes one sample of every thread of `pid`; `on_cpu` says which of its threads
+    /// were on a CPU (see the engine's tick).
+    pub fn sample(
+        &mut self,
+        pid: i32,
+        ts_ns: u64,
+        on_cpu: &[(i32, bool)],
+        builder: &mut EventBuilder,
+    ) {
         self.ticks += 1;
         let Some(walker) = self.walker(pid, ts_ns) else {
             return;
@@ -110,7 +119,16 @@ impl Sampler {
             }
             let frames = Self::frames(builder, &stack.frames);
             let tid = stack.native_tid.unwrap_or(pid);
-            builder.write(tid, ts_ns, EventKind::Sample { frames });
+            let state = SampleState {
+                // Only a tid the walker knows is looked up: the fallback (the pid)
+                // would give the main thread's state to another thread.
+                on_cpu: stack
+                    .native_tid
+                    .and_then(|t| on_cpu.iter().find(|(id, _)| *id == t))
+                    .map(|(_, c)| *c),
+                holds_gil: stack.holds_gil,
+            };
+            builder.write(tid, ts_ns, EventKind::Sample { frames, state });
             self.samples += 1;
         }
     }
@@ -139,6 +157,13 @@ impl Sampler {
         for (tid, frames) in stacks {
             let frames = Self::frames(builder, &frames);
             builder.write(tid, ts_ns, EventKind::Running { frames });
+        }
+    }
+
+    /// The stacks captured so far in `pid` are named: code objects are checked again.
+    pub fn new_naming_batch(&mut self, pid: i32) {
+        if let Some(walker) = self.walkers.get_mut(&pid).and_then(|s| s.walker.as_mut()) {
+            walker.new_naming_batch();
         }
     }
 

@@ -8,6 +8,7 @@ use nix::unistd::Pid;
 
 use super::{Engine, Hit, Proc, ThreadState, TraceEvent};
 use crate::process::memory::ProcessMemory;
+use crate::record::ThinLevel;
 use crate::ring::DrainStop;
 use crate::tracer::ring_setup;
 use crate::tracer::signals::monotonic_ns;
@@ -38,6 +39,12 @@ const BUSY_NS: u64 = 2_000_000;
 /// cannot time code running inside the target): the in-process measurement of a
 /// trampoline with two string arguments, 47–62 ns on a 2-core VM.
 const RING_EVENT_NS: u64 = 60;
+/// What one event counted but not recorded costs the target (`pushfq`, a
+/// `lock inc`, `popfq` and the jumps): 20–50 ns per `id()` call on a 2-core VM.
+pub(super) const RING_COUNT_NS: u64 = 30;
+/// What each frame a trampoline walks for a stack record adds (two dependent
+/// loads from memory the interpreter touched recently, two stores).
+const RING_FRAME_NS: u64 = 10;
 /// A slot reserved but not published for this long is given up (its producer
 /// was killed or is stuck), counted as lost.
 const STUCK_NS: u64 = 1_000_000_000;
@@ -120,18 +127,22 @@ impl Engine {
         if refused.is_empty() {
             return;
         }
-        let mut text = format!(
-            "process {pid}: {} of {} probe sites refused, not traced:",
+        let head = format!(
+            "process {pid}: {} of {} probe sites refused, not traced",
             refused.len(),
             patches.set.site_count()
         );
+        let mut full = format!("{head}:");
         for (addr, why) in refused.iter().take(4) {
-            text.push_str(&format!(" site {addr:#x} {why}."));
+            full.push_str(&format!(" site {addr:#x} {why}."));
         }
         if refused.len() > 4 {
-            text.push_str(&format!(" ({} more)", refused.len() - 4));
+            full.push_str(&format!(" ({} more)", refused.len() - 4));
         }
-        sink(TraceEvent::Notice(text));
+        sink(TraceEvent::Summarised {
+            short: format!("{head} (-v says which and why)"),
+            full,
+        });
     }
 
     /// A hit of `tid` in `pid` (a clean stop): the ring set up at start-up is due.
@@ -170,7 +181,11 @@ impl Engine {
 
     /// Sets up the ring in `pid`, every thread of it stopped, `tid` at a clean stop.
     fn ring_upgrade(&mut self, pid: i32, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+        let began = monotonic_ns();
         let result = self.ring_upgrade_process(pid, tid, sink);
+        // Once per process: said apart in the budget's closing line, not charged
+        // against the run (it would weigh on a short program's average for good).
+        self.setup_in_stop_ns += monotonic_ns().saturating_sub(began);
         if let Err(e) = result {
             if self.options.ring == RingUse::Required {
                 return Err(e.context("`--engine ring` cannot be used"));
@@ -216,7 +231,7 @@ impl Engine {
         if ring_sites == 0 && self.options.ring == RingUse::Required {
             bail!("no probe site qualifies for the ring");
         }
-        sink(TraceEvent::Notice(format!(
+        sink(TraceEvent::Detail(format!(
             "ring engine in process {pid}: {ring_sites} probe sites write to a ring (no stop per hit), \
              {int3_sites} stay on int3"
         )));
@@ -228,13 +243,16 @@ impl Engine {
             .filter(|r| self.ring_book.said.insert((*r).clone()))
             .collect();
         for (addr, why) in new.into_iter().take(8) {
-            sink(TraceEvent::Notice(format!(
+            sink(TraceEvent::Detail(format!(
                 "ring engine in process {pid}: site {addr:#x} stays on int3: {why}"
             )));
         }
         if self.ring_book.tsc.is_none() {
             self.ring_book.tsc = Some(TscClock::calibrate());
         }
+        // A ring set up over budget starts thin, as the others are.
+        let thin = self.thin != ThinLevel::Full;
+        super::throttle::set_thin(&setup.ring, &proc.patches.set, thin);
         proc.ring = Some(setup.ring);
         Ok(())
     }
@@ -409,6 +427,9 @@ impl Engine {
         if backlog <= HIGH_WATER {
             return Ok(false);
         }
+        if self.thin_instead_of_holding(sink) {
+            return Ok(false);
+        }
         self.ring_book.holds += 1;
         let began = monotonic_ns();
         self.stop_all_running(sink)?;
@@ -469,6 +490,8 @@ impl Engine {
         };
         tsc.refine();
         let mut total = 0;
+        let mut counted_total = 0;
+        let mut frames_walked = 0u64;
         for (&pid, proc) in procs.iter_mut() {
             if only.is_some_and(|only| only != pid) {
                 continue;
@@ -477,6 +500,9 @@ impl Engine {
                 continue;
             };
             let drained = ring.reader.drain(DRAIN_BATCH, |record| {
+                if let Some(stack) = &record.stack {
+                    frames_walked += stack.depth as u64;
+                }
                 let Some(probe) = proc.patches.set.probes.get(record.probe as usize) else {
                     return;
                 };
@@ -498,6 +524,24 @@ impl Engine {
                     stopped: false,
                 }));
             });
+            if drained.records > 0 {
+                sink(TraceEvent::RingDrained { pid });
+            }
+            for &probe in &proc.patches.set.count_when_thin {
+                let counted = ring.reader.counted(probe as u32);
+                let reported = ring.counted_reported.entry(probe as u32).or_insert(0);
+                if counted > *reported {
+                    counted_total += counted - *reported;
+                    sink(TraceEvent::Counted {
+                        pid,
+                        probe,
+                        probe_name: &proc.patches.set.probes[probe].name,
+                        count: counted - *reported,
+                        ts_ns: monotonic_ns(),
+                    });
+                    *reported = counted;
+                }
+            }
             *hits += drained.records as u64;
             total += drained.records;
             if drained.records == DRAIN_BATCH {
@@ -529,7 +573,12 @@ impl Engine {
             }
             proc.ring = Some(ring);
         }
-        self.charge(total as u64 * RING_EVENT_NS);
+        self.counted_since_thin += counted_total;
+        self.charge(
+            total as u64 * RING_EVENT_NS
+                + frames_walked * RING_FRAME_NS
+                + counted_total * RING_COUNT_NS,
+        );
         total
     }
 

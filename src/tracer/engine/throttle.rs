@@ -1,9 +1,21 @@
 //! The engine's side of the overhead budget: charging stopped time, and turning the
 //! budgeted probes off and on in every traced process.
 
+use super::ring::RING_COUNT_NS;
 use super::{Engine, TraceEvent};
+use crate::record::ThinLevel;
+use crate::ring::layout::{THIN_COUNT, THIN_OFF, THIN_STACKLESS};
 use crate::tracer::budget::{Budget, Toggle};
+use crate::tracer::ring_setup::RingProc;
 use crate::tracer::signals::monotonic_ns;
+
+/// How long thinned recording is measured before its cost decides whether the
+/// audit probe must go off.
+const UNCOUNT_AFTER_NS: u64 = 20_000_000;
+/// The audit probe stays off at least this long (doubling each time counting
+/// proves too costly again).
+const UNCOUNTED_FOR_NS: u64 = 100_000_000;
+use crate::tracer::ProbeSet;
 
 impl Engine {
     /// Probes were installed in `pid`: start the budget at the first budgeted
@@ -12,22 +24,26 @@ impl Engine {
         let Some(max) = self.options.max_overhead else {
             return;
         };
-        let has_budgeted = self
-            .procs
-            .get(&pid)
-            .is_some_and(|p| !p.patches.set.budgeted.is_empty());
-        if !has_budgeted {
+        // Function and line probes go off over budget; stacks of GC, import and
+        // audit events are left out.
+        let Some(set) = self.procs.get(&pid).map(|p| &p.patches.set) else {
+            return;
+        };
+        let budgeted = !set.budgeted.is_empty();
+        if !budgeted && set.stack_probes.is_empty() && set.needs_stop.is_empty() {
             return;
         }
         match &self.budget {
             None => {
                 let now = monotonic_ns();
                 self.budget = Some(Budget::new(max, now));
-                sink(TraceEvent::Window {
-                    pid: self.root,
-                    ts_ns: now,
-                    exact: true,
-                });
+                if budgeted {
+                    sink(TraceEvent::Window {
+                        pid: self.root,
+                        ts_ns: now,
+                        exact: true,
+                    });
+                }
             }
             Some(b) if !b.exact() => {
                 if let Some(proc) = self.procs.get_mut(&pid).filter(|p| !p.shares_parent_memory) {
@@ -64,7 +80,10 @@ impl Engine {
         let now = monotonic_ns();
         self.resumed_ns.insert(tid, now);
         let kernel = self.kernel_cost.estimate();
-        self.charge(now.saturating_sub(stopped_seen).saturating_add(kernel));
+        let setup = std::mem::take(&mut self.setup_in_stop_ns);
+        self.setup_total_ns += setup;
+        let stopped = now.saturating_sub(stopped_seen).saturating_sub(setup);
+        self.charge(stopped.saturating_add(kernel));
         self.poll_budget(sink);
     }
 
@@ -72,8 +91,140 @@ impl Engine {
     pub(super) fn poll_budget(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         let now = monotonic_ns();
         let Some(toggle) = self.budget.as_mut().and_then(|b| b.poll(now)) else {
+            self.uncount_if_still_over(now, sink);
             return;
         };
+        let sets = || self.procs.values().map(|p| &p.patches.set);
+        let budgeted = sets().any(|s| !s.budgeted.is_empty());
+        let stacked = sets().any(|s| !s.stack_probes.is_empty() || !s.needs_stop.is_empty());
+        if stacked {
+            let level = match toggle {
+                Toggle::Off => ThinLevel::Stackless,
+                // Down one step at a time: counting again first, stacks only once
+                // counting has shown to fit.
+                Toggle::On if self.thin == ThinLevel::Uncounted && !budgeted => {
+                    if let Some(b) = self.budget.as_mut() {
+                        b.stay_off();
+                    }
+                    // Counting did not fit the last times: try it again later and
+                    // later (100 ms, doubling), so that its trials stay a small
+                    // share of the run.
+                    let wait = UNCOUNTED_FOR_NS << self.uncount_strikes.min(6);
+                    if now.saturating_sub(self.thinned_at) < wait {
+                        return;
+                    }
+                    ThinLevel::Stackless
+                }
+                Toggle::On => ThinLevel::Full,
+            };
+            self.thin_stacks(level, now, sink);
+        }
+        if budgeted {
+            self.toggle_budgeted(toggle, now, sink);
+        }
+    }
+
+    /// Sets how GC, import and audit events are recorded in every process: with
+    /// their stacks, or without (rings are told so, and hits on `int3` are not
+    /// walked); audit probes paused by [`Self::uncount_if_still_over`] come back
+    /// with the stacks.
+    fn thin_stacks(&mut self, level: ThinLevel, now: u64, sink: &mut dyn FnMut(TraceEvent)) {
+        if level < ThinLevel::Uncounted && self.thin == ThinLevel::Uncounted {
+            for (&pid, proc) in self.procs.iter_mut() {
+                if proc.shares_parent_memory {
+                    continue; // switched with its parent's
+                }
+                let guard = self.guardian.as_mut();
+                if let Err(e) = proc.patches.resume_budgeted(&mut proc.mem, guard) {
+                    sink(TraceEvent::Notice(format!(
+                        "process {pid}: cannot turn the audit probe back on ({e})"
+                    )));
+                }
+            }
+        }
+        if level == ThinLevel::Full {
+            self.uncount_strikes = 0;
+        }
+        self.thin = level;
+        self.thinned_at = now;
+        self.counted_since_thin = 0;
+        for proc in self.procs.values() {
+            if let Some(ring) = &proc.ring {
+                set_thin(ring, &proc.patches.set, level != ThinLevel::Full);
+            }
+        }
+        sink(TraceEvent::Thinning {
+            pid: self.root,
+            ts_ns: now,
+            level,
+        });
+    }
+
+    /// A ring's backlog is high. Under a budget whose stacks are still on, the
+    /// stack records are what pyprobe cannot keep up with: thin them now rather
+    /// than hold the target while the backlog is named (tens of ms for a ring of
+    /// stacks). Returns whether it did.
+    pub(super) fn thin_instead_of_holding(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> bool {
+        let stacked = self
+            .procs
+            .values()
+            .any(|p| !p.patches.set.stack_probes.is_empty());
+        let Some(budget) = self.budget.as_mut() else {
+            return false;
+        };
+        if self.thin != ThinLevel::Full || !stacked {
+            return false;
+        }
+        budget.stay_off();
+        self.thin_stacks(ThinLevel::Stackless, monotonic_ns(), sink);
+        true
+    }
+
+    /// Thinned, and still over budget a while later: counting the audit storm
+    /// alone costs more than the budget (a `pushfq`/`lock inc` per event is a good
+    /// share of an `id()` call). Its probe goes off until the budget recovers.
+    fn uncount_if_still_over(&mut self, now: u64, sink: &mut dyn FnMut(TraceEvent)) {
+        let since = now.saturating_sub(self.thinned_at);
+        if self.thin != ThinLevel::Stackless || since < UNCOUNT_AFTER_NS {
+            return;
+        }
+        // What counting costs, from the events counted since thinning began (the
+        // budget's stopped time still carries the backlog of stack records), is
+        // allowed half the budget: samples and the other probes need the rest.
+        let counting = self.counted_since_thin as f64 * RING_COUNT_NS as f64 / since as f64;
+        if !self
+            .budget
+            .as_ref()
+            .is_some_and(|b| counting > b.max() / 2.0)
+        {
+            return;
+        }
+        let mut paused = 0;
+        for (&pid, proc) in self.procs.iter_mut() {
+            if proc.shares_parent_memory {
+                continue; // switched with its parent's
+            }
+            let guard = self.guardian.as_mut();
+            match proc.patches.pause_counted(&mut proc.mem, guard) {
+                Ok(n) => paused += n,
+                Err(e) => sink(TraceEvent::Notice(format!(
+                    "process {pid}: cannot turn the audit probe off for the overhead budget ({e})"
+                ))),
+            }
+        }
+        if paused > 0 {
+            self.uncount_strikes += 1;
+            self.thin = ThinLevel::Uncounted;
+            sink(TraceEvent::Thinning {
+                pid: self.root,
+                ts_ns: now,
+                level: ThinLevel::Uncounted,
+            });
+        }
+    }
+
+    /// Turns the budgeted (function, line) probes off or on in every process.
+    fn toggle_budgeted(&mut self, toggle: Toggle, now: u64, sink: &mut dyn FnMut(TraceEvent)) {
         // Turning the entry and return semaphores one after the other would let the
         // target run calls with only one of them on: returns without entry at every
         // window's start (hundreds through the ring, which never stops it). Stopped,
@@ -145,8 +296,15 @@ impl Engine {
     pub fn budget_summary(&self) -> Option<BudgetSummary> {
         self.budget.as_ref().map(|b| {
             let (blocking_samples, sample_mean_ns) = b.sample_cost();
+            let now = monotonic_ns();
             BudgetSummary {
-                exact_fraction: b.exact_fraction(monotonic_ns()),
+                exact_fraction: b.exact_fraction(now),
+                slowdown: b.overall_slowdown(now),
+                setup_ns: self.setup_total_ns + self.setup_in_stop_ns,
+                traced_functions: self
+                    .procs
+                    .values()
+                    .any(|p| !p.patches.set.budgeted.is_empty()),
                 windows: b.windows(),
                 blocking_samples,
                 sample_mean_ns,
@@ -156,11 +314,30 @@ impl Engine {
     }
 }
 
+/// Thins (or not) every stack probe of `set` served by `ring`.
+pub(super) fn set_thin(ring: &RingProc, set: &ProbeSet, thin: bool) {
+    for &probe in &set.stack_probes {
+        let mode = match thin {
+            false => THIN_OFF,
+            true if set.count_when_thin.contains(&probe) => THIN_COUNT,
+            true => THIN_STACKLESS,
+        };
+        ring.reader.set_thin(probe as u32, mode);
+    }
+}
+
 /// What the overhead budget did in a run, for its closing line.
 #[derive(Debug, Clone, Copy)]
 pub struct BudgetSummary {
-    /// Share of the run with the budgeted probes on.
+    /// Share of the run with the budgeted probes on (or, without function
+    /// probes, with the stacks of GC, import and audit events recorded).
     pub exact_fraction: f64,
+    /// Time the target was stopped for pyprobe over the time it ran, whole run.
+    pub slowdown: f64,
+    /// Stopped once per process to set up the ring (not in `slowdown`).
+    pub setup_ns: u64,
+    /// Function (or line) probes were under the budget, not only stacks.
+    pub traced_functions: bool,
     /// Exact windows opened (the first one included).
     pub windows: u64,
     /// Samples that stopped the target between windows, and their mean cost.
