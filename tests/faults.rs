@@ -229,7 +229,8 @@ fn launched_target_killed_gives_its_status() {
 fn target_execs_another_python_while_traced() {
     for version in ["3.9", "3.15"] {
         let Some(py) = python(version) else { continue };
-        let run = untraced_vs_traced(&py, "exec", &[], End::TargetEnds, |t| {
+        // -v: the sites armed in each image are said.
+        let run = untraced_vs_traced(&py, "exec", &["-v"], End::TargetEnds, |t| {
             vec![ask(t, "ping", "pong"), ask(t, "exec 4", "exec-child")]
         });
         assert_eq!(run.behaviour.code, Some(4));
