@@ -268,12 +268,6 @@ struct Proc {
     /// A vfork child before its exec: the memory is its parent's, and so are the
     /// patches in it (never written, budgeted or undone through this process).
     shares_parent_memory: bool,
-    /// Hits of the probes that stop the process (GC, import, audit: its stack is
-    /// read at each) in the current second.
-    stops: StopWindow,
-    /// Stopping probes found too frequent, to move to the ring at the next turn
-    /// of the event loop.
-    promote: Vec<usize>,
 }
 
 impl Proc {
@@ -288,17 +282,8 @@ impl Proc {
             ring: None,
             ring_pending: false,
             shares_parent_memory: false,
-            stops: StopWindow::default(),
-            promote: Vec::new(),
         }
     }
-}
-
-/// Hits of stopping probes since `since`, per probe.
-#[derive(Debug, Default)]
-struct StopWindow {
-    since: u64,
-    hits: HashMap<usize, u32>,
 }
 
 /// A forked child seen by its parent's event, not yet by its own first stop, or
@@ -614,9 +599,6 @@ impl Engine {
             }
             if let Some(e) = self.fatal.take() {
                 return Err(e);
-            }
-            if self.procs.values().any(|p| !p.promote.is_empty()) {
-                self.promote_hot_probes(sink)?;
             }
             if self.ring_active() {
                 // Hits arrive in the rings without a stop: poll them and the waits.
@@ -1288,7 +1270,6 @@ impl Engine {
             stack: None,
             stopped: true,
         }));
-        self.count_stop(tgid, pi, ts_ns);
         true
     }
 
@@ -1473,22 +1454,12 @@ impl Engine {
 
     /// Interrupts every running thread and waits until all are in a ptrace-stop.
     fn stop_all(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
-        self.stop_threads(true, None, sink)
+        self.stop_threads(true, sink)
     }
 
     /// Like `stop_all`, but threads parked in group-stop stay parked.
     fn stop_all_running(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
-        self.stop_threads(false, None, sink)
-    }
-
-    /// Like `stop_all_running`, for the threads of process `pid` only: the other
-    /// traced processes run on (their stops meanwhile are handled as usual).
-    pub(super) fn stop_process(
-        &mut self,
-        pid: i32,
-        sink: &mut dyn FnMut(TraceEvent),
-    ) -> Result<()> {
-        self.stop_threads(false, Some(pid), sink)
+        self.stop_threads(false, sink)
     }
 
     /// Resumes the threads of process `pid` that pyprobe holds.
@@ -1510,41 +1481,22 @@ impl Engine {
     fn stop_threads(
         &mut self,
         include_listening: bool,
-        only: Option<i32>,
         sink: &mut dyn FnMut(TraceEvent),
     ) -> Result<()> {
-        let wanted = |thread: &Thread| {
-            only.is_none_or(|pid| thread.tgid == pid)
-                && match thread.state {
-                    ThreadState::Listening => include_listening,
-                    ThreadState::Stopped { .. } => false,
-                    _ => true,
-                }
+        let wanted = |state: ThreadState| match state {
+            ThreadState::Listening => include_listening,
+            ThreadState::Stopped { .. } => false,
+            _ => true,
         };
         for (&tid, thread) in &self.threads {
-            if wanted(thread) {
+            if wanted(thread.state) {
                 let _ = ptrace::interrupt(Pid::from_raw(tid));
             }
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while self.threads.values().any(wanted) {
+        while self.threads.values().any(|t| wanted(t.state)) {
             match waitpid(None, Some(WaitPidFlag::__WALL)) {
-                Ok(status) => {
-                    // Stopping one process: the others' stops are handled and
-                    // resumed as in the event loop.
-                    let holding = match (only, status.pid()) {
-                        (Some(pid), Some(tid)) => {
-                            let tid = tid.as_raw();
-                            self.threads
-                                .get(&tid)
-                                .map(|t| t.tgid)
-                                .or_else(|| tgid_of(tid))
-                                == Some(pid)
-                        }
-                        _ => true,
-                    };
-                    self.handle(status, holding, sink)?
-                }
+                Ok(status) => self.handle(status, true, sink)?,
                 Err(Errno::EINTR) => {}
                 Err(Errno::ECHILD) => {
                     self.threads.clear();
@@ -1557,8 +1509,7 @@ impl Engine {
             }
             // New threads seen while holding start stopped too.
             for (&tid, thread) in &self.threads {
-                if thread.state == ThreadState::Running && only.is_none_or(|pid| thread.tgid == pid)
-                {
+                if thread.state == ThreadState::Running {
                     let _ = ptrace::interrupt(Pid::from_raw(tid));
                 }
             }
@@ -1572,7 +1523,7 @@ impl Engine {
     /// A thread may first report a second, stale interrupt (`stop_all` interrupts a
     /// thread again while its first stop is not yet collected): resume it until the
     /// SIGTRAP is gone, a few rounds at most.
-    pub(super) fn take_pending_traps(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+    fn take_pending_traps(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         let pending: Vec<i32> = self
             .threads
             .iter()

@@ -64,9 +64,6 @@ pub struct RingProc {
     pub tag_addr: u64,
     /// The `%fs` base of each thread, for mapping records to threads.
     pub threads: rustc_hash::FxHashMap<u64, i32>,
-    /// Where the ring is mapped in the target, and its length.
-    pub ring_addr: u64,
-    pub ring_len: u64,
     /// Per probe id, the events counted instead of recorded already reported.
     pub counted_reported: HashMap<u32, u64>,
 }
@@ -125,7 +122,7 @@ pub fn setup(
     patches: &mut Patches,
     rips: &[(i32, u64)],
     fs_bases: &[(i32, u64)],
-    guard: Option<&mut Guardian>,
+    mut guard: Option<&mut Guardian>,
 ) -> Result<Setup> {
     let insn = inject::find_code(pid, mem, &[0x0f, 0x05])
         .ok_or_else(|| anyhow!("no `syscall` instruction found in process {pid}"))?;
@@ -161,18 +158,20 @@ pub fn setup(
     let reader = unsafe { RingReader::new(mapping.as_mut_ptr(), mapping.len()) }
         .map_err(|e| anyhow!("{e}"))?;
 
+    let maps = read_maps(pid)?;
     let mut ring = RingProc {
         reader,
         _mapping: mapping,
         sites: HashMap::new(),
         tag_addr: scratch,
         threads: fs_bases.iter().map(|&(t, fs)| (fs, t)).collect(),
-        ring_addr,
-        ring_len: bytes,
         counted_reported: HashMap::new(),
     };
     let mut refused = Vec::new();
+    // Sites grouped by the executable mapping holding them.
+    let mut by_segment: HashMap<usize, Vec<u64>> = HashMap::new();
     let mut addrs: Vec<u64> = patches.sites.keys().copied().collect();
+    addrs.sort_unstable();
     addrs.retain(|addr| {
         let stop = patches
             .sites
@@ -186,68 +185,6 @@ pub fn setup(
         }
         !stop
     });
-    patch_sites(
-        &inj,
-        pid,
-        addrs,
-        mem,
-        patches,
-        rips,
-        &mut ring,
-        &mut refused,
-        guard,
-    )?;
-    Ok(Setup { ring, refused })
-}
-
-/// Moves more `int3` sites of `patches` (`addrs`) to the ring already set up in
-/// `pid`: every thread of it stopped (`rips` their instruction pointers), `tid`
-/// at a clean stop. Returns the sites left on `int3`, with why.
-#[allow(clippy::too_many_arguments)]
-pub fn promote(
-    pid: i32,
-    tid: i32,
-    mem: &mut ProcessMemory,
-    patches: &mut Patches,
-    ring: &mut RingProc,
-    rips: &[(i32, u64)],
-    addrs: Vec<u64>,
-    guard: Option<&mut Guardian>,
-) -> Result<Vec<(u64, String)>> {
-    let insn = inject::find_code(pid, mem, &[0x0f, 0x05])
-        .ok_or_else(|| anyhow!("no `syscall` instruction found in process {pid}"))?;
-    let inj = Injector { tid, insn };
-    let mut refused = Vec::new();
-    patch_sites(
-        &inj,
-        pid,
-        addrs,
-        mem,
-        patches,
-        rips,
-        ring,
-        &mut refused,
-        guard,
-    )?;
-    Ok(refused)
-}
-
-/// Patches `addrs`, grouped by the executable mapping holding them.
-#[allow(clippy::too_many_arguments)]
-fn patch_sites(
-    inj: &Injector,
-    pid: i32,
-    mut addrs: Vec<u64>,
-    mem: &mut ProcessMemory,
-    patches: &mut Patches,
-    rips: &[(i32, u64)],
-    ring: &mut RingProc,
-    refused: &mut Vec<(u64, String)>,
-    mut guard: Option<&mut Guardian>,
-) -> Result<()> {
-    let maps = read_maps(pid)?;
-    addrs.sort_unstable();
-    let mut by_segment: HashMap<usize, Vec<u64>> = HashMap::new();
     for addr in addrs {
         match maps
             .iter()
@@ -262,16 +199,16 @@ fn patch_sites(
     for (index, sites) in segments {
         let segment = &maps[index];
         let result = patch_segment(
-            inj,
-            (ring.ring_addr, ring.ring_len),
+            &inj,
+            (ring_addr, bytes),
             segment,
             &maps,
             &sites,
             mem,
             patches,
             rips,
-            ring,
-            refused,
+            &mut ring,
+            &mut refused,
             guard.as_deref_mut(),
         );
         if let Err(e) = result {
@@ -282,7 +219,7 @@ fn patch_sites(
             }
         }
     }
-    Ok(())
+    Ok(Setup { ring, refused })
 }
 
 /// Qualifies, builds and patches the sites of one executable segment.
