@@ -747,6 +747,16 @@ impl Replay {
         self.processes.push(event);
         let returns_only = self.plan.pairing == Pairing::ReturnsOnly;
         let t = self.threads.entry(tid).or_default();
+        if matches!(
+            event.kind,
+            EventKind::Sample { .. } | EventKind::Thinned { .. } | EventKind::AuditsCounted { .. }
+        ) {
+            // Written when pyprobe looks (a sample) or decides (markers, on whichever
+            // thread): what the thread did before, read from a ring afterwards (a
+            // record still being written when the sample was taken), keeps its
+            // own time.
+            return t.clock.max(event.ts_ns);
+        }
         t.clock = t.clock.max(event.ts_ns);
         let ts = t.clock;
         match &event.kind {

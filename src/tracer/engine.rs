@@ -686,10 +686,10 @@ impl Engine {
         if blocking {
             self.sample_stopped(pids, sink)?;
         } else {
-            // Running on, each could fill its ring faster than it is read here:
-            // what it published meanwhile is drained by the event loop, under its
-            // back-pressure.
+            // Running on: what each published before its read is recorded first
+            // (up to what was there then; it may publish faster than it is read).
             for pid in pids {
+                self.drain_ring_of(pid, sink);
                 let on_cpu = self.cpu_states(pid);
                 sink(TraceEvent::Tick {
                     pid,

@@ -351,10 +351,16 @@ impl Engine {
             let Some(mut ring) = proc.ring.take() else {
                 continue;
             };
+            // The time of the last record read: what is counted is stamped no later,
+            // so that the records still in the ring (older than now) do not come
+            // after it on their thread's clock.
+            let mut last_ts = None;
             let drained = ring.reader.drain(DRAIN_BATCH, |record| {
                 if let Some(stack) = &record.stack {
                     frames_walked += stack.depth as u64;
                 }
+                let ts_ns = tsc.to_ns(record.tsc);
+                last_ts = Some(ts_ns);
                 let Some(probe) = proc.patches.set.probes.get(record.probe as usize) else {
                     return;
                 };
@@ -367,7 +373,7 @@ impl Engine {
                         record.tag as i32
                     },
                     tid,
-                    ts_ns: tsc.to_ns(record.tsc),
+                    ts_ns,
                     probe: record.probe as usize,
                     probe_name: &probe.name,
                     args: &hit_buffers.args,
@@ -389,7 +395,7 @@ impl Engine {
                         probe,
                         probe_name: &proc.patches.set.probes[probe].name,
                         count: counted - *reported,
-                        ts_ns: monotonic_ns(),
+                        ts_ns: last_ts.unwrap_or_else(monotonic_ns),
                     });
                     *reported = counted;
                 }
