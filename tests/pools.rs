@@ -419,11 +419,6 @@ fn forked_workers_get_rings_of_their_own_and_every_event_counts() {
              workers ({lost} lost, {uncounted} ns uncounted), {} made",
             pool * ids
         );
-        assert!(
-            total + lost >= pool * ids / 2,
-            "{version}: {total} of {} audit events accounted for",
-            pool * ids
-        );
     }
 }
 
