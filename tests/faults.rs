@@ -639,3 +639,47 @@ fn disk_full_while_recording() {
     let (_, status) = t.finish();
     assert!(status.success());
 }
+
+/// A traced process that starts commands with vfork (subprocess on CPython
+/// 3.11+): the child runs in its parent's memory until it execs, so nothing may
+/// be written there on its behalf; after detaching, every probe site and
+/// semaphore of the parent is as it was. Before, the child's copy of the ring
+/// sites was turned back into int3s in the shared memory: the parent was left
+/// with an int3 where its ring jump had been.
+#[test]
+fn vfork_children_leave_their_parents_memory_alone() {
+    for version in ["3.11", "3.13"] {
+        let Some(py) = python(version) else { continue };
+        let code = "import subprocess, sys\n\
+                    print('ready', flush=True)\n\
+                    for line in sys.stdin:\n\
+                    \x20   if line.strip() == 'spawn':\n\
+                    \x20       for _ in range(5): subprocess.run(['true'])\n\
+                    \x20       print('spawned', flush=True)\n\
+                    \x20   else:\n\
+                    \x20       import gc, json, csv; gc.collect(); print('done', flush=True)\n";
+        let mut target = Target::spawn(&py.launcher, &["-c", code]);
+        target.wait_for_line("ready");
+        let pid = target.pid();
+        let (sites, sems) = sites_and_semaphores(pid);
+        let recording = TempFile::new(&format!("vfork-{version}.pyprobe"));
+        let tracer = Tracer::record(
+            recording.path(),
+            &["-p", &pid.to_string(), "--subprocesses"],
+        );
+        wait_until_traced(pid, &sems);
+        target.send_line("spawn");
+        target.wait_for_line("spawned");
+        tracer.signal(libc::SIGINT);
+        let (status, stderr) = tracer.wait(Duration::from_secs(30));
+        assert!(status.success(), "{version}: {stderr}");
+        assert!(
+            !stderr.contains("no longer holds pyprobe's jump"),
+            "{version}: every ring site held its jump at the end: {stderr}"
+        );
+        assert_restored(pid, &sites, &sems);
+        // And it runs on: GC, imports, its own probes' sites all as before.
+        target.send_line("go");
+        assert_eq!(target.wait_for_line("done"), "done");
+    }
+}

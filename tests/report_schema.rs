@@ -7,8 +7,8 @@ mod common;
 
 use common::{assert_report_schema, report_schema_errors};
 use pyprobe::analyze::{
-    AuditCount, ExactWindows, FunctionStats, GcStats, Histogram, ImportStats, RaisingStack, Report,
-    Target, Thinned, ThreadStats, Trigger,
+    AuditCount, ExactWindows, FunctionStats, GcStats, Histogram, ImportStats, ProcessStats,
+    RaisingStack, Report, Target, Thinned, ThreadStats, Trigger,
 };
 use pyprobe::output::report::render_json;
 use serde_json::{json, Value};
@@ -69,10 +69,40 @@ fn full_report() -> Report {
         }],
         threads: vec![ThreadStats {
             tid: 4242,
+            pid: 4242,
             events: 100,
             traced_ns: 1_000,
             exclusive_ns: 900,
         }],
+        processes: vec![
+            ProcessStats {
+                pid: 4242,
+                command: "python3.13 app.py".into(),
+                threads: 1,
+                samples: 2,
+                duration_ns: 2_000,
+                own_ns: 400,
+                ..ProcessStats::default()
+            },
+            ProcessStats {
+                pid: 4250,
+                parent: Some(4242),
+                command: "python3.13 app.py".into(),
+                threads: 1,
+                samples: 2,
+                duration_ns: 1_000,
+                own_ns: 400,
+                functions: vec![FunctionStats {
+                    function: "work".into(),
+                    file: "app.py".into(),
+                    line: 5,
+                    calls: None,
+                    inclusive_ns: 400,
+                    exclusive_ns: 400,
+                    samples: 2,
+                }],
+            },
+        ],
         truncated_at: Some(4096),
         exact_windows: Some(ExactWindows {
             exact_ns: 1_000_000_000,
@@ -107,7 +137,14 @@ fn assert_rejected(doc: &Value, what: &str) {
 fn full_and_empty_reports_conform() {
     let full = doc(&full_report());
     // Every section is filled, so every nested object was checked.
-    for key in ["functions", "gc", "imports", "audit", "threads"] {
+    for key in [
+        "functions",
+        "gc",
+        "imports",
+        "audit",
+        "threads",
+        "processes",
+    ] {
         assert!(!full[key].as_array().unwrap().is_empty(), "{key} filled");
     }
     assert!(full["thinned"].is_object() && full["truncated_at"].is_u64());

@@ -95,7 +95,7 @@ fn trace_recording(name: &str) -> PathBuf {
     r.call(100, 0.0, "main", 1);
     r.call(100, 1.0, "work", 10);
     r.call(100, 2.0, "leaf", 20);
-    r.at(101, 3.0, EventKind::ThreadStart);
+    r.at(101, 3.0, EventKind::ThreadStart { pid: 0 });
     r.ret(101, 3.0, "work", 11);
     r.call(101, 3.5, "leaf", 20);
     r.at(101, 3.7, EventKind::ThreadExit);

@@ -12,8 +12,8 @@ use super::replay::{Pairing, Replay, Step};
 use super::samples::{SampleAcc, SampleTracker};
 use super::states::{SampleFilter, SampleTally};
 use super::{
-    Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, ImportStats, Report,
-    Target, Thinned, ThreadStats,
+    Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, ImportStats, ProcessStats,
+    Report, Target, Thinned, ThreadStats,
 };
 use crate::record::{Event, EventKind, FrameRef, Header, StrId, ThinLevel, WalkedFrame};
 
@@ -24,6 +24,125 @@ struct FuncAcc {
     exclusive_ns: u64,
 }
 
+/// What one process's threads did.
+#[derive(Default)]
+struct ProcAcc {
+    functions: HashMap<FrameRef, FuncAcc>,
+    samples: SampleTracker,
+    first_ts: Option<u64>,
+    last_ts: u64,
+}
+
+impl ProcAcc {
+    fn book(&mut self, step: &Step) {
+        book(&mut self.functions, step);
+    }
+}
+
+/// Books one step of the replay into `functions`.
+fn book(functions: &mut HashMap<FrameRef, FuncAcc>, step: &Step) {
+    match *step {
+        Step::Exit(e) => {
+            let acc = functions.entry(e.code).or_default();
+            if e.is_call() {
+                acc.calls += 1;
+            }
+            acc.exclusive_ns = acc.exclusive_ns.saturating_add(e.exclusive_ns);
+            if e.outermost {
+                acc.inclusive_ns = acc.inclusive_ns.saturating_add(e.inclusive_ns);
+            }
+        }
+        Step::Untimed { code, .. } => functions.entry(code).or_default().calls += 1,
+        Step::Enter { .. } => {}
+    }
+}
+
+/// How function rows are made from exact and sampled times.
+#[derive(Clone, Copy)]
+struct RowRules {
+    source: FunctionSource,
+    /// A budget-limited recording: samples add to the exact times.
+    windowed: bool,
+    has_calls: bool,
+    interval: u64,
+}
+
+impl RowRules {
+    fn row(
+        &self,
+        function: String,
+        file: String,
+        frame: FrameRef,
+        t: FuncAcc,
+        s: SampleAcc,
+    ) -> FunctionStats {
+        let (leaf, incl, interval) = (s.leaf, s.inclusive, self.interval);
+        let (inclusive_ns, exclusive_ns) = match self.source {
+            // Samples come only from outside exact windows (budget-limited
+            // recordings): their estimate adds to the exact time.
+            FunctionSource::Traced if self.windowed => (
+                t.inclusive_ns.saturating_add(incl.saturating_mul(interval)),
+                t.exclusive_ns.saturating_add(leaf.saturating_mul(interval)),
+            ),
+            FunctionSource::Traced => (t.inclusive_ns, t.exclusive_ns),
+            // Sampled alongside a busy trace: each sample stands for its
+            // thread's time between samples.
+            FunctionSource::ReturnsOnly => (s.inclusive_ns, s.leaf_ns),
+            FunctionSource::Sampled => {
+                (incl.saturating_mul(interval), leaf.saturating_mul(interval))
+            }
+        };
+        FunctionStats {
+            function,
+            file,
+            line: frame.line,
+            calls: self.has_calls.then_some(t.calls),
+            inclusive_ns,
+            exclusive_ns,
+            samples: leaf,
+        }
+    }
+
+    /// Rows of every function with exact or sampled time, sorted by inclusive
+    /// time, then name.
+    fn rows<F: Fn(StrId) -> String>(
+        &self,
+        names: &mut Names<F>,
+        functions: &HashMap<FrameRef, FuncAcc>,
+        mut samples: HashMap<FrameRef, SampleAcc>,
+    ) -> Vec<FunctionStats> {
+        let mut rows = Vec::new();
+        for (frame, t) in functions {
+            let s = samples.remove(frame).unwrap_or_default();
+            rows.push(self.row(
+                names.get(frame.function),
+                names.get(frame.file),
+                *frame,
+                *t,
+                s,
+            ));
+        }
+        for (frame, s) in samples {
+            rows.push(self.row(
+                names.get(frame.function),
+                names.get(frame.file),
+                frame,
+                FuncAcc::default(),
+                s,
+            ));
+        }
+        rows.sort_by(|a, b| {
+            b.inclusive_ns
+                .cmp(&a.inclusive_ns)
+                .then(b.exclusive_ns.cmp(&a.exclusive_ns))
+                .then_with(|| a.function.cmp(&b.function))
+                .then_with(|| a.file.cmp(&b.file))
+                .then(a.line.cmp(&b.line))
+        });
+        rows
+    }
+}
+
 /// Accumulates events into report data, in memory bounded by the number of
 /// distinct functions, modules, threads and the stack depth cap. Stacks and
 /// times come from the shared [`Replay`]: feed [`push`](Self::push) each event
@@ -31,6 +150,8 @@ struct FuncAcc {
 pub struct Aggregator {
     target: Target,
     mode: String,
+    /// The recording's command line (the header's), its own process's name.
+    command: String,
     start_ns: u64,
     sample_interval_ns: u64,
     functions: HashMap<FrameRef, FuncAcc>,
@@ -46,6 +167,9 @@ pub struct Aggregator {
     /// (audit event, innermost frames as (function, line)) → times raised there.
     audit_stacks: HashMap<(StrId, Vec<(FrameRef, u32)>), u64>,
     threads: BTreeMap<u32, u64>,
+    /// The process of each thread (as of its last event).
+    thread_pids: HashMap<u32, u32>,
+    processes: BTreeMap<u32, ProcAcc>,
     events: u64,
     lost: u64,
     first_ts: Option<u64>,
@@ -165,6 +289,7 @@ impl Aggregator {
                 executable: header.executable.clone(),
             },
             mode: header.mode.clone(),
+            command: header.command_line.join(" "),
             start_ns: header.start_ns,
             sample_interval_ns: header.sample_interval_ns,
             functions: HashMap::new(),
@@ -176,6 +301,8 @@ impl Aggregator {
             gc_triggers: HashMap::new(),
             audit_stacks: HashMap::new(),
             threads: BTreeMap::new(),
+            thread_pids: HashMap::new(),
+            processes: BTreeMap::new(),
             events: 0,
             lost: 0,
             first_ts: None,
@@ -194,7 +321,12 @@ impl Aggregator {
         *self.threads.entry(tid).or_insert(0) += 1;
         self.first_ts = Some(self.first_ts.map_or(ts, |t| t.min(ts)));
         self.last_ts = Some(self.last_ts.map_or(ts, |t| t.max(ts)));
-        self.apply(steps);
+        let pid = replay.process_of(tid);
+        self.thread_pids.insert(tid, pid);
+        let p = self.processes.entry(pid).or_default();
+        p.first_ts = Some(p.first_ts.map_or(ts, |t| t.min(ts)));
+        p.last_ts = p.last_ts.max(ts);
+        self.apply(steps, replay);
         match &event.kind {
             EventKind::GcStart { generation } => {
                 self.thinning.event();
@@ -233,6 +365,9 @@ impl Aggregator {
                 let codes: Vec<FrameRef> = frames.iter().map(|w| replay.walked_code(w)).collect();
                 let weight = replay.plan().sample_weight(tid, self.sample_interval_ns);
                 self.samples.record(&codes, weight);
+                if let Some(p) = self.processes.get_mut(&pid) {
+                    p.samples.record(&codes, weight);
+                }
             }
             EventKind::ThreadExit => {
                 self.gc.thread_exit(tid);
@@ -250,7 +385,9 @@ impl Aggregator {
             | EventKind::Return { .. }
             | EventKind::Line { .. }
             | EventKind::Running { .. }
-            | EventKind::ThreadStart => {}
+            | EventKind::ThreadStart { .. }
+            | EventKind::ProcessStart { .. }
+            | EventKind::Exec { .. } => {}
         }
     }
 
@@ -264,23 +401,18 @@ impl Aggregator {
         }
     }
 
-    /// Books the frames and calls the replay ended.
-    pub fn apply(&mut self, steps: &[Step]) {
+    /// Books the frames and calls the replay ended, to the functions of the
+    /// whole recording and of their process.
+    pub fn apply(&mut self, steps: &[Step], replay: &Replay) {
         for step in steps {
-            match *step {
-                Step::Exit(e) => {
-                    let acc = self.functions.entry(e.code).or_default();
-                    if e.is_call() {
-                        acc.calls += 1;
-                    }
-                    acc.exclusive_ns = acc.exclusive_ns.saturating_add(e.exclusive_ns);
-                    if e.outermost {
-                        acc.inclusive_ns = acc.inclusive_ns.saturating_add(e.inclusive_ns);
-                    }
-                }
-                Step::Untimed { code, .. } => self.functions.entry(code).or_default().calls += 1,
-                Step::Enter { .. } => {}
-            }
+            book(&mut self.functions, step);
+            let tid = match *step {
+                Step::Exit(e) => e.tid,
+                Step::Untimed { tid, .. } => tid,
+                Step::Enter { .. } => continue,
+            };
+            let pid = replay.process_of(tid);
+            self.processes.entry(pid).or_default().book(step);
         }
     }
 
@@ -297,7 +429,7 @@ impl Aggregator {
         let close_at = end.max(self.last_ts.unwrap_or(0));
         let mut steps = Vec::new();
         replay.finish(close_at, &mut steps);
-        self.apply(&steps);
+        self.apply(&steps, &replay);
         let start = if self.start_ns != 0 {
             self.start_ns
         } else {
@@ -318,50 +450,42 @@ impl Aggregator {
             replay.thread_times().into_iter().collect();
 
         let mut names = Names::new(resolve);
-        let mut samples = self.samples.finish();
-        let mut functions: Vec<FunctionStats> = Vec::new();
-        let mut add = |names: &mut Names<_>, frame: FrameRef, t: FuncAcc, s: SampleAcc| {
-            let (leaf, incl) = (s.leaf, s.inclusive);
-            let (inclusive_ns, exclusive_ns) = match source {
-                // Samples come only from outside exact windows (budget-limited
-                // recordings): their estimate adds to the exact time.
-                FunctionSource::Traced if windowed => (
-                    t.inclusive_ns.saturating_add(incl.saturating_mul(interval)),
-                    t.exclusive_ns.saturating_add(leaf.saturating_mul(interval)),
-                ),
-                FunctionSource::Traced => (t.inclusive_ns, t.exclusive_ns),
-                // Sampled alongside a busy trace: each sample stands for its
-                // thread's time between samples.
-                FunctionSource::ReturnsOnly => (s.inclusive_ns, s.leaf_ns),
-                FunctionSource::Sampled => {
-                    (incl.saturating_mul(interval), leaf.saturating_mul(interval))
-                }
-            };
-            functions.push(FunctionStats {
-                function: names.get(frame.function),
-                file: names.get(frame.file),
-                line: frame.line,
-                calls: has_calls.then_some(t.calls),
-                inclusive_ns,
-                exclusive_ns,
-                samples: leaf,
-            });
+        let rules = RowRules {
+            source,
+            windowed,
+            has_calls,
+            interval,
         };
-        for (frame, t) in &self.functions {
-            let s = samples.remove(frame).unwrap_or_default();
-            add(&mut names, *frame, *t, s);
+        let functions = rules.rows(&mut names, &self.functions, self.samples.finish());
+        let mut processes = Vec::new();
+        let root = self.target.pid;
+        let map = &replay.plan().processes;
+        // The recording's own process first, then in order of appearance; one
+        // with no event of its own is still listed.
+        let mut order: Vec<u32> = map.all().iter().map(|p| p.pid).collect();
+        order.extend(self.processes.keys().filter(|pid| map.get(**pid).is_none()));
+        for pid in order {
+            let acc = self.processes.remove(&pid).unwrap_or_default();
+            let samples = acc.samples.samples;
+            let rows = rules.rows(&mut names, &acc.functions, acc.samples.finish());
+            let info = map.get(pid);
+            processes.push(ProcessStats {
+                pid,
+                parent: info.and_then(|p| p.parent),
+                command: match info.and_then(|p| p.command) {
+                    Some(id) => names.get(id),
+                    None => self.command.clone(),
+                },
+                threads: self.thread_pids.values().filter(|&&p| p == pid).count() as u64,
+                samples,
+                duration_ns: acc.first_ts.map_or(0, |f| acc.last_ts.saturating_sub(f)),
+                own_ns: rows
+                    .iter()
+                    .map(|f| f.exclusive_ns)
+                    .fold(0u64, u64::saturating_add),
+                functions: rows,
+            });
         }
-        for (frame, s) in samples {
-            add(&mut names, frame, FuncAcc::default(), s);
-        }
-        functions.sort_by(|a, b| {
-            b.inclusive_ns
-                .cmp(&a.inclusive_ns)
-                .then(b.exclusive_ns.cmp(&a.exclusive_ns))
-                .then_with(|| a.function.cmp(&b.function))
-                .then_with(|| a.file.cmp(&b.file))
-                .then(a.line.cmp(&b.line))
-        });
 
         let (mut gc, unpaired_gc) = self.gc.finish();
         for stats in &mut gc {
@@ -448,6 +572,7 @@ impl Aggregator {
                     let t = times.get(&tid).copied().unwrap_or_default();
                     ThreadStats {
                         tid,
+                        pid: self.thread_pids.get(&tid).copied().unwrap_or(root),
                         events,
                         traced_ns: t.wall_ns(),
                         exclusive_ns: t.exclusive_ns,
@@ -459,6 +584,7 @@ impl Aggregator {
                 unpaired_gc,
                 unpaired_imports,
             },
+            processes,
             truncated_at: None,
             exact_windows: self.windows.finish(close_at),
             thinned: self.thinning.finish(close_at),

@@ -19,7 +19,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use super::replay::{Pairing, Replay, ReplayCounters, Step};
 use super::states::{SampleFilter, SampleTally};
-use crate::record::{Event, EventKind, FrameRef, Header};
+use crate::record::{Event, EventKind, FrameRef, Header, StrId};
 
 /// A fast hasher for the small integer keys of the tree (the Fx algorithm):
 /// the keys come from the recording's own ids, and the tree is bounded, so
@@ -72,6 +72,13 @@ pub enum FoldFrame {
     Gc {
         /// GC generation (0 youngest).
         generation: i32,
+    },
+    /// The process the stacks above ran in, at the root of every stack when the
+    /// recording holds several (`--subprocesses`).
+    Process {
+        pid: u32,
+        /// Its command line then; `None`: the recording's (the header's).
+        command: Option<StrId>,
     },
 }
 
@@ -255,6 +262,17 @@ impl Folder {
         node
     }
 
+    /// Where the stacks of thread `tid` start: its process's node when the
+    /// recording holds several processes, else the root.
+    fn base(&mut self, tid: u32, replay: &Replay) -> NodeId {
+        if !replay.several_processes() {
+            return StackTree::ROOT;
+        }
+        let pid = replay.process_of(tid);
+        let command = replay.processes().get(pid).and_then(|p| p.command);
+        self.child(StackTree::ROOT, FoldFrame::Process { pid, command })
+    }
+
     /// Adds one event, at its thread's time `ts`, with the steps the replay made
     /// of it.
     pub fn push(&mut self, event: &Event, ts: u64, steps: &[Step], replay: &Replay) {
@@ -268,15 +286,14 @@ impl Folder {
             EventKind::Return { .. } => self.counts.returns += 1,
             _ => {}
         }
-        self.apply(steps);
+        self.apply(steps, replay);
         match &event.kind {
             EventKind::GcStart { generation } => {
                 let depth = replay.depth(tid);
-                let top = self
-                    .threads
-                    .get(&tid)
-                    .and_then(|t| t.nodes.last().copied())
-                    .unwrap_or(StackTree::ROOT);
+                let top = match self.threads.get(&tid).and_then(|t| t.nodes.last().copied()) {
+                    Some(node) => node,
+                    None => self.base(tid, replay),
+                };
                 let node = self.child(
                     top,
                     FoldFrame::Gc {
@@ -310,19 +327,17 @@ impl Folder {
             }
             EventKind::Sample { frames, state } => {
                 self.counts.samples += 1;
-                if !self.tally.admit(*state) {
+                if !self.tally.admit(*state) || frames.is_empty() {
                     return;
                 }
-                let mut node = StackTree::ROOT;
+                let mut node = self.base(tid, replay);
                 for w in frames {
                     node = self.child(node, FoldFrame::Python(replay.walked_code(w)));
                 }
-                if node != StackTree::ROOT {
-                    self.samples[node as usize] += 1;
-                    if self.windowed {
-                        let n = node as usize;
-                        self.time[n] = self.time[n].wrapping_add(self.sample_interval_ns);
-                    }
+                self.samples[node as usize] += 1;
+                if self.windowed {
+                    let n = node as usize;
+                    self.time[n] = self.time[n].wrapping_add(self.sample_interval_ns);
                 }
             }
             EventKind::Lost { count } => {
@@ -337,17 +352,18 @@ impl Folder {
     }
 
     /// Books the frames the replay pushed and ended.
-    fn apply(&mut self, steps: &[Step]) {
+    fn apply(&mut self, steps: &[Step], replay: &Replay) {
         for step in steps {
             match *step {
                 Step::Enter {
                     tid, code, depth, ..
                 } => {
+                    let base = self.base(tid, replay);
                     let t = self.threads.entry(tid).or_default();
                     t.nodes.truncate(depth);
                     let parent = match &t.gc {
                         Some(gc) if gc.depth == depth => gc.node,
-                        _ => t.nodes.last().copied().unwrap_or(StackTree::ROOT),
+                        _ => t.nodes.last().copied().unwrap_or(base),
                     };
                     let node = self.tree.child(parent, FoldFrame::Python(code));
                     self.threads.entry(tid).or_default().nodes.push(node);
@@ -374,11 +390,10 @@ impl Folder {
                 }
                 Step::Untimed { tid, code, .. } => {
                     // A call whose entry was not seen: counted on top of the stack.
-                    let top = self
-                        .threads
-                        .get(&tid)
-                        .and_then(|t| t.nodes.last().copied())
-                        .unwrap_or(StackTree::ROOT);
+                    let top = match self.threads.get(&tid).and_then(|t| t.nodes.last().copied()) {
+                        Some(node) => node,
+                        None => self.base(tid, replay),
+                    };
                     let node = self.child(top, FoldFrame::Python(code));
                     self.calls[node as usize] += 1;
                 }
@@ -398,7 +413,7 @@ impl Folder {
         let close_at = end_ns.unwrap_or(last).max(last);
         let mut steps = Vec::new();
         replay.finish(close_at, &mut steps);
-        self.apply(&steps);
+        self.apply(&steps, &replay);
         self.grow();
         self.counts.returns_only = replay.plan().pairing() == Pairing::ReturnsOnly;
         Folded {
@@ -621,6 +636,7 @@ mod tests {
                 .map(|p| match p {
                     FoldFrame::Python(fr) => fr.function.0,
                     FoldFrame::Gc { .. } => 99,
+                    FoldFrame::Process { pid, .. } => 1000 + pid,
                 })
                 .collect();
             out.push((names, v));
@@ -724,6 +740,7 @@ mod tests {
         let name = |f: &FoldFrame| match f {
             FoldFrame::Python(p) => format!("f{}", p.function.0),
             FoldFrame::Gc { .. } => "gc".into(),
+            FoldFrame::Process { pid, .. } => format!("p{pid}"),
         };
         let walk = |min_total| {
             let mut out = Vec::new();

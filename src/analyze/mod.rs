@@ -8,6 +8,7 @@ mod gc;
 pub mod histogram;
 mod imports;
 pub mod model;
+pub mod processes;
 pub mod replay;
 mod samples;
 pub mod states;
@@ -20,7 +21,7 @@ pub use filter::{parse_duration, FileFilter, FilterError, SliceFilter};
 pub use histogram::Histogram;
 pub use model::{
     Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, GcStats, ImportStats,
-    RaisingStack, Report, Target, Thinned, ThreadStats, Trigger,
+    ProcessStats, RaisingStack, Report, Target, Thinned, ThreadStats, Trigger,
 };
 pub use replay::{
     plan_events, EndKind, Exit, Pairing, Plan, Planner, Replay, ReplayCounters, Step, MAX_DEPTH,

@@ -120,6 +120,8 @@ pub struct RaisingStack {
 pub struct ThreadStats {
     /// Native thread id.
     pub tid: u32,
+    /// The process it ran in.
+    pub pid: u32,
     /// Events recorded on it.
     pub events: u64,
     /// From the start of its first traced frame to the end of its last: the
@@ -128,6 +130,29 @@ pub struct ThreadStats {
     /// Sum of the exclusive times of its traced frames: `traced_ns` less the
     /// moments it ran outside any Python frame.
     pub exclusive_ns: u64,
+}
+
+/// One process of the recording: its own, or a child traced with it
+/// (`--subprocesses`), with its functions on their own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessStats {
+    pub pid: u32,
+    /// The traced process it was forked from; `None` for the recording's own.
+    pub parent: Option<u32>,
+    /// Its command line (after its last `exec`).
+    pub command: String,
+    /// Its threads that have events.
+    pub threads: u64,
+    /// Samples of its threads.
+    pub samples: u64,
+    /// From its first event to its last.
+    pub duration_ns: u64,
+    /// Its own time, which the shares of its functions are of: the sum of their
+    /// exclusive times (each sample standing for its thread's time between
+    /// samples, when sampled).
+    pub own_ns: u64,
+    /// Its functions, as [`Report::functions`] (sorted the same way).
+    pub functions: Vec<FunctionStats>,
 }
 
 /// Irregularities met while rebuilding stacks and pairing events; the report
@@ -169,6 +194,9 @@ pub struct Report {
     pub audit: Vec<AuditCount>,
     /// By thread id.
     pub threads: Vec<ThreadStats>,
+    /// The recording's own process first, then its traced children in order of
+    /// appearance.
+    pub processes: Vec<ProcessStats>,
     /// How far to trust the numbers.
     pub anomalies: Anomalies,
     /// Set when the recording was cut short at this file offset.

@@ -40,6 +40,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 
 use super::folded::FxHasher;
+use super::processes::ProcessMap;
 use crate::record::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
 
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
@@ -220,6 +221,8 @@ pub struct Plan {
     pub returns: u64,
     /// Sample events.
     pub samples: u64,
+    /// Every process of the recording, as its last event left them.
+    pub processes: ProcessMap,
 }
 
 impl Plan {
@@ -416,7 +419,10 @@ impl Planner {
             threads: FastMap::default(),
             segment: 0,
             entry_lines: FastSet::default(),
-            plan: Plan::default(),
+            plan: Plan {
+                processes: ProcessMap::new(header),
+                ..Plan::default()
+            },
         }
     }
 
@@ -452,6 +458,7 @@ impl Planner {
     /// Adds one event; `strings` is the recording's string table so far.
     pub fn push(&mut self, event: &Event, strings: &[String]) {
         let tid = event.tid;
+        self.plan.processes.push(event);
         match &event.kind {
             EventKind::Call { frame } => {
                 self.plan.calls += 1;
@@ -526,6 +533,16 @@ impl Planner {
                 let t = Self::thread(&mut self.threads, self.segment, tid);
                 t.stack.clear();
                 t.overflow = 0;
+            }
+            EventKind::Exec { .. } => {
+                // The old program's frames are gone with its image.
+                let pid = self.plan.processes.pid_of(tid);
+                for (&t_id, t) in self.threads.iter_mut() {
+                    if self.plan.processes.pid_of(t_id) == pid {
+                        t.stack.clear();
+                        t.overflow = 0;
+                    }
+                }
             }
             EventKind::Running { frames } => {
                 self.walked(frames);
@@ -647,6 +664,8 @@ pub struct Replay {
     segment: u32,
     header_start: u64,
     counters: ReplayCounters,
+    /// The processes as the events so far say.
+    processes: ProcessMap,
 }
 
 impl Replay {
@@ -658,7 +677,24 @@ impl Replay {
             segment: 0,
             header_start: header.start_ns,
             counters: ReplayCounters::default(),
+            processes: ProcessMap::new(header),
         }
+    }
+
+    /// The process of thread `tid` at the event being replayed.
+    pub fn process_of(&self, tid: u32) -> u32 {
+        self.processes.pid_of(tid)
+    }
+
+    /// The processes as the events so far say (commands as of now).
+    pub fn processes(&self) -> &ProcessMap {
+        &self.processes
+    }
+
+    /// Whether the recording holds more than its own process (known from the
+    /// first pass, so from the first event on).
+    pub fn several_processes(&self) -> bool {
+        self.plan.processes.several()
     }
 
     /// The plan it replays.
@@ -708,8 +744,19 @@ impl Replay {
     /// on its thread's monotonic clock.
     pub fn push(&mut self, event: &Event, out: &mut Vec<Step>) -> u64 {
         let tid = event.tid;
+        self.processes.push(event);
         let returns_only = self.plan.pairing == Pairing::ReturnsOnly;
         let t = self.threads.entry(tid).or_default();
+        if matches!(
+            event.kind,
+            EventKind::Sample { .. } | EventKind::Thinned { .. } | EventKind::AuditsCounted { .. }
+        ) {
+            // Written when pyprobe looks (a sample) or decides (markers, on whichever
+            // thread): what the thread did before, read from a ring afterwards (a
+            // record still being written when the sample was taken), keeps its
+            // own time.
+            return t.clock.max(event.ts_ns);
+        }
         t.clock = t.clock.max(event.ts_ns);
         let ts = t.clock;
         match &event.kind {
@@ -783,7 +830,17 @@ impl Replay {
             EventKind::ThreadExit => {
                 self.close(tid, ts, EndKind::Open, out);
             }
-            EventKind::ThreadStart => t.started = Some(ts),
+            EventKind::ThreadStart { .. } => t.started = Some(ts),
+            EventKind::Exec { .. } => {
+                // The old program's frames ended with its image: times counted.
+                let pid = self.processes.pid_of(tid);
+                for id in self.thread_ids() {
+                    if self.processes.pid_of(id) == pid {
+                        let at = self.threads.get(&id).map_or(ts, |t| t.clock.max(ts));
+                        self.close(id, at, EndKind::Cut, out);
+                    }
+                }
+            }
             EventKind::Running { frames } if !returns_only => {
                 // Tracing begins on this thread: what the walker saw is running.
                 self.close(tid, ts, EndKind::Cut, out);

@@ -520,7 +520,7 @@ fn audit_threads_lost_and_duration() {
     let mut s = Script::new();
     let open = s.id("open");
     let connect = s.id("socket.connect");
-    s.push(1_000, EventKind::ThreadStart)
+    s.push(1_000, EventKind::ThreadStart { pid: 0 })
         .push(1_100, EventKind::Audit { event: open })
         .push(1_200, EventKind::Audit { event: open })
         .push(1_300, EventKind::Lost { count: 5 });
@@ -973,4 +973,125 @@ fn returns_alone_from_a_paired_cpython_are_frames_that_were_running() {
     );
     let serve = func(&r, "serve");
     assert_eq!((serve.calls, serve.inclusive_ns), (Some(0), 95));
+}
+
+/// A parent (pid 10) and a worker it forked (pid 20, thread 21 started in it):
+/// each process has its own rows, with shares of its own time; threads name their
+/// process; the folded stacks start at their process.
+#[test]
+fn processes_have_their_own_rows_and_roots() {
+    let header = Header {
+        pid: 10,
+        command_line: vec!["python3".into(), "pool.py".into()],
+        mode: "sample".into(),
+        sample_interval_ns: 10,
+        ..Header::default()
+    };
+    let mut s = Script::new();
+    s.tid = 10;
+    for i in 0..4 {
+        s.sample(i * 10, &[("main", 1, 2), ("parent_spin", 5, 6)]);
+    }
+    let command = s.id("python3 -c spawn_main");
+    s.tid = 20;
+    s.push(
+        5,
+        EventKind::ProcessStart {
+            parent: 10,
+            command,
+        },
+    );
+    for i in 0..3 {
+        s.sample(10 + i * 10, &[("worker_burn", 8, 9)]);
+    }
+    s.sample(40, &[("worker_burn", 8, 9), ("helper", 12, 13)]);
+    s.tid = 21;
+    s.push(41, EventKind::ThreadStart { pid: 20 });
+    s.sample(45, &[("side", 15, 16)]);
+    let r = s.report_with(&header, Some(50));
+    let pids: Vec<(u32, Option<u32>)> = r.processes.iter().map(|p| (p.pid, p.parent)).collect();
+    assert_eq!(pids, [(10, None), (20, Some(10))]);
+    let (parent, worker) = (&r.processes[0], &r.processes[1]);
+    assert_eq!(parent.command, "python3 pool.py");
+    assert_eq!(worker.command, "python3 -c spawn_main");
+    assert_eq!((parent.samples, worker.samples), (4, 5));
+    assert_eq!((parent.threads, worker.threads), (1, 2));
+    let names = |p: &ProcessStats| -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = p
+            .functions
+            .iter()
+            .filter(|f| f.exclusive_ns > 0)
+            .map(|f| (f.function.clone(), f.exclusive_ns))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(parent), [("parent_spin".to_string(), 40)]);
+    assert_eq!(
+        names(worker),
+        [
+            ("helper".to_string(), 10),
+            ("side".to_string(), 10),
+            ("worker_burn".to_string(), 30)
+        ]
+    );
+    assert_eq!((parent.own_ns, worker.own_ns), (40, 50));
+    // The whole recording's rows are both processes' together.
+    assert_eq!(func(&r, "worker_burn").inclusive_ns, 40);
+    let pid_of = |tid: u32| r.threads.iter().find(|t| t.tid == tid).unwrap().pid;
+    assert_eq!((pid_of(10), pid_of(20), pid_of(21)), (10, 20, 20));
+
+    let folded = crate::analyze::folded::fold_events(&header, &s.strings, &s.events, Some(50));
+    let mut roots = std::collections::BTreeMap::new();
+    folded.for_each_stack(crate::analyze::folded::Measure::Samples, |path, v| {
+        let root = match path[0] {
+            crate::analyze::folded::FoldFrame::Process { pid, command } => (pid, command),
+            other => panic!("a stack starting at {other:?}"),
+        };
+        *roots.entry(root).or_insert(0) += v;
+    });
+    assert_eq!(
+        roots.into_iter().collect::<Vec<_>>(),
+        [((10, None), 4), ((20, Some(command)), 5)]
+    );
+}
+
+/// One process alone: no process frame at the root, as before processes were
+/// recorded.
+#[test]
+fn a_single_process_has_no_process_root() {
+    let mut s = Script::new();
+    s.sample(0, &[("main", 1, 2)]);
+    let header = Header {
+        pid: 1,
+        ..Header::default()
+    };
+    let folded = crate::analyze::folded::fold_events(&header, &s.strings, &s.events, None);
+    folded.for_each_stack(crate::analyze::folded::Measure::Samples, |path, _| {
+        assert!(matches!(
+            path[0],
+            crate::analyze::folded::FoldFrame::Python(_)
+        ));
+    });
+    let r = s.report_with(&header, None);
+    assert_eq!(r.processes.len(), 1);
+    assert_eq!(r.processes[0].functions.len(), 1);
+}
+
+/// An exec ends the frames of the program it replaces: timed to there, not
+/// counted as calls, and the new program's calls start afresh.
+#[test]
+fn exec_ends_the_old_programs_frames() {
+    let mut s = Script::new();
+    let command = s.id("python3 other.py");
+    s.call(0, "main", 1).call(10, "old_work", 5);
+    s.push(30, EventKind::Exec { command });
+    s.call(40, "new_main", 1).ret(60, "new_main", 3);
+    let r = s.report_with(&Header::default(), Some(70));
+    assert_eq!(func(&r, "old_work").inclusive_ns, 20);
+    assert_eq!(func(&r, "old_work").calls, Some(0));
+    assert_eq!(func(&r, "main").inclusive_ns, 30);
+    assert_eq!(func(&r, "new_main").calls, Some(1));
+    assert_eq!(r.anomalies.replay.open_at_end, 0);
+    assert_eq!(r.processes[0].command, "python3 other.py");
 }

@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::io::{Read, Seek, Write};
 
 use crate::analyze::{EndKind, Exit, SampleFilter, SampleTally, SliceFilter, Step};
-use crate::output::flame::{FrameNames, ViewError, ViewInfo};
+use crate::output::flame::{short_command, FrameNames, ViewError, ViewInfo};
 use crate::output::speedscope::json_str;
 use crate::output::{plan_recording, replay_planned, Census};
 use crate::record::{EventKind, FrameRef, RecordingReader, StrId, ThinLevel};
@@ -58,7 +58,10 @@ struct ThreadState {
 
 struct Writer<W: Write> {
     out: W,
-    pid: u32,
+    /// The recording's own process, and the process of each thread seen (under
+    /// `--subprocesses`, its children have theirs).
+    root: u32,
+    pids: HashMap<u32, u32>,
     start: u64,
     first: bool,
     /// Slice name and args per frame, JSON-ready.
@@ -81,6 +84,11 @@ impl<W: Write> Writer<W> {
 
     fn rel(&self, ts: u64) -> u64 {
         ts.saturating_sub(self.start)
+    }
+
+    /// The process of thread `tid`.
+    fn pid(&self, tid: u32) -> u32 {
+        self.pids.get(&tid).copied().unwrap_or(self.root)
     }
 
     /// Whether the filter keeps the functions of `file`.
@@ -129,7 +137,7 @@ impl<W: Write> Writer<W> {
         } else {
             ""
         };
-        let (pid, tid) = (self.pid, e.tid);
+        let (pid, tid) = (self.pid(e.tid), e.tid);
         self.event(format_args!(
             "{{\"name\":{name},\"cat\":\"python\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{pid},\"tid\":{tid},\"args\":{{{args}{start}{end}}}}}",
             us(begin),
@@ -181,7 +189,7 @@ impl<W: Write> Writer<W> {
                     )
                 })
                 .clone();
-            let pid = self.pid;
+            let pid = self.pid(tid);
             let track = SAMPLED_TRACK | tid;
             self.event(format_args!(
                 "{{\"name\":{name},\"cat\":\"sampled\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{pid},\"tid\":{track},\"args\":{{{args}}}}}",
@@ -208,7 +216,8 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
     before(&census);
     let mut w = Writer {
         out,
-        pid: header.pid,
+        root: header.pid,
+        pids: HashMap::new(),
         start: header.start_ns,
         first: true,
         names: HashMap::new(),
@@ -227,6 +236,7 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
         json_str(&format!("{process} (pid {})", header.pid))
     ))?;
     let mut threads: HashMap<u32, ThreadState> = HashMap::new();
+    let mut processes: BTreeSet<u32> = BTreeSet::from([header.pid]);
     let mut seen: BTreeSet<u32> = BTreeSet::new();
     let mut sampled_seen: BTreeSet<u32> = BTreeSet::new();
     let mut base_set = header.start_ns != 0;
@@ -238,25 +248,37 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
             w.start = ts;
             base_set = true;
         }
+        // A child traced with --subprocesses is a process of its own.
+        let pid = replay.process_of(tid);
+        w.pids.insert(tid, pid);
+        if processes.insert(pid) {
+            // Named by its last command line (a spawned worker's, after its exec).
+            let command = replay.plan().processes.get(pid).and_then(|p| p.command);
+            let command = command
+                .map(|c| reader.string(c).into_owned())
+                .unwrap_or_default();
+            w.event(format_args!(
+                "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{pid},\"args\":{{\"name\":{}}}}}",
+                json_str(&format!("{} (pid {pid})", short_command(&command)))
+            ))?;
+        }
         last_ts = last_ts.max(ts);
         // A thread's own track is named once something goes on it (samples
         // have their own track).
         let sample = matches!(event.kind, EventKind::Sample { .. });
         if !sample && seen.insert(tid) {
-            let name = if tid == header.pid {
+            let name = if tid == pid {
                 format!("main thread ({tid})")
             } else {
                 format!("thread {tid}")
             };
             w.event(format_args!(
-                "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{},\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
-                header.pid,
+                "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
                 json_str(&name)
             ))?;
             w.event(format_args!(
-                "{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":{},\"tid\":{tid},\"args\":{{\"sort_index\":{}}}}}",
-                header.pid,
-                u32::from(tid != header.pid)
+                "{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"sort_index\":{}}}}}",
+                u32::from(tid != pid)
             ))?;
         }
         let names = FrameNames::new(reader.strings(), options.full_paths);
@@ -270,21 +292,19 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
             }
             EventKind::Sample { frames, state } => {
                 if sampled_seen.insert(tid) {
-                    let name = if tid == header.pid {
+                    let name = if tid == pid {
                         format!("main thread ({tid}), sampled")
                     } else {
                         format!("thread {tid}, sampled")
                     };
                     let track = SAMPLED_TRACK | tid;
                     w.event(format_args!(
-                        "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{},\"tid\":{track},\"args\":{{\"name\":{}}}}}",
-                        header.pid,
+                        "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{track},\"args\":{{\"name\":{}}}}}",
                         json_str(&name)
                     ))?;
                     w.event(format_args!(
-                        "{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":{},\"tid\":{track},\"args\":{{\"sort_index\":{}}}}}",
-                        header.pid,
-                        u32::from(tid != header.pid)
+                        "{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{track},\"args\":{{\"sort_index\":{}}}}}",
+                        u32::from(tid != pid)
                     ))?;
                 }
                 let t = threads.entry(tid).or_default();
@@ -316,7 +336,7 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                         "{{\"name\":\"gc (generation {generation})\",\"cat\":\"gc\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{},\"tid\":{tid},\"args\":{{\"generation\":{generation},\"collected\":{collected}}}}}",
                         us(begin),
                         us(dur),
-                        header.pid
+                        pid
                     ))?;
                 }
             }
@@ -342,7 +362,7 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                         json_str(&format!("import {m}")),
                         us(begin),
                         us(dur),
-                        header.pid,
+                        pid,
                         json_str(&m)
                     ))?;
                 }
@@ -353,21 +373,21 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                     "{{\"name\":{},\"cat\":\"audit\",\"ph\":\"i\",\"s\":\"t\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
                     json_str(&format!("audit {name}")),
                     us(w.rel(ts)),
-                    header.pid
+                    pid
                 ))?;
             }
             EventKind::AuditsCounted { count } => {
                 w.event(format_args!(
                     "{{\"name\":\"{count} audit events counted (overhead budget)\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
                     us(w.rel(ts)),
-                    header.pid
+                    pid
                 ))?;
             }
             EventKind::Lost { count } => {
                 w.event(format_args!(
                     "{{\"name\":\"{count} events lost\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
                     us(w.rel(ts)),
-                    header.pid
+                    pid
                 ))?;
             }
             EventKind::Thinned { level } => {
@@ -381,7 +401,7 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                 w.event(format_args!(
                     "{{\"name\":\"{name}\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
                     us(w.rel(ts)),
-                    header.pid
+                    pid
                 ))?;
             }
             EventKind::Window { exact } => {
@@ -393,10 +413,14 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                 w.event(format_args!(
                     "{{\"name\":\"{name}\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
                     us(w.rel(ts)),
-                    header.pid
+                    pid
                 ))?;
             }
-            EventKind::Line { .. } | EventKind::Stack { .. } | EventKind::ThreadStart => {}
+            EventKind::Line { .. }
+            | EventKind::Stack { .. }
+            | EventKind::ThreadStart { .. }
+            | EventKind::ProcessStart { .. }
+            | EventKind::Exec { .. } => {}
         }
         Ok::<(), ViewError>(())
     })?;

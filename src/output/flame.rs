@@ -145,6 +145,8 @@ enum Origin {
     App,
     Stdlib,
     ThirdParty,
+    /// A process frame at the root of its stacks.
+    Process,
 }
 
 fn origin(file: &str) -> Origin {
@@ -200,11 +202,62 @@ pub fn short_path(file: &str) -> &str {
     }
 }
 
+/// Options of the dynamic loader (`ld.so --library-path DIR PROGRAM ...`) that
+/// take a value.
+const LOADER_OPTIONS: [&str; 7] = [
+    "--argv0",
+    "--library-path",
+    "--preload",
+    "--audit",
+    "--inhibit-rpath",
+    "--glibc-hwcaps-prepend",
+    "--glibc-hwcaps-mask",
+];
+
+/// A command line (arguments joined by spaces) as views show it: the program by
+/// its file name (`python3.11 -m black`, not `/usr/bin/python3.11 -m black`); a
+/// program run through the dynamic loader by its own name (or its `--argv0`).
+pub fn short_command(command: &str) -> String {
+    let base = |w: &str| w.rsplit('/').next().unwrap_or(w).to_owned();
+    let mut words = command.split(' ');
+    let Some(first) = words.next() else {
+        return String::new();
+    };
+    let mut program = base(first);
+    let mut rest: Vec<&str> = words.collect();
+    if program.starts_with("ld-linux") || program.starts_with("ld.so") {
+        let mut argv0 = None;
+        let mut i = 0;
+        while i < rest.len() && rest[i].starts_with("--") {
+            if LOADER_OPTIONS.contains(&rest[i]) {
+                if rest[i] == "--argv0" {
+                    argv0 = rest.get(i + 1).copied();
+                }
+                i += 1;
+            }
+            i += 1;
+        }
+        if let Some(p) = rest.get(i) {
+            program = base(argv0.unwrap_or(p));
+            rest.drain(..=i);
+        }
+    }
+    std::iter::once(program.as_str())
+        .chain(rest)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Names frames from a recording's string table.
 pub struct FrameNames<'a> {
     strings: &'a [String],
     full_paths: bool,
+    /// The recording's command line: its own process's, until an exec.
+    command: String,
 }
+
+/// Longest command line shown in a process frame, in characters.
+const MAX_COMMAND_CHARS: usize = 80;
 
 impl<'a> FrameNames<'a> {
     /// Names from `strings` (a reader's string table, read to the end).
@@ -212,7 +265,37 @@ impl<'a> FrameNames<'a> {
         FrameNames {
             strings,
             full_paths,
+            command: String::new(),
         }
+    }
+
+    /// Names the recording's own process by its header's command line.
+    pub fn with_header(mut self, header: &Header) -> Self {
+        self.command = header.command_line.join(" ");
+        self
+    }
+
+    /// `pid 1234: python3 app.py` (the command line shortened, see
+    /// [`short_command`], and cut to fit).
+    pub fn process(&self, pid: u32, command: Option<StrId>) -> String {
+        let command = match command {
+            Some(id) => self.string(id),
+            None => Cow::Borrowed(self.command.as_str()),
+        };
+        let command = short_command(&command);
+        if command.is_empty() {
+            return format!("pid {pid}");
+        }
+        let shown: String = if command.chars().count() > MAX_COMMAND_CHARS {
+            command
+                .chars()
+                .take(MAX_COMMAND_CHARS - 1)
+                .collect::<String>()
+                + "…"
+        } else {
+            command
+        };
+        format!("pid {pid}: {shown}")
     }
 
     /// The string `id`, or a placeholder for an id never defined.
@@ -247,6 +330,7 @@ impl<'a> FrameNames<'a> {
         let name = match f {
             FoldFrame::Python(p) => self.python(p),
             FoldFrame::Gc { generation } => format!("[gc gen {generation}]"),
+            FoldFrame::Process { pid, command } => self.process(*pid, *command),
         };
         clean(name)
     }
@@ -255,6 +339,7 @@ impl<'a> FrameNames<'a> {
         match f {
             FoldFrame::Python(p) => Some(origin(&self.string(p.file))),
             FoldFrame::Gc { .. } => None,
+            FoldFrame::Process { .. } => Some(Origin::Process),
         }
     }
 }
@@ -443,6 +528,11 @@ fn frame_color(name: &str, origin: Option<Origin>) -> Color {
             g: c(80, 60.0, v1),
             b: c(205, 50.0, v1),
         },
+        Some(Origin::Process) => Color {
+            r: c(160, 40.0, v1),
+            g: c(160, 40.0, v1),
+            b: c(160, 40.0, v1),
+        },
     }
 }
 
@@ -597,5 +687,35 @@ mod tests {
         assert_eq!(full.file(StrId(0)), "/a/b/c.py");
         assert_eq!(thousands(1234567), "1,234,567");
         assert_eq!(thousands(12), "12");
+    }
+
+    #[test]
+    fn commands_are_shown_by_their_programs_name() {
+        assert_eq!(
+            short_command("/usr/bin/python3.11 -m black src"),
+            "python3.11 -m black src"
+        );
+        assert_eq!(short_command("python3 app.py"), "python3 app.py");
+        assert_eq!(
+            short_command(
+                "/p/lib64/ld-linux-x86-64.so.2 --argv0 /p/bin/python3.13 --library-path /p/lib \
+                 /p/usr/bin/python3.13 -c work"
+            ),
+            "python3.13 -c work"
+        );
+        assert_eq!(
+            short_command("/lib64/ld-linux-x86-64.so.2 /usr/bin/python3 x.py"),
+            "python3 x.py"
+        );
+        assert_eq!(short_command(""), "");
+        let strings: Vec<String> = vec!["/usr/bin/python3 -c pass".into()];
+        let header = Header {
+            command_line: vec!["/usr/bin/python3".into(), "app.py".into()],
+            ..Header::default()
+        };
+        let names = FrameNames::new(&strings, false).with_header(&header);
+        assert_eq!(names.process(7, None), "pid 7: python3 app.py");
+        assert_eq!(names.process(8, Some(StrId(0))), "pid 8: python3 -c pass");
+        assert_eq!(FrameNames::new(&strings, false).process(9, None), "pid 9");
     }
 }

@@ -9,8 +9,10 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::analyze::{
-    Aggregator, FileFilter, FilterError, FunctionSource, FunctionStats, Report, SampleFilter,
+    Aggregator, FileFilter, FilterError, FunctionSource, FunctionStats, ProcessStats, Report,
+    SampleFilter,
 };
+use crate::output::flame::short_command;
 use crate::output::replay_recording;
 use crate::record::{Completion, RecordError, RecordingReader};
 
@@ -90,21 +92,27 @@ impl ReportOptions {
     pub fn apply(&self, report: &Report) -> Result<Report, FilterError> {
         let filter = FileFilter::new(&self.include, &self.exclude)?;
         let mut view = report.clone();
-        view.functions.retain(|f| filter.matches(&f.file));
         let key = |f: &FunctionStats| match self.sort {
             SortKey::Inclusive => (f.inclusive_ns, f.exclusive_ns),
             SortKey::Exclusive => (f.exclusive_ns, f.inclusive_ns),
             SortKey::Calls => (f.calls.unwrap_or(f.samples), f.inclusive_ns),
         };
-        view.functions.sort_by(|a, b| {
-            key(b)
-                .cmp(&key(a))
-                .then_with(|| a.function.cmp(&b.function))
-                .then_with(|| a.file.cmp(&b.file))
-                .then(a.line.cmp(&b.line))
-        });
-        if let Some(limit) = self.limit {
-            view.functions.truncate(limit);
+        let shape = |functions: &mut Vec<FunctionStats>| {
+            functions.retain(|f| filter.matches(&f.file));
+            functions.sort_by(|a, b| {
+                key(b)
+                    .cmp(&key(a))
+                    .then_with(|| a.function.cmp(&b.function))
+                    .then_with(|| a.file.cmp(&b.file))
+                    .then(a.line.cmp(&b.line))
+            });
+            if let Some(limit) = self.limit {
+                functions.truncate(limit);
+            }
+        };
+        shape(&mut view.functions);
+        for p in &mut view.processes {
+            shape(&mut p.functions);
         }
         Ok(view)
     }
@@ -174,6 +182,9 @@ struct JsonReport<'a> {
     thinned: Option<JsonThinned>,
     /// Which samples were counted, by what their thread was doing, and how many not.
     sample_filter: JsonSampleFilter,
+    /// The recording's own process, then each child traced with it
+    /// (`--subprocesses`): its functions on their own, with shares of its own time.
+    processes: Vec<JsonProcess<'a>>,
 }
 
 #[derive(Serialize)]
@@ -208,6 +219,28 @@ struct JsonSampleFilter {
     cpu_state_unknown: u64,
     /// Counted without knowing whether their thread held the GIL.
     gil_state_unknown: u64,
+}
+
+#[derive(Serialize)]
+struct JsonProcess<'a> {
+    pid: u32,
+    parent: Option<u32>,
+    command: &'a str,
+    threads: u64,
+    samples: u64,
+    duration_ns: u64,
+    /// The sum of its functions' exclusive times.
+    own_ns: u64,
+    functions: Vec<JsonProcessFunction<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonProcessFunction<'a> {
+    #[serde(flatten)]
+    function: JsonFunction<'a>,
+    /// Its share of the process's own time: its samples over the process's counted
+    /// samples when sampled, else `exclusive_ns` over `own_ns`.
+    share: f64,
 }
 
 #[derive(Serialize)]
@@ -284,6 +317,8 @@ struct JsonAudit<'a> {
 #[derive(Serialize)]
 struct JsonThread {
     tid: u32,
+    /// The process it ran in.
+    pid: u32,
     events: u64,
     /// From the start of its first traced frame to the end of its last.
     traced_ns: u64,
@@ -305,6 +340,34 @@ struct JsonAnomalies {
     shim_returns: u64,
 }
 
+/// A function's share of its process's own time: of its counted samples when
+/// sampled (as the whole recording's table counts them), else of the sum of its
+/// functions' exclusive times.
+fn process_share(r: &Report, p: &ProcessStats, f: &FunctionStats) -> f64 {
+    let (part, whole) = if r.source == FunctionSource::Sampled {
+        (f.samples, p.samples)
+    } else {
+        (f.exclusive_ns, p.own_ns)
+    };
+    if whole > 0 {
+        part as f64 / whole as f64
+    } else {
+        0.0
+    }
+}
+
+fn json_function(f: &FunctionStats) -> JsonFunction<'_> {
+    JsonFunction {
+        function: &f.function,
+        file: &f.file,
+        line: f.line,
+        calls: f.calls,
+        inclusive_ns: f.inclusive_ns,
+        exclusive_ns: f.exclusive_ns,
+        samples: f.samples,
+    }
+}
+
 /// The report as its JSON document (pretty-printed, newline-terminated).
 pub fn render_json(report: &Report) -> String {
     let a = report.anomalies;
@@ -319,19 +382,7 @@ pub fn render_json(report: &Report) -> String {
         mode: effective_mode(report),
         duration_ns: report.duration_ns,
         lost_events: report.lost_events,
-        functions: report
-            .functions
-            .iter()
-            .map(|f| JsonFunction {
-                function: &f.function,
-                file: &f.file,
-                line: f.line,
-                calls: f.calls,
-                inclusive_ns: f.inclusive_ns,
-                exclusive_ns: f.exclusive_ns,
-                samples: f.samples,
-            })
-            .collect(),
+        functions: report.functions.iter().map(json_function).collect(),
         gc: report
             .gc
             .iter()
@@ -395,6 +446,7 @@ pub fn render_json(report: &Report) -> String {
             .iter()
             .map(|t| JsonThread {
                 tid: t.tid,
+                pid: t.pid,
                 events: t.events,
                 traced_ns: t.traced_ns,
                 exclusive_ns: t.exclusive_ns,
@@ -423,6 +475,27 @@ pub fn render_json(report: &Report) -> String {
             cpu_state_unknown: report.samples.cpu_unknown,
             gil_state_unknown: report.samples.gil_unknown,
         },
+        processes: report
+            .processes
+            .iter()
+            .map(|p| JsonProcess {
+                pid: p.pid,
+                parent: p.parent,
+                command: &p.command,
+                threads: p.threads,
+                samples: p.samples,
+                duration_ns: p.duration_ns,
+                own_ns: p.own_ns,
+                functions: p
+                    .functions
+                    .iter()
+                    .map(|f| JsonProcessFunction {
+                        function: json_function(f),
+                        share: process_share(report, p, f),
+                    })
+                    .collect(),
+            })
+            .collect(),
         anomalies: JsonAnomalies {
             resyncs: a.replay.resyncs,
             unpaired_entries: a.replay.unpaired_entries,
@@ -628,12 +701,82 @@ fn header_section(out: &mut String, r: &Report) {
     }
 }
 
+/// Functions: one table, or one per process when the recording holds several
+/// (`--subprocesses`), each with shares of that process's own time.
 fn functions_section(out: &mut String, r: &Report, width: usize) {
-    if r.functions.is_empty() {
+    if r.processes.len() <= 1 {
+        if !r.functions.is_empty() {
+            let _ = writeln!(out, "\nFunctions");
+            let whole = Whole {
+                samples: r.samples.kept,
+                ns: r.duration_ns,
+            };
+            function_rows(out, r, &r.functions, whole, width);
+        }
         return;
     }
+    let _ = writeln!(
+        out,
+        "\nProcesses ({}): each one's functions below, self% of that process's own time",
+        r.processes.len()
+    );
+    let _ = writeln!(
+        out,
+        "{:>8}  {:>8}  {:>7}  {:>8}  {:>9}  {:>9}  command",
+        "pid", "parent", "threads", "samples", "lived", "own time"
+    );
+    let room = width.saturating_sub(60).max(20);
+    for p in &r.processes {
+        let parent = p.parent.map_or("-".to_string(), |p| p.to_string());
+        let _ = writeln!(
+            out,
+            "{:>8}  {parent:>8}  {:>7}  {:>8}  {:>9}  {:>9}  {}",
+            p.pid,
+            p.threads,
+            p.samples,
+            format_ns(p.duration_ns),
+            format_ns(p.own_ns),
+            fit_right(&short_command(&p.command), room)
+        );
+    }
+    for p in &r.processes {
+        if p.functions.is_empty() {
+            continue;
+        }
+        let of = if r.source == FunctionSource::Sampled {
+            format!("self% of its {} samples counted", p.samples)
+        } else {
+            format!("self% of its own time, {}", format_ns(p.own_ns))
+        };
+        let _ = writeln!(
+            out,
+            "\nFunctions of process {} ({}): {of}",
+            p.pid,
+            fit_right(&short_command(&p.command), width.saturating_sub(60).max(20)),
+        );
+        let whole = Whole {
+            samples: p.samples,
+            ns: p.own_ns,
+        };
+        function_rows(out, r, &p.functions, whole, width);
+    }
+}
+
+/// What self% is a share of: samples counted when sampled, else time.
+struct Whole {
+    samples: u64,
+    ns: u64,
+}
+
+/// The rows of `functions`, self% of `whole`.
+fn function_rows(
+    out: &mut String,
+    r: &Report,
+    functions: &[FunctionStats],
+    whole: Whole,
+    width: usize,
+) {
     let sampled = r.source == FunctionSource::Sampled;
-    let _ = writeln!(out, "\nFunctions");
     let _ = writeln!(
         out,
         "{:>10}  {:>9}  {:>9}  {:>6}  function  file:line",
@@ -644,30 +787,26 @@ fn functions_section(out: &mut String, r: &Report, width: usize) {
     );
     // Fixed columns take 44 characters; names and places share the rest.
     let room = width.saturating_sub(44).max(30);
-    let name_width = r
-        .functions
+    let name_width = functions
         .iter()
         .map(|f| f.function.chars().count())
         .max()
         .unwrap_or(0)
         .clamp(8, room / 2);
     let place_width = room.saturating_sub(name_width + 2).max(12);
-    for f in &r.functions {
+    for f in functions {
         let count = match f.calls {
             Some(c) if !sampled => c.to_string(),
             _ => f.samples.to_string(),
         };
         // Sampled: a share of the samples counted (threads add up to 100 %, not
         // to 100 % each).
-        let share = if sampled && r.samples.kept > 0 {
-            format!("{:.1}%", f.samples as f64 * 100.0 / r.samples.kept as f64)
+        let share = if sampled && whole.samples > 0 {
+            format!("{:.1}%", f.samples as f64 * 100.0 / whole.samples as f64)
         } else if sampled {
             "-".to_string()
-        } else if r.duration_ns > 0 {
-            format!(
-                "{:.1}%",
-                f.exclusive_ns as f64 * 100.0 / r.duration_ns as f64
-            )
+        } else if whole.ns > 0 {
+            format!("{:.1}%", f.exclusive_ns as f64 * 100.0 / whole.ns as f64)
         } else {
             "-".to_string()
         };
@@ -812,6 +951,13 @@ fn threads_section(out: &mut String, r: &Report) {
         return;
     }
     let _ = writeln!(out, "\nThreads");
+    if r.processes.len() > 1 {
+        let _ = writeln!(out, "{:>10}  {:>10}  {:>10}", "tid", "pid", "events");
+        for t in &r.threads {
+            let _ = writeln!(out, "{:>10}  {:>10}  {:>10}", t.tid, t.pid, t.events);
+        }
+        return;
+    }
     let _ = writeln!(out, "{:>10}  {:>10}", "tid", "events");
     for t in &r.threads {
         let _ = writeln!(out, "{:>10}  {:>10}", t.tid, t.events);
@@ -823,7 +969,9 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::analyze::{AuditCount, GcStats, Histogram, ImportStats, Target, ThreadStats};
+    use crate::analyze::{
+        AuditCount, GcStats, Histogram, ImportStats, ProcessStats, Target, ThreadStats,
+    };
     use crate::record::{
         Event, EventKind, FrameRef, Header, RecordingWriter, SampleState, WalkedFrame,
     };
@@ -981,6 +1129,91 @@ mod tests {
         assert!(has_keys(&doc["audit"][0], &["event", "count"]));
         assert!(has_keys(&doc["threads"][0], &["tid", "events"]));
         assert!(doc["truncated_at"].is_null());
+    }
+
+    #[test]
+    fn several_processes_have_sections_of_their_own() {
+        let mut r = sample_report();
+        r.processes = vec![
+            ProcessStats {
+                pid: 1234,
+                command: "/usr/bin/python3 pool.py".into(),
+                threads: 1,
+                own_ns: 2_000_000_000,
+                functions: vec![function(
+                    "main",
+                    "/app/main.py",
+                    None,
+                    2_000_000_000,
+                    2_000_000_000,
+                )],
+                ..ProcessStats::default()
+            },
+            ProcessStats {
+                pid: 1240,
+                parent: Some(1234),
+                command: "/usr/bin/python3 -c spawn_main".into(),
+                threads: 1,
+                own_ns: 400_000_000,
+                functions: vec![
+                    function(
+                        "worker_burn",
+                        "/app/pool.py",
+                        None,
+                        400_000_000,
+                        300_000_000,
+                    ),
+                    function(
+                        "recv",
+                        "/usr/lib/python3.9/x.py",
+                        None,
+                        100_000_000,
+                        100_000_000,
+                    ),
+                ],
+                ..ProcessStats::default()
+            },
+        ];
+        r.threads.push(ThreadStats {
+            tid: 1240,
+            pid: 1240,
+            events: 5,
+            ..ThreadStats::default()
+        });
+        let t = render_table(&r, 100);
+        assert!(t.contains("\nProcesses (2): "), "{t}");
+        assert!(
+            t.lines().any(|l| l.trim_start().starts_with("1240")
+                && l.contains("1234")
+                && l.ends_with("python3 -c spawn_main")),
+            "{t}"
+        );
+        let section = t
+            .split("\nFunctions of process 1240 (python3 -c spawn_main)")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{t}"));
+        let burn = section.lines().find(|l| l.contains("worker_burn")).unwrap();
+        assert!(
+            burn.contains("75.0%"),
+            "a share of the worker's own time: {burn}"
+        );
+        assert!(t.contains("       tid         pid      events"), "{t}");
+        let doc: Value = serde_json::from_str(&render_json(&r)).unwrap();
+        let worker = &doc["processes"][1];
+        assert_eq!(worker["parent"], 1234);
+        assert_eq!(worker["functions"][0]["function"], "worker_burn");
+        assert_eq!(worker["functions"][0]["share"], 0.75);
+        assert_eq!(doc["processes"][0]["parent"], Value::Null);
+        assert_eq!(doc["threads"][1]["pid"], 1240);
+        // The options shape each process's rows too.
+        let limited = ReportOptions {
+            limit: Some(1),
+            sort: SortKey::Exclusive,
+            ..ReportOptions::default()
+        }
+        .apply(&r)
+        .unwrap();
+        assert_eq!(limited.processes[1].functions.len(), 1);
     }
 
     #[test]

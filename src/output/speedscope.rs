@@ -379,7 +379,13 @@ pub fn write_speedscope<R: Read + Seek, W: Write>(
         } else {
             out.write_all(b"\n")?;
         }
-        let tname = thread_name(tid, header.pid);
+        // Under --subprocesses, a thread is named with its process.
+        let tname = if replay.several_processes() {
+            let pid = replay.process_of(tid);
+            format!("pid {pid}, {}", thread_name(tid, pid))
+        } else {
+            thread_name(tid, header.pid)
+        };
         match kind {
             Kind::Evented => {
                 let end = end_at.max(last_at.get(&tid).copied().unwrap_or(0));

@@ -37,6 +37,10 @@ mod tag {
     pub const SAMPLE: u8 = 17;
     pub const THINNED: u8 = 18;
     pub const AUDITS_COUNTED: u8 = 19;
+    /// Format 4: a thread start naming its process (`THREAD_START` names none).
+    pub const THREAD_START_IN: u8 = 20;
+    pub const PROCESS_START: u8 = 21;
+    pub const EXEC: u8 = 22;
 }
 
 /// Smallest encoding of a frame: three one-byte varints.
@@ -101,7 +105,13 @@ impl EventEncoder {
             EventKind::Stack { frames } | EventKind::Running { frames } => {
                 put_walked(buf, frames, max_frames)
             }
-            EventKind::ThreadStart | EventKind::ThreadExit => {}
+            EventKind::ThreadStart { pid: 0 } | EventKind::ThreadExit => {}
+            EventKind::ThreadStart { pid } => put_uvarint(buf, u64::from(*pid)),
+            EventKind::ProcessStart { parent, command } => {
+                put_uvarint(buf, u64::from(*parent));
+                put_uvarint(buf, u64::from(command.0));
+            }
+            EventKind::Exec { command } => put_uvarint(buf, u64::from(command.0)),
             EventKind::Window { exact } => buf.push(u8::from(*exact)),
             EventKind::Thinned { level } => buf.push(*level as u8),
             EventKind::Lost { count } | EventKind::AuditsCounted { count } => {
@@ -163,7 +173,10 @@ fn kind_tag(kind: &EventKind) -> u8 {
         EventKind::Sample { .. } => tag::SAMPLE,
         EventKind::Stack { .. } => tag::STACK,
         EventKind::Running { .. } => tag::RUNNING,
-        EventKind::ThreadStart => tag::THREAD_START,
+        EventKind::ThreadStart { pid: 0 } => tag::THREAD_START,
+        EventKind::ThreadStart { .. } => tag::THREAD_START_IN,
+        EventKind::ProcessStart { .. } => tag::PROCESS_START,
+        EventKind::Exec { .. } => tag::EXEC,
         EventKind::ThreadExit => tag::THREAD_EXIT,
         EventKind::Lost { .. } => tag::LOST,
         EventKind::Window { .. } => tag::WINDOW,
@@ -278,7 +291,17 @@ impl EventDecoder {
             tag::RUNNING => EventKind::Running {
                 frames: get_walked(c, "running frame")?,
             },
-            tag::THREAD_START => EventKind::ThreadStart,
+            tag::THREAD_START => EventKind::ThreadStart { pid: 0 },
+            tag::THREAD_START_IN => EventKind::ThreadStart {
+                pid: c.u32v("process id")?,
+            },
+            tag::PROCESS_START => EventKind::ProcessStart {
+                parent: c.u32v("process id")?,
+                command: StrId(c.u32v("string id")?),
+            },
+            tag::EXEC => EventKind::Exec {
+                command: StrId(c.u32v("string id")?),
+            },
             tag::THREAD_EXIT => EventKind::ThreadExit,
             tag::LOST => EventKind::Lost {
                 count: c.uvarint()?,

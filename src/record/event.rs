@@ -99,8 +99,25 @@ pub enum EventKind {
     Running {
         frames: Vec<WalkedFrame>,
     },
-    ThreadStart,
+    /// A thread started in process `pid` (0 in recordings of format 1 and 2,
+    /// which did not say: the recording's process).
+    ThreadStart {
+        pid: u32,
+    },
     ThreadExit,
+    /// A child process of `parent`, traced with it (`--subprocesses`), on its
+    /// first thread (whose id is the process id): its own stacks from here on.
+    ProcessStart {
+        parent: u32,
+        /// Its command line (arguments joined by spaces), as forked: its parent's.
+        command: StrId,
+    },
+    /// The process of this thread (its leader) ran `execve`: a new program, the
+    /// other threads gone.
+    Exec {
+        /// The new command line (arguments joined by spaces).
+        command: StrId,
+    },
     /// From here on, function calls of the whole process are traced exactly
     /// (`exact`), or only sampled because the overhead budget was reached.
     Window {

@@ -7,9 +7,12 @@ use super::RecordError;
 pub const MAGIC: [u8; 8] = *b"PYPROBE\0";
 /// The format version this crate writes. Version 2 added the walker's first line
 /// to sampled frames and the `running` event; version 3 the thread's state (on CPU,
-/// holding the GIL) to each sample, and the `thinned` and `audits counted` events.
-/// Versions 1 and 2 are still read (their samples' states unknown).
-pub const FORMAT_VERSION: u32 = 3;
+/// holding the GIL) to each sample, and the `thinned` and `audits counted` events;
+/// version 4 the processes traced with `--subprocesses` (`process_start`, `exec`,
+/// and the process of each thread start). Versions 1 to 3 are still read (the
+/// states of samples of 1 and 2 unknown, every thread of 1 to 3 in the recording's
+/// own process).
+pub const FORMAT_VERSION: u32 = 4;
 /// The oldest format version this crate reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 

@@ -32,8 +32,15 @@ fn every_kind(w: &mut RecordingWriter<impl Write>) -> Vec<Event> {
         function: fib,
         line: 3,
     };
+    let command = w.intern("python3 -c work");
     let kinds = vec![
-        EventKind::ThreadStart,
+        EventKind::ThreadStart { pid: 0 },
+        EventKind::ThreadStart { pid: 4243 },
+        EventKind::ProcessStart {
+            parent: 4242,
+            command,
+        },
+        EventKind::Exec { command },
         EventKind::Call { frame },
         EventKind::Line {
             frame: FrameRef { line: 4, ..frame },
@@ -117,13 +124,13 @@ fn every_kind(w: &mut RecordingWriter<impl Write>) -> Vec<Event> {
     let mut out = Vec::new();
     for (i, kind) in kinds.into_iter().enumerate() {
         let tid = if i % 3 == 0 { 7 } else { 8 };
-        let ts_ns = if i == 5 { 900 } else { 2_000 + 10 * i as u64 };
+        let ts_ns = if i == 8 { 900 } else { 2_000 + 10 * i as u64 };
         out.push(Event { tid, ts_ns, kind });
     }
     out.push(Event {
         tid: u32::MAX,
         ts_ns: u64::MAX,
-        kind: EventKind::ThreadStart,
+        kind: EventKind::ThreadStart { pid: u32::MAX },
     });
     out.push(Event {
         tid: 0,
@@ -174,7 +181,7 @@ fn round_trip_every_kind() {
     assert_eq!(read, written);
     assert_eq!(r.header(), &header());
     assert_eq!(r.string(StrId(0)), "/app/fib.py");
-    assert_eq!(r.string(StrId(4)), "late_function");
+    assert_eq!(r.string(StrId(5)), "late_function");
     assert_eq!(
         r.completion(),
         Completion::Complete(Trailer {
@@ -600,7 +607,7 @@ fn format_1_samples_read_with_their_first_line_unknown() {
     w.write(&Event {
         tid: 1,
         ts_ns: 1,
-        kind: EventKind::ThreadStart,
+        kind: EventKind::ThreadStart { pid: 0 },
     })
     .unwrap();
     w.finish(2).unwrap();
@@ -633,7 +640,7 @@ fn format_2_samples_read_with_their_state_unknown() {
     w.write(&Event {
         tid: 1,
         ts_ns: 1,
-        kind: EventKind::ThreadStart,
+        kind: EventKind::ThreadStart { pid: 0 },
     })
     .unwrap();
     w.finish(2).unwrap();
@@ -681,4 +688,24 @@ fn sample_states_round_trip_and_bad_ones_are_corrupt() {
             .unwrap_err();
         assert!(err.to_string().contains("sample state"), "{bad:#x}: {err}");
     }
+}
+
+/// Recordings of format 3 have thread starts without their process: they read
+/// as the recording's own process (pid 0), with no process events.
+#[test]
+fn format_3_thread_starts_read_without_a_process() {
+    let mut buf = Vec::new();
+    let mut w = RecordingWriter::new(&mut buf, &header()).unwrap();
+    // A format-3 writer wrote tag 9 with no payload, as ThreadStart { pid: 0 } is.
+    w.write(&Event {
+        tid: 5,
+        ts_ns: 1,
+        kind: EventKind::ThreadStart { pid: 0 },
+    })
+    .unwrap();
+    w.finish(2).unwrap();
+    buf[8..12].copy_from_slice(&3u32.to_le_bytes());
+    let (r, events) = read_all(&buf).unwrap();
+    assert_eq!(r.header().format_version, 3);
+    assert_eq!(events[0].kind, EventKind::ThreadStart { pid: 0 });
 }

@@ -108,6 +108,19 @@ pub enum TraceEvent<'a> {
         tid: i32,
         ts_ns: u64,
     },
+    /// A forked child of traced process `parent` is traced (`--subprocesses`): a
+    /// process of its own, its leader `pid` its first thread.
+    ProcessStart {
+        pid: i32,
+        parent: i32,
+        ts_ns: u64,
+    },
+    /// Process `pid` ran `execve`: a new program (its command line is new), the old
+    /// image and every thread but the leader gone.
+    Exec {
+        pid: i32,
+        ts_ns: u64,
+    },
     /// Something the user should know (a child cleaned, a signal, a fallback ...).
     Notice(String),
     /// Over the overhead budget, GC, import and audit events go as `level` says
@@ -252,6 +265,9 @@ struct Proc {
     ring: Option<crate::tracer::ring_setup::RingProc>,
     /// Its sites move to the ring at the next turn of the event loop.
     ring_pending: bool,
+    /// A vfork child before its exec: the memory is its parent's, and so are the
+    /// patches in it (never written, budgeted or undone through this process).
+    shares_parent_memory: bool,
 }
 
 impl Proc {
@@ -265,6 +281,7 @@ impl Proc {
             net_pending: false,
             ring: None,
             ring_pending: false,
+            shares_parent_memory: false,
         }
     }
 }
@@ -656,24 +673,30 @@ impl Engine {
             return Ok(());
         }
         let blocking = self.options.blocking_samples && !self.samples_unblocked;
-        // Before the stop, which would show every thread as stopped.
-        let on_cpu = self.cpu_states();
+        // Each process is sampled on its own: stopped only while its own stacks are
+        // read, never while another process's are. One still starting (its
+        // interpreter not mapped yet) has nothing to read.
+        let mut pids: Vec<i32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| !p.awaiting_object)
+            .map(|(&pid, _)| pid)
+            .collect();
+        pids.sort_unstable();
         if blocking {
-            self.stop_all_running(sink)?;
-        }
-        // Charged from the moment all are stopped: until then they ran (or waited
-        // for a CPU, which is not pyprobe's doing).
-        let began = monotonic_ns();
-        sink(TraceEvent::Tick {
-            pid: self.root,
-            ts_ns: monotonic_ns(),
-            stopped: blocking,
-            on_cpu,
-        });
-        if blocking {
-            self.resume_all();
-            if let Some(b) = self.budget.as_mut() {
-                b.sampled(monotonic_ns().saturating_sub(began));
+            self.sample_stopped(pids, sink)?;
+        } else {
+            // Running on: what each published before its read is recorded first
+            // (up to what was there then; it may publish faster than it is read).
+            for pid in pids {
+                self.drain_ring_of(pid, sink);
+                let on_cpu = self.cpu_states(pid);
+                sink(TraceEvent::Tick {
+                    pid,
+                    ts_ns: monotonic_ns(),
+                    stopped: false,
+                    on_cpu,
+                });
             }
         }
         self.poll_budget(sink);
@@ -683,16 +706,114 @@ impl Engine {
         Ok(())
     }
 
-    /// Whether each thread of the root process is on a CPU (running or runnable), from
+    /// Samples each process of `pids` with every thread of it stopped: all are
+    /// interrupted at once, and each is read and let go as soon as its own threads
+    /// are all held, so none waits for another's threads or stack reads.
+    fn sample_stopped(
+        &mut self,
+        mut left: Vec<i32>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<()> {
+        // Threads seized but not seen yet stop by themselves; threads parked in
+        // group-stop stay parked (their stacks do not move).
+        let running = |t: &Thread| matches!(t.state, ThreadState::Running | ThreadState::New);
+        let mut interrupted = std::collections::HashSet::new();
+        // Before the stop, which would show every thread as stopped.
+        let mut on_cpu: HashMap<i32, Vec<(i32, bool)>> = left
+            .iter()
+            .map(|&pid| (pid, self.cpu_states(pid)))
+            .collect();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            for (&tid, thread) in &self.threads {
+                if left.contains(&thread.tgid) && running(thread) && interrupted.insert(tid) {
+                    let _ = ptrace::interrupt(Pid::from_raw(tid));
+                }
+            }
+            let mut i = 0;
+            while i < left.len() {
+                let pid = left[i];
+                let mut threads = self.threads.values().filter(|t| t.tgid == pid);
+                let (mut any, mut held) = (false, true);
+                for t in &mut threads {
+                    any = true;
+                    held &= !running(t);
+                }
+                if any && !held {
+                    i += 1;
+                    continue;
+                }
+                left.swap_remove(i);
+                if !any {
+                    continue; // gone meanwhile
+                }
+                // Charged from the moment all are stopped: until then they ran (or
+                // waited for a CPU, which is not pyprobe's doing).
+                let began = monotonic_ns();
+                self.drain_ring_of(pid, sink);
+                sink(TraceEvent::Tick {
+                    pid,
+                    ts_ns: monotonic_ns(),
+                    stopped: true,
+                    on_cpu: on_cpu.remove(&pid).unwrap_or_default(),
+                });
+                self.resume_process(pid);
+                if let Some(b) = self.budget.as_mut() {
+                    b.sampled(monotonic_ns().saturating_sub(began));
+                }
+            }
+            if left.is_empty() {
+                return Ok(());
+            }
+            // The rings of the processes still running fill meanwhile: drained
+            // while waiting, so that a slow stop does not make them overflow.
+            let flags = if self.ring_active() {
+                WaitPidFlag::__WALL | WaitPidFlag::WNOHANG
+            } else {
+                WaitPidFlag::__WALL
+            };
+            match waitpid(None, Some(flags)) {
+                Ok(WaitStatus::StillAlive) => {
+                    if self.drain_rings(sink) == 0 {
+                        std::thread::yield_now();
+                    }
+                }
+                Ok(status) => {
+                    // The processes not sampled yet are held; the others' stops are
+                    // handled and resumed as in the event loop.
+                    let holding = status.pid().is_some_and(|tid| {
+                        let tid = tid.as_raw();
+                        self.threads
+                            .get(&tid)
+                            .map(|t| t.tgid)
+                            .or_else(|| tgid_of(tid))
+                            .is_some_and(|pid| left.contains(&pid))
+                    });
+                    self.handle(status, holding, sink)?
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::ECHILD) => {
+                    self.threads.clear();
+                    return Ok(());
+                }
+                Err(e) => bail!("waitpid failed while stopping the target: {e}"),
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("the target's threads did not stop within 10 s");
+            }
+        }
+    }
+
+    /// Whether each thread of process `pid` is on a CPU (running or runnable), from
     /// the kernel's scheduler state. A thread in a ptrace-stop of pyprobe's own (a
     /// probe hit, an interrupt) was caught running; one in a group-stop (SIGSTOP) or a
     /// vfork wait was not.
-    fn cpu_states(&self) -> Vec<(i32, bool)> {
+    fn cpu_states(&self, pid: i32) -> Vec<(i32, bool)> {
         self.threads
             .iter()
-            .filter(|(_, t)| t.tgid == self.root)
+            .filter(|(_, t)| t.tgid == pid)
             .filter_map(|(&tid, t)| {
-                let on_cpu = match crate::process::status::task_state(self.root, tid)? {
+                let on_cpu = match crate::process::status::task_state(pid, tid)? {
                     'R' => true,
                     't' => !matches!(
                         t.state,
@@ -829,6 +950,10 @@ impl Engine {
                 }
                 proc.awaiting_object = true;
                 self.procs.insert(tgid, proc);
+                sink(TraceEvent::Exec {
+                    pid: tgid,
+                    ts_ns: monotonic_ns(),
+                });
                 self.set_state(
                     tgid,
                     ThreadState::Stopped {
@@ -917,18 +1042,29 @@ impl Engine {
         if self.options.subprocesses {
             let mut proc = Proc::new(child);
             proc.patches = parent_patches;
-            if let Err(e) = Self::ring_fork(self.procs.get(&pending.parent), &mut proc) {
-                sink(TraceEvent::Notice(format!(
-                    "forked child {child}: cannot turn its ring sites back into int3s: {e:#}"
-                )));
-            }
-            if let Some(g) = self.guardian.as_mut() {
-                let (written, raised) = proc.patches.undo_list();
-                for &sem in raised {
-                    let _ = g.tell(Op::SemaphoreRaised, child, sem);
+            if pending.vfork {
+                // It runs in its parent's memory until it execs: what is written
+                // there is the parent's, undone with the parent's. Its copy of the
+                // patches only names the hits it might take meanwhile.
+                proc.shares_parent_memory = true;
+            } else {
+                if let Err(e) = Self::ring_fork(self.procs.get(&pending.parent), &mut proc) {
+                    sink(TraceEvent::Notice(format!(
+                        "forked child {child}: cannot turn its ring sites back into int3s: {e:#}"
+                    )));
                 }
-                for &site in written {
-                    let _ = g.tell(Op::SiteArmed, child, site);
+                // Its sites move to a ring of its own at its first hit, as after an
+                // exec: a hit is a clean stop to set it up from.
+                proc.ring_pending =
+                    self.options.ring != RingUse::Off && proc.patches.installed_sites() > 0;
+                if let Some(g) = self.guardian.as_mut() {
+                    let (written, raised) = proc.patches.undo_list();
+                    for &sem in raised {
+                        let _ = g.tell(Op::SemaphoreRaised, child, sem);
+                    }
+                    for &site in written {
+                        let _ = g.tell(Op::SiteArmed, child, site);
+                    }
                 }
             }
             proc.net = parent_net;
@@ -940,9 +1076,9 @@ impl Engine {
                     state: ThreadState::Running,
                 },
             );
-            sink(TraceEvent::ThreadStart {
+            sink(TraceEvent::ProcessStart {
                 pid: child,
-                tid: child,
+                parent: pending.parent,
                 ts_ns: monotonic_ns(),
             });
             let _ = ptrace::cont(Pid::from_raw(child), None);
@@ -1033,7 +1169,8 @@ impl Engine {
         }
         // What the thread (or its process, whose ring goes with it) published
         // before it went is recorded before its end.
-        while self.drain_rings(sink) > 0 {}
+        let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
+        self.drain_ring_of(tgid, sink);
         let Some(thread) = self.threads.remove(&tid) else {
             return;
         };
@@ -1046,6 +1183,22 @@ impl Engine {
         if tid == thread.tgid {
             if tid == self.root {
                 self.exit = Some(how);
+            } else if let Outcome::Killed(sig) = how {
+                // A crash is said (a pool's workers ended with SIGTERM are not).
+                if matches!(
+                    sig,
+                    Signal::SIGSEGV
+                        | Signal::SIGBUS
+                        | Signal::SIGILL
+                        | Signal::SIGTRAP
+                        | Signal::SIGABRT
+                        | Signal::SIGFPE
+                        | Signal::SIGSYS
+                ) {
+                    sink(TraceEvent::Notice(format!(
+                        "process {tid} was killed by {sig}"
+                    )));
+                }
             }
             self.procs.remove(&tid);
             if let Some(g) = self.guardian.as_mut() {
@@ -1058,11 +1211,12 @@ impl Engine {
 
     /// Decodes a breakpoint hit if `tid` stopped at one of our sites.
     fn try_hit(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> bool {
-        // Ring records this thread published before reaching this int3 come first.
-        self.drain_rings(sink);
         let Some(tgid) = self.threads.get(&tid).map(|t| t.tgid) else {
             return false;
         };
+        // Ring records this thread published before reaching this int3 come first:
+        // all of them (a GC's end before the next GC's start), not one batch.
+        self.drain_ring_of(tgid, sink);
         let Some(proc) = self.procs.get(&tgid) else {
             return false;
         };
@@ -1308,6 +1462,22 @@ impl Engine {
         self.stop_threads(false, sink)
     }
 
+    /// Resumes the threads of process `pid` that pyprobe holds.
+    pub(super) fn resume_process(&mut self, pid: i32) {
+        let stopped: Vec<(i32, Option<Signal>)> = self
+            .threads
+            .iter()
+            .filter(|(_, t)| t.tgid == pid)
+            .filter_map(|(&tid, t)| match t.state {
+                ThreadState::Stopped { pending, .. } => Some((tid, pending)),
+                _ => None,
+            })
+            .collect();
+        for (tid, pending) in stopped {
+            self.resume(tid, pending);
+        }
+    }
+
     fn stop_threads(
         &mut self,
         include_listening: bool,
@@ -1461,6 +1631,11 @@ impl Engine {
             }
         }
         for (pid, proc) in &mut self.procs {
+            if proc.shares_parent_memory {
+                // The parent's patches, undone with the parent's.
+                proc.patches.forget();
+                continue;
+            }
             if let Err(e) = proc.patches.remove(&mut proc.mem, self.guardian.as_mut()) {
                 sink(TraceEvent::Notice(format!(
                     "process {pid}: restoring probe sites failed: {e}"

@@ -268,6 +268,26 @@ pub fn record_script(
 /// (`target/pypi/NAME-VERSION`) by the machine's `python3.11 -m pip`; returns the
 /// folder to put on `PYTHONPATH`. Pure wheels run under every test interpreter.
 pub fn pypi(name: &str, version: &str) -> PathBuf {
+    pypi_install(name, version, &[])
+}
+
+/// As [`pypi`], but the pure-Python wheel even where a compiled one exists
+/// (black ships compiled wheels, whose functions no Python frame shows).
+pub fn pypi_pure(name: &str, version: &str) -> PathBuf {
+    pypi_install(
+        name,
+        version,
+        &[
+            "--only-binary=:all:",
+            "--platform",
+            "any",
+            "--implementation",
+            "py",
+        ],
+    )
+}
+
+fn pypi_install(name: &str, version: &str, pip_args: &[&str]) -> PathBuf {
     let dir = repo().join("target/pypi").join(format!("{name}-{version}"));
     if dir.join(".complete").exists() {
         return dir;
@@ -280,7 +300,9 @@ pub fn pypi(name: &str, version: &str) -> PathBuf {
         .join(format!(".{name}-{version}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&partial);
     let out = Command::new("python3.11")
-        .args(["-m", "pip", "install", "--quiet", "--no-deps", "--target"])
+        .args(["-m", "pip", "install", "--quiet", "--no-deps"])
+        .args(pip_args)
+        .arg("--target")
         .arg(&partial)
         .arg(format!("{name}=={version}"))
         .output()

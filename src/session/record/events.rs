@@ -23,8 +23,9 @@ pub struct EventBuilder {
     existing: Existing,
     /// The file the writer writes (`OUT.partial` until the recording ends).
     file: Option<Output>,
-    /// Events seen before the writer exists (thread starts only: no probe can hit).
-    early: Vec<Event>,
+    /// Events seen before the writer exists (thread and process starts, execs: no
+    /// probe can hit yet), with the string each names, interned once it exists.
+    early: Vec<(Event, Option<(String, NamedKind)>)>,
     filter: FileFilter,
     start_at: Option<String>,
     /// Per thread: depth inside the `--start-at` function (0: outside).
@@ -39,6 +40,24 @@ pub struct EventBuilder {
     /// The sampling interval of stacks taken alongside return-only tracing
     /// (CPython 3.11 in trace mode), written to the header when that is the case.
     alongside_interval_ns: u64,
+}
+
+/// An event that names a string, made once the string has its id.
+#[derive(Debug, Clone, Copy)]
+pub enum NamedKind {
+    /// `process_start` of a child of this parent, naming its command line.
+    ProcessStart { parent: u32 },
+    /// `exec`, naming the new command line.
+    Exec,
+}
+
+impl NamedKind {
+    fn kind(self, command: StrId) -> EventKind {
+        match self {
+            NamedKind::ProcessStart { parent } => EventKind::ProcessStart { parent, command },
+            NamedKind::Exec => EventKind::Exec { command },
+        }
+    }
 }
 
 /// What a pair of name pointers resolved to last time.
@@ -129,7 +148,7 @@ impl EventBuilder {
             kind,
         };
         let Some(writer) = self.writer.as_mut() else {
-            self.early.push(event);
+            self.early.push((event, None));
             return;
         };
         match writer.write(&event) {
@@ -179,8 +198,12 @@ impl EventBuilder {
                 return;
             }
         }
-        for event in std::mem::take(&mut self.early) {
-            self.write(event.tid as i32, event.ts_ns, event.kind);
+        for (event, named) in std::mem::take(&mut self.early) {
+            let kind = match named {
+                Some((text, make)) => make.kind(self.intern(&text)),
+                None => event.kind,
+            };
+            self.write(event.tid as i32, event.ts_ns, kind);
         }
     }
 
@@ -194,6 +217,22 @@ impl EventBuilder {
             self.output.as_path()
         };
         Some((now, self.output.as_path()))
+    }
+
+    /// Writes an event naming `text` (a command line): interned now, or once the
+    /// recording exists.
+    pub fn write_named(&mut self, tid: i32, ts_ns: u64, text: &str, make: NamedKind) {
+        if self.writer.is_none() && self.write_error.is_none() {
+            let event = Event {
+                tid: tid as u32,
+                ts_ns,
+                kind: EventKind::ThreadExit,
+            };
+            self.early.push((event, Some((text.to_owned(), make))));
+            return;
+        }
+        let id = self.intern(text);
+        self.write(tid, ts_ns, make.kind(id));
     }
 
     pub fn intern(&mut self, s: &str) -> StrId {

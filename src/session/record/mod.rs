@@ -21,7 +21,7 @@ use crate::record::{EventKind, Header, ThinLevel};
 use crate::tracer::signals::{self, monotonic_ns, StopReason};
 use crate::tracer::{Engine, EngineOptions, Outcome, RingUse, TraceEvent};
 
-use events::EventBuilder;
+use events::{EventBuilder, NamedKind};
 use resolver::{needs_context_stacks, returns_only, Chosen, Mode, PythonResolver, CONTEXT_PROBES};
 use sampler::Sampler;
 
@@ -262,8 +262,8 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
             }
             early.extend(refusal_lines(pid, &chosen, verbose));
         }
-        TraceEvent::ThreadStart { tid, ts_ns, .. } => {
-            early_threads.push((tid, ts_ns, EventKind::ThreadStart))
+        TraceEvent::ThreadStart { pid, tid, ts_ns } => {
+            early_threads.push((tid, ts_ns, EventKind::ThreadStart { pid: pid as u32 }))
         }
         TraceEvent::ThreadExit { tid, ts_ns, .. } => {
             early_threads.push((tid, ts_ns, EventKind::ThreadExit))
@@ -281,6 +281,8 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         | TraceEvent::Counted { .. }
         | TraceEvent::RingDrained { .. }
         | TraceEvent::Thinning { .. }
+        | TraceEvent::ProcessStart { .. }
+        | TraceEvent::Exec { .. }
         | TraceEvent::Tick { .. } => {}
     };
     let (mut engine, launched) = match (request.pid, request.command.is_empty()) {
@@ -388,7 +390,8 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                         Some(stack) if explains => {
                             sampler.captured(hit.pid, hit.tid, hit.ts_ns, stack, &mut builder)
                         }
-                        // Held at its int3: read now, unless over budget.
+                        // Held at its int3: read now, unless over budget. A ring
+                        // hit without stack has none.
                         None if explains && hit.stopped && !thinned => {
                             sampler.context(hit.pid, hit.tid, hit.ts_ns, &mut builder)
                         }
@@ -406,11 +409,24 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                     builder.hit(meaning, &hit.at(ts_ns));
                 }
             }
-            TraceEvent::ThreadStart { tid, ts_ns, .. } => {
-                builder.write(tid, ts_ns, EventKind::ThreadStart)
+            TraceEvent::ThreadStart { pid, tid, ts_ns } => {
+                builder.write(tid, ts_ns, EventKind::ThreadStart { pid: pid as u32 })
             }
-            TraceEvent::ThreadExit { tid, ts_ns, .. } => {
+            TraceEvent::ThreadExit { pid, tid, ts_ns } => {
+                if tid == pid {
+                    sampler.forget(pid);
+                }
                 builder.write(tid, ts_ns, EventKind::ThreadExit)
+            }
+            TraceEvent::ProcessStart { pid, parent, ts_ns } => {
+                let parent = parent as u32;
+                let command = cmdline(pid).join(" ");
+                builder.write_named(pid, ts_ns, &command, NamedKind::ProcessStart { parent });
+            }
+            TraceEvent::Exec { pid, ts_ns } => {
+                sampler.forget(pid);
+                let command = cmdline(pid).join(" ");
+                builder.write_named(pid, ts_ns, &command, NamedKind::Exec);
             }
             TraceEvent::Installed { pid, sites } => {
                 if launched && !announced {
@@ -426,7 +442,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
                 }
             }
             TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
-            TraceEvent::RingDrained { .. } => sampler.new_naming_batch(),
+            TraceEvent::RingDrained { pid } => sampler.new_naming_batch(pid),
             TraceEvent::Counted {
                 pid,
                 probe,

@@ -2,6 +2,8 @@
 //! as a `sample` event; at a GC, import or audit probe hit, the stack of the thread
 //! that hit it, as a `stack` event just before the event it explains.
 
+use rustc_hash::FxHashMap;
+
 use crate::python::walker::{PyFrame, Walker};
 use crate::record::{EventKind, FrameRef, SampleState, WalkedFrame};
 use crate::ring::RingStack;
@@ -13,17 +15,28 @@ pub type RunningStacks = Vec<(i32, Vec<PyFrame>)>;
 
 #[derive(Default)]
 pub struct Sampler {
-    walker: Option<Walker>,
+    /// A walker per traced process (`--subprocesses` traces several), each for the
+    /// program the process runs now.
+    walkers: FxHashMap<i32, Slot>,
     /// Why the walker could not attach or read (the interpreter may still be starting).
     pub last_error: Option<String>,
     pub samples: u64,
     pub ticks: u64,
+    /// Whether a walker was described on stderr already (one line, not one per
+    /// process of a pool).
+    described: bool,
+    /// Say which layout the walker reads the interpreter with (`-v`).
+    pub verbose: bool,
+}
+
+/// One process's walker, or when to try attaching it again.
+#[derive(Default)]
+struct Slot {
+    walker: Option<Walker>,
     /// Failed attaches in a row, and when the next may be tried: an attach costs
     /// about a millisecond, often with the target stopped, so retries back off.
     failures: u32,
     retry_at_ns: u64,
-    /// Say which layout the walker reads the interpreter with (`-v`).
-    pub verbose: bool,
 }
 
 /// Longest wait between two attempts to attach the walker.
@@ -34,28 +47,35 @@ impl Sampler {
     /// interpreter is not initialised yet; a later call tries again, after 1, 2, 4 ...
     /// up to 50 ms).
     fn walker(&mut self, pid: i32, now: u64) -> Option<&mut Walker> {
-        if self.walker.is_none() {
-            if now < self.retry_at_ns {
+        let slot = self.walkers.entry(pid).or_default();
+        if slot.walker.is_none() {
+            if now < slot.retry_at_ns {
                 return None;
             }
             match Walker::attach(pid) {
                 Ok(w) => {
-                    if self.verbose {
+                    if self.verbose && !std::mem::replace(&mut self.described, true) {
                         eprintln!("pyprobe: frame walker: {}", w.describe());
                     }
-                    self.walker = Some(w);
+                    slot.walker = Some(w);
+                    slot.failures = 0;
                     self.last_error = None;
                 }
                 Err(e) => {
                     self.last_error = Some(format!("{e:#}"));
-                    let wait = (1_000_000u64 << self.failures.min(16)).min(MAX_RETRY_NS);
-                    self.failures += 1;
-                    self.retry_at_ns = now.saturating_add(wait);
+                    let wait = (1_000_000u64 << slot.failures.min(16)).min(MAX_RETRY_NS);
+                    slot.failures += 1;
+                    slot.retry_at_ns = now.saturating_add(wait);
                     return None;
                 }
             }
         }
-        self.walker.as_mut()
+        slot.walker.as_mut()
+    }
+
+    /// Process `pid` ran `execve` or ended: its walker read the old image.
+    pub fn forget(&mut self, pid: i32) {
+        self.walkers.remove(&pid);
     }
 
     /// Frames as recorded: named by `co_name`, as the function probes name them.
@@ -140,9 +160,9 @@ impl Sampler {
         }
     }
 
-    /// The stacks captured so far are named: code objects are checked again.
-    pub fn new_naming_batch(&mut self) {
-        if let Some(walker) = self.walker.as_mut() {
+    /// The stacks captured so far in `pid` are named: code objects are checked again.
+    pub fn new_naming_batch(&mut self, pid: i32) {
+        if let Some(walker) = self.walkers.get_mut(&pid).and_then(|s| s.walker.as_mut()) {
             walker.new_naming_batch();
         }
     }

@@ -61,6 +61,8 @@ pub(super) struct RingBook {
     pub(super) holds: u64,
     /// Until when a ring counts as busy (see [`BUSY_NS`]).
     busy_until_ns: u64,
+    /// Sites said to stay on `int3`, with why.
+    said: std::collections::HashSet<(u64, String)>,
 }
 
 impl Engine {
@@ -227,7 +229,14 @@ impl Engine {
             "ring engine in process {pid}: {ring_sites} probe sites write to a ring (no stop per hit), \
              {int3_sites} stay on int3"
         )));
-        for (addr, why) in setup.refused.iter().take(8) {
+        // Said once per site and reason: the workers of a pool share their
+        // parent's sites, and their reasons.
+        let new: Vec<&(u64, String)> = setup
+            .refused
+            .iter()
+            .filter(|r| self.ring_book.said.insert((*r).clone()))
+            .collect();
+        for (addr, why) in new.into_iter().take(8) {
             sink(TraceEvent::Detail(format!(
                 "ring engine in process {pid}: site {addr:#x} stays on int3: {why}"
             )));
@@ -292,6 +301,32 @@ impl Engine {
 
     /// Turns every published ring record into a hit; returns how many.
     pub(super) fn drain_rings(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> usize {
+        self.drain_rings_of(None, sink)
+    }
+
+    /// Turns what process `pid` has published so far into hits: what a thread of
+    /// it did before it stopped is recorded before what is read of it now (a
+    /// sample, an `int3` hit), whose time is later.
+    pub(super) fn drain_ring_of(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+        // Up to what was published now: its other threads may run on meanwhile.
+        let head = |e: &Engine| {
+            e.procs
+                .get(&pid)
+                .and_then(|p| p.ring.as_ref())
+                .map(|r| (r.reader.head(), r.reader.tail()))
+        };
+        let Some((target, _)) = head(self) else {
+            return;
+        };
+        while head(self).is_some_and(|(_, tail)| tail < target) {
+            if self.drain_rings_of(Some(pid), sink) == 0 {
+                break; // a slot reserved, not yet published
+            }
+        }
+    }
+
+    /// [`drain_rings`](Self::drain_rings), for one process only (`Some`).
+    fn drain_rings_of(&mut self, only: Option<i32>, sink: &mut dyn FnMut(TraceEvent)) -> usize {
         if !self.ring_active() {
             return 0;
         }
@@ -310,13 +345,22 @@ impl Engine {
         let mut counted_total = 0;
         let mut frames_walked = 0u64;
         for (&pid, proc) in procs.iter_mut() {
+            if only.is_some_and(|only| only != pid) {
+                continue;
+            }
             let Some(mut ring) = proc.ring.take() else {
                 continue;
             };
+            // The time of the last record read: what is counted is stamped no later,
+            // so that the records still in the ring (older than now) do not come
+            // after it on their thread's clock.
+            let mut last_ts = None;
             let drained = ring.reader.drain(DRAIN_BATCH, |record| {
                 if let Some(stack) = &record.stack {
                     frames_walked += stack.depth as u64;
                 }
+                let ts_ns = tsc.to_ns(record.tsc);
+                last_ts = Some(ts_ns);
                 let Some(probe) = proc.patches.set.probes.get(record.probe as usize) else {
                     return;
                 };
@@ -329,7 +373,7 @@ impl Engine {
                         record.tag as i32
                     },
                     tid,
-                    ts_ns: tsc.to_ns(record.tsc),
+                    ts_ns,
                     probe: record.probe as usize,
                     probe_name: &probe.name,
                     args: &hit_buffers.args,
@@ -351,7 +395,7 @@ impl Engine {
                         probe,
                         probe_name: &proc.patches.set.probes[probe].name,
                         count: counted - *reported,
-                        ts_ns: monotonic_ns(),
+                        ts_ns: last_ts.unwrap_or_else(monotonic_ns),
                     });
                     *reported = counted;
                 }

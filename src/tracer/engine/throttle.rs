@@ -46,7 +46,7 @@ impl Engine {
                 }
             }
             Some(b) if !b.exact() => {
-                if let Some(proc) = self.procs.get_mut(&pid) {
+                if let Some(proc) = self.procs.get_mut(&pid).filter(|p| !p.shares_parent_memory) {
                     if let Err(e) = proc
                         .patches
                         .pause_budgeted(&mut proc.mem, self.guardian.as_mut())
@@ -131,6 +131,9 @@ impl Engine {
     fn thin_stacks(&mut self, level: ThinLevel, now: u64, sink: &mut dyn FnMut(TraceEvent)) {
         if level < ThinLevel::Uncounted && self.thin == ThinLevel::Uncounted {
             for (&pid, proc) in self.procs.iter_mut() {
+                if proc.shares_parent_memory {
+                    continue; // switched with its parent's
+                }
                 let guard = self.guardian.as_mut();
                 if let Err(e) = proc.patches.resume_budgeted(&mut proc.mem, guard) {
                     sink(TraceEvent::Notice(format!(
@@ -198,6 +201,9 @@ impl Engine {
         }
         let mut paused = 0;
         for (&pid, proc) in self.procs.iter_mut() {
+            if proc.shares_parent_memory {
+                continue; // switched with its parent's
+            }
             let guard = self.guardian.as_mut();
             match proc.patches.pause_counted(&mut proc.mem, guard) {
                 Ok(n) => paused += n,
@@ -233,6 +239,9 @@ impl Engine {
             let Some(proc) = self.procs.get_mut(&pid) else {
                 continue;
             };
+            if proc.shares_parent_memory {
+                continue; // switched with its parent's
+            }
             let guard = self.guardian.as_mut();
             let result = match toggle {
                 Toggle::Off => proc.patches.pause_budgeted(&mut proc.mem, guard),
