@@ -128,18 +128,10 @@ def run_once(argv, env):
     return elapsed, proc.returncode, hits, exact, dropped, proc.stderr
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--python", default="3.9")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--json", default="bench-results.json")
-    parser.add_argument("--configs", help="comma-separated configurations to run (default: all); untraced always runs")
-    parser.add_argument("--pyprobe", default=os.path.join(REPO, "target", "release", "pyprobe"))
-    parser.add_argument("--floor", default=os.path.join(REPO, "target", "floor"))
-    args = parser.parse_args()
-
-    binary, env = interpreter(args.python)
+def measure(args, version):
+    """Every configuration on every workload, interleaved, on one interpreter: the rows
+    of its table and what could not run."""
+    binary, env = interpreter(version)
     pyspy = find_peer("py-spy")
     if not pyspy:
         print("bench: py-spy is not available: its columns are missing", file=sys.stderr)
@@ -178,7 +170,7 @@ def main():
                     exact.setdefault((w, name), []).append(ex)
                 if dropped is not None and h:
                     lost_pct.setdefault((w, name), []).append(100.0 * dropped / h)
-            print(f"bench: run {run + 1}/{args.runs} of {w} done", file=sys.stderr)
+            print(f"bench: python {version}: run {run + 1}/{args.runs} of {w} done", file=sys.stderr)
 
     results = []
     for w in workloads:
@@ -193,7 +185,9 @@ def main():
                 row["exact_pct"] = round(statistics.median(exact[(w, name)]), 1)
             if (w, name) in lost_pct and name == "pyprobe ring":
                 row["lost_pct"] = round(statistics.median(lost_pct[(w, name)]), 1)
-            if (w, name) in hits and hits[(w, name)]:
+            # Per event only where every call is an event: under a budget or in the
+            # default mode most of the time goes to sampling, not to events.
+            if (w, name) in hits and hits[(w, name)] and name in ("floor", "pyprobe trace", "pyprobe ring"):
                 row["hits"] = hits[(w, name)]
                 row["ns_per_hit"] = round((med - base) * 1e9 / hits[(w, name)])
             results.append(row)
@@ -211,22 +205,124 @@ def main():
                 ours, peer = per.get(f"pyprobe sample {rate}{nb}"), per.get(f"py-spy {rate}{nb}")
                 if ours and peer:
                     ours["vs_py_spy"] = round(ours["median_s"] / peer["median_s"], 2)
+    return results, unavailable
 
-    print(f"\npyprobe side-by-side, python {args.python}, {args.runs} interleaved runs, "
+
+COLUMNS = [("workload", "workload"), ("configuration", "config"), ("median", "median_s"),
+           ("slowdown", "slowdown"), ("ns/event", "ns_per_hit"), ("vs floor", "vs_floor"),
+           ("vs py-spy", "vs_py_spy"), ("exact %", "exact_pct"), ("lost %", "lost_pct")]
+
+
+def cell(row, key):
+    value = row.get(key, "")
+    if key == "median_s":
+        return f"{value:.3f} s"
+    if key == "slowdown":
+        return f"{value:.2f}×"
+    return str(value)
+
+
+def print_table(version, runs, results, unavailable):
+    print(f"\npyprobe side-by-side, python {version}, {runs} interleaved runs, "
           f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs\n")
-    print(f"{'workload':<9} {'configuration':<22} {'median':>9} {'slowdown':>9} {'ns/hit':>8} {'vs floor':>9} "
-          f"{'vs py-spy':>10} {'exact %':>8} {'lost %':>7}")
+    widths = [9, 22, 9, 9, 8, 9, 10, 8, 7]
+    print(" ".join(f"{title:>{w}}" for (title, _), w in zip(COLUMNS, widths)))
     for r in results:
-        ns = r.get('ns_per_hit', '') if not r['config'].endswith("5%") else ''
-        print(f"{r['workload']:<9} {r['config']:<22} {r['median_s']:>8.3f}s {r['slowdown']:>8.2f}x "
-              f"{ns:>8} {r.get('vs_floor', ''):>9} {r.get('vs_py_spy', ''):>10} {r.get('exact_pct', ''):>8} "
-              f"{r.get('lost_pct', ''):>7}")
+        print(" ".join(f"{cell(r, key):>{w}}" for (_, key), w in zip(COLUMNS, widths)))
     for name, why in unavailable.items():
         print(f"unavailable: {name}: {why}")
+
+
+def machine():
+    """What the numbers were measured on, in a few words."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    memory = ""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = int(next(line.split()[1] for line in f if line.startswith("MemTotal")))
+            memory = f", {kib / 1024 / 1024:.0f} GiB"
+    except (OSError, StopIteration, ValueError):
+        pass
+    return f"{model}, {os.cpu_count()} CPUs{memory}, Linux {os.uname().release}"
+
+
+def commit():
+    out = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def write_markdown(path, args, tables, load_before, load_after):
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `scripts/bench.sh` (`benches/sidebyside.py`); do not edit by hand.",
+        "",
+        f"* Date: {time.strftime('%Y-%m-%d %H:%M %Z')}; commit {commit()}.",
+        f"* Machine: {machine()}; load average {load_before:.2f} before and {load_after:.2f} after.",
+        f"* Method: {args.runs} runs of each configuration, interleaved (A B C A B C ...) so that the",
+        "  machine's noise hits every configuration alike; medians of the wall-clock time of the",
+        "  whole command, start-up included. Ratios within one table are what to compare; absolute",
+        "  times move with the machine.",
+        "",
+        "Columns: *slowdown* is the median over the untraced run's; *ns/event* the added time",
+        "divided by the probe events the target produced (recorded plus lost); *vs floor* that",
+        "cost over the raw ptrace floor's (`benches/floor/floor.c`: one waitpid, GETREGS and CONT",
+        "per hit, nothing decoded); *vs py-spy* pyprobe's time over py-spy's at the same rate and",
+        "blocking mode; *exact %* the share of the run traced exactly under a 5 % budget;",
+        "*lost %* the share of ring events dropped.",
+        "",
+        "Configurations: `pyprobe trace` is `--mode trace --engine int3` (a ptrace stop per",
+        "event); `pyprobe ring` is `--mode trace --engine ring` (events written by trampolines",
+        "in the target); `pyprobe auto` is the default mode; `5%` adds `--max-overhead 5`;",
+        "`sample N` is `--mode sample -r N`, `nb` adds `--nonblocking`.",
+        "",
+        "Workloads (`benches/workloads/`): " + ", ".join(
+            f"`{name}` ({' '.join(argv)})" for name, argv in WORKLOADS.items()) + ".",
+    ]
+    for version, (results, unavailable) in tables.items():
+        lines += ["", f"## CPython {version}", ""]
+        lines.append("| " + " | ".join(title for title, _ in COLUMNS) + " |")
+        lines.append("|" + " --- |" * len(COLUMNS))
+        for r in results:
+            lines.append("| " + " | ".join(cell(r, key) for _, key in COLUMNS) + " |")
+        for name, why in unavailable.items():
+            lines += ["", f"Not measured: {name}: {why}"]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--python", default="3.9", help="one or more versions, comma-separated")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--json", default="bench-results.json")
+    parser.add_argument("--markdown", default=os.path.join(REPO, "docs", "benchmarks.md"),
+                        help="the dated page of results (default: docs/benchmarks.md); '' for none")
+    parser.add_argument("--configs", help="comma-separated configurations to run (default: all); untraced always runs")
+    parser.add_argument("--pyprobe", default=os.path.join(REPO, "target", "release", "pyprobe"))
+    parser.add_argument("--floor", default=os.path.join(REPO, "target", "floor"))
+    args = parser.parse_args()
+
+    load_before = os.getloadavg()[0]
+    tables = {}
+    for version in args.python.split(","):
+        results, unavailable = measure(args, version)
+        print_table(version, args.runs, results, unavailable)
+        tables[version] = (results, unavailable)
+    load_after = os.getloadavg()[0]
     with open(args.json, "w") as f:
-        json.dump({"date": time.strftime("%Y-%m-%d"), "python": args.python, "runs": args.runs,
-                   "results": results, "unavailable": unavailable}, f, indent=1)
+        json.dump({"date": time.strftime("%Y-%m-%d"), "runs": args.runs, "machine": machine(), "commit": commit(),
+                   "pythons": {v: {"results": r, "unavailable": u} for v, (r, u) in tables.items()}}, f, indent=1)
     print(f"\nwritten: {args.json}")
+    if args.markdown:
+        write_markdown(args.markdown, args, tables, load_before, load_after)
+        print(f"written: {args.markdown}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The side-by-side overhead benchmark: builds pyprobe (release) and the C floor
-# tracer, fetches the test interpreter, then runs benches/sidebyside.py.
-#   scripts/bench.sh [--runs N] [--python 3.9] [--workloads fib,mixed] [--json FILE]
+# tracer, fetches the test interpreters, then runs benches/sidebyside.py.
+#   scripts/bench.sh [--runs N] [--python 3.9,3.15] [--workloads fib,mixed] [--configs ...]
+# It prints the tables and rewrites docs/benchmarks.md (dated, the machine described).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/fetch-pythons.sh 3.9 >/dev/null
+scripts/fetch-pythons.sh >/dev/null
 cargo build --release --quiet
 gcc -O2 -Wall -o target/floor benches/floor/floor.c
 # The real-program workload: black, pure Python (no compiled wheel), installed once.
