@@ -27,14 +27,16 @@ WORKLOADS = {
     # tracing of it would take minutes, so only these configurations run on it.
     "fib-long": ["fib.py", "34"],
     # The default mode where it used to hurt: an audit event per id() call, and a
-    # real program from PyPI (black, which calls id() some 150,000 times).
+    # real program from PyPI (black, which calls id() some 150,000 times; docutils).
     "audit": ["audit.py", "10"],
     "black": ["black_format.py"],
+    "docutils": ["docutils_html.py", "5"],
 }
 ONLY = {"fib-long": {"untraced", "pyprobe trace 5%", "pyprobe ring", "pyprobe ring 5%", "pyprobe sample 100",
                     "py-spy 100"},
         "audit": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"},
-        "black": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"}}
+        "black": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"},
+        "docutils": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"}}
 
 
 def interpreter(version):

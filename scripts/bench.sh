@@ -15,4 +15,9 @@ if [ ! -d target/pypi/black/black ]; then
     --python-version 3.9 --implementation py --only-binary=:all: \
     black==24.10.0 click mypy_extensions packaging pathspec platformdirs tomli typing_extensions
 fi
+if [ ! -d target/pypi/docutils/docutils ]; then
+  echo "bench: installing docutils (pure Python) into target/pypi/docutils" >&2
+  python3 -m pip install --quiet --target target/pypi/docutils --no-compile \
+    --python-version 3.9 --implementation py --only-binary=:all: docutils==0.21.2
+fi
 exec python3 benches/sidebyside.py "$@"
