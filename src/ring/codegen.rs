@@ -396,13 +396,38 @@ fn emit_reserve(
         a.jmp(retry)?;
     }
     a.set_label(&mut full)?;
+    if waits {
+        emit_add_waited(a)?;
+    }
     a.lock().inc(qword_ptr(r9 + H_LOST as i32))?;
     a.jmp(*restore)?;
     a.set_label(&mut reserved)?;
+    if waits {
+        a.mov(rcx, rax)?;
+        emit_add_waited(a)?;
+        a.mov(rax, rcx)?;
+    }
     a.mov(r10, rax)?;
     a.and(rax, capacity - 1)?;
     a.shl(rax, SLOT_SIZE.trailing_zeros())?;
     a.lea(r8, ptr(r9 + rax + HEADER_SIZE as i32))?;
+    Ok(())
+}
+
+/// If this event waited for room (r11, its deadline, is set), adds the cycles it
+/// waited to the header's `waited`: the target's time lost to a full ring, which
+/// pyprobe charges to the overhead budget. Clobbers rax, rdx and r11.
+fn emit_add_waited(a: &mut CodeAssembler) -> Result<(), CodegenError> {
+    let mut done = a.create_label();
+    a.test(r11, r11)?;
+    a.jz(done)?;
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)?;
+    a.sub(r11, FULL_WAIT_CYCLES)?;
+    a.sub(rax, r11)?;
+    a.lock().add(qword_ptr(r9 + H_WAITED as i32), rax)?;
+    a.set_label(&mut done)?;
     Ok(())
 }
 

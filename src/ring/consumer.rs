@@ -164,6 +164,12 @@ impl RingReader {
         self.load(H_LOST)
     }
 
+    /// TSC cycles the target's stack records spent waiting for room, since the
+    /// ring was made.
+    pub fn waited_cycles(&self) -> u64 {
+        self.load(H_WAITED)
+    }
+
     /// Tells stack probe `probe` how to record ([`THIN_OFF`], [`THIN_STACKLESS`],
     /// [`THIN_COUNT`]): thinning costs the target and pyprobe a fraction of a
     /// stack record. Probes from [`THIN_PROBES`] on are never thinned.

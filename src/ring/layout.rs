@@ -16,6 +16,7 @@
 //! | 64  | u64 | `head`: next slot index to reserve (producers, `lock cmpxchg`) |
 //! | 128 | u64 | `tail`: next slot index to read (written only by the consumer) |
 //! | 192 | u64 | `lost`: events dropped (ring full or reservation retries exhausted) |
+//! | 200 | u64 | `waited`: TSC cycles stack records spent waiting for room (`lock add`) |
 //! | 256 | 64 × u8 | `thin`: per probe id below [`THIN_PROBES`], how a stack probe records: [`THIN_OFF`] with its stack, [`THIN_STACKLESS`] without, [`THIN_COUNT`] not at all but counted (written only by the consumer) |
 //! | 512 | 64 × u64 | `counted`: per probe id, events counted instead of recorded (`lock inc`) |
 //!
@@ -56,7 +57,8 @@
 //!    underflows with an honest consumer).
 //! 2. If `head - tail >= capacity`: `lock inc lost`, skip the event. A stack
 //!    record (1 + N slots, see `stack.rs`) first waits, `pause` by `pause`, up to
-//!    2^25 TSC cycles from its first look for room, re-reading from step 1.
+//!    2^25 TSC cycles from its first look for room, re-reading from step 1, and
+//!    adds the cycles it waited to `waited` (the target's time lost to a full ring).
 //! 3. `lock cmpxchg head: head -> head + 1`; on failure go back to 1, at most
 //!    [`RESERVE_ATTEMPTS`] times in all, then `lock inc lost`.
 //! 4. Write the payload of slot `head`, then store `seq = head + 1` last (an
@@ -92,6 +94,8 @@ pub const H_HEADER_SIZE: usize = 24;
 pub const H_HEAD: usize = 64;
 pub const H_TAIL: usize = 128;
 pub const H_LOST: usize = 192;
+/// Shares `lost`'s line: both are written only when the ring is full.
+pub const H_WAITED: usize = 200;
 pub const H_THIN: usize = 256;
 pub const H_COUNTED: usize = 512;
 /// Probe ids that can be thinned (one `thin` byte and one `counted` word each).

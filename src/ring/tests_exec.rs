@@ -1296,6 +1296,12 @@ fn stack_records_that_do_not_fit_are_lost_whole() {
     let mut reader = ring.reader();
     assert_eq!(reader.drain(10, |r| assert!(r.stack.is_some())).records, 1);
     assert_eq!(reader.lost(), 1);
+    // The lost one waited its full bound first, and said so.
+    let waited = reader.waited_cycles();
+    assert!(
+        (1 << 25..1 << 27).contains(&waited),
+        "waited {waited} cycles"
+    );
     f.call();
     assert_eq!(reader.drain(10, |_| {}).records, 1);
     restore(&region, &plan);
@@ -1358,6 +1364,8 @@ fn a_stack_record_waits_for_room_instead_of_being_lost() {
     });
     restore(&region, &plan);
     assert_eq!(records, (40, 0), "(records, lost)");
+    // 40 records through room for 4: the producer waited, and counted it.
+    assert!(ring.reader().waited_cycles() > 0);
 }
 
 #[test]

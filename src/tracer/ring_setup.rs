@@ -30,8 +30,9 @@ use super::patch::{Patches, INT3};
 /// Slots in a ring: 8 MiB of 256-byte records (they stay mapped after detaching):
 /// about 5 ms of the busiest target, should pyprobe lose its CPU meanwhile.
 pub const CAPACITY: u64 = 1 << 15;
-/// Bytes of trampoline space per site (they are 200-500 bytes).
-const STRIDE: u64 = 1024;
+/// Bytes of trampoline space per site (200-500 bytes; a stack probe's, which walks
+/// the frame chain, up to about 1200).
+const STRIDE: u64 = 2048;
 /// A trampoline region must lie this close to the code it serves (rel32 reach,
 /// with room for the region itself).
 const REACH: u64 = (1 << 31) - (64 << 20);
@@ -66,6 +67,8 @@ pub struct RingProc {
     pub threads: rustc_hash::FxHashMap<u64, i32>,
     /// Per probe id, the events counted instead of recorded already reported.
     pub counted_reported: HashMap<u32, u64>,
+    /// The ring's `waited` cycles already charged to the overhead budget.
+    pub waited_charged: u64,
 }
 
 impl std::fmt::Debug for RingProc {
@@ -166,6 +169,7 @@ pub fn setup(
         tag_addr: scratch,
         threads: fs_bases.iter().map(|&(t, fs)| (fs, t)).collect(),
         counted_reported: HashMap::new(),
+        waited_charged: 0,
     };
     let mut refused = Vec::new();
     // Sites grouped by the executable mapping holding them.

@@ -60,6 +60,11 @@ impl TscClock {
         }
     }
 
+    /// The length in ns of `ticks` counter ticks.
+    pub fn ticks_to_ns(&self, ticks: u64) -> u64 {
+        (ticks as f64 * self.ns_per_tick) as u64
+    }
+
     /// The monotonic time of counter value `tsc`.
     pub fn to_ns(&self, tsc: u64) -> u64 {
         // Integer and float work only on the offset from the origin (`as` saturates).

@@ -344,6 +344,7 @@ impl Engine {
         let mut total = 0;
         let mut counted_total = 0;
         let mut frames_walked = 0u64;
+        let mut waited_ns = 0u64;
         for (&pid, proc) in procs.iter_mut() {
             if only.is_some_and(|only| only != pid) {
                 continue;
@@ -419,6 +420,13 @@ impl Engine {
                     ring_book.stuck.remove(&pid);
                 }
             }
+            // Time its stack records spent spinning for room in a full ring: the
+            // target was held for pyprobe as surely as by a stop.
+            let waited = ring.reader.waited_cycles();
+            if waited > ring.waited_charged {
+                waited_ns += tsc.ticks_to_ns(waited - ring.waited_charged);
+                ring.waited_charged = waited;
+            }
             let lost = ring.reader.lost();
             let reported = ring_book.lost_reported.entry(pid).or_insert(0);
             if lost > *reported {
@@ -435,7 +443,8 @@ impl Engine {
         self.charge(
             total as u64 * RING_EVENT_NS
                 + frames_walked * RING_FRAME_NS
-                + counted_total * RING_COUNT_NS,
+                + counted_total * RING_COUNT_NS
+                + waited_ns,
         );
         total
     }
