@@ -44,7 +44,9 @@ pub struct ProbeSet {
     pub stack_capture: Option<crate::ring::StackCapture>,
     /// Stack probes that an overhead budget thins to a count (no record at all)
     /// rather than to a record without its stack: events that come in storms and
-    /// open nothing another probe closes (an audit event per `id()` call).
+    /// open nothing another probe closes (an audit event per `id()` call). When
+    /// even counting them, or on `int3` their stops, cost more than the budget,
+    /// their semaphores go down for a while.
     pub count_when_thin: Vec<usize>,
 }
 

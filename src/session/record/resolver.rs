@@ -205,7 +205,13 @@ impl Resolver for PythonResolver {
                         set.stack_probes = context;
                     }
                     // The frame walker reads the stack at these hits: they must stop.
+                    // Over budget an audit storm's stops go first.
                     Err(why) => {
+                        set.count_when_thin = context
+                            .iter()
+                            .copied()
+                            .filter(|&i| meanings[i].name == "audit")
+                            .collect();
                         let mut chosen = self.chosen.borrow_mut();
                         if self.capture_stacks
                             && !std::mem::replace(&mut chosen.stack_fallback_said, true)

@@ -192,10 +192,18 @@ impl Engine {
         // budget's stopped time still carries the backlog of stack records), is
         // allowed half the budget: samples and the other probes need the rest.
         let counting = self.counted_since_thin as f64 * RING_COUNT_NS as f64 / since as f64;
+        // Storm probes left on int3 stop the target at every event, stack or not:
+        // their cost is what the budget measured.
+        let stopping = self.procs.values().any(|p| {
+            let set = &p.patches.set;
+            set.count_when_thin
+                .iter()
+                .any(|i| set.needs_stop.contains(i))
+        });
         if !self
             .budget
             .as_ref()
-            .is_some_and(|b| counting > b.max() / 2.0)
+            .is_some_and(|b| counting > b.max() / 2.0 || (stopping && b.slowdown() > b.max()))
         {
             return;
         }
