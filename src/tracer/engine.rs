@@ -15,7 +15,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use crate::process::memory::ProcessMemory;
-use crate::process::status::{signal_set, tgid_of, thread_ids};
+use crate::process::status::{sigtrap_pending, tgid_of, thread_ids};
 
 use super::budget::{Budget, KernelCost};
 use super::calibrate;
@@ -367,11 +367,6 @@ fn at_syscall_entry(tid: i32) -> bool {
     n > 0 && info[0] == PTRACE_SYSCALL_INFO_ENTRY
 }
 
-/// Whether SIGTRAP is pending for thread `tid`.
-fn sigtrap_pending(tid: i32) -> bool {
-    signal_set(tid, "SigPnd").is_some_and(|mask| mask & (1 << (libc::SIGTRAP - 1)) != 0)
-}
-
 impl Engine {
     fn new(root: i32, resolver: Box<dyn Resolver>, options: EngineOptions) -> Engine {
         Engine {
@@ -475,7 +470,7 @@ impl Engine {
                         }
                     }
                     Err(e) if engine.threads.is_empty() => {
-                        return Err(super::errors::seize_error(pid, e))
+                        return Err(crate::process::access::seize_error(pid, e))
                     }
                     Err(e) => bail!("cannot seize thread {tid} of process {pid}: {e}"),
                 }
@@ -542,7 +537,7 @@ impl Engine {
         let child = super::launch::spawn_stopped(&path, &argv)?;
         let pid = child.as_raw();
         if let Err(e) = ptrace::seize(child, trace_options()) {
-            let error = super::errors::seize_error(pid, e);
+            let error = crate::process::access::seize_error(pid, e);
             // Never leave the forked command stopped before its exec: it would stay
             // stopped for ever, holding pyprobe's pipes.
             let _ = kill(child, Signal::SIGKILL);
@@ -1426,9 +1421,7 @@ impl Engine {
         if !proc.awaiting_object {
             return;
         }
-        let maps_len = std::fs::read(format!("/proc/{tgid}/maps"))
-            .map(|m| m.len())
-            .unwrap_or(0);
+        let maps_len = crate::process::maps::maps_len(tgid);
         if maps_len == proc.last_maps_len {
             return;
         }
