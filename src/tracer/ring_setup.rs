@@ -24,7 +24,7 @@ use crate::ring::{
 };
 
 use super::guardian::{Guardian, Op};
-use super::inject;
+use super::inject::Injector;
 use super::patch::{Patches, INT3};
 
 /// Slots in a ring: 8 MiB of 256-byte records (they stay mapped after detaching):
@@ -37,12 +37,9 @@ const STRIDE: u64 = 1024;
 const REACH: u64 = (1 << 31) - (64 << 20);
 const PAGE: u64 = 4096;
 
-const PROT_RW: u64 = 3;
-const PROT_RX: u64 = 5;
-const MAP_SHARED: u64 = 0x01;
-const MAP_PRIVATE_ANON: u64 = 0x22;
-const MAP_FIXED_NOREPLACE: u64 = 0x10_0000;
-const MFD_CLOEXEC: u64 = 1;
+const PROT_RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
+const PROT_RX: i32 = libc::PROT_READ | libc::PROT_EXEC;
+const MAP_PRIVATE_ANON: i32 = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
 
 /// One site served by the ring.
 #[derive(Debug, Clone)]
@@ -84,34 +81,6 @@ pub struct Setup {
     pub refused: Vec<(u64, String)>,
 }
 
-/// Injects system calls through thread `tid` of `pid`.
-struct Injector {
-    tid: i32,
-    insn: u64,
-}
-
-impl Injector {
-    fn call(&self, what: &str, nr: i64, args: [u64; 6]) -> Result<u64> {
-        let r = inject::syscall(self.tid, self.insn, nr, args)
-            .with_context(|| format!("injecting {what}"))?;
-        if (-4095..0).contains(&r) {
-            bail!(
-                "{what} in the target failed: {}",
-                io::Error::from_raw_os_error(-r as i32)
-            );
-        }
-        Ok(r as u64)
-    }
-
-    fn mmap(&self, addr: u64, len: u64, prot: u64, flags: u64, fd: i64) -> Result<u64> {
-        self.call(
-            "mmap",
-            libc::SYS_mmap,
-            [addr, len, prot, flags, fd as u64, 0],
-        )
-    }
-}
-
 /// Sets up the ring in `pid` (every thread stopped; `tid` at a clean stop) for the
 /// `int3` sites of `patches`, and hands the sites it patched over from `patches`.
 /// `rips` are the threads' instruction pointers.
@@ -124,9 +93,7 @@ pub fn setup(
     fs_bases: &[(i32, u64)],
     mut guard: Option<&mut Guardian>,
 ) -> Result<Setup> {
-    let insn = inject::find_code(pid, mem, &[0x0f, 0x05])
-        .ok_or_else(|| anyhow!("no `syscall` instruction found in process {pid}"))?;
-    let inj = Injector { tid, insn };
+    let inj = Injector::find(pid, tid, mem)?;
     // A private page: the tag word (pid) at 0, the memfd's name at 64.
     let scratch = inj.mmap(0, PAGE, PROT_RW, MAP_PRIVATE_ANON, -1)?;
     mem.write(scratch, &(pid as u32).to_le_bytes())?;
@@ -135,11 +102,11 @@ pub fn setup(
     let fd = inj.call(
         "memfd_create",
         libc::SYS_memfd_create,
-        [scratch + 64, MFD_CLOEXEC, 0, 0, 0, 0],
+        [scratch + 64, libc::MFD_CLOEXEC as u64, 0, 0, 0, 0],
     )?;
     let mapped = (|| {
         inj.call("ftruncate", libc::SYS_ftruncate, [fd, bytes, 0, 0, 0, 0])?;
-        let ring_addr = inj.mmap(0, bytes, PROT_RW, MAP_SHARED, fd as i64)?;
+        let ring_addr = inj.mmap(0, bytes, PROT_RW, libc::MAP_SHARED, fd as i64)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -331,7 +298,7 @@ fn patch_segment(
     inj.call(
         "mprotect",
         libc::SYS_mprotect,
-        [region, size, PROT_RX, 0, 0, 0],
+        [region, size, PROT_RX as u64, 0, 0, 0],
     )?;
     for (plan, t, pi, si) in built {
         // The site holds our int3 and, after it, the bytes the plan displaces.
@@ -408,7 +375,13 @@ fn place_region(inj: &Injector, maps: &[MapEntry], segment: &MapEntry, size: u64
     }
     candidates.sort_unstable_by_key(|&c| c.abs_diff(segment.start));
     for c in candidates.into_iter().take(8) {
-        match inj.mmap(c, size, PROT_RW, MAP_PRIVATE_ANON | MAP_FIXED_NOREPLACE, -1) {
+        match inj.mmap(
+            c,
+            size,
+            PROT_RW,
+            MAP_PRIVATE_ANON | libc::MAP_FIXED_NOREPLACE,
+            -1,
+        ) {
             Ok(got) if got == c => return Ok(c),
             Ok(got) => {
                 // An old kernel took the address as a hint only: give it back.
