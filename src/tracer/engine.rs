@@ -17,24 +17,23 @@ use nix::unistd::Pid;
 use crate::process::memory::ProcessMemory;
 use crate::process::status::{sigtrap_pending, tgid_of, thread_ids};
 
+use super::budget::calibrate;
 use super::budget::{Budget, KernelCost};
-use super::calibrate;
 use super::decode::HitBuffers;
 use super::guardian::{Guardian, Op};
 use super::patch::{clean_copy, Patches};
 use super::probes::ProbeSet;
 use super::regs::Registers;
+use super::ring::setup::RingProc;
+use super::ring::RingBook;
 use super::safety_net::{self, SafetyNet};
 use super::signals::{
     arm_tick, jitter, monotonic_ns, stop_requested, take_tick, until_deadline_ns, StopReason,
 };
 use crate::record::ThinLevel;
 
-mod ring;
-mod throttle;
-
-pub use ring::RingUse;
-pub use throttle::BudgetSummary;
+pub use super::budget::BudgetSummary;
+pub use super::ring::RingUse;
 
 /// Finds the probes to trace in a process image, once the object carrying them is
 /// fully mapped. `Ok(None)`: not (yet) there.
@@ -51,7 +50,7 @@ pub struct Hit<'a> {
     pub probe: usize,
     pub probe_name: &'a str,
     pub args: &'a [u64],
-    buffers: &'a HitBuffers,
+    pub(super) buffers: &'a HitBuffers,
     /// The thread's stack as the ring trampoline captured it (stack probes served
     /// by the ring); `None` at an `int3` stop, where the caller can read it itself.
     pub stack: Option<&'a crate::ring::consumer::RingStack>,
@@ -208,7 +207,7 @@ pub enum Outcome {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ThreadState {
+pub(super) enum ThreadState {
     /// Seized, its first stop not seen yet.
     New,
     Running,
@@ -224,7 +223,7 @@ enum ThreadState {
 /// Where in the kernel a held thread is stopped, which decides what pyprobe may do
 /// with it (see `inject`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum StopKind {
+pub(super) enum StopKind {
     /// pyprobe's interrupt, or a new thread's first stop: in the signal path.
     Interrupt,
     /// A signal-delivery stop: a hit pyprobe swallows, or a signal for the program.
@@ -243,35 +242,35 @@ enum StopKind {
 }
 
 #[derive(Debug)]
-struct Thread {
-    tgid: i32,
-    state: ThreadState,
+pub(super) struct Thread {
+    pub(super) tgid: i32,
+    pub(super) state: ThreadState,
 }
 
 #[derive(Debug)]
-struct Proc {
-    mem: ProcessMemory,
-    patches: Patches,
+pub(super) struct Proc {
+    pub(super) mem: ProcessMemory,
+    pub(super) patches: Patches,
     /// The object with the probes is not mapped yet: resume with PTRACE_SYSCALL and
     /// look again after each `mmap`.
-    awaiting_object: bool,
-    last_maps_len: usize,
+    pub(super) awaiting_object: bool,
+    pub(super) last_maps_len: usize,
     /// The SIGTRAP safety net installed in this image (see `safety_net`).
-    net: Option<SafetyNet>,
+    pub(super) net: Option<SafetyNet>,
     /// Probes were installed at a stop where injecting is unsafe (a system call
     /// stop): install the net at the next hit, a clean stop.
-    net_pending: bool,
+    pub(super) net_pending: bool,
     /// The ring engine serving some of this image's sites.
-    ring: Option<crate::tracer::ring_setup::RingProc>,
+    pub(super) ring: Option<RingProc>,
     /// Its sites move to the ring at the next turn of the event loop.
-    ring_pending: bool,
+    pub(super) ring_pending: bool,
     /// A vfork child before its exec: the memory is its parent's, and so are the
     /// patches in it (never written, budgeted or undone through this process).
-    shares_parent_memory: bool,
+    pub(super) shares_parent_memory: bool,
 }
 
 impl Proc {
-    fn new(pid: i32) -> Proc {
+    pub(super) fn new(pid: i32) -> Proc {
         Proc {
             mem: ProcessMemory::new(pid),
             patches: Patches::default(),
@@ -289,51 +288,51 @@ impl Proc {
 /// A forked child seen by its parent's event, not yet by its own first stop, or
 /// the other way round.
 #[derive(Debug, Clone, Copy)]
-struct PendingChild {
-    parent: i32,
-    vfork: bool,
+pub(super) struct PendingChild {
+    pub(super) parent: i32,
+    pub(super) vfork: bool,
 }
 
 pub struct Engine {
-    root: i32,
+    pub(super) root: i32,
     /// pyprobe started the root process itself (`record -- CMD`).
-    launched: bool,
+    pub(super) launched: bool,
     /// Undoes the patches if pyprobe dies without detaching (see `guardian`).
-    guardian: Option<Guardian>,
-    threads: HashMap<i32, Thread>,
-    procs: HashMap<i32, Proc>,
-    resolver: Box<dyn Resolver>,
-    options: EngineOptions,
-    pending_children: HashMap<i32, PendingChild>,
-    early_children: Vec<i32>,
-    exit: Option<Outcome>,
-    detached: bool,
-    hits: u64,
-    hit_buffers: HitBuffers,
+    pub(super) guardian: Option<Guardian>,
+    pub(super) threads: HashMap<i32, Thread>,
+    pub(super) procs: HashMap<i32, Proc>,
+    pub(super) resolver: Box<dyn Resolver>,
+    pub(super) options: EngineOptions,
+    pub(super) pending_children: HashMap<i32, PendingChild>,
+    pub(super) early_children: Vec<i32>,
+    pub(super) exit: Option<Outcome>,
+    pub(super) detached: bool,
+    pub(super) hits: u64,
+    pub(super) hit_buffers: HitBuffers,
     /// The overhead budget, once budgeted probes are installed.
-    budget: Option<Budget>,
+    pub(super) budget: Option<Budget>,
     /// Ring set-up done during the current stop (not charged to the budget), and
     /// over the whole run.
-    setup_in_stop_ns: u64,
-    setup_total_ns: u64,
+    pub(super) setup_in_stop_ns: u64,
+    pub(super) setup_total_ns: u64,
     /// Times counting thinned audit events proved too costly since stacks were
     /// last on.
-    uncount_strikes: u32,
+    pub(super) uncount_strikes: u32,
     /// Events counted in the target since thinning last changed.
-    counted_since_thin: u64,
+    pub(super) counted_since_thin: u64,
     /// Over budget: how stack probes record, and since when.
-    thin: ThinLevel,
-    thinned_at: u64,
-    kernel_cost: KernelCost,
+    pub(super) thin: ThinLevel,
+    pub(super) thinned_at: u64,
+    pub(super) kernel_cost: KernelCost,
     /// When the current wait status was collected (budget accounting).
-    last_wait_ns: u64,
+    pub(super) last_wait_ns: u64,
     /// When each thread was last resumed after a hit (budget accounting).
-    resumed_ns: HashMap<i32, u64>,
+    pub(super) resumed_ns: HashMap<i32, u64>,
     /// Blocking samples cost more than the budget leaves: sample without stopping.
-    samples_unblocked: bool,
-    ring_book: ring::RingBook,
+    pub(super) samples_unblocked: bool,
+    pub(super) ring_book: RingBook,
     /// An error met while handling an event that must end the run.
-    fatal: Option<anyhow::Error>,
+    pub(super) fatal: Option<anyhow::Error>,
 }
 
 /// How long the event loop sleeps when the rings and the waits are both empty.
@@ -368,7 +367,7 @@ fn at_syscall_entry(tid: i32) -> bool {
 }
 
 impl Engine {
-    fn new(root: i32, resolver: Box<dyn Resolver>, options: EngineOptions) -> Engine {
+    pub(super) fn new(root: i32, resolver: Box<dyn Resolver>, options: EngineOptions) -> Engine {
         Engine {
             root,
             launched: false,
@@ -400,7 +399,7 @@ impl Engine {
             last_wait_ns: 0,
             resumed_ns: HashMap::new(),
             samples_unblocked: false,
-            ring_book: ring::RingBook::default(),
+            ring_book: RingBook::default(),
             fatal: None,
         }
     }
@@ -577,7 +576,7 @@ impl Engine {
         Ok(self.exit.unwrap_or(Outcome::Detached(StopReason::Internal)))
     }
 
-    fn event_loop(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+    pub(super) fn event_loop(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
         self.arm_next_tick();
         loop {
             if let Some(reason) = stop_requested() {
@@ -642,7 +641,7 @@ impl Engine {
     }
 
     /// Arms the timer: the next sample, or the `--duration` deadline.
-    fn arm_next_tick(&self) {
+    pub(super) fn arm_next_tick(&self) {
         if let Some(interval) = self.options.sample_interval_ns {
             arm_tick(jitter(interval, 50));
         } else if let Some(left) = until_deadline_ns() {
@@ -654,7 +653,7 @@ impl Engine {
     /// A sampling tick: with `blocking`, every thread is stopped while the sink reads
     /// the stacks, for a consistent picture; threads the target itself has stopped
     /// (group-stop) stay as they are.
-    fn on_tick(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+    pub(super) fn on_tick(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
         if self.options.sample_interval_ns.is_none() {
             return Ok(());
         }
@@ -704,7 +703,7 @@ impl Engine {
     /// Samples each process of `pids` with every thread of it stopped: all are
     /// interrupted at once, and each is read and let go as soon as its own threads
     /// are all held, so none waits for another's threads or stack reads.
-    fn sample_stopped(
+    pub(super) fn sample_stopped(
         &mut self,
         mut left: Vec<i32>,
         sink: &mut dyn FnMut(TraceEvent),
@@ -803,7 +802,7 @@ impl Engine {
     /// the kernel's scheduler state. A thread in a ptrace-stop of pyprobe's own (a
     /// probe hit, an interrupt) was caught running; one in a group-stop (SIGSTOP) or a
     /// vfork wait was not.
-    fn cpu_states(&self, pid: i32) -> Vec<(i32, bool)> {
+    pub(super) fn cpu_states(&self, pid: i32) -> Vec<(i32, bool)> {
         self.threads
             .iter()
             .filter(|(_, t)| t.tgid == pid)
@@ -827,7 +826,7 @@ impl Engine {
 
     /// Handles one wait status. While `holding` (stopping everyone), stopped threads
     /// are kept stopped instead of resumed.
-    fn handle(
+    pub(super) fn handle(
         &mut self,
         status: WaitStatus,
         holding: bool,
@@ -876,7 +875,7 @@ impl Engine {
         Ok(())
     }
 
-    fn handle_event(
+    pub(super) fn handle_event(
         &mut self,
         tid: i32,
         sig: Signal,
@@ -972,7 +971,7 @@ impl Engine {
         Ok(())
     }
 
-    fn handle_stop_event(
+    pub(super) fn handle_stop_event(
         &mut self,
         tid: i32,
         sig: Signal,
@@ -1026,7 +1025,12 @@ impl Engine {
 
     /// A forked child: trace it (`--subprocesses`) or clean its copy of the patches
     /// and release it, before it runs on.
-    fn adopt_child(&mut self, child: i32, pending: PendingChild, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(super) fn adopt_child(
+        &mut self,
+        child: i32,
+        pending: PendingChild,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
         self.pending_children.remove(&child);
         let parent_patches = self
             .procs
@@ -1106,14 +1110,20 @@ impl Engine {
         let _ = ptrace::detach(Pid::from_raw(child), None);
     }
 
-    fn set_state(&mut self, tid: i32, state: ThreadState) {
+    pub(super) fn set_state(&mut self, tid: i32, state: ThreadState) {
         if let Some(t) = self.threads.get_mut(&tid) {
             t.state = state;
         }
     }
 
     /// Records the stop `tid` is in, and resumes it unless `holding`.
-    fn resume_or_hold(&mut self, tid: i32, signal: Option<Signal>, kind: StopKind, holding: bool) {
+    pub(super) fn resume_or_hold(
+        &mut self,
+        tid: i32,
+        signal: Option<Signal>,
+        kind: StopKind,
+        holding: bool,
+    ) {
         self.set_state(
             tid,
             ThreadState::Stopped {
@@ -1126,7 +1136,7 @@ impl Engine {
         }
     }
 
-    fn resume(&mut self, tid: i32, signal: Option<Signal>) {
+    pub(super) fn resume(&mut self, tid: i32, signal: Option<Signal>) {
         let group_stopped = self.threads.get(&tid).is_some_and(|t| {
             matches!(
                 t.state,
@@ -1158,7 +1168,7 @@ impl Engine {
         self.set_state(tid, ThreadState::Running);
     }
 
-    fn thread_gone(&mut self, tid: i32, how: Outcome, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(super) fn thread_gone(&mut self, tid: i32, how: Outcome, sink: &mut dyn FnMut(TraceEvent)) {
         if !self.threads.contains_key(&tid) {
             return;
         }
@@ -1205,7 +1215,7 @@ impl Engine {
     }
 
     /// Decodes a breakpoint hit if `tid` stopped at one of our sites.
-    fn try_hit(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> bool {
+    pub(super) fn try_hit(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> bool {
         let Some(tgid) = self.threads.get(&tid).map(|t| t.tgid) else {
             return false;
         };
@@ -1273,7 +1283,7 @@ impl Engine {
     /// to the ring only at their first hit, once the loader has finished mapping
     /// (a trampoline region placed now could be mapped over). `Ok(false)`: not
     /// mapped yet.
-    fn install(
+    pub(super) fn install(
         &mut self,
         pid: i32,
         starting: bool,
@@ -1309,7 +1319,12 @@ impl Engine {
         Ok(true)
     }
 
-    fn install_net(proc: &mut Proc, pid: i32, tid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(super) fn install_net(
+        proc: &mut Proc,
+        pid: i32,
+        tid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
         proc.net_pending = false;
         let mut sites: Vec<u64> = proc.patches.sites.keys().copied().collect();
         sites.sort_unstable();
@@ -1333,7 +1348,11 @@ impl Engine {
     /// `inject`): one already there, else one brought there from a stop inside a
     /// system call (it finishes the call and stops again before running any code of
     /// its own). `None` when no thread of it gets there.
-    fn clean_thread(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Option<i32> {
+    pub(super) fn clean_thread(
+        &mut self,
+        pid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Option<i32> {
         let rank = |state: ThreadState| match state {
             ThreadState::Stopped {
                 pending: None,
@@ -1381,7 +1400,11 @@ impl Engine {
     /// Lets held thread `tid` leave its stop and stop again at once on its way out
     /// of the kernel (an interrupt queued before resuming is taken before any code
     /// of the program runs).
-    fn bring_to_clean_stop(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Option<i32> {
+    pub(super) fn bring_to_clean_stop(
+        &mut self,
+        tid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Option<i32> {
         for _ in 0..8 {
             let pending = match self.threads.get(&tid)?.state {
                 ThreadState::Stopped {
@@ -1411,7 +1434,7 @@ impl Engine {
     }
 
     /// In a process that is starting up: once its maps changed, look for the probes.
-    fn check_awaited_object(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(super) fn check_awaited_object(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) {
         let Some(tgid) = self.threads.get(&tid).map(|t| t.tgid) else {
             return;
         };
@@ -1446,12 +1469,12 @@ impl Engine {
     }
 
     /// Interrupts every running thread and waits until all are in a ptrace-stop.
-    fn stop_all(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+    pub(super) fn stop_all(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
         self.stop_threads(true, sink)
     }
 
     /// Like `stop_all`, but threads parked in group-stop stay parked.
-    fn stop_all_running(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+    pub(super) fn stop_all_running(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
         self.stop_threads(false, sink)
     }
 
@@ -1471,7 +1494,7 @@ impl Engine {
         }
     }
 
-    fn stop_threads(
+    pub(super) fn stop_threads(
         &mut self,
         include_listening: bool,
         sink: &mut dyn FnMut(TraceEvent),
@@ -1516,7 +1539,7 @@ impl Engine {
     /// A thread may first report a second, stale interrupt (`stop_all` interrupts a
     /// thread again while its first stop is not yet collected): resume it until the
     /// SIGTRAP is gone, a few rounds at most.
-    fn take_pending_traps(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(super) fn take_pending_traps(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         let pending: Vec<i32> = self
             .threads
             .iter()
@@ -1568,7 +1591,7 @@ impl Engine {
         }
     }
 
-    fn resume_all(&mut self) {
+    pub(super) fn resume_all(&mut self) {
         let stopped: Vec<(i32, Option<Signal>)> = self
             .threads
             .iter()

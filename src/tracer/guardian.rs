@@ -445,7 +445,7 @@ fn run_guardian(mut pipe: File) -> i32 {
             _ => {}
         }
     }
-    let start = crate::tracer::signals::monotonic_ns();
+    let start = crate::tracer::clock::monotonic_ns();
     let mut restored = (0usize, 0usize);
     // Semaphores of every process first: CPython checks them before reaching a site,
     // so lowering them closes the window fastest; then the bytes.
@@ -483,7 +483,7 @@ fn run_guardian(mut pipe: File) -> i32 {
             ring_left.push((pid, left, why));
         }
     }
-    let took = crate::tracer::signals::monotonic_ns().saturating_sub(start);
+    let took = crate::tracer::clock::monotonic_ns().saturating_sub(start);
     if !state
         .values()
         .all(|u| u.sites.is_empty() && u.ring.is_empty() && u.semaphores.values().all(|&n| n == 0))

@@ -105,16 +105,7 @@ pub fn arm_tick(ns: u64) {
     unsafe { libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()) };
 }
 
-/// Nanoseconds of CLOCK_MONOTONIC.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use super::clock::monotonic_ns;
 
 /// A cheap pseudo-random jitter in [-spread, +spread] ns (xorshift on the clock), so
 /// sampling does not fall into lock-step with periodic work in the target.

@@ -1,13 +1,11 @@
 //! The engine's side of the overhead budget: charging stopped time, and turning the
 //! budgeted probes off and on in every traced process.
 
-use super::ring::RING_COUNT_NS;
-use super::{Engine, TraceEvent};
+use super::{Budget, Toggle};
 use crate::record::ThinLevel;
-use crate::ring::layout::{THIN_COUNT, THIN_OFF, THIN_STACKLESS};
-use crate::tracer::budget::{Budget, Toggle};
-use crate::tracer::ring_setup::RingProc;
-use crate::tracer::signals::monotonic_ns;
+use crate::tracer::clock::monotonic_ns;
+use crate::tracer::engine::{Engine, TraceEvent};
+use crate::tracer::ring::{set_thin, RING_COUNT_NS};
 
 /// How long thinned recording is measured before its cost decides whether the
 /// audit probe must go off.
@@ -15,12 +13,15 @@ const UNCOUNT_AFTER_NS: u64 = 20_000_000;
 /// The audit probe stays off at least this long (doubling each time counting
 /// proves too costly again).
 const UNCOUNTED_FOR_NS: u64 = 100_000_000;
-use crate::tracer::ProbeSet;
 
 impl Engine {
     /// Probes were installed in `pid`: start the budget at the first budgeted
     /// probes, and keep a process installed while probes are off in step.
-    pub(super) fn budget_installed(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(in crate::tracer) fn budget_installed(
+        &mut self,
+        pid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
         let Some(max) = self.options.max_overhead else {
             return;
         };
@@ -63,7 +64,7 @@ impl Engine {
     }
 
     /// The target was stopped `ns` for pyprobe.
-    pub(super) fn charge(&mut self, ns: u64) {
+    pub(in crate::tracer) fn charge(&mut self, ns: u64) {
         if let Some(b) = self.budget.as_mut() {
             b.stopped(ns);
         }
@@ -71,7 +72,11 @@ impl Engine {
 
     /// Resumes `tid` after a hit, charging the stop: what pyprobe spent since the
     /// wait returned, plus the kernel's estimated share.
-    pub(super) fn resume_after_budgeted_hit(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(in crate::tracer) fn resume_after_budgeted_hit(
+        &mut self,
+        tid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
         let stopped_seen = self.last_wait_ns;
         if let Some(&resumed) = self.resumed_ns.get(&tid) {
             self.kernel_cost.gap(resumed, stopped_seen);
@@ -88,7 +93,7 @@ impl Engine {
     }
 
     /// Lets the budget decide, and applies its decision to every process.
-    pub(super) fn poll_budget(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(in crate::tracer) fn poll_budget(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         let now = monotonic_ns();
         let Some(toggle) = self.budget.as_mut().and_then(|b| b.poll(now)) else {
             self.uncount_if_still_over(now, sink);
@@ -164,7 +169,10 @@ impl Engine {
     /// stack records are what pyprobe cannot keep up with: thin them now rather
     /// than hold the target while the backlog is named (tens of ms for a ring of
     /// stacks). Returns whether it did.
-    pub(super) fn thin_instead_of_holding(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> bool {
+    pub(in crate::tracer) fn thin_instead_of_holding(
+        &mut self,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> bool {
         let stacked = self
             .procs
             .values()
@@ -273,7 +281,7 @@ impl Engine {
     /// Blocking samples alone would hold the target above the budget's resume line:
     /// from now on samples are taken without stopping it (as `--nonblocking`), so
     /// their cost leaves the budget and exact windows can open again.
-    pub(super) fn unblock_costly_samples(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(in crate::tracer) fn unblock_costly_samples(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         let Some(b) = self.budget.as_ref() else {
             return;
         };
@@ -311,18 +319,6 @@ impl Engine {
                 samples_unblocked: self.samples_unblocked,
             }
         })
-    }
-}
-
-/// Thins (or not) every stack probe of `set` served by `ring`.
-pub(super) fn set_thin(ring: &RingProc, set: &ProbeSet, thin: bool) {
-    for &probe in &set.stack_probes {
-        let mode = match thin {
-            false => THIN_OFF,
-            true if set.count_when_thin.contains(&probe) => THIN_COUNT,
-            true => THIN_STACKLESS,
-        };
-        ring.reader.set_thin(probe as u32, mode);
     }
 }
 
