@@ -17,18 +17,15 @@ use nix::unistd::Pid;
 use crate::process::memory::ProcessMemory;
 use crate::process::status::{tgid_of, thread_ids};
 
-use super::budget::calibrate;
-use super::budget::{Budget, KernelCost};
+use super::budget::BudgetBook;
+use super::clock::monotonic_ns;
 use super::decode::HitBuffers;
 use super::guardian::Guardian;
 use super::patch::Patches;
 use super::ring::setup::RingProc;
 use super::ring::RingBook;
 use super::safety_net::{self, SafetyNet};
-use super::signals::{
-    arm_tick, jitter, monotonic_ns, stop_requested, take_tick, until_deadline_ns, StopReason,
-};
-use crate::record::ThinLevel;
+use super::signals::{arm_tick, jitter, stop_requested, take_tick, until_deadline_ns, StopReason};
 
 mod children;
 mod hits;
@@ -97,27 +94,8 @@ pub struct Engine {
     pub(super) detached: bool,
     pub(super) hits: u64,
     pub(super) hit_buffers: HitBuffers,
-    /// The overhead budget, once budgeted probes are installed.
-    pub(super) budget: Option<Budget>,
-    /// Ring set-up done during the current stop (not charged to the budget), and
-    /// over the whole run.
-    pub(super) setup_in_stop_ns: u64,
-    pub(super) setup_total_ns: u64,
-    /// Times counting thinned audit events proved too costly since stacks were
-    /// last on.
-    pub(super) uncount_strikes: u32,
-    /// Events counted in the target since thinning last changed.
-    pub(super) counted_since_thin: u64,
-    /// Over budget: how stack probes record, and since when.
-    pub(super) thin: ThinLevel,
-    pub(super) thinned_at: u64,
-    pub(super) kernel_cost: KernelCost,
-    /// When the current wait status was collected (budget accounting).
-    pub(super) last_wait_ns: u64,
-    /// When each thread was last resumed after a hit (budget accounting).
-    pub(super) resumed_ns: HashMap<i32, u64>,
-    /// Blocking samples cost more than the budget leaves: sample without stopping.
-    pub(super) samples_unblocked: bool,
+    /// The overhead budget and what it turned off.
+    pub(super) budget: BudgetBook,
     pub(super) ring_book: RingBook,
     /// An error met while handling an event that must end the run.
     pub(super) fatal: Option<anyhow::Error>,
@@ -164,23 +142,7 @@ impl Engine {
             detached: false,
             hits: 0,
             hit_buffers: HitBuffers::default(),
-            budget: None,
-            thin: ThinLevel::Full,
-            thinned_at: 0,
-            setup_in_stop_ns: 0,
-            setup_total_ns: 0,
-            uncount_strikes: 0,
-            counted_since_thin: 0,
-            // Measured before touching the target, so it pays nothing for it.
-            kernel_cost: match options.max_overhead {
-                Some(_) => calibrate::stop_cycle_ns()
-                    .map(KernelCost::calibrated)
-                    .unwrap_or_default(),
-                None => KernelCost::default(),
-            },
-            last_wait_ns: 0,
-            resumed_ns: HashMap::new(),
-            samples_unblocked: false,
+            budget: BudgetBook::new(options.max_overhead),
             ring_book: RingBook::default(),
             fatal: None,
         }
@@ -416,8 +378,8 @@ impl Engine {
         match waitpid(None, Some(flags)) {
             Ok(WaitStatus::StillAlive) if poll => Ok(Waited::Nothing),
             Ok(status) => {
-                if self.budget.is_some() {
-                    self.last_wait_ns = monotonic_ns();
+                if self.budget.meter.is_some() {
+                    self.budget.last_wait_ns = monotonic_ns();
                 }
                 self.handle(status, false, sink)?;
                 Ok(Waited::Handled)
@@ -456,7 +418,7 @@ impl Engine {
             WaitStatus::Stopped(pid, Signal::SIGTRAP) => {
                 let tid = pid.as_raw();
                 if self.try_hit(tid, sink) {
-                    if holding || self.budget.is_none() {
+                    if holding || self.budget.meter.is_none() {
                         self.resume_or_hold(tid, None, StopKind::Signal, holding);
                     } else {
                         self.resume_after_budgeted_hit(tid, sink);

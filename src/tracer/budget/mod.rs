@@ -23,6 +23,7 @@
 pub mod calibrate;
 mod driver;
 
+pub(in crate::tracer) use driver::BudgetBook;
 pub use driver::BudgetSummary;
 
 /// Time constant of the decaying window.

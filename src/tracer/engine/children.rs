@@ -9,10 +9,10 @@ use nix::unistd::Pid;
 use crate::process::memory::ProcessMemory;
 use crate::process::status::tgid_of;
 
+use crate::tracer::clock::monotonic_ns;
 use crate::tracer::guardian::Op;
 use crate::tracer::patch::clean_copy;
 use crate::tracer::safety_net;
-use crate::tracer::signals::monotonic_ns;
 
 use super::{Engine, Proc, RingUse, StopKind, Thread, ThreadState, TraceEvent};
 

@@ -5,10 +5,10 @@ use anyhow::{Context, Result};
 use nix::sys::ptrace;
 use nix::unistd::Pid;
 
+use crate::tracer::clock::monotonic_ns;
 use crate::tracer::patch::Patches;
 use crate::tracer::regs::Registers;
 use crate::tracer::safety_net;
-use crate::tracer::signals::monotonic_ns;
 
 use super::threads::at_syscall_entry;
 use super::{Engine, Hit, NotTraceable, Proc, TraceEvent};
@@ -46,7 +46,7 @@ impl Engine {
             Ok(info) if info.si_code == SI_KERNEL => {}
             _ => return false,
         }
-        if self.budget.as_ref().is_some_and(|b| !b.exact())
+        if self.budget.meter.as_ref().is_some_and(|b| !b.exact())
             && proc.patches.set.budgeted.contains(&pi)
         {
             // It passed the semaphore check just before the probe went off: the

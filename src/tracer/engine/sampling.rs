@@ -12,7 +12,7 @@ use nix::unistd::Pid;
 
 use crate::process::status::tgid_of;
 
-use crate::tracer::signals::monotonic_ns;
+use crate::tracer::clock::monotonic_ns;
 
 use super::{Engine, StopKind, Thread, ThreadState, TraceEvent};
 
@@ -28,12 +28,12 @@ impl Engine {
             .procs
             .values()
             .any(|p| !p.patches.set.budgeted.is_empty());
-        if functions_traced && self.budget.as_ref().is_some_and(|b| b.exact()) {
+        if functions_traced && self.budget.meter.as_ref().is_some_and(|b| b.exact()) {
             // An exact window: the probes say it all, a sample would be thrown away.
             self.poll_budget(sink);
             return Ok(());
         }
-        let blocking = self.options.blocking_samples && !self.samples_unblocked;
+        let blocking = self.options.blocking_samples && !self.budget.samples_unblocked;
         // Each process is sampled on its own: stopped only while its own stacks are
         // read, never while another process's are. One still starting (its
         // interpreter not mapped yet) has nothing to read.
@@ -118,7 +118,7 @@ impl Engine {
                     on_cpu: on_cpu.remove(&pid).unwrap_or_default(),
                 });
                 self.resume_process(pid);
-                if let Some(b) = self.budget.as_mut() {
+                if let Some(b) = self.budget.meter.as_mut() {
                     b.sampled(monotonic_ns().saturating_sub(began));
                 }
             }

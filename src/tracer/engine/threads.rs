@@ -11,8 +11,8 @@ use nix::unistd::Pid;
 
 use crate::process::status::sigtrap_pending;
 
+use crate::tracer::clock::monotonic_ns;
 use crate::tracer::guardian::Op;
-use crate::tracer::signals::monotonic_ns;
 
 use super::{Engine, Outcome, TraceEvent};
 
@@ -150,7 +150,7 @@ impl Engine {
         let Some(thread) = self.threads.remove(&tid) else {
             return;
         };
-        self.resumed_ns.remove(&tid);
+        self.budget.resumed_ns.remove(&tid);
         sink(TraceEvent::ThreadExit {
             pid: thread.tgid,
             tid,

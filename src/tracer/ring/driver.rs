@@ -153,7 +153,7 @@ impl Engine {
         let result = self.ring_upgrade_process(pid, tid, sink);
         // Once per process: said apart in the budget's closing line, not charged
         // against the run (it would weigh on a short program's average for good).
-        self.setup_in_stop_ns += monotonic_ns().saturating_sub(began);
+        self.budget.setup_in_stop_ns += monotonic_ns().saturating_sub(began);
         if let Err(e) = result {
             if self.options.ring == RingUse::Required {
                 return Err(e.context("`--engine ring` cannot be used"));
@@ -219,7 +219,7 @@ impl Engine {
             self.ring_book.tsc = Some(TscClock::calibrate());
         }
         // A ring set up over budget starts thin, as the others are.
-        let thin = self.thin != ThinLevel::Full;
+        let thin = self.budget.thin != ThinLevel::Full;
         super::set_thin(&setup.ring, &proc.patches.set, thin);
         proc.ring = Some(setup.ring);
         Ok(())
@@ -408,7 +408,7 @@ impl Engine {
             }
             proc.ring = Some(ring);
         }
-        self.counted_since_thin += counted_total;
+        self.budget.counted_since_thin += counted_total;
         self.charge(
             total as u64 * RING_EVENT_NS
                 + frames_walked * RING_FRAME_NS
