@@ -3,6 +3,12 @@
 //!
 //! All ptrace requests and waits happen on the thread that created the engine:
 //! ptrace belongs to a thread, not a process.
+//!
+//! Here: attaching, launching, the event loop and leaving. Beside it: `threads`
+//! (thread states, stopping and resuming), `children` (clone, fork, vfork, exec),
+//! `hits` (installing probes, catching `int3` hits), `sampling` (ticks) and
+//! `interface` (what the caller sees); the ring's and the budget's sides of the
+//! engine are in `tracer::ring` and `tracer::budget`.
 
 use std::collections::HashMap;
 use std::ffi::CString;
