@@ -1,7 +1,8 @@
-//! pyprobe's own signals and clocks. Ctrl-C, SIGTERM and SIGHUP ask the engine to
-//! leave cleanly; SIGALRM is the tick of a one-shot timer (sampling, and checking the
-//! `--duration` deadline). The handlers only set flags, and are installed without
-//! SA_RESTART so a blocking `waitpid` returns EINTR and the loop sees them.
+//! pyprobe's own signals and timer (its clock is `tracer::clock`). Ctrl-C, SIGTERM
+//! and SIGHUP ask the engine to leave cleanly; SIGALRM is the tick of a one-shot
+//! timer (sampling, and checking the `--duration` deadline). The handlers only set
+//! flags, and are installed without SA_RESTART so a blocking `waitpid` returns EINTR
+//! and the loop sees them.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
