@@ -46,6 +46,14 @@ pub fn read_maps(pid: i32) -> Result<Vec<MapEntry>> {
     Ok(parse_maps(&text))
 }
 
+/// The size in bytes of `/proc/PID/maps` (0 when unreadable): a cheap sign that
+/// the mappings changed.
+pub fn maps_len(pid: i32) -> usize {
+    std::fs::read(format!("/proc/{pid}/maps"))
+        .map(|m| m.len())
+        .unwrap_or(0)
+}
+
 /// Parses the text of a maps file; lines that do not parse are skipped.
 pub fn parse_maps(text: &str) -> Vec<MapEntry> {
     text.lines().filter_map(parse_line).collect()

@@ -1,6 +1,7 @@
 //! A live process seen through `/proc`: its mappings, the objects it has loaded,
-//! its threads and status, and its memory.
+//! its threads and status, its memory, and whether pyprobe may trace or read it.
 
+pub mod access;
 pub mod maps;
 pub mod memory;
 pub mod objects;

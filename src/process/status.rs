@@ -155,6 +155,27 @@ fn parse_stat_state(stat: &[u8]) -> Option<char> {
     (stat.get(close + 1) == Some(&b' ') && state.is_ascii_alphabetic()).then_some(state as char)
 }
 
+/// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: count from the last ')'.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// Whether thread `tid` of `pid` is gone or a zombie.
+pub fn task_gone_or_zombie(pid: i32, tid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim().chars().next());
+    matches!(state, None | Some('Z' | 'X'))
+}
+
 /// Whether thread `tid` is ending (or already gone): ptrace refuses to seize such a
 /// thread with EPERM, and there is nothing left of it to trace.
 pub fn thread_is_ending(tid: i32) -> bool {
@@ -187,6 +208,11 @@ pub fn tracer_of(tid: i32) -> Option<i32> {
 /// A signal set of thread `tid`: `SigPnd` (pending for it) or `SigBlk` (blocked).
 pub fn signal_set(tid: i32, name: &str) -> Option<u64> {
     u64::from_str_radix(&status_field(tid, name)?, 16).ok()
+}
+
+/// Whether SIGTRAP is pending for thread `tid`.
+pub fn sigtrap_pending(tid: i32) -> bool {
+    signal_set(tid, "SigPnd").is_some_and(|mask| mask & (1 << (libc::SIGTRAP - 1)) != 0)
 }
 
 /// Whether thread `tid` is traced by this process.
@@ -230,7 +256,7 @@ pub fn cmdline(pid: i32) -> Vec<String> {
 
 /// Checks that `pid` is a user process pyprobe could read, with one clear sentence
 /// when it is not: no such process, a zombie, a kernel thread, or a process whose
-/// memory the kernel will not let pyprobe read (and why: see `tracer::errors`).
+/// memory the kernel will not let pyprobe read (and why: see `access`).
 pub fn check_inspectable(pid: i32) -> Result<ProcessStatus> {
     if pid <= 0 {
         anyhow::bail!("{pid} is not a valid process id");
@@ -259,61 +285,8 @@ pub fn check_inspectable(pid: i32) -> Result<ProcessStatus> {
             status.name
         );
     }
-    check_readable(pid)?;
+    super::access::check_readable(pid)?;
     Ok(status)
-}
-
-/// Reads the target's memory map and one byte of its first mapping through
-/// `process_vm_readv`: the kernel refuses both exactly when it would refuse
-/// pyprobe's reads later (another user, Yama, a seccomp filter), so say why now.
-fn check_readable(pid: i32) -> Result<()> {
-    use crate::tracer::errors::{read_error, Access};
-    let maps = match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            return Err(read_error(pid, nix::errno::Errno::EACCES, Access::Maps));
-        }
-        Err(e)
-            if e.raw_os_error() == Some(libc::ESRCH)
-                || e.kind() == std::io::ErrorKind::NotFound =>
-        {
-            anyhow::bail!("process {pid} exited while pyprobe was looking at it")
-        }
-        Err(e) => return Err(e).with_context(|| format!("cannot read /proc/{pid}/maps")),
-    };
-    // The first readable mapping that is ordinary memory ([vvar] and [vsyscall] are not
-    // readable through process_vm_readv).
-    let start = maps.lines().find_map(|line| {
-        let mut fields = line.split_whitespace();
-        let range = fields.next()?;
-        let perms = fields.next()?;
-        let name = line.split_whitespace().nth(5).unwrap_or("");
-        if !perms.starts_with('r') || name == "[vvar]" || name == "[vsyscall]" {
-            return None;
-        }
-        u64::from_str_radix(range.split('-').next()?, 16).ok()
-    });
-    let Some(start) = start else {
-        return Ok(());
-    };
-    let mut byte = [0u8; 1];
-    let local = [std::io::IoSliceMut::new(&mut byte)];
-    let remote = [nix::sys::uio::RemoteIoVec {
-        base: start as usize,
-        len: 1,
-    }];
-    let mut local = local;
-    match nix::sys::uio::process_vm_readv(nix::unistd::Pid::from_raw(pid), &mut local, &remote) {
-        Ok(_) => Ok(()),
-        Err(e @ (nix::errno::Errno::EPERM | nix::errno::Errno::ENOSYS)) => {
-            Err(read_error(pid, e, Access::Memory))
-        }
-        Err(nix::errno::Errno::ESRCH) => {
-            anyhow::bail!("process {pid} exited while pyprobe was looking at it")
-        }
-        // EFAULT and the like: the mapping changed under us; later reads will tell.
-        Err(_) => Ok(()),
-    }
 }
 
 #[cfg(test)]

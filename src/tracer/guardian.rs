@@ -32,6 +32,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, pipe2, ForkResult, Pid};
 
 use super::patch::{INT3, NOP};
+use crate::process::status::{start_time, task_gone_or_zombie};
 
 const MSG_LEN: usize = 13;
 /// Bytes of a ring site's original and patch in a [`Op::RingSiteArmed`] message.
@@ -221,18 +222,6 @@ fn ring_fix<'a>(now: &[u8], site: &'a RingSite) -> Option<&'a [u8]> {
     }
 }
 
-/// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks.
-fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: count from the last ')'.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(19)?
-        .parse()
-        .ok()
-}
-
 /// Every thread of a process held in a ptrace stop by the guardian. Dropping it
 /// lets them go, each with the signal that stopped it, if one did (delivered as it
 /// would have been without the guardian); a thread in group-stop stays stopped.
@@ -281,7 +270,9 @@ fn hold(pid: i32, deadline: Instant) -> Result<Held, String> {
             let seized = loop {
                 match ptrace::seize(thread, ptrace::Options::empty()) {
                     // Still the dead tracer's a moment longer.
-                    Err(Errno::EPERM) if !exiting(pid, tid) && Instant::now() < deadline => {
+                    Err(Errno::EPERM)
+                        if !task_gone_or_zombie(pid, tid) && Instant::now() < deadline =>
+                    {
                         std::thread::sleep(Duration::from_millis(1))
                     }
                     other => break other,
@@ -291,7 +282,7 @@ fn hold(pid: i32, deadline: Instant) -> Result<Held, String> {
                 Ok(()) => {}
                 Err(Errno::ESRCH) => continue,
                 // A thread that is exiting cannot be seized, and needs no stop.
-                Err(Errno::EPERM) if exiting(pid, tid) => continue,
+                Err(Errno::EPERM) if task_gone_or_zombie(pid, tid) => continue,
                 Err(e) => return Err(format!("cannot seize its thread {tid}: {e}")),
             }
             if let Err(e) = ptrace::interrupt(thread) {
@@ -305,15 +296,6 @@ fn hold(pid: i32, deadline: Instant) -> Result<Held, String> {
         }
     }
     Err("its threads kept multiplying".into())
-}
-
-/// Whether thread `tid` of `pid` is gone or a zombie.
-fn exiting(pid: i32, tid: i32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim().chars().next());
-    matches!(state, None | Some('Z' | 'X'))
 }
 
 /// Waits for a seized, interrupted thread to stop: `Some(signal)` with the signal
@@ -463,7 +445,7 @@ fn run_guardian(mut pipe: File) -> i32 {
             _ => {}
         }
     }
-    let start = crate::tracer::signals::monotonic_ns();
+    let start = crate::tracer::clock::monotonic_ns();
     let mut restored = (0usize, 0usize);
     // Semaphores of every process first: CPython checks them before reaching a site,
     // so lowering them closes the window fastest; then the bytes.
@@ -501,7 +483,7 @@ fn run_guardian(mut pipe: File) -> i32 {
             ring_left.push((pid, left, why));
         }
     }
-    let took = crate::tracer::signals::monotonic_ns().saturating_sub(start);
+    let took = crate::tracer::clock::monotonic_ns().saturating_sub(start);
     if !state
         .values()
         .all(|u| u.sites.is_empty() && u.ring.is_empty() && u.semaphores.values().all(|&n| n == 0))

@@ -1,28 +1,35 @@
-//! Making a stopped thread of the target run one system call for pyprobe: point its
+//! Making a stopped thread of the target run system calls for pyprobe: point its
 //! rip at a `syscall` instruction already in its memory, set the registers, let it
 //! run exactly that call, read the result, and put every register back.
 //!
-//! The thread must be at a stop inside the kernel's signal path (an interrupt stop,
-//! a group-stop, or the signal-delivery stop of a hit pyprobe swallows): there the
-//! thread's own system call, if one was under way, has already been cut short with
-//! its restart code (`-ERESTART*`), and the kernel restarts it when the thread leaves
-//! the signal path with its registers back. An event stop (clone, fork, exec) is
-//! *inside* a system call: the call would finish after the injected registers were
-//! set and write its result over them, and the thread's own call would then return
-//! garbage (a `fork()` that made a child would report ENOSYS). The engine never
-//! injects there (see `Engine::clean_thread`).
+//! [`Injector`] is the one way in: the SIGTRAP net (`safety_net`) and the ring's
+//! set-up (`ring::setup`) both go through it, and so should any engine that needs
+//! the target to map, open or signal something. Its contract:
 //!
-//! The call runs between a syscall-entry and a syscall-exit stop (PTRACE_SYSCALL),
-//! never by single-stepping: a single-step raises a forced SIGTRAP, and the kernel
-//! forcing a signal that the program ignores or blocks resets it to its default and
-//! unblocks it for good. After the exit stop an interrupt brings the thread back
-//! into the signal path, where its registers are restored, so the restart logic sees
-//! them exactly as at the original stop.
-//!
-//! A signal that arrives for the thread before the call runs is taken off (the
-//! thread must not run its handler with pyprobe's registers) and queued again to the
-//! same thread afterwards, by the thread itself, with its original `siginfo` (the
-//! kernel lets a thread queue any `siginfo` to itself, not to others).
+//! * **Which thread.** Only a thread stopped inside the kernel's signal path (an
+//!   interrupt stop, a group-stop, or the signal-delivery stop of a hit pyprobe
+//!   swallows): there the thread's own system call, if one was under way, has already
+//!   been cut short with its restart code (`-ERESTART*`), and the kernel restarts it
+//!   when the thread leaves the signal path with its registers back. An event stop
+//!   (clone, fork, exec) is *inside* a system call: the call would finish after the
+//!   injected registers were set and write its result over them, and the thread's own
+//!   call would then return garbage (a `fork()` that made a child would report
+//!   ENOSYS). The caller picks the thread; the engine's `clean_thread` picks one, or
+//!   brings one to such a stop, and never injects elsewhere.
+//! * **How it runs.** Between a syscall-entry and a syscall-exit stop
+//!   (PTRACE_SYSCALL), never by single-stepping: a single-step raises a forced
+//!   SIGTRAP, and the kernel forcing a signal that the program ignores or blocks
+//!   resets it to its default and unblocks it for good. After the exit stop an
+//!   interrupt brings the thread back into the signal path, where its registers are
+//!   restored, so the restart logic sees them exactly as at the original stop.
+//! * **Signals meanwhile.** A signal that arrives for the thread before the call runs
+//!   is taken off (the thread must not run its handler with pyprobe's registers) and
+//!   queued again to the same thread afterwards, by the thread itself, with its
+//!   original `siginfo` (the kernel lets a thread queue any `siginfo` to itself, not
+//!   to others).
+//! * **Results.** A call the kernel refused comes back as an error naming the call,
+//!   the process and the errno; an injection that failed (the thread ended, a ptrace
+//!   request was refused) as one naming the thread and the step.
 
 use std::io;
 
@@ -44,6 +51,70 @@ const MAX_HELD: usize = 16;
 const SIGINFO_BYTES: usize = 128;
 /// Bytes below the stack pointer left alone: the red zone and a margin.
 const STACK_GAP: u64 = 128 + 512;
+
+/// The `syscall` instruction.
+const SYSCALL: [u8; 2] = [0x0f, 0x05];
+
+/// Runs system calls in one stopped thread of a process, through a `syscall`
+/// instruction found in the process's code (see the module documentation for which
+/// thread may be used).
+#[derive(Debug, Clone, Copy)]
+pub struct Injector {
+    pid: i32,
+    tid: i32,
+    insn: u64,
+}
+
+impl Injector {
+    /// Finds a `syscall` instruction in `pid`'s code, to inject through thread `tid`.
+    pub fn find(pid: i32, tid: i32, mem: &ProcessMemory) -> io::Result<Injector> {
+        let insn = find_code(pid, mem, &SYSCALL).ok_or_else(|| {
+            io::Error::other(format!("no `syscall` instruction found in process {pid}"))
+        })?;
+        Ok(Injector { pid, tid, insn })
+    }
+
+    /// Through a `syscall` instruction found before (by [`Injector::find`]).
+    pub fn with_insn(pid: i32, tid: i32, insn: u64) -> Injector {
+        Injector { pid, tid, insn }
+    }
+
+    /// Where the `syscall` instruction is.
+    pub fn insn(&self) -> u64 {
+        self.insn
+    }
+
+    /// Runs `what` (system call `nr`) with `args`; its result, or an error naming
+    /// the call, the process and the errno.
+    pub fn call(&self, what: &str, nr: i64, args: [u64; 6]) -> io::Result<u64> {
+        let r = syscall(self.tid, self.insn, nr, args)
+            .map_err(|e| io::Error::new(e.kind(), format!("injecting {what}: {e}")))?;
+        if (-4095..0).contains(&r) {
+            let e = io::Error::from_raw_os_error(-r as i32);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("{what} in process {} failed: {e}", self.pid),
+            ));
+        }
+        Ok(r as u64)
+    }
+
+    /// `mmap(addr, len, prot, flags, fd, 0)` in the target.
+    pub fn mmap(&self, addr: u64, len: u64, prot: i32, flags: i32, fd: i64) -> io::Result<u64> {
+        self.call(
+            "mmap",
+            libc::SYS_mmap,
+            [addr, len, prot as u64, flags as u64, fd as u64, 0],
+        )
+    }
+
+    /// An address below the stopped thread's stack pointer and its red zone, for a
+    /// small structure the kernel reads or writes during a call.
+    pub fn scratch(&self) -> io::Result<u64> {
+        let regs = ptrace::getregs(Pid::from_raw(self.tid)).map_err(io::Error::from)?;
+        Ok((regs.rsp - STACK_GAP) & !15)
+    }
+}
 
 /// Finds `pattern` in the process's executable mappings (the vdso first: it is always
 /// there and always has `syscall`).

@@ -1,7 +1,7 @@
 //! The ptrace engine. It traces SDT probes of any program and knows nothing of Python.
 
 pub mod budget;
-pub mod calibrate;
+pub mod clock;
 pub mod decode;
 pub mod engine;
 pub mod errors;
@@ -11,10 +11,9 @@ pub mod launch;
 pub mod patch;
 pub mod probes;
 pub mod regs;
-pub mod ring_setup;
+pub mod ring;
 pub mod safety_net;
 pub mod signals;
-pub mod tsc;
 
 pub use engine::{
     BudgetSummary, Engine, EngineOptions, Hit, NotTraceable, Outcome, Resolver, RingUse, TraceEvent,

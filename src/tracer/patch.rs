@@ -8,7 +8,7 @@ use crate::process::memory::ProcessMemory;
 
 use super::guardian::{Guardian, Op};
 use super::probes::{ProbeSet, Refusal};
-use super::ring_setup;
+use super::ring::leftovers::Leftovers;
 
 /// Tells the guardian, if there is one. What it cannot be told must not be patched.
 fn tell(guard: &mut Option<&mut Guardian>, op: Op, pid: i32, addr: u64) -> io::Result<()> {
@@ -65,7 +65,7 @@ impl Patches {
     /// for each probe. A site whose byte is not `0x90` is refused (left alone): the
     /// resume-after-the-nop trick would be wrong there; unless it holds a ring jump
     /// that a pyprobe which died left behind, which is undone first (see
-    /// [`ring_setup::Leftovers`]; only when attaching, with every thread stopped).
+    /// [`Leftovers`]; only when attaching, with every thread stopped).
     pub fn install(
         set: ProbeSet,
         mem: &mut ProcessMemory,
@@ -90,7 +90,7 @@ impl Patches {
         guard: &mut Option<&mut Guardian>,
     ) -> io::Result<()> {
         let pid = mem.pid();
-        let mut leftovers = ring_setup::Leftovers::default();
+        let mut leftovers = Leftovers::default();
         for (pi, probe) in self.set.probes.clone().iter().enumerate() {
             if let Some(sem) = probe.semaphore {
                 if !self.raised.contains(&sem) {

@@ -16,7 +16,7 @@ use crate::process::memory::ProcessMemory;
 use crate::process::status::{signal_set, thread_ids};
 use crate::ring::trapnet::{self, KernelSigaction, PAGE_SIZE};
 
-use super::inject::{find_code, syscall};
+use super::inject::Injector;
 
 const SIGTRAP: u64 = 5;
 
@@ -29,41 +29,26 @@ pub struct SafetyNet {
     pub original: KernelSigaction,
 }
 
-/// Where to put a `struct sigaction` for the kernel to read: below the stopped
-/// thread's stack pointer and its red zone.
-fn scratch(tid: i32) -> io::Result<u64> {
-    let regs =
-        nix::sys::ptrace::getregs(nix::unistd::Pid::from_raw(tid)).map_err(io::Error::from)?;
-    Ok((regs.rsp - 128 - 512) & !15)
-}
-
-fn check(result: i64, what: &str) -> io::Result<i64> {
-    if (-4095..0).contains(&result) {
-        let e = io::Error::from_raw_os_error(-result as i32);
-        Err(io::Error::new(e.kind(), format!("{what}: {e}")))
-    } else {
-        Ok(result)
-    }
-}
-
-/// The disposition SIGTRAP has now in the process of stopped thread `tid`.
-fn current(tid: i32, insn: u64, mem: &ProcessMemory) -> io::Result<KernelSigaction> {
-    let at = scratch(tid)?;
-    check(
-        syscall(tid, insn, libc::SYS_rt_sigaction, [SIGTRAP, 0, at, 8, 0, 0])?,
+/// The disposition SIGTRAP has now in the process.
+fn current(inj: &Injector, mem: &ProcessMemory) -> io::Result<KernelSigaction> {
+    let at = inj.scratch()?;
+    inj.call(
         "rt_sigaction (reading SIGTRAP's disposition)",
+        libc::SYS_rt_sigaction,
+        [SIGTRAP, 0, at, 8, 0, 0],
     )?;
     let mut bytes = [0u8; KernelSigaction::BYTES];
     mem.read(at, &mut bytes)?;
     Ok(KernelSigaction::from_bytes(&bytes))
 }
 
-fn set(tid: i32, insn: u64, mem: &mut ProcessMemory, action: KernelSigaction) -> io::Result<()> {
-    let at = scratch(tid)?;
+fn set(inj: &Injector, mem: &mut ProcessMemory, action: KernelSigaction) -> io::Result<()> {
+    let at = inj.scratch()?;
     mem.write(at, &action.to_bytes())?;
-    check(
-        syscall(tid, insn, libc::SYS_rt_sigaction, [SIGTRAP, at, 0, 8, 0, 0])?,
+    inj.call(
         "rt_sigaction",
+        libc::SYS_rt_sigaction,
+        [SIGTRAP, at, 0, 8, 0, 0],
     )?;
     Ok(())
 }
@@ -93,10 +78,8 @@ fn earlier_pages(mem: &ProcessMemory) -> Vec<(u64, KernelSigaction)> {
 /// Installs the net through stopped thread `tid` (at a clean stop), for the
 /// process's probe `sites`.
 pub fn install(tid: i32, mem: &mut ProcessMemory, sites: &[u64]) -> io::Result<SafetyNet> {
-    let pid = mem.pid();
-    let insn = find_code(pid, mem, &[0x0f, 0x05])
-        .ok_or_else(|| io::Error::other("no `syscall` instruction found in the target"))?;
-    let now = current(tid, insn, mem)?;
+    let inj = Injector::find(mem.pid(), tid, mem)?;
+    let now = current(&inj, mem)?;
     let earlier = earlier_pages(mem);
     // An earlier pyprobe's net still in place (it was killed): the program's own
     // disposition is the one that net recorded.
@@ -105,28 +88,24 @@ pub fn install(tid: i32, mem: &mut ProcessMemory, sites: &[u64]) -> io::Result<S
         None => match earlier.first() {
             Some(&(page, _)) => (page, now),
             None => {
-                let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
-                let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-                let page = check(
-                    syscall(
-                        tid,
-                        insn,
-                        libc::SYS_mmap,
-                        [0, PAGE_SIZE as u64, prot, flags, u64::MAX, 0],
-                    )?,
-                    "mmap",
-                )? as u64;
+                let page = inj.mmap(
+                    0,
+                    PAGE_SIZE as u64,
+                    libc::PROT_READ | libc::PROT_EXEC,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                )?;
                 (page, now)
             }
         },
     };
     let net = SafetyNet {
         page,
-        syscall_insn: insn,
+        syscall_insn: inj.insn(),
         original,
     };
     write_page(mem, &net, sites)?;
-    set(tid, insn, mem, trapnet::net_action(page, original))?;
+    set(&inj, mem, trapnet::net_action(page, original))?;
     Ok(net)
 }
 
@@ -142,9 +121,10 @@ pub fn write_page(mem: &mut ProcessMemory, net: &SafetyNet, sites: &[u64]) -> io
 /// Gives SIGTRAP back the program's disposition through stopped thread `tid` (at a
 /// clean stop), unless the program replaced the net meanwhile: its choice stays.
 pub fn uninstall(tid: i32, mem: &mut ProcessMemory, net: &SafetyNet) -> io::Result<()> {
-    let now = current(tid, net.syscall_insn, mem)?;
+    let inj = Injector::with_insn(mem.pid(), tid, net.syscall_insn);
+    let now = current(&inj, mem)?;
     if now.handler == net.page {
-        set(tid, net.syscall_insn, mem, net.original)?;
+        set(&inj, mem, net.original)?;
     }
     // No site of pyprobe's is left: a trap at one of those addresses is not its own.
     write_page(mem, net, &[])

@@ -1,7 +1,8 @@
-//! pyprobe's own signals and clocks. Ctrl-C, SIGTERM and SIGHUP ask the engine to
-//! leave cleanly; SIGALRM is the tick of a one-shot timer (sampling, and checking the
-//! `--duration` deadline). The handlers only set flags, and are installed without
-//! SA_RESTART so a blocking `waitpid` returns EINTR and the loop sees them.
+//! pyprobe's own signals and timer (its clock is `tracer::clock`). Ctrl-C, SIGTERM
+//! and SIGHUP ask the engine to leave cleanly; SIGALRM is the tick of a one-shot
+//! timer (sampling, and checking the `--duration` deadline). The handlers only set
+//! flags, and are installed without SA_RESTART so a blocking `waitpid` returns EINTR
+//! and the loop sees them.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
@@ -105,16 +106,7 @@ pub fn arm_tick(ns: u64) {
     unsafe { libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()) };
 }
 
-/// Nanoseconds of CLOCK_MONOTONIC.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use super::clock::monotonic_ns;
 
 /// A cheap pseudo-random jitter in [-spread, +spread] ns (xorshift on the clock), so
 /// sampling does not fall into lock-step with periodic work in the target.

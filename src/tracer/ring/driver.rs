@@ -1,64 +1,33 @@
-//! The engine's side of the ring engine: upgrading `int3` sites to trampolines
-//! once every thread is stopped, draining the rings into hits, following new
+//! The engine's side of the ring engine (its driver): upgrading `int3` sites to
+//! trampolines once every thread is stopped, draining the rings into hits, following new
 //! threads and forks, and taking the patches out when leaving.
 
 use anyhow::{bail, Result};
 use nix::sys::ptrace;
 use nix::unistd::Pid;
 
-use super::{Engine, Hit, Proc, ThreadState, TraceEvent};
+use super::setup as ring_setup;
+use super::tsc::TscClock;
+use super::{
+    RingUse, BUSY_NS, DRAIN_BATCH, HIGH_WATER, RING_COUNT_NS, RING_EVENT_NS, RING_FRAME_NS,
+    STUCK_NS,
+};
 use crate::process::memory::ProcessMemory;
 use crate::record::ThinLevel;
 use crate::ring::DrainStop;
-use crate::tracer::ring_setup;
-use crate::tracer::signals::monotonic_ns;
-use crate::tracer::tsc::TscClock;
-
-/// How the engine uses the ring.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RingUse {
-    /// Breakpoints only.
-    #[default]
-    Off,
-    /// The ring for every site that qualifies, `int3` for the rest.
-    Auto,
-    /// As `Auto`, but a process where the ring cannot be set up at all is an error.
-    Required,
-}
-
-/// Records taken from a ring per drain: small, so the backlog is looked at often.
-const DRAIN_BATCH: usize = 64;
-/// A backlog this large means pyprobe is falling behind: the target is held
-/// until the ring is empty, rather than let it overflow and lose events.
-const HIGH_WATER: u64 = ring_setup::CAPACITY / 8;
-/// After a full batch or a hold, the event loop polls without sleeping for this
-/// long: a sleep of 200 µs may last milliseconds on a VM (the idle vCPU is
-/// descheduled), long enough for a busy target to fill the ring.
-const BUSY_NS: u64 = 2_000_000;
-/// What one ring event costs the target, charged to the overhead budget (which
-/// cannot time code running inside the target): the in-process measurement of a
-/// trampoline with two string arguments, 47–62 ns on a 2-core VM.
-const RING_EVENT_NS: u64 = 60;
-/// What one event counted but not recorded costs the target (`pushfq`, a
-/// `lock inc`, `popfq` and the jumps): 20–50 ns per `id()` call on a 2-core VM.
-pub(super) const RING_COUNT_NS: u64 = 30;
-/// What each frame a trampoline walks for a stack record adds (two dependent
-/// loads from memory the interpreter touched recently, two stores).
-const RING_FRAME_NS: u64 = 10;
-/// A slot reserved but not published for this long is given up (its producer
-/// was killed or is stuck), counted as lost.
-const STUCK_NS: u64 = 1_000_000_000;
+use crate::tracer::clock::monotonic_ns;
+use crate::tracer::engine::{Engine, Hit, Proc, ThreadState, TraceEvent};
 
 /// Ring state the engine keeps besides each process's [`RingProc`].
 #[derive(Default)]
-pub(super) struct RingBook {
-    pub(super) tsc: Option<TscClock>,
+pub(in crate::tracer) struct RingBook {
+    pub(in crate::tracer) tsc: Option<TscClock>,
     /// Lost counts already reported, per process.
-    pub(super) lost_reported: std::collections::HashMap<i32, u64>,
+    pub(in crate::tracer) lost_reported: std::collections::HashMap<i32, u64>,
     /// The slot the drain waits for, and since when.
-    pub(super) stuck: std::collections::HashMap<i32, (u64, u64)>,
+    pub(in crate::tracer) stuck: std::collections::HashMap<i32, (u64, u64)>,
     /// Times the target was held for pyprobe to catch up with a ring.
-    pub(super) holds: u64,
+    pub(in crate::tracer) holds: u64,
     /// Until when a ring counts as busy (see [`BUSY_NS`]).
     busy_until_ns: u64,
     /// Sites said to stay on `int3`, with why.
@@ -67,14 +36,14 @@ pub(super) struct RingBook {
 
 impl Engine {
     /// Whether any process is served by a ring (the event loop then polls).
-    pub(super) fn ring_active(&self) -> bool {
+    pub(in crate::tracer) fn ring_active(&self) -> bool {
         self.procs.values().any(|p| p.ring.is_some())
     }
 
     /// Probes were installed in `pid`. With every thread stopped and `clean_stop`
     /// a thread where system calls can be injected (attaching), its sites move to
     /// the ring now; else at its first hit, if it has one thread then.
-    pub(super) fn ring_installed(
+    pub(in crate::tracer) fn ring_installed(
         &mut self,
         pid: i32,
         clean_stop: Option<i32>,
@@ -141,7 +110,12 @@ impl Engine {
 
     /// A hit of `tid` in `pid` (a clean stop): the ring set up at start-up is due.
     /// Patching needs every thread stopped; at start-up there is usually one.
-    pub(super) fn ring_at_hit(&mut self, pid: i32, tid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(in crate::tracer) fn ring_at_hit(
+        &mut self,
+        pid: i32,
+        tid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
         let Some(proc) = self.procs.get_mut(&pid) else {
             return;
         };
@@ -179,7 +153,7 @@ impl Engine {
         let result = self.ring_upgrade_process(pid, tid, sink);
         // Once per process: said apart in the budget's closing line, not charged
         // against the run (it would weigh on a short program's average for good).
-        self.setup_in_stop_ns += monotonic_ns().saturating_sub(began);
+        self.budget.setup_in_stop_ns += monotonic_ns().saturating_sub(began);
         if let Err(e) = result {
             if self.options.ring == RingUse::Required {
                 return Err(e.context("`--engine ring` cannot be used"));
@@ -245,15 +219,15 @@ impl Engine {
             self.ring_book.tsc = Some(TscClock::calibrate());
         }
         // A ring set up over budget starts thin, as the others are.
-        let thin = self.thin != ThinLevel::Full;
-        super::throttle::set_thin(&setup.ring, &proc.patches.set, thin);
+        let thin = self.budget.thin != ThinLevel::Full;
+        super::set_thin(&setup.ring, &proc.patches.set, thin);
         proc.ring = Some(setup.ring);
         Ok(())
     }
 
     /// A new thread of `tid`'s process, at its first stop: note its %fs base so
     /// its ring records name it.
-    pub(super) fn ring_thread_started(&mut self, tid: i32) {
+    pub(in crate::tracer) fn ring_thread_started(&mut self, tid: i32) {
         let Some(pid) = self.threads.get(&tid).map(|t| t.tgid) else {
             return;
         };
@@ -268,7 +242,10 @@ impl Engine {
     /// When a ring's backlog passes the high-water mark, holds every thread until
     /// pyprobe has read all that was published: the target waits instead of losing
     /// events. Returns whether it did.
-    pub(super) fn ring_backpressure(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<bool> {
+    pub(in crate::tracer) fn ring_backpressure(
+        &mut self,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<bool> {
         let backlog = self
             .procs
             .values()
@@ -295,19 +272,19 @@ impl Engine {
 
     /// Whether the event loop should poll again at once rather than sleep: a
     /// ring was busy a moment ago.
-    pub(super) fn ring_busy(&self) -> bool {
+    pub(in crate::tracer) fn ring_busy(&self) -> bool {
         monotonic_ns() < self.ring_book.busy_until_ns
     }
 
     /// Turns every published ring record into a hit; returns how many.
-    pub(super) fn drain_rings(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> usize {
+    pub(in crate::tracer) fn drain_rings(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> usize {
         self.drain_rings_of(None, sink)
     }
 
     /// Turns what process `pid` has published so far into hits: what a thread of
     /// it did before it stopped is recorded before what is read of it now (a
     /// sample, an `int3` hit), whose time is later.
-    pub(super) fn drain_ring_of(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(in crate::tracer) fn drain_ring_of(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
         // Up to what was published now: its other threads may run on meanwhile.
         let head = |e: &Engine| {
             e.procs
@@ -439,7 +416,7 @@ impl Engine {
             }
             proc.ring = Some(ring);
         }
-        self.counted_since_thin += counted_total;
+        self.budget.counted_since_thin += counted_total;
         self.charge(
             total as u64 * RING_EVENT_NS
                 + frames_walked * RING_FRAME_NS
@@ -451,7 +428,7 @@ impl Engine {
 
     /// Leaving (every thread stopped, semaphores not yet lowered): the original
     /// bytes go back at every ring site, and the last records are read.
-    pub(super) fn ring_detach(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(in crate::tracer) fn ring_detach(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         let pids: Vec<i32> = self
             .procs
             .iter()
@@ -501,7 +478,7 @@ impl Engine {
     /// A forked child at its first stop has copies of the parent's ring patches,
     /// which write into the parent's ring: traced on its own, its sites become
     /// `int3`s again (see [`Engine::ring_clean_released`] for a released one).
-    pub(super) fn ring_fork(parent: Option<&Proc>, child: &mut Proc) -> Result<()> {
+    pub(in crate::tracer) fn ring_fork(parent: Option<&Proc>, child: &mut Proc) -> Result<()> {
         let Some(ring) = parent.and_then(|p| p.ring.as_ref()) else {
             return Ok(());
         };
@@ -510,7 +487,7 @@ impl Engine {
     }
 
     /// A released forked child gets the original bytes back at every ring site.
-    pub(super) fn ring_clean_released(parent: Option<&Proc>, child: i32) -> Result<()> {
+    pub(in crate::tracer) fn ring_clean_released(parent: Option<&Proc>, child: i32) -> Result<()> {
         let Some(ring) = parent.and_then(|p| p.ring.as_ref()) else {
             return Ok(());
         };

@@ -16,34 +16,28 @@ use memmap2::MmapMut;
 
 use crate::process::maps::{read_maps, MapEntry};
 use crate::process::memory::ProcessMemory;
-use crate::ring::region::{self, jump_target, RegionHeader, RegionSite};
-use crate::ring::site::PATCH_LEN;
+use crate::ring::region::{self, RegionHeader, RegionSite};
 use crate::ring::{
     build_trampoline, init_ring, plans_overlap, qualify_site, ring_bytes, BranchTargets,
     RingReader, SitePlan, ThreadIdSource, TrampolineParams,
 };
 
-use super::guardian::{Guardian, Op};
-use super::inject;
-use super::patch::{Patches, INT3};
+use crate::tracer::guardian::{Guardian, Op};
+use crate::tracer::inject::Injector;
+use crate::tracer::patch::{Patches, INT3};
 
-/// Slots in a ring: 8 MiB of 256-byte records (they stay mapped after detaching):
-/// about 5 ms of the busiest target, should pyprobe lose its CPU meanwhile.
-pub const CAPACITY: u64 = 1 << 15;
+pub use super::CAPACITY;
 /// Bytes of trampoline space per site (200-500 bytes; a stack probe's, which walks
 /// the frame chain, up to about 1200).
 const STRIDE: u64 = 2048;
 /// A trampoline region must lie this close to the code it serves (rel32 reach,
 /// with room for the region itself).
 const REACH: u64 = (1 << 31) - (64 << 20);
-const PAGE: u64 = 4096;
+pub(super) const PAGE: u64 = 4096;
 
-const PROT_RW: u64 = 3;
-const PROT_RX: u64 = 5;
-const MAP_SHARED: u64 = 0x01;
-const MAP_PRIVATE_ANON: u64 = 0x22;
-const MAP_FIXED_NOREPLACE: u64 = 0x10_0000;
-const MFD_CLOEXEC: u64 = 1;
+const PROT_RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
+const PROT_RX: i32 = libc::PROT_READ | libc::PROT_EXEC;
+const MAP_PRIVATE_ANON: i32 = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
 
 /// One site served by the ring.
 #[derive(Debug, Clone)]
@@ -87,34 +81,6 @@ pub struct Setup {
     pub refused: Vec<(u64, String)>,
 }
 
-/// Injects system calls through thread `tid` of `pid`.
-struct Injector {
-    tid: i32,
-    insn: u64,
-}
-
-impl Injector {
-    fn call(&self, what: &str, nr: i64, args: [u64; 6]) -> Result<u64> {
-        let r = inject::syscall(self.tid, self.insn, nr, args)
-            .with_context(|| format!("injecting {what}"))?;
-        if (-4095..0).contains(&r) {
-            bail!(
-                "{what} in the target failed: {}",
-                io::Error::from_raw_os_error(-r as i32)
-            );
-        }
-        Ok(r as u64)
-    }
-
-    fn mmap(&self, addr: u64, len: u64, prot: u64, flags: u64, fd: i64) -> Result<u64> {
-        self.call(
-            "mmap",
-            libc::SYS_mmap,
-            [addr, len, prot, flags, fd as u64, 0],
-        )
-    }
-}
-
 /// Sets up the ring in `pid` (every thread stopped; `tid` at a clean stop) for the
 /// `int3` sites of `patches`, and hands the sites it patched over from `patches`.
 /// `rips` are the threads' instruction pointers.
@@ -127,9 +93,7 @@ pub fn setup(
     fs_bases: &[(i32, u64)],
     mut guard: Option<&mut Guardian>,
 ) -> Result<Setup> {
-    let insn = inject::find_code(pid, mem, &[0x0f, 0x05])
-        .ok_or_else(|| anyhow!("no `syscall` instruction found in process {pid}"))?;
-    let inj = Injector { tid, insn };
+    let inj = Injector::find(pid, tid, mem)?;
     // A private page: the tag word (pid) at 0, the memfd's name at 64.
     let scratch = inj.mmap(0, PAGE, PROT_RW, MAP_PRIVATE_ANON, -1)?;
     mem.write(scratch, &(pid as u32).to_le_bytes())?;
@@ -138,11 +102,11 @@ pub fn setup(
     let fd = inj.call(
         "memfd_create",
         libc::SYS_memfd_create,
-        [scratch + 64, MFD_CLOEXEC, 0, 0, 0, 0],
+        [scratch + 64, libc::MFD_CLOEXEC as u64, 0, 0, 0, 0],
     )?;
     let mapped = (|| {
         inj.call("ftruncate", libc::SYS_ftruncate, [fd, bytes, 0, 0, 0, 0])?;
-        let ring_addr = inj.mmap(0, bytes, PROT_RW, MAP_SHARED, fd as i64)?;
+        let ring_addr = inj.mmap(0, bytes, PROT_RW, libc::MAP_SHARED, fd as i64)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -335,7 +299,7 @@ fn patch_segment(
     inj.call(
         "mprotect",
         libc::SYS_mprotect,
-        [region, size, PROT_RX, 0, 0, 0],
+        [region, size, PROT_RX as u64, 0, 0, 0],
     )?;
     for (plan, t, pi, si) in built {
         // The site holds our int3 and, after it, the bytes the plan displaces.
@@ -412,7 +376,13 @@ fn place_region(inj: &Injector, maps: &[MapEntry], segment: &MapEntry, size: u64
     }
     candidates.sort_unstable_by_key(|&c| c.abs_diff(segment.start));
     for c in candidates.into_iter().take(8) {
-        match inj.mmap(c, size, PROT_RW, MAP_PRIVATE_ANON | MAP_FIXED_NOREPLACE, -1) {
+        match inj.mmap(
+            c,
+            size,
+            PROT_RW,
+            MAP_PRIVATE_ANON | libc::MAP_FIXED_NOREPLACE,
+            -1,
+        ) {
             Ok(got) if got == c => return Ok(c),
             Ok(got) => {
                 // An old kernel took the address as a hint only: give it back.
@@ -486,167 +456,4 @@ pub fn clean_child(mem: &mut ProcessMemory, ring: &RingProc) -> io::Result<()> {
     Ok(())
 }
 
-/// Probe sites that do not hold their `nop` at install: a jump that a pyprobe
-/// which died left there is put back to the original code; anything else is
-/// refused, with why. Every thread of the process must be stopped (attaching).
-#[derive(Debug, Default)]
-pub struct Leftovers {
-    maps: Option<Vec<MapEntry>>,
-    /// The threads' instruction pointers, or why they could not all be read.
-    rips: Option<Result<Vec<u64>, String>>,
-    /// Trampoline regions read so far, by address.
-    regions: HashMap<u64, Result<RegionHeader, String>>,
-}
-
-/// How far below a jump's target its region's header may lie.
-const MAX_REGION_PAGES: u64 = region::MAX_REGION_LEN / PAGE;
-
-impl Leftovers {
-    /// Puts the original bytes back at `site` (one of the object's probe sites: the
-    /// caller's), whose byte is `found`, if it holds a jump into a region of
-    /// pyprobe's trampolines whose header lists it. Returns why not otherwise: the
-    /// site is then left as it is.
-    pub fn take_over(
-        &mut self,
-        mem: &mut ProcessMemory,
-        site: u64,
-        found: u8,
-    ) -> Result<(), String> {
-        let pid = mem.pid();
-        if found == 0xcc {
-            return Err(
-                "holds an int3, not its nop (0x90): a breakpoint of another tool, or of \
-                 a pyprobe killed together with its guardian; left as it is"
-                    .into(),
-            );
-        }
-        if found != 0xe9 {
-            return Err(format!(
-                "holds {found:#04x}, not its nop (0x90) nor a jump of pyprobe's (another tool \
-                 may have patched it); left as it is"
-            ));
-        }
-        let mut head = [0u8; PATCH_LEN];
-        mem.read(site, &mut head)
-            .map_err(|e| format!("holds a jump, but {e}"))?;
-        let target = jump_target(site, &head).ok_or("not a jump")?;
-        let (at, header) = self
-            .region(mem, target)
-            .map_err(|why| format!("holds a jump to {target:#x}, {why}; left as it is"))?;
-        let entry = header.find(site).ok_or_else(|| {
-            format!(
-                "holds a jump into pyprobe's trampolines at {at:#x}, whose header does not \
-                 list this site; left as it is"
-            )
-        })?;
-        let patch = entry
-            .patch()
-            .filter(|_| entry.tramp == target)
-            .ok_or_else(|| {
-                format!(
-                    "holds a jump to {target:#x}, but the header at {at:#x} lists trampoline \
-                     {:#x} for it; left as it is",
-                    entry.tramp
-                )
-            })?;
-        let mut now = vec![0u8; patch.len()];
-        mem.read(site, &mut now)
-            .map_err(|e| format!("holds a jump, but {e}"))?;
-        if now != patch {
-            return Err(format!(
-                "holds a jump into pyprobe's trampolines at {at:#x}, but not the bytes their \
-                 header describes; left as it is"
-            ));
-        }
-        let end = site.saturating_add(patch.len() as u64);
-        match self.rips(pid) {
-            Ok(rips) if rips.iter().any(|&rip| rip > site && rip < end) => {
-                return Err(format!(
-                    "holds pyprobe's jump, but a thread of process {pid} stands inside it; \
-                     left as it is"
-                ))
-            }
-            Ok(_) => {}
-            Err(why) => return Err(format!("holds pyprobe's jump, but {why}; left as it is")),
-        }
-        // Every thread is stopped and none inside the jump: one write, never seen half done.
-        mem.write(site, &entry.original)
-            .map_err(|e| format!("holds pyprobe's jump, but {e}"))
-    }
-
-    /// The header of the pyprobe trampoline region holding `target`: the nearest
-    /// page start at or below it with the marker, in the same mapping.
-    fn region(&mut self, mem: &ProcessMemory, target: u64) -> Result<(u64, RegionHeader), String> {
-        let pid = mem.pid();
-        if self.maps.is_none() {
-            self.maps = Some(read_maps(pid).map_err(|e| format!("{e:#}"))?);
-        }
-        let maps = self.maps.as_deref().unwrap_or_default();
-        let m = maps
-            .iter()
-            .find(|m| m.start <= target && target < m.end)
-            .ok_or("where nothing is mapped")?;
-        // pyprobe's regions are anonymous, private and read-only code.
-        if !m.executable || m.writable || m.inode != 0 || !m.path.is_empty() {
-            return Err(format!(
-                "in {} ({:#x}..{:#x}), not pyprobe's trampolines",
-                if m.path.is_empty() {
-                    "a mapping"
-                } else {
-                    &m.path
-                },
-                m.start,
-                m.end
-            ));
-        }
-        let mut page = target & !(PAGE - 1);
-        for _ in 0..MAX_REGION_PAGES {
-            if page < m.start {
-                break;
-            }
-            let mut magic = [0u8; 8];
-            if mem.read(page, &mut magic).is_ok() && magic == region::MAGIC {
-                let header = self
-                    .regions
-                    .entry(page)
-                    .or_insert_with(|| read_header(mem, page))
-                    .clone()
-                    .map_err(|e| {
-                        format!("whose pyprobe trampoline header at {page:#x} is unusable: {e}")
-                    })?;
-                if target >= page.saturating_add(header.region_len) {
-                    return Err(format!(
-                        "past the end of the pyprobe trampoline region at {page:#x}"
-                    ));
-                }
-                return Ok((page, header));
-            }
-            page = page.wrapping_sub(PAGE);
-        }
-        Err("in code without pyprobe's trampoline marker".into())
-    }
-
-    fn rips(&mut self, pid: i32) -> Result<&[u64], String> {
-        let rips = self.rips.get_or_insert_with(|| {
-            let tids = crate::process::status::thread_ids(pid).map_err(|e| format!("{e:#}"))?;
-            tids.into_iter()
-                .map(|t| {
-                    nix::sys::ptrace::getregs(nix::unistd::Pid::from_raw(t))
-                        .map(|r| r.rip)
-                        .map_err(|e| format!("thread {t} of process {pid} is not stopped ({e})"))
-                })
-                .collect()
-        });
-        rips.as_deref().map_err(Clone::clone)
-    }
-}
-
-/// Reads and checks the header of the region at `page` (bounded by its format).
-fn read_header(mem: &ProcessMemory, page: u64) -> Result<RegionHeader, String> {
-    let mut prefix = [0u8; region::PREFIX_LEN];
-    mem.read(page, &mut prefix).map_err(|e| e.to_string())?;
-    let len = RegionHeader::announced_len(&prefix).map_err(|e| e.to_string())?;
-    let mut bytes = vec![0u8; len];
-    mem.read(page, &mut bytes).map_err(|e| e.to_string())?;
-    RegionHeader::parse(&bytes, page).map_err(|e| e.to_string())
-}
+pub use super::leftovers::Leftovers;

@@ -8,7 +8,7 @@ use nix::sys::signal::{raise, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult};
 
-use super::signals::monotonic_ns;
+use crate::tracer::clock::monotonic_ns;
 
 /// Breakpoints the child hits; the first few warm caches and are not timed.
 const ROUNDS: u32 = 200;

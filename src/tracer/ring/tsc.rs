@@ -2,7 +2,7 @@
 //! clock of every other event: a linear map measured by pyprobe itself (same
 //! machine, same counter), refined as the baseline grows.
 
-use super::signals::monotonic_ns;
+use crate::tracer::clock::monotonic_ns;
 
 /// One moment read on both clocks.
 #[derive(Debug, Clone, Copy)]

@@ -15,6 +15,17 @@
 //! pyprobe hitting breakpoints, see `calibrate`) or, when the machine is busier
 //! than then, from the shortest gap between resuming a thread and its next stop.
 
+//!
+//! `driver` is the engine's side (charging stopped time, turning the budgeted
+//! probes off and on, thinning the ring's stack probes); `calibrate` measures the
+//! kernel's share of a stop.
+
+pub mod calibrate;
+mod driver;
+
+pub(in crate::tracer) use driver::BudgetBook;
+pub use driver::BudgetSummary;
+
 /// Time constant of the decaying window.
 pub const HORIZON_NS: f64 = 0.5e9;
 /// Probes come back on when the slowdown is below this share of the budget.

@@ -1,13 +1,14 @@
 //! The engine's side of the overhead budget: charging stopped time, and turning the
 //! budgeted probes off and on in every traced process.
 
-use super::ring::RING_COUNT_NS;
-use super::{Engine, TraceEvent};
+use std::collections::HashMap;
+
+use super::calibrate;
+use super::{Budget, KernelCost, Toggle};
 use crate::record::ThinLevel;
-use crate::ring::layout::{THIN_COUNT, THIN_OFF, THIN_STACKLESS};
-use crate::tracer::budget::{Budget, Toggle};
-use crate::tracer::ring_setup::RingProc;
-use crate::tracer::signals::monotonic_ns;
+use crate::tracer::clock::monotonic_ns;
+use crate::tracer::engine::{Engine, TraceEvent};
+use crate::tracer::ring::{set_thin, RING_COUNT_NS};
 
 /// How long thinned recording is measured before its cost decides whether the
 /// audit probe must go off.
@@ -15,12 +16,65 @@ const UNCOUNT_AFTER_NS: u64 = 20_000_000;
 /// The audit probe stays off at least this long (doubling each time counting
 /// proves too costly again).
 const UNCOUNTED_FOR_NS: u64 = 100_000_000;
-use crate::tracer::ProbeSet;
+
+/// The engine's side of the overhead budget, in one place: the budget, the kernel's
+/// share of a stop, the timing of stops, and how the ring's stack probes are thinned.
+pub(in crate::tracer) struct BudgetBook {
+    /// The budget itself, once budgeted probes are installed.
+    pub(in crate::tracer) meter: Option<Budget>,
+    /// Ring set-up done during the current stop (not charged to the budget), and
+    /// over the whole run.
+    pub(in crate::tracer) setup_in_stop_ns: u64,
+    pub(in crate::tracer) setup_total_ns: u64,
+    /// Times counting thinned audit events proved too costly since stacks were
+    /// last on.
+    pub(in crate::tracer) uncount_strikes: u32,
+    /// Events counted in the target since thinning last changed.
+    pub(in crate::tracer) counted_since_thin: u64,
+    /// Over budget: how stack probes record, and since when.
+    pub(in crate::tracer) thin: ThinLevel,
+    pub(in crate::tracer) thinned_at: u64,
+    pub(in crate::tracer) kernel_cost: KernelCost,
+    /// When the current wait status was collected (budget accounting).
+    pub(in crate::tracer) last_wait_ns: u64,
+    /// When each thread was last resumed after a hit (budget accounting).
+    pub(in crate::tracer) resumed_ns: HashMap<i32, u64>,
+    /// Blocking samples cost more than the budget leaves: sample without stopping.
+    pub(in crate::tracer) samples_unblocked: bool,
+}
+
+impl BudgetBook {
+    pub(in crate::tracer) fn new(max_overhead: Option<f64>) -> BudgetBook {
+        BudgetBook {
+            meter: None,
+            thin: ThinLevel::Full,
+            thinned_at: 0,
+            setup_in_stop_ns: 0,
+            setup_total_ns: 0,
+            uncount_strikes: 0,
+            counted_since_thin: 0,
+            // Measured before touching the target, so it pays nothing for it.
+            kernel_cost: match max_overhead {
+                Some(_) => calibrate::stop_cycle_ns()
+                    .map(KernelCost::calibrated)
+                    .unwrap_or_default(),
+                None => KernelCost::default(),
+            },
+            last_wait_ns: 0,
+            resumed_ns: HashMap::new(),
+            samples_unblocked: false,
+        }
+    }
+}
 
 impl Engine {
     /// Probes were installed in `pid`: start the budget at the first budgeted
     /// probes, and keep a process installed while probes are off in step.
-    pub(super) fn budget_installed(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(in crate::tracer) fn budget_installed(
+        &mut self,
+        pid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
         let Some(max) = self.options.max_overhead else {
             return;
         };
@@ -33,10 +87,10 @@ impl Engine {
         if !budgeted && set.stack_probes.is_empty() && set.needs_stop.is_empty() {
             return;
         }
-        match &self.budget {
+        match &self.budget.meter {
             None => {
                 let now = monotonic_ns();
-                self.budget = Some(Budget::new(max, now));
+                self.budget.meter = Some(Budget::new(max, now));
                 if budgeted {
                     sink(TraceEvent::Window {
                         pid: self.root,
@@ -63,34 +117,38 @@ impl Engine {
     }
 
     /// The target was stopped `ns` for pyprobe.
-    pub(super) fn charge(&mut self, ns: u64) {
-        if let Some(b) = self.budget.as_mut() {
+    pub(in crate::tracer) fn charge(&mut self, ns: u64) {
+        if let Some(b) = self.budget.meter.as_mut() {
             b.stopped(ns);
         }
     }
 
     /// Resumes `tid` after a hit, charging the stop: what pyprobe spent since the
     /// wait returned, plus the kernel's estimated share.
-    pub(super) fn resume_after_budgeted_hit(&mut self, tid: i32, sink: &mut dyn FnMut(TraceEvent)) {
-        let stopped_seen = self.last_wait_ns;
-        if let Some(&resumed) = self.resumed_ns.get(&tid) {
-            self.kernel_cost.gap(resumed, stopped_seen);
+    pub(in crate::tracer) fn resume_after_budgeted_hit(
+        &mut self,
+        tid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
+        let stopped_seen = self.budget.last_wait_ns;
+        if let Some(&resumed) = self.budget.resumed_ns.get(&tid) {
+            self.budget.kernel_cost.gap(resumed, stopped_seen);
         }
         self.resume(tid, None);
         let now = monotonic_ns();
-        self.resumed_ns.insert(tid, now);
-        let kernel = self.kernel_cost.estimate();
-        let setup = std::mem::take(&mut self.setup_in_stop_ns);
-        self.setup_total_ns += setup;
+        self.budget.resumed_ns.insert(tid, now);
+        let kernel = self.budget.kernel_cost.estimate();
+        let setup = std::mem::take(&mut self.budget.setup_in_stop_ns);
+        self.budget.setup_total_ns += setup;
         let stopped = now.saturating_sub(stopped_seen).saturating_sub(setup);
         self.charge(stopped.saturating_add(kernel));
         self.poll_budget(sink);
     }
 
     /// Lets the budget decide, and applies its decision to every process.
-    pub(super) fn poll_budget(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(in crate::tracer) fn poll_budget(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         let now = monotonic_ns();
-        let Some(toggle) = self.budget.as_mut().and_then(|b| b.poll(now)) else {
+        let Some(toggle) = self.budget.meter.as_mut().and_then(|b| b.poll(now)) else {
             self.uncount_if_still_over(now, sink);
             return;
         };
@@ -102,15 +160,15 @@ impl Engine {
                 Toggle::Off => ThinLevel::Stackless,
                 // Down one step at a time: counting again first, stacks only once
                 // counting has shown to fit.
-                Toggle::On if self.thin == ThinLevel::Uncounted && !budgeted => {
-                    if let Some(b) = self.budget.as_mut() {
+                Toggle::On if self.budget.thin == ThinLevel::Uncounted && !budgeted => {
+                    if let Some(b) = self.budget.meter.as_mut() {
                         b.stay_off();
                     }
                     // Counting did not fit the last times: try it again later and
                     // later (100 ms, doubling), so that its trials stay a small
                     // share of the run.
-                    let wait = UNCOUNTED_FOR_NS << self.uncount_strikes.min(6);
-                    if now.saturating_sub(self.thinned_at) < wait {
+                    let wait = UNCOUNTED_FOR_NS << self.budget.uncount_strikes.min(6);
+                    if now.saturating_sub(self.budget.thinned_at) < wait {
                         return;
                     }
                     ThinLevel::Stackless
@@ -129,7 +187,7 @@ impl Engine {
     /// walked); audit probes paused by [`Self::uncount_if_still_over`] come back
     /// with the stacks.
     fn thin_stacks(&mut self, level: ThinLevel, now: u64, sink: &mut dyn FnMut(TraceEvent)) {
-        if level < ThinLevel::Uncounted && self.thin == ThinLevel::Uncounted {
+        if level < ThinLevel::Uncounted && self.budget.thin == ThinLevel::Uncounted {
             for (&pid, proc) in self.procs.iter_mut() {
                 if proc.shares_parent_memory {
                     continue; // switched with its parent's
@@ -143,11 +201,11 @@ impl Engine {
             }
         }
         if level == ThinLevel::Full {
-            self.uncount_strikes = 0;
+            self.budget.uncount_strikes = 0;
         }
-        self.thin = level;
-        self.thinned_at = now;
-        self.counted_since_thin = 0;
+        self.budget.thin = level;
+        self.budget.thinned_at = now;
+        self.budget.counted_since_thin = 0;
         for proc in self.procs.values() {
             if let Some(ring) = &proc.ring {
                 set_thin(ring, &proc.patches.set, level != ThinLevel::Full);
@@ -164,15 +222,18 @@ impl Engine {
     /// stack records are what pyprobe cannot keep up with: thin them now rather
     /// than hold the target while the backlog is named (tens of ms for a ring of
     /// stacks). Returns whether it did.
-    pub(super) fn thin_instead_of_holding(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> bool {
+    pub(in crate::tracer) fn thin_instead_of_holding(
+        &mut self,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> bool {
         let stacked = self
             .procs
             .values()
             .any(|p| !p.patches.set.stack_probes.is_empty());
-        let Some(budget) = self.budget.as_mut() else {
+        let Some(budget) = self.budget.meter.as_mut() else {
             return false;
         };
-        if self.thin != ThinLevel::Full || !stacked {
+        if self.budget.thin != ThinLevel::Full || !stacked {
             return false;
         }
         budget.stay_off();
@@ -184,14 +245,14 @@ impl Engine {
     /// alone costs more than the budget (a `pushfq`/`lock inc` per event is a good
     /// share of an `id()` call). Its probe goes off until the budget recovers.
     fn uncount_if_still_over(&mut self, now: u64, sink: &mut dyn FnMut(TraceEvent)) {
-        let since = now.saturating_sub(self.thinned_at);
-        if self.thin != ThinLevel::Stackless || since < UNCOUNT_AFTER_NS {
+        let since = now.saturating_sub(self.budget.thinned_at);
+        if self.budget.thin != ThinLevel::Stackless || since < UNCOUNT_AFTER_NS {
             return;
         }
         // What counting costs, from the events counted since thinning began (the
         // budget's stopped time still carries the backlog of stack records), is
         // allowed half the budget: samples and the other probes need the rest.
-        let counting = self.counted_since_thin as f64 * RING_COUNT_NS as f64 / since as f64;
+        let counting = self.budget.counted_since_thin as f64 * RING_COUNT_NS as f64 / since as f64;
         // Storm probes left on int3 stop the target at every event, stack or not:
         // their cost is what the budget measured.
         let stopping = self.procs.values().any(|p| {
@@ -202,6 +263,7 @@ impl Engine {
         });
         if !self
             .budget
+            .meter
             .as_ref()
             .is_some_and(|b| counting > b.max() / 2.0 || (stopping && b.slowdown() > b.max()))
         {
@@ -221,8 +283,8 @@ impl Engine {
             }
         }
         if paused > 0 {
-            self.uncount_strikes += 1;
-            self.thin = ThinLevel::Uncounted;
+            self.budget.uncount_strikes += 1;
+            self.budget.thin = ThinLevel::Uncounted;
             sink(TraceEvent::Thinning {
                 pid: self.root,
                 ts_ns: now,
@@ -264,7 +326,7 @@ impl Engine {
         }
         if toggle == Toggle::Off {
             // Gaps measured across an off stretch are not kernel time.
-            self.resumed_ns.clear();
+            self.budget.resumed_ns.clear();
             // What the rings hold was published inside the window: record it
             // before the window's end.
             while self.drain_rings(sink) > 0 {}
@@ -281,14 +343,14 @@ impl Engine {
     /// Blocking samples alone would hold the target above the budget's resume line:
     /// from now on samples are taken without stopping it (as `--nonblocking`), so
     /// their cost leaves the budget and exact windows can open again.
-    pub(super) fn unblock_costly_samples(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
-        let Some(b) = self.budget.as_ref() else {
+    pub(in crate::tracer) fn unblock_costly_samples(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        let Some(b) = self.budget.meter.as_ref() else {
             return;
         };
         if !b.samples_too_costly() {
             return;
         }
-        self.samples_unblocked = true;
+        self.budget.samples_unblocked = true;
         let (_, mean_ns) = b.sample_cost();
         let interval = self.options.sample_interval_ns.unwrap_or(1).max(1);
         sink(TraceEvent::Notice(format!(
@@ -302,13 +364,13 @@ impl Engine {
 
     /// The overhead budget's outcome, if one was in force.
     pub fn budget_summary(&self) -> Option<BudgetSummary> {
-        self.budget.as_ref().map(|b| {
+        self.budget.meter.as_ref().map(|b| {
             let (blocking_samples, sample_mean_ns) = b.sample_cost();
             let now = monotonic_ns();
             BudgetSummary {
                 exact_fraction: b.exact_fraction(now),
                 slowdown: b.overall_slowdown(now),
-                setup_ns: self.setup_total_ns + self.setup_in_stop_ns,
+                setup_ns: self.budget.setup_total_ns + self.budget.setup_in_stop_ns,
                 traced_functions: self
                     .procs
                     .values()
@@ -316,21 +378,9 @@ impl Engine {
                 windows: b.windows(),
                 blocking_samples,
                 sample_mean_ns,
-                samples_unblocked: self.samples_unblocked,
+                samples_unblocked: self.budget.samples_unblocked,
             }
         })
-    }
-}
-
-/// Thins (or not) every stack probe of `set` served by `ring`.
-pub(super) fn set_thin(ring: &RingProc, set: &ProbeSet, thin: bool) {
-    for &probe in &set.stack_probes {
-        let mode = match thin {
-            false => THIN_OFF,
-            true if set.count_when_thin.contains(&probe) => THIN_COUNT,
-            true => THIN_STACKLESS,
-        };
-        ring.reader.set_thin(probe as u32, mode);
     }
 }
 

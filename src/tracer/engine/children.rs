@@ -1,0 +1,201 @@
+//! Tasks the traced processes create or replace: a new thread is followed; a forked
+//! or vforked child is traced on its own (`--subprocesses`) or cleaned of the
+//! parent's patches and let go; after an exec the old image's patches are
+//! forgotten and the probes looked for again.
+
+use nix::sys::ptrace::{self, Event};
+use nix::unistd::Pid;
+
+use crate::process::memory::ProcessMemory;
+use crate::process::status::tgid_of;
+
+use crate::tracer::clock::monotonic_ns;
+use crate::tracer::guardian::Op;
+use crate::tracer::patch::clean_copy;
+use crate::tracer::safety_net;
+
+use super::{Engine, Proc, RingUse, StopKind, Thread, ThreadState, TraceEvent};
+
+/// A forked child seen by its parent's event, not yet by its own first stop, or
+/// the other way round.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::tracer) struct PendingChild {
+    pub(in crate::tracer) parent: i32,
+    pub(in crate::tracer) vfork: bool,
+}
+
+impl Engine {
+    /// A clone, fork or vfork event of `tid`: a new thread is followed; a new process
+    /// is adopted once both its parent's event and its own first stop are seen.
+    pub(in crate::tracer) fn on_new_task(
+        &mut self,
+        tid: i32,
+        event: i32,
+        holding: bool,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
+        const CLONE: i32 = Event::PTRACE_EVENT_CLONE as i32;
+        const VFORK: i32 = Event::PTRACE_EVENT_VFORK as i32;
+        let new = ptrace::getevent(Pid::from_raw(tid)).unwrap_or(0) as i32;
+        let parent_tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
+        if new > 0 {
+            if event == CLONE && tgid_of(new).is_none_or(|g| g == parent_tgid) {
+                self.threads.entry(new).or_insert(Thread {
+                    tgid: parent_tgid,
+                    state: ThreadState::New,
+                });
+                sink(TraceEvent::ThreadStart {
+                    pid: parent_tgid,
+                    tid: new,
+                    ts_ns: monotonic_ns(),
+                });
+            } else {
+                let pending = PendingChild {
+                    parent: parent_tgid,
+                    vfork: event == VFORK,
+                };
+                self.pending_children.insert(new, pending);
+                if let Some(i) = self.early_children.iter().position(|&c| c == new) {
+                    self.early_children.remove(i);
+                    self.adopt_child(new, pending, sink);
+                }
+            }
+        }
+        let kind = if event == VFORK {
+            StopKind::Vfork
+        } else {
+            StopKind::InSyscall
+        };
+        self.resume_or_hold(tid, None, kind, holding);
+    }
+
+    /// An exec event of `tid`: the process is its leader alone, with a new image
+    /// whose probes are looked for again.
+    pub(in crate::tracer) fn on_exec(
+        &mut self,
+        tid: i32,
+        holding: bool,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
+        // After exec the thread group is the leader alone; the old image and its
+        // patches are gone.
+        let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
+        self.threads.retain(|&t, th| th.tgid != tgid || t == tgid);
+        self.threads.insert(
+            tgid,
+            Thread {
+                tgid,
+                state: ThreadState::Running,
+            },
+        );
+        let mut proc = Proc::new(tgid);
+        if let Some(old) = self.procs.get_mut(&tgid) {
+            old.patches.forget();
+        }
+        if let Some(g) = self.guardian.as_mut() {
+            let _ = g.tell(Op::Forget, tgid, 0);
+        }
+        proc.awaiting_object = true;
+        self.procs.insert(tgid, proc);
+        sink(TraceEvent::Exec {
+            pid: tgid,
+            ts_ns: monotonic_ns(),
+        });
+        self.set_state(
+            tgid,
+            ThreadState::Stopped {
+                pending: None,
+                kind: StopKind::InSyscall,
+            },
+        );
+        self.check_awaited_object(tgid, sink);
+        self.resume_or_hold(tgid, None, StopKind::InSyscall, holding);
+    }
+
+    /// A forked child: trace it (`--subprocesses`) or clean its copy of the patches
+    /// and release it, before it runs on.
+    pub(in crate::tracer) fn adopt_child(
+        &mut self,
+        child: i32,
+        pending: PendingChild,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
+        self.pending_children.remove(&child);
+        let parent_patches = self
+            .procs
+            .get(&pending.parent)
+            .map(|p| p.patches.clone())
+            .unwrap_or_default();
+        let parent_net = self.procs.get(&pending.parent).and_then(|p| p.net);
+        if self.options.subprocesses {
+            let mut proc = Proc::new(child);
+            proc.patches = parent_patches;
+            if pending.vfork {
+                // It runs in its parent's memory until it execs: what is written
+                // there is the parent's, undone with the parent's. Its copy of the
+                // patches only names the hits it might take meanwhile.
+                proc.shares_parent_memory = true;
+            } else {
+                if let Err(e) = Self::ring_fork(self.procs.get(&pending.parent), &mut proc) {
+                    sink(TraceEvent::Notice(format!(
+                        "forked child {child}: cannot turn its ring sites back into int3s: {e:#}"
+                    )));
+                }
+                // Its sites move to a ring of its own at its first hit, as after an
+                // exec: a hit is a clean stop to set it up from.
+                proc.ring_pending =
+                    self.options.ring != RingUse::Off && proc.patches.installed_sites() > 0;
+                if let Some(g) = self.guardian.as_mut() {
+                    let (written, raised) = proc.patches.undo_list();
+                    for &sem in raised {
+                        let _ = g.tell(Op::SemaphoreRaised, child, sem);
+                    }
+                    for &site in written {
+                        let _ = g.tell(Op::SiteArmed, child, site);
+                    }
+                }
+            }
+            proc.net = parent_net;
+            self.procs.insert(child, proc);
+            self.threads.insert(
+                child,
+                Thread {
+                    tgid: child,
+                    state: ThreadState::Running,
+                },
+            );
+            sink(TraceEvent::ProcessStart {
+                pid: child,
+                parent: pending.parent,
+                ts_ns: monotonic_ns(),
+            });
+            let _ = ptrace::cont(Pid::from_raw(child), None);
+            return;
+        }
+        if !pending.vfork {
+            // The child has its own copy of the parent's memory, int3s included.
+            let (written, raised) = parent_patches.undo_list();
+            let mut mem = ProcessMemory::new(child);
+            if let Err(e) = clean_copy(written, raised, &mut mem) {
+                sink(TraceEvent::Notice(format!(
+                    "cannot clean forked child {child}: {e}"
+                )));
+            }
+            if let Err(e) = Self::ring_clean_released(self.procs.get(&pending.parent), child) {
+                sink(TraceEvent::Notice(format!(
+                    "cannot clean the ring sites of forked child {child}: {e:#}"
+                )));
+            }
+            // And its copy of the SIGTRAP safety net (it is at its first, clean stop).
+            if let Some(net) = parent_net {
+                if let Err(e) = safety_net::uninstall(child, &mut mem, &net) {
+                    sink(TraceEvent::Notice(format!(
+                        "forked child {child}: cannot remove the SIGTRAP safety net: {e}"
+                    )));
+                }
+            }
+        }
+        // A vfork child shares the parent's memory until it execs: nothing to clean.
+        let _ = ptrace::detach(Pid::from_raw(child), None);
+    }
+}

@@ -1,0 +1,182 @@
+//! What the engine is told (the probes to trace, its options) and what it tells
+//! its caller (hits and the other trace events, how the run ended).
+
+use anyhow::Result;
+use nix::sys::signal::Signal;
+
+use crate::record::ThinLevel;
+use crate::tracer::decode::HitBuffers;
+use crate::tracer::probes::ProbeSet;
+use crate::tracer::ring::RingUse;
+use crate::tracer::signals::StopReason;
+
+/// Finds the probes to trace in a process image, once the object carrying them is
+/// fully mapped. `Ok(None)`: not (yet) there.
+pub trait Resolver {
+    fn resolve(&mut self, pid: i32) -> Result<Option<ProbeSet>>;
+}
+
+/// One probe hit, decoded.
+#[derive(Debug)]
+pub struct Hit<'a> {
+    pub pid: i32,
+    pub tid: i32,
+    pub ts_ns: u64,
+    pub probe: usize,
+    pub probe_name: &'a str,
+    pub args: &'a [u64],
+    pub(in crate::tracer) buffers: &'a HitBuffers,
+    /// The thread's stack as the ring trampoline captured it (stack probes served
+    /// by the ring); `None` at an `int3` stop, where the caller can read it itself.
+    pub stack: Option<&'a crate::ring::consumer::RingStack>,
+    /// The thread is held at an `int3` stop for this hit (else the hit came
+    /// through a ring, and the thread has gone on).
+    pub stopped: bool,
+}
+
+impl<'a> Hit<'a> {
+    /// The same hit, stamped at `ts_ns`.
+    pub fn at(&self, ts_ns: u64) -> Hit<'a> {
+        Hit {
+            pid: self.pid,
+            tid: self.tid,
+            ts_ns,
+            probe: self.probe,
+            probe_name: self.probe_name,
+            args: self.args,
+            buffers: self.buffers,
+            stack: self.stack,
+            stopped: self.stopped,
+        }
+    }
+
+    /// String argument `i`: the text read at its pointer (bounded), if it is a
+    /// string argument and could be read.
+    pub fn string(&self, i: usize) -> Option<&str> {
+        self.buffers.string(i)
+    }
+}
+
+/// A resolver's "this process cannot be traced as asked", found when the object
+/// with its probes is mapped: a launched command ends there, before it runs.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotTraceable(pub String);
+
+/// What the engine reports, in order.
+#[derive(Debug)]
+pub enum TraceEvent<'a> {
+    Hit(Hit<'a>),
+    /// Probes were installed in `pid` (at attach, after start-up or after an exec).
+    Installed {
+        pid: i32,
+        sites: usize,
+    },
+    ThreadStart {
+        pid: i32,
+        tid: i32,
+        ts_ns: u64,
+    },
+    ThreadExit {
+        pid: i32,
+        tid: i32,
+        ts_ns: u64,
+    },
+    /// A forked child of traced process `parent` is traced (`--subprocesses`): a
+    /// process of its own, its leader `pid` its first thread.
+    ProcessStart {
+        pid: i32,
+        parent: i32,
+        ts_ns: u64,
+    },
+    /// Process `pid` ran `execve`: a new program (its command line is new), the old
+    /// image and every thread but the leader gone.
+    Exec {
+        pid: i32,
+        ts_ns: u64,
+    },
+    /// Something the user should know (a child cleaned, a signal, a fallback ...).
+    Notice(String),
+    /// Over the overhead budget, GC, import and audit events go as `level` says
+    /// until further notice: thinned, the sink must not read stacks at stops.
+    Thinning {
+        pid: i32,
+        ts_ns: u64,
+        level: ThinLevel,
+    },
+    /// `count` hits of probe `probe` of `pid` were counted in the target instead of
+    /// recorded (thinned to stay within the overhead budget): no arguments, no stack.
+    Counted {
+        pid: i32,
+        probe: usize,
+        probe_name: &'a str,
+        count: u64,
+        ts_ns: u64,
+    },
+    /// One drain of `pid`'s ring is over: the hits it gave came before.
+    RingDrained {
+        pid: i32,
+    },
+    /// A site-level fact for whoever asks for details (`record -v`): how many
+    /// sites went to the ring, which stay on int3 and why.
+    Detail(String),
+    /// A notice in two lengths: `short` says what changes for the user (e.g. how
+    /// many sites are not traced), `full` also names each site and why (`-v`).
+    Summarised {
+        short: String,
+        full: String,
+    },
+    /// `count` probe hits of `pid` were dropped (its ring was full).
+    Lost {
+        pid: i32,
+        count: u64,
+        ts_ns: u64,
+    },
+    /// Time to take a sample of process `pid`; `stopped`: every thread is held in a
+    /// ptrace-stop until the sink returns. `on_cpu`: whether each of its threads was on
+    /// a CPU, read from the kernel before anything was stopped (a thread missing was
+    /// not readable).
+    Tick {
+        pid: i32,
+        ts_ns: u64,
+        stopped: bool,
+        on_cpu: Vec<(i32, bool)>,
+    },
+    /// The overhead budget turned the budgeted probes on (`exact`) or off, in every
+    /// traced process.
+    Window {
+        pid: i32,
+        ts_ns: u64,
+        exact: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EngineOptions {
+    /// Trace forked children too (else they are cleaned and released).
+    pub subprocesses: bool,
+    /// Emit a [`TraceEvent::Tick`] about every this many ns, uniformly jittered by
+    /// ±50 % so that a periodic target cannot fall into lock-step with sampling.
+    pub sample_interval_ns: Option<u64>,
+    /// Stop every thread during a tick (consistent stacks) instead of reading them
+    /// while they run.
+    pub blocking_samples: bool,
+    /// Start a guardian process that undoes the patches if pyprobe is killed.
+    pub guardian: bool,
+    /// Slowdown allowed (0.05 for 5 %): above it the budgeted probes go off for a
+    /// while (see `budget`). Ticks should be on to sample meanwhile.
+    pub max_overhead: Option<f64>,
+    /// Whether qualifying sites move to the ring engine (trampolines, no stop).
+    pub ring: RingUse,
+}
+
+/// How the run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The target process exited with this code.
+    Exited(i32),
+    /// The target was killed by this signal.
+    Killed(Signal),
+    /// pyprobe left before the target ended; the target runs on.
+    Detached(StopReason),
+}

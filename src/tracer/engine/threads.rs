@@ -1,0 +1,408 @@
+//! The engine's threads: the stop each one is in, stopping and resuming them (one at
+//! a time or every one), finding one where system calls may be injected, and a
+//! thread's end.
+
+use anyhow::{bail, Result};
+use nix::errno::Errno;
+use nix::sys::ptrace;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::Pid;
+
+use crate::process::status::sigtrap_pending;
+
+use crate::tracer::clock::monotonic_ns;
+use crate::tracer::guardian::Op;
+
+use super::{Engine, Outcome, TraceEvent};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::tracer) enum ThreadState {
+    /// Seized, its first stop not seen yet.
+    New,
+    Running,
+    /// In a ptrace-stop that pyprobe holds; `pending` is a signal to deliver on resume.
+    Stopped {
+        pending: Option<Signal>,
+        kind: StopKind,
+    },
+    /// In group-stop, parked with PTRACE_LISTEN.
+    Listening,
+}
+
+/// Where in the kernel a held thread is stopped, which decides what pyprobe may do
+/// with it (see `inject`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::tracer) enum StopKind {
+    /// pyprobe's interrupt, or a new thread's first stop: in the signal path.
+    Interrupt,
+    /// A signal-delivery stop: a hit pyprobe swallows, or a signal for the program.
+    Signal,
+    /// The program is stopped (SIGSTOP, Ctrl-Z): resumed with PTRACE_LISTEN, so it
+    /// stays stopped as it would without pyprobe.
+    Group,
+    /// Inside a system call (clone, fork, exec events; system call stops): its result
+    /// is not written yet, so nothing may be injected here.
+    InSyscall,
+    /// A vfork parent: resumed, it waits in the kernel until its child execs.
+    Vfork,
+    /// On its way out (PTRACE_EVENT_EXIT): nothing may be injected, it will not
+    /// return to the program.
+    Exiting,
+}
+
+#[derive(Debug)]
+pub(in crate::tracer) struct Thread {
+    pub(in crate::tracer) tgid: i32,
+    pub(in crate::tracer) state: ThreadState,
+}
+
+pub(super) fn is_stop_signal(sig: Signal) -> bool {
+    matches!(
+        sig,
+        Signal::SIGSTOP | Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU
+    )
+}
+
+/// Whether `tid` is stopped at the entry of a system call (PTRACE_GET_SYSCALL_INFO).
+pub(super) fn at_syscall_entry(tid: i32) -> bool {
+    const PTRACE_GET_SYSCALL_INFO: libc::c_uint = 0x420e;
+    const PTRACE_SYSCALL_INFO_ENTRY: u8 = 1;
+    let mut info = [0u8; 88];
+    // SAFETY: the kernel writes at most `info.len()` bytes into the buffer.
+    let n = unsafe { libc::ptrace(PTRACE_GET_SYSCALL_INFO, tid, info.len(), info.as_mut_ptr()) };
+    n > 0 && info[0] == PTRACE_SYSCALL_INFO_ENTRY
+}
+
+impl Engine {
+    pub(in crate::tracer) fn set_state(&mut self, tid: i32, state: ThreadState) {
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.state = state;
+        }
+    }
+    /// Records the stop `tid` is in, and resumes it unless `holding`.
+    pub(in crate::tracer) fn resume_or_hold(
+        &mut self,
+        tid: i32,
+        signal: Option<Signal>,
+        kind: StopKind,
+        holding: bool,
+    ) {
+        self.set_state(
+            tid,
+            ThreadState::Stopped {
+                pending: signal,
+                kind,
+            },
+        );
+        if !holding {
+            self.resume(tid, signal);
+        }
+    }
+    pub(in crate::tracer) fn resume(&mut self, tid: i32, signal: Option<Signal>) {
+        let group_stopped = self.threads.get(&tid).is_some_and(|t| {
+            matches!(
+                t.state,
+                ThreadState::Stopped {
+                    kind: StopKind::Group,
+                    ..
+                }
+            )
+        });
+        if group_stopped {
+            // Still stopped as the program's job control wants; events keep coming.
+            // SAFETY: PTRACE_LISTEN takes no pointers. Only for a thread held at a
+            // group-stop (StopKind::Group): the one resume that leaves it stopped as
+            // job control wants, while its events still reach pyprobe. The kernel
+            // accepts it only at a PTRACE_EVENT_STOP; if it refuses, the thread is
+            // resumed below.
+            if unsafe { libc::ptrace(libc::PTRACE_LISTEN, tid, 0, 0) } == 0 {
+                self.set_state(tid, ThreadState::Listening);
+                return;
+            }
+        }
+        let awaiting = self
+            .threads
+            .get(&tid)
+            .and_then(|t| self.procs.get(&t.tgid))
+            .is_some_and(|p| p.awaiting_object);
+        let pid = Pid::from_raw(tid);
+        let _ = if awaiting {
+            ptrace::syscall(pid, signal)
+        } else {
+            ptrace::cont(pid, signal)
+        };
+        self.set_state(tid, ThreadState::Running);
+    }
+    pub(in crate::tracer) fn thread_gone(
+        &mut self,
+        tid: i32,
+        how: Outcome,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
+        if !self.threads.contains_key(&tid) {
+            return;
+        }
+        // What the thread (or its process, whose ring goes with it) published
+        // before it went is recorded before its end.
+        let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
+        self.drain_ring_of(tgid, sink);
+        let Some(thread) = self.threads.remove(&tid) else {
+            return;
+        };
+        self.budget.resumed_ns.remove(&tid);
+        sink(TraceEvent::ThreadExit {
+            pid: thread.tgid,
+            tid,
+            ts_ns: monotonic_ns(),
+        });
+        if tid == thread.tgid {
+            if tid == self.root {
+                self.exit = Some(how);
+            } else if let Outcome::Killed(sig) = how {
+                // A crash is said (a pool's workers ended with SIGTERM are not).
+                if matches!(
+                    sig,
+                    Signal::SIGSEGV
+                        | Signal::SIGBUS
+                        | Signal::SIGILL
+                        | Signal::SIGTRAP
+                        | Signal::SIGABRT
+                        | Signal::SIGFPE
+                        | Signal::SIGSYS
+                ) {
+                    sink(TraceEvent::Notice(format!(
+                        "process {tid} was killed by {sig}"
+                    )));
+                }
+            }
+            self.procs.remove(&tid);
+            if let Some(g) = self.guardian.as_mut() {
+                let _ = g.tell(Op::Forget, tid, 0);
+            }
+            // Exited leader: the rest of its threads are gone with it.
+            self.threads.retain(|_, t| t.tgid != tid);
+        }
+    }
+    /// A thread of `pid` held at a stop where a system call can be injected (see
+    /// `inject`): one already there, else one brought there from a stop inside a
+    /// system call (it finishes the call and stops again before running any code of
+    /// its own). `None` when no thread of it gets there.
+    pub(in crate::tracer) fn clean_thread(
+        &mut self,
+        pid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Option<i32> {
+        let rank = |state: ThreadState| match state {
+            ThreadState::Stopped {
+                pending: None,
+                kind,
+            } => match kind {
+                StopKind::Interrupt => Some(0),
+                StopKind::Signal => Some(1),
+                StopKind::Group => Some(2),
+                StopKind::InSyscall | StopKind::Vfork | StopKind::Exiting => None,
+            },
+            _ => None,
+        };
+        let ready = self
+            .threads
+            .iter()
+            .filter(|(_, t)| t.tgid == pid)
+            .filter_map(|(&tid, t)| rank(t.state).map(|r| (r, tid)))
+            .min();
+        if let Some((_, tid)) = ready {
+            return Some(tid);
+        }
+        let mut candidates: Vec<(u8, i32)> = self
+            .threads
+            .iter()
+            .filter(|(_, t)| t.tgid == pid)
+            .filter_map(|(&tid, t)| match t.state {
+                ThreadState::Stopped {
+                    kind: StopKind::InSyscall,
+                    ..
+                } => Some((0, tid)),
+                ThreadState::Stopped {
+                    pending: Some(_),
+                    kind: StopKind::Signal,
+                } => Some((1, tid)),
+                _ => None,
+            })
+            .collect();
+        candidates.sort_unstable();
+        candidates
+            .into_iter()
+            .take(4)
+            .find_map(|(_, tid)| self.bring_to_clean_stop(tid, sink))
+    }
+    /// Lets held thread `tid` leave its stop and stop again at once on its way out
+    /// of the kernel (an interrupt queued before resuming is taken before any code
+    /// of the program runs).
+    pub(in crate::tracer) fn bring_to_clean_stop(
+        &mut self,
+        tid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Option<i32> {
+        for _ in 0..8 {
+            let pending = match self.threads.get(&tid)?.state {
+                ThreadState::Stopped {
+                    pending: None,
+                    kind: StopKind::Interrupt | StopKind::Signal | StopKind::Group,
+                } => return Some(tid),
+                ThreadState::Stopped {
+                    kind: StopKind::Vfork,
+                    ..
+                } => return None,
+                ThreadState::Stopped { pending, .. } => pending,
+                _ => None,
+            };
+            if !matches!(self.threads.get(&tid)?.state, ThreadState::Running) {
+                let thread = Pid::from_raw(tid);
+                ptrace::interrupt(thread).ok()?;
+                ptrace::cont(thread, pending).ok()?;
+                self.set_state(tid, ThreadState::Running);
+            }
+            match waitpid(Pid::from_raw(tid), Some(WaitPidFlag::__WALL)) {
+                Ok(status) => self.handle(status, true, sink).ok()?,
+                Err(Errno::EINTR) => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+    /// Interrupts every running thread and waits until all are in a ptrace-stop.
+    pub(in crate::tracer) fn stop_all(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+        self.stop_threads(true, sink)
+    }
+    /// Like `stop_all`, but threads parked in group-stop stay parked.
+    pub(in crate::tracer) fn stop_all_running(
+        &mut self,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<()> {
+        self.stop_threads(false, sink)
+    }
+    /// Resumes the threads of process `pid` that pyprobe holds.
+    pub(in crate::tracer) fn resume_process(&mut self, pid: i32) {
+        let stopped: Vec<(i32, Option<Signal>)> = self
+            .threads
+            .iter()
+            .filter(|(_, t)| t.tgid == pid)
+            .filter_map(|(&tid, t)| match t.state {
+                ThreadState::Stopped { pending, .. } => Some((tid, pending)),
+                _ => None,
+            })
+            .collect();
+        for (tid, pending) in stopped {
+            self.resume(tid, pending);
+        }
+    }
+    pub(in crate::tracer) fn stop_threads(
+        &mut self,
+        include_listening: bool,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<()> {
+        let wanted = |state: ThreadState| match state {
+            ThreadState::Listening => include_listening,
+            ThreadState::Stopped { .. } => false,
+            _ => true,
+        };
+        for (&tid, thread) in &self.threads {
+            if wanted(thread.state) {
+                let _ = ptrace::interrupt(Pid::from_raw(tid));
+            }
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.threads.values().any(|t| wanted(t.state)) {
+            match waitpid(None, Some(WaitPidFlag::__WALL)) {
+                Ok(status) => self.handle(status, true, sink)?,
+                Err(Errno::EINTR) => {}
+                Err(Errno::ECHILD) => {
+                    self.threads.clear();
+                    break;
+                }
+                Err(e) => bail!("waitpid failed while stopping the target: {e}"),
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("the target's threads did not stop within 10 s");
+            }
+            // New threads seen while holding start stopped too.
+            for (&tid, thread) in &self.threads {
+                if thread.state == ThreadState::Running {
+                    let _ = ptrace::interrupt(Pid::from_raw(tid));
+                }
+            }
+        }
+        Ok(())
+    }
+    /// A thread interrupted just as it executed an `int3` reports the interrupt
+    /// first and keeps the SIGTRAP pending: after a detach nobody would catch it and
+    /// it would kill the target. Let each such thread take its SIGTRAP now (a hit).
+    /// A thread may first report a second, stale interrupt (`stop_all` interrupts a
+    /// thread again while its first stop is not yet collected): resume it until the
+    /// SIGTRAP is gone, a few rounds at most.
+    pub(in crate::tracer) fn take_pending_traps(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        let pending: Vec<i32> = self
+            .threads
+            .iter()
+            .filter(|(_, t)| {
+                matches!(
+                    t.state,
+                    ThreadState::Stopped {
+                        pending: None,
+                        kind: StopKind::Interrupt | StopKind::Signal
+                    }
+                )
+            })
+            .map(|(&tid, _)| tid)
+            .filter(|&tid| sigtrap_pending(tid))
+            .collect();
+        for tid in pending {
+            for _ in 0..4 {
+                let held = self.threads.get(&tid).map(|t| t.state);
+                let clean = matches!(
+                    held,
+                    Some(ThreadState::Stopped {
+                        pending: None,
+                        kind: StopKind::Interrupt | StopKind::Signal
+                    })
+                );
+                if !clean || !sigtrap_pending(tid) {
+                    break;
+                }
+                if ptrace::cont(Pid::from_raw(tid), None).is_err() {
+                    break;
+                }
+                self.set_state(tid, ThreadState::Running);
+                while self
+                    .threads
+                    .get(&tid)
+                    .is_some_and(|t| t.state == ThreadState::Running)
+                {
+                    match waitpid(Pid::from_raw(tid), Some(WaitPidFlag::__WALL)) {
+                        Ok(status) => {
+                            if self.handle(status, true, sink).is_err() {
+                                break;
+                            }
+                        }
+                        Err(Errno::EINTR) => {}
+                        Err(_) => break,
+                    }
+                }
+            }
+        }
+    }
+    pub(in crate::tracer) fn resume_all(&mut self) {
+        let stopped: Vec<(i32, Option<Signal>)> = self
+            .threads
+            .iter()
+            .filter_map(|(&tid, t)| match t.state {
+                ThreadState::Stopped { pending, .. } => Some((tid, pending)),
+                _ => None,
+            })
+            .collect();
+        for (tid, pending) in stopped {
+            self.resume(tid, pending);
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! The ring engine's driver in the tracer: setting the ring up in a stopped process
+//! (`setup`), undoing jumps left by a pyprobe that died (`leftovers`), mapping the
+//! trampolines' `rdtsc` stamps to CLOCK_MONOTONIC (`tsc`), and the engine's side of
+//! it (`driver`: upgrading sites, draining, holding the target, forks, leaving).
+//! The pure core (formats, code generation, the consumer) is [`crate::ring`].
+
+mod driver;
+pub mod leftovers;
+pub mod setup;
+pub mod tsc;
+
+pub(in crate::tracer) use driver::RingBook;
+
+use crate::ring::layout::{THIN_COUNT, THIN_OFF, THIN_STACKLESS};
+use crate::tracer::ProbeSet;
+use setup::RingProc;
+
+/// How the engine uses the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RingUse {
+    /// Breakpoints only.
+    #[default]
+    Off,
+    /// The ring for every site that qualifies, `int3` for the rest.
+    Auto,
+    /// As `Auto`, but a process where the ring cannot be set up at all is an error.
+    Required,
+}
+
+/// Slots in a ring: 8 MiB of 256-byte records (they stay mapped after detaching):
+/// about 5 ms of the busiest target, should pyprobe lose its CPU meanwhile.
+pub const CAPACITY: u64 = 1 << 15;
+/// Records taken from a ring per drain: small, so the backlog is looked at often.
+pub(in crate::tracer) const DRAIN_BATCH: usize = 64;
+/// A backlog this large means pyprobe is falling behind: the target is held
+/// until the ring is empty, rather than let it overflow and lose events.
+pub(in crate::tracer) const HIGH_WATER: u64 = CAPACITY / 8;
+/// After a full batch or a hold, the event loop polls without sleeping for this
+/// long: a sleep of 200 µs may last milliseconds on a VM (the idle vCPU is
+/// descheduled), long enough for a busy target to fill the ring.
+pub(in crate::tracer) const BUSY_NS: u64 = 2_000_000;
+/// What one ring event costs the target, charged to the overhead budget (which
+/// cannot time code running inside the target): the in-process measurement of a
+/// trampoline with two string arguments, 47–62 ns on a 2-core VM.
+pub(in crate::tracer) const RING_EVENT_NS: u64 = 60;
+/// What one event counted but not recorded costs the target (`pushfq`, a
+/// `lock inc`, `popfq` and the jumps): 20–50 ns per `id()` call on a 2-core VM.
+pub(in crate::tracer) const RING_COUNT_NS: u64 = 30;
+/// What each frame a trampoline walks for a stack record adds (two dependent
+/// loads from memory the interpreter touched recently, two stores).
+pub(in crate::tracer) const RING_FRAME_NS: u64 = 10;
+/// A slot reserved but not published for this long is given up (its producer
+/// was killed or is stuck), counted as lost.
+pub(in crate::tracer) const STUCK_NS: u64 = 1_000_000_000;
+
+/// Thins (or not) every stack probe of `set` served by `ring`: the `thin` byte the
+/// trampolines read (see the budget's thinning).
+pub(in crate::tracer) fn set_thin(ring: &RingProc, set: &ProbeSet, thin: bool) {
+    for &probe in &set.stack_probes {
+        let mode = match thin {
+            false => THIN_OFF,
+            true if set.count_when_thin.contains(&probe) => THIN_COUNT,
+            true => THIN_STACKLESS,
+        };
+        ring.reader.set_thin(probe as u32, mode);
+    }
+}
