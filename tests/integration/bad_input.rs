@@ -3,16 +3,12 @@
 //! `pyprobe: error:` line naming the pid or the offset) and exit status 1, never a
 //! panic.
 
-mod common;
-mod support;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use pyprobe::record::{Event, EventKind, FrameRef, Header, RecordingWriter};
-use support::*;
 
 // ---- processes ----------------------------------------------------------------
 
@@ -544,7 +540,7 @@ fn error_line(out: &std::process::Output) -> String {
 #[test]
 fn empty_foreign_and_missing_files() {
     let empty = TempFile::new("empty.pyprobe");
-    std::fs::write(&empty.0, b"").unwrap();
+    std::fs::write(empty.as_path(), b"").unwrap();
     let e = error_line(&report(empty.path()));
     assert!(e.contains("empty file") && e.contains("offset 0"), "{e}");
 
@@ -556,7 +552,7 @@ fn empty_foreign_and_missing_files() {
         );
     }
     let text = TempFile::new("text.pyprobe");
-    std::fs::write(&text.0, b"PYPRO").unwrap();
+    std::fs::write(text.as_path(), b"PYPRO").unwrap();
     let e = error_line(&report(text.path()));
     assert!(e.contains("offset 5"), "a magic cut short: {e}");
 
@@ -569,17 +565,17 @@ fn empty_foreign_and_missing_files() {
 #[test]
 fn wrong_version_and_absurd_chunk_length() {
     let file = TempFile::new("versions.pyprobe");
-    let good = multi_chunk_recording(&file.0);
+    let good = multi_chunk_recording(file.as_path());
 
     let mut v = good.clone();
     v[8..12].copy_from_slice(&99u32.to_le_bytes());
-    std::fs::write(&file.0, &v).unwrap();
+    std::fs::write(file.as_path(), &v).unwrap();
     let e = error_line(&report(file.path()));
     assert!(e.contains("version 99") && e.contains("offset 8"), "{e}");
 
     let mut v = good.clone();
     v[13..17].copy_from_slice(&u32::MAX.to_le_bytes());
-    std::fs::write(&file.0, &v).unwrap();
+    std::fs::write(file.as_path(), &v).unwrap();
     let e = error_line(&report(file.path()));
     assert!(e.contains("absurd") && e.contains("offset 12"), "{e}");
 }
@@ -590,7 +586,7 @@ fn wrong_version_and_absurd_chunk_length() {
 #[test]
 fn truncated_recordings() {
     let file = TempFile::new("whole.pyprobe");
-    let good = multi_chunk_recording(&file.0);
+    let good = multi_chunk_recording(file.as_path());
     let chunks = chunk_offsets(&good);
     assert!(chunks.len() >= 5, "header, strings, events..., trailer");
     let header_end = chunks[1];
@@ -602,7 +598,7 @@ fn truncated_recordings() {
     let cut = TempFile::new("cut.pyprobe");
     let mut events_seen = Vec::new();
     for &n in &cuts {
-        std::fs::write(&cut.0, &good[..n]).unwrap();
+        std::fs::write(cut.as_path(), &good[..n]).unwrap();
         let out = report(cut.path());
         let stderr = String::from_utf8_lossy(&out.stderr);
         if n < header_end {
@@ -644,7 +640,7 @@ fn truncated_recordings() {
 #[test]
 fn corrupt_recordings() {
     let file = TempFile::new("corrupt-src.pyprobe");
-    let good = multi_chunk_recording(&file.0);
+    let good = multi_chunk_recording(file.as_path());
     let chunks = chunk_offsets(&good);
     let bad = TempFile::new("corrupt.pyprobe");
     // The header, the strings, the first and last event chunks, and the trailer.
@@ -670,7 +666,7 @@ fn corrupt_recordings() {
             }
             let mut v = good.clone();
             v[at] ^= 0x5a;
-            std::fs::write(&bad.0, &v).unwrap();
+            std::fs::write(bad.as_path(), &v).unwrap();
             let out = report(bad.path());
             let stderr = String::from_utf8_lossy(&out.stderr);
             if out.status.success() {
@@ -716,7 +712,7 @@ fn checksummed_nonsense() {
     let header = {
         // A valid header: take it from a real recording.
         let file = TempFile::new("nonsense-src.pyprobe");
-        let good = multi_chunk_recording(&file.0);
+        let good = multi_chunk_recording(file.as_path());
         let chunks = chunk_offsets(&good);
         good[chunks[0]..chunks[1]].to_vec()
     };
@@ -751,7 +747,7 @@ fn checksummed_nonsense() {
     for (what, bytes) in cases {
         let mut v = prefix.clone();
         v.extend_from_slice(&bytes);
-        std::fs::write(&bad.0, &v).unwrap();
+        std::fs::write(bad.as_path(), &v).unwrap();
         let out = report(bad.path());
         let e = error_line(&out);
         assert!(e.contains("offset"), "{what}: names an offset: {e}");

@@ -4,13 +4,9 @@
 //! Whether the slowdown stays within the budget is measured in the benchmark
 //! (`scripts/bench.sh`), never timed here.
 
-mod common;
-mod support;
-
 use std::time::Duration;
 
-use common::*;
-use support::*;
+use crate::support::*;
 
 /// The probe sites and semaphores of `pid`, once its interpreter is up.
 fn probe_sites(pid: i32) -> (Vec<u64>, Vec<u64>) {

@@ -6,15 +6,11 @@
 //! poll() (select) in four threads; `duty.py` works 5 % and sleeps 95 % of the time in
 //! one. The assertions are on shares of the samples and on presence, not on time.
 
-mod common;
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::support::*;
 use serde_json::Value;
-use support::*;
 
 /// Leaf samples per function of `file`, from a report.
 fn samples_in(report: &Value, file: &str) -> BTreeMap<String, u64> {

@@ -2,9 +2,7 @@
 //! own: cargo runs test binaries one at a time, so no other test competes for the CPUs
 //! while the target measures wall-clock time.
 
-mod common;
-
-use common::*;
+use crate::support::*;
 use serde_json::Value;
 
 /// Estimated inclusive time of a function (samples with it anywhere on the stack ×

@@ -2,11 +2,9 @@
 //! PID and mount namespace of its own (`unshare`, root only), so that the only Python
 //! processes it can see are the two targets started for it.
 
-mod common;
-
 use std::process::Command;
 
-use common::*;
+use crate::support::*;
 
 #[test]
 fn top_all_shows_every_python_process_and_leaves_them_as_they_were() {

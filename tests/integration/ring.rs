@@ -3,14 +3,10 @@
 //! Its events must be the int3 engine's, and the target must survive pyprobe's
 //! death with the patches still in place.
 
-mod common;
-mod support;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::*;
-use support::*;
+use crate::support::*;
 
 /// `pyprobe record -o OUT -v --mode trace --engine ENGINE -- PYTHON ARGS`, to its
 /// end (`-v`: the start says how many sites each engine got).

@@ -2,12 +2,10 @@
 //! trampoline capturing the Python stack that raised each event: the recording's
 //! stacks must be the ones the frame walker reads at an `int3` stop.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use common::*;
+use crate::support::*;
 use pyprobe::record::{EventKind, RecordingReader};
 
 const CALLS: usize = 3000;

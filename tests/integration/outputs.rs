@@ -6,18 +6,14 @@
 //! details with `-v`), and large trace exports announced before they are written,
 //! with filters that make them smaller.
 
-mod common;
-mod support;
-
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use pyprobe::record::{Event, EventKind, FrameRef, Header, RecordingWriter};
-use support::*;
 
 fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()

@@ -8,9 +8,6 @@
 //! missing) and `setpriv`; the namespace test needs root and `unshare`. Without them
 //! they print a notice and pass.
 
-mod common;
-mod support;
-
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -18,8 +15,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::*;
-use support::*;
+use crate::support::*;
 
 const USER: &str = "pyprobe-test";
 
@@ -557,8 +553,8 @@ fn seccomp_filter_blocking_ptrace_or_process_vm_readv_is_named() {
         .arg(&py.launcher)
         .args(["-c", "import sys; print(sys.argv)", &marker])
         .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&stdout.0).unwrap())
-        .stderr(std::fs::File::create(&stderr.0).unwrap())
+        .stdout(std::fs::File::create(stdout.as_path()).unwrap())
+        .stderr(std::fs::File::create(stderr.as_path()).unwrap())
         .spawn()
         .unwrap();
     let ended = wait_for(Duration::from_secs(20), || {
@@ -569,8 +565,8 @@ fn seccomp_filter_blocking_ptrace_or_process_vm_readv_is_named() {
     }
     let out = Output {
         status: child.wait().unwrap(),
-        stdout: std::fs::read(&stdout.0).unwrap(),
-        stderr: std::fs::read(&stderr.0).unwrap(),
+        stdout: std::fs::read(stdout.as_path()).unwrap(),
+        stderr: std::fs::read(stderr.as_path()).unwrap(),
     };
     show("record -- under seccomp", &out);
     assert!(ended, "pyprobe ends");

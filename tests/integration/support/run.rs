@@ -1,8 +1,6 @@
 //! Shared helpers of the integration tests: the test interpreters, the C fixtures,
 //! target processes that clean up after themselves, and running pyprobe.
 
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

@@ -4,16 +4,12 @@
 //! next pyprobe recognises the jumps as its own and takes them over; a jump it
 //! cannot vouch for is refused, and it says so.
 
-mod common;
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::*;
-use support::*;
+use crate::support::*;
 
 /// A `pyprobe record` in the background whose stderr is read line by line as it comes.
 struct Live {

@@ -5,14 +5,10 @@
 //! target behaves exactly as untraced (the same output, the same exit status),
 //! pyprobe ends cleanly, and the recording reads back.
 
-mod common;
-mod support;
-
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
-use support::*;
+use crate::support::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
 

@@ -3,9 +3,7 @@
 //! the wrong type, or unknown to the schema does not (so the check every test
 //! makes of the reports it reads can fail).
 
-mod common;
-
-use common::{assert_report_schema, report_schema_errors};
+use crate::support::{assert_report_schema, report_schema_errors};
 use pyprobe::analyze::{
     AuditCount, ExactWindows, FunctionStats, GcStats, Histogram, ImportStats, ProcessStats,
     RaisingStack, Report, Target, Thinned, ThreadStats, Trigger,

@@ -3,11 +3,9 @@
 //! itself printed. A deliberately small ptrace loop, independent of pyprobe's engine,
 //! so the decoder is checked on its own.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
+use crate::support::*;
 use nix::sys::ptrace;
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitStatus};

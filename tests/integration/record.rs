@@ -2,17 +2,13 @@
 //! call counts against the fixtures' own counts, GC/import/audit events, attaching to
 //! a running process, and the target's safety (bytes restored, output unchanged).
 
-mod common;
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use serde_json::Value;
-use support::{assert_restored, calls_in_file, fixture_script, sites_and_semaphores};
 
 /// A fresh path for each call: tests running at once record the same fixture.
 fn tmp_recording(name: &str) -> PathBuf {

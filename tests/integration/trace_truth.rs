@@ -9,17 +9,13 @@
 //!   and the flame graph, the Chrome trace and the report agreeing.
 //! * `fixtures/python/serve.py`: attached while frames are already running.
 
-mod common;
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use serde_json::Value;
-use support::{fixture_script, report_json, sites_and_semaphores, wait_until_traced, Tracer};
 
 fn tmp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("pyprobe-truth-{}-{name}", std::process::id()))
@@ -55,7 +51,7 @@ fn record(
     let out = cmd.output().expect("run pyprobe record");
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("record {name} on {}: {stderr}", py.version);
-    support::assert_no_panic("record", &out.stderr);
+    crate::support::assert_no_panic("record", &out.stderr);
     assert!(path.exists(), "{}: no recording: {stderr}", py.version);
     (path, String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -180,7 +176,7 @@ fn close(got: u64, truth: u64, tolerance: f64, slack_ns: u64) -> bool {
 fn check_shapes(version: &'static str) {
     // One at a time: on a small machine, traces running at once make pyprobe
     // fall behind its ring and lose events.
-    let _serial = support::serial();
+    let _serial = crate::support::serial();
     let Some(py) = python(version) else { return };
     let script = fixture_script("shapes.py");
     let (path, stdout, report) = record_clean(&py, "shapes", &[&script, "3", "10"], &[], None);
@@ -226,7 +222,7 @@ fn shapes_on_3_15_counts_rows_and_times() {
 fn shapes_on_3_11_counts_exact_times_sampled() {
     // One at a time: on a small machine, traces running at once make pyprobe
     // fall behind its ring and lose events.
-    let _serial = support::serial();
+    let _serial = crate::support::serial();
     let Some(py) = python("3.11") else { return };
     let script = fixture_script("shapes.py");
     let (path, stdout) = record(&py, "shapes", &[&script, "3", "40"], &["-r", "1000"], None);
@@ -403,7 +399,7 @@ fn cprofile_counts(
 fn check_real_program(version: &'static str, name: &str, pkg_version: &str, args: &[&str]) {
     // One at a time: on a small machine, traces running at once make pyprobe
     // fall behind its ring and lose events.
-    let _serial = support::serial();
+    let _serial = crate::support::serial();
     let Some(py) = python(version) else { return };
     let site = pypi(name, pkg_version);
     let args: Vec<String> = args
@@ -590,7 +586,7 @@ fn pyflakes_on_3_15_agrees_with_cprofile_and_itself() {
 fn check_attach_with_open_frames(version: &'static str) {
     // One at a time: on a small machine, traces running at once make pyprobe
     // fall behind its ring and lose events.
-    let _serial = support::serial();
+    let _serial = crate::support::serial();
     let Some(py) = python(version) else { return };
     let mut target = Target::spawn(&py.launcher, &[&fixture_script("serve.py")]);
     target.wait_for_line("ready");

@@ -4,9 +4,6 @@
 //! traces it, and checks that the program behaves exactly as without pyprobe and
 //! that pyprobe says what it refused and why.
 
-mod common;
-mod support;
-
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -14,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::rc::Rc;
 
+use crate::support::*;
 use anyhow::Result;
-use common::*;
 use iced_x86::{Decoder, DecoderOptions};
 use pyprobe::elf::ElfInfo;
 use pyprobe::process::objects::find_probe_object;
@@ -24,7 +21,6 @@ use pyprobe::tracer::{
     usable_sites, Engine, EngineOptions, Outcome, Probe, ProbeSet, Refusal, Resolver, RingUse,
     Site, TraceEvent,
 };
-use support::*;
 
 const PROVIDER: &str = "pyprobe_test";
 
@@ -140,9 +136,9 @@ fn engine_options() -> EngineOptions {
     }
 }
 
-/// Runs `binary 3` under the engine; its output goes to a file. Callers hold
-/// [`serial`]: one engine at a time, and an engine in this process waits for any
-/// child (it would reap a pyprobe another test runs).
+/// Runs `binary 3` under the engine; its output goes to a file. Callers run in a
+/// process of their own ([`in_own_process`]): an engine waits for any child of its
+/// process, and would reap a pyprobe another test runs.
 fn trace(binary: &Path) -> Traced {
     let out_file = binary.with_extension("out");
     let script = format!("exec {} 3 > {}", binary.display(), out_file.display());
@@ -197,7 +193,12 @@ fn fixtures() -> [&'static str; 2] {
 /// prints: raising that "semaphore" would change what it prints.
 #[test]
 fn a_semaphore_pointing_at_other_data_is_never_raised() {
-    let _one_engine = serial();
+    if !in_own_process(
+        module_path!(),
+        "a_semaphore_pointing_at_other_data_is_never_raised",
+    ) {
+        return;
+    }
     let dir = tempdir();
     for name in fixtures() {
         let original = fixture_binary(name);
@@ -270,7 +271,12 @@ fn nop_byte_inside_an_instruction(data: &[u8]) -> u64 {
 
 #[test]
 fn a_site_inside_an_instruction_is_never_written() {
-    let _one_engine = serial();
+    if !in_own_process(
+        module_path!(),
+        "a_site_inside_an_instruction_is_never_written",
+    ) {
+        return;
+    }
     let dir = tempdir();
     for name in fixtures() {
         let original = fixture_binary(name);
@@ -318,7 +324,12 @@ fn a_site_inside_an_instruction_is_never_written() {
 /// probe not armed.
 #[test]
 fn a_semaphore_holding_more_than_a_count_is_left_alone() {
-    let _one_engine = serial();
+    if !in_own_process(
+        module_path!(),
+        "a_semaphore_holding_more_than_a_count_is_left_alone",
+    ) {
+        return;
+    }
     let mut t = Target::spawn(&fixture_binary("sdt_fixture_pie"), &["--wait", "1"]);
     t.wait_for_line("pid");
     let pid = t.pid();
@@ -376,7 +387,6 @@ fn a_semaphore_holding_more_than_a_count_is_left_alone() {
 #[test]
 fn a_forged_python_runs_as_without_pyprobe() {
     let Some(py) = python("3.9") else { return };
-    let _one_engine = serial();
     let dir = tempdir();
     let forged = forge(&py.binary, dir.path(), "python3.9", |data| {
         let info = ElfInfo::parse(&py.binary, data).unwrap();

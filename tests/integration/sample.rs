@@ -1,9 +1,7 @@
 //! Sampling through the frame walker in `pyprobe record`: accuracy against the
 //! target's own measurement, and `--mode auto` (samples plus exact GC events).
 
-mod common;
-
-use common::*;
+use crate::support::*;
 use serde_json::Value;
 
 #[test]

@@ -1,11 +1,7 @@
 //! What the default and the first runs tell a user is the program's, not pyprobe's:
 //! no GC pause made of pyprobe's own set-up or stack reads.
 
-mod common;
-mod support;
-
-use common::*;
-use support::*;
+use crate::support::*;
 
 /// The longest pause of each generation in a report.
 fn max_pauses(report: &serde_json::Value) -> Vec<(i64, u64)> {

@@ -7,9 +7,6 @@
 //!   `parent_spin`; the fixture prints the pids of the workers that ran tasks.
 //! * black from PyPI formatting a directory with two workers.
 
-mod common;
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -17,11 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::support::*;
 use pyprobe::analyze::processes::ProcessMap;
 use pyprobe::record::{EventKind, RecordingReader};
 use serde_json::Value;
-use support::{assert_no_panic, fixture_script, report_json, TempFile};
 
 /// What `pyprobe record --subprocesses` made of one run.
 struct Run {
@@ -74,7 +70,7 @@ fn record(py: &Python, name: &str, args: &[&str], extra: &[&str], env: &[(&str, 
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
-    let ended = support::wait_for(LIMIT, || matches!(child.try_wait(), Ok(Some(_))));
+    let ended = crate::support::wait_for(LIMIT, || matches!(child.try_wait(), Ok(Some(_))));
     if !ended {
         // SAFETY: kill(2) on the process group of our own child.
         unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
@@ -439,7 +435,7 @@ fn black_input(black: &Path, name: &str) -> PathBuf {
 /// in the workers' rows, not the parent's, and the output is black's own.
 #[test]
 fn black_with_workers() {
-    let _serial = support::serial();
+    let _serial = crate::support::serial();
     let version = "3.11";
     let Some(py) = python(version) else { return };
     let dirs = [

@@ -4,15 +4,11 @@
 //! programs that ignore, handle or raise SIGTRAP themselves (before, during and after
 //! tracing, and after pyprobe is SIGKILLed), and a program that is stopped.
 
-mod common;
-mod support;
-
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use common::*;
-use support::*;
+use crate::support::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
 

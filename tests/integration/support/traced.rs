@@ -1,8 +1,6 @@
-//! Helpers shared by the record, fault, bad-input and unprivileged tests (on top of
-//! `tests/common`): probe sites of a live target, waiting for pyprobe to attach,
-//! a pyprobe running in the background, and checks that nothing panicked.
-
-#![allow(dead_code)]
+//! Helpers of the tests that record and fault live targets: temporary files, probe
+//! sites of a live target, waiting for pyprobe to attach, a pyprobe running in the
+//! background, and checks that nothing panicked.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -11,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::*;
+use super::run::*;
 
 pub fn fixture_script(name: &str) -> String {
     repo()
@@ -26,26 +24,31 @@ pub fn tmp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("pyprobe-{}-{name}", std::process::id()))
 }
 
-/// Removes a file when dropped, and the `.partial` a killed recorder leaves
-/// beside it.
-pub struct TempFile(pub PathBuf);
+/// A file name in a temporary directory of its own, removed when dropped with
+/// whatever is beside the file (the `.partial` a killed recorder leaves).
+pub struct TempFile {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
 
 impl TempFile {
     pub fn new(name: &str) -> TempFile {
-        TempFile(tmp_path(name))
+        let dir = tempfile::Builder::new()
+            .prefix("pyprobe-")
+            .tempdir()
+            .expect("temporary directory");
+        TempFile {
+            path: dir.path().join(name),
+            _dir: dir,
+        }
     }
 
     pub fn path(&self) -> &str {
-        self.0.to_str().expect("utf-8 temp path")
+        self.path.to_str().expect("utf-8 temp path")
     }
-}
 
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-        let mut partial = self.0.clone().into_os_string();
-        partial.push(".partial");
-        let _ = std::fs::remove_file(partial);
+    pub fn as_path(&self) -> &Path {
+        &self.path
     }
 }
 
@@ -195,7 +198,6 @@ pub fn calls_in_file(report: &Value, file_suffix: &str) -> std::collections::BTr
 /// drop if still running.
 pub struct Tracer {
     pub child: Child,
-    pub output: String,
 }
 
 impl Tracer {
@@ -214,10 +216,7 @@ impl Tracer {
             .stderr(Stdio::piped())
             .spawn()
             .expect("cannot start pyprobe");
-        Tracer {
-            child,
-            output: output.to_owned(),
-        }
+        Tracer { child }
     }
 
     pub fn pid(&self) -> i32 {
@@ -287,15 +286,36 @@ pub fn assert_refused_output(out: &Output, args: &[&str], words: &[&str]) -> Str
     error.to_owned()
 }
 
-/// Whether the file at `path` exists (for messages).
-pub fn exists(path: &Path) -> bool {
-    path.exists()
-}
-
 /// One test of the binary at a time, for tests whose subject is timing-sensitive
 /// (the overhead budget's windows, pyprobe keeping up with the ring) and which a
 /// machine crowded by the binary's other tests would distort.
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether the calling test is to run its body here. Outside, it runs the test
+/// binary again for that one test (`module_path!()` and the test's name), with its
+/// output, fails when that run fails, and says no; in that run it says yes. For
+/// tests that run pyprobe's engine in-process: the engine waits for any child, and
+/// would reap those of the tests running beside it in this process.
+pub fn in_own_process(module: &str, test: &str) -> bool {
+    const VAR: &str = "PYPROBE_TEST_IN_OWN_PROCESS";
+    let path = match module.split_once("::") {
+        Some((_crate, module)) => format!("{module}::{test}"),
+        None => test.to_owned(),
+    };
+    if std::env::var(VAR).is_ok_and(|v| v == path) {
+        return true;
+    }
+    let status = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([path.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+        .env(VAR, &path)
+        .status()
+        .expect("running the test binary");
+    assert!(
+        status.success(),
+        "{path}, in a process of its own: {status}"
+    );
+    false
 }

@@ -3,12 +3,10 @@
 //! `sleeper.py` prints the stacks it is in (files, functions, first and current lines,
 //! native thread ids); pyprobe must see exactly those.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::support::*;
 use pyprobe::python::walker::{lines, ThreadStack, Walker};
 use serde_json::Value;
 

@@ -2,13 +2,11 @@
 //! embedded-libpython program and the C fixtures, checked against `readelf` and
 //! against the bytes in the running targets.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use crate::support::*;
 use serde_json::Value;
 
 const FUNCTION_PROBES: [&str; 3] = ["function__entry", "function__return", "line"];

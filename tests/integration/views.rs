@@ -1,13 +1,11 @@
 //! The views (`flame` in every format, `calls`, `top --once`): golden outputs
 //! from small hand-made recordings, and end-to-end on a real CPython.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{python, repo, run_pyprobe};
+use crate::support::{python, repo, run_pyprobe};
 use pyprobe::analyze::SampleFilter;
 use pyprobe::record::{
     Event, EventKind, FrameRef, Header, RecordingWriter, SampleState, WalkedFrame,
@@ -763,7 +761,7 @@ fn every_view_of_a_real_recording() {
         );
     }
     // The same totals as the report.
-    let report = common::json_of(&run_pyprobe(&["report", f, "--format", "json"]));
+    let report = crate::support::json_of(&run_pyprobe(&["report", f, "--format", "json"]));
     let report_calls: u64 = report["functions"]
         .as_array()
         .unwrap()
@@ -951,7 +949,7 @@ fn every_view_of_a_sampled_recording() {
         String::from_utf8_lossy(&out.stderr)
     );
     let f = rec.to_str().unwrap();
-    let report = common::json_of(&run_pyprobe(&["report", f, "--format", "json"]));
+    let report = crate::support::json_of(&run_pyprobe(&["report", f, "--format", "json"]));
     assert_eq!(report["mode"], "sample");
     // Every non-empty sample has one leaf: the report's leaf counts add up to
     // the samples, and so must the folded stacks.
@@ -995,7 +993,7 @@ fn every_view_of_a_sampled_recording() {
 fn top_once_on_a_live_process_shows_its_hottest_function_first() {
     for version in ["3.9", "3.13"] {
         let Some(py) = python(version) else { continue };
-        let mut target = common::Target::spawn(
+        let mut target = crate::support::Target::spawn(
             &py.launcher,
             &[repo().join("fixtures/python/forever.py").to_str().unwrap()],
         );

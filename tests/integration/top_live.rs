@@ -2,13 +2,11 @@
 //! it shows the target's hottest function, quits on `q`, and leaves the target
 //! running, untraced and without pyprobe's SIGTRAP handler.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 
 #[test]
 fn live_top_shows_the_hot_function_and_quits_cleanly() {

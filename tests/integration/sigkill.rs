@@ -1,12 +1,10 @@
 //! pyprobe killed with SIGKILL while tracing a hot call loop: the guardian and the
 //! SIGTRAP safety net must keep the target alive and correct, every time.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 
 fn random_ms(seed: &mut u64, lo: u64, hi: u64) -> u64 {
     // xorshift: a random moment per run without a dependency.
