@@ -692,6 +692,21 @@ OWN%  TOTAL%  SAMPLES  PID  FUNCTION  FILE:LINE
     );
 }
 
+/// The JSON report of the trace recording and of the sample recording, whole, as
+/// snapshots: every field a consumer reads, reviewed when it changes. Both are
+/// built here, so the report is the same on every run; the crate version is
+/// redacted, so that a release does not change them.
+#[test]
+fn report_json_snapshots() {
+    let trace = trace_recording("snapshot-trace.pyprobe");
+    let sample = sample_recording("snapshot-sample.pyprobe");
+    for (name, file) in [("report_json_trace", trace), ("report_json_sample", sample)] {
+        let text = stdout_of(&["report", file.to_str().unwrap(), "--format", "json"]);
+        let report: serde_json::Value = serde_json::from_str(&text).unwrap();
+        insta::assert_json_snapshot!(name, report, { ".pyprobe_version" => "[version]" });
+    }
+}
+
 #[test]
 fn top_without_a_source_says_so() {
     let out = run_pyprobe(&["top", "--once"]);
