@@ -11,7 +11,7 @@ use goblin::elf::sym::{STT_FUNC, STT_GNU_IFUNC};
 use goblin::elf::Elf;
 use iced_x86::{Decoder, DecoderOptions, Instruction};
 
-use crate::elf::layout::{file_offset, LoadSegment};
+use crate::elf::segments::{file_offset, LoadSegment};
 use crate::elf::notes::SdtProbe;
 
 mod eh_frame;
