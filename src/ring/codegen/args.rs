@@ -5,7 +5,7 @@
 use iced_x86::code_asm::*;
 
 use super::{CodegenError, FRAME, SAVED};
-use crate::ring::layout::*;
+use crate::ring::format::*;
 use crate::sdt::{ArgSpec, Displacement, MemOperand, Operand, RegFamily, RegWidth, Register};
 
 /// Leaves argument `index`'s value in r11. Uses rsi, rdi, r11 only.

@@ -5,7 +5,7 @@
 //! ```text
 //! lea rsp, [rsp-128]          ; step over the red zone (lea keeps flags)
 //! pushfq                      ; then push rax rcx rdx rsi rdi r8 r9 r10 r11
-//! reserve a slot (layout.rs protocol) -> r10 = index, r8 = slot address
+//! reserve a slot (format.rs protocol) -> r10 = index, r8 = slot address
 //!   (ring full or 8 failed CAS: lock inc lost; skip to restore)
 //! rdtsc, probe id, tag, thread, nargs/masks, each argument, string prefixes
 //! (stack probes) the thread's Python stack into the following slots (stack.rs)
@@ -30,7 +30,7 @@ use iced_x86::code_asm::*;
 use iced_x86::{BlockEncoderOptions, IcedError};
 use thiserror::Error;
 
-use crate::ring::layout::*;
+use crate::ring::format::*;
 use crate::ring::region::jump_patch;
 use crate::ring::site::{SitePlan, Tail, PATCH_LEN};
 use crate::ring::stack::{emit_capture, StackCapture};

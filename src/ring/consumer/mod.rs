@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
-use super::layout::*;
+use super::format::*;
 use super::stack::*;
 
 mod record;

@@ -2,7 +2,7 @@
 //! arguments and the prefixes of its string arguments, never trusting the slot's
 //! counts or masks.
 
-use crate::ring::layout::*;
+use crate::ring::format::*;
 
 /// A decoded record. Strings borrow from a private copy of the slot, so the
 /// callback may keep nothing past its return; copy what you need.
