@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use anyhow::{bail, Result};
 
-use super::probes::{lookup, ArgKind, ProbeGroup, PythonProbe, PROVIDER};
+use super::probe_catalog::{lookup, ArgKind, ProbeGroup, PythonProbe, PROVIDER};
 use super::version::PyVersion;
 use crate::process::objects::LoadedObject;
 use crate::sdt;
