@@ -3,13 +3,13 @@
 //! Everything here works on link-time (virtual) addresses of one object file.
 //! Turning them into runtime addresses of a process is `process::objects`' job.
 
-mod segments;
 mod notes;
+mod segments;
 mod symbols;
 mod verify;
 
-pub use segments::LoadSegment;
 pub use notes::{parse_desc, SdtNote, SdtProbe, SdtSite};
+pub use segments::LoadSegment;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

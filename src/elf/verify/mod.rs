@@ -11,8 +11,8 @@ use goblin::elf::sym::{STT_FUNC, STT_GNU_IFUNC};
 use goblin::elf::Elf;
 use iced_x86::{Decoder, DecoderOptions, Instruction};
 
-use crate::elf::segments::{file_offset, LoadSegment};
 use crate::elf::notes::SdtProbe;
+use crate::elf::segments::{file_offset, LoadSegment};
 
 mod eh_frame;
 
