@@ -308,14 +308,18 @@ pub fn in_own_process(module: &str, test: &str) -> bool {
     if std::env::var(VAR).is_ok_and(|v| v == path) {
         return true;
     }
-    let status = Command::new(std::env::current_exe().expect("the test binary"))
+    // Its output through print!, so that the harness shows it only on failure.
+    let out = Command::new(std::env::current_exe().expect("the test binary"))
         .args([path.as_str(), "--exact", "--nocapture", "--test-threads=1"])
         .env(VAR, &path)
-        .status()
+        .output()
         .expect("running the test binary");
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
     assert!(
-        status.success(),
-        "{path}, in a process of its own: {status}"
+        out.status.success(),
+        "{path}, in a process of its own: {}",
+        out.status
     );
     false
 }
