@@ -5,6 +5,7 @@
 pub mod analyze;
 pub mod elf;
 pub mod output;
+pub mod probe_set;
 pub mod process;
 pub mod python;
 pub mod record;

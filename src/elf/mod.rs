@@ -3,13 +3,13 @@
 //! Everything here works on link-time (virtual) addresses of one object file.
 //! Turning them into runtime addresses of a process is `process::objects`' job.
 
-mod layout;
 mod notes;
+mod segments;
 mod symbols;
 mod verify;
 
-pub use layout::LoadSegment;
 pub use notes::{parse_desc, SdtNote, SdtProbe, SdtSite};
+pub use segments::LoadSegment;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -102,7 +102,7 @@ impl ElfInfo {
                 ),
             });
         }
-        let segments = layout::load_segments(&elf);
+        let segments = segments::load_segments(&elf);
         let mut probes = notes::read_probes(path, &elf, data)?;
         verify::verify_probes(&elf, data, &segments, &mut probes);
         let symbols = symbols::SymbolTable::from_elf(&elf);
@@ -122,14 +122,14 @@ impl ElfInfo {
             py_runtime_section: section(".PyRuntime"),
             py_version_symbol: symbols.address("Py_Version"),
             symbols,
-            executable_tls_size: layout::executable_tls_size(&elf),
+            executable_tls_size: segments::executable_tls_size(&elf),
         })
     }
 
     /// The file offset at which link-time address `vaddr` is stored, if a PT_LOAD
     /// segment holds file bytes for it.
     pub fn file_offset(&self, vaddr: u64) -> Option<u64> {
-        layout::file_offset(&self.segments, vaddr)
+        segments::file_offset(&self.segments, vaddr)
     }
 
     /// Probes of one provider (e.g. `python`).

@@ -1,7 +1,10 @@
 //! What CPython's probes and structures mean. The tracer knows nothing of Python;
 //! this module gives the probes their names, groups and argument meanings.
 
-pub mod probes;
+pub mod probe_catalog;
 pub mod tracing;
 pub mod version;
 pub mod walker;
+
+/// The catalog under its former name, for the session's imports.
+pub use probe_catalog as probes;

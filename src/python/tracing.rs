@@ -4,11 +4,11 @@ use std::collections::BTreeSet;
 
 use anyhow::{bail, Result};
 
-use super::probes::{lookup, ArgKind, ProbeGroup, PythonProbe, PROVIDER};
+use super::probe_catalog::{lookup, ArgKind, ProbeGroup, PythonProbe, PROVIDER};
 use super::version::PyVersion;
+use crate::probe_set::{usable_sites, Probe, ProbeSet, Site};
 use crate::process::objects::LoadedObject;
 use crate::sdt;
-use crate::tracer::{usable_sites, Probe, ProbeSet, Site};
 
 /// The groups traced when the user does not choose, with a warning to print when
 /// the version limits what they give.

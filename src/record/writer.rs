@@ -59,7 +59,7 @@ impl RecordingWriter<BackgroundWriter> {
     /// Creates (or truncates) the file at `path` (mode 0600 when new) and writes the
     /// header. The file is written by a thread of its own (see [`BackgroundWriter`]).
     /// For callers that own `path` (tests, tools): pyprobe's commands write through
-    /// [`crate::output::file`], which never truncates a file.
+    /// the output layer's `output::file`, which never truncates a file.
     pub fn create(path: &Path, header: &Header) -> io::Result<Self> {
         use std::os::unix::fs::OpenOptionsExt;
         let file = std::fs::OpenOptions::new()

@@ -8,7 +8,7 @@
 //!
 //! This module is the pure core, testable in-process:
 //!
-//! * [`layout`]: the ring's shared-memory format and producer protocol;
+//! * [`format`]: the ring's shared-memory format and producer protocol;
 //! * [`consumer`]: [`RingReader`], which validates and drains a ring;
 //! * [`branches`]: [`BranchTargets`], direct branch targets of a segment;
 //! * [`site`]: [`qualify_site`], whether and how a site can be patched;
@@ -68,7 +68,7 @@
 pub mod branches;
 pub mod codegen;
 pub mod consumer;
-pub mod layout;
+pub mod format;
 pub mod region;
 pub mod site;
 pub mod stack;
@@ -82,7 +82,9 @@ mod tests_site;
 pub use branches::BranchTargets;
 pub use codegen::{build_trampoline, CodegenError, ThreadIdSource, Trampoline, TrampolineParams};
 pub use consumer::{DrainStop, Drained, RingReader, RingRecord, RingStack, RingString};
-pub use layout::{init_ring, ring_bytes, RingError};
+/// The ring's format under its former name, for the engine's imports.
+pub use format as layout;
+pub use format::{init_ring, ring_bytes, RingError};
 pub use region::{RegionError, RegionHeader, RegionSite};
 pub use site::{plans_overlap, qualify_site, thread_inside, SitePlan, SiteRefusal, Tail};
 pub use stack::{CurrentThreadState, StackCapture, StackFrame, StackRoot};

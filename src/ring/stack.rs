@@ -37,7 +37,7 @@
 use iced_x86::code_asm::*;
 
 use super::codegen::CodegenError;
-use super::layout::{HEADER_SIZE, SLOT_SIZE};
+use super::format::{HEADER_SIZE, SLOT_SIZE};
 
 /// Byte of the first slot holding the number of continuation slots.
 pub const S_STACK_SLOTS: usize = 84;

@@ -16,7 +16,7 @@ use iced_x86::{BlockEncoderOptions, Code, Instruction, MemoryOperand, Register a
 use super::codegen::{build_trampoline, ThreadIdSource, Trampoline, TrampolineParams};
 use super::consumer::RingStack;
 use super::consumer::{DrainStop, RingReader};
-use super::layout::{
+use super::format::{
     init_ring, ring_bytes, string_area, H_HEAD, H_TAIL, THIN_COUNT, THIN_OFF, THIN_STACKLESS,
 };
 use super::site::{qualify_site, SitePlan, Tail};

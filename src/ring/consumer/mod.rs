@@ -1,0 +1,326 @@
+//! Reading the ring from pyprobe's side of the shared mapping.
+//!
+//! The target writes the same memory concurrently and may be hostile: every
+//! access is an atomic load of an aligned word, each slot is copied out before
+//! it is decoded, and no value read from the mapping is trusted (counts are
+//! clamped, indices compared, lengths bounded).
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+use super::format::*;
+use super::stack::*;
+
+mod record;
+
+pub use record::{decode, RingRecord, RingStack, RingString};
+
+/// Why [`RingReader::drain`] stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainStop {
+    /// Every reserved slot was read.
+    Empty,
+    /// Slot `index` is reserved but not yet published: retry later, or
+    /// [`RingReader::skip_pending`] after a timeout of the caller's choosing.
+    Pending { index: u64 },
+    /// `max` records were read; more may be waiting.
+    Limit,
+}
+
+/// Result of one [`RingReader::drain`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    pub records: usize,
+    pub stop: DrainStop,
+}
+
+/// The consumer end of a ring.
+///
+/// It keeps its own copy of `tail` (it is the only writer) and publishes it
+/// after each slot, so producers can reuse the slot.
+#[derive(Debug)]
+pub struct RingReader {
+    base: *const u8,
+    capacity: u64,
+    tail: u64,
+    skipped: u64,
+}
+
+// SAFETY: the reader only performs atomic loads/stores on the mapping, which
+// the caller guarantees outlives it (see `new`); moving it across threads is fine.
+unsafe impl Send for RingReader {}
+
+impl RingReader {
+    /// Opens the ring mapped at `ptr` for `len` bytes, validating its header.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr+len` must be a readable and writable mapping (e.g. the
+    /// consumer's `MAP_SHARED` view of the memfd) that stays mapped for the
+    /// reader's lifetime. Its contents may change at any time; the reader
+    /// never trusts them.
+    pub unsafe fn new(ptr: *mut u8, len: usize) -> Result<RingReader, RingError> {
+        if len < HEADER_SIZE {
+            return Err(RingError::TooSmall(len));
+        }
+        if ptr.is_null() || (ptr as usize) % 8 != 0 {
+            return Err(RingError::Misaligned);
+        }
+        let mut reader = RingReader {
+            base: ptr,
+            capacity: 0,
+            tail: 0,
+            skipped: 0,
+        };
+        let magic = reader.load(H_MAGIC);
+        if magic != MAGIC {
+            return Err(RingError::BadMagic(magic));
+        }
+        let word = reader.load(H_VERSION);
+        let (version, slot_size) = (word as u32, (word >> 32) as u32);
+        if version != VERSION {
+            return Err(RingError::BadVersion(version));
+        }
+        if slot_size as usize != SLOT_SIZE {
+            return Err(RingError::BadSlotSize(slot_size));
+        }
+        let header_size = reader.load(H_HEADER_SIZE) as u32;
+        if header_size as usize != HEADER_SIZE {
+            return Err(RingError::BadHeaderSize(header_size));
+        }
+        let capacity = reader.load(H_CAPACITY);
+        let expected = ring_bytes(capacity)?;
+        if expected != len {
+            return Err(RingError::LengthMismatch {
+                capacity,
+                expected,
+                actual: len,
+            });
+        }
+        reader.capacity = capacity;
+        reader.tail = reader.load(H_TAIL);
+        Ok(reader)
+    }
+
+    /// Slots in the ring.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Index of the next slot to read.
+    pub fn tail(&self) -> u64 {
+        self.tail
+    }
+
+    /// Index of the next slot producers will reserve (as the target wrote it).
+    pub fn head(&self) -> u64 {
+        self.load(H_HEAD)
+    }
+
+    /// Events the producers dropped, plus slots this reader skipped.
+    pub fn lost(&self) -> u64 {
+        self.load(H_LOST)
+    }
+
+    /// TSC cycles the target's stack records spent waiting for room, since the
+    /// ring was made.
+    pub fn waited_cycles(&self) -> u64 {
+        self.load(H_WAITED)
+    }
+
+    /// Tells stack probe `probe` how to record ([`THIN_OFF`], [`THIN_STACKLESS`],
+    /// [`THIN_COUNT`]): thinning costs the target and pyprobe a fraction of a
+    /// stack record. Probes from [`THIN_PROBES`] on are never thinned.
+    pub fn set_thin(&self, probe: u32, mode: u8) {
+        if let Some(byte) = self.thin_byte(probe) {
+            byte.store(mode, Ordering::Relaxed);
+        }
+    }
+
+    /// How stack probe `probe` records now.
+    pub fn thin(&self, probe: u32) -> u8 {
+        self.thin_byte(probe)
+            .map_or(THIN_OFF, |b| b.load(Ordering::Relaxed))
+    }
+
+    /// Events of `probe` counted instead of recorded, since the ring was made.
+    pub fn counted(&self, probe: u32) -> u64 {
+        if probe < THIN_PROBES {
+            self.load(H_COUNTED + 8 * probe as usize)
+        } else {
+            0
+        }
+    }
+
+    /// Slots skipped by [`skip_pending`](Self::skip_pending) (also counted in [`lost`](Self::lost)).
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    /// Reads up to `max` published records in order, calling `f` for each,
+    /// and publishes the new `tail` once at the end (a store per record would
+    /// pull the line producers read back and forth between the CPUs). Stops at
+    /// the first slot that is reserved but not published.
+    pub fn drain<F: FnMut(&RingRecord<'_>)>(&mut self, max: usize, mut f: F) -> Drained {
+        let head = self.head();
+        let mut records = 0;
+        // Bounded by `max` and by `capacity` (a hostile head cannot make it longer).
+        let budget = max.min(usize::try_from(self.capacity).unwrap_or(usize::MAX));
+        let mut stop = None;
+        while records < budget {
+            if self.tail >= head {
+                stop = Some(DrainStop::Empty);
+                break;
+            }
+            // Copied out before `tail` moves past it: a producer may reuse the slot then.
+            let Some(copy) = self.copy_published(self.tail) else {
+                stop = Some(DrainStop::Pending { index: self.tail });
+                break;
+            };
+            let mut record = decode(self.tail, &copy);
+            let used = self.stack_of(&copy, head, &mut record);
+            f(&record);
+            self.tail = self.tail.wrapping_add(1 + used);
+            records += 1;
+        }
+        if records > 0 {
+            self.publish_tail();
+        }
+        Drained {
+            records,
+            stop: stop.unwrap_or(if self.tail >= head {
+                DrainStop::Empty
+            } else {
+                DrainStop::Limit
+            }),
+        }
+    }
+
+    /// Reads the continuation slots of the record at `tail` (its first slot is
+    /// `first`) into `record.stack`; returns how many slots they take. A claim that
+    /// does not fit what producers reserved takes none (the record keeps no stack).
+    fn stack_of(&self, first: &[u8; SLOT_SIZE], head: u64, record: &mut RingRecord<'_>) -> u64 {
+        let slots = first[S_STACK_SLOTS];
+        let flags = first[S_STACK_FLAGS];
+        if slots == 0 || flags & STACK_CAPTURED == 0 {
+            return 0;
+        }
+        let n = u64::from(slots);
+        let mut stack = RingStack {
+            found: flags & STACK_FOUND != 0,
+            truncated: flags & STACK_TRUNCATED != 0,
+            depth: usize::from(u16::from_le_bytes([
+                first[S_STACK_DEPTH],
+                first[S_STACK_DEPTH + 1],
+            ])),
+            frames: Vec::new(),
+            broken: false,
+        };
+        if slots > MAX_STACK_SLOTS || n >= self.capacity || head.wrapping_sub(self.tail) <= n {
+            stack.broken = true;
+            record.stack = Some(stack);
+            return 0;
+        }
+        let want = stack.depth.min(frames_for(slots));
+        stack.truncated |= stack.depth > want;
+        for k in 1..=n {
+            let index = self.tail.wrapping_add(k);
+            let owner_ok = self
+                .copy_with_seq(index, continuation_seq(index))
+                .filter(|c| {
+                    u64::from_le_bytes(c[C_OWNER..C_OWNER + 8].try_into().unwrap_or([0; 8]))
+                        == self.tail
+                });
+            let Some(copy) = owner_ok else {
+                stack.broken = true;
+                continue;
+            };
+            for pair in copy[C_PAIRS..].chunks_exact(16).take(PAIRS_PER_SLOT) {
+                if stack.frames.len() >= want {
+                    break;
+                }
+                let word =
+                    |o: usize| u64::from_le_bytes(pair[o..o + 8].try_into().unwrap_or([0; 8]));
+                stack.frames.push((word(0), word(8)));
+            }
+        }
+        if stack.broken {
+            stack.frames.clear();
+        }
+        record.stack = Some(stack);
+        n
+    }
+
+    /// Gives up on the slot at `tail` if it is reserved but unpublished,
+    /// counting it in `lost`. Returns whether a slot was skipped.
+    ///
+    /// Use only after a timeout: a producer that was merely slow will still
+    /// write that slot later, possibly over a record of the next lap, which
+    /// then decodes as a mix (or stays unpublished and is skipped in turn).
+    pub fn skip_pending(&mut self) -> bool {
+        if self.tail >= self.head() || self.copy_published(self.tail).is_some() {
+            return false;
+        }
+        self.word(H_LOST).fetch_add(1, Ordering::Relaxed);
+        self.skipped += 1;
+        self.advance();
+        true
+    }
+
+    fn advance(&mut self) {
+        self.tail = self.tail.wrapping_add(1);
+        self.publish_tail();
+    }
+
+    fn publish_tail(&self) {
+        self.word(H_TAIL).store(self.tail, Ordering::Release);
+    }
+
+    /// The slot for `index` copied out, if its `seq` says it is published.
+    fn copy_published(&self, index: u64) -> Option<[u8; SLOT_SIZE]> {
+        self.copy_with_seq(index, index.wrapping_add(1))
+    }
+
+    /// The slot for `index` copied out, if its `seq` is `want`.
+    fn copy_with_seq(&self, index: u64, want: u64) -> Option<[u8; SLOT_SIZE]> {
+        let slot = HEADER_SIZE + ((index & (self.capacity - 1)) as usize) * SLOT_SIZE;
+        if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
+            return None;
+        }
+        let mut copy = [0u8; SLOT_SIZE];
+        for (i, chunk) in copy.chunks_exact_mut(8).enumerate() {
+            let v = self.word(slot + i * 8).load(Ordering::Relaxed);
+            chunk.copy_from_slice(&v.to_le_bytes());
+        }
+        // A changed seq means the slot was rewritten while copying (only after
+        // a skip): treat it as not published rather than return a torn record.
+        if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
+            return None;
+        }
+        Some(copy)
+    }
+
+    fn load(&self, offset: usize) -> u64 {
+        self.word(offset).load(Ordering::Acquire)
+    }
+
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset % 8 == 0);
+        // SAFETY: callers pass 8-aligned offsets inside the mapping: header
+        // fields (< HEADER_SIZE, checked in `new`) or slot words
+        // (< HEADER_SIZE + capacity * SLOT_SIZE == len, checked in `new`);
+        // `base` is 8-aligned and the mapping outlives `self` (contract of `new`).
+        unsafe { AtomicU64::from_ptr(self.base.add(offset) as *mut u64) }
+    }
+
+    fn thin_byte(&self, probe: u32) -> Option<&AtomicU8> {
+        if probe >= THIN_PROBES {
+            return None;
+        }
+        // SAFETY: H_THIN + probe < H_COUNTED < HEADER_SIZE, inside the mapping
+        // (checked in `new`), which outlives `self`; bytes need no alignment.
+        Some(unsafe { AtomicU8::from_ptr(self.base.add(H_THIN + probe as usize) as *mut u8) })
+    }
+}
+
+#[cfg(test)]
+mod tests;

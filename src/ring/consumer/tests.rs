@@ -1,0 +1,310 @@
+//! The reader on a heap ring filled by a model of the producer, hostile headers,
+//! indices and stack records included.
+
+use super::record::find_nul;
+use super::*;
+use proptest::prelude::*;
+
+/// A heap ring, 8-aligned, standing in for the shared mapping.
+struct TestRing {
+    words: Vec<u64>,
+}
+
+impl TestRing {
+    fn new(capacity: u64) -> TestRing {
+        let len = ring_bytes(capacity).expect("size");
+        let mut ring = TestRing {
+            words: vec![0; len / 8],
+        };
+        init_ring(ring.bytes(), capacity).expect("init");
+        ring
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        let len = self.words.len() * 8;
+        // SAFETY: a u64 buffer viewed as bytes, same length in bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), len) }
+    }
+
+    fn reader(&mut self) -> Result<RingReader, RingError> {
+        let len = self.words.len() * 8;
+        // SAFETY: the buffer outlives the reader in every test below.
+        unsafe { RingReader::new(self.words.as_mut_ptr().cast(), len) }
+    }
+
+    /// A Rust model of one producer (single-threaded).
+    fn produce(&mut self, probe: u32, args: &[u64], strings: &[Option<&[u8]>]) -> bool {
+        let bytes = self.bytes();
+        let get = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
+        let (head, tail) = (get(bytes, H_HEAD), get(bytes, H_TAIL));
+        let capacity = get(bytes, H_CAPACITY);
+        if head - tail >= capacity {
+            let lost = get(bytes, H_LOST) + 1;
+            bytes[H_LOST..H_LOST + 8].copy_from_slice(&lost.to_le_bytes());
+            return false;
+        }
+        bytes[H_HEAD..H_HEAD + 8].copy_from_slice(&(head + 1).to_le_bytes());
+        let s = HEADER_SIZE + ((head & (capacity - 1)) as usize) * SLOT_SIZE;
+        let slot = &mut bytes[s..s + SLOT_SIZE];
+        slot[S_TSC..S_TSC + 8].copy_from_slice(&(100 + head).to_le_bytes());
+        slot[S_PROBE..S_PROBE + 4].copy_from_slice(&probe.to_le_bytes());
+        slot[S_NARGS] = args.len() as u8;
+        for (i, a) in args.iter().enumerate() {
+            slot[S_ARGS + 8 * i..S_ARGS + 8 * i + 8].copy_from_slice(&a.to_le_bytes());
+        }
+        let count = strings.iter().filter(|s| s.is_some()).count();
+        let (mut mask, mut trunc, mut k) = (0u8, 0u8, 0);
+        for (i, s) in strings.iter().enumerate() {
+            let Some(s) = s else { continue };
+            mask |= 1 << i;
+            let (off, len) = string_area(k, count).expect("area");
+            k += 1;
+            let n = s.len().min(len - 1);
+            slot[off..off + n].copy_from_slice(&s[..n]);
+            slot[off + n] = 0;
+            if s.len() > n {
+                trunc |= 1 << i;
+            }
+        }
+        slot[S_STRING_MASK] = mask;
+        slot[S_TRUNCATED] = trunc;
+        slot[S_SEQ..S_SEQ + 8].copy_from_slice(&(head + 1).to_le_bytes());
+        true
+    }
+}
+
+#[test]
+fn drains_in_order_and_frees_slots() {
+    let mut ring = TestRing::new(4);
+    let long = [b'x'; 200];
+    for i in 0..3u64 {
+        assert!(ring.produce(7, &[i, 0, 0], &[None, Some(b"fib"), Some(&long)]));
+    }
+    let mut reader = ring.reader().expect("valid");
+    let mut seen = Vec::new();
+    let out = reader.drain(100, |r| {
+        let fib = r.strings[1].expect("string 1");
+        let big = r.strings[2].expect("string 2");
+        assert_eq!(
+            (fib.bytes, fib.truncated, fib.null),
+            (&b"fib"[..], false, false)
+        );
+        assert!(big.truncated && big.bytes.len() == 83);
+        assert!(r.strings[0].is_none());
+        seen.push((r.index, r.probe, r.args[0], r.nargs, r.tsc));
+    });
+    assert_eq!(
+        out,
+        Drained {
+            records: 3,
+            stop: DrainStop::Empty
+        }
+    );
+    assert_eq!(seen[2], (2, 7, 2, 3, 102));
+    // tail was published: the producer can fill the ring again (4 slots).
+    for _ in 0..4 {
+        assert!(ring.produce(1, &[], &[]));
+    }
+    assert!(!ring.produce(1, &[], &[]));
+    assert_eq!(reader.lost(), 1);
+    assert_eq!(reader.drain(2, |_| {}).stop, DrainStop::Limit);
+    assert_eq!(reader.drain(9, |_| {}).records, 2);
+}
+
+#[test]
+fn unpublished_slot_stops_and_can_be_skipped() {
+    let mut ring = TestRing::new(8);
+    assert!(ring.produce(1, &[], &[]));
+    assert!(ring.produce(2, &[], &[]));
+    // Unpublish slot 1 (as if its producer had not finished), then add one more.
+    let s = HEADER_SIZE + SLOT_SIZE;
+    ring.bytes()[s..s + 8].fill(0);
+    assert!(ring.produce(3, &[], &[]));
+    let mut reader = ring.reader().expect("valid");
+    let out = reader.drain(10, |r| assert_eq!(r.probe, 1));
+    assert_eq!(out.stop, DrainStop::Pending { index: 1 });
+    assert_eq!(reader.drain(10, |_| {}).records, 0);
+    assert!(reader.skip_pending());
+    assert!(!reader.skip_pending());
+    assert_eq!((reader.lost(), reader.skipped()), (1, 1));
+    let mut probes = Vec::new();
+    reader.drain(10, |r| probes.push(r.probe));
+    assert_eq!(probes, [3]);
+}
+
+#[test]
+fn rejects_corrupt_headers() {
+    let mut ring = TestRing::new(4);
+    type Check = fn(&RingError) -> bool;
+    let cases: [(usize, u8, Check); 5] = [
+        (H_MAGIC, b'X', |e| matches!(e, RingError::BadMagic(_))),
+        (H_VERSION, 9, |e| matches!(e, RingError::BadVersion(9))),
+        (H_SLOT_SIZE + 1, 2, |e| {
+            matches!(e, RingError::BadSlotSize(512))
+        }),
+        (H_CAPACITY, 8, |e| {
+            matches!(e, RingError::LengthMismatch { .. })
+        }),
+        (H_CAPACITY, 3, |e| matches!(e, RingError::BadCapacity(3))),
+    ];
+    for (offset, byte, check) in cases {
+        let saved = ring.bytes()[offset];
+        ring.bytes()[offset] = byte;
+        let err = ring.reader().expect_err("corrupt header accepted");
+        assert!(check(&err), "{offset}: {err}");
+        assert!(!err.to_string().is_empty());
+        ring.bytes()[offset] = saved;
+    }
+    assert!(ring.reader().is_ok());
+    let mut small = [0u64; 8];
+    // SAFETY: valid 64-byte buffer.
+    let err = unsafe { RingReader::new(small.as_mut_ptr().cast(), 64) };
+    assert_eq!(err.err(), Some(RingError::TooSmall(64)));
+}
+
+#[test]
+fn hostile_indices_are_bounded() {
+    let mut ring = TestRing::new(4);
+    let mut reader = ring.reader().expect("valid");
+    // head far ahead with nothing published: stops at once.
+    ring.bytes()[H_HEAD..H_HEAD + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    let out = reader.drain(usize::MAX, |_| {});
+    assert_eq!(out.stop, DrainStop::Pending { index: 0 });
+    // Slots whose seq happens to match but whose contents are garbage.
+    for i in 0..4u64 {
+        let s = HEADER_SIZE + (i as usize) * SLOT_SIZE;
+        ring.bytes()[s..s + SLOT_SIZE].fill(0xff);
+        ring.bytes()[s..s + 8].copy_from_slice(&(i + 1).to_le_bytes());
+    }
+    let out = reader.drain(usize::MAX, |r| {
+        assert_eq!(r.nargs, MAX_ARGS);
+        for s in r.strings.iter().flatten() {
+            assert!(s.truncated && s.null && s.bytes.len() == 28);
+        }
+    });
+    // One drain reads at most `capacity` records, whatever head says.
+    assert_eq!(out.records, 4);
+    assert_eq!(out.stop, DrainStop::Limit);
+    let out = reader.drain(usize::MAX, |_| {});
+    assert_eq!(out.stop, DrainStop::Pending { index: 4 });
+}
+
+proptest! {
+    #[test]
+    fn find_nul_agrees_with_a_byte_scan(
+        bytes in proptest::collection::vec(prop::sample::select(vec![0u8, 1, 0x7f, 0x80, 0xfe, 0xff]), 0..100)
+    ) {
+        prop_assert_eq!(find_nul(&bytes), bytes.iter().position(|&b| b == 0));
+    }
+
+    #[test]
+    fn random_headers_never_panic(header in proptest::collection::vec(any::<u8>(), 256)) {
+        let mut ring = TestRing::new(4);
+        ring.bytes()[..256].copy_from_slice(&header);
+        if let Ok(mut reader) = ring.reader() {
+            let _ = reader.drain(16, |_| {});
+            let _ = reader.skip_pending();
+        }
+    }
+
+    #[test]
+    fn random_slots_decode(bytes in proptest::collection::vec(any::<u8>(), SLOT_SIZE)) {
+        let mut slot = [0u8; SLOT_SIZE];
+        slot.copy_from_slice(&bytes);
+        let r = decode(0, &slot);
+        prop_assert!(r.nargs <= MAX_ARGS);
+        for s in r.strings.iter().flatten() {
+            prop_assert!(s.bytes.len() <= STRINGS_LEN);
+        }
+    }
+}
+
+/// Writes slot `index` raw: `seq`, then `fields` as (offset, bytes).
+fn put_slot(ring: &mut TestRing, index: u64, seq: u64, fields: &[(usize, &[u8])]) {
+    let bytes = ring.bytes();
+    let capacity = u64::from_le_bytes(bytes[H_CAPACITY..H_CAPACITY + 8].try_into().expect("8"));
+    let s = HEADER_SIZE + ((index & (capacity - 1)) as usize) * SLOT_SIZE;
+    for (o, b) in fields {
+        bytes[s + o..s + o + b.len()].copy_from_slice(b);
+    }
+    bytes[s..s + 8].copy_from_slice(&seq.to_le_bytes());
+}
+
+fn set_head(ring: &mut TestRing, head: u64) {
+    ring.bytes()[H_HEAD..H_HEAD + 8].copy_from_slice(&head.to_le_bytes());
+}
+
+/// A first slot claiming `slots` continuation slots and `depth` frames.
+fn stack_head(ring: &mut TestRing, index: u64, slots: u8, depth: u16) {
+    let meta = [
+        slots,
+        STACK_CAPTURED | STACK_FOUND,
+        depth as u8,
+        (depth >> 8) as u8,
+    ];
+    put_slot(ring, index, index + 1, &[(S_STACK_SLOTS, &meta)]);
+}
+
+fn continuation(ring: &mut TestRing, index: u64, owner: u64, pairs: &[(u64, u64)]) {
+    let mut body = Vec::new();
+    for (c, p) in pairs {
+        body.extend_from_slice(&c.to_le_bytes());
+        body.extend_from_slice(&p.to_le_bytes());
+    }
+    let owner = owner.to_le_bytes();
+    put_slot(
+        ring,
+        index,
+        continuation_seq(index),
+        &[(C_OWNER, &owner), (C_PAIRS, &body)],
+    );
+}
+
+#[test]
+fn stack_records_are_checked_before_they_are_trusted() {
+    let mut ring = TestRing::new(16);
+    // 0: a good record of 1 + 2 slots, 3 frames: the first three pairs.
+    stack_head(&mut ring, 0, 2, 3);
+    let pairs: Vec<(u64, u64)> = (0..PAIRS_PER_SLOT as u64)
+        .map(|k| (0x1000 + k, k))
+        .collect();
+    continuation(&mut ring, 1, 0, &pairs);
+    continuation(&mut ring, 2, 0, &pairs);
+    // 3: a record whose second continuation names another owner: broken, 3 slots.
+    stack_head(&mut ring, 3, 2, 2);
+    continuation(&mut ring, 4, 3, &pairs);
+    continuation(&mut ring, 5, 99, &pairs);
+    // 6: claims more slots than a record can have: broken, takes only its own.
+    stack_head(&mut ring, 6, MAX_STACK_SLOTS + 1, 2);
+    // 7: claims slots past what producers reserved (head is 8): broken, 1 slot.
+    stack_head(&mut ring, 7, 2, 2);
+    set_head(&mut ring, 8);
+    let mut reader = ring.reader().expect("reader");
+    let mut got = Vec::new();
+    let out = reader.drain(100, |r| {
+        got.push((r.index, r.stack.clone().expect("stack")))
+    });
+    assert_eq!(out.stop, DrainStop::Empty);
+    let summary: Vec<_> = got
+        .iter()
+        .map(|(i, s)| (*i, s.broken, s.frames.len(), s.depth))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (0, false, 3, 3),
+            (3, true, 0, 2),
+            (6, true, 0, 2),
+            (7, true, 0, 2)
+        ]
+    );
+    assert_eq!(got[0].1.frames, pairs[..3]);
+    assert_eq!(reader.tail(), 8);
+    // A continuation slot is never read as a record of its own, even at the tail.
+    continuation(&mut ring, 8, 7, &pairs);
+    set_head(&mut ring, 9);
+    let mut reader = ring.reader().expect("reader");
+    assert_eq!(reader.tail(), 8);
+    let out = reader.drain(100, |_| panic!("a continuation slot read as a record"));
+    assert_eq!(out.stop, DrainStop::Pending { index: 8 });
+}

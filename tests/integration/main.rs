@@ -1,0 +1,32 @@
+//! The integration tests, in one binary: pyprobe run against live processes (the
+//! test interpreters and the C SDT fixtures), its library driven on them, and the
+//! views of recordings built in-process.
+
+mod support;
+
+mod bad_input;
+mod budget;
+mod engine_c_fixture;
+mod faults;
+mod forged;
+mod honest;
+mod outputs;
+mod pools;
+mod probes;
+mod record;
+mod report_schema;
+mod ring;
+mod ring_stacks;
+mod ring_takeover;
+mod safety;
+mod sample;
+mod sample_accuracy;
+mod sdt_decode;
+mod sigkill;
+mod thread_state;
+mod top_all;
+mod top_live;
+mod trace_truth;
+mod unprivileged;
+mod views;
+mod walker;

@@ -1,0 +1,369 @@
+//! pyprobe killed (SIGKILL) while the ring engine serves a target: the jumps it
+//! wrote at the probe sites must not make the target untraceable. The guardian
+//! puts the original code back; where it could not (it was killed too), the
+//! next pyprobe recognises the jumps as its own and takes them over; a jump it
+//! cannot vouch for is refused, and it says so.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+/// A `pyprobe record` in the background whose stderr is read line by line as it comes.
+struct Live {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: String,
+}
+
+impl Live {
+    fn record(out: &TempFile, args: &[&str]) -> Live {
+        let mut child = pyprobe()
+            .args(["record", "-o", out.path()])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start pyprobe");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, lines) = mpsc::channel();
+        // Ends at EOF: when pyprobe and its guardian (which shares the pipe) are gone.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                if tx.send(line.unwrap_or_default()).is_err() {
+                    break;
+                }
+            }
+        });
+        Live {
+            child,
+            lines,
+            seen: String::new(),
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Waits (at most 20 s) for a stderr line containing `needle`.
+    fn wait_line(&mut self, needle: &str) -> String {
+        let end = Instant::now() + Duration::from_secs(20);
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push_str(&line);
+                    self.seen.push('\n');
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!("pyprobe never said {needle:?}; it said:\n{}", self.seen);
+    }
+
+    /// Everything said until stderr closes (at most 20 s).
+    fn rest(&mut self) -> &str {
+        let end = Instant::now() + Duration::from_secs(20);
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push_str(&line);
+                    self.seen.push('\n');
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return &self.seen,
+                Err(mpsc::RecvTimeoutError::Timeout) => break,
+            }
+        }
+        panic!("pyprobe's stderr did not close; it said:\n{}", self.seen);
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// pyprobe's exit status, once it ended (at most 20 s).
+    fn wait(&mut self) -> std::process::ExitStatus {
+        let ended = wait_for(Duration::from_secs(20), || {
+            matches!(self.child.try_wait(), Ok(Some(_)))
+        });
+        if !ended {
+            let _ = self.child.kill();
+        }
+        let status = self.child.wait().expect("waiting for pyprobe");
+        assert!(ended, "pyprobe did not end; it said:\n{}", self.seen);
+        status
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Processes whose parent is `pid` (pyprobe's guardian is a forked child of it).
+fn children(pid: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if ppid == Some(pid) {
+            found.push(child);
+        }
+    }
+    found
+}
+
+/// How the first pyprobe ends.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Death {
+    /// SIGKILL; its guardian acts.
+    Alone,
+    /// SIGKILL, its guardian killed first: nothing undoes the jumps.
+    WithGuardian,
+}
+
+/// What a killed pyprobe left: the target, its probe sites, how many of them the
+/// ring served, and what pyprobe and its guardian said.
+struct Left {
+    target: Target,
+    sites: Vec<u64>,
+    served: usize,
+    said: String,
+}
+
+/// A calls_on_demand.py target served by the ring engine of a pyprobe that is then
+/// killed in the middle of a million calls.
+fn target_after_killed_ring(py: &Python, death: Death, tag: &str) -> Left {
+    let mut target = Target::spawn(&py.launcher, &[&fixture_script("calls_on_demand.py")]);
+    target.wait_for_line("ready");
+    let pid = target.pid();
+    let (sites, _) = sites_and_semaphores(pid);
+    let out = TempFile::new(&format!("takeover-first-{tag}.pyprobe"));
+    let pid_arg = pid.to_string();
+    // `-v`: the start says how many sites the ring serves.
+    let args = ["-p", &pid_arg, "--mode", "trace", "--engine", "ring", "-v"];
+    let mut first = Live::record(&out, &args);
+    let serving = first.wait_line("probe sites write to a ring");
+    // "ring engine in process P: N probe sites write to a ring (...), 0 stay on int3"
+    let served: usize = serving
+        .split(": ")
+        .nth(2)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        served > 0 && serving.contains(", 0 stay on int3"),
+        "{}: every armed site on the ring: {serving}",
+        py.version
+    );
+    target.send_line("1000000");
+    std::thread::sleep(Duration::from_millis(100));
+    if death == Death::WithGuardian {
+        let guardians = children(first.pid());
+        assert_eq!(guardians.len(), 1, "one guardian: {guardians:?}");
+        // SAFETY: kill(2) on pyprobe's own child.
+        unsafe { libc::kill(guardians[0], libc::SIGKILL) };
+        // Dead (a zombie: pyprobe does not reap it) before pyprobe dies.
+        assert!(wait_for(Duration::from_secs(5), || matches!(
+            proc_state(guardians[0]),
+            None | Some('Z')
+        )));
+    }
+    first.signal(libc::SIGKILL);
+    first.wait();
+    let said = first.rest().to_owned();
+    assert_no_panic("first pyprobe", said.as_bytes());
+    assert_eq!(
+        target.wait_for_line("calls"),
+        "calls 1000000",
+        "{}: the target's own count",
+        py.version
+    );
+    Left {
+        target,
+        sites,
+        served,
+        said,
+    }
+}
+
+/// Attaches a normal `pyprobe record -p` to `target`, which makes 5000 calls
+/// meanwhile; returns the calls recorded and what pyprobe said. The target then
+/// ends, and must end well.
+fn record_again(py: &Python, mut target: Target, tag: &str) -> (u64, String) {
+    let out = TempFile::new(&format!("takeover-second-{tag}.pyprobe"));
+    let pid_arg = target.pid().to_string();
+    // `-v`: each site refused, and why.
+    let mut second = Live::record(&out, &["-p", &pid_arg, "--mode", "trace", "-v"]);
+    // The start line comes once attaching is over: every site is armed by then.
+    second.wait_line("mode trace");
+    target.send_line("5000");
+    assert_eq!(target.wait_for_line("calls"), "calls 5000");
+    second.signal(libc::SIGINT);
+    let status = second.wait();
+    let said = second.rest().to_owned();
+    assert_no_panic("second pyprobe", said.as_bytes());
+    assert!(status.success(), "{}: second pyprobe: {said}", py.version);
+    let (rest, status) = target.finish();
+    assert_eq!(
+        rest.trim(),
+        "done True",
+        "{}: the target's own check",
+        py.version
+    );
+    assert!(status.success(), "{}: target {status:?}", py.version);
+    let calls = calls_in_file(&report_json(out.path()), "calls_on_demand.py");
+    (calls.get("f").copied().unwrap_or(0), said)
+}
+
+fn site_bytes(pid: i32, sites: &[u64]) -> Vec<u8> {
+    sites
+        .iter()
+        .map(|&s| read_target_memory(pid, s, 1)[0])
+        .collect()
+}
+
+fn guardian_restores_ring_sites(version: &'static str) {
+    let _serial = serial();
+    let Some(py) = python(version) else { return };
+    let Left {
+        target,
+        sites,
+        said,
+        ..
+    } = target_after_killed_ring(&py, Death::Alone, version);
+    // The guardian's stderr closed: it is done. Every site is its nop again.
+    let bytes = site_bytes(target.pid(), &sites);
+    assert!(
+        bytes.iter().all(|&b| b == 0x90),
+        "{version}: sites after the guardian: {bytes:02x?}\n{said}"
+    );
+    assert!(said.contains("ring jumps"), "{said}");
+    let (calls, again) = record_again(&py, target, version);
+    assert!(!again.contains("refused"), "{again}");
+    assert_eq!(
+        calls, 5000,
+        "{version}: calls recorded after re-attaching\n{again}"
+    );
+}
+
+#[test]
+fn the_guardian_restores_ring_sites_and_a_reattach_records_3_9() {
+    guardian_restores_ring_sites("3.9");
+}
+
+#[test]
+fn the_guardian_restores_ring_sites_and_a_reattach_records_3_15() {
+    guardian_restores_ring_sites("3.15");
+}
+
+fn takes_over_leftover_jumps(version: &'static str) {
+    let _serial = serial();
+    let Some(py) = python(version) else { return };
+    let tag = format!("{version}-leftover");
+    let Left {
+        target,
+        sites,
+        served,
+        said,
+    } = target_after_killed_ring(&py, Death::WithGuardian, &tag);
+    // Nothing undid the jumps (sites of probes not asked for hold their nop).
+    let bytes = site_bytes(target.pid(), &sites);
+    let jumps = bytes.iter().filter(|&&b| b == 0xe9).count();
+    assert!(
+        jumps == served && bytes.iter().all(|&b| b == 0xe9 || b == 0x90),
+        "{version}: {served} jumps left: {bytes:02x?}\n{said}"
+    );
+    let (calls, again) = record_again(&py, target, &tag);
+    assert!(
+        again.contains(&format!(
+            "{served} probe sites held the ring jumps of a pyprobe that was killed"
+        )),
+        "{version}: {again}"
+    );
+    assert!(!again.contains("refused"), "{again}");
+    assert_eq!(
+        calls, 5000,
+        "{version}: calls recorded after taking over\n{again}"
+    );
+}
+
+#[test]
+fn a_reattach_takes_over_the_jumps_of_a_pyprobe_killed_with_its_guardian_3_9() {
+    takes_over_leftover_jumps("3.9");
+}
+
+#[test]
+fn a_reattach_takes_over_the_jumps_of_a_pyprobe_killed_with_its_guardian_3_15() {
+    takes_over_leftover_jumps("3.15");
+}
+
+/// The page where the trampoline region holding `target_addr` starts: the
+/// nearest page at or below it beginning with pyprobe's marker.
+fn region_start(pid: i32, target_addr: u64) -> u64 {
+    let mut page = target_addr & !4095;
+    for _ in 0..512 {
+        if read_target_memory(pid, page, 8) == b"PYPRTRMP" {
+            return page;
+        }
+        page -= 4096;
+    }
+    panic!("no trampoline header below {target_addr:#x}");
+}
+
+#[test]
+fn a_jump_whose_header_is_damaged_is_refused_and_said_why() {
+    let _serial = serial();
+    let Some(py) = python("3.9") else { return };
+    let Left {
+        target,
+        sites,
+        served,
+        said,
+    } = target_after_killed_ring(&py, Death::WithGuardian, "damaged");
+    let pid = target.pid();
+    // Every site jumps into the same region (one per code segment): spoil its marker.
+    let site = *sites
+        .iter()
+        .find(|&&s| read_target_memory(pid, s, 1) == [0xe9])
+        .unwrap_or_else(|| panic!("no jump left:\n{said}"));
+    let jump = read_target_memory(pid, site, 5);
+    let rel = i32::from_le_bytes([jump[1], jump[2], jump[3], jump[4]]) as i64;
+    let region = region_start(pid, (site as i64 + 5 + rel) as u64);
+    {
+        use std::os::unix::fs::FileExt;
+        let mem = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+            .unwrap();
+        mem.write_all_at(b"X", region).unwrap();
+    }
+    // The jumps are not taken over, and pyprobe says how many sites it refused and
+    // why; the target, still running its old trampolines, is unharmed.
+    let (calls, again) = record_again(&py, target, "damaged");
+    let line = again
+        .lines()
+        .find(|l| l.contains("probe sites refused"))
+        .unwrap_or_else(|| panic!("no refusal said:\n{again}"));
+    assert!(
+        line.contains(&format!("{served} of {served} probe sites refused"))
+            && line.contains("without pyprobe's trampoline marker"),
+        "{line}"
+    );
+    assert_eq!(calls, 0, "{again}");
+}

@@ -1,0 +1,127 @@
+//! Sampling accuracy against the target's own measurement. In a test binary of its
+//! own: cargo runs test binaries one at a time, so no other test competes for the CPUs
+//! while the target measures wall-clock time.
+
+use crate::support::*;
+use serde_json::Value;
+
+/// Estimated inclusive time of a function (samples with it anywhere on the stack ×
+/// interval): a() and b() are never leaves, spin() under them is.
+fn inclusive_of(report: &Value, function: &str) -> u64 {
+    report["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["function"] == function && f["file"].as_str().unwrap().ends_with("shares.py"))
+        .map(|f| f["inclusive_ns"].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn sampled_shares_match_the_targets_own_measurement() {
+    for version in ["3.9", "3.13", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        let (stdout, report) = record_script(
+            &py,
+            &["--mode", "sample", "-r", "1000"],
+            "shares.py",
+            &["5"],
+        );
+        let truth: Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(report["mode"], "sample");
+        assert!(report["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["calls"].is_null()));
+        let (a, b) = (inclusive_of(&report, "a"), inclusive_of(&report, "b"));
+        // At 1 ms per sample, at least 2 s of the 5 s were sampled.
+        assert!(
+            a + b > 2_000_000_000,
+            "{version}: enough samples at 1000 Hz over 5 s: {a} + {b} ns"
+        );
+        let share = a as f64 / (a + b) as f64;
+        let expected = truth["a"].as_f64().unwrap();
+        eprintln!("{version}: a's share sampled {share:.3}, measured by the target {expected:.3}");
+        assert!(
+            (share - expected).abs() <= 0.03,
+            "{version}: sampled {share:.3} vs measured {expected:.3}"
+        );
+    }
+}
+
+/// The share of `plain()` among the samples of `plain()` and `audited()`.
+fn plain_share(report: &Value) -> f64 {
+    let of = |name: &str| -> u64 {
+        report["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| {
+                f["function"] == name && f["file"].as_str().unwrap().ends_with("audited_shares.py")
+            })
+            .map(|f| f["inclusive_ns"].as_u64().unwrap())
+            .sum()
+    };
+    let (plain, audited) = (of("plain"), of("audited"));
+    assert!(plain + audited > 0, "no samples of plain() or audited()");
+    plain as f64 / (plain + audited) as f64
+}
+
+/// While audit events fire by millions a second in one function, the default mode
+/// keeps them within its budget, so the samples still show the program as it runs
+/// untraced: the shares of time of a function raising an audit event per step and
+/// of one raising none stay within 3 points of the untraced program's own
+/// measurement. Fails when an event's wait for a full ring goes uncharged, or when
+/// an audit site falls back to int3 (each event a stop).
+#[test]
+fn sampled_shares_hold_while_audit_events_storm() {
+    for version in ["3.9", "3.11", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        let script = repo().join("fixtures/python/audited_shares.py");
+        let untraced = std::process::Command::new(&py.launcher)
+            .arg(&script)
+            .arg("400")
+            .output()
+            .expect("run the fixture");
+        assert!(untraced.status.success());
+        let truth: Value = serde_json::from_slice(&untraced.stdout).unwrap();
+        let expected = truth["plain"].as_f64().unwrap();
+
+        let out = std::env::temp_dir().join(format!(
+            "pyprobe-audited-shares-{}-{version}.pyprobe",
+            std::process::id()
+        ));
+        let run = pyprobe()
+            .args(["record", "-v", "--force", "-r", "1000", "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(&py.launcher)
+            .arg(&script)
+            .arg("400")
+            .output()
+            .expect("run pyprobe");
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{version}: record failed:\n{stderr}");
+        assert!(
+            !stderr.contains("stays on int3"),
+            "{version}: every audit site through the ring:\n{stderr}"
+        );
+        let report = json_of(&run_pyprobe(&[
+            "report",
+            out.to_str().unwrap(),
+            "--format",
+            "json",
+        ]));
+        let _ = std::fs::remove_file(&out);
+        let share = plain_share(&report);
+        eprintln!(
+            "{version}: plain()'s share sampled {share:.3}, untraced {expected:.3}; {}",
+            stderr.lines().last().unwrap_or("")
+        );
+        assert!(
+            (share - expected).abs() <= 0.03,
+            "{version}: sampled {share:.3} vs untraced {expected:.3}:\n{stderr}"
+        );
+    }
+}

@@ -1,0 +1,66 @@
+//! The live `top -p PID` view in a real terminal (a pty from util-linux `script`):
+//! it shows the target's hottest function, quits on `q`, and leaves the target
+//! running, untraced and without pyprobe's SIGTRAP handler.
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::support::*;
+
+#[test]
+fn live_top_shows_the_hot_function_and_quits_cleanly() {
+    let Some(py) = python("3.9") else { return };
+    let mut target = Target::spawn(
+        &py.launcher,
+        &[&repo()
+            .join("fixtures/python/forever.py")
+            .display()
+            .to_string()],
+    );
+    target.wait_for_line("ready");
+    let pid = target.pid();
+    // A pty made by `script` has no size: give it one, as a terminal would.
+    let top = format!(
+        "stty rows 30 cols 120; exec {} top -p {pid} --interval 0.5",
+        env!("CARGO_BIN_EXE_pyprobe")
+    );
+    let mut term = Command::new("script")
+        .args(["-qfec", &top, "/dev/null"])
+        .env("TERM", "xterm")
+        .env("COLUMNS", "120")
+        .env("LINES", "30")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("util-linux `script` is needed for a pty");
+    std::thread::sleep(Duration::from_secs(4));
+    term.stdin.as_mut().unwrap().write_all(b"q").unwrap();
+    term.stdin.as_mut().unwrap().flush().unwrap();
+    let mut screen = String::new();
+    term.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut screen)
+        .unwrap();
+    let status = term.wait().unwrap();
+    assert!(status.success(), "top quit cleanly: {status:?}");
+    assert!(
+        screen.contains("fib"),
+        "the hot function is shown:\n{screen}"
+    );
+    let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(proc_status.contains("TracerPid:\t0"), "detached");
+    let caught = proc_status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .unwrap()
+        .trim();
+    assert_eq!(
+        u64::from_str_radix(caught, 16).unwrap() & (1 << 4),
+        0,
+        "no SIGTRAP handler left"
+    );
+    target.send_line("stop");
+    assert!(target.wait_for_line("result").starts_with("result"));
+}
