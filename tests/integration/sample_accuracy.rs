@@ -1,6 +1,6 @@
-//! Sampling accuracy against the target's own measurement. In a test binary of its
-//! own: cargo runs test binaries one at a time, so no other test competes for the CPUs
-//! while the target measures wall-clock time.
+//! Sampling accuracy against the target's own measurement. `scripts/test.sh` runs
+//! these tests alone, so that no other test competes for the CPUs while the target
+//! measures wall-clock time.
 
 use crate::support::*;
 use serde_json::Value;
