@@ -568,7 +568,9 @@ impl Engine {
                 continue;
             };
             let result = match tid {
-                Some(tid) => safety_net::uninstall(tid, &mut proc.mem, &net),
+                Some(tid) => {
+                    safety_net::uninstall(tid, &mut proc.mem, &net, self.guardian.as_ref())
+                }
                 None => Err(std::io::Error::other(
                     "no thread of it is at a stop where a system call can be injected",
                 )),

@@ -18,6 +18,13 @@
 //! tracer's link is gone, writes the original bytes, and lets them go. Where it
 //! cannot stop them (another tracer, a thread that does not stop), the jumps stay,
 //! and the next pyprobe recognises and takes them over.
+//!
+//! A thread running a system call pyprobe injected (see `inject`) has pyprobe's
+//! registers until pyprobe puts its own back. The call goes through a spin loop
+//! borrowed at the program's entry point, so a tracer dying meanwhile leaves the
+//! thread spinning there, not running the program's code with foreign registers; the
+//! guardian stops it, gives it the registers it was told, and puts the borrowed
+//! bytes back.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -60,6 +67,86 @@ pub enum Op {
     /// message goes on with the original bytes and the jump (see [`Guardian::tell_ring_site`]).
     /// `SiteRestored` ends it, `SiteArmed` makes it an `int3` site again.
     RingSiteArmed = 7,
+    /// A system call is about to be injected in a thread through a spin loop written
+    /// at `addr`; the message goes on with the thread, the bytes the loop replaces
+    /// and the thread's registers (see [`GuardianLink::tell_injection`]).
+    Injecting = 8,
+    /// The injected call is over: the thread has its registers, `addr` its bytes.
+    /// `addr` holds the thread id.
+    Injected = 9,
+}
+
+/// Bytes a spin loop borrows, at most.
+const BORROWED_BYTES: usize = 8;
+/// `user_regs_struct`: 27 registers.
+const REGS_BYTES: usize = std::mem::size_of::<libc::user_regs_struct>();
+/// After the 13-byte head of [`Op::Injecting`]: tid, length, bytes, registers.
+const INJECTION_PAYLOAD: usize = 4 + 1 + BORROWED_BYTES + REGS_BYTES;
+
+/// A second writer on the guardian's pipe, for the injector (which lives apart from
+/// the engine that owns the [`Guardian`]). Messages are single writes below
+/// `PIPE_BUF`: the guardian reads each whole.
+pub struct GuardianLink {
+    pipe: File,
+}
+
+impl GuardianLink {
+    /// Tells the guardian that thread `tid` of `pid` is about to run an injected call
+    /// through the spin loop written at `addr` over `borrowed`, and that `regs` are its
+    /// own registers. A failure means: do not inject through the loop.
+    pub fn tell_injection(
+        &mut self,
+        pid: i32,
+        tid: i32,
+        addr: u64,
+        borrowed: &[u8],
+        regs: &libc::user_regs_struct,
+    ) -> std::io::Result<()> {
+        if borrowed.is_empty() || borrowed.len() > BORROWED_BYTES {
+            return Err(std::io::Error::other(format!(
+                "{} bytes borrowed at {addr:#x} do not fit the guardian's message",
+                borrowed.len()
+            )));
+        }
+        let mut msg = [0u8; MSG_LEN + INJECTION_PAYLOAD];
+        msg[0] = Op::Injecting as u8;
+        msg[1..5].copy_from_slice(&pid.to_le_bytes());
+        msg[5..13].copy_from_slice(&addr.to_le_bytes());
+        msg[13..17].copy_from_slice(&tid.to_le_bytes());
+        msg[17] = borrowed.len() as u8;
+        msg[18..18 + borrowed.len()].copy_from_slice(borrowed);
+        msg[18 + BORROWED_BYTES..].copy_from_slice(&regs_to_bytes(regs));
+        self.pipe.write_all(&msg)
+    }
+
+    /// The injected call in `tid` is over.
+    pub fn tell_injected(&mut self, pid: i32, tid: i32) -> std::io::Result<()> {
+        let mut msg = [0u8; MSG_LEN];
+        msg[0] = Op::Injected as u8;
+        msg[1..5].copy_from_slice(&pid.to_le_bytes());
+        msg[5..13].copy_from_slice(&(tid as u64).to_le_bytes());
+        self.pipe.write_all(&msg)
+    }
+}
+
+fn regs_to_bytes(regs: &libc::user_regs_struct) -> [u8; REGS_BYTES] {
+    let mut out = [0u8; REGS_BYTES];
+    // SAFETY: user_regs_struct is repr(C) of 27 u64 (no padding); reading its bytes
+    // is reading plain integers.
+    let raw = unsafe {
+        std::slice::from_raw_parts(
+            (regs as *const libc::user_regs_struct).cast::<u8>(),
+            REGS_BYTES,
+        )
+    };
+    out.copy_from_slice(raw);
+    out
+}
+
+fn regs_from_bytes(bytes: &[u8; REGS_BYTES]) -> libc::user_regs_struct {
+    // SAFETY: any bit pattern is a valid user_regs_struct (27 u64); the read is
+    // unaligned-safe.
+    unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<libc::user_regs_struct>()) }
 }
 
 /// The tracer's end of the link.
@@ -140,6 +227,22 @@ impl Guardian {
     pub fn pid(&self) -> i32 {
         self.guardian_pid
     }
+
+    /// Another writer on the pipe (see [`GuardianLink`]).
+    pub fn link(&self) -> std::io::Result<GuardianLink> {
+        Ok(GuardianLink {
+            pipe: self.pipe.try_clone()?,
+        })
+    }
+}
+
+/// An injected call under way in a thread: where its spin loop is, what it replaced,
+/// and the thread's own registers.
+struct Injection {
+    pid: i32,
+    addr: u64,
+    borrowed: Vec<u8>,
+    regs: libc::user_regs_struct,
 }
 
 /// A ring site: the bytes to put back, and the jump that replaced them.
@@ -321,6 +424,61 @@ fn wait_stop(thread: Pid, deadline: Instant) -> Result<Option<Option<Signal>>, S
     }
 }
 
+/// Gives thread `tid`, left in an injected call by the dead tracer, its own
+/// registers if it is still in the spin loop, then the loop's bytes back. Left in
+/// the loop (not seized), the thread keeps spinning rather than run the program's
+/// bytes with pyprobe's registers.
+fn finish_injection(tid: i32, injection: &Injection, undo: &Undo) -> Result<(), String> {
+    use std::os::unix::fs::FileExt;
+    let Some(mem) = &undo.mem else {
+        return Err("its memory could not be opened".into());
+    };
+    if undo.started.is_none() || start_time(injection.pid) != undo.started {
+        return Ok(()); // the process is gone
+    }
+    let deadline = Instant::now() + HOLD_LIMIT;
+    let thread = Pid::from_raw(tid);
+    let seized = loop {
+        match ptrace::seize(thread, ptrace::Options::empty()) {
+            // Still the dead tracer's a moment longer.
+            Err(Errno::EPERM)
+                if !task_gone_or_zombie(injection.pid, tid) && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            other => break other,
+        }
+    };
+    match seized {
+        Ok(()) => {}
+        Err(Errno::ESRCH) => return Ok(()),
+        Err(Errno::EPERM) if task_gone_or_zombie(injection.pid, tid) => return Ok(()),
+        Err(e) => return Err(format!("cannot seize it: {e}")),
+    }
+    ptrace::interrupt(thread).map_err(|e| format!("cannot stop it: {e}"))?;
+    let held = Held {
+        threads: match wait_stop(thread, deadline)? {
+            Some(sig) => vec![(tid, sig)],
+            None => return Ok(()), // it ended
+        },
+    };
+    let regs = ptrace::getregs(thread).map_err(|e| format!("cannot read it: {e}"))?;
+    let end = injection.addr + injection.borrowed.len() as u64;
+    if (injection.addr..end).contains(&regs.rip) {
+        ptrace::setregs(thread, injection.regs).map_err(|e| format!("cannot set it: {e}"))?;
+    }
+    drop(held);
+    // The loop's bytes, unless something else is there now.
+    let mut now = vec![0u8; injection.borrowed.len()];
+    if mem.read_exact_at(&mut now, injection.addr).is_ok()
+        && now == crate::tracer::inject::SPIN_LOOP[..now.len()]
+    {
+        mem.write_all_at(&injection.borrowed, injection.addr)
+            .map_err(|e| format!("cannot put the bytes at {:#x} back: {e}", injection.addr))?;
+    }
+    Ok(())
+}
+
 /// Puts the original bytes back at the ring sites of `pid`, with every thread of
 /// it stopped. Returns how many it restored and, if it left some, how many and why.
 fn restore_ring(pid: i32, undo: &Undo) -> (usize, Option<(usize, String)>) {
@@ -403,6 +561,7 @@ fn run_guardian(mut pipe: File) -> i32 {
     // keep the target's pipes or pyprobe's output file open.
     close_other_fds(&pipe);
     let mut state: HashMap<i32, Undo> = HashMap::new();
+    let mut injections: HashMap<i32, Injection> = HashMap::new();
     let mut msg = [0u8; MSG_LEN];
     // Until EOF (the tracer died) or a broken pipe.
     while pipe.read_exact(&mut msg).is_ok() {
@@ -432,6 +591,28 @@ fn run_guardian(mut pipe: File) -> i32 {
                 undo.sites.remove(&addr);
                 undo.ring.insert(addr, RingSite { original, patch });
             }
+            x if x == Op::Injecting as u8 => {
+                let mut payload = [0u8; INJECTION_PAYLOAD];
+                if pipe.read_exact(&mut payload).is_err() {
+                    break;
+                }
+                let tid = i32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]);
+                let len = usize::from(payload[4]).min(BORROWED_BYTES);
+                let mut regs = [0u8; REGS_BYTES];
+                regs.copy_from_slice(&payload[5 + BORROWED_BYTES..]);
+                injections.insert(
+                    tid,
+                    Injection {
+                        pid,
+                        addr,
+                        borrowed: payload[5..5 + len].to_vec(),
+                        regs: regs_from_bytes(&regs),
+                    },
+                );
+            }
+            x if x == Op::Injected as u8 => {
+                injections.remove(&(addr as i32));
+            }
             x if x == Op::SemaphoreRaised as u8 => *undo.semaphores.entry(addr).or_insert(0) += 1,
             x if x == Op::SemaphoreLowered as u8 => {
                 if let Some(n) = undo.semaphores.get_mut(&addr) {
@@ -440,6 +621,7 @@ fn run_guardian(mut pipe: File) -> i32 {
             }
             x if x == Op::Forget as u8 => {
                 state.remove(&pid);
+                injections.retain(|_, i| i.pid != pid);
             }
             x if x == Op::Done as u8 => return 0,
             _ => {}
@@ -470,6 +652,21 @@ fn run_guardian(mut pipe: File) -> i32 {
             }
         }
     }
+    // A thread left in an injected call spins in its loop, harming no one but
+    // itself: it gets its registers back before the ring sites are seen to.
+    let mut injection_notes = Vec::new();
+    for (&tid, injection) in &injections {
+        let Some(undo) = state.get(&injection.pid) else {
+            continue;
+        };
+        if let Err(why) = finish_injection(tid, injection, undo) {
+            injection_notes.push(format!(
+                "pyprobe guardian: process {}: thread {tid} was running a system call for \
+                 pyprobe and could not be given its registers back: {why}; it spins at {:#x}",
+                injection.pid, injection.addr
+            ));
+        }
+    }
     // Ring jumps last: harmless meanwhile, and they need the threads stopped.
     let mut ring_restored = 0;
     let mut ring_left = Vec::new();
@@ -496,6 +693,9 @@ fn run_guardian(mut pipe: File) -> i32 {
             state.len(),
             took / 1000
         );
+    }
+    for note in injection_notes {
+        eprintln!("{note}");
     }
     for (pid, left, why) in ring_left {
         eprintln!(

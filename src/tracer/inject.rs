@@ -27,10 +27,20 @@
 //!   queued again to the same thread afterwards, by the thread itself, with its
 //!   original `siginfo` (the kernel lets a thread queue any `siginfo` to itself, not
 //!   to others).
+//! * **If pyprobe dies meanwhile.** The kernel lets the thread go with pyprobe's
+//!   registers. So that it never runs the program's code with them, each call goes
+//!   through a spin loop (`syscall; jmp .`) written over the program's entry point
+//!   for the call's duration (code that ran once, at start), after the guardian was
+//!   told the thread's registers and the bytes the loop replaced: a thread let go
+//!   mid-call makes the call and spins until the guardian gives it its registers and
+//!   the entry point its bytes. Without a guardian or an entry point the call goes
+//!   through a `syscall` found in the process's code, as before. Signals held back
+//!   for the thread (below) are lost if pyprobe dies before it queues them again.
 //! * **Results.** A call the kernel refused comes back as an error naming the call,
 //!   the process and the errno; an injection that failed (the thread ended, a ptrace
 //!   request was refused) as one naming the thread and the step.
 
+use std::cell::RefCell;
 use std::io;
 
 use nix::errno::Errno;
@@ -41,6 +51,7 @@ use nix::unistd::Pid;
 use crate::process::maps::read_maps;
 use crate::process::memory::ProcessMemory;
 use crate::process::status::tgid_of;
+use crate::tracer::guardian::{Guardian, GuardianLink};
 
 /// Most bytes of executable memory searched for an instruction.
 const MAX_SCAN: usize = 64 << 20;
@@ -54,15 +65,26 @@ const STACK_GAP: u64 = 128 + 512;
 
 /// The `syscall` instruction.
 const SYSCALL: [u8; 2] = [0x0f, 0x05];
+/// `syscall; jmp .`: what an injected call runs through at the entry point.
+pub const SPIN_LOOP: [u8; 4] = [0x0f, 0x05, 0xeb, 0xfe];
+/// `AT_ENTRY` in the auxiliary vector: the program's entry point.
+const AT_ENTRY: u64 = 9;
 
 /// Runs system calls in one stopped thread of a process, through a `syscall`
 /// instruction found in the process's code (see the module documentation for which
 /// thread may be used).
-#[derive(Debug, Clone, Copy)]
 pub struct Injector {
     pid: i32,
     tid: i32,
     insn: u64,
+    spin: Option<Spin>,
+}
+
+/// The entry point a call borrows for its spin loop, and the guardian to tell.
+struct Spin {
+    addr: u64,
+    original: [u8; SPIN_LOOP.len()],
+    link: RefCell<GuardianLink>,
 }
 
 impl Injector {
@@ -71,12 +93,44 @@ impl Injector {
         let insn = find_code(pid, mem, &SYSCALL).ok_or_else(|| {
             io::Error::other(format!("no `syscall` instruction found in process {pid}"))
         })?;
-        Ok(Injector { pid, tid, insn })
+        Ok(Injector {
+            pid,
+            tid,
+            insn,
+            spin: None,
+        })
     }
 
     /// Through a `syscall` instruction found before (by [`Injector::find`]).
     pub fn with_insn(pid: i32, tid: i32, insn: u64) -> Injector {
-        Injector { pid, tid, insn }
+        Injector {
+            pid,
+            tid,
+            insn,
+            spin: None,
+        }
+    }
+
+    /// Calls go through a spin loop at the program's entry point, with `guard` told
+    /// (see the module documentation), where there is a guardian and an entry point
+    /// in executable memory.
+    pub fn guarded(mut self, guard: Option<&Guardian>, mem: &ProcessMemory) -> Injector {
+        let Some(link) = guard.and_then(|g| g.link().ok()) else {
+            return self;
+        };
+        let Some(addr) = entry_point(self.pid) else {
+            return self;
+        };
+        let mut original = [0u8; SPIN_LOOP.len()];
+        if mem.read(addr, &mut original).is_err() || original == SPIN_LOOP {
+            return self;
+        }
+        self.spin = Some(Spin {
+            addr,
+            original,
+            link: RefCell::new(link),
+        });
+        self
     }
 
     /// Where the `syscall` instruction is.
@@ -87,8 +141,11 @@ impl Injector {
     /// Runs `what` (system call `nr`) with `args`; its result, or an error naming
     /// the call, the process and the errno.
     pub fn call(&self, what: &str, nr: i64, args: [u64; 6]) -> io::Result<u64> {
-        let r = syscall(self.tid, self.insn, nr, args)
-            .map_err(|e| io::Error::new(e.kind(), format!("injecting {what}: {e}")))?;
+        let r = match &self.spin {
+            Some(spin) => self.through_spin(spin, nr, args),
+            None => syscall(self.tid, self.insn, nr, args),
+        }
+        .map_err(|e| io::Error::new(e.kind(), format!("injecting {what}: {e}")))?;
         if (-4095..0).contains(&r) {
             let e = io::Error::from_raw_os_error(-r as i32);
             return Err(io::Error::new(
@@ -97,6 +154,43 @@ impl Injector {
             ));
         }
         Ok(r as u64)
+    }
+
+    /// One call through the spin loop: the guardian told first, the loop written,
+    /// the call run, the entry point's bytes put back, the guardian told it is over.
+    /// Where the loop cannot be used, through the plain `syscall` instruction.
+    fn through_spin(&self, spin: &Spin, nr: i64, args: [u64; 6]) -> io::Result<i64> {
+        let (pid, tid) = (self.pid, self.tid);
+        let saved = ptrace::getregs(Pid::from_raw(tid))
+            .map_err(|e| ptrace_error(tid, "reading registers", e))?;
+        let end = spin.addr + SPIN_LOOP.len() as u64;
+        let mut link = spin.link.borrow_mut();
+        if (spin.addr..end).contains(&saved.rip)
+            || link
+                .tell_injection(pid, tid, spin.addr, &spin.original, &saved)
+                .is_err()
+        {
+            return syscall(tid, self.insn, nr, args);
+        }
+        let mut mem = ProcessMemory::new(pid);
+        if mem.write(spin.addr, &SPIN_LOOP).is_err() {
+            let _ = link.tell_injected(pid, tid);
+            return syscall(tid, self.insn, nr, args);
+        }
+        let result = syscall(tid, spin.addr, nr, args);
+        // The thread is stopped with its registers back (or gone): the entry point
+        // gets its bytes; until then the guardian keeps the thread's registers.
+        let restored = mem.write(spin.addr, &spin.original);
+        if restored.is_ok() {
+            let _ = link.tell_injected(pid, tid);
+        }
+        restored.map_err(|e| {
+            io::Error::other(format!(
+                "process {pid}: cannot put back the entry point's bytes at {:#x}: {e}",
+                spin.addr
+            ))
+        })?;
+        result
     }
 
     /// `mmap(addr, len, prot, flags, fd, 0)` in the target.
@@ -114,6 +208,25 @@ impl Injector {
         let regs = ptrace::getregs(Pid::from_raw(self.tid)).map_err(io::Error::from)?;
         Ok((regs.rsp - STACK_GAP) & !15)
     }
+}
+
+/// The program's entry point (`AT_ENTRY`), if it lies in executable memory.
+fn entry_point(pid: i32) -> Option<u64> {
+    let auxv = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
+    let entry = auxv
+        .chunks_exact(16)
+        .take(64)
+        .map(|pair| {
+            let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+            (word(&pair[..8]), word(&pair[8..]))
+        })
+        .find(|&(kind, _)| kind == AT_ENTRY)?
+        .1;
+    let maps = read_maps(pid).ok()?;
+    let end = entry.checked_add(SPIN_LOOP.len() as u64)?;
+    maps.iter()
+        .any(|m| m.executable && m.start <= entry && end <= m.end)
+        .then_some(entry)
 }
 
 /// Finds `pattern` in the process's executable mappings (the vdso first: it is always
@@ -183,12 +296,31 @@ fn run_one(
     regs.r8 = args[4];
     regs.r9 = args[5];
     ptrace::setregs(pid, regs).map_err(|e| ptrace_error(tid, "setting registers", e))?;
+    die_here_if_asked();
     let outcome = drive(tid, insn, held);
     // Back at a stop in the signal path (or ended): the thread's own registers.
     let restored = ptrace::setregs(pid, *saved);
     let result = outcome?;
     restored.map_err(|e| ptrace_error(tid, "restoring registers", e))?;
     Ok(result)
+}
+
+/// For the tests of the guardian: `PYPROBE_TEST_DIE_IN_INJECTED_CALL=N` makes pyprobe
+/// kill itself (SIGKILL) once the Nth injected call has the thread's registers set,
+/// the moment a user's `kill -9` is most dangerous.
+fn die_here_if_asked() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let Some(n) = std::env::var("PYPROBE_TEST_DIE_IN_INJECTED_CALL")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return;
+    };
+    if CALLS.fetch_add(1, Ordering::Relaxed) + 1 == n {
+        // SAFETY: kill(2) on this very process.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
 }
 
 /// Where the injected call is.

@@ -16,6 +16,7 @@ use crate::process::memory::ProcessMemory;
 use crate::process::status::{signal_set, thread_ids};
 use crate::ring::trapnet::{self, KernelSigaction, PAGE_SIZE};
 
+use super::guardian::Guardian;
 use super::inject::Injector;
 
 const SIGTRAP: u64 = 5;
@@ -77,8 +78,13 @@ fn earlier_pages(mem: &ProcessMemory) -> Vec<(u64, KernelSigaction)> {
 
 /// Installs the net through stopped thread `tid` (at a clean stop), for the
 /// process's probe `sites`.
-pub fn install(tid: i32, mem: &mut ProcessMemory, sites: &[u64]) -> io::Result<SafetyNet> {
-    let inj = Injector::find(mem.pid(), tid, mem)?;
+pub fn install(
+    tid: i32,
+    mem: &mut ProcessMemory,
+    sites: &[u64],
+    guard: Option<&Guardian>,
+) -> io::Result<SafetyNet> {
+    let inj = Injector::find(mem.pid(), tid, mem)?.guarded(guard, mem);
     let now = current(&inj, mem)?;
     let earlier = earlier_pages(mem);
     // An earlier pyprobe's net still in place (it was killed): the program's own
@@ -120,8 +126,13 @@ pub fn write_page(mem: &mut ProcessMemory, net: &SafetyNet, sites: &[u64]) -> io
 
 /// Gives SIGTRAP back the program's disposition through stopped thread `tid` (at a
 /// clean stop), unless the program replaced the net meanwhile: its choice stays.
-pub fn uninstall(tid: i32, mem: &mut ProcessMemory, net: &SafetyNet) -> io::Result<()> {
-    let inj = Injector::with_insn(mem.pid(), tid, net.syscall_insn);
+pub fn uninstall(
+    tid: i32,
+    mem: &mut ProcessMemory,
+    net: &SafetyNet,
+    guard: Option<&Guardian>,
+) -> io::Result<()> {
+    let inj = Injector::with_insn(mem.pid(), tid, net.syscall_insn).guarded(guard, mem);
     let now = current(&inj, mem)?;
     if now.handler == net.page {
         set(&inj, mem, net.original)?;

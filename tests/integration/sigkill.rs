@@ -78,3 +78,85 @@ fn the_target_survives_pyprobe_being_killed_50_times_of_50() {
         "the target must survive every SIGKILL of pyprobe"
     );
 }
+
+/// The program's entry point, from its auxiliary vector.
+fn entry_point(pid: i32) -> u64 {
+    let auxv = std::fs::read(format!("/proc/{pid}/auxv")).expect("read auxv");
+    auxv.chunks_exact(16)
+        .map(|p| {
+            (
+                u64::from_le_bytes(p[..8].try_into().unwrap()),
+                u64::from_le_bytes(p[8..].try_into().unwrap()),
+            )
+        })
+        .find(|&(kind, _)| kind == 9)
+        .expect("AT_ENTRY")
+        .1
+}
+
+/// pyprobe killed at the worst moment: while one of the system calls it injects
+/// (the ring's set-up, the SIGTRAP net) has the thread's registers replaced. The
+/// kernel lets the thread go with pyprobe's registers; before the guardian took
+/// such a thread over, it ran the program's code with them and the program died of
+/// SIGSEGV (8 of 8 calls tried). Each injected call in turn, on 3.9 and 3.15: the
+/// target finishes its own check, and its entry point, borrowed during each call,
+/// has its bytes back.
+#[test]
+fn the_target_survives_pyprobe_killed_inside_each_injected_call() {
+    for version in ["3.9", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        let script = repo().join("fixtures/python/hot_loop.py");
+        let mut killed_in_a_call = 0;
+        for n in 1..=12 {
+            let target = Command::new(&py.launcher)
+                .arg(&script)
+                .arg("1.5")
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let pid = target.id() as i32;
+            std::thread::sleep(Duration::from_millis(300));
+            let entry = entry_point(pid);
+            let entry_bytes = read_target_memory(pid, entry, 4);
+            let out = TempFile::new(&format!("die-in-call-{version}-{n}.pyprobe"));
+            let tracer = pyprobe()
+                .args([
+                    "record",
+                    "-p",
+                    &pid.to_string(),
+                    "-d",
+                    "0.5",
+                    "-o",
+                    out.path(),
+                ])
+                .env("PYPROBE_TEST_DIE_IN_INJECTED_CALL", n.to_string())
+                .stderr(std::process::Stdio::piped())
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&tracer.stderr);
+            use std::os::unix::process::ExitStatusExt;
+            if tracer.status.signal() == Some(libc::SIGKILL) {
+                killed_in_a_call += 1;
+                // The guardian has put the bytes back by the time it said so.
+                assert!(
+                    wait_for(Duration::from_secs(3), || read_target_memory(pid, entry, 4)
+                        == entry_bytes),
+                    "{version}, call {n}: the entry point's bytes back:\n{stderr}"
+                );
+            }
+            let done = target.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&done.stdout);
+            assert!(
+                done.status.success() && stdout.trim() == "done True",
+                "{version}: pyprobe killed in injected call {n}: the target {:?}, {stdout:?}:\n\
+                 {stderr}",
+                done.status
+            );
+        }
+        // The ring's set-up and the net take more than a handful of calls.
+        assert!(
+            killed_in_a_call >= 5,
+            "{version}: pyprobe died in only {killed_in_a_call} injected calls"
+        );
+    }
+}

@@ -188,7 +188,8 @@ impl Engine {
             }
             // And its copy of the SIGTRAP safety net (it is at its first, clean stop).
             if let Some(net) = parent_net {
-                if let Err(e) = safety_net::uninstall(child, &mut mem, &net) {
+                let guard = self.guardian.as_ref();
+                if let Err(e) = safety_net::uninstall(child, &mut mem, &net, guard) {
                     sink(TraceEvent::Notice(format!(
                         "forked child {child}: cannot remove the SIGTRAP safety net: {e}"
                     )));

@@ -6,6 +6,7 @@ use nix::sys::ptrace;
 use nix::unistd::Pid;
 
 use crate::tracer::clock::monotonic_ns;
+use crate::tracer::guardian::Guardian;
 use crate::tracer::patch::Patches;
 use crate::tracer::regs::Registers;
 use crate::tracer::safety_net;
@@ -57,7 +58,7 @@ impl Engine {
         // before the hit is stamped: pyprobe's own time is in no call or pause.
         if proc.net_pending {
             if let Some(proc) = self.procs.get_mut(&tgid) {
-                Self::install_net(proc, tgid, tid, sink);
+                Self::install_net(proc, tgid, tid, self.guardian.as_ref(), sink);
             }
         }
         self.ring_at_hit(tgid, tid, sink);
@@ -116,7 +117,7 @@ impl Engine {
         proc.awaiting_object = false;
         if proc.net.is_none() && proc.patches.installed_sites() > 0 {
             match clean {
-                Some(tid) => Self::install_net(proc, pid, tid, sink),
+                Some(tid) => Self::install_net(proc, pid, tid, self.guardian.as_ref(), sink),
                 None => proc.net_pending = true,
             }
         }
@@ -128,12 +129,13 @@ impl Engine {
         proc: &mut Proc,
         pid: i32,
         tid: i32,
+        guard: Option<&Guardian>,
         sink: &mut dyn FnMut(TraceEvent),
     ) {
         proc.net_pending = false;
         let mut sites: Vec<u64> = proc.patches.sites.keys().copied().collect();
         sites.sort_unstable();
-        match safety_net::install(tid, &mut proc.mem, &sites) {
+        match safety_net::install(tid, &mut proc.mem, &sites, guard) {
             Ok(net) => proc.net = Some(net),
             Err(e) => sink(TraceEvent::Notice(format!(
                 "process {pid}: no SIGTRAP safety net ({e}); if pyprobe is killed, a thread reaching a \

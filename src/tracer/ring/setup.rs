@@ -93,7 +93,7 @@ pub fn setup(
     fs_bases: &[(i32, u64)],
     mut guard: Option<&mut Guardian>,
 ) -> Result<Setup> {
-    let inj = Injector::find(pid, tid, mem)?;
+    let inj = Injector::find(pid, tid, mem)?.guarded(guard.as_deref(), mem);
     // A private page: the tag word (pid) at 0, the memfd's name at 64.
     let scratch = inj.mmap(0, PAGE, PROT_RW, MAP_PRIVATE_ANON, -1)?;
     mem.write(scratch, &(pid as u32).to_le_bytes())?;
