@@ -101,7 +101,7 @@ fn main() -> ExitCode {
             json: args.format == cli::TextFormat::Json,
             full_paths: args.full_paths,
         }),
-        Command::Top(args) => session::views::top(&session::views::TopRequest {
+        Command::Top(args) => session::top::top(&session::top::TopRequest {
             pid: args.target.pid,
             command: args.target.command,
             all: args.all,
