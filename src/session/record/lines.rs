@@ -10,7 +10,7 @@ use crate::tracer::RingUse;
 
 use super::events::EventBuilder;
 use super::resolver::{returns_only, Chosen, Mode};
-use super::RecordRequest;
+use super::{RecordRequest, Target};
 
 /// The line that says, once the interpreter is known, what is traced and how:
 /// the process, its CPython, the mode, the sampling rate, the probes and their
@@ -21,7 +21,6 @@ pub(super) struct StartLine<'a> {
     pub budget: Option<f64>,
     /// The view written at the end, when -o names one.
     pub view: Option<PathBuf>,
-    pub launched: bool,
 }
 
 /// At most this many characters of the target's command line in the start line.
@@ -44,10 +43,9 @@ impl StartLine<'_> {
             .version
             .map(|v| v.to_string())
             .unwrap_or_else(|| "?".into());
-        let argv = if self.launched {
-            request.command.clone()
-        } else {
-            cmdline(pid)
+        let argv = match &request.target {
+            Some(Target::Launch(command)) => command.clone(),
+            _ => cmdline(pid),
         };
         // The program by its name, not its directory.
         let command = argv

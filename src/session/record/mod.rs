@@ -23,7 +23,9 @@ use crate::tracer::{Engine, EngineOptions, RingUse};
 
 use attaching::Attaching;
 use recorder::Recorder;
-use resolver::{Chosen, Mode, PythonResolver};
+use resolver::{Chosen, PythonResolver};
+
+pub use resolver::Mode;
 
 mod attaching;
 mod events;
@@ -33,18 +35,27 @@ mod resolver;
 mod sampler;
 mod status;
 
+/// What to record or watch: a running process, or a command pyprobe starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// `-p PID`.
+    Attach(i32),
+    /// `-- CMD ARGS`.
+    Launch(Vec<String>),
+}
+
 /// What `pyprobe record` was asked to do (the CLI maps its flags onto this).
 #[derive(Debug, Clone, Default)]
 pub struct RecordRequest {
-    pub pid: Option<i32>,
-    pub command: Vec<String>,
+    /// `None`: nothing given, refused once the rest is checked.
+    pub target: Option<Target>,
     pub output: Option<PathBuf>,
     /// Replace existing outputs (`--force`).
     pub force: bool,
     /// Say the site-level details at start (`-v`).
     pub verbose: bool,
     pub duration: Option<f64>,
-    pub mode: String,
+    pub mode: Mode,
     pub probes: Vec<String>,
     pub include: Vec<String>,
     pub exclude: Vec<String>,
@@ -106,7 +117,7 @@ struct Settings<'a> {
 impl Settings<'_> {
     /// Refuses what cannot be done, before anything is attached or started.
     fn check(request: &RecordRequest) -> Result<Settings<'_>> {
-        let mode = parse_mode(&request.mode)?;
+        let mode = request.mode;
         if request.rate == 0 || request.rate > 10_000 {
             bail!(
                 "-r/--rate must be between 1 and 10000 Hz (got {})",
@@ -177,15 +188,6 @@ fn default_output(pid: i32, existing: Existing) -> Result<PathBuf> {
     }
 }
 
-fn parse_mode(mode: &str) -> Result<Mode> {
-    Ok(match mode {
-        "auto" => Mode::Auto,
-        "trace" => Mode::Trace,
-        "sample" => Mode::Sample,
-        other => bail!("unknown mode `{other}` (auto, trace or sample)"),
-    })
-}
-
 /// Refuses, with one clear sentence, a process this mode cannot record.
 fn check_attachable(pid: i32, mode: Mode) -> Result<()> {
     check_inspectable(pid)?;
@@ -220,19 +222,25 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     });
     let options = settings.engine_options();
     signals::install().context("cannot install signal handlers")?;
-    let mut attaching = Attaching::new(request.pid, chosen.clone(), request.verbose);
+    let attached = match &request.target {
+        Some(Target::Attach(pid)) => Some(*pid),
+        _ => None,
+    };
+    let mut attaching = Attaching::new(attached, chosen.clone(), request.verbose);
     let mut collect = |e: crate::tracer::TraceEvent| attaching.collect(e);
-    let (mut engine, launched) = match (request.pid, request.command.is_empty()) {
-        (Some(pid), true) => {
-            check_attachable(pid, settings.mode)?;
-            (Engine::attach(pid, resolver, options, &mut collect)?, false)
+    let (mut engine, launched) = match &request.target {
+        Some(Target::Attach(pid)) => {
+            check_attachable(*pid, settings.mode)?;
+            (
+                Engine::attach(*pid, resolver, options, &mut collect)?,
+                false,
+            )
         }
-        (None, false) => (
-            Engine::launch(&request.command, resolver, options, &mut collect)?,
+        Some(Target::Launch(command)) => (
+            Engine::launch(command, resolver, options, &mut collect)?,
             true,
         ),
-        (Some(_), false) => bail!("give either -p PID or a command after --, not both"),
-        (None, true) => bail!("nothing to record: give -p PID or a command after --"),
+        None => bail!("nothing to record: give -p PID or a command after --"),
     };
     let mut recorder = Recorder::start(settings, chosen, attaching, engine.root(), launched)?;
     if let Some(d) = request.duration {

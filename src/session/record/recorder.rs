@@ -19,7 +19,7 @@ use super::lines::{armed_line, budget_line, refusal_lines, StartLine};
 use super::resolver::{needs_context_stacks, returns_only, Chosen, Mode, CONTEXT_PROBES};
 use super::sampler::Sampler;
 use super::status::Status;
-use super::{default_output, Settings};
+use super::{default_output, Settings, Target};
 
 /// Probes whose event opens a pause that a later probe closes.
 const OPENING_PROBES: [&str; 2] = ["gc__start", "import__find__load__start"];
@@ -68,12 +68,11 @@ impl<'a> Recorder<'a> {
         };
         let header = Header {
             pid: pid as u32,
-            command_line: if launched {
-                request.command.clone()
-            } else {
-                cmdline(pid)
+            command_line: match &request.target {
+                Some(Target::Launch(command)) => command.clone(),
+                _ => cmdline(pid),
             },
-            mode: request.mode.clone(),
+            mode: request.mode.name().to_owned(),
             sample_interval_ns: if settings.mode == Mode::Trace && settings.budget.is_none() {
                 0
             } else {
@@ -103,7 +102,6 @@ impl<'a> Recorder<'a> {
             request,
             budget: settings.budget,
             view: settings.view.map(|_| output.clone()),
-            launched,
         };
         if !launched {
             builder.open(pid, &chosen.borrow());

@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use crate::analyze::SampleFilter;
 use crate::output::file::partial_path;
 use crate::output::top::{Snapshot, TopSort, ViewState};
+use crate::session::record::Target;
 
 use super::terminal::run_tui;
 use super::{open_live, print_snapshot, recording_source, TOP_SAMPLE_RATE};
@@ -181,32 +182,25 @@ pub(super) fn all_top(
     Ok(ExitCode::SUCCESS)
 }
 
-/// What a live `top` watches.
-pub(super) enum Watch<'a> {
-    Pid(i32),
-    /// A command started under the recorder; it is ended (SIGTERM) when the view quits.
-    Command(&'a [String]),
-}
-
 /// The live view of one process, attached to or started by its recorder.
 pub(super) fn live_top(
-    watch: Watch,
+    watch: &Target,
     interval: Duration,
     limit: usize,
     samples: SampleFilter,
 ) -> Result<ExitCode> {
-    let target = match &watch {
-        Watch::Pid(pid) => {
+    let target = match watch {
+        Target::Attach(pid) => {
             crate::process::status::check_inspectable(*pid)?;
             vec!["-p".to_string(), pid.to_string()]
         }
-        Watch::Command(cmd) => std::iter::once("--".to_string())
+        Target::Launch(cmd) => std::iter::once("--".to_string())
             .chain(cmd.iter().cloned())
             .collect(),
     };
-    let what = match &watch {
-        Watch::Pid(pid) => format!("process {pid}"),
-        Watch::Command(cmd) => format!("`{}`", cmd.join(" ")),
+    let what = match watch {
+        Target::Attach(pid) => format!("process {pid}"),
+        Target::Launch(cmd) => format!("`{}`", cmd.join(" ")),
     };
     let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
     let recording = dir.path().join("top.pyprobe");
@@ -239,7 +233,7 @@ pub(super) fn live_top(
     let shown = run_tui(recording_source(recording.clone(), samples), state);
     // SAFETY: plain kill(2) of our own child.
     unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
-    if let Watch::Command(_) = watch {
+    if let Target::Launch(_) = watch {
         // The recorder waits for the command it started: end it, as quitting means.
         if let Ok(reader) = open_live(&recording) {
             let pid = reader.header().pid as i32;

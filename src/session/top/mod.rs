@@ -15,10 +15,10 @@ use crate::output::file::partial_path;
 use crate::output::report::build_report_filtered;
 use crate::output::top::{render_text, snapshot_between, Snapshot, TopSort, ViewState};
 use crate::record::RecordingReader;
-use crate::session::record::{self, RecordRequest};
+use crate::session::record::{self, RecordRequest, Target};
 use crate::session::views::open;
 
-use live::{all_top, live_top, Watch};
+use live::{all_top, live_top};
 use terminal::run_tui;
 
 mod live;
@@ -27,8 +27,8 @@ mod terminal;
 /// What `pyprobe top` was asked to do.
 #[derive(Debug, Clone, Default)]
 pub struct TopRequest {
-    pub pid: Option<i32>,
-    pub command: Vec<String>,
+    pub target: Option<Target>,
+    /// Every Python process this user may trace.
     pub all: bool,
     /// Watch a recording (possibly being written) instead of a process.
     pub from: Option<PathBuf>,
@@ -123,35 +123,28 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
     if request.all {
         return all_top(interval, limit, once, request.samples);
     }
-    if !request.command.is_empty() {
-        if once {
+    let pid = match &request.target {
+        Some(Target::Launch(_)) if once => {
             bail!("`top --once -- CMD` is not supported: record it (`pyprobe record -- CMD`) and use `top --from`");
         }
-        return live_top(
-            Watch::Command(&request.command),
-            interval,
-            limit,
-            request.samples,
-        );
-    }
-    let Some(pid) = request.pid else {
-        eprintln!(
-            "pyprobe: top: nothing to watch: give -p PID, --from RECORDING (or -- CMD, --all)"
-        );
-        return Ok(ExitCode::from(2));
+        Some(Target::Attach(pid)) if once => *pid,
+        Some(target) => return live_top(target, interval, limit, request.samples),
+        None => {
+            eprintln!(
+                "pyprobe: top: nothing to watch: give -p PID, --from RECORDING (or -- CMD, --all)"
+            );
+            return Ok(ExitCode::from(2));
+        }
     };
-    if !once {
-        return live_top(Watch::Pid(pid), interval, limit, request.samples);
-    }
     // One snapshot of a live process: record it for one interval, sampling
     // stacks (GC and imports exact where the build has their probes).
     let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
     let recording = dir.path().join("top.pyprobe");
     let one_interval = RecordRequest {
-        pid: Some(pid),
+        target: Some(Target::Attach(pid)),
         output: Some(recording.clone()),
         duration: Some(request.interval),
-        mode: "auto".into(),
+        mode: record::Mode::Auto,
         rate: TOP_SAMPLE_RATE,
         ..Default::default()
     };
