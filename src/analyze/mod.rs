@@ -1,5 +1,6 @@
 //! Analysis of an event stream: stack reconstruction and aggregation into the
-//! data behind `pyprobe report`. Pure: no I/O, no syscalls.
+//! data behind `pyprobe report`. Pure: no I/O, no syscalls, but reading a
+//! recording through its reader (`recording`, `report`).
 
 pub mod aggregate;
 pub mod filter;
@@ -9,7 +10,9 @@ pub mod histogram;
 mod imports;
 pub mod model;
 pub mod processes;
+pub mod recording;
 pub mod replay;
+pub mod report;
 mod samples;
 pub mod states;
 

@@ -11,8 +11,8 @@ use inferno::flamegraph::color::{Color, PaletteMap};
 use inferno::flamegraph::{self, Options};
 
 use crate::analyze::folded::{FoldFrame, Folded, Folder, Measure};
+use crate::analyze::recording::replay_recording;
 use crate::analyze::SampleFilter;
-use crate::output::replay_recording;
 use crate::output::report::format_ns;
 use crate::record::{Completion, FrameRef, Header, RecordError, RecordingReader, StrId};
 
