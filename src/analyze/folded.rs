@@ -14,54 +14,11 @@
 //! cap), never by the number of events: a stack is a node of a tree, interned by
 //! (parent, frame).
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use rustc_hash::FxHashMap;
 
 use super::replay::{Pairing, Replay, ReplayCounters, Step};
 use super::states::{SampleFilter, SampleTally};
 use crate::record::{Event, EventKind, FrameRef, Header, StrId};
-
-/// A fast hasher for the small integer keys of the tree (the Fx algorithm):
-/// the keys come from the recording's own ids, and the tree is bounded, so
-/// hash flooding is no concern while the speed is (one lookup per call).
-#[derive(Default, Clone, Copy)]
-pub struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u8(&mut self, i: u8) {
-        self.write_u64(u64::from(i));
-    }
-
-    fn write_u32(&mut self, i: u32) {
-        self.write_u64(u64::from(i));
-    }
-
-    fn write_i32(&mut self, i: i32) {
-        self.write_u64(i as u32 as u64);
-    }
-
-    fn write_u64(&mut self, i: u64) {
-        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn write_usize(&mut self, i: usize) {
-        self.write_u64(i as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// One frame of a folded stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -106,7 +63,8 @@ struct Node {
 #[derive(Debug, Clone)]
 pub struct StackTree {
     nodes: Vec<Node>,
-    index: FastMap<(NodeId, FoldFrame), NodeId>,
+    // Fx: the keys are the recording's own small ids, one lookup per call.
+    index: FxHashMap<(NodeId, FoldFrame), NodeId>,
 }
 
 impl Default for StackTree {
@@ -116,7 +74,7 @@ impl Default for StackTree {
                 parent: Self::ROOT,
                 frame: None,
             }],
-            index: FastMap::default(),
+            index: FxHashMap::default(),
         }
     }
 }
@@ -212,7 +170,7 @@ pub struct Folder {
     time: Vec<u64>,
     calls: Vec<u64>,
     samples: Vec<u64>,
-    threads: FastMap<u32, ThreadFold>,
+    threads: FxHashMap<u32, ThreadFold>,
     counts: FoldCounts,
     /// What one sample stands for in time: samples between exact windows of a
     /// budget-limited trace add to the time measure.

@@ -36,15 +36,10 @@
 //! Memory is bounded by the distinct functions and lines, the threads, the stack
 //! depth cap, and the generator creations (one integer each).
 
-use std::collections::{HashMap, HashSet};
-use std::hash::BuildHasherDefault;
+use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::folded::FxHasher;
 use super::processes::ProcessMap;
 use crate::record::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
-type FastSet<K> = HashSet<K, BuildHasherDefault<FxHasher>>;
 
 /// Deepest stack tracked per thread; calls beyond it are counted, not timed.
 pub const MAX_DEPTH: usize = 2048;
@@ -191,31 +186,31 @@ impl ThreadTime {
 pub struct Plan {
     pairing: Pairing,
     /// Per thread: indices (among the thread's call events) of generator creations.
-    creations: FastMap<u32, Vec<u64>>,
+    creations: FxHashMap<u32, Vec<u64>>,
     /// Per (thread, segment): frames running when the segment began that the
     /// walker did not report, found as returns on an empty stack: outermost first,
     /// as (file, name, line returned from).
-    seeds: FastMap<(u32, u32), Vec<FrameRef>>,
+    seeds: FxHashMap<(u32, u32), Vec<FrameRef>>,
     /// Start of each segment after the first (a cut: lost events, a window).
     segment_starts: Vec<u64>,
     /// (file, name, line) → the entry line of a frame that returned at that line.
-    resumes: FastMap<(StrId, StrId, u32), u32>,
+    resumes: FxHashMap<(StrId, StrId, u32), u32>,
     /// Known first lines per function name, sorted: from entries and the walker.
-    first_lines: FastMap<Name, Vec<u32>>,
+    first_lines: FxHashMap<Name, Vec<u32>>,
     /// First lines the frame walker read, sorted.
-    walked: FastMap<Name, Vec<u32>>,
+    walked: FxHashMap<Name, Vec<u32>>,
     /// Smallest line a frame entered without line (-1) returned from.
-    unknown_min: FastMap<Name, u32>,
+    unknown_min: FxHashMap<Name, u32>,
     /// Smallest line of returns without entry, per function name.
-    orphan_min: FastMap<Name, u32>,
+    orphan_min: FxHashMap<Name, u32>,
     /// Smallest current line of walked frames of format 1 (first line unknown).
-    walked_min: FastMap<Name, u32>,
+    walked_min: FxHashMap<Name, u32>,
     /// Names of module code (entered at line 0 on CPython 3.12+).
-    modules: FastSet<Name>,
+    modules: FxHashSet<Name>,
     /// Names of the interpreter's shim code objects.
-    shims: FastSet<Name>,
+    shims: FxHashSet<Name>,
     /// Per thread: first and last sample time, and samples.
-    sampled: FastMap<u32, (u64, u64, u64)>,
+    sampled: FxHashMap<u32, (u64, u64, u64)>,
     /// Call and return events of the recording.
     pub calls: u64,
     pub returns: u64,
@@ -403,9 +398,9 @@ pub struct Planner {
     creations_possible: bool,
     is_311: bool,
     version_known: bool,
-    threads: FastMap<u32, PlanThread>,
+    threads: FxHashMap<u32, PlanThread>,
     segment: u32,
-    entry_lines: FastSet<(StrId, StrId, u32)>,
+    entry_lines: FxHashSet<(StrId, StrId, u32)>,
     plan: Plan,
 }
 
@@ -416,9 +411,9 @@ impl Planner {
             creations_possible: version_at_least(&header.python_version, 3, 15),
             is_311: is_311(&header.python_version),
             version_known: !header.python_version.is_empty(),
-            threads: FastMap::default(),
+            threads: FxHashMap::default(),
             segment: 0,
-            entry_lines: FastSet::default(),
+            entry_lines: FxHashSet::default(),
             plan: Plan {
                 processes: ProcessMap::new(header),
                 ..Plan::default()
@@ -426,7 +421,7 @@ impl Planner {
         }
     }
 
-    fn thread(threads: &mut FastMap<u32, PlanThread>, segment: u32, tid: u32) -> &mut PlanThread {
+    fn thread(threads: &mut FxHashMap<u32, PlanThread>, segment: u32, tid: u32) -> &mut PlanThread {
         let t = threads.entry(tid).or_default();
         if t.segment != segment {
             t.segment = segment;
@@ -612,7 +607,7 @@ impl Planner {
         // Known first lines: entries (through their resume lines) and the walker.
         // 3.11's few entries fire when an exception is thrown into a generator,
         // at the line it is suspended at: no first line.
-        let mut first_lines: FastMap<Name, Vec<u32>> = plan.walked.clone();
+        let mut first_lines: FxHashMap<Name, Vec<u32>> = plan.walked.clone();
         if plan.pairing == Pairing::ReturnsOnly {
             plan.resumes.clear();
         } else {
@@ -644,7 +639,7 @@ struct OpenFrame {
 struct ReplayThread {
     frames: Vec<OpenFrame>,
     /// Activations of each function (code object) on the stack.
-    active: FastMap<FrameRef, u32>,
+    active: FxHashMap<FrameRef, u32>,
     overflow: u64,
     calls: u64,
     creation_cursor: usize,
@@ -660,7 +655,7 @@ struct ReplayThread {
 /// The second pass; see the module documentation.
 pub struct Replay {
     plan: Plan,
-    threads: FastMap<u32, ReplayThread>,
+    threads: FxHashMap<u32, ReplayThread>,
     segment: u32,
     header_start: u64,
     counters: ReplayCounters,
@@ -673,7 +668,7 @@ impl Replay {
     pub fn new(header: &Header, plan: Plan) -> Self {
         Replay {
             plan,
-            threads: FastMap::default(),
+            threads: FxHashMap::default(),
             segment: 0,
             header_start: header.start_ns,
             counters: ReplayCounters::default(),
