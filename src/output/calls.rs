@@ -13,7 +13,8 @@ use std::io::{Read, Seek, Write};
 
 use crate::analyze::recording::replay_recording;
 use crate::analyze::{EndKind, Step};
-use crate::output::flame::{FrameNames, ViewError};
+use crate::output::flame::ViewError;
+use crate::output::names::FrameNames;
 use crate::output::speedscope::json_str;
 use crate::record::{EventKind, FrameRef, RecordingReader};
 

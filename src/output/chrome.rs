@@ -20,7 +20,8 @@ use std::io::{Read, Seek, Write};
 
 use crate::analyze::recording::replay_planned;
 use crate::analyze::{EndKind, Exit, SampleFilter, SampleTally, SliceFilter, Step};
-use crate::output::flame::{short_command, FrameNames, ViewError, ViewInfo};
+use crate::output::flame::{ViewError, ViewInfo};
+use crate::output::names::{short_command, FrameNames};
 use crate::output::speedscope::json_str;
 use crate::output::{plan_recording, Census};
 use crate::record::{EventKind, FrameRef, RecordingReader, StrId, ThinLevel};

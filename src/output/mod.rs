@@ -5,10 +5,12 @@ pub mod calls;
 pub mod chrome;
 pub mod file;
 pub mod flame;
+pub mod names;
 pub mod probes;
 pub mod report;
 pub mod speedscope;
 pub mod top;
+pub mod units;
 
 use std::collections::HashMap;
 use std::io::{Read, Seek};

@@ -19,7 +19,8 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 
 use crate::analyze::recording::replay_planned;
 use crate::analyze::{SampleFilter, SampleTally, SliceFilter, Step};
-use crate::output::flame::{FrameNames, ViewError, ViewInfo};
+use crate::output::flame::{ViewError, ViewInfo};
+use crate::output::names::FrameNames;
 use crate::output::{plan_recording, Census};
 use crate::record::{EventKind, FrameRef, RecordingReader, StrId};
 

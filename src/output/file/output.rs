@@ -7,7 +7,7 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::{
+use super::check::{
     check, err, open_fifo, parent_dir, partial_in_use, partial_path, private, Destination,
     Existing, Stdout,
 };

@@ -1,3 +1,6 @@
+use std::io;
+use std::path::Path;
+
 use super::*;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;

@@ -6,11 +6,11 @@ use std::io::{self, Write};
 use inferno::flamegraph::color::{Color, PaletteMap};
 use inferno::flamegraph::{self, Options};
 
-use super::names::Origin;
-use super::{FrameNames, ViewInfo};
+use super::ViewInfo;
 use crate::analyze::folded::{Folded, Measure};
 use crate::analyze::SampleFilter;
-use crate::output::report::format_ns;
+use crate::output::names::{FrameNames, Origin};
+use crate::output::units::format_ns;
 use crate::record::Header;
 
 /// The default title: the target's command line.

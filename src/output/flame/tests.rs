@@ -1,8 +1,8 @@
-use super::names::{origin, Origin};
 use super::svg::thousands;
 use super::*;
 use crate::analyze::folded::FoldFrame;
-use crate::record::{FrameRef, StrId};
+use crate::output::names::{origin, Origin};
+use crate::record::{FrameRef, Header, StrId};
 
 #[test]
 fn short_paths() {

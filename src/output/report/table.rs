@@ -3,10 +3,10 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
-use super::format_ns;
 use crate::analyze::report::{effective_mode, exact_fraction};
 use crate::analyze::{FunctionSource, FunctionStats, Report};
-use crate::output::flame::short_command;
+use crate::output::names::short_command;
+use crate::output::units::format_ns;
 
 /// Characters of `s`, cut to `max` by dropping its start (paths keep their end).
 fn fit_left(s: &str, max: usize) -> String {

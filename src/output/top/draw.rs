@@ -11,9 +11,9 @@ use ratatui::text::Line;
 use ratatui::widgets::{Paragraph, Row, Table};
 use ratatui::{Frame, Terminal};
 
+use super::snapshot::{sort_rows, Snapshot, TopSort};
 use super::text::{cells, headers, status_line, title_line};
-use super::{sort_rows, Snapshot, TopSort};
-use crate::output::report::format_ns;
+use crate::output::units::format_ns;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ViewState {

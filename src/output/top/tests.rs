@@ -4,6 +4,7 @@ use crossterm::event::{KeyCode, KeyModifiers};
 use ratatui::Terminal;
 
 use super::*;
+use crate::analyze::Report;
 use ratatui::backend::TestBackend;
 
 fn row(function: &str, calls_per_s: f64, own: f64) -> TopRow {

@@ -2,10 +2,10 @@
 
 use std::fmt::Write as _;
 
-use super::{sort_rows, Snapshot, TopMode, TopRow, TopSort};
+use super::snapshot::{sort_rows, Snapshot, TopMode, TopRow, TopSort};
 use crate::analyze::SampleFilter;
-use crate::output::flame::short_path;
-use crate::output::report::format_ns;
+use crate::output::names::short_path;
+use crate::output::units::format_ns;
 
 fn rate(v: f64) -> String {
     if v >= 100.0 {
