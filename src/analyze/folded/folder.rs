@@ -2,33 +2,10 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{FoldFrame, Folded, NodeId, StackTree};
+use super::tree::{FoldCounts, FoldFrame, Folded, NodeId, StackTree};
 use crate::analyze::replay::{plan_events, Pairing, Replay, Step};
 use crate::analyze::states::{SampleFilter, SampleTally};
 use crate::record::{Event, EventKind, Header};
-
-/// Event counts seen while folding.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FoldCounts {
-    /// Events read.
-    pub events: u64,
-    /// `call` events.
-    pub calls: u64,
-    /// `return` events.
-    pub returns: u64,
-    /// `sample` events.
-    pub samples: u64,
-    /// Finished GC collections.
-    pub gcs: u64,
-    /// Sum of the `lost` events' counts.
-    pub lost: u64,
-    /// Earliest timestamp.
-    pub first_ts: Option<u64>,
-    /// Latest timestamp.
-    pub last_ts: Option<u64>,
-    /// The function events are returns only (CPython 3.11): no stacks from them.
-    pub returns_only: bool,
-}
 
 #[derive(Default)]
 struct ThreadFold {

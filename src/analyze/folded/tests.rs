@@ -1,7 +1,7 @@
 use super::*;
 use crate::analyze::replay::Replay;
 use crate::record::{Event, EventKind, Header};
-use crate::record::{SampleState, StrId};
+use crate::record::{FrameRef, SampleState, StrId};
 
 fn fr(function: u32, line: u32) -> FrameRef {
     FrameRef {

@@ -4,7 +4,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::{Name, Pairing, MAX_CHAIN, MAX_DEPTH, NO_LINE};
+use super::steps::{Name, Pairing, MAX_CHAIN, MAX_DEPTH, NO_LINE};
 use crate::analyze::processes::ProcessMap;
 use crate::record::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
 
