@@ -7,14 +7,14 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::gc::GcTracker;
 use super::imports::ImportTracker;
+use super::model::{
+    Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, ImportStats, ProcessStats,
+    Report, Target, Thinned, ThreadStats,
+};
 use super::model::{RaisingStack, Trigger, MAX_TRIGGERS};
 use super::replay::{Pairing, Replay, Step};
 use super::samples::{SampleAcc, SampleTracker};
 use super::states::{SampleFilter, SampleTally};
-use super::{
-    Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, ImportStats, ProcessStats,
-    Report, Target, Thinned, ThreadStats,
-};
 use crate::record::{Event, EventKind, FrameRef, Header, StrId, ThinLevel, WalkedFrame};
 
 #[derive(Default, Clone, Copy)]

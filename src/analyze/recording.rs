@@ -3,7 +3,7 @@
 
 use std::io::{Read, Seek};
 
-use super::{Plan, Planner, Replay, Step};
+use super::replay::{Plan, Planner, Replay, Step};
 use crate::record::{Event, RecordError, RecordingReader};
 
 /// The second pass: replays every event of `reader` (at its first event) with

@@ -5,10 +5,11 @@
 use std::io::{Read, Seek};
 use std::str::FromStr;
 
+use super::aggregate::Aggregator;
+use super::filter::{FileFilter, FilterError};
+use super::model::{FunctionSource, FunctionStats, Report};
 use super::recording::replay_recording;
-use super::{
-    Aggregator, FileFilter, FilterError, FunctionSource, FunctionStats, Report, SampleFilter,
-};
+use super::states::SampleFilter;
 use crate::record::{Completion, RecordError, RecordingReader};
 
 /// Reads every event of `reader` and aggregates them, with the samples of threads

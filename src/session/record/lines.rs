@@ -9,8 +9,8 @@ use crate::python::probes::ProbeGroup;
 use crate::tracer::RingUse;
 
 use super::events::EventBuilder;
+use super::request::{RecordRequest, Target};
 use super::resolver::{returns_only, Chosen, Mode};
-use super::{RecordRequest, Target};
 
 /// The line that says, once the interpreter is known, what is traced and how:
 /// the process, its CPython, the mode, the sampling rate, the probes and their

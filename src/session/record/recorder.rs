@@ -16,10 +16,11 @@ use crate::tracer::{Engine, Hit, Outcome, TraceEvent};
 use super::attaching::Attaching;
 use super::events::{EventBuilder, NamedKind};
 use super::lines::{armed_line, budget_line, refusal_lines, StartLine};
+use super::request::Target;
 use super::resolver::{needs_context_stacks, returns_only, Chosen, Mode, CONTEXT_PROBES};
 use super::sampler::Sampler;
+use super::settings::{default_output, Settings};
 use super::status::Status;
-use super::{default_output, Settings, Target};
 
 /// Probes whose event opens a pause that a later probe closes.
 const OPENING_PROBES: [&str; 2] = ["gc__start", "import__find__load__start"];

@@ -14,8 +14,8 @@ use crate::output::file::partial_path;
 use crate::output::top::{Snapshot, TopSort, ViewState};
 use crate::session::record::Target;
 
+use super::snapshots::{open_live, print_snapshot, recording_source, TOP_SAMPLE_RATE};
 use super::terminal::run_tui;
-use super::{open_live, print_snapshot, recording_source, TOP_SAMPLE_RATE};
 
 /// The recorder of the live view: `pyprobe record` of `target` (`-p PID` or
 /// `-- CMD`) into `recording`, sampling stacks (GC and imports exact where the

@@ -2,26 +2,25 @@
 //! being written), of a process or of every Python process, as one snapshot or
 //! as a live terminal view.
 
-use std::fs::File;
-use std::io::{self, IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::io::{self, IsTerminal};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
 use crate::analyze::SampleFilter;
-use crate::output::file::partial_path;
 use crate::output::report::build_report_filtered;
-use crate::output::top::{render_text, snapshot_between, Snapshot, TopSort, ViewState};
-use crate::record::RecordingReader;
+use crate::output::top::{snapshot_between, TopSort, ViewState};
 use crate::session::record::{self, RecordRequest, Target};
 use crate::session::views::open;
 
 use live::{all_top, live_top};
+use snapshots::{open_live, print_snapshot, recording_source, TOP_SAMPLE_RATE};
 use terminal::run_tui;
 
 mod live;
+mod snapshots;
 mod terminal;
 
 /// What `pyprobe top` was asked to do.
@@ -38,59 +37,6 @@ pub struct TopRequest {
     /// Which samples count (`--idle`, `--gil`).
     pub samples: SampleFilter,
 }
-
-/// Opens a recording that may still be written: its `.partial` while the recorder
-/// runs, the recording itself once it has ended.
-pub(crate) fn open_live(
-    file: &Path,
-) -> Result<RecordingReader<io::BufReader<File>>, crate::record::RecordError> {
-    match RecordingReader::open(&partial_path(file)) {
-        Err(crate::record::RecordError::Io { source, .. })
-            if source.kind() == io::ErrorKind::NotFound =>
-        {
-            RecordingReader::open(file)
-        }
-        other => other,
-    }
-}
-
-/// A data source reading a recording again at each refresh: the numbers cover
-/// what was added since the previous one.
-pub(crate) fn recording_source(file: PathBuf, samples: SampleFilter) -> impl FnMut() -> Snapshot {
-    let mut previous = None;
-    move || {
-        let report = open_live(&file)
-            .map_err(anyhow::Error::from)
-            .and_then(|mut r| build_report_filtered(&mut r, samples).map_err(anyhow::Error::from));
-        match report {
-            Ok(report) => {
-                let mut s = snapshot_between(previous.as_ref(), &report);
-                let grown = previous
-                    .as_ref()
-                    .is_none_or(|p: &crate::analyze::Report| p.events != report.events);
-                if !grown {
-                    // Nothing new (the recording is finished): show the whole of it.
-                    s = snapshot_between(None, &report);
-                    s.status = Some(format!(
-                        "{}: no new events; whole recording shown",
-                        file.display()
-                    ));
-                } else {
-                    s.status = Some(format!("from {}", file.display()));
-                }
-                previous = Some(report);
-                s
-            }
-            Err(e) => Snapshot {
-                status: Some(format!("cannot read {}: {e:#}", file.display())),
-                ..Snapshot::default()
-            },
-        }
-    }
-}
-
-/// Samples per second for `top --once -p PID`.
-pub(crate) const TOP_SAMPLE_RATE: u32 = 200;
 
 /// `pyprobe top`.
 pub fn top(request: &TopRequest) -> Result<ExitCode> {
@@ -160,12 +106,4 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
         .context("cannot read the snapshot's recording")?;
     print_snapshot(&snapshot_between(None, &report), limit)?;
     Ok(ExitCode::SUCCESS)
-}
-
-pub(crate) fn print_snapshot(snapshot: &Snapshot, limit: usize) -> Result<()> {
-    let text = render_text(snapshot, TopSort::Hot, limit);
-    match io::stdout().write_all(text.as_bytes()) {
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-        other => other.context("cannot write to standard output"),
-    }
 }

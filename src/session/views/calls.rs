@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use crate::output::calls::{write_calls, CallsOptions};
 use crate::output::flame::ViewError;
 
-use super::{note_cut_short, open};
+use super::reading::{note_cut_short, open};
 
 /// What `pyprobe calls` was asked to do.
 #[derive(Debug, Clone, Default)]

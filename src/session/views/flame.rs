@@ -17,7 +17,7 @@ use crate::output::flame::{
 use crate::output::speedscope::{write_speedscope, SpeedscopeOptions};
 use crate::output::Census;
 
-use super::{extension, is_broken_pipe, is_fifo, note_cut_short, note_samples, open};
+use super::reading::{is_broken_pipe, note_cut_short, note_samples, open};
 
 /// Output formats of `pyprobe flame`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -92,6 +92,20 @@ impl FlameFormat {
             FlameFormat::Chrome => "Chrome trace (open it in ui.perfetto.dev or chrome://tracing)",
         }
     }
+}
+
+/// The extension of `path`, in lower case.
+pub fn extension(path: &Path) -> Option<String> {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+}
+
+/// Whether `path` is a FIFO now (links followed): whatever it is named, it takes
+/// any format.
+pub fn is_fifo(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
 }
 
 /// What `pyprobe flame` was asked to do.

@@ -1,65 +1,9 @@
-//! `pyprobe flame` and `pyprobe calls`: read a recording and hand it to a view;
-//! and what the views share: opening a recording, the notes said beside a view.
-
-use std::fs::File;
-use std::io;
-use std::path::Path;
-
-use anyhow::{Context, Result};
-
-use crate::analyze::{SampleFilter, SampleTally};
-use crate::output::flame::ViewError;
-use crate::record::{Completion, RecordingReader};
+//! `pyprobe flame` and `pyprobe calls`: read a recording and hand it to a view.
 
 mod calls;
 mod flame;
+mod reading;
 
 pub use calls::{calls, CallsRequest};
-pub use flame::{flame, write_view_for_extension, FlameFormat, FlameRequest};
-
-/// The extension of `path`, in lower case.
-pub fn extension(path: &Path) -> Option<String> {
-    path.extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
-}
-
-/// Whether `path` is a FIFO now (links followed): whatever it is named, it takes
-/// any format.
-pub fn is_fifo(path: &Path) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
-}
-
-pub(crate) fn open(file: &Path) -> Result<RecordingReader<io::BufReader<File>>> {
-    RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))
-}
-
-pub(crate) fn note_cut_short<R: io::Read>(reader: &RecordingReader<R>, file: &Path) {
-    if let Completion::Truncated { offset } = reader.completion() {
-        eprintln!(
-            "pyprobe: note: {} was cut short (no end marker): read every whole chunk before offset {offset}",
-            file.display()
-        );
-    }
-}
-
-/// Whether an error is the reader of our output going away (`| head`).
-pub(crate) fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<io::Error>()
-            .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
-            || c.downcast_ref::<ViewError>().is_some_and(
-                |v| matches!(v, ViewError::Io(e) if e.kind() == io::ErrorKind::BrokenPipe),
-            )
-    })
-}
-
-/// Says which samples a view counted and what it left out, unless it was all of them.
-pub(crate) fn note_samples(tally: &SampleTally) {
-    if tally.left_out() > 0 || tally.cpu_unknown > 0 || tally.filter != SampleFilter::default() {
-        for line in tally.notes() {
-            eprintln!("pyprobe: {line}");
-        }
-    }
-}
+pub use flame::{extension, flame, is_fifo, write_view_for_extension, FlameFormat, FlameRequest};
+pub(crate) use reading::open;
