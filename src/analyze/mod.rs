@@ -3,6 +3,7 @@
 //! recording through its reader (`recording`, `report`).
 
 pub mod aggregate;
+mod budget;
 pub mod filter;
 pub mod folded;
 mod gc;
