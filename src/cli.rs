@@ -1,10 +1,20 @@
-//! The command line (clap derive). Parsing only: `main.rs` dispatches.
+//! The command line (clap derive), and the typed request of the session layer
+//! each subcommand's arguments make. `main.rs` dispatches.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use pyprobe::analyze::parse_duration;
+use pyprobe::analyze::{parse_duration, FileFilter, SampleFilter, SliceFilter};
+use pyprobe::output::flame::By;
+use pyprobe::output::report::SortKey as ReportSort;
+use pyprobe::session::dump::DumpRequest;
+use pyprobe::session::probes::ProbesRequest;
+use pyprobe::session::record::{self, RecordRequest, Target};
+use pyprobe::session::report::ReportRequest;
+use pyprobe::session::top::TopRequest;
+use pyprobe::session::views::{self, CallsRequest, FlameRequest};
+use pyprobe::tracer::RingUse;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -332,4 +342,182 @@ pub struct DumpArgs {
     pub pid: i32,
     #[arg(long, value_enum, default_value_t = TextFormat::Text)]
     pub format: TextFormat,
+}
+
+impl TargetArgs {
+    /// `-p PID` or `-- CMD` (clap lets through one at most).
+    fn into_target(self) -> Option<Target> {
+        match self.pid {
+            Some(pid) => Some(Target::Attach(pid)),
+            None if !self.command.is_empty() => Some(Target::Launch(self.command)),
+            None => None,
+        }
+    }
+}
+
+impl From<SampleArgs> for SampleFilter {
+    fn from(args: SampleArgs) -> SampleFilter {
+        SampleFilter {
+            idle: args.idle,
+            gil: args.gil,
+        }
+    }
+}
+
+impl From<Mode> for record::Mode {
+    fn from(mode: Mode) -> record::Mode {
+        match mode {
+            Mode::Auto => record::Mode::Auto,
+            Mode::Trace => record::Mode::Trace,
+            Mode::Sample => record::Mode::Sample,
+        }
+    }
+}
+
+impl From<Engine> for RingUse {
+    fn from(engine: Engine) -> RingUse {
+        match engine {
+            Engine::Auto => RingUse::Auto,
+            Engine::Ring => RingUse::Required,
+            Engine::Int3 => RingUse::Off,
+        }
+    }
+}
+
+impl From<FlameFormat> for views::FlameFormat {
+    fn from(format: FlameFormat) -> views::FlameFormat {
+        match format {
+            FlameFormat::Svg => views::FlameFormat::Svg,
+            FlameFormat::Collapsed => views::FlameFormat::Collapsed,
+            FlameFormat::Speedscope => views::FlameFormat::Speedscope,
+            FlameFormat::Chrome => views::FlameFormat::Chrome,
+        }
+    }
+}
+
+impl From<FlameBy> for By {
+    fn from(by: FlameBy) -> By {
+        match by {
+            FlameBy::Time => By::Time,
+            FlameBy::Calls => By::Calls,
+        }
+    }
+}
+
+impl From<SortKey> for ReportSort {
+    fn from(key: SortKey) -> ReportSort {
+        match key {
+            SortKey::Inclusive => ReportSort::Inclusive,
+            SortKey::Exclusive => ReportSort::Exclusive,
+            SortKey::Calls => ReportSort::Calls,
+        }
+    }
+}
+
+impl RecordArgs {
+    pub fn request(self) -> RecordRequest {
+        RecordRequest {
+            target: self.target.into_target(),
+            output: self.output,
+            force: self.force,
+            verbose: self.verbose,
+            duration: self.duration,
+            mode: self.mode.into(),
+            probes: self.probes,
+            include: self.include,
+            exclude: self.exclude,
+            start_at: self.start_at,
+            subprocesses: self.subprocesses,
+            rate: self.rate,
+            nonblocking: self.nonblocking,
+            max_overhead: self.max_overhead,
+            ring: self.engine.into(),
+            samples: self.samples.into(),
+        }
+    }
+}
+
+impl FlameArgs {
+    /// Refuses a bad `--include`/`--exclude` glob.
+    pub fn request(self) -> anyhow::Result<FlameRequest> {
+        let files =
+            FileFilter::new(&self.include, &self.exclude).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(FlameRequest {
+            file: self.file,
+            output: self.output,
+            format: self.format.map(Into::into),
+            title: self.title,
+            full_paths: self.full_paths,
+            by: self.by.into(),
+            force: self.force,
+            samples: self.samples.into(),
+            filter: SliceFilter {
+                files,
+                min_duration_ns: self.min_duration.unwrap_or(0),
+            },
+        })
+    }
+}
+
+impl ReportArgs {
+    pub fn request(self) -> ReportRequest {
+        let table = self.format == ReportFormat::Table;
+        ReportRequest {
+            file: self.file,
+            json: !table,
+            sort: self.sort.map(Into::into),
+            // The JSON document lists every function.
+            limit: table.then_some(self.limit),
+            include: self.include,
+            exclude: self.exclude,
+            samples: self.samples.into(),
+        }
+    }
+}
+
+impl CallsArgs {
+    pub fn request(self) -> CallsRequest {
+        CallsRequest {
+            file: self.file,
+            start_at: self.start_at,
+            thread: self.thread,
+            max_depth: self.max_depth,
+            json: self.format == TextFormat::Json,
+            full_paths: self.full_paths,
+        }
+    }
+}
+
+impl TopArgs {
+    pub fn request(self) -> TopRequest {
+        TopRequest {
+            target: self.target.into_target(),
+            all: self.all,
+            from: self.from,
+            interval: self.interval,
+            limit: self.limit,
+            once: self.once,
+            samples: self.samples.into(),
+        }
+    }
+}
+
+impl ProbesArgs {
+    pub fn request(self) -> ProbesRequest {
+        ProbesRequest {
+            pid: self.pid,
+            path: self.path,
+            provider: self.provider,
+            json: self.format == TableFormat::Json,
+        }
+    }
+}
+
+impl DumpArgs {
+    pub fn request(self) -> DumpRequest {
+        DumpRequest {
+            pid: self.pid,
+            json: self.format == TextFormat::Json,
+        }
+    }
 }

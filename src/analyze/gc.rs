@@ -2,7 +2,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{GcStats, Histogram};
+use super::histogram::Histogram;
+use super::model::GcStats;
 
 #[derive(Default)]
 pub(crate) struct GcTracker {

@@ -1,7 +1,9 @@
 //! Analysis of an event stream: stack reconstruction and aggregation into the
-//! data behind `pyprobe report`. Pure: no I/O, no syscalls.
+//! data behind `pyprobe report`. Pure: no I/O, no syscalls, but reading a
+//! recording through its reader (`recording`, `report`).
 
 pub mod aggregate;
+mod budget;
 pub mod filter;
 pub mod folded;
 mod gc;
@@ -9,7 +11,9 @@ pub mod histogram;
 mod imports;
 pub mod model;
 pub mod processes;
+pub mod recording;
 pub mod replay;
+pub mod report;
 mod samples;
 pub mod states;
 

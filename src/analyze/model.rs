@@ -1,7 +1,8 @@
 //! The aggregated data behind `pyprobe report`, with strings resolved.
 
+use super::histogram::Histogram;
 use super::replay::ReplayCounters;
-use super::{Histogram, SampleTally};
+use super::states::SampleTally;
 
 /// The traced process.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

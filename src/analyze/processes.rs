@@ -5,13 +5,9 @@
 //! A thread whose start the recording does not name (threads running at attach,
 //! recordings of format 1 and 2) belongs to the recording's process.
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
+use rustc_hash::FxHashMap;
 
-use super::folded::FxHasher;
 use crate::record::{Event, EventKind, Header, StrId};
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// One process of a recording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,10 +23,10 @@ pub struct ProcessInfo {
 #[derive(Debug, Clone, Default)]
 pub struct ProcessMap {
     root: u32,
-    of_thread: FastMap<u32, u32>,
+    of_thread: FxHashMap<u32, u32>,
     /// By pid, in order of appearance (the recording's own first).
     processes: Vec<ProcessInfo>,
-    index: FastMap<u32, usize>,
+    index: FxHashMap<u32, usize>,
 }
 
 impl ProcessMap {

@@ -11,9 +11,10 @@
 use std::collections::HashMap;
 use std::io::{Read, Seek, Write};
 
+use crate::analyze::recording::replay_recording;
 use crate::analyze::{EndKind, Step};
-use crate::output::flame::{FrameNames, ViewError};
-use crate::output::replay_recording;
+use crate::output::flame::ViewError;
+use crate::output::names::FrameNames;
 use crate::output::speedscope::json_str;
 use crate::record::{EventKind, FrameRef, RecordingReader};
 

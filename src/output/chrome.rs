@@ -18,10 +18,12 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io::{Read, Seek, Write};
 
+use crate::analyze::recording::replay_planned;
 use crate::analyze::{EndKind, Exit, SampleFilter, SampleTally, SliceFilter, Step};
-use crate::output::flame::{short_command, FrameNames, ViewError, ViewInfo};
+use crate::output::flame::{ViewError, ViewInfo};
+use crate::output::names::{short_command, FrameNames};
 use crate::output::speedscope::json_str;
-use crate::output::{plan_recording, replay_planned, Census};
+use crate::output::{plan_recording, Census};
 use crate::record::{EventKind, FrameRef, RecordingReader, StrId, ThinLevel};
 
 /// Sampled stacks of thread `tid` go on the track `SAMPLED_TRACK | tid` (Linux

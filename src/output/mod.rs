@@ -5,15 +5,17 @@ pub mod calls;
 pub mod chrome;
 pub mod file;
 pub mod flame;
+pub mod names;
 pub mod probes;
 pub mod report;
 pub mod speedscope;
 pub mod top;
+pub mod units;
 
 use std::collections::HashMap;
 use std::io::{Read, Seek};
 
-use crate::analyze::{Plan, Planner, Replay, SliceFilter, Step};
+use crate::analyze::{Plan, Planner, SliceFilter};
 use crate::record::{Event, EventKind, RecordError, RecordingReader, StrId};
 
 /// What a recording holds, counted while its replay is planned, with the trace
@@ -169,37 +171,4 @@ pub fn plan_recording<R: Read + Seek>(
     }
     reader.rewind()?;
     Ok((planner.finish(), counter.finish()))
-}
-
-/// The second pass: replays every event of `reader` (at its first event) with
-/// `plan`; `f` gets the reader (for its strings), each event, its thread's
-/// monotonic time, the steps it caused and the replay. The replay is returned
-/// unfinished: call [`Replay::finish`] with the recording's end.
-pub fn replay_planned<R: Read + Seek, E: From<RecordError>>(
-    reader: &mut RecordingReader<R>,
-    plan: Plan,
-    mut f: impl FnMut(&RecordingReader<R>, &Event, u64, &[Step], &Replay) -> Result<(), E>,
-) -> Result<Replay, E> {
-    let header = reader.header().clone();
-    let mut replay = Replay::new(&header, plan);
-    let mut steps = Vec::new();
-    while let Some(event) = reader.next_event() {
-        let event = event?;
-        steps.clear();
-        let ts = replay.push(&event, &mut steps);
-        f(reader, &event, ts, &steps, &replay)?;
-    }
-    Ok(replay)
-}
-
-/// Reads every event of `reader` to plan the replay, then goes back to the first
-/// event and replays them: `f` gets the reader (for its strings), each event, its
-/// thread's monotonic time, the steps it caused and the replay. The replay is
-/// returned unfinished: call [`Replay::finish`] with the recording's end.
-pub fn replay_recording<R: Read + Seek, E: From<RecordError>>(
-    reader: &mut RecordingReader<R>,
-    f: impl FnMut(&RecordingReader<R>, &Event, u64, &[Step], &Replay) -> Result<(), E>,
-) -> Result<Replay, E> {
-    let (plan, _) = plan_recording(reader, &SliceFilter::default())?;
-    replay_planned(reader, plan, f)
 }

@@ -17,9 +17,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 
+use crate::analyze::recording::replay_planned;
 use crate::analyze::{SampleFilter, SampleTally, SliceFilter, Step};
-use crate::output::flame::{FrameNames, ViewError, ViewInfo};
-use crate::output::{plan_recording, replay_planned, Census};
+use crate::output::flame::{ViewError, ViewInfo};
+use crate::output::names::FrameNames;
+use crate::output::{plan_recording, Census};
 use crate::record::{EventKind, FrameRef, RecordingReader, StrId};
 
 /// Bytes of rendered events kept in memory before spilling to a temporary file.

@@ -5,4 +5,5 @@ pub mod dump;
 pub mod probes;
 pub mod record;
 pub mod report;
+pub mod top;
 pub mod views;

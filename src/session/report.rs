@@ -1,7 +1,7 @@
 //! `pyprobe report FILE`: read a recording and print the report.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -12,8 +12,13 @@ use crate::output::report::{
 };
 use crate::record::{Completion, RecordingReader};
 
-/// `--sort` left open picks what the recording can sort by.
+/// What `pyprobe report` was asked to do. `--sort` left open picks what the
+/// recording can sort by.
 pub struct ReportRequest {
+    /// The recording.
+    pub file: PathBuf,
+    /// The JSON document instead of the table.
+    pub json: bool,
     pub sort: Option<SortKey>,
     pub limit: Option<usize>,
     pub include: Vec<String>,
@@ -22,7 +27,8 @@ pub struct ReportRequest {
     pub samples: SampleFilter,
 }
 
-pub fn run(file: &Path, request: &ReportRequest, json: bool) -> Result<ExitCode> {
+pub fn run(request: &ReportRequest) -> Result<ExitCode> {
+    let file = &request.file;
     let mut reader =
         RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))?;
     let report = build_report_filtered(&mut reader, request.samples)
@@ -44,7 +50,7 @@ pub fn run(file: &Path, request: &ReportRequest, json: bool) -> Result<ExitCode>
         exclude: request.exclude.clone(),
     };
     let view = options.apply(&report).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let text = if json {
+    let text = if request.json {
         render_json(&view) + "\n"
     } else {
         render_table(&view, terminal_width())

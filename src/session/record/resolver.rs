@@ -17,14 +17,26 @@ use crate::tracer::patch::check_semaphore;
 use crate::tracer::{NotTraceable, ProbeSet, Resolver};
 
 /// How function stacks are seen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Mode {
     /// Sampling for functions; GC, import and audit exact through their probes.
+    #[default]
     Auto,
     /// Every probe hit, functions included.
     Trace,
     /// Sampling only, no probes.
     Sample,
+}
+
+impl Mode {
+    /// Its name on the command line and in the recording's header.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Auto => "auto",
+            Mode::Trace => "trace",
+            Mode::Sample => "sample",
+        }
+    }
 }
 
 /// What the resolver found, shared with the event sink.

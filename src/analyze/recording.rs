@@ -1,0 +1,45 @@
+//! The two passes over a recording every view of calls shares: a plan of the
+//! replay, then the replay of every event with it.
+
+use std::io::{Read, Seek};
+
+use super::replay::{Plan, Planner, Replay, Step};
+use crate::record::{Event, RecordError, RecordingReader};
+
+/// The second pass: replays every event of `reader` (at its first event) with
+/// `plan`; `f` gets the reader (for its strings), each event, its thread's
+/// monotonic time, the steps it caused and the replay. The replay is returned
+/// unfinished: call [`Replay::finish`] with the recording's end.
+pub fn replay_planned<R: Read + Seek, E: From<RecordError>>(
+    reader: &mut RecordingReader<R>,
+    plan: Plan,
+    mut f: impl FnMut(&RecordingReader<R>, &Event, u64, &[Step], &Replay) -> Result<(), E>,
+) -> Result<Replay, E> {
+    let header = reader.header().clone();
+    let mut replay = Replay::new(&header, plan);
+    let mut steps = Vec::new();
+    while let Some(event) = reader.next_event() {
+        let event = event?;
+        steps.clear();
+        let ts = replay.push(&event, &mut steps);
+        f(reader, &event, ts, &steps, &replay)?;
+    }
+    Ok(replay)
+}
+
+/// Reads every event of `reader` to plan the replay, then goes back to the first
+/// event and replays them: `f` gets the reader (for its strings), each event, its
+/// thread's monotonic time, the steps it caused and the replay. The replay is
+/// returned unfinished: call [`Replay::finish`] with the recording's end.
+pub fn replay_recording<R: Read + Seek, E: From<RecordError>>(
+    reader: &mut RecordingReader<R>,
+    f: impl FnMut(&RecordingReader<R>, &Event, u64, &[Step], &Replay) -> Result<(), E>,
+) -> Result<Replay, E> {
+    let header = reader.header().clone();
+    let mut planner = Planner::new(&header);
+    while let Some(event) = reader.next_event() {
+        planner.push(&event?, reader.strings());
+    }
+    reader.rewind()?;
+    replay_planned(reader, planner.finish(), f)
+}

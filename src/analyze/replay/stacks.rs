@@ -1,0 +1,370 @@
+//! The second pass: each thread's stack rebuilt with the plan, as [`Step`]s
+//! with inclusive and exclusive time.
+
+use rustc_hash::FxHashMap;
+
+use super::plan::Plan;
+use super::steps::{EndKind, Exit, Name, Pairing, ReplayCounters, Step, ThreadTime, MAX_DEPTH};
+use crate::analyze::processes::ProcessMap;
+use crate::record::{Event, EventKind, FrameRef, Header, WalkedFrame};
+
+struct OpenFrame {
+    code: FrameRef,
+    name: Name,
+    start: u64,
+    child: u64,
+    seeded: bool,
+}
+
+#[derive(Default)]
+struct ReplayThread {
+    frames: Vec<OpenFrame>,
+    /// Activations of each function (code object) on the stack.
+    active: FxHashMap<FrameRef, u32>,
+    overflow: u64,
+    calls: u64,
+    creation_cursor: usize,
+    /// The segment whose seeds are on the stack.
+    seeded: Option<u32>,
+    /// When its thread-start event came: nothing of it ran before.
+    started: Option<u64>,
+    /// Its monotonic clock.
+    clock: u64,
+    time: ThreadTime,
+}
+
+/// The second pass; see the module documentation.
+pub struct Replay {
+    plan: Plan,
+    threads: FxHashMap<u32, ReplayThread>,
+    segment: u32,
+    header_start: u64,
+    counters: ReplayCounters,
+    /// The processes as the events so far say.
+    processes: ProcessMap,
+}
+
+impl Replay {
+    /// Replays a recording described by `header` with the first pass's `plan`.
+    pub fn new(header: &Header, plan: Plan) -> Self {
+        Replay {
+            plan,
+            threads: FxHashMap::default(),
+            segment: 0,
+            header_start: header.start_ns,
+            counters: ReplayCounters::default(),
+            processes: ProcessMap::new(header),
+        }
+    }
+
+    /// The process of thread `tid` at the event being replayed.
+    pub fn process_of(&self, tid: u32) -> u32 {
+        self.processes.pid_of(tid)
+    }
+
+    /// The processes as the events so far say (commands as of now).
+    pub fn processes(&self) -> &ProcessMap {
+        &self.processes
+    }
+
+    /// Whether the recording holds more than its own process (known from the
+    /// first pass, so from the first event on).
+    pub fn several_processes(&self) -> bool {
+        self.plan.processes.several()
+    }
+
+    /// The plan it replays.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Pairing irregularities so far.
+    pub fn counters(&self) -> ReplayCounters {
+        self.counters
+    }
+
+    /// The function of a frame the walker read.
+    pub fn walked_code(&self, w: &WalkedFrame) -> FrameRef {
+        self.plan.walked_code(w)
+    }
+
+    /// Per-thread totals, by thread id.
+    pub fn thread_times(&self) -> Vec<(u32, ThreadTime)> {
+        let mut v: Vec<(u32, ThreadTime)> =
+            self.threads.iter().map(|(&t, r)| (t, r.time)).collect();
+        v.sort_unstable_by_key(|(t, _)| *t);
+        v
+    }
+
+    /// The functions on `tid`'s stack, outermost first.
+    pub fn stack(&self, tid: u32) -> impl Iterator<Item = FrameRef> + '_ {
+        self.threads
+            .get(&tid)
+            .into_iter()
+            .flat_map(|t| t.frames.iter().map(|f| f.code))
+    }
+
+    /// Depth of `tid`'s stack.
+    pub fn depth(&self, tid: u32) -> usize {
+        self.threads.get(&tid).map_or(0, |t| t.frames.len())
+    }
+
+    /// Threads with a stack, in id order.
+    pub fn thread_ids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.threads.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Adds one event; the steps it causes go to `out`. Returns the event's time
+    /// on its thread's monotonic clock.
+    pub fn push(&mut self, event: &Event, out: &mut Vec<Step>) -> u64 {
+        let tid = event.tid;
+        self.processes.push(event);
+        let returns_only = self.plan.pairing == Pairing::ReturnsOnly;
+        let t = self.threads.entry(tid).or_default();
+        if matches!(
+            event.kind,
+            EventKind::Sample { .. } | EventKind::Thinned { .. } | EventKind::AuditsCounted { .. }
+        ) {
+            // Written when pyprobe looks (a sample) or decides (markers, on whichever
+            // thread): what the thread did before, read from a ring afterwards (a
+            // record still being written when the sample was taken), keeps its
+            // own time.
+            return t.clock.max(event.ts_ns);
+        }
+        t.clock = t.clock.max(event.ts_ns);
+        let ts = t.clock;
+        match &event.kind {
+            EventKind::Call { frame } => {
+                let index = t.calls;
+                t.calls += 1;
+                if returns_only {
+                    return ts;
+                }
+                if self.plan.is_creation(tid, index, &mut t.creation_cursor) {
+                    self.counters.generator_creations += 1;
+                    return ts;
+                }
+                self.seed(tid, ts, out);
+                let t = self.threads.entry(tid).or_default();
+                if t.frames.len() >= MAX_DEPTH {
+                    t.overflow += 1;
+                    self.counters.depth_overflows += 1;
+                    return ts;
+                }
+                let code = self.plan.entry_code(frame);
+                push_frame(t, tid, code, (frame.file, frame.function), ts, false, out);
+            }
+            EventKind::Return { frame } => {
+                if self.plan.is_shim(frame) {
+                    self.counters.shim_returns += 1;
+                    return ts;
+                }
+                if returns_only {
+                    out.push(Step::Untimed {
+                        tid,
+                        ts,
+                        code: self.plan.return_code(frame),
+                    });
+                    return ts;
+                }
+                self.seed(tid, ts, out);
+                let t = self.threads.entry(tid).or_default();
+                if t.overflow > 0 {
+                    // The innermost calls were dropped at the cap: this is one.
+                    t.overflow -= 1;
+                    out.push(Step::Untimed {
+                        tid,
+                        ts,
+                        code: self.plan.return_code(frame),
+                    });
+                    return ts;
+                }
+                let name = (frame.file, frame.function);
+                match t.frames.iter().rposition(|f| f.name == name) {
+                    Some(i) => {
+                        if i + 1 < t.frames.len() {
+                            self.counters.resyncs += 1;
+                            while t.frames.len() > i + 1 {
+                                self.counters.unpaired_entries += 1;
+                                pop_frame(t, tid, ts, EndKind::Unpaired, out);
+                            }
+                        }
+                        pop_frame(t, tid, ts, EndKind::Returned, out);
+                    }
+                    None => {
+                        self.counters.orphan_returns += 1;
+                        out.push(Step::Untimed {
+                            tid,
+                            ts,
+                            code: self.plan.return_code(frame),
+                        });
+                    }
+                }
+            }
+            EventKind::ThreadExit => {
+                self.close(tid, ts, EndKind::Open, out);
+            }
+            EventKind::ThreadStart { .. } => t.started = Some(ts),
+            EventKind::Exec { .. } => {
+                // The old program's frames ended with its image: times counted.
+                let pid = self.processes.pid_of(tid);
+                for id in self.thread_ids() {
+                    if self.processes.pid_of(id) == pid {
+                        let at = self.threads.get(&id).map_or(ts, |t| t.clock.max(ts));
+                        self.close(id, at, EndKind::Cut, out);
+                    }
+                }
+            }
+            EventKind::Running { frames } if !returns_only => {
+                // Tracing begins on this thread: what the walker saw is running.
+                self.close(tid, ts, EndKind::Cut, out);
+                self.seed(tid, ts, out);
+                let t = self.threads.entry(tid).or_default();
+                for w in frames {
+                    if t.frames.len() >= MAX_DEPTH {
+                        break;
+                    }
+                    self.counters.open_at_start += 1;
+                    let code = self.plan.walked_code(w);
+                    push_frame(t, tid, code, (w.code.file, w.code.function), ts, true, out);
+                }
+            }
+            EventKind::Lost { .. } | EventKind::Window { .. } => {
+                for id in self.thread_ids() {
+                    let at = self.threads.get(&id).map_or(ts, |t| t.clock.max(ts));
+                    self.close(id, at, EndKind::Cut, out);
+                }
+                self.segment += 1;
+            }
+            _ => {}
+        }
+        ts
+    }
+
+    /// Pushes the frames that were running on `tid` when the current segment
+    /// began, once per segment.
+    fn seed(&mut self, tid: u32, ts: u64, out: &mut Vec<Step>) {
+        let segment = self.segment;
+        let t = self.threads.entry(tid).or_default();
+        if t.seeded == Some(segment) {
+            return;
+        }
+        t.seeded = Some(segment);
+        let Some(seeds) = self.plan.seeds.get(&(tid, segment)) else {
+            return;
+        };
+        let start = match segment {
+            0 => match t.started {
+                Some(started) => started.min(ts),
+                None if self.header_start != 0 => self.header_start.min(ts),
+                None => ts,
+            },
+            s => self
+                .plan
+                .segment_starts
+                .get(s as usize - 1)
+                .copied()
+                .unwrap_or(ts)
+                .min(ts),
+        };
+        for f in seeds {
+            if t.frames.len() >= MAX_DEPTH {
+                break;
+            }
+            self.counters.open_at_start += 1;
+            let code = self.plan.return_code(f);
+            push_frame(t, tid, code, (f.file, f.function), start, true, out);
+        }
+    }
+
+    fn close(&mut self, tid: u32, ts: u64, kind: EndKind, out: &mut Vec<Step>) {
+        let Some(t) = self.threads.get_mut(&tid) else {
+            return;
+        };
+        while !t.frames.is_empty() {
+            if kind == EndKind::Open {
+                self.counters.open_at_end += 1;
+            }
+            pop_frame(t, tid, ts, kind, out);
+        }
+        t.overflow = 0;
+    }
+
+    /// The recording ended at `end_ns`: every open frame ends there (or at its
+    /// thread's last event, if later), in thread-id order.
+    pub fn finish(&mut self, end_ns: u64, out: &mut Vec<Step>) {
+        for tid in self.thread_ids() {
+            let at = self
+                .threads
+                .get(&tid)
+                .map_or(end_ns, |t| t.clock.max(end_ns));
+            self.close(tid, at, EndKind::Open, out);
+        }
+    }
+}
+
+fn push_frame(
+    t: &mut ReplayThread,
+    tid: u32,
+    code: FrameRef,
+    name: Name,
+    ts: u64,
+    seeded: bool,
+    out: &mut Vec<Step>,
+) {
+    let depth = t.frames.len();
+    t.frames.push(OpenFrame {
+        code,
+        name,
+        start: ts,
+        child: 0,
+        seeded,
+    });
+    *t.active.entry(code).or_insert(0) += 1;
+    if t.time.first_ns.is_none() {
+        t.time.first_ns = Some(ts);
+    }
+    out.push(Step::Enter {
+        tid,
+        ts,
+        code,
+        depth,
+        seeded,
+    });
+}
+
+fn pop_frame(t: &mut ReplayThread, tid: u32, ts: u64, kind: EndKind, out: &mut Vec<Step>) {
+    let Some(f) = t.frames.pop() else {
+        return;
+    };
+    let inclusive_ns = ts.saturating_sub(f.start);
+    let exclusive_ns = inclusive_ns.saturating_sub(f.child);
+    let outermost = match t.active.get_mut(&f.code) {
+        Some(n) if *n > 1 => {
+            *n -= 1;
+            false
+        }
+        _ => {
+            t.active.remove(&f.code);
+            true
+        }
+    };
+    if let Some(parent) = t.frames.last_mut() {
+        parent.child = parent.child.saturating_add(inclusive_ns);
+    }
+    t.time.exclusive_ns = t.time.exclusive_ns.saturating_add(exclusive_ns);
+    t.time.last_ns = t.time.last_ns.max(ts);
+    out.push(Step::Exit(Exit {
+        tid,
+        ts,
+        code: f.code,
+        depth: t.frames.len(),
+        inclusive_ns,
+        exclusive_ns,
+        outermost,
+        kind,
+        seeded: f.seeded,
+    }));
+}

@@ -1,0 +1,15 @@
+//! `pyprobe report`: a JSON document (a stable interface) or a
+//! text table.
+
+mod json;
+mod table;
+
+#[cfg(test)]
+mod tests;
+
+pub use crate::analyze::report::{
+    build_report, build_report_filtered, exact_fraction, ReportOptions, SortKey,
+};
+pub use crate::output::units::format_ns;
+pub use json::render_json;
+pub use table::render_table;

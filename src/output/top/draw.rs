@@ -1,0 +1,132 @@
+//! A snapshot drawn in a terminal frame (ratatui), and the keys of the live view.
+
+use std::io;
+use std::time::Duration;
+
+use crossterm::event::{KeyCode, KeyModifiers};
+use ratatui::backend::Backend;
+use ratatui::layout::{Constraint, Layout};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::Line;
+use ratatui::widgets::{Paragraph, Row, Table};
+use ratatui::{Frame, Terminal};
+
+use super::snapshot::{sort_rows, Snapshot, TopSort};
+use super::text::{cells, headers, status_line, title_line};
+use crate::output::units::format_ns;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewState {
+    /// Order of the rows.
+    pub sort: TopSort,
+    /// No refresh while paused.
+    pub paused: bool,
+    /// Refresh period.
+    pub interval: Duration,
+    /// Most rows shown.
+    pub limit: usize,
+}
+
+/// Draws one frame of the live view.
+pub fn draw(frame: &mut Frame<'_>, snapshot: &Snapshot, state: &ViewState) {
+    let [head, status, table, help] = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Length(1),
+        Constraint::Min(1),
+        Constraint::Length(1),
+    ])
+    .areas(frame.area());
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    frame.render_widget(Paragraph::new(title_line(snapshot)).style(bold), head);
+    let mut st = status_line(snapshot);
+    if state.paused {
+        st.push_str("   [PAUSED]");
+    }
+    if let Some(s) = &snapshot.status {
+        st.push_str("   ");
+        st.push_str(s);
+    }
+    frame.render_widget(Paragraph::new(st), status);
+
+    let mut rows = snapshot.rows.clone();
+    sort_rows(&mut rows, state.sort, snapshot.mode);
+    let shown = (table.height.saturating_sub(1) as usize).min(state.limit);
+    rows.truncate(shown);
+    let heads = headers(snapshot.mode);
+    let numeric = heads.len() - 2;
+    let body: Vec<Vec<String>> = rows.iter().map(|r| cells(r, snapshot.mode)).collect();
+    let mut widths: Vec<Constraint> = Vec::new();
+    for (i, h) in heads.iter().enumerate() {
+        let w = body
+            .iter()
+            .map(|r| r[i].chars().count())
+            .chain([h.chars().count()])
+            .max()
+            .unwrap_or(4) as u16;
+        widths.push(if i == heads.len() - 1 {
+            Constraint::Min(w.min(60))
+        } else if i == heads.len() - 2 {
+            Constraint::Length(w.min(40))
+        } else {
+            Constraint::Length(w)
+        });
+    }
+    let right = |s: String, i: usize| -> Line<'static> {
+        if i < numeric {
+            Line::from(s).right_aligned()
+        } else {
+            Line::from(s)
+        }
+    };
+    let header = Row::new(
+        heads
+            .iter()
+            .enumerate()
+            .map(|(i, h)| right(h.to_string(), i)),
+    )
+    .style(Style::default().add_modifier(Modifier::REVERSED));
+    let body = body
+        .into_iter()
+        .map(|r| Row::new(r.into_iter().enumerate().map(|(i, c)| right(c, i))));
+    frame.render_widget(Table::new(body, widths).header(header), table);
+    let helptext = format!(
+        "q quit  p pause  c calls/hot  o own  t total  n name  f file  +/- interval ({})   sorted by {}",
+        format_ns(state.interval.as_nanos() as u64),
+        state.sort.label(snapshot.mode)
+    );
+    frame.render_widget(
+        Paragraph::new(helptext).style(Style::default().add_modifier(Modifier::DIM)),
+        help,
+    );
+}
+
+/// What a key does to the view; `None` to quit.
+pub fn handle_key(state: &mut ViewState, code: KeyCode, modifiers: KeyModifiers) -> Option<bool> {
+    let mut refresh = false;
+    match code {
+        KeyCode::Char('q') | KeyCode::Esc => return None,
+        KeyCode::Char('c') if modifiers.contains(KeyModifiers::CONTROL) => return None,
+        KeyCode::Char('p') | KeyCode::Char(' ') => state.paused = !state.paused,
+        KeyCode::Char('c') | KeyCode::Char('h') => state.sort = TopSort::Hot,
+        KeyCode::Char('o') => state.sort = TopSort::Own,
+        KeyCode::Char('t') => state.sort = TopSort::Total,
+        KeyCode::Char('n') => state.sort = TopSort::Name,
+        KeyCode::Char('f') => state.sort = TopSort::File,
+        KeyCode::Char('r') => refresh = true,
+        KeyCode::Char('+') => state.interval = (state.interval * 2).min(Duration::from_secs(60)),
+        KeyCode::Char('-') => {
+            state.interval = (state.interval / 2).max(Duration::from_millis(100));
+        }
+        _ => {}
+    }
+    Some(refresh)
+}
+
+/// Draws one frame on any backend (tests use ratatui's `TestBackend`).
+pub fn draw_on<B: Backend>(
+    terminal: &mut Terminal<B>,
+    snapshot: &Snapshot,
+    state: &ViewState,
+) -> io::Result<()> {
+    terminal.draw(|f| draw(f, snapshot, state)).map(|_| ())
+}

@@ -1,0 +1,149 @@
+use std::time::Duration;
+
+use crossterm::event::{KeyCode, KeyModifiers};
+use ratatui::Terminal;
+
+use super::*;
+use crate::analyze::Report;
+use ratatui::backend::TestBackend;
+
+fn row(function: &str, calls_per_s: f64, own: f64) -> TopRow {
+    TopRow {
+        pid: 42,
+        function: function.into(),
+        file: "/app/x/main.py".into(),
+        line: 3,
+        calls: Some(calls_per_s as u64),
+        calls_per_s: Some(calls_per_s),
+        own_pct: own,
+        total_pct: own,
+        own_ns: 1000,
+        samples: 0,
+    }
+}
+
+fn snapshot() -> Snapshot {
+    Snapshot {
+        pid: 42,
+        python: "3.9.2".into(),
+        mode: TopMode::Trace,
+        window_ns: 1_000_000_000,
+        rows: vec![row("slow", 10.0, 80.0), row("busy", 5000.0, 10.0)],
+        gc_per_s: 2.0,
+        gc_pct: 0.5,
+        imports_per_s: 0.0,
+        events: 10020,
+        ..Snapshot::default()
+    }
+}
+
+#[test]
+fn text_snapshot_hottest_first() {
+    let text = render_text(&snapshot(), TopSort::Hot, 10);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("pyprobe top: pid 42, CPython 3.9.2, trace mode"));
+    assert!(lines[1].starts_with("GC 2.00/s (0.5% of the time), imports 0.00/s"));
+    assert!(lines[2].trim_start().starts_with("CALLS/S"));
+    assert!(lines[3].contains("busy"), "{text}");
+    assert!(lines[4].contains("slow"));
+    assert!(lines[3].contains("x/main.py:3"));
+    let own = render_text(&snapshot(), TopSort::Own, 1);
+    assert!(own.lines().nth(3).unwrap().contains("slow"));
+    assert_eq!(own.lines().count(), 4);
+}
+
+#[test]
+fn rates_over_the_window_between_two_reports() {
+    use crate::analyze::{FunctionStats, GcStats};
+    let f = |calls, excl| FunctionStats {
+        function: "f".into(),
+        file: "/a/b.py".into(),
+        line: 1,
+        calls: Some(calls),
+        inclusive_ns: excl,
+        exclusive_ns: excl,
+        samples: 0,
+    };
+    let mut before = Report {
+        duration_ns: 1_000_000_000,
+        events: 100,
+        functions: vec![f(10, 100_000_000)],
+        gc: vec![GcStats {
+            collections: 1,
+            total_ns: 1_000_000,
+            ..GcStats::default()
+        }],
+        ..Report::default()
+    };
+    before.target.pid = 7;
+    let mut after = before.clone();
+    after.duration_ns = 3_000_000_000;
+    after.events = 300;
+    after.functions = vec![f(50, 600_000_000)];
+    after.gc[0].collections = 5;
+    after.gc[0].total_ns = 21_000_000;
+    let s = snapshot_between(Some(&before), &after);
+    assert_eq!(s.window_ns, 2_000_000_000);
+    assert_eq!(s.events, 200);
+    assert_eq!(s.rows.len(), 1);
+    assert_eq!(s.rows[0].calls, Some(40));
+    assert_eq!(s.rows[0].calls_per_s, Some(20.0));
+    assert!((s.rows[0].own_pct - 25.0).abs() < 1e-9);
+    assert!((s.gc_per_s - 2.0).abs() < 1e-9);
+    assert!((s.gc_pct - 1.0).abs() < 1e-9);
+    // Nothing ran in a window: no rows.
+    assert!(snapshot_between(Some(&after), &after).rows.is_empty());
+}
+
+#[test]
+fn keys() {
+    let mut st = ViewState {
+        sort: TopSort::Hot,
+        paused: false,
+        interval: Duration::from_secs(1),
+        limit: 10,
+    };
+    assert_eq!(
+        handle_key(&mut st, KeyCode::Char('p'), KeyModifiers::NONE),
+        Some(false)
+    );
+    assert!(st.paused);
+    handle_key(&mut st, KeyCode::Char('o'), KeyModifiers::NONE);
+    assert_eq!(st.sort, TopSort::Own);
+    handle_key(&mut st, KeyCode::Char('+'), KeyModifiers::NONE);
+    assert_eq!(st.interval, Duration::from_secs(2));
+    assert_eq!(
+        handle_key(&mut st, KeyCode::Char('c'), KeyModifiers::CONTROL),
+        None
+    );
+    assert_eq!(
+        handle_key(&mut st, KeyCode::Char('q'), KeyModifiers::NONE),
+        None
+    );
+}
+
+#[test]
+fn draws_the_table() {
+    let mut terminal = Terminal::new(TestBackend::new(100, 8)).unwrap();
+    let st = ViewState {
+        sort: TopSort::Hot,
+        paused: true,
+        interval: Duration::from_secs(1),
+        limit: 10,
+    };
+    draw_on(&mut terminal, &snapshot(), &st).unwrap();
+    let buf = terminal.backend().buffer().clone();
+    let text: Vec<String> = (0..buf.area.height)
+        .map(|y| {
+            (0..buf.area.width)
+                .map(|x| buf[(x, y)].symbol().to_string())
+                .collect()
+        })
+        .collect();
+    assert!(text[0].starts_with("pyprobe top: pid 42"));
+    assert!(text[1].contains("[PAUSED]"));
+    assert!(text[2].contains("CALLS/S") && text[2].contains("FUNCTION"));
+    assert!(text[3].contains("busy"), "{text:#?}");
+    assert!(text[4].contains("slow"));
+    assert!(text[7].contains("q quit"));
+}

@@ -1,0 +1,233 @@
+//! What `record` says on stderr: the start line, the probe sites armed and left
+//! alone, and the overhead budget's closing line.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+
+use crate::process::status::cmdline;
+use crate::python::probes::ProbeGroup;
+use crate::tracer::RingUse;
+
+use super::events::EventBuilder;
+use super::request::{RecordRequest, Target};
+use super::resolver::{returns_only, Chosen, Mode};
+
+/// The line that says, once the interpreter is known, what is traced and how:
+/// the process, its CPython, the mode, the sampling rate, the probes and their
+/// engine, and where the recording goes.
+pub(super) struct StartLine<'a> {
+    pub mode: Mode,
+    pub request: &'a RecordRequest,
+    pub budget: Option<f64>,
+    /// The view written at the end, when -o names one.
+    pub view: Option<PathBuf>,
+}
+
+/// At most this many characters of the target's command line in the start line.
+const COMMAND_CHARS: usize = 48;
+
+impl StartLine<'_> {
+    pub fn print(&self, chosen: &Chosen, pid: i32, builder: &EventBuilder) {
+        eprintln!("{}", self.text(chosen, pid, builder));
+        if self.request.verbose {
+            eprintln!("pyprobe: interpreter: {}", chosen.object_path);
+            if let Some(w) = &chosen.warning {
+                eprintln!("pyprobe: note: {w}");
+            }
+        }
+    }
+
+    fn text(&self, chosen: &Chosen, pid: i32, builder: &EventBuilder) -> String {
+        let request = self.request;
+        let version = chosen
+            .version
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| "?".into());
+        let argv = match &request.target {
+            Some(Target::Launch(command)) => command.clone(),
+            _ => cmdline(pid),
+        };
+        // The program by its name, not its directory.
+        let command = argv
+            .iter()
+            .enumerate()
+            .map(|(i, a)| match i {
+                0 => a.rsplit('/').next().unwrap_or(a),
+                _ => a.as_str(),
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        let command = if command.chars().count() > COMMAND_CHARS {
+            let cut: String = command.chars().take(COMMAND_CHARS - 1).collect();
+            format!("{cut}…")
+        } else {
+            command
+        };
+        let groups: Vec<&str> = chosen.groups.iter().map(|g| g.name()).collect();
+        let rate = request.rate;
+        let sampled = format!(
+            "stacks sampled at {rate} Hz{}",
+            if request.nonblocking {
+                " without stopping the threads"
+            } else {
+                ", stopping the threads briefly"
+            }
+        );
+        let engine = match request.ring {
+            RingUse::Auto => "engine auto: ring, else int3",
+            RingUse::Required => "engine ring",
+            RingUse::Off => "engine int3",
+        };
+        let what = match self.mode {
+            Mode::Trace if returns_only(chosen.version, &chosen.groups) => {
+                let others: Vec<&str> = groups
+                    .iter()
+                    .copied()
+                    .filter(|g| *g != "function")
+                    .collect();
+                let others = if others.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {}", others.join(", "))
+                };
+                format!(
+                    "mode trace: function returns (this CPython's entries do not fire){others} \
+                     exact ({engine}); times from stacks sampled at {rate} Hz without stopping \
+                     the threads"
+                )
+            }
+            Mode::Trace => format!("mode trace: {} exact ({engine})", groups.join(", ")),
+            Mode::Sample => format!("mode sample: {sampled}"),
+            Mode::Auto if chosen.has_probes && !groups.is_empty() => {
+                format!(
+                    "mode auto: {sampled}; {} exact ({engine})",
+                    groups.join(", ")
+                )
+            }
+            Mode::Auto if chosen.has_probes => format!("mode auto: {sampled}"),
+            Mode::Auto => format!(
+                "mode auto: {sampled}; no exact events: this CPython has no SDT probes (built \
+                 without --with-dtrace)"
+            ),
+        };
+        let budget = match self.budget {
+            Some(max)
+                if chosen.groups.contains(&ProbeGroup::Function)
+                    || chosen.groups.contains(&ProbeGroup::Line) =>
+            {
+                format!(
+                    "; overhead budget {}%: above it, function probes go off and stacks are \
+                     sampled",
+                    max * 100.0
+                )
+            }
+            Some(max) if chosen.has_probes => format!(
+                "; overhead budget {}%: above it, GC, import and audit events go without their \
+                 stacks",
+                max * 100.0
+            ),
+            _ => String::new(),
+        };
+        let into = match (builder.writing_to(), self.view.as_deref()) {
+            (None, _) => String::new(),
+            (Some((writing, final_name)), view) => {
+                let recording = if writing == final_name {
+                    format!("{}", final_name.display())
+                } else {
+                    format!("{} ({} when done)", writing.display(), final_name.display())
+                };
+                match view {
+                    Some(v) => format!("; writing {recording}, then {}", v.display()),
+                    None => format!("; writing {recording}"),
+                }
+            }
+        };
+        format!(
+            "pyprobe: process {pid}{} ({command}), CPython {version}: {what}{budget}{into}",
+            crate::process::status::ns_pid_note(pid),
+        )
+    }
+}
+
+pub(super) fn armed_line(pid: i32, sites: usize) -> String {
+    format!("pyprobe: {sites} probe sites armed in process {pid}")
+}
+
+/// What the resolver left alone in `pid` (forged or corrupt notes, odd
+/// semaphores): one line each with `verbose`, else one line saying how many.
+/// Sites holding something else than their `nop` are reported by the engine.
+pub(super) fn refusal_lines(pid: i32, chosen: &RefCell<Chosen>, verbose: bool) -> Vec<String> {
+    let refusals = chosen
+        .borrow_mut()
+        .refusals
+        .remove(&pid)
+        .unwrap_or_default();
+    if refusals.is_empty() {
+        return Vec::new();
+    }
+    if !verbose {
+        return vec![format!(
+            "pyprobe: process {pid}: {} probe note{} or semaphore{} failed pyprobe's checks and \
+             {} left alone, not traced (-v says which and why)",
+            refusals.len(),
+            if refusals.len() == 1 { "" } else { "s" },
+            if refusals.len() == 1 { "" } else { "s" },
+            if refusals.len() == 1 { "is" } else { "are" }
+        )];
+    }
+    refusals
+        .into_iter()
+        .map(|why| format!("pyprobe: process {pid}: {why}"))
+        .collect()
+}
+
+/// The closing line of an overhead budget: what it cost the target, and what it
+/// left out to hold.
+pub(super) fn budget_line(max: f64, b: &crate::tracer::BudgetSummary) -> String {
+    let sampled = if b.blocking_samples == 0 {
+        String::new()
+    } else {
+        format!(
+            "; {} samples stopped it, {} µs each on average{}",
+            b.blocking_samples,
+            b.sample_mean_ns / 1000,
+            if b.samples_unblocked {
+                ", then sampling went on without stopping it"
+            } else {
+                ""
+            }
+        )
+    };
+    let held = if b.slowdown <= max {
+        "held"
+    } else {
+        "exceeded"
+    };
+    let kept = if b.traced_functions {
+        format!(
+            "calls traced exactly {:.1}% of the time, in {} window{}, sampled in between",
+            b.exact_fraction * 100.0,
+            b.windows,
+            if b.windows == 1 { "" } else { "s" }
+        )
+    } else {
+        format!(
+            "stacks of GC, import and audit events recorded {:.1}% of the time",
+            b.exact_fraction * 100.0
+        )
+    };
+    let setup = if b.setup_ns > 0 {
+        format!(
+            " (and {:.1} ms once, to set up the ring)",
+            b.setup_ns as f64 / 1e6
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "overhead budget {}% {held}: the target was stopped for pyprobe {:.2}% of its run \
+         time{setup}; {kept}{sampled}",
+        max * 100.0,
+        b.slowdown * 100.0
+    )
+}

@@ -1,0 +1,435 @@
+//! A recording under way: opened once the engine is attached, fed every event
+//! of the engine's loop, and closed with what it says at the end.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::rc::Rc;
+
+use anyhow::{Context, Result};
+
+use crate::process::status::cmdline;
+use crate::record::{EventKind, Header, ThinLevel};
+use crate::tracer::signals::{monotonic_ns, StopReason};
+use crate::tracer::{Engine, Hit, Outcome, TraceEvent};
+
+use super::attaching::Attaching;
+use super::events::{EventBuilder, NamedKind};
+use super::lines::{armed_line, budget_line, refusal_lines, StartLine};
+use super::request::Target;
+use super::resolver::{needs_context_stacks, returns_only, Chosen, Mode, CONTEXT_PROBES};
+use super::sampler::Sampler;
+use super::settings::{default_output, Settings};
+use super::status::Status;
+
+/// Probes whose event opens a pause that a later probe closes.
+const OPENING_PROBES: [&str; 2] = ["gc__start", "import__find__load__start"];
+
+pub(super) struct Recorder<'a> {
+    settings: Settings<'a>,
+    chosen: Rc<RefCell<Chosen>>,
+    builder: EventBuilder,
+    sampler: Sampler,
+    start: StartLine<'a>,
+    /// The root process: attached to, or started.
+    pid: i32,
+    launched: bool,
+    /// `-o` as given, or the default name.
+    output: PathBuf,
+    recording_path: PathBuf,
+    /// A launched command gets its start line once its interpreter is found.
+    announced: bool,
+    /// Under a budget: calls are traced exactly now (then no sampling).
+    exact_window: bool,
+    /// Over budget: GC, import and audit events go without their stacks.
+    thinned: bool,
+    status: Status,
+}
+
+impl<'a> Recorder<'a> {
+    /// Opens the recording of `pid` (attached to, or `launched`), says the start
+    /// line when the interpreter is known already, and writes what happened while
+    /// attaching.
+    pub fn start(
+        mut settings: Settings<'a>,
+        chosen: Rc<RefCell<Chosen>>,
+        mut attaching: Attaching,
+        pid: i32,
+        launched: bool,
+    ) -> Result<Recorder<'a>> {
+        let request = settings.request;
+        let output = match &request.output {
+            Some(o) => o.clone(),
+            None => default_output(pid, settings.existing)?,
+        };
+        let recording_path = if settings.view.is_some() {
+            output.with_extension("pyprobe")
+        } else {
+            output.clone()
+        };
+        let header = Header {
+            pid: pid as u32,
+            command_line: match &request.target {
+                Some(Target::Launch(command)) => command.clone(),
+                _ => cmdline(pid),
+            },
+            mode: request.mode.name().to_owned(),
+            sample_interval_ns: if settings.mode == Mode::Trace && settings.budget.is_none() {
+                0
+            } else {
+                settings.interval_ns
+            },
+            start_ns: attaching.recording_start(),
+            wall_start_unix_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0),
+            ..Header::default()
+        };
+        let mut builder = EventBuilder::new(
+            header,
+            recording_path.clone(),
+            settings.existing,
+            std::mem::take(&mut settings.filter),
+            request.start_at.clone(),
+        );
+        if settings.alongside {
+            builder.sample_alongside(settings.interval_ns);
+        }
+        let mut sampler = attaching.sampler;
+        sampler.verbose = request.verbose;
+        let start = StartLine {
+            mode: settings.mode,
+            request,
+            budget: settings.budget,
+            view: settings.view.map(|_| output.clone()),
+        };
+        if !launched {
+            builder.open(pid, &chosen.borrow());
+            start.print(&chosen.borrow(), pid, &builder);
+        }
+        for line in attaching.lines {
+            eprintln!("{line}");
+        }
+        for (tid, ts_ns, kind) in attaching.threads {
+            builder.write(tid, ts_ns, kind);
+        }
+        let mut exact_window = false;
+        if let Some((pid, ts_ns, exact)) = attaching.window {
+            exact_window = exact;
+            builder.write(pid, ts_ns, EventKind::Window { exact });
+        }
+        // After the window: a window starts the stacks afresh.
+        if let Some((ts, stacks)) = attaching.running.take() {
+            Sampler::write_running(&mut builder, ts, stacks);
+        }
+        Ok(Recorder {
+            settings,
+            chosen,
+            builder,
+            sampler,
+            start,
+            pid,
+            launched,
+            output,
+            recording_path,
+            announced: false,
+            exact_window,
+            thinned: false,
+            status: Status::new(),
+        })
+    }
+
+    /// One event of the engine's loop.
+    pub fn on_event(&mut self, event: TraceEvent) {
+        let verbose = self.settings.request.verbose;
+        let builder = &mut self.builder;
+        match event {
+            TraceEvent::Hit(hit) => self.on_hit(hit),
+            TraceEvent::ThreadStart { pid, tid, ts_ns } => {
+                builder.write(tid, ts_ns, EventKind::ThreadStart { pid: pid as u32 })
+            }
+            TraceEvent::ThreadExit { pid, tid, ts_ns } => {
+                if tid == pid {
+                    self.sampler.forget(pid);
+                }
+                builder.write(tid, ts_ns, EventKind::ThreadExit)
+            }
+            TraceEvent::ProcessStart { pid, parent, ts_ns } => {
+                let parent = parent as u32;
+                let command = cmdline(pid).join(" ");
+                builder.write_named(pid, ts_ns, &command, NamedKind::ProcessStart { parent });
+            }
+            TraceEvent::Exec { pid, ts_ns } => {
+                self.sampler.forget(pid);
+                let command = cmdline(pid).join(" ");
+                builder.write_named(pid, ts_ns, &command, NamedKind::Exec);
+            }
+            TraceEvent::Installed { pid, sites } => {
+                if self.launched && !self.announced {
+                    self.announced = true;
+                    builder.open(pid, &self.chosen.borrow());
+                    self.start.print(&self.chosen.borrow(), pid, builder);
+                }
+                if verbose {
+                    eprintln!("{}", armed_line(pid, sites));
+                }
+                for line in refusal_lines(pid, &self.chosen, verbose) {
+                    eprintln!("{line}");
+                }
+            }
+            TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
+            TraceEvent::RingDrained { pid } => self.sampler.new_naming_batch(pid),
+            TraceEvent::Counted {
+                pid,
+                probe,
+                probe_name,
+                count,
+                ts_ns,
+            } => {
+                let audit = self
+                    .chosen
+                    .borrow()
+                    .meaning(pid, probe, probe_name)
+                    .is_some_and(|m| m.name == "audit");
+                if audit {
+                    builder.write(pid, ts_ns, EventKind::AuditsCounted { count });
+                }
+            }
+            TraceEvent::Thinning { pid, ts_ns, level } => {
+                self.thinned = level != ThinLevel::Full;
+                builder.write(pid, ts_ns, EventKind::Thinned { level });
+            }
+            TraceEvent::Summarised { short, full } => {
+                eprintln!("pyprobe: {}", if verbose { full } else { short })
+            }
+            TraceEvent::Detail(text) => {
+                if verbose {
+                    eprintln!("pyprobe: {text}");
+                }
+            }
+            TraceEvent::Lost { pid, count, ts_ns } => {
+                builder.write(pid, ts_ns, EventKind::Lost { count })
+            }
+            TraceEvent::Window { pid, ts_ns, exact } => {
+                self.exact_window = exact;
+                builder.write(pid, ts_ns, EventKind::Window { exact });
+            }
+            TraceEvent::Tick {
+                pid, ts_ns, on_cpu, ..
+            } => self.on_tick(pid, ts_ns, &on_cpu),
+        }
+        self.status.update(
+            self.builder.events(),
+            self.sampler.samples,
+            0,
+            self.builder.bytes(),
+        );
+    }
+
+    /// A probe hit: its event, and before it, for a GC, an import or an audit
+    /// event, the stack of the code that caused it.
+    fn on_hit(&mut self, hit: Hit) {
+        let Some(meaning) = self
+            .chosen
+            .borrow()
+            .meaning(hit.pid, hit.probe, hit.probe_name)
+        else {
+            return;
+        };
+        // Which code triggered a GC, an import or an audit event: from the walker,
+        // unless every call is traced (then the rebuilt stack says it).
+        let explains = CONTEXT_PROBES.contains(&meaning.name) && {
+            let now = self.chosen.borrow();
+            needs_context_stacks(self.settings.mode, now.version, &now.groups)
+        };
+        match hit.stack {
+            // Captured by the ring trampoline, in the target, at the hit.
+            Some(stack) if explains => {
+                self.sampler
+                    .captured(hit.pid, hit.tid, hit.ts_ns, stack, &mut self.builder)
+            }
+            // Held at its int3: read now, unless over budget. A ring hit without
+            // stack has none.
+            None if explains && hit.stopped && !self.thinned => {
+                self.sampler
+                    .context(hit.pid, hit.tid, hit.ts_ns, &mut self.builder)
+            }
+            _ => {}
+        }
+        // The thread was stopped before the collection or import began: it begins
+        // when the thread goes on, after pyprobe's stack read.
+        let opens_pause = explains && hit.stopped && OPENING_PROBES.contains(&meaning.name);
+        let ts_ns = if opens_pause {
+            monotonic_ns()
+        } else {
+            hit.ts_ns
+        };
+        self.builder.hit(meaning, &hit.at(ts_ns));
+    }
+
+    /// An engine tick: every thread's stack, when sampling now.
+    fn on_tick(&mut self, pid: i32, ts_ns: u64, on_cpu: &[(i32, bool)]) {
+        let sampling = !self.settings.alongside || {
+            let now = self.chosen.borrow();
+            returns_only(now.version, &now.groups)
+        };
+        if sampling && (self.announced || !self.launched) && !self.exact_window {
+            self.sampler.sample(pid, ts_ns, on_cpu, &mut self.builder);
+            self.builder.flush_if_due(ts_ns);
+        }
+    }
+
+    /// Detaches (dropping `engine`), finishes the recording, says what was
+    /// recorded, and writes the view `-o` named.
+    pub fn finish(self, engine: Engine, outcome: Result<Outcome>) -> Result<ExitCode> {
+        self.status.finish();
+        let hits = engine.hits();
+        let budget_summary = engine.budget_summary();
+        drop(engine);
+        let end_ns = monotonic_ns();
+        let Recorder {
+            settings,
+            builder,
+            sampler,
+            pid,
+            launched,
+            output,
+            recording_path,
+            ..
+        } = self;
+        let request = settings.request;
+        let events = builder.events();
+        let (opened, write_error) = builder.into_parts();
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                // The run failed: OUT is not replaced; what was recorded is kept.
+                if let Some((writer, file)) = opened {
+                    drop(writer);
+                    if let Some(kept) = file.salvage() {
+                        eprintln!(
+                            "pyprobe: what was recorded before the error is in {}",
+                            kept.display()
+                        );
+                    }
+                }
+                return Err(e);
+            }
+        };
+        if (settings.mode != Mode::Trace || sampler.ticks > 0) && sampler.samples == 0 {
+            if let Some(e) = &sampler.last_error {
+                eprintln!("pyprobe: no samples: {e}");
+            }
+        }
+        let Some((writer, file)) = opened else {
+            let why = write_error.map(|e| e.to_string()).unwrap_or_else(|| {
+                "the command never started a CPython interpreter pyprobe could read".into()
+            });
+            eprintln!("pyprobe: nothing recorded: {why}");
+            return Ok(exit_code(outcome, launched, pid));
+        };
+        let summary = writer.finish(end_ns);
+        let failure = match (write_error, &summary) {
+            (Some(e), _) => Some(e.to_string()),
+            (None, Err(e)) => Some(e.to_string()),
+            (None, Ok(_)) => None,
+        };
+        if let Some(e) = failure {
+            let kept = match file.salvage() {
+                Some(p) => format!("What was written before reads back from {}.", p.display()),
+                None => "Nothing was kept.".into(),
+            };
+            eprintln!(
+                "pyprobe: writing {} failed ({e}); detached from the target, which runs on. {kept}",
+                recording_path.display()
+            );
+            return Ok(ExitCode::from(1));
+        }
+        let summary = summary?;
+        file.commit()
+            .with_context(|| format!("cannot finish {}", recording_path.display()))?;
+        let mut what = match settings.mode {
+            Mode::Trace if sampler.samples == 0 => format!("{hits} probe hits"),
+            _ => format!("{} samples, {hits} probe hits", sampler.samples),
+        };
+        if summary.lost_events > 0 {
+            what.push_str(&format!(
+                " ({} more lost: the ring was full)",
+                summary.lost_events
+            ));
+        }
+        eprintln!(
+            "pyprobe: {what}, {events} events written to {} ({} bytes){}",
+            recording_path.display(),
+            summary.bytes,
+            match outcome {
+                Outcome::Detached(StopReason::Duration) =>
+                    "; duration reached, detached".to_string(),
+                Outcome::Detached(StopReason::Signal(s)) => format!("; {s} received, detached"),
+                Outcome::Detached(StopReason::Internal) => "; detached".to_string(),
+                Outcome::Exited(code) => format!("; target exited with status {code}"),
+                Outcome::Killed(sig) => format!("; target killed by {sig}"),
+            }
+        );
+        if let (Some(max), Some(b)) = (settings.budget, budget_summary) {
+            // Said when the budget changed what was recorded, or was exceeded.
+            let acted = b.traced_functions || b.exact_fraction < 1.0 || b.slowdown > max;
+            if acted || request.verbose {
+                eprintln!("pyprobe: {}", budget_line(max, &b));
+            }
+        }
+        if settings.view.is_some() {
+            write_view(&recording_path, &output, &settings)?;
+        }
+        Ok(exit_code(outcome, launched, pid))
+    }
+}
+
+/// The view `-o` named, beside which the recording stays, so other views can be
+/// made later.
+fn write_view(
+    recording_path: &std::path::Path,
+    output: &std::path::Path,
+    settings: &Settings,
+) -> Result<()> {
+    crate::session::views::write_view_for_extension(
+        recording_path,
+        output,
+        settings.request.samples,
+        settings.existing,
+    )
+    .with_context(|| format!("cannot write {}", output.display()))?;
+    eprintln!(
+        "pyprobe: wrote {} (recording kept in {})",
+        output.display(),
+        recording_path.display()
+    );
+    Ok(())
+}
+
+/// `record -- CMD` exits with the command's status; a detached command is waited for.
+fn exit_code(outcome: Outcome, launched: bool, pid: i32) -> ExitCode {
+    if !launched {
+        return ExitCode::SUCCESS;
+    }
+    let status = match outcome {
+        Outcome::Exited(code) => code,
+        Outcome::Killed(sig) => 128 + sig as i32,
+        Outcome::Detached(_) => wait_for_child(pid),
+    };
+    ExitCode::from(status.clamp(0, 255) as u8)
+}
+
+fn wait_for_child(pid: i32) -> i32 {
+    use nix::sys::wait::{waitpid, WaitStatus};
+    loop {
+        match waitpid(nix::unistd::Pid::from_raw(pid), None) {
+            Ok(WaitStatus::Exited(_, code)) => return code,
+            Ok(WaitStatus::Signaled(_, sig, _)) => return 128 + sig as i32,
+            Ok(_) => continue,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return 1,
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! What `pyprobe record` is asked to do.
+
+use std::path::PathBuf;
+
+use crate::analyze::SampleFilter;
+use crate::tracer::RingUse;
+
+use super::resolver::Mode;
+
+/// What to record or watch: a running process, or a command pyprobe starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// `-p PID`.
+    Attach(i32),
+    /// `-- CMD ARGS`.
+    Launch(Vec<String>),
+}
+
+/// What `pyprobe record` was asked to do (the CLI maps its flags onto this).
+#[derive(Debug, Clone, Default)]
+pub struct RecordRequest {
+    /// `None`: nothing given, refused once the rest is checked.
+    pub target: Option<Target>,
+    pub output: Option<PathBuf>,
+    /// Replace existing outputs (`--force`).
+    pub force: bool,
+    /// Say the site-level details at start (`-v`).
+    pub verbose: bool,
+    pub duration: Option<f64>,
+    pub mode: Mode,
+    pub probes: Vec<String>,
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+    pub start_at: Option<String>,
+    pub subprocesses: bool,
+    /// Sampling rate in Hz (modes auto and sample).
+    pub rate: u32,
+    /// Sample without stopping the threads.
+    pub nonblocking: bool,
+    /// `--max-overhead` as given, in percent (`None`: the default for the mode).
+    pub max_overhead: Option<f64>,
+    /// `--engine`: whether probe sites move to the ring (no stop per hit).
+    pub ring: RingUse,
+    /// Which samples a view written directly (`-o x.svg`) counts.
+    pub samples: SampleFilter,
+}

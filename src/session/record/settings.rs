@@ -1,0 +1,191 @@
+//! A request checked before anything is touched, and what follows from it: the
+//! mode's overhead budget, the outputs, the engine's options.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use crate::analyze::{FileFilter, SampleFilter};
+use crate::output::file::{check, check_recording, first_free, numbered, Existing, Stdout};
+use crate::process::objects::{find_probe_object, sdt_objects};
+use crate::process::status::check_inspectable;
+use crate::python::probes::{ProbeGroup, PROVIDER};
+use crate::python::tracing::parse_groups;
+use crate::python::walker::find_interpreter_object;
+use crate::session::views::{extension, is_fifo, FlameFormat};
+use crate::tracer::EngineOptions;
+
+use super::request::RecordRequest;
+use super::resolver::Mode;
+
+/// The default overhead budget, in percent, where one applies.
+const DEFAULT_MAX_OVERHEAD: f64 = 5.0;
+
+/// The slowdown allowed (fraction), from `--max-overhead` and the default: 5 % in
+/// auto mode, where nothing asked for is exact but what the budget allows.
+fn overhead_budget(request: &RecordRequest, mode: Mode) -> Result<Option<f64>> {
+    match request.max_overhead {
+        Some(p) if !(0.0..=10_000.0).contains(&p) => {
+            bail!("--max-overhead must be a percentage between 0 and 10000 (got {p})")
+        }
+        Some(0.0) => Ok(None),
+        Some(_) if mode == Mode::Sample => bail!(
+            "--max-overhead limits probes, and `--mode sample` uses none: lower -r/--rate instead"
+        ),
+        Some(p) => Ok(Some(p / 100.0)),
+        None if mode == Mode::Auto => Ok(Some(DEFAULT_MAX_OVERHEAD / 100.0)),
+        None => Ok(None),
+    }
+}
+
+/// A request checked before anything is touched, and what follows from it.
+pub(super) struct Settings<'a> {
+    pub request: &'a RecordRequest,
+    pub mode: Mode,
+    /// `--include`, `--exclude`.
+    pub filter: FileFilter,
+    /// `--probes`, when given.
+    pub requested: Option<BTreeSet<ProbeGroup>>,
+    /// The slowdown allowed (fraction).
+    pub budget: Option<f64>,
+    pub existing: Existing,
+    /// The view `-o` names, written beside the recording at the end.
+    pub view: Option<FlameFormat>,
+    pub interval_ns: u64,
+    /// Trace mode ticks too: on CPython 3.11, whose entry probe does not fire,
+    /// stacks are sampled alongside the exact return counts for times. Which
+    /// version runs is known only once the probes are found, so those samples do
+    /// not stop the target (elsewhere the ticks are ignored).
+    pub alongside: bool,
+}
+
+impl Settings<'_> {
+    /// Refuses what cannot be done, before anything is attached or started.
+    pub fn check(request: &RecordRequest) -> Result<Settings<'_>> {
+        let mode = request.mode;
+        if request.rate == 0 || request.rate > 10_000 {
+            bail!(
+                "-r/--rate must be between 1 and 10000 Hz (got {})",
+                request.rate
+            );
+        }
+        let filter = FileFilter::new(&request.include, &request.exclude)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let requested = if request.probes.is_empty() {
+            None
+        } else {
+            Some(parse_groups(&request.probes)?)
+        };
+        if mode == Mode::Sample && requested.is_some() {
+            bail!("`--probes` needs probes: use it with `--mode trace` or `--mode auto`");
+        }
+        let budget = overhead_budget(request, mode)?;
+        let existing = if request.force {
+            Existing::Replace
+        } else {
+            Existing::Keep
+        };
+        let view = match &request.output {
+            Some(output) => check_outputs(output, existing)?,
+            None => None,
+        };
+        if request.samples != SampleFilter::default() && view.is_none() {
+            eprintln!(
+                "pyprobe: note: --idle and --gil choose the samples a view counts (-o x.svg, \
+                 .json, .txt); a recording keeps every sample with its thread's state, for \
+                 report, flame and top --from to filter"
+            );
+        }
+        Ok(Settings {
+            request,
+            mode,
+            filter,
+            requested,
+            budget,
+            existing,
+            view,
+            interval_ns: 1_000_000_000 / u64::from(request.rate),
+            alongside: mode == Mode::Trace && budget.is_none(),
+        })
+    }
+
+    pub fn engine_options(&self) -> EngineOptions {
+        EngineOptions {
+            subprocesses: self.request.subprocesses,
+            guardian: true,
+            // Under a budget, stacks are sampled while the function probes are off.
+            sample_interval_ns: Some(self.interval_ns),
+            blocking_samples: !self.request.nonblocking && !self.alongside,
+            max_overhead: self.budget,
+            ring: self.request.ring,
+        }
+    }
+}
+
+/// The recording's default name: `pyprobe-PID.pyprobe`, or with `--force` not
+/// given and that taken, the first free `pyprobe-PID.N.pyprobe`.
+pub(super) fn default_output(pid: i32, existing: Existing) -> Result<PathBuf> {
+    let base = PathBuf::from(format!("pyprobe-{pid}.pyprobe"));
+    match existing {
+        Existing::Replace => Ok(base),
+        Existing::Keep => first_free(|n| numbered(&base, ".pyprobe", n), true)
+            .context("cannot find a free name for the recording"),
+    }
+}
+
+/// Refuses, with one clear sentence, a process this mode cannot record.
+pub(super) fn check_attachable(pid: i32, mode: Mode) -> Result<()> {
+    check_inspectable(pid)?;
+    if pid == std::process::id() as i32 {
+        bail!("pyprobe cannot trace itself (pid {pid})");
+    }
+    if mode == Mode::Trace && find_probe_object(pid, PROVIDER).is_err() {
+        check_inspectable(pid)?; // it may have exited meanwhile: say so, not "no probes"
+        let others = sdt_objects(pid, None)
+            .map(|o| !o.is_empty())
+            .unwrap_or(false);
+        bail!(
+            "process {pid} has no CPython SDT probes{}: it is not a CPython built with --with-dtrace, \
+             so `--mode trace` cannot work; `--mode sample` reads its stacks instead",
+            if others { " (it has other SDT providers)" } else { "" }
+        );
+    }
+    if mode != Mode::Trace {
+        find_interpreter_object(pid).with_context(|| format!("process {pid} cannot be sampled"))?;
+    }
+    Ok(())
+}
+
+/// Refuses, before anything is attached or started, an output pyprobe cannot or
+/// must not write: a name whose extension is no format it writes, an existing
+/// file (without `--force`), a device, a directory, a recording under way at the
+/// same name. Returns the view's format when OUT names a view (the recording
+/// then goes beside it, as OUT.pyprobe).
+fn check_outputs(output: &Path, existing: Existing) -> Result<Option<FlameFormat>> {
+    // What OUT is first (a device, a directory): its name is beside the point.
+    check(output, Stdout::Refused, Existing::Replace)?;
+    let view = FlameFormat::for_extension(output);
+    let recording = match view {
+        Some(_) => {
+            check(output, Stdout::Refused, existing)?;
+            output.with_extension("pyprobe")
+        }
+        None if extension(output).as_deref() == Some("pyprobe") || is_fifo(output) => {
+            output.to_owned()
+        }
+        None => bail!(
+            "pyprobe record cannot write {}: name the output .pyprobe (a recording), .svg \
+             (flame graph), .json (speedscope) or .txt (collapsed stacks)",
+            output.display()
+        ),
+    };
+    check_recording(&recording, existing).map_err(|e| {
+        if view.is_some() && e.kind() == std::io::ErrorKind::AlreadyExists {
+            anyhow::anyhow!("{e} (the recording kept beside {})", output.display())
+        } else {
+            e.into()
+        }
+    })?;
+    Ok(view)
+}

@@ -1,0 +1,109 @@
+//! `pyprobe top`: the hottest Python functions of a recording (possibly still
+//! being written), of a process or of every Python process, as one snapshot or
+//! as a live terminal view.
+
+use std::io::{self, IsTerminal};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use crate::analyze::SampleFilter;
+use crate::output::report::build_report_filtered;
+use crate::output::top::{snapshot_between, TopSort, ViewState};
+use crate::session::record::{self, RecordRequest, Target};
+use crate::session::views::open;
+
+use live::{all_top, live_top};
+use snapshots::{open_live, print_snapshot, recording_source, TOP_SAMPLE_RATE};
+use terminal::run_tui;
+
+mod live;
+mod snapshots;
+mod terminal;
+
+/// What `pyprobe top` was asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct TopRequest {
+    pub target: Option<Target>,
+    /// Every Python process this user may trace.
+    pub all: bool,
+    /// Watch a recording (possibly being written) instead of a process.
+    pub from: Option<PathBuf>,
+    pub interval: f64,
+    pub limit: usize,
+    pub once: bool,
+    /// Which samples count (`--idle`, `--gil`).
+    pub samples: SampleFilter,
+}
+
+/// `pyprobe top`.
+pub fn top(request: &TopRequest) -> Result<ExitCode> {
+    if !(request.interval > 0.0 && request.interval.is_finite()) {
+        bail!("--interval must be a positive number of seconds");
+    }
+    let interval = Duration::from_secs_f64(request.interval);
+    let once = request.once || !io::stdout().is_terminal();
+    let limit = request.limit.max(1);
+    if let Some(file) = &request.from {
+        if once {
+            let mut reader =
+                open_live(file).with_context(|| format!("cannot read {}", file.display()))?;
+            let report = build_report_filtered(&mut reader, request.samples)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let snapshot = snapshot_between(None, &report);
+            print_snapshot(&snapshot, limit)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        let state = ViewState {
+            sort: TopSort::Hot,
+            paused: false,
+            interval,
+            limit,
+        };
+        run_tui(recording_source(file.clone(), request.samples), state)
+            .context("the terminal view failed")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if request.all {
+        return all_top(interval, limit, once, request.samples);
+    }
+    let pid = match &request.target {
+        Some(Target::Launch(_)) if once => {
+            bail!("`top --once -- CMD` is not supported: record it (`pyprobe record -- CMD`) and use `top --from`");
+        }
+        Some(Target::Attach(pid)) if once => *pid,
+        Some(target) => return live_top(target, interval, limit, request.samples),
+        None => {
+            eprintln!(
+                "pyprobe: top: nothing to watch: give -p PID, --from RECORDING (or -- CMD, --all)"
+            );
+            return Ok(ExitCode::from(2));
+        }
+    };
+    // One snapshot of a live process: record it for one interval, sampling
+    // stacks (GC and imports exact where the build has their probes).
+    let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
+    let recording = dir.path().join("top.pyprobe");
+    let one_interval = RecordRequest {
+        target: Some(Target::Attach(pid)),
+        output: Some(recording.clone()),
+        duration: Some(request.interval),
+        mode: record::Mode::Auto,
+        rate: TOP_SAMPLE_RATE,
+        ..Default::default()
+    };
+    let code = record::run(&one_interval)?;
+    if !recording.exists() {
+        bail!("nothing was recorded from process {pid}");
+    }
+    if code != ExitCode::SUCCESS {
+        return Ok(code);
+    }
+    let mut reader = open(&recording)?;
+    let report = build_report_filtered(&mut reader, request.samples)
+        .context("cannot read the snapshot's recording")?;
+    print_snapshot(&snapshot_between(None, &report), limit)?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,75 @@
+//! Where top's snapshots come from, a recording re-read at each refresh, and
+//! where a single one goes, standard output.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::analyze::SampleFilter;
+use crate::output::file::partial_path;
+use crate::output::report::build_report_filtered;
+use crate::output::top::{render_text, snapshot_between, Snapshot, TopSort};
+use crate::record::RecordingReader;
+
+/// Opens a recording that may still be written: its `.partial` while the recorder
+/// runs, the recording itself once it has ended.
+pub(super) fn open_live(
+    file: &Path,
+) -> Result<RecordingReader<io::BufReader<File>>, crate::record::RecordError> {
+    match RecordingReader::open(&partial_path(file)) {
+        Err(crate::record::RecordError::Io { source, .. })
+            if source.kind() == io::ErrorKind::NotFound =>
+        {
+            RecordingReader::open(file)
+        }
+        other => other,
+    }
+}
+
+/// A data source reading a recording again at each refresh: the numbers cover
+/// what was added since the previous one.
+pub(super) fn recording_source(file: PathBuf, samples: SampleFilter) -> impl FnMut() -> Snapshot {
+    let mut previous = None;
+    move || {
+        let report = open_live(&file)
+            .map_err(anyhow::Error::from)
+            .and_then(|mut r| build_report_filtered(&mut r, samples).map_err(anyhow::Error::from));
+        match report {
+            Ok(report) => {
+                let mut s = snapshot_between(previous.as_ref(), &report);
+                let grown = previous
+                    .as_ref()
+                    .is_none_or(|p: &crate::analyze::Report| p.events != report.events);
+                if !grown {
+                    // Nothing new (the recording is finished): show the whole of it.
+                    s = snapshot_between(None, &report);
+                    s.status = Some(format!(
+                        "{}: no new events; whole recording shown",
+                        file.display()
+                    ));
+                } else {
+                    s.status = Some(format!("from {}", file.display()));
+                }
+                previous = Some(report);
+                s
+            }
+            Err(e) => Snapshot {
+                status: Some(format!("cannot read {}: {e:#}", file.display())),
+                ..Snapshot::default()
+            },
+        }
+    }
+}
+
+/// Samples per second for `top --once -p PID`.
+pub(super) const TOP_SAMPLE_RATE: u32 = 200;
+
+pub(super) fn print_snapshot(snapshot: &Snapshot, limit: usize) -> Result<()> {
+    let text = render_text(snapshot, TopSort::Hot, limit);
+    match io::stdout().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("cannot write to standard output"),
+    }
+}

@@ -1,0 +1,393 @@
+//! `pyprobe flame`: a recording as a flame graph, folded stacks, or an export for
+//! other tools (speedscope, Chrome trace), written to a file the user names or
+//! beside the recording.
+
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+
+use crate::analyze::{SampleFilter, SliceFilter};
+use crate::output::chrome::{write_chrome, ChromeOptions};
+use crate::output::file::{check, first_free, numbered, Existing, Output, Stdout};
+use crate::output::flame::{
+    choose_measure, read_folded_filtered, write_collapsed, write_svg, By, FrameNames, SvgOptions,
+};
+use crate::output::speedscope::{write_speedscope, SpeedscopeOptions};
+use crate::output::Census;
+
+use super::reading::{is_broken_pipe, note_cut_short, note_samples, open};
+
+/// Output formats of `pyprobe flame`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FlameFormat {
+    /// Flame graph (inferno).
+    #[default]
+    Svg,
+    /// Folded stacks.
+    Collapsed,
+    /// speedscope JSON.
+    Speedscope,
+    /// Chrome trace event JSON (Perfetto).
+    Chrome,
+}
+
+impl FlameFormat {
+    /// File name ending used when no output is given.
+    fn suffix(self) -> &'static str {
+        match self {
+            FlameFormat::Svg => ".svg",
+            FlameFormat::Collapsed => ".folded.txt",
+            FlameFormat::Speedscope => ".speedscope.json",
+            FlameFormat::Chrome => ".trace.json",
+        }
+    }
+
+    /// File name extensions (lower case) an output of this format may have.
+    fn extensions(self) -> &'static [&'static str] {
+        match self {
+            FlameFormat::Svg => &["svg"],
+            FlameFormat::Collapsed => &["txt", "folded"],
+            FlameFormat::Speedscope | FlameFormat::Chrome => &["json"],
+        }
+    }
+
+    /// The format an output named `path` gets when none is asked for: `.svg`
+    /// flame graph, `.txt` (or `.folded`) collapsed stacks, `.json` speedscope.
+    pub fn for_extension(path: &Path) -> Option<FlameFormat> {
+        match extension(path).as_deref() {
+            Some("svg") => Some(FlameFormat::Svg),
+            Some("txt" | "folded") => Some(FlameFormat::Collapsed),
+            Some("json") => Some(FlameFormat::Speedscope),
+            _ => None,
+        }
+    }
+
+    /// What it is, in a few words.
+    fn short(self) -> &'static str {
+        match self {
+            FlameFormat::Svg => "flame graph (SVG)",
+            FlameFormat::Collapsed => "collapsed stacks (text)",
+            FlameFormat::Speedscope => "speedscope profile (JSON)",
+            FlameFormat::Chrome => "Chrome trace (JSON)",
+        }
+    }
+
+    /// The `--format` value naming it.
+    fn flag(self) -> &'static str {
+        match self {
+            FlameFormat::Svg => "svg",
+            FlameFormat::Collapsed => "collapsed",
+            FlameFormat::Speedscope => "speedscope",
+            FlameFormat::Chrome => "chrome",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            FlameFormat::Svg => "flame graph (open it in a browser)",
+            FlameFormat::Collapsed => "folded stacks",
+            FlameFormat::Speedscope => "speedscope profile (open it at speedscope.app)",
+            FlameFormat::Chrome => "Chrome trace (open it in ui.perfetto.dev or chrome://tracing)",
+        }
+    }
+}
+
+/// The extension of `path`, in lower case.
+pub fn extension(path: &Path) -> Option<String> {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+}
+
+/// Whether `path` is a FIFO now (links followed): whatever it is named, it takes
+/// any format.
+pub fn is_fifo(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
+}
+
+/// What `pyprobe flame` was asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct FlameRequest {
+    /// The recording.
+    pub file: PathBuf,
+    /// Where to write; `-` for standard output; default beside the recording.
+    pub output: Option<PathBuf>,
+    /// `None`: as the output's extension says, else SVG.
+    pub format: Option<FlameFormat>,
+    pub title: Option<String>,
+    pub full_paths: bool,
+    pub by: By,
+    /// Which samples count (`--idle`, `--gil`).
+    pub samples: SampleFilter,
+    /// Replace an existing output.
+    pub force: bool,
+    /// What the trace exports keep (`--include`, `--exclude`, `--min-duration`).
+    pub filter: SliceFilter,
+}
+
+/// Exports estimated larger than this many bytes are announced before they are
+/// written, with the filters that shrink them. `PYPROBE_LARGE_VIEW_BYTES`
+/// overrides it, for tests.
+const LARGE_VIEW_BYTES: u64 = 200_000_000;
+
+fn large_view_bytes() -> u64 {
+    std::env::var("PYPROBE_LARGE_VIEW_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(LARGE_VIEW_BYTES)
+}
+
+/// `bytes` for people: `230 MB`, `1.6 GB`.
+fn human_bytes(bytes: u64) -> String {
+    match bytes {
+        b if b >= 10_000_000_000 => format!("{} GB", b / 1_000_000_000),
+        b if b >= 1_000_000_000 => format!("{:.1} GB", b as f64 / 1e9),
+        b if b >= 100_000_000 => format!("{} MB", b / 1_000_000),
+        b if b >= 1_000_000 => format!("{:.1} MB", b as f64 / 1e6),
+        b if b >= 1_000 => format!("{} kB", b / 1_000),
+        b => format!("{b} bytes"),
+    }
+}
+
+/// Says on stderr, before it is written, that an export will be large, and how
+/// to make it smaller.
+fn warn_if_large(format: FlameFormat, census: &Census, filtered: bool) {
+    let bytes = match format {
+        FlameFormat::Chrome => census.chrome_bytes(),
+        FlameFormat::Speedscope => census.speedscope_bytes(),
+        FlameFormat::Svg | FlameFormat::Collapsed => return,
+    };
+    if bytes <= large_view_bytes() {
+        return;
+    }
+    let what = match format {
+        FlameFormat::Chrome => "Chrome trace",
+        _ => "speedscope file",
+    };
+    eprintln!(
+        "pyprobe: warning: the {what} will be about {} ({} calls and {} samples of the \
+         recording's {} events{}); viewers slow down past a few hundred MB: --min-duration \
+         (e.g. 100us) drops shorter calls, --include/--exclude GLOB keep or drop functions by \
+         file",
+        human_bytes(bytes),
+        census.calls,
+        census.samples,
+        census.events,
+        if filtered {
+            ", with the filters given"
+        } else {
+            ""
+        },
+    );
+}
+
+/// Renders `request.file` in `format` to `out`.
+fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> Result<()> {
+    let file = &request.file;
+    let mut reader = open(file)?;
+    let filtered = !request.filter.is_empty();
+    let tally = match format {
+        FlameFormat::Svg | FlameFormat::Collapsed => {
+            let (folded, info) = read_folded_filtered(&mut reader, request.samples)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            note_cut_short(&reader, file);
+            let (measure, note) = choose_measure(&folded, &info.header, request.by);
+            if let Some(note) = note {
+                eprintln!("pyprobe: note: {note}");
+            }
+            let names =
+                FrameNames::new(reader.strings(), request.full_paths).with_header(&info.header);
+            if format == FlameFormat::Svg {
+                let options = SvgOptions {
+                    title: request.title.as_deref(),
+                };
+                write_svg(&folded, &info, measure, &names, &options, &mut *out)?;
+            } else {
+                write_collapsed(&folded, measure, &names, &mut *out)?;
+            }
+            folded.tally
+        }
+        FlameFormat::Speedscope => {
+            let options = SpeedscopeOptions {
+                full_paths: request.full_paths,
+                samples: request.samples,
+                filter: request.filter.clone(),
+                ..SpeedscopeOptions::default()
+            };
+            let before = |c: &Census| warn_if_large(format, c, filtered);
+            let tally = write_speedscope(&mut reader, &options, before, &mut *out)
+                .with_context(|| format!("cannot convert {}", file.display()))?;
+            note_cut_short(&reader, file);
+            tally
+        }
+        FlameFormat::Chrome => {
+            let options = ChromeOptions {
+                full_paths: request.full_paths,
+                samples: request.samples,
+                filter: request.filter.clone(),
+            };
+            let before = |c: &Census| warn_if_large(format, c, filtered);
+            let tally = write_chrome(&mut reader, &options, before, &mut *out)
+                .with_context(|| format!("cannot convert {}", file.display()))?;
+            note_cut_short(&reader, file);
+            tally
+        }
+    };
+    note_samples(&tally);
+    out.flush()?;
+    Ok(())
+}
+
+/// Writes the view to `path` (a FIFO, or a new file renamed over `path` once the
+/// view is complete: a failure leaves whatever was at `path` untouched).
+fn render_to_file(
+    request: &FlameRequest,
+    format: FlameFormat,
+    path: &Path,
+    stdout: Stdout,
+    existing: Existing,
+) -> Result<()> {
+    let output = Output::replace(path, stdout, existing)?;
+    let mut out = BufWriter::new(output.file());
+    render(request, format, &mut out)
+        .and_then(|()| out.flush().context("cannot write the output"))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    drop(out);
+    output.commit()?;
+    Ok(())
+}
+
+/// The default output: the recording's name with the format's ending.
+fn default_output(file: &Path, format: FlameFormat) -> PathBuf {
+    let stem = file
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "pyprobe".into());
+    file.with_file_name(format!("{stem}{}", format.suffix()))
+}
+
+/// The format to write: `--format`, else what the output's extension says, else
+/// SVG. An output named for another format is refused (a FIFO takes any).
+fn flame_format(request: &FlameRequest) -> Result<FlameFormat> {
+    let named = request
+        .output
+        .as_deref()
+        .filter(|p| p.as_os_str() != "-" && !is_fifo(p));
+    let Some(out) = named else {
+        return Ok(request.format.unwrap_or_default());
+    };
+    // What OUT is first (a device, a directory): its name is beside the point.
+    check(out, Stdout::Allowed, Existing::Replace)?;
+    match request.format {
+        Some(format) => {
+            let fits = extension(out).is_some_and(|e| format.extensions().contains(&e.as_str()));
+            if !fits {
+                let endings: Vec<String> = format
+                    .extensions()
+                    .iter()
+                    .map(|e| format!(".{e}"))
+                    .collect();
+                bail!(
+                    "{} does not fit --format {}, which writes a {}: name the output {}, or \
+                     `-o -` for standard output",
+                    out.display(),
+                    format.flag(),
+                    format.short(),
+                    endings.join(" or ")
+                );
+            }
+            Ok(format)
+        }
+        None => FlameFormat::for_extension(out).ok_or_else(|| {
+            anyhow::anyhow!(
+                "pyprobe flame cannot tell what to write to {} from its extension: name it \
+                 .svg (flame graph), .txt (collapsed stacks) or .json (speedscope; a Chrome trace \
+                 with --format chrome), or give --format",
+                out.display()
+            )
+        }),
+    }
+}
+
+/// `pyprobe flame FILE`.
+pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
+    let format = flame_format(request)?;
+    if !request.filter.is_empty()
+        && !matches!(format, FlameFormat::Chrome | FlameFormat::Speedscope)
+    {
+        bail!(
+            "--include, --exclude and --min-duration filter the trace exports (--format chrome \
+             or speedscope), not a {}",
+            format.short()
+        );
+    }
+    let existing = if request.force {
+        Existing::Replace
+    } else {
+        Existing::Keep
+    };
+    match &request.output {
+        Some(p) if p.as_os_str() == "-" => {
+            let stdout = io::stdout();
+            let mut out = BufWriter::new(stdout.lock());
+            match render(request, format, &mut out) {
+                Err(e) if is_broken_pipe(&e) => {}
+                other => other?,
+            }
+        }
+        Some(path) => {
+            render_to_file(request, format, path, Stdout::Allowed, existing)?;
+            eprintln!("pyprobe: wrote the {} to {}", format.what(), path.display());
+        }
+        None => {
+            // Beside the recording, under the next free name unless --force.
+            let base = default_output(&request.file, format);
+            let path = match existing {
+                Existing::Replace => base.clone(),
+                Existing::Keep => first_free(|n| numbered(&base, format.suffix(), n), false)
+                    .with_context(|| {
+                        format!("cannot find a free name beside {}", base.display())
+                    })?,
+            };
+            render_to_file(request, format, &path, Stdout::Allowed, existing)?;
+            let taken = if path == base {
+                String::new()
+            } else {
+                format!(" ({} exists; --force replaces it)", base.display())
+            };
+            eprintln!(
+                "pyprobe: wrote the {} to {}{taken}",
+                format.what(),
+                path.display()
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the view `out`'s extension names (`.svg` flame graph, `.json`
+/// speedscope, `.txt` or `.folded` collapsed stacks) from the recording at
+/// `recording`, with the samples `samples` keeps. Returns `false`, writing
+/// nothing, for any other extension.
+pub fn write_view_for_extension(
+    recording: &Path,
+    out: &Path,
+    samples: SampleFilter,
+    existing: Existing,
+) -> Result<bool> {
+    let Some(format) = FlameFormat::for_extension(out) else {
+        return Ok(false);
+    };
+    let request = FlameRequest {
+        file: recording.to_path_buf(),
+        output: Some(out.to_path_buf()),
+        format: Some(format),
+        samples,
+        ..FlameRequest::default()
+    };
+    render_to_file(&request, format, out, Stdout::Refused, existing)?;
+    Ok(true)
+}

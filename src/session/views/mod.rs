@@ -1,0 +1,9 @@
+//! `pyprobe flame` and `pyprobe calls`: read a recording and hand it to a view.
+
+mod calls;
+mod flame;
+mod reading;
+
+pub use calls::{calls, CallsRequest};
+pub use flame::{extension, flame, is_fifo, write_view_for_extension, FlameFormat, FlameRequest};
+pub(crate) use reading::open;
