@@ -32,23 +32,30 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::sys::signal::{signal, SigHandler, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, pipe2, ForkResult, Pid};
 
-use super::patch::{INT3, NOP};
-use crate::process::status::{start_time, task_gone_or_zombie};
+mod injection;
+mod stops;
 
-const MSG_LEN: usize = 13;
+pub use injection::GuardianLink;
+use injection::{
+    finish_injection, regs_from_bytes, Injection, BORROWED_BYTES, INJECTION_PAYLOAD, REGS_BYTES,
+};
+use stops::hold;
+
+use crate::process::status::start_time;
+use crate::tracer::patch::{INT3, NOP};
+
+pub(super) const MSG_LEN: usize = 13;
 /// Bytes of a ring site's original and patch in a [`Op::RingSiteArmed`] message.
 const SITE_BYTES: usize = 24;
 /// After the 13-byte head of [`Op::RingSiteArmed`]: length, original, patch.
 const RING_PAYLOAD: usize = 1 + 2 * SITE_BYTES;
 /// How long the guardian waits for the dead tracer's ptrace link to go and for
 /// the target's threads to stop, before it leaves the ring jumps in place.
-const HOLD_LIMIT: Duration = Duration::from_secs(2);
+pub(super) const HOLD_LIMIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -74,79 +81,6 @@ pub enum Op {
     /// The injected call is over: the thread has its registers, `addr` its bytes.
     /// `addr` holds the thread id.
     Injected = 9,
-}
-
-/// Bytes a spin loop borrows, at most.
-const BORROWED_BYTES: usize = 8;
-/// `user_regs_struct`: 27 registers.
-const REGS_BYTES: usize = std::mem::size_of::<libc::user_regs_struct>();
-/// After the 13-byte head of [`Op::Injecting`]: tid, length, bytes, registers.
-const INJECTION_PAYLOAD: usize = 4 + 1 + BORROWED_BYTES + REGS_BYTES;
-
-/// A second writer on the guardian's pipe, for the injector (which lives apart from
-/// the engine that owns the [`Guardian`]). Messages are single writes below
-/// `PIPE_BUF`: the guardian reads each whole.
-pub struct GuardianLink {
-    pipe: File,
-}
-
-impl GuardianLink {
-    /// Tells the guardian that thread `tid` of `pid` is about to run an injected call
-    /// through the spin loop written at `addr` over `borrowed`, and that `regs` are its
-    /// own registers. A failure means: do not inject through the loop.
-    pub fn tell_injection(
-        &mut self,
-        pid: i32,
-        tid: i32,
-        addr: u64,
-        borrowed: &[u8],
-        regs: &libc::user_regs_struct,
-    ) -> std::io::Result<()> {
-        if borrowed.is_empty() || borrowed.len() > BORROWED_BYTES {
-            return Err(std::io::Error::other(format!(
-                "{} bytes borrowed at {addr:#x} do not fit the guardian's message",
-                borrowed.len()
-            )));
-        }
-        let mut msg = [0u8; MSG_LEN + INJECTION_PAYLOAD];
-        msg[0] = Op::Injecting as u8;
-        msg[1..5].copy_from_slice(&pid.to_le_bytes());
-        msg[5..13].copy_from_slice(&addr.to_le_bytes());
-        msg[13..17].copy_from_slice(&tid.to_le_bytes());
-        msg[17] = borrowed.len() as u8;
-        msg[18..18 + borrowed.len()].copy_from_slice(borrowed);
-        msg[18 + BORROWED_BYTES..].copy_from_slice(&regs_to_bytes(regs));
-        self.pipe.write_all(&msg)
-    }
-
-    /// The injected call in `tid` is over.
-    pub fn tell_injected(&mut self, pid: i32, tid: i32) -> std::io::Result<()> {
-        let mut msg = [0u8; MSG_LEN];
-        msg[0] = Op::Injected as u8;
-        msg[1..5].copy_from_slice(&pid.to_le_bytes());
-        msg[5..13].copy_from_slice(&(tid as u64).to_le_bytes());
-        self.pipe.write_all(&msg)
-    }
-}
-
-fn regs_to_bytes(regs: &libc::user_regs_struct) -> [u8; REGS_BYTES] {
-    let mut out = [0u8; REGS_BYTES];
-    // SAFETY: user_regs_struct is repr(C) of 27 u64 (no padding); reading its bytes
-    // is reading plain integers.
-    let raw = unsafe {
-        std::slice::from_raw_parts(
-            (regs as *const libc::user_regs_struct).cast::<u8>(),
-            REGS_BYTES,
-        )
-    };
-    out.copy_from_slice(raw);
-    out
-}
-
-fn regs_from_bytes(bytes: &[u8; REGS_BYTES]) -> libc::user_regs_struct {
-    // SAFETY: any bit pattern is a valid user_regs_struct (27 u64); the read is
-    // unaligned-safe.
-    unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<libc::user_regs_struct>()) }
 }
 
 /// The tracer's end of the link.
@@ -236,15 +170,6 @@ impl Guardian {
     }
 }
 
-/// An injected call under way in a thread: where its spin loop is, what it replaced,
-/// and the thread's own registers.
-struct Injection {
-    pid: i32,
-    addr: u64,
-    borrowed: Vec<u8>,
-    regs: libc::user_regs_struct,
-}
-
 /// A ring site: the bytes to put back, and the jump that replaced them.
 struct RingSite {
     original: Vec<u8>,
@@ -252,7 +177,7 @@ struct RingSite {
 }
 
 #[derive(Default)]
-struct Undo {
+pub(super) struct Undo {
     sites: HashSet<u64>,
     ring: HashMap<u64, RingSite>,
     semaphores: HashMap<u64, u32>,
@@ -323,160 +248,6 @@ fn ring_fix<'a>(now: &[u8], site: &'a RingSite) -> Option<&'a [u8]> {
     } else {
         None
     }
-}
-
-/// Every thread of a process held in a ptrace stop by the guardian. Dropping it
-/// lets them go, each with the signal that stopped it, if one did (delivered as it
-/// would have been without the guardian); a thread in group-stop stays stopped.
-#[derive(Default)]
-struct Held {
-    threads: Vec<(i32, Option<Signal>)>,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        for &(tid, sig) in &self.threads {
-            let _ = ptrace::detach(Pid::from_raw(tid), sig);
-        }
-    }
-}
-
-/// Stops every thread of `pid` with `PTRACE_SEIZE` and `PTRACE_INTERRUPT` (no
-/// signal is sent: neither the target nor its parent sees the stop), within
-/// `deadline`. A thread it seized but that did not stop in time is let go when
-/// the guardian exits.
-fn hold(pid: i32, deadline: Instant) -> Result<Held, String> {
-    // The dead tracer's link goes a moment after its pipe closes.
-    loop {
-        match crate::process::status::tracer_of(pid) {
-            None => return Err("it exited".into()),
-            Some(0) => break,
-            Some(t) if Instant::now() > deadline => {
-                return Err(format!("it is still traced by process {t}"))
-            }
-            Some(_) => std::thread::sleep(Duration::from_millis(1)),
-        }
-    }
-    let mut held = Held::default();
-    // Seized threads cannot create more; one more round sees any a running one made.
-    for _ in 0..64 {
-        let tids = crate::process::status::thread_ids(pid).map_err(|_| "it exited")?;
-        let new: Vec<i32> = tids
-            .into_iter()
-            .filter(|t| !held.threads.iter().any(|(h, _)| h == t))
-            .collect();
-        if new.is_empty() {
-            return Ok(held);
-        }
-        for tid in new {
-            let thread = Pid::from_raw(tid);
-            let seized = loop {
-                match ptrace::seize(thread, ptrace::Options::empty()) {
-                    // Still the dead tracer's a moment longer.
-                    Err(Errno::EPERM)
-                        if !task_gone_or_zombie(pid, tid) && Instant::now() < deadline =>
-                    {
-                        std::thread::sleep(Duration::from_millis(1))
-                    }
-                    other => break other,
-                }
-            };
-            match seized {
-                Ok(()) => {}
-                Err(Errno::ESRCH) => continue,
-                // A thread that is exiting cannot be seized, and needs no stop.
-                Err(Errno::EPERM) if task_gone_or_zombie(pid, tid) => continue,
-                Err(e) => return Err(format!("cannot seize its thread {tid}: {e}")),
-            }
-            if let Err(e) = ptrace::interrupt(thread) {
-                if e != Errno::ESRCH {
-                    return Err(format!("cannot stop its thread {tid}: {e}"));
-                }
-            }
-            if let Some(sig) = wait_stop(thread, deadline)? {
-                held.threads.push((tid, sig));
-            }
-        }
-    }
-    Err("its threads kept multiplying".into())
-}
-
-/// Waits for a seized, interrupted thread to stop: `Some(signal)` with the signal
-/// that stopped it instead of the interrupt, if any; `None` if it ended.
-fn wait_stop(thread: Pid, deadline: Instant) -> Result<Option<Option<Signal>>, String> {
-    loop {
-        match waitpid(thread, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) | Err(Errno::EINTR) => {
-                if Instant::now() > deadline {
-                    return Err(format!("its thread {thread} did not stop"));
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            // The interrupt, or a group-stop (which resumes as one at release).
-            Ok(WaitStatus::PtraceEvent(..)) => return Ok(Some(None)),
-            Ok(WaitStatus::Stopped(_, sig)) => return Ok(Some(Some(sig))),
-            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(Errno::ECHILD) => {
-                return Ok(None)
-            }
-            Ok(_) => {}
-            Err(e) => return Err(format!("waiting for its thread {thread}: {e}")),
-        }
-    }
-}
-
-/// Gives thread `tid`, left in an injected call by the dead tracer, its own
-/// registers if it is still in the spin loop, then the loop's bytes back. Left in
-/// the loop (not seized), the thread keeps spinning rather than run the program's
-/// bytes with pyprobe's registers.
-fn finish_injection(tid: i32, injection: &Injection, undo: &Undo) -> Result<(), String> {
-    use std::os::unix::fs::FileExt;
-    let Some(mem) = &undo.mem else {
-        return Err("its memory could not be opened".into());
-    };
-    if undo.started.is_none() || start_time(injection.pid) != undo.started {
-        return Ok(()); // the process is gone
-    }
-    let deadline = Instant::now() + HOLD_LIMIT;
-    let thread = Pid::from_raw(tid);
-    let seized = loop {
-        match ptrace::seize(thread, ptrace::Options::empty()) {
-            // Still the dead tracer's a moment longer.
-            Err(Errno::EPERM)
-                if !task_gone_or_zombie(injection.pid, tid) && Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            other => break other,
-        }
-    };
-    match seized {
-        Ok(()) => {}
-        Err(Errno::ESRCH) => return Ok(()),
-        Err(Errno::EPERM) if task_gone_or_zombie(injection.pid, tid) => return Ok(()),
-        Err(e) => return Err(format!("cannot seize it: {e}")),
-    }
-    ptrace::interrupt(thread).map_err(|e| format!("cannot stop it: {e}"))?;
-    let held = Held {
-        threads: match wait_stop(thread, deadline)? {
-            Some(sig) => vec![(tid, sig)],
-            None => return Ok(()), // it ended
-        },
-    };
-    let regs = ptrace::getregs(thread).map_err(|e| format!("cannot read it: {e}"))?;
-    let end = injection.addr + injection.borrowed.len() as u64;
-    if (injection.addr..end).contains(&regs.rip) {
-        ptrace::setregs(thread, injection.regs).map_err(|e| format!("cannot set it: {e}"))?;
-    }
-    drop(held);
-    // The loop's bytes, unless something else is there now.
-    let mut now = vec![0u8; injection.borrowed.len()];
-    if mem.read_exact_at(&mut now, injection.addr).is_ok()
-        && now == crate::tracer::inject::SPIN_LOOP[..now.len()]
-    {
-        mem.write_all_at(&injection.borrowed, injection.addr)
-            .map_err(|e| format!("cannot put the bytes at {:#x} back: {e}", injection.addr))?;
-    }
-    Ok(())
 }
 
 /// Puts the original bytes back at the ring sites of `pid`, with every thread of

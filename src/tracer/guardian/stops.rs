@@ -1,0 +1,111 @@
+//! Holding a process's threads from the guardian, once the dead tracer's link is
+//! gone: seized and interrupted, no signal sent.
+
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::ptrace;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::process::status::task_gone_or_zombie;
+
+/// Every thread of a process held in a ptrace stop by the guardian. Dropping it
+/// lets them go, each with the signal that stopped it, if one did (delivered as it
+/// would have been without the guardian); a thread in group-stop stays stopped.
+#[derive(Default)]
+pub(super) struct Held {
+    pub(super) threads: Vec<(i32, Option<Signal>)>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        for &(tid, sig) in &self.threads {
+            let _ = ptrace::detach(Pid::from_raw(tid), sig);
+        }
+    }
+}
+
+/// Stops every thread of `pid` with `PTRACE_SEIZE` and `PTRACE_INTERRUPT` (no
+/// signal is sent: neither the target nor its parent sees the stop), within
+/// `deadline`. A thread it seized but that did not stop in time is let go when
+/// the guardian exits.
+pub(super) fn hold(pid: i32, deadline: Instant) -> Result<Held, String> {
+    // The dead tracer's link goes a moment after its pipe closes.
+    loop {
+        match crate::process::status::tracer_of(pid) {
+            None => return Err("it exited".into()),
+            Some(0) => break,
+            Some(t) if Instant::now() > deadline => {
+                return Err(format!("it is still traced by process {t}"))
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    let mut held = Held::default();
+    // Seized threads cannot create more; one more round sees any a running one made.
+    for _ in 0..64 {
+        let tids = crate::process::status::thread_ids(pid).map_err(|_| "it exited")?;
+        let new: Vec<i32> = tids
+            .into_iter()
+            .filter(|t| !held.threads.iter().any(|(h, _)| h == t))
+            .collect();
+        if new.is_empty() {
+            return Ok(held);
+        }
+        for tid in new {
+            let thread = Pid::from_raw(tid);
+            let seized = loop {
+                match ptrace::seize(thread, ptrace::Options::empty()) {
+                    // Still the dead tracer's a moment longer.
+                    Err(Errno::EPERM)
+                        if !task_gone_or_zombie(pid, tid) && Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    other => break other,
+                }
+            };
+            match seized {
+                Ok(()) => {}
+                Err(Errno::ESRCH) => continue,
+                // A thread that is exiting cannot be seized, and needs no stop.
+                Err(Errno::EPERM) if task_gone_or_zombie(pid, tid) => continue,
+                Err(e) => return Err(format!("cannot seize its thread {tid}: {e}")),
+            }
+            if let Err(e) = ptrace::interrupt(thread) {
+                if e != Errno::ESRCH {
+                    return Err(format!("cannot stop its thread {tid}: {e}"));
+                }
+            }
+            if let Some(sig) = wait_stop(thread, deadline)? {
+                held.threads.push((tid, sig));
+            }
+        }
+    }
+    Err("its threads kept multiplying".into())
+}
+
+/// Waits for a seized, interrupted thread to stop: `Some(signal)` with the signal
+/// that stopped it instead of the interrupt, if any; `None` if it ended.
+pub(super) fn wait_stop(thread: Pid, deadline: Instant) -> Result<Option<Option<Signal>>, String> {
+    loop {
+        match waitpid(thread, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(Errno::EINTR) => {
+                if Instant::now() > deadline {
+                    return Err(format!("its thread {thread} did not stop"));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            // The interrupt, or a group-stop (which resumes as one at release).
+            Ok(WaitStatus::PtraceEvent(..)) => return Ok(Some(None)),
+            Ok(WaitStatus::Stopped(_, sig)) => return Ok(Some(Some(sig))),
+            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(Errno::ECHILD) => {
+                return Ok(None)
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("waiting for its thread {thread}: {e}")),
+        }
+    }
+}
