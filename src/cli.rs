@@ -106,8 +106,9 @@ pub struct RecordArgs {
     /// (`.svg` flame graph, `.json` speedscope, `.txt` collapsed stacks; the
     /// recording is kept beside it as FILE.pyprobe). Any other name is refused
     /// before the target is touched (a FIFO takes the recording). An existing
-    /// file is refused unless --force is given. Default: pyprobe-PID.pyprobe, or
-    /// pyprobe-PID.1.pyprobe, .2, ... when that exists (nothing is replaced).
+    /// file is refused unless --force is given. Default: the flame graph
+    /// pyprobe-PID.svg with the recording beside it (pyprobe-PID.pyprobe), or
+    /// pyprobe-PID.1.svg, .2, ... when either exists (nothing is replaced).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Replace existing output files (-o FILE, the recording beside a view, or the
@@ -157,9 +158,11 @@ pub struct RecordArgs {
     /// pyprobe exceeds PERCENT of the time it runs (over about the last second),
     /// the function and line probes go off and its stacks are sampled instead
     /// (at -r HZ); they come back on for short exact windows as the budget allows.
-    /// The report says what share of the time was traced exactly. Default: 5 for
-    /// `--mode auto` with function or line probes on a running process (-p);
-    /// none otherwise. 0 turns the budget off.
+    /// In `--mode auto` the budget also governs GC, import and audit events: over
+    /// it they go without their stacks, then are only counted, then (a storm that
+    /// even counting cannot afford) not at all for a while; the report says so.
+    /// The report says what share of the time was traced exactly. Default: 5 in
+    /// `--mode auto`, none in `--mode trace`. 0 turns the budget off.
     #[arg(long, value_name = "PERCENT")]
     pub max_overhead: Option<f64>,
     /// Sample without stopping the threads (faster, stacks may be torn).

@@ -400,8 +400,9 @@ fn record_keeps_an_existing_output_unless_forced() {
     );
 }
 
-/// Without -o, the default names move on to the next free one rather than replace
-/// a file, and say where they wrote; `--force` replaces the default name.
+/// Without -o, pyprobe writes the flame graph pyprobe-PID.svg and keeps the
+/// recording beside it; the default names move on to the next free pair rather than
+/// replace a file, and say where they wrote; `--force` replaces the default name.
 #[test]
 fn default_names_never_replace_a_file() {
     let Some(py) = python("3.11") else { return };
@@ -416,17 +417,26 @@ fn default_names_never_replace_a_file() {
     std::fs::write(&held, precious()).unwrap();
     let o = pyprobe()
         .current_dir(dir.path())
-        .args(["record", "-p", &pid.to_string(), "-d", "0.3"])
+        // --idle: the target waits; its samples make the flame graph.
+        .args(["record", "-p", &pid.to_string(), "-d", "0.3", "--idle"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
+    // The flame graph, what a user looks at first, with its recording beside it.
     let written = dir.path().join(format!("pyprobe-{pid}.2.pyprobe"));
+    let graph = dir.path().join(format!("pyprobe-{pid}.2.svg"));
     assert!(
-        stderr.contains(&format!("written to pyprobe-{pid}.2.pyprobe")),
+        stderr.contains(&format!("written to pyprobe-{pid}.2.pyprobe"))
+            && stderr.contains(&format!(
+                "wrote pyprobe-{pid}.2.svg: open it in a web browser"
+            )),
         "says where: {stderr}"
     );
     report_json(s(&written));
+    assert!(std::fs::read_to_string(&graph)
+        .unwrap()
+        .starts_with("<?xml"));
     assert_eq!(std::fs::read(&taken).unwrap(), precious());
     assert_eq!(std::fs::read(&held).unwrap(), precious());
     drop(target);

@@ -21,6 +21,7 @@ use super::resolver::{needs_context_stacks, returns_only, Chosen, Mode, CONTEXT_
 use super::sampler::Sampler;
 use super::settings::{default_output, Settings};
 use super::status::Status;
+use crate::session::views::FlameFormat;
 
 /// Probes whose event opens a pause that a later probe closes.
 const OPENING_PROBES: [&str; 2] = ["gc__start", "import__find__load__start"];
@@ -60,7 +61,10 @@ impl<'a> Recorder<'a> {
         let request = settings.request;
         let output = match &request.output {
             Some(o) => o.clone(),
-            None => default_output(pid, settings.existing)?,
+            None => {
+                settings.view = Some(FlameFormat::Svg);
+                default_output(pid, settings.existing)?
+            }
         };
         let recording_path = if settings.view.is_some() {
             output.with_extension("pyprobe")
@@ -380,7 +384,16 @@ impl<'a> Recorder<'a> {
             }
         }
         if settings.view.is_some() {
-            write_view(&recording_path, &output, &settings)?;
+            match write_view(&recording_path, &output, &settings) {
+                // The flame graph was pyprobe's choice, not the user's: the
+                // recording is what matters, and it is written.
+                Err(e) if settings.request.output.is_none() => eprintln!(
+                    "pyprobe: no flame graph: {}; the recording is {}",
+                    e.root_cause(),
+                    recording_path.display()
+                ),
+                other => other?,
+            }
         }
         Ok(exit_code(outcome, launched, pid))
     }
@@ -400,8 +413,13 @@ fn write_view(
         settings.existing,
     )
     .with_context(|| format!("cannot write {}", output.display()))?;
+    let open = match settings.view {
+        Some(FlameFormat::Svg) => ": open it in a web browser",
+        Some(FlameFormat::Speedscope) => ": open it at https://www.speedscope.app",
+        _ => "",
+    };
     eprintln!(
-        "pyprobe: wrote {} (recording kept in {})",
+        "pyprobe: wrote {}{open} (the recording, for report, flame and top --from, is {})",
         output.display(),
         recording_path.display()
     );

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use crate::analyze::{FileFilter, SampleFilter};
-use crate::output::file::{check, check_recording, first_free, numbered, Existing, Stdout};
+use crate::output::file::{check, check_recording, numbered, partial_path, Existing, Stdout};
 use crate::process::objects::{find_probe_object, sdt_objects};
 use crate::process::status::check_inspectable;
 use crate::python::probes::{ProbeGroup, PROVIDER};
@@ -90,7 +90,8 @@ impl Settings<'_> {
             Some(output) => check_outputs(output, existing)?,
             None => None,
         };
-        if request.samples != SampleFilter::default() && view.is_none() {
+        if request.samples != SampleFilter::default() && view.is_none() && request.output.is_some()
+        {
             eprintln!(
                 "pyprobe: note: --idle and --gil choose the samples a view counts (-o x.svg, \
                  .json, .txt); a recording keeps every sample with its thread's state, for \
@@ -123,14 +124,27 @@ impl Settings<'_> {
     }
 }
 
-/// The recording's default name: `pyprobe-PID.pyprobe`, or with `--force` not
-/// given and that taken, the first free `pyprobe-PID.N.pyprobe`.
+/// The default output: the flame graph `pyprobe-PID.svg`, what a user wants to look
+/// at first, with the recording beside it as `pyprobe-PID.pyprobe`; with `--force`
+/// not given and either taken, the first `pyprobe-PID.N.svg` free with its recording.
 pub(super) fn default_output(pid: i32, existing: Existing) -> Result<PathBuf> {
-    let base = PathBuf::from(format!("pyprobe-{pid}.pyprobe"));
+    let base = PathBuf::from(format!("pyprobe-{pid}.svg"));
     match existing {
         Existing::Replace => Ok(base),
-        Existing::Keep => first_free(|n| numbered(&base, ".pyprobe", n), true)
-            .context("cannot find a free name for the recording"),
+        Existing::Keep => {
+            let recording = PathBuf::from(format!("pyprobe-{pid}.pyprobe"));
+            (0..10_000)
+                .map(|n| (numbered(&base, ".svg", n), n))
+                .find(|(svg, n)| {
+                    let taken = |p: &Path| {
+                        std::fs::symlink_metadata(p).is_ok()
+                            || std::fs::symlink_metadata(partial_path(p)).is_ok()
+                    };
+                    !taken(svg) && !taken(&numbered(&recording, ".pyprobe", *n))
+                })
+                .map(|(svg, _)| svg)
+                .context("cannot find a free name for the flame graph and its recording")
+        }
     }
 }
 
