@@ -2,6 +2,8 @@
 //!
 //! Data flows one way: target process → events → recording → views.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod analyze;
 pub mod elf;
 pub mod output;

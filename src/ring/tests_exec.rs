@@ -59,6 +59,7 @@ struct Region {
 
 // SAFETY: the mapping is only written before threads start; threads only execute it.
 unsafe impl Send for Region {}
+// SAFETY: as for Send.
 unsafe impl Sync for Region {}
 
 impl Region {
@@ -163,6 +164,7 @@ struct Ring {
 
 // SAFETY: only accessed through atomics (reader) and the trampolines.
 unsafe impl Send for Ring {}
+// SAFETY: as for Send.
 unsafe impl Sync for Ring {}
 
 impl Ring {

@@ -178,6 +178,7 @@ mod tests {
     fn strings_short_long_and_null() {
         let short = std::ffi::CString::new("fib").unwrap();
         let long = std::ffi::CString::new("x".repeat(700)).unwrap();
+        // SAFETY: user_regs_struct is plain integers; all zeros is a valid value.
         let mut raw: libc::user_regs_struct = unsafe { std::mem::zeroed() };
         raw.rdi = short.as_ptr() as u64;
         raw.rsi = long.as_ptr() as u64;

@@ -22,6 +22,7 @@ pub fn stop_cycle_ns() -> Option<u64> {
     match unsafe { fork() }.ok()? {
         ForkResult::Child => {
             if ptrace::traceme().is_err() {
+                // SAFETY: leaves the forked child at once, running nothing of the parent's.
                 unsafe { libc::_exit(1) };
             }
             let _ = raise(Signal::SIGSTOP);
@@ -29,6 +30,7 @@ pub fn stop_cycle_ns() -> Option<u64> {
                 // SAFETY: a breakpoint; the tracing parent resumes past it.
                 unsafe { std::arch::asm!("int3") };
             }
+            // SAFETY: as above.
             unsafe { libc::_exit(0) }
         }
         ForkResult::Parent { child } => {

@@ -15,6 +15,7 @@ fn read_pair() -> Pair {
     // SAFETY: rdtsc has no preconditions on x86-64.
     let before = unsafe { core::arch::x86_64::_rdtsc() };
     let ns = monotonic_ns();
+    // SAFETY: as above.
     let after = unsafe { core::arch::x86_64::_rdtsc() };
     Pair {
         tsc: before / 2 + after / 2,
