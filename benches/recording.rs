@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
-use pyprobe::record::{Event, EventKind, FrameRef, RecordingReader, RecordingWriter, StrId};
+use pyprobe::recording::{Event, EventKind, FrameRef, RecordingReader, RecordingWriter, StrId};
 
 #[path = "common/mod.rs"]
 mod common;

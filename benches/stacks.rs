@@ -13,7 +13,7 @@ use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throug
 use pyprobe::analyze::folded::{fold_events, Measure};
 use pyprobe::analyze::{plan_events, Aggregator, Replay};
 use pyprobe::output::flame::{write_collapsed, FrameNames};
-use pyprobe::record::{Completion, Event, Header, RecordingReader};
+use pyprobe::recording::{Completion, Event, Header, RecordingReader};
 
 #[path = "common/mod.rs"]
 mod common;

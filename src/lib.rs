@@ -10,7 +10,7 @@ pub mod output;
 pub mod probe_set;
 pub mod process;
 pub mod python;
-pub mod record;
+pub mod recording;
 pub mod ring;
 pub mod sdt;
 pub mod session;

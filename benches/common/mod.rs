@@ -13,7 +13,7 @@
 use std::io;
 use std::path::Path;
 
-use pyprobe::record::{Event, EventKind, FrameRef, Header, RecordingWriter, StrId, Summary};
+use pyprobe::recording::{Event, EventKind, FrameRef, Header, RecordingWriter, StrId, Summary};
 
 /// Source files of the synthetic program.
 const FILES: u32 = 24;

@@ -10,7 +10,7 @@
 use std::io::Cursor;
 
 use libfuzzer_sys::fuzz_target;
-use pyprobe::record::{RecordingReader, FORMAT_VERSION, MAGIC};
+use pyprobe::recording::{RecordingReader, FORMAT_VERSION, MAGIC};
 
 fn framed(mut rest: &[u8]) -> Vec<u8> {
     let mut out = MAGIC.to_vec();

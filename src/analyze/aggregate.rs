@@ -16,7 +16,7 @@ use super::model::{RaisingStack, Trigger, MAX_TRIGGERS};
 use super::replay::{Pairing, Replay, Step};
 use super::samples::{SampleAcc, SampleTracker};
 use super::states::{SampleFilter, SampleTally};
-use crate::record::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
+use crate::recording::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
 
 #[derive(Default, Clone, Copy)]
 struct FuncAcc {

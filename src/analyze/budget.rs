@@ -3,7 +3,7 @@
 //! without their stacks.
 
 use super::model::{ExactWindows, Thinned};
-use crate::record::ThinLevel;
+use crate::recording::ThinLevel;
 
 /// Stretches where GC, import and audit events went without their stacks.
 #[derive(Default, Clone, Copy)]

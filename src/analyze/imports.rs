@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::record::StrId;
+use crate::recording::StrId;
 
 /// Deepest import nesting tracked per thread.
 const MAX_IMPORT_DEPTH: usize = 256;

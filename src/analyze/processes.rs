@@ -7,7 +7,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::record::{Event, EventKind, Header, StrId};
+use crate::recording::{Event, EventKind, Header, StrId};
 
 /// One process of a recording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

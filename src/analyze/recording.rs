@@ -4,7 +4,7 @@
 use std::io::{Read, Seek};
 
 use super::replay::{Plan, Planner, Replay, Step};
-use crate::record::{Event, RecordError, RecordingReader};
+use crate::recording::{Event, RecordError, RecordingReader};
 
 /// The second pass: replays every event of `reader` (at its first event) with
 /// `plan`; `f` gets the reader (for its strings), each event, its thread's

@@ -10,7 +10,7 @@ use super::filter::{FileFilter, FilterError};
 use super::model::{FunctionSource, FunctionStats, Report};
 use super::recording::replay_recording;
 use super::states::SampleFilter;
-use crate::record::{Completion, RecordError, RecordingReader};
+use crate::recording::{Completion, RecordError, RecordingReader};
 
 /// Reads every event of `reader` and aggregates them, with the samples of threads
 /// on a CPU (the default [`SampleFilter`]). A recording cut short gives a report of

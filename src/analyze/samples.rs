@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::record::FrameRef;
+use crate::recording::FrameRef;
 
 /// Sample counts of one function.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -12,7 +12,7 @@
 //! in a trace-mode recording (CPython 3.11, whose entries do not fire), count
 //! whatever the thread was doing: they measure wall time.
 
-use crate::record::{Header, SampleState};
+use crate::recording::{Header, SampleState};
 
 /// `--idle` and `--gil`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

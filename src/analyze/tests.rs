@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::record::{Event, EventKind, FrameRef, Header, SampleState, StrId, WalkedFrame};
+use crate::recording::{Event, EventKind, FrameRef, Header, SampleState, StrId, WalkedFrame};
 
 /// Builds events against a little string table.
 #[derive(Default)]

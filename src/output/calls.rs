@@ -16,7 +16,7 @@ use crate::analyze::{EndKind, Step};
 use crate::output::flame::ViewError;
 use crate::output::names::FrameNames;
 use crate::output::speedscope::json_str;
-use crate::record::{EventKind, FrameRef, RecordingReader};
+use crate::recording::{EventKind, FrameRef, RecordingReader};
 
 /// Indentation stops growing past this depth (the depth is still printed in JSON).
 const MAX_INDENT: usize = 100;

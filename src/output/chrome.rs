@@ -24,7 +24,7 @@ use crate::output::flame::{ViewError, ViewInfo};
 use crate::output::names::{short_command, FrameNames};
 use crate::output::speedscope::json_str;
 use crate::output::{plan_recording, Census};
-use crate::record::{EventKind, FrameRef, RecordingReader, StrId, ThinLevel};
+use crate::recording::{EventKind, FrameRef, RecordingReader, StrId, ThinLevel};
 
 /// Sampled stacks of thread `tid` go on the track `SAMPLED_TRACK | tid` (Linux
 /// thread ids stay below 2^22).

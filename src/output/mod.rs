@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::io::{Read, Seek};
 
 use crate::analyze::{Plan, Planner, SliceFilter};
-use crate::record::{Event, EventKind, RecordError, RecordingReader, StrId};
+use crate::recording::{Event, EventKind, RecordError, RecordingReader, StrId};
 
 /// What a recording holds, counted while its replay is planned, with the trace
 /// exports' filter applied: enough to estimate an export's size before a byte of

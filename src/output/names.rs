@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use crate::analyze::folded::FoldFrame;
-use crate::record::{FrameRef, Header, StrId};
+use crate::recording::{FrameRef, Header, StrId};
 
 /// Where a source file comes from, for colours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,7 +22,7 @@ use crate::analyze::{SampleFilter, SampleTally, SliceFilter, Step};
 use crate::output::flame::{ViewError, ViewInfo};
 use crate::output::names::FrameNames;
 use crate::output::{plan_recording, Census};
-use crate::record::{EventKind, FrameRef, RecordingReader, StrId};
+use crate::recording::{EventKind, FrameRef, RecordingReader, StrId};
 
 /// Bytes of rendered events kept in memory before spilling to a temporary file.
 pub const DEFAULT_SPOOL_LIMIT: usize = 32 << 20;

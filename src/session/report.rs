@@ -10,7 +10,7 @@ use crate::analyze::{FunctionSource, SampleFilter};
 use crate::output::report::{
     build_report_filtered, render_json, render_table, ReportOptions, SortKey,
 };
-use crate::record::{Completion, RecordingReader};
+use crate::recording::{Completion, RecordingReader};
 
 /// What `pyprobe report` was asked to do. `--sort` left open picks what the
 /// recording can sort by.

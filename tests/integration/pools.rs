@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 use pyprobe::analyze::processes::ProcessMap;
-use pyprobe::record::{EventKind, RecordingReader};
+use pyprobe::recording::{EventKind, RecordingReader};
 use serde_json::Value;
 
 /// What `pyprobe record --subprocesses` made of one run.

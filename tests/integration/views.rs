@@ -7,7 +7,7 @@ use std::process::Command;
 
 use crate::support::{python, repo, run_pyprobe};
 use pyprobe::analyze::SampleFilter;
-use pyprobe::record::{
+use pyprobe::recording::{
     Event, EventKind, FrameRef, Header, RecordingWriter, SampleState, WalkedFrame,
 };
 
@@ -29,7 +29,7 @@ fn tmp(name: &str) -> PathBuf {
 /// Writes a recording at `path`: `events` are (tid, µs from the start, kind),
 /// with strings given by name and interned on the way.
 struct Rec {
-    writer: RecordingWriter<pyprobe::record::BackgroundWriter>,
+    writer: RecordingWriter<pyprobe::recording::BackgroundWriter>,
 }
 
 impl Rec {
@@ -297,7 +297,7 @@ fn speedscope_sampled_golden() {
 #[test]
 fn speedscope_spilled_to_disk_is_identical() {
     use pyprobe::output::speedscope::{write_speedscope, SpeedscopeOptions};
-    use pyprobe::record::RecordingReader;
+    use pyprobe::recording::RecordingReader;
     let t = trace_recording("speedscope-spill.pyprobe");
     let render = |limit: usize| {
         let mut reader = RecordingReader::open(&t).unwrap();

@@ -5,7 +5,7 @@ use rustc_hash::FxHashMap;
 use super::tree::{FoldCounts, FoldFrame, Folded, NodeId, StackTree};
 use crate::analyze::replay::{plan_events, Pairing, Replay, Step};
 use crate::analyze::states::{SampleFilter, SampleTally};
-use crate::record::{Event, EventKind, Header};
+use crate::recording::{Event, EventKind, Header};
 
 #[derive(Default)]
 struct ThreadFold {

@@ -1,7 +1,7 @@
 use super::*;
 use crate::analyze::replay::Replay;
-use crate::record::{Event, EventKind, Header};
-use crate::record::{FrameRef, SampleState, StrId};
+use crate::recording::{Event, EventKind, Header};
+use crate::recording::{FrameRef, SampleState, StrId};
 
 fn fr(function: u32, line: u32) -> FrameRef {
     FrameRef {
@@ -15,8 +15,8 @@ fn ev(tid: u32, ts_ns: u64, kind: EventKind) -> Event {
     Event { tid, ts_ns, kind }
 }
 
-fn walked(function: u32, line: u32) -> crate::record::WalkedFrame {
-    crate::record::WalkedFrame {
+fn walked(function: u32, line: u32) -> crate::recording::WalkedFrame {
+    crate::recording::WalkedFrame {
         code: fr(function, 1),
         line,
     }

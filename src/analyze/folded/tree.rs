@@ -2,7 +2,7 @@
 
 use crate::analyze::replay::ReplayCounters;
 use crate::analyze::states::SampleTally;
-use crate::record::{FrameRef, StrId};
+use crate::recording::{FrameRef, StrId};
 use rustc_hash::FxHashMap;
 
 /// One frame of a folded stack.

@@ -6,7 +6,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::steps::{Name, Pairing, MAX_CHAIN, MAX_DEPTH, NO_LINE};
 use crate::analyze::processes::ProcessMap;
-use crate::record::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
+use crate::recording::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
 
 /// What the first pass found; see the module documentation.
 #[derive(Debug, Clone, Default)]

@@ -6,7 +6,7 @@ use rustc_hash::FxHashMap;
 use super::plan::Plan;
 use super::steps::{EndKind, Exit, Name, Pairing, ReplayCounters, Step, ThreadTime, MAX_DEPTH};
 use crate::analyze::processes::ProcessMap;
-use crate::record::{Event, EventKind, FrameRef, Header, WalkedFrame};
+use crate::recording::{Event, EventKind, FrameRef, Header, WalkedFrame};
 
 struct OpenFrame {
     code: FrameRef,

@@ -1,7 +1,7 @@
 //! What both passes share: the depth cap, how calls pair with returns, and the
 //! steps, exits and counters the replay emits.
 
-use crate::record::{FrameRef, StrId};
+use crate::recording::{FrameRef, StrId};
 
 /// Deepest stack tracked per thread; calls beyond it are counted, not timed.
 pub const MAX_DEPTH: usize = 2048;

@@ -5,7 +5,7 @@ use crate::analyze::folded::{Folded, Folder, Measure};
 use crate::analyze::recording::replay_recording;
 use crate::analyze::SampleFilter;
 use crate::output::names::FrameNames;
-use crate::record::{Completion, Header, RecordError, RecordingReader};
+use crate::recording::{Completion, Header, RecordError, RecordingReader};
 use std::io::{self, Read, Seek, Write};
 
 /// An error while writing a view: reading the recording or writing the output.
@@ -13,7 +13,7 @@ use std::io::{self, Read, Seek, Write};
 pub enum ViewError {
     /// The recording could not be read.
     #[error(transparent)]
-    Record(#[from] crate::record::RecordError),
+    Record(#[from] crate::recording::RecordError),
     /// The output (or the temporary file) could not be written.
     #[error(transparent)]
     Io(#[from] io::Error),

@@ -11,7 +11,7 @@ use crate::analyze::folded::{Folded, Measure};
 use crate::analyze::SampleFilter;
 use crate::output::names::{FrameNames, Origin};
 use crate::output::units::format_ns;
-use crate::record::Header;
+use crate::recording::Header;
 
 /// The default title: the target's command line.
 pub fn default_title(header: &Header) -> String {

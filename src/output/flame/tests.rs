@@ -2,7 +2,7 @@ use super::svg::thousands;
 use super::*;
 use crate::analyze::folded::FoldFrame;
 use crate::output::names::{origin, Origin};
-use crate::record::{FrameRef, Header, StrId};
+use crate::recording::{FrameRef, Header, StrId};
 
 #[test]
 fn short_paths() {

@@ -5,7 +5,7 @@ use crate::analyze::{
     AuditCount, FunctionSource, FunctionStats, GcStats, Histogram, ImportStats, ProcessStats,
     Report, SampleFilter, Target, ThreadStats,
 };
-use crate::record::{
+use crate::recording::{
     Event, EventKind, FrameRef, Header, RecordingReader, RecordingWriter, SampleState, WalkedFrame,
 };
 

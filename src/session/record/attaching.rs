@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use crate::python::probes::ProbeGroup;
-use crate::record::EventKind;
+use crate::recording::EventKind;
 use crate::tracer::signals::monotonic_ns;
 use crate::tracer::TraceEvent;
 

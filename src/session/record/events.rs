@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use crate::analyze::FileFilter;
 use crate::output::file::{Existing, Output};
 use crate::python::probes::PythonProbe;
-use crate::record::{BackgroundWriter, Event, EventKind, FrameRef, Header, RecordingWriter, StrId};
+use crate::recording::{
+    BackgroundWriter, Event, EventKind, FrameRef, Header, RecordingWriter, StrId,
+};
 use crate::tracer::signals;
 use crate::tracer::Hit;
 
@@ -238,7 +240,7 @@ impl EventBuilder {
     pub fn intern(&mut self, s: &str) -> StrId {
         match self.writer.as_mut() {
             Some(w) => w.intern(s),
-            None => crate::record::StrId(0),
+            None => crate::recording::StrId(0),
         }
     }
 

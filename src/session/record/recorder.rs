@@ -9,7 +9,7 @@ use std::rc::Rc;
 use anyhow::{Context, Result};
 
 use crate::process::status::cmdline;
-use crate::record::{EventKind, Header, ThinLevel};
+use crate::recording::{EventKind, Header, ThinLevel};
 use crate::tracer::signals::{monotonic_ns, StopReason};
 use crate::tracer::{Engine, Hit, Outcome, TraceEvent};
 

@@ -5,7 +5,7 @@
 use rustc_hash::FxHashMap;
 
 use crate::python::walker::{PyFrame, Walker};
-use crate::record::{EventKind, FrameRef, SampleState, WalkedFrame};
+use crate::recording::{EventKind, FrameRef, SampleState, WalkedFrame};
 use crate::ring::RingStack;
 
 use super::events::EventBuilder;

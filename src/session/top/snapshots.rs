@@ -11,15 +11,15 @@ use crate::analyze::SampleFilter;
 use crate::output::file::partial_path;
 use crate::output::report::build_report_filtered;
 use crate::output::top::{render_text, snapshot_between, Snapshot, TopSort};
-use crate::record::RecordingReader;
+use crate::recording::RecordingReader;
 
 /// Opens a recording that may still be written: its `.partial` while the recorder
 /// runs, the recording itself once it has ended.
 pub(super) fn open_live(
     file: &Path,
-) -> Result<RecordingReader<io::BufReader<File>>, crate::record::RecordError> {
+) -> Result<RecordingReader<io::BufReader<File>>, crate::recording::RecordError> {
     match RecordingReader::open(&partial_path(file)) {
-        Err(crate::record::RecordError::Io { source, .. })
+        Err(crate::recording::RecordError::Io { source, .. })
             if source.kind() == io::ErrorKind::NotFound =>
         {
             RecordingReader::open(file)

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 
 use crate::analyze::{SampleFilter, SampleTally};
 use crate::output::flame::ViewError;
-use crate::record::{Completion, RecordingReader};
+use crate::recording::{Completion, RecordingReader};
 
 pub(crate) fn open(file: &Path) -> Result<RecordingReader<io::BufReader<File>>> {
     RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::calibrate;
 use super::{Budget, KernelCost, Toggle};
-use crate::record::ThinLevel;
+use crate::recording::ThinLevel;
 use crate::tracer::clock::monotonic_ns;
 use crate::tracer::engine::{Engine, TraceEvent};
 use crate::tracer::ring::{set_thin, RING_COUNT_NS};

@@ -4,7 +4,7 @@
 use anyhow::Result;
 use nix::sys::signal::Signal;
 
-use crate::record::ThinLevel;
+use crate::recording::ThinLevel;
 use crate::tracer::decode::HitBuffers;
 use crate::tracer::probes::ProbeSet;
 use crate::tracer::ring::RingUse;

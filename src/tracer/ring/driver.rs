@@ -13,7 +13,7 @@ use super::{
     STUCK_NS,
 };
 use crate::process::memory::ProcessMemory;
-use crate::record::ThinLevel;
+use crate::recording::ThinLevel;
 use crate::ring::DrainStop;
 use crate::tracer::clock::monotonic_ns;
 use crate::tracer::engine::{Engine, Hit, Proc, ThreadState, TraceEvent};
