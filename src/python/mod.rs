@@ -5,6 +5,3 @@ pub mod probe_catalog;
 pub mod tracing;
 pub mod version;
 pub mod walker;
-
-/// The catalog under its former name, for the session's imports.
-pub use probe_catalog as probes;

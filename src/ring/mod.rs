@@ -82,8 +82,6 @@ mod tests_site;
 pub use branches::BranchTargets;
 pub use codegen::{build_trampoline, CodegenError, ThreadIdSource, Trampoline, TrampolineParams};
 pub use consumer::{DrainStop, Drained, RingReader, RingRecord, RingStack, RingString};
-/// The ring's format under its former name, for the engine's imports.
-pub use format as layout;
 pub use format::{init_ring, ring_bytes, RingError};
 pub use region::{RegionError, RegionHeader, RegionSite};
 pub use site::{plans_overlap, qualify_site, thread_inside, SitePlan, SiteRefusal, Tail};

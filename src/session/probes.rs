@@ -55,12 +55,12 @@ pub fn listing_for_file(path: &std::path::Path, provider: Option<&str>) -> Resul
 pub fn listing_for_process(pid: i32, provider: Option<&str>) -> Result<ProbeListing> {
     let status = crate::process::status::check_inspectable(pid)?;
     // Default for a live process: the python provider when present, else all.
-    let wanted = provider.unwrap_or(python::probes::PROVIDER);
+    let wanted = provider.unwrap_or(python::probe_catalog::PROVIDER);
     let found = objects::sdt_objects(pid, Some(wanted))?;
     let has_wanted = found.iter().any(|o| o.has_provider(wanted));
     let filter = match (provider, has_wanted) {
         (Some(p), _) => Some(p),
-        (None, true) => Some(python::probes::PROVIDER),
+        (None, true) => Some(python::probe_catalog::PROVIDER),
         (None, false) => None,
     };
     let objects = found
@@ -114,8 +114,8 @@ fn object_probes(
 /// Describes each argument of a site: its width and signedness, where it lives, and
 /// for CPython's own probes, what it means.
 fn decode_args(probe: &SdtProbe, args: &str) -> Vec<DecodedArg> {
-    let meaning = (probe.provider == python::probes::PROVIDER)
-        .then(|| python::probes::lookup(&probe.name))
+    let meaning = (probe.provider == python::probe_catalog::PROVIDER)
+        .then(|| python::probe_catalog::lookup(&probe.name))
         .flatten();
     match sdt::parse_args(args) {
         Ok(specs) => specs
@@ -124,8 +124,8 @@ fn decode_args(probe: &SdtProbe, args: &str) -> Vec<DecodedArg> {
             .map(|(i, spec)| {
                 let known = meaning.and_then(|m| m.args.get(i));
                 let ty = match known {
-                    Some((_, python::probes::ArgKind::String)) => "char*".to_owned(),
-                    Some((_, python::probes::ArgKind::Pointer)) => "void*".to_owned(),
+                    Some((_, python::probe_catalog::ArgKind::String)) => "char*".to_owned(),
+                    Some((_, python::probe_catalog::ArgKind::Pointer)) => "void*".to_owned(),
                     _ => format!(
                         "{}{}",
                         if spec.signed { 'i' } else { 'u' },

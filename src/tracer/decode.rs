@@ -11,8 +11,8 @@ use nix::unistd::Pid;
 use crate::process::memory::{ProcessMemory, MAX_STRING};
 use crate::sdt;
 
-use super::probes::{Probe, Site};
 use super::regs::Registers;
+use crate::probe_set::{Probe, Site};
 
 /// Bytes read per string in the batched read; most file and function names fit.
 const FIRST_READ: usize = 192;

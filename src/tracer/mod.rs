@@ -9,7 +9,6 @@ pub mod guardian;
 pub mod inject;
 pub mod launch;
 pub mod patch;
-pub mod probes;
 pub mod regs;
 pub mod ring;
 pub mod safety_net;
@@ -18,6 +17,7 @@ pub mod signals;
 pub use engine::{
     BudgetSummary, Engine, EngineOptions, Hit, NotTraceable, Outcome, Resolver, RingUse, TraceEvent,
 };
-pub use probes::{usable_sites, Probe, ProbeSet, Refusal, Site};
+// What the engine is asked to trace, defined below it so its callers need not import it.
+pub use crate::probe_set::{usable_sites, Probe, ProbeSet, Refusal, Site};
 pub use regs::Registers;
 pub use signals::StopReason;

@@ -7,8 +7,8 @@ use std::io;
 use crate::process::memory::ProcessMemory;
 
 use super::guardian::{Guardian, Op};
-use super::probes::{ProbeSet, Refusal};
 use super::ring::leftovers::Leftovers;
+use crate::probe_set::{ProbeSet, Refusal};
 
 /// Tells the guardian, if there is one. What it cannot be told must not be patched.
 fn tell(guard: &mut Option<&mut Guardian>, op: Op, pid: i32, addr: u64) -> io::Result<()> {

@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use crate::python::probes::ProbeGroup;
+use crate::python::probe_catalog::ProbeGroup;
 use crate::recording::EventKind;
 use crate::tracer::signals::monotonic_ns;
 use crate::tracer::TraceEvent;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::analyze::FileFilter;
 use crate::output::file::{Existing, Output};
-use crate::python::probes::PythonProbe;
+use crate::python::probe_catalog::PythonProbe;
 use crate::recording::{
     BackgroundWriter, Event, EventKind, FrameRef, Header, RecordingWriter, StrId,
 };

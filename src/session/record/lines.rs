@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::path::PathBuf;
 
 use crate::process::status::cmdline;
-use crate::python::probes::ProbeGroup;
+use crate::python::probe_catalog::ProbeGroup;
 use crate::tracer::RingUse;
 
 use super::events::EventBuilder;

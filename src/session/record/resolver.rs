@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 
 use crate::process::memory::ProcessMemory;
 use crate::process::objects::{find_probe_object, LoadedObject};
-use crate::python::probes::{ProbeGroup, PythonProbe, PROBES, PROVIDER};
+use crate::python::probe_catalog::{ProbeGroup, PythonProbe, PROBES, PROVIDER};
 use crate::python::tracing::{available_groups, default_groups, probe_set, trace_refusal};
 use crate::python::version::{self, PyVersion};
 use crate::python::walker::find_interpreter_object;

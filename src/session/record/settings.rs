@@ -10,7 +10,7 @@ use crate::analyze::{FileFilter, SampleFilter};
 use crate::output::file::{check, check_recording, numbered, partial_path, Existing, Stdout};
 use crate::process::objects::{find_probe_object, sdt_objects};
 use crate::process::status::check_inspectable;
-use crate::python::probes::{ProbeGroup, PROVIDER};
+use crate::python::probe_catalog::{ProbeGroup, PROVIDER};
 use crate::python::tracing::parse_groups;
 use crate::python::walker::find_interpreter_object;
 use crate::session::views::{extension, is_fifo, FlameFormat};

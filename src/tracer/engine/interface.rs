@@ -4,9 +4,9 @@
 use anyhow::Result;
 use nix::sys::signal::Signal;
 
+use crate::probe_set::ProbeSet;
 use crate::recording::ThinLevel;
 use crate::tracer::decode::HitBuffers;
-use crate::tracer::probes::ProbeSet;
 use crate::tracer::ring::RingUse;
 use crate::tracer::signals::StopReason;
 

@@ -11,7 +11,7 @@ pub mod tsc;
 
 pub(in crate::tracer) use driver::RingBook;
 
-use crate::ring::layout::{THIN_COUNT, THIN_OFF, THIN_STACKLESS};
+use crate::ring::format::{THIN_COUNT, THIN_OFF, THIN_STACKLESS};
 use crate::tracer::ProbeSet;
 use setup::RingProc;
 
