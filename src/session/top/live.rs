@@ -49,8 +49,10 @@ fn is_python_of_this_user(pid: i32) -> bool {
     if status.kernel_thread || status.state == 'Z' || (uid != 0 && status.uid != uid) {
         return false;
     }
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    maps.contains("python") && crate::python::walker::find_interpreter_object(pid).is_ok()
+    // A cheap look first: a mapping named python, before the interpreter is sought.
+    let named_python = crate::process::maps::read_maps(pid)
+        .is_ok_and(|maps| maps.iter().any(|m| m.path.contains("python")));
+    named_python && crate::python::walker::find_interpreter_object(pid).is_ok()
 }
 
 /// One recorder of `top --all`, and the view of its recording.
