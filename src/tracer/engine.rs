@@ -252,6 +252,11 @@ impl Engine {
             }
         }) {
             engine.detach_all(sink);
+            // Its probes vanish with it: an exit is what to say, not the missing probes.
+            use crate::process::status::{task_gone_or_zombie, thread_is_ending};
+            if task_gone_or_zombie(pid, pid) || thread_is_ending(pid) {
+                bail!("process {pid} exited while pyprobe was attaching");
+            }
             return Err(e.context(format!("cannot install probes in process {pid}")));
         }
         engine.resume_all();
