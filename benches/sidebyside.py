@@ -93,10 +93,13 @@ def configurations(pyprobe, floor, pyspy, sites, sems, tmp):
     configs["pyprobe ring"] = lambda cmd: [
         pyprobe, "record", "--force", "--mode", "trace", "--engine", "ring", "-o", rec, "--"] + cmd
     configs["pyprobe auto"] = lambda cmd: [pyprobe, "record", "--force", "--mode", "auto", "-o", rec, "--"] + cmd
+    # -v: the budget's closing line (the share traced exactly) is said on every run.
     configs["pyprobe trace 5%"] = lambda cmd: [
-        pyprobe, "record", "--force", "--mode", "trace", "--engine", "int3", "--max-overhead", "5", "-o", rec, "--"] + cmd
+        pyprobe, "record", "-v", "--force", "--mode", "trace", "--engine", "int3", "--max-overhead", "5", "-o", rec,
+        "--"] + cmd
     configs["pyprobe ring 5%"] = lambda cmd: [
-        pyprobe, "record", "--force", "--mode", "trace", "--engine", "ring", "--max-overhead", "5", "-o", rec, "--"] + cmd
+        pyprobe, "record", "-v", "--force", "--mode", "trace", "--engine", "ring", "--max-overhead", "5", "-o", rec,
+        "--"] + cmd
     for rate in (100, 1000):
         configs[f"pyprobe sample {rate}"] = lambda cmd, r=rate: [
             pyprobe, "record", "--force", "--mode", "sample", "-r", str(r), "-o", rec, "--"] + cmd
@@ -157,13 +160,15 @@ def measure(args, version):
         for w in workloads:
             cmd = [binary, os.path.join(REPO, "benches", "workloads", WORKLOADS[w][0])] + WORKLOADS[w][1:]
             for name, make in configs.items():
-                if name in unavailable or (name == "floor" and w == "threaded"):  # the floor follows no threads
+                if (w, name) in unavailable or (name == "floor" and w == "threaded"):  # the floor follows no threads
                     continue
+                if name != "untraced" and (w, "untraced") in unavailable:
+                    continue  # nothing to compare with
                 if w in ONLY and name not in ONLY[w]:
                     continue
                 elapsed, code, h, ex, dropped, err = run_once(make(cmd), env)
                 if code != 0:
-                    unavailable[name] = err.strip().splitlines()[-1] if err.strip() else f"exit {code}"
+                    unavailable[(w, name)] = err.strip().splitlines()[-1] if err.strip() else f"exit {code}"
                     continue
                 times[(w, name)].append(elapsed)
                 if h is not None:
@@ -176,6 +181,8 @@ def measure(args, version):
 
     results = []
     for w in workloads:
+        if not times[(w, "untraced")]:
+            continue
         base = statistics.median(times[(w, "untraced")])
         for name in configs:
             t = times[(w, name)]
@@ -231,8 +238,8 @@ def print_table(version, runs, results, unavailable):
     print(" ".join(f"{title:>{w}}" for (title, _), w in zip(COLUMNS, widths)))
     for r in results:
         print(" ".join(f"{cell(r, key):>{w}}" for (_, key), w in zip(COLUMNS, widths)))
-    for name, why in unavailable.items():
-        print(f"unavailable: {name}: {why}")
+    for (w, name), why in unavailable.items():
+        print(f"unavailable: {w}, {name}: {why}")
 
 
 def machine():
@@ -292,8 +299,8 @@ def write_markdown(path, args, tables, load_before, load_after):
         lines.append("|" + " --- |" * len(COLUMNS))
         for r in results:
             lines.append("| " + " | ".join(cell(r, key) for _, key in COLUMNS) + " |")
-        for name, why in unavailable.items():
-            lines += ["", f"Not measured: {name}: {why}"]
+        for (w, name), why in unavailable.items():
+            lines += ["", f"Not measured: {w}, {name}: {why}"]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -320,7 +327,8 @@ def main():
     load_after = os.getloadavg()[0]
     with open(args.json, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d"), "runs": args.runs, "machine": machine(), "commit": commit(),
-                   "pythons": {v: {"results": r, "unavailable": u} for v, (r, u) in tables.items()}}, f, indent=1)
+                   "pythons": {v: {"results": r, "unavailable": {f"{w} {c}": why for (w, c), why in u.items()}}
+                               for v, (r, u) in tables.items()}}, f, indent=1)
     print(f"\nwritten: {args.json}")
     if args.markdown:
         write_markdown(args.markdown, args, tables, load_before, load_after)

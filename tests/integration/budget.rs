@@ -397,3 +397,34 @@ fn an_audit_storm_on_int3_is_paused_by_the_budget() {
         "{named} of {calls} audit events named"
     );
 }
+
+/// The closing line of a traced command under a budget speaks of the calls traced
+/// exactly, also once the command has exited (its process gone from the engine).
+#[test]
+fn a_launched_trace_under_budget_says_how_much_was_exact() {
+    let Some(py) = python("3.9") else { return };
+    let out = TempFile::new("budget-launched.pyprobe");
+    let run = pyprobe()
+        .args([
+            "record",
+            "-v",
+            "--mode",
+            "trace",
+            "--max-overhead",
+            "5",
+            "-o",
+        ])
+        .arg(out.path())
+        .arg("--")
+        .arg(&py.launcher)
+        .arg(fixture_script("hot_loop.py"))
+        .arg("0.5")
+        .output()
+        .expect("run pyprobe");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("calls traced exactly"),
+        "the budget line speaks of calls: {stderr}"
+    );
+}

@@ -41,6 +41,9 @@ pub(in crate::tracer) struct BudgetBook {
     pub(in crate::tracer) resumed_ns: HashMap<i32, u64>,
     /// Blocking samples cost more than the budget leaves: sample without stopping.
     pub(in crate::tracer) samples_unblocked: bool,
+    /// Function (or line) probes were put under the budget in some process, which
+    /// may have ended since: what the closing line speaks of.
+    pub(in crate::tracer) traced_functions: bool,
 }
 
 impl BudgetBook {
@@ -63,6 +66,7 @@ impl BudgetBook {
             last_wait_ns: 0,
             resumed_ns: HashMap::new(),
             samples_unblocked: false,
+            traced_functions: false,
         }
     }
 }
@@ -87,6 +91,7 @@ impl Engine {
         if !budgeted && set.stack_probes.is_empty() && set.needs_stop.is_empty() {
             return;
         }
+        self.budget.traced_functions |= budgeted;
         match &self.budget.meter {
             None => {
                 let now = monotonic_ns();
@@ -371,10 +376,7 @@ impl Engine {
                 exact_fraction: b.exact_fraction(now),
                 slowdown: b.overall_slowdown(now),
                 setup_ns: self.budget.setup_total_ns + self.budget.setup_in_stop_ns,
-                traced_functions: self
-                    .procs
-                    .values()
-                    .any(|p| !p.patches.set.budgeted.is_empty()),
+                traced_functions: self.budget.traced_functions,
                 windows: b.windows(),
                 blocking_samples,
                 sample_mean_ns,
