@@ -168,7 +168,10 @@ def measure(args, version):
                     continue
                 elapsed, code, h, ex, dropped, err = run_once(make(cmd), env)
                 if code != 0:
-                    unavailable[(w, name)] = err.strip().splitlines()[-1] if err.strip() else f"exit {code}"
+                    lines = err.strip().splitlines()
+                    # The line that says why: a panic's or an error's, else the last.
+                    why = next((l for l in lines if "panicked" in l or "rror" in l), lines[-1] if lines else "")
+                    unavailable[(w, name)] = why.strip() or f"exit {code}"
                     continue
                 times[(w, name)].append(elapsed)
                 if h is not None:
