@@ -9,13 +9,14 @@ use super::{FORMAT_VERSION, MAX_CHUNK_LEN, OLDEST_FORMAT_VERSION};
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
     /// Reading the file failed.
-    #[error("I/O error at offset {offset}: {source}")]
+    // The I/O error is in the message, not a source of its own: an error chain
+    // would say it twice ("No such file or directory ...: No such file or directory").
+    #[error("I/O error at offset {offset}: {error}")]
     Io {
         /// Where the read was.
         offset: u64,
         /// The underlying error.
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     /// The file has no bytes at all.
     #[error("empty file (no bytes at offset 0): not a pyprobe recording")]

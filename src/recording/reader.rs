@@ -65,7 +65,7 @@ pub struct RecordingReader<R: Read> {
 impl RecordingReader<BufReader<File>> {
     /// Opens the recording at `path` and reads its header.
     pub fn open(path: &Path) -> Result<Self, RecordError> {
-        let file = File::open(path).map_err(|source| RecordError::Io { offset: 0, source })?;
+        let file = File::open(path).map_err(|error| RecordError::Io { offset: 0, error })?;
         Self::from_reader(BufReader::with_capacity(256 * 1024, file))
     }
 }
@@ -277,9 +277,9 @@ impl<R: Read> RecordingReader<R> {
         (&mut self.input)
             .take(u64::from(len))
             .read_to_end(&mut self.chunk)
-            .map_err(|source| RecordError::Io {
+            .map_err(|error| RecordError::Io {
                 offset: at + CHUNK_HEADER_LEN,
-                source,
+                error,
             })?;
         if self.chunk.len() < len as usize {
             self.chunk.clear();
@@ -305,9 +305,9 @@ impl<R: Read + Seek> RecordingReader<R> {
     pub fn rewind(&mut self) -> Result<(), RecordError> {
         self.input
             .seek(SeekFrom::Start(self.events_start))
-            .map_err(|source| RecordError::Io {
+            .map_err(|error| RecordError::Io {
                 offset: self.events_start,
-                source,
+                error,
             })?;
         self.offset = self.events_start;
         self.chunk.clear();
@@ -342,10 +342,10 @@ fn read_full(input: &mut impl Read, buf: &mut [u8], offset: u64) -> Result<usize
             Ok(0) => break,
             Ok(k) => n += k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(source) => {
+            Err(error) => {
                 return Err(RecordError::Io {
                     offset: offset + n as u64,
-                    source,
+                    error,
                 })
             }
         }

@@ -558,6 +558,17 @@ fn empty_foreign_and_missing_files() {
 
     let e = error_line(&report("/nonexistent/run.pyprobe"));
     assert!(e.contains("/nonexistent/run.pyprobe"), "{e}");
+    // Said once, not once per link of the error's chain.
+    assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
+
+    // A view of a file that is no recording says so, not that it cannot write.
+    let foreign = TempFile::new("notes.txt");
+    std::fs::write(foreign.as_path(), b"shopping list\n").unwrap();
+    let e = error_line(&run_pyprobe(&["flame", foreign.path()]));
+    assert!(
+        e.contains("not a pyprobe recording") && !e.contains("cannot write"),
+        "{e}"
+    );
     let e = error_line(&report("/tmp"));
     assert!(e.contains("/tmp"), "a directory: {e}");
 }

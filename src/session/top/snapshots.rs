@@ -19,8 +19,8 @@ pub(super) fn open_live(
     file: &Path,
 ) -> Result<RecordingReader<io::BufReader<File>>, crate::recording::RecordError> {
     match RecordingReader::open(&partial_path(file)) {
-        Err(crate::recording::RecordError::Io { source, .. })
-            if source.kind() == io::ErrorKind::NotFound =>
+        Err(crate::recording::RecordError::Io { error, .. })
+            if error.kind() == io::ErrorKind::NotFound =>
         {
             RecordingReader::open(file)
         }

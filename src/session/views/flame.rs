@@ -250,6 +250,8 @@ fn render_to_file(
     stdout: Stdout,
     existing: Existing,
 ) -> Result<()> {
+    // A file that is no recording is said to be one, not a failure to write.
+    open(&request.file)?;
     let output = Output::replace(path, stdout, existing)?;
     let mut out = BufWriter::new(output.file());
     render(request, format, &mut out)
