@@ -170,14 +170,14 @@ impl Injector {
                 .tell_injection(pid, tid, spin.addr, &spin.original, &saved)
                 .is_err()
         {
-            return syscall(tid, self.insn, nr, args);
+            return syscall_from(tid, &saved, self.insn, nr, args);
         }
         let mut mem = ProcessMemory::new(pid);
         if mem.write(spin.addr, &SPIN_LOOP).is_err() {
             let _ = link.tell_injected(pid, tid);
-            return syscall(tid, self.insn, nr, args);
+            return syscall_from(tid, &saved, self.insn, nr, args);
         }
-        let result = syscall(tid, spin.addr, nr, args);
+        let result = syscall_from(tid, &saved, spin.addr, nr, args);
         // The thread is stopped with its registers back (or gone): the entry point
         // gets its bytes; until then the guardian keeps the thread's registers.
         let restored = mem.write(spin.addr, &spin.original);
@@ -267,9 +267,20 @@ struct Held {
 pub fn syscall(tid: i32, syscall_insn: u64, nr: i64, args: [u64; 6]) -> io::Result<i64> {
     let pid = Pid::from_raw(tid);
     let saved = ptrace::getregs(pid).map_err(|e| ptrace_error(tid, "reading registers", e))?;
+    syscall_from(tid, &saved, syscall_insn, nr, args)
+}
+
+/// [`syscall`], with the thread's registers `saved` already read.
+fn syscall_from(
+    tid: i32,
+    saved: &libc::user_regs_struct,
+    syscall_insn: u64,
+    nr: i64,
+    args: [u64; 6],
+) -> io::Result<i64> {
     let mut held = Vec::new();
-    let result = run_one(tid, &saved, syscall_insn, nr, args, &mut held);
-    requeue(tid, &saved, syscall_insn, held);
+    let result = run_one(tid, saved, syscall_insn, nr, args, &mut held);
+    requeue(tid, saved, syscall_insn, held);
     result
 }
 

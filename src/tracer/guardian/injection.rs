@@ -6,13 +6,12 @@ use std::fs::File;
 use std::io::Write;
 use std::time::Instant;
 
-use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::unistd::Pid;
 
-use super::stops::{wait_stop, Held};
+use super::stops::{seize_and_stop, Held};
 use super::{Op, Undo, HOLD_LIMIT, MSG_LEN};
-use crate::process::status::{start_time, task_gone_or_zombie};
+use crate::process::status::start_time;
 
 /// Bytes a spin loop borrows, at most.
 pub(super) const BORROWED_BYTES: usize = 8;
@@ -110,26 +109,8 @@ pub(super) fn finish_injection(tid: i32, injection: &Injection, undo: &Undo) -> 
     }
     let deadline = Instant::now() + HOLD_LIMIT;
     let thread = Pid::from_raw(tid);
-    let seized = loop {
-        match ptrace::seize(thread, ptrace::Options::empty()) {
-            // Still the dead tracer's a moment longer.
-            Err(Errno::EPERM)
-                if !task_gone_or_zombie(injection.pid, tid) && Instant::now() < deadline =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(1))
-            }
-            other => break other,
-        }
-    };
-    match seized {
-        Ok(()) => {}
-        Err(Errno::ESRCH) => return Ok(()),
-        Err(Errno::EPERM) if task_gone_or_zombie(injection.pid, tid) => return Ok(()),
-        Err(e) => return Err(format!("cannot seize it: {e}")),
-    }
-    ptrace::interrupt(thread).map_err(|e| format!("cannot stop it: {e}"))?;
     let held = Held {
-        threads: match wait_stop(thread, deadline)? {
+        threads: match seize_and_stop(injection.pid, tid, deadline)? {
             Some(sig) => vec![(tid, sig)],
             None => return Ok(()), // it ended
         },

@@ -55,36 +55,45 @@ pub(super) fn hold(pid: i32, deadline: Instant) -> Result<Held, String> {
             return Ok(held);
         }
         for tid in new {
-            let thread = Pid::from_raw(tid);
-            let seized = loop {
-                match ptrace::seize(thread, ptrace::Options::empty()) {
-                    // Still the dead tracer's a moment longer.
-                    Err(Errno::EPERM)
-                        if !task_gone_or_zombie(pid, tid) && Instant::now() < deadline =>
-                    {
-                        std::thread::sleep(Duration::from_millis(1))
-                    }
-                    other => break other,
-                }
-            };
-            match seized {
-                Ok(()) => {}
-                Err(Errno::ESRCH) => continue,
-                // A thread that is exiting cannot be seized, and needs no stop.
-                Err(Errno::EPERM) if task_gone_or_zombie(pid, tid) => continue,
-                Err(e) => return Err(format!("cannot seize its thread {tid}: {e}")),
-            }
-            if let Err(e) = ptrace::interrupt(thread) {
-                if e != Errno::ESRCH {
-                    return Err(format!("cannot stop its thread {tid}: {e}"));
-                }
-            }
-            if let Some(sig) = wait_stop(thread, deadline)? {
+            if let Some(sig) = seize_and_stop(pid, tid, deadline)? {
                 held.threads.push((tid, sig));
             }
         }
     }
     Err("its threads kept multiplying".into())
+}
+
+/// Seizes thread `tid` of `pid` once the dead tracer's link is gone and stops it
+/// with `PTRACE_INTERRUPT`, within `deadline`: `Some(signal)` as [`wait_stop`]
+/// says, `None` if it ended or is ending (it needs no stop).
+pub(super) fn seize_and_stop(
+    pid: i32,
+    tid: i32,
+    deadline: Instant,
+) -> Result<Option<Option<Signal>>, String> {
+    let thread = Pid::from_raw(tid);
+    let seized = loop {
+        match ptrace::seize(thread, ptrace::Options::empty()) {
+            // Still the dead tracer's a moment longer.
+            Err(Errno::EPERM) if !task_gone_or_zombie(pid, tid) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            other => break other,
+        }
+    };
+    match seized {
+        Ok(()) => {}
+        Err(Errno::ESRCH) => return Ok(None),
+        // A thread that is exiting cannot be seized, and needs no stop.
+        Err(Errno::EPERM) if task_gone_or_zombie(pid, tid) => return Ok(None),
+        Err(e) => return Err(format!("cannot seize its thread {tid}: {e}")),
+    }
+    if let Err(e) = ptrace::interrupt(thread) {
+        if e != Errno::ESRCH {
+            return Err(format!("cannot stop its thread {tid}: {e}"));
+        }
+    }
+    wait_stop(thread, deadline)
 }
 
 /// Waits for a seized, interrupted thread to stop: `Some(signal)` with the signal
