@@ -184,18 +184,21 @@ pub fn check_recording(path: &Path, existing: Existing) -> io::Result<Destinatio
     Ok(destination)
 }
 
+/// Whether something exists at `p` (or, for a `recording`, at its `.partial`, which
+/// a recorder under way or killed holds): a default name must pass over it.
+pub fn is_taken(p: &Path, recording: bool) -> bool {
+    std::fs::symlink_metadata(p).is_ok()
+        || (recording && std::fs::symlink_metadata(partial_path(p)).is_ok())
+}
+
 /// The first name `numbered(0)`, `numbered(1)`, ... at which nothing exists (nor,
 /// for a `recording`, its `.partial`): where a default output goes without
 /// replacing anything.
 pub fn first_free(numbered: impl Fn(u32) -> PathBuf, recording: bool) -> io::Result<PathBuf> {
-    let taken = |p: &Path| {
-        std::fs::symlink_metadata(p).is_ok()
-            || (recording && std::fs::symlink_metadata(partial_path(p)).is_ok())
-    };
     const TRIES: u32 = 10_000;
     (0..TRIES)
         .map(&numbered)
-        .find(|p| !taken(p))
+        .find(|p| !is_taken(p, recording))
         .ok_or_else(|| {
             err(
                 io::ErrorKind::AlreadyExists,

@@ -14,7 +14,8 @@
 mod check;
 mod output;
 pub use check::{
-    check, check_recording, first_free, numbered, partial_path, Destination, Existing, Stdout,
+    check, check_recording, first_free, is_taken, numbered, partial_path, Destination, Existing,
+    Stdout,
 };
 pub use output::Output;
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use crate::analyze::{FileFilter, SampleFilter};
-use crate::output::file::{check, check_recording, numbered, partial_path, Existing, Stdout};
+use crate::output::file::{check, check_recording, is_taken, numbered, Existing, Stdout};
 use crate::process::objects::{find_probe_object, sdt_objects};
 use crate::process::status::check_inspectable;
 use crate::python::probe_catalog::{ProbeGroup, PROVIDER};
@@ -136,11 +136,7 @@ pub(super) fn default_output(pid: i32, existing: Existing) -> Result<PathBuf> {
             (0..10_000)
                 .map(|n| (numbered(&base, ".svg", n), n))
                 .find(|(svg, n)| {
-                    let taken = |p: &Path| {
-                        std::fs::symlink_metadata(p).is_ok()
-                            || std::fs::symlink_metadata(partial_path(p)).is_ok()
-                    };
-                    !taken(svg) && !taken(&numbered(&recording, ".pyprobe", *n))
+                    !is_taken(svg, true) && !is_taken(&numbered(&recording, ".pyprobe", *n), true)
                 })
                 .map(|(svg, _)| svg)
                 .context("cannot find a free name for the flame graph and its recording")
