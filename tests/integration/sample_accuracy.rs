@@ -70,10 +70,12 @@ fn plain_share(report: &Value) -> f64 {
 
 /// While audit events fire by millions a second in one function, the default mode
 /// keeps them within its budget, so the samples still show the program as it runs
-/// untraced: the shares of time of a function raising an audit event per step and
-/// of one raising none stay within 3 points of the untraced program's own
-/// measurement. Fails when an event's wait for a full ring goes uncharged, or when
-/// an audit site falls back to int3 (each event a stop).
+/// untraced. Two truths are checked: the samples' share of a function raising an
+/// audit event per step against one raising none stays within 3 points of what the
+/// traced program measured itself in the same run (sampling is not skewed by the
+/// stops), and that self-measured share stays within 6 points of the untraced
+/// program's (the ring's real cost per event moves it by about 1.5). Fails when an
+/// audit site falls back to int3 (each event a stop: the share goes to nearly 0).
 #[test]
 fn sampled_shares_hold_while_audit_events_storm() {
     for version in ["3.9", "3.11", "3.15"] {
@@ -103,6 +105,10 @@ fn sampled_shares_hold_while_audit_events_storm() {
             .expect("run pyprobe");
         let stderr = String::from_utf8_lossy(&run.stderr);
         assert!(run.status.success(), "{version}: record failed:\n{stderr}");
+        let traced: Value = serde_json::from_slice(&run.stdout).unwrap_or_else(|e| {
+            panic!("{version}: the traced fixture's own measurement: {e}\n{stderr}")
+        });
+        let measured = traced["plain"].as_f64().unwrap();
         assert!(
             !stderr.contains("stays on int3"),
             "{version}: every audit site through the ring:\n{stderr}"
@@ -116,12 +122,18 @@ fn sampled_shares_hold_while_audit_events_storm() {
         let _ = std::fs::remove_file(&out);
         let share = plain_share(&report);
         eprintln!(
-            "{version}: plain()'s share sampled {share:.3}, untraced {expected:.3}; {}",
+            "{version}: plain()'s share sampled {share:.3}, measured by the traced \
+             program {measured:.3}, untraced {expected:.3}; {}",
             stderr.lines().last().unwrap_or("")
         );
         assert!(
-            (share - expected).abs() <= 0.03,
-            "{version}: sampled {share:.3} vs untraced {expected:.3}:\n{stderr}"
+            (share - measured).abs() <= 0.03,
+            "{version}: sampled {share:.3} vs measured in the same run {measured:.3}:\n{stderr}"
+        );
+        assert!(
+            (measured - expected).abs() <= 0.06,
+            "{version}: traced program's own share {measured:.3} vs untraced {expected:.3}: \
+             the audit storm slowed audited() beyond the budget:\n{stderr}"
         );
     }
 }
