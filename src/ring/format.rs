@@ -16,9 +16,14 @@
 //! | 64  | u64 | `head`: next slot index to reserve (producers, `lock cmpxchg`) |
 //! | 128 | u64 | `tail`: next slot index to read (written only by the consumer) |
 //! | 192 | u64 | `lost`: events dropped (ring full or reservation retries exhausted) |
-//! | 200 | u64 | `waited`: TSC cycles stack records spent waiting for room (`lock add`) |
+//! | 200 | u64 | `waited`: TSC cycles records spent waiting for room (`lock add`) |
 //! | 256 | 64 × u8 | `thin`: per probe id below [`THIN_PROBES`], how a stack probe records: [`THIN_OFF`] with its stack, [`THIN_STACKLESS`] without, [`THIN_COUNT`] not at all but counted (written only by the consumer) |
 //! | 512 | 64 × u64 | `counted`: per probe id, events counted instead of recorded (`lock inc`) |
+//! | 1024 | u64 | `alive`: 1 while a consumer reads the ring (producers wait for room), else 0 |
+//! | 1032 | u64 | `heartbeat`: the consumer's TSC when it last looked at the ring |
+//! | 1040 | u64 | `stale`: TSC cycles without a heartbeat after which the consumer counts as wedged |
+//! | 1048 | u32 | `sleepers`: producers asleep on `tail` waiting for room (`lock inc`/`lock dec`) |
+//! | 1056 | 2 × i64 | `nap`: the `timespec` a sleeping producer's `futex` wait lasts at most |
 //!
 //! `head`, `tail` and `lost` each own a 64-byte cache line so producers
 //! bumping `head` do not bounce the consumer's `tail`. Indices grow forever
@@ -55,25 +60,35 @@
 //!
 //! 1. Load `tail`, then `head` (in that order, so `head - tail` never
 //!    underflows with an honest consumer).
-//! 2. If `head - tail >= capacity`: `lock inc lost`, skip the event. A stack
-//!    record (1 + N slots, see `stack.rs`) first waits, `pause` by `pause`, up to
-//!    2^25 TSC cycles from its first look for room, re-reading from step 1, and
-//!    adds the cycles it waited to `waited` (the target's time lost to a full ring).
+//! 2. If `head - tail >= capacity` (a stack record needs its 1 + N slots, see
+//!    `stack.rs`), the ring is full: while `alive` is 1 and the `heartbeat` is
+//!    less than `stale` cycles old, the event waits for room, re-reading from
+//!    step 1: `pause` by `pause` for [`SPIN_CYCLES`], then asleep in
+//!    `futex(&tail, FUTEX_WAIT, tail, &nap)` with `sleepers` raised (and the
+//!    ring looked at again after raising it, so a wake-up cannot be missed).
+//!    It adds the cycles it waited to `waited` (the target's time lost to a
+//!    full ring). With no live consumer: `lock inc lost`, skip the event.
 //! 3. `lock cmpxchg head: head -> head + 1`; on failure go back to 1, at most
-//!    [`RESERVE_ATTEMPTS`] times in all, then `lock inc lost`.
+//!    [`RESERVE_ATTEMPTS`] times in a row, then as with a full ring (step 2).
 //! 4. Write the payload of slot `head`, then store `seq = head + 1` last (an
 //!    x86 store is a release: the consumer sees the payload once it sees `seq`).
 //!
-//! Producers never block and never loop unboundedly (the wait above is bounded). The consumer reads
-//! slot `tail` once its `seq == tail + 1`, copies it out, then stores
-//! `tail + 1`.
+//! Nothing is lost while the consumer lives: a producer waits as long as it
+//! takes, and stops waiting once the consumer leaves (`alive` = 0, written by
+//! pyprobe when it detaches and by its guardian when it dies) or its heartbeat
+//! goes stale (a consumer stopped, or dead with no guardian: bounded by
+//! `stale`). The consumer reads slot `tail` once its `seq == tail + 1`, copies
+//! it out, then stores `tail + 1`, and `futex(&tail, FUTEX_WAKE)` when
+//! `sleepers` is not 0 (after a full fence, pairing with the producer's `lock
+//! inc`). `tail`'s low 32 bits are the futex word: the memfd is shared, so
+//! the futex key is the same in both processes (no `FUTEX_PRIVATE_FLAG`).
 
 use thiserror::Error;
 
 /// `"PYPRRING"` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PYPRRING");
 /// Bumped on any incompatible change of this layout.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// The header occupies one page.
 pub const HEADER_SIZE: usize = 4096;
 /// Every slot has this size.
@@ -83,7 +98,8 @@ pub const SLOT_SIZE: usize = 256;
 pub const MAX_CAPACITY: u64 = 1 << 24;
 /// Arguments carried per record (SDT probes have at most 12; CPython's at most 3).
 pub const MAX_ARGS: usize = 6;
-/// How many times a producer tries to reserve a slot before counting the event lost.
+/// How many times in a row a producer tries to reserve a slot before it waits
+/// as on a full ring (or, with no live consumer, counts the event lost).
 pub const RESERVE_ATTEMPTS: u32 = 8;
 
 pub const H_MAGIC: usize = 0;
@@ -98,6 +114,19 @@ pub const H_LOST: usize = 192;
 pub const H_WAITED: usize = 200;
 pub const H_THIN: usize = 256;
 pub const H_COUNTED: usize = 512;
+/// The consumer's line: whether one reads the ring, and how a producer waits for it.
+pub const H_ALIVE: usize = 1024;
+pub const H_HEARTBEAT: usize = 1032;
+pub const H_STALE: usize = 1040;
+pub const H_SLEEPERS: usize = 1048;
+pub const H_NAP: usize = 1056;
+/// How long a sleeping producer's `futex` wait lasts at most before it looks
+/// at the ring (and the consumer's liveness) again.
+pub const NAP_NS: i64 = 1_000_000;
+/// TSC cycles a producer spins (`pause`) for room before it sleeps: a few
+/// microseconds, less than a futex round trip, enough for a consumer on another
+/// CPU that is draining.
+pub const SPIN_CYCLES: i32 = 1 << 14;
 /// Probe ids that can be thinned (one `thin` byte and one `counted` word each).
 pub const THIN_PROBES: u32 = 64;
 /// `thin` values.
@@ -122,7 +151,8 @@ pub const STRINGS_LEN: usize = SLOT_SIZE - S_STRINGS;
 // The fields must not overlap and the header fields must fit their page.
 const _: () = assert!(S_ARGS + 8 * MAX_ARGS <= S_NARGS && S_NULL < S_STRINGS);
 const _: () = assert!(H_THIN + THIN_PROBES as usize <= H_COUNTED);
-const _: () = assert!(H_COUNTED + 8 * THIN_PROBES as usize <= HEADER_SIZE);
+const _: () = assert!(H_COUNTED + 8 * THIN_PROBES as usize <= H_ALIVE);
+const _: () = assert!(H_ALIVE % 64 == 0 && H_NAP + 16 <= HEADER_SIZE);
 const _: () = assert!(SLOT_SIZE.is_power_of_two());
 
 /// Why a ring could not be formatted or opened.
@@ -198,6 +228,8 @@ pub fn init_ring(mem: &mut [u8], capacity: u64) -> Result<(), RingError> {
     put(mem, H_SLOT_SIZE, &(SLOT_SIZE as u32).to_le_bytes());
     put(mem, H_CAPACITY, &capacity.to_le_bytes());
     put(mem, H_HEADER_SIZE, &(HEADER_SIZE as u32).to_le_bytes());
+    // No consumer yet (`alive` 0): producers do not wait until one says so.
+    put(mem, H_NAP + 8, &NAP_NS.to_le_bytes());
     Ok(())
 }
 
@@ -237,7 +269,11 @@ mod tests {
         init_ring(&mut mem, 4).expect("init");
         assert_eq!(&mem[0..8], b"PYPRRING");
         assert_eq!(mem[H_CAPACITY], 4);
-        assert!(mem[H_HEAD..].iter().all(|&b| b == 0));
+        assert!(mem[H_HEAD..H_NAP].iter().all(|&b| b == 0));
+        // No consumer yet; a producer's nap is set.
+        assert_eq!(mem[H_ALIVE], 0);
+        assert_eq!(mem[H_NAP + 8..H_NAP + 16], NAP_NS.to_le_bytes());
+        assert!(mem[H_NAP + 16..].iter().all(|&b| b == 0));
         let mut short = vec![0u8; 100];
         assert!(matches!(
             init_ring(&mut short, 4),

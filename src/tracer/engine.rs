@@ -352,12 +352,9 @@ impl Engine {
             if self.ring_active() {
                 // Hits arrive in the rings without a stop: poll them and the waits.
                 let drained = self.drain_rings(sink);
-                let held = self.ring_backpressure(sink)?;
-                if drained > 0 || held {
+                self.ring_backlog(sink);
+                if drained > 0 {
                     self.poll_budget(sink);
-                }
-                if held {
-                    continue;
                 }
                 match self.wait_one(true, sink)? {
                     Waited::Nothing if drained == 0 => {

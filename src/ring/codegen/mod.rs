@@ -1,12 +1,14 @@
 //! Machine code for one site's trampoline, and the patch that jumps to it.
 //!
-//! Trampoline layout (all in the target, no calls, no system calls):
+//! Trampoline layout (all in the target, no calls; one system call, a `futex`
+//! wait, only while the ring is full and its consumer lives):
 //!
 //! ```text
 //! lea rsp, [rsp-128]          ; step over the red zone (lea keeps flags)
 //! pushfq                      ; then push rax rcx rdx rsi rdi r8 r9 r10 r11
 //! reserve a slot (format.rs protocol) -> r10 = index, r8 = slot address
-//!   (ring full or 8 failed CAS: lock inc lost; skip to restore)
+//!   (ring full: wait while the consumer lives; else, or after 8 failed CAS:
+//!   lock inc lost; skip to restore)
 //! rdtsc, probe id, tag, thread, nargs/masks, each argument, string prefixes
 //! (stack probes) the thread's Python stack into the following slots (stack.rs)
 //! mov [r8].seq, r10 + 1       ; publish
@@ -166,10 +168,6 @@ impl From<IcedError> for CodegenError {
 /// Bytes between the trampoline's rsp after its pushes and the site's rsp:
 /// red zone (128) + flags (8) + nine registers (72).
 const FRAME: i32 = 128 + 8 + 8 * SAVED.len() as i32;
-
-/// TSC cycles a stack probe's event waits for room in a full ring before it is
-/// counted lost: about 10 ms at 3 GHz, time for a descheduled pyprobe to drain.
-const FULL_WAIT_CYCLES: i32 = 1 << 25;
 
 /// Registers the trampoline uses, in push order.
 const SAVED: [RegFamily; 9] = [
@@ -346,7 +344,8 @@ fn patch_bytes(plan: &SitePlan, tramp: u64) -> Result<Vec<u8>, CodegenError> {
 }
 
 /// Reserves a slot: on success r10 = index and r8 = slot address; on
-/// failure counts the event lost and jumps to `restore`.
+/// failure counts the event lost and jumps to `restore`. A full ring is waited
+/// on while its consumer lives (see the producer protocol in `format.rs`).
 fn emit_reserve(
     a: &mut CodeAssembler,
     p: &TrampolineParams<'_>,
@@ -356,80 +355,106 @@ fn emit_reserve(
     let mut retry = a.create_label();
     let mut full = a.create_label();
     let mut reserved = a.create_label();
+    let mut wait = a.create_label();
+    let mut started = a.create_label();
+    let mut sleep = a.create_label();
+    let mut awake = a.create_label();
     let capacity = p.capacity as i32; // <= 2^24, checked by check_capacity
                                       // A stack record takes its continuation slots too, reserved in the same CAS.
-    let extra = stack.map_or(0, |s| i32::from(s.slots));
-    // A stack probe's event (GC, import, audit: rare, and exact under int3) waits,
-    // bounded, for pyprobe to free room rather than be dropped at once.
-    let mut wait = a.create_label();
-    // Thin or not: the event is as exact as with its stack.
-    let waits = p.stack.is_some();
+    let room = capacity - stack.map_or(0, |s| i32::from(s.slots));
     a.mov(r9, p.ring_addr)?;
     a.mov(ecx, RESERVE_ATTEMPTS)?;
-    if waits {
-        // r11 = the deadline, set at the first wait.
-        a.xor(r11d, r11d)?;
-    }
+    // r8 = the TSC at the first wait, 0 while the event has not waited (r8 is
+    // kept by the futex system call, which clobbers rax, rcx and r11).
+    a.xor(r8d, r8d)?;
     a.set_label(&mut retry)?;
     // tail before head: head - tail cannot underflow with an honest consumer.
     a.mov(rdx, qword_ptr(r9 + H_TAIL as i32))?;
     a.mov(rax, qword_ptr(r9 + H_HEAD as i32))?;
-    a.mov(r8, rax)?;
-    a.sub(r8, rdx)?;
-    a.cmp(r8, capacity - extra)?;
-    a.jae(if waits { wait } else { full })?;
-    a.lea(rdx, ptr(rax + 1 + extra))?;
+    a.mov(rdi, rax)?;
+    a.sub(rdi, rdx)?;
+    a.cmp(rdi, room)?;
+    a.jae(wait)?;
+    a.lea(rdx, ptr(rax + 1 + capacity - room))?;
     a.lock().cmpxchg(qword_ptr(r9 + H_HEAD as i32), rdx)?;
     a.je(reserved)?;
     a.dec(ecx)?;
     a.jnz(retry)?;
-    if waits {
-        a.jmp(full)?;
-        let mut timed = a.create_label();
-        a.set_label(&mut wait)?;
-        a.rdtsc()?;
-        a.shl(rdx, 32)?;
-        a.or(rax, rdx)?;
-        a.test(r11, r11)?;
-        a.jnz(timed)?;
-        a.lea(r11, ptr(rax + FULL_WAIT_CYCLES))?;
-        a.set_label(&mut timed)?;
-        a.cmp(rax, r11)?;
-        a.jae(full)?;
-        a.pause()?;
-        a.jmp(retry)?;
-    }
+    // Contended that long: treated as full (waits while the consumer lives).
+    a.jmp(wait)?;
+
+    // Full: wait while a consumer lives and its heartbeat is fresh.
+    a.set_label(&mut wait)?;
+    a.cmp(qword_ptr(r9 + H_ALIVE as i32), 0)?;
+    a.je(full)?;
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)?;
+    a.test(r8, r8)?;
+    a.jnz(started)?;
+    a.mov(r8, rax)?;
+    a.set_label(&mut started)?;
+    // Signed: a heartbeat stamped on a CPU whose counter is a little ahead is fresh.
+    a.mov(rdx, rax)?;
+    a.sub(rdx, qword_ptr(r9 + H_HEARTBEAT as i32))?;
+    a.cmp(rdx, qword_ptr(r9 + H_STALE as i32))?;
+    a.jg(full)?;
+    a.mov(rdx, rax)?;
+    a.sub(rdx, r8)?;
+    a.cmp(rdx, SPIN_CYCLES)?;
+    a.jae(sleep)?;
+    a.pause()?;
+    a.mov(ecx, RESERVE_ATTEMPTS)?;
+    a.jmp(retry)?;
+
+    // Asleep on tail's low word until the consumer wakes us or the nap ends.
+    // Raising `sleepers` before the last look pairs with the consumer's fence
+    // between storing tail and reading `sleepers`: either it sees us and wakes
+    // us, or we see its new tail (here, or as a changed futex word).
+    a.set_label(&mut sleep)?;
+    a.lock().inc(dword_ptr(r9 + H_SLEEPERS as i32))?;
+    a.mov(rdx, qword_ptr(r9 + H_TAIL as i32))?;
+    a.mov(rax, qword_ptr(r9 + H_HEAD as i32))?;
+    a.sub(rax, rdx)?;
+    a.cmp(rax, room)?;
+    a.jb(awake)?;
+    a.mov(eax, libc::SYS_futex as u32)?;
+    a.lea(rdi, ptr(r9 + H_TAIL as i32))?;
+    a.xor(esi, esi)?; // FUTEX_WAIT, shared: the consumer wakes through its own mapping
+    a.mov(edx, edx)?;
+    a.lea(r10, ptr(r9 + H_NAP as i32))?;
+    a.syscall()?;
+    a.set_label(&mut awake)?;
+    a.lock().dec(dword_ptr(r9 + H_SLEEPERS as i32))?;
+    a.mov(ecx, RESERVE_ATTEMPTS)?;
+    a.jmp(retry)?;
+
     a.set_label(&mut full)?;
-    if waits {
-        emit_add_waited(a)?;
-    }
+    emit_add_waited(a)?;
     a.lock().inc(qword_ptr(r9 + H_LOST as i32))?;
     a.jmp(*restore)?;
     a.set_label(&mut reserved)?;
-    if waits {
-        a.mov(rcx, rax)?;
-        emit_add_waited(a)?;
-        a.mov(rax, rcx)?;
-    }
-    a.mov(r10, rax)?;
+    a.mov(rcx, rax)?;
+    emit_add_waited(a)?;
+    a.mov(r10, rcx)?;
+    a.mov(rax, rcx)?;
     a.and(rax, capacity - 1)?;
     a.shl(rax, SLOT_SIZE.trailing_zeros())?;
     a.lea(r8, ptr(r9 + rax + HEADER_SIZE as i32))?;
     Ok(())
 }
 
-/// If this event waited for room (r11, its deadline, is set), adds the cycles it
-/// waited to the header's `waited`: the target's time lost to a full ring, which
-/// pyprobe charges to the overhead budget. Clobbers rax, rdx and r11.
+/// If this event waited for room (r8, the TSC at its first wait, is set), adds
+/// the cycles it waited to the header's `waited`: the target's time lost to a
+/// full ring, which pyprobe charges to the overhead budget. Clobbers rax and rdx.
 fn emit_add_waited(a: &mut CodeAssembler) -> Result<(), CodegenError> {
     let mut done = a.create_label();
-    a.test(r11, r11)?;
+    a.test(r8, r8)?;
     a.jz(done)?;
     a.rdtsc()?;
     a.shl(rdx, 32)?;
     a.or(rax, rdx)?;
-    a.sub(r11, FULL_WAIT_CYCLES)?;
-    a.sub(rax, r11)?;
+    a.sub(rax, r8)?;
     a.lock().add(qword_ptr(r9 + H_WAITED as i32), rax)?;
     a.set_label(&mut done)?;
     Ok(())

@@ -127,6 +127,40 @@ impl RingReader {
         self.load(H_WAITED)
     }
 
+    /// Says a consumer reads this ring from now on: a producer that finds it full
+    /// waits for room instead of dropping its event, as long as [`heartbeat`]
+    /// (Self::heartbeat) was called less than `stale_cycles` TSC cycles ago.
+    pub fn serve(&self, stale_cycles: u64) {
+        let stale = stale_cycles.min(i64::MAX as u64);
+        self.word(H_STALE).store(stale, Ordering::Relaxed);
+        self.heartbeat();
+        self.word(H_ALIVE).store(1, Ordering::Release);
+    }
+
+    /// Says the consumer is alive and looking (producers waiting on a full ring
+    /// go on waiting). [`drain`](Self::drain) calls it.
+    pub fn heartbeat(&self) {
+        self.word(H_HEARTBEAT).store(tsc_now(), Ordering::Release);
+    }
+
+    /// Says no consumer reads this ring any more: producers stop waiting (the
+    /// ones asleep are woken) and drop what does not fit.
+    pub fn leave(&self) {
+        self.word(H_ALIVE).store(0, Ordering::Release);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.wake_sleepers();
+    }
+
+    /// Whether a consumer serves the ring (see [`serve`](Self::serve)).
+    pub fn served(&self) -> bool {
+        self.load(H_ALIVE) != 0
+    }
+
+    /// Producers asleep waiting for room right now.
+    pub fn sleepers(&self) -> u32 {
+        self.load(H_SLEEPERS) as u32
+    }
+
     /// Tells stack probe `probe` how to record ([`THIN_OFF`], [`THIN_STACKLESS`],
     /// [`THIN_COUNT`]): thinning costs the target and pyprobe a fraction of a
     /// stack record. Probes from [`THIN_PROBES`] on are never thinned.
@@ -161,6 +195,7 @@ impl RingReader {
     /// pull the line producers read back and forth between the CPUs). Stops at
     /// the first slot that is reserved but not published.
     pub fn drain<F: FnMut(&RingRecord<'_>)>(&mut self, max: usize, mut f: F) -> Drained {
+        self.heartbeat();
         let head = self.head();
         let mut records = 0;
         // Bounded by `max` and by `capacity` (a hostile head cannot make it longer).
@@ -273,6 +308,34 @@ impl RingReader {
 
     fn publish_tail(&self) {
         self.word(H_TAIL).store(self.tail, Ordering::Release);
+        // Pairs with the producer's `lock inc sleepers` before its last look:
+        // either we see it asleep here, or it sees the tail just stored.
+        // Woken once half the ring is free, not at every batch: a producer then
+        // writes many records per wake-up (its nap bounds any wait anyway).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.sleepers() != 0 && self.head().saturating_sub(self.tail) <= self.capacity / 2 {
+            self.wake_sleepers();
+        }
+    }
+
+    /// Wakes every producer asleep on `tail` (a shared futex: the memfd's page is
+    /// the key, the same through the target's mapping and ours).
+    fn wake_sleepers(&self) {
+        let tail = self.word(H_TAIL).as_ptr();
+        // SAFETY: FUTEX_WAKE only reads the address's page to form the key; `tail`
+        // is an aligned word inside the live mapping (contract of `new`). The call
+        // has no other effect on our memory, and its result (woken count) is unused.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                tail,
+                libc::FUTEX_WAKE,
+                i32::MAX,
+                std::ptr::null::<libc::timespec>(),
+                std::ptr::null::<u32>(),
+                0u32,
+            );
+        }
     }
 
     /// The slot for `index` copied out, if its `seq` says it is published.
@@ -320,6 +383,12 @@ impl RingReader {
         // (checked in `new`), which outlives `self`; bytes need no alignment.
         Some(unsafe { AtomicU8::from_ptr(self.base.add(H_THIN + probe as usize) as *mut u8) })
     }
+}
+
+/// The time-stamp counter, the clock of the ring's heartbeat and records.
+fn tsc_now() -> u64 {
+    // SAFETY: rdtsc has no preconditions on x86-64.
+    unsafe { core::arch::x86_64::_rdtsc() }
 }
 
 #[cfg(test)]

@@ -225,12 +225,9 @@ impl Engine {
 
     /// A ring's backlog is high. Under a budget whose stacks are still on, the
     /// stack records are what pyprobe cannot keep up with: thin them now rather
-    /// than hold the target while the backlog is named (tens of ms for a ring of
-    /// stacks). Returns whether it did.
-    pub(in crate::tracer) fn thin_instead_of_holding(
-        &mut self,
-        sink: &mut dyn FnMut(TraceEvent),
-    ) -> bool {
+    /// than let the target wait for room while the backlog is named (tens of ms
+    /// for a ring of stacks). Returns whether it did.
+    pub(in crate::tracer) fn thin_when_behind(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> bool {
         let stacked = self
             .procs
             .values()

@@ -81,6 +81,10 @@ pub enum Op {
     /// The injected call is over: the thread has its registers, `addr` its bytes.
     /// `addr` holds the thread id.
     Injected = 9,
+    /// A ring is about to be served: `addr` is its `alive` word in the target. Should
+    /// the tracer die, the guardian writes 0 there first, so that producers waiting
+    /// for room in the ring stop waiting at once.
+    RingServed = 10,
 }
 
 /// The tracer's end of the link.
@@ -181,6 +185,8 @@ pub(super) struct Undo {
     sites: HashSet<u64>,
     ring: HashMap<u64, RingSite>,
     semaphores: HashMap<u64, u32>,
+    /// The `alive` word of each ring pyprobe serves in the process.
+    served: HashSet<u64>,
     /// `/proc/PID/mem`, opened while the tracer is alive so that undoing costs only
     /// reads and writes when every microsecond counts.
     mem: Option<File>,
@@ -225,6 +231,13 @@ impl Undo {
             Some(fix) if fix.len() == 1 => mem.write_all_at(fix, site).is_ok(),
             _ => false,
         }
+    }
+
+    fn write_word(&self, addr: u64, value: u64) -> bool {
+        use std::os::unix::fs::FileExt;
+        self.mem
+            .as_ref()
+            .is_some_and(|mem| mem.write_all_at(&value.to_le_bytes(), addr).is_ok())
     }
 
     fn restore(&self, site: u64) -> bool {
@@ -381,6 +394,9 @@ fn run_guardian(mut pipe: File) -> i32 {
                     },
                 );
             }
+            x if x == Op::RingServed as u8 => {
+                undo.served.insert(addr);
+            }
             x if x == Op::Injected as u8 => {
                 injections.remove(&(addr as i32));
             }
@@ -399,6 +415,12 @@ fn run_guardian(mut pipe: File) -> i32 {
         }
     }
     let start = crate::tracer::clock::monotonic_ns();
+    // Nobody reads the rings any more: producers waiting for room go on at once.
+    for undo in state.values() {
+        for &alive in &undo.served {
+            undo.write_word(alive, 0);
+        }
+    }
     let mut restored = (0usize, 0usize);
     // Semaphores of every process first: CPython checks them before reaching a site,
     // so lowering them closes the window fastest; then the bytes.

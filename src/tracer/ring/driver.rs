@@ -9,14 +9,16 @@ use nix::unistd::Pid;
 use super::setup as ring_setup;
 use super::tsc::TscClock;
 use super::{
-    RingUse, BUSY_NS, DRAIN_BATCH, HIGH_WATER, RING_COUNT_NS, RING_EVENT_NS, RING_FRAME_NS,
-    STUCK_NS,
+    RingUse, BUSY_NS, CONSUMER_STALE_NS, DRAIN_BATCH, HIGH_WATER, RING_COUNT_NS, RING_EVENT_NS,
+    RING_FRAME_NS, STUCK_NS,
 };
 use crate::process::memory::ProcessMemory;
 use crate::recording::ThinLevel;
+use crate::ring::format::H_ALIVE;
 use crate::ring::DrainStop;
 use crate::tracer::clock::monotonic_ns;
 use crate::tracer::engine::{Engine, Hit, Proc, ThreadState, TraceEvent};
+use crate::tracer::guardian::Op;
 
 /// Ring state the engine keeps besides each process's [`RingProc`].
 #[derive(Default)]
@@ -26,8 +28,6 @@ pub(in crate::tracer) struct RingBook {
     pub(in crate::tracer) lost_reported: std::collections::HashMap<i32, u64>,
     /// The slot the drain waits for, and since when.
     pub(in crate::tracer) stuck: std::collections::HashMap<i32, (u64, u64)>,
-    /// Times the target was held for pyprobe to catch up with a ring.
-    pub(in crate::tracer) holds: u64,
     /// Until when a ring counts as busy (see [`BUSY_NS`]).
     busy_until_ns: u64,
     /// Sites said to stay on `int3`, with why.
@@ -215,9 +215,14 @@ impl Engine {
                 "ring engine in process {pid}: site {addr:#x} stays on int3: {why}"
             )));
         }
-        if self.ring_book.tsc.is_none() {
-            self.ring_book.tsc = Some(TscClock::calibrate());
+        let tsc = self.ring_book.tsc.get_or_insert_with(TscClock::calibrate);
+        // From now on the target waits for room rather than lose an event. The
+        // guardian learns first, so that a pyprobe dying next ends the waits.
+        if let Some(g) = self.guardian.as_mut() {
+            g.tell(Op::RingServed, pid, setup.ring.ring_addr + H_ALIVE as u64)
+                .map_err(|e| anyhow::anyhow!("telling the guardian about the ring: {e}"))?;
         }
+        setup.ring.reader.serve(tsc.ns_to_ticks(CONSUMER_STALE_NS));
         // A ring set up over budget starts thin, as the others are.
         let thin = self.budget.thin != ThinLevel::Full;
         super::set_thin(&setup.ring, &proc.patches.set, thin);
@@ -235,17 +240,18 @@ impl Engine {
             return;
         };
         if let Ok(regs) = ptrace::getregs(Pid::from_raw(tid)) {
-            ring.threads.insert(regs.fs_base, tid);
+            // It has run no code yet: all its records come from the head on.
+            let from = ring.reader.head();
+            ring.threads.started(regs.fs_base, tid, from);
         }
     }
 
-    /// When a ring's backlog passes the high-water mark, holds every thread until
-    /// pyprobe has read all that was published: the target waits instead of losing
-    /// events. Returns whether it did.
-    pub(in crate::tracer) fn ring_backpressure(
-        &mut self,
-        sink: &mut dyn FnMut(TraceEvent),
-    ) -> Result<bool> {
+    /// When a ring's backlog passes the high-water mark, pyprobe is falling behind:
+    /// over budget, stack probes are thinned; either way the event loop polls
+    /// without sleeping for a while. The target is not held: a producer that finds
+    /// its ring full waits for room by itself (see the ring's producer protocol),
+    /// and the time it waits is charged to the budget.
+    pub(in crate::tracer) fn ring_backlog(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         let backlog = self
             .procs
             .values()
@@ -254,20 +260,10 @@ impl Engine {
             .max()
             .unwrap_or(0);
         if backlog <= HIGH_WATER {
-            return Ok(false);
+            return;
         }
-        if self.thin_instead_of_holding(sink) {
-            return Ok(false);
-        }
-        self.ring_book.holds += 1;
-        let began = monotonic_ns();
-        self.stop_all_running(sink)?;
-        while self.drain_rings(sink) > 0 {}
-        self.resume_all();
-        // The target was held for pyprobe: stopped time, like an int3 hit's.
-        self.charge(monotonic_ns().saturating_sub(began));
+        self.thin_when_behind(sink);
         self.ring_book.busy_until_ns = monotonic_ns() + BUSY_NS;
-        Ok(true)
     }
 
     /// Whether the event loop should poll again at once rather than sleep: a
@@ -342,7 +338,10 @@ impl Engine {
                 let Some(probe) = proc.patches.set.probes.get(record.probe as usize) else {
                     return;
                 };
-                let tid = ring.threads.get(&record.thread).copied().unwrap_or(pid);
+                let tid = ring
+                    .threads
+                    .tid_of(record.thread, record.index)
+                    .unwrap_or(pid);
                 hit_buffers.fill_from_ring(probe, record, &proc.mem);
                 sink(TraceEvent::Hit(Hit {
                     pid: if record.tag == 0 {
@@ -361,6 +360,7 @@ impl Engine {
                 }));
             });
             if drained.records > 0 {
+                ring.threads.forget_before(ring.reader.tail());
                 sink(TraceEvent::RingDrained { pid });
             }
             for &probe in &proc.patches.set.count_when_thin {
@@ -451,17 +451,13 @@ impl Engine {
             }
         }
         while self.drain_rings(sink) > 0 {}
-        if self.ring_book.holds > 0 {
-            sink(TraceEvent::Notice(format!(
-                "ring engine: the target was held {} times while pyprobe caught up with the ring",
-                self.ring_book.holds
-            )));
-        }
         let Engine {
             procs, ring_book, ..
         } = self;
         for (&pid, proc) in procs.iter_mut() {
             if let Some(ring) = proc.ring.take() {
+                // Producers stop waiting for room: nobody reads the ring any more.
+                ring.reader.leave();
                 let pending = ring.reader.head().saturating_sub(ring.reader.tail());
                 if pending > 0 {
                     sink(TraceEvent::Lost {

@@ -7,6 +7,7 @@
 mod driver;
 pub mod leftovers;
 pub mod setup;
+pub mod threads;
 pub mod tsc;
 
 pub(in crate::tracer) use driver::RingBook;
@@ -52,6 +53,11 @@ pub(in crate::tracer) const RING_FRAME_NS: u64 = 10;
 /// A slot reserved but not published for this long is given up (its producer
 /// was killed or is stuck), counted as lost.
 pub(in crate::tracer) const STUCK_NS: u64 = 1_000_000_000;
+/// A consumer silent this long counts as wedged: producers waiting for room in
+/// its full ring give up and count their events lost. Long enough for pyprobe
+/// stopped by a debugger or job control for a while (the target waits, nothing
+/// is lost); a dead pyprobe's guardian says so at once instead.
+pub(in crate::tracer) const CONSUMER_STALE_NS: u64 = 10_000_000_000;
 
 /// Thins (or not) every stack probe of `set` served by `ring`: the `thin` byte the
 /// trampolines read (see the budget's thinning).

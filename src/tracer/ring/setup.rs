@@ -57,8 +57,10 @@ pub struct RingProc {
     pub sites: HashMap<u64, RingSite>,
     /// The per-process tag word the trampolines write into each record.
     pub tag_addr: u64,
-    /// The `%fs` base of each thread, for mapping records to threads.
-    pub threads: rustc_hash::FxHashMap<u64, i32>,
+    /// Address of the ring in the target.
+    pub ring_addr: u64,
+    /// Which thread wrote each record (see [`super::threads`]).
+    pub threads: super::threads::ThreadNames,
     /// Per probe id, the events counted instead of recorded already reported.
     pub counted_reported: HashMap<u32, u64>,
     /// The ring's `waited` cycles already charged to the overhead budget.
@@ -131,6 +133,7 @@ pub fn setup(
         _mapping: mapping,
         sites: HashMap::new(),
         tag_addr: scratch,
+        ring_addr,
         threads: fs_bases.iter().map(|&(t, fs)| (fs, t)).collect(),
         counted_reported: HashMap::new(),
         waited_charged: 0,

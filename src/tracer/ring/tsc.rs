@@ -66,6 +66,11 @@ impl TscClock {
         (ticks as f64 * self.ns_per_tick) as u64
     }
 
+    /// Counter ticks in `ns` nanoseconds.
+    pub fn ns_to_ticks(&self, ns: u64) -> u64 {
+        (ns as f64 / self.ns_per_tick) as u64
+    }
+
     /// The monotonic time of counter value `tsc`.
     pub fn to_ns(&self, tsc: u64) -> u64 {
         // Integer and float work only on the offset from the origin (`as` saturates).

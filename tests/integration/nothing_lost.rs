@@ -1,0 +1,222 @@
+//! Trace mode loses nothing while pyprobe lives: when pyprobe falls behind, a
+//! producer waits for room in its ring rather than drop an event, whatever makes
+//! pyprobe slow (CPUs busy with other work, pyprobe stopped by a signal) and
+//! whatever the program does (fork around its calls, threads starting and
+//! exiting). Each test compares pyprobe's counts with the program's own.
+//! `scripts/test.sh` runs these tests alone: their subject is pyprobe keeping up.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::*;
+
+const FIXTURE: &str = "exact_under_load.py";
+
+/// `pyprobe record --mode trace --engine ring` of the fixture's `shape`, started
+/// in the background with stdout (the fixture's counts) and stderr piped.
+fn spawn_trace(py: &Python, out: &TempFile, shape: &str, amount: &str) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_pyprobe"))
+        .args(["record", "-v", "--mode", "trace", "--engine", "ring", "-o"])
+        .arg(out.path())
+        .arg("--")
+        .arg(&py.launcher)
+        .args([&fixture_script(FIXTURE), shape, amount])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start pyprobe")
+}
+
+/// Waits for pyprobe; returns the fixture's own counts and pyprobe's stderr.
+fn finish(mut child: std::process::Child) -> (Value, String) {
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    let _ = child
+        .stdout
+        .take()
+        .map(|mut o| o.read_to_string(&mut stdout));
+    let _ = child
+        .stderr
+        .take()
+        .map(|mut e| e.read_to_string(&mut stderr));
+    let status = child.wait().expect("wait for pyprobe");
+    assert_no_panic("record", stderr.as_bytes());
+    assert!(status.success(), "pyprobe record: {status:?}\n{stderr}");
+    let counts = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("the fixture's counts in {stdout:?}: {e}\n{stderr}"));
+    (counts, stderr)
+}
+
+/// Every count the fixture printed equals pyprobe's for that function, and the
+/// recording says nothing was lost.
+fn assert_exact(what: &str, out: &TempFile, counts: &Value, stderr: &str) {
+    let report = report_json(out.path());
+    let calls = calls_in_file(&report, FIXTURE);
+    for (function, want) in counts.as_object().expect("counts") {
+        assert_eq!(
+            calls.get(function).copied(),
+            want.as_u64(),
+            "{what}: calls of {function}()\n{stderr}"
+        );
+    }
+    assert_eq!(report["lost_events"], 0, "{what}: lost events\n{stderr}");
+}
+
+/// A busy loop on each CPU for as long as it lives.
+struct Contention(Vec<std::process::Child>);
+
+impl Contention {
+    fn start(py: &Python) -> Contention {
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Contention(
+            (0..cpus)
+                .map(|_| {
+                    Command::new(&py.launcher)
+                        .args(["-c", "while True: pass"])
+                        .spawn()
+                        .expect("start a busy loop")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Contention {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// fib(15) in a loop while every CPU is busy with other work: pyprobe gets a
+/// share of a CPU at best, far less than the target's event rate needs.
+#[test]
+fn under_cpu_contention_every_call_is_recorded() {
+    let _serial = serial();
+    for version in ["3.9", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        let out = TempFile::new(&format!("contention-{version}.pyprobe"));
+        let busy = Contention::start(&py);
+        let child = spawn_trace(&py, &out, "calls", "1.5");
+        let (counts, stderr) = finish(child);
+        drop(busy);
+        assert_exact(
+            &format!("{version} under contention"),
+            &out,
+            &counts,
+            &stderr,
+        );
+    }
+}
+
+/// pyprobe stopped with SIGSTOP for 2 s while the target calls as fast as it can:
+/// the target waits for room, then goes on after SIGCONT, and nothing is lost.
+#[test]
+fn pyprobe_stopped_for_two_seconds_loses_nothing() {
+    let _serial = serial();
+    for version in ["3.9", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        let out = TempFile::new(&format!("stopped-{version}.pyprobe"));
+        let child = spawn_trace(&py, &out, "calls", "3");
+        let pyprobe = child.id() as i32;
+        std::thread::sleep(Duration::from_millis(800));
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pyprobe, libc::SIGSTOP) };
+        std::thread::sleep(Duration::from_secs(2));
+        // SAFETY: as above.
+        unsafe { libc::kill(pyprobe, libc::SIGCONT) };
+        let (counts, stderr) = finish(child);
+        assert_exact(
+            &format!("{version}, pyprobe stopped 2 s"),
+            &out,
+            &counts,
+            &stderr,
+        );
+    }
+}
+
+/// pyprobe stopped while the target waits in a full ring, then killed: its
+/// guardian ends the wait and puts the code back; the program finishes its own
+/// work and exits 0.
+#[test]
+fn pyprobe_killed_while_the_target_waits_leaves_it_unharmed() {
+    let _serial = serial();
+    for version in ["3.9", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        let mut target = Target::spawn(&py.launcher, &[&fixture_script(FIXTURE), "calls", "3"]);
+        let pid = target.pid();
+        let (_, sems) = sites_and_semaphores(pid);
+        let out = TempFile::new(&format!("killed-waiting-{version}.pyprobe"));
+        let tracer = Tracer::record(
+            out.path(),
+            &[
+                "-p",
+                &pid.to_string(),
+                "--mode",
+                "trace",
+                "--engine",
+                "ring",
+            ],
+        );
+        wait_until_traced(pid, &sems);
+        std::thread::sleep(Duration::from_millis(300));
+        tracer.signal(libc::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(500));
+        tracer.signal(libc::SIGKILL);
+        let _ = tracer.wait(Duration::from_secs(10));
+        let line = target.wait_for_line("{");
+        let counts: Value = serde_json::from_str(&line).expect("the fixture's counts");
+        assert!(counts["fib"].as_u64().unwrap_or(0) > 0, "{version}: {line}");
+        let (_, status) = target.finish();
+        assert!(
+            status.success(),
+            "{version}: the target's own exit: {status:?}"
+        );
+    }
+}
+
+/// A parent that forks around each of its calls: the children's copies of the
+/// ring's jumps must not cost the parent an event.
+#[test]
+fn a_forking_program_loses_none_of_its_calls() {
+    let _serial = serial();
+    for version in ["3.9", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        for run in 0..3 {
+            let out = TempFile::new(&format!("forks-{version}-{run}.pyprobe"));
+            let (counts, stderr) = finish(spawn_trace(&py, &out, "forks", "400"));
+            assert_exact(
+                &format!("{version} forks, run {run}"),
+                &out,
+                &counts,
+                &stderr,
+            );
+        }
+    }
+}
+
+/// Threads start and exit all the time, and a new thread often gets a dead one's
+/// `%fs` base: every call is the right thread's, so no return comes without its
+/// entry.
+#[test]
+fn thread_churn_gives_every_return_its_entry() {
+    let _serial = serial();
+    for version in ["3.9", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        let out = TempFile::new(&format!("churn-{version}.pyprobe"));
+        let (counts, stderr) = finish(spawn_trace(&py, &out, "churn", "1.5"));
+        assert_exact(&format!("{version} thread churn"), &out, &counts, &stderr);
+        let report = report_json(out.path());
+        let anomalies = &report["anomalies"];
+        assert_eq!(
+            anomalies["orphan_returns"], 0,
+            "{version}: returns without their entry: {anomalies}\n{stderr}"
+        );
+    }
+}
