@@ -24,6 +24,7 @@
 //! | 1040 | u64 | `stale`: TSC cycles without a heartbeat after which the consumer counts as wedged |
 //! | 1048 | u32 | `sleepers`: producers asleep on `tail` waiting for room (`lock inc`/`lock dec`) |
 //! | 1056 | 2 × i64 | `nap`: the `timespec` a sleeping producer's `futex` wait lasts at most |
+//! | 1072 | u64 | `patience`: TSC cycles an event waits for room at most (`u64::MAX`: as long as the consumer lives) |
 //!
 //! `head`, `tail` and `lost` each own a 64-byte cache line so producers
 //! bumping `head` do not bounce the consumer's `tail`. Indices grow forever
@@ -65,7 +66,9 @@
 //!    less than `stale` cycles old, the event waits for room, re-reading from
 //!    step 1: `pause` by `pause` for [`SPIN_CYCLES`], then asleep in
 //!    `futex(&tail, FUTEX_WAIT, tail, &nap)` with `sleepers` raised (and the
-//!    ring looked at again after raising it, so a wake-up cannot be missed).
+//!    ring looked at again after raising it, so a wake-up cannot be missed),
+//!    at most `patience` cycles (a budgeted recording would rather lose a rare
+//!    event than have the target wait long for it).
 //!    It adds the cycles it waited to `waited` (the target's time lost to a
 //!    full ring). With no live consumer: `lock inc lost`, skip the event.
 //! 3. `lock cmpxchg head: head -> head + 1`; on failure go back to 1, at most
@@ -120,6 +123,7 @@ pub const H_HEARTBEAT: usize = 1032;
 pub const H_STALE: usize = 1040;
 pub const H_SLEEPERS: usize = 1048;
 pub const H_NAP: usize = 1056;
+pub const H_PATIENCE: usize = 1072;
 /// How long a sleeping producer's `futex` wait lasts at most before it looks
 /// at the ring (and the consumer's liveness) again.
 pub const NAP_NS: i64 = 1_000_000;
@@ -152,7 +156,8 @@ pub const STRINGS_LEN: usize = SLOT_SIZE - S_STRINGS;
 const _: () = assert!(S_ARGS + 8 * MAX_ARGS <= S_NARGS && S_NULL < S_STRINGS);
 const _: () = assert!(H_THIN + THIN_PROBES as usize <= H_COUNTED);
 const _: () = assert!(H_COUNTED + 8 * THIN_PROBES as usize <= H_ALIVE);
-const _: () = assert!(H_ALIVE % 64 == 0 && H_NAP + 16 <= HEADER_SIZE);
+const _: () =
+    assert!(H_ALIVE % 64 == 0 && H_NAP + 16 <= H_PATIENCE && H_PATIENCE + 8 <= HEADER_SIZE);
 const _: () = assert!(SLOT_SIZE.is_power_of_two());
 
 /// Why a ring could not be formatted or opened.
@@ -273,7 +278,7 @@ mod tests {
         // No consumer yet; a producer's nap is set.
         assert_eq!(mem[H_ALIVE], 0);
         assert_eq!(mem[H_NAP + 8..H_NAP + 16], NAP_NS.to_le_bytes());
-        assert!(mem[H_NAP + 16..].iter().all(|&b| b == 0));
+        assert!(mem[H_PATIENCE..].iter().all(|&b| b == 0));
         let mut short = vec![0u8; 100];
         assert!(matches!(
             init_ring(&mut short, 4),

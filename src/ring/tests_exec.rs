@@ -773,7 +773,7 @@ fn a_producer_sleeps_until_a_slow_consumer_frees_room() {
         ThreadIdSource::FsSelfPointer,
     );
     let done = std::sync::atomic::AtomicBool::new(false);
-    ring.reader().serve(u64::MAX);
+    ring.reader().serve(u64::MAX, u64::MAX);
     let (values, sleepers_seen) = std::thread::scope(|s| {
         let consumer = s.spawn(|| {
             let mut reader = ring.reader();
@@ -821,7 +821,7 @@ fn a_consumer_that_leaves_or_goes_silent_ends_the_wait() {
         ThreadIdSource::FsSelfPointer,
     );
     let reader = ring.reader();
-    reader.serve(u64::MAX);
+    reader.serve(u64::MAX, u64::MAX);
     for n in 0..4 {
         call_identity(f.entry, n);
     }
@@ -842,10 +842,14 @@ fn a_consumer_that_leaves_or_goes_silent_ends_the_wait() {
     assert_eq!(reader.sleepers(), 0);
     // Served again, but its heartbeat goes stale (1 µs at any clock rate):
     // the producer gives up at once.
-    reader.serve(1000);
+    reader.serve(1000, u64::MAX);
     std::thread::sleep(std::time::Duration::from_millis(1));
     call_identity(f.entry, 5);
     assert_eq!(reader.lost(), 2);
+    // A live consumer, but a patience of 1000 cycles: lost after a short wait.
+    reader.serve(u64::MAX, 1000);
+    call_identity(f.entry, 6);
+    assert_eq!(reader.lost(), 3);
     restore(&region, &plan);
 }
 
@@ -958,7 +962,7 @@ fn concurrent_producers_with_a_draining_consumer() {
     let done = std::sync::atomic::AtomicBool::new(false);
     let mut seen: std::collections::HashMap<u64, Vec<u64>> = Default::default();
     let mut records = 0u64;
-    ring.reader().serve(u64::MAX);
+    ring.reader().serve(u64::MAX, u64::MAX);
     std::thread::scope(|s| {
         let consumer = s.spawn(|| {
             let mut reader = ring.reader();
@@ -1435,7 +1439,7 @@ fn a_stack_record_waits_for_room_instead_of_being_lost() {
     region.write_code(ZONE_TRAMP, &tramp.code);
     region.write_code((plan.site() - region.addr(0)) as usize, &tramp.patch);
     let done = std::sync::atomic::AtomicBool::new(false);
-    ring.reader().serve(u64::MAX);
+    ring.reader().serve(u64::MAX, u64::MAX);
     let records = std::thread::scope(|s| {
         let consumer = s.spawn(|| {
             let mut reader = ring.reader();

@@ -383,7 +383,7 @@ fn emit_reserve(
     // Contended that long: treated as full (waits while the consumer lives).
     a.jmp(wait)?;
 
-    // Full: wait while a consumer lives and its heartbeat is fresh.
+    // Full: wait while a consumer lives, its heartbeat is fresh and patience lasts.
     a.set_label(&mut wait)?;
     a.cmp(qword_ptr(r9 + H_ALIVE as i32), 0)?;
     a.je(full)?;
@@ -401,6 +401,8 @@ fn emit_reserve(
     a.jg(full)?;
     a.mov(rdx, rax)?;
     a.sub(rdx, r8)?;
+    a.cmp(rdx, qword_ptr(r9 + H_PATIENCE as i32))?;
+    a.ja(full)?;
     a.cmp(rdx, SPIN_CYCLES)?;
     a.jae(sleep)?;
     a.pause()?;

@@ -129,10 +129,13 @@ impl RingReader {
 
     /// Says a consumer reads this ring from now on: a producer that finds it full
     /// waits for room instead of dropping its event, as long as [`heartbeat`]
-    /// (Self::heartbeat) was called less than `stale_cycles` TSC cycles ago.
-    pub fn serve(&self, stale_cycles: u64) {
+    /// (Self::heartbeat) was called less than `stale_cycles` TSC cycles ago, for
+    /// at most `patience_cycles` (`u64::MAX`: as long as it takes).
+    pub fn serve(&self, stale_cycles: u64, patience_cycles: u64) {
         let stale = stale_cycles.min(i64::MAX as u64);
         self.word(H_STALE).store(stale, Ordering::Relaxed);
+        self.word(H_PATIENCE)
+            .store(patience_cycles, Ordering::Relaxed);
         self.heartbeat();
         self.word(H_ALIVE).store(1, Ordering::Release);
     }

@@ -9,8 +9,8 @@ use nix::unistd::Pid;
 use super::setup as ring_setup;
 use super::tsc::TscClock;
 use super::{
-    RingUse, BUSY_NS, CONSUMER_STALE_NS, DRAIN_BATCH, HIGH_WATER, RING_COUNT_NS, RING_EVENT_NS,
-    RING_FRAME_NS, STUCK_NS,
+    RingUse, BUDGETED_PATIENCE_NS, BUSY_NS, CONSUMER_STALE_NS, DRAIN_BATCH, HIGH_WATER,
+    RING_COUNT_NS, RING_EVENT_NS, RING_FRAME_NS, STUCK_NS,
 };
 use crate::process::memory::ProcessMemory;
 use crate::recording::ThinLevel;
@@ -222,7 +222,16 @@ impl Engine {
             g.tell(Op::RingServed, pid, setup.ring.ring_addr + H_ALIVE as u64)
                 .map_err(|e| anyhow::anyhow!("telling the guardian about the ring: {e}"))?;
         }
-        setup.ring.reader.serve(tsc.ns_to_ticks(CONSUMER_STALE_NS));
+        // Under a budget, a rare event waits a little, then is counted lost: the
+        // budget, not the ring, decides how long the target may wait for pyprobe.
+        let patience = match self.budget.meter {
+            Some(_) => tsc.ns_to_ticks(BUDGETED_PATIENCE_NS),
+            None => u64::MAX,
+        };
+        setup
+            .ring
+            .reader
+            .serve(tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
         // A ring set up over budget starts thin, as the others are.
         let thin = self.budget.thin != ThinLevel::Full;
         super::set_thin(&setup.ring, &proc.patches.set, thin);

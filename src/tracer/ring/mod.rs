@@ -58,6 +58,10 @@ pub(in crate::tracer) const STUCK_NS: u64 = 1_000_000_000;
 /// stopped by a debugger or job control for a while (the target waits, nothing
 /// is lost); a dead pyprobe's guardian says so at once instead.
 pub(in crate::tracer) const CONSUMER_STALE_NS: u64 = 10_000_000_000;
+/// Under an overhead budget, how long an event waits for room in a full ring
+/// before it is counted lost: time for a descheduled pyprobe to drain, short
+/// enough that the budget, which charges the wait, can react.
+pub(in crate::tracer) const BUDGETED_PATIENCE_NS: u64 = 10_000_000;
 
 /// Thins (or not) every stack probe of `set` served by `ring`: the `thin` byte the
 /// trampolines read (see the budget's thinning).
