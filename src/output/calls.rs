@@ -1,6 +1,7 @@
 //! `pyprobe calls`: the call flow, one line per call and return, indented by
 //! stack depth, with the time from the start (µs), the thread and
-//! `file:function:line` — what DTrace and SystemTap flow scripts print.
+//! `file:function:line` — what DTrace and SystemTap flow scripts print — and on
+//! each return the call's duration, and its own time when callees took part.
 //!
 //! Depth comes from the same replay as the report, so unpaired streams stay
 //! readable: a return without entry is marked, a return that pops frames whose
@@ -16,6 +17,7 @@ use crate::analyze::{EndKind, Step};
 use crate::output::flame::ViewError;
 use crate::output::names::FrameNames;
 use crate::output::speedscope::json_str;
+use crate::output::units::format_ns;
 use crate::recording::{EventKind, FrameRef, RecordingReader};
 
 /// Indentation stops growing past this depth (the depth is still printed in JSON).
@@ -96,6 +98,9 @@ struct Line {
     is_call: bool,
     depth: usize,
     note: Note,
+    /// On a return: the call's inclusive and exclusive time (from its entry, or
+    /// from when tracing began if it was already running).
+    took: Option<(u64, u64)>,
 }
 
 /// Reads the whole recording and writes its call flow to `out`.
@@ -139,6 +144,7 @@ pub fn write_calls<R: Read + Seek, W: Write>(
                     is_call: true,
                     depth,
                     note: Note::Running,
+                    took: None,
                 });
             }
         }
@@ -167,16 +173,21 @@ pub fn write_calls<R: Read + Seek, W: Write>(
                     is_call: true,
                     depth,
                     note,
+                    took: None,
                 });
             }
             EventKind::Return { frame } => {
                 summary.returns += 1;
                 let mut popped = 0usize;
                 let mut returned = None;
+                let mut took = None;
                 let mut untimed = false;
                 for step in steps {
                     match *step {
-                        Step::Exit(e) if e.kind == EndKind::Returned => returned = Some(e.depth),
+                        Step::Exit(e) if e.kind == EndKind::Returned => {
+                            returned = Some(e.depth);
+                            took = Some((e.inclusive_ns, e.exclusive_ns));
+                        }
                         Step::Exit(_) => popped += 1,
                         Step::Untimed { .. } => untimed = true,
                         Step::Enter { .. } => {}
@@ -196,6 +207,7 @@ pub fn write_calls<R: Read + Seek, W: Write>(
                     is_call: false,
                     depth,
                     note,
+                    took,
                 });
             }
             EventKind::ThreadExit => {
@@ -289,6 +301,12 @@ fn write_line(
             Note::Running => text.push_str(",\"running_when_tracing_began\":true"),
             Note::Creation => text.push_str(",\"generator_creation\":true"),
         }
+        if let Some((inclusive, exclusive)) = l.took {
+            let _ = write!(
+                text,
+                ",\"inclusive_ns\":{inclusive},\"exclusive_ns\":{exclusive}"
+            );
+        }
         text.push('}');
     } else {
         let indent = level.min(MAX_INDENT) * 2;
@@ -303,6 +321,9 @@ fn write_line(
             names.string(frame.function),
             frame.line,
         );
+        if let Some((inclusive, exclusive)) = l.took {
+            let _ = write!(text, "  {}", format_took(inclusive, exclusive));
+        }
         match l.note {
             Note::None => {}
             Note::NoEntry => text.push_str("  (entry not seen)"),
@@ -313,5 +334,16 @@ fn write_line(
             Note::Creation => text.push_str("  (creates a generator: runs nothing yet)"),
         }
         text.push('\n');
+    }
+}
+
+/// A return line's times: `[12.3 µs]`, or `[12.3 µs, own 4.1 µs]` when callees
+/// took part of it.
+fn format_took(inclusive: u64, exclusive: u64) -> String {
+    let total = format_ns(inclusive);
+    if exclusive < inclusive {
+        format!("[{total}, own {}]", format_ns(exclusive))
+    } else {
+        format!("[{total}]")
     }
 }

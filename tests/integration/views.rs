@@ -568,15 +568,15 @@ fn calls_text_golden() {
          1.000      100    -> src/main.py:work:10
          2.000      100      -> src/main.py:leaf:20
          3.000      101  -> src/main.py:work:10  (running when tracing began)
-         3.000      101  <- src/main.py:work:11
+         3.000      101  <- src/main.py:work:11  [0 ns]
          3.500      101  -> src/main.py:leaf:20
-         4.000      100      <- src/main.py:leaf:21
-         6.000      100    <- src/main.py:work:12
+         4.000      100      <- src/main.py:leaf:21  [2.00 µs]
+         6.000      100    <- src/main.py:work:12  [5.00 µs, own 3.00 µs]
          7.000      100    -> json/__init__.py:dumps:5
-         8.000      100    <- json/__init__.py:dumps:9
+         8.000      100    <- json/__init__.py:dumps:9  [1.00 µs]
          9.100      100    -> src/main.py:helper:40
          9.200      100      -> src/main.py:gen:30
-         9.300      100    <- src/main.py:helper:41  (also ends 1 frame(s) whose return never came)
+         9.300      100    <- src/main.py:helper:41  [200 ns, own 100 ns]  (also ends 1 frame(s) whose return never came)
 "
     );
 }
@@ -591,9 +591,9 @@ fn calls_filters() {
          1.000      100  -> src/main.py:work:10
          2.000      100    -> src/main.py:leaf:20
          3.000      101  -> src/main.py:work:10  (running when tracing began)
-         3.000      101  <- src/main.py:work:11
-         4.000      100    <- src/main.py:leaf:21
-         6.000      100  <- src/main.py:work:12
+         3.000      101  <- src/main.py:work:11  [0 ns]
+         4.000      100    <- src/main.py:leaf:21  [2.00 µs]
+         6.000      100  <- src/main.py:work:12  [5.00 µs, own 3.00 µs]
 "
     );
     assert_eq!(
@@ -601,15 +601,15 @@ fn calls_filters() {
         "      TIME(µs)      TID  FLOW
          1.000      100  -> src/main.py:work:10
          3.000      101  -> src/main.py:work:10  (running when tracing began)
-         3.000      101  <- src/main.py:work:11
-         6.000      100  <- src/main.py:work:12
+         3.000      101  <- src/main.py:work:11  [0 ns]
+         6.000      100  <- src/main.py:work:12  [5.00 µs, own 3.00 µs]
 "
     );
     assert_eq!(
         stdout_of(&["calls", f, "--thread", "101", "--full-paths"]),
         "      TIME(µs)      TID  FLOW
          3.000      101  -> /app/src/main.py:work:10  (running when tracing began)
-         3.000      101  <- /app/src/main.py:work:11
+         3.000      101  <- /app/src/main.py:work:11  [0 ns]
          3.500      101  -> /app/src/main.py:leaf:20
 "
     );
@@ -639,13 +639,13 @@ fn calls_json_golden() {
 {"ts_us":0.000,"tid":100,"event":"call","depth":0,"function":"main","file":"/app/src/main.py","line":1},
 {"ts_us":1.000,"tid":100,"event":"call","depth":1,"function":"work","file":"/app/src/main.py","line":10},
 {"ts_us":3.000,"tid":101,"event":"call","depth":0,"function":"work","file":"/app/src/main.py","line":10,"running_when_tracing_began":true},
-{"ts_us":3.000,"tid":101,"event":"return","depth":0,"function":"work","file":"/app/src/main.py","line":11},
+{"ts_us":3.000,"tid":101,"event":"return","depth":0,"function":"work","file":"/app/src/main.py","line":11,"inclusive_ns":0,"exclusive_ns":0},
 {"ts_us":3.500,"tid":101,"event":"call","depth":0,"function":"leaf","file":"/app/src/main.py","line":20},
-{"ts_us":6.000,"tid":100,"event":"return","depth":1,"function":"work","file":"/app/src/main.py","line":12},
+{"ts_us":6.000,"tid":100,"event":"return","depth":1,"function":"work","file":"/app/src/main.py","line":12,"inclusive_ns":5000,"exclusive_ns":3000},
 {"ts_us":7.000,"tid":100,"event":"call","depth":1,"function":"dumps","file":"/usr/lib/python3.9/json/__init__.py","line":5},
-{"ts_us":8.000,"tid":100,"event":"return","depth":1,"function":"dumps","file":"/usr/lib/python3.9/json/__init__.py","line":9},
+{"ts_us":8.000,"tid":100,"event":"return","depth":1,"function":"dumps","file":"/usr/lib/python3.9/json/__init__.py","line":9,"inclusive_ns":1000,"exclusive_ns":1000},
 {"ts_us":9.100,"tid":100,"event":"call","depth":1,"function":"helper","file":"/app/src/main.py","line":40},
-{"ts_us":9.300,"tid":100,"event":"return","depth":1,"function":"helper","file":"/app/src/main.py","line":41,"popped_without_return":1}
+{"ts_us":9.300,"tid":100,"event":"return","depth":1,"function":"helper","file":"/app/src/main.py","line":41,"popped_without_return":1,"inclusive_ns":200,"exclusive_ns":100}
 ]
 "#
     );
