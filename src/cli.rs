@@ -345,6 +345,12 @@ pub struct DumpArgs {
     pub pid: i32,
     #[arg(long, value_enum, default_value_t = TextFormat::Text)]
     pub format: TextFormat,
+    /// Keep full file paths in the text (JSON always has them).
+    #[arg(long)]
+    pub full_paths: bool,
+    /// Also say which interpreter was found and where its layout came from.
+    #[arg(short, long)]
+    pub verbose: bool,
 }
 
 impl TargetArgs {
@@ -521,6 +527,8 @@ impl DumpArgs {
         DumpRequest {
             pid: self.pid,
             json: self.format == TextFormat::Json,
+            full_paths: self.full_paths,
+            verbose: self.verbose,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! `pyprobe dump -p PID [--format text|json]`: every thread's Python stack, once, read
-//! with the frame walker (no ptrace: the target is not stopped).
+//! with the frame walker (no ptrace: the target is not stopped), each thread with
+//! its system name and whether it is the main thread.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -7,21 +8,27 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use serde_json::json;
 
+use crate::output::names::short_path;
 use crate::python::walker::{ThreadStack, Walker};
 
 pub struct DumpRequest {
     pub pid: i32,
     pub json: bool,
+    pub full_paths: bool,
+    pub verbose: bool,
 }
 
 pub fn run(request: &DumpRequest) -> Result<ExitCode> {
     let mut walker = Walker::attach(request.pid)?;
-    eprintln!("pyprobe: {}", walker.describe());
+    if request.verbose {
+        eprintln!("pyprobe: {}", walker.describe());
+    }
     let stacks = walker.stacks()?;
+    let names = ThreadNames::read(request.pid, &stacks);
     let text = if request.json {
-        render_json(&walker, &stacks) + "\n"
+        render_json(&walker, &stacks, &names) + "\n"
     } else {
-        render_text(&stacks)
+        render_text(&stacks, &names, request.full_paths)
     };
     std::io::stdout()
         .write_all(text.as_bytes())
@@ -29,24 +36,73 @@ pub fn run(request: &DumpRequest) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What the system calls each thread: `/proc/PID/task/TID/comm` (Python 3.14+
+/// gives it the `threading.Thread`'s name; a program can set it), and which one
+/// is the process's main thread (its tid is the pid).
+pub struct ThreadNames {
+    pid: i32,
+    /// The process's own name: a thread called the same has no name of its own.
+    process: Option<String>,
+    by_tid: std::collections::HashMap<i32, String>,
+}
+
+impl ThreadNames {
+    pub fn read(pid: i32, stacks: &[ThreadStack]) -> ThreadNames {
+        let comm = |path: String| {
+            std::fs::read_to_string(path)
+                .ok()
+                .map(|s| s.trim_end_matches('\n').to_owned())
+        };
+        let by_tid = stacks
+            .iter()
+            .filter_map(|t| t.native_tid)
+            .filter_map(|tid| Some((tid, comm(format!("/proc/{pid}/task/{tid}/comm"))?)))
+            .collect();
+        ThreadNames {
+            pid,
+            process: comm(format!("/proc/{pid}/comm")),
+            by_tid,
+        }
+    }
+
+    /// The system's name of the thread.
+    pub fn name(&self, tid: i32) -> Option<&str> {
+        self.by_tid.get(&tid).map(String::as_str)
+    }
+
+    /// The thread's name when it has one of its own (not the process's).
+    fn own_name(&self, tid: i32) -> Option<&str> {
+        self.name(tid)
+            .filter(|n| Some(*n) != self.process.as_deref())
+    }
+
+    pub fn is_main(&self, tid: i32) -> bool {
+        tid == self.pid
+    }
+}
+
 /// Like a Python traceback: each thread, its frames outermost first, innermost last.
-pub fn render_text(stacks: &[ThreadStack]) -> String {
+pub fn render_text(stacks: &[ThreadStack], names: &ThreadNames, full_paths: bool) -> String {
     let mut out = String::new();
     for (i, thread) in stacks.iter().enumerate() {
         if i > 0 {
             out.push('\n');
         }
-        let tid = thread
-            .native_tid
-            .map_or_else(|| "tid unknown".to_owned(), |t| format!("tid {t}"));
-        let gil = match thread.holds_gil {
-            Some(true) => ", holding the GIL",
-            _ => "",
+        let mut about = match thread.native_tid {
+            Some(t) => format!("tid {t}"),
+            None => "tid unknown".to_owned(),
         };
-        out.push_str(&format!(
-            "Thread {tid}, ident {:#x}{gil} (most recent call last):\n",
-            thread.thread_id
-        ));
+        if let Some(name) = thread.native_tid.and_then(|t| names.own_name(t)) {
+            about.push_str(&format!(" \"{name}\""));
+        }
+        if thread.native_tid.is_some_and(|t| names.is_main(t)) {
+            about.push_str(", the main thread");
+        }
+        about.push_str(&format!(", ident {:#x}", thread.thread_id));
+        if thread.holds_gil == Some(true) {
+            about.push_str(", holding the GIL");
+        }
+        out.push_str(&format!("Thread {about} (most recent call last):\n"));
         if thread.frames.is_empty() && !thread.truncated {
             out.push_str("  (no Python frames)\n");
         }
@@ -54,9 +110,14 @@ pub fn render_text(stacks: &[ThreadStack]) -> String {
             out.push_str("  ... (older frames could not be read)\n");
         }
         for f in &thread.frames {
+            let file = if full_paths {
+                &f.file
+            } else {
+                short_path(&f.file)
+            };
             out.push_str(&format!(
-                "  File \"{}\", line {}, in {}\n",
-                f.file, f.line, f.function
+                "  File \"{file}\", line {}, in {}\n",
+                f.line, f.function
             ));
         }
     }
@@ -66,12 +127,14 @@ pub fn render_text(stacks: &[ThreadStack]) -> String {
     out
 }
 
-pub fn render_json(walker: &Walker, stacks: &[ThreadStack]) -> String {
+pub fn render_json(walker: &Walker, stacks: &[ThreadStack], names: &ThreadNames) -> String {
     let threads: Vec<_> = stacks
         .iter()
         .map(|t| {
             json!({
                 "native_tid": t.native_tid,
+                "name": t.native_tid.and_then(|tid| names.name(tid)),
+                "main": t.native_tid.is_some_and(|tid| names.is_main(tid)),
                 "thread_id": t.thread_id,
                 "thread_state": format!("{:#x}", t.thread_state),
                 "truncated": t.truncated,

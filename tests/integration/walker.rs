@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 use pyprobe::python::walker::{lines, ThreadStack, Walker};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn fixture(name: &str) -> String {
     repo()
@@ -104,7 +104,7 @@ fn dump_until_matching(pid: i32, want: &Expected) -> (Value, String) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let out = pyprobe()
-            .args(["dump", "-p", &pid.to_string(), "--format", "json"])
+            .args(["dump", "-v", "-p", &pid.to_string(), "--format", "json"])
             .output()
             .expect("run pyprobe");
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -146,6 +146,12 @@ fn check_dump(python: &Path, version: &str, layout: &str) {
     // Native ids: as the fixture printed them (3.8+ has threading.get_native_id), else
     // at least the process's own and a live task of it.
     assert_eq!(main_tid, Some(pid as i64), "main thread tid");
+    assert_eq!(
+        (&threads[0]["main"], &threads[1]["main"]),
+        (&json!(true), &json!(false))
+    );
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+    assert_eq!(threads[0]["name"], comm.trim_end());
     match (want.main_tid, want.worker_tid) {
         (Some(m), Some(w)) => {
             assert_eq!(main_tid, Some(m));
@@ -153,12 +159,14 @@ fn check_dump(python: &Path, version: &str, layout: &str) {
         }
         _ => assert!(live_tids(pid).contains(&worker_tid.expect("worker tid"))),
     }
-    // The text format: like a traceback, innermost last.
+    // The text format: like a traceback, innermost last; with `--full-paths`, the
+    // files as the interpreter names them; and nothing on stderr without `-v`.
     let out = pyprobe()
-        .args(["dump", "-p", &pid.to_string()])
+        .args(["dump", "-p", &pid.to_string(), "--full-paths"])
         .output()
         .unwrap();
     assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
     let text = String::from_utf8_lossy(&out.stdout);
     let main_block = text.split("\n\n").next().unwrap();
     let expected_lines: Vec<String> = want
@@ -168,7 +176,15 @@ fn check_dump(python: &Path, version: &str, layout: &str) {
         .collect();
     let got_lines: Vec<&str> = main_block.lines().skip(1).collect();
     assert_eq!(got_lines, expected_lines, "text dump:\n{text}");
-    assert!(main_block.starts_with(&format!("Thread tid {pid}, ident ")));
+    assert!(
+        main_block.starts_with(&format!("Thread tid {pid}, the main thread, ident ")),
+        "{main_block}"
+    );
+    // By default, short paths: the standard library's files by their own name.
+    let short = run_pyprobe(&["dump", "-p", &pid.to_string()]);
+    let short = String::from_utf8_lossy(&short.stdout);
+    assert!(!short.contains(".pythons/"), "{short}");
+    assert!(short.contains("File \"threading.py\""), "{short}");
     target.send_line("");
     let (rest, status) = target.finish();
     assert!(status.success() && rest.contains("done"), "target: {rest}");
