@@ -307,7 +307,8 @@ pub struct TopArgs {
     pub interval: f64,
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub limit: usize,
-    /// Print one snapshot as text and exit.
+    /// Print one snapshot as text and exit: of one interval of a running process
+    /// (-p), or of a command's whole run (-- CMD, whose exit status `top` returns).
     #[arg(long)]
     pub once: bool,
     /// Watch a recording (possibly still being written) instead of a process.

@@ -64,3 +64,42 @@ fn live_top_shows_the_hot_function_and_quits_cleanly() {
     target.send_line("stop");
     assert!(target.wait_for_line("result").starts_with("result"));
 }
+
+/// `top --once -- CMD`: the command runs to its end under pyprobe, then one
+/// snapshot of its whole run is printed, and `top` exits with the command's status.
+#[test]
+fn top_once_runs_a_command_and_shows_its_whole_run() {
+    let Some(py) = python("3.9") else { return };
+    let script =
+        "def spin():\n    x = 0\n    for i in range(3_000_000):\n        x += i\n    return x\n\
+                  print('spun', spin())\nraise SystemExit(3)\n";
+    let out = pyprobe()
+        .args(["top", "--once", "--"])
+        .arg(&py.launcher)
+        .args(["-c", script])
+        .output()
+        .expect("run pyprobe top");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_no_panic("top --once -- CMD", &out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the command's own status\n{stderr}"
+    );
+    assert!(
+        stdout.starts_with("spun "),
+        "the command's output first:\n{stdout}"
+    );
+    let spin = stdout
+        .lines()
+        .find(|l| l.contains(" spin "))
+        .unwrap_or_else(|| panic!("spin() in the snapshot:\n{stdout}\n{stderr}"));
+    // OWN% of spin(): the loop is nearly all of the run.
+    let own: f64 = spin.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(own > 50.0, "spin()'s own share: {spin}\n{stdout}");
+    assert!(
+        stderr.contains("engine auto"),
+        "record's default engine:\n{stderr}"
+    );
+}

@@ -14,6 +14,7 @@ use crate::output::report::build_report_filtered;
 use crate::output::top::{snapshot_between, TopSort, ViewState};
 use crate::session::record::{self, RecordRequest, Target};
 use crate::session::views::open;
+use crate::tracer::RingUse;
 
 use live::{all_top, live_top};
 use snapshots::{open_live, print_snapshot, recording_source, TOP_SAMPLE_RATE};
@@ -69,11 +70,19 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
     if request.all {
         return all_top(interval, limit, once, request.samples);
     }
-    let pid = match &request.target {
-        Some(Target::Launch(_)) if once => {
-            bail!("`top --once -- CMD` is not supported: record it (`pyprobe record -- CMD`) and use `top --from`");
-        }
-        Some(Target::Attach(pid)) if once => *pid,
+    let (target, duration, what) = match &request.target {
+        // One snapshot of a live process: one interval of it.
+        Some(Target::Attach(pid)) if once => (
+            Target::Attach(*pid),
+            Some(request.interval),
+            format!("process {pid}"),
+        ),
+        // One snapshot of a command: its whole run.
+        Some(Target::Launch(cmd)) if once => (
+            Target::Launch(cmd.clone()),
+            None,
+            format!("`{}`", cmd.join(" ")),
+        ),
         Some(target) => return live_top(target, interval, limit, request.samples),
         None => {
             eprintln!(
@@ -82,28 +91,28 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    // One snapshot of a live process: record it for one interval, sampling
-    // stacks (GC and imports exact where the build has their probes).
+    // Recorded as `record` would, sampling stacks (GC and imports exact where the
+    // build has their probes), then shown as one snapshot.
     let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
     let recording = dir.path().join("top.pyprobe");
     let one_interval = RecordRequest {
-        target: Some(Target::Attach(pid)),
+        target: Some(target),
         output: Some(recording.clone()),
-        duration: Some(request.interval),
+        duration,
         mode: record::Mode::Auto,
         rate: TOP_SAMPLE_RATE,
+        // As `record`'s default: rare probes through the ring where they qualify.
+        ring: RingUse::Auto,
         ..Default::default()
     };
     let code = record::run(&one_interval)?;
     if !recording.exists() {
-        bail!("nothing was recorded from process {pid}");
-    }
-    if code != ExitCode::SUCCESS {
-        return Ok(code);
+        bail!("nothing was recorded from {what}");
     }
     let mut reader = open(&recording)?;
     let report = build_report_filtered(&mut reader, request.samples)
         .context("cannot read the snapshot's recording")?;
     print_snapshot(&snapshot_between(None, &report), limit)?;
-    Ok(ExitCode::SUCCESS)
+    // A command's own exit status is `top`'s, as it is `record`'s.
+    Ok(code)
 }
