@@ -169,7 +169,7 @@ pub fn write_calls<R: Read + Seek, W: Write>(
                     note,
                 });
             }
-            EventKind::Return { frame } => {
+            EventKind::Return { frame, .. } => {
                 summary.returns += 1;
                 let mut popped = 0usize;
                 let mut returned = None;

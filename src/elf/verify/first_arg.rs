@@ -16,7 +16,7 @@
 //! names the probe passes) before anything relies on it.
 
 use iced_x86::{
-    Decoder, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register,
+    FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register,
 };
 
 /// The 64-bit registers tracked, as AT&T names.
@@ -156,7 +156,7 @@ impl FirstArg {
 /// (whose code is `bytes`) at `site`, decoding straight from the start.
 #[cfg(test)]
 fn first_arg_at(bytes: &[u8], start: u64, site: u64) -> Option<&'static str> {
-    let mut decoder = Decoder::with_ip(64, bytes, start, iced_x86::DecoderOptions::NONE);
+    let mut decoder = iced_x86::Decoder::with_ip(64, bytes, start, iced_x86::DecoderOptions::NONE);
     let mut instr = Instruction::default();
     let mut flow = FirstArg::new();
     while decoder.can_decode() && decoder.ip() < site {
