@@ -94,9 +94,14 @@ pub struct FirstLines {
 }
 
 impl FirstLines {
-    /// The first line of the function `hit` returns from, read through `walker`
-    /// (the walker of `hit.pid`, if it has one); 0 when not known.
-    pub fn of_return(&mut self, hit: &ReturnHit, walker: Option<&mut Walker>) -> u32 {
+    /// The first line of the function `hit` returns from, read through the walker
+    /// of `hit.pid` (`walker` gives it, if there is one; asked only when a read is
+    /// due); 0 when not known.
+    pub fn of_return<'w>(
+        &mut self,
+        hit: &ReturnHit,
+        walker: impl FnOnce() -> Option<&'w mut Walker>,
+    ) -> u32 {
         let Some(&frame_ptr) = hit.args.get(FRAME_ARG) else {
             return 0;
         };
@@ -112,7 +117,10 @@ impl FirstLines {
             None => 0,
         };
         let checks = self.checks.entry(hit.pid).or_default();
-        let Some(walker) = walker.filter(|_| !checks.given_up()) else {
+        if checks.given_up() {
+            return 0;
+        }
+        let Some(walker) = walker() else {
             return 0;
         };
         let found = walker.frame_code(frame_ptr);

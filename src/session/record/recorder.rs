@@ -274,7 +274,7 @@ impl<'a> Recorder<'a> {
             hit.ts_ns
         };
         let (sampler, first_lines) = (&mut self.sampler, &mut self.first_lines);
-        let mut name_return = |r: &ReturnHit| first_lines.of_return(r, sampler.walker_at(r.pid));
+        let mut name_return = |r: &ReturnHit| first_lines.of_return(r, || sampler.walker_at(r.pid));
         self.builder.hit(meaning, &hit.at(ts_ns), &mut name_return);
     }
 
