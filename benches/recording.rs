@@ -45,7 +45,8 @@ fn write_interning(path: &Path, trace: &Trace) -> u64 {
             EventKind::Call { frame } => EventKind::Call {
                 frame: reintern_frame(&mut w, s, frame),
             },
-            EventKind::Return { frame } => EventKind::Return {
+            EventKind::Return { frame, first_line } => EventKind::Return {
+                first_line: *first_line,
                 frame: reintern_frame(&mut w, s, frame),
             },
             EventKind::ImportStart { module } => EventKind::ImportStart {

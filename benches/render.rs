@@ -123,7 +123,15 @@ pub fn generate(path: &Path, events: u64) -> io::Result<()> {
                 ts += 40;
             }
             for _ in 0..depth {
-                emit(&mut w, tid, ts, EventKind::Return { frame: fib })?;
+                emit(
+                    &mut w,
+                    tid,
+                    ts,
+                    EventKind::Return {
+                        frame: fib,
+                        first_line: 0,
+                    },
+                )?;
                 ts += 40;
             }
         } else if stack.is_empty() || (stack.len() < MAX_DEPTH && rng.below(2) == 0) {
@@ -144,7 +152,15 @@ pub fn generate(path: &Path, events: u64) -> io::Result<()> {
                 line: frame.line + 1 + (rng.below(5) as u32),
                 ..frame
             };
-            emit(&mut w, tid, ts, EventKind::Return { frame: ret })?;
+            emit(
+                &mut w,
+                tid,
+                ts,
+                EventKind::Return {
+                    frame: ret,
+                    first_line: 0,
+                },
+            )?;
         }
     }
     w.finish(ts + 1)?;

@@ -181,7 +181,15 @@ pub fn generate(n: usize) -> Trace {
                     line: visit.line + 6,
                     ..visit
                 };
-                push(&mut events, tid, ts, EventKind::Return { frame });
+                push(
+                    &mut events,
+                    tid,
+                    ts,
+                    EventKind::Return {
+                        frame,
+                        first_line: 0,
+                    },
+                );
                 ts += 30 + rng.below(60);
             }
         } else if stack.is_empty() || (stack.len() < MAX_DEPTH && rng.below(100) < 52) {
@@ -198,7 +206,15 @@ pub fn generate(n: usize) -> Trace {
                 line: entry.line + 1 + rng.below(20) as u32,
                 ..entry
             };
-            push(&mut events, tid, ts, EventKind::Return { frame });
+            push(
+                &mut events,
+                tid,
+                ts,
+                EventKind::Return {
+                    frame,
+                    first_line: 0,
+                },
+            );
         }
     }
     // A cut-off recursive walk leaves frames open, as a recording stopped mid-run does.

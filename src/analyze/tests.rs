@@ -54,8 +54,14 @@ impl Script {
     }
 
     fn ret(&mut self, ts: u64, name: &str, line: u32) -> &mut Self {
+        self.ret_from(ts, name, line, 0)
+    }
+
+    /// A return naming its function's first line (CPython 3.11+, read from the
+    /// code object).
+    fn ret_from(&mut self, ts: u64, name: &str, line: u32, first_line: u32) -> &mut Self {
         let frame = self.frame(name, line);
-        self.push(ts, EventKind::Return { frame })
+        self.push(ts, EventKind::Return { frame, first_line })
     }
 
     /// A sampled stack of (function, first line, current line), outermost first.
@@ -297,6 +303,63 @@ fn unpaired_entries_resync_where_every_entry_should_return() {
     assert_eq!(r.anomalies.replay.unpaired_entries, 1);
 }
 
+/// Rows of `name`: (first line, calls, inclusive, exclusive), by line.
+fn rows_of(r: &Report, name: &str) -> Vec<(u32, Option<u64>, u64, u64)> {
+    let mut v: Vec<_> = r
+        .functions
+        .iter()
+        .filter(|f| f.function == name)
+        .map(|f| (f.line, f.calls, f.inclusive_ns, f.exclusive_ns))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn cpython_315_entries_without_line_take_the_first_line_their_return_names() {
+    // Two `__init__`s with cells (first lines 10 and 20) entered without line
+    // (-1), one inside the other (super().__init__ of a same-named base), and a
+    // decorated `handler` entered at its `def` line 31 (first line 30).
+    let mut s = Script::new();
+    s.call(0, "main", 1)
+        .call(10, "__init__", u32::MAX)
+        .call(20, "__init__", u32::MAX)
+        .ret_from(30, "__init__", 22, 20)
+        .ret_from(40, "__init__", 12, 10)
+        .call(50, "__init__", u32::MAX)
+        .ret_from(55, "__init__", 22, 20)
+        .call(60, "handler", 31)
+        .ret_from(70, "handler", 32, 30)
+        .ret(100, "main", 1);
+    let r = s.report_with(&header_of("3.15.2"), None);
+    assert_eq!(
+        rows_of(&r, "__init__"),
+        vec![(10, Some(1), 30, 20), (20, Some(2), 15, 15)]
+    );
+    assert_eq!(rows_of(&r, "handler"), vec![(30, Some(1), 10, 10)]);
+    assert_eq!(r.anomalies.replay.resyncs, 0);
+}
+
+#[test]
+fn cpython_311_returns_naming_their_first_line_keep_same_named_functions_apart() {
+    // Returns only; `work` at line 5 was sampled, the `work` at line 40 never:
+    // without its first line, its returns (line 42) would go to line 5's row.
+    let mut s = Script::new();
+    s.sample(0, &[("main", 1, 2), ("work", 5, 7)])
+        .ret_from(10, "work", 7, 5)
+        .ret_from(20, "work", 42, 40)
+        .ret_from(30, "work", 42, 40)
+        .ret(40, "work", 42)
+        .ret_from(50, "main", 3, 1);
+    let r = s.report_with(&header_of("3.11.2"), None);
+    let lines: Vec<(u32, Option<u64>)> = rows_of(&r, "work")
+        .into_iter()
+        .map(|(l, c, _, _)| (l, c))
+        .collect();
+    // The return without first line goes where the known first lines say.
+    assert_eq!(lines, vec![(5, Some(1)), (40, Some(3))]);
+}
+
 #[test]
 fn cpython_315_generator_creations_are_left_out() {
     let mut s = Script::new();
@@ -316,8 +379,14 @@ fn cpython_315_generator_creations_are_left_out() {
         function: s.id("__init__"),
         line: u32::MAX,
     };
-    s.push(65, EventKind::Return { frame: shim })
-        .ret(100, "main", 1);
+    s.push(
+        65,
+        EventKind::Return {
+            frame: shim,
+            first_line: 0,
+        },
+    )
+    .ret(100, "main", 1);
     let r = s.report_with(&header_of("3.15.2"), None);
     let gen = func(&r, "gen");
     assert_eq!((gen.line, gen.calls), (5, Some(2)), "a resume is a call");
@@ -672,8 +741,13 @@ fn unknown_strings_resolve_to_placeholders() {
         function: StrId(998),
         line: 1,
     };
-    s.push(0, EventKind::Call { frame: bogus })
-        .push(1, EventKind::Return { frame: bogus });
+    s.push(0, EventKind::Call { frame: bogus }).push(
+        1,
+        EventKind::Return {
+            frame: bogus,
+            first_line: 0,
+        },
+    );
     let r = s.report();
     assert_eq!(r.functions[0].function, "<unknown #998>");
 }
@@ -689,12 +763,33 @@ fn replay_reports_each_end_and_keeps_time_monotonic() {
     let events = vec![
         ev(1, 0, EventKind::Call { frame: f(1) }),
         ev(1, 5, EventKind::Call { frame: f(2) }),
-        ev(1, 9, EventKind::Return { frame: f(1) }),
+        ev(
+            1,
+            9,
+            EventKind::Return {
+                frame: f(1),
+                first_line: 0,
+            },
+        ),
         // Timestamps going backwards (TSC conversion): the clock holds still.
         ev(2, 100, EventKind::Call { frame: f(3) }),
         ev(2, 50, EventKind::Call { frame: f(4) }),
-        ev(2, 120, EventKind::Return { frame: f(4) }),
-        ev(2, 110, EventKind::Return { frame: f(3) }),
+        ev(
+            2,
+            120,
+            EventKind::Return {
+                frame: f(4),
+                first_line: 0,
+            },
+        ),
+        ev(
+            2,
+            110,
+            EventKind::Return {
+                frame: f(3),
+                first_line: 0,
+            },
+        ),
     ];
     let header = Header::default();
     let mut replay = Replay::new(&header, plan_events(&header, &[], &events));
@@ -858,7 +953,10 @@ fn arb_event() -> impl Strategy<Value = Event> {
         });
     let kind = prop_oneof![
         frame.clone().prop_map(|frame| EventKind::Call { frame }),
-        frame.clone().prop_map(|frame| EventKind::Return { frame }),
+        frame.clone().prop_map(|frame| EventKind::Return {
+            frame,
+            first_line: 0
+        }),
         (0i32..3).prop_map(|generation| EventKind::GcStart { generation }),
         any::<i64>().prop_map(|collected| EventKind::GcDone { collected }),
         (0u32..3).prop_map(|m| EventKind::ImportStart { module: StrId(m) }),

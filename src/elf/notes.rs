@@ -37,6 +37,12 @@ pub struct SdtSite {
     /// Why this site must not be written, if so (see [`super::verify`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// The register (AT&T name) that holds, at the site, the first argument of the
+    /// function the site is in, as its code shows (`None` when it does not show it
+    /// surely). Not a note's argument: what the register holds must be checked
+    /// before it is relied on.
+    #[serde(skip)]
+    pub first_arg: Option<&'static str>,
 }
 
 /// A probe: all sites of one (provider, name). Sites share one semaphore.
@@ -94,6 +100,7 @@ fn add_site(probes: &mut Vec<SdtProbe>, note: SdtNote) {
         address: note.address,
         args: note.args,
         refused: None,
+        first_arg: None,
     };
     let semaphore = (note.semaphore != 0).then_some(note.semaphore);
     match probes

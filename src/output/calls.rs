@@ -176,7 +176,7 @@ pub fn write_calls<R: Read + Seek, W: Write>(
                     took: None,
                 });
             }
-            EventKind::Return { frame } => {
+            EventKind::Return { frame, .. } => {
                 summary.returns += 1;
                 let mut popped = 0usize;
                 let mut returned = None;

@@ -113,7 +113,7 @@ impl<'a> Counter<'a> {
                     }
                 }
             }
-            EventKind::Return { frame } if self.filter.min_duration_ns > 0 => {
+            EventKind::Return { frame, .. } if self.filter.min_duration_ns > 0 => {
                 let Some(stack) = self.open.get_mut(&event.tid) else {
                     return;
                 };

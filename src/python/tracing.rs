@@ -88,6 +88,16 @@ pub fn parse_groups(names: &[String]) -> Result<BTreeSet<ProbeGroup>> {
         .collect()
 }
 
+/// Index of the argument pyprobe adds to the function probes of CPython 3.11+:
+/// the `_PyInterpreterFrame *` their site's function keeps in a register (see
+/// [`probe_set`]), after the three the note lists.
+pub const FRAME_ARG: usize = 3;
+
+/// Whether `probe` (by name) gets the frame argument at its sites.
+fn takes_frame_arg(name: &str) -> bool {
+    matches!(name, "function__entry" | "function__return")
+}
+
 /// The probe groups an object carries.
 pub fn available_groups(object: &LoadedObject) -> BTreeSet<ProbeGroup> {
     object
@@ -98,9 +108,16 @@ pub fn available_groups(object: &LoadedObject) -> BTreeSet<ProbeGroup> {
 }
 
 /// The engine's probe set for `groups`, and for each probe index its meaning.
+///
+/// With `frame_args` (CPython 3.11+, whose frames are `_PyInterpreterFrame`s), each
+/// function probe site whose code keeps its function's argument (the frame) in a
+/// register gets that register as one more argument ([`FRAME_ARG`]): recorded as
+/// a value by either engine (never followed in the target), checked against the
+/// names the probe passes before pyprobe relies on it.
 pub fn probe_set(
     object: &LoadedObject,
     groups: &BTreeSet<ProbeGroup>,
+    frame_args: bool,
 ) -> Result<(ProbeSet, Vec<&'static PythonProbe>)> {
     let mut set = ProbeSet::default();
     let mut meanings = Vec::new();
@@ -117,7 +134,17 @@ pub fn probe_set(
         }
         let mut sites = Vec::new();
         for site in usable {
-            let args = sdt::parse_args(&site.args)?;
+            let mut args = sdt::parse_args(&site.args)?;
+            let frame_register = site
+                .first_arg
+                .filter(|_| frame_args && takes_frame_arg(&probe.name));
+            if let Some(register) = frame_register {
+                // Only where the note lists exactly what the catalog says: the
+                // frame goes at a known index.
+                if args.len() == FRAME_ARG {
+                    args.extend(sdt::parse_args(&format!("8@{register}"))?);
+                }
+            }
             for arg in &args {
                 if let Some(name) = arg.operand.symbol() {
                     match object.elf.symbols.address(name) {

@@ -41,6 +41,8 @@ mod tag {
     pub const THREAD_START_IN: u8 = 20;
     pub const PROCESS_START: u8 = 21;
     pub const EXEC: u8 = 22;
+    /// Format 5: a return naming its function's first line (`RETURN` names none).
+    pub const RETURN_FROM: u8 = 23;
 }
 
 /// Smallest encoding of a frame: three one-byte varints.
@@ -87,9 +89,13 @@ impl EventEncoder {
         }
         self.prev.last = Some((event.tid, event.ts_ns));
         match &event.kind {
-            EventKind::Call { frame } | EventKind::Return { frame } | EventKind::Line { frame } => {
-                put_frame(buf, frame)
+            EventKind::Return { frame, first_line } => {
+                put_frame(buf, frame);
+                if *first_line != 0 {
+                    put_uvarint(buf, u64::from(*first_line));
+                }
             }
+            EventKind::Call { frame } | EventKind::Line { frame } => put_frame(buf, frame),
             EventKind::GcStart { generation } => put_uvarint(buf, zigzag(i64::from(*generation))),
             EventKind::GcDone { collected } => put_uvarint(buf, zigzag(*collected)),
             EventKind::ImportStart { module } => put_uvarint(buf, u64::from(module.0)),
@@ -163,7 +169,8 @@ fn get_state(c: &mut Cursor<'_>) -> Result<SampleState, RecordError> {
 fn kind_tag(kind: &EventKind) -> u8 {
     match kind {
         EventKind::Call { .. } => tag::CALL,
-        EventKind::Return { .. } => tag::RETURN,
+        EventKind::Return { first_line: 0, .. } => tag::RETURN,
+        EventKind::Return { .. } => tag::RETURN_FROM,
         EventKind::Line { .. } => tag::LINE,
         EventKind::GcStart { .. } => tag::GC_START,
         EventKind::GcDone { .. } => tag::GC_DONE,
@@ -225,8 +232,13 @@ impl EventDecoder {
             tag::CALL => EventKind::Call {
                 frame: get_frame(c)?,
             },
+            tag::RETURN_FROM => EventKind::Return {
+                frame: get_frame(c)?,
+                first_line: c.u32v("first line")?,
+            },
             tag::RETURN => EventKind::Return {
                 frame: get_frame(c)?,
+                first_line: 0,
             },
             tag::LINE => EventKind::Line {
                 frame: get_frame(c)?,

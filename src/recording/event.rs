@@ -55,6 +55,12 @@ pub enum EventKind {
     /// A Python function returned or unwound (`function__return`).
     Return {
         frame: FrameRef,
+        /// The first line (`co_firstlineno`) of the function that returned, read
+        /// from its code object through the frame the probe's site holds (CPython
+        /// 3.11+); 0 when not known. With it a return names its function exactly,
+        /// where the line it returns from and its name may not (two functions of
+        /// one name in one file, an entry passing no line).
+        first_line: u32,
     },
     /// A line is about to run (`line`).
     Line {

@@ -9,10 +9,11 @@ pub const MAGIC: [u8; 8] = *b"PYPROBE\0";
 /// to sampled frames and the `running` event; version 3 the thread's state (on CPU,
 /// holding the GIL) to each sample, and the `thinned` and `audits counted` events;
 /// version 4 the processes traced with `--subprocesses` (`process_start`, `exec`,
-/// and the process of each thread start). Versions 1 to 3 are still read (the
-/// states of samples of 1 and 2 unknown, every thread of 1 to 3 in the recording's
-/// own process).
-pub const FORMAT_VERSION: u32 = 4;
+/// and the process of each thread start); version 5 the first line of the function
+/// a return belongs to, when known (`return` events of CPython 3.11+). Versions 1 to
+/// 4 are still read (the states of samples of 1 and 2 unknown, every thread of 1 to
+/// 3 in the recording's own process, no first line on any return).
+pub const FORMAT_VERSION: u32 = 5;
 /// The oldest format version this crate reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 

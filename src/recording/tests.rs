@@ -45,7 +45,14 @@ fn every_kind(w: &mut RecordingWriter<impl Write>) -> Vec<Event> {
         EventKind::Line {
             frame: FrameRef { line: 4, ..frame },
         },
-        EventKind::Return { frame },
+        EventKind::Return {
+            frame,
+            first_line: 0,
+        },
+        EventKind::Return {
+            frame,
+            first_line: 3,
+        },
         EventKind::GcStart { generation: 2 },
         EventKind::GcDone { collected: -5 },
         EventKind::GcDone {
@@ -275,7 +282,10 @@ fn many_events_span_many_chunks() {
         let kind = if i % 2 == 0 {
             EventKind::Call { frame }
         } else {
-            EventKind::Return { frame }
+            EventKind::Return {
+                frame,
+                first_line: 0,
+            }
         };
         w.write(&Event {
             tid: (i % 3) as u32,

@@ -171,9 +171,9 @@ impl<W: Write> RecordingWriter<W> {
         let n = self.strings.len() as u32;
         let ok_frame = |f: &FrameRef| f.file.0 < n && f.function.0 < n;
         let ok = match kind {
-            EventKind::Call { frame } | EventKind::Return { frame } | EventKind::Line { frame } => {
-                ok_frame(frame)
-            }
+            EventKind::Call { frame }
+            | EventKind::Return { frame, .. }
+            | EventKind::Line { frame } => ok_frame(frame),
             EventKind::ImportStart { module } | EventKind::ImportDone { module, .. } => {
                 module.0 < n
             }

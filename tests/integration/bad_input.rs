@@ -458,9 +458,15 @@ fn small_recording(path: &Path) {
     event(EventKind::Call { frame: main });
     for _ in 0..2 {
         event(EventKind::Call { frame: work });
-        event(EventKind::Return { frame: work });
+        event(EventKind::Return {
+            frame: work,
+            first_line: 0,
+        });
     }
-    event(EventKind::Return { frame: main });
+    event(EventKind::Return {
+        frame: main,
+        first_line: 0,
+    });
     w.finish(ts + 1_000).unwrap();
 }
 
@@ -486,7 +492,13 @@ fn multi_chunk_recording(path: &Path) -> Vec<u8> {
             function: names[(i % 50) as usize],
             line: i % 50 + 1,
         };
-        for kind in [EventKind::Call { frame }, EventKind::Return { frame }] {
+        for kind in [
+            EventKind::Call { frame },
+            EventKind::Return {
+                frame,
+                first_line: 0,
+            },
+        ] {
             ts += 7;
             w.write(&Event {
                 tid: 1 + i % 3,

@@ -45,8 +45,20 @@ fn recording(path: &Path) {
     for (ts_ns, kind) in [
         (1_000, EventKind::Call { frame: main }),
         (2_000, EventKind::Call { frame: work }),
-        (3_000, EventKind::Return { frame: work }),
-        (4_000, EventKind::Return { frame: main }),
+        (
+            3_000,
+            EventKind::Return {
+                frame: work,
+                first_line: 0,
+            },
+        ),
+        (
+            4_000,
+            EventKind::Return {
+                frame: main,
+                first_line: 0,
+            },
+        ),
     ] {
         w.write(&Event {
             tid: 100,
@@ -594,10 +606,22 @@ fn many_calls(path: &Path, calls: u32) {
         ts += 1_000;
         write(ts, EventKind::Call { frame });
         ts += ns;
-        write(ts, EventKind::Return { frame });
+        write(
+            ts,
+            EventKind::Return {
+                frame,
+                first_line: 0,
+            },
+        );
     }
     ts += 1_000;
-    write(ts, EventKind::Return { frame: main });
+    write(
+        ts,
+        EventKind::Return {
+            frame: main,
+            first_line: 0,
+        },
+    );
     w.finish(ts + 1_000).unwrap();
 }
 

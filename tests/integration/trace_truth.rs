@@ -8,6 +8,9 @@
 //! * Real programs from PyPI (docutils, pyflakes): cProfile's per-function counts,
 //!   and the flame graph, the Chrome trace and the report agreeing.
 //! * `fixtures/python/serve.py`: attached while frames are already running.
+//! * `fixtures/python/same_names.py`: functions of one name in one file (with
+//!   cells, decorated, class bodies, one never sampled), each its own row at its
+//!   code object's first line.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -266,6 +269,88 @@ fn shapes_on_3_11_counts_exact_times_sampled() {
         "{folded:?}"
     );
     let _ = std::fs::remove_file(path);
+}
+
+/// `same_names.py` traced on `version`: every function it counted is one row, at
+/// its code object's first line (co_firstlineno, what the frame walker gives
+/// sampled frames), with its calls; no other row of those names in that file.
+/// Returns the report.
+///
+/// Through `int3`: a return's frame is read while the thread is held, so every
+/// function is named. (From the ring a frame is read after the fact, when it may
+/// hold another call: only checked reads count, so rare functions may stay
+/// unnamed there, keyed as before.)
+fn check_same_names(version: &'static str, extra: &[&str]) -> Option<Value> {
+    // One at a time: on a small machine, traces running at once make pyprobe
+    // fall behind its ring and lose events.
+    let _serial = crate::support::serial();
+    let py = python(version)?;
+    let script = fixture_script("same_names.py");
+    let mut options = vec!["--engine", "int3"];
+    options.extend_from_slice(extra);
+    let (path, stdout) = record(&py, "same-names", &[&script, "300"], &options, None);
+    let truth: Value = serde_json::from_str(stdout.trim()).expect("same_names.py printed");
+    let report = report_json(path.to_str().unwrap());
+    let mut ours: BTreeMap<(String, u64), u64> = BTreeMap::new();
+    for f in rows(&report) {
+        if f["file"].as_str().unwrap().ends_with("same_names.py") {
+            let key = (f["function"].as_str().unwrap().to_owned(), u(&f["line"]));
+            *ours.entry(key).or_default() += u(&f["calls"]);
+        }
+    }
+    let mut want: BTreeMap<(String, u64), u64> = BTreeMap::new();
+    for f in truth["functions"].as_array().unwrap() {
+        let key = (f[0].as_str().unwrap().to_owned(), u(&f[1]));
+        want.insert(key, u(&f[2]));
+    }
+    for ((name, first), calls) in &want {
+        assert_eq!(
+            ours.get(&(name.clone(), *first)),
+            Some(calls),
+            "{version}: {name} at line {first}: {calls} calls; rows: {ours:?}"
+        );
+    }
+    for (name, line) in ours.keys() {
+        assert!(
+            !want.keys().any(|(n, _)| n == name) || want.contains_key(&(name.clone(), *line)),
+            "{version}: a row of {name} at line {line}, not a first line of it: {ours:?}"
+        );
+    }
+    let _ = std::fs::remove_file(path);
+    Some(report)
+}
+
+#[test]
+fn same_named_functions_with_cells_are_rows_of_their_own_on_3_15() {
+    // Two `__init__`s calling super(), two `Node` class bodies and two `outer`s
+    // keeping closures have cells: 3.15's entry probe passes no line for them.
+    // Two decorated `handler`s: it passes their `def` lines.
+    check_same_names("3.15", &[]);
+}
+
+#[test]
+fn a_function_never_sampled_keeps_its_own_row_on_3_11() {
+    // Returns only, times sampled alongside: the second `work` (quick, after the
+    // first in the file) is never sampled, so no first line of its own is known
+    // but the one its returns name.
+    let Some(report) = check_same_names("3.11", &[]) else {
+        return;
+    };
+    let works: Vec<(u64, u64)> = rows(&report)
+        .iter()
+        .filter(|f| {
+            f["file"].as_str().unwrap().ends_with("same_names.py") && f["function"] == "work"
+        })
+        .map(|f| (u(&f["calls"]), u(&f["samples"])))
+        .collect();
+    // As the test means it: the spinning one sampled, the quick one not.
+    assert!(works.contains(&(5, 0)), "{works:?}");
+    assert!(
+        works
+            .iter()
+            .any(|&(calls, samples)| calls == 1 && samples > 0),
+        "{works:?}"
+    );
 }
 
 fn stdout_lines(args: &[&str]) -> Vec<String> {

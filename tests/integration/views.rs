@@ -59,7 +59,14 @@ impl Rec {
 
     fn ret(&mut self, tid: u32, us: f64, function: &str, line: u32) {
         let frame = self.frame(APP, function, line);
-        self.at(tid, us, EventKind::Return { frame });
+        self.at(
+            tid,
+            us,
+            EventKind::Return {
+                frame,
+                first_line: 0,
+            },
+        );
     }
 
     fn finish(self, end_us: u64) {
@@ -106,7 +113,14 @@ fn trace_recording(name: &str) -> PathBuf {
     let dumps = r.frame(JSON, "dumps", 5);
     r.at(100, 7.0, EventKind::Call { frame: dumps });
     let dumps_ret = r.frame(JSON, "dumps", 9);
-    r.at(100, 8.0, EventKind::Return { frame: dumps_ret });
+    r.at(
+        100,
+        8.0,
+        EventKind::Return {
+            frame: dumps_ret,
+            first_line: 0,
+        },
+    );
     r.at(
         100,
         8.5,

@@ -59,10 +59,31 @@ fn exclusive_time_and_calls_per_stack() {
         &[
             ev(1, 0, EventKind::Call { frame: fr(1, 1) }),
             ev(1, 10, EventKind::Call { frame: fr(2, 5) }),
-            ev(1, 30, EventKind::Return { frame: fr(2, 7) }),
+            ev(
+                1,
+                30,
+                EventKind::Return {
+                    frame: fr(2, 7),
+                    first_line: 0,
+                },
+            ),
             ev(1, 35, EventKind::Call { frame: fr(2, 5) }),
-            ev(1, 40, EventKind::Return { frame: fr(2, 6) }),
-            ev(1, 50, EventKind::Return { frame: fr(1, 3) }),
+            ev(
+                1,
+                40,
+                EventKind::Return {
+                    frame: fr(2, 6),
+                    first_line: 0,
+                },
+            ),
+            ev(
+                1,
+                50,
+                EventKind::Return {
+                    frame: fr(1, 3),
+                    first_line: 0,
+                },
+            ),
         ],
         None,
     );
@@ -83,11 +104,25 @@ fn unpaired_streams() {
         &[
             // Attached mid-call: a return on an empty stack, a frame running
             // when tracing began.
-            ev(1, 0, EventKind::Return { frame: fr(7, 9) }),
+            ev(
+                1,
+                0,
+                EventKind::Return {
+                    frame: fr(7, 9),
+                    first_line: 0,
+                },
+            ),
             // An entry without return (3.15 generator creation), popped by a resync.
             ev(1, 10, EventKind::Call { frame: fr(1, 1) }),
             ev(1, 20, EventKind::Call { frame: fr(2, 2) }),
-            ev(1, 30, EventKind::Return { frame: fr(1, 1) }),
+            ev(
+                1,
+                30,
+                EventKind::Return {
+                    frame: fr(1, 1),
+                    first_line: 0,
+                },
+            ),
             // Open at the end.
             ev(2, 40, EventKind::Call { frame: fr(3, 3) }),
         ],
@@ -114,9 +149,23 @@ fn gc_pause_goes_on_top_of_its_stack() {
             ev(1, 10, EventKind::GcStart { generation: 0 }),
             // A finalizer run by the collector.
             ev(1, 12, EventKind::Call { frame: fr(2, 2) }),
-            ev(1, 16, EventKind::Return { frame: fr(2, 2) }),
+            ev(
+                1,
+                16,
+                EventKind::Return {
+                    frame: fr(2, 2),
+                    first_line: 0,
+                },
+            ),
             ev(1, 20, EventKind::GcDone { collected: 3 }),
-            ev(1, 50, EventKind::Return { frame: fr(1, 1) }),
+            ev(
+                1,
+                50,
+                EventKind::Return {
+                    frame: fr(1, 1),
+                    first_line: 0,
+                },
+            ),
         ],
         None,
     );
@@ -134,14 +183,49 @@ fn walk_in_name_order_and_prune_narrow_stacks() {
         &[
             ev(1, 0, EventKind::Call { frame: fr(3, 1) }),
             ev(1, 10, EventKind::Call { frame: fr(2, 1) }),
-            ev(1, 11, EventKind::Return { frame: fr(2, 1) }),
+            ev(
+                1,
+                11,
+                EventKind::Return {
+                    frame: fr(2, 1),
+                    first_line: 0,
+                },
+            ),
             ev(1, 20, EventKind::Call { frame: fr(1, 1) }),
             ev(1, 60, EventKind::Call { frame: fr(4, 1) }),
-            ev(1, 62, EventKind::Return { frame: fr(4, 1) }),
-            ev(1, 70, EventKind::Return { frame: fr(1, 1) }),
-            ev(1, 100, EventKind::Return { frame: fr(3, 1) }),
+            ev(
+                1,
+                62,
+                EventKind::Return {
+                    frame: fr(4, 1),
+                    first_line: 0,
+                },
+            ),
+            ev(
+                1,
+                70,
+                EventKind::Return {
+                    frame: fr(1, 1),
+                    first_line: 0,
+                },
+            ),
+            ev(
+                1,
+                100,
+                EventKind::Return {
+                    frame: fr(3, 1),
+                    first_line: 0,
+                },
+            ),
             ev(2, 100, EventKind::Call { frame: fr(5, 1) }),
-            ev(2, 101, EventKind::Return { frame: fr(5, 1) }),
+            ev(
+                2,
+                101,
+                EventKind::Return {
+                    frame: fr(5, 1),
+                    first_line: 0,
+                },
+            ),
         ],
         None,
     );

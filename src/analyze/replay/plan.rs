@@ -16,15 +16,27 @@ pub struct Plan {
     pub(super) creations: FxHashMap<u32, Vec<u64>>,
     /// Per (thread, segment): frames running when the segment began that the
     /// walker did not report, found as returns on an empty stack: outermost first,
-    /// as (file, name, line returned from).
-    pub(super) seeds: FxHashMap<(u32, u32), Vec<FrameRef>>,
+    /// as (file, name, line returned from) and the first line the return named (0:
+    /// none).
+    pub(super) seeds: FxHashMap<(u32, u32), Vec<(FrameRef, u32)>>,
     /// Start of each segment after the first (a cut: lost events, a window).
     pub(super) segment_starts: Vec<u64>,
     /// (file, name, line) → the entry line of a frame that returned at that line.
     pub(super) resumes: FxHashMap<(StrId, StrId, u32), u32>,
+    /// (file, name, entry line) → the first line of the function, named by the
+    /// return of a frame entered at that line (CPython 3.11+ returns read it from
+    /// the code object): a decorated function entered at its `def` line, a
+    /// generator resumed at a line, belong to that function.
+    pub(super) code_lines: FxHashMap<(StrId, StrId, u32), u32>,
+    /// Per thread: (index among its call events, first line) of entries without
+    /// line (-1: CPython 3.15's functions with cells) whose return named its
+    /// function's first line, by index. Two such functions of one name in one file
+    /// are told apart only this way.
+    pub(super) entry_firsts: FxHashMap<u32, Vec<(u64, u32)>>,
     /// Known first lines per function name, sorted: from entries and the walker.
     pub(super) first_lines: FxHashMap<Name, Vec<u32>>,
-    /// First lines the frame walker read, sorted.
+    /// First lines read from code objects, sorted: by the frame walker, or
+    /// named by returns.
     pub(super) walked: FxHashMap<Name, Vec<u32>>,
     /// Smallest line a frame entered without line (-1) returned from.
     pub(super) unknown_min: FxHashMap<Name, u32>,
@@ -63,9 +75,25 @@ impl Plan {
         list.get(*cursor) == Some(&index)
     }
 
+    /// The first line the return of the entry with index `index` (among thread
+    /// `tid`'s call events) named, for an entry without line; `cursor` walks the
+    /// thread's list (indices asked in increasing order).
+    pub(super) fn entry_first(&self, tid: u32, index: u64, cursor: &mut usize) -> Option<u32> {
+        let list = self.entry_firsts.get(&tid)?;
+        while *cursor < list.len() && list[*cursor].0 < index {
+            *cursor += 1;
+        }
+        list.get(*cursor)
+            .filter(|(i, _)| *i == index)
+            .map(|(_, first)| *first)
+    }
+
     /// The first line of the function an entry at `line` belongs to.
     pub(super) fn entry_line(&self, file: StrId, function: StrId, line: u32) -> u32 {
         let name = (file, function);
+        if let Some(&first) = self.code_lines.get(&(file, function, line)) {
+            return first;
+        }
         if line == 0 && self.modules.contains(&name) {
             // Module code starts at line 0 on 3.12+; its first line is 1.
             return 1;
@@ -85,6 +113,9 @@ impl Plan {
                 }
                 _ => break,
             }
+        }
+        if let Some(&first) = self.code_lines.get(&(file, function, l)) {
+            return first;
         }
         match l {
             // Module code starts at line 1, whatever its first instruction says.
@@ -112,8 +143,18 @@ impl Plan {
         }
     }
 
-    /// The first line of the function a return without entry at `line` belongs to.
-    pub(super) fn return_line(&self, file: StrId, function: StrId, line: u32) -> u32 {
+    /// The first line of the function a return without entry at `line` belongs to,
+    /// `first_line` when the return named it.
+    pub(super) fn return_line(
+        &self,
+        file: StrId,
+        function: StrId,
+        line: u32,
+        first_line: u32,
+    ) -> u32 {
+        if first_line != 0 {
+            return first_line;
+        }
         if line != NO_LINE && self.resumes.contains_key(&(file, function, line)) {
             return self.entry_line(file, function, line);
         }
@@ -137,10 +178,11 @@ impl Plan {
         }
     }
 
-    /// The function of a return whose entry was not seen.
-    pub fn return_code(&self, f: &FrameRef) -> FrameRef {
+    /// The function of a return whose entry was not seen; `first_line` is the
+    /// one the return named (0: none).
+    pub fn return_code(&self, f: &FrameRef, first_line: u32) -> FrameRef {
         FrameRef {
-            line: self.return_line(f.file, f.function, f.line),
+            line: self.return_line(f.file, f.function, f.line, first_line),
             ..*f
         }
     }
@@ -214,8 +256,9 @@ struct PlanThread {
     stack: Vec<PlanFrame>,
     overflow: u64,
     calls: u64,
-    /// Returns that found an empty stack in the current segment, innermost first.
-    bottom: Vec<FrameRef>,
+    /// Returns that found an empty stack in the current segment, innermost first,
+    /// with the first line each named.
+    bottom: Vec<(FrameRef, u32)>,
     segment: u32,
 }
 
@@ -307,12 +350,16 @@ impl Planner {
                     });
                 }
             }
-            EventKind::Return { frame } => {
+            EventKind::Return { frame, first_line } => {
                 self.plan.returns += 1;
                 let name = (frame.file, frame.function);
                 if frame.line == NO_LINE && is_shim(strings, frame) {
                     self.plan.shims.insert(name);
                     return;
+                }
+                let first_line = *first_line;
+                if first_line != 0 {
+                    insert_sorted(self.plan.walked.entry(name).or_default(), first_line);
                 }
                 if self.is_311 {
                     // Returns only: each may be a function's row of last resort.
@@ -327,7 +374,7 @@ impl Planner {
                 }
                 let Some(i) = t.stack.iter().rposition(|f| f.name == name) else {
                     if t.stack.is_empty() && t.bottom.len() < MAX_DEPTH {
-                        t.bottom.push(*frame);
+                        t.bottom.push((*frame, first_line));
                     } else {
                         let m = self.plan.orphan_min.entry(name).or_insert(frame.line);
                         *m = (*m).min(frame.line);
@@ -340,6 +387,23 @@ impl Planner {
                     }
                 }
                 let Some(f) = t.stack.pop() else { return };
+                if first_line != 0 {
+                    match (f.line, f.index) {
+                        (NO_LINE, Some(index)) => self
+                            .plan
+                            .entry_firsts
+                            .entry(tid)
+                            .or_default()
+                            .push((index, first_line)),
+                        (NO_LINE, None) => {}
+                        (line, _) => {
+                            self.plan
+                                .code_lines
+                                .entry((frame.file, frame.function, line))
+                                .or_insert(first_line);
+                        }
+                    }
+                }
                 if f.line == NO_LINE {
                     let m = self.plan.unknown_min.entry(name).or_insert(frame.line);
                     *m = (*m).min(frame.line);
@@ -418,6 +482,9 @@ impl Planner {
             }
         }
         for list in self.plan.creations.values_mut() {
+            list.sort_unstable();
+        }
+        for list in self.plan.entry_firsts.values_mut() {
             list.sort_unstable();
         }
         let plan = &mut self.plan;

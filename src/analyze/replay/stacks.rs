@@ -4,7 +4,9 @@
 use rustc_hash::FxHashMap;
 
 use super::plan::Plan;
-use super::steps::{EndKind, Exit, Name, Pairing, ReplayCounters, Step, ThreadTime, MAX_DEPTH};
+use super::steps::{
+    EndKind, Exit, Name, Pairing, ReplayCounters, Step, ThreadTime, MAX_DEPTH, NO_LINE,
+};
 use crate::analyze::processes::ProcessMap;
 use crate::recording::{Event, EventKind, FrameRef, Header, WalkedFrame};
 
@@ -24,6 +26,7 @@ struct ReplayThread {
     overflow: u64,
     calls: u64,
     creation_cursor: usize,
+    first_cursor: usize,
     /// The segment whose seeds are on the stack.
     seeded: Option<u32>,
     /// When its thread-start event came: nothing of it ran before.
@@ -153,10 +156,18 @@ impl Replay {
                     self.counters.depth_overflows += 1;
                     return ts;
                 }
-                let code = self.plan.entry_code(frame);
+                let named = if frame.line == NO_LINE {
+                    self.plan.entry_first(tid, index, &mut t.first_cursor)
+                } else {
+                    None
+                };
+                let code = match named {
+                    Some(line) => FrameRef { line, ..*frame },
+                    None => self.plan.entry_code(frame),
+                };
                 push_frame(t, tid, code, (frame.file, frame.function), ts, false, out);
             }
-            EventKind::Return { frame } => {
+            EventKind::Return { frame, first_line } => {
                 if self.plan.is_shim(frame) {
                     self.counters.shim_returns += 1;
                     return ts;
@@ -165,7 +176,7 @@ impl Replay {
                     out.push(Step::Untimed {
                         tid,
                         ts,
-                        code: self.plan.return_code(frame),
+                        code: self.plan.return_code(frame, *first_line),
                     });
                     return ts;
                 }
@@ -177,7 +188,7 @@ impl Replay {
                     out.push(Step::Untimed {
                         tid,
                         ts,
-                        code: self.plan.return_code(frame),
+                        code: self.plan.return_code(frame, *first_line),
                     });
                     return ts;
                 }
@@ -198,7 +209,7 @@ impl Replay {
                         out.push(Step::Untimed {
                             tid,
                             ts,
-                            code: self.plan.return_code(frame),
+                            code: self.plan.return_code(frame, *first_line),
                         });
                     }
                 }
@@ -269,12 +280,12 @@ impl Replay {
                 .unwrap_or(ts)
                 .min(ts),
         };
-        for f in seeds {
+        for (f, first_line) in seeds {
             if t.frames.len() >= MAX_DEPTH {
                 break;
             }
             self.counters.open_at_start += 1;
-            let code = self.plan.return_code(f);
+            let code = self.plan.return_code(f, *first_line);
             push_frame(t, tid, code, (f.file, f.function), start, true, out);
         }
     }

@@ -15,8 +15,15 @@ use crate::elf::notes::SdtProbe;
 use crate::elf::segments::{file_offset, LoadSegment};
 
 mod eh_frame;
+mod first_arg;
 
 use eh_frame::eh_frame_hdr_starts;
+use first_arg::FirstArg;
+
+/// What the checks say of one site: `Err(why)` when it must not be written, and
+/// the register its function keeps its first argument in there, if one surely
+/// does (see [`first_arg`]).
+type SiteVerdict = (Result<(), String>, Option<&'static str>);
 
 /// Most bytes decoded from a function's start to reach one of its sites (the
 /// largest CPython function, the eval loop, is a few hundred KiB).
@@ -119,16 +126,16 @@ impl<'a> Verifier<'a> {
     }
 
     /// One verdict per site of `pcs` (link-time addresses): `Err(why)` for a site
-    /// that must not be written. Sites of one function are checked in one decoding
-    /// pass.
-    pub(super) fn check_sites(&self, pcs: &[u64]) -> Vec<Result<(), String>> {
-        let mut verdicts: Vec<Result<(), String>> = vec![Ok(()); pcs.len()];
+    /// that must not be written, and where its function's first argument is. Sites
+    /// of one function are checked in one decoding pass.
+    pub(super) fn check_sites(&self, pcs: &[u64]) -> Vec<SiteVerdict> {
+        let mut verdicts: Vec<SiteVerdict> = vec![(Ok(()), None); pcs.len()];
         // (function start, site, index in pcs) of the sites worth decoding.
         let mut todo = Vec::new();
         for (i, &pc) in pcs.iter().enumerate() {
             match self.locate(pc) {
                 Ok((start, from, end)) => todo.push((start, pc, i, from, end)),
-                Err(why) => verdicts[i] = Err(why),
+                Err(why) => verdicts[i] = (Err(why), None),
             }
         }
         todo.sort_unstable();
@@ -175,7 +182,7 @@ impl<'a> Verifier<'a> {
 
     /// Decodes from `start` through the sorted `sites` (all in `start..end`):
     /// each must be an instruction boundary holding a one-byte `nop`.
-    fn decode(&self, start: u64, from: &str, end: u64, sites: &[u64]) -> Vec<Result<(), String>> {
+    fn decode(&self, start: u64, from: &str, end: u64, sites: &[u64]) -> Vec<SiteVerdict> {
         let last = sites.last().copied().unwrap_or(start);
         let stop = last.saturating_add(MAX_INSN_LEN).min(end);
         let bytes = file_offset(self.segments, start)
@@ -188,50 +195,71 @@ impl<'a> Verifier<'a> {
             return sites
                 .iter()
                 .map(|pc| {
-                    Err(format!(
-                        "site {pc:#x} refused: the file does not hold its code"
-                    ))
+                    let why = format!("site {pc:#x} refused: the file does not hold its code");
+                    (Err(why), None)
                 })
                 .collect();
         };
         let mut decoder = Decoder::with_ip(64, bytes, start, DecoderOptions::NONE);
         let mut instr = Instruction::default();
         let mut undecodable = None;
+        let mut first_arg = FirstArg::new();
         sites
             .iter()
             .map(|&pc| {
                 while undecodable.is_none() && decoder.ip() < pc {
                     decoder.decode_out(&mut instr);
+                    first_arg.step(&instr);
                     if instr.is_invalid() {
                         undecodable = Some(instr.ip());
                     }
                 }
-                if let Some(at) = undecodable {
-                    return Err(format!(
-                        "site {pc:#x} refused: the instruction at {at:#x} cannot be decoded \
-                         (decoding from the function start {start:#x}, {from})"
-                    ));
-                }
-                if decoder.ip() != pc {
-                    return Err(format!(
-                        "site {pc:#x} refused: it is inside the {}-byte instruction at {:#x}, not \
-                         at an instruction boundary (decoded from the function start {start:#x}, \
-                         {from})",
-                        instr.len(),
-                        instr.ip()
-                    ));
-                }
-                match bytes.get((pc - start) as usize) {
-                    Some(0x90) => Ok(()),
-                    Some(b) => Err(format!(
-                        "site {pc:#x} refused: the byte there is {b:#04x}, not a one-byte nop (0x90)"
-                    )),
-                    None => Err(format!(
-                        "site {pc:#x} refused: the file does not hold its code"
-                    )),
-                }
+                let verdict =
+                    self.site_verdict(&decoder, &instr, undecodable, bytes, start, from, pc);
+                let holder = verdict.is_ok().then(|| first_arg.holder()).flatten();
+                (verdict, holder)
             })
             .collect()
+    }
+
+    /// Whether `pc`, reached by `decoder` (`instr` its last instruction), is a
+    /// one-byte `nop` at an instruction boundary of the function at `start` (whose
+    /// code is `bytes`).
+    #[allow(clippy::too_many_arguments)]
+    fn site_verdict(
+        &self,
+        decoder: &Decoder<'_>,
+        instr: &Instruction,
+        undecodable: Option<u64>,
+        bytes: &[u8],
+        start: u64,
+        from: &str,
+        pc: u64,
+    ) -> Result<(), String> {
+        if let Some(at) = undecodable {
+            return Err(format!(
+                "site {pc:#x} refused: the instruction at {at:#x} cannot be decoded \
+                 (decoding from the function start {start:#x}, {from})"
+            ));
+        }
+        if decoder.ip() != pc {
+            return Err(format!(
+                "site {pc:#x} refused: it is inside the {}-byte instruction at {:#x}, not \
+                 at an instruction boundary (decoded from the function start {start:#x}, \
+                 {from})",
+                instr.len(),
+                instr.ip()
+            ));
+        }
+        match bytes.get((pc - start) as usize) {
+            Some(0x90) => Ok(()),
+            Some(b) => Err(format!(
+                "site {pc:#x} refused: the byte there is {b:#04x}, not a one-byte nop (0x90)"
+            )),
+            None => Err(format!(
+                "site {pc:#x} refused: the file does not hold its code"
+            )),
+        }
     }
 }
 
@@ -253,8 +281,9 @@ pub(super) fn verify_probes(
             }
         }
         let pcs: Vec<u64> = probe.sites.iter().map(|s| s.address).collect();
-        for (site, verdict) in probe.sites.iter_mut().zip(v.check_sites(&pcs)) {
+        for (site, (verdict, first_arg)) in probe.sites.iter_mut().zip(v.check_sites(&pcs)) {
             site.refused = verdict.err();
+            site.first_arg = first_arg;
         }
     }
 }

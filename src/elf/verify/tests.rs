@@ -105,6 +105,30 @@ fn every_site_of_the_real_pythons_and_the_fixtures_passes() {
     }
 }
 
+/// The real interpreters' function probe sites keep the frame (their function's
+/// only argument) in a callee-saved register: %r13 on the Debian 3.15 build, %rbx
+/// on Debian's 3.11 (checked by disassembly; what it holds is checked at run time).
+#[test]
+fn function_probe_sites_show_where_the_frame_is() {
+    let mut checked = Vec::new();
+    if let Some(path) = python("3.15") {
+        checked.push((path, "%r13"));
+    }
+    let system = PathBuf::from("/usr/bin/python3.11");
+    if system.exists() {
+        checked.push((system, "%rbx"));
+    }
+    for (path, register) in checked {
+        let info = ElfInfo::read(&path).unwrap();
+        for name in ["function__entry", "function__return"] {
+            let p = probe(&info, name);
+            for s in &p.sites {
+                assert_eq!(s.first_arg, Some(register), "{}: {name}", path.display());
+            }
+        }
+    }
+}
+
 /// The file offsets of the descriptors of `provider:name`'s notes.
 fn descs(data: &[u8], name: &str) -> Vec<usize> {
     let elf = Elf::parse(data).unwrap();

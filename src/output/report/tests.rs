@@ -381,7 +381,10 @@ fn record(cut: Option<usize>) -> Report {
         let kind = if i % 2 == 0 {
             EventKind::Call { frame }
         } else {
-            EventKind::Return { frame }
+            EventKind::Return {
+                frame,
+                first_line: 0,
+            }
         };
         w.write(&Event {
             tid: 77,

@@ -117,6 +117,37 @@ pub fn locations_line(table: &[u8], first_line: u32, addr: i64) -> Option<u32> {
     None
 }
 
+/// Whether some instruction of a 3.11+ location table is at `line`: the same walk
+/// as [`locations_line`], over the whole table. A corrupt table answers, never panics.
+pub fn locations_has_line(table: &[u8], first_line: u32, line: u32) -> bool {
+    let mut current = i64::from(first_line);
+    let mut i = 0usize;
+    while i < table.len() {
+        let first = table[i];
+        if first & 0x80 == 0 {
+            i += 1;
+            continue;
+        }
+        let code = (first >> 3) & 15;
+        current += match code {
+            13 | 14 => {
+                let mut at = i + 1;
+                signed_varint(table, &mut at).unwrap_or(0)
+            }
+            10..=12 => i64::from(code - 10),
+            _ => 0,
+        };
+        if code != 15 && current == i64::from(line) {
+            return true;
+        }
+        i += 1;
+        while i < table.len() && table[i] & 0x80 == 0 {
+            i += 1;
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +223,36 @@ mod tests {
     }
 
     #[test]
+    fn location_tables_say_which_lines_they_hold() {
+        // The table of `locations_311`: lines 20, 21, 20, none, 20, 90.
+        let table = [
+            0x80 | (13 << 3),
+            0,
+            0x80 | (11 << 3) | 2,
+            4,
+            9,
+            0x80 | (14 << 3) | 1,
+            3,
+            0,
+            1,
+            1,
+            0x80 | (15 << 3),
+            0x80 | (2 << 3),
+            7,
+            0x80 | (13 << 3),
+            140 & 63 | 64,
+            140 >> 6,
+        ];
+        for line in [20, 21, 90] {
+            assert!(locations_has_line(&table, 20, line), "{line}");
+        }
+        for line in [19, 22, 89, 91] {
+            assert!(!locations_has_line(&table, 20, line), "{line}");
+        }
+        assert!(!locations_has_line(&[], 20, 20));
+    }
+
+    #[test]
     fn corrupt_tables_never_panic() {
         let mut x = 0x1234_5678u32;
         for len in 0..300 {
@@ -208,6 +269,7 @@ mod tests {
                 let _ = linetable310_line(&table, 1, addr);
                 let _ = locations_line(&table, 1, addr);
             }
+            let _ = locations_has_line(&table, 1, 7);
         }
         // Endless continuation bits.
         let table = [0x80 | (14 << 3), 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f];

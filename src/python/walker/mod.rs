@@ -274,6 +274,19 @@ impl Walker {
         self.reader.name_captured(captured)
     }
 
+    /// The code object the interpreter frame at `frame` runs (3.11+): its address
+    /// and its file, `co_name` and first line (see [`StackReader::frame_code`]).
+    /// Everything read is checked as on a walk; `None` when it does not hold.
+    pub fn frame_code(&mut self, frame: u64) -> Option<(u64, PyFrame)> {
+        self.reader.frame_code(frame)
+    }
+
+    /// Whether code object `code`, just named by [`Self::frame_code`], has an
+    /// instruction at `line`; `None` when that cannot be told.
+    pub fn code_has_line(&self, code: u64, line: u32) -> Option<bool> {
+        self.reader.code_has_line(code, line)
+    }
+
     /// Starts a new batch of captured stacks (see [`StackReader::new_naming_batch`]).
     pub fn new_naming_batch(&mut self) {
         self.reader.new_naming_batch()

@@ -415,6 +415,49 @@ impl<M: Memory> StackReader<M> {
         (out, dropped)
     }
 
+    /// The code object a `_PyInterpreterFrame` at `frame` runs (3.11+), and its
+    /// file, `co_name` and first line (the frame's `line` is its first line too):
+    /// the frame's executable read (tag bits masked), then the code object's header,
+    /// checked as on every walk (a code object's type, the cache's key). `None` for
+    /// any frame that cannot be read or is not running a code object, and on
+    /// versions whose frames are objects (up to 3.10). Reads two small blocks: the
+    /// pointer, and the header.
+    pub fn frame_code(&mut self, frame: u64) -> Option<(u64, PyFrame)> {
+        let FrameLayout::Interpreter {
+            executable,
+            tag_mask,
+            ..
+        } = self.layout.frame
+        else {
+            return None;
+        };
+        if !plausible_pointer(frame) {
+            return None;
+        }
+        let code = read_u64(&self.mem, frame.checked_add(executable)?).ok()? & !tag_mask;
+        if !plausible_pointer(code) {
+            return None;
+        }
+        let mut header = vec![0u8; self.layout.code_span() as usize];
+        self.mem.read_exact(code, &mut header).ok()?;
+        let frame = self.py_frame(code, &header, Position::Offset(-1)).ok()?;
+        Some((code, frame))
+    }
+
+    /// Whether code object `code` (named by [`Self::frame_code`] just before, so
+    /// cached) has an instruction at `line`; `None` when that cannot be told (no
+    /// line table read, a format before 3.11's).
+    pub fn code_has_line(&self, code: u64, line: u32) -> Option<bool> {
+        let info = self.codes.get(&code)?;
+        let table = info.table.as_deref()?;
+        match self.layout.line_table {
+            LineTable::Locations => {
+                Some(lines::locations_has_line(table, info.key[4] as u32, line))
+            }
+            LineTable::Lnotab | LineTable::Linetable310 => None,
+        }
+    }
+
     /// The frame of `code` at `position` from the cache alone, without reading.
     fn cached_frame(&mut self, code: u64, position: Position) -> Option<PyFrame> {
         let addr = match position {

@@ -12,6 +12,7 @@ use crate::recording::{
 use crate::tracer::signals;
 use crate::tracer::Hit;
 
+use super::codes::ReturnHit;
 use super::resolver::Chosen;
 
 /// Turns probe hits into recording events, filtering as asked.
@@ -310,7 +311,14 @@ impl EventBuilder {
         *depth > 0
     }
 
-    pub fn hit(&mut self, meaning: &PythonProbe, hit: &Hit) {
+    /// Writes the event of `hit`; `name_return` gives the first line of the
+    /// function a return belongs to (0: not known).
+    pub fn hit(
+        &mut self,
+        meaning: &PythonProbe,
+        hit: &Hit,
+        name_return: &mut dyn FnMut(&ReturnHit) -> u32,
+    ) {
         let arg = |i: usize| hit.args.get(i).copied().unwrap_or(0);
         let kind = match meaning.name {
             "function__entry" | "function__return" | "line" => {
@@ -322,7 +330,17 @@ impl EventBuilder {
                 let Some(frame) = self.frame(hit) else { return };
                 match meaning.name {
                     "function__entry" => EventKind::Call { frame },
-                    "function__return" => EventKind::Return { frame },
+                    "function__return" => EventKind::Return {
+                        frame,
+                        first_line: name_return(&ReturnHit {
+                            pid: hit.pid,
+                            args: hit.args,
+                            file: hit.string(0).unwrap_or(""),
+                            function: hit.string(1).unwrap_or(""),
+                            frame,
+                            stopped: hit.stopped,
+                        }),
+                    },
                     _ => EventKind::Line { frame },
                 }
             }

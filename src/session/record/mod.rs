@@ -19,6 +19,7 @@ pub use request::{RecordRequest, Target};
 pub use resolver::Mode;
 
 mod attaching;
+mod codes;
 mod events;
 mod lines;
 mod recorder;

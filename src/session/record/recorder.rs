@@ -14,6 +14,7 @@ use crate::tracer::signals::{monotonic_ns, StopReason};
 use crate::tracer::{Engine, Hit, Outcome, TraceEvent};
 
 use super::attaching::Attaching;
+use super::codes::{FirstLines, ReturnHit};
 use super::events::{EventBuilder, NamedKind};
 use super::lines::{armed_line, budget_line, refusal_lines, StartLine};
 use super::request::Target;
@@ -44,6 +45,8 @@ pub(super) struct Recorder<'a> {
     exact_window: bool,
     /// Over budget: GC, import and audit events go without their stacks.
     thinned: bool,
+    /// The first lines of returning functions, read from their code objects.
+    first_lines: FirstLines,
     status: Status,
 }
 
@@ -140,6 +143,7 @@ impl<'a> Recorder<'a> {
             announced: false,
             exact_window,
             thinned: false,
+            first_lines: FirstLines::default(),
             status: Status::new(),
         })
     }
@@ -269,7 +273,9 @@ impl<'a> Recorder<'a> {
         } else {
             hit.ts_ns
         };
-        self.builder.hit(meaning, &hit.at(ts_ns));
+        let (sampler, first_lines) = (&mut self.sampler, &mut self.first_lines);
+        let mut name_return = |r: &ReturnHit| first_lines.of_return(r, || sampler.walker_at(r.pid));
+        self.builder.hit(meaning, &hit.at(ts_ns), &mut name_return);
     }
 
     /// An engine tick: every thread's stack, when sampling now.

@@ -188,7 +188,8 @@ impl Resolver for PythonResolver {
         let has_probes = object.has_provider(PROVIDER);
         let (set, meanings, groups, warning) = if has_probes && self.mode != Mode::Sample {
             let (groups, warning) = self.groups(&object, version)?;
-            let (mut set, meanings) = probe_set(&object, &groups)?;
+            let frame_args = version.is_some_and(|v| v.at_least(3, 11));
+            let (mut set, meanings) = probe_set(&object, &groups, frame_args)?;
             let refusals = refusals(&object, &set, pid);
             self.chosen.borrow_mut().refusals.insert(pid, refusals);
             if needs_context_stacks(self.mode, version, &groups) {

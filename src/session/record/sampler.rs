@@ -73,6 +73,12 @@ impl Sampler {
         slot.walker.as_mut()
     }
 
+    /// The walker of `pid` for reading at a probe hit, attached now if it can be
+    /// (failed attaches are retried with the usual back-off).
+    pub fn walker_at(&mut self, pid: i32) -> Option<&mut Walker> {
+        self.walker(pid, crate::tracer::signals::monotonic_ns())
+    }
+
     /// Process `pid` ran `execve` or ended: its walker read the old image.
     pub fn forget(&mut self, pid: i32) {
         self.walkers.remove(&pid);
