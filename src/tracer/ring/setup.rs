@@ -6,6 +6,7 @@
 //! calls injected in one of them (`inject`) and writes to `/proc/PID/mem`.
 //! Nothing is unmapped when tracing ends: a thread interrupted by a signal inside
 //! a trampoline returns into it later, and ptrace cannot see that (see `ring`).
+//! What an earlier pyprobe left is used again where that is safe (see `reuse`).
 
 use std::collections::HashMap;
 use std::fs::OpenOptions;
