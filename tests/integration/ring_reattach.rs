@@ -61,10 +61,22 @@ fn session(
     reply: &str,
     tag: &str,
 ) -> (String, u64, u64, String) {
+    session_in(target, pid, "trace", order, reply, tag)
+}
+
+/// [`session`] in `--mode MODE`.
+fn session_in(
+    target: &mut Target,
+    pid: i32,
+    mode: &str,
+    order: &str,
+    reply: &str,
+    tag: &str,
+) -> (String, u64, u64, String) {
     let (_, sems) = sites_and_semaphores(pid);
     let out = TempFile::new(&format!("reattach-{tag}.pyprobe"));
     let pid_arg = pid.to_string();
-    let tracer = Tracer::record(out.path(), &["-p", &pid_arg, "--mode", "trace", "-v"]);
+    let tracer = Tracer::record(out.path(), &["-p", &pid_arg, "--mode", mode, "-v"]);
     // Semaphores are raised while every thread is stopped, and the ring is set up
     // before the target runs again: what it does from now on is traced.
     wait_until_traced(pid, &sems);
@@ -104,7 +116,8 @@ fn reattach_cycles(version: &'static str, cycles: usize) {
         );
         if cycle > 0 {
             assert!(
-                stderr.contains("of an earlier pyprobe are used again"),
+                stderr.contains("of an earlier pyprobe is used again")
+                    && stderr.contains("of an earlier pyprobe are used again"),
                 "{tag}: the earlier ring and trampolines are used again:\n{stderr}"
             );
         }
@@ -149,6 +162,39 @@ fn a_hundred_reattaches_leave_one_ring_and_one_trampoline_region_3_9() {
 #[test]
 fn thirty_reattaches_leave_one_ring_and_one_trampoline_region_3_15() {
     reattach_cycles("3.15", 30);
+}
+
+/// Sessions that arm other probes (`--mode auto` arms GC, import and audit probes,
+/// not the function probes) cannot use trampolines built for another probe set:
+/// each set gets a region once, and alternating between them maps nothing more.
+#[test]
+fn alternating_probe_sets_leave_one_region_per_set() {
+    let _serial = serial();
+    let Some(py) = python("3.9") else { return };
+    let mut target = Target::spawn(&py.launcher, &[&fixture_script("calls_on_demand.py")]);
+    target.wait_for_line("ready");
+    let pid = target.pid();
+    for (cycle, mode) in ["trace", "auto"].iter().cycle().take(6).enumerate() {
+        let tag = format!("modes-{cycle}-{mode}");
+        let (said, _, _, stderr) = session_in(&mut target, pid, mode, "500", "calls", &tag);
+        assert_eq!(said, "calls 500", "{tag}");
+        let now = footprint(pid);
+        let regions = if cycle == 0 { 1 } else { 2 };
+        assert_eq!(
+            (now.rings, now.regions),
+            (1, regions),
+            "{tag}: {now:?}\n{stderr}"
+        );
+        if cycle >= 2 {
+            assert!(
+                stderr.contains("of an earlier pyprobe are used again"),
+                "{tag}: {stderr}"
+            );
+        }
+    }
+    let (rest, status) = target.finish();
+    assert_eq!(rest.trim(), "done True");
+    assert!(status.success());
 }
 
 /// A child forked after a session inherits the ring mapping (a shared mapping of the
@@ -200,7 +246,8 @@ fn a_forked_child_gets_a_ring_of_its_own_when_both_are_attached() {
     assert!(status.success(), "{parent_said}");
     for (said, who) in [(&child_said, "child"), (&parent_said, "parent")] {
         assert!(
-            said.contains("of an earlier pyprobe are used again"),
+            said.contains("of an earlier pyprobe is used again")
+                && said.contains("of an earlier pyprobe are used again"),
             "{who}: {said}"
         );
     }

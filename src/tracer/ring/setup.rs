@@ -116,10 +116,8 @@ pub fn setup(
             |e| match replace_ring(&inj, mem, pid, e.tag_addr, e.ring_addr, bytes) {
                 Ok(mapping) => {
                     said.push(format!(
-                        "the ring at {:#x} and {} trampoline region(s) of an earlier pyprobe are \
-                     used again",
-                        e.ring_addr,
-                        e.regions.len()
+                        "the ring at {:#x} of an earlier pyprobe is used again",
+                        e.ring_addr
                     ));
                     Some((e.tag_addr, e.ring_addr, mapping, e.regions))
                 }
@@ -197,10 +195,20 @@ pub fn setup(
             &earlier_regions,
             guard.as_deref_mut(),
         );
-        if let Err(e) = result {
-            for &addr in &sites {
-                if !ring.sites.contains_key(&addr) {
-                    refused.push((addr, format!("{e:#}")));
+        match result {
+            Ok(Placed::Again(at)) => said.push(format!(
+                "the trampolines at {at:#x} of an earlier pyprobe are used again"
+            )),
+            Ok(Placed::New(at)) if !earlier_regions.is_empty() => said.push(format!(
+                "new trampolines at {at:#x}: those of an earlier pyprobe are not the ones \
+                 needed (other probes, or another pyprobe)"
+            )),
+            Ok(_) => {}
+            Err(e) => {
+                for &addr in &sites {
+                    if !ring.sites.contains_key(&addr) {
+                        refused.push((addr, format!("{e:#}")));
+                    }
                 }
             }
         }
@@ -302,6 +310,16 @@ fn map_ring(
     mapped
 }
 
+/// Where the trampolines of one segment went.
+enum Placed {
+    /// No site of the segment qualified.
+    Nothing,
+    /// Into the earlier pyprobe's region at this address, unchanged.
+    Again(u64),
+    /// Into a new region at this address.
+    New(u64),
+}
+
 /// Qualifies, builds and patches the sites of one executable segment.
 #[allow(clippy::too_many_arguments)]
 fn patch_segment(
@@ -317,7 +335,7 @@ fn patch_segment(
     refused: &mut Vec<(u64, String)>,
     earlier: &[(u64, RegionHeader)],
     mut guard: Option<&mut Guardian>,
-) -> Result<()> {
+) -> Result<Placed> {
     let len = (segment.end - segment.start) as usize;
     if len > 256 << 20 {
         bail!(
@@ -350,7 +368,7 @@ fn patch_segment(
         }
     }
     if plans.is_empty() {
-        return Ok(());
+        return Ok(Placed::Nothing);
     }
     let symbols = |name: &str| patches.set.symbol(name);
     // The trampoline for `plan` at `tramp_addr`, with its probe and site indices.
@@ -377,11 +395,11 @@ fn patch_segment(
     };
     // An earlier pyprobe's region holding every trampoline needed, byte for byte
     // (see `reuse`): nothing is written into it.
-    let reused = earlier
-        .iter()
-        .find_map(|(at, header)| identical_region(mem, *at, header, &plans, &build));
-    let built = match reused {
-        Some(built) => built,
+    let reused = earlier.iter().find_map(|(at, header)| {
+        identical_region(mem, *at, header, &plans, &build).map(|built| (*at, built))
+    });
+    let (placed, built) = match reused {
+        Some((at, built)) => (Placed::Again(at), built),
         None => {
             let mut built = Vec::new();
             // The header first (see `ring::region`), then the trampolines.
@@ -429,7 +447,7 @@ fn patch_segment(
                 libc::SYS_mprotect,
                 [region, size, PROT_RX as u64, 0, 0, 0],
             )?;
-            built
+            (Placed::New(region), built)
         }
     };
     for (plan, t, pi, si) in built {
@@ -479,7 +497,7 @@ fn patch_segment(
             },
         );
     }
-    Ok(())
+    Ok(placed)
 }
 
 /// Builds the trampoline for a plan at an address: with its probe and site indices.
