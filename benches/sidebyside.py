@@ -26,6 +26,9 @@ WORKLOADS = {
     # Long enough (about 2 s untraced) for the overhead budget to settle; full
     # tracing of it would take minutes, so only these configurations run on it.
     "fib-long": ["fib.py", "34"],
+    # An int3 hit against the same-CPU and cross-CPU floors: about 44,000 hits, few
+    # enough that the cross-CPU floor takes seconds, not minutes.
+    "fib-int3": ["fib.py", "20"],
     # The default mode where it used to hurt: an audit event per id() call, and a
     # real program from PyPI (black, which calls id() some 150,000 times; docutils).
     "audit": ["audit.py", "10"],
@@ -34,6 +37,8 @@ WORKLOADS = {
 }
 ONLY = {"fib-long": {"untraced", "pyprobe trace 5%", "pyprobe ring", "pyprobe ring 5%", "pyprobe sample 100",
                     "py-spy 100"},
+        "fib-int3": {"untraced", "floor", "floor same-cpu", "floor cross-cpu", "pyprobe trace",
+                     "pyprobe trace follow"},
         "audit": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"},
         "black": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"},
         "docutils": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"}}
@@ -88,8 +93,18 @@ def configurations(pyprobe, floor, pyspy, sites, sems, tmp):
     if floor and sites:
         args = [floor] + sum([["--site", hex(a)] for a in sites], []) + sum([["--sem", hex(a)] for a in sems], [])
         configs["floor"] = lambda cmd: args + ["--"] + cmd
+        if (os.cpu_count() or 1) >= 2:
+            # The two floors an int3 hit can cost: tracer and target pinned to one CPU
+            # (a context switch each way), or to two (a wake-up of the other CPU each way).
+            configs["floor same-cpu"] = lambda cmd: args + ["--tracer-cpu", "0", "--target-cpu", "0", "--"] + cmd
+            configs["floor cross-cpu"] = lambda cmd: args + ["--tracer-cpu", "0", "--target-cpu", "1", "--"] + cmd
     configs["pyprobe trace"] = lambda cmd: [
         pyprobe, "record", "--force", "--mode", "trace", "--engine", "int3", "-o", rec, "--"] + cmd
+    # pyprobe's tracing thread pinned to the CPU of the thread that hits (off by
+    # default: see src/tracer/engine/affinity.rs).
+    configs["pyprobe trace follow"] = lambda cmd: [
+        "env", "PYPROBE_FOLLOW_CPU=1", pyprobe, "record", "--force", "--mode", "trace", "--engine", "int3", "-o", rec,
+        "--"] + cmd
     configs["pyprobe ring"] = lambda cmd: [
         pyprobe, "record", "--force", "--mode", "trace", "--engine", "ring", "-o", rec, "--"] + cmd
     configs["pyprobe auto"] = lambda cmd: [pyprobe, "record", "--force", "--mode", "auto", "-o", rec, "--"] + cmd
@@ -160,7 +175,7 @@ def measure(args, version):
         for w in workloads:
             cmd = [binary, os.path.join(REPO, "benches", "workloads", WORKLOADS[w][0])] + WORKLOADS[w][1:]
             for name, make in configs.items():
-                if (w, name) in unavailable or (name == "floor" and w == "threaded"):  # the floor follows no threads
+                if (w, name) in unavailable or (name.startswith("floor") and w == "threaded"):  # the floor follows no threads
                     continue
                 if name != "untraced" and (w, "untraced") in unavailable:
                     continue  # nothing to compare with
@@ -199,7 +214,7 @@ def measure(args, version):
                 row["lost_pct"] = round(statistics.median(lost_pct[(w, name)]), 1)
             # Per event only where every call is an event: under a budget or in the
             # default mode most of the time goes to sampling, not to events.
-            if (w, name) in hits and hits[(w, name)] and name in ("floor", "pyprobe trace", "pyprobe ring"):
+            if (w, name) in hits and hits[(w, name)] and name in PER_EVENT:
                 row["hits"] = hits[(w, name)]
                 row["ns_per_hit"] = round((med - base) * 1e9 / hits[(w, name)])
             results.append(row)
@@ -207,8 +222,19 @@ def measure(args, version):
         per = {r["config"]: r for r in results if r["workload"] == w}
         floor = per.get("floor", {}).get("ns_per_hit")
         trace = per.get("pyprobe trace", {}).get("ns_per_hit")
-        if floor and trace:
-            per["pyprobe trace"]["vs_floor"] = round(trace / floor, 2)
+        for name in ("pyprobe trace", "pyprobe trace follow"):
+            ns = per.get(name, {}).get("ns_per_hit")
+            if floor and ns:
+                per[name]["vs_floor"] = round(ns / floor, 2)
+        # An int3 hit against both floors measured in this same invocation.
+        same = per.get("floor same-cpu", {}).get("ns_per_hit")
+        cross = per.get("floor cross-cpu", {}).get("ns_per_hit")
+        for name in ("pyprobe trace", "pyprobe trace follow", "floor"):
+            ns = per.get(name, {}).get("ns_per_hit")
+            if ns and same:
+                per[name]["vs_same_cpu"] = round(ns / same, 2)
+            if ns and cross:
+                per[name]["vs_cross_cpu"] = round(ns / cross, 2)
         ring = per.get("pyprobe ring", {}).get("ns_per_hit")
         if floor and ring:
             per["pyprobe ring"]["vs_floor"] = round(ring / floor, 4)
@@ -220,8 +246,10 @@ def measure(args, version):
     return results, unavailable
 
 
+PER_EVENT = ("floor", "floor same-cpu", "floor cross-cpu", "pyprobe trace", "pyprobe trace follow", "pyprobe ring")
 COLUMNS = [("workload", "workload"), ("configuration", "config"), ("median", "median_s"),
            ("slowdown", "slowdown"), ("ns/event", "ns_per_hit"), ("vs floor", "vs_floor"),
+           ("vs same-CPU", "vs_same_cpu"), ("vs cross-CPU", "vs_cross_cpu"),
            ("vs py-spy", "vs_py_spy"), ("exact %", "exact_pct"), ("lost %", "lost_pct")]
 
 
@@ -237,7 +265,7 @@ def cell(row, key):
 def print_table(version, runs, results, unavailable):
     print(f"\npyprobe side-by-side, python {version}, {runs} interleaved runs, "
           f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs\n")
-    widths = [9, 22, 9, 9, 8, 9, 10, 8, 7]
+    widths = [9, 22, 9, 9, 8, 9, 11, 12, 10, 8, 7]
     print(" ".join(f"{title:>{w}}" for (title, _), w in zip(COLUMNS, widths)))
     for r in results:
         print(" ".join(f"{cell(r, key):>{w}}" for (_, key), w in zip(COLUMNS, widths)))
@@ -284,14 +312,19 @@ def write_markdown(path, args, tables, load_before, load_after):
         "Columns: *slowdown* is the median over the untraced run's; *ns/event* the added time",
         "divided by the probe events the target produced (recorded plus lost); *vs floor* that",
         "cost over the raw ptrace floor's (`benches/floor/floor.c`: one waitpid, GETREGS and CONT",
-        "per hit, nothing decoded); *vs py-spy* pyprobe's time over py-spy's at the same rate and",
+        "per hit, nothing decoded, neither pinned); *vs same-CPU* and *vs cross-CPU* an int3 hit's",
+        "cost over that floor's with tracer and target pinned to one CPU (`floor same-cpu`) or to",
+        "two (`floor cross-cpu`), measured in the same invocation; *vs py-spy* pyprobe's time over",
+        "py-spy's at the same rate and",
         "blocking mode; *exact %* the share of the run traced exactly under a 5 % budget;",
         "*lost %* the share of ring events dropped.",
         "",
         "Configurations: `pyprobe trace` is `--mode trace --engine int3` (a ptrace stop per",
         "event); `pyprobe ring` is `--mode trace --engine ring` (events written by trampolines",
         "in the target); `pyprobe auto` is the default mode; `5%` adds `--max-overhead 5`;",
-        "`sample N` is `--mode sample -r N`, `nb` adds `--nonblocking`.",
+        "`sample N` is `--mode sample -r N`, `nb` adds `--nonblocking`; `pyprobe trace follow`",
+        "is `pyprobe trace` with `PYPROBE_FOLLOW_CPU=1` (pyprobe's tracing thread pinned to the",
+        "CPU of the thread that hits; see `src/tracer/engine/affinity.rs`).",
         "",
         "Workloads (`benches/workloads/`): " + ", ".join(
             f"`{name}` ({' '.join(argv)})" for name, argv in WORKLOADS.items()) + ".",

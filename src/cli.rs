@@ -152,6 +152,7 @@ pub struct RecordArgs {
     /// breakpoint and a ptrace stop per hit (tens of µs), nothing injected but the
     /// SIGTRAP safety net. After tracing, the ring (8 MiB) and the trampolines stay
     /// mapped in the target, unused: a signal handler could still return into one.
+    /// Attaching again uses them again, so they are never mapped twice.
     #[arg(long, value_enum, default_value_t = Engine::Auto)]
     pub engine: Engine,
     /// Slow the target by at most this much: when the time it spends stopped for

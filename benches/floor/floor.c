@@ -4,13 +4,20 @@
  * and then per hit does only waitpid, PTRACE_GETREGS and PTRACE_CONT: no decoding,
  * no memory reads, no recording. pyprobe's cost per hit is measured against this.
  *
- *   floor [--site ADDR]... [--sem ADDR]... -- CMD ARGS...
+ *   floor [--site ADDR]... [--sem ADDR]... [--tracer-cpu N] [--target-cpu N] [--follow 1]
+ *         -- CMD ARGS...
  *
  * Addresses are runtime addresses (the benchmark uses a fixed-address python).
+ * --tracer-cpu and --target-cpu pin the tracer and the traced command to a CPU each:
+ * the same one gives the same-CPU floor (each hit a context switch on one CPU), two
+ * different ones the cross-CPU floor (each hit a wake-up on the other CPU).
+ * --follow 1 moves the (unpinned) tracer to the CPU the target stopped on at each
+ * hit (read from /proc/PID/stat), the way pyprobe follows its target.
  * Prints "hits N" on stderr at the end and exits with CMD's status.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
@@ -24,14 +31,45 @@
 
 #define MAX_ADDRS 64
 
+static void pin(pid_t who, int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(who, sizeof set, &set) != 0) perror("floor: sched_setaffinity");
+}
+
+/* Field 39 of /proc/PID/stat: the CPU the process last ran on. */
+static int last_cpu(pid_t pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p) return -1;
+    /* After ") ": field 3 (state) onwards; field 39 is 36 fields further. */
+    int field = 2;
+    for (p++; *p && field < 39; p++)
+        if (*p == ' ') field++;
+    return field == 39 ? atoi(p) : -1;
+}
+
 int main(int argc, char **argv) {
     uint64_t sites[MAX_ADDRS], sems[MAX_ADDRS];
-    int nsites = 0, nsems = 0, i = 1;
+    int nsites = 0, nsems = 0, i = 1, tracer_cpu = -1, target_cpu = -1, follow = 0;
+
     for (; i < argc && strcmp(argv[i], "--") != 0; i += 2) {
         if (i + 1 >= argc) { fprintf(stderr, "floor: %s needs an address\n", argv[i]); return 2; }
         uint64_t a = strtoull(argv[i + 1], NULL, 0);
         if (!strcmp(argv[i], "--site") && nsites < MAX_ADDRS) sites[nsites++] = a;
         else if (!strcmp(argv[i], "--sem") && nsems < MAX_ADDRS) sems[nsems++] = a;
+        else if (!strcmp(argv[i], "--tracer-cpu")) tracer_cpu = (int)a;
+        else if (!strcmp(argv[i], "--target-cpu")) target_cpu = (int)a;
+        else if (!strcmp(argv[i], "--follow")) follow = (int)a;
+
         else { fprintf(stderr, "floor: unknown option %s\n", argv[i]); return 2; }
     }
     if (i + 1 >= argc) { fprintf(stderr, "usage: floor [--site A]... [--sem A]... -- CMD...\n"); return 2; }
@@ -39,10 +77,12 @@ int main(int argc, char **argv) {
 
     pid_t pid = fork();
     if (pid == 0) {
+        if (target_cpu >= 0) pin(0, target_cpu);
         ptrace(PTRACE_TRACEME, 0, 0, 0);
         execvp(cmd[0], cmd);
         _exit(127);
     }
+    if (tracer_cpu >= 0) pin(0, tracer_cpu);
     int st;
     waitpid(pid, &st, 0); /* the SIGTRAP of exec */
     char path[64];
@@ -73,6 +113,10 @@ int main(int argc, char **argv) {
             ptrace(PTRACE_GETREGS, pid, 0, &regs);
             hits++;
             sig = 0;
+            if (follow) {
+                int cpu = last_cpu(pid);
+                if (cpu >= 0 && cpu != sched_getcpu()) pin(0, cpu);
+            }
         }
         ptrace(PTRACE_CONT, pid, 0, sig);
     }

@@ -11,6 +11,9 @@ pub struct MapEntry {
     pub readable: bool,
     pub writable: bool,
     pub executable: bool,
+    /// `s` rather than `p`: a shared mapping (writes reach the object, and every
+    /// process mapping it).
+    pub shared: bool,
     pub offset: u64,
     /// (major, minor) device and inode of the backing file; inode 0 for anonymous maps.
     pub dev: (u32, u32),
@@ -69,7 +72,7 @@ fn parse_line(line: &str) -> Option<MapEntry> {
     let path = fields.next().unwrap_or("").trim_start().to_owned();
     let (start, end) = range.split_once('-')?;
     let (major, minor) = dev.split_once(':')?;
-    if perms.len() < 3 {
+    if perms.len() < 4 {
         return None;
     }
     Some(MapEntry {
@@ -78,6 +81,7 @@ fn parse_line(line: &str) -> Option<MapEntry> {
         readable: perms[0] == b'r',
         writable: perms[1] == b'w',
         executable: perms[2] == b'x',
+        shared: perms[3] == b's',
         offset,
         dev: (
             u32::from_str_radix(major, 16).ok()?,
@@ -100,10 +104,12 @@ mod tests {
 7f00aa000000-7f00aa021000 rw-p 00000000 00:00 0 
 7ffd3c1e3000-7ffd3c204000 rw-p 00000000 00:00 0                          [stack]
 7f00ab000000-7f00ab001000 r-xp 00002000 08:02 77 /tmp/a b (deleted)
+7f00ac000000-7f00ac801000 rw-s 00000000 00:01 2052 /memfd:pyprobe-ring (deleted)
 garbage line
 ";
         let maps = parse_maps(text);
-        assert_eq!(maps.len(), 5);
+        assert_eq!(maps.len(), 6);
+        assert!(maps[5].shared && !maps[2].shared);
         assert_eq!(maps[1].offset, 0x6b000);
         assert!(maps[1].executable && maps[1].is_file());
         assert_eq!(maps[1].dev, (0xfd, 1));

@@ -169,6 +169,7 @@ mod tests {
             readable: true,
             writable: false,
             executable: x,
+            shared: false,
             offset,
             dev: (1, 1),
             inode: 5,

@@ -52,7 +52,9 @@
 //!   it. Write it before the first site jumps to the region. A thread interrupted by a signal
 //!   inside a trampoline keeps that rip in its signal frame, where ptrace
 //!   does not show it: unless that can be ruled out, leave trampoline pages
-//!   and the ring mapped in the target after detaching.
+//!   and the ring mapped in the target after detaching. Attaching again may
+//!   use them again, never changing a byte of a trampoline a thread may have
+//!   entered (`tracer::ring::reuse`).
 //! * **Python stacks.** A trampoline built with a [`StackCapture`] reads its own
 //!   thread's state where the interpreter keeps it (a thread-local, or the GIL
 //!   holder's global checked against `pthread_self()`) and walks that thread's

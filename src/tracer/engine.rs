@@ -33,6 +33,7 @@ use super::ring::RingBook;
 use super::safety_net::{self, SafetyNet};
 use super::signals::{arm_tick, jitter, stop_requested, take_tick, until_deadline_ns, StopReason};
 
+mod affinity;
 mod children;
 mod hits;
 mod interface;
@@ -103,6 +104,8 @@ pub struct Engine {
     /// The overhead budget and what it turned off.
     pub(super) budget: BudgetBook,
     pub(super) ring_book: RingBook,
+    /// pyprobe's tracing thread following the CPU of the threads that hit `int3`.
+    pub(super) cpu: affinity::CpuFollow,
     /// An error met while handling an event that must end the run.
     pub(super) fatal: Option<anyhow::Error>,
 }
@@ -150,6 +153,7 @@ impl Engine {
             hit_buffers: HitBuffers::default(),
             budget: BudgetBook::new(options.max_overhead),
             ring_book: RingBook::default(),
+            cpu: affinity::CpuFollow::default(),
             fatal: None,
         }
     }
@@ -548,6 +552,7 @@ impl Engine {
             return;
         }
         self.detached = true;
+        self.cpu.release();
         if let Err(e) = self.stop_all(sink) {
             sink(TraceEvent::Notice(format!(
                 "while stopping the target to detach: {e:#}"

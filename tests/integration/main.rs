@@ -17,6 +17,7 @@ mod probes;
 mod record;
 mod report_schema;
 mod ring;
+mod ring_reattach;
 mod ring_stacks;
 mod ring_takeover;
 mod safety;

@@ -47,6 +47,11 @@ impl Engine {
             Ok(info) if info.si_code == SI_KERNEL => {}
             _ => return false,
         }
+        let ring_active = self.ring_active();
+        self.cpu.hit(tgid, tid, ring_active);
+        let Some(proc) = self.procs.get(&tgid) else {
+            return true;
+        };
         if self.budget.meter.as_ref().is_some_and(|b| !b.exact())
             && proc.patches.set.budgeted.contains(&pi)
         {

@@ -203,6 +203,11 @@ impl Engine {
             "ring engine in process {pid}: {ring_sites} probe sites write to a ring (no stop per hit), \
              {int3_sites} stay on int3"
         )));
+        for said in &setup.said {
+            sink(TraceEvent::Detail(format!(
+                "ring engine in process {pid}: {said}"
+            )));
+        }
         // Said once per site and reason: the workers of a pool share their
         // parent's sites, and their reasons.
         let new: Vec<&(u64, String)> = setup

@@ -167,7 +167,7 @@ impl Leftovers {
 }
 
 /// Reads and checks the header of the region at `page` (bounded by its format).
-fn read_header(mem: &ProcessMemory, page: u64) -> Result<RegionHeader, String> {
+pub(super) fn read_header(mem: &ProcessMemory, page: u64) -> Result<RegionHeader, String> {
     let mut prefix = [0u8; region::PREFIX_LEN];
     mem.read(page, &mut prefix).map_err(|e| e.to_string())?;
     let len = RegionHeader::announced_len(&prefix).map_err(|e| e.to_string())?;

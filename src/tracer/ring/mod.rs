@@ -6,6 +6,7 @@
 
 mod driver;
 pub mod leftovers;
+pub mod reuse;
 pub mod setup;
 pub mod threads;
 pub mod tsc;

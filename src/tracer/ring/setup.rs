@@ -6,6 +6,7 @@
 //! calls injected in one of them (`inject`) and writes to `/proc/PID/mem`.
 //! Nothing is unmapped when tracing ends: a thread interrupted by a signal inside
 //! a trampoline returns into it later, and ptrace cannot see that (see `ring`).
+//! What an earlier pyprobe left is used again where that is safe (see `reuse`).
 
 use std::collections::HashMap;
 use std::fs::OpenOptions;
@@ -19,12 +20,14 @@ use crate::process::memory::ProcessMemory;
 use crate::ring::region::{self, RegionHeader, RegionSite};
 use crate::ring::{
     build_trampoline, init_ring, plans_overlap, qualify_site, ring_bytes, BranchTargets,
-    RingReader, SitePlan, ThreadIdSource, TrampolineParams,
+    CodegenError, RingReader, SitePlan, ThreadIdSource, Trampoline, TrampolineParams,
 };
 
 use crate::tracer::guardian::{Guardian, Op};
 use crate::tracer::inject::Injector;
 use crate::tracer::patch::{Patches, INT3};
+
+use super::reuse;
 
 pub use super::CAPACITY;
 /// Bytes of trampoline space per site (200-500 bytes; a stack probe's, which walks
@@ -81,6 +84,8 @@ pub struct Setup {
     pub ring: RingProc,
     /// Sites left to `int3`, with why.
     pub refused: Vec<(u64, String)>,
+    /// Whether what an earlier pyprobe left was used again, and why not (for `-v`).
+    pub said: Vec<String>,
 }
 
 /// Sets up the ring in `pid` (every thread stopped; `tid` at a clean stop) for the
@@ -96,33 +101,43 @@ pub fn setup(
     mut guard: Option<&mut Guardian>,
 ) -> Result<Setup> {
     let inj = Injector::find(pid, tid, mem)?.guarded(guard.as_deref(), mem);
-    // A private page: the tag word (pid) at 0, the memfd's name at 64.
-    let scratch = inj.mmap(0, PAGE, PROT_RW, MAP_PRIVATE_ANON, -1)?;
-    mem.write(scratch, &(pid as u32).to_le_bytes())?;
-    mem.write(scratch + 64, b"pyprobe-ring\0")?;
     let bytes = ring_bytes(CAPACITY).map_err(|e| anyhow!("{e}"))? as u64;
-    let fd = inj.call(
-        "memfd_create",
-        libc::SYS_memfd_create,
-        [scratch + 64, libc::MFD_CLOEXEC as u64, 0, 0, 0, 0],
-    )?;
-    let mapped = (|| {
-        inj.call("ftruncate", libc::SYS_ftruncate, [fd, bytes, 0, 0, 0, 0])?;
-        let ring_addr = inj.mmap(0, bytes, PROT_RW, libc::MAP_SHARED, fd as i64)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{pid}/fd/{fd}"))
-            .with_context(|| format!("opening the ring of process {pid} (its fd {fd})"))?;
-        // SAFETY: a shared mapping of a memfd only pyprobe and the target use; the
-        // reader accesses it with atomic and volatile operations.
-        let mut mapping = unsafe { MmapMut::map_mut(&file) }.context("mapping the ring")?;
-        init_ring(&mut mapping, CAPACITY).map_err(|e| anyhow!("{e}"))?;
-        Ok::<_, anyhow::Error>((ring_addr, mapping))
-    })();
-    // The mapping keeps the memory; the target keeps no descriptor of ours.
-    let _ = inj.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0]);
-    let (ring_addr, mut mapping) = mapped?;
+    // What an earlier pyprobe left, used again where it can be (see `reuse`).
+    let mut said = Vec::new();
+    let earlier = match reuse::find(mem, &read_maps(pid)?, rips, patches.jump_refusals.len()) {
+        Ok(found) => found,
+        Err(why) => {
+            said.push(format!(
+                "an earlier pyprobe's ring and trampolines are not used again: {why}"
+            ));
+            None
+        }
+    };
+    let again =
+        earlier.and_then(
+            |e| match replace_ring(&inj, mem, pid, e.tag_addr, e.ring_addr, bytes) {
+                Ok(mapping) => {
+                    said.push(format!(
+                        "the ring at {:#x} of an earlier pyprobe is used again",
+                        e.ring_addr
+                    ));
+                    Some((e.tag_addr, e.ring_addr, mapping, e.regions))
+                }
+                Err(err) => {
+                    said.push(format!(
+                        "an earlier pyprobe's ring is not used again: {err:#}"
+                    ));
+                    None
+                }
+            },
+        );
+    let (scratch, ring_addr, mut mapping, earlier_regions) = match again {
+        Some(again) => again,
+        None => {
+            let (scratch, ring_addr, mapping) = new_ring(&inj, mem, pid, bytes)?;
+            (scratch, ring_addr, mapping, Vec::new())
+        }
+    };
     // SAFETY: the mapping lives as long as the reader (both in RingProc).
     let reader = unsafe { RingReader::new(mapping.as_mut_ptr(), mapping.len()) }
         .map_err(|e| anyhow!("{e}"))?;
@@ -180,17 +195,132 @@ pub fn setup(
             rips,
             &mut ring,
             &mut refused,
+            &earlier_regions,
             guard.as_deref_mut(),
         );
-        if let Err(e) = result {
-            for &addr in &sites {
-                if !ring.sites.contains_key(&addr) {
-                    refused.push((addr, format!("{e:#}")));
+        match result {
+            Ok(Placed::Again(at)) => said.push(format!(
+                "the trampolines at {at:#x} of an earlier pyprobe are used again"
+            )),
+            Ok(Placed::New(at)) if !earlier_regions.is_empty() => said.push(format!(
+                "new trampolines at {at:#x}: those of an earlier pyprobe are not the ones \
+                 needed (other probes, or another pyprobe)"
+            )),
+            Ok(_) => {}
+            Err(e) => {
+                for &addr in &sites {
+                    if !ring.sites.contains_key(&addr) {
+                        refused.push((addr, format!("{e:#}")));
+                    }
                 }
             }
         }
     }
-    Ok(Setup { ring, refused })
+    Ok(Setup {
+        ring,
+        refused,
+        said,
+    })
+}
+
+/// A new ring and tag word in `pid`: a private page (the tag word, the pid, at 0;
+/// the memfd's name at [`reuse::NAME_AT`]) and a ring of `bytes` wherever the
+/// kernel puts it. Returns the tag word's address, the ring's, and pyprobe's view.
+fn new_ring(
+    inj: &Injector,
+    mem: &mut ProcessMemory,
+    pid: i32,
+    bytes: u64,
+) -> Result<(u64, u64, MmapMut)> {
+    let scratch = inj.mmap(0, PAGE, PROT_RW, MAP_PRIVATE_ANON, -1)?;
+    mem.write(scratch, &(pid as u32).to_le_bytes())?;
+    mem.write(scratch + reuse::NAME_AT, reuse::RING_NAME)?;
+    let (ring_addr, mapping) = map_ring(inj, pid, scratch, None, bytes)?;
+    Ok((scratch, ring_addr, mapping))
+}
+
+/// The ring of an earlier pyprobe at `ring_addr` (checked by `reuse::find`) replaced
+/// by a new one at the same address, of the same length; the current pid written
+/// into the tag word at `tag_addr` (a forked child's own copy names the child).
+fn replace_ring(
+    inj: &Injector,
+    mem: &mut ProcessMemory,
+    pid: i32,
+    tag_addr: u64,
+    ring_addr: u64,
+    bytes: u64,
+) -> Result<MmapMut> {
+    let (_, mapping) = map_ring(inj, pid, tag_addr, Some(ring_addr), bytes)?;
+    mem.write(tag_addr, &(pid as u32).to_le_bytes())?;
+    Ok(mapping)
+}
+
+/// A memfd made in the target (named by the string at `scratch + NAME_AT`), sized,
+/// mapped and formatted by pyprobe, then mapped `MAP_SHARED` in the target (at
+/// `over`, over what is there, or where the kernel chooses), its descriptor closed:
+/// the target never sees an unformatted ring, and keeps no descriptor of pyprobe's.
+fn map_ring(
+    inj: &Injector,
+    pid: i32,
+    scratch: u64,
+    over: Option<u64>,
+    bytes: u64,
+) -> Result<(u64, MmapMut)> {
+    let fd = inj.call(
+        "memfd_create",
+        libc::SYS_memfd_create,
+        [
+            scratch + reuse::NAME_AT,
+            libc::MFD_CLOEXEC as u64,
+            0,
+            0,
+            0,
+            0,
+        ],
+    )?;
+    let mapped = (|| {
+        inj.call("ftruncate", libc::SYS_ftruncate, [fd, bytes, 0, 0, 0, 0])?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/fd/{fd}"))
+            .with_context(|| format!("opening the ring of process {pid} (its fd {fd})"))?;
+        // SAFETY: a shared mapping of a memfd only pyprobe and the target use; the
+        // reader accesses it with atomic and volatile operations.
+        let mut mapping = unsafe { MmapMut::map_mut(&file) }.context("mapping the ring")?;
+        if mapping.len() as u64 != bytes {
+            bail!(
+                "the ring of process {pid} is {} bytes, not {bytes}",
+                mapping.len()
+            );
+        }
+        init_ring(&mut mapping, CAPACITY).map_err(|e| anyhow!("{e}"))?;
+        let ring_addr = match over {
+            Some(addr) => {
+                let flags = libc::MAP_SHARED | libc::MAP_FIXED;
+                let got = inj.mmap(addr, bytes, PROT_RW, flags, fd as i64)?;
+                if got != addr {
+                    bail!("the new ring was mapped at {got:#x}, not over the old one at {addr:#x}");
+                }
+                got
+            }
+            None => inj.mmap(0, bytes, PROT_RW, libc::MAP_SHARED, fd as i64)?,
+        };
+        Ok::<_, anyhow::Error>((ring_addr, mapping))
+    })();
+    // The mappings keep the memory; the target keeps no descriptor of ours.
+    let _ = inj.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0]);
+    mapped
+}
+
+/// Where the trampolines of one segment went.
+enum Placed {
+    /// No site of the segment qualified.
+    Nothing,
+    /// Into the earlier pyprobe's region at this address, unchanged.
+    Again(u64),
+    /// Into a new region at this address.
+    New(u64),
 }
 
 /// Qualifies, builds and patches the sites of one executable segment.
@@ -206,8 +336,9 @@ fn patch_segment(
     rips: &[(i32, u64)],
     ring: &mut RingProc,
     refused: &mut Vec<(u64, String)>,
+    earlier: &[(u64, RegionHeader)],
     mut guard: Option<&mut Guardian>,
-) -> Result<()> {
+) -> Result<Placed> {
     let len = (segment.end - segment.start) as usize;
     if len > 256 << 20 {
         bail!(
@@ -240,18 +371,12 @@ fn patch_segment(
         }
     }
     if plans.is_empty() {
-        return Ok(());
+        return Ok(Placed::Nothing);
     }
-    // The header first (see `ring::region`), then the trampolines.
-    let span = region::encoded_len(plans.len()).next_multiple_of(64) as u64;
-    let size = (span + plans.len() as u64 * STRIDE).div_ceil(PAGE) * PAGE;
-    let region = place_region(inj, maps, segment, size)?;
     let symbols = |name: &str| patches.set.symbol(name);
-    let mut built = Vec::new();
-    for (k, plan) in plans.iter().enumerate() {
-        let Some(&(pi, si)) = patches.sites.get(&plan.site()) else {
-            continue;
-        };
+    // The trampoline for `plan` at `tramp_addr`, with its probe and site indices.
+    let build = |plan: &SitePlan, tramp_addr: u64| {
+        let &(pi, si) = patches.sites.get(&plan.site())?;
         let probe = &patches.set.probes[pi];
         let params = TrampolineParams {
             probe_id: pi as u32,
@@ -259,7 +384,7 @@ fn patch_segment(
             string_args: &probe.string_args,
             ring_addr,
             capacity: CAPACITY,
-            tramp_addr: region + span + k as u64 * STRIDE,
+            tramp_addr,
             tag_addr: ring.tag_addr,
             thread_id: ThreadIdSource::FsSelfPointer,
             symbols: &symbols,
@@ -269,41 +394,65 @@ fn patch_segment(
                 .as_ref()
                 .filter(|_| patches.set.stack_probes.contains(&pi)),
         };
-        match build_trampoline(plan, &params) {
-            Ok(t) if t.len() as u64 <= STRIDE => {
-                mem.write(t.addr, &t.code)?;
-                built.push((plan, t, pi, si));
-            }
-            Ok(t) => refused.push((plan.site(), format!("trampoline of {} bytes", t.len()))),
-            Err(e) => refused.push((plan.site(), e.to_string())),
-        }
-    }
-    // Every trampoline written is listed, before any site jumps to one: a later
-    // pyprobe then recognises each jump left behind (one not patched in the end is
-    // listed harmlessly: only a site holding the exact jump is ever taken over).
-    let header = RegionHeader {
-        region_len: size,
-        ring_addr,
-        ring_len,
-        tag_addr: ring.tag_addr,
-        sites: built
-            .iter()
-            .map(|(plan, t, _, _)| RegionSite {
-                site: plan.site(),
-                tramp: t.addr,
-                original: plan.original().to_vec(),
-            })
-            .collect(),
+        Some((pi, si, build_trampoline(plan, &params)))
     };
-    let header = header
-        .encode()
-        .map_err(|e| anyhow!("trampoline region header: {e}"))?;
-    mem.write(region, &header)?;
-    inj.call(
-        "mprotect",
-        libc::SYS_mprotect,
-        [region, size, PROT_RX as u64, 0, 0, 0],
-    )?;
+    // An earlier pyprobe's region holding every trampoline needed, byte for byte
+    // (see `reuse`): nothing is written into it.
+    let reused = earlier.iter().find_map(|(at, header)| {
+        identical_region(mem, *at, header, &plans, &build).map(|built| (*at, built))
+    });
+    let (placed, built) = match reused {
+        Some((at, built)) => (Placed::Again(at), built),
+        None => {
+            let mut built = Vec::new();
+            // The header first (see `ring::region`), then the trampolines.
+            let span = region::encoded_len(plans.len()).next_multiple_of(64) as u64;
+            let size = (span + plans.len() as u64 * STRIDE).div_ceil(PAGE) * PAGE;
+            let region = place_region(inj, maps, segment, size)?;
+            for (k, plan) in plans.iter().enumerate() {
+                let Some((pi, si, t)) = build(plan, region + span + k as u64 * STRIDE) else {
+                    continue;
+                };
+                match t {
+                    Ok(t) if t.len() as u64 <= STRIDE => {
+                        mem.write(t.addr, &t.code)?;
+                        built.push((plan, t, pi, si));
+                    }
+                    Ok(t) => {
+                        refused.push((plan.site(), format!("trampoline of {} bytes", t.len())))
+                    }
+                    Err(e) => refused.push((plan.site(), e.to_string())),
+                }
+            }
+            // Every trampoline written is listed, before any site jumps to one: a later
+            // pyprobe then recognises each jump left behind (one not patched in the end is
+            // listed harmlessly: only a site holding the exact jump is ever taken over).
+            let header = RegionHeader {
+                region_len: size,
+                ring_addr,
+                ring_len,
+                tag_addr: ring.tag_addr,
+                sites: built
+                    .iter()
+                    .map(|(plan, t, _, _)| RegionSite {
+                        site: plan.site(),
+                        tramp: t.addr,
+                        original: plan.original().to_vec(),
+                    })
+                    .collect(),
+            };
+            let header = header
+                .encode()
+                .map_err(|e| anyhow!("trampoline region header: {e}"))?;
+            mem.write(region, &header)?;
+            inj.call(
+                "mprotect",
+                libc::SYS_mprotect,
+                [region, size, PROT_RX as u64, 0, 0, 0],
+            )?;
+            (Placed::New(region), built)
+        }
+    };
     for (plan, t, pi, si) in built {
         // The site holds our int3 and, after it, the bytes the plan displaces.
         let mut now = vec![0u8; plan.len()];
@@ -351,7 +500,46 @@ fn patch_segment(
             },
         );
     }
-    Ok(())
+    Ok(placed)
+}
+
+/// Builds the trampoline for a plan at an address: with its probe and site indices.
+type Builder<'a> =
+    dyn Fn(&SitePlan, u64) -> Option<(usize, usize, Result<Trampoline, CodegenError>)> + 'a;
+
+/// The trampolines for `plans` in the earlier region at `at` (its `header` read and
+/// checked), if every one of them is already there byte for byte, at the address
+/// the header lists for its site, for the same original bytes and the same jump:
+/// then nothing needs writing, and no thread that may be inside one of them sees a
+/// byte change (see `reuse`). `None` if any differs, is missing or cannot be read.
+fn identical_region<'p>(
+    mem: &ProcessMemory,
+    at: u64,
+    header: &RegionHeader,
+    plans: &'p [SitePlan],
+    build: &Builder,
+) -> Option<Vec<(&'p SitePlan, Trampoline, usize, usize)>> {
+    let end = at.checked_add(header.region_len)?;
+    let mut built = Vec::with_capacity(plans.len());
+    for plan in plans {
+        let entry = header.find(plan.site())?;
+        if entry.original != plan.original() {
+            return None;
+        }
+        let (pi, si, t) = build(plan, entry.tramp)?;
+        let t = t.ok()?;
+        let t_end = t.addr.checked_add(t.len() as u64)?;
+        if t.len() as u64 > STRIDE || t_end > end || entry.patch().as_ref() != Some(&t.patch) {
+            return None;
+        }
+        let mut now = vec![0u8; t.len()];
+        mem.read(t.addr, &mut now).ok()?;
+        if now != t.code {
+            return None;
+        }
+        built.push((plan, t, pi, si));
+    }
+    Some(built)
 }
 
 /// Maps `size` bytes of fresh private memory within rel32 reach of `segment`:

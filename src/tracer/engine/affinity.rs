@@ -1,0 +1,172 @@
+//! Following the CPU of the threads that hit `int3` sites: off unless
+//! `PYPROBE_FOLLOW_CPU=1`, because measured it does not help (below).
+//!
+//! Each `int3` hit is two wake-ups: the target's thread stops and wakes pyprobe, and
+//! pyprobe's `PTRACE_CONT` wakes the thread. On one CPU that is a context switch
+//! each way (the same-CPU floor, about 10 µs per hit on a 2-CPU VM); across CPUs
+//! each is an inter-processor interrupt to a CPU that has gone idle, which on a VM
+//! whose idle vCPUs halt at once (`haltpoll` with `guest_halt_poll_ns` 0) is several
+//! times dearer (about 50 µs).
+//!
+//! Following pins pyprobe's tracing thread (the one that makes every ptrace
+//! request; `sched_setaffinity(0)` only ever moves it) to the CPU the hitting
+//! thread last ran on (`/proc/PID/task/TID/stat`, field 39, read every
+//! [`LOOK_EVERY`] hits: reading it on every hit costs about what it could save),
+//! while hits come often and no ring is polled; the target is never pinned. It
+//! cannot reach the same-CPU floor: the stopped thread wakes pyprobe on its own CPU
+//! (a synchronous wake-up, which the scheduler already places there), but
+//! `PTRACE_CONT` wakes the thread while pyprobe runs on that CPU, and the
+//! scheduler's wake-up placement (`select_idle_sibling`) then sends it to any idle
+//! CPU sharing the cache. On the 2-vCPU VM with one shared L3 where it was measured
+//! (`benches/sidebyside.py`, `floor same-cpu`, `floor cross-cpu`, `pyprobe trace`
+//! and `pyprobe trace follow` in one invocation), pinned pyprobe shared a CPU with
+//! the target 32% of the time against 95% unpinned under load (the other CPU busy:
+//! the scheduler keeps the two together by itself), and hits cost the same within
+//! noise (20.7 / 26.5 / 32.6 µs following against 24.2 / 27.5 / 30.4 µs not, in three
+//! interleaved runs). It is kept for measuring elsewhere (several caches, where the
+//! idle-CPU search stays inside one), not used by default.
+//!
+//! pyprobe's own CPU mask as it was is put back when hits become rare, when a ring
+//! serves the process (its consumer should run beside the target, not take turns
+//! with it), and when tracing ends.
+
+use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
+
+use crate::tracer::clock::monotonic_ns;
+
+/// Hits between two looks at the hitting thread's CPU.
+pub(super) const LOOK_EVERY: u32 = 16;
+/// Below this rate of `int3` hits (per second) pyprobe does not follow: a wake-up
+/// across CPUs then costs less than 10% of one CPU.
+const MIN_HITS_PER_S: u64 = 2_000;
+
+/// Whether and where pyprobe's tracing thread is pinned.
+#[derive(Debug)]
+pub(in crate::tracer) struct CpuFollow {
+    enabled: bool,
+    /// The thread's CPU mask before it was first pinned.
+    original: Option<CpuSet>,
+    /// The CPU it is pinned to now.
+    pinned: Option<usize>,
+    /// Hits since the last look, and when that was.
+    hits: u32,
+    since_ns: u64,
+}
+
+impl Default for CpuFollow {
+    fn default() -> Self {
+        CpuFollow {
+            enabled: std::env::var_os("PYPROBE_FOLLOW_CPU").is_some_and(|v| v == "1"),
+            original: None,
+            pinned: None,
+            hits: 0,
+            since_ns: monotonic_ns(),
+        }
+    }
+}
+
+impl CpuFollow {
+    /// An `int3` hit of thread `tid` of `pid` (stopped). `ring_active`: a ring
+    /// serves some process, and pyprobe polls it.
+    pub(in crate::tracer) fn hit(&mut self, pid: i32, tid: i32, ring_active: bool) {
+        if !self.enabled {
+            return;
+        }
+        if ring_active {
+            self.release();
+            return;
+        }
+        self.hits += 1;
+        if self.hits < LOOK_EVERY {
+            return;
+        }
+        let now = monotonic_ns();
+        let elapsed = now.saturating_sub(self.since_ns).max(1);
+        let rate = u64::from(self.hits) * 1_000_000_000 / elapsed;
+        self.hits = 0;
+        self.since_ns = now;
+        if rate < MIN_HITS_PER_S {
+            self.release();
+            return;
+        }
+        let Some(cpu) = last_cpu(pid, tid) else {
+            return;
+        };
+        if self.pinned != Some(cpu) {
+            self.pin(cpu);
+        }
+    }
+
+    /// pyprobe's CPU mask as it was, if it was changed.
+    pub(in crate::tracer) fn release(&mut self) {
+        if self.pinned.take().is_none() {
+            return;
+        }
+        if let Some(original) = &self.original {
+            let _ = sched_setaffinity(Pid::from_raw(0), original);
+        }
+    }
+
+    fn pin(&mut self, cpu: usize) {
+        if self.original.is_none() {
+            match sched_getaffinity(Pid::from_raw(0)) {
+                Ok(mask) => self.original = Some(mask),
+                Err(_) => {
+                    self.enabled = false;
+                    return;
+                }
+            }
+        }
+        // Only to a CPU pyprobe was allowed on in the first place.
+        let allowed = self
+            .original
+            .as_ref()
+            .is_some_and(|mask| mask.is_set(cpu).unwrap_or(false));
+        let mut one = CpuSet::new();
+        if !allowed || one.set(cpu).is_err() {
+            return;
+        }
+        if sched_setaffinity(Pid::from_raw(0), &one).is_ok() {
+            self.pinned = Some(cpu);
+        }
+    }
+}
+
+impl Drop for CpuFollow {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// The CPU thread `tid` of `pid` last ran on: field 39 of its `stat`.
+fn last_cpu(pid: i32, tid: i32) -> Option<usize> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    parse_processor(&stat)
+}
+
+/// Field 39 (`processor`) of a `stat` line; the command name (field 2) may hold
+/// spaces and parentheses, so fields are counted after its last `)`.
+pub(super) fn parse_processor(stat: &str) -> Option<usize> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    // Field 3 is the first after the name: field 39 is the 37th.
+    rest.split_whitespace().nth(36)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_processor_field_is_found_after_the_name() {
+        let fields: Vec<String> = (3..=52).map(|n| n.to_string()).collect();
+        let line = format!("1234 (a) b (c) {}", fields.join(" "));
+        assert_eq!(parse_processor(&line), Some(39));
+        assert_eq!(parse_processor("1234 (x) S 1 2"), None);
+        assert_eq!(parse_processor("no name"), None);
+        // Our own thread's line parses to a CPU that exists.
+        let own = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let cpu = parse_processor(&own).expect("a processor field");
+        assert!(cpu < CpuSet::count());
+    }
+}
