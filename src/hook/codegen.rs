@@ -261,7 +261,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
             s_iio,
             &[
                 Arg::Imm(TOOL_ID as u64),
-                Arg::Imm(ev as u64),
+                Arg::Imm(1u64 << ev),
                 Arg::Imm(p.symbols.none),
             ],
         )?;
@@ -314,7 +314,11 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
             p,
             s_register,
             s_iio,
-            &[Arg::Imm(TOOL_ID as u64), Arg::Imm(ev as u64), Arg::Reg(r12)],
+            &[
+                Arg::Imm(TOOL_ID as u64),
+                Arg::Imm(1u64 << ev),
+                Arg::Reg(r12),
+            ],
         )?;
         a.mov(r13, rax)?;
         // The registry holds its own reference to the function.

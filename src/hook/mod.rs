@@ -24,6 +24,7 @@
 //!   last, and returns `None` (immortal on 3.12+, so no reference is taken). No
 //!   string, no allocation, no C API call, no system call on this path.
 //! * The installer: `PySys_GetObject("monitoring")`, `use_tool_id(TOOL, "pyprobe")`,
+//!   (events are passed as their `sys.monitoring.events` bit, `1 << number`),
 //!   one `PyCFunction_NewEx` and `register_callback` per event, `set_events`; its
 //!   outcome in the state word `status` ([`STATUS_OK`], or [`STATUS_FAILED`] + the
 //!   step). On a failure after the tool id was taken it gives the id back.

@@ -103,6 +103,8 @@ pub struct Engine {
     /// The overhead budget and what it turned off.
     pub(super) budget: BudgetBook,
     pub(super) ring_book: RingBook,
+    /// The injected hook engine (exact calls without function probes).
+    pub(super) hook_book: super::hook::HookBook,
     /// An error met while handling an event that must end the run.
     pub(super) fatal: Option<anyhow::Error>,
 }
@@ -150,6 +152,7 @@ impl Engine {
             hit_buffers: HitBuffers::default(),
             budget: BudgetBook::new(options.max_overhead),
             ring_book: RingBook::default(),
+            hook_book: Default::default(),
             fatal: None,
         }
     }
@@ -349,9 +352,9 @@ impl Engine {
             if let Some(e) = self.fatal.take() {
                 return Err(e);
             }
-            if self.ring_active() {
+            if self.ring_active() || self.hook_active() {
                 // Hits arrive in the rings without a stop: poll them and the waits.
-                let drained = self.drain_rings(sink);
+                let drained = self.drain_rings(sink) + self.drain_hooks(sink);
                 let held = self.ring_backpressure(sink)?;
                 if drained > 0 || held {
                     self.poll_budget(sink);
@@ -485,6 +488,8 @@ impl Engine {
                 // and named now, not after the process is gone (stacks captured in
                 // the target are named by reading their code objects).
                 while self.drain_rings(sink) > 0 {}
+                let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
+                while self.drain_hook_of(tgid, sink) > 0 {}
                 self.resume_or_hold(tid, None, StopKind::Exiting, holding);
             }
             _ => self.resume_or_hold(tid, None, StopKind::InSyscall, holding),
@@ -516,6 +521,7 @@ impl Engine {
                         ts_ns: monotonic_ns(),
                     });
                     self.ring_thread_started(tid);
+                    self.hook_thread_started(tid);
                     self.resume_or_hold(tid, None, StopKind::Interrupt, holding);
                 }
                 _ => match self.pending_children.get(&tid).copied() {
@@ -527,6 +533,7 @@ impl Engine {
         };
         if thread.state == ThreadState::New {
             self.ring_thread_started(tid);
+            self.hook_thread_started(tid);
             self.set_state(tid, ThreadState::Running);
             self.resume_or_hold(tid, None, StopKind::Interrupt, holding);
             return;
@@ -558,6 +565,7 @@ impl Engine {
         }
         self.take_pending_traps(sink);
         self.ring_detach(sink);
+        self.hook_detach(sink);
         let with_net: Vec<i32> = self
             .procs
             .iter()

@@ -268,6 +268,16 @@ impl Walker {
         }))
     }
 
+    /// The address of every thread state of every interpreter (the hook engine raises
+    /// their eval breakers).
+    pub fn thread_state_addrs(&mut self) -> Result<Vec<u64>> {
+        let tstates = self
+            .reader
+            .thread_states()
+            .with_context(|| format!("cannot read the thread states of process {}", self.pid))?;
+        Ok(tstates.into_iter().map(|(t, _)| t).collect())
+    }
+
     /// Names a stack captured in the target by a ring trampoline (see
     /// [`StackReader::name_captured`]): outermost first, and whether frames were dropped.
     pub fn name_captured(&mut self, captured: &[(u64, u64)]) -> (Vec<PyFrame>, bool) {

@@ -77,6 +77,9 @@ impl Settings<'_> {
         } else {
             Some(parse_groups(&request.probes)?)
         };
+        if request.hook == super::HookUse::Always && mode != Mode::Trace {
+            bail!("`--engine hook` traces every call exactly: use it with `--mode trace`");
+        }
         if mode == Mode::Sample && requested.is_some() {
             bail!("`--probes` needs probes: use it with `--mode trace` or `--mode auto`");
         }
@@ -145,12 +148,14 @@ pub(super) fn default_output(pid: i32, existing: Existing) -> Result<PathBuf> {
 }
 
 /// Refuses, with one clear sentence, a process this mode cannot record.
-pub(super) fn check_attachable(pid: i32, mode: Mode) -> Result<()> {
+pub(super) fn check_attachable(pid: i32, mode: Mode, hook: super::HookUse) -> Result<()> {
     check_inspectable(pid)?;
     if pid == std::process::id() as i32 {
         bail!("pyprobe cannot trace itself (pid {pid})");
     }
-    if mode == Mode::Trace && find_probe_object(pid, PROVIDER).is_err() {
+    // The hook engine needs no probes: the resolver says whether it serves this one.
+    let hook = hook != super::HookUse::Never && mode == Mode::Trace;
+    if mode == Mode::Trace && !hook && find_probe_object(pid, PROVIDER).is_err() {
         check_inspectable(pid)?; // it may have exited meanwhile: say so, not "no probes"
         let others = sdt_objects(pid, None)
             .map(|o| !o.is_empty())
@@ -161,7 +166,7 @@ pub(super) fn check_attachable(pid: i32, mode: Mode) -> Result<()> {
             if others { " (it has other SDT providers)" } else { "" }
         );
     }
-    if mode != Mode::Trace {
+    if mode != Mode::Trace || hook {
         find_interpreter_object(pid).with_context(|| format!("process {pid} cannot be sampled"))?;
     }
     Ok(())
