@@ -51,7 +51,10 @@
 //! a `jmp rel32` to the detour and raises the eval breaker (3.12: the interpreter's
 //! `ceval.eval_breaker`, recomputed by the handler; 3.13: the `_PY_CALLS_TO_DO` bit of
 //! each thread state's `eval_breaker`, cleared by the handler when no call is queued);
-//! the next thread to check the breaker installs the hook. The jump is put back by
+//! the next thread to check the breaker installs the hook. (3.12 recomputes its
+//! breaker whenever a thread takes the GIL: the interpreter's `pending.calls_to_do`
+//! flag is raised too, which keeps it set until `_Py_HandlePending` runs and clears
+//! it, finding no call queued.) The jump is put back by
 //! pyprobe with every thread stopped as soon as the installer has run (threads inside
 //! the detour finish it: the page is never unmapped).
 //!

@@ -41,9 +41,13 @@ const MAP_FIXED_NOREPLACE: i32 = 0x10_0000;
 /// How to raise the eval breaker of this version.
 #[derive(Debug, Clone, Copy)]
 pub enum Breaker {
-    /// 3.12: `PyInterpreterState.ceval.eval_breaker` (an int) at this offset; any
-    /// non-zero value sends the eval loop to `_Py_HandlePending`, which recomputes it.
-    Interpreter(u64),
+    /// 3.12: `PyInterpreterState.ceval.eval_breaker` (an int) at the first offset,
+    /// and `ceval.pending.calls_to_do` at the second. The breaker alone would not
+    /// do: taking the GIL recomputes it from the conditions, and a thread blocked in
+    /// C takes the GIL before it runs Python again. With `calls_to_do` set it stays
+    /// raised until a thread runs `_Py_HandlePending`, whose `make_pending_calls`
+    /// clears it and finds the queue empty (the queue and its lock are not touched).
+    Interpreter(u64, u64),
     /// 3.13: `PyThreadState.eval_breaker` (a `uintptr_t`) at this offset; the
     /// `_PY_CALLS_TO_DO` bit is cleared by the handler when no call is queued.
     ThreadState(u64),
@@ -54,6 +58,8 @@ pub enum Breaker {
 /// does for the walker); checked against the walker's `ceval.gil` (384) from the same
 /// headers below.
 const EVAL_BREAKER_312: u64 = 368;
+/// `offsetof(PyInterpreterState, ceval.pending.calls_to_do)` in 3.12, the same way.
+const CALLS_TO_DO_312: u64 = 416;
 const CEVAL_GIL_312: u64 = 384;
 /// `offsetof(PyThreadState, eval_breaker)` in 3.13 and 3.14 (public `struct _ts`).
 const EVAL_BREAKER_313: u64 = 24;
@@ -146,7 +152,7 @@ pub fn install(
                      engine knows (ceval.gil {gil:#x}, eval_breaker {eb:#x})"
                 );
             }
-            Breaker::Interpreter(EVAL_BREAKER_312)
+            Breaker::Interpreter(EVAL_BREAKER_312, CALLS_TO_DO_312)
         }
         _ => Breaker::ThreadState(EVAL_BREAKER_313),
     };
@@ -264,7 +270,7 @@ pub fn install(
 /// not race them.
 pub fn raise(mem: &mut ProcessMemory, tstates: &[u64], breaker: Breaker) -> Result<()> {
     match breaker {
-        Breaker::Interpreter(offset) => {
+        Breaker::Interpreter(offset, calls_to_do) => {
             let mut interps: Vec<u64> = tstates
                 .iter()
                 .filter_map(|&t| mem.read_u64(t + TSTATE_INTERP).ok())
@@ -273,6 +279,7 @@ pub fn raise(mem: &mut ProcessMemory, tstates: &[u64], breaker: Breaker) -> Resu
             interps.sort_unstable();
             interps.dedup();
             for interp in interps {
+                mem.write(interp + calls_to_do, &1u32.to_le_bytes())?;
                 let mut word = [0u8; 4];
                 mem.read(interp + offset, &mut word)?;
                 let v = u32::from_le_bytes(word) | 1;
