@@ -73,6 +73,10 @@ pub struct HookParams {
     pub symbols: HookSymbols,
     /// (monitoring event number, record kind) per callback.
     pub events: Vec<(u32, u32)>,
+    /// Offsets of `co_name`, `co_filename` and `co_firstlineno` (an int) in a code
+    /// object: each record carries them too, so that pyprobe can name a code object
+    /// that is gone (or whose address holds another) by the time it reads the record.
+    pub code_fields: [u32; 3],
 }
 
 /// The built hook page.
@@ -214,8 +218,15 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.mov(qword_ptr(rdi + S_THREAD as i32), rax)?;
     a.mov(qword_ptr(rdi + S_ARGS as i32), r10)?;
     a.mov(qword_ptr(rdi + S_ARGS as i32 + 8), r11)?;
-    // nargs = 2, no strings, no stack.
-    a.mov(dword_ptr(rdi + S_NARGS as i32), 2)?;
+    let [name, filename, first_line] = p.code_fields;
+    a.mov(rax, qword_ptr(r10 + name))?;
+    a.mov(qword_ptr(rdi + S_ARGS as i32 + 16), rax)?;
+    a.mov(rax, qword_ptr(r10 + filename))?;
+    a.mov(qword_ptr(rdi + S_ARGS as i32 + 24), rax)?;
+    a.movsxd(rax, dword_ptr(r10 + first_line))?;
+    a.mov(qword_ptr(rdi + S_ARGS as i32 + 32), rax)?;
+    // nargs = 5, no strings, no stack.
+    a.mov(dword_ptr(rdi + S_NARGS as i32), 5)?;
     a.mov(dword_ptr(rdi + S_NARGS as i32 + 4), 0)?;
     const _: () = assert!(S_STRING_MASK == S_NARGS + 1);
     // Publish last.

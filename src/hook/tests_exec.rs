@@ -162,6 +162,7 @@ impl Setup {
             tag: 4242,
             symbols: symbols(),
             events: EVENTS_312.to_vec(),
+            code_fields: [16, 24, 32],
         };
         let hook = build_hook(&params).expect("build");
         assert!(hook.bytes.len() <= len);
@@ -228,19 +229,27 @@ fn callbacks_write_one_record_each() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut s = Setup::new();
     s.set(ST_ON, 1);
-    // A fake object whose type is at +8, and a fake code object.
+    // A fake object whose type is at +8, and fake code objects: co_name at 16,
+    // co_filename at 24, co_firstlineno (an int) at 32.
     let obj = [1u64, 0x7777_0000];
-    let code = 0x1234_5678u64;
-    for (k, &(_, kind)) in EVENTS_312.iter().enumerate() {
-        let ret = s.callback(k, &[code + k as u64, 10, obj.as_ptr() as u64]);
+    let codes: Vec<[u64; 5]> = (0..7u64)
+        .map(|k| [0, 0, 0xaa00 + k, 0xbb00 + k, u64::from(u32::MAX - k as u32)])
+        .collect();
+    let code_of = |k: usize| codes[k].as_ptr() as u64;
+    for k in 0..EVENTS_312.len() {
+        let ret = s.callback(k, &[code_of(k), 10, obj.as_ptr() as u64]);
         assert_eq!(ret, none_addr());
-        let _ = kind;
     }
     // PY_START with two arguments only.
-    s.callback(0, &[code, 0]);
+    s.callback(0, &[code_of(6), 0]);
     let mut got = Vec::new();
     let mut reader = s.reader();
     reader.drain(100, |r| {
+        let k = (r.args[2] - 0xaa00) as usize;
+        assert_eq!(r.args[0], code_of(k));
+        assert_eq!(r.args[3], 0xbb00 + k as u64);
+        // co_firstlineno is an int: sign-extended.
+        assert_eq!(r.args[4] as i64, -1 - k as i64);
         got.push((
             r.probe, r.tag, r.thread, r.nargs, r.args[0], r.args[1], r.tsc,
         ))
@@ -251,13 +260,13 @@ fn callbacks_write_one_record_each() {
         assert_eq!(probe, kind);
         assert_eq!(tag, 4242);
         assert_eq!(thread, fs_base());
-        assert_eq!(nargs, 2);
-        assert_eq!(a0, code + k as u64);
+        assert_eq!(nargs, 5);
+        assert_eq!(a0, code_of(k));
         let ty = if kind == KIND_RETURN { 0x7777_0000 } else { 0 };
         assert_eq!(a1, ty, "event {k}");
         assert!(tsc > 0);
     }
-    assert_eq!(got[EVENTS_312.len()].4, code);
+    assert_eq!(got[EVENTS_312.len()].4, code_of(6));
     assert!(calls().is_empty(), "the hot path calls nothing");
 }
 
@@ -266,8 +275,9 @@ fn a_full_ring_counts_losses() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut s = Setup::new();
     s.set(ST_ON, 1);
+    let code = [0u64; 5];
     for _ in 0..CAP + 3 {
-        assert_eq!(s.callback(0, &[1, 0]), none_addr());
+        assert_eq!(s.callback(0, &[code.as_ptr() as u64, 0]), none_addr());
     }
     let reader = s.reader();
     assert_eq!(reader.lost(), 3);

@@ -10,6 +10,7 @@ mod engine_c_fixture;
 mod faults;
 mod forged;
 mod honest;
+mod hook;
 mod outputs;
 mod pools;
 mod probes;

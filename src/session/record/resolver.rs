@@ -54,6 +54,8 @@ pub struct Chosen {
     pub refusals: rustc_hash::FxHashMap<i32, Vec<String>>,
     /// Why ring trampolines cannot capture stacks here was said already.
     pub stack_fallback_said: bool,
+    /// Calls and returns come from the injected hook engine.
+    pub hook: bool,
 }
 
 impl Chosen {
@@ -310,6 +312,7 @@ impl PythonResolver {
         chosen.object_path = object.target_path.clone();
         chosen.warning = warning;
         chosen.has_probes = has_probes;
+        chosen.hook = use_hook;
         Ok(Some(set))
     }
 }

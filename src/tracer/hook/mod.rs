@@ -22,8 +22,11 @@
 //!   entry it closes (a per-thread shadow stack of code pointers): the code object
 //!   may be gone by the time pyprobe reads the record (a module body is freed as soon
 //!   as it has run), and its memory reused. Types are named by `tp_name`, cached per
-//!   drain. A code object already gone when its start is read is named
-//!   [`UNKNOWN`], and still counted.
+//!   drain. Each record also carries the code object's `co_name` and `co_filename`
+//!   pointers and first line, read by the hook when it ran: a start whose code
+//!   object no longer holds them when pyprobe reads the record (freed, its address
+//!   reused) is named from them instead (interned names are immortal on 3.12+); one
+//!   whose names cannot be read either is named [`UNKNOWN`], and still counted.
 //! * **Leaving**: `on` is cleared (the next callback, in any thread, unregisters the
 //!   hook from inside, with the GIL: `set_events(4, 0)`, callbacks set to `None`,
 //!   `free_tool_id(4)`); the entry's bytes go back if still patched; the ring is
@@ -100,8 +103,9 @@ pub(in crate::tracer) struct HookProc {
     /// `%fs` base → tid.
     fs_tids: HashMap<u64, i32>,
     buffers: HitBuffers,
-    /// Per drain: code object → its frame (or `None`: not a readable code object).
-    names: HashMap<u64, Option<PyFrame>>,
+    /// Per drain: (code object, `co_name`, `co_filename`, first line) → its frame
+    /// (or `None`: not readable).
+    names: HashMap<[u64; 4], Option<PyFrame>>,
     /// Per drain: type object → its name.
     types: HashMap<u64, Arc<str>>,
     /// Per thread: the code objects entered and not yet left, with their names.
@@ -352,9 +356,10 @@ impl Engine {
         let Some(h) = self.hook_book.procs.get_mut(&pid) else {
             return 0;
         };
-        let mut records: Vec<(u32, u64, u64, u64, u64)> = Vec::new();
+        let mut records: Vec<(u32, u64, [u64; 4], u64, u64)> = Vec::new();
         h.reader.drain(BATCH, |r| {
-            records.push((r.probe, r.thread, r.args[0], r.args[1], r.tsc));
+            let parts = [r.args[0], r.args[2], r.args[3], r.args[4]];
+            records.push((r.probe, r.thread, parts, r.args[1], r.tsc));
         });
         let lost = h.reader.lost();
         if lost > h.lost_reported {
@@ -372,7 +377,8 @@ impl Engine {
         h.names.clear();
         h.types.clear();
         let tsc = self.ring_book.tsc.as_ref();
-        for &(kind, thread, code, ty, stamp) in &records {
+        for &(kind, thread, parts, ty, stamp) in &records {
+            let code = parts[0];
             let shadow = h.shadow.entry(thread).or_default();
             // A return closes the innermost entry of the same code object.
             let closed = if kind == KIND_CALL {
@@ -394,12 +400,10 @@ impl Engine {
                 Some(frame) => frame,
                 None => {
                     let walker = &mut h.walker;
+                    let mem = &h.mem;
                     h.names
-                        .entry(code)
-                        .or_insert_with(|| {
-                            let (frames, _) = walker.name_captured(&[(code, 0)]);
-                            frames.into_iter().next()
-                        })
+                        .entry(parts)
+                        .or_insert_with(|| name_code(walker, mem, parts))
                         .clone()
                         .unwrap_or_else(|| PyFrame {
                             file: UNKNOWN.into(),
@@ -505,6 +509,29 @@ impl Engine {
         let h = self.hook_book.procs.get(&pid)?;
         Some((h.hook.addr, h.hook.addr + h.hook.bytes.len() as u64))
     }
+}
+
+/// Names the code object of a record: the walker's name (with `co_qualname`) while
+/// the object at that address still has the `co_name`, `co_filename` and first line
+/// the record saw, else from those parts themselves (the object is gone, or its
+/// address holds another code object now).
+fn name_code(walker: &mut Walker, mem: &ProcessMemory, parts: [u64; 4]) -> Option<PyFrame> {
+    let [code, name, filename, first_line] = parts;
+    let [o_name, o_file, o_line] = walker.code_field_offsets();
+    let same = mem.read_u64(code + o_name).ok() == Some(name)
+        && mem.read_u64(code + o_file).ok() == Some(filename)
+        && mem
+            .read_u64(code + o_line)
+            .ok()
+            .map(|v| v as u32 as i32 as i64 as u64)
+            == Some(first_line);
+    if same {
+        let (frames, _) = walker.name_captured(&[(code, 0)]);
+        if let Some(frame) = frames.into_iter().next() {
+            return Some(frame);
+        }
+    }
+    walker.name_code_parts(name, filename, first_line as u32)
 }
 
 /// Puts the safe point's bytes back (every thread stopped).

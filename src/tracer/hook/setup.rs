@@ -211,6 +211,7 @@ pub fn install(
         tag: pid as u32,
         symbols,
         events: EVENTS_312.to_vec(),
+        code_fields: walker.code_field_offsets().map(|o| o as u32),
     })?;
     let detour_addr = (addr + hook.bytes.len() as u64 + 15) & !15;
     let detour = build_detour(
