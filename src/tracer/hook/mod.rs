@@ -78,6 +78,11 @@ pub const UNKNOWN: &str = "<code object gone before pyprobe read it>";
 /// Deepest shadow stack kept per thread.
 const MAX_SHADOW: usize = 4096;
 
+/// (file, function, returned type or "raised").
+type ReturnKey = (Arc<str>, Arc<str>, Arc<str>);
+/// Returned type → how often.
+type TypeCounts = Vec<(Arc<str>, u64)>;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Waiting,
@@ -111,7 +116,7 @@ pub(in crate::tracer) struct HookProc {
     /// Per thread: the code objects entered and not yet left, with their names.
     shadow: HashMap<u64, Vec<(u64, PyFrame)>>,
     /// (file, function, returned type or "raised") → how often.
-    pub(in crate::tracer) returns: HashMap<(Arc<str>, Arc<str>, Arc<str>), u64>,
+    pub(in crate::tracer) returns: HashMap<ReturnKey, u64>,
     lost_reported: u64,
 }
 
@@ -574,8 +579,8 @@ fn type_name(mem: &ProcessMemory, cache: &mut HashMap<u64, Arc<str>>, ty: u64) -
 }
 
 /// What the busiest functions returned, one line each (at most 10).
-fn return_lines(returns: &HashMap<(Arc<str>, Arc<str>, Arc<str>), u64>) -> Vec<String> {
-    let mut per_function: HashMap<(Arc<str>, Arc<str>), Vec<(Arc<str>, u64)>> = HashMap::new();
+fn return_lines(returns: &HashMap<ReturnKey, u64>) -> Vec<String> {
+    let mut per_function: HashMap<(Arc<str>, Arc<str>), TypeCounts> = HashMap::new();
     for ((file, function, ty), &n) in returns {
         per_function
             .entry((file.clone(), function.clone()))

@@ -98,7 +98,7 @@ pub fn install(
     tid: i32,
     mem: &mut ProcessMemory,
     rips: &[u64],
-    mut guard: Option<&mut Guardian>,
+    guard: Option<&mut Guardian>,
 ) -> Result<Installed> {
     let mut walker = Walker::attach(pid)?;
     let version = walker.version();
@@ -231,7 +231,7 @@ pub fn install(
     mem.write(state_addr + ST_ARMED as u64, &1u64.to_le_bytes())?;
     // The guardian clears `on` if pyprobe dies (the callbacks then uninstall), and
     // puts the safe point's bytes back.
-    if let Some(g) = guard.as_deref_mut() {
+    if let Some(g) = guard {
         g.tell_ring_site(
             pid,
             state_addr + ST_ON as u64,
