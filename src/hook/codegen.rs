@@ -25,6 +25,8 @@ const METH_FASTCALL: u64 = 0x80;
 const CONSTS: usize = 1024;
 /// Bytes of one `PyMethodDef`.
 const METHOD_DEF: usize = 32;
+/// Most TSC cycles one event waits for room in a full ring (about 10 ms).
+pub const WAIT_CYCLES: u64 = 1 << 25;
 /// The `jmp rel32` written at the safe point.
 pub const JMP_LEN: usize = 5;
 /// Most bytes of instructions a detour displaces.
@@ -186,20 +188,43 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     let mut retry = a.create_label();
     let mut full = a.create_label();
     let mut reserved = a.create_label();
+    let mut wait = a.create_label();
     a.mov(rdi, p.ring_addr)?;
     a.mov(ecx, RESERVE_ATTEMPTS)?;
+    // xmm0 = the deadline of a wait for room, set at the first wait.
+    a.pxor(xmm0, xmm0)?;
     a.set_label(&mut retry)?;
     a.mov(rdx, qword_ptr(rdi + H_TAIL as i32))?;
     a.mov(rax, qword_ptr(rdi + H_HEAD as i32))?;
     a.mov(rsi, rax)?;
     a.sub(rsi, rdx)?;
     a.cmp(rsi, p.capacity as i32)?;
-    a.jae(full)?;
+    a.jae(wait)?;
     a.lea(rdx, ptr(rax + 1))?;
     a.lock().cmpxchg(qword_ptr(rdi + H_HEAD as i32), rdx)?;
     a.je(reserved)?;
     a.dec(ecx)?;
     a.jnz(retry)?;
+    a.jmp(full)?;
+    // Full: wait, `pause` by `pause`, for pyprobe to make room, at most
+    // WAIT_CYCLES from the first look (the target runs at pyprobe's pace rather
+    // than lose calls; a pyprobe gone for good is the guardian's to undo).
+    let mut timed = a.create_label();
+    a.set_label(&mut wait)?;
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)?;
+    a.movq(rdx, xmm0)?;
+    a.test(rdx, rdx)?;
+    a.jnz(timed)?;
+    a.mov(rdx, WAIT_CYCLES)?;
+    a.add(rdx, rax)?;
+    a.movq(xmm0, rdx)?;
+    a.set_label(&mut timed)?;
+    a.cmp(rax, rdx)?;
+    a.jae(full)?;
+    a.pause()?;
+    a.jmp(retry)?;
     a.set_label(&mut full)?;
     a.lock().inc(qword_ptr(rdi + H_LOST as i32))?;
     a.jmp(done)?;

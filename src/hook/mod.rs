@@ -18,8 +18,10 @@
 //!   child keeps it, and the function objects made from these definitions stay valid.
 //! * The callbacks, `PyObject *cb(PyObject *self, PyObject *const *args, Py_ssize_t n)`.
 //!   Each loads the state word `on`; when set it reserves a slot with the ring's
-//!   producer protocol (`lock cmpxchg` on `head`, at most [`RESERVE_ATTEMPTS`] tries,
-//!   `lost` counted when full), writes {`rdtsc`, kind, tag = pid, `%fs` base,
+//!   producer protocol (`lock cmpxchg` on `head`, at most [`RESERVE_ATTEMPTS`] tries;
+//!   a full ring is waited on, `pause` by `pause`, at most
+//!   [`codegen::WAIT_CYCLES`] from the first look, then `lost` counted: the target
+//!   runs at pyprobe's pace rather than lose calls), writes {`rdtsc`, kind, tag = pid, `%fs` base,
 //!   `args[0]` (the code object), on a return `Py_TYPE(args[2])`}, publishes `seq`
 //!   last, and returns `None` (immortal on 3.12+, so no reference is taken). No
 //!   string, no allocation, no C API call, no system call on this path.

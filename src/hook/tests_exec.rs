@@ -271,7 +271,7 @@ fn callbacks_write_one_record_each() {
 }
 
 #[test]
-fn a_full_ring_counts_losses() {
+fn a_full_ring_waits_a_bounded_time_then_counts_losses() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut s = Setup::new();
     s.set(ST_ON, 1);

@@ -72,7 +72,7 @@ const SLOW_AFTER: Duration = Duration::from_secs(2);
 /// A launched interpreter is looked for this often until it runs Python code.
 const AWAIT_EVERY: Duration = Duration::from_millis(1);
 /// Records taken per drain.
-const BATCH: usize = 4096;
+const BATCH: usize = 1024;
 /// The name of a code object freed before pyprobe could read it.
 pub const UNKNOWN: &str = "<code object gone before pyprobe read it>";
 /// Deepest shadow stack kept per thread.
@@ -236,7 +236,11 @@ impl Engine {
         self.hook_await(sink);
         self.hook_watch(sink);
         let pids: Vec<i32> = self.hook_book.procs.keys().copied().collect();
-        pids.into_iter().map(|p| self.drain_hook_of(p, sink)).sum()
+        let mut drained = 0;
+        for pid in pids {
+            drained += self.drain_hook_of(pid, sink);
+        }
+        drained
     }
 
     /// Launched processes: once the interpreter has a thread state, install. No
