@@ -209,3 +209,52 @@ fn hook_engine_refuses_in_one_sentence_what_it_cannot_serve() {
         );
     }
 }
+
+#[test]
+fn a_forked_child_unhooks_itself_and_writes_nothing_to_the_parents_ring() {
+    for minor in MINORS {
+        let Some(py) = pyenv(minor) else { continue };
+        let mut target = Target::spawn(&py, &[&fixture_script("hook_fork.py")]);
+        target.wait_for_line("ready");
+        let pid = target.pid().to_string();
+        let out = TempFile::new("hook-fork.pyprobe");
+        let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid]);
+        // Installed at the target's first Python code: the read below waits in C, so
+        // give the installer time to be armed first.
+        std::thread::sleep(Duration::from_millis(1500));
+        target.send_line("");
+        let first = target.wait_for_line("");
+        let second = target.wait_for_line("");
+        let mut lines = [first, second];
+        lines.sort();
+        assert_eq!(lines[0], "child 100000 None", "3.{minor}: {lines:?}");
+        assert_eq!(lines[1], "parent 1000 pyprobe", "3.{minor}: {lines:?}");
+        tracer.signal(libc::SIGINT);
+        let (status, stderr) = tracer.wait(Duration::from_secs(30));
+        assert!(status.success(), "3.{minor}: {stderr}");
+        let calls = calls_in_file(&report_json(out.path()), "hook_fork.py");
+        assert_eq!(calls.get("f"), Some(&1000), "3.{minor}: {calls:?}");
+        let (_, status) = target.finish();
+        assert!(status.success());
+    }
+}
+
+#[test]
+fn an_idle_main_thread_is_said_in_one_sentence_not_waited_on() {
+    let Some(py) = pyenv(13) else { return };
+    let script = "import sys, time\nprint('ready', flush=True)\ntime.sleep(30)\n";
+    let mut target = Target::spawn(&py, &["-c", script]);
+    target.wait_for_line("ready");
+    let pid = target.pid().to_string();
+    let out = TempFile::new("hook-idle.pyprobe");
+    let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid, "-d", "3"]);
+    let (status, stderr) = tracer.wait(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("no thread has run Python code"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    // Left as found: the target still sleeps, and is not stopped.
+    assert!(matches!(proc_state(target.pid()), Some('S')));
+}
