@@ -15,8 +15,8 @@ use crate::ring::format::{
 };
 
 use super::{
-    KIND_RETURN, STATUS_FAILED, STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_GONE, ST_ON, ST_STATUS,
-    TOOL_ID,
+    KIND_RETURN, STATUS_FAILED, STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_GONE, ST_ON, ST_STALL_TAIL,
+    ST_STALL_TSC, ST_STATUS, TOOL_ID,
 };
 
 /// `METH_FASTCALL`.
@@ -27,6 +27,8 @@ const CONSTS: usize = 1024;
 const METHOD_DEF: usize = 32;
 /// Most TSC cycles one event waits for room in a full ring (about 10 ms).
 pub const WAIT_CYCLES: u64 = 1 << 25;
+/// A consumer stalled this long (about 3 s) after a wait timed out is taken for gone.
+pub const DEAD_CYCLES: u64 = 1 << 33;
 /// The `jmp rel32` written at the safe point.
 pub const JMP_LEN: usize = 5;
 /// Most bytes of instructions a detour displaces.
@@ -210,7 +212,25 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     // WAIT_CYCLES from the first look (the target runs at pyprobe's pace rather
     // than lose calls; a pyprobe gone for good is the guardian's to undo).
     let mut timed = a.create_label();
+    // A consumer that let a wait time out and has not read a record since is not
+    // waited on again (one wait per stall, not one per event); stalled that way for
+    // DEAD_CYCLES, it is taken for gone: `on` is cleared, and the next event
+    // unregisters the hook, guardian or not.
+    let mut do_wait = a.create_label();
+    let mut timed_out = a.create_label();
     a.set_label(&mut wait)?;
+    a.cmp(rdx, qword_ptr(r9 + ST_STALL_TAIL as i32))?;
+    a.jne(do_wait)?;
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)?;
+    a.sub(rax, qword_ptr(r9 + ST_STALL_TSC as i32))?;
+    a.mov(rdx, DEAD_CYCLES)?;
+    a.cmp(rax, rdx)?;
+    a.jb(full)?;
+    a.mov(qword_ptr(r9 + ST_ON as i32), 0)?;
+    a.jmp(full)?;
+    a.set_label(&mut do_wait)?;
     a.rdtsc()?;
     a.shl(rdx, 32)?;
     a.or(rax, rdx)?;
@@ -222,9 +242,13 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.movq(xmm0, rdx)?;
     a.set_label(&mut timed)?;
     a.cmp(rax, rdx)?;
-    a.jae(full)?;
+    a.jae(timed_out)?;
     a.pause()?;
     a.jmp(retry)?;
+    a.set_label(&mut timed_out)?;
+    a.mov(rdx, qword_ptr(rdi + H_TAIL as i32))?;
+    a.mov(qword_ptr(r9 + ST_STALL_TAIL as i32), rdx)?;
+    a.mov(qword_ptr(r9 + ST_STALL_TSC as i32), rax)?;
     a.set_label(&mut full)?;
     a.lock().inc(qword_ptr(rdi + H_LOST as i32))?;
     a.jmp(done)?;

@@ -68,6 +68,17 @@
 //! | [`ST_ARMED`] | 1: the detour runs the installer (once: it sets 2) |
 //! | [`ST_STATUS`] | 0 not run, [`STATUS_OK`], [`STATUS_FAILED`] + step, [`STATUS_REMOVED`] |
 //! | [`ST_GONE`] | set by the callback that runs the uninstaller |
+//! | [`ST_STALL_TAIL`], [`ST_STALL_TSC`] | where and when a wait for room last timed out |
+//!
+//! # If pyprobe stops reading
+//!
+//! A full ring is waited on for at most [`codegen::WAIT_CYCLES`] (about 10 ms); once
+//! a wait has timed out, later events are not waited for until pyprobe reads again
+//! (they count as lost), and if it has read nothing for [`codegen::DEAD_CYCLES`]
+//! (about 3 s) the hook clears `on` itself and unregisters at the next event. So a
+//! pyprobe killed with its guardian unable to act (another tracer holds the target),
+//! or stopped for good, costs the target one 10 ms wait and 3 s of cheap lost
+//! events, then nothing.
 
 pub mod codegen;
 
@@ -92,6 +103,10 @@ pub const ST_ON: usize = 0;
 pub const ST_ARMED: usize = 8;
 pub const ST_STATUS: usize = 16;
 pub const ST_GONE: usize = 24;
+/// The ring's `tail` when a wait for room last timed out (pyprobe starts it at
+/// `u64::MAX`), and the TSC then.
+pub const ST_STALL_TAIL: usize = 32;
+pub const ST_STALL_TSC: usize = 40;
 
 pub const STATUS_OK: u64 = 1;
 pub const STATUS_REMOVED: u64 = 2;

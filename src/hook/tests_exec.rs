@@ -165,6 +165,8 @@ impl Setup {
             code_fields: [16, 24, 32],
         };
         let hook = build_hook(&params).expect("build");
+        let mut state = state;
+        state[ST_STALL_TAIL / 8] = u64::MAX;
         assert!(hook.bytes.len() <= len);
         // SAFETY: the mapping is `len` bytes, writable.
         unsafe { std::ptr::copy_nonoverlapping(hook.bytes.as_ptr(), code, hook.bytes.len()) };
@@ -282,6 +284,48 @@ fn a_full_ring_waits_a_bounded_time_then_counts_losses() {
     let reader = s.reader();
     assert_eq!(reader.lost(), 3);
     let _ = H_LOST;
+}
+
+#[test]
+fn a_stalled_consumer_is_waited_on_once_then_taken_for_gone() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = Setup::new();
+    s.set(ST_ON, 1);
+    let code = [0u64; 5];
+    let event = |s: &Setup| s.callback(0, &[code.as_ptr() as u64, 0]);
+    for _ in 0..CAP {
+        event(&s);
+    }
+    // Full, nobody reading: the first event waits, times out, notes the stall.
+    let t = std::time::Instant::now();
+    event(&s);
+    let waited = t.elapsed();
+    assert_eq!(s.get(ST_STALL_TAIL), 0);
+    assert!(s.get(ST_STALL_TSC) > 0);
+    // The next ones are not waited on.
+    let t = std::time::Instant::now();
+    for _ in 0..100 {
+        event(&s);
+    }
+    assert!(
+        t.elapsed() < waited,
+        "{:?} for 100 events after a {waited:?} wait",
+        t.elapsed()
+    );
+    assert_eq!(s.reader().lost(), 101);
+    assert_eq!(s.get(ST_ON), 1, "a short stall is not death");
+    // Stalled for long: `on` goes, and the next event unregisters the hook.
+    s.set(ST_STALL_TSC, 1);
+    event(&s);
+    assert_eq!(s.get(ST_ON), 0);
+    calls();
+    event(&s);
+    assert!(calls().iter().any(|c| c == "free_tool_id(4)"));
+    assert_eq!(s.get(ST_STATUS), STATUS_REMOVED);
+    // Once pyprobe reads again, a later stall is waited on afresh.
+    let mut reader = s.reader();
+    reader.drain(1, |_| {});
+    assert_ne!(reader.tail(), s.get(ST_STALL_TAIL));
 }
 
 #[test]

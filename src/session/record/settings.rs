@@ -153,8 +153,22 @@ pub(super) fn check_attachable(pid: i32, mode: Mode, hook: super::HookUse) -> Re
     if pid == std::process::id() as i32 {
         bail!("pyprobe cannot trace itself (pid {pid})");
     }
-    // The hook engine needs no probes: the resolver says whether it serves this one.
-    let hook = hook != super::HookUse::Never && mode == Mode::Trace;
+    // The hook engine needs no probes: where it serves the interpreter (or is asked
+    // for, and the resolver says why not), no probes is no refusal.
+    let hook = mode == Mode::Trace
+        && match hook {
+            super::HookUse::Never => false,
+            super::HookUse::Always => true,
+            super::HookUse::Auto => find_interpreter_object(pid)
+                .ok()
+                .and_then(|o| {
+                    crate::python::version::detect(
+                        &o,
+                        &crate::process::memory::ProcessMemory::new(pid),
+                    )
+                })
+                .is_some_and(|v| crate::tracer::hook::refusal(v).is_none()),
+        };
     if mode == Mode::Trace && !hook && find_probe_object(pid, PROVIDER).is_err() {
         check_inspectable(pid)?; // it may have exited meanwhile: say so, not "no probes"
         let others = sdt_objects(pid, None)

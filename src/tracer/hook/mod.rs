@@ -50,7 +50,7 @@ use nix::sys::ptrace;
 use nix::unistd::Pid;
 
 use crate::hook::{failed_step, Detour, HookCode, KIND_CALL, KIND_RAISE, KIND_RETURN};
-use crate::hook::{STATUS_OK, ST_ARMED, ST_ON, ST_STATUS};
+use crate::hook::{STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_ON, ST_STATUS};
 use crate::process::memory::ProcessMemory;
 use crate::python::walker::{PyFrame, Walker};
 use crate::ring::RingReader;
@@ -293,6 +293,19 @@ impl Engine {
 
     /// Hooks waiting for their installer: done, failed, or raise the breaker again.
     fn hook_watch(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        for (&pid, h) in self.hook_book.procs.iter_mut() {
+            if h.phase != Phase::Installed {
+                continue;
+            }
+            let status = h.mem.read_u64(h.state_addr + ST_STATUS as u64).unwrap_or(0);
+            if status == STATUS_REMOVED {
+                h.phase = Phase::Failed;
+                sink(TraceEvent::Notice(format!(
+                    "process {pid}: the hook unregistered itself: pyprobe had not read its ring \
+                     for seconds (stopped?), so calls after that are not traced"
+                )));
+            }
+        }
         let waiting: Vec<i32> = self
             .hook_book
             .procs

@@ -14,7 +14,7 @@ use memmap2::MmapMut;
 use crate::hook::codegen::JMP_LEN;
 use crate::hook::{
     build_detour, build_hook, Detour, HookCode, HookParams, HookSymbols, EVENTS_312, ST_ARMED,
-    ST_ON,
+    ST_ON, ST_STALL_TAIL,
 };
 use crate::process::maps::read_maps;
 use crate::process::memory::ProcessMemory;
@@ -227,6 +227,7 @@ pub fn install(
     }
     mem.write(addr, &hook.bytes)?;
     mem.write(detour.addr, &detour.code)?;
+    mem.write(state_addr + ST_STALL_TAIL as u64, &u64::MAX.to_le_bytes())?;
     mem.write(state_addr + ST_ON as u64, &1u64.to_le_bytes())?;
     mem.write(state_addr + ST_ARMED as u64, &1u64.to_le_bytes())?;
     // The guardian clears `on` if pyprobe dies (the callbacks then uninstall), and
