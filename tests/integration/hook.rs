@@ -272,3 +272,43 @@ fn an_idle_main_thread_is_said_in_one_sentence_not_waited_on() {
     // Left as found: the target still sleeps, and is not stopped.
     assert!(matches!(proc_state(target.pid()), Some('S')));
 }
+
+#[test]
+fn the_targets_own_cprofile_counts_the_same_traced_or_not() {
+    // cProfile holds sys.monitoring's profiler id (2), the hook its own (4).
+    let script = "import cProfile, pstats\n\
+                  def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2)\n\
+                  p = cProfile.Profile(); p.enable(); fib(15); p.disable()\n\
+                  s = pstats.Stats(p)\n\
+                  print('fib', [v[1] for k, v in s.stats.items() if k[2] == 'fib'])\n";
+    for minor in MINORS {
+        let Some(py) = pyenv(minor) else { continue };
+        let untraced = std::process::Command::new(&py)
+            .args(["-c", script])
+            .output()
+            .expect("run python");
+        let own = String::from_utf8_lossy(&untraced.stdout).into_owned();
+        assert_eq!(own.trim(), "fib [1973]", "3.{minor}");
+        let out = TempFile::new("hook-cprofile.pyprobe");
+        let py_s = py.display().to_string();
+        let run = run_pyprobe(&[
+            "record",
+            "--mode",
+            "trace",
+            "-o",
+            out.path(),
+            "--",
+            &py_s,
+            "-c",
+            script,
+        ]);
+        assert!(
+            run.status.success(),
+            "3.{minor}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&run.stdout), own, "3.{minor}");
+        let calls = calls_in_file(&report_json(out.path()), "<string>");
+        assert_eq!(calls.get("fib"), Some(&1973), "3.{minor}: {calls:?}");
+    }
+}
