@@ -41,6 +41,8 @@
 mod setup;
 
 use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -106,17 +108,17 @@ pub(in crate::tracer) struct HookProc {
     said_slow: bool,
     walker: Walker,
     /// `%fs` base → tid.
-    fs_tids: HashMap<u64, i32>,
+    fs_tids: FxHashMap<u64, i32>,
     buffers: HitBuffers,
     /// Per drain: (code object, `co_name`, `co_filename`, first line) → its frame
     /// (or `None`: not readable).
-    names: HashMap<[u64; 4], Option<PyFrame>>,
+    names: FxHashMap<[u64; 4], Option<PyFrame>>,
     /// Per drain: type object → its name.
-    types: HashMap<u64, Arc<str>>,
+    types: FxHashMap<u64, Arc<str>>,
     /// Per thread: the code objects entered and not yet left, with their names.
-    shadow: HashMap<u64, Vec<(u64, PyFrame)>>,
+    shadow: FxHashMap<u64, Vec<(u64, PyFrame)>>,
     /// (file, function, returned type or "raised") → how often.
-    pub(in crate::tracer) returns: HashMap<ReturnKey, u64>,
+    pub(in crate::tracer) returns: FxHashMap<ReturnKey, u64>,
     lost_reported: u64,
 }
 
@@ -169,7 +171,7 @@ impl Engine {
 
     fn hook_install(&mut self, pid: i32, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
         let mut rips = Vec::new();
-        let mut fs_tids = HashMap::new();
+        let mut fs_tids = FxHashMap::default();
         for (&t, thread) in &self.threads {
             if thread.tgid != pid {
                 continue;
@@ -207,10 +209,10 @@ impl Engine {
                 walker: installed.walker,
                 fs_tids,
                 buffers: HitBuffers::default(),
-                names: HashMap::new(),
-                types: HashMap::new(),
-                shadow: HashMap::new(),
-                returns: HashMap::new(),
+                names: FxHashMap::default(),
+                types: FxHashMap::default(),
+                shadow: FxHashMap::default(),
+                returns: FxHashMap::default(),
                 lost_reported: 0,
             },
         );
@@ -577,7 +579,7 @@ fn unpatch(
 }
 
 /// `tp_name` of type object `ty` (at offset 24 of every `PyTypeObject`), cached.
-fn type_name(mem: &ProcessMemory, cache: &mut HashMap<u64, Arc<str>>, ty: u64) -> Arc<str> {
+fn type_name(mem: &ProcessMemory, cache: &mut FxHashMap<u64, Arc<str>>, ty: u64) -> Arc<str> {
     cache
         .entry(ty)
         .or_insert_with(|| {
@@ -596,7 +598,7 @@ fn type_name(mem: &ProcessMemory, cache: &mut HashMap<u64, Arc<str>>, ty: u64) -
 }
 
 /// What the busiest functions returned, one line each (at most 10).
-fn return_lines(returns: &HashMap<ReturnKey, u64>) -> Vec<String> {
+fn return_lines(returns: &FxHashMap<ReturnKey, u64>) -> Vec<String> {
     let mut per_function: HashMap<(Arc<str>, Arc<str>), TypeCounts> = HashMap::new();
     for ((file, function, ty), &n) in returns {
         per_function
