@@ -494,7 +494,9 @@ impl Engine {
     pub(in crate::tracer) fn hook_detach(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         let pids: Vec<i32> = self.hook_book.procs.keys().copied().collect();
         for pid in pids {
-            if let Some(h) = self.hook_book.procs.get_mut(&pid) {
+            // A process that is gone has nothing left to restore.
+            let alive = self.threads.values().any(|t| t.tgid == pid);
+            if let Some(h) = self.hook_book.procs.get_mut(&pid).filter(|_| alive) {
                 let _ = h
                     .mem
                     .write(h.state_addr + ST_ARMED as u64, &0u64.to_le_bytes());
@@ -517,7 +519,9 @@ impl Engine {
                 if h.phase == Phase::Installed {
                     sink(TraceEvent::Detail(format!(
                         "hook engine in process {pid}: told to unregister; it does at the target's \
-                         next Python call"
+                         next Python call; its page ({:#x}, {} bytes) and its ring stay mapped, unused",
+                        h.hook.addr,
+                        h.hook.bytes.len()
                     )));
                 }
                 for line in return_lines(&h.returns) {
@@ -526,12 +530,6 @@ impl Engine {
             }
         }
         self.hook_book.awaiting.clear();
-    }
-
-    /// The hook of `pid` lives in the target between these addresses (for tests).
-    pub fn hook_range(&self, pid: i32) -> Option<(u64, u64)> {
-        let h = self.hook_book.procs.get(&pid)?;
-        Some((h.hook.addr, h.hook.addr + h.hook.bytes.len() as u64))
     }
 }
 
