@@ -96,6 +96,7 @@ pub enum Engine {
     Auto,
     Ring,
     Int3,
+    Hook,
 }
 
 #[derive(Debug, Args)]
@@ -153,6 +154,10 @@ pub struct RecordArgs {
     /// SIGTRAP safety net. After tracing, the ring (8 MiB) and the trampolines stay
     /// mapped in the target, unused: a signal handler could still return into one.
     /// Attaching again uses them again, so they are never mapped twice.
+    /// `hook` (with `--mode trace`): calls and returns come from a hook pyprobe
+    /// injects and the interpreter registers with `sys.monitoring` at a safe point
+    /// (CPython 3.12 and 3.13), no probes needed; `auto` uses it in `--mode trace`
+    /// where the interpreter has no function probes.
     #[arg(long, value_enum, default_value_t = Engine::Auto)]
     pub engine: Engine,
     /// Slow the target by at most this much: when the time it spends stopped for
@@ -391,6 +396,7 @@ impl From<Engine> for RingUse {
             Engine::Auto => RingUse::Auto,
             Engine::Ring => RingUse::Required,
             Engine::Int3 => RingUse::Off,
+            Engine::Hook => RingUse::Auto,
         }
     }
 }
@@ -443,6 +449,11 @@ impl RecordArgs {
             nonblocking: self.nonblocking,
             max_overhead: self.max_overhead,
             ring: self.engine.into(),
+            hook: match self.engine {
+                Engine::Auto => record::HookUse::Auto,
+                Engine::Hook => record::HookUse::Always,
+                Engine::Ring | Engine::Int3 => record::HookUse::Never,
+            },
             samples: self.samples.into(),
         }
     }

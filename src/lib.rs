@@ -6,6 +6,7 @@
 
 pub mod analyze;
 pub mod elf;
+pub mod hook;
 pub mod output;
 pub mod probe_set;
 pub mod process;

@@ -51,6 +51,9 @@ pub struct ProbeSet {
     /// even counting them, or on `int3` their stops, cost more than the budget,
     /// their semaphores go down for a while.
     pub count_when_thin: Vec<usize>,
+    /// Function calls and returns come from the injected hook engine (`tracer::hook`),
+    /// not from probes.
+    pub hook: bool,
 }
 
 /// A site or semaphore pyprobe leaves alone, and why.

@@ -106,6 +106,8 @@ pub struct Engine {
     pub(super) ring_book: RingBook,
     /// pyprobe's tracing thread following the CPU of the threads that hit `int3`.
     pub(super) cpu: affinity::CpuFollow,
+    /// The injected hook engine (exact calls without function probes).
+    pub(super) hook_book: super::hook::HookBook,
     /// An error met while handling an event that must end the run.
     pub(super) fatal: Option<anyhow::Error>,
 }
@@ -154,6 +156,7 @@ impl Engine {
             budget: BudgetBook::new(options.max_overhead),
             ring_book: RingBook::default(),
             cpu: affinity::CpuFollow::default(),
+            hook_book: Default::default(),
             fatal: None,
         }
     }
@@ -353,9 +356,9 @@ impl Engine {
             if let Some(e) = self.fatal.take() {
                 return Err(e);
             }
-            if self.ring_active() {
+            if self.ring_active() || self.hook_active() {
                 // Hits arrive in the rings without a stop: poll them and the waits.
-                let drained = self.drain_rings(sink);
+                let drained = self.drain_rings(sink) + self.drain_hooks(sink);
                 self.ring_backlog(sink);
                 if drained > 0 {
                     self.poll_budget(sink);
@@ -486,6 +489,8 @@ impl Engine {
                 // and named now, not after the process is gone (stacks captured in
                 // the target are named by reading their code objects).
                 while self.drain_rings(sink) > 0 {}
+                let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
+                while self.drain_hook_of(tgid, sink) > 0 {}
                 self.resume_or_hold(tid, None, StopKind::Exiting, holding);
             }
             _ => self.resume_or_hold(tid, None, StopKind::InSyscall, holding),
@@ -517,6 +522,7 @@ impl Engine {
                         ts_ns: monotonic_ns(),
                     });
                     self.ring_thread_started(tid);
+                    self.hook_thread_started(tid);
                     self.resume_or_hold(tid, None, StopKind::Interrupt, holding);
                 }
                 _ => match self.pending_children.get(&tid).copied() {
@@ -528,6 +534,7 @@ impl Engine {
         };
         if thread.state == ThreadState::New {
             self.ring_thread_started(tid);
+            self.hook_thread_started(tid);
             self.set_state(tid, ThreadState::Running);
             self.resume_or_hold(tid, None, StopKind::Interrupt, holding);
             return;
@@ -560,6 +567,7 @@ impl Engine {
         }
         self.take_pending_traps(sink);
         self.ring_detach(sink);
+        self.hook_detach(sink);
         let with_net: Vec<i32> = self
             .procs
             .iter()

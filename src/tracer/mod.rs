@@ -6,6 +6,7 @@ pub mod decode;
 pub mod engine;
 pub mod errors;
 pub mod guardian;
+pub mod hook;
 pub mod inject;
 pub mod launch;
 pub mod patch;

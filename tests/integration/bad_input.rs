@@ -117,18 +117,18 @@ fn python_without_probes_in_trace_mode() {
     );
 }
 
-/// CPython 3.13 has SDT probes but none for functions: `--mode trace` is refused
-/// with what works instead, attached or launched; asking only for the probes it has
-/// works.
+/// CPython 3.14 has SDT probes but none for functions, and the hook engine does not
+/// serve it yet (it serves 3.12 and 3.13: `hook.rs`): `--mode trace` is refused with
+/// what works instead, attached or launched; asking only for the probes it has works.
 #[test]
 fn python_without_function_probes_in_trace_mode() {
-    let Some(py) = python("3.13") else { return };
+    let Some(py) = python("3.14") else { return };
     let mut target = Target::spawn(&py.launcher, &["-c", WAITING_SCRIPT]);
     target.wait_for_line("ready");
     let pid = target.pid().to_string();
     let e = assert_refused(
         &["record", "-p", &pid, "--mode", "trace"],
-        &["CPython 3.13", "no function probes", "default mode"],
+        &["CPython 3.14", "no function probes", "default mode"],
     );
     assert_one_sentence(&e);
     let recording = TempFile::new("nofunction.pyprobe");

@@ -10,6 +10,7 @@ mod engine_c_fixture;
 mod faults;
 mod forged;
 mod honest;
+mod hook;
 mod nothing_lost;
 mod outputs;
 mod pools;

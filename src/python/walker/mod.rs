@@ -268,6 +268,41 @@ impl Walker {
         }))
     }
 
+    /// Offsets of `co_name`, `co_filename` and `co_firstlineno` (an int) in a code
+    /// object of this interpreter.
+    pub fn code_field_offsets(&self) -> [u64; 3] {
+        let l = &self.reader.layout;
+        [l.code_name, l.code_filename, l.code_firstlineno]
+    }
+
+    /// A frame named from a code object's parts read when it ran (its `co_name` and
+    /// `co_filename` str objects and first line), for a code object that may be gone
+    /// since; `None` when they are not readable strs.
+    pub fn name_code_parts(&self, name: u64, filename: u64, first_line: u32) -> Option<PyFrame> {
+        let u = &self.reader.layout.unicode;
+        let name: Arc<str> = objects::read_str(&self.reader.mem, u, name).ok()?.into();
+        let file: Arc<str> = objects::read_str(&self.reader.mem, u, filename)
+            .ok()?
+            .into();
+        Some(PyFrame {
+            file,
+            function: name.clone(),
+            name,
+            first_line,
+            line: first_line,
+        })
+    }
+
+    /// The address of every thread state of every interpreter (the hook engine raises
+    /// their eval breakers).
+    pub fn thread_state_addrs(&mut self) -> Result<Vec<u64>> {
+        let tstates = self
+            .reader
+            .thread_states()
+            .with_context(|| format!("cannot read the thread states of process {}", self.pid))?;
+        Ok(tstates.into_iter().map(|(t, _)| t).collect())
+    }
+
     /// Names a stack captured in the target by a ring trampoline (see
     /// [`StackReader::name_captured`]): outermost first, and whether frames were dropped.
     pub fn name_captured(&mut self, captured: &[(u64, u64)]) -> (Vec<PyFrame>, bool) {

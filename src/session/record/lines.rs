@@ -74,6 +74,10 @@ impl StartLine<'_> {
             }
         );
         let engine = match request.ring {
+            _ if chosen.hook && groups.len() > 1 => {
+                "engine hook for calls: sys.monitoring, no probes; the rest: ring, else int3"
+            }
+            _ if chosen.hook => "engine hook: sys.monitoring, no probes",
             RingUse::Auto => "engine auto: ring, else int3",
             RingUse::Required => "engine ring",
             RingUse::Off => "engine int3",

@@ -15,7 +15,7 @@ use recorder::Recorder;
 use resolver::{Chosen, PythonResolver};
 use settings::{check_attachable, Settings};
 
-pub use request::{RecordRequest, Target};
+pub use request::{HookUse, RecordRequest, Target};
 pub use resolver::Mode;
 
 mod attaching;
@@ -37,6 +37,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         capture_stacks: request.ring != RingUse::Off,
         requested: settings.requested.take(),
         chosen: chosen.clone(),
+        hook: request.hook,
     });
     let options = settings.engine_options();
     signals::install().context("cannot install signal handlers")?;
@@ -48,7 +49,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
     let mut collect = |e: crate::tracer::TraceEvent| attaching.collect(e);
     let (mut engine, launched) = match &request.target {
         Some(Target::Attach(pid)) => {
-            check_attachable(*pid, settings.mode)?;
+            check_attachable(*pid, settings.mode, request.hook)?;
             (
                 Engine::attach(*pid, resolver, options, &mut collect)?,
                 false,

@@ -16,6 +16,18 @@ pub enum Target {
     Launch(Vec<String>),
 }
 
+/// Whether function calls may come from the injected hook engine (`--engine`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HookUse {
+    /// `--engine auto`: in `--mode trace`, where the interpreter has no function probes.
+    #[default]
+    Auto,
+    /// `--engine hook`: always, in `--mode trace`.
+    Always,
+    /// `--engine ring` or `int3`: never.
+    Never,
+}
+
 /// What `pyprobe record` was asked to do (the CLI maps its flags onto this).
 #[derive(Debug, Clone, Default)]
 pub struct RecordRequest {
@@ -41,6 +53,8 @@ pub struct RecordRequest {
     pub max_overhead: Option<f64>,
     /// `--engine`: whether probe sites move to the ring (no stop per hit).
     pub ring: RingUse,
+    /// `--engine`: whether function calls may come from the injected hook.
+    pub hook: HookUse,
     /// Which samples a view written directly (`-o x.svg`) counts.
     pub samples: SampleFilter,
 }

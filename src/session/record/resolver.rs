@@ -54,6 +54,8 @@ pub struct Chosen {
     pub refusals: rustc_hash::FxHashMap<i32, Vec<String>>,
     /// Why ring trampolines cannot capture stacks here was said already.
     pub stack_fallback_said: bool,
+    /// Calls and returns come from the injected hook engine.
+    pub hook: bool,
 }
 
 impl Chosen {
@@ -106,6 +108,8 @@ pub struct PythonResolver {
     pub capture_stacks: bool,
     pub requested: Option<BTreeSet<ProbeGroup>>,
     pub chosen: Rc<RefCell<Chosen>>,
+    /// Whether calls may come from the injected hook engine.
+    pub hook: super::HookUse,
 }
 
 impl PythonResolver {
@@ -180,14 +184,69 @@ impl Resolver for PythonResolver {
             return Ok(None);
         }
         let version = version::detect(&object, &ProcessMemory::new(pid));
-        if self.mode == Mode::Trace {
+        let use_hook = self.use_hook(&object, version)?;
+        if self.mode == Mode::Trace && !use_hook {
             if let Some(why) = trace_refusal(&object, version, self.requested.as_ref()) {
                 return Err(NotTraceable(why).into());
             }
         }
+        // With the hook, the probes serve every group but calls.
+        let requested_before = self.requested.clone();
+        if use_hook {
+            if let Some(r) = self.requested.as_mut() {
+                r.remove(&ProbeGroup::Function);
+            }
+        }
+        let result = self.resolve_probes(pid, object, version, use_hook);
+        self.requested = requested_before;
+        result
+    }
+}
+
+impl PythonResolver {
+    /// Whether the hook engine gives the calls of this interpreter: `--engine hook`,
+    /// or `auto` in trace mode where the interpreter has no function probes and the
+    /// hook serves its version. `--engine hook` on a version it does not serve is
+    /// refused in one sentence.
+    fn use_hook(&self, object: &LoadedObject, version: Option<PyVersion>) -> Result<bool> {
+        let wants_calls = self
+            .requested
+            .as_ref()
+            .is_none_or(|r| r.contains(&ProbeGroup::Function));
+        if self.mode != Mode::Trace || !wants_calls {
+            return Ok(false);
+        }
+        let served = version.and_then(crate::tracer::hook::refusal);
+        match self.hook {
+            super::HookUse::Never => Ok(false),
+            super::HookUse::Always => match (version, served) {
+                (None, _) => Err(NotTraceable(format!(
+                    "{}: the CPython version is unknown, so the hook engine cannot serve it",
+                    object.target_path
+                ))
+                .into()),
+                (Some(_), Some(why)) => Err(NotTraceable(why).into()),
+                (Some(_), None) => Ok(true),
+            },
+            super::HookUse::Auto => Ok(version.is_some()
+                && served.is_none()
+                && !available_groups(object).contains(&ProbeGroup::Function)),
+        }
+    }
+
+    fn resolve_probes(
+        &mut self,
+        pid: i32,
+        object: LoadedObject,
+        version: Option<PyVersion>,
+        use_hook: bool,
+    ) -> Result<Option<ProbeSet>> {
         let has_probes = object.has_provider(PROVIDER);
         let (set, meanings, groups, warning) = if has_probes && self.mode != Mode::Sample {
-            let (groups, warning) = self.groups(&object, version)?;
+            let (mut groups, warning) = self.groups(&object, version)?;
+            if use_hook {
+                groups.remove(&ProbeGroup::Function);
+            }
             let frame_args = version.is_some_and(|v| v.at_least(3, 11));
             let (mut set, meanings) = probe_set(&object, &groups, frame_args)?;
             let refusals = refusals(&object, &set, pid);
@@ -242,6 +301,11 @@ impl Resolver for PythonResolver {
         } else {
             (ProbeSet::default(), Vec::new(), BTreeSet::new(), None)
         };
+        let (mut set, mut groups) = (set, groups);
+        if use_hook {
+            set.hook = true;
+            groups.insert(ProbeGroup::Function);
+        }
         let mut chosen = self.chosen.borrow_mut();
         chosen.version = version;
         chosen.groups = groups;
@@ -249,6 +313,7 @@ impl Resolver for PythonResolver {
         chosen.object_path = object.target_path.clone();
         chosen.warning = warning;
         chosen.has_probes = has_probes;
+        chosen.hook = use_hook;
         Ok(Some(set))
     }
 }

@@ -77,6 +77,9 @@ impl Settings<'_> {
         } else {
             Some(parse_groups(&request.probes)?)
         };
+        if request.hook == super::HookUse::Always && mode != Mode::Trace {
+            bail!("`--engine hook` traces every call exactly: use it with `--mode trace`");
+        }
         if mode == Mode::Sample && requested.is_some() {
             bail!("`--probes` needs probes: use it with `--mode trace` or `--mode auto`");
         }
@@ -145,12 +148,28 @@ pub(super) fn default_output(pid: i32, existing: Existing) -> Result<PathBuf> {
 }
 
 /// Refuses, with one clear sentence, a process this mode cannot record.
-pub(super) fn check_attachable(pid: i32, mode: Mode) -> Result<()> {
+pub(super) fn check_attachable(pid: i32, mode: Mode, hook: super::HookUse) -> Result<()> {
     check_inspectable(pid)?;
     if pid == std::process::id() as i32 {
         bail!("pyprobe cannot trace itself (pid {pid})");
     }
-    if mode == Mode::Trace && find_probe_object(pid, PROVIDER).is_err() {
+    // The hook engine needs no probes: where it serves the interpreter (or is asked
+    // for, and the resolver says why not), no probes is no refusal.
+    let hook = mode == Mode::Trace
+        && match hook {
+            super::HookUse::Never => false,
+            super::HookUse::Always => true,
+            super::HookUse::Auto => find_interpreter_object(pid)
+                .ok()
+                .and_then(|o| {
+                    crate::python::version::detect(
+                        &o,
+                        &crate::process::memory::ProcessMemory::new(pid),
+                    )
+                })
+                .is_some_and(|v| crate::tracer::hook::refusal(v).is_none()),
+        };
+    if mode == Mode::Trace && !hook && find_probe_object(pid, PROVIDER).is_err() {
         check_inspectable(pid)?; // it may have exited meanwhile: say so, not "no probes"
         let others = sdt_objects(pid, None)
             .map(|o| !o.is_empty())
@@ -161,7 +180,7 @@ pub(super) fn check_attachable(pid: i32, mode: Mode) -> Result<()> {
             if others { " (it has other SDT providers)" } else { "" }
         );
     }
-    if mode != Mode::Trace {
+    if mode != Mode::Trace || hook {
         find_interpreter_object(pid).with_context(|| format!("process {pid} cannot be sampled"))?;
     }
     Ok(())

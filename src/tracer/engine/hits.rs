@@ -128,6 +128,7 @@ impl Engine {
         }
         self.budget_installed(pid, sink);
         self.ring_installed(pid, if starting { None } else { clean }, sink)?;
+        self.hook_installed(pid, starting, clean, sink)?;
         Ok(true)
     }
     pub(in crate::tracer) fn install_net(

@@ -147,6 +147,7 @@ impl Engine {
         // before it went is recorded before its end.
         let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
         self.drain_ring_of(tgid, sink);
+        self.drain_hook_of(tgid, sink);
         let Some(thread) = self.threads.remove(&tid) else {
             return;
         };

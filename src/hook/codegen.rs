@@ -1,0 +1,591 @@
+//! Machine code of the hook page and of the detour at the safe point (see [`super`]).
+//!
+//! Everything is built at its final address: constants first, then code, assembled
+//! with iced-x86's `CodeAssembler`. Addresses of the C API functions, the state page
+//! and the ring are immediates (`movabs`), so only the detour has a placement
+//! constraint (its `jmp rel32` back to the function it was displaced from).
+
+use iced_x86::code_asm::*;
+use iced_x86::{BlockEncoderOptions, Decoder, DecoderOptions, FlowControl, IcedError};
+use thiserror::Error;
+
+use crate::ring::format::{
+    HEADER_SIZE, H_HEAD, H_LOST, H_TAIL, RESERVE_ATTEMPTS, SLOT_SIZE, S_ARGS, S_NARGS, S_PROBE,
+    S_SEQ, S_STRING_MASK, S_TAG, S_THREAD, S_TSC,
+};
+
+use super::{
+    KIND_RETURN, STATUS_FAILED, STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_GONE, ST_ON, ST_STALL_TAIL,
+    ST_STALL_TSC, ST_STATUS, TOOL_ID,
+};
+
+/// `METH_FASTCALL`.
+const METH_FASTCALL: u64 = 0x80;
+/// Bytes of constants before the code.
+const CONSTS: usize = 1024;
+/// Bytes of one `PyMethodDef`.
+const METHOD_DEF: usize = 32;
+/// Most TSC cycles one event waits for room in a full ring (about 10 ms).
+pub const WAIT_CYCLES: u64 = 1 << 25;
+/// A consumer stalled this long (about 3 s) after a wait timed out is taken for gone.
+pub const DEAD_CYCLES: u64 = 1 << 33;
+/// The `jmp rel32` written at the safe point.
+pub const JMP_LEN: usize = 5;
+/// Most bytes of instructions a detour displaces.
+const MAX_DISPLACED: usize = 24;
+
+/// Why the hook or the detour could not be built.
+#[derive(Debug, Error)]
+pub enum HookError {
+    #[error("assembling the hook: {0}")]
+    Asm(#[from] IcedError),
+    #[error("the hook's constants need {0} bytes, more than the {CONSTS} reserved")]
+    Constants(usize),
+    #[error("ring capacity {0} is not a power of two up to 2^24")]
+    Capacity(u64),
+    #[error("the entry of the safe point at {addr:#x} starts with `{insn}`, which moves control: it cannot be displaced")]
+    Flow { addr: u64, insn: String },
+    #[error("the entry of the safe point at {0:#x} does not decode into whole instructions of at most {MAX_DISPLACED} bytes")]
+    Undecodable(u64),
+    #[error("a branch in the safe point's function lands at {target:#x}, inside the bytes a jump would replace")]
+    BranchInside { target: u64 },
+    #[error("the detour at {detour:#x} is out of rel32 reach of the safe point at {site:#x}")]
+    TooFar { site: u64, detour: u64 },
+}
+
+/// Runtime addresses of the C API the hook calls.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HookSymbols {
+    pub sys_get_object: u64,
+    pub call_method: u64,
+    pub cfunction_new_ex: u64,
+    pub dec_ref: u64,
+    pub err_clear: u64,
+    pub none: u64,
+}
+
+/// Everything [`build_hook`] needs.
+#[derive(Debug, Clone)]
+pub struct HookParams {
+    /// Where the page will be placed in the target.
+    pub addr: u64,
+    pub state_addr: u64,
+    pub ring_addr: u64,
+    pub capacity: u64,
+    /// Written into each record's `tag`: the process id.
+    pub tag: u32,
+    pub symbols: HookSymbols,
+    /// (monitoring event number, record kind) per callback.
+    pub events: Vec<(u32, u32)>,
+    /// Offsets of `co_name`, `co_filename` and `co_firstlineno` (an int) in a code
+    /// object: each record carries them too, so that pyprobe can name a code object
+    /// that is gone (or whose address holds another) by the time it reads the record.
+    pub code_fields: [u32; 3],
+}
+
+/// The built hook page.
+#[derive(Debug, Clone)]
+pub struct HookCode {
+    pub addr: u64,
+    pub bytes: Vec<u8>,
+    /// `void installer(void)` and `void uninstaller(void)`: called by the detour and by
+    /// a callback, with the GIL held.
+    pub installer: u64,
+    pub uninstaller: u64,
+    /// One callback per event, in the order of [`HookParams::events`].
+    pub callbacks: Vec<u64>,
+}
+
+impl HookCode {
+    pub fn contains(&self, rip: u64) -> bool {
+        (self.addr..self.addr + self.bytes.len() as u64).contains(&rip)
+    }
+}
+
+/// The constants area: strings and method definitions.
+struct Consts {
+    bytes: Vec<u8>,
+    base: u64,
+}
+
+impl Consts {
+    fn string(&mut self, s: &str) -> u64 {
+        let at = self.base + self.bytes.len() as u64;
+        self.bytes.extend_from_slice(s.as_bytes());
+        self.bytes.push(0);
+        at
+    }
+    fn align(&mut self, to: usize) {
+        while self.bytes.len() % to != 0 {
+            self.bytes.push(0);
+        }
+    }
+}
+
+/// Builds the hook page for `p`.
+pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
+    if !p.capacity.is_power_of_two() || p.capacity > 1 << 24 {
+        return Err(HookError::Capacity(p.capacity));
+    }
+    let mut c = Consts {
+        bytes: Vec::new(),
+        base: p.addr,
+    };
+    c.bytes.extend_from_slice(b"PYPRHOOK");
+    let s_monitoring = c.string("monitoring");
+    let s_use = c.string("use_tool_id");
+    let s_register = c.string("register_callback");
+    let s_set = c.string("set_events");
+    let s_free = c.string("free_tool_id");
+    let s_name = c.string("pyprobe");
+    let s_is = c.string("is");
+    let s_iio = c.string("iiO");
+    let s_ii = c.string("ii");
+    let s_i = c.string("i");
+    let s_cb = c.string("pyprobe_hook");
+    c.align(16);
+    let defs = c.base + c.bytes.len() as u64;
+    let defs_off = c.bytes.len();
+    c.bytes.resize(defs_off + METHOD_DEF * p.events.len(), 0);
+    if c.bytes.len() > CONSTS {
+        return Err(HookError::Constants(c.bytes.len()));
+    }
+    let code_addr = p.addr + CONSTS as u64;
+    let mask: u64 = p.events.iter().fold(0, |m, &(ev, _)| m | (1 << ev));
+
+    let mut a = CodeAssembler::new(64)?;
+    let mut installer = a.create_label();
+    let mut uninstaller = a.create_label();
+    let mut common = a.create_label();
+    let mut off = a.create_label();
+    let mut done = a.create_label();
+    let mut callbacks: Vec<CodeLabel> = Vec::new();
+
+    // Callbacks: r8d = kind, then the shared body.
+    for &(_, kind) in &p.events {
+        let mut l = a.create_label();
+        a.set_label(&mut l)?;
+        a.mov(r8d, kind)?;
+        a.jmp(common)?;
+        callbacks.push(l);
+    }
+    a.set_label(&mut common)?;
+    a.mov(r9, p.state_addr)?;
+    a.cmp(qword_ptr(r9 + ST_ON as i32), 0)?;
+    a.je(off)?;
+    // r10 = the code object, r11 = the returned object's type (or 0).
+    a.mov(r10, qword_ptr(rsi))?;
+    a.xor(r11d, r11d)?;
+    let mut no_value = a.create_label();
+    a.cmp(r8d, KIND_RETURN)?;
+    a.jne(no_value)?;
+    a.cmp(rdx, 3)?;
+    a.jl(no_value)?;
+    a.mov(rax, qword_ptr(rsi + 16))?;
+    a.test(rax, rax)?;
+    a.jz(no_value)?;
+    a.mov(r11, qword_ptr(rax + 8))?;
+    a.set_label(&mut no_value)?;
+    // Reserve (format.rs protocol): rdi = ring, rsi = index.
+    let mut retry = a.create_label();
+    let mut full = a.create_label();
+    let mut reserved = a.create_label();
+    let mut wait = a.create_label();
+    a.mov(rdi, p.ring_addr)?;
+    a.mov(ecx, RESERVE_ATTEMPTS)?;
+    // xmm0 = the deadline of a wait for room, set at the first wait.
+    a.pxor(xmm0, xmm0)?;
+    a.set_label(&mut retry)?;
+    a.mov(rdx, qword_ptr(rdi + H_TAIL as i32))?;
+    a.mov(rax, qword_ptr(rdi + H_HEAD as i32))?;
+    a.mov(rsi, rax)?;
+    a.sub(rsi, rdx)?;
+    a.cmp(rsi, p.capacity as i32)?;
+    a.jae(wait)?;
+    a.lea(rdx, ptr(rax + 1))?;
+    a.lock().cmpxchg(qword_ptr(rdi + H_HEAD as i32), rdx)?;
+    a.je(reserved)?;
+    a.dec(ecx)?;
+    a.jnz(retry)?;
+    a.jmp(full)?;
+    // Full: wait, `pause` by `pause`, for pyprobe to make room, at most
+    // WAIT_CYCLES from the first look (the target runs at pyprobe's pace rather
+    // than lose calls; a pyprobe gone for good is the guardian's to undo).
+    let mut timed = a.create_label();
+    // A consumer that let a wait time out and has not read a record since is not
+    // waited on again (one wait per stall, not one per event); stalled that way for
+    // DEAD_CYCLES, it is taken for gone: `on` is cleared, and the next event
+    // unregisters the hook, guardian or not.
+    let mut do_wait = a.create_label();
+    let mut timed_out = a.create_label();
+    a.set_label(&mut wait)?;
+    a.cmp(rdx, qword_ptr(r9 + ST_STALL_TAIL as i32))?;
+    a.jne(do_wait)?;
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)?;
+    a.sub(rax, qword_ptr(r9 + ST_STALL_TSC as i32))?;
+    a.mov(rdx, DEAD_CYCLES)?;
+    a.cmp(rax, rdx)?;
+    a.jb(full)?;
+    a.mov(qword_ptr(r9 + ST_ON as i32), 0)?;
+    a.jmp(full)?;
+    a.set_label(&mut do_wait)?;
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)?;
+    a.movq(rdx, xmm0)?;
+    a.test(rdx, rdx)?;
+    a.jnz(timed)?;
+    a.mov(rdx, WAIT_CYCLES)?;
+    a.add(rdx, rax)?;
+    a.movq(xmm0, rdx)?;
+    a.set_label(&mut timed)?;
+    a.cmp(rax, rdx)?;
+    a.jae(timed_out)?;
+    a.pause()?;
+    a.jmp(retry)?;
+    a.set_label(&mut timed_out)?;
+    a.mov(rdx, qword_ptr(rdi + H_TAIL as i32))?;
+    a.mov(qword_ptr(r9 + ST_STALL_TAIL as i32), rdx)?;
+    a.mov(qword_ptr(r9 + ST_STALL_TSC as i32), rax)?;
+    a.set_label(&mut full)?;
+    a.lock().inc(qword_ptr(rdi + H_LOST as i32))?;
+    a.jmp(done)?;
+    a.set_label(&mut reserved)?;
+    a.mov(rsi, rax)?;
+    a.and(rax, (p.capacity - 1) as i32)?;
+    a.shl(rax, SLOT_SIZE.trailing_zeros())?;
+    a.lea(rdi, ptr(rdi + rax + HEADER_SIZE as i32))?;
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)?;
+    a.mov(qword_ptr(rdi + S_TSC as i32), rax)?;
+    a.mov(dword_ptr(rdi + S_PROBE as i32), r8d)?;
+    a.mov(dword_ptr(rdi + S_TAG as i32), p.tag)?;
+    a.mov(rax, qword_ptr(0u64).fs())?;
+    a.mov(qword_ptr(rdi + S_THREAD as i32), rax)?;
+    a.mov(qword_ptr(rdi + S_ARGS as i32), r10)?;
+    a.mov(qword_ptr(rdi + S_ARGS as i32 + 8), r11)?;
+    let [name, filename, first_line] = p.code_fields;
+    a.mov(rax, qword_ptr(r10 + name))?;
+    a.mov(qword_ptr(rdi + S_ARGS as i32 + 16), rax)?;
+    a.mov(rax, qword_ptr(r10 + filename))?;
+    a.mov(qword_ptr(rdi + S_ARGS as i32 + 24), rax)?;
+    a.movsxd(rax, dword_ptr(r10 + first_line))?;
+    a.mov(qword_ptr(rdi + S_ARGS as i32 + 32), rax)?;
+    // nargs = 5, no strings, no stack.
+    a.mov(dword_ptr(rdi + S_NARGS as i32), 5)?;
+    a.mov(dword_ptr(rdi + S_NARGS as i32 + 4), 0)?;
+    const _: () = assert!(S_STRING_MASK == S_NARGS + 1);
+    // Publish last.
+    a.lea(rax, ptr(rsi + 1))?;
+    a.mov(qword_ptr(rdi + S_SEQ as i32), rax)?;
+    a.set_label(&mut done)?;
+    a.mov(rax, p.symbols.none)?;
+    a.ret()?;
+    // `on` clear: the first callback to see it uninstalls (GIL held: any Python may run).
+    a.set_label(&mut off)?;
+    a.xor(eax, eax)?;
+    a.mov(ecx, 1)?;
+    a.lock().cmpxchg(qword_ptr(r9 + ST_GONE as i32), rcx)?;
+    a.jne(done)?;
+    a.sub(rsp, 8)?;
+    a.call(uninstaller)?;
+    a.add(rsp, 8)?;
+    a.jmp(done)?;
+
+    // void uninstaller(void)
+    a.set_label(&mut uninstaller)?;
+    a.push(rbx)?;
+    a.push(r12)?;
+    a.push(r13)?;
+    let mut out = a.create_label();
+    call(&mut a, p.symbols.sys_get_object, &[Arg::Imm(s_monitoring)])?;
+    a.mov(rbx, rax)?;
+    a.test(rbx, rbx)?;
+    a.jz(out)?;
+    call_method(
+        &mut a,
+        p,
+        s_set,
+        s_ii,
+        &[Arg::Imm(TOOL_ID as u64), Arg::Imm(0)],
+    )?;
+    decref_rax(&mut a, p)?;
+    for &(ev, _) in &p.events {
+        call_method(
+            &mut a,
+            p,
+            s_register,
+            s_iio,
+            &[
+                Arg::Imm(TOOL_ID as u64),
+                Arg::Imm(1u64 << ev),
+                Arg::Imm(p.symbols.none),
+            ],
+        )?;
+        decref_rax(&mut a, p)?;
+    }
+    call_method(&mut a, p, s_free, s_i, &[Arg::Imm(TOOL_ID as u64)])?;
+    decref_rax(&mut a, p)?;
+    a.set_label(&mut out)?;
+    call(&mut a, p.symbols.err_clear, &[])?;
+    a.mov(rax, p.state_addr)?;
+    a.mov(rcx, STATUS_REMOVED)?;
+    a.mov(qword_ptr(rax + ST_STATUS as i32), rcx)?;
+    a.pop(r13)?;
+    a.pop(r12)?;
+    a.pop(rbx)?;
+    a.ret()?;
+
+    // void installer(void)
+    a.set_label(&mut installer)?;
+    a.push(rbx)?;
+    a.push(r12)?;
+    a.push(r13)?;
+    let mut fails: Vec<CodeLabel> = (0..5).map(|_| a.create_label()).collect();
+    call(&mut a, p.symbols.sys_get_object, &[Arg::Imm(s_monitoring)])?;
+    a.mov(rbx, rax)?;
+    a.test(rbx, rbx)?;
+    a.jz(fails[0])?;
+    call_method(
+        &mut a,
+        p,
+        s_use,
+        s_is,
+        &[Arg::Imm(TOOL_ID as u64), Arg::Imm(s_name)],
+    )?;
+    a.test(rax, rax)?;
+    a.jz(fails[1])?;
+    decref_rax(&mut a, p)?;
+    for (k, &(ev, _)) in p.events.iter().enumerate() {
+        let def = defs + (k * METHOD_DEF) as u64;
+        call(
+            &mut a,
+            p.symbols.cfunction_new_ex,
+            &[Arg::Imm(def), Arg::Imm(0), Arg::Imm(0)],
+        )?;
+        a.test(rax, rax)?;
+        a.jz(fails[2])?;
+        a.mov(r12, rax)?;
+        call_method(
+            &mut a,
+            p,
+            s_register,
+            s_iio,
+            &[
+                Arg::Imm(TOOL_ID as u64),
+                Arg::Imm(1u64 << ev),
+                Arg::Reg(r12),
+            ],
+        )?;
+        a.mov(r13, rax)?;
+        // The registry holds its own reference to the function.
+        call(&mut a, p.symbols.dec_ref, &[Arg::Reg(r12)])?;
+        a.test(r13, r13)?;
+        a.jz(fails[3])?;
+        call(&mut a, p.symbols.dec_ref, &[Arg::Reg(r13)])?;
+    }
+    call_method(
+        &mut a,
+        p,
+        s_set,
+        s_ii,
+        &[Arg::Imm(TOOL_ID as u64), Arg::Imm(mask)],
+    )?;
+    a.test(rax, rax)?;
+    a.jz(fails[4])?;
+    decref_rax(&mut a, p)?;
+    a.mov(rax, p.state_addr)?;
+    a.mov(qword_ptr(rax + ST_STATUS as i32), STATUS_OK as i32)?;
+    let mut leave = a.create_label();
+    a.jmp(leave)?;
+    for (k, l) in fails.iter_mut().enumerate() {
+        a.set_label(l)?;
+        call(&mut a, p.symbols.err_clear, &[])?;
+        if k >= 2 {
+            // The tool id was taken: give it back (and whatever was registered).
+            a.call(uninstaller)?;
+        }
+        a.mov(rax, p.state_addr)?;
+        a.mov(
+            qword_ptr(rax + ST_STATUS as i32),
+            (STATUS_FAILED as i32) + k as i32 + 1,
+        )?;
+        a.jmp(leave)?;
+    }
+    a.set_label(&mut leave)?;
+    a.pop(r13)?;
+    a.pop(r12)?;
+    a.pop(rbx)?;
+    a.ret()?;
+
+    let assembled = a.assemble_options(
+        code_addr,
+        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+    )?;
+    let installer = assembled.label_ip(&installer)?;
+    let uninstaller = assembled.label_ip(&uninstaller)?;
+    let callbacks = callbacks
+        .iter()
+        .map(|l| assembled.label_ip(l))
+        .collect::<Result<Vec<u64>, IcedError>>()?;
+    for (k, &cb) in callbacks.iter().enumerate() {
+        let at = defs_off + k * METHOD_DEF;
+        c.bytes[at..at + 8].copy_from_slice(&s_cb.to_le_bytes());
+        c.bytes[at + 8..at + 16].copy_from_slice(&cb.to_le_bytes());
+        c.bytes[at + 16..at + 24].copy_from_slice(&METH_FASTCALL.to_le_bytes());
+    }
+    let mut bytes = c.bytes;
+    bytes.resize(CONSTS, 0);
+    bytes.extend_from_slice(&assembled.inner.code_buffer);
+    Ok(HookCode {
+        addr: p.addr,
+        bytes,
+        installer,
+        uninstaller,
+        callbacks,
+    })
+}
+
+/// An argument of a call the hook makes.
+#[derive(Clone, Copy)]
+enum Arg {
+    Imm(u64),
+    Reg(AsmRegister64),
+}
+
+const ARG_REGS: [AsmRegister64; 6] = [rdi, rsi, rdx, rcx, r8, r9];
+
+/// `call fn(args...)` with `al = 0` (so variadic functions work too). The stack must
+/// be 16-byte aligned here. Clobbers the caller-saved registers.
+fn call(a: &mut CodeAssembler, f: u64, args: &[Arg]) -> Result<(), IcedError> {
+    for (k, arg) in args.iter().enumerate() {
+        match *arg {
+            Arg::Imm(v) => a.mov(ARG_REGS[k], v)?,
+            Arg::Reg(r) => a.mov(ARG_REGS[k], r)?,
+        }
+    }
+    a.xor(eax, eax)?;
+    a.mov(r11, f)?;
+    a.call(r11)
+}
+
+/// `PyObject_CallMethod(rbx, name, fmt, args...)`.
+fn call_method(
+    a: &mut CodeAssembler,
+    p: &HookParams,
+    name: u64,
+    fmt: u64,
+    args: &[Arg],
+) -> Result<(), IcedError> {
+    let mut all = vec![Arg::Reg(rbx), Arg::Imm(name), Arg::Imm(fmt)];
+    all.extend_from_slice(args);
+    call(a, p.symbols.call_method, &all)
+}
+
+/// `Py_DecRef(rax)` (which accepts NULL).
+fn decref_rax(a: &mut CodeAssembler, p: &HookParams) -> Result<(), IcedError> {
+    a.mov(rdi, rax)?;
+    call(a, p.symbols.dec_ref, &[Arg::Reg(rdi)])
+}
+
+/// The detour at the safe point, and the patch that jumps to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detour {
+    pub addr: u64,
+    pub code: Vec<u8>,
+    /// The function entry rewritten.
+    pub site: u64,
+    /// Bytes at `site` now.
+    pub original: Vec<u8>,
+    /// `jmp rel32` to `addr`, padded with `int3` to the length of `original`.
+    pub patch: Vec<u8>,
+}
+
+impl Detour {
+    pub fn contains(&self, rip: u64) -> bool {
+        (self.addr..self.addr + self.code.len() as u64).contains(&rip)
+    }
+    /// A thread whose rip is strictly inside the bytes the patch replaces would
+    /// resume in the middle of the jump.
+    pub fn splits(&self, rip: u64) -> bool {
+        rip > self.site && rip < self.site + self.original.len() as u64
+    }
+}
+
+/// Builds the detour placed at `addr` for the function whose entry `site` holds
+/// `code` (its first bytes; `targets`: branch targets known in that function):
+/// saves the argument registers, runs `installer` if `state.armed` goes 1 → 2,
+/// restores them, runs the displaced instructions, jumps back.
+pub fn build_detour(
+    addr: u64,
+    site: u64,
+    code: &[u8],
+    targets: &crate::ring::BranchTargets,
+    state_addr: u64,
+    installer: u64,
+) -> Result<Detour, HookError> {
+    let mut decoder = Decoder::with_ip(64, code, site, DecoderOptions::NONE);
+    let mut displaced = Vec::new();
+    let mut len = 0usize;
+    while len < JMP_LEN {
+        if !decoder.can_decode() {
+            return Err(HookError::Undecodable(site));
+        }
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            return Err(HookError::Undecodable(site));
+        }
+        if insn.flow_control() != FlowControl::Next {
+            return Err(HookError::Flow {
+                addr: insn.ip(),
+                insn: format!("{:?}", insn.mnemonic()),
+            });
+        }
+        len += insn.len();
+        displaced.push(insn);
+    }
+    if len > MAX_DISPLACED {
+        return Err(HookError::Undecodable(site));
+    }
+    if let Some(target) = targets.strictly_inside(site, site + len as u64) {
+        return Err(HookError::BranchInside { target });
+    }
+    let mut a = CodeAssembler::new(64)?;
+    let saved = [rax, rcx, rdx, rsi, rdi, r8, r9, r10, r11];
+    for r in saved {
+        a.push(r)?;
+    }
+    // Entry: rsp = 8 mod 16; nine pushes make it 0.
+    let mut skip = a.create_label();
+    a.mov(r11, state_addr)?;
+    a.mov(eax, 1)?;
+    a.mov(ecx, 2)?;
+    a.lock().cmpxchg(qword_ptr(r11 + ST_ARMED as i32), rcx)?;
+    a.jne(skip)?;
+    a.mov(rax, installer)?;
+    a.call(rax)?;
+    a.set_label(&mut skip)?;
+    for r in saved.iter().rev() {
+        a.pop(*r)?;
+    }
+    for insn in &displaced {
+        a.add_instruction(*insn)?;
+    }
+    a.jmp(site + len as u64)?;
+    let assembled = a.assemble(addr)?;
+    let rel = addr.wrapping_sub(site + JMP_LEN as u64) as i64;
+    let rel = i32::try_from(rel).map_err(|_| HookError::TooFar { site, detour: addr })?;
+    let mut patch = vec![0xe9];
+    patch.extend_from_slice(&rel.to_le_bytes());
+    patch.resize(len, 0xcc);
+    Ok(Detour {
+        addr,
+        code: assembled,
+        site,
+        original: code[..len].to_vec(),
+        patch,
+    })
+}

@@ -1,0 +1,137 @@
+//! The injected hook engine's pure core: exact Python calls and returns on a CPython
+//! with no function probes, through the interpreter's own public API.
+//!
+//! pyprobe writes one code page (the *hook*, built here per target) and one state
+//! page into the target, next to a ring in the format of [`crate::ring::format`].
+//! The interpreter runs the hook's *installer* at a safe point with the GIL held;
+//! the installer registers the hook's callbacks with `sys.monitoring` (CPython 3.12+)
+//! under a tool id of pyprobe's own; from then on the interpreter calls them at every
+//! Python function start, resume, return, yield, throw and unwind, and each writes one
+//! ring record. The engine's side (mapping, placing, the safe point, naming code
+//! objects, leaving) is `tracer::hook`.
+//!
+//! # What the hook page holds ([`build_hook`])
+//!
+//! * Constants: the C strings the installer passes to the C API, and six
+//!   `PyMethodDef`s (`METH_FASTCALL`), one per monitoring event, whose `ml_meth`
+//!   points at a callback below. The page is an ordinary private mapping: a forked
+//!   child keeps it, and the function objects made from these definitions stay valid.
+//! * The callbacks, `PyObject *cb(PyObject *self, PyObject *const *args, Py_ssize_t n)`.
+//!   Each loads the state word `on`; when set it reserves a slot with the ring's
+//!   producer protocol (`lock cmpxchg` on `head`, at most [`RESERVE_ATTEMPTS`] tries;
+//!   a full ring is waited on, `pause` by `pause`, at most
+//!   [`codegen::WAIT_CYCLES`] from the first look, then `lost` counted: the target
+//!   runs at pyprobe's pace rather than lose calls), writes {`rdtsc`, kind, tag = pid, `%fs` base,
+//!   `args[0]` (the code object), on a return `Py_TYPE(args[2])`}, publishes `seq`
+//!   last, and returns `None` (immortal on 3.12+, so no reference is taken). No
+//!   string, no allocation, no C API call, no system call on this path.
+//! * The installer: `PySys_GetObject("monitoring")`, `use_tool_id(TOOL, "pyprobe")`,
+//!   (events are passed as their `sys.monitoring.events` bit, `1 << number`),
+//!   one `PyCFunction_NewEx` and `register_callback` per event, `set_events`; its
+//!   outcome in the state word `status` ([`STATUS_OK`], or [`STATUS_FAILED`] + the
+//!   step). On a failure after the tool id was taken it gives the id back.
+//! * The uninstaller: `set_events(TOOL, 0)`, `register_callback(TOOL, ev, None)` for
+//!   each event, `free_tool_id(TOOL)`, `PyErr_Clear()`. A callback runs it, once
+//!   (`lock cmpxchg` on the state word `gone`), when it finds `on` clear: pyprobe
+//!   cleared it to detach, the guardian cleared it because pyprobe died, or the
+//!   process is a forked child (the state page is `MADV_WIPEONFORK`: all zero there).
+//!   A monitoring callback runs with the GIL held at a point where any Python code may
+//!   run (callbacks are Python callables in general), so calling `sys.monitoring` from
+//!   it is as safe as a Python tool doing so from its own callback.
+//! * The detour: what the safe point's function entry jumps to (see below). It saves
+//!   the argument registers, runs the installer once (`lock cmpxchg` on `armed`,
+//!   1 → 2), restores them, runs the instructions the jump displaced (relocated) and
+//!   jumps back behind them.
+//!
+//! # The safe point
+//!
+//! `_Py_HandlePending(tstate)` (CPython 3.12 and 3.13): the eval loop calls it, with
+//! the GIL held and the frame's state saved, when the eval breaker is set; it runs
+//! signal handlers and pending calls there, i.e. arbitrary Python code. So at its entry
+//! any C API call is allowed, as in a pending call: no allocator or lock is half-taken
+//! by this thread. pyprobe (every thread stopped) rewrites its first instructions into
+//! a `jmp rel32` to the detour and raises the eval breaker (3.12: the interpreter's
+//! `ceval.eval_breaker`, recomputed by the handler; 3.13: the `_PY_CALLS_TO_DO` bit of
+//! each thread state's `eval_breaker`, cleared by the handler when no call is queued);
+//! the next thread to check the breaker installs the hook. (3.12 recomputes its
+//! breaker whenever a thread takes the GIL: the interpreter's `pending.calls_to_do`
+//! flag is raised too, which keeps it set until `_Py_HandlePending` runs and clears
+//! it, finding no call queued.) The jump is put back by
+//! pyprobe with every thread stopped as soon as the installer has run (threads inside
+//! the detour finish it: the page is never unmapped).
+//!
+//! # State page (private, `MADV_WIPEONFORK`)
+//!
+//! | offset | field |
+//! | --- | --- |
+//! | [`ST_ON`] | 1: record; 0: uninstall at the next event |
+//! | [`ST_ARMED`] | 1: the detour runs the installer (once: it sets 2) |
+//! | [`ST_STATUS`] | 0 not run, [`STATUS_OK`], [`STATUS_FAILED`] + step, [`STATUS_REMOVED`] |
+//! | [`ST_GONE`] | set by the callback that runs the uninstaller |
+//! | [`ST_STALL_TAIL`], [`ST_STALL_TSC`] | where and when a wait for room last timed out |
+//!
+//! # If pyprobe stops reading
+//!
+//! A full ring is waited on for at most [`codegen::WAIT_CYCLES`] (about 10 ms); once
+//! a wait has timed out, later events are not waited for until pyprobe reads again
+//! (they count as lost), and if it has read nothing for [`codegen::DEAD_CYCLES`]
+//! (about 3 s) the hook clears `on` itself and unregisters at the next event. So a
+//! pyprobe killed with its guardian unable to act (another tracer holds the target),
+//! or stopped for good, costs the target one 10 ms wait and 3 s of cheap lost
+//! events, then nothing.
+
+pub mod codegen;
+
+#[cfg(test)]
+mod tests_exec;
+
+pub use codegen::{build_detour, build_hook, Detour, HookCode, HookError, HookParams, HookSymbols};
+
+/// `sys.monitoring` tool id pyprobe asks for (0-2 and 5 are named for debuggers,
+/// coverage, profilers and optimizers; 3 and 4 are free for other tools).
+pub const TOOL_ID: u32 = 4;
+
+/// Record kinds (the ring slot's `probe` field).
+pub const KIND_CALL: u32 = 0;
+/// A return or yield: `args[1]` is the type of the returned object.
+pub const KIND_RETURN: u32 = 1;
+/// The frame was left by an exception (`args[1]` is 0).
+pub const KIND_RAISE: u32 = 2;
+
+/// State page words.
+pub const ST_ON: usize = 0;
+pub const ST_ARMED: usize = 8;
+pub const ST_STATUS: usize = 16;
+pub const ST_GONE: usize = 24;
+/// The ring's `tail` when a wait for room last timed out (pyprobe starts it at
+/// `u64::MAX`), and the TSC then.
+pub const ST_STALL_TAIL: usize = 32;
+pub const ST_STALL_TSC: usize = 40;
+
+pub const STATUS_OK: u64 = 1;
+pub const STATUS_REMOVED: u64 = 2;
+pub const STATUS_FAILED: u64 = 0x100;
+
+/// What the installer's failed steps were doing, by `status - STATUS_FAILED`.
+pub fn failed_step(status: u64) -> Option<&'static str> {
+    let step = status.checked_sub(STATUS_FAILED)?;
+    Some(match step {
+        1 => "sys.monitoring is missing",
+        2 => "sys.monitoring tool id 4 is in use (another tool, or a pyprobe that died while the target was idle: it frees the id at the target's next Python call)",
+        3 => "a callback object could not be created",
+        4 => "sys.monitoring.register_callback failed",
+        5 => "sys.monitoring.set_events failed",
+        _ => "unknown step",
+    })
+}
+
+/// Monitoring events the hook registers for, with the record kind of each, by the
+/// event numbers of CPython 3.12 and 3.13 (`sys.monitoring.events`).
+pub const EVENTS_312: [(u32, u32); 6] = [
+    (0, KIND_CALL),   // PY_START
+    (1, KIND_CALL),   // PY_RESUME
+    (13, KIND_CALL),  // PY_THROW
+    (2, KIND_RETURN), // PY_RETURN
+    (3, KIND_RETURN), // PY_YIELD
+    (12, KIND_RAISE), // PY_UNWIND
+];

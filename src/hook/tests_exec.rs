@@ -1,0 +1,498 @@
+//! Runs the generated hook in-process: its callbacks called as the C functions
+//! CPython calls (against fake code objects and return values), its installer and
+//! uninstaller against fake C API functions that record what they were asked, and
+//! the detour patched over a small function.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::Mutex;
+
+use iced_x86::code_asm::*;
+
+use super::codegen::{build_detour, build_hook, HookCode, HookParams, HookSymbols};
+use super::*;
+use crate::ring::format::{init_ring, ring_bytes, H_LOST};
+use crate::ring::{BranchTargets, RingReader};
+
+/// The fakes below share global state: one test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+static CALLS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// `PyObject_CallMethod` fails for this method name.
+static FAIL_METHOD: Mutex<Option<&'static str>> = Mutex::new(None);
+
+static mut MONITORING: [u64; 4] = [0; 4];
+static mut NONE: [u64; 4] = [0; 4];
+static mut RESULT: [u64; 4] = [0; 4];
+
+fn log(s: String) {
+    CALLS.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+}
+
+fn calls() -> Vec<String> {
+    std::mem::take(&mut *CALLS.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+fn none_addr() -> u64 {
+    std::ptr::addr_of!(NONE) as u64
+}
+
+/// # Safety
+/// `name` is a NUL-terminated string (the hook's constants).
+unsafe extern "C" fn fake_sys_get_object(name: *const c_char) -> *mut c_void {
+    // SAFETY: per the contract above.
+    let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+    log(format!("PySys_GetObject({name})"));
+    if name == "monitoring" {
+        std::ptr::addr_of_mut!(MONITORING).cast()
+    } else {
+        std::ptr::null_mut()
+    }
+}
+
+/// Stands in for the variadic `PyObject_CallMethod`: on x86-64 the first six
+/// arguments travel in the same registers either way.
+///
+/// # Safety
+/// `name` and `fmt` are NUL-terminated strings.
+unsafe extern "C" fn fake_call_method(
+    obj: *mut c_void,
+    name: *const c_char,
+    fmt: *const c_char,
+    a1: u64,
+    a2: u64,
+    a3: u64,
+) -> *mut c_void {
+    // SAFETY: per the contract above.
+    let (name, fmt) = unsafe { (CStr::from_ptr(name), CStr::from_ptr(fmt)) };
+    let name = name.to_string_lossy().into_owned();
+    let fmt = fmt.to_string_lossy();
+    assert_eq!(obj, std::ptr::addr_of_mut!(MONITORING).cast());
+    let args: Vec<String> = fmt
+        .chars()
+        .zip([a1, a2, a3])
+        .map(|(c, v)| match c {
+            'i' => format!("{}", v as u32),
+            's' => {
+                // SAFETY: an `s` argument is a string in the hook's constants.
+                unsafe { CStr::from_ptr(v as *const c_char) }
+                    .to_string_lossy()
+                    .into_owned()
+            }
+            _ if v == none_addr() => "None".to_string(),
+            _ => "obj".to_string(),
+        })
+        .collect();
+    log(format!("{name}({})", args.join(",")));
+    let fail = *FAIL_METHOD.lock().unwrap_or_else(|e| e.into_inner());
+    if fail == Some(name.as_str()) {
+        std::ptr::null_mut()
+    } else {
+        std::ptr::addr_of_mut!(RESULT).cast()
+    }
+}
+
+static DEFS: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+extern "C" fn fake_cfunction_new_ex(def: u64, _self: u64, _module: u64) -> *mut c_void {
+    DEFS.lock().unwrap_or_else(|e| e.into_inner()).push(def);
+    log("PyCFunction_NewEx".into());
+    std::ptr::addr_of_mut!(RESULT).cast()
+}
+
+extern "C" fn fake_dec_ref(_obj: *mut c_void) {
+    log("Py_DecRef".into());
+}
+
+extern "C" fn fake_err_clear() {
+    log("PyErr_Clear".into());
+}
+
+/// Executable memory for the hook, plus a state page and a ring.
+struct Setup {
+    code: *mut u8,
+    len: usize,
+    state: Box<[u64; 512]>,
+    ring: Vec<u64>,
+    hook: HookCode,
+}
+
+const CAP: u64 = 8;
+
+fn exec_map(len: usize) -> *mut u8 {
+    // SAFETY: a fresh private anonymous mapping.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    p.cast()
+}
+
+fn symbols() -> HookSymbols {
+    HookSymbols {
+        sys_get_object: fake_sys_get_object as *const () as usize as u64,
+        call_method: fake_call_method as *const () as usize as u64,
+        cfunction_new_ex: fake_cfunction_new_ex as *const () as usize as u64,
+        dec_ref: fake_dec_ref as *const () as usize as u64,
+        err_clear: fake_err_clear as *const () as usize as u64,
+        none: none_addr(),
+    }
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let len = 16 * 4096;
+        let code = exec_map(len);
+        let state = Box::new([0u64; 512]);
+        let bytes = ring_bytes(CAP).expect("ring size");
+        let mut ring = vec![0u64; bytes / 8];
+        // SAFETY: the Vec's buffer viewed as bytes.
+        let mem = unsafe { std::slice::from_raw_parts_mut(ring.as_mut_ptr().cast::<u8>(), bytes) };
+        init_ring(mem, CAP).expect("init");
+        let params = HookParams {
+            addr: code as u64,
+            state_addr: state.as_ptr() as u64,
+            ring_addr: ring.as_ptr() as u64,
+            capacity: CAP,
+            tag: 4242,
+            symbols: symbols(),
+            events: EVENTS_312.to_vec(),
+            code_fields: [16, 24, 32],
+        };
+        let hook = build_hook(&params).expect("build");
+        let mut state = state;
+        state[ST_STALL_TAIL / 8] = u64::MAX;
+        assert!(hook.bytes.len() <= len);
+        // SAFETY: the mapping is `len` bytes, writable.
+        unsafe { std::ptr::copy_nonoverlapping(hook.bytes.as_ptr(), code, hook.bytes.len()) };
+        Setup {
+            code,
+            len,
+            state,
+            ring,
+            hook,
+        }
+    }
+
+    fn set(&mut self, word: usize, v: u64) {
+        self.state[word / 8] = v;
+    }
+    fn get(&self, word: usize) -> u64 {
+        // SAFETY: reading our own state array, which the hook may have written.
+        unsafe { std::ptr::read_volatile(self.state.as_ptr().add(word / 8)) }
+    }
+
+    fn callback(&self, k: usize, args: &[u64]) -> u64 {
+        type Cb = unsafe extern "C" fn(u64, *const u64, isize) -> u64;
+        // SAFETY: the callback was generated for the C signature of a METH_FASTCALL
+        // function; the args array is valid for its length.
+        unsafe {
+            let f: Cb = std::mem::transmute::<usize, Cb>(self.hook.callbacks[k] as usize);
+            f(0, args.as_ptr(), args.len() as isize)
+        }
+    }
+
+    fn run(&self, addr: u64) {
+        // SAFETY: the installer and uninstaller take no argument and return nothing.
+        unsafe {
+            let f: unsafe extern "C" fn() = std::mem::transmute::<usize, _>(addr as usize);
+            f()
+        }
+    }
+
+    fn reader(&mut self) -> RingReader {
+        // SAFETY: the ring outlives the reader (both in this test).
+        unsafe { RingReader::new(self.ring.as_mut_ptr().cast(), self.ring.len() * 8) }
+            .expect("reader")
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.code.cast(), self.len) };
+    }
+}
+
+fn fs_base() -> u64 {
+    let mut base = 0u64;
+    // SAFETY: ARCH_GET_FS writes one u64.
+    unsafe { libc::syscall(libc::SYS_arch_prctl, 0x1003, &mut base as *mut u64) };
+    base
+}
+
+#[test]
+fn callbacks_write_one_record_each() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = Setup::new();
+    s.set(ST_ON, 1);
+    // A fake object whose type is at +8, and fake code objects: co_name at 16,
+    // co_filename at 24, co_firstlineno (an int) at 32.
+    let obj = [1u64, 0x7777_0000];
+    let codes: Vec<[u64; 5]> = (0..7u64)
+        .map(|k| [0, 0, 0xaa00 + k, 0xbb00 + k, u64::from(u32::MAX - k as u32)])
+        .collect();
+    let code_of = |k: usize| codes[k].as_ptr() as u64;
+    for k in 0..EVENTS_312.len() {
+        let ret = s.callback(k, &[code_of(k), 10, obj.as_ptr() as u64]);
+        assert_eq!(ret, none_addr());
+    }
+    // PY_START with two arguments only.
+    s.callback(0, &[code_of(6), 0]);
+    let mut got = Vec::new();
+    let mut reader = s.reader();
+    reader.drain(100, |r| {
+        let k = (r.args[2] - 0xaa00) as usize;
+        assert_eq!(r.args[0], code_of(k));
+        assert_eq!(r.args[3], 0xbb00 + k as u64);
+        // co_firstlineno is an int: sign-extended.
+        assert_eq!(r.args[4] as i64, -1 - k as i64);
+        got.push((
+            r.probe, r.tag, r.thread, r.nargs, r.args[0], r.args[1], r.tsc,
+        ))
+    });
+    assert_eq!(got.len(), EVENTS_312.len() + 1);
+    for (k, &(_, kind)) in EVENTS_312.iter().enumerate() {
+        let (probe, tag, thread, nargs, a0, a1, tsc) = got[k];
+        assert_eq!(probe, kind);
+        assert_eq!(tag, 4242);
+        assert_eq!(thread, fs_base());
+        assert_eq!(nargs, 5);
+        assert_eq!(a0, code_of(k));
+        let ty = if kind == KIND_RETURN { 0x7777_0000 } else { 0 };
+        assert_eq!(a1, ty, "event {k}");
+        assert!(tsc > 0);
+    }
+    assert_eq!(got[EVENTS_312.len()].4, code_of(6));
+    assert!(calls().is_empty(), "the hot path calls nothing");
+}
+
+#[test]
+fn a_full_ring_waits_a_bounded_time_then_counts_losses() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = Setup::new();
+    s.set(ST_ON, 1);
+    let code = [0u64; 5];
+    for _ in 0..CAP + 3 {
+        assert_eq!(s.callback(0, &[code.as_ptr() as u64, 0]), none_addr());
+    }
+    let reader = s.reader();
+    assert_eq!(reader.lost(), 3);
+    let _ = H_LOST;
+}
+
+#[test]
+fn a_stalled_consumer_is_waited_on_once_then_taken_for_gone() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = Setup::new();
+    s.set(ST_ON, 1);
+    let code = [0u64; 5];
+    let event = |s: &Setup| s.callback(0, &[code.as_ptr() as u64, 0]);
+    for _ in 0..CAP {
+        event(&s);
+    }
+    // Full, nobody reading: the first event waits, times out, notes the stall.
+    let t = std::time::Instant::now();
+    event(&s);
+    let waited = t.elapsed();
+    assert_eq!(s.get(ST_STALL_TAIL), 0);
+    assert!(s.get(ST_STALL_TSC) > 0);
+    // The next ones are not waited on.
+    let t = std::time::Instant::now();
+    for _ in 0..100 {
+        event(&s);
+    }
+    assert!(
+        t.elapsed() < waited,
+        "{:?} for 100 events after a {waited:?} wait",
+        t.elapsed()
+    );
+    assert_eq!(s.reader().lost(), 101);
+    assert_eq!(s.get(ST_ON), 1, "a short stall is not death");
+    // Stalled for long: `on` goes, and the next event unregisters the hook.
+    s.set(ST_STALL_TSC, 1);
+    event(&s);
+    assert_eq!(s.get(ST_ON), 0);
+    calls();
+    event(&s);
+    assert!(calls().iter().any(|c| c == "free_tool_id(4)"));
+    assert_eq!(s.get(ST_STATUS), STATUS_REMOVED);
+    // Once pyprobe reads again, a later stall is waited on afresh.
+    let mut reader = s.reader();
+    reader.drain(1, |_| {});
+    assert_ne!(reader.tail(), s.get(ST_STALL_TAIL));
+}
+
+#[test]
+fn callback_with_on_clear_uninstalls_once() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = Setup::new();
+    calls();
+    s.set(ST_STATUS, STATUS_OK);
+    assert_eq!(s.callback(3, &[1, 2, none_addr()]), none_addr());
+    let log = calls();
+    let mut want = vec![
+        "PySys_GetObject(monitoring)".to_string(),
+        "set_events(4,0)".into(),
+        "Py_DecRef".into(),
+    ];
+    for &(ev, _) in &EVENTS_312 {
+        want.push(format!("register_callback(4,{},None)", 1u32 << ev));
+        want.push("Py_DecRef".into());
+    }
+    want.push("free_tool_id(4)".into());
+    want.push("Py_DecRef".into());
+    want.push("PyErr_Clear".into());
+    assert_eq!(log, want);
+    assert_eq!(s.get(ST_GONE), 1);
+    assert_eq!(s.get(ST_STATUS), STATUS_REMOVED);
+    // Once only, and nothing recorded.
+    s.callback(0, &[1, 0]);
+    assert!(calls().is_empty());
+    assert_eq!(s.reader().head(), 0);
+}
+
+#[test]
+fn installer_registers_every_callback() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new();
+    calls();
+    DEFS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    s.run(s.hook.installer);
+    let log = calls();
+    let mask: u32 = EVENTS_312.iter().map(|&(e, _)| 1 << e).sum();
+    assert_eq!(log[0], "PySys_GetObject(monitoring)");
+    assert_eq!(log[1], "use_tool_id(4,pyprobe)");
+    let registers: Vec<&String> = log.iter().filter(|l| l.starts_with("register")).collect();
+    assert_eq!(registers.len(), EVENTS_312.len());
+    for (r, &(ev, _)) in registers.iter().zip(&EVENTS_312) {
+        assert_eq!(**r, format!("register_callback(4,{},obj)", 1u32 << ev));
+    }
+    assert_eq!(
+        log.iter().rev().nth(1).map(String::as_str),
+        Some(format!("set_events(4,{mask})").as_str())
+    );
+    assert!(!log.contains(&"PyErr_Clear".to_string()));
+    assert_eq!(s.get(ST_STATUS), STATUS_OK);
+    // Each method definition names a callback, METH_FASTCALL.
+    let defs = std::mem::take(&mut *DEFS.lock().unwrap_or_else(|e| e.into_inner()));
+    assert_eq!(defs.len(), EVENTS_312.len());
+    for (def, cb) in defs.iter().zip(&s.hook.callbacks) {
+        // SAFETY: the definition lies in the hook page, 32 bytes.
+        let words = unsafe { std::slice::from_raw_parts(*def as *const u64, 4) };
+        assert_eq!(words[1], *cb);
+        assert_eq!(words[2], 0x80);
+        // SAFETY: ml_name points at a C string in the page.
+        let name = unsafe { CStr::from_ptr(words[0] as *const c_char) };
+        assert_eq!(name.to_str(), Ok("pyprobe_hook"));
+    }
+}
+
+#[test]
+fn installer_reports_the_step_that_failed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new();
+    calls();
+    *FAIL_METHOD.lock().unwrap_or_else(|e| e.into_inner()) = Some("use_tool_id");
+    s.run(s.hook.installer);
+    *FAIL_METHOD.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    let log = calls();
+    assert_eq!(s.get(ST_STATUS), STATUS_FAILED + 2);
+    assert!(failed_step(s.get(ST_STATUS)).is_some_and(|w| w.contains("in use")));
+    assert!(!log.iter().any(|l| l.starts_with("register")));
+    assert_eq!(log.last().map(String::as_str), Some("PyErr_Clear"));
+
+    // A failure after the id was taken gives it back.
+    *FAIL_METHOD.lock().unwrap_or_else(|e| e.into_inner()) = Some("set_events");
+    s.run(s.hook.installer);
+    *FAIL_METHOD.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    let log = calls();
+    assert_eq!(s.get(ST_STATUS), STATUS_FAILED + 5);
+    assert!(log.iter().any(|l| l == "free_tool_id(4)"));
+}
+
+static INSTALLS: Mutex<u32> = Mutex::new(0);
+extern "C" fn fake_installer() {
+    *INSTALLS.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+}
+
+#[test]
+fn detour_runs_the_installer_once_and_the_function_unchanged() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let region = exec_map(8192);
+    let func = region as u64;
+    // rax = rdi * 2 + rsi, through a prologue of pushes (like _Py_HandlePending's).
+    let mut a = CodeAssembler::new(64).expect("asm");
+    a.push(r15).expect("asm");
+    a.push(r14).expect("asm");
+    a.push(r13).expect("asm");
+    a.mov(r15, rdi).expect("asm");
+    a.lea(rax, ptr(rsi + r15 * 2)).expect("asm");
+    a.pop(r13).expect("asm");
+    a.pop(r14).expect("asm");
+    a.pop(r15).expect("asm");
+    a.ret().expect("asm");
+    let code = a.assemble(func).expect("assemble");
+    // SAFETY: the mapping is writable and large enough.
+    unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), region, code.len()) };
+    type F = unsafe extern "C" fn(u64, u64) -> u64;
+    // SAFETY: the code above is such a function.
+    let f: F = unsafe { std::mem::transmute::<usize, F>(func as usize) };
+    // SAFETY: as above.
+    assert_eq!(unsafe { f(20, 2) }, 42);
+
+    let state = Box::new([0u64; 8]);
+    let detour_addr = func + 4096;
+    let targets = BranchTargets::scan(&code, func);
+    let d = build_detour(
+        detour_addr,
+        func,
+        &code,
+        &targets,
+        state.as_ptr() as u64,
+        fake_installer as *const () as usize as u64,
+    )
+    .expect("detour");
+    assert_eq!(d.original.len(), 6);
+    assert_eq!(d.patch.len(), 6);
+    // SAFETY: writing the detour and the patch into our own mapping.
+    unsafe {
+        std::ptr::copy_nonoverlapping(d.code.as_ptr(), detour_addr as *mut u8, d.code.len());
+        std::ptr::copy_nonoverlapping(d.patch.as_ptr(), region, d.patch.len());
+    }
+    *INSTALLS.lock().unwrap_or_else(|e| e.into_inner()) = 0;
+    // Not armed: the function only.
+    // SAFETY: the patched function keeps its contract.
+    assert_eq!(unsafe { f(5, 1) }, 11);
+    assert_eq!(*INSTALLS.lock().unwrap_or_else(|e| e.into_inner()), 0);
+    let state_ptr = state.as_ptr() as *mut u64;
+    // SAFETY: our own state array.
+    unsafe { std::ptr::write_volatile(state_ptr.add(ST_ARMED / 8), 1) };
+    for i in 0..3u64 {
+        // SAFETY: as above.
+        assert_eq!(unsafe { f(i, 7) }, 2 * i + 7);
+    }
+    assert_eq!(*INSTALLS.lock().unwrap_or_else(|e| e.into_inner()), 1);
+    assert_eq!(state[ST_ARMED / 8], 2);
+    // SAFETY: our own mapping.
+    unsafe { libc::munmap(region.cast(), 8192) };
+}
+
+#[test]
+fn detour_refuses_a_jump_at_the_entry() {
+    let code = [0xeb, 0x00, 0x90, 0x90, 0x90, 0x90, 0xc3];
+    let targets = BranchTargets::scan(&code, 0x1000);
+    assert!(build_detour(0x2000, 0x1000, &code, &targets, 0, 0).is_err());
+    // A branch back into the displaced bytes.
+    let code = [0x55, 0x53, 0x41, 0x54, 0x90, 0x90, 0xeb, 0xf9, 0xc3];
+    let targets = BranchTargets::scan(&code, 0x1000);
+    assert!(matches!(
+        build_detour(0x2000, 0x1000, &code, &targets, 0, 0),
+        Err(HookError::BranchInside { .. })
+    ));
+}

@@ -1,0 +1,626 @@
+//! The injected hook engine's side in the tracer: installing the hook (see
+//! [`crate::hook`] for what runs in the target and why its safe point is safe),
+//! watching it get installed, draining its ring into the same function entry and
+//! return hits the SDT probes give, and leaving.
+//!
+//! * **Install** (`setup`): with every thread stopped, the state page, the ring, the
+//!   hook page and the detour are put in; `_Py_HandlePending`'s entry jumps to the
+//!   detour and the eval breaker is raised. The next thread to check the breaker
+//!   runs the installer there, with the GIL held. `sys.monitoring` events are
+//!   interpreter-wide, so threads started later are covered with no more work.
+//! * **Watching**: each turn of the event loop reads the state page's `status`.
+//!   Installed (or failed): every thread is stopped, the entry's bytes put back.
+//!   Still waiting: the breaker is raised again every [`RAISE_EVERY`] (threads
+//!   stopped: the interpreter recomputes that word with its own atomics); after
+//!   [`SLOW_AFTER`] pyprobe says once that no thread has run Python code since, and
+//!   keeps waiting: a main thread blocked in C (a `sleep`, a lock) installs it when
+//!   it returns to Python.
+//! * **Naming**: records carry code-object and type pointers. A start or resume is
+//!   named by the frame walker, whose cache re-validates an address (name, file,
+//!   line-table pointers, first line) once per drain, so an address freed and reused
+//!   by another code object is named afresh. A return or unwind takes the name of the
+//!   entry it closes (a per-thread shadow stack of code pointers): the code object
+//!   may be gone by the time pyprobe reads the record (a module body is freed as soon
+//!   as it has run), and its memory reused. Types are named by `tp_name`, cached per
+//!   drain. Each record also carries the code object's `co_name` and `co_filename`
+//!   pointers and first line, read by the hook when it ran: a start whose code
+//!   object no longer holds them when pyprobe reads the record (freed, its address
+//!   reused) is named from them instead (interned names are immortal on 3.12+); one
+//!   whose names cannot be read either is named [`UNKNOWN`], and still counted.
+//! * **Leaving**: `on` is cleared (the next callback, in any thread, unregisters the
+//!   hook from inside, with the GIL: `set_events(4, 0)`, callbacks set to `None`,
+//!   `free_tool_id(4)`); the entry's bytes go back if still patched; the ring is
+//!   drained. Nothing is unmapped.
+//! * **pyprobe killed**: the guardian was told the `on` word as a ring site whose
+//!   original is 0, and the entry's jump: it clears `on` and restores the entry (with
+//!   the threads stopped). A target that never calls Python again keeps a registered
+//!   hook that costs nothing; its first call unregisters it.
+//! * **fork**: the state page is `MADV_WIPEONFORK` and the ring `MADV_DONTFORK`: a
+//!   child's callbacks find `on` clear and unregister without touching any ring.
+
+mod setup;
+
+use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use memmap2::MmapMut;
+use nix::sys::ptrace;
+use nix::unistd::Pid;
+
+use crate::hook::{failed_step, Detour, HookCode, KIND_CALL, KIND_RAISE, KIND_RETURN};
+use crate::hook::{STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_ON, ST_STATUS};
+use crate::process::memory::ProcessMemory;
+use crate::python::walker::{PyFrame, Walker};
+use crate::ring::RingReader;
+use crate::tracer::clock::monotonic_ns;
+use crate::tracer::decode::HitBuffers;
+use crate::tracer::engine::{Engine, Hit, TraceEvent};
+use crate::tracer::ring::tsc::TscClock;
+
+pub use setup::refusal;
+use setup::Breaker;
+
+/// While waiting for the installer, the eval breaker is raised again this often
+/// (the interpreter may recompute it meanwhile), and after [`SLOW_AFTER`] every
+/// [`RAISE_SLOWLY`] (each raise stops the threads for a moment).
+const RAISE_EVERY: Duration = Duration::from_millis(10);
+const RAISE_SLOWLY: Duration = Duration::from_secs(1);
+/// Said once when the installer has not run after this long.
+const SLOW_AFTER: Duration = Duration::from_secs(2);
+/// A launched interpreter is looked for this often until it runs Python code.
+const AWAIT_EVERY: Duration = Duration::from_millis(1);
+/// Records taken per drain.
+const BATCH: usize = 1024;
+/// The name of a code object freed before pyprobe could read it.
+pub const UNKNOWN: &str = "<code object gone before pyprobe read it>";
+/// Deepest shadow stack kept per thread.
+const MAX_SHADOW: usize = 4096;
+
+/// (file, function, returned type or "raised").
+type ReturnKey = (Arc<str>, Arc<str>, Arc<str>);
+/// Returned type → how often.
+type TypeCounts = Vec<(Arc<str>, u64)>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Waiting,
+    Installed,
+    Failed,
+}
+
+/// The hook in one process.
+pub(in crate::tracer) struct HookProc {
+    mem: ProcessMemory,
+    reader: RingReader,
+    _mapping: MmapMut,
+    state_addr: u64,
+    hook: HookCode,
+    /// The jump at the safe point, while it is there.
+    detour: Option<Detour>,
+    breaker: Breaker,
+    phase: Phase,
+    since: Instant,
+    last_raise: Instant,
+    said_slow: bool,
+    walker: Walker,
+    /// `%fs` base → tid.
+    fs_tids: FxHashMap<u64, i32>,
+    buffers: HitBuffers,
+    /// Per drain: (code object, `co_name`, `co_filename`, first line) → its frame
+    /// (or `None`: not readable).
+    names: FxHashMap<[u64; 4], Option<PyFrame>>,
+    /// Per drain: type object → its name.
+    types: FxHashMap<u64, Arc<str>>,
+    /// Per thread: the code objects entered and not yet left, with their names.
+    shadow: FxHashMap<u64, Vec<(u64, PyFrame)>>,
+    /// (file, function, returned type or "raised") → how often.
+    pub(in crate::tracer) returns: FxHashMap<ReturnKey, u64>,
+    lost_reported: u64,
+}
+
+/// The hook engine's state in the engine.
+#[derive(Default)]
+pub(in crate::tracer) struct HookBook {
+    procs: HashMap<i32, HookProc>,
+    /// Launched processes whose interpreter is not running Python yet: next look.
+    awaiting: HashMap<i32, Instant>,
+}
+
+impl Engine {
+    /// Whether the event loop must poll for the hook.
+    pub(in crate::tracer) fn hook_active(&self) -> bool {
+        !self.hook_book.procs.is_empty() || !self.hook_book.awaiting.is_empty()
+    }
+
+    /// After the probes of `pid` were installed: the hook too, if its probe set asks.
+    /// `starting`: the interpreter is not initialised yet; it is installed once it
+    /// runs Python code.
+    pub(in crate::tracer) fn hook_installed(
+        &mut self,
+        pid: i32,
+        starting: bool,
+        clean: Option<i32>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<()> {
+        if !self.procs.get(&pid).is_some_and(|p| p.patches.set.hook) {
+            return Ok(());
+        }
+        if self.hook_book.procs.contains_key(&pid) {
+            return Ok(());
+        }
+        if starting {
+            self.hook_book.awaiting.insert(pid, Instant::now());
+            return Ok(());
+        }
+        let tid = match clean {
+            Some(t) => Some(t),
+            None => self.clean_thread(pid, sink),
+        };
+        let Some(tid) = tid else {
+            anyhow::bail!(
+                "process {pid}: no thread is at a stop where the hook can be put in (all are inside \
+                 system calls)"
+            );
+        };
+        self.hook_install(pid, tid, sink)
+    }
+
+    fn hook_install(&mut self, pid: i32, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+        let mut rips = Vec::new();
+        let mut fs_tids = FxHashMap::default();
+        for (&t, thread) in &self.threads {
+            if thread.tgid != pid {
+                continue;
+            }
+            let regs = ptrace::getregs(Pid::from_raw(t))
+                .map_err(|e| anyhow::anyhow!("thread {t} is not stopped: {e}"))?;
+            rips.push(regs.rip);
+            fs_tids.insert(regs.fs_base, t);
+        }
+        let mut mem = ProcessMemory::new(pid);
+        let installed = setup::install(pid, tid, &mut mem, &rips, self.guardian.as_mut())?;
+        if self.ring_book.tsc.is_none() {
+            self.ring_book.tsc = Some(TscClock::calibrate());
+        }
+        sink(TraceEvent::Detail(format!(
+            "hook engine in process {pid}: hook at {:#x}, detour at _Py_HandlePending ({:#x}); \
+             waiting for a thread to run Python code",
+            installed.hook.addr, installed.detour.site
+        )));
+        let now = Instant::now();
+        self.hook_book.procs.insert(
+            pid,
+            HookProc {
+                mem,
+                reader: installed.reader,
+                _mapping: installed.mapping,
+                state_addr: installed.state_addr,
+                hook: installed.hook,
+                detour: Some(installed.detour),
+                breaker: installed.breaker,
+                phase: Phase::Waiting,
+                since: now,
+                last_raise: now,
+                said_slow: false,
+                walker: installed.walker,
+                fs_tids,
+                buffers: HitBuffers::default(),
+                names: FxHashMap::default(),
+                types: FxHashMap::default(),
+                shadow: FxHashMap::default(),
+                returns: FxHashMap::default(),
+                lost_reported: 0,
+            },
+        );
+        Ok(())
+    }
+
+    /// A new thread at its first stop: its `%fs` base names its records.
+    pub(in crate::tracer) fn hook_thread_started(&mut self, tid: i32) {
+        let Some(pid) = self.threads.get(&tid).map(|t| t.tgid) else {
+            return;
+        };
+        let Some(h) = self.hook_book.procs.get_mut(&pid) else {
+            return;
+        };
+        if let Ok(regs) = ptrace::getregs(Pid::from_raw(tid)) {
+            h.fs_tids.insert(regs.fs_base, tid);
+        }
+    }
+
+    /// One turn of the event loop: launched interpreters looked for, installers
+    /// watched, every hook ring drained. Returns the records drained.
+    pub(in crate::tracer) fn drain_hooks(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> usize {
+        self.hook_await(sink);
+        self.hook_watch(sink);
+        let pids: Vec<i32> = self.hook_book.procs.keys().copied().collect();
+        let mut drained = 0;
+        for pid in pids {
+            drained += self.drain_hook_of(pid, sink);
+        }
+        drained
+    }
+
+    /// Launched processes: once the interpreter has a thread state, install. No
+    /// bytecode runs before `sys` (and `sys.monitoring`) exists, and the installer
+    /// runs only from the eval loop: it runs at the first bytecode's first check of
+    /// the breaker, before the program's own code.
+    fn hook_await(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        let now = Instant::now();
+        let due: Vec<i32> = self
+            .hook_book
+            .awaiting
+            .iter()
+            .filter(|(_, &at)| at <= now)
+            .map(|(&p, _)| p)
+            .collect();
+        for pid in due {
+            let ready = Walker::attach(pid)
+                .ok()
+                .and_then(|mut w| w.thread_state_addrs().ok())
+                .is_some_and(|t| !t.is_empty());
+            if !ready {
+                self.hook_book.awaiting.insert(pid, now + AWAIT_EVERY);
+                continue;
+            }
+            self.hook_book.awaiting.remove(&pid);
+            let result =
+                self.stop_all_running(sink)
+                    .and_then(|()| match self.clean_thread(pid, sink) {
+                        Some(tid) => self.hook_install(pid, tid, sink),
+                        None => anyhow::bail!(
+                            "no thread of it is at a stop where the hook can be put in"
+                        ),
+                    });
+            self.resume_all();
+            if let Err(e) = result {
+                self.hook_failed(pid, e, sink);
+            }
+        }
+    }
+
+    fn hook_failed(&mut self, pid: i32, e: anyhow::Error, sink: &mut dyn FnMut(TraceEvent)) {
+        if e.downcast_ref::<crate::tracer::NotTraceable>().is_some() {
+            self.fatal.get_or_insert(e);
+        } else {
+            sink(TraceEvent::Notice(format!(
+                "process {pid}: the hook engine could not be installed, so no calls are traced: {e:#}"
+            )));
+        }
+    }
+
+    /// Hooks waiting for their installer: done, failed, or raise the breaker again.
+    fn hook_watch(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        for (&pid, h) in self.hook_book.procs.iter_mut() {
+            if h.phase != Phase::Installed {
+                continue;
+            }
+            let status = h.mem.read_u64(h.state_addr + ST_STATUS as u64).unwrap_or(0);
+            if status == STATUS_REMOVED {
+                h.phase = Phase::Failed;
+                sink(TraceEvent::Notice(format!(
+                    "process {pid}: the hook unregistered itself: pyprobe had not read its ring \
+                     for seconds (stopped?), so calls after that are not traced"
+                )));
+            }
+        }
+        let waiting: Vec<i32> = self
+            .hook_book
+            .procs
+            .iter()
+            .filter(|(_, h)| h.phase == Phase::Waiting)
+            .map(|(&p, _)| p)
+            .collect();
+        for pid in waiting {
+            let Some(h) = self.hook_book.procs.get_mut(&pid) else {
+                continue;
+            };
+            let status = h.mem.read_u64(h.state_addr + ST_STATUS as u64).unwrap_or(0);
+            if status == STATUS_OK {
+                h.phase = Phase::Installed;
+                sink(TraceEvent::Detail(format!(
+                    "hook engine in process {pid}: installed after {} ms (sys.monitoring tool 4)",
+                    h.since.elapsed().as_millis()
+                )));
+            } else if status != 0 {
+                h.phase = Phase::Failed;
+                sink(TraceEvent::Notice(format!(
+                    "process {pid}: the hook could not register with sys.monitoring ({}), so no calls \
+                     are traced",
+                    failed_step(status).unwrap_or("unknown step")
+                )));
+            } else {
+                if h.since.elapsed() >= SLOW_AFTER && !h.said_slow {
+                    h.said_slow = true;
+                    sink(TraceEvent::Notice(format!(
+                        "process {pid}: no thread has run Python code in the {} s since the hook was \
+                         armed (blocked in C or idle?); calls are traced from when one does",
+                        SLOW_AFTER.as_secs()
+                    )));
+                }
+                let every = if h.said_slow {
+                    RAISE_SLOWLY
+                } else {
+                    RAISE_EVERY
+                };
+                if h.last_raise.elapsed() < every {
+                    continue;
+                }
+            }
+            // Threads stopped: put the entry back, or raise the breaker again.
+            if let Err(e) = self.stop_all_running(sink) {
+                sink(TraceEvent::Notice(format!("process {pid}: {e:#}")));
+                self.resume_all();
+                continue;
+            }
+            let Some(h) = self.hook_book.procs.get_mut(&pid) else {
+                continue;
+            };
+            if h.phase == Phase::Waiting {
+                h.last_raise = Instant::now();
+                let tstates = h.walker.thread_state_addrs().unwrap_or_default();
+                let _ = setup::raise(&mut h.mem, &tstates, h.breaker);
+            } else if let Err(e) = unpatch(pid, h, self.guardian.as_mut()) {
+                sink(TraceEvent::Notice(format!("process {pid}: {e:#}")));
+            }
+            self.resume_all();
+        }
+    }
+
+    /// Drains the hook ring of `pid` into hits. Returns the records drained.
+    pub(in crate::tracer) fn drain_hook_of(
+        &mut self,
+        pid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> usize {
+        let Some(h) = self.hook_book.procs.get_mut(&pid) else {
+            return 0;
+        };
+        let mut records: Vec<(u32, u64, [u64; 4], u64, u64)> = Vec::new();
+        h.reader.drain(BATCH, |r| {
+            let parts = [r.args[0], r.args[2], r.args[3], r.args[4]];
+            records.push((r.probe, r.thread, parts, r.args[1], r.tsc));
+        });
+        let lost = h.reader.lost();
+        if lost > h.lost_reported {
+            sink(TraceEvent::Lost {
+                pid,
+                count: lost - h.lost_reported,
+                ts_ns: monotonic_ns(),
+            });
+            h.lost_reported = lost;
+        }
+        if records.is_empty() {
+            return 0;
+        }
+        h.walker.new_naming_batch();
+        h.names.clear();
+        h.types.clear();
+        let tsc = self.ring_book.tsc.as_ref();
+        for &(kind, thread, parts, ty, stamp) in &records {
+            let code = parts[0];
+            let shadow = h.shadow.entry(thread).or_default();
+            // A return closes the innermost entry of the same code object.
+            let closed = if kind == KIND_CALL {
+                None
+            } else {
+                let at = shadow
+                    .iter()
+                    .rev()
+                    .take(64)
+                    .position(|(c, _)| *c == code)
+                    .map(|k| shadow.len() - 1 - k);
+                at.map(|i| {
+                    let (_, frame) = shadow.swap_remove(i);
+                    shadow.truncate(i);
+                    frame
+                })
+            };
+            let frame = match closed {
+                Some(frame) => frame,
+                None => {
+                    let walker = &mut h.walker;
+                    let mem = &h.mem;
+                    h.names
+                        .entry(parts)
+                        .or_insert_with(|| name_code(walker, mem, parts))
+                        .clone()
+                        .unwrap_or_else(|| PyFrame {
+                            file: UNKNOWN.into(),
+                            function: UNKNOWN.into(),
+                            name: UNKNOWN.into(),
+                            first_line: 0,
+                            line: 0,
+                        })
+                }
+            };
+            if kind == KIND_CALL {
+                let shadow = h.shadow.entry(thread).or_default();
+                if shadow.len() >= MAX_SHADOW {
+                    shadow.drain(..MAX_SHADOW / 2);
+                }
+                shadow.push((code, frame.clone()));
+            }
+            if kind != KIND_CALL {
+                let ty: Arc<str> = match kind {
+                    KIND_RAISE => "raised".into(),
+                    _ => type_name(&h.mem, &mut h.types, ty),
+                };
+                *h.returns
+                    .entry((frame.file.clone(), frame.function.clone(), ty))
+                    .or_insert(0) += 1;
+            }
+            let b = &mut h.buffers;
+            b.args.clear();
+            b.args
+                .extend_from_slice(&[code, code, frame.first_line as u64]);
+            b.strings.resize_with(2, String::new);
+            b.present.clear();
+            b.present.extend_from_slice(&[true, true]);
+            b.strings[0].clear();
+            b.strings[0].push_str(&frame.file);
+            b.strings[1].clear();
+            b.strings[1].push_str(&frame.name);
+            let tid = h.fs_tids.get(&thread).copied().unwrap_or(pid);
+            let ts_ns = tsc.map_or_else(monotonic_ns, |c| c.to_ns(stamp));
+            let (probe, name) = match kind {
+                KIND_CALL => (usize::MAX - 1, "function__entry"),
+                KIND_RETURN | KIND_RAISE => (usize::MAX, "function__return"),
+                _ => continue,
+            };
+            self.hits += 1;
+            sink(TraceEvent::Hit(Hit {
+                pid,
+                tid,
+                ts_ns,
+                probe,
+                probe_name: name,
+                args: &b.args,
+                buffers: b,
+                stack: None,
+                stopped: false,
+            }));
+        }
+        sink(TraceEvent::RingDrained { pid });
+        records.len()
+    }
+
+    /// Leaving (every thread stopped): the hook told to unregister, the entry put
+    /// back, the ring drained, what the functions returned said.
+    pub(in crate::tracer) fn hook_detach(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        let pids: Vec<i32> = self.hook_book.procs.keys().copied().collect();
+        for pid in pids {
+            // A process that is gone has nothing left to restore.
+            let alive = self.threads.values().any(|t| t.tgid == pid);
+            if let Some(h) = self.hook_book.procs.get_mut(&pid).filter(|_| alive) {
+                let _ = h
+                    .mem
+                    .write(h.state_addr + ST_ARMED as u64, &0u64.to_le_bytes());
+                let _ = h
+                    .mem
+                    .write(h.state_addr + ST_ON as u64, &0u64.to_le_bytes());
+                if let Err(e) = unpatch(pid, h, self.guardian.as_mut()) {
+                    sink(TraceEvent::Notice(format!("process {pid}: {e:#}")));
+                }
+                if let Some(g) = self.guardian.as_mut() {
+                    let _ = g.tell(
+                        crate::tracer::guardian::Op::SiteRestored,
+                        pid,
+                        h.state_addr + ST_ON as u64,
+                    );
+                }
+            }
+            while self.drain_hook_of(pid, sink) > 0 {}
+            if let Some(h) = self.hook_book.procs.remove(&pid) {
+                if h.phase == Phase::Installed {
+                    sink(TraceEvent::Detail(format!(
+                        "hook engine in process {pid}: told to unregister; it does at the target's \
+                         next Python call; its page ({:#x}, {} bytes) and its ring stay mapped, unused",
+                        h.hook.addr,
+                        h.hook.bytes.len()
+                    )));
+                }
+                for line in return_lines(&h.returns) {
+                    sink(TraceEvent::Notice(line));
+                }
+            }
+        }
+        self.hook_book.awaiting.clear();
+    }
+}
+
+/// Names the code object of a record: the walker's name (with `co_qualname`) while
+/// the object at that address still has the `co_name`, `co_filename` and first line
+/// the record saw, else from those parts themselves (the object is gone, or its
+/// address holds another code object now).
+fn name_code(walker: &mut Walker, mem: &ProcessMemory, parts: [u64; 4]) -> Option<PyFrame> {
+    let [code, name, filename, first_line] = parts;
+    let [o_name, o_file, o_line] = walker.code_field_offsets();
+    let same = mem.read_u64(code + o_name).ok() == Some(name)
+        && mem.read_u64(code + o_file).ok() == Some(filename)
+        && mem
+            .read_u64(code + o_line)
+            .ok()
+            .map(|v| v as u32 as i32 as i64 as u64)
+            == Some(first_line);
+    if same {
+        let (frames, _) = walker.name_captured(&[(code, 0)]);
+        if let Some(frame) = frames.into_iter().next() {
+            return Some(frame);
+        }
+    }
+    walker.name_code_parts(name, filename, first_line as u32)
+}
+
+/// Puts the safe point's bytes back (every thread stopped).
+fn unpatch(
+    pid: i32,
+    h: &mut HookProc,
+    guardian: Option<&mut crate::tracer::guardian::Guardian>,
+) -> Result<()> {
+    let Some(d) = h.detour.take() else {
+        return Ok(());
+    };
+    let mut now = vec![0u8; d.patch.len()];
+    h.mem.read(d.site, &mut now)?;
+    if now == d.patch {
+        h.mem.write(d.site, &d.original)?;
+    }
+    if let Some(g) = guardian {
+        let _ = g.tell(crate::tracer::guardian::Op::SiteRestored, pid, d.site);
+    }
+    Ok(())
+}
+
+/// `tp_name` of type object `ty` (at offset 24 of every `PyTypeObject`), cached.
+fn type_name(mem: &ProcessMemory, cache: &mut FxHashMap<u64, Arc<str>>, ty: u64) -> Arc<str> {
+    cache
+        .entry(ty)
+        .or_insert_with(|| {
+            mem.read_u64(ty + 24)
+                .ok()
+                .filter(|&p| p > 0xffff && p < 1 << 47)
+                .and_then(|p| mem.read_c_string(p, 128).ok())
+                .map(|s| {
+                    // `module.Class` for types defined in C: the class name is the last part.
+                    s.rsplit('.').next().unwrap_or(&s).to_string()
+                })
+                .unwrap_or_else(|| "?".to_string())
+                .into()
+        })
+        .clone()
+}
+
+/// What the busiest functions returned, one line each (at most 10).
+fn return_lines(returns: &FxHashMap<ReturnKey, u64>) -> Vec<String> {
+    let mut per_function: HashMap<(Arc<str>, Arc<str>), TypeCounts> = HashMap::new();
+    for ((file, function, ty), &n) in returns {
+        per_function
+            .entry((file.clone(), function.clone()))
+            .or_default()
+            .push((ty.clone(), n));
+    }
+    let mut rows: Vec<_> = per_function.into_iter().collect();
+    rows.sort_by_key(|(k, v)| {
+        (
+            std::cmp::Reverse(v.iter().map(|(_, n)| n).sum::<u64>()),
+            k.clone(),
+        )
+    });
+    rows.into_iter()
+        .take(10)
+        .map(|((file, function), mut types)| {
+            types.sort_by_key(|(t, n)| (std::cmp::Reverse(*n), t.clone()));
+            let list: Vec<String> = types.iter().map(|(t, n)| format!("{t} {n}")).collect();
+            let base = file.rsplit('/').next().unwrap_or(&file).to_string();
+            format!(
+                "return types for '{function}' ({base}): {}",
+                list.join(", ")
+            )
+        })
+        .collect()
+}

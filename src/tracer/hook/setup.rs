@@ -1,0 +1,334 @@
+//! Putting the hook into a stopped process: the state page, the ring, the hook page
+//! with the detour beside the safe point, the jump, and the raised eval breaker.
+//!
+//! Runs with every thread of the process stopped, through system calls injected in
+//! one of them ([`Injector`], guarded: pyprobe dying mid-call leaves the thread in the
+//! spin loop for the guardian) and writes to `/proc/PID/mem`. Nothing the target
+//! may still execute is ever unmapped.
+
+use std::fs::OpenOptions;
+
+use anyhow::{anyhow, bail, Context, Result};
+use memmap2::MmapMut;
+
+use crate::hook::codegen::JMP_LEN;
+use crate::hook::{
+    build_detour, build_hook, Detour, HookCode, HookParams, HookSymbols, EVENTS_312, ST_ARMED,
+    ST_ON, ST_STALL_TAIL,
+};
+use crate::process::maps::read_maps;
+use crate::process::memory::ProcessMemory;
+use crate::python::version::PyVersion;
+use crate::python::walker::{find_interpreter_object, Walker};
+use crate::ring::{init_ring, ring_bytes, BranchTargets, RingReader};
+use crate::tracer::guardian::Guardian;
+use crate::tracer::inject::Injector;
+use crate::tracer::NotTraceable;
+
+/// Slots in a hook's ring: 8 MiB (it stays mapped after detaching).
+pub const CAPACITY: u64 = 1 << 15;
+const PAGE: u64 = 4096;
+/// The hook page and the detour.
+const REGION: u64 = 4 * PAGE;
+/// How far from the safe point the region may be (rel32, with a margin).
+const REACH: u64 = (1 << 31) - (64 << 20);
+/// Bytes of the safe point's function scanned for branches into its entry.
+const SCAN: usize = 4096;
+const MADV_DONTFORK: u64 = 10;
+const MADV_WIPEONFORK: u64 = 18;
+const MAP_FIXED_NOREPLACE: i32 = 0x10_0000;
+
+/// How to raise the eval breaker of this version.
+#[derive(Debug, Clone, Copy)]
+pub enum Breaker {
+    /// 3.12: `PyInterpreterState.ceval.eval_breaker` (an int) at the first offset,
+    /// and `ceval.pending.calls_to_do` at the second. The breaker alone would not
+    /// do: taking the GIL recomputes it from the conditions, and a thread blocked in
+    /// C takes the GIL before it runs Python again. With `calls_to_do` set it stays
+    /// raised until a thread runs `_Py_HandlePending`, whose `make_pending_calls`
+    /// clears it and finds the queue empty (the queue and its lock are not touched).
+    Interpreter(u64, u64),
+    /// 3.13: `PyThreadState.eval_breaker` (a `uintptr_t`) at this offset; the
+    /// `_PY_CALLS_TO_DO` bit is cleared by the handler when no call is queued.
+    ThreadState(u64),
+}
+
+/// `offsetof(PyInterpreterState, ceval.eval_breaker)` in 3.12 release builds, from
+/// compiling against the 3.12 headers with `Py_BUILD_CORE` (as scripts/gen-offsets.sh
+/// does for the walker); checked against the walker's `ceval.gil` (384) from the same
+/// headers below.
+const EVAL_BREAKER_312: u64 = 368;
+/// `offsetof(PyInterpreterState, ceval.pending.calls_to_do)` in 3.12, the same way.
+const CALLS_TO_DO_312: u64 = 416;
+const CEVAL_GIL_312: u64 = 384;
+/// `offsetof(PyThreadState, eval_breaker)` in 3.13 and 3.14 (public `struct _ts`).
+const EVAL_BREAKER_313: u64 = 24;
+const CALLS_TO_DO_BIT: u64 = 1 << 2;
+/// `offsetof(PyThreadState, interp)` in 3.12 and 3.13 (public `struct _ts`).
+const TSTATE_INTERP: u64 = 16;
+
+/// What [`install`] put into the process.
+pub struct Installed {
+    pub reader: RingReader,
+    pub mapping: MmapMut,
+    pub state_addr: u64,
+    pub hook: HookCode,
+    pub detour: Detour,
+    pub breaker: Breaker,
+    pub walker: Walker,
+}
+
+/// Why this interpreter cannot have the hook, in one sentence with what works
+/// instead; `None` when it can.
+pub fn refusal(version: PyVersion) -> Option<String> {
+    if version.major == 3 && (version.minor == 12 || version.minor == 13) {
+        return None;
+    }
+    Some(format!(
+        "CPython {version}: the hook engine serves CPython 3.12 and 3.13 so far; exact calls need \
+         function probes here (a --with-dtrace build of 3.6-3.10 or 3.15), else the default mode \
+         samples its stacks"
+    ))
+}
+
+/// Installs the hook in `pid` (every thread stopped, `tid` at a clean stop; `rips`:
+/// every thread's instruction pointer).
+pub fn install(
+    pid: i32,
+    tid: i32,
+    mem: &mut ProcessMemory,
+    rips: &[u64],
+    guard: Option<&mut Guardian>,
+) -> Result<Installed> {
+    let mut walker = Walker::attach(pid)?;
+    let version = walker.version();
+    if let Some(why) = refusal(version) {
+        return Err(NotTraceable(why).into());
+    }
+    let object = find_interpreter_object(pid)?;
+    let sym = |name: &str| {
+        object
+            .elf
+            .symbols
+            .address(name)
+            .map(|a| object.runtime(a))
+            .ok_or_else(|| {
+                NotTraceable(format!(
+                    "{} does not define `{name}` (stripped?), which the hook engine needs; the \
+                     default mode samples its stacks",
+                    object.target_path
+                ))
+            })
+    };
+    let symbols = HookSymbols {
+        sys_get_object: sym("PySys_GetObject")?,
+        call_method: sym("PyObject_CallMethod")?,
+        cfunction_new_ex: sym("PyCFunction_NewEx")?,
+        dec_ref: sym("Py_DecRef")?,
+        err_clear: sym("PyErr_Clear")?,
+        none: sym("_Py_NoneStruct")?,
+    };
+    let site = sym("_Py_HandlePending")?;
+    let mut text = vec![0u8; SCAN];
+    if mem.read(site, &mut text).is_err() {
+        text.truncate(64);
+        mem.read(site, &mut text)
+            .with_context(|| format!("reading _Py_HandlePending at {site:#x}"))?;
+    }
+    let targets = BranchTargets::scan(&text, site);
+    let tstates = walker.thread_state_addrs()?;
+    if tstates.is_empty() {
+        bail!("process {pid} has no Python thread state yet");
+    }
+    let breaker = match version.minor {
+        12 => {
+            let interp = mem.read_u64(tstates[0] + TSTATE_INTERP)?;
+            // The walker's offsets say where ceval.gil is; it points at a GIL.
+            let gil = mem.read_u64(interp + CEVAL_GIL_312)?;
+            let eb = mem.read_u64(interp + EVAL_BREAKER_312)? as u32;
+            if gil == 0 || eb > 0xff {
+                bail!(
+                    "CPython {version}: its interpreter state does not have the 3.12 layout the hook \
+                     engine knows (ceval.gil {gil:#x}, eval_breaker {eb:#x})"
+                );
+            }
+            Breaker::Interpreter(EVAL_BREAKER_312, CALLS_TO_DO_312)
+        }
+        _ => Breaker::ThreadState(EVAL_BREAKER_313),
+    };
+
+    let inj = Injector::find(pid, tid, mem)?.guarded(guard.as_deref(), mem);
+    const RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
+    const ANON: i32 = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    // The state page: a forked child sees it all zero, so its callbacks uninstall.
+    let state_addr = inj.mmap(0, PAGE, RW, ANON, -1)?;
+    inj.call(
+        "madvise(MADV_WIPEONFORK)",
+        libc::SYS_madvise,
+        [state_addr, PAGE, MADV_WIPEONFORK, 0, 0, 0],
+    )
+    .context("the hook needs MADV_WIPEONFORK (Linux 4.14+) so that a forked child never writes into the parent's ring")?;
+    mem.write(state_addr + 64, b"pyprobe-hook\0")?;
+    let bytes = ring_bytes(CAPACITY).map_err(|e| anyhow!("{e}"))? as u64;
+    let fd = inj.call(
+        "memfd_create",
+        libc::SYS_memfd_create,
+        [state_addr + 64, libc::MFD_CLOEXEC as u64, 0, 0, 0, 0],
+    )?;
+    let mapped = (|| {
+        inj.call("ftruncate", libc::SYS_ftruncate, [fd, bytes, 0, 0, 0, 0])?;
+        let ring_addr = inj.mmap(0, bytes, RW, libc::MAP_SHARED, fd as i64)?;
+        // A forked child does not get the ring at all.
+        inj.call(
+            "madvise(MADV_DONTFORK)",
+            libc::SYS_madvise,
+            [ring_addr, bytes, MADV_DONTFORK, 0, 0, 0],
+        )?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/fd/{fd}"))
+            .with_context(|| format!("opening the ring of process {pid} (its fd {fd})"))?;
+        // SAFETY: a shared mapping of a memfd only pyprobe and the target use; the
+        // reader accesses it with atomic and volatile operations.
+        let mut mapping = unsafe { MmapMut::map_mut(&file) }.context("mapping the ring")?;
+        init_ring(&mut mapping, CAPACITY).map_err(|e| anyhow!("{e}"))?;
+        Ok::<_, anyhow::Error>((ring_addr, mapping))
+    })();
+    let _ = inj.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0]);
+    let (ring_addr, mut mapping) = mapped?;
+    // SAFETY: the mapping lives as long as the reader (both in the HookProc).
+    let reader = unsafe { RingReader::new(mapping.as_mut_ptr(), mapping.len()) }
+        .map_err(|e| anyhow!("{e}"))?;
+
+    // The hook page and the detour, within rel32 reach of the safe point.
+    let addr = place_near(pid, &inj, site)?;
+    let hook = build_hook(&HookParams {
+        addr,
+        state_addr,
+        ring_addr,
+        capacity: CAPACITY,
+        tag: pid as u32,
+        symbols,
+        events: EVENTS_312.to_vec(),
+        code_fields: walker.code_field_offsets().map(|o| o as u32),
+    })?;
+    let detour_addr = (addr + hook.bytes.len() as u64 + 15) & !15;
+    let detour = build_detour(
+        detour_addr,
+        site,
+        &text,
+        &targets,
+        state_addr,
+        hook.installer,
+    )?;
+    if detour_addr + detour.code.len() as u64 > addr + REGION {
+        bail!("the hook does not fit its {REGION} bytes");
+    }
+    mem.write(addr, &hook.bytes)?;
+    mem.write(detour.addr, &detour.code)?;
+    mem.write(state_addr + ST_STALL_TAIL as u64, &u64::MAX.to_le_bytes())?;
+    mem.write(state_addr + ST_ON as u64, &1u64.to_le_bytes())?;
+    mem.write(state_addr + ST_ARMED as u64, &1u64.to_le_bytes())?;
+    // The guardian clears `on` if pyprobe dies (the callbacks then uninstall), and
+    // puts the safe point's bytes back.
+    if let Some(g) = guard {
+        g.tell_ring_site(
+            pid,
+            state_addr + ST_ON as u64,
+            &0u64.to_le_bytes(),
+            &1u64.to_le_bytes(),
+        )?;
+        g.tell_ring_site(pid, site, &detour.original, &detour.patch)?;
+    }
+    if let Some(&rip) = rips.iter().find(|&&r| detour.splits(r)) {
+        bail!("a thread stands at {rip:#x}, inside the entry of _Py_HandlePending");
+    }
+    let now = {
+        let mut b = vec![0u8; detour.original.len()];
+        mem.read(site, &mut b)?;
+        b
+    };
+    if now != detour.original {
+        bail!("_Py_HandlePending changed while the hook was being built");
+    }
+    debug_assert!(detour.patch.len() >= JMP_LEN);
+    mem.write(site, &detour.patch)?;
+    raise(mem, &tstates, breaker)?;
+    Ok(Installed {
+        reader,
+        mapping,
+        state_addr,
+        hook,
+        detour,
+        breaker,
+        walker,
+    })
+}
+
+/// Sends the eval loop of every thread state to `_Py_HandlePending` at its next
+/// check. Only with every thread stopped: the word is also updated by the
+/// interpreter's own atomic operations, and a read-modify-write from outside must
+/// not race them.
+pub fn raise(mem: &mut ProcessMemory, tstates: &[u64], breaker: Breaker) -> Result<()> {
+    match breaker {
+        Breaker::Interpreter(offset, calls_to_do) => {
+            let mut interps: Vec<u64> = tstates
+                .iter()
+                .filter_map(|&t| mem.read_u64(t + TSTATE_INTERP).ok())
+                .filter(|&i| i != 0)
+                .collect();
+            interps.sort_unstable();
+            interps.dedup();
+            for interp in interps {
+                mem.write(interp + calls_to_do, &1u32.to_le_bytes())?;
+                let mut word = [0u8; 4];
+                mem.read(interp + offset, &mut word)?;
+                let v = u32::from_le_bytes(word) | 1;
+                mem.write(interp + offset, &v.to_le_bytes())?;
+            }
+        }
+        Breaker::ThreadState(offset) => {
+            for &t in tstates {
+                let v = mem.read_u64(t + offset)? | CALLS_TO_DO_BIT;
+                mem.write(t + offset, &v.to_le_bytes())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Maps the hook's region (read and execute; pyprobe writes it through
+/// `/proc/PID/mem`) in a free gap within rel32 reach of `site`.
+fn place_near(pid: i32, inj: &Injector, site: u64) -> Result<u64> {
+    let mut maps = read_maps(pid)?;
+    maps.sort_by_key(|m| m.start);
+    let mut gaps: Vec<u64> = Vec::new();
+    for pair in maps.windows(2) {
+        let (lo, hi) = (pair[0].end, pair[1].start);
+        if hi > lo && hi - lo >= REGION + 2 * PAGE {
+            // Just above the lower mapping, and just below the upper one.
+            gaps.push(lo + PAGE);
+            gaps.push(hi - PAGE - REGION);
+        }
+    }
+    gaps.retain(|&g| g.abs_diff(site) < REACH && g >= 1 << 20);
+    gaps.sort_by_key(|&g| g.abs_diff(site));
+    for want in gaps.into_iter().take(8) {
+        let got = inj.mmap(
+            want,
+            REGION,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+            -1,
+        );
+        match got {
+            Ok(a) if a == want => return Ok(a),
+            Ok(a) => {
+                let _ = inj.call("munmap", libc::SYS_munmap, [a, REGION, 0, 0, 0, 0]);
+            }
+            Err(_) => {}
+        }
+    }
+    bail!("no free address range within 2 GiB of _Py_HandlePending at {site:#x} for the hook")
+}

@@ -1,0 +1,314 @@
+//! The injected hook engine on interpreters with no function probes at all (pyenv
+//! builds of CPython 3.12 and 3.13, no SDT notes): `--mode trace` counts calls
+//! exactly, launched and attached to, threads started after attaching included; a
+//! pyprobe SIGKILLed with the hook installed leaves the target running, correct, and
+//! unhooked (the target itself sees sys.monitoring tool 4 free again).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+const MINORS: [u32; 2] = [12, 13];
+
+/// The newest pyenv build of 3.`minor`, or `None` with a notice (a failure under
+/// `PYPROBE_REQUIRE_PYTHONS=1`).
+fn pyenv(minor: u32) -> Option<PathBuf> {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")))
+        .unwrap_or_default();
+    let prefix = format!("3.{minor}.");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(root.join("versions"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path().join(format!("bin/python3.{minor}")))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    let last = found.pop();
+    if last.is_none() {
+        let msg = format!(
+            "no pyenv build of python 3.{minor} under {}",
+            root.display()
+        );
+        if std::env::var_os("PYPROBE_REQUIRE_PYTHONS").is_some() {
+            panic!("{msg}");
+        }
+        eprintln!("NOTICE: skipping: {msg}");
+    }
+    last
+}
+
+/// Asks the target who holds monitoring tool 4 until the answer is `want` (at most
+/// `limit`); returns how many times it asked.
+fn wait_tool(target: &mut Target, want: &str, limit: Duration) -> usize {
+    let start = Instant::now();
+    let mut asked = 0;
+    loop {
+        target.send_line("tool");
+        asked += 1;
+        let line = target.wait_for_line("tool ");
+        if line == format!("tool {want}") {
+            return asked;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "the target still answers `{line}` after {limit:?}, not `tool {want}`"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn launched_counts_match_the_programs_own() {
+    // pyenv 3.12 and 3.13 (no SDT notes), and Debian's 3.13 (SDT notes, no function
+    // probes: calls from the hook, GC, imports and audit events from its probes).
+    let mut pythons: Vec<(String, PathBuf)> = MINORS
+        .iter()
+        .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))
+        .collect();
+    if let Some(debian) = python("3.13") {
+        pythons.push(("Debian 3.13".into(), debian.launcher));
+    }
+    for (minor, py) in pythons {
+        let out = TempFile::new("hook-launch.pyprobe");
+        let py_s = py.display().to_string();
+        let script = fixture_script("count_calls.py");
+        let run = run_pyprobe(&[
+            "record",
+            "--mode",
+            "trace",
+            "-o",
+            out.path(),
+            "--",
+            &py_s,
+            &script,
+            "3",
+        ]);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{minor}: {stderr}");
+        assert!(stderr.contains("engine hook"), "{minor}: {stderr}");
+        let own: serde_json::Value = serde_json::from_slice(
+            run.stdout
+                .split(|&b| b == b'\n')
+                .find(|l| l.starts_with(b"{"))
+                .expect("the program's counts"),
+        )
+        .expect("JSON counts");
+        let report = report_json(out.path());
+        let traced = calls_in_file(&report, "count_calls.py");
+        if minor.starts_with("Debian") {
+            // The probes still give the other events.
+            let imports = report["imports"].as_array().map_or(0, Vec::len);
+            assert!(imports > 0, "{minor}: no import events: {report}");
+        }
+        for (name, n) in own.as_object().expect("object") {
+            assert_eq!(
+                traced.get(name).copied(),
+                n.as_u64(),
+                "{minor}: calls of {name}: traced {traced:?}, counted {own}"
+            );
+        }
+        assert_eq!(traced.get("main"), Some(&1), "{minor}: {traced:?}");
+        assert_eq!(traced.get("<module>"), Some(&1), "{minor}: {traced:?}");
+    }
+}
+
+#[test]
+fn attached_traces_new_threads_and_raises_exactly_then_unhooks() {
+    for minor in MINORS {
+        let Some(py) = pyenv(minor) else { continue };
+        let mut target = Target::spawn(&py, &[&fixture_script("hook_calls.py")]);
+        target.wait_for_line("ready");
+        let pid = target.pid().to_string();
+        let out = TempFile::new("hook-attach.pyprobe");
+        let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid]);
+        wait_tool(&mut target, "pyprobe", Duration::from_secs(20));
+        target.send_line("300 3");
+        assert_eq!(target.wait_for_line("calls"), "calls f=300 g=900 worker=3");
+        target.send_line("exc 7");
+        assert_eq!(target.wait_for_line("raised"), "raised 7");
+        tracer.signal(libc::SIGINT);
+        let (status, stderr) = tracer.wait(Duration::from_secs(30));
+        assert!(status.success(), "3.{minor}: {stderr}");
+        // Told to go on detach: the target's next call (this very question) unhooks.
+        assert_eq!(wait_tool(&mut target, "None", Duration::from_secs(5)), 1);
+        let calls = calls_in_file(&report_json(out.path()), "hook_calls.py");
+        assert_eq!(calls.get("f"), Some(&300), "3.{minor}: {calls:?}");
+        assert_eq!(calls.get("g"), Some(&900), "3.{minor}: {calls:?}");
+        assert_eq!(calls.get("worker"), Some(&3), "3.{minor}: {calls:?}");
+        assert_eq!(calls.get("h"), Some(&7), "3.{minor}: {calls:?}");
+        target.send_line("50 1");
+        assert_eq!(target.wait_for_line("calls"), "calls f=50 g=50 worker=1");
+        let (rest, status) = target.finish();
+        assert!(rest.contains("done True"), "3.{minor}: {rest}");
+        assert!(status.success());
+    }
+}
+
+#[test]
+fn sigkilled_pyprobe_leaves_the_target_running_and_unhooked() {
+    for minor in MINORS {
+        let Some(py) = pyenv(minor) else { continue };
+        let mut target = Target::spawn(&py, &[&fixture_script("hook_calls.py")]);
+        target.wait_for_line("ready");
+        let pid = target.pid().to_string();
+        let out = TempFile::new("hook-kill.pyprobe");
+        let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid]);
+        wait_tool(&mut target, "pyprobe", Duration::from_secs(20));
+        target.send_line("100 2");
+        assert_eq!(target.wait_for_line("calls"), "calls f=100 g=200 worker=2");
+        tracer.signal(libc::SIGKILL);
+        let (status, _) = tracer.wait(Duration::from_secs(10));
+        assert!(!status.success());
+        // The guardian clears the hook's flag; its next callback unregisters it: the
+        // tool id is free, its events and callbacks gone (checked inside the target).
+        wait_tool(&mut target, "None", Duration::from_secs(10));
+        target.send_line("2000 3");
+        assert_eq!(
+            target.wait_for_line("calls"),
+            "calls f=2000 g=6000 worker=3"
+        );
+        target.send_line("exc 3");
+        assert_eq!(target.wait_for_line("raised"), "raised 3");
+        assert_eq!(wait_tool(&mut target, "None", Duration::from_secs(1)), 1);
+        let (rest, status) = target.finish();
+        assert!(rest.contains("done True"), "3.{minor}: {rest}");
+        assert!(
+            status.success(),
+            "3.{minor}: the target exited with {status:?}"
+        );
+    }
+}
+
+#[test]
+fn hook_engine_refuses_in_one_sentence_what_it_cannot_serve() {
+    let Some(py) = pyenv(12) else { return };
+    let py_s = py.display().to_string();
+    let out = TempFile::new("hook-refused.pyprobe");
+    assert_refused(
+        &[
+            "record",
+            "--engine",
+            "hook",
+            "-o",
+            out.path(),
+            "--",
+            &py_s,
+            "-c",
+            "pass",
+        ],
+        &["--mode trace"],
+    );
+    if let Some(py311) = pyenv(11) {
+        let py_s = py311.display().to_string();
+        assert_refused(
+            &[
+                "record",
+                "--engine",
+                "hook",
+                "--mode",
+                "trace",
+                "-o",
+                out.path(),
+                "--",
+                &py_s,
+                "-c",
+                "pass",
+            ],
+            &["3.11", "3.12 and 3.13", "default mode"],
+        );
+    }
+}
+
+#[test]
+fn a_forked_child_unhooks_itself_and_writes_nothing_to_the_parents_ring() {
+    for minor in MINORS {
+        let Some(py) = pyenv(minor) else { continue };
+        let mut target = Target::spawn(&py, &[&fixture_script("hook_fork.py")]);
+        target.wait_for_line("ready");
+        let pid = target.pid().to_string();
+        let out = TempFile::new("hook-fork.pyprobe");
+        let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid]);
+        // Installed at the target's first Python code: the read below waits in C, so
+        // give the installer time to be armed first.
+        std::thread::sleep(Duration::from_millis(1500));
+        target.send_line("");
+        let first = target.wait_for_line("");
+        let second = target.wait_for_line("");
+        let mut lines = [first, second];
+        lines.sort();
+        assert_eq!(lines[0], "child 100000 None", "3.{minor}: {lines:?}");
+        assert_eq!(lines[1], "parent 1000 pyprobe", "3.{minor}: {lines:?}");
+        tracer.signal(libc::SIGINT);
+        let (status, stderr) = tracer.wait(Duration::from_secs(30));
+        assert!(status.success(), "3.{minor}: {stderr}");
+        let calls = calls_in_file(&report_json(out.path()), "hook_fork.py");
+        assert_eq!(calls.get("f"), Some(&1000), "3.{minor}: {calls:?}");
+        let (_, status) = target.finish();
+        assert!(status.success());
+    }
+}
+
+#[test]
+fn an_idle_main_thread_is_said_in_one_sentence_not_waited_on() {
+    let Some(py) = pyenv(13) else { return };
+    let script = "import sys, time\nprint('ready', flush=True)\ntime.sleep(30)\n";
+    let mut target = Target::spawn(&py, &["-c", script]);
+    target.wait_for_line("ready");
+    let pid = target.pid().to_string();
+    let out = TempFile::new("hook-idle.pyprobe");
+    let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid, "-d", "3"]);
+    let (status, stderr) = tracer.wait(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("no thread has run Python code"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    // Left as found: the target still sleeps, and is not stopped.
+    assert!(matches!(proc_state(target.pid()), Some('S')));
+}
+
+#[test]
+fn the_targets_own_cprofile_counts_the_same_traced_or_not() {
+    // cProfile holds sys.monitoring's profiler id (2), the hook its own (4).
+    let script = "import cProfile, pstats\n\
+                  def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2)\n\
+                  p = cProfile.Profile(); p.enable(); fib(15); p.disable()\n\
+                  s = pstats.Stats(p)\n\
+                  print('fib', [v[1] for k, v in s.stats.items() if k[2] == 'fib'])\n";
+    for minor in MINORS {
+        let Some(py) = pyenv(minor) else { continue };
+        let untraced = std::process::Command::new(&py)
+            .args(["-c", script])
+            .output()
+            .expect("run python");
+        let own = String::from_utf8_lossy(&untraced.stdout).into_owned();
+        assert_eq!(own.trim(), "fib [1973]", "3.{minor}");
+        let out = TempFile::new("hook-cprofile.pyprobe");
+        let py_s = py.display().to_string();
+        let run = run_pyprobe(&[
+            "record",
+            "--mode",
+            "trace",
+            "-o",
+            out.path(),
+            "--",
+            &py_s,
+            "-c",
+            script,
+        ]);
+        assert!(
+            run.status.success(),
+            "3.{minor}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&run.stdout), own, "3.{minor}");
+        let calls = calls_in_file(&report_json(out.path()), "<string>");
+        assert_eq!(calls.get("fib"), Some(&1973), "3.{minor}: {calls:?}");
+    }
+}
