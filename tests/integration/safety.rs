@@ -381,11 +381,17 @@ fn a_stopped_program_stays_stopped_while_pyprobe_watches_it() {
             let run = run_pyprobe(&args);
             let stderr = String::from_utf8_lossy(&run.stderr);
             assert!(run.status.success(), "{args:?}: {stderr}");
+            // A thread let go by ptrace while its group is stopped is woken to stop
+            // again: /proc may say R for that moment, under load a long one. A
+            // program truly continued would stay running and print its ticks.
+            let stopped = wait_for(Duration::from_secs(2), || proc_state(pid) == Some('T'));
+            std::thread::sleep(Duration::from_millis(100));
             assert_eq!(
                 drain_nonblocking(&mut t),
                 0,
                 "{version} {args:?}: the stopped program wrote output while pyprobe watched"
             );
+            assert!(stopped, "{version} {args:?}: still stopped");
             assert_eq!(
                 proc_state(pid),
                 Some('T'),
