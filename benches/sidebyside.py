@@ -36,7 +36,7 @@ WORKLOADS = {
     "docutils": ["docutils_html.py", "5"],
 }
 ONLY = {"fib-long": {"untraced", "pyprobe trace 5%", "pyprobe ring", "pyprobe ring 5%", "pyprobe sample 100",
-                    "py-spy 100"},
+                    "py-spy 100", "cProfile"},
         "fib-int3": {"untraced", "floor", "floor same-cpu", "floor cross-cpu", "pyprobe trace",
                      "pyprobe trace follow"},
         "audit": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"},
@@ -108,6 +108,9 @@ def configurations(pyprobe, floor, pyspy, sites, sems, tmp):
     configs["pyprobe ring"] = lambda cmd: [
         pyprobe, "record", "--force", "--mode", "trace", "--engine", "ring", "-o", rec, "--"] + cmd
     configs["pyprobe auto"] = lambda cmd: [pyprobe, "record", "--force", "--mode", "auto", "-o", rec, "--"] + cmd
+    # The interpreter's own exact profiler, in the process: what exact tracing from
+    # outside is measured against.
+    configs["cProfile"] = lambda cmd: cmd[:1] + ["-m", "cProfile", "-o", os.path.join(tmp, "cprofile.out")] + cmd[1:]
     # -v: the budget's closing line (the share traced exactly) is said on every run.
     configs["pyprobe trace 5%"] = lambda cmd: [
         pyprobe, "record", "-v", "--force", "--mode", "trace", "--engine", "int3", "--max-overhead", "5", "-o", rec,
@@ -324,7 +327,8 @@ def write_markdown(path, args, tables, load_before, load_after):
         "in the target); `pyprobe auto` is the default mode; `5%` adds `--max-overhead 5`;",
         "`sample N` is `--mode sample -r N`, `nb` adds `--nonblocking`; `pyprobe trace follow`",
         "is `pyprobe trace` with `PYPROBE_FOLLOW_CPU=1` (pyprobe's tracing thread pinned to the",
-        "CPU of the thread that hits; see `src/tracer/engine/affinity.rs`).",
+        "CPU of the thread that hits; see `src/tracer/engine/affinity.rs`); `cProfile` is",
+        "`python -m cProfile` (the interpreter's own exact profiler, inside the process).",
         "",
         "Workloads (`benches/workloads/`): " + ", ".join(
             f"`{name}` ({' '.join(argv)})" for name, argv in WORKLOADS.items()) + ".",
