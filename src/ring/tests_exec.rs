@@ -760,18 +760,7 @@ fn full_ring_counts_lost() {
 /// nap ends; every record arrives, in order, and the wait is counted.
 #[test]
 fn a_producer_sleeps_until_a_slow_consumer_frees_room() {
-    let region = Region::new();
-    let f = assemble_identity(&region);
-    let plan = plan_for(&region, &f);
-    let ring = Ring::new(4);
-    install(
-        &region,
-        &plan,
-        &probe("8@%rdi", &[]),
-        &ring,
-        4,
-        ThreadIdSource::FsSelfPointer,
-    );
+    let (region, f, plan, ring) = identity_in_ring(4);
     let done = std::sync::atomic::AtomicBool::new(false);
     ring.reader().serve(u64::MAX, u64::MAX);
     let (values, sleepers_seen) = std::thread::scope(|s| {
@@ -808,18 +797,7 @@ fn a_producer_sleeps_until_a_slow_consumer_frees_room() {
 /// start waiting for a consumer whose heartbeat is stale.
 #[test]
 fn a_consumer_that_leaves_or_goes_silent_ends_the_wait() {
-    let region = Region::new();
-    let f = assemble_identity(&region);
-    let plan = plan_for(&region, &f);
-    let ring = Ring::new(4);
-    install(
-        &region,
-        &plan,
-        &probe("8@%rdi", &[]),
-        &ring,
-        4,
-        ThreadIdSource::FsSelfPointer,
-    );
+    let (region, f, plan, ring) = identity_in_ring(4);
     let reader = ring.reader();
     reader.serve(u64::MAX, u64::MAX);
     for n in 0..4 {
@@ -867,6 +845,24 @@ fn assemble_identity(region: &Region) -> SiteFn {
         site: entry,
         len: code.len(),
     }
+}
+
+/// The identity function with its site patched to record `%rdi` into a fresh
+/// ring of `capacity` slots.
+fn identity_in_ring(capacity: u64) -> (Region, SiteFn, SitePlan, Ring) {
+    let region = Region::new();
+    let f = assemble_identity(&region);
+    let plan = plan_for(&region, &f);
+    let ring = Ring::new(capacity);
+    install(
+        &region,
+        &plan,
+        &probe("8@%rdi", &[]),
+        &ring,
+        capacity,
+        ThreadIdSource::FsSelfPointer,
+    );
+    (region, f, plan, ring)
 }
 
 fn call_identity(entry: u64, n: u64) -> u64 {
@@ -946,19 +942,8 @@ fn concurrent_producers_each_record_once() {
 
 #[test]
 fn concurrent_producers_with_a_draining_consumer() {
-    let region = Region::new();
-    let f = assemble_identity(&region);
-    let plan = plan_for(&region, &f);
     let capacity = 256;
-    let ring = Ring::new(capacity);
-    install(
-        &region,
-        &plan,
-        &probe("8@%rdi", &[]),
-        &ring,
-        capacity,
-        ThreadIdSource::FsSelfPointer,
-    );
+    let (_region, f, _plan, ring) = identity_in_ring(capacity);
     let done = std::sync::atomic::AtomicBool::new(false);
     let mut seen: std::collections::HashMap<u64, Vec<u64>> = Default::default();
     let mut records = 0u64;

@@ -24,7 +24,7 @@ pub fn run(request: &DumpRequest) -> Result<ExitCode> {
         eprintln!("pyprobe: {}", walker.describe());
     }
     let stacks = walker.stacks()?;
-    let names = ThreadNames::read(request.pid, &stacks);
+    let names = SystemThreadNames::read(request.pid, &stacks);
     let text = if request.json {
         render_json(&walker, &stacks, &names) + "\n"
     } else {
@@ -39,15 +39,15 @@ pub fn run(request: &DumpRequest) -> Result<ExitCode> {
 /// What the system calls each thread: `/proc/PID/task/TID/comm` (Python 3.14+
 /// gives it the `threading.Thread`'s name; a program can set it), and which one
 /// is the process's main thread (its tid is the pid).
-pub struct ThreadNames {
+pub struct SystemThreadNames {
     pid: i32,
     /// The process's own name: a thread called the same has no name of its own.
     process: Option<String>,
     by_tid: std::collections::HashMap<i32, String>,
 }
 
-impl ThreadNames {
-    pub fn read(pid: i32, stacks: &[ThreadStack]) -> ThreadNames {
+impl SystemThreadNames {
+    pub fn read(pid: i32, stacks: &[ThreadStack]) -> SystemThreadNames {
         let comm = |path: String| {
             std::fs::read_to_string(path)
                 .ok()
@@ -58,7 +58,7 @@ impl ThreadNames {
             .filter_map(|t| t.native_tid)
             .filter_map(|tid| Some((tid, comm(format!("/proc/{pid}/task/{tid}/comm"))?)))
             .collect();
-        ThreadNames {
+        SystemThreadNames {
             pid,
             process: comm(format!("/proc/{pid}/comm")),
             by_tid,
@@ -82,7 +82,7 @@ impl ThreadNames {
 }
 
 /// Like a Python traceback: each thread, its frames outermost first, innermost last.
-pub fn render_text(stacks: &[ThreadStack], names: &ThreadNames, full_paths: bool) -> String {
+pub fn render_text(stacks: &[ThreadStack], names: &SystemThreadNames, full_paths: bool) -> String {
     let mut out = String::new();
     for (i, thread) in stacks.iter().enumerate() {
         if i > 0 {
@@ -127,7 +127,7 @@ pub fn render_text(stacks: &[ThreadStack], names: &ThreadNames, full_paths: bool
     out
 }
 
-pub fn render_json(walker: &Walker, stacks: &[ThreadStack], names: &ThreadNames) -> String {
+pub fn render_json(walker: &Walker, stacks: &[ThreadStack], names: &SystemThreadNames) -> String {
     let threads: Vec<_> = stacks
         .iter()
         .map(|t| {

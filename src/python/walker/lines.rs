@@ -182,32 +182,35 @@ mod tests {
         assert_eq!(linetable310_line(&table, 1, 14), None);
     }
 
+    /// A 3.11 location table starting at line 20: lines 20, 21, 20, none, 20, 90.
+    const LOCATIONS_311: [u8; 16] = [
+        // no columns (13), 1 code unit, line delta +0 (svarint 0)
+        0x80 | (13 << 3),
+        0,
+        // one-line form (11: +1), 3 code units, two column bytes
+        0x80 | (11 << 3) | 2,
+        4,
+        9,
+        // long form (14): 2 units, line delta -1 (svarint 3), end line, cols
+        0x80 | (14 << 3) | 1,
+        3,
+        0,
+        1,
+        1,
+        // no location (15), 1 unit
+        0x80 | (15 << 3),
+        // short form (0-9): same line, 1 unit, one column byte
+        0x80 | (2 << 3),
+        7,
+        // no columns, +70 (svarint 140 = 0b10_001100: two chunks)
+        0x80 | (13 << 3),
+        140 & 63 | 64,
+        140 >> 6,
+    ];
+
     #[test]
     fn locations_311() {
-        let table = [
-            // no columns (13), 1 code unit, line delta +0 (svarint 0)
-            0x80 | (13 << 3),
-            0,
-            // one-line form (11: +1), 3 code units, two column bytes
-            0x80 | (11 << 3) | 2,
-            4,
-            9,
-            // long form (14): 2 units, line delta -1 (svarint 3), end line, cols
-            0x80 | (14 << 3) | 1,
-            3,
-            0,
-            1,
-            1,
-            // no location (15), 1 unit
-            0x80 | (15 << 3),
-            // short form (0-9): same line, 1 unit, one column byte
-            0x80 | (2 << 3),
-            7,
-            // no columns, +70 (svarint 140 = 0b10_001100: two chunks)
-            0x80 | (13 << 3),
-            140 & 63 | 64,
-            140 >> 6,
-        ];
+        let table = LOCATIONS_311;
         let line = |addr| locations_line(&table, 20, addr);
         assert_eq!(line(-2), Some(20));
         assert_eq!(line(0), Some(20));
@@ -224,25 +227,7 @@ mod tests {
 
     #[test]
     fn location_tables_say_which_lines_they_hold() {
-        // The table of `locations_311`: lines 20, 21, 20, none, 20, 90.
-        let table = [
-            0x80 | (13 << 3),
-            0,
-            0x80 | (11 << 3) | 2,
-            4,
-            9,
-            0x80 | (14 << 3) | 1,
-            3,
-            0,
-            1,
-            1,
-            0x80 | (15 << 3),
-            0x80 | (2 << 3),
-            7,
-            0x80 | (13 << 3),
-            140 & 63 | 64,
-            140 >> 6,
-        ];
+        let table = LOCATIONS_311;
         for line in [20, 21, 90] {
             assert!(locations_has_line(&table, 20, line), "{line}");
         }
