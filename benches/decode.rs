@@ -133,10 +133,7 @@ fn bench_hit_decode(c: &mut Criterion) {
     let no_symbols = |_: &str| None;
 
     let probe = |name: &str, spec: &str, string_args: Vec<bool>| {
-        let site = Site {
-            address: 0x5555_5555_8000,
-            args: parse_args(spec).expect("a valid spec"),
-        };
+        let site = Site::new(0x5555_5555_8000, parse_args(spec).expect("a valid spec"));
         Probe {
             name: name.into(),
             semaphore: None,

@@ -13,6 +13,44 @@ use crate::sdt::ArgSpec;
 pub struct Site {
     pub address: u64,
     pub args: Vec<ArgSpec>,
+    /// Arguments the caller added that read memory through a register, safe to
+    /// read in the target only as the site's code proves it (see
+    /// [`crate::elf::FirstArgProof`]); `None` when every argument is the note's.
+    pub guarded: Option<GuardedArgs>,
+}
+
+impl Site {
+    /// A site with the note's arguments only.
+    pub fn new(address: u64, args: Vec<ArgSpec>) -> Site {
+        Site {
+            address,
+            args,
+            guarded: None,
+        }
+    }
+
+    /// The arguments an engine that evaluates them inside the target (the ring's
+    /// trampolines) may use, given the direct branch targets of the code around
+    /// the site (`lands_inside(lo, hi)`: whether some branch lands strictly between):
+    /// the guarded ones only when no branch lands in `(function start, site]`.
+    pub fn args_in_target(&self, lands_inside: impl Fn(u64, u64) -> bool) -> &[ArgSpec] {
+        match &self.guarded {
+            Some(g) if lands_inside(g.function_start, self.address.saturating_add(1)) => {
+                &self.args[..g.from.min(self.args.len())]
+            }
+            _ => &self.args,
+        }
+    }
+}
+
+/// Arguments `from..` of a site, which dereference a register its function keeps
+/// its first argument in: readable at the site on every way from
+/// `function_start` (runtime address) that the function's own code takes,
+/// so only where nothing else jumps in between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuardedArgs {
+    pub from: usize,
+    pub function_start: u64,
 }
 
 /// One probe to trace: all its sites, its semaphore, and which of its arguments are
@@ -106,5 +144,32 @@ impl ProbeSet {
 
     pub fn site_count(&self) -> usize {
         self.probes.iter().map(|p| p.sites.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guarded_arguments_go_into_the_target_only_where_no_branch_lands_before_the_site() {
+        let args = crate::sdt::parse_args("8@%rbx 8@%r12 -4@%eax 8@%r13 8@0(%r13)").unwrap();
+        let mut site = Site::new(0x1080, args);
+        site.guarded = Some(GuardedArgs {
+            from: 4,
+            function_start: 0x1000,
+        });
+        let branches = |targets: &'static [u64]| {
+            move |lo: u64, hi: u64| targets.iter().any(|&t| lo < t && t < hi)
+        };
+        assert_eq!(site.args_in_target(branches(&[])).len(), 5);
+        // At the function's start, or past the site: the way to the site is intact.
+        assert_eq!(site.args_in_target(branches(&[0x1000, 0x1081])).len(), 5);
+        // Into the way, or onto the site itself: the guarded argument is left out.
+        assert_eq!(site.args_in_target(branches(&[0x1040])).len(), 4);
+        assert_eq!(site.args_in_target(branches(&[0x1080])).len(), 4);
+        // Arguments that are all the note's are never left out.
+        site.guarded = None;
+        assert_eq!(site.args_in_target(branches(&[0x1040])).len(), 5);
     }
 }

@@ -8,7 +8,7 @@ mod segments;
 mod symbols;
 mod verify;
 
-pub use notes::{parse_desc, SdtNote, SdtProbe, SdtSite};
+pub use notes::{parse_desc, FirstArgProof, SdtNote, SdtProbe, SdtSite};
 pub use segments::LoadSegment;
 
 use std::fs::File;

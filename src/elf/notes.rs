@@ -43,6 +43,29 @@ pub struct SdtSite {
     /// before it is relied on.
     #[serde(skip)]
     pub first_arg: Option<&'static str>,
+    /// Where [`Self::first_arg`] is known, what the function's code proves of it:
+    /// which words through it were read (so exist) on every way to the site.
+    #[serde(skip)]
+    pub first_arg_proof: Option<FirstArgProof>,
+}
+
+/// What a site's function proves, in its own code, of its first argument: from
+/// `function_start` to the site the code runs straight (no branch out, no jump in
+/// from within itself), and on from the site straight to its `ret`; on that way it
+/// read the 8-byte words at `loaded` displacements from the argument, so each is
+/// readable at the site whenever the function runs. A branch from elsewhere into
+/// `function_start..=site` would break this; that the caller checks against the
+/// code it maps (the branch targets of the whole segment).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirstArgProof {
+    /// Link-time address of the function's start.
+    pub function_start: u64,
+    /// Displacements `d` of the loads `[argument + d]` of 8 bytes made before the site.
+    pub loaded: Vec<i64>,
+    /// `(w, end)`: through the word at displacement `w` from the argument (a
+    /// pointer, low tag bits cleared), the code read before the site as far as
+    /// `end` bytes into what it points to.
+    pub read_through: Vec<(i64, i64)>,
 }
 
 /// A probe: all sites of one (provider, name). Sites share one semaphore.
@@ -101,6 +124,7 @@ fn add_site(probes: &mut Vec<SdtProbe>, note: SdtNote) {
         args: note.args,
         refused: None,
         first_arg: None,
+        first_arg_proof: None,
     };
     let semaphore = (note.semaphore != 0).then_some(note.semaphore);
     match probes

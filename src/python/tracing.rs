@@ -6,9 +6,12 @@ use anyhow::{bail, Result};
 
 use super::probe_catalog::{lookup, ArgKind, ProbeGroup, PythonProbe, PROVIDER};
 use super::version::PyVersion;
-use crate::probe_set::{usable_sites, Probe, ProbeSet, Site};
+use super::walker::FrameCodeLayout;
+use crate::elf::FirstArgProof;
+use crate::probe_set::{usable_sites, GuardedArgs, Probe, ProbeSet, Site};
 use crate::process::objects::LoadedObject;
 use crate::sdt;
+use crate::sdt::ArgSpec;
 
 /// The groups traced when the user does not choose, with a warning to print when
 /// the version limits what they give.
@@ -93,9 +96,58 @@ pub fn parse_groups(names: &[String]) -> Result<BTreeSet<ProbeGroup>> {
 /// [`probe_set`]), after the three the note lists.
 pub const FRAME_ARG: usize = 3;
 
+/// Index of the argument after [`FRAME_ARG`]: the frame's code word (the code
+/// object, with the tag bits 3.14+ keep in it), read at the site. Given only
+/// where the site's own code reads that word through the same register on its
+/// way to the site (see [`crate::elf::FirstArgProof`]), so the read cannot fault;
+/// the ring's trampolines read it in the target only where no branch lands
+/// between the function's start and the site ([`crate::probe_set::GuardedArgs`]).
+pub const CODE_ARG: usize = 4;
+
+/// Index of the argument after [`CODE_ARG`]: the `co_firstlineno` of the code
+/// object that word points to, read at the site. Given where the site's code
+/// reads that code object's header through the word as far as the first line;
+/// guarded as [`CODE_ARG`] is. The one answer that does not depend on the code
+/// object still being there when pyprobe reads the record (a class body's code
+/// object is freed as soon as the class is made).
+pub const FIRST_LINE_ARG: usize = 5;
+
+/// What [`probe_set`] adds to the function probes of CPython 3.11+.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FrameArgs {
+    /// Add the frame ([`FRAME_ARG`]) where the site's code shows its register.
+    pub frame: bool,
+    /// Where frames keep their code object, when known: add the code word
+    /// ([`CODE_ARG`]) and its first line ([`FIRST_LINE_ARG`]) where the site's
+    /// code proves them readable.
+    pub code: Option<FrameCodeLayout>,
+}
+
 /// Whether `probe` (by name) gets the frame argument at its sites.
 fn takes_frame_arg(name: &str) -> bool {
     matches!(name, "function__entry" | "function__return")
+}
+
+/// `co_firstlineno` through the code word `word` (an `8@off(%reg)` argument),
+/// where the site's code read the code object at least that far.
+fn first_line_arg(word: &ArgSpec, proof: &FirstArgProof, code: FrameCodeLayout) -> Option<ArgSpec> {
+    let sdt::Operand::Memory(pointer) = &word.operand else {
+        return None;
+    };
+    let needed = code.first_line.checked_add(4)? as i64;
+    let read = proof
+        .read_through
+        .iter()
+        .any(|&(w, end)| w == code.word as i64 && end >= needed);
+    read.then(|| ArgSpec {
+        size: 4,
+        signed: true,
+        operand: sdt::Operand::Through(sdt::Through {
+            pointer: pointer.clone(),
+            mask: !code.tag_mask,
+            offset: code.first_line as i64,
+        }),
+    })
 }
 
 /// The probe groups an object carries.
@@ -109,15 +161,17 @@ pub fn available_groups(object: &LoadedObject) -> BTreeSet<ProbeGroup> {
 
 /// The engine's probe set for `groups`, and for each probe index its meaning.
 ///
-/// With `frame_args` (CPython 3.11+, whose frames are `_PyInterpreterFrame`s), each
-/// function probe site whose code keeps its function's argument (the frame) in a
-/// register gets that register as one more argument ([`FRAME_ARG`]): recorded as
-/// a value by either engine (never followed in the target), checked against the
-/// names the probe passes before pyprobe relies on it.
+/// With `frame_args.frame` (CPython 3.11+, whose frames are
+/// `_PyInterpreterFrame`s), each function probe site whose code keeps its
+/// function's argument (the frame) in a register gets that register as one more
+/// argument ([`FRAME_ARG`]): recorded as a value by either engine (never followed
+/// in the target), checked against the names the probe passes before pyprobe
+/// relies on it. With `frame_args.code_word` too, where the site's code proves the
+/// frame's code word readable, that word follows ([`CODE_ARG`]), guarded.
 pub fn probe_set(
     object: &LoadedObject,
     groups: &BTreeSet<ProbeGroup>,
-    frame_args: bool,
+    frame_args: FrameArgs,
 ) -> Result<(ProbeSet, Vec<&'static PythonProbe>)> {
     let mut set = ProbeSet::default();
     let mut meanings = Vec::new();
@@ -135,14 +189,29 @@ pub fn probe_set(
         let mut sites = Vec::new();
         for site in usable {
             let mut args = sdt::parse_args(&site.args)?;
+            let mut guarded = None;
             let frame_register = site
                 .first_arg
-                .filter(|_| frame_args && takes_frame_arg(&probe.name));
+                .filter(|_| frame_args.frame && takes_frame_arg(&probe.name));
             if let Some(register) = frame_register {
                 // Only where the note lists exactly what the catalog says: the
                 // frame goes at a known index.
                 if args.len() == FRAME_ARG {
                     args.extend(sdt::parse_args(&format!("8@{register}"))?);
+                    let proof = site.first_arg_proof.as_ref();
+                    let proven = proof
+                        .zip(frame_args.code)
+                        .filter(|(proof, code)| proof.loaded.contains(&(code.word as i64)));
+                    if let Some((proof, code)) = proven {
+                        let word = sdt::parse_args(&format!("8@{}({register})", code.word))?;
+                        let first_line = first_line_arg(&word[0], proof, code);
+                        args.extend(word);
+                        args.extend(first_line);
+                        guarded = Some(GuardedArgs {
+                            from: CODE_ARG,
+                            function_start: object.runtime(proof.function_start),
+                        });
+                    }
                 }
             }
             for arg in &args {
@@ -160,6 +229,7 @@ pub fn probe_set(
             sites.push(Site {
                 address: object.runtime(site.address),
                 args,
+                guarded,
             });
         }
         if matches!(meaning.group, ProbeGroup::Function | ProbeGroup::Line) {

@@ -42,6 +42,8 @@ const STR_SHORT: usize = 0x1000;
 const STR_LONG: usize = 0x1100;
 const STR_41: usize = 0x1300;
 const TAG: usize = 0x2000;
+/// Where in BLOCK a tagged pointer to STR_LONG sits.
+const THROUGH_WORD: usize = 0x180;
 
 const TAG_VALUE: u32 = 0xa5a5_0001;
 const CANARY: i32 = 0x5a5a_0000;
@@ -85,6 +87,9 @@ impl Region {
         region.put(STR_41, &s41);
         let block: Vec<u8> = (0..512u32).map(|i| (i * 37 + 11) as u8).collect();
         region.put(BLOCK, &block);
+        // A tagged pointer (low bit set) to the long string, for `Through` arguments.
+        let tagged = region.data(STR_LONG) | 1;
+        region.put(BLOCK + THROUGH_WORD, &tagged.to_le_bytes());
         region.put(RIPVAR, &0x0bad_f00d_1234_5678u64.to_le_bytes());
         region.put(TAG, &TAG_VALUE.to_le_bytes());
         region
@@ -617,7 +622,29 @@ fn probes() -> Vec<Probe> {
         ),
         probe("-2@%r10w -1@%ch 1@%dh -4@%esp 8@%r15 -1@%r9b", &[]),
         probe("", &[]),
+        through_probe(),
     ]
+}
+
+/// The word at `THROUGH_WORD(%rbx)`, then fields of what it points to, tag bit
+/// masked: the arguments pyprobe adds for a frame's code object.
+fn through_probe() -> Probe {
+    let mut p = probe(&format!("8@{THROUGH_WORD}(%rbx)"), &[]);
+    let crate::sdt::Operand::Memory(pointer) = p.args[0].operand.clone() else {
+        unreachable!("a memory operand");
+    };
+    for (size, signed, offset) in [(4, true, 40), (8, false, 0), (1, false, 299)] {
+        p.args.push(ArgSpec {
+            size,
+            signed,
+            operand: crate::sdt::Operand::Through(crate::sdt::Through {
+                pointer: pointer.clone(),
+                mask: !1,
+                offset,
+            }),
+        });
+    }
+    p
 }
 
 /// Runs one site function unpatched and patched, and checks everything.

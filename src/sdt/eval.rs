@@ -92,22 +92,28 @@ where
     let raw = match &arg.operand {
         Operand::Register(r) => r.extract(regs.read(r.family())),
         Operand::Immediate(v) => *v as u64,
-        Operand::Memory(m) => {
-            let address = effective_address(m, regs, symbols)?;
-            let mut bytes = [0u8; 8];
-            let buf = bytes
-                .get_mut(..len)
-                .ok_or(EvalError::InvalidSize(arg.size))?;
-            mem.read_exact(address, buf)
-                .map_err(|source| EvalError::MemoryRead {
-                    address,
-                    len,
-                    source,
-                })?;
-            u64::from_le_bytes(bytes)
+        Operand::Memory(m) => read_le(mem, effective_address(m, regs, symbols)?, len)?,
+        Operand::Through(t) => {
+            let pointer = read_le(mem, effective_address(&t.pointer, regs, symbols)?, 8)?;
+            read_le(mem, (pointer & t.mask).wrapping_add(t.offset as u64), len)?
         }
     };
     Ok(extend(raw, len, arg.signed))
+}
+
+/// `len` (1 to 8) bytes at `address`, little-endian.
+fn read_le<M: MemoryReader + ?Sized>(mem: &M, address: u64, len: usize) -> Result<u64, EvalError> {
+    let mut bytes = [0u8; 8];
+    let buf = bytes
+        .get_mut(..len)
+        .ok_or(EvalError::InvalidSize(len as u8))?;
+    mem.read_exact(address, buf)
+        .map_err(|source| EvalError::MemoryRead {
+            address,
+            len,
+            source,
+        })?;
+    Ok(u64::from_le_bytes(bytes))
 }
 
 /// The address a memory operand refers to (see [`MemOperand`] for the rules).

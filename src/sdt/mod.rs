@@ -31,4 +31,4 @@ mod tests;
 pub use eval::{effective_address, evaluate, EvalError, MemoryReader, RegisterFile};
 pub use parse::{parse_arg, parse_args, ParseError, ParseErrorKind};
 pub use register::{RegFamily, RegSet, RegWidth, Register};
-pub use spec::{ArgSpec, Displacement, MemOperand, Operand};
+pub use spec::{ArgSpec, Displacement, MemOperand, Operand, Through};

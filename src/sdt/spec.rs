@@ -30,6 +30,21 @@ pub enum Operand {
     Immediate(i64),
     /// `-84(%rbp)`, `8(%rax,%rbx,4)`, `_PyRuntime+16(%rip)`: `size` bytes of memory.
     Memory(MemOperand),
+    /// Not from a note: `size` bytes at `offset` into what a pointer in memory
+    /// points to; see [`Through`].
+    Through(Through),
+}
+
+/// A field of a structure that a pointer in memory points to: `size` bytes at
+/// `(8 bytes at pointer) & mask + offset`. pyprobe adds such arguments itself
+/// (a frame's code object's first line) where the code at the site proves both
+/// reads safe; a note cannot express them, so they print as
+/// `4@48(*(%r13)&0xfffffffffffffffe)` and do not parse back.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Through {
+    pub pointer: MemOperand,
+    pub mask: u64,
+    pub offset: i64,
 }
 
 /// An AT&T memory reference: `displacement(base, index, scale)`.
@@ -62,7 +77,7 @@ pub enum Displacement {
 impl Operand {
     /// Whether evaluating this operand reads target memory.
     pub fn reads_memory(&self) -> bool {
-        matches!(self, Operand::Memory(_))
+        matches!(self, Operand::Memory(_) | Operand::Through(_))
     }
 
     /// The 64-bit registers evaluating this operand reads. `sym(%rip)` needs
@@ -72,6 +87,7 @@ impl Operand {
             Operand::Register(r) => RegSet::EMPTY.with(r.family()),
             Operand::Immediate(_) => RegSet::EMPTY,
             Operand::Memory(m) => m.registers(),
+            Operand::Through(t) => t.pointer.registers(),
         }
     }
 
@@ -80,6 +96,14 @@ impl Operand {
         match self {
             Operand::Memory(MemOperand {
                 displacement: Displacement::Symbol { name, .. },
+                ..
+            })
+            | Operand::Through(Through {
+                pointer:
+                    MemOperand {
+                        displacement: Displacement::Symbol { name, .. },
+                        ..
+                    },
                 ..
             }) => Some(name),
             _ => None,
@@ -122,6 +146,7 @@ impl fmt::Display for Operand {
             Operand::Register(r) => write!(f, "{r}"),
             Operand::Immediate(v) => write!(f, "${v}"),
             Operand::Memory(m) => write!(f, "{m}"),
+            Operand::Through(t) => write!(f, "{}(*{}&{:#x})", t.offset, t.pointer, t.mask),
         }
     }
 }

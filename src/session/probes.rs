@@ -144,6 +144,7 @@ fn decode_args(probe: &SdtProbe, args: &str) -> Vec<DecodedArg> {
                         }
                     }
                     sdt::Operand::Memory(m) => format!("at {m}"),
+                    sdt::Operand::Through(_) => format!("at {}", spec.operand),
                 };
                 DecodedArg {
                     name: known.map(|(n, _)| (*n).to_owned()),

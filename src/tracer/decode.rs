@@ -185,10 +185,7 @@ mod tests {
         raw.rdx = 0;
         raw.rcx = 42;
         let regs = Registers(raw);
-        let site = Site {
-            address: 0,
-            args: sdt::parse_args("8@%rdi 8@%rsi 8@%rdx -4@%ecx").unwrap(),
-        };
+        let site = Site::new(0, sdt::parse_args("8@%rdi 8@%rsi 8@%rdx -4@%ecx").unwrap());
         let probe = Probe {
             name: "p".into(),
             semaphore: None,

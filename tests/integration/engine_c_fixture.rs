@@ -31,10 +31,7 @@ impl Resolver for FixtureResolver {
             let sites = p
                 .sites
                 .iter()
-                .map(|s| Site {
-                    address: object.runtime(s.address),
-                    args: sdt::parse_args(&s.args).unwrap(),
-                })
+                .map(|s| Site::new(object.runtime(s.address), sdt::parse_args(&s.args).unwrap()))
                 .collect();
             set.probes.push(Probe {
                 name: p.name.clone(),

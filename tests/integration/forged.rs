@@ -94,10 +94,7 @@ impl Resolver for FixtureResolver {
         for p in &object.elf.probes {
             let sites: Vec<Site> = usable_sites(&object, p, &mut set.refused)
                 .into_iter()
-                .map(|s| Site {
-                    address: object.runtime(s.address),
-                    args: sdt::parse_args(&s.args).unwrap(),
-                })
+                .map(|s| Site::new(object.runtime(s.address), sdt::parse_args(&s.args).unwrap()))
                 .collect();
             if sites.is_empty() {
                 continue;

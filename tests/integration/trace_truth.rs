@@ -276,17 +276,16 @@ fn shapes_on_3_11_counts_exact_times_sampled() {
 /// sampled frames), with its calls; no other row of those names in that file.
 /// Returns the report.
 ///
-/// Through `int3`: a return's frame is read while the thread is held, so every
-/// function is named. (From the ring a frame is read after the fact, when it may
-/// hold another call: only checked reads count, so rare functions may stay
-/// unnamed there, keyed as before.)
-fn check_same_names(version: &'static str, extra: &[&str]) -> Option<Value> {
+/// Through `int3` a return's frame is read while the thread is held; through the
+/// ring the trampoline reads the frame's code word at the site itself (the
+/// interpreters' own code proves that read safe there): every function is named.
+fn check_same_names(version: &'static str, engine: &str, extra: &[&str]) -> Option<Value> {
     // One at a time: on a small machine, traces running at once make pyprobe
     // fall behind its ring and lose events.
     let _serial = crate::support::serial();
     let py = python(version)?;
     let script = fixture_script("same_names.py");
-    let mut options = vec!["--engine", "int3"];
+    let mut options = vec!["--engine", engine];
     options.extend_from_slice(extra);
     let (path, stdout) = record(&py, "same-names", &[&script, "300"], &options, None);
     let truth: Value = serde_json::from_str(stdout.trim()).expect("same_names.py printed");
@@ -325,7 +324,17 @@ fn same_named_functions_with_cells_are_rows_of_their_own_on_3_15() {
     // Two `__init__`s calling super(), two `Node` class bodies and two `outer`s
     // keeping closures have cells: 3.15's entry probe passes no line for them.
     // Two decorated `handler`s: it passes their `def` lines.
-    check_same_names("3.15", &[]);
+    check_same_names("3.15", "int3", &[]);
+}
+
+#[test]
+fn same_named_functions_are_rows_of_their_own_through_the_ring_on_3_15() {
+    check_same_names("3.15", "ring", &[]);
+}
+
+#[test]
+fn same_named_functions_are_rows_of_their_own_through_the_ring_on_3_11() {
+    check_same_names("3.11", "ring", &[]);
 }
 
 #[test]
@@ -333,7 +342,7 @@ fn a_function_never_sampled_keeps_its_own_row_on_3_11() {
     // Returns only, times sampled alongside: the second `work` (quick, after the
     // first in the file) is never sampled, so no first line of its own is known
     // but the one its returns name.
-    let Some(report) = check_same_names("3.11", &[]) else {
+    let Some(report) = check_same_names("3.11", "int3", &[]) else {
         return;
     };
     let works: Vec<(u64, u64)> = rows(&report)

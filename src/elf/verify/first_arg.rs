@@ -70,10 +70,24 @@ fn bit(reg: Register) -> u16 {
         .map_or(0, |i| 1 << i)
 }
 
+/// Most loads through the argument remembered (a site's function makes a few).
+const MAX_LOADED: usize = 16;
+
+/// Instructions decoded from a site to its function's `ret`.
+const MAX_TO_RET: usize = 32;
+
 /// Follows the function's first argument through its code up to a site.
 pub(super) struct FirstArg {
     /// Registers holding the argument now (bits in [`TRACKED`] order).
     holders: u16,
+    /// Displacements of the 8-byte loads made through the argument so far.
+    loaded: Vec<i64>,
+    /// Per register (in [`TRACKED`] order): it holds the 8-byte word at this
+    /// displacement from the argument, perhaps with low tag bits cleared.
+    derived: [Option<i64>; 16],
+    /// (displacement of the word, end of the bytes read through it): reads
+    /// `[word + d]` of `n` bytes made so far, the farthest `d + n` per word.
+    derived_read: Vec<(i64, i64)>,
     /// A branch, return or undecodable instruction was met: no answer.
     lost: bool,
     info: InstructionInfoFactory,
@@ -83,6 +97,9 @@ impl FirstArg {
     pub(super) fn new() -> Self {
         FirstArg {
             holders: bit(Register::RDI),
+            loaded: Vec::new(),
+            derived: [None; 16],
+            derived_read: Vec::new(),
             lost: false,
             info: InstructionInfoFactory::new(),
         }
@@ -102,6 +119,7 @@ impl FirstArg {
             FlowControl::Call | FlowControl::IndirectCall => {
                 for r in CALLER_SAVED {
                     self.holders &= !bit(r);
+                    self.set_derived(r, None);
                 }
                 return;
             }
@@ -110,6 +128,8 @@ impl FirstArg {
                 return;
             }
         }
+        let word = self.note_load(instr);
+        self.note_derived_read(instr);
         let reg_to_reg = instr.mnemonic() == Mnemonic::Mov
             && instr.op_count() == 2
             && instr.op0_kind() == OpKind::Register
@@ -123,21 +143,118 @@ impl FirstArg {
             } else {
                 self.holders &= !dst;
             }
+            let from = self.derived_of(instr.op1_register());
+            self.set_derived(instr.op0_register(), from);
             return;
         }
+        // `and $-2, %r12`: a tagged word's tag bits cleared; still the pointer.
+        let untag = instr.mnemonic() == Mnemonic::And
+            && instr.op0_kind() == OpKind::Register
+            && instr.op0_register().is_gpr64()
+            && matches!(
+                instr.op1_kind(),
+                OpKind::Immediate8to64 | OpKind::Immediate32to64
+            )
+            && (-16..=-1).contains(&(instr.immediate(1) as i64));
+        let keep = untag
+            .then(|| self.derived_of(instr.op0_register()))
+            .flatten();
         let info = self.info.info(instr);
-        for used in info.used_registers() {
-            if matches!(
-                used.access(),
-                OpAccess::Write
-                    | OpAccess::CondWrite
-                    | OpAccess::ReadWrite
-                    | OpAccess::ReadCondWrite
-            ) && used.register().is_gpr()
-            {
-                self.holders &= !bit(used.register());
-            }
+        let written: Vec<Register> = info
+            .used_registers()
+            .iter()
+            .filter(|used| {
+                matches!(
+                    used.access(),
+                    OpAccess::Write
+                        | OpAccess::CondWrite
+                        | OpAccess::ReadWrite
+                        | OpAccess::ReadCondWrite
+                ) && used.register().is_gpr()
+            })
+            .map(|used| used.register())
+            .collect();
+        for reg in written {
+            self.holders &= !bit(reg);
+            self.set_derived(reg, None);
         }
+        if let Some((dst, w)) = word {
+            self.set_derived(dst, Some(w));
+        }
+        if keep.is_some() {
+            self.set_derived(instr.op0_register(), keep);
+        }
+    }
+
+    fn derived_of(&self, reg: Register) -> Option<i64> {
+        let i = TRACKED
+            .iter()
+            .position(|(r, _)| *r == reg.full_register())?;
+        self.derived[i]
+    }
+
+    fn set_derived(&mut self, reg: Register, word: Option<i64>) {
+        if let Some(i) = TRACKED.iter().position(|(r, _)| *r == reg.full_register()) {
+            self.derived[i] = word;
+        }
+    }
+
+    /// Remembers a read `[r + d]` of any size where `r` holds a word loaded
+    /// through the argument.
+    fn note_derived_read(&mut self, instr: &Instruction) {
+        let through_word = (0..instr.op_count()).any(|i| instr.op_kind(i) == OpKind::Memory)
+            && instr.memory_index() == Register::None
+            && instr.segment_prefix() == Register::None
+            && instr.memory_base().is_gpr64();
+        if !through_word {
+            return;
+        }
+        let Some(w) = self.derived_of(instr.memory_base()) else {
+            return;
+        };
+        let d = instr.memory_displacement64() as i64;
+        let size = instr.memory_size().size() as i64;
+        if d < 0 || size == 0 {
+            return;
+        }
+        let end = d.saturating_add(size);
+        match self.derived_read.iter().position(|(word, _)| *word == w) {
+            Some(i) => self.derived_read[i].1 = self.derived_read[i].1.max(end),
+            None if self.derived_read.len() < MAX_LOADED => self.derived_read.push((w, end)),
+            None => {}
+        }
+    }
+
+    /// (displacement `w` of a word from the argument, `end`): the code read, before
+    /// this point, what that word points to as far as `end` bytes into it.
+    pub(super) fn read_through(&self) -> &[(i64, i64)] {
+        &self.derived_read
+    }
+
+    /// Remembers `mov r64, qword [holder + d]`: the word at `d` from the argument
+    /// was read (before the instruction's own writes, which `step` applies after).
+    /// Returns the register loaded and `d`.
+    fn note_load(&mut self, instr: &Instruction) -> Option<(Register, i64)> {
+        let load = instr.mnemonic() == Mnemonic::Mov
+            && instr.op_count() == 2
+            && instr.op0_kind() == OpKind::Register
+            && instr.op0_register().is_gpr64()
+            && instr.op1_kind() == OpKind::Memory
+            && instr.memory_index() == Register::None
+            && instr.segment_prefix() == Register::None
+            && instr.memory_base().is_gpr64()
+            && self.holders & bit(instr.memory_base()) != 0;
+        let d = instr.memory_displacement64() as i64;
+        if load && !self.loaded.contains(&d) && self.loaded.len() < MAX_LOADED {
+            self.loaded.push(d);
+        }
+        load.then(|| (instr.op0_register(), d))
+    }
+
+    /// Displacements of the 8-byte words read through the argument so far (only
+    /// meaningful while [`Self::holder`] gives a register).
+    pub(super) fn loaded(&self) -> &[i64] {
+        &self.loaded
     }
 
     /// The register holding the argument at this point (AT&T name), if one surely does.
@@ -150,6 +267,26 @@ impl FirstArg {
             .find(|r| self.holders & bit(*r) != 0)
             .and_then(|r| TRACKED.iter().find(|(t, _)| *t == r).map(|(_, n)| *n))
     }
+}
+
+/// Whether the code `decoder` decodes (from a site) runs straight to a `ret`:
+/// calls return, and nothing else may leave the way (no jump, in particular no
+/// jump table).
+pub(super) fn straight_to_ret(decoder: &mut iced_x86::Decoder<'_>) -> bool {
+    let mut instr = Instruction::default();
+    for _ in 0..MAX_TO_RET {
+        if !decoder.can_decode() {
+            return false;
+        }
+        decoder.decode_out(&mut instr);
+        match instr.flow_control() {
+            FlowControl::Next | FlowControl::Call | FlowControl::IndirectCall
+                if !instr.is_invalid() => {}
+            FlowControl::Return => return true,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// The register holding the first argument of the function starting at `start`
@@ -206,6 +343,36 @@ mod tests {
     fn the_315_entry_site_keeps_the_frame_in_r13() {
         let site = ENTRY_315.len() as u64 - 1;
         assert_eq!(first_arg_at(ENTRY_315, 0, site), Some("%r13"));
+    }
+
+    /// The loads through the argument, and the way from the site to `ret`.
+    #[test]
+    fn the_315_entry_reads_the_code_word_and_returns_straight() {
+        let mut decoder = iced_x86::Decoder::with_ip(64, ENTRY_315, 0, Default::default());
+        let mut flow = FirstArg::new();
+        let mut instr = Instruction::default();
+        while decoder.ip() < ENTRY_315.len() as u64 - 1 {
+            decoder.decode_out(&mut instr);
+            flow.step(&instr);
+        }
+        // `mov (%rdi),%r12` only: 0x70(%r12) is through another register,
+        // which holds that word (tag bit cleared): 0x70 and 0x78 read through it.
+        assert_eq!(flow.loaded(), &[0]);
+        assert_eq!(flow.read_through(), &[(0, 0x80)]);
+        let tail = [0x90, 0x5b, 0x41, 0x5c, 0xe8, 0, 0, 0, 0, 0xc3]; // nop pop pop call ret
+        let straight = |code: &[u8]| {
+            straight_to_ret(&mut iced_x86::Decoder::with_ip(
+                64,
+                code,
+                0,
+                Default::default(),
+            ))
+        };
+        assert!(straight(&tail));
+        // A jump table's `jmp *%rax` on the way, a conditional branch, or no `ret`.
+        assert!(!straight(&[0x90, 0xff, 0xe0, 0xc3]));
+        assert!(!straight(&[0x90, 0x74, 0x00, 0xc3]));
+        assert!(!straight(&[0x90, 0x5b]));
     }
 
     #[test]

@@ -11,19 +11,26 @@ use goblin::elf::sym::{STT_FUNC, STT_GNU_IFUNC};
 use goblin::elf::Elf;
 use iced_x86::{Decoder, DecoderOptions, Instruction};
 
-use crate::elf::notes::SdtProbe;
+use crate::elf::notes::{FirstArgProof, SdtProbe};
 use crate::elf::segments::{file_offset, LoadSegment};
 
 mod eh_frame;
 mod first_arg;
 
 use eh_frame::eh_frame_hdr_starts;
-use first_arg::FirstArg;
+use first_arg::{straight_to_ret, FirstArg};
 
 /// What the checks say of one site: `Err(why)` when it must not be written, and
 /// the register its function keeps its first argument in there, if one surely
-/// does (see [`first_arg`]).
-type SiteVerdict = (Result<(), String>, Option<&'static str>);
+/// does, with what its code proves of it (see [`first_arg`]).
+type SiteVerdict = (
+    Result<(), String>,
+    Option<&'static str>,
+    Option<FirstArgProof>,
+);
+
+/// Bytes decoded past a site to find its function's `ret`.
+const SUFFIX_BYTES: u64 = 512;
 
 /// Most bytes decoded from a function's start to reach one of its sites (the
 /// largest CPython function, the eval loop, is a few hundred KiB).
@@ -129,13 +136,13 @@ impl<'a> Verifier<'a> {
     /// that must not be written, and where its function's first argument is. Sites
     /// of one function are checked in one decoding pass.
     pub(super) fn check_sites(&self, pcs: &[u64]) -> Vec<SiteVerdict> {
-        let mut verdicts: Vec<SiteVerdict> = vec![(Ok(()), None); pcs.len()];
+        let mut verdicts: Vec<SiteVerdict> = vec![(Ok(()), None, None); pcs.len()];
         // (function start, site, index in pcs) of the sites worth decoding.
         let mut todo = Vec::new();
         for (i, &pc) in pcs.iter().enumerate() {
             match self.locate(pc) {
                 Ok((start, from, end)) => todo.push((start, pc, i, from, end)),
-                Err(why) => verdicts[i] = (Err(why), None),
+                Err(why) => verdicts[i] = (Err(why), None, None),
             }
         }
         todo.sort_unstable();
@@ -184,7 +191,7 @@ impl<'a> Verifier<'a> {
     /// each must be an instruction boundary holding a one-byte `nop`.
     fn decode(&self, start: u64, from: &str, end: u64, sites: &[u64]) -> Vec<SiteVerdict> {
         let last = sites.last().copied().unwrap_or(start);
-        let stop = last.saturating_add(MAX_INSN_LEN).min(end);
+        let stop = last.saturating_add(MAX_INSN_LEN.max(SUFFIX_BYTES)).min(end);
         let bytes = file_offset(self.segments, start)
             .zip(file_offset(self.segments, stop - 1))
             .and_then(|(a, b)| {
@@ -196,7 +203,7 @@ impl<'a> Verifier<'a> {
                 .iter()
                 .map(|pc| {
                     let why = format!("site {pc:#x} refused: the file does not hold its code");
-                    (Err(why), None)
+                    (Err(why), None, None)
                 })
                 .collect();
         };
@@ -217,7 +224,18 @@ impl<'a> Verifier<'a> {
                 let verdict =
                     self.site_verdict(&decoder, &instr, undecodable, bytes, start, from, pc);
                 let holder = verdict.is_ok().then(|| first_arg.holder()).flatten();
-                (verdict, holder)
+                let proof = holder
+                    .filter(|_| {
+                        let from_site = bytes.get((pc - start) as usize..).unwrap_or_default();
+                        let mut rest = Decoder::with_ip(64, from_site, pc, DecoderOptions::NONE);
+                        straight_to_ret(&mut rest)
+                    })
+                    .map(|_| FirstArgProof {
+                        function_start: start,
+                        loaded: first_arg.loaded().to_vec(),
+                        read_through: first_arg.read_through().to_vec(),
+                    });
+                (verdict, holder, proof)
             })
             .collect()
     }
@@ -281,9 +299,10 @@ pub(super) fn verify_probes(
             }
         }
         let pcs: Vec<u64> = probe.sites.iter().map(|s| s.address).collect();
-        for (site, (verdict, first_arg)) in probe.sites.iter_mut().zip(v.check_sites(&pcs)) {
+        for (site, (verdict, first_arg, proof)) in probe.sites.iter_mut().zip(v.check_sites(&pcs)) {
             site.refused = verdict.err();
             site.first_arg = first_arg;
+            site.first_arg_proof = proof;
         }
     }
 }

@@ -108,22 +108,32 @@ fn every_site_of_the_real_pythons_and_the_fixtures_passes() {
 /// The real interpreters' function probe sites keep the frame (their function's
 /// only argument) in a callee-saved register: %r13 on the Debian 3.15 build, %rbx
 /// on Debian's 3.11 (checked by disassembly; what it holds is checked at run time).
+/// Their functions run straight to the site and on to `ret`, and read the frame's
+/// code word on the way (`f_executable` at 0 on 3.15, `f_code` at 0x20 on 3.11).
 #[test]
 fn function_probe_sites_show_where_the_frame_is() {
     let mut checked = Vec::new();
     if let Some(path) = python("3.15") {
-        checked.push((path, "%r13"));
+        checked.push((path, "%r13", 0));
     }
     let system = PathBuf::from("/usr/bin/python3.11");
     if system.exists() {
-        checked.push((system, "%rbx"));
+        checked.push((system, "%rbx", 0x20));
     }
-    for (path, register) in checked {
+    for (path, register, code_word) in checked {
         let info = ElfInfo::read(&path).unwrap();
         for name in ["function__entry", "function__return"] {
             let p = probe(&info, name);
             for s in &p.sites {
                 assert_eq!(s.first_arg, Some(register), "{}: {name}", path.display());
+                let proof = s.first_arg_proof.as_ref();
+                let proof = proof.unwrap_or_else(|| panic!("{}: {name}", path.display()));
+                assert!(proof.function_start < s.address, "{proof:?}");
+                assert!(s.address - proof.function_start < 256, "{proof:?}");
+                assert!(proof.loaded.contains(&code_word), "{proof:?}");
+                // co_filename and co_name read through it: the code object's
+                // header (co_firstlineno among it) as far as 0x80.
+                assert!(proof.read_through.contains(&(code_word, 0x80)), "{proof:?}");
             }
         }
     }

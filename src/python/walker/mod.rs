@@ -102,6 +102,18 @@ pub struct PyFrame {
     pub line: u32,
 }
 
+/// Where a `_PyInterpreterFrame` (3.11+) keeps its code object, and the code
+/// object its first line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameCodeLayout {
+    /// Offset of the code word (`f_code`, `f_executable`) in a frame.
+    pub word: u64,
+    /// Tag bits of that word (3.14+ keep a tagged reference there).
+    pub tag_mask: u64,
+    /// Offset of `co_firstlineno` (an int) in a code object.
+    pub first_line: u64,
+}
+
 /// The Python stack of one thread state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ThreadStack {
@@ -314,6 +326,25 @@ impl Walker {
     /// Everything read is checked as on a walk; `None` when it does not hold.
     pub fn frame_code(&mut self, frame: u64) -> Option<(u64, PyFrame)> {
         self.reader.frame_code(frame)
+    }
+
+    /// The code object whose frame's code word is `word` (as read from the frame,
+    /// tag bits and all): its address, file, `co_name` and first line. `None` when
+    /// it does not hold, or on versions whose frames are objects.
+    pub fn code_of_word(&mut self, word: u64) -> Option<(u64, PyFrame)> {
+        let (_, tag_mask) = self.reader.frame_code_word()?;
+        self.reader.code_named(word & !tag_mask)
+    }
+
+    /// Where an interpreter frame (3.11+) keeps its code word: its offset in the
+    /// frame, the tag bits in it, and where the code object keeps its first line.
+    pub fn frame_code_layout(&self) -> Option<FrameCodeLayout> {
+        let (word, tag_mask) = self.reader.frame_code_word()?;
+        Some(FrameCodeLayout {
+            word,
+            tag_mask,
+            first_line: self.reader.layout.code_firstlineno,
+        })
     }
 
     /// Whether code object `code`, just named by [`Self::frame_code`], has an

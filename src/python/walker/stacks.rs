@@ -434,7 +434,26 @@ impl<M: Memory> StackReader<M> {
         if !plausible_pointer(frame) {
             return None;
         }
-        let code = read_u64(&self.mem, frame.checked_add(executable)?).ok()? & !tag_mask;
+        let word = read_u64(&self.mem, frame.checked_add(executable)?).ok()?;
+        self.code_named(word & !tag_mask)
+    }
+
+    /// The interpreter frame's code word: its offset in a `_PyInterpreterFrame`
+    /// and the tag bits to mask off it (3.11+; `None` where frames are objects).
+    pub fn frame_code_word(&self) -> Option<(u64, u64)> {
+        match self.layout.frame {
+            FrameLayout::Interpreter {
+                executable,
+                tag_mask,
+                ..
+            } => Some((executable, tag_mask)),
+            _ => None,
+        }
+    }
+
+    /// The file, `co_name` and first line of the code object at `code` (a frame's
+    /// code word, tag bits masked), checked as on every walk; see [`Self::frame_code`].
+    pub fn code_named(&mut self, code: u64) -> Option<(u64, PyFrame)> {
         if !plausible_pointer(code) {
             return None;
         }

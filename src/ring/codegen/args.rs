@@ -6,7 +6,9 @@ use iced_x86::code_asm::*;
 
 use super::{CodegenError, FRAME, SAVED};
 use crate::ring::format::*;
-use crate::sdt::{ArgSpec, Displacement, MemOperand, Operand, RegFamily, RegWidth, Register};
+use crate::sdt::{
+    ArgSpec, Displacement, MemOperand, Operand, RegFamily, RegWidth, Register, Through,
+};
 
 /// Leaves argument `index`'s value in r11. Uses rsi, rdi, r11 only.
 pub(super) fn emit_arg(
@@ -32,8 +34,16 @@ pub(super) fn emit_arg(
             load_family(a, r11, reg.family(), site_rip)?;
             extract(a, r11, *reg)?;
         }
-        Operand::Memory(m) => {
+        Operand::Memory(m) | Operand::Through(Through { pointer: m, .. }) => {
             emit_address(a, m, index, arg, site_rip, symbols)?;
+            if let Operand::Through(t) = &arg.operand {
+                // The pointer, masked, then the field `offset` into what it points to.
+                a.mov(rsi, qword_ptr(rsi))?;
+                a.mov(r11, t.mask)?;
+                a.and(rsi, r11)?;
+                a.mov(r11, t.offset as u64)?;
+                a.add(rsi, r11)?;
+            }
             match arg.size {
                 1 => a.movzx(r11d, byte_ptr(rsi))?,
                 2 => a.movzx(r11d, word_ptr(rsi))?,

@@ -24,7 +24,12 @@
 //!   at an `int3` stop the frame is the returning one, and that check is only made
 //!   where it can be. From the ring, then, a read names the function only when the
 //!   frame still runs it or was last used by it: often for functions called
-//!   again and again, seldom for rare ones;
+//!   again and again, seldom for rare ones. Where the site also gives the frame's
+//!   code word, read at the site ([`CODE_ARG`]: the ring's trampolines read it
+//!   where the site's code proves that safe), the read is of the returning
+//!   function's own code object, as good as one at a stop, unless it was freed
+//!   since; then the first line read at the site ([`FIRST_LINE_ARG`]) answers,
+//!   once the process's code words have been seen to name their functions;
 //! * the answer is kept per (file, name, line returned from), which a function
 //!   owns: one read per return site of a program, not per return. A site whose
 //!   reads keep failing is tried [`MAX_TRIES`] times.
@@ -34,7 +39,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::python::tracing::FRAME_ARG;
+use crate::python::tracing::{CODE_ARG, FIRST_LINE_ARG, FRAME_ARG};
 use crate::python::walker::Walker;
 use crate::recording::{FrameRef, StrId};
 
@@ -105,6 +110,10 @@ impl FirstLines {
         let Some(&frame_ptr) = hit.args.get(FRAME_ARG) else {
             return 0;
         };
+        // The code word read at the site names the returning function's code
+        // object, however late it is read: as good as a read at a stop.
+        let code_word = hit.args.get(CODE_ARG).copied();
+        let exact = hit.stopped || code_word.is_some();
         let at = hit.frame;
         if at.line == NO_LINE {
             return 0;
@@ -123,11 +132,17 @@ impl FirstLines {
         let Some(walker) = walker() else {
             return 0;
         };
-        let found = walker.frame_code(frame_ptr);
+        let found = match code_word {
+            Some(word) => walker.code_of_word(word),
+            None => walker.frame_code(frame_ptr),
+        };
         let named = found
             .as_ref()
             .filter(|(_, f)| &*f.file == hit.file && &*f.name == hit.function);
         let first = match named {
+            // A code object named by a word read at the site may be gone since
+            // (a class body's is freed once the class is made): not a sign of a
+            // wrong register, so counted as a late read.
             None if hit.stopped => {
                 checks.misnamed += 1;
                 None
@@ -140,11 +155,19 @@ impl FirstLines {
                 checks.named += 1;
                 match walker.code_has_line(*code, at.line) {
                     Some(true) => Some(f.first_line),
-                    None if hit.stopped => Some(f.first_line),
+                    None if exact => Some(f.first_line),
                     _ => None,
                 }
             }
         };
+        // The first line read at the site, once this process's code words have
+        // been seen to name their functions.
+        let at_site = hit
+            .args
+            .get(FIRST_LINE_ARG)
+            .map(|&v| v as i32)
+            .filter(|&l| l > 0 && checks.named > 0);
+        let first = first.or(at_site.map(|l| l as u32));
         if self.known.len() >= MAX_KNOWN {
             self.known.clear();
         }

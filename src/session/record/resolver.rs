@@ -10,7 +10,9 @@ use anyhow::{bail, Result};
 use crate::process::memory::ProcessMemory;
 use crate::process::objects::{find_probe_object, LoadedObject};
 use crate::python::probe_catalog::{ProbeGroup, PythonProbe, PROBES, PROVIDER};
-use crate::python::tracing::{available_groups, default_groups, probe_set, trace_refusal};
+use crate::python::tracing::{
+    available_groups, default_groups, probe_set, trace_refusal, FrameArgs,
+};
 use crate::python::version::{self, PyVersion};
 use crate::python::walker::find_interpreter_object;
 use crate::tracer::patch::check_semaphore;
@@ -77,6 +79,13 @@ fn stack_capture(pid: i32) -> Result<crate::ring::StackCapture, String> {
     crate::python::walker::Walker::attach(pid)
         .map_err(|e| format!("{e:#}"))?
         .stack_capture(STACK_SLOTS)
+}
+
+/// Where the interpreter's frames keep their code object, as the frame walker reads them.
+fn frame_code_layout(pid: i32) -> Option<crate::python::walker::FrameCodeLayout> {
+    crate::python::walker::Walker::attach(pid)
+        .ok()?
+        .frame_code_layout()
 }
 
 /// Probes at whose hits the Python stack is recorded: what triggered a GC, an
@@ -247,7 +256,12 @@ impl PythonResolver {
             if use_hook {
                 groups.remove(&ProbeGroup::Function);
             }
-            let frame_args = version.is_some_and(|v| v.at_least(3, 11));
+            let frame = version.is_some_and(|v| v.at_least(3, 11))
+                && groups.contains(&ProbeGroup::Function);
+            let frame_args = FrameArgs {
+                frame,
+                code: frame.then(|| frame_code_layout(pid)).flatten(),
+            };
             let (mut set, meanings) = probe_set(&object, &groups, frame_args)?;
             let refusals = refusals(&object, &set, pid);
             self.chosen.borrow_mut().refusals.insert(pid, refusals);

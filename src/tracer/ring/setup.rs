@@ -380,7 +380,10 @@ fn patch_segment(
         let probe = &patches.set.probes[pi];
         let params = TrampolineParams {
             probe_id: pi as u32,
-            args: &probe.sites[si].args,
+            // Arguments read through a register only where no branch lands
+            // between the site's function start and the site.
+            args: probe.sites[si]
+                .args_in_target(|lo, hi| targets.strictly_inside(lo, hi).is_some()),
             string_args: &probe.string_args,
             ring_addr,
             capacity: CAPACITY,
