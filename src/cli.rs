@@ -104,8 +104,8 @@ pub struct RecordArgs {
     #[command(flatten)]
     pub target: TargetArgs,
     /// Output: a recording (`.pyprobe`), or a view chosen by extension
-    /// (`.svg` flame graph, `.json` speedscope, `.txt` collapsed stacks; the
-    /// recording is kept beside it as FILE.pyprobe). Any other name is refused
+    /// (`.svg` flame graph, `.json` speedscope, `.txt` collapsed stacks, `.pb.gz`
+    /// pprof; the recording is kept beside it as FILE.pyprobe). Any other name is refused
     /// before the target is touched (a FIFO takes the recording). An existing
     /// file is refused unless --force is given. Default: the flame graph
     /// pyprobe-PID.svg with the recording beside it (pyprobe-PID.pyprobe), or
@@ -186,6 +186,11 @@ pub enum FlameFormat {
     Collapsed,
     Speedscope,
     Chrome,
+    /// Gzipped pprof profile.proto, for `go tool pprof` and continuous profilers
+    /// (Pyroscope, Grafana, Parca): samples/count and cpu/nanoseconds for a sampled
+    /// recording, calls/count and wall/nanoseconds (exclusive) for a traced one,
+    /// each stack labelled with its thread and pid.
+    Pprof,
 }
 
 #[derive(Debug, Args)]
@@ -194,10 +199,11 @@ pub struct FlameArgs {
     pub file: PathBuf,
     /// Where to write (`-` for standard output). Its extension must fit the
     /// format (.svg; .txt or .folded for collapsed; .json for speedscope and
-    /// chrome), else pyprobe refuses; without --format, it chooses the format
-    /// (.json: speedscope). An existing file is refused unless --force is given.
-    /// Default: beside the recording (FILE.svg, .folded.txt, .speedscope.json,
-    /// .trace.json), or FILE.1.svg, .2, ... when that exists.
+    /// chrome; .pb.gz or .pprof for pprof), else pyprobe refuses; without
+    /// --format, it chooses the format (.json: speedscope). An existing file is
+    /// refused unless --force is given. Default: beside the recording (FILE.svg,
+    /// .folded.txt, .speedscope.json, .trace.json, .pb.gz), or FILE.1.svg, .2, ...
+    /// when that exists.
     #[arg(short, long, value_name = "OUT")]
     pub output: Option<PathBuf>,
     /// What to write (default: from OUT's extension, else svg).
@@ -408,6 +414,7 @@ impl From<FlameFormat> for views::FlameFormat {
             FlameFormat::Collapsed => views::FlameFormat::Collapsed,
             FlameFormat::Speedscope => views::FlameFormat::Speedscope,
             FlameFormat::Chrome => views::FlameFormat::Chrome,
+            FlameFormat::Pprof => views::FlameFormat::Pprof,
         }
     }
 }

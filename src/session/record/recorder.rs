@@ -70,7 +70,7 @@ impl<'a> Recorder<'a> {
             }
         };
         let recording_path = if settings.view.is_some() {
-            output.with_extension("pyprobe")
+            crate::session::views::recording_beside(&output)
         } else {
             output.clone()
         };

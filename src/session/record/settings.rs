@@ -13,7 +13,7 @@ use crate::process::status::check_inspectable;
 use crate::python::probe_catalog::{ProbeGroup, PROVIDER};
 use crate::python::tracing::parse_groups;
 use crate::python::walker::find_interpreter_object;
-use crate::session::views::{extension, is_fifo, FlameFormat};
+use crate::session::views::{extension, is_fifo, recording_beside, FlameFormat};
 use crate::tracer::EngineOptions;
 
 use super::request::RecordRequest;
@@ -198,14 +198,14 @@ fn check_outputs(output: &Path, existing: Existing) -> Result<Option<FlameFormat
     let recording = match view {
         Some(_) => {
             check(output, Stdout::Refused, existing)?;
-            output.with_extension("pyprobe")
+            recording_beside(output)
         }
         None if extension(output).as_deref() == Some("pyprobe") || is_fifo(output) => {
             output.to_owned()
         }
         None => bail!(
             "pyprobe record cannot write {}: name the output .pyprobe (a recording), .svg \
-             (flame graph), .json (speedscope) or .txt (collapsed stacks)",
+             (flame graph), .json (speedscope), .txt (collapsed stacks) or .pb.gz (pprof)",
             output.display()
         ),
     };
