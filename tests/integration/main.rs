@@ -14,6 +14,7 @@ mod hook;
 mod nothing_lost;
 mod outputs;
 mod pools;
+mod pprof;
 mod probes;
 mod record;
 mod report_schema;
