@@ -174,10 +174,29 @@ pub struct RecordArgs {
     /// Sample without stopping the threads (faster, stacks may be torn).
     #[arg(long)]
     pub nonblocking: bool,
-    /// For a view written directly (-o x.svg, .json, .txt); the recording keeps
-    /// every sample and its thread's state.
+    /// For a view written directly (-o x.svg, .json, .txt, .pb.gz) and the
+    /// profiles of --every; the recording keeps every sample and its thread's
+    /// state.
     #[command(flatten)]
     pub samples: SampleArgs,
+    /// `pprof`: a gzipped pprof profile (as `flame --format pprof` writes), when
+    /// the recording ends to -o FILE.pb.gz, or with --every one per period.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<RecordFormat>,
+    /// With --format pprof: one profile per period of SECONDS (1 to 86400), each
+    /// written whole into the directory -o names (made if missing) as
+    /// pyprobe-PID-YYYYMMDDTHHMMSSZ.pb.gz (the period's start, UTC; by way of a
+    /// hidden temporary file and a rename, mode 0600), for an agent to ship to a
+    /// profile collector. The recording is kept there too, as pyprobe-PID.pyprobe,
+    /// for report, flame and top --from; it grows with the run.
+    #[arg(long, value_name = "SECONDS", requires = "format")]
+    pub every: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RecordFormat {
+    /// Gzipped pprof profile.proto.
+    Pprof,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -462,6 +481,8 @@ impl RecordArgs {
                 Engine::Ring | Engine::Int3 => record::HookUse::Never,
             },
             samples: self.samples.into(),
+            pprof: self.format == Some(RecordFormat::Pprof),
+            every: self.every,
         }
     }
 }

@@ -207,3 +207,107 @@ fn a_traced_profile_counts_the_calls_the_program_made() {
     let threads = tags.lines().filter(|l| l.contains("): thread ")).count();
     assert_eq!(threads, 2, "{tags}");
 }
+
+/// `record --format pprof --every 1 -o DIR` on a program running about 3.5 s:
+/// one whole profile per period (named with the pid and the period's UTC start,
+/// mode 0600, no temporary file left), each read by go tool pprof, their samples
+/// adding up to the whole recording's, which is kept beside them.
+#[test]
+fn rotated_profiles_add_up_to_the_whole_recording() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tmp_dir();
+    let dir = tmp.path().join("profiles");
+    let extra = ["--mode", "sample", "--format", "pprof", "--every", "1"];
+    if record("3.11", &extra, &dir, "shares.py", &["3.5"]).is_none() {
+        return;
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let recording = names
+        .iter()
+        .find(|n| n.ends_with(".pyprobe"))
+        .unwrap_or_else(|| panic!("no recording kept in {names:?}"));
+    let pid = recording
+        .strip_prefix("pyprobe-")
+        .and_then(|n| n.strip_suffix(".pyprobe"))
+        .unwrap();
+    let profiles: Vec<&String> = names.iter().filter(|n| n.ends_with(".pb.gz")).collect();
+    assert_eq!(
+        profiles.len() + 1,
+        names.len(),
+        "only profiles and the recording: {names:?}"
+    );
+    // 3.5 s of the program and its start: 4 periods, more on a slow start.
+    assert!((4..=6).contains(&profiles.len()), "{names:?}");
+
+    let report = report_of(&dir.join(recording));
+    let mut samples = 0;
+    let mut previous_stamp = String::new();
+    for (i, name) in profiles.iter().enumerate() {
+        // pyprobe-PID-YYYYMMDDTHHMMSSZ.pb.gz (.N.pb.gz for a second period
+        // starting within the same second, which a late tick can make).
+        let stamp = name
+            .strip_prefix(&format!("pyprobe-{pid}-"))
+            .and_then(|n| n.strip_suffix(".pb.gz"))
+            .map(|n| n.split('.').next().unwrap())
+            .unwrap_or_else(|| panic!("{name} is not named for pid {pid}"));
+        assert!(
+            stamp.len() == 16 && stamp.as_bytes()[8] == b'T' && stamp.ends_with('Z'),
+            "{name}"
+        );
+        assert!(stamp >= previous_stamp.as_str(), "{profiles:?}");
+        previous_stamp = stamp.to_owned();
+        let path = dir.join(name);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{name}");
+        let n = pprof_total(&path, "samples");
+        // The program burns CPU throughout; the last period may be a moment.
+        assert!(n > 0 || i + 1 == profiles.len(), "{name} holds no samples");
+        samples += n;
+    }
+    assert_eq!(samples, report["sample_filter"]["kept"].as_u64().unwrap());
+}
+
+/// Traced, the periods' calls add up to the whole recording's: each period's
+/// replay counts a call where it returns, the calls under way when a period
+/// begins included.
+#[test]
+fn rotated_traced_profiles_add_up_to_the_whole_recording() {
+    let tmp = tmp_dir();
+    let dir = tmp.path().join("profiles");
+    let extra = ["--mode", "trace", "--format", "pprof", "--every", "1"];
+    if record("3.9", &extra, &dir, "hot_loop.py", &["2.5"]).is_none() {
+        return;
+    }
+    let mut profiles = Vec::new();
+    let mut recording = None;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        match path.to_string_lossy() {
+            p if p.ends_with(".pb.gz") => profiles.push(path),
+            p if p.ends_with(".pyprobe") => recording = Some(path),
+            _ => panic!("{} in {}", path.display(), dir.display()),
+        }
+    }
+    assert!(profiles.len() >= 3, "{profiles:?}");
+    let report = report_of(&recording.expect("the recording is kept"));
+    let f_calls = |top: &[(u64, String)]| top.iter().find(|(_, f)| f == "f").map_or(0, |r| r.0);
+    let (mut calls, mut f) = (0, 0);
+    for p in &profiles {
+        calls += pprof_total(p, "calls");
+        f += f_calls(&pprof_top(p, "calls", &[]));
+    }
+    assert_eq!(calls, sum(&report, "calls"));
+    let f_report = report["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["function"] == "f")
+        .and_then(|r| r["calls"].as_u64())
+        .unwrap();
+    assert!(f_report > 100_000, "{f_report}");
+    assert_eq!(f, f_report);
+}

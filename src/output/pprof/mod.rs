@@ -3,15 +3,18 @@
 //! Cloud Profiler) that collect profiles from a fleet.
 //!
 //! The profile is the flame graph's folded stacks ([`read_folded_by_thread`]),
-//! so its numbers are the flame graph's and the report's: a sampled recording
-//! gives `samples`/`count` and `cpu`/`nanoseconds` (samples × the sampling
-//! interval; `wall` when `--idle` counts waiting threads too), a traced one
-//! `calls`/`count` and `wall`/`nanoseconds` (exclusive time, as the flame graph
-//! weighs stacks by it). Each sample is labelled with its `thread` (named as
-//! every view names threads: the recording keeps thread ids, not names) and its
-//! process's `pid`. A location is a function at its first line: stacks are
-//! folded by function. A GC pause is a `[gc gen N]` function on top of the
-//! code that triggered it.
+//! so its numbers are the flame graph's: a sampled recording gives
+//! `samples`/`count` and `cpu`/`nanoseconds` (samples × the sampling interval;
+//! `wall` when `--idle` counts waiting threads too), a traced one `calls`/`count`
+//! and `wall`/`nanoseconds` (exclusive time, as the flame graph weighs stacks by
+//! it; a GC pause is a `[gc gen N]` function on top of the code that triggered
+//! it, its time taken out of that code's). A recording with neither samples nor
+//! calls is of its mode's kind (an `auto` one: sampled), so that the periods of
+//! one recording keep one kind unless some trace calls exactly and others not.
+//!
+//! Each sample is labelled with its `thread` (named as every view names threads:
+//! the recording keeps thread ids, not names) and its process's `pid`. A
+//! location is a function at its first line: stacks are folded by function.
 //!
 //! [`read_folded_by_thread`]: crate::output::flame::read_folded_by_thread
 
@@ -145,7 +148,12 @@ pub fn build_profile(
     idle: bool,
 ) -> (Profile, PprofTotals) {
     let header = &info.header;
-    let kind = if is_sampled(folded, header) {
+    // As the flame graph weighs stacks; a recording (or a period of one) with
+    // neither samples nor calls is of the kind its mode gives, so that the
+    // periods of one recording keep one kind.
+    let c = folded.counts;
+    let empty_of_calls = c.calls + c.returns == 0 && header.mode != "trace";
+    let kind = if is_sampled(folded, header) || empty_of_calls {
         ProfileKind::Sampled
     } else {
         ProfileKind::Traced

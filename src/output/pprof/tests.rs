@@ -197,3 +197,26 @@ fn the_gzipped_profile_decodes_to_what_was_built() {
     std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw).unwrap();
     assert_eq!(Profile::decode(&raw[..]).unwrap(), p);
 }
+
+#[test]
+fn a_recording_with_neither_samples_nor_calls_is_of_its_modes_kind() {
+    for (mode, kind) in [
+        ("sample", ProfileKind::Sampled),
+        ("auto", ProfileKind::Sampled),
+        ("trace", ProfileKind::Traced),
+    ] {
+        let header = Header {
+            mode: mode.into(),
+            sample_interval_ns: 1_000,
+            ..Header::default()
+        };
+        let idle = Event {
+            tid: 1,
+            ts_ns: 5,
+            kind: EventKind::ThreadStart { pid: 1 },
+        };
+        let (p, totals) = profile_of(&header, &[idle], 10);
+        assert_eq!((totals.kind, totals.values), (kind, [0, 0]), "{mode}");
+        assert!(p.sample.is_empty());
+    }
+}
