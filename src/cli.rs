@@ -299,6 +299,13 @@ pub struct ReportArgs {
     pub exclude: Vec<String>,
     #[command(flatten)]
     pub samples: SampleArgs,
+    /// Instead of the report: the source of FILE (read from disk now), each line
+    /// with the samples whose innermost frame ran it (own, and its time: own ×
+    /// the sampling interval), the samples with it anywhere on their stack
+    /// (total), and the `line` probe's hits on it (`record --probes line`). FILE
+    /// is the path the recording names, or its end (`app/main.py`).
+    #[arg(long, value_name = "FILE")]
+    pub lines: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -521,6 +528,7 @@ impl ReportArgs {
             include: self.include,
             exclude: self.exclude,
             samples: self.samples.into(),
+            lines: self.lines,
         }
     }
 }

@@ -9,4 +9,4 @@ pub use flame::{
     extension, flame, is_fifo, recording_beside, write_view_for_extension, FlameFormat,
     FlameRequest,
 };
-pub(crate) use reading::open;
+pub(crate) use reading::{note_cut_short, open};
