@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes a fresh Debian machine ready for the tests, doing only what is missing:
 # the Debian packages the tests build and run with (a C compiler, <sys/sdt.h>,
-# the system CPython 3.11 with its headers, setpriv), and the unprivileged user
+# the system CPython 3.11 with its headers, setpriv, Go's `go tool pprof` that
+# reads pyprobe's pprof profiles back), and the unprivileged user
 # `pyprobe-test` that the tests run pyprobe as. Says in one line what it installs.
 # As root it installs; otherwise it prints the command to run and fails.
 set -euo pipefail
@@ -20,6 +21,7 @@ declare -A NEED=(
     [passwd]=/usr/sbin/useradd
     [ca-certificates]=/etc/ssl/certs/ca-certificates.crt
     [python3-pip]=/usr/lib/python3/dist-packages/pip
+    [golang-go]=/usr/bin/go
 )
 missing=()
 for pkg in "${!NEED[@]}"; do

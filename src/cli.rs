@@ -104,8 +104,8 @@ pub struct RecordArgs {
     #[command(flatten)]
     pub target: TargetArgs,
     /// Output: a recording (`.pyprobe`), or a view chosen by extension
-    /// (`.svg` flame graph, `.json` speedscope, `.txt` collapsed stacks; the
-    /// recording is kept beside it as FILE.pyprobe). Any other name is refused
+    /// (`.svg` flame graph, `.json` speedscope, `.txt` collapsed stacks, `.pb.gz`
+    /// pprof; the recording is kept beside it as FILE.pyprobe). Any other name is refused
     /// before the target is touched (a FIFO takes the recording). An existing
     /// file is refused unless --force is given. Default: the flame graph
     /// pyprobe-PID.svg with the recording beside it (pyprobe-PID.pyprobe), or
@@ -174,10 +174,29 @@ pub struct RecordArgs {
     /// Sample without stopping the threads (faster, stacks may be torn).
     #[arg(long)]
     pub nonblocking: bool,
-    /// For a view written directly (-o x.svg, .json, .txt); the recording keeps
-    /// every sample and its thread's state.
+    /// For a view written directly (-o x.svg, .json, .txt, .pb.gz) and the
+    /// profiles of --every; the recording keeps every sample and its thread's
+    /// state.
     #[command(flatten)]
     pub samples: SampleArgs,
+    /// `pprof`: a gzipped pprof profile (as `flame --format pprof` writes), when
+    /// the recording ends to -o FILE.pb.gz, or with --every one per period.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<RecordFormat>,
+    /// With --format pprof: one profile per period of SECONDS (1 to 86400), each
+    /// written whole into the directory -o names (made if missing) as
+    /// pyprobe-PID-YYYYMMDDTHHMMSSZ.pb.gz (the period's start, UTC; by way of a
+    /// hidden temporary file and a rename, mode 0600), for an agent to ship to a
+    /// profile collector. The recording is kept there too, as pyprobe-PID.pyprobe,
+    /// for report, flame and top --from; it grows with the run.
+    #[arg(long, value_name = "SECONDS", requires = "format")]
+    pub every: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RecordFormat {
+    /// Gzipped pprof profile.proto.
+    Pprof,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -186,6 +205,11 @@ pub enum FlameFormat {
     Collapsed,
     Speedscope,
     Chrome,
+    /// Gzipped pprof profile.proto, for `go tool pprof` and continuous profilers
+    /// (Pyroscope, Grafana, Parca): samples/count and cpu/nanoseconds for a sampled
+    /// recording, calls/count and wall/nanoseconds (exclusive) for a traced one,
+    /// each stack labelled with its thread and pid.
+    Pprof,
 }
 
 #[derive(Debug, Args)]
@@ -194,10 +218,11 @@ pub struct FlameArgs {
     pub file: PathBuf,
     /// Where to write (`-` for standard output). Its extension must fit the
     /// format (.svg; .txt or .folded for collapsed; .json for speedscope and
-    /// chrome), else pyprobe refuses; without --format, it chooses the format
-    /// (.json: speedscope). An existing file is refused unless --force is given.
-    /// Default: beside the recording (FILE.svg, .folded.txt, .speedscope.json,
-    /// .trace.json), or FILE.1.svg, .2, ... when that exists.
+    /// chrome; .pb.gz or .pprof for pprof), else pyprobe refuses; without
+    /// --format, it chooses the format (.json: speedscope). An existing file is
+    /// refused unless --force is given. Default: beside the recording (FILE.svg,
+    /// .folded.txt, .speedscope.json, .trace.json, .pb.gz), or FILE.1.svg, .2, ...
+    /// when that exists.
     #[arg(short, long, value_name = "OUT")]
     pub output: Option<PathBuf>,
     /// What to write (default: from OUT's extension, else svg).
@@ -274,6 +299,13 @@ pub struct ReportArgs {
     pub exclude: Vec<String>,
     #[command(flatten)]
     pub samples: SampleArgs,
+    /// Instead of the report: the source of FILE (read from disk now), each line
+    /// with the samples whose innermost frame ran it (own, and its time: own ×
+    /// the sampling interval), the samples with it anywhere on their stack
+    /// (total), and the `line` probe's hits on it (`record --probes line`). FILE
+    /// is the path the recording names, or its end (`app/main.py`).
+    #[arg(long, value_name = "FILE")]
+    pub lines: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -408,6 +440,7 @@ impl From<FlameFormat> for views::FlameFormat {
             FlameFormat::Collapsed => views::FlameFormat::Collapsed,
             FlameFormat::Speedscope => views::FlameFormat::Speedscope,
             FlameFormat::Chrome => views::FlameFormat::Chrome,
+            FlameFormat::Pprof => views::FlameFormat::Pprof,
         }
     }
 }
@@ -455,6 +488,8 @@ impl RecordArgs {
                 Engine::Ring | Engine::Int3 => record::HookUse::Never,
             },
             samples: self.samples.into(),
+            pprof: self.format == Some(RecordFormat::Pprof),
+            every: self.every,
         }
     }
 }
@@ -493,6 +528,7 @@ impl ReportArgs {
             include: self.include,
             exclude: self.exclude,
             samples: self.samples.into(),
+            lines: self.lines,
         }
     }
 }

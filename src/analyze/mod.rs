@@ -9,6 +9,7 @@ pub mod folded;
 mod gc;
 pub mod histogram;
 mod imports;
+pub mod lines;
 pub mod model;
 pub mod processes;
 pub mod recording;

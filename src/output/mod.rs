@@ -6,6 +6,7 @@ pub mod chrome;
 pub mod file;
 pub mod flame;
 pub mod names;
+pub mod pprof;
 pub mod probes;
 pub mod report;
 pub mod speedscope;

@@ -12,7 +12,7 @@ pub(super) enum Origin {
     App,
     Stdlib,
     ThirdParty,
-    /// A process frame at the root of its stacks.
+    /// A process or thread frame at the root of its stacks.
     Process,
 }
 
@@ -198,6 +198,7 @@ impl<'a> FrameNames<'a> {
             FoldFrame::Python(p) => self.python(p),
             FoldFrame::Gc { generation } => format!("[gc gen {generation}]"),
             FoldFrame::Process { pid, command } => self.process(*pid, *command),
+            FoldFrame::Thread { tid, pid } => thread_name(*tid, *pid),
         };
         clean(name)
     }
@@ -206,8 +207,18 @@ impl<'a> FrameNames<'a> {
         match f {
             FoldFrame::Python(p) => Some(origin(&self.string(p.file))),
             FoldFrame::Gc { .. } => None,
-            FoldFrame::Process { .. } => Some(Origin::Process),
+            FoldFrame::Process { .. } | FoldFrame::Thread { .. } => Some(Origin::Process),
         }
+    }
+}
+
+/// How views name a thread: `main thread (TID)` for its process's first
+/// thread, else `thread TID` (recordings keep thread ids, not names).
+pub fn thread_name(tid: u32, pid: u32) -> String {
+    if tid == pid {
+        format!("main thread ({tid})")
+    } else {
+        format!("thread {tid}")
     }
 }
 

@@ -20,7 +20,7 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use crate::analyze::recording::replay_planned;
 use crate::analyze::{SampleFilter, SampleTally, SliceFilter, Step};
 use crate::output::flame::{ViewError, ViewInfo};
-use crate::output::names::FrameNames;
+use crate::output::names::{thread_name, FrameNames};
 use crate::output::{plan_recording, Census};
 use crate::recording::{EventKind, FrameRef, RecordingReader, StrId};
 
@@ -207,14 +207,6 @@ impl Pruner {
             .files
             .entry(file)
             .or_insert_with(|| filter.files.matches(&names.string(file)))
-    }
-}
-
-fn thread_name(tid: u32, pid: u32) -> String {
-    if tid == pid {
-        format!("main thread ({tid})")
-    } else {
-        format!("thread {tid}")
     }
 }
 

@@ -2,6 +2,7 @@
 //! result to a view.
 
 pub mod dump;
+pub mod lines;
 pub mod probes;
 pub mod record;
 pub mod report;

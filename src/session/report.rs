@@ -25,10 +25,18 @@ pub struct ReportRequest {
     pub exclude: Vec<String>,
     /// Which samples count (`--idle`, `--gil`).
     pub samples: SampleFilter,
+    /// `--lines FILE`: the annotated source of FILE instead of the report.
+    pub lines: Option<PathBuf>,
 }
 
 pub fn run(request: &ReportRequest) -> Result<ExitCode> {
     let file = &request.file;
+    if let Some(source) = &request.lines {
+        if request.json {
+            anyhow::bail!("--lines prints the annotated source as text: leave out --format json");
+        }
+        return crate::session::lines::report_lines(file, source, request.samples);
+    }
     let mut reader =
         RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))?;
     let report = build_report_filtered(&mut reader, request.samples)

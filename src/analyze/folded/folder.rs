@@ -43,6 +43,9 @@ pub struct Folder {
     windowed: bool,
     /// Which samples count (see `states`); without a recording's header, all do.
     tally: SampleTally,
+    /// Each stack starts with its thread's frame (for exports that label
+    /// samples by thread).
+    by_thread: bool,
 }
 
 impl Folder {
@@ -69,6 +72,13 @@ impl Folder {
         }
     }
 
+    /// Keeps threads apart: every stack starts with a [`FoldFrame::Thread`]
+    /// frame (under its process's, when there are several).
+    pub fn by_thread(mut self) -> Self {
+        self.by_thread = true;
+        self
+    }
+
     fn grow(&mut self) {
         let n = self.tree.len();
         if self.time.len() < n {
@@ -85,14 +95,21 @@ impl Folder {
     }
 
     /// Where the stacks of thread `tid` start: its process's node when the
-    /// recording holds several processes, else the root.
+    /// recording holds several processes, else the root; then its thread's node
+    /// when threads are kept apart.
     fn base(&mut self, tid: u32, replay: &Replay) -> NodeId {
-        if !replay.several_processes() {
-            return StackTree::ROOT;
-        }
         let pid = replay.process_of(tid);
-        let command = replay.processes().get(pid).and_then(|p| p.command);
-        self.child(StackTree::ROOT, FoldFrame::Process { pid, command })
+        let process = if replay.several_processes() {
+            let command = replay.processes().get(pid).and_then(|p| p.command);
+            self.child(StackTree::ROOT, FoldFrame::Process { pid, command })
+        } else {
+            StackTree::ROOT
+        };
+        if self.by_thread {
+            self.child(process, FoldFrame::Thread { tid, pid })
+        } else {
+            process
+        }
     }
 
     /// Adds one event, at its thread's time `ts`, with the steps the replay made

@@ -45,6 +45,7 @@ fn stacks(f: &Folded, m: Measure) -> Vec<(Vec<u32>, u64)> {
                 FoldFrame::Python(fr) => fr.function.0,
                 FoldFrame::Gc { .. } => 99,
                 FoldFrame::Process { pid, .. } => 1000 + pid,
+                FoldFrame::Thread { tid, .. } => 2000 + tid,
             })
             .collect();
         out.push((names, v));
@@ -233,6 +234,7 @@ fn walk_in_name_order_and_prune_narrow_stacks() {
         FoldFrame::Python(p) => format!("f{}", p.function.0),
         FoldFrame::Gc { .. } => "gc".into(),
         FoldFrame::Process { pid, .. } => format!("p{pid}"),
+        FoldFrame::Thread { tid, .. } => format!("t{tid}"),
     };
     let walk = |min_total| {
         let mut out = Vec::new();

@@ -22,6 +22,13 @@ pub enum FoldFrame {
         /// Its command line then; `None`: the recording's (the header's).
         command: Option<StrId>,
     },
+    /// The thread the stacks above ran on, under its process, when the folder
+    /// was asked to keep threads apart ([`Folder::by_thread`](super::Folder::by_thread)).
+    Thread {
+        tid: u32,
+        /// Its process (the recording's, or a child traced with it).
+        pid: u32,
+    },
 }
 
 /// What a stack's value counts.

@@ -88,7 +88,25 @@ pub fn read_folded_filtered<R: Read + Seek>(
     reader: &mut RecordingReader<R>,
     filter: SampleFilter,
 ) -> Result<(Folded, ViewInfo), RecordError> {
-    let mut folder = Folder::for_recording(reader.header(), filter);
+    fold_with(reader, Folder::for_recording(reader.header(), filter))
+}
+
+/// As [`read_folded_filtered`], with each stack under its thread's frame
+/// ([`Folder::by_thread`]): for exports that label samples by thread.
+pub fn read_folded_by_thread<R: Read + Seek>(
+    reader: &mut RecordingReader<R>,
+    filter: SampleFilter,
+) -> Result<(Folded, ViewInfo), RecordError> {
+    fold_with(
+        reader,
+        Folder::for_recording(reader.header(), filter).by_thread(),
+    )
+}
+
+fn fold_with<R: Read + Seek>(
+    reader: &mut RecordingReader<R>,
+    mut folder: Folder,
+) -> Result<(Folded, ViewInfo), RecordError> {
     let replay = replay_recording(reader, |_, event, ts, steps, replay| {
         folder.push(event, ts, steps, replay);
         Ok::<(), RecordError>(())

@@ -2,6 +2,7 @@
 //! text table.
 
 mod json;
+mod lines;
 mod table;
 
 #[cfg(test)]
@@ -12,4 +13,5 @@ pub use crate::analyze::report::{
 };
 pub use crate::output::units::format_ns;
 pub use json::render_json;
+pub use lines::render_lines;
 pub use table::render_table;

@@ -13,6 +13,7 @@ use crate::tracer::signals;
 use crate::tracer::Hit;
 
 use super::codes::ReturnHit;
+use super::periods::Periods;
 use super::resolver::Chosen;
 
 /// Turns probe hits into recording events, filtering as asked.
@@ -43,6 +44,10 @@ pub struct EventBuilder {
     /// The sampling interval of stacks taken alongside return-only tracing
     /// (CPython 3.11 in trace mode), written to the header when that is the case.
     alongside_interval_ns: u64,
+    /// `--every`: each event goes to its period's recording too.
+    periods: Option<Periods>,
+    /// The recording's strings by id, kept for the periods (which intern their own).
+    strings: Vec<String>,
 }
 
 /// An event that names a string, made once the string has its id.
@@ -97,7 +102,26 @@ impl EventBuilder {
             last_flush_ns: 0,
             frames: FxHashMap::default(),
             alongside_interval_ns: 0,
+            periods: None,
+            strings: Vec::new(),
         }
+    }
+
+    /// Every event goes to `periods` too.
+    pub fn with_periods(&mut self, periods: Periods) {
+        self.periods = Some(periods);
+    }
+
+    /// Ends the period under way if its time is up.
+    pub fn rotate_periods(&mut self, now_ns: u64) {
+        if let Some(p) = self.periods.as_mut() {
+            p.rotate_if_due(now_ns);
+        }
+    }
+
+    /// The periods, to finish with the recording.
+    pub fn take_periods(&mut self) -> Option<Periods> {
+        self.periods.take()
     }
 
     /// Stacks will be sampled every `ns` alongside a return-only trace.
@@ -155,7 +179,12 @@ impl EventBuilder {
             return;
         };
         match writer.write(&event) {
-            Ok(()) => self.events += 1,
+            Ok(()) => {
+                self.events += 1;
+                if let Some(p) = self.periods.as_mut() {
+                    p.write(&event, &self.strings);
+                }
+            }
             Err(e) => {
                 self.write_error = Some(e);
                 signals::request_stop();
@@ -194,6 +223,9 @@ impl EventBuilder {
             Ok((w, file)) => {
                 self.writer = Some(w);
                 self.file = Some(file);
+                if let Some(p) = self.periods.as_mut() {
+                    p.begin(&self.header);
+                }
             }
             Err(e) => {
                 self.write_error = Some(e);
@@ -239,10 +271,15 @@ impl EventBuilder {
     }
 
     pub fn intern(&mut self, s: &str) -> StrId {
-        match self.writer.as_mut() {
-            Some(w) => w.intern(s),
-            None => crate::recording::StrId(0),
+        let Some(w) = self.writer.as_mut() else {
+            return crate::recording::StrId(0);
+        };
+        let id = w.intern(s);
+        // Ids are dense: a new one is the next.
+        if self.periods.is_some() && id.0 as usize == self.strings.len() {
+            self.strings.push(s.to_owned());
         }
+        id
     }
 
     fn frame(&mut self, hit: &Hit) -> Option<FrameRef> {

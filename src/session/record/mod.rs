@@ -22,6 +22,7 @@ mod attaching;
 mod codes;
 mod events;
 mod lines;
+mod periods;
 mod recorder;
 mod request;
 mod resolver;

@@ -17,10 +17,11 @@ use super::attaching::Attaching;
 use super::codes::{FirstLines, ReturnHit};
 use super::events::{EventBuilder, NamedKind};
 use super::lines::{armed_line, budget_line, refusal_lines, StartLine};
+use super::periods::Periods;
 use super::request::Target;
 use super::resolver::{needs_context_stacks, returns_only, Chosen, Mode, CONTEXT_PROBES};
 use super::sampler::Sampler;
-use super::settings::{default_output, Settings};
+use super::settings::{default_output, recording_in, Settings};
 use super::status::Status;
 use crate::session::views::FlameFormat;
 
@@ -62,15 +63,16 @@ impl<'a> Recorder<'a> {
         launched: bool,
     ) -> Result<Recorder<'a>> {
         let request = settings.request;
-        let output = match &request.output {
-            Some(o) => o.clone(),
-            None => {
+        let output = match (&settings.periods, &request.output) {
+            (Some((dir, _)), _) => recording_in(dir, pid, settings.existing)?,
+            (None, Some(o)) => o.clone(),
+            (None, None) => {
                 settings.view = Some(FlameFormat::Svg);
                 default_output(pid, settings.existing)?
             }
         };
         let recording_path = if settings.view.is_some() {
-            output.with_extension("pyprobe")
+            crate::session::views::recording_beside(&output)
         } else {
             output.clone()
         };
@@ -102,6 +104,9 @@ impl<'a> Recorder<'a> {
         );
         if settings.alongside {
             builder.sample_alongside(settings.interval_ns);
+        }
+        if let Some((dir, every_ns)) = &settings.periods {
+            builder.with_periods(Periods::new(dir.clone(), *every_ns, request.samples));
         }
         let mut sampler = attaching.sampler;
         sampler.verbose = request.verbose;
@@ -227,6 +232,7 @@ impl<'a> Recorder<'a> {
                 pid, ts_ns, on_cpu, ..
             } => self.on_tick(pid, ts_ns, &on_cpu),
         }
+        self.builder.rotate_periods(monotonic_ns());
         self.status.update(
             self.builder.events(),
             self.sampler.samples,
@@ -300,7 +306,7 @@ impl<'a> Recorder<'a> {
         let end_ns = monotonic_ns();
         let Recorder {
             settings,
-            builder,
+            mut builder,
             sampler,
             pid,
             launched,
@@ -309,6 +315,21 @@ impl<'a> Recorder<'a> {
             ..
         } = self;
         let request = settings.request;
+        if let Some(periods) = builder.take_periods() {
+            let summary = periods.finish(end_ns);
+            if let Some((dir, every_ns)) = &settings.periods {
+                eprintln!(
+                    "pyprobe: wrote {} pprof profiles ({} s each) to {}{}",
+                    summary.written.len(),
+                    *every_ns as f64 / 1e9,
+                    dir.display(),
+                    match summary.failures.len() {
+                        0 => String::new(),
+                        n => format!("; {n} could not be written (said above)"),
+                    }
+                );
+            }
+        }
         let events = builder.events();
         let (opened, write_error) = builder.into_parts();
         let outcome = match outcome {

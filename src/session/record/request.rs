@@ -57,4 +57,8 @@ pub struct RecordRequest {
     pub hook: HookUse,
     /// Which samples a view written directly (`-o x.svg`) counts.
     pub samples: SampleFilter,
+    /// `--format pprof`: a pprof profile, at the end (`-o FILE.pb.gz`) or per period.
+    pub pprof: bool,
+    /// `--every SECONDS`: one pprof profile per period, into the directory `-o` names.
+    pub every: Option<f64>,
 }

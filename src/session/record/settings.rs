@@ -13,7 +13,7 @@ use crate::process::status::check_inspectable;
 use crate::python::probe_catalog::{ProbeGroup, PROVIDER};
 use crate::python::tracing::parse_groups;
 use crate::python::walker::find_interpreter_object;
-use crate::session::views::{extension, is_fifo, FlameFormat};
+use crate::session::views::{extension, is_fifo, recording_beside, FlameFormat};
 use crate::tracer::EngineOptions;
 
 use super::request::RecordRequest;
@@ -58,6 +58,8 @@ pub(super) struct Settings<'a> {
     /// version runs is known only once the probes are found, so those samples do
     /// not stop the target (elsewhere the ticks are ignored).
     pub alongside: bool,
+    /// `--every`: the directory the periods' profiles go to, and their length (ns).
+    pub periods: Option<(PathBuf, u64)>,
 }
 
 impl Settings<'_> {
@@ -89,11 +91,22 @@ impl Settings<'_> {
         } else {
             Existing::Keep
         };
+        let periods = check_periods(request)?;
         let view = match &request.output {
+            Some(_) if periods.is_some() => None,
             Some(output) => check_outputs(output, existing)?,
             None => None,
         };
-        if request.samples != SampleFilter::default() && view.is_none() && request.output.is_some()
+        if request.pprof && periods.is_none() && view != Some(FlameFormat::Pprof) {
+            bail!(
+                "--format pprof writes one profile when the recording ends (-o FILE.pb.gz), or \
+                 one per period into a directory (--every SECONDS -o DIR)"
+            );
+        }
+        if request.samples != SampleFilter::default()
+            && view.is_none()
+            && periods.is_none()
+            && request.output.is_some()
         {
             eprintln!(
                 "pyprobe: note: --idle and --gil choose the samples a view counts (-o x.svg, \
@@ -111,6 +124,7 @@ impl Settings<'_> {
             view,
             interval_ns: 1_000_000_000 / u64::from(request.rate),
             alongside: mode == Mode::Trace && budget.is_none(),
+            periods,
         })
     }
 
@@ -144,6 +158,55 @@ pub(super) fn default_output(pid: i32, existing: Existing) -> Result<PathBuf> {
                 .map(|(svg, _)| svg)
                 .context("cannot find a free name for the flame graph and its recording")
         }
+    }
+}
+
+/// Shortest and longest `--every`, in seconds.
+const MIN_PERIOD_S: f64 = 1.0;
+const MAX_PERIOD_S: f64 = 86_400.0;
+
+/// `--every SECONDS -o DIR`: the directory (made if missing, mode 0700) and the
+/// period in ns; refused without `--format pprof` or a directory.
+fn check_periods(request: &RecordRequest) -> Result<Option<(PathBuf, u64)>> {
+    let Some(every) = request.every else {
+        return Ok(None);
+    };
+    if !request.pprof {
+        bail!("--every rotates pprof profiles: give --format pprof too");
+    }
+    if !(MIN_PERIOD_S..=MAX_PERIOD_S).contains(&every) {
+        bail!("--every must be between {MIN_PERIOD_S} and {MAX_PERIOD_S} seconds (got {every})");
+    }
+    let Some(dir) = &request.output else {
+        bail!("--every writes one profile per period into a directory: name it with -o DIR");
+    };
+    if !dir.exists() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("cannot create the directory {}", dir.display()))?;
+    }
+    if !dir.is_dir() {
+        bail!(
+            "{} is not a directory: --every writes one profile per period into the directory -o names",
+            dir.display()
+        );
+    }
+    Ok(Some((dir.clone(), (every * 1e9) as u64)))
+}
+
+/// The recording beside the periods' profiles: `DIR/pyprobe-PID.pyprobe`, or
+/// the first numbered name free unless `existing` allows replacing it.
+pub(super) fn recording_in(dir: &Path, pid: i32, existing: Existing) -> Result<PathBuf> {
+    let base = dir.join(format!("pyprobe-{pid}.pyprobe"));
+    match existing {
+        Existing::Replace => Ok(base),
+        Existing::Keep => Ok(crate::output::file::first_free(
+            |n| numbered(&base, ".pyprobe", n),
+            true,
+        )?),
     }
 }
 
@@ -198,14 +261,14 @@ fn check_outputs(output: &Path, existing: Existing) -> Result<Option<FlameFormat
     let recording = match view {
         Some(_) => {
             check(output, Stdout::Refused, existing)?;
-            output.with_extension("pyprobe")
+            recording_beside(output)
         }
         None if extension(output).as_deref() == Some("pyprobe") || is_fifo(output) => {
             output.to_owned()
         }
         None => bail!(
             "pyprobe record cannot write {}: name the output .pyprobe (a recording), .svg \
-             (flame graph), .json (speedscope) or .txt (collapsed stacks)",
+             (flame graph), .json (speedscope), .txt (collapsed stacks) or .pb.gz (pprof)",
             output.display()
         ),
     };

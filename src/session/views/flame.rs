@@ -12,8 +12,10 @@ use crate::analyze::{SampleFilter, SliceFilter};
 use crate::output::chrome::{write_chrome, ChromeOptions};
 use crate::output::file::{check, first_free, numbered, Existing, Output, Stdout};
 use crate::output::flame::{
-    choose_measure, read_folded_filtered, write_collapsed, write_svg, By, FrameNames, SvgOptions,
+    choose_measure, read_folded_by_thread, read_folded_filtered, write_collapsed, write_svg, By,
+    FrameNames, SvgOptions,
 };
+use crate::output::pprof::{build_profile, write_gzipped};
 use crate::output::speedscope::{write_speedscope, SpeedscopeOptions};
 use crate::output::Census;
 
@@ -31,6 +33,8 @@ pub enum FlameFormat {
     Speedscope,
     /// Chrome trace event JSON (Perfetto).
     Chrome,
+    /// Gzipped pprof `profile.proto` (go tool pprof, Pyroscope and the like).
+    Pprof,
 }
 
 impl FlameFormat {
@@ -41,21 +45,39 @@ impl FlameFormat {
             FlameFormat::Collapsed => ".folded.txt",
             FlameFormat::Speedscope => ".speedscope.json",
             FlameFormat::Chrome => ".trace.json",
+            FlameFormat::Pprof => ".pb.gz",
         }
     }
 
-    /// File name extensions (lower case) an output of this format may have.
+    /// File name endings (lower case, after a dot) an output of this format may
+    /// have.
     fn extensions(self) -> &'static [&'static str] {
         match self {
             FlameFormat::Svg => &["svg"],
             FlameFormat::Collapsed => &["txt", "folded"],
             FlameFormat::Speedscope | FlameFormat::Chrome => &["json"],
+            FlameFormat::Pprof => &["pb.gz", "pprof"],
         }
     }
 
+    /// Whether `path`'s name has one of this format's endings.
+    fn fits(self, path: &Path) -> bool {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_ascii_lowercase())
+            .unwrap_or_default();
+        self.extensions()
+            .iter()
+            .any(|e| name.len() > e.len() + 1 && name.ends_with(&format!(".{e}")))
+    }
+
     /// The format an output named `path` gets when none is asked for: `.svg`
-    /// flame graph, `.txt` (or `.folded`) collapsed stacks, `.json` speedscope.
+    /// flame graph, `.txt` (or `.folded`) collapsed stacks, `.json` speedscope,
+    /// `.pb.gz` (or `.pprof`) pprof.
     pub fn for_extension(path: &Path) -> Option<FlameFormat> {
+        if FlameFormat::Pprof.fits(path) {
+            return Some(FlameFormat::Pprof);
+        }
         match extension(path).as_deref() {
             Some("svg") => Some(FlameFormat::Svg),
             Some("txt" | "folded") => Some(FlameFormat::Collapsed),
@@ -71,6 +93,7 @@ impl FlameFormat {
             FlameFormat::Collapsed => "collapsed stacks (text)",
             FlameFormat::Speedscope => "speedscope profile (JSON)",
             FlameFormat::Chrome => "Chrome trace (JSON)",
+            FlameFormat::Pprof => "pprof profile (gzipped protobuf)",
         }
     }
 
@@ -81,6 +104,7 @@ impl FlameFormat {
             FlameFormat::Collapsed => "collapsed",
             FlameFormat::Speedscope => "speedscope",
             FlameFormat::Chrome => "chrome",
+            FlameFormat::Pprof => "pprof",
         }
     }
 
@@ -90,6 +114,7 @@ impl FlameFormat {
             FlameFormat::Collapsed => "folded stacks",
             FlameFormat::Speedscope => "speedscope profile (open it at speedscope.app)",
             FlameFormat::Chrome => "Chrome trace (open it in ui.perfetto.dev or chrome://tracing)",
+            FlameFormat::Pprof => "pprof profile (go tool pprof reads it; Pyroscope ingests it)",
         }
     }
 }
@@ -99,6 +124,25 @@ pub fn extension(path: &Path) -> Option<String> {
     path.extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase)
+}
+
+/// Where the recording goes beside the view `view`: its name with the view's
+/// ending replaced by `.pyprobe` (`run.pb.gz` → `run.pyprobe`).
+pub fn recording_beside(view: &Path) -> PathBuf {
+    if FlameFormat::Pprof.fits(view) {
+        let name = view.file_name().map(|n| n.to_string_lossy().into_owned());
+        if let Some(name) = name {
+            let lower = name.to_ascii_lowercase();
+            let stem_len = FlameFormat::Pprof
+                .extensions()
+                .iter()
+                .find(|e| lower.ends_with(&format!(".{e}")))
+                .map_or(name.len(), |e| name.len() - e.len() - 1);
+            // The endings are ASCII: the cut falls on a character boundary.
+            return view.with_file_name(format!("{}.pyprobe", &name[..stem_len]));
+        }
+    }
+    view.with_extension("pyprobe")
 }
 
 /// Whether `path` is a FIFO now (links followed): whatever it is named, it takes
@@ -158,7 +202,7 @@ fn warn_if_large(format: FlameFormat, census: &Census, filtered: bool) {
     let bytes = match format {
         FlameFormat::Chrome => census.chrome_bytes(),
         FlameFormat::Speedscope => census.speedscope_bytes(),
-        FlameFormat::Svg | FlameFormat::Collapsed => return,
+        FlameFormat::Svg | FlameFormat::Collapsed | FlameFormat::Pprof => return,
     };
     if bytes <= large_view_bytes() {
         return;
@@ -208,6 +252,15 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
             } else {
                 write_collapsed(&folded, measure, &names, &mut *out)?;
             }
+            folded.tally
+        }
+        FlameFormat::Pprof => {
+            let (folded, info) = read_folded_by_thread(&mut reader, request.samples)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            note_cut_short(&reader, file);
+            let (profile, _) =
+                build_profile(&folded, &info, reader.strings(), request.samples.idle);
+            write_gzipped(&profile, &mut *out)?;
             folded.tally
         }
         FlameFormat::Speedscope => {
@@ -285,8 +338,7 @@ fn flame_format(request: &FlameRequest) -> Result<FlameFormat> {
     check(out, Stdout::Allowed, Existing::Replace)?;
     match request.format {
         Some(format) => {
-            let fits = extension(out).is_some_and(|e| format.extensions().contains(&e.as_str()));
-            if !fits {
+            if !format.fits(out) {
                 let endings: Vec<String> = format
                     .extensions()
                     .iter()
@@ -306,8 +358,8 @@ fn flame_format(request: &FlameRequest) -> Result<FlameFormat> {
         None => FlameFormat::for_extension(out).ok_or_else(|| {
             anyhow::anyhow!(
                 "pyprobe flame cannot tell what to write to {} from its extension: name it \
-                 .svg (flame graph), .txt (collapsed stacks) or .json (speedscope; a Chrome trace \
-                 with --format chrome), or give --format",
+                 .svg (flame graph), .txt (collapsed stacks), .json (speedscope; a Chrome trace \
+                 with --format chrome) or .pb.gz (pprof), or give --format",
                 out.display()
             )
         }),
@@ -371,7 +423,7 @@ pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
 }
 
 /// Writes the view `out`'s extension names (`.svg` flame graph, `.json`
-/// speedscope, `.txt` or `.folded` collapsed stacks) from the recording at
+/// speedscope, `.txt` or `.folded` collapsed stacks, `.pb.gz` pprof) from the recording at
 /// `recording`, with the samples `samples` keeps. Returns `false`, writing
 /// nothing, for any other extension.
 pub fn write_view_for_extension(

@@ -5,5 +5,8 @@ mod flame;
 mod reading;
 
 pub use calls::{calls, CallsRequest};
-pub use flame::{extension, flame, is_fifo, write_view_for_extension, FlameFormat, FlameRequest};
-pub(crate) use reading::open;
+pub use flame::{
+    extension, flame, is_fifo, recording_beside, write_view_for_extension, FlameFormat,
+    FlameRequest,
+};
+pub(crate) use reading::{note_cut_short, open};
