@@ -91,6 +91,33 @@ pub(crate) struct EventEncoder {
     prev: Prev,
     /// The frames numbered in the current chunk.
     frames: FxHashMap<FrameKey, u32>,
+    /// Recently numbered frames by a hash of their key, looked at before `frames`:
+    /// a trace repeats a few frames, and this is cheaper than the map's lookup.
+    recent: Recent,
+}
+
+/// Slots of [`Recent`].
+const RECENT_SLOTS: usize = 64;
+
+/// A direct-mapped cache of frame numbers: a slot holds the last key that hashed
+/// to it (the number is the chunk's, so it is emptied with `frames`).
+struct Recent([Option<(FrameKey, u32)>; RECENT_SLOTS]);
+
+impl Default for Recent {
+    fn default() -> Recent {
+        Recent([None; RECENT_SLOTS])
+    }
+}
+
+impl Recent {
+    fn slot(key: &FrameKey) -> usize {
+        let (f, first_line) = key;
+        let h = f.function.0.wrapping_mul(0x9e37_79b9)
+            ^ f.line.wrapping_mul(0x85eb_ca6b)
+            ^ first_line.wrapping_mul(0xc2b2_ae35)
+            ^ f.file.0;
+        (h >> 26) as usize % RECENT_SLOTS
+    }
 }
 
 /// How a call or return names its frame.
@@ -106,18 +133,27 @@ impl EventEncoder {
     pub(crate) fn reset(&mut self) {
         self.prev.last = None;
         self.frames.clear();
+        self.recent = Recent::default();
     }
 
     /// The frame number of a call or return, numbering it if new.
     fn number(&mut self, key: FrameKey) -> Numbered {
-        let next = self.frames.len() as u32;
-        match self.frames.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) => Numbered::At(*e.get()),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(next);
-                Numbered::New
+        let slot = Recent::slot(&key);
+        if let Some((k, n)) = self.recent.0[slot] {
+            if k == key {
+                return Numbered::At(n);
             }
         }
+        let next = self.frames.len() as u32;
+        let (n, numbered) = match self.frames.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => (*e.get(), Numbered::At(*e.get())),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(next);
+                (next, Numbered::New)
+            }
+        };
+        self.recent.0[slot] = Some((key, n));
+        numbered
     }
 
     /// Appends `event`; a sample keeps only its innermost `max_frames` frames.
