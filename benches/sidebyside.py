@@ -148,7 +148,10 @@ def run_once(argv, env):
             hits += dropped
     exact = re.search(r"calls traced exactly ([\d.]+)%", proc.stderr)
     exact = float(exact.group(1)) if exact else None
-    return elapsed, proc.returncode, hits, exact, dropped, proc.stderr
+    # The size of the recording per event written (pyprobe's closing line).
+    size = re.search(r"(\d+) events written to .* \((\d+) bytes\)", proc.stderr)
+    per_event = int(size.group(2)) / int(size.group(1)) if size and int(size.group(1)) else None
+    return elapsed, proc.returncode, hits, exact, dropped, per_event, proc.stderr
 
 
 def measure(args, version):
@@ -172,6 +175,7 @@ def measure(args, version):
     times = {(w, c): [] for w in workloads for c in configs}
     hits = {}
     exact = {}
+    size = {}
     lost_pct = {}
     unavailable = {}
     for run in range(args.runs):
@@ -184,7 +188,7 @@ def measure(args, version):
                     continue  # nothing to compare with
                 if w in ONLY and name not in ONLY[w]:
                     continue
-                elapsed, code, h, ex, dropped, err = run_once(make(cmd), env)
+                elapsed, code, h, ex, dropped, per_event, err = run_once(make(cmd), env)
                 if code != 0:
                     lines = err.strip().splitlines()
                     # The line that says why: a panic's or an error's, else the last.
@@ -196,6 +200,8 @@ def measure(args, version):
                     hits[(w, name)] = h
                 if ex is not None:
                     exact.setdefault((w, name), []).append(ex)
+                if per_event is not None:
+                    size.setdefault((w, name), []).append(per_event)
                 if dropped is not None and h:
                     lost_pct.setdefault((w, name), []).append(100.0 * dropped / h)
             print(f"bench: python {version}: run {run + 1}/{args.runs} of {w} done", file=sys.stderr)
@@ -213,6 +219,8 @@ def measure(args, version):
             row = {"workload": w, "config": name, "median_s": round(med, 4), "slowdown": round(med / base, 2)}
             if (w, name) in exact:
                 row["exact_pct"] = round(statistics.median(exact[(w, name)]), 1)
+            if (w, name) in size:
+                row["bytes_per_event"] = round(statistics.median(size[(w, name)]), 2)
             if (w, name) in lost_pct and name == "pyprobe ring":
                 row["lost_pct"] = round(statistics.median(lost_pct[(w, name)]), 1)
             # Per event only where every call is an event: under a budget or in the
@@ -253,7 +261,8 @@ PER_EVENT = ("floor", "floor same-cpu", "floor cross-cpu", "pyprobe trace", "pyp
 COLUMNS = [("workload", "workload"), ("configuration", "config"), ("median", "median_s"),
            ("slowdown", "slowdown"), ("ns/event", "ns_per_hit"), ("vs floor", "vs_floor"),
            ("vs same-CPU", "vs_same_cpu"), ("vs cross-CPU", "vs_cross_cpu"),
-           ("vs py-spy", "vs_py_spy"), ("exact %", "exact_pct"), ("lost %", "lost_pct")]
+           ("vs py-spy", "vs_py_spy"), ("exact %", "exact_pct"), ("lost %", "lost_pct"),
+           ("B/event", "bytes_per_event")]
 
 
 def cell(row, key):
@@ -268,7 +277,7 @@ def cell(row, key):
 def print_table(version, runs, results, unavailable):
     print(f"\npyprobe side-by-side, python {version}, {runs} interleaved runs, "
           f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs\n")
-    widths = [9, 22, 9, 9, 8, 9, 11, 12, 10, 8, 7]
+    widths = [9, 22, 9, 9, 8, 9, 11, 12, 10, 8, 7, 8]
     print(" ".join(f"{title:>{w}}" for (title, _), w in zip(COLUMNS, widths)))
     for r in results:
         print(" ".join(f"{cell(r, key):>{w}}" for (_, key), w in zip(COLUMNS, widths)))
@@ -320,7 +329,8 @@ def write_markdown(path, args, tables, load_before, load_after):
         "two (`floor cross-cpu`), measured in the same invocation; *vs py-spy* pyprobe's time over",
         "py-spy's at the same rate and",
         "blocking mode; *exact %* the share of the run traced exactly under a 5 % budget;",
-        "*lost %* the share of ring events dropped.",
+        "*lost %* the share of ring events dropped; *B/event* the size of pyprobe's recording",
+        "per event written.",
         "",
         "Configurations: `pyprobe trace` is `--mode trace --engine int3` (a ptrace stop per",
         "event); `pyprobe ring` is `--mode trace --engine ring` (events written by trampolines",

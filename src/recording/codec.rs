@@ -5,6 +5,16 @@
 //! timestamp (absolute varint for a chunk's first event, then a zigzag delta
 //! against the previous event: threads interleave, so deltas may be negative),
 //! and the kind's payload. State resets at every chunk so chunks stand alone.
+//!
+//! Calls and returns (format 6), most of a trace, name their frame by a number
+//! local to the chunk: the first event of a chunk with a given frame (and, for a
+//! return, first line) spells it out (`CALL_NEW`, `RETURN_NEW`) and so numbers it
+//! 0, 1, 2, ...; later ones give only the number, inside the tag byte itself for
+//! the first [`COMPACT_FRAMES`] (`COMPACT`: one byte besides the timestamp), else
+//! as a varint (`CALL_AT`, `RETURN_AT`). Kinds 0 to `0x3f` are event kinds, room
+//! for new ones; `0x40` to `0x7f` are the compact calls and returns.
+
+use rustc_hash::FxHashMap;
 
 use super::wire::{put_uvarint, zigzag, Cursor};
 use super::{Event, EventKind, FrameRef, RecordError, SampleState, StrId, ThinLevel, WalkedFrame};
@@ -43,7 +53,26 @@ mod tag {
     pub const EXEC: u8 = 22;
     /// Format 5: a return naming its function's first line (`RETURN` names none).
     pub const RETURN_FROM: u8 = 23;
+    /// Format 6: a call spelling out its frame, which gets the chunk's next frame number.
+    pub const CALL_NEW: u8 = 32;
+    /// Format 6: a return spelling out its frame and first line (0: unknown), which
+    /// get the chunk's next frame number.
+    pub const RETURN_NEW: u8 = 33;
+    /// Format 6: a call of a numbered frame, the number as a varint.
+    pub const CALL_AT: u8 = 34;
+    /// Format 6: a return of a numbered frame, the number as a varint.
+    pub const RETURN_AT: u8 = 35;
+    /// Format 6, from here to `0x7f`: a call (bit 0 clear) or return (set) of frame
+    /// number `(kind >> 1) & 0x1f`.
+    pub const COMPACT: u8 = 0x40;
 }
+
+/// Frame numbers that fit in a compact tag.
+const COMPACT_FRAMES: u32 = 32;
+
+/// A numbered frame of the current chunk: the frame and its first line (0 for
+/// calls, and for returns that name none).
+type FrameKey = (FrameRef, u32);
 
 /// Smallest encoding of a frame: three one-byte varints.
 const MIN_FRAME_LEN: usize = 3;
@@ -60,17 +89,92 @@ struct Prev {
 #[derive(Default)]
 pub(crate) struct EventEncoder {
     prev: Prev,
+    /// The frames numbered in the current chunk.
+    frames: FxHashMap<FrameKey, u32>,
+    /// Recently numbered frames by a hash of their key, looked at before `frames`:
+    /// a trace repeats a few frames, and this is cheaper than the map's lookup.
+    recent: Recent,
+}
+
+/// Slots of [`Recent`].
+const RECENT_SLOTS: usize = 64;
+
+/// A direct-mapped cache of frame numbers: a slot holds the last key that hashed
+/// to it (the number is the chunk's, so it is emptied with `frames`).
+struct Recent([Option<(FrameKey, u32)>; RECENT_SLOTS]);
+
+impl Default for Recent {
+    fn default() -> Recent {
+        Recent([None; RECENT_SLOTS])
+    }
+}
+
+impl Recent {
+    fn slot(key: &FrameKey) -> usize {
+        let (f, first_line) = key;
+        let h = f.function.0.wrapping_mul(0x9e37_79b9)
+            ^ f.line.wrapping_mul(0x85eb_ca6b)
+            ^ first_line.wrapping_mul(0xc2b2_ae35)
+            ^ f.file.0;
+        (h >> 26) as usize % RECENT_SLOTS
+    }
+}
+
+/// How a call or return names its frame.
+enum Numbered {
+    /// First use in the chunk: spelled out.
+    New,
+    /// Numbered already.
+    At(u32),
 }
 
 impl EventEncoder {
     /// Starts a new chunk: the next event is encoded with absolute values.
     pub(crate) fn reset(&mut self) {
         self.prev.last = None;
+        self.frames.clear();
+        self.recent = Recent::default();
+    }
+
+    /// The frame number of a call or return, numbering it if new.
+    fn number(&mut self, key: FrameKey) -> Numbered {
+        let slot = Recent::slot(&key);
+        if let Some((k, n)) = self.recent.0[slot] {
+            if k == key {
+                return Numbered::At(n);
+            }
+        }
+        let next = self.frames.len() as u32;
+        let (n, numbered) = match self.frames.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => (*e.get(), Numbered::At(*e.get())),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(next);
+                (next, Numbered::New)
+            }
+        };
+        self.recent.0[slot] = Some((key, n));
+        numbered
     }
 
     /// Appends `event`; a sample keeps only its innermost `max_frames` frames.
     pub(crate) fn encode(&mut self, buf: &mut Vec<u8>, event: &Event, max_frames: usize) {
-        let kind = kind_tag(&event.kind);
+        let numbered = match &event.kind {
+            EventKind::Call { frame } => Some((self.number((*frame, 0)), false)),
+            EventKind::Return { frame, first_line } => {
+                Some((self.number((*frame, *first_line)), true))
+            }
+            _ => None,
+        };
+        let kind = match &numbered {
+            None => kind_tag(&event.kind),
+            Some((Numbered::New, false)) => tag::CALL_NEW,
+            Some((Numbered::New, true)) => tag::RETURN_NEW,
+            Some((Numbered::At(n), ret)) if *n < COMPACT_FRAMES => {
+                tag::COMPACT | (*n as u8) << 1 | u8::from(*ret)
+            }
+            Some((Numbered::At(_), false)) => tag::CALL_AT,
+            Some((Numbered::At(_), true)) => tag::RETURN_AT,
+        };
         match self.prev.last {
             Some((tid, ts)) => {
                 if tid == event.tid {
@@ -88,6 +192,24 @@ impl EventEncoder {
             }
         }
         self.prev.last = Some((event.tid, event.ts_ns));
+        match (numbered, &event.kind) {
+            (Some((Numbered::At(n), _)), _) => {
+                if n >= COMPACT_FRAMES {
+                    put_uvarint(buf, u64::from(n));
+                }
+                return;
+            }
+            (Some((Numbered::New, false)), EventKind::Call { frame }) => {
+                put_frame(buf, frame);
+                return;
+            }
+            (Some((Numbered::New, true)), EventKind::Return { frame, first_line }) => {
+                put_frame(buf, frame);
+                put_uvarint(buf, u64::from(*first_line));
+                return;
+            }
+            _ => {}
+        }
         match &event.kind {
             EventKind::Return { frame, first_line } => {
                 put_frame(buf, frame);
@@ -202,12 +324,35 @@ fn put_frame(buf: &mut Vec<u8>, f: &FrameRef) {
 #[derive(Default)]
 pub(crate) struct EventDecoder {
     prev: Prev,
+    /// The frames numbered in the current chunk (each took at least
+    /// `MIN_FRAME_LEN` bytes of it: bounded by the chunk's length).
+    frames: Vec<FrameKey>,
 }
 
 impl EventDecoder {
     /// Starts a new chunk.
     pub(crate) fn reset(&mut self) {
         self.prev.last = None;
+        self.frames.clear();
+    }
+
+    /// A numbered frame's call (`ret` false) or return.
+    fn numbered(&self, n: u32, ret: bool, at: u64) -> Result<EventKind, RecordError> {
+        let &(frame, first_line) =
+            self.frames
+                .get(n as usize)
+                .ok_or_else(|| RecordError::Corrupt {
+                    offset: at,
+                    what: format!(
+                        "frame number {n}, but the chunk numbered {} frames so far",
+                        self.frames.len()
+                    ),
+                })?;
+        Ok(if ret {
+            EventKind::Return { frame, first_line }
+        } else {
+            EventKind::Call { frame }
+        })
     }
 
     /// Decodes the next event at the cursor.
@@ -229,6 +374,25 @@ impl EventDecoder {
         };
         self.prev.last = Some((tid, ts_ns));
         let kind = match tag_byte & KIND_MASK {
+            k if k >= tag::COMPACT => {
+                self.numbered(u32::from((k >> 1) & 0x1f), k & 1 != 0, tag_at)?
+            }
+            tag::CALL_NEW => {
+                let frame = get_frame(c)?;
+                self.frames.push((frame, 0));
+                EventKind::Call { frame }
+            }
+            tag::RETURN_NEW => {
+                let frame = get_frame(c)?;
+                let first_line = c.u32v("first line")?;
+                self.frames.push((frame, first_line));
+                EventKind::Return { frame, first_line }
+            }
+            tag::CALL_AT | tag::RETURN_AT => {
+                let at = c.offset();
+                let n = c.u32v("frame number")?;
+                self.numbered(n, tag_byte & KIND_MASK == tag::RETURN_AT, at)?
+            }
             tag::CALL => EventKind::Call {
                 frame: get_frame(c)?,
             },

@@ -719,3 +719,143 @@ fn format_3_thread_starts_read_without_a_process() {
     assert_eq!(r.header().format_version, 3);
     assert_eq!(events[0].kind, EventKind::ThreadStart { pid: 0 });
 }
+
+/// Calls and returns of format 6 number their frames per chunk: many frames
+/// (more than fit a compact tag), returns with and without a first line, and
+/// threads interleaving all read back as written, across chunks.
+#[test]
+fn numbered_frames_round_trip_across_chunks() {
+    let mut buf = Vec::new();
+    let mut w = RecordingWriter::new(&mut buf, &header()).unwrap();
+    let file = w.intern("f.py");
+    let names: Vec<StrId> = (0..40).map(|i| w.intern(&format!("fn{i}"))).collect();
+    let mut written = Vec::new();
+    for i in 0..2000u64 {
+        let function = names[(i * 7 % 40) as usize];
+        let frame = FrameRef {
+            file,
+            function,
+            line: (i % 3) as u32,
+        };
+        let kind = match i % 3 {
+            0 => EventKind::Call { frame },
+            1 => EventKind::Return {
+                frame,
+                first_line: 0,
+            },
+            _ => EventKind::Return {
+                frame,
+                first_line: 9,
+            },
+        };
+        let event = Event {
+            tid: 1 + (i % 2) as u32,
+            ts_ns: 1_000 + i * 150 - (i % 2) * 40,
+            kind,
+        };
+        w.write(&event).unwrap();
+        written.push(event);
+        if i % 700 == 0 {
+            w.flush().unwrap();
+        }
+    }
+    let summary = w.finish(1_000_000).unwrap();
+    assert!(summary.chunks > 4, "{summary:?}");
+    let (_, events) = read_all(&buf).unwrap();
+    assert_eq!(events, written);
+}
+
+/// A call or return of one frame repeated costs a tag byte and its time delta
+/// (one byte up to 63 ns).
+#[test]
+fn repeated_calls_take_two_bytes_each() {
+    let mut buf = Vec::new();
+    let mut w = RecordingWriter::new(&mut buf, &header()).unwrap();
+    let frame = FrameRef {
+        file: w.intern("fib.py"),
+        function: w.intern("fib"),
+        line: 6,
+    };
+    w.flush().unwrap();
+    let before = w.summary().bytes;
+    for i in 0..10_000u64 {
+        let kind = if i % 2 == 0 {
+            EventKind::Call { frame }
+        } else {
+            EventKind::Return {
+                frame,
+                first_line: 6,
+            }
+        };
+        w.write(&Event {
+            tid: 1,
+            ts_ns: i * 50,
+            kind,
+        })
+        .unwrap();
+    }
+    w.flush().unwrap();
+    let bytes = w.summary().bytes - before;
+    // 10,000 events of two bytes, and one chunk header and two frames spelled out.
+    assert!((20_000..20_040).contains(&bytes), "{bytes} bytes");
+}
+
+/// A frame number the chunk never gave is corrupt, named at its offset.
+#[test]
+fn unknown_frame_numbers_are_corrupt() {
+    use super::codec::EventDecoder;
+    use super::wire::Cursor;
+    // Thread 5, time 100: a compact call of frame 3; then a numbered return of 40.
+    for (payload, at) in [
+        (&[0x40u8 | 3 << 1, 5, 100][..], 1000),
+        (&[35, 5, 100, 40], 1003),
+    ] {
+        let err = EventDecoder::default()
+            .decode(&mut Cursor::new(payload, 0, 1000))
+            .unwrap_err();
+        assert!(err.to_string().contains("frame number"), "{err}");
+        assert!(err.to_string().contains(&format!("offset {at}:")), "{err}");
+    }
+}
+
+/// Recordings of format 5 spelled every call and return out: they still read.
+#[test]
+fn format_5_calls_and_returns_still_read() {
+    let mut bytes = Vec::new();
+    let mut w = RecordingWriter::new(&mut bytes, &header()).unwrap();
+    let (file, function) = (w.intern("f.py"), w.intern("g"));
+    drop(w);
+    bytes[8..12].copy_from_slice(&5u32.to_le_bytes());
+    // Tag 0 (call), thread 5, time 100, frame (0, 1, 3); then a return of the same
+    // thread (tag 23 | SAME_TID), +10 ns (zigzag 20), frame (0, 1, 4), first line 3.
+    let payload = [0u8, 5, 100, 0, 1, 3, 23 | 0x80, 20, 0, 1, 4, 3];
+    bytes.push(kind::EVENTS);
+    bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    bytes.extend_from_slice(&payload);
+    let (r, events) = read_all(&bytes).unwrap();
+    assert_eq!(r.header().format_version, 5);
+    let frame = |line| FrameRef {
+        file,
+        function,
+        line,
+    };
+    assert_eq!(
+        events,
+        vec![
+            Event {
+                tid: 5,
+                ts_ns: 100,
+                kind: EventKind::Call { frame: frame(3) }
+            },
+            Event {
+                tid: 5,
+                ts_ns: 110,
+                kind: EventKind::Return {
+                    frame: frame(4),
+                    first_line: 3
+                }
+            },
+        ]
+    );
+}

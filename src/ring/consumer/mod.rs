@@ -43,6 +43,27 @@ pub struct RingReader {
     capacity: u64,
     tail: u64,
     skipped: u64,
+    /// The records of the current drain, copied out of the ring (kept between
+    /// drains so that a drain allocates nothing).
+    copies: Vec<Copied>,
+}
+
+/// One record copied out of the ring, with its stack's continuation slots read.
+#[derive(Debug)]
+struct Copied {
+    index: u64,
+    slot: [u8; SLOT_SIZE],
+    stack: Option<RingStack>,
+}
+
+impl Default for Copied {
+    fn default() -> Copied {
+        Copied {
+            index: 0,
+            slot: [0; SLOT_SIZE],
+            stack: None,
+        }
+    }
 }
 
 // SAFETY: the reader only performs atomic loads/stores on the mapping, which
@@ -70,6 +91,7 @@ impl RingReader {
             capacity: 0,
             tail: 0,
             skipped: 0,
+            copies: Vec::new(),
         };
         let magic = reader.load(H_MAGIC);
         if magic != MAGIC {
@@ -193,36 +215,50 @@ impl RingReader {
         self.skipped
     }
 
-    /// Reads up to `max` published records in order, calling `f` for each,
-    /// and publishes the new `tail` once at the end (a store per record would
-    /// pull the line producers read back and forth between the CPUs). Stops at
-    /// the first slot that is reserved but not published.
+    /// Reads up to `max` published records in order, calling `f` for each.
+    ///
+    /// The records are copied out of the ring first, all of them, and `tail` is
+    /// published once before any is decoded: producers get their slots back
+    /// without waiting for pyprobe's work on them (and a store per record would
+    /// pull the line producers read back and forth between the CPUs). Stops at the
+    /// first slot that is reserved but not published.
     pub fn drain<F: FnMut(&RingRecord<'_>)>(&mut self, max: usize, mut f: F) -> Drained {
         self.heartbeat();
         let head = self.head();
-        let mut records = 0;
         // Bounded by `max` and by `capacity` (a hostile head cannot make it longer).
         let budget = max.min(usize::try_from(self.capacity).unwrap_or(usize::MAX));
+        let mut copies = std::mem::take(&mut self.copies);
+        let mut records = 0;
         let mut stop = None;
         while records < budget {
             if self.tail >= head {
                 stop = Some(DrainStop::Empty);
                 break;
             }
+            if records == copies.len() {
+                copies.push(Copied::default());
+            }
+            let copy = &mut copies[records];
             // Copied out before `tail` moves past it: a producer may reuse the slot then.
-            let Some(copy) = self.copy_published(self.tail) else {
+            if !self.copy_with_seq(self.tail, self.tail.wrapping_add(1), &mut copy.slot) {
                 stop = Some(DrainStop::Pending { index: self.tail });
                 break;
-            };
-            let mut record = decode(self.tail, &copy);
-            let used = self.stack_of(&copy, head, &mut record);
-            f(&record);
+            }
+            copy.index = self.tail;
+            let (stack, used) = self.stack_of(&copy.slot, head);
+            copy.stack = stack;
             self.tail = self.tail.wrapping_add(1 + used);
             records += 1;
         }
         if records > 0 {
             self.publish_tail();
         }
+        for copy in &mut copies[..records] {
+            let mut record = decode(copy.index, &copy.slot);
+            record.stack = copy.stack.take();
+            f(&record);
+        }
+        self.copies = copies;
         Drained {
             records,
             stop: stop.unwrap_or(if self.tail >= head {
@@ -234,13 +270,13 @@ impl RingReader {
     }
 
     /// Reads the continuation slots of the record at `tail` (its first slot is
-    /// `first`) into `record.stack`; returns how many slots they take. A claim that
-    /// does not fit what producers reserved takes none (the record keeps no stack).
-    fn stack_of(&self, first: &[u8; SLOT_SIZE], head: u64, record: &mut RingRecord<'_>) -> u64 {
+    /// `first`): its stack, and how many slots they take. A claim that does not fit
+    /// what producers reserved takes none (the stack is said broken).
+    fn stack_of(&self, first: &[u8; SLOT_SIZE], head: u64) -> (Option<RingStack>, u64) {
         let slots = first[S_STACK_SLOTS];
         let flags = first[S_STACK_FLAGS];
         if slots == 0 || flags & STACK_CAPTURED == 0 {
-            return 0;
+            return (None, 0);
         }
         let n = u64::from(slots);
         let mut stack = RingStack {
@@ -255,23 +291,20 @@ impl RingReader {
         };
         if slots > MAX_STACK_SLOTS || n >= self.capacity || head.wrapping_sub(self.tail) <= n {
             stack.broken = true;
-            record.stack = Some(stack);
-            return 0;
+            return (Some(stack), 0);
         }
         let want = stack.depth.min(frames_for(slots));
         stack.truncated |= stack.depth > want;
+        let mut copy = [0u8; SLOT_SIZE];
         for k in 1..=n {
             let index = self.tail.wrapping_add(k);
-            let owner_ok = self
-                .copy_with_seq(index, continuation_seq(index))
-                .filter(|c| {
-                    u64::from_le_bytes(c[C_OWNER..C_OWNER + 8].try_into().unwrap_or([0; 8]))
-                        == self.tail
-                });
-            let Some(copy) = owner_ok else {
+            let owner_ok = self.copy_with_seq(index, continuation_seq(index), &mut copy)
+                && u64::from_le_bytes(copy[C_OWNER..C_OWNER + 8].try_into().unwrap_or([0; 8]))
+                    == self.tail;
+            if !owner_ok {
                 stack.broken = true;
                 continue;
-            };
+            }
             for pair in copy[C_PAIRS..].chunks_exact(16).take(PAIRS_PER_SLOT) {
                 if stack.frames.len() >= want {
                     break;
@@ -284,8 +317,7 @@ impl RingReader {
         if stack.broken {
             stack.frames.clear();
         }
-        record.stack = Some(stack);
-        n
+        (Some(stack), n)
     }
 
     /// Gives up on the slot at `tail` if it is reserved but unpublished,
@@ -295,7 +327,10 @@ impl RingReader {
     /// write that slot later, possibly over a record of the next lap, which
     /// then decodes as a mix (or stays unpublished and is skipped in turn).
     pub fn skip_pending(&mut self) -> bool {
-        if self.tail >= self.head() || self.copy_published(self.tail).is_some() {
+        let mut copy = [0u8; SLOT_SIZE];
+        if self.tail >= self.head()
+            || self.copy_with_seq(self.tail, self.tail.wrapping_add(1), &mut copy)
+        {
             return false;
         }
         self.word(H_LOST).fetch_add(1, Ordering::Relaxed);
@@ -341,28 +376,20 @@ impl RingReader {
         }
     }
 
-    /// The slot for `index` copied out, if its `seq` says it is published.
-    fn copy_published(&self, index: u64) -> Option<[u8; SLOT_SIZE]> {
-        self.copy_with_seq(index, index.wrapping_add(1))
-    }
-
-    /// The slot for `index` copied out, if its `seq` is `want`.
-    fn copy_with_seq(&self, index: u64, want: u64) -> Option<[u8; SLOT_SIZE]> {
+    /// Copies the slot for `index` into `copy` if its `seq` is `want`; says whether
+    /// it did (else `copy` holds nothing of use).
+    fn copy_with_seq(&self, index: u64, want: u64, copy: &mut [u8; SLOT_SIZE]) -> bool {
         let slot = HEADER_SIZE + ((index & (self.capacity - 1)) as usize) * SLOT_SIZE;
         if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
-            return None;
+            return false;
         }
-        let mut copy = [0u8; SLOT_SIZE];
         for (i, chunk) in copy.chunks_exact_mut(8).enumerate() {
             let v = self.word(slot + i * 8).load(Ordering::Relaxed);
             chunk.copy_from_slice(&v.to_le_bytes());
         }
         // A changed seq means the slot was rewritten while copying (only after
         // a skip): treat it as not published rather than return a torn record.
-        if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
-            return None;
-        }
-        Some(copy)
+        self.word(slot + S_SEQ).load(Ordering::Acquire) == want
     }
 
     fn load(&self, offset: usize) -> u64 {

@@ -212,6 +212,15 @@ impl EventBuilder {
                 .sample_interval_ns
                 .max(self.alongside_interval_ns);
         }
+        self.open_as_is();
+    }
+
+    /// Creates the recording with the header as it stands (the drain benchmark's
+    /// way in; [`open`](Self::open) completes it first).
+    pub fn open_as_is(&mut self) {
+        if self.writer.is_some() || self.write_error.is_some() {
+            return;
+        }
         // The header reaches the file at once: a watcher (`top`) can open it now.
         let opened = Output::partial(&self.output, self.existing).and_then(|file| {
             let mut w =

@@ -15,6 +15,7 @@ use recorder::Recorder;
 use resolver::{Chosen, PythonResolver};
 use settings::{check_attachable, Settings};
 
+pub use events::EventBuilder;
 pub use request::{HookUse, RecordRequest, Target};
 pub use resolver::Mode;
 

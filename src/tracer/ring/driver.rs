@@ -6,6 +6,7 @@ use anyhow::{bail, Result};
 use nix::sys::ptrace;
 use nix::unistd::Pid;
 
+use super::hits::{drain_hits, DrainedHits, RecordSource};
 use super::setup as ring_setup;
 use super::tsc::TscClock;
 use super::{
@@ -17,7 +18,7 @@ use crate::recording::ThinLevel;
 use crate::ring::format::H_ALIVE;
 use crate::ring::DrainStop;
 use crate::tracer::clock::monotonic_ns;
-use crate::tracer::engine::{Engine, Hit, Proc, ThreadState, TraceEvent};
+use crate::tracer::engine::{Engine, Proc, ThreadState, TraceEvent};
 use crate::tracer::guardian::Op;
 
 /// Ring state the engine keeps besides each process's [`RingProc`].
@@ -342,37 +343,21 @@ impl Engine {
             // The time of the last record read: what is counted is stamped no later,
             // so that the records still in the ring (older than now) do not come
             // after it on their thread's clock.
-            let mut last_ts = None;
-            let drained = ring.reader.drain(DRAIN_BATCH, |record| {
-                if let Some(stack) = &record.stack {
-                    frames_walked += stack.depth as u64;
-                }
-                let ts_ns = tsc.to_ns(record.tsc);
-                last_ts = Some(ts_ns);
-                let Some(probe) = proc.patches.set.probes.get(record.probe as usize) else {
-                    return;
-                };
-                let tid = ring
-                    .threads
-                    .tid_of(record.thread, record.index)
-                    .unwrap_or(pid);
-                hit_buffers.fill_from_ring(probe, record, &proc.mem);
-                sink(TraceEvent::Hit(Hit {
-                    pid: if record.tag == 0 {
-                        pid
-                    } else {
-                        record.tag as i32
-                    },
-                    tid,
-                    ts_ns,
-                    probe: record.probe as usize,
-                    probe_name: &probe.name,
-                    args: &hit_buffers.args,
-                    buffers: hit_buffers,
-                    stack: record.stack.as_ref(),
-                    stopped: false,
-                }));
+            let source = RecordSource {
+                pid,
+                probes: &proc.patches.set.probes,
+                threads: &ring.threads,
+                mem: &proc.mem,
+                tsc,
+            };
+            let DrainedHits {
+                drained,
+                last_ts_ns: last_ts,
+                frames,
+            } = drain_hits(&mut ring.reader, DRAIN_BATCH, &source, hit_buffers, |hit| {
+                sink(TraceEvent::Hit(hit))
             });
+            frames_walked += frames;
             if drained.records > 0 {
                 ring.threads.forget_before(ring.reader.tail());
                 sink(TraceEvent::RingDrained { pid });

@@ -5,6 +5,7 @@
 //! The pure core (formats, code generation, the consumer) is [`crate::ring`].
 
 mod driver;
+pub mod hits;
 pub mod leftovers;
 pub mod reuse;
 pub mod setup;
@@ -32,8 +33,10 @@ pub enum RingUse {
 /// Slots in a ring: 8 MiB of 256-byte records (they stay mapped after detaching):
 /// about 5 ms of the busiest target, should pyprobe lose its CPU meanwhile.
 pub const CAPACITY: u64 = 1 << 15;
-/// Records taken from a ring per drain: small, so the backlog is looked at often.
-pub(in crate::tracer) const DRAIN_BATCH: usize = 64;
+/// Records taken from a ring per drain: about 100 µs of work, so the backlog, the
+/// stops and the ticks are still looked at often, and enough that the loop's own
+/// cost (a `waitpid` per round) is shared by many records.
+pub(in crate::tracer) const DRAIN_BATCH: usize = 1024;
 /// A backlog this large means pyprobe is falling behind: the target is held
 /// until the ring is empty, rather than let it overflow and lose events.
 pub(in crate::tracer) const HIGH_WATER: u64 = CAPACITY / 8;

@@ -12,6 +12,15 @@
 
 use rustc_hash::FxHashMap;
 
+/// The thread of the records with `base` at ring indices below `until` (from the
+/// index it was looked up for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TidSpan {
+    pub base: u64,
+    pub tid: i32,
+    pub until: u64,
+}
+
 /// `%fs` base and ring index → thread id.
 #[derive(Debug, Default)]
 pub struct ThreadNames {
@@ -36,11 +45,21 @@ impl ThreadNames {
 
     /// The thread that wrote the record at ring `index` stamped with `base`.
     pub fn tid_of(&self, base: u64, index: u64) -> Option<i32> {
+        self.span_of(base, index).map(|span| span.tid)
+    }
+
+    /// The thread that wrote the record at ring `index` stamped with `base`, and
+    /// the ring indices before which every record with that base is its too (the
+    /// next thread known by the base starts there): records of one thread come in
+    /// runs, and a run needs one look-up.
+    pub fn span_of(&self, base: u64, index: u64) -> Option<TidSpan> {
         let known = self.by_base.get(&base)?;
         let later = known.partition_point(|&(at, _)| at <= index);
         // A record older than every thread known by this base was written by one
         // of them before pyprobe saw it start: the first is the best guess.
-        known.get(later.saturating_sub(1)).map(|&(_, tid)| tid)
+        let (_, tid) = *known.get(later.saturating_sub(1))?;
+        let until = known.get(later).map_or(u64::MAX, |&(at, _)| at);
+        Some(TidSpan { base, tid, until })
     }
 
     /// Every record before ring index `tail` has been read: forgets the threads
@@ -80,6 +99,15 @@ mod tests {
         assert_eq!(names.tid_of(0x7000, 50), Some(12));
         assert_eq!(names.tid_of(0x8000, 70), Some(11));
         assert_eq!(names.tid_of(0x9000, 70), None);
+        // Thread 10's records run up to 50; thread 12's have no end.
+        assert_eq!(
+            names.span_of(0x7000, 3).map(|s| (s.tid, s.until)),
+            Some((10, 50))
+        );
+        assert_eq!(
+            names.span_of(0x7000, 50).map(|s| (s.tid, s.until)),
+            Some((12, u64::MAX))
+        );
         // Once the reader is past 50, thread 10 is forgotten; 12 stays.
         names.forget_before(49);
         assert_eq!(names.tid_of(0x7000, 10), Some(10));
