@@ -108,7 +108,7 @@ impl EventBuilder {
     }
 
     /// Every event goes to `periods` too.
-    pub fn with_periods(&mut self, periods: Periods) {
+    pub(super) fn with_periods(&mut self, periods: Periods) {
         self.periods = Some(periods);
     }
 
@@ -120,7 +120,7 @@ impl EventBuilder {
     }
 
     /// The periods, to finish with the recording.
-    pub fn take_periods(&mut self) -> Option<Periods> {
+    pub(super) fn take_periods(&mut self) -> Option<Periods> {
         self.periods.take()
     }
 
