@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-const MINORS: [u32; 2] = [12, 13];
+pub(crate) const MINORS: [u32; 2] = [12, 13];
 
 /// The newest pyenv build of 3.`minor`, or `None` with a notice (a failure under
 /// `PYPROBE_REQUIRE_PYTHONS=1`).
-fn pyenv(minor: u32) -> Option<PathBuf> {
+pub(crate) fn pyenv(minor: u32) -> Option<PathBuf> {
     let root = std::env::var_os("PYENV_ROOT")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")))
@@ -44,7 +44,7 @@ fn pyenv(minor: u32) -> Option<PathBuf> {
 
 /// Asks the target who holds monitoring tool 4 until the answer is `want` (at most
 /// `limit`); returns how many times it asked.
-fn wait_tool(target: &mut Target, want: &str, limit: Duration) -> usize {
+pub(crate) fn wait_tool(target: &mut Target, want: &str, limit: Duration) -> usize {
     let start = Instant::now();
     let mut asked = 0;
     loop {

@@ -60,6 +60,7 @@ use crate::tracer::clock::monotonic_ns;
 use crate::tracer::decode::HitBuffers;
 use crate::tracer::engine::{Engine, Hit, TraceEvent};
 use crate::tracer::ring::tsc::TscClock;
+use crate::tracer::ring::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
 
 pub use setup::refusal;
 use setup::Breaker;
@@ -183,9 +184,17 @@ impl Engine {
         }
         let mut mem = ProcessMemory::new(pid);
         let installed = setup::install(pid, tid, &mut mem, &rips, self.guardian.as_mut())?;
-        if self.ring_book.tsc.is_none() {
-            self.ring_book.tsc = Some(TscClock::calibrate());
-        }
+        let tsc = self.ring_book.tsc.get_or_insert_with(TscClock::calibrate);
+        // Served as the SDT rings are (every thread still stopped, so before any
+        // callback runs): a full ring is waited on while pyprobe lives, except that
+        // under a budget an event waits a little, then is counted lost.
+        let patience = match self.budget.meter {
+            Some(_) => tsc.ns_to_ticks(BUDGETED_PATIENCE_NS),
+            None => u64::MAX,
+        };
+        installed
+            .reader
+            .serve(tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
         sink(TraceEvent::Detail(format!(
             "hook engine in process {pid}: hook at {:#x}, detour at _Py_HandlePending ({:#x}); \
              waiting for a thread to run Python code",
@@ -304,7 +313,7 @@ impl Engine {
                 h.phase = Phase::Failed;
                 sink(TraceEvent::Notice(format!(
                     "process {pid}: the hook unregistered itself: pyprobe had not read its ring \
-                     for seconds (stopped?), so calls after that are not traced"
+                     for 10 s (stopped?), so calls after that are not traced"
                 )));
             }
         }
@@ -516,6 +525,8 @@ impl Engine {
             }
             while self.drain_hook_of(pid, sink) > 0 {}
             if let Some(h) = self.hook_book.procs.remove(&pid) {
+                // Callbacks stop waiting for room: nobody reads the ring any more.
+                h.reader.leave();
                 if h.phase == Phase::Installed {
                     sink(TraceEvent::Detail(format!(
                         "hook engine in process {pid}: told to unregister; it does at the target's \

@@ -14,14 +14,15 @@ use memmap2::MmapMut;
 use crate::hook::codegen::JMP_LEN;
 use crate::hook::{
     build_detour, build_hook, Detour, HookCode, HookParams, HookSymbols, EVENTS_312, ST_ARMED,
-    ST_ON, ST_STALL_TAIL,
+    ST_ON,
 };
 use crate::process::maps::read_maps;
 use crate::process::memory::ProcessMemory;
 use crate::python::version::PyVersion;
 use crate::python::walker::{find_interpreter_object, Walker};
+use crate::ring::format::H_ALIVE;
 use crate::ring::{init_ring, ring_bytes, BranchTargets, RingReader};
-use crate::tracer::guardian::Guardian;
+use crate::tracer::guardian::{Guardian, Op};
 use crate::tracer::inject::Injector;
 use crate::tracer::NotTraceable;
 
@@ -227,12 +228,14 @@ pub fn install(
     }
     mem.write(addr, &hook.bytes)?;
     mem.write(detour.addr, &detour.code)?;
-    mem.write(state_addr + ST_STALL_TAIL as u64, &u64::MAX.to_le_bytes())?;
     mem.write(state_addr + ST_ON as u64, &1u64.to_le_bytes())?;
     mem.write(state_addr + ST_ARMED as u64, &1u64.to_le_bytes())?;
     // The guardian clears `on` if pyprobe dies (the callbacks then uninstall), and
-    // puts the safe point's bytes back.
+    // puts the safe point's bytes back; first it clears the ring's `alive`, so
+    // that a callback waiting for room goes on at once.
     if let Some(g) = guard {
+        g.tell(Op::RingServed, pid, ring_addr + H_ALIVE as u64)
+            .map_err(|e| anyhow!("telling the guardian about the hook's ring: {e}"))?;
         g.tell_ring_site(
             pid,
             state_addr + ST_ON as u64,
