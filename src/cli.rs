@@ -42,7 +42,8 @@ pub enum Command {
     Record(RecordArgs),
     /// Render a recording as a flame graph or an export for other tools.
     Flame(FlameArgs),
-    /// Summarise a recording: functions, GC pauses, imports, audit events, threads.
+    /// Summarise a recording: functions, GC pauses, imports, audit events, threads, and
+    /// (traced by the hook engine) the types functions returned.
     Report(ReportArgs),
     /// Show the call flow of a recording, one line per call and return.
     Calls(CallsArgs),

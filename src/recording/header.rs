@@ -10,10 +10,12 @@ pub const MAGIC: [u8; 8] = *b"PYPROBE\0";
 /// holding the GIL) to each sample, and the `thinned` and `audits counted` events;
 /// version 4 the processes traced with `--subprocesses` (`process_start`, `exec`,
 /// and the process of each thread start); version 5 the first line of the function
-/// a return belongs to, when known (`return` events of CPython 3.11+). Versions 1 to
-/// 4 are still read (the states of samples of 1 and 2 unknown, every thread of 1 to
-/// 3 in the recording's own process, no first line on any return).
-pub const FORMAT_VERSION: u32 = 5;
+/// a return belongs to, when known (`return` events of CPython 3.11+); version 6 the
+/// types functions returned (`return_type` events). Versions 1 to 5 are still read
+/// (the states of samples of 1 and 2 unknown, every thread of 1 to 3 in the
+/// recording's own process, no first line on any return before 5, no return types
+/// before 6).
+pub const FORMAT_VERSION: u32 = 6;
 /// The oldest format version this crate reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 

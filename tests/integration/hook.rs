@@ -312,3 +312,77 @@ fn the_targets_own_cprofile_counts_the_same_traced_or_not() {
         assert_eq!(calls.get("fib"), Some(&1973), "3.{minor}: {calls:?}");
     }
 }
+
+/// The types each function of `file_suffix` returned, as the report's JSON says,
+/// in the fixture's shape: {"f": {"list": 39, "raised": 2}}.
+fn return_types_in_file(report: &serde_json::Value, file_suffix: &str) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for row in report["return_types"].as_array().expect("return_types") {
+        if !row["file"].as_str().unwrap_or("").ends_with(file_suffix) {
+            continue;
+        }
+        let mut types = serde_json::Map::new();
+        for t in row["returned"].as_array().expect("returned") {
+            types.insert(t["type"].as_str().expect("type").into(), t["count"].clone());
+        }
+        if row["raised"].as_u64() != Some(0) {
+            types.insert("raised".into(), row["raised"].clone());
+        }
+        out.insert(row["function"].as_str().expect("name").into(), types.into());
+    }
+    out.into()
+}
+
+#[test]
+fn report_shows_the_types_functions_returned_and_how_often_they_raised() {
+    let mut pythons: Vec<(String, PathBuf)> = MINORS
+        .iter()
+        .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))
+        .collect();
+    if let Some(debian) = python("3.13") {
+        pythons.push(("Debian 3.13".into(), debian.launcher));
+    }
+    for (minor, py) in pythons {
+        let out = TempFile::new("hook-return-types.pyprobe");
+        let py_s = py.display().to_string();
+        let script = fixture_script("return_types.py");
+        let run = run_pyprobe(&[
+            "record",
+            "--mode",
+            "trace",
+            "-o",
+            out.path(),
+            "--",
+            &py_s,
+            &script,
+            "2000",
+        ]);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{minor}: {stderr}");
+        let own: serde_json::Value = serde_json::from_slice(
+            run.stdout
+                .split(|&b| b == b'\n')
+                .find(|l| l.starts_with(b"{"))
+                .expect("the program's counts"),
+        )
+        .expect("JSON counts");
+        let report = report_json(out.path());
+        let seen = return_types_in_file(&report, "return_types.py");
+        for function in ["f", "g"] {
+            assert_eq!(seen[function], own[function], "{minor}: {function}: {seen}");
+        }
+        // The table says it in one line per function.
+        let table = run_pyprobe(&["report", out.path()]);
+        let text = String::from_utf8_lossy(&table.stdout);
+        let f = &own["f"];
+        let line = format!(
+            "): tuple {}, list {}, raised {}",
+            f["tuple"], f["list"], f["raised"]
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("Return types for 'f' (") && l.ends_with(&line)),
+            "{minor}: no `{line}` line for f in\n{text}"
+        );
+    }
+}

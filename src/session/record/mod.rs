@@ -25,6 +25,7 @@ mod lines;
 mod recorder;
 mod request;
 mod resolver;
+mod return_types;
 mod sampler;
 mod settings;
 mod status;
