@@ -26,8 +26,10 @@
 //!   counts go to the recording every second and at the end. Each record also carries the code object's `co_name` and `co_filename`
 //!   pointers and first line, read by the hook when it ran: a start whose code
 //!   object no longer holds them when pyprobe reads the record (freed, its address
-//!   reused) is named from them instead (interned names are immortal on 3.12+); one
-//!   whose names cannot be read either is named [`UNKNOWN`], and still counted.
+//!   reused) is named from them instead (interned names are immortal on 3.12+), or
+//!   from the name these parts had when last read (the target exited with records
+//!   still in its ring: its memory is gone); one named in none of these ways is
+//!   named [`UNKNOWN`], and still counted.
 //! * **Leaving**: `on` is cleared (the next callback, in any thread, unregisters the
 //!   hook from inside, with the GIL: `set_events(4, 0)`, callbacks set to `None`,
 //!   `free_tool_id(4)`); the entry's bytes go back if still patched; the ring is
@@ -80,6 +82,8 @@ const AWAIT_EVERY: Duration = Duration::from_millis(1);
 const BATCH: usize = 1024;
 /// The name of a code object freed before pyprobe could read it.
 pub const UNKNOWN: &str = "<code object gone before pyprobe read it>";
+/// Code objects' names kept across drains (see `HookProc::named`) at most.
+const MAX_NAMED: usize = 1 << 16;
 /// Deepest shadow stack kept per thread.
 const MAX_SHADOW: usize = 4096;
 
@@ -111,6 +115,12 @@ pub(in crate::tracer) struct HookProc {
     /// Per drain: (code object, `co_name`, `co_filename`, first line) → its frame
     /// (or `None`: not readable).
     names: FxHashMap<[u64; 4], Option<PyFrame>>,
+    /// The same parts once named, kept across drains: the records still in the
+    /// ring when the target exits are named after its memory is gone. The parts
+    /// are what the hook read from the code object when it ran, so a code object
+    /// freed and another put at its address has other parts (its own name and
+    /// file pointers, first line), unless it is the same function again.
+    named: FxHashMap<[u64; 4], PyFrame>,
     /// Type objects' names.
     types: TypeNames,
     /// Per thread: the code objects entered and not yet left, with their names.
@@ -216,6 +226,7 @@ impl Engine {
                 fs_tids,
                 buffers: HitBuffers::default(),
                 names: FxHashMap::default(),
+                named: FxHashMap::default(),
                 types: TypeNames::default(),
                 shadow: FxHashMap::default(),
                 returns: ReturnTable::default(),
@@ -431,9 +442,20 @@ impl Engine {
                 None => {
                     let walker = &mut h.walker;
                     let mem = &h.mem;
+                    let named = &mut h.named;
                     h.names
                         .entry(parts)
-                        .or_insert_with(|| name_code(walker, mem, parts))
+                        .or_insert_with(|| {
+                            let frame = name_code(walker, mem, parts)
+                                .or_else(|| named.get(&parts).cloned());
+                            if let Some(f) = &frame {
+                                if named.len() >= MAX_NAMED {
+                                    named.clear();
+                                }
+                                named.insert(parts, f.clone());
+                            }
+                            frame
+                        })
                         .clone()
                         .unwrap_or_else(|| PyFrame {
                             file: UNKNOWN.into(),
