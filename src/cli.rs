@@ -157,7 +157,7 @@ pub struct RecordArgs {
     /// Attaching again uses them again, so they are never mapped twice.
     /// `hook` (with `--mode trace`): calls and returns come from a hook pyprobe
     /// injects and the interpreter registers with `sys.monitoring` at a safe point
-    /// (CPython 3.12 and 3.13), no probes needed; `auto` uses it in `--mode trace`
+    /// (CPython 3.12 to 3.14), no probes needed; `auto` uses it in `--mode trace`
     /// where the interpreter has no function probes.
     #[arg(long, value_enum, default_value_t = Engine::Auto)]
     pub engine: Engine,

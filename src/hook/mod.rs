@@ -46,13 +46,13 @@
 //!
 //! # The safe point
 //!
-//! `_Py_HandlePending(tstate)` (CPython 3.12 and 3.13): the eval loop calls it, with
+//! `_Py_HandlePending(tstate)` (CPython 3.12 to 3.14): the eval loop calls it, with
 //! the GIL held and the frame's state saved, when the eval breaker is set; it runs
 //! signal handlers and pending calls there, i.e. arbitrary Python code. So at its entry
 //! any C API call is allowed, as in a pending call: no allocator or lock is half-taken
 //! by this thread. pyprobe (every thread stopped) rewrites its first instructions into
 //! a `jmp rel32` to the detour and raises the eval breaker (3.12: the interpreter's
-//! `ceval.eval_breaker`, recomputed by the handler; 3.13: the `_PY_CALLS_TO_DO` bit of
+//! `ceval.eval_breaker`, recomputed by the handler; 3.13 and 3.14: the `_PY_CALLS_TO_DO` bit of
 //! each thread state's `eval_breaker`, cleared by the handler when no call is queued);
 //! the next thread to check the breaker installs the hook. (3.12 recomputes its
 //! breaker whenever a thread takes the GIL: the interpreter's `pending.calls_to_do`
@@ -123,7 +123,8 @@ pub fn failed_step(status: u64) -> Option<&'static str> {
 }
 
 /// Monitoring events the hook registers for, with the record kind of each, by the
-/// event numbers of CPython 3.12 and 3.13 (`sys.monitoring.events`).
+/// event numbers of CPython 3.12 and 3.13 (`sys.monitoring.events`; the 3.14 numbers
+/// were checked against its `sys.monitoring.events`, as these against theirs).
 pub const EVENTS_312: [(u32, u32); 6] = [
     (0, KIND_CALL),   // PY_START
     (1, KIND_CALL),   // PY_RESUME
@@ -132,3 +133,23 @@ pub const EVENTS_312: [(u32, u32); 6] = [
     (3, KIND_RETURN), // PY_YIELD
     (12, KIND_RAISE), // PY_UNWIND
 ];
+
+/// The same for CPython 3.14, whose `BRANCH_LEFT` and `BRANCH_RIGHT` (8 and 9)
+/// moved `PY_UNWIND` and `PY_THROW` up by one.
+pub const EVENTS_314: [(u32, u32); 6] = [
+    (0, KIND_CALL),   // PY_START
+    (1, KIND_CALL),   // PY_RESUME
+    (14, KIND_CALL),  // PY_THROW
+    (2, KIND_RETURN), // PY_RETURN
+    (3, KIND_RETURN), // PY_YIELD
+    (13, KIND_RAISE), // PY_UNWIND
+];
+
+/// The monitoring events of CPython 3.`minor` (3.12 to 3.14), `None` for others.
+pub fn events_of(minor: u32) -> Option<&'static [(u32, u32)]> {
+    match minor {
+        12 | 13 => Some(&EVENTS_312),
+        14 => Some(&EVENTS_314),
+        _ => None,
+    }
+}

@@ -1,5 +1,6 @@
-//! The injected hook engine on interpreters with no function probes at all (pyenv
-//! builds of CPython 3.12 and 3.13, no SDT notes): `--mode trace` counts calls
+//! The injected hook engine on interpreters with no function probes (pyenv builds of
+//! CPython 3.12 and 3.13, no SDT notes; Debian's 3.13 and 3.14, SDT notes without
+//! function probes): `--mode trace` counts calls
 //! exactly, launched and attached to, threads started after attaching included; a
 //! pyprobe SIGKILLed with the hook installed leaves the target running, correct, and
 //! unhooked (the target itself sees sys.monitoring tool 4 free again).
@@ -42,6 +43,22 @@ pub(crate) fn pyenv(minor: u32) -> Option<PathBuf> {
     last
 }
 
+/// Every interpreter the hook engine serves here: pyenv 3.12 and 3.13 (no SDT
+/// notes), Debian's 3.13 and 3.14 (SDT notes, no function probes: calls from the
+/// hook, GC, imports and audit events from the probes), each with a label.
+pub(crate) fn hook_interpreters() -> Vec<(String, PathBuf)> {
+    let mut pythons: Vec<(String, PathBuf)> = MINORS
+        .iter()
+        .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))
+        .collect();
+    for minor in ["3.13", "3.14"] {
+        if let Some(debian) = python(minor) {
+            pythons.push((format!("Debian {minor}"), debian.launcher));
+        }
+    }
+    pythons
+}
+
 /// Asks the target who holds monitoring tool 4 until the answer is `want` (at most
 /// `limit`); returns how many times it asked.
 pub(crate) fn wait_tool(target: &mut Target, want: &str, limit: Duration) -> usize {
@@ -64,16 +81,7 @@ pub(crate) fn wait_tool(target: &mut Target, want: &str, limit: Duration) -> usi
 
 #[test]
 fn launched_counts_match_the_programs_own() {
-    // pyenv 3.12 and 3.13 (no SDT notes), and Debian's 3.13 (SDT notes, no function
-    // probes: calls from the hook, GC, imports and audit events from its probes).
-    let mut pythons: Vec<(String, PathBuf)> = MINORS
-        .iter()
-        .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))
-        .collect();
-    if let Some(debian) = python("3.13") {
-        pythons.push(("Debian 3.13".into(), debian.launcher));
-    }
-    for (minor, py) in pythons {
+    for (minor, py) in hook_interpreters() {
         let out = TempFile::new("hook-launch.pyprobe");
         let py_s = py.display().to_string();
         let script = fixture_script("count_calls.py");
@@ -219,7 +227,7 @@ fn hook_engine_refuses_in_one_sentence_what_it_cannot_serve() {
                 "-c",
                 "pass",
             ],
-            &["3.11", "3.12 and 3.13", "default mode"],
+            &["3.11", "3.12 to 3.14", "default mode"],
         );
     }
 }
@@ -335,14 +343,7 @@ fn return_types_in_file(report: &serde_json::Value, file_suffix: &str) -> serde_
 
 #[test]
 fn report_shows_the_types_functions_returned_and_how_often_they_raised() {
-    let mut pythons: Vec<(String, PathBuf)> = MINORS
-        .iter()
-        .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))
-        .collect();
-    if let Some(debian) = python("3.13") {
-        pythons.push(("Debian 3.13".into(), debian.launcher));
-    }
-    for (minor, py) in pythons {
+    for (minor, py) in hook_interpreters() {
         let out = TempFile::new("hook-return-types.pyprobe");
         let py_s = py.display().to_string();
         let script = fixture_script("return_types.py");
