@@ -42,7 +42,8 @@ pub enum Command {
     Record(RecordArgs),
     /// Render a recording as a flame graph or an export for other tools.
     Flame(FlameArgs),
-    /// Summarise a recording: functions, GC pauses, imports, audit events, threads.
+    /// Summarise a recording: functions, GC pauses, imports, audit events, threads, and
+    /// (traced by the hook engine) the types functions returned.
     Report(ReportArgs),
     /// Show the call flow of a recording, one line per call and return.
     Calls(CallsArgs),
@@ -156,7 +157,7 @@ pub struct RecordArgs {
     /// Attaching again uses them again, so they are never mapped twice.
     /// `hook` (with `--mode trace`): calls and returns come from a hook pyprobe
     /// injects and the interpreter registers with `sys.monitoring` at a safe point
-    /// (CPython 3.12 and 3.13), no probes needed; `auto` uses it in `--mode trace`
+    /// (CPython 3.12 to 3.14), no probes needed; `auto` uses it in `--mode trace`
     /// where the interpreter has no function probes.
     #[arg(long, value_enum, default_value_t = Engine::Auto)]
     pub engine: Engine,

@@ -14,6 +14,7 @@ use super::model::{
 };
 use super::model::{RaisingStack, Trigger, MAX_TRIGGERS};
 use super::replay::{Pairing, Replay, Step};
+use super::return_types::ReturnTypeTracker;
 use super::samples::{SampleAcc, SampleTracker};
 use super::states::{SampleFilter, SampleTally};
 use crate::recording::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
@@ -178,6 +179,7 @@ pub struct Aggregator {
     windows: WindowTracker,
     thinning: ThinningTracker,
     tally: SampleTally,
+    return_types: ReturnTypeTracker,
 }
 
 /// Walked frames as (function, line shown).
@@ -226,6 +228,7 @@ impl Aggregator {
             windows: WindowTracker::default(),
             thinning: ThinningTracker::default(),
             tally: SampleTally::new(filter, header),
+            return_types: ReturnTypeTracker::default(),
         }
     }
 
@@ -297,6 +300,11 @@ impl Aggregator {
             EventKind::AuditsCounted { count } => {
                 self.thinning.audits_counted = self.thinning.audits_counted.saturating_add(*count)
             }
+            EventKind::ReturnType {
+                function,
+                returned,
+                total,
+            } => self.return_types.record(tid, *function, *returned, *total),
             EventKind::Call { .. }
             | EventKind::Return { .. }
             | EventKind::Line { .. }
@@ -468,6 +476,7 @@ impl Aggregator {
             });
         }
         audit.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.event.cmp(&b.event)));
+        let return_types = self.return_types.finish(|id| names.get(id));
 
         Report {
             target: self.target,
@@ -505,6 +514,7 @@ impl Aggregator {
             exact_windows: self.windows.finish(close_at),
             thinned: self.thinning.finish(close_at),
             samples: self.tally,
+            return_types,
         }
     }
 }

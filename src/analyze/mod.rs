@@ -15,6 +15,7 @@ pub mod processes;
 pub mod recording;
 pub mod replay;
 pub mod report;
+mod return_types;
 mod samples;
 pub mod states;
 
@@ -26,7 +27,8 @@ pub use filter::{parse_duration, FileFilter, FilterError, SliceFilter};
 pub use histogram::Histogram;
 pub use model::{
     Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, GcStats, ImportStats,
-    ProcessStats, RaisingStack, Report, Target, Thinned, ThreadStats, Trigger,
+    ProcessStats, RaisingStack, Report, ReturnTypes, Target, Thinned, ThreadStats, Trigger,
+    TypeCount,
 };
 pub use replay::{
     plan_events, EndKind, Exit, Pairing, Plan, Planner, Replay, ReplayCounters, Step, MAX_DEPTH,

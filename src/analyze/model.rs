@@ -209,6 +209,41 @@ pub struct Report {
     pub thinned: Option<Thinned>,
     /// Which samples were counted (by their thread's state), and how many were not.
     pub samples: SampleTally,
+    /// What functions returned, by type (recorded by the hook engine), most
+    /// returns first; empty when the recording has none.
+    pub return_types: Vec<ReturnTypes>,
+}
+
+/// What one function returned: each type's count, and the frames left by an
+/// exception apart.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReturnTypes {
+    pub file: String,
+    pub function: String,
+    /// Its first line.
+    pub line: u32,
+    /// Most frequent first (a generator's yields count as returns of what they yield).
+    pub returned: Vec<TypeCount>,
+    /// Frames left by an exception.
+    pub raised: u64,
+}
+
+impl ReturnTypes {
+    /// Returns and raises.
+    pub fn total(&self) -> u64 {
+        self.returned
+            .iter()
+            .map(|t| t.count)
+            .fold(self.raised, u64::saturating_add)
+    }
+}
+
+/// How often a function returned objects of one type.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TypeCount {
+    /// The type's name (`tp_name`; for types defined in C, its last dotted part).
+    pub type_name: String,
+    pub count: u64,
 }
 
 /// GC, import and audit events recorded without their stacks (counted exactly,

@@ -110,6 +110,7 @@ impl ReportOptions {
         for p in &mut view.processes {
             shape(&mut p.functions);
         }
+        view.return_types.retain(|r| filter.matches(&r.file));
         Ok(view)
     }
 }

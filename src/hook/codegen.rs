@@ -9,14 +9,15 @@ use iced_x86::code_asm::*;
 use iced_x86::{BlockEncoderOptions, Decoder, DecoderOptions, FlowControl, IcedError};
 use thiserror::Error;
 
+use crate::ring::codegen::emit_reserve;
 use crate::ring::format::{
-    HEADER_SIZE, H_HEAD, H_LOST, H_TAIL, RESERVE_ATTEMPTS, SLOT_SIZE, S_ARGS, S_NARGS, S_PROBE,
-    S_SEQ, S_STRING_MASK, S_TAG, S_THREAD, S_TSC,
+    H_ALIVE, H_HEARTBEAT, H_STALE, S_ARGS, S_NARGS, S_PROBE, S_SEQ, S_STRING_MASK, S_TAG, S_THREAD,
+    S_TSC,
 };
 
 use super::{
-    KIND_RETURN, STATUS_FAILED, STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_GONE, ST_ON, ST_STALL_TAIL,
-    ST_STALL_TSC, ST_STATUS, TOOL_ID,
+    KIND_RETURN, STATUS_FAILED, STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_GONE, ST_ON, ST_STATUS,
+    TOOL_ID,
 };
 
 /// `METH_FASTCALL`.
@@ -25,10 +26,6 @@ const METH_FASTCALL: u64 = 0x80;
 const CONSTS: usize = 1024;
 /// Bytes of one `PyMethodDef`.
 const METHOD_DEF: usize = 32;
-/// Most TSC cycles one event waits for room in a full ring (about 10 ms).
-pub const WAIT_CYCLES: u64 = 1 << 25;
-/// A consumer stalled this long (about 3 s) after a wait timed out is taken for gone.
-pub const DEAD_CYCLES: u64 = 1 << 33;
 /// The `jmp rel32` written at the safe point.
 pub const JMP_LEN: usize = 5;
 /// Most bytes of instructions a detour displaces.
@@ -43,6 +40,8 @@ pub enum HookError {
     Constants(usize),
     #[error("ring capacity {0} is not a power of two up to 2^24")]
     Capacity(u64),
+    #[error("assembling the hook's ring reservation: {0}")]
+    Reserve(String),
     #[error("the entry of the safe point at {addr:#x} starts with `{insn}`, which moves control: it cannot be displaced")]
     Flow { addr: u64, insn: String },
     #[error("the entry of the safe point at {0:#x} does not decode into whole instructions of at most {MAX_DISPLACED} bytes")]
@@ -169,119 +168,83 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
         a.jmp(common)?;
         callbacks.push(l);
     }
+    // Callee-saved registers keep the record's parts across the reservation (the
+    // ring's shared producer code clobbers every caller-saved one). Entry: rsp = 8
+    // mod 16; three pushes make it 0 for the uninstaller's call below.
     a.set_label(&mut common)?;
+    a.push(rbx)?;
+    a.push(r12)?;
+    a.push(r13)?;
+    a.mov(ebx, r8d)?;
     a.mov(r9, p.state_addr)?;
     a.cmp(qword_ptr(r9 + ST_ON as i32), 0)?;
     a.je(off)?;
-    // r10 = the code object, r11 = the returned object's type (or 0).
-    a.mov(r10, qword_ptr(rsi))?;
-    a.xor(r11d, r11d)?;
+    // r12 = the code object, r13 = the returned object's type (or 0).
+    a.mov(r12, qword_ptr(rsi))?;
+    a.xor(r13d, r13d)?;
     let mut no_value = a.create_label();
-    a.cmp(r8d, KIND_RETURN)?;
+    a.cmp(ebx, KIND_RETURN)?;
     a.jne(no_value)?;
     a.cmp(rdx, 3)?;
     a.jl(no_value)?;
     a.mov(rax, qword_ptr(rsi + 16))?;
     a.test(rax, rax)?;
     a.jz(no_value)?;
-    a.mov(r11, qword_ptr(rax + 8))?;
+    a.mov(r13, qword_ptr(rax + 8))?;
     a.set_label(&mut no_value)?;
-    // Reserve (format.rs protocol): rdi = ring, rsi = index.
-    let mut retry = a.create_label();
-    let mut full = a.create_label();
-    let mut reserved = a.create_label();
-    let mut wait = a.create_label();
-    a.mov(rdi, p.ring_addr)?;
-    a.mov(ecx, RESERVE_ATTEMPTS)?;
-    // xmm0 = the deadline of a wait for room, set at the first wait.
-    a.pxor(xmm0, xmm0)?;
-    a.set_label(&mut retry)?;
-    a.mov(rdx, qword_ptr(rdi + H_TAIL as i32))?;
-    a.mov(rax, qword_ptr(rdi + H_HEAD as i32))?;
-    a.mov(rsi, rax)?;
-    a.sub(rsi, rdx)?;
-    a.cmp(rsi, p.capacity as i32)?;
-    a.jae(wait)?;
-    a.lea(rdx, ptr(rax + 1))?;
-    a.lock().cmpxchg(qword_ptr(rdi + H_HEAD as i32), rdx)?;
-    a.je(reserved)?;
-    a.dec(ecx)?;
-    a.jnz(retry)?;
-    a.jmp(full)?;
-    // Full: wait, `pause` by `pause`, for pyprobe to make room, at most
-    // WAIT_CYCLES from the first look (the target runs at pyprobe's pace rather
-    // than lose calls; a pyprobe gone for good is the guardian's to undo).
-    let mut timed = a.create_label();
-    // A consumer that let a wait time out and has not read a record since is not
-    // waited on again (one wait per stall, not one per event); stalled that way for
-    // DEAD_CYCLES, it is taken for gone: `on` is cleared, and the next event
-    // unregisters the hook, guardian or not.
-    let mut do_wait = a.create_label();
-    let mut timed_out = a.create_label();
-    a.set_label(&mut wait)?;
-    a.cmp(rdx, qword_ptr(r9 + ST_STALL_TAIL as i32))?;
-    a.jne(do_wait)?;
+    // Reserve with the ring's producer protocol (format.rs): a full ring is waited
+    // on, spinning then asleep on `tail`, while pyprobe lives and reads; the wait
+    // ends when it leaves, dies (its guardian clears `alive`) or goes silent.
+    let mut lost = a.create_label();
+    emit_reserve(&mut a, p.ring_addr, p.capacity, 0, &mut lost)
+        .map_err(|e| HookError::Reserve(e.to_string()))?;
+    // r8 = the slot, r10 = its index.
     a.rdtsc()?;
     a.shl(rdx, 32)?;
     a.or(rax, rdx)?;
-    a.sub(rax, qword_ptr(r9 + ST_STALL_TSC as i32))?;
-    a.mov(rdx, DEAD_CYCLES)?;
-    a.cmp(rax, rdx)?;
-    a.jb(full)?;
-    a.mov(qword_ptr(r9 + ST_ON as i32), 0)?;
-    a.jmp(full)?;
-    a.set_label(&mut do_wait)?;
-    a.rdtsc()?;
-    a.shl(rdx, 32)?;
-    a.or(rax, rdx)?;
-    a.movq(rdx, xmm0)?;
-    a.test(rdx, rdx)?;
-    a.jnz(timed)?;
-    a.mov(rdx, WAIT_CYCLES)?;
-    a.add(rdx, rax)?;
-    a.movq(xmm0, rdx)?;
-    a.set_label(&mut timed)?;
-    a.cmp(rax, rdx)?;
-    a.jae(timed_out)?;
-    a.pause()?;
-    a.jmp(retry)?;
-    a.set_label(&mut timed_out)?;
-    a.mov(rdx, qword_ptr(rdi + H_TAIL as i32))?;
-    a.mov(qword_ptr(r9 + ST_STALL_TAIL as i32), rdx)?;
-    a.mov(qword_ptr(r9 + ST_STALL_TSC as i32), rax)?;
-    a.set_label(&mut full)?;
-    a.lock().inc(qword_ptr(rdi + H_LOST as i32))?;
-    a.jmp(done)?;
-    a.set_label(&mut reserved)?;
-    a.mov(rsi, rax)?;
-    a.and(rax, (p.capacity - 1) as i32)?;
-    a.shl(rax, SLOT_SIZE.trailing_zeros())?;
-    a.lea(rdi, ptr(rdi + rax + HEADER_SIZE as i32))?;
-    a.rdtsc()?;
-    a.shl(rdx, 32)?;
-    a.or(rax, rdx)?;
-    a.mov(qword_ptr(rdi + S_TSC as i32), rax)?;
-    a.mov(dword_ptr(rdi + S_PROBE as i32), r8d)?;
-    a.mov(dword_ptr(rdi + S_TAG as i32), p.tag)?;
+    a.mov(qword_ptr(r8 + S_TSC as i32), rax)?;
+    a.mov(dword_ptr(r8 + S_PROBE as i32), ebx)?;
+    a.mov(dword_ptr(r8 + S_TAG as i32), p.tag)?;
     a.mov(rax, qword_ptr(0u64).fs())?;
-    a.mov(qword_ptr(rdi + S_THREAD as i32), rax)?;
-    a.mov(qword_ptr(rdi + S_ARGS as i32), r10)?;
-    a.mov(qword_ptr(rdi + S_ARGS as i32 + 8), r11)?;
+    a.mov(qword_ptr(r8 + S_THREAD as i32), rax)?;
+    a.mov(qword_ptr(r8 + S_ARGS as i32), r12)?;
+    a.mov(qword_ptr(r8 + S_ARGS as i32 + 8), r13)?;
     let [name, filename, first_line] = p.code_fields;
-    a.mov(rax, qword_ptr(r10 + name))?;
-    a.mov(qword_ptr(rdi + S_ARGS as i32 + 16), rax)?;
-    a.mov(rax, qword_ptr(r10 + filename))?;
-    a.mov(qword_ptr(rdi + S_ARGS as i32 + 24), rax)?;
-    a.movsxd(rax, dword_ptr(r10 + first_line))?;
-    a.mov(qword_ptr(rdi + S_ARGS as i32 + 32), rax)?;
+    a.mov(rax, qword_ptr(r12 + name))?;
+    a.mov(qword_ptr(r8 + S_ARGS as i32 + 16), rax)?;
+    a.mov(rax, qword_ptr(r12 + filename))?;
+    a.mov(qword_ptr(r8 + S_ARGS as i32 + 24), rax)?;
+    a.movsxd(rax, dword_ptr(r12 + first_line))?;
+    a.mov(qword_ptr(r8 + S_ARGS as i32 + 32), rax)?;
     // nargs = 5, no strings, no stack.
-    a.mov(dword_ptr(rdi + S_NARGS as i32), 5)?;
-    a.mov(dword_ptr(rdi + S_NARGS as i32 + 4), 0)?;
+    a.mov(dword_ptr(r8 + S_NARGS as i32), 5)?;
+    a.mov(dword_ptr(r8 + S_NARGS as i32 + 4), 0)?;
     const _: () = assert!(S_STRING_MASK == S_NARGS + 1);
     // Publish last.
-    a.lea(rax, ptr(rsi + 1))?;
-    a.mov(qword_ptr(rdi + S_SEQ as i32), rax)?;
+    a.lea(rax, ptr(r10 + 1))?;
+    a.mov(qword_ptr(r8 + S_SEQ as i32), rax)?;
+    a.jmp(done)?;
+    // Lost (counted by the reservation; r9 = the ring). With nobody serving the
+    // ring (pyprobe left or died) or a consumer silent past `stale`, the hook is
+    // no use any more: `on` is cleared and the next event unregisters it, guardian
+    // or not. A budget's short patience running out is not that.
+    let mut give_up = a.create_label();
+    a.set_label(&mut lost)?;
+    a.cmp(qword_ptr(r9 + H_ALIVE as i32), 0)?;
+    a.je(give_up)?;
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)?;
+    a.sub(rax, qword_ptr(r9 + H_HEARTBEAT as i32))?;
+    a.cmp(rax, qword_ptr(r9 + H_STALE as i32))?;
+    a.jle(done)?;
+    a.set_label(&mut give_up)?;
+    a.mov(rax, p.state_addr)?;
+    a.mov(qword_ptr(rax + ST_ON as i32), 0)?;
     a.set_label(&mut done)?;
+    a.pop(r13)?;
+    a.pop(r12)?;
+    a.pop(rbx)?;
     a.mov(rax, p.symbols.none)?;
     a.ret()?;
     // `on` clear: the first callback to see it uninstalls (GIL held: any Python may run).
@@ -290,9 +253,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.mov(ecx, 1)?;
     a.lock().cmpxchg(qword_ptr(r9 + ST_GONE as i32), rcx)?;
     a.jne(done)?;
-    a.sub(rsp, 8)?;
     a.call(uninstaller)?;
-    a.add(rsp, 8)?;
     a.jmp(done)?;
 
     // void uninstaller(void)

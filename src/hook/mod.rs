@@ -18,13 +18,14 @@
 //!   child keeps it, and the function objects made from these definitions stay valid.
 //! * The callbacks, `PyObject *cb(PyObject *self, PyObject *const *args, Py_ssize_t n)`.
 //!   Each loads the state word `on`; when set it reserves a slot with the ring's
-//!   producer protocol (`lock cmpxchg` on `head`, at most [`RESERVE_ATTEMPTS`] tries;
-//!   a full ring is waited on, `pause` by `pause`, at most
-//!   [`codegen::WAIT_CYCLES`] from the first look, then `lost` counted: the target
-//!   runs at pyprobe's pace rather than lose calls), writes {`rdtsc`, kind, tag = pid, `%fs` base,
-//!   `args[0]` (the code object), on a return `Py_TYPE(args[2])`}, publishes `seq`
-//!   last, and returns `None` (immortal on 3.12+, so no reference is taken). No
-//!   string, no allocation, no C API call, no system call on this path.
+//!   producer protocol, the very code the SDT trampolines run
+//!   (`crate::ring::codegen::emit_reserve`: a full ring is waited on while pyprobe
+//!   serves it, spinning then asleep in `futex` on `tail`, so the target runs at
+//!   pyprobe's pace rather than lose calls), writes {`rdtsc`, kind, tag = pid, `%fs`
+//!   base, `args[0]` (the code object), on a return `Py_TYPE(args[2])`}, publishes
+//!   `seq` last, and returns `None` (immortal on 3.12+, so no reference is taken).
+//!   No string, no allocation, no C API call on this path; a system call only while
+//!   the ring is full.
 //! * The installer: `PySys_GetObject("monitoring")`, `use_tool_id(TOOL, "pyprobe")`,
 //!   (events are passed as their `sys.monitoring.events` bit, `1 << number`),
 //!   one `PyCFunction_NewEx` and `register_callback` per event, `set_events`; its
@@ -45,13 +46,13 @@
 //!
 //! # The safe point
 //!
-//! `_Py_HandlePending(tstate)` (CPython 3.12 and 3.13): the eval loop calls it, with
+//! `_Py_HandlePending(tstate)` (CPython 3.12 to 3.14): the eval loop calls it, with
 //! the GIL held and the frame's state saved, when the eval breaker is set; it runs
 //! signal handlers and pending calls there, i.e. arbitrary Python code. So at its entry
 //! any C API call is allowed, as in a pending call: no allocator or lock is half-taken
 //! by this thread. pyprobe (every thread stopped) rewrites its first instructions into
 //! a `jmp rel32` to the detour and raises the eval breaker (3.12: the interpreter's
-//! `ceval.eval_breaker`, recomputed by the handler; 3.13: the `_PY_CALLS_TO_DO` bit of
+//! `ceval.eval_breaker`, recomputed by the handler; 3.13 and 3.14: the `_PY_CALLS_TO_DO` bit of
 //! each thread state's `eval_breaker`, cleared by the handler when no call is queued);
 //! the next thread to check the breaker installs the hook. (3.12 recomputes its
 //! breaker whenever a thread takes the GIL: the interpreter's `pending.calls_to_do`
@@ -68,17 +69,17 @@
 //! | [`ST_ARMED`] | 1: the detour runs the installer (once: it sets 2) |
 //! | [`ST_STATUS`] | 0 not run, [`STATUS_OK`], [`STATUS_FAILED`] + step, [`STATUS_REMOVED`] |
 //! | [`ST_GONE`] | set by the callback that runs the uninstaller |
-//! | [`ST_STALL_TAIL`], [`ST_STALL_TSC`] | where and when a wait for room last timed out |
 //!
 //! # If pyprobe stops reading
 //!
-//! A full ring is waited on for at most [`codegen::WAIT_CYCLES`] (about 10 ms); once
-//! a wait has timed out, later events are not waited for until pyprobe reads again
-//! (they count as lost), and if it has read nothing for [`codegen::DEAD_CYCLES`]
-//! (about 3 s) the hook clears `on` itself and unregisters at the next event. So a
-//! pyprobe killed with its guardian unable to act (another tracer holds the target),
-//! or stopped for good, costs the target one 10 ms wait and 3 s of cheap lost
-//! events, then nothing.
+//! A callback waits for room in a full ring (holding the GIL) as long as pyprobe
+//! serves the ring: its `alive` word is set and its heartbeat younger than `stale`
+//! (10 s). A pyprobe stopped by a signal for less than that loses nothing. Once an
+//! event is lost because nobody serves the ring (pyprobe left, its guardian cleared
+//! `alive` when it died) or its heartbeat went stale (pyprobe stopped for good, or
+//! killed with its guardian unable to act), the hook clears `on` itself and
+//! unregisters at the next event. So the worst a vanished pyprobe costs the target
+//! is one wait of `stale`, then nothing.
 
 pub mod codegen;
 
@@ -103,10 +104,6 @@ pub const ST_ON: usize = 0;
 pub const ST_ARMED: usize = 8;
 pub const ST_STATUS: usize = 16;
 pub const ST_GONE: usize = 24;
-/// The ring's `tail` when a wait for room last timed out (pyprobe starts it at
-/// `u64::MAX`), and the TSC then.
-pub const ST_STALL_TAIL: usize = 32;
-pub const ST_STALL_TSC: usize = 40;
 
 pub const STATUS_OK: u64 = 1;
 pub const STATUS_REMOVED: u64 = 2;
@@ -126,7 +123,8 @@ pub fn failed_step(status: u64) -> Option<&'static str> {
 }
 
 /// Monitoring events the hook registers for, with the record kind of each, by the
-/// event numbers of CPython 3.12 and 3.13 (`sys.monitoring.events`).
+/// event numbers of CPython 3.12 and 3.13 (`sys.monitoring.events`; the 3.14 numbers
+/// were checked against its `sys.monitoring.events`, as these against theirs).
 pub const EVENTS_312: [(u32, u32); 6] = [
     (0, KIND_CALL),   // PY_START
     (1, KIND_CALL),   // PY_RESUME
@@ -135,3 +133,23 @@ pub const EVENTS_312: [(u32, u32); 6] = [
     (3, KIND_RETURN), // PY_YIELD
     (12, KIND_RAISE), // PY_UNWIND
 ];
+
+/// The same for CPython 3.14, whose `BRANCH_LEFT` and `BRANCH_RIGHT` (8 and 9)
+/// moved `PY_UNWIND` and `PY_THROW` up by one.
+pub const EVENTS_314: [(u32, u32); 6] = [
+    (0, KIND_CALL),   // PY_START
+    (1, KIND_CALL),   // PY_RESUME
+    (14, KIND_CALL),  // PY_THROW
+    (2, KIND_RETURN), // PY_RETURN
+    (3, KIND_RETURN), // PY_YIELD
+    (13, KIND_RAISE), // PY_UNWIND
+];
+
+/// The monitoring events of CPython 3.`minor` (3.12 to 3.14), `None` for others.
+pub fn events_of(minor: u32) -> Option<&'static [(u32, u32)]> {
+    match minor {
+        12 | 13 => Some(&EVENTS_312),
+        14 => Some(&EVENTS_314),
+        _ => None,
+    }
+}

@@ -10,7 +10,7 @@ use iced_x86::code_asm::*;
 
 use super::codegen::{build_detour, build_hook, HookCode, HookParams, HookSymbols};
 use super::*;
-use crate::ring::format::{init_ring, ring_bytes, H_LOST};
+use crate::ring::format::{init_ring, ring_bytes};
 use crate::ring::{BranchTargets, RingReader};
 
 /// The fakes below share global state: one test at a time.
@@ -165,8 +165,6 @@ impl Setup {
             code_fields: [16, 24, 32],
         };
         let hook = build_hook(&params).expect("build");
-        let mut state = state;
-        state[ST_STALL_TAIL / 8] = u64::MAX;
         assert!(hook.bytes.len() <= len);
         // SAFETY: the mapping is `len` bytes, writable.
         unsafe { std::ptr::copy_nonoverlapping(hook.bytes.as_ptr(), code, hook.bytes.len()) };
@@ -205,9 +203,10 @@ impl Setup {
         }
     }
 
-    fn reader(&mut self) -> RingReader {
-        // SAFETY: the ring outlives the reader (both in this test).
-        unsafe { RingReader::new(self.ring.as_mut_ptr().cast(), self.ring.len() * 8) }
+    fn reader(&self) -> RingReader {
+        // SAFETY: the ring outlives the reader (both in this test); the hook writes
+        // it through raw pointers as well.
+        unsafe { RingReader::new(self.ring.as_ptr().cast_mut().cast(), self.ring.len() * 8) }
             .expect("reader")
     }
 }
@@ -272,8 +271,13 @@ fn callbacks_write_one_record_each() {
     assert!(calls().is_empty(), "the hot path calls nothing");
 }
 
+/// TSC cycles in `ms` milliseconds, roughly (for timeouts only).
+fn cycles(ms: u64) -> u64 {
+    ms * 3_000_000
+}
+
 #[test]
-fn a_full_ring_waits_a_bounded_time_then_counts_losses() {
+fn a_full_ring_nobody_serves_counts_the_loss_and_unhooks() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut s = Setup::new();
     s.set(ST_ON, 1);
@@ -281,51 +285,96 @@ fn a_full_ring_waits_a_bounded_time_then_counts_losses() {
     for _ in 0..CAP + 3 {
         assert_eq!(s.callback(0, &[code.as_ptr() as u64, 0]), none_addr());
     }
-    let reader = s.reader();
-    assert_eq!(reader.lost(), 3);
-    let _ = H_LOST;
+    // No consumer: the first event that does not fit is lost and clears `on`,
+    // the next one unregisters the hook instead of recording.
+    assert_eq!(s.reader().lost(), 1);
+    assert_eq!(s.get(ST_ON), 0);
+    assert!(calls().iter().any(|c| c == "free_tool_id(4)"));
+    assert_eq!(s.get(ST_STATUS), STATUS_REMOVED);
+    assert_eq!(s.reader().head(), CAP);
 }
 
 #[test]
-fn a_stalled_consumer_is_waited_on_once_then_taken_for_gone() {
+fn a_full_ring_is_waited_on_until_the_consumer_makes_room() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut s = Setup::new();
     s.set(ST_ON, 1);
+    let mut reader = s.reader();
+    reader.serve(cycles(60_000), u64::MAX);
+    let codes: Vec<[u64; 5]> = (0..3 * CAP).map(|k| [0, 0, 0, 0, k]).collect();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let got = std::thread::scope(|scope| {
+        let consumer = scope.spawn(|| {
+            let (mut got, mut sleepers) = (Vec::new(), 0u32);
+            loop {
+                let last = done.load(std::sync::atomic::Ordering::Acquire);
+                sleepers = sleepers.max(reader.sleepers());
+                reader.drain(usize::MAX, |r| got.push(r.args[4]));
+                if last {
+                    return (got, sleepers, reader);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(3));
+            }
+        });
+        for code in &codes {
+            s.callback(0, &[code.as_ptr() as u64, 0]);
+        }
+        done.store(true, std::sync::atomic::Ordering::Release);
+        consumer.join().expect("consumer")
+    });
+    let (got, sleepers, reader) = got;
+    assert_eq!(
+        got,
+        (0..3 * CAP).collect::<Vec<u64>>(),
+        "every event, in order"
+    );
+    assert_eq!(reader.lost(), 0);
+    assert!(sleepers > 0, "the callback slept on the futex");
+    assert_eq!(reader.sleepers(), 0);
+    assert_eq!(s.get(ST_ON), 1);
+}
+
+#[test]
+fn a_consumer_that_leaves_or_goes_silent_ends_the_wait_and_the_hook() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let code = [0u64; 5];
     let event = |s: &Setup| s.callback(0, &[code.as_ptr() as u64, 0]);
+    // Under a budget's short patience: lost, but the hook stays.
+    let mut s = Setup::new();
+    s.set(ST_ON, 1);
+    s.reader().serve(cycles(60_000), 1000);
+    for _ in 0..=CAP {
+        event(&s);
+    }
+    assert_eq!((s.reader().lost(), s.get(ST_ON)), (1, 1));
+    // Silent for longer than `stale`: lost, and the hook goes.
+    s.reader().serve(cycles(20), u64::MAX);
+    let t = std::time::Instant::now();
+    event(&s);
+    assert!(t.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!((s.reader().lost(), s.get(ST_ON)), (2, 0));
+    // Left while a callback waits (another thread here): it goes on at once.
+    let mut s = Setup::new();
+    s.set(ST_ON, 1);
+    let reader = s.reader();
+    reader.serve(cycles(60_000), u64::MAX);
     for _ in 0..CAP {
         event(&s);
     }
-    // Full, nobody reading: the first event waits, times out, notes the stall.
-    let t = std::time::Instant::now();
-    event(&s);
-    let waited = t.elapsed();
-    assert_eq!(s.get(ST_STALL_TAIL), 0);
-    assert!(s.get(ST_STALL_TSC) > 0);
-    // The next ones are not waited on.
-    let t = std::time::Instant::now();
-    for _ in 0..100 {
+    let returned = std::sync::atomic::AtomicBool::new(false);
+    let (leaving, flag) = (s.reader(), &returned);
+    std::thread::scope(|scope| {
+        let leaver = scope.spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let waited = !flag.load(std::sync::atomic::Ordering::Acquire);
+            leaving.leave();
+            waited
+        });
         event(&s);
-    }
-    assert!(
-        t.elapsed() < waited,
-        "{:?} for 100 events after a {waited:?} wait",
-        t.elapsed()
-    );
-    assert_eq!(s.reader().lost(), 101);
-    assert_eq!(s.get(ST_ON), 1, "a short stall is not death");
-    // Stalled for long: `on` goes, and the next event unregisters the hook.
-    s.set(ST_STALL_TSC, 1);
-    event(&s);
-    assert_eq!(s.get(ST_ON), 0);
-    calls();
-    event(&s);
-    assert!(calls().iter().any(|c| c == "free_tool_id(4)"));
-    assert_eq!(s.get(ST_STATUS), STATUS_REMOVED);
-    // Once pyprobe reads again, a later stall is waited on afresh.
-    let mut reader = s.reader();
-    reader.drain(1, |_| {});
-    assert_ne!(reader.tail(), s.get(ST_STALL_TAIL));
+        returned.store(true, std::sync::atomic::Ordering::Release);
+        assert!(leaver.join().expect("leaver"), "waits while served");
+    });
+    assert_eq!((reader.lost(), reader.sleepers(), s.get(ST_ON)), (1, 0, 0));
 }
 
 #[test]

@@ -286,7 +286,10 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
         let names = FrameNames::new(reader.strings(), options.full_paths);
         w.slices(&names, steps)?;
         match &event.kind {
-            EventKind::Call { .. } | EventKind::Return { .. } | EventKind::Running { .. } => {}
+            EventKind::Call { .. }
+            | EventKind::Return { .. }
+            | EventKind::Running { .. }
+            | EventKind::ReturnType { .. } => {}
             EventKind::ThreadExit => {
                 if let Some(mut t) = threads.remove(&tid) {
                     w.close_sampled(&names, tid, &mut t, 0, ts)?;

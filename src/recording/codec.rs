@@ -53,6 +53,8 @@ mod tag {
     pub const EXEC: u8 = 22;
     /// Format 5: a return naming its function's first line (`RETURN` names none).
     pub const RETURN_FROM: u8 = 23;
+    /// Format 6: a running total of one function's returns of one type.
+    pub const RETURN_TYPE: u8 = 24;
     /// Format 6: a call spelling out its frame, which gets the chunk's next frame number.
     pub const CALL_NEW: u8 = 32;
     /// Format 6: a return spelling out its frame and first line (0: unknown), which
@@ -245,6 +247,16 @@ impl EventEncoder {
             EventKind::Lost { count } | EventKind::AuditsCounted { count } => {
                 put_uvarint(buf, *count)
             }
+            EventKind::ReturnType {
+                function,
+                returned,
+                total,
+            } => {
+                put_frame(buf, function);
+                // 0: raised; else the type's string id + 1.
+                put_uvarint(buf, returned.map_or(0, |s| u64::from(s.0) + 1));
+                put_uvarint(buf, *total);
+            }
         }
     }
 }
@@ -311,6 +323,7 @@ fn kind_tag(kind: &EventKind) -> u8 {
         EventKind::Window { .. } => tag::WINDOW,
         EventKind::Thinned { .. } => tag::THINNED,
         EventKind::AuditsCounted { .. } => tag::AUDITS_COUNTED,
+        EventKind::ReturnType { .. } => tag::RETURN_TYPE,
     }
 }
 
@@ -482,6 +495,18 @@ impl EventDecoder {
             tag::LOST => EventKind::Lost {
                 count: c.uvarint()?,
             },
+            tag::RETURN_TYPE => {
+                let function = get_frame(c)?;
+                let returned = match c.u32v("string id")? {
+                    0 => None,
+                    id => Some(StrId(id - 1)),
+                };
+                EventKind::ReturnType {
+                    function,
+                    returned,
+                    total: c.uvarint()?,
+                }
+            }
             other => {
                 return Err(RecordError::Corrupt {
                     offset: tag_at,

@@ -143,6 +143,17 @@ pub enum EventKind {
     Lost {
         count: u64,
     },
+    /// How often a function of this thread's process (the event's `tid` is the
+    /// process id) returned an object of one type so far: `returned` names the
+    /// type, `None` counts frames left by an exception. A running total, written
+    /// now and then and at the end: each replaces the previous one of its
+    /// process, function and type (format 6; the hook engine records them).
+    ReturnType {
+        /// File, name and first line of the function.
+        function: FrameRef,
+        returned: Option<StrId>,
+        total: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

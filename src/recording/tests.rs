@@ -126,6 +126,16 @@ fn every_kind(w: &mut RecordingWriter<impl Write>) -> Vec<Event> {
         },
         EventKind::AuditsCounted { count: 123_456 },
         EventKind::Lost { count: 17 },
+        EventKind::ReturnType {
+            function: frame,
+            returned: Some(StrId(0)),
+            total: 39,
+        },
+        EventKind::ReturnType {
+            function: frame,
+            returned: None,
+            total: u64::MAX,
+        },
         EventKind::ThreadExit,
     ];
     let mut out = Vec::new();

@@ -43,7 +43,7 @@ mod threads;
 pub use super::budget::BudgetSummary;
 pub use super::ring::RingUse;
 use children::PendingChild;
-pub use interface::{EngineOptions, Hit, NotTraceable, Outcome, Resolver, TraceEvent};
+pub use interface::{EngineOptions, Hit, NotTraceable, Outcome, Resolver, ReturnRow, TraceEvent};
 use threads::is_stop_signal;
 pub(in crate::tracer) use threads::{StopKind, Thread, ThreadState};
 

@@ -97,7 +97,16 @@ fn python_without_probes_in_trace_mode() {
     // Launching it: refused as soon as its interpreter is mapped, before it runs a
     // line of Python (it does not run untraced behind the user's back).
     let recording = TempFile::new("noprobes.pyprobe");
-    let args = ["record", "--mode", "trace", "-o", recording.path(), "--"];
+    let args = [
+        "record",
+        "--mode",
+        "trace",
+        "--engine",
+        "ring",
+        "-o",
+        recording.path(),
+        "--",
+    ];
     let out = pyprobe()
         .args(args)
         .arg(python)
@@ -117,9 +126,10 @@ fn python_without_probes_in_trace_mode() {
     );
 }
 
-/// CPython 3.14 has SDT probes but none for functions, and the hook engine does not
-/// serve it yet (it serves 3.12 and 3.13: `hook.rs`): `--mode trace` is refused with
-/// what works instead, attached or launched; asking only for the probes it has works.
+/// CPython 3.14 has SDT probes but none for functions: with the probe engines only
+/// (`--engine ring`; the default uses the hook engine there, `hook.rs`), `--mode
+/// trace` is refused with what works instead, attached or launched; asking only for
+/// the probes it has works.
 #[test]
 fn python_without_function_probes_in_trace_mode() {
     let Some(py) = python("3.14") else { return };
@@ -127,12 +137,21 @@ fn python_without_function_probes_in_trace_mode() {
     target.wait_for_line("ready");
     let pid = target.pid().to_string();
     let e = assert_refused(
-        &["record", "-p", &pid, "--mode", "trace"],
+        &["record", "-p", &pid, "--mode", "trace", "--engine", "ring"],
         &["CPython 3.14", "no function probes", "default mode"],
     );
     assert_one_sentence(&e);
     let recording = TempFile::new("nofunction.pyprobe");
-    let args = ["record", "--mode", "trace", "-o", recording.path(), "--"];
+    let args = [
+        "record",
+        "--mode",
+        "trace",
+        "--engine",
+        "ring",
+        "-o",
+        recording.path(),
+        "--",
+    ];
     let out = pyprobe()
         .args(args)
         .arg(&py.launcher)

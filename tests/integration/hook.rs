@@ -1,5 +1,6 @@
-//! The injected hook engine on interpreters with no function probes at all (pyenv
-//! builds of CPython 3.12 and 3.13, no SDT notes): `--mode trace` counts calls
+//! The injected hook engine on interpreters with no function probes (pyenv builds of
+//! CPython 3.12 and 3.13, no SDT notes; Debian's 3.13 and 3.14, SDT notes without
+//! function probes): `--mode trace` counts calls
 //! exactly, launched and attached to, threads started after attaching included; a
 //! pyprobe SIGKILLed with the hook installed leaves the target running, correct, and
 //! unhooked (the target itself sees sys.monitoring tool 4 free again).
@@ -9,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-const MINORS: [u32; 2] = [12, 13];
+pub(crate) const MINORS: [u32; 2] = [12, 13];
 
 /// The newest pyenv build of 3.`minor`, or `None` with a notice (a failure under
 /// `PYPROBE_REQUIRE_PYTHONS=1`).
-fn pyenv(minor: u32) -> Option<PathBuf> {
+pub(crate) fn pyenv(minor: u32) -> Option<PathBuf> {
     let root = std::env::var_os("PYENV_ROOT")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")))
@@ -42,9 +43,25 @@ fn pyenv(minor: u32) -> Option<PathBuf> {
     last
 }
 
+/// Every interpreter the hook engine serves here: pyenv 3.12 and 3.13 (no SDT
+/// notes), Debian's 3.13 and 3.14 (SDT notes, no function probes: calls from the
+/// hook, GC, imports and audit events from the probes), each with a label.
+pub(crate) fn hook_interpreters() -> Vec<(String, PathBuf)> {
+    let mut pythons: Vec<(String, PathBuf)> = MINORS
+        .iter()
+        .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))
+        .collect();
+    for minor in ["3.13", "3.14"] {
+        if let Some(debian) = python(minor) {
+            pythons.push((format!("Debian {minor}"), debian.launcher));
+        }
+    }
+    pythons
+}
+
 /// Asks the target who holds monitoring tool 4 until the answer is `want` (at most
 /// `limit`); returns how many times it asked.
-fn wait_tool(target: &mut Target, want: &str, limit: Duration) -> usize {
+pub(crate) fn wait_tool(target: &mut Target, want: &str, limit: Duration) -> usize {
     let start = Instant::now();
     let mut asked = 0;
     loop {
@@ -64,16 +81,7 @@ fn wait_tool(target: &mut Target, want: &str, limit: Duration) -> usize {
 
 #[test]
 fn launched_counts_match_the_programs_own() {
-    // pyenv 3.12 and 3.13 (no SDT notes), and Debian's 3.13 (SDT notes, no function
-    // probes: calls from the hook, GC, imports and audit events from its probes).
-    let mut pythons: Vec<(String, PathBuf)> = MINORS
-        .iter()
-        .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))
-        .collect();
-    if let Some(debian) = python("3.13") {
-        pythons.push(("Debian 3.13".into(), debian.launcher));
-    }
-    for (minor, py) in pythons {
+    for (minor, py) in hook_interpreters() {
         let out = TempFile::new("hook-launch.pyprobe");
         let py_s = py.display().to_string();
         let script = fixture_script("count_calls.py");
@@ -219,7 +227,7 @@ fn hook_engine_refuses_in_one_sentence_what_it_cannot_serve() {
                 "-c",
                 "pass",
             ],
-            &["3.11", "3.12 and 3.13", "default mode"],
+            &["3.11", "3.12 to 3.14", "default mode"],
         );
     }
 }
@@ -310,5 +318,72 @@ fn the_targets_own_cprofile_counts_the_same_traced_or_not() {
         assert_eq!(String::from_utf8_lossy(&run.stdout), own, "3.{minor}");
         let calls = calls_in_file(&report_json(out.path()), "<string>");
         assert_eq!(calls.get("fib"), Some(&1973), "3.{minor}: {calls:?}");
+    }
+}
+
+/// The types each function of `file_suffix` returned, as the report's JSON says,
+/// in the fixture's shape: {"f": {"list": 39, "raised": 2}}.
+fn return_types_in_file(report: &serde_json::Value, file_suffix: &str) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for row in report["return_types"].as_array().expect("return_types") {
+        if !row["file"].as_str().unwrap_or("").ends_with(file_suffix) {
+            continue;
+        }
+        let mut types = serde_json::Map::new();
+        for t in row["returned"].as_array().expect("returned") {
+            types.insert(t["type"].as_str().expect("type").into(), t["count"].clone());
+        }
+        if row["raised"].as_u64() != Some(0) {
+            types.insert("raised".into(), row["raised"].clone());
+        }
+        out.insert(row["function"].as_str().expect("name").into(), types.into());
+    }
+    out.into()
+}
+
+#[test]
+fn report_shows_the_types_functions_returned_and_how_often_they_raised() {
+    for (minor, py) in hook_interpreters() {
+        let out = TempFile::new("hook-return-types.pyprobe");
+        let py_s = py.display().to_string();
+        let script = fixture_script("return_types.py");
+        let run = run_pyprobe(&[
+            "record",
+            "--mode",
+            "trace",
+            "-o",
+            out.path(),
+            "--",
+            &py_s,
+            &script,
+            "2000",
+        ]);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{minor}: {stderr}");
+        let own: serde_json::Value = serde_json::from_slice(
+            run.stdout
+                .split(|&b| b == b'\n')
+                .find(|l| l.starts_with(b"{"))
+                .expect("the program's counts"),
+        )
+        .expect("JSON counts");
+        let report = report_json(out.path());
+        let seen = return_types_in_file(&report, "return_types.py");
+        for function in ["f", "g"] {
+            assert_eq!(seen[function], own[function], "{minor}: {function}: {seen}");
+        }
+        // The table says it in one line per function.
+        let table = run_pyprobe(&["report", out.path()]);
+        let text = String::from_utf8_lossy(&table.stdout);
+        let f = &own["f"];
+        let line = format!(
+            "): tuple {}, list {}, raised {}",
+            f["tuple"], f["list"], f["raised"]
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("Return types for 'f' (") && l.ends_with(&line)),
+            "{minor}: no `{line}` line for f in\n{text}"
+        );
     }
 }

@@ -2,10 +2,13 @@
 //! producer waits for room in its ring rather than drop an event, whatever makes
 //! pyprobe slow (CPUs busy with other work, pyprobe stopped by a signal) and
 //! whatever the program does (fork around its calls, threads starting and
-//! exiting). Each test compares pyprobe's counts with the program's own.
+//! exiting). Each test compares pyprobe's counts with the program's own. The
+//! SDT ring engine's trampolines and the injected hook's callbacks (CPython 3.12
+//! and 3.13 without function probes) wait the same way.
 //! `scripts/test.sh` runs these tests alone: their subject is pyprobe keeping up.
 
 use std::io::Read;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -18,11 +21,22 @@ const FIXTURE: &str = "exact_under_load.py";
 /// `pyprobe record --mode trace --engine ring` of the fixture's `shape`, started
 /// in the background with stdout (the fixture's counts) and stderr piped.
 fn spawn_trace(py: &Python, out: &TempFile, shape: &str, amount: &str) -> std::process::Child {
+    spawn_engine(&py.launcher, "ring", out, shape, amount)
+}
+
+/// The same with `--engine engine` and the interpreter `launcher`.
+fn spawn_engine(
+    launcher: &Path,
+    engine: &str,
+    out: &TempFile,
+    shape: &str,
+    amount: &str,
+) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_pyprobe"))
-        .args(["record", "-v", "--mode", "trace", "--engine", "ring", "-o"])
+        .args(["record", "-v", "--mode", "trace", "--engine", engine, "-o"])
         .arg(out.path())
         .arg("--")
-        .arg(&py.launcher)
+        .arg(launcher)
         .args([&fixture_script(FIXTURE), shape, amount])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -219,4 +233,109 @@ fn thread_churn_gives_every_return_its_entry() {
             "{version}: returns without their entry: {anomalies}\n{stderr}"
         );
     }
+}
+
+/// The interpreters the hook engine serves (pyenv 3.12 and 3.13, Debian 3.14;
+/// Debian's 3.13 runs the same hook as pyenv's).
+fn hook_pythons() -> Vec<(String, std::path::PathBuf)> {
+    let mut all = crate::hook::hook_interpreters();
+    all.retain(|(label, _)| label != "Debian 3.13");
+    all
+}
+
+/// The hook engine's callbacks, pyprobe stopped for 2 s: they wait for room (GIL
+/// held), go on after SIGCONT, and nothing is lost.
+#[test]
+fn hook_pyprobe_stopped_for_two_seconds_loses_nothing() {
+    let _serial = serial();
+    for (minor, py) in hook_pythons() {
+        let out = TempFile::new(&format!("hook-stopped-{minor}.pyprobe"));
+        let child = spawn_engine(&py, "hook", &out, "calls", "3");
+        let pyprobe = child.id() as i32;
+        std::thread::sleep(Duration::from_millis(800));
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pyprobe, libc::SIGSTOP) };
+        std::thread::sleep(Duration::from_secs(2));
+        // SAFETY: as above.
+        unsafe { libc::kill(pyprobe, libc::SIGCONT) };
+        let (counts, stderr) = finish(child);
+        assert!(stderr.contains("engine hook"), "{minor}: {stderr}");
+        assert_exact(
+            &format!("hook {minor}, pyprobe stopped 2 s"),
+            &out,
+            &counts,
+            &stderr,
+        );
+    }
+}
+
+/// pyprobe stopped while a hook callback waits in its full ring, then killed: the
+/// guardian ends the wait, the hook unregisters itself (the target sees tool id 4
+/// free), and the program's own counts come out right.
+#[test]
+fn hook_pyprobe_killed_while_the_target_waits_leaves_it_unharmed_and_unhooked() {
+    let _serial = serial();
+    for (minor, py) in hook_pythons() {
+        let mut target = Target::spawn(&py, &[&fixture_script("hook_calls.py")]);
+        target.wait_for_line("ready");
+        let pid = target.pid().to_string();
+        let out = TempFile::new(&format!("hook-killed-waiting-{minor}.pyprobe"));
+        let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid]);
+        crate::hook::wait_tool(&mut target, "pyprobe", Duration::from_secs(20));
+        target.send_line("3000000 1");
+        std::thread::sleep(Duration::from_millis(300));
+        tracer.signal(libc::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(500));
+        // Waiting, not running: the ring is full and pyprobe reads nothing. A
+        // callback asleep on the ring wakes every millisecond to look again: the
+        // target uses a sliver of a CPU instead of all of one.
+        let before = cpu_ticks(target.pid());
+        std::thread::sleep(Duration::from_millis(500));
+        let used = cpu_ticks(target.pid()) - before;
+        assert!(
+            used < 15,
+            "{minor}: the target ran {used} ticks of 10 ms in 500 ms: it does not wait for room"
+        );
+        tracer.signal(libc::SIGKILL);
+        let _ = tracer.wait(Duration::from_secs(10));
+        assert_eq!(
+            target.wait_for_line("calls"),
+            "calls f=3000000 g=3000000 worker=1",
+            "{minor}"
+        );
+        crate::hook::wait_tool(&mut target, "None", Duration::from_secs(10));
+        let (rest, status) = target.finish();
+        assert!(rest.contains("done True"), "{minor}: {rest}");
+        assert!(status.success(), "{minor}: {status:?}");
+    }
+}
+
+/// Thread churn under the hook engine: every call counted, no return without
+/// its entry.
+#[test]
+fn hook_thread_churn_gives_every_return_its_entry() {
+    let _serial = serial();
+    for (minor, py) in hook_pythons() {
+        let out = TempFile::new(&format!("hook-churn-{minor}.pyprobe"));
+        let (counts, stderr) = finish(spawn_engine(&py, "hook", &out, "churn", "1.5"));
+        assert_exact(&format!("hook {minor} churn"), &out, &counts, &stderr);
+        let anomalies = &report_json(out.path())["anomalies"];
+        assert_eq!(
+            anomalies["orphan_returns"], 0,
+            "{minor}: returns without their entry: {anomalies}\n{stderr}"
+        );
+    }
+}
+
+/// CPU time `pid` has used (all its threads), in clock ticks.
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    // utime and stime: fields 14 and 15, i.e. 11 and 12 after the name.
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
 }

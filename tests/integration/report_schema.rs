@@ -6,7 +6,7 @@
 use crate::support::{assert_report_schema, report_schema_errors};
 use pyprobe::analyze::{
     AuditCount, ExactWindows, FunctionStats, GcStats, Histogram, ImportStats, ProcessStats,
-    RaisingStack, Report, Target, Thinned, ThreadStats, Trigger,
+    RaisingStack, Report, ReturnTypes, Target, Thinned, ThreadStats, Trigger, TypeCount,
 };
 use pyprobe::output::report::render_json;
 use serde_json::{json, Value};
@@ -112,6 +112,16 @@ fn full_report() -> Report {
             audits_counted: 6,
             uncounted_ns: 0,
         }),
+        return_types: vec![ReturnTypes {
+            function: "fib".into(),
+            file: "fib.py".into(),
+            line: 1,
+            returned: vec![TypeCount {
+                type_name: "int".into(),
+                count: 9,
+            }],
+            raised: 1,
+        }],
         ..Report::default()
     };
     r.samples.samples = 2;
@@ -142,6 +152,7 @@ fn full_and_empty_reports_conform() {
         "audit",
         "threads",
         "processes",
+        "return_types",
     ] {
         assert!(!full[key].as_array().unwrap().is_empty(), "{key} filled");
     }
@@ -184,6 +195,8 @@ fn a_wrong_type_fails() {
         ("/source", json!("guessed")),
         ("/exact_fraction", json!(1.5)),
         ("/thinned", json!(5)),
+        ("/return_types/0/raised", json!("1")),
+        ("/return_types/0/returned/0/type", json!(null)),
     ] {
         let mut d = full.clone();
         *d.pointer_mut(pointer).unwrap() = bad.clone();
@@ -208,6 +221,8 @@ fn a_field_unknown_to_the_schema_fails() {
         "/anomalies",
         "/thinned",
         "/sample_filter",
+        "/return_types/0",
+        "/return_types/0/returned/0",
     ] {
         let mut d = full.clone();
         d.pointer_mut(pointer)

@@ -128,7 +128,10 @@ impl Replay {
         let t = self.threads.entry(tid).or_default();
         if matches!(
             event.kind,
-            EventKind::Sample { .. } | EventKind::Thinned { .. } | EventKind::AuditsCounted { .. }
+            EventKind::Sample { .. }
+                | EventKind::Thinned { .. }
+                | EventKind::AuditsCounted { .. }
+                | EventKind::ReturnType { .. }
         ) {
             // Written when pyprobe looks (a sample) or decides (markers, on whichever
             // thread): what the thread did before, read from a ring afterwards (a

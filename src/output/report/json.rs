@@ -47,6 +47,28 @@ struct JsonReport<'a> {
     /// The recording's own process, then each child traced with it
     /// (`--subprocesses`): its functions on their own, with shares of its own time.
     processes: Vec<JsonProcess<'a>>,
+    /// What functions returned, by type, most returns first (recorded by the
+    /// hook engine; empty otherwise).
+    return_types: Vec<JsonReturnTypes<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonReturnTypes<'a> {
+    function: &'a str,
+    file: &'a str,
+    /// The function's first line.
+    line: u32,
+    /// Each type returned and how often, most frequent first.
+    returned: Vec<JsonTypeCount<'a>>,
+    /// Frames left by an exception.
+    raised: u64,
+}
+
+#[derive(Serialize)]
+struct JsonTypeCount<'a> {
+    #[serde(rename = "type")]
+    type_name: &'a str,
+    count: u64,
 }
 
 #[derive(Serialize)]
@@ -356,6 +378,24 @@ pub fn render_json(report: &Report) -> String {
                         share: process_share(report, p, f),
                     })
                     .collect(),
+            })
+            .collect(),
+        return_types: report
+            .return_types
+            .iter()
+            .map(|r| JsonReturnTypes {
+                function: &r.function,
+                file: &r.file,
+                line: r.line,
+                returned: r
+                    .returned
+                    .iter()
+                    .map(|t| JsonTypeCount {
+                        type_name: &t.type_name,
+                        count: t.count,
+                    })
+                    .collect(),
+                raised: r.raised,
             })
             .collect(),
         anomalies: JsonAnomalies {

@@ -42,6 +42,7 @@ pub fn render_table(report: &Report, width: usize) -> String {
     gc_section(&mut out, report);
     imports_section(&mut out, report, width);
     audit_section(&mut out, report, width);
+    return_types_section(&mut out, report, width);
     threads_section(&mut out, report);
     out
 }
@@ -419,6 +420,39 @@ fn audit_section(out: &mut String, r: &Report, width: usize) {
         }
     }
 }
+
+/// One line per function, as many as the functions table shows at most:
+/// "Return types for 'f' (file:line): list 39, tuple 39, raised 2".
+fn return_types_section(out: &mut String, r: &Report, width: usize) {
+    if r.return_types.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nReturn types");
+    let shown = r.functions.len().max(MIN_RETURN_TYPE_ROWS);
+    for t in r.return_types.iter().take(shown) {
+        let mut parts: Vec<String> = t
+            .returned
+            .iter()
+            .map(|c| format!("{} {}", c.type_name, c.count))
+            .collect();
+        if t.raised > 0 {
+            parts.push(format!("raised {}", t.raised));
+        }
+        let place = fit_right(
+            &format!("{}:{}", t.file, t.line),
+            width.saturating_sub(30).max(20),
+        );
+        let _ = writeln!(
+            out,
+            "Return types for '{}' ({place}): {}",
+            t.function,
+            parts.join(", ")
+        );
+    }
+}
+
+/// Return-type lines shown even when the functions table is short (`--limit`).
+const MIN_RETURN_TYPE_ROWS: usize = 10;
 
 fn threads_section(out: &mut String, r: &Report) {
     if r.threads.is_empty() {

@@ -312,7 +312,8 @@ fn emit_record(
     is_string: &dyn Fn(usize) -> bool,
     restore: &mut CodeLabel,
 ) -> Result<(), CodegenError> {
-    emit_reserve(a, p, stack, restore)?;
+    let extra = stack.map_or(0, |s| u32::from(s.slots));
+    emit_reserve(a, p.ring_addr, p.capacity, extra, restore)?;
     emit_header(a, p, is_string)?;
     for (index, arg) in p.args.iter().enumerate() {
         emit_arg(a, arg, index, site_rip, p.symbols)?;
@@ -343,15 +344,21 @@ fn patch_bytes(plan: &SitePlan, tramp: u64) -> Result<Vec<u8>, CodegenError> {
     })
 }
 
-/// Reserves a slot: on success r10 = index and r8 = slot address; on
-/// failure counts the event lost and jumps to `restore`. A full ring is waited
-/// on while its consumer lives (see the producer protocol in `format.rs`).
-fn emit_reserve(
+/// Reserves a slot, and `extra` more right after it in the same CAS (a stack
+/// record's continuation slots): on success r10 = index and r8 = slot address; on
+/// failure counts the event lost and jumps to `restore` (r9 = the ring on both
+/// paths). A full ring is waited on while its consumer lives (see the producer
+/// protocol in `format.rs`). Clobbers rax, rcx, rdx, rsi, rdi, r8-r11 and flags;
+/// uses no stack. Shared with the injected hook's callbacks (`crate::hook`), so
+/// that every producer waits for room the same way.
+pub(crate) fn emit_reserve(
     a: &mut CodeAssembler,
-    p: &TrampolineParams<'_>,
-    stack: Option<&StackCapture>,
+    ring_addr: u64,
+    capacity: u64,
+    extra: u32,
     restore: &mut CodeLabel,
 ) -> Result<(), CodegenError> {
+    check_capacity(capacity)?;
     let mut retry = a.create_label();
     let mut full = a.create_label();
     let mut reserved = a.create_label();
@@ -359,10 +366,9 @@ fn emit_reserve(
     let mut started = a.create_label();
     let mut sleep = a.create_label();
     let mut awake = a.create_label();
-    let capacity = p.capacity as i32; // <= 2^24, checked by check_capacity
-                                      // A stack record takes its continuation slots too, reserved in the same CAS.
-    let room = capacity - stack.map_or(0, |s| i32::from(s.slots));
-    a.mov(r9, p.ring_addr)?;
+    let capacity = capacity as i32; // <= 2^24, checked above
+    let room = capacity - extra as i32;
+    a.mov(r9, ring_addr)?;
     a.mov(ecx, RESERVE_ATTEMPTS)?;
     // r8 = the TSC at the first wait, 0 while the event has not waited (r8 is
     // kept by the futex system call, which clobbers rax, rcx and r11).

@@ -85,7 +85,8 @@ impl Attaching {
             | TraceEvent::Thinning { .. }
             | TraceEvent::ProcessStart { .. }
             | TraceEvent::Exec { .. }
-            | TraceEvent::Tick { .. } => {}
+            | TraceEvent::Tick { .. }
+            | TraceEvent::ReturnTypes { .. } => {}
         }
     }
 

@@ -27,6 +27,7 @@ mod periods;
 mod recorder;
 mod request;
 mod resolver;
+mod return_types;
 mod sampler;
 mod settings;
 mod status;

@@ -248,6 +248,14 @@ fn remap_strings(kind: &mut EventKind, mut f: impl FnMut(StrId) -> StrId) {
             *module = f(*module)
         }
         EventKind::Audit { event } => *event = f(*event),
+        EventKind::ReturnType {
+            function, returned, ..
+        } => {
+            frame(function);
+            if let Some(t) = returned {
+                *t = f(*t);
+            }
+        }
         EventKind::ProcessStart { command, .. } | EventKind::Exec { command } => {
             *command = f(*command)
         }

@@ -20,6 +20,7 @@ use super::lines::{armed_line, budget_line, refusal_lines, StartLine};
 use super::periods::Periods;
 use super::request::Target;
 use super::resolver::{needs_context_stacks, returns_only, Chosen, Mode, CONTEXT_PROBES};
+use super::return_types::write_return_types;
 use super::sampler::Sampler;
 use super::settings::{default_output, recording_in, Settings};
 use super::status::Status;
@@ -223,6 +224,9 @@ impl<'a> Recorder<'a> {
             }
             TraceEvent::Lost { pid, count, ts_ns } => {
                 builder.write(pid, ts_ns, EventKind::Lost { count })
+            }
+            TraceEvent::ReturnTypes { pid, ts_ns, rows } => {
+                write_return_types(builder, pid, ts_ns, rows)
             }
             TraceEvent::Window { pid, ts_ns, exact } => {
                 self.exact_window = exact;

@@ -149,6 +149,26 @@ pub enum TraceEvent<'a> {
         ts_ns: u64,
         exact: bool,
     },
+    /// Running totals of what functions of `pid` returned, by type (the hook
+    /// engine's), for the rows that changed since the last such event: now and
+    /// then, and at the end.
+    ReturnTypes {
+        pid: i32,
+        ts_ns: u64,
+        rows: &'a [ReturnRow],
+    },
+}
+
+/// How often one function returned objects of one type, so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReturnRow {
+    pub file: std::sync::Arc<str>,
+    /// As the function's entries name it.
+    pub function: std::sync::Arc<str>,
+    pub first_line: u32,
+    /// The type's name; `None`: frames left by an exception.
+    pub returned: Option<std::sync::Arc<str>>,
+    pub total: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]

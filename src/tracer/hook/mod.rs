@@ -21,12 +21,15 @@
 //!   by another code object is named afresh. A return or unwind takes the name of the
 //!   entry it closes (a per-thread shadow stack of code pointers): the code object
 //!   may be gone by the time pyprobe reads the record (a module body is freed as soon
-//!   as it has run), and its memory reused. Types are named by `tp_name`, cached per
-//!   drain. Each record also carries the code object's `co_name` and `co_filename`
+//!   as it has run), and its memory reused. Types are named by `tp_name`, once each
+//!   (re-checked once per drain), and counted per function (`returns`): the changed
+//!   counts go to the recording every second and at the end. Each record also carries the code object's `co_name` and `co_filename`
 //!   pointers and first line, read by the hook when it ran: a start whose code
 //!   object no longer holds them when pyprobe reads the record (freed, its address
-//!   reused) is named from them instead (interned names are immortal on 3.12+); one
-//!   whose names cannot be read either is named [`UNKNOWN`], and still counted.
+//!   reused) is named from them instead (interned names are immortal on 3.12+), or
+//!   from the name these parts had when last read (the target exited with records
+//!   still in its ring: its memory is gone); one named in none of these ways is
+//!   named [`UNKNOWN`], and still counted.
 //! * **Leaving**: `on` is cleared (the next callback, in any thread, unregisters the
 //!   hook from inside, with the GIL: `set_events(4, 0)`, callbacks set to `None`,
 //!   `free_tool_id(4)`); the entry's bytes go back if still patched; the ring is
@@ -38,12 +41,12 @@
 //! * **fork**: the state page is `MADV_WIPEONFORK` and the ring `MADV_DONTFORK`: a
 //!   child's callbacks find `on` clear and unregister without touching any ring.
 
+mod returns;
 mod setup;
 
 use std::collections::HashMap;
 
 use rustc_hash::FxHashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -60,7 +63,9 @@ use crate::tracer::clock::monotonic_ns;
 use crate::tracer::decode::HitBuffers;
 use crate::tracer::engine::{Engine, Hit, TraceEvent};
 use crate::tracer::ring::tsc::TscClock;
+use crate::tracer::ring::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
 
+use returns::{ReturnTable, TypeNames};
 pub use setup::refusal;
 use setup::Breaker;
 
@@ -77,13 +82,10 @@ const AWAIT_EVERY: Duration = Duration::from_millis(1);
 const BATCH: usize = 1024;
 /// The name of a code object freed before pyprobe could read it.
 pub const UNKNOWN: &str = "<code object gone before pyprobe read it>";
+/// Code objects' names kept across drains (see `HookProc::named`) at most.
+const MAX_NAMED: usize = 1 << 16;
 /// Deepest shadow stack kept per thread.
 const MAX_SHADOW: usize = 4096;
-
-/// (file, function, returned type or "raised").
-type ReturnKey = (Arc<str>, Arc<str>, Arc<str>);
-/// Returned type → how often.
-type TypeCounts = Vec<(Arc<str>, u64)>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -113,12 +115,18 @@ pub(in crate::tracer) struct HookProc {
     /// Per drain: (code object, `co_name`, `co_filename`, first line) → its frame
     /// (or `None`: not readable).
     names: FxHashMap<[u64; 4], Option<PyFrame>>,
-    /// Per drain: type object → its name.
-    types: FxHashMap<u64, Arc<str>>,
+    /// The same parts once named, kept across drains: the records still in the
+    /// ring when the target exits are named after its memory is gone. The parts
+    /// are what the hook read from the code object when it ran, so a code object
+    /// freed and another put at its address has other parts (its own name and
+    /// file pointers, first line), unless it is the same function again.
+    named: FxHashMap<[u64; 4], PyFrame>,
+    /// Type objects' names.
+    types: TypeNames,
     /// Per thread: the code objects entered and not yet left, with their names.
     shadow: FxHashMap<u64, Vec<(u64, PyFrame)>>,
-    /// (file, function, returned type or "raised") → how often.
-    pub(in crate::tracer) returns: FxHashMap<ReturnKey, u64>,
+    /// What functions returned, by type.
+    returns: ReturnTable,
     lost_reported: u64,
 }
 
@@ -183,9 +191,17 @@ impl Engine {
         }
         let mut mem = ProcessMemory::new(pid);
         let installed = setup::install(pid, tid, &mut mem, &rips, self.guardian.as_mut())?;
-        if self.ring_book.tsc.is_none() {
-            self.ring_book.tsc = Some(TscClock::calibrate());
-        }
+        let tsc = self.ring_book.tsc.get_or_insert_with(TscClock::calibrate);
+        // Served as the SDT rings are (every thread still stopped, so before any
+        // callback runs): a full ring is waited on while pyprobe lives, except that
+        // under a budget an event waits a little, then is counted lost.
+        let patience = match self.budget.meter {
+            Some(_) => tsc.ns_to_ticks(BUDGETED_PATIENCE_NS),
+            None => u64::MAX,
+        };
+        installed
+            .reader
+            .serve(tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
         sink(TraceEvent::Detail(format!(
             "hook engine in process {pid}: hook at {:#x}, detour at _Py_HandlePending ({:#x}); \
              waiting for a thread to run Python code",
@@ -210,9 +226,10 @@ impl Engine {
                 fs_tids,
                 buffers: HitBuffers::default(),
                 names: FxHashMap::default(),
-                types: FxHashMap::default(),
+                named: FxHashMap::default(),
+                types: TypeNames::default(),
                 shadow: FxHashMap::default(),
-                returns: FxHashMap::default(),
+                returns: ReturnTable::default(),
                 lost_reported: 0,
             },
         );
@@ -304,7 +321,7 @@ impl Engine {
                 h.phase = Phase::Failed;
                 sink(TraceEvent::Notice(format!(
                     "process {pid}: the hook unregistered itself: pyprobe had not read its ring \
-                     for seconds (stopped?), so calls after that are not traced"
+                     for 10 s (stopped?), so calls after that are not traced"
                 )));
             }
         }
@@ -399,7 +416,7 @@ impl Engine {
         }
         h.walker.new_naming_batch();
         h.names.clear();
-        h.types.clear();
+        h.types.new_batch();
         let tsc = self.ring_book.tsc.as_ref();
         for &(kind, thread, parts, ty, stamp) in &records {
             let code = parts[0];
@@ -425,9 +442,20 @@ impl Engine {
                 None => {
                     let walker = &mut h.walker;
                     let mem = &h.mem;
+                    let named = &mut h.named;
                     h.names
                         .entry(parts)
-                        .or_insert_with(|| name_code(walker, mem, parts))
+                        .or_insert_with(|| {
+                            let frame = name_code(walker, mem, parts)
+                                .or_else(|| named.get(&parts).cloned());
+                            if let Some(f) = &frame {
+                                if named.len() >= MAX_NAMED {
+                                    named.clear();
+                                }
+                                named.insert(parts, f.clone());
+                            }
+                            frame
+                        })
                         .clone()
                         .unwrap_or_else(|| PyFrame {
                             file: UNKNOWN.into(),
@@ -446,13 +474,12 @@ impl Engine {
                 shadow.push((code, frame.clone()));
             }
             if kind != KIND_CALL {
-                let ty: Arc<str> = match kind {
-                    KIND_RAISE => "raised".into(),
-                    _ => type_name(&h.mem, &mut h.types, ty),
+                let returned = match kind {
+                    KIND_RAISE => None,
+                    _ => Some(h.types.name(&h.mem, ty)),
                 };
-                *h.returns
-                    .entry((frame.file.clone(), frame.function.clone(), ty))
-                    .or_insert(0) += 1;
+                h.returns
+                    .count(&frame.file, &frame.name, frame.first_line, returned);
             }
             let b = &mut h.buffers;
             b.args.clear();
@@ -486,6 +513,14 @@ impl Engine {
             }));
         }
         sink(TraceEvent::RingDrained { pid });
+        if h.returns.due() {
+            let rows = h.returns.take_changed();
+            sink(TraceEvent::ReturnTypes {
+                pid,
+                ts_ns: monotonic_ns(),
+                rows: &rows,
+            });
+        }
         records.len()
     }
 
@@ -516,6 +551,8 @@ impl Engine {
             }
             while self.drain_hook_of(pid, sink) > 0 {}
             if let Some(h) = self.hook_book.procs.remove(&pid) {
+                // Callbacks stop waiting for room: nobody reads the ring any more.
+                h.reader.leave();
                 if h.phase == Phase::Installed {
                     sink(TraceEvent::Detail(format!(
                         "hook engine in process {pid}: told to unregister; it does at the target's \
@@ -524,8 +561,14 @@ impl Engine {
                         h.hook.bytes.len()
                     )));
                 }
-                for line in return_lines(&h.returns) {
-                    sink(TraceEvent::Notice(line));
+                let mut returns = h.returns;
+                let rows = returns.take_changed();
+                if !rows.is_empty() {
+                    sink(TraceEvent::ReturnTypes {
+                        pid,
+                        ts_ns: monotonic_ns(),
+                        rows: &rows,
+                    });
                 }
             }
         }
@@ -574,53 +617,4 @@ fn unpatch(
         let _ = g.tell(crate::tracer::guardian::Op::SiteRestored, pid, d.site);
     }
     Ok(())
-}
-
-/// `tp_name` of type object `ty` (at offset 24 of every `PyTypeObject`), cached.
-fn type_name(mem: &ProcessMemory, cache: &mut FxHashMap<u64, Arc<str>>, ty: u64) -> Arc<str> {
-    cache
-        .entry(ty)
-        .or_insert_with(|| {
-            mem.read_u64(ty + 24)
-                .ok()
-                .filter(|&p| p > 0xffff && p < 1 << 47)
-                .and_then(|p| mem.read_c_string(p, 128).ok())
-                .map(|s| {
-                    // `module.Class` for types defined in C: the class name is the last part.
-                    s.rsplit('.').next().unwrap_or(&s).to_string()
-                })
-                .unwrap_or_else(|| "?".to_string())
-                .into()
-        })
-        .clone()
-}
-
-/// What the busiest functions returned, one line each (at most 10).
-fn return_lines(returns: &FxHashMap<ReturnKey, u64>) -> Vec<String> {
-    let mut per_function: HashMap<(Arc<str>, Arc<str>), TypeCounts> = HashMap::new();
-    for ((file, function, ty), &n) in returns {
-        per_function
-            .entry((file.clone(), function.clone()))
-            .or_default()
-            .push((ty.clone(), n));
-    }
-    let mut rows: Vec<_> = per_function.into_iter().collect();
-    rows.sort_by_key(|(k, v)| {
-        (
-            std::cmp::Reverse(v.iter().map(|(_, n)| n).sum::<u64>()),
-            k.clone(),
-        )
-    });
-    rows.into_iter()
-        .take(10)
-        .map(|((file, function), mut types)| {
-            types.sort_by_key(|(t, n)| (std::cmp::Reverse(*n), t.clone()));
-            let list: Vec<String> = types.iter().map(|(t, n)| format!("{t} {n}")).collect();
-            let base = file.rsplit('/').next().unwrap_or(&file).to_string();
-            format!(
-                "return types for '{function}' ({base}): {}",
-                list.join(", ")
-            )
-        })
-        .collect()
 }

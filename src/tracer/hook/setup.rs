@@ -13,15 +13,15 @@ use memmap2::MmapMut;
 
 use crate::hook::codegen::JMP_LEN;
 use crate::hook::{
-    build_detour, build_hook, Detour, HookCode, HookParams, HookSymbols, EVENTS_312, ST_ARMED,
-    ST_ON, ST_STALL_TAIL,
+    build_detour, build_hook, events_of, Detour, HookCode, HookParams, HookSymbols, ST_ARMED, ST_ON,
 };
 use crate::process::maps::read_maps;
 use crate::process::memory::ProcessMemory;
 use crate::python::version::PyVersion;
 use crate::python::walker::{find_interpreter_object, Walker};
+use crate::ring::format::H_ALIVE;
 use crate::ring::{init_ring, ring_bytes, BranchTargets, RingReader};
-use crate::tracer::guardian::Guardian;
+use crate::tracer::guardian::{Guardian, Op};
 use crate::tracer::inject::Injector;
 use crate::tracer::NotTraceable;
 
@@ -48,7 +48,7 @@ pub enum Breaker {
     /// raised until a thread runs `_Py_HandlePending`, whose `make_pending_calls`
     /// clears it and finds the queue empty (the queue and its lock are not touched).
     Interpreter(u64, u64),
-    /// 3.13: `PyThreadState.eval_breaker` (a `uintptr_t`) at this offset; the
+    /// 3.13 and 3.14: `PyThreadState.eval_breaker` (a `uintptr_t`) at this offset; the
     /// `_PY_CALLS_TO_DO` bit is cleared by the handler when no call is queued.
     ThreadState(u64),
 }
@@ -64,7 +64,7 @@ const CEVAL_GIL_312: u64 = 384;
 /// `offsetof(PyThreadState, eval_breaker)` in 3.13 and 3.14 (public `struct _ts`).
 const EVAL_BREAKER_313: u64 = 24;
 const CALLS_TO_DO_BIT: u64 = 1 << 2;
-/// `offsetof(PyThreadState, interp)` in 3.12 and 3.13 (public `struct _ts`).
+/// `offsetof(PyThreadState, interp)` in 3.12 to 3.14 (public `struct _ts`).
 const TSTATE_INTERP: u64 = 16;
 
 /// What [`install`] put into the process.
@@ -81,11 +81,11 @@ pub struct Installed {
 /// Why this interpreter cannot have the hook, in one sentence with what works
 /// instead; `None` when it can.
 pub fn refusal(version: PyVersion) -> Option<String> {
-    if version.major == 3 && (version.minor == 12 || version.minor == 13) {
+    if version.major == 3 && crate::hook::events_of(u32::from(version.minor)).is_some() {
         return None;
     }
     Some(format!(
-        "CPython {version}: the hook engine serves CPython 3.12 and 3.13 so far; exact calls need \
+        "CPython {version}: the hook engine serves CPython 3.12 to 3.14 so far; exact calls need \
          function probes here (a --with-dtrace build of 3.6-3.10 or 3.15), else the default mode \
          samples its stacks"
     ))
@@ -140,6 +140,9 @@ pub fn install(
     if tstates.is_empty() {
         bail!("process {pid} has no Python thread state yet");
     }
+    let Some(events) = events_of(u32::from(version.minor)) else {
+        return Err(NotTraceable(format!("CPython {version}: no hook events known")).into());
+    };
     let breaker = match version.minor {
         12 => {
             let interp = mem.read_u64(tstates[0] + TSTATE_INTERP)?;
@@ -210,7 +213,7 @@ pub fn install(
         capacity: CAPACITY,
         tag: pid as u32,
         symbols,
-        events: EVENTS_312.to_vec(),
+        events: events.to_vec(),
         code_fields: walker.code_field_offsets().map(|o| o as u32),
     })?;
     let detour_addr = (addr + hook.bytes.len() as u64 + 15) & !15;
@@ -227,12 +230,14 @@ pub fn install(
     }
     mem.write(addr, &hook.bytes)?;
     mem.write(detour.addr, &detour.code)?;
-    mem.write(state_addr + ST_STALL_TAIL as u64, &u64::MAX.to_le_bytes())?;
     mem.write(state_addr + ST_ON as u64, &1u64.to_le_bytes())?;
     mem.write(state_addr + ST_ARMED as u64, &1u64.to_le_bytes())?;
     // The guardian clears `on` if pyprobe dies (the callbacks then uninstall), and
-    // puts the safe point's bytes back.
+    // puts the safe point's bytes back; first it clears the ring's `alive`, so
+    // that a callback waiting for room goes on at once.
     if let Some(g) = guard {
+        g.tell(Op::RingServed, pid, ring_addr + H_ALIVE as u64)
+            .map_err(|e| anyhow!("telling the guardian about the hook's ring: {e}"))?;
         g.tell_ring_site(
             pid,
             state_addr + ST_ON as u64,
