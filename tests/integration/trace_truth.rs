@@ -617,6 +617,17 @@ fn check_real_program(version: &'static str, name: &str, pkg_version: &str, args
             got.keys().all(|k| want.contains_key(k)),
             "functions cProfile never saw"
         );
+        // Every row is one of cProfile's, at its first line (co_firstlineno: read
+        // through the frame at the return's site, by either engine).
+        for (key, &calls) in &ours {
+            let &(want, throws) = truth.get(key).unwrap_or_else(|| {
+                panic!("{name} on {version}: a row cProfile does not have: {key:?}")
+            });
+            assert!(
+                calls <= want && calls + throws >= want,
+                "{name} on {version}: {key:?}: {calls} calls, cProfile {want} ({throws} throws)"
+            );
+        }
     }
     let _ = std::fs::remove_file(path);
 }
