@@ -174,6 +174,16 @@ pub struct RecordArgs {
     /// Sample without stopping the threads (faster, stacks may be torn).
     #[arg(long)]
     pub nonblocking: bool,
+    /// Put native frames (C, C++ and Rust extensions, the libraries they call) in
+    /// the sampled stacks, between the Python frames that called them and those
+    /// they call back, as `function (object file:0)`. The interpreter's own C
+    /// functions are left out. Each sample reads the stopped threads' registers and
+    /// unwinds their stacks with the mapped objects' `.eh_frame` tables. CPython
+    /// 3.7 – 3.10 always; on 3.11+ a thread whose stack holds more than one call of
+    /// the eval loop (Python called back from C) keeps its Python stack alone, and
+    /// the closing line counts those samples.
+    #[arg(long, conflicts_with = "nonblocking")]
+    pub native: bool,
     /// For a view written directly (-o x.svg, .json, .txt); the recording keeps
     /// every sample and its thread's state.
     #[command(flatten)]
@@ -447,6 +457,7 @@ impl RecordArgs {
             subprocesses: self.subprocesses,
             rate: self.rate,
             nonblocking: self.nonblocking,
+            native: self.native,
             max_overhead: self.max_overhead,
             ring: self.engine.into(),
             hook: match self.engine {
