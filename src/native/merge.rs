@@ -23,10 +23,13 @@ pub enum NativeKind {
 
 /// How the Python frames divide between calls of the eval loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EvalCalls {
+pub enum EvalCalls<'a> {
     /// CPython 3.7 – 3.10: one call per Python frame.
     OnePerFrame,
-    /// CPython 3.11+: one call runs a Python frame and every Python function it
+    /// How many Python frames each call runs, outermost first (3.12+, where each
+    /// call's entry shim shows where it begins).
+    Sizes(&'a [usize]),
+    /// CPython 3.11: one call runs a Python frame and every Python function it
     /// calls; where a new call begins is not known here.
     Unknown,
 }
@@ -63,7 +66,7 @@ pub enum NotJoined {
 pub fn join<'a, P>(
     native: &[NativeKind],
     python: &'a [P],
-    calls: EvalCalls,
+    calls: EvalCalls<'_>,
     complete: bool,
 ) -> Result<Vec<Joined<'a, P>>, NotJoined> {
     let evals = native.iter().filter(|k| **k == NativeKind::Eval).count();
@@ -71,31 +74,28 @@ pub fn join<'a, P>(
         return Err(NotJoined::NoEvalCall);
     }
     // How many Python frames each eval call runs, outermost first.
-    let (lead, take): (usize, Vec<usize>) = match calls {
+    let ones;
+    let all = [python.len()];
+    let sizes: &[usize] = match calls {
         EvalCalls::Unknown if evals > 1 || !complete => return Err(NotJoined::Ambiguous),
-        EvalCalls::Unknown => (0, vec![python.len()]),
-        // Paired from the outermost; the innermost call takes what is left (a stack
-        // caught between a call and its frame's push differs by one).
-        EvalCalls::OnePerFrame if complete => {
-            let mut take: Vec<usize> = (0..evals).map(|i| usize::from(i < python.len())).collect();
-            take[evals - 1] += python.len().saturating_sub(evals);
-            (0, take)
+        EvalCalls::Unknown => &all,
+        EvalCalls::OnePerFrame => {
+            ones = vec![1; python.len()];
+            &ones
         }
-        // Paired from the innermost: the outer Python frames' calls were not reached.
-        EvalCalls::OnePerFrame => (
-            python.len().saturating_sub(evals),
-            (0..evals)
-                .map(|i| usize::from(python.len() + i >= evals))
-                .collect(),
-        ),
+        EvalCalls::Sizes(sizes) => sizes,
     };
+    let (lead, take) = takes(sizes, evals, python.len(), complete);
     let mut joined: Vec<Joined<'a, P>> = python[..lead].iter().map(Joined::Python).collect();
     if lead > 0 {
         joined.push(Joined::Gap);
     }
     let mut next_python = lead;
     let mut take = take.into_iter();
-    for kind in native.iter().rev().skip_while(|k| **k != NativeKind::Eval) {
+    // Outside the outermost call: the start-up, left out; but an unwind cut short
+    // did not reach it, and what it found there is inside some call not found.
+    let outside = |k: &&NativeKind| complete && **k != NativeKind::Eval;
+    for kind in native.iter().rev().skip_while(outside) {
         match kind {
             NativeKind::Eval => {
                 let n = take.next().unwrap_or(0).min(python.len() - next_python);
@@ -114,6 +114,37 @@ pub fn join<'a, P>(
         }
     }
     Ok(joined)
+}
+
+/// How many Python frames come before the first eval call (`lead`) and how many
+/// each of the `evals` calls runs, outermost first, for `python` frames divided
+/// into calls as `sizes` says. A complete unwind pairs calls from the outermost,
+/// the innermost taking what is left (a stack caught between a call and its
+/// frames' push differs there); an unwind cut short found the innermost calls, so
+/// it pairs from the innermost and the frames of the calls not found lead.
+fn takes(sizes: &[usize], evals: usize, python: usize, complete: bool) -> (usize, Vec<usize>) {
+    let groups = sizes.len();
+    let mut take: Vec<usize>;
+    let lead;
+    if complete {
+        lead = 0;
+        take = (0..evals).map(|i| sizes.get(i).copied().unwrap_or(0)).collect();
+        let before_last: usize = take[..evals - 1].iter().sum();
+        take[evals - 1] = python.saturating_sub(before_last);
+    } else {
+        let skipped = groups.saturating_sub(evals);
+        lead = sizes[..skipped].iter().sum::<usize>().min(python);
+        take = (0..evals)
+            .map(|i| {
+                (groups + i)
+                    .checked_sub(evals)
+                    .and_then(|g| sizes.get(g))
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .collect();
+    }
+    (lead, take)
 }
 
 #[cfg(test)]
@@ -212,6 +243,30 @@ mod tests {
             join(&[other("y"), Eval], &python, EvalCalls::Unknown, false),
             Err(NotJoined::Ambiguous)
         );
+    }
+
+    #[test]
+    fn on_3_12_each_call_runs_the_frames_its_entry_shim_says() {
+        use NativeKind::*;
+        // main -> call_native (one call), C, then py_leaf -> helper (another call).
+        let python = ["main", "call_native", "py_leaf", "helper"];
+        let native = [Eval, other("native_inner"), Interpreter, Eval, Interpreter];
+        let joined = join(&native, &python, EvalCalls::Sizes(&[2, 2]), true).unwrap();
+        assert_eq!(
+            names(&joined),
+            ["py:main", "py:call_native", "c:native_inner", "py:py_leaf", "py:helper"]
+        );
+        // Cut short below the C frame: the first call's frames lead.
+        let native = [Eval, other("native_inner")];
+        let joined = join(&native, &python, EvalCalls::Sizes(&[2, 2]), false).unwrap();
+        assert_eq!(
+            names(&joined),
+            ["py:main", "py:call_native", "gap", "c:native_inner", "py:py_leaf", "py:helper"]
+        );
+        // A call just entered (its shim pushed, no frame yet) runs none.
+        let native = [Eval, other("x"), Eval];
+        let joined = join(&native, &python[..2], EvalCalls::Sizes(&[2, 0]), true).unwrap();
+        assert_eq!(names(&joined), ["py:main", "py:call_native", "c:x"]);
     }
 
     #[test]

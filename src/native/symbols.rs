@@ -9,8 +9,7 @@ const MAX_NAME: usize = 512;
 
 #[derive(Debug, Default)]
 pub struct FunctionSymbols {
-    /// (start, end, name) in link-time addresses, sorted by start; sizeless symbols
-    /// reach the next symbol's start.
+    /// (start, end, name) in link-time addresses, sorted by start.
     functions: Vec<(u64, u64, Box<str>)>,
 }
 
@@ -31,15 +30,12 @@ impl FunctionSymbols {
         }
         functions.sort_by_key(|&(start, end, _)| (start, std::cmp::Reverse(end)));
         functions.dedup_by_key(|f| f.0);
-        let mut sorted: Vec<(u64, u64, Box<str>)> = Vec::with_capacity(functions.len());
-        for (i, &(start, end, name)) in functions.iter().enumerate() {
-            let end = if end > start {
-                end
-            } else {
-                functions.get(i + 1).map_or(start + 1, |next| next.0)
-            };
-            sorted.push((start, end, demangle(name).into()));
-        }
+        // A sizeless symbol (`_init`, a label) names its own address only: stretched
+        // to the next symbol it would name the PLT stubs after it.
+        let sorted = functions
+            .into_iter()
+            .map(|(start, end, name)| (start, end.max(start + 1), demangle(name).into()))
+            .collect();
         FunctionSymbols { functions: sorted }
     }
 

@@ -72,7 +72,7 @@ impl NativeCounts {
         let why: Vec<String> = [
             (self.not_stopped, "thread not stopped"),
             (self.no_eval_call, "unwind did not reach the eval loop"),
-            (self.ambiguous, "several eval-loop calls (CPython 3.11+)"),
+            (self.ambiguous, "several eval-loop calls (CPython 3.11)"),
         ]
         .iter()
         .filter(|(n, _)| *n > 0)
@@ -196,11 +196,7 @@ impl Sampler {
                 return;
             }
         };
-        let calls = if walker.version().at_least(3, 11) {
-            EvalCalls::Unknown
-        } else {
-            EvalCalls::OnePerFrame
-        };
+        let one_per_frame = !walker.version().at_least(3, 11);
         // Taken out of its slot while the stacks are joined, put back after.
         let mut native = if self.native {
             self.take_native(pid)
@@ -218,7 +214,11 @@ impl Sampler {
                     &mut self.native_counts,
                     stack.native_tid.filter(|_| stopped),
                     &stack.frames,
-                    calls,
+                    match &stack.eval_calls {
+                        _ if one_per_frame => EvalCalls::OnePerFrame,
+                        Some(sizes) => EvalCalls::Sizes(sizes),
+                        None => EvalCalls::Unknown,
+                    },
                 ),
                 None => Self::frames(builder, &stack.frames),
             };
@@ -281,7 +281,7 @@ impl Sampler {
         counts: &mut NativeCounts,
         tid: Option<i32>,
         python: &[PyFrame],
-        calls: EvalCalls,
+        calls: EvalCalls<'_>,
     ) -> Vec<WalkedFrame> {
         let Some(regs) = tid.and_then(crate::native::registers) else {
             counts.not_stopped += 1;
