@@ -128,7 +128,9 @@ fn takes(sizes: &[usize], evals: usize, python: usize, complete: bool) -> (usize
     let lead;
     if complete {
         lead = 0;
-        take = (0..evals).map(|i| sizes.get(i).copied().unwrap_or(0)).collect();
+        take = (0..evals)
+            .map(|i| sizes.get(i).copied().unwrap_or(0))
+            .collect();
         let before_last: usize = take[..evals - 1].iter().sum();
         take[evals - 1] = python.saturating_sub(before_last);
     } else {
@@ -254,14 +256,27 @@ mod tests {
         let joined = join(&native, &python, EvalCalls::Sizes(&[2, 2]), true).unwrap();
         assert_eq!(
             names(&joined),
-            ["py:main", "py:call_native", "c:native_inner", "py:py_leaf", "py:helper"]
+            [
+                "py:main",
+                "py:call_native",
+                "c:native_inner",
+                "py:py_leaf",
+                "py:helper"
+            ]
         );
         // Cut short below the C frame: the first call's frames lead.
         let native = [Eval, other("native_inner")];
         let joined = join(&native, &python, EvalCalls::Sizes(&[2, 2]), false).unwrap();
         assert_eq!(
             names(&joined),
-            ["py:main", "py:call_native", "gap", "c:native_inner", "py:py_leaf", "py:helper"]
+            [
+                "py:main",
+                "py:call_native",
+                "gap",
+                "c:native_inner",
+                "py:py_leaf",
+                "py:helper"
+            ]
         );
         // A call just entered (its shim pushed, no frame yet) runs none.
         let native = [Eval, other("x"), Eval];

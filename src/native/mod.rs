@@ -39,8 +39,9 @@ use objects::{ObjectFile, Section};
 /// Deepest native stack unwound: deeper frames are left out (the unwind is
 /// incomplete, and joined from its innermost frame).
 pub const MAX_DEPTH: usize = 256;
-/// Most 4 KiB pages of the target's memory one unwind reads (256 KiB of stack).
-pub const MAX_STACK_PAGES: usize = 64;
+/// Most 4 KiB pages of the target's memory one unwind reads (2 MiB of stack: a
+/// recursive sort with AVX-512 spills has frames of kilobytes).
+pub const MAX_STACK_PAGES: usize = 512;
 /// The function whose calls run Python frames, in every CPython 3.7 – 3.15.
 pub const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
 /// Least time between two re-reads of the mappings when an address falls outside
@@ -298,14 +299,15 @@ impl NativeUnwinder {
 /// system call per page rather than one each.
 struct StackPages<'m> {
     mem: &'m ProcessMemory,
-    pages: Vec<(u64, Option<Box<[u8; 4096]>>)>,
+    /// Each page read, by address; `None`: unreadable.
+    pages: rustc_hash::FxHashMap<u64, Option<Box<[u8; 4096]>>>,
 }
 
 impl<'m> StackPages<'m> {
     fn new(mem: &'m ProcessMemory) -> Self {
         StackPages {
             mem,
-            pages: Vec::new(),
+            pages: Default::default(),
         }
     }
 
@@ -316,18 +318,14 @@ impl<'m> StackPages<'m> {
             return Err(());
         }
         let base = addr & !4095;
-        let page = match self.pages.iter().position(|p| p.0 == base) {
-            Some(i) => &self.pages[i].1,
-            None => {
-                if self.pages.len() >= MAX_STACK_PAGES {
-                    return Err(());
-                }
-                let mut buf = Box::new([0u8; 4096]);
-                let page = self.mem.read(base, &mut buf[..]).ok().map(|()| buf);
-                self.pages.push((base, page));
-                &self.pages.last().ok_or(())?.1
-            }
-        };
+        if !self.pages.contains_key(&base) && self.pages.len() >= MAX_STACK_PAGES {
+            return Err(());
+        }
+        let mem = self.mem;
+        let page = self.pages.entry(base).or_insert_with(|| {
+            let mut buf = Box::new([0u8; 4096]);
+            mem.read(base, &mut buf[..]).ok().map(|()| buf)
+        });
         let offset = (addr - base) as usize;
         let bytes = page.as_ref().ok_or(())?.get(offset..offset + 8).ok_or(())?;
         Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))

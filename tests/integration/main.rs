@@ -11,6 +11,7 @@ mod faults;
 mod forged;
 mod honest;
 mod hook;
+mod native;
 mod nothing_lost;
 mod outputs;
 mod pools;
