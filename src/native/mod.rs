@@ -44,8 +44,7 @@ pub const MAX_DEPTH: usize = 256;
 pub const MAX_STACK_PAGES: usize = 512;
 /// The function whose calls run Python frames, in every CPython 3.7 – 3.15.
 pub const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
-/// Least time between two re-reads of the mappings when an address falls outside
-/// every known object and the mappings changed (a library loaded since).
+/// How often the mappings are checked for change (a library loaded since).
 const REFRESH_NS: u64 = 20_000_000;
 /// Largest vDSO read (they are two to four pages).
 const MAX_VDSO_BYTES: u64 = 1 << 16;
@@ -83,7 +82,8 @@ pub struct NativeUnwinder {
     /// Eval-loop functions, in runtime addresses.
     eval: Vec<Range<u64>>,
     maps_len: usize,
-    refreshed_ns: u64,
+    /// When the mappings' size was last compared.
+    checked_ns: u64,
     /// Objects whose unwind tables could not be read, with why (said once, `-v`).
     pub unreadable: Vec<String>,
 }
@@ -102,7 +102,7 @@ impl NativeUnwinder {
             files: HashMap::new(),
             eval: Vec::new(),
             maps_len: 0,
-            refreshed_ns: 0,
+            checked_ns: 0,
             unreadable: Vec::new(),
         };
         unwinder.refresh()?;
@@ -122,7 +122,6 @@ impl NativeUnwinder {
         let maps =
             read_maps(pid).with_context(|| format!("pid {pid}: cannot read its mappings"))?;
         self.maps_len = maps_len(pid);
-        self.refreshed_ns = crate::tracer::clock::monotonic_ns();
         for module in self.mapped.drain(..) {
             self.unwinder.remove_module(module.code.start);
         }
@@ -222,19 +221,16 @@ impl NativeUnwinder {
 
     /// The native stack of a thread stopped with registers `regs`.
     pub fn stack(&mut self, regs: &libc::user_regs_struct) -> NativeStack {
-        let (addresses, complete) = self.unwind(regs);
-        let lost = addresses
-            .iter()
-            .any(|a| self.mapped_at(a.address_for_lookup()).is_none());
+        // Libraries come and go (dlopen maps one in several steps): the mappings
+        // are looked at again every REFRESH_NS, and read again when they changed.
         let now = crate::tracer::clock::monotonic_ns();
-        if lost
-            && now.saturating_sub(self.refreshed_ns) > REFRESH_NS
-            && maps_len(self.pid) != self.maps_len
-            && self.refresh().is_ok()
-        {
-            let (addresses, complete) = self.unwind(regs);
-            return self.name(&addresses, complete);
+        if now.saturating_sub(self.checked_ns) > REFRESH_NS {
+            self.checked_ns = now;
+            if maps_len(self.pid) != self.maps_len {
+                let _ = self.refresh();
+            }
         }
+        let (addresses, complete) = self.unwind(regs);
         self.name(&addresses, complete)
     }
 

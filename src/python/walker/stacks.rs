@@ -541,8 +541,8 @@ impl<M: Memory> StackReader<M> {
                 tlbc,
             } => {
                 let owner = field_u8(buf, owner).ok();
-                let shim = first_shim_owner
-                    .is_some_and(|first| owner.map_or(true, |owner| owner >= first));
+                let shim =
+                    first_shim_owner.is_some_and(|first| owner.is_none_or(|owner| owner >= first));
                 Some(RawFrame {
                     // The first shim owner is FRAME_OWNED_BY_CSTACK; the one after it
                     // (3.14+) owns the interpreter's base frame, no call's.

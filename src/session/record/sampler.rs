@@ -71,7 +71,10 @@ impl NativeCounts {
         );
         let why: Vec<String> = [
             (self.not_stopped, "thread not stopped"),
-            (self.no_eval_call, "unwind did not reach the eval loop"),
+            (
+                self.no_eval_call,
+                "no eval-loop call recognised in the native stack",
+            ),
             (self.ambiguous, "several eval-loop calls (CPython 3.11)"),
         ]
         .iter()
