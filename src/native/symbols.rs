@@ -34,7 +34,13 @@ impl FunctionSymbols {
         // to the next symbol it would name the PLT stubs after it.
         let sorted = functions
             .into_iter()
-            .map(|(start, end, name)| (start, end.max(start + 1), demangle(name).into()))
+            .map(|(start, end, name)| {
+                (
+                    start,
+                    end.max(start.saturating_add(1)),
+                    demangle(name).into(),
+                )
+            })
             .collect();
         FunctionSymbols { functions: sorted }
     }
