@@ -176,14 +176,16 @@ pub struct RecordArgs {
     pub nonblocking: bool,
     /// Put native frames (C, C++ and Rust extensions, the libraries they call) in
     /// the sampled stacks, between the Python frames that called them and those
-    /// they call back, as `function (object file:0)`. The interpreter's own C
+    /// they call back, as `function (object file)`. The interpreter's own C
     /// functions are left out. Each sample reads the stopped threads' registers and
     /// unwinds their stacks with the mapped objects' `.eh_frame` tables. Complete on
     /// CPython 3.7 – 3.10, 3.12 and 3.13. On 3.11 a stack holding more than one call
     /// of the eval loop (Python called back from C) keeps its Python stack alone, and
     /// so does every stack where the compiler moved the eval loop out of
-    /// `_PyEval_EvalFrameDefault` into code without a symbol (Debian's 3.14, 3.15);
-    /// the closing line counts those samples and says why.
+    /// `_PyEval_EvalFrameDefault` into code without a symbol (Debian's 3.14, 3.15), and
+    /// a thread not stopped cannot be unwound (in `--mode auto` the overhead budget
+    /// may sample without stopping; `--mode sample` always stops). The closing line
+    /// counts the samples that kept their Python stack alone and says why.
     #[arg(long, conflicts_with = "nonblocking")]
     pub native: bool,
     /// For a view written directly (-o x.svg, .json, .txt); the recording keeps
