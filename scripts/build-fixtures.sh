@@ -6,6 +6,7 @@
 #   libsdt_fixture.so   the probes (sdt_lib.c + sdt_sema.c) as a shared library
 #   sdt_fixture_lib     main only; loads libsdt_fixture.so via rpath $ORIGIN
 #   embed_python3.11    embeds Debian's libpython3.11.so.1.0 (python SDT probes in a .so)
+#   libnative_calls.so  C functions called from Python through ctypes (--native tests)
 #
 # Idempotent: a target is rebuilt only if missing or older than one of its
 # sources (or this script). Works from any cwd. Env: CC (default gcc).
@@ -66,6 +67,12 @@ build "$OUT/libsdt_fixture.so" "$LIB_DEPS" \
 build "$OUT/sdt_fixture_lib" "$SRC/sdt_fixture.c $SRC/sdt_fixture.h $OUT/libsdt_fixture.so" \
     "${CFLAGS[@]}" -fPIE -pie "$SRC/sdt_fixture.c" \
         -L"$OUT" -lsdt_fixture '-Wl,-rpath,$ORIGIN'
+
+# No frame pointers and no sibling calls: the unwinder must follow .eh_frame, and
+# every C frame of the chain must be on the stack.
+build "$OUT/libnative_calls.so" "$ROOT/fixtures/native/native_calls.c" \
+    "${CFLAGS[@]}" -fPIC -shared -fomit-frame-pointer -fno-optimize-sibling-calls \
+        "$ROOT/fixtures/native/native_calls.c"
 
 if [[ -x "$PYCONFIG" ]]; then
     # shellcheck disable=SC2046

@@ -7,6 +7,7 @@
 pub mod analyze;
 pub mod elf;
 pub mod hook;
+pub mod native;
 pub mod output;
 pub mod probe_set;
 pub mod process;

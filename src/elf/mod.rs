@@ -9,7 +9,7 @@ mod symbols;
 mod verify;
 
 pub use notes::{parse_desc, FirstArgProof, SdtNote, SdtProbe, SdtSite};
-pub use segments::LoadSegment;
+pub use segments::{load_segments, LoadSegment};
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

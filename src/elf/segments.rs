@@ -24,7 +24,7 @@ impl LoadSegment {
     }
 }
 
-pub(super) fn load_segments(elf: &Elf) -> Vec<LoadSegment> {
+pub fn load_segments(elf: &Elf) -> Vec<LoadSegment> {
     elf.program_headers
         .iter()
         .filter(|ph| ph.p_type == PT_LOAD)

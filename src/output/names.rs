@@ -189,6 +189,10 @@ impl<'a> FrameNames<'a> {
         } else {
             function
         };
+        if f.line == 0 {
+            // A native frame (`--native`): its file is the object, it has no line.
+            return format!("{function} ({})", self.file(f.file));
+        }
         format!("{function} ({}:{})", self.file(f.file), f.line)
     }
 

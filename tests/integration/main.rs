@@ -12,6 +12,7 @@ mod forged;
 mod honest;
 mod hook;
 mod lines;
+mod native;
 mod nothing_lost;
 mod outputs;
 mod pools;

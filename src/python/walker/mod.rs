@@ -129,6 +129,10 @@ pub struct ThreadStack {
     /// The walk stopped early: unreadable or corrupt memory (often: the thread ran
     /// while being read), a cycle, or more than 1024 frames.
     pub truncated: bool,
+    /// How many of `frames` each call of the eval loop runs, outermost first, where
+    /// the stack shows it (3.12+: the entry shim each call pushes; a call just
+    /// entered runs none); `None` elsewhere. 3.7 – 3.10 run one frame per call.
+    pub eval_calls: Option<Vec<usize>>,
     /// Whether this thread held the GIL when the stacks were read; `None` when that
     /// cannot be told (no GIL offsets for this version, a free-threaded build, or
     /// unreadable).
@@ -269,9 +273,11 @@ impl Walker {
         };
         if let Some(frame) = frame {
             (raw.frames, raw.truncated) = self.reader.frames(frame);
+            raw.eval_calls = self.reader.last_eval_calls();
         }
         Ok(Some(ThreadStack {
             native_tid: Some(native_tid),
+            eval_calls: raw.eval_calls,
             thread_id: raw.thread_id,
             thread_state: raw.thread_state,
             holds_gil: holders.map(|h| h.contains(&raw.thread_state)),
@@ -390,6 +396,7 @@ impl Walker {
                 holds_gil: gil_holders.map(|h| h.contains(&raw.thread_state)),
                 frames: raw.frames,
                 truncated: raw.truncated,
+                eval_calls: raw.eval_calls,
             })
             .collect()
     }

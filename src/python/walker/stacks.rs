@@ -38,6 +38,8 @@ pub struct RawThread {
     pub native_id: Option<i32>,
     pub frames: Vec<PyFrame>,
     pub truncated: bool,
+    /// See [`super::ThreadStack::eval_calls`].
+    pub eval_calls: Option<Vec<usize>>,
 }
 
 /// What the walker keeps of a code object, checked against the object on each use.
@@ -85,6 +87,9 @@ pub struct StackReader<M> {
     /// Runtime address of `PyCode_Type`, to check that a frame's code is a code object.
     pub code_type: Option<u64>,
     codes: HashMap<u64, CodeInfo>,
+    /// How the frames of the last [`Self::frames`] walk divide between eval-loop
+    /// calls, outermost first (3.12+: each call pushes a shim owned by the C stack).
+    last_eval_calls: Option<Vec<usize>>,
     /// Naming batch of [`Self::name_captured`]: see [`Self::new_naming_batch`].
     batch: u64,
 }
@@ -150,6 +155,8 @@ struct RawFrame {
     next: u64,
     /// The code object, or `None` for a shim frame.
     code: Option<u64>,
+    /// A shim owned by the C stack: the entry frame an eval-loop call pushes first.
+    entry_shim: bool,
     position: Position,
 }
 
@@ -161,6 +168,7 @@ impl<M: Memory> StackReader<M> {
             runtime,
             code_type,
             codes: HashMap::new(),
+            last_eval_calls: None,
             batch: 1,
         }
     }
@@ -288,6 +296,7 @@ impl<M: Memory> StackReader<M> {
                 .filter(|&t| t > 0),
             frames: Vec::new(),
             truncated: false,
+            eval_calls: None,
         };
         let frame = match self.layout.tstate_frame {
             FrameRoot::Direct(o) => field_u64(buf, o).ok(),
@@ -310,8 +319,15 @@ impl<M: Memory> StackReader<M> {
         let (mut raw, frame) = self.thread_header(tstate, buf);
         if let Some(frame) = frame {
             (raw.frames, raw.truncated) = self.frames(frame);
+            raw.eval_calls = self.last_eval_calls();
         }
         raw
+    }
+
+    /// How the frames of the last [`Self::frames`] walk divide between eval-loop
+    /// calls (taken: asked once per walk).
+    pub fn last_eval_calls(&mut self) -> Option<Vec<usize>> {
+        self.last_eval_calls.take()
     }
 
     /// Walks the frame chain from the innermost frame; returns the frames outermost
@@ -319,6 +335,10 @@ impl<M: Memory> StackReader<M> {
     /// object is read together with the next frame.
     pub fn frames(&mut self, innermost: u64) -> (Vec<PyFrame>, bool) {
         let mut out = Vec::new();
+        // Python frames per eval-loop call, innermost first, while shims show them.
+        let mut calls = Vec::new();
+        let mut in_call = 0;
+        self.last_eval_calls = None;
         if innermost == 0 {
             return (out, false);
         }
@@ -352,9 +372,15 @@ impl<M: Memory> StackReader<M> {
                 Some(c) => self.py_frame(c, &code_buf, raw.position),
             };
             match result {
-                Ok(f) => out.push(f),
+                Ok(f) => {
+                    out.push(f);
+                    in_call += 1;
+                }
                 Err(FrameError::Skip) => {}
                 Err(FrameError::Broken) => break true,
+            }
+            if raw.entry_shim {
+                calls.push(std::mem::take(&mut in_call));
             }
             if next == 0 {
                 break false;
@@ -365,6 +391,15 @@ impl<M: Memory> StackReader<M> {
             std::mem::swap(&mut frame, &mut next_frame);
         };
         out.reverse();
+        if !calls.is_empty() && !truncated {
+            // Frames below the outermost entry shim (none are expected) run in the
+            // outermost call.
+            if let Some(outermost) = calls.last_mut() {
+                *outermost += in_call;
+            }
+            calls.reverse();
+            self.last_eval_calls = Some(calls);
+        }
         (out, truncated)
     }
 
@@ -510,6 +545,7 @@ impl<M: Memory> StackReader<M> {
             } => Some(RawFrame {
                 next: field_u64(buf, back).ok()?,
                 code: Some(field_u64(buf, code).ok()?),
+                entry_shim: false,
                 position: Position::Offset(
                     i64::from(field_i32(buf, lasti).ok()?) * lasti_unit as i64,
                 ),
@@ -523,9 +559,13 @@ impl<M: Memory> StackReader<M> {
                 tag_mask,
                 tlbc,
             } => {
-                let shim = first_shim_owner
-                    .is_some_and(|first| field_u8(buf, owner).map_or(true, |owner| owner >= first));
+                let owner = field_u8(buf, owner).ok();
+                let shim =
+                    first_shim_owner.is_some_and(|first| owner.is_none_or(|owner| owner >= first));
                 Some(RawFrame {
+                    // The first shim owner is FRAME_OWNED_BY_CSTACK; the one after it
+                    // (3.14+) owns the interpreter's base frame, no call's.
+                    entry_shim: shim && owner.is_some() && owner == first_shim_owner,
                     next: field_u64(buf, previous).ok()?,
                     code: if shim {
                         None

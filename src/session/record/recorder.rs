@@ -111,6 +111,7 @@ impl<'a> Recorder<'a> {
         }
         let mut sampler = attaching.sampler;
         sampler.verbose = request.verbose;
+        sampler.native = request.native;
         let start = StartLine {
             mode: settings.mode,
             request,
@@ -233,8 +234,11 @@ impl<'a> Recorder<'a> {
                 builder.write(pid, ts_ns, EventKind::Window { exact });
             }
             TraceEvent::Tick {
-                pid, ts_ns, on_cpu, ..
-            } => self.on_tick(pid, ts_ns, &on_cpu),
+                pid,
+                ts_ns,
+                on_cpu,
+                stopped,
+            } => self.on_tick(pid, ts_ns, &on_cpu, stopped),
         }
         self.builder.rotate_periods(monotonic_ns());
         self.status.update(
@@ -289,13 +293,14 @@ impl<'a> Recorder<'a> {
     }
 
     /// An engine tick: every thread's stack, when sampling now.
-    fn on_tick(&mut self, pid: i32, ts_ns: u64, on_cpu: &[(i32, bool)]) {
+    fn on_tick(&mut self, pid: i32, ts_ns: u64, on_cpu: &[(i32, bool)], stopped: bool) {
         let sampling = !self.settings.alongside || {
             let now = self.chosen.borrow();
             returns_only(now.version, &now.groups)
         };
         if sampling && (self.announced || !self.launched) && !self.exact_window {
-            self.sampler.sample(pid, ts_ns, on_cpu, &mut self.builder);
+            self.sampler
+                .sample(pid, ts_ns, on_cpu, stopped, &mut self.builder);
             self.builder.flush_if_due(ts_ns);
         }
     }
@@ -352,6 +357,9 @@ impl<'a> Recorder<'a> {
                 return Err(e);
             }
         };
+        if settings.request.native {
+            eprintln!("pyprobe: --native: {}", sampler.native_counts.summary());
+        }
         if (settings.mode != Mode::Trace || sampler.ticks > 0) && sampler.samples == 0 {
             if let Some(e) = &sampler.last_error {
                 eprintln!("pyprobe: no samples: {e}");

@@ -49,6 +49,8 @@ pub struct RecordRequest {
     pub rate: u32,
     /// Sample without stopping the threads.
     pub nonblocking: bool,
+    /// Join each sample's native frames (C, C++, Rust) with its Python frames.
+    pub native: bool,
     /// `--max-overhead` as given, in percent (`None`: the default for the mode).
     pub max_overhead: Option<f64>,
     /// `--engine`: whether probe sites move to the ring (no stop per hit).

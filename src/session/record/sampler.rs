@@ -1,9 +1,16 @@
 //! The frame walker in a recording: at each engine tick, every thread's Python stack
 //! as a `sample` event; at a GC, import or audit probe hit, the stack of the thread
 //! that hit it, as a `stack` event just before the event it explains.
+//!
+//! With `--native`, a sample of a stopped thread is its native stack joined with its
+//! Python stack (`crate::native`); a native frame is recorded as an ordinary frame
+//! named by its function, its file the object file, line 0, so the recording format
+//! and every view take it as it is. A thread that cannot be unwound or joined keeps
+//! its Python stack alone, counted in [`NativeCounts`].
 
 use rustc_hash::FxHashMap;
 
+use crate::native::{join, EvalCalls, Joined, NativeUnwinder, NotJoined};
 use crate::python::walker::{PyFrame, Walker};
 use crate::recording::{EventKind, FrameRef, SampleState, WalkedFrame};
 use crate::ring::RingStack;
@@ -27,12 +34,70 @@ pub struct Sampler {
     described: bool,
     /// Say which layout the walker reads the interpreter with (`-v`).
     pub verbose: bool,
+    /// Join native frames with the Python frames of each sample (`--native`).
+    pub native: bool,
+    pub native_counts: NativeCounts,
+}
+
+/// The frame standing where an unwind stopped short of the outer Python frames'
+/// eval calls: native frames there may be missing.
+pub const UNWIND_STOPPED: &str = "[native unwind stopped]";
+
+/// How the `--native` samples went.
+#[derive(Debug, Default, Clone)]
+pub struct NativeCounts {
+    /// Samples with native and Python frames joined.
+    pub joined: u64,
+    /// Samples recorded with their Python stack alone, by why.
+    pub not_stopped: u64,
+    pub no_eval_call: u64,
+    pub ambiguous: u64,
+    /// Why the native unwinder could not be set up for a process (the last reason).
+    pub error: Option<String>,
+}
+
+impl NativeCounts {
+    /// Samples recorded without their native frames.
+    pub fn alone(&self) -> u64 {
+        self.not_stopped + self.no_eval_call + self.ambiguous
+    }
+
+    /// One line: how many samples have native frames, and why the others do not.
+    pub fn summary(&self) -> String {
+        let mut line = format!(
+            "{} samples with native frames, {} with their Python stack alone",
+            self.joined,
+            self.alone()
+        );
+        let why: Vec<String> = [
+            (self.not_stopped, "thread not stopped"),
+            (
+                self.no_eval_call,
+                "no eval-loop call recognised in the native stack",
+            ),
+            (self.ambiguous, "several eval-loop calls (CPython 3.11)"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n}: {what}"))
+        .collect();
+        if !why.is_empty() {
+            line += &format!(" ({})", why.join(", "));
+        }
+        if let Some(e) = &self.error {
+            line += &format!("; {e}");
+        }
+        line
+    }
 }
 
 /// One process's walker, or when to try attaching it again.
 #[derive(Default)]
 struct Slot {
     walker: Option<Walker>,
+    /// The native unwinder (`--native`), set up once the walker is; `None` inside
+    /// when it could not be (said once, in [`NativeCounts::error`]).
+    native: Option<Option<NativeUnwinder>>,
     /// Failed attaches in a row, and when the next may be tried: an attach costs
     /// about a millisecond, often with the target stopped, so retries back off.
     failures: u32,
@@ -86,26 +151,41 @@ impl Sampler {
 
     /// Frames as recorded: named by `co_name`, as the function probes name them.
     fn frames(builder: &mut EventBuilder, frames: &[PyFrame]) -> Vec<WalkedFrame> {
-        frames
-            .iter()
-            .map(|f| WalkedFrame {
-                code: FrameRef {
-                    file: builder.intern(&f.file),
-                    function: builder.intern(&f.name),
-                    line: f.first_line,
-                },
-                line: f.line,
-            })
-            .collect()
+        frames.iter().map(|f| Self::frame(builder, f)).collect()
+    }
+
+    /// A native frame as recorded: the object file as its file, line 0.
+    fn native_frame(builder: &mut EventBuilder, function: &str, object: &str) -> WalkedFrame {
+        WalkedFrame {
+            code: FrameRef {
+                file: builder.intern(object),
+                function: builder.intern(function),
+                line: 0,
+            },
+            line: 0,
+        }
+    }
+
+    fn frame(builder: &mut EventBuilder, f: &PyFrame) -> WalkedFrame {
+        WalkedFrame {
+            code: FrameRef {
+                file: builder.intern(&f.file),
+                function: builder.intern(&f.name),
+                line: f.first_line,
+            },
+            line: f.line,
+        }
     }
 
     /// Takes one sample of every thread of `pid`; `on_cpu` says which of its threads
-    /// were on a CPU (see the engine's tick).
+    /// were on a CPU (see the engine's tick); `stopped`: every thread is held in a
+    /// ptrace-stop until this returns, so its registers can be read (`--native`).
     pub fn sample(
         &mut self,
         pid: i32,
         ts_ns: u64,
         on_cpu: &[(i32, bool)],
+        stopped: bool,
         builder: &mut EventBuilder,
     ) {
         self.ticks += 1;
@@ -119,11 +199,32 @@ impl Sampler {
                 return;
             }
         };
+        let one_per_frame = !walker.version().at_least(3, 11);
+        // Taken out of its slot while the stacks are joined, put back after.
+        let mut native = if self.native {
+            self.take_native(pid)
+        } else {
+            None
+        };
         for stack in stacks {
             if stack.frames.is_empty() {
                 continue;
             }
-            let frames = Self::frames(builder, &stack.frames);
+            let frames = match native.as_mut() {
+                Some(unwinder) => Self::joined(
+                    builder,
+                    unwinder,
+                    &mut self.native_counts,
+                    stack.native_tid.filter(|_| stopped),
+                    &stack.frames,
+                    match &stack.eval_calls {
+                        _ if one_per_frame => EvalCalls::OnePerFrame,
+                        Some(sizes) => EvalCalls::Sizes(sizes),
+                        None => EvalCalls::Unknown,
+                    },
+                ),
+                None => Self::frames(builder, &stack.frames),
+            };
             let tid = stack.native_tid.unwrap_or(pid);
             let state = SampleState {
                 // Only a tid the walker knows is looked up: the fallback (the pid)
@@ -136,6 +237,81 @@ impl Sampler {
             };
             builder.write(tid, ts_ns, EventKind::Sample { frames, state });
             self.samples += 1;
+        }
+        if let Some(unwinder) = native {
+            self.put_native(pid, unwinder);
+        }
+    }
+
+    /// The native unwinder of `pid` (whose walker is attached), set up on first use,
+    /// taken out of its slot until [`Self::put_native`] gives it back.
+    fn take_native(&mut self, pid: i32) -> Option<NativeUnwinder> {
+        let slot = self.walkers.get_mut(&pid)?;
+        let walker = slot.walker.as_ref()?;
+        if slot.native.is_none() {
+            let made = NativeUnwinder::new(pid, walker.interpreter_path());
+            slot.native = Some(match made {
+                Ok(unwinder) => {
+                    if self.verbose {
+                        for why in &unwinder.unreadable {
+                            eprintln!("pyprobe: --native: {why}");
+                        }
+                    }
+                    Some(unwinder)
+                }
+                Err(e) => {
+                    eprintln!("pyprobe: --native: {e:#}; samples keep their Python stack alone");
+                    self.native_counts.error = Some(format!("{e:#}"));
+                    None
+                }
+            });
+        }
+        slot.native.as_mut()?.take()
+    }
+
+    fn put_native(&mut self, pid: i32, unwinder: NativeUnwinder) {
+        if let Some(slot) = self.walkers.get_mut(&pid) {
+            slot.native = Some(Some(unwinder));
+        }
+    }
+
+    /// The frames of thread `tid`: its native stack joined with `python`, or
+    /// `python` alone when the thread is not held stopped (`tid` is `None`) or the
+    /// stacks cannot be joined.
+    fn joined(
+        builder: &mut EventBuilder,
+        unwinder: &mut NativeUnwinder,
+        counts: &mut NativeCounts,
+        tid: Option<i32>,
+        python: &[PyFrame],
+        calls: EvalCalls<'_>,
+    ) -> Vec<WalkedFrame> {
+        let Some(regs) = tid.and_then(crate::native::registers) else {
+            counts.not_stopped += 1;
+            return Self::frames(builder, python);
+        };
+        let native = unwinder.stack(&regs);
+        match join(&native.frames, python, calls, native.complete) {
+            Ok(joined) => {
+                counts.joined += 1;
+                joined
+                    .into_iter()
+                    .map(|frame| match frame {
+                        Joined::Python(f) => Self::frame(builder, f),
+                        Joined::Native { function, object } => {
+                            Self::native_frame(builder, &function, &object)
+                        }
+                        Joined::Gap => Self::native_frame(builder, UNWIND_STOPPED, "[native]"),
+                    })
+                    .collect()
+            }
+            Err(why) => {
+                match why {
+                    NotJoined::NoEvalCall => counts.no_eval_call += 1,
+                    NotJoined::Ambiguous => counts.ambiguous += 1,
+                }
+                Self::frames(builder, python)
+            }
         }
     }
 

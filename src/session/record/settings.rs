@@ -82,6 +82,9 @@ impl Settings<'_> {
         if request.hook == super::HookUse::Always && mode != Mode::Trace {
             bail!("`--engine hook` traces every call exactly: use it with `--mode trace`");
         }
+        if request.native && mode == Mode::Trace {
+            bail!("`--native` adds native frames to sampled stacks: use it with `--mode auto` or `--mode sample`");
+        }
         if mode == Mode::Sample && requested.is_some() {
             bail!("`--probes` needs probes: use it with `--mode trace` or `--mode auto`");
         }

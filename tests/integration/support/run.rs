@@ -285,8 +285,34 @@ pub fn pypi_pure(name: &str, version: &str) -> PathBuf {
     )
 }
 
+/// As [`pypi`], but the compiled wheel for CPython `python` ("3.13"), whichever
+/// interpreter installs it: packages with C extensions (numpy).
+pub fn pypi_compiled(name: &str, version: &str, python: &str) -> PathBuf {
+    let abi = format!("cp{}", python.replace('.', ""));
+    pypi_install_in(
+        &format!("{name}-{version}-{abi}"),
+        name,
+        version,
+        &[
+            "--only-binary=:all:",
+            "--python-version",
+            python,
+            "--implementation",
+            "cp",
+            "--abi",
+            &abi,
+            "--platform",
+            "manylinux2014_x86_64",
+        ],
+    )
+}
+
 fn pypi_install(name: &str, version: &str, pip_args: &[&str]) -> PathBuf {
-    let dir = repo().join("target/pypi").join(format!("{name}-{version}"));
+    pypi_install_in(&format!("{name}-{version}"), name, version, pip_args)
+}
+
+fn pypi_install_in(folder: &str, name: &str, version: &str, pip_args: &[&str]) -> PathBuf {
+    let dir = repo().join("target/pypi").join(folder);
     if dir.join(".complete").exists() {
         return dir;
     }

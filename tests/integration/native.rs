@@ -1,0 +1,200 @@
+//! `record --native`: native frames joined with the Python stack, on real
+//! interpreters calling real C: a ctypes-loaded library that calls back into
+//! Python (`fixtures/native/native_calls.c`), and numpy from PyPI.
+
+use crate::support::*;
+use serde_json::Value;
+
+/// Records `script ARGS` under `py` with `--mode sample --native`; returns the
+/// script's stdout, pyprobe's stderr, and the collapsed stacks (frames, count).
+fn record_native(
+    py: &Python,
+    script: &str,
+    args: &[&str],
+    env: &[(&str, &std::path::Path)],
+) -> (String, String, Vec<(Vec<String>, u64)>) {
+    let recording = TempFile::new(&format!("native-{}-{script}.pyprobe", py.version));
+    let out = pyprobe()
+        .args(["record", "--mode", "sample", "--native", "--force", "-o"])
+        .arg(recording.path())
+        .arg("--")
+        .arg(&py.launcher)
+        .arg(repo().join("fixtures/python").join(script))
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("{stderr}");
+    assert_no_panic("record --native", &out.stderr);
+    assert!(out.status.success(), "record --native failed");
+    let folded = run_pyprobe(&[
+        "flame",
+        recording.path(),
+        "--format",
+        "collapsed",
+        "-o",
+        "-",
+    ]);
+    assert!(folded.status.success());
+    let stacks = String::from_utf8_lossy(&folded.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (stack, count) = line.rsplit_once(' ')?;
+            let frames = stack.split(';').map(str::to_owned).collect();
+            Some((frames, count.parse().ok()?))
+        })
+        .collect();
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+        stacks,
+    )
+}
+
+/// Index of the first frame named `function` (a Python `name (file:line)` or a
+/// native `name (object)`).
+fn position(frames: &[String], function: &str) -> Option<usize> {
+    frames
+        .iter()
+        .position(|f| f.split(" (").next() == Some(function))
+}
+
+fn is_python(frame: &str) -> bool {
+    frame.contains(".py:")
+}
+
+#[test]
+fn c_frames_sit_between_the_python_caller_and_the_python_callback() {
+    // 3.9: one eval-loop call per Python frame; 3.13: calls shown by entry shims.
+    for version in ["3.9", "3.13"] {
+        let Some(py) = python(version) else { continue };
+        let lib = fixture_binary("libnative_calls.so");
+        let (stdout, stderr, stacks) =
+            record_native(&py, "native_calls.py", &[lib.to_str().unwrap(), "3"], &[]);
+        let truth: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        let (mut leaf, mut leaf_joined, mut spin) = (0, 0, 0);
+        for (frames, count) in &stacks {
+            assert!(
+                !frames
+                    .iter()
+                    .any(|f| f.contains(&format!("bin/python{version})"))),
+                "{version}: an interpreter-internal frame was kept: {frames:?}"
+            );
+            if let Some(at) = position(frames, "py_leaf") {
+                leaf += count;
+                let order = [
+                    "<module>",
+                    "main",
+                    "call_native",
+                    "native_outer",
+                    "native_inner",
+                ];
+                let at_each: Option<Vec<usize>> =
+                    order.iter().map(|f| position(frames, f)).collect();
+                let Some(at_each) = at_each else { continue };
+                leaf_joined += count;
+                assert!(
+                    at_each.windows(2).all(|w| w[0] < w[1]) && at_each[4] < at,
+                    "{version}: out of order: {frames:?}"
+                );
+                // Only native frames (ctypes, libffi) between the Python caller and
+                // the C it calls, and between the C and the Python callback.
+                let between = frames[at_each[2] + 1..at_each[3]]
+                    .iter()
+                    .chain(&frames[at_each[4] + 1..at]);
+                assert!(
+                    between.clone().all(|f| !is_python(f)),
+                    "{version}: {frames:?}"
+                );
+            }
+            if let Some(at) = position(frames, "native_spin") {
+                spin += count;
+                assert!(position(frames, "call_spin").is_some_and(|c| c < at));
+            }
+        }
+        // The unwind reaches the eval loop for nearly every sample.
+        assert!(
+            leaf_joined * 10 >= leaf * 9,
+            "{version}: {leaf_joined} of {leaf} py_leaf samples have their C frames"
+        );
+        // The time each side took, as the fixture measured it itself.
+        let leaf_s = truth["py_leaf_seconds"].as_f64().unwrap();
+        let spin_s = truth["native_spin_seconds"].as_f64().unwrap();
+        let measured = spin_s / (leaf_s + spin_s);
+        let sampled = spin as f64 / (leaf + spin) as f64;
+        assert!(
+            (measured - sampled).abs() < 0.15,
+            "{version}: native_spin had {sampled:.2} of the samples, {measured:.2} of the time"
+        );
+        assert!(truth["py_leaf_calls"].as_u64().unwrap() > 0);
+        // The closing line's counts add up to the samples taken.
+        let line = stderr.lines().find(|l| l.contains("--native:")).unwrap();
+        let joined: u64 = line
+            .split("--native: ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(joined >= leaf_joined, "{line}");
+    }
+}
+
+#[test]
+fn numpy_c_frames_show_under_the_python_caller() {
+    let Some(py) = python("3.13") else { return };
+    let numpy = pypi_compiled("numpy", "2.2.6", "3.13");
+    let (stdout, _, stacks) = record_native(
+        &py,
+        "numpy_sort.py",
+        &["3"],
+        &[("PYTHONPATH", numpy.as_path())],
+    );
+    let truth: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let (mut in_loop, mut in_numpy_c) = (0, 0);
+    for (frames, count) in &stacks {
+        let Some(caller) = position(frames, "sort_many") else {
+            continue;
+        };
+        in_loop += count;
+        // numpy's C under the innermost Python frame (np.sort's own Python,
+        // itself called through numpy's C dispatcher).
+        let innermost_python = frames.iter().rposition(|f| is_python(f)).unwrap();
+        assert!(caller <= innermost_python);
+        if frames[innermost_python + 1..]
+            .iter()
+            .any(|f| f.contains("_multiarray_umath"))
+        {
+            in_numpy_c += count;
+            if frames[innermost_python].starts_with("sort (") {
+                let dispatch = position(frames, "dispatcher_vectorcall");
+                assert!(
+                    dispatch.is_some_and(|d| caller < d && d < innermost_python),
+                    "numpy's C dispatcher is not between sort_many and np.sort: {frames:?}"
+                );
+            }
+        }
+    }
+    let measured =
+        truth["sort_seconds"].as_f64().unwrap() / truth["loop_seconds"].as_f64().unwrap();
+    let sampled = in_numpy_c as f64 / in_loop as f64;
+    assert!(
+        (measured - sampled).abs() < 0.15,
+        "numpy's C code had {sampled:.2} of sort_many's samples, np.sort took {measured:.2} of its time"
+    );
+}
+
+#[test]
+fn native_is_refused_where_nothing_is_sampled_or_threads_run_on() {
+    assert_refused(
+        &["record", "--native", "--mode", "trace", "-p", "1"],
+        &["--native", "--mode auto"],
+    );
+    // A conflict of options: refused by the argument parser (its exit code, 2).
+    let out = run_pyprobe(&["record", "--native", "--nonblocking", "-p", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--nonblocking"));
+}
