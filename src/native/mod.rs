@@ -17,6 +17,7 @@
 //! [`MAX_DEPTH`] frames per unwind; anything unreadable ends the unwind, which is
 //! then marked incomplete, never a panic.
 
+pub mod eval_parts;
 pub mod merge;
 pub mod objects;
 pub mod symbols;
@@ -68,6 +69,14 @@ struct Mapped {
     interpreter: bool,
 }
 
+/// The object whose code holds `address`, of `mapped` (sorted by start).
+fn mapped_in(mapped: &[Mapped], address: u64) -> Option<&Mapped> {
+    let i = mapped.partition_point(|m| m.code.start <= address);
+    mapped
+        .get(i.checked_sub(1)?)
+        .filter(|m| address < m.code.end)
+}
+
 /// Unwinds the threads of one process.
 pub struct NativeUnwinder {
     pid: i32,
@@ -81,6 +90,9 @@ pub struct NativeUnwinder {
     files: HashMap<((u32, u32), u64), Arc<ObjectFile>>,
     /// Eval-loop functions, in runtime addresses.
     eval: Vec<Range<u64>>,
+    /// The eval loop's parts in the interpreter's object, link-time: found once
+    /// (its unwind table is read for them), kept across refreshes.
+    eval_parts: Option<Vec<Range<u64>>>,
     maps_len: usize,
     /// When the mappings' size was last compared.
     checked_ns: u64,
@@ -101,6 +113,7 @@ impl NativeUnwinder {
             mapped: Vec::new(),
             files: HashMap::new(),
             eval: Vec::new(),
+            eval_parts: None,
             maps_len: 0,
             checked_ns: 0,
             unreadable: Vec::new(),
@@ -153,7 +166,10 @@ impl NativeUnwinder {
             let path: Arc<str> = entries[0].path.as_str().into();
             let interpreter = *path == *self.interpreter_path;
             if interpreter {
-                if let Some(r) = object.symbols.range_of(EVAL_FUNCTION) {
+                let parts = self
+                    .eval_parts
+                    .get_or_insert_with(|| eval_parts::function_parts(&object, EVAL_FUNCTION));
+                for r in parts.iter() {
                     self.eval
                         .push(r.start.wrapping_add(bias)..r.end.wrapping_add(bias));
                 }
@@ -213,10 +229,7 @@ impl NativeUnwinder {
     }
 
     fn mapped_at(&self, address: u64) -> Option<&Mapped> {
-        let i = self.mapped.partition_point(|m| m.code.start <= address);
-        self.mapped
-            .get(i.checked_sub(1)?)
-            .filter(|m| address < m.code.end)
+        mapped_in(&self.mapped, address)
     }
 
     /// The native stack of a thread stopped with registers `regs`.
@@ -238,6 +251,7 @@ impl NativeUnwinder {
         let mut pages = StackPages::new(&self.mem);
         let mut read = |addr: u64| pages.read_u64(addr);
         let start = UnwindRegsX86_64::new(regs.rip, regs.rsp, regs.rbp);
+        let mapped = &self.mapped;
         let mut frames = self
             .unwinder
             .iter_frames(regs.rip, start, &mut *self.cache, &mut read);
@@ -247,6 +261,14 @@ impl NativeUnwinder {
                 return (addresses, false);
             }
             match frames.next() {
+                // A return address outside every mapped object is an unwind gone
+                // wrong (a stack word taken for one), not a frame.
+                Ok(Some(a))
+                    if !addresses.is_empty()
+                        && mapped_in(mapped, a.address_for_lookup()).is_none() =>
+                {
+                    return (addresses, false)
+                }
                 Ok(Some(a)) => addresses.push(a),
                 Ok(None) => return (addresses, true),
                 Err(_) => return (addresses, false),

@@ -25,16 +25,24 @@ impl FunctionSymbols {
                 let Some(name) = strtab.get_at(sym.st_name).filter(|n| !n.is_empty()) else {
                     continue;
                 };
-                functions.push((sym.st_value, sym.st_value.saturating_add(sym.st_size), name));
+                // Of the names at one address, the one the source gave it:
+                // global before local (`tail` before `tail.localalias`), then
+                // without a compiler's suffix.
+                let rank = (
+                    sym.st_bind() == goblin::elf::sym::STB_LOCAL,
+                    name.contains('.'),
+                );
+                let end = sym.st_value.saturating_add(sym.st_size);
+                functions.push((sym.st_value, end, rank, name));
             }
         }
-        functions.sort_by_key(|&(start, end, _)| (start, std::cmp::Reverse(end)));
+        functions.sort_by_key(|&(start, end, rank, _)| (start, std::cmp::Reverse(end), rank));
         functions.dedup_by_key(|f| f.0);
         // A sizeless symbol (`_init`, a label) names its own address only: stretched
         // to the next symbol it would name the PLT stubs after it.
         let sorted = functions
             .into_iter()
-            .map(|(start, end, name)| {
+            .map(|(start, end, _, name)| {
                 (
                     start,
                     end.max(start.saturating_add(1)),
@@ -58,6 +66,19 @@ impl FunctionSymbols {
             .iter()
             .find(|f| &*f.2 == name)
             .map(|f| f.0..f.1)
+    }
+
+    /// The names of the functions that overlap `range`: the one covering its
+    /// start, then those starting inside it.
+    pub fn names_over(&self, range: &std::ops::Range<u64>) -> impl Iterator<Item = &str> {
+        let covering = self.lookup(range.start).map(|(name, _)| name);
+        let from = self.functions.partition_point(|f| f.0 <= range.start);
+        let end = range.end;
+        let inside = self.functions[from..]
+            .iter()
+            .take_while(move |f| f.0 < end)
+            .map(|f| &*f.2);
+        covering.into_iter().chain(inside)
     }
 
     pub fn len(&self) -> usize {

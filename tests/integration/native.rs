@@ -60,6 +60,15 @@ fn position(frames: &[String], function: &str) -> Option<usize> {
         .position(|f| f.split(" (").next() == Some(function))
 }
 
+/// The interpreter's own C functions are left out of joined stacks.
+fn assert_no_interpreter_frame(version: &str, frames: &[String]) {
+    let interpreter = format!("bin/python{version})");
+    assert!(
+        !frames.iter().any(|f| f.contains(&interpreter)),
+        "{version}: an interpreter-internal frame was kept: {frames:?}"
+    );
+}
+
 fn is_python(frame: &str) -> bool {
     frame.contains(".py:")
 }
@@ -75,12 +84,7 @@ fn c_frames_sit_between_the_python_caller_and_the_python_callback() {
         let truth: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
         let (mut leaf, mut leaf_joined, mut spin) = (0, 0, 0);
         for (frames, count) in &stacks {
-            assert!(
-                !frames
-                    .iter()
-                    .any(|f| f.contains(&format!("bin/python{version})"))),
-                "{version}: an interpreter-internal frame was kept: {frames:?}"
-            );
+            assert_no_interpreter_frame(version, frames);
             if let Some(at) = position(frames, "py_leaf") {
                 leaf += count;
                 let order = [
@@ -140,6 +144,45 @@ fn c_frames_sit_between_the_python_caller_and_the_python_callback() {
             .parse()
             .unwrap();
         assert!(joined >= leaf_joined, "{line}");
+    }
+}
+
+/// Debian's 3.14 and 3.15 run the eval loop's body outside the range of its
+/// symbol (GCC moved it into a part of its own): a Python callback called from C
+/// still has the C that called it (ctypes) under it. Their libffi (3.5) has
+/// unwind tables the unwinder cannot pass, so the stack above ctypes is marked as
+/// cut rather than shown: the Python frames that called the C come first.
+#[test]
+fn the_eval_loop_outside_its_symbol_is_joined() {
+    for version in ["3.14", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        let lib = fixture_binary("libnative_calls.so");
+        let (_, _, stacks) =
+            record_native(&py, "native_calls.py", &[lib.to_str().unwrap(), "2"], &[]);
+        let (mut leaf, mut joined) = (0, 0);
+        for (frames, count) in &stacks {
+            assert_no_interpreter_frame(version, frames);
+            assert!(
+                frames.iter().all(|f| !f.ends_with(" (?)")),
+                "{version}: a frame outside every object: {frames:?}"
+            );
+            let Some(at) = position(frames, "py_leaf") else {
+                continue;
+            };
+            leaf += count;
+            let caller = position(frames, "call_native").expect("call_native under py_leaf");
+            if frames[caller + 1..at]
+                .iter()
+                .any(|f| f.contains("_ctypes.cpython"))
+            {
+                joined += count;
+            }
+        }
+        assert!(leaf > 20, "{version}: {leaf} py_leaf samples");
+        assert!(
+            joined * 10 >= leaf * 9,
+            "{version}: {joined} of {leaf} py_leaf samples have the ctypes frames that called it"
+        );
     }
 }
 
