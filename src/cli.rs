@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use pyprobe::analyze::{parse_duration, FileFilter, SampleFilter, SliceFilter};
-use pyprobe::output::flame::By;
+use pyprobe::output::flame::{By, FrameGrain};
 use pyprobe::output::report::SortKey as ReportSort;
 use pyprobe::session::dump::DumpRequest;
 use pyprobe::session::probes::ProbesRequest;
@@ -180,11 +180,11 @@ pub struct RecordArgs {
     /// they call back, as `function (object file)`. The interpreter's own C
     /// functions are left out. Each sample reads the stopped threads' registers and
     /// unwinds their stacks with the mapped objects' `.eh_frame` tables. Complete on
-    /// CPython 3.7 – 3.10, 3.12 and 3.13. On 3.11 a stack holding more than one call
-    /// of the eval loop (Python called back from C) keeps its Python stack alone, and
-    /// so does every stack where the compiler moved the eval loop out of
-    /// `_PyEval_EvalFrameDefault` into code without a symbol (Debian's 3.14, 3.15), and
-    /// a thread not stopped cannot be unwound (in `--mode auto` the overhead budget
+    /// CPython 3.7 – 3.10 and 3.12 – 3.15. On 3.11 a stack holding more than one call
+    /// of the eval loop (Python called back from C) keeps its Python stack alone; an
+    /// unwind that cannot pass a frame (libffi 3.5's, AVX-512 code that realigns the
+    /// stack) is marked `[native unwind stopped]` where it ends; and a thread not
+    /// stopped cannot be unwound (in `--mode auto` the overhead budget
     /// may sample without stopping; `--mode sample` always stops). The closing line
     /// counts the samples that kept their Python stack alone and says why.
     #[arg(long, conflicts_with = "nonblocking")]
@@ -270,6 +270,14 @@ pub struct FlameArgs {
     /// or calls (trace mode).
     #[arg(long, value_enum, default_value_t = FlameBy::Time)]
     pub by: FlameBy,
+    /// Split each sampled frame by the line it was running: `work (app.py:8)
+    /// line 11` and `work (app.py:8) line 14` are two boxes, an outer frame's
+    /// line being its call. SVG, collapsed and pprof (whose locations then carry
+    /// the lines, for `go tool pprof -lines`); traced calls have no line per
+    /// frame and stay functions. `report --lines FILE` gives the same per line of
+    /// one file, as annotated source.
+    #[arg(long)]
+    pub lines: bool,
     #[command(flatten)]
     pub samples: SampleArgs,
 }
@@ -524,6 +532,12 @@ impl FlameArgs {
             by: self.by.into(),
             force: self.force,
             samples: self.samples.into(),
+            idle_if_all_waiting: false,
+            grain: if self.lines {
+                FrameGrain::Lines
+            } else {
+                FrameGrain::Functions
+            },
             filter: SliceFilter {
                 files,
                 min_duration_ns: self.min_duration.unwrap_or(0),

@@ -196,10 +196,17 @@ impl<'a> FrameNames<'a> {
         format!("{function} ({}:{})", self.file(f.file), f.line)
     }
 
+    /// A function at the line it ran: `name (file:first) line N`, so the
+    /// function reads as in the other views and the line stands apart.
+    pub fn python_line(&self, f: &FrameRef, line: u32) -> String {
+        format!("{} line {line}", self.python(f))
+    }
+
     /// The name of a folded frame, safe for folded stacks (no `;`, no newline).
     pub fn fold_frame(&self, f: &FoldFrame) -> String {
         let name = match f {
             FoldFrame::Python(p) => self.python(p),
+            FoldFrame::PythonLine { code, line } => self.python_line(code, *line),
             FoldFrame::Gc { generation } => format!("[gc gen {generation}]"),
             FoldFrame::Process { pid, command } => self.process(*pid, *command),
             FoldFrame::Thread { tid, pid } => thread_name(*tid, *pid),
@@ -209,7 +216,9 @@ impl<'a> FrameNames<'a> {
 
     pub(super) fn origin(&self, f: &FoldFrame) -> Option<Origin> {
         match f {
-            FoldFrame::Python(p) => Some(origin(&self.string(p.file))),
+            FoldFrame::Python(p) | FoldFrame::PythonLine { code: p, .. } => {
+                Some(origin(&self.string(p.file)))
+            }
             FoldFrame::Gc { .. } => None,
             FoldFrame::Process { .. } | FoldFrame::Thread { .. } => Some(Origin::Process),
         }

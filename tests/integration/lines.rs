@@ -108,6 +108,77 @@ fn the_hot_line_has_the_samples() {
     // The module's call of work() is under every sample of the hot line.
     let call = rows.iter().find(|r| r.0 > hot && r.2 >= busiest.1);
     assert!(call.is_some(), "{rows:?}");
+    flame_lines_put_the_samples_on_the_hot_line(&recording, hot, busiest.1);
+}
+
+/// Collapsed stacks of `recording` (`flame` with `extra`): (frames, samples).
+fn collapsed(recording: &Path, extra: &[&str]) -> Vec<(Vec<String>, u64)> {
+    let mut args = vec!["flame", recording.to_str().unwrap(), "-o", "-"];
+    args.extend_from_slice(&["--format", "collapsed"]);
+    args.extend_from_slice(extra);
+    let out = run_pyprobe(&args);
+    assert!(out.status.success(), "flame {extra:?} failed");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (stack, n) = l.rsplit_once(' ').unwrap();
+            (
+                stack.split(';').map(str::to_owned).collect(),
+                n.parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// `flame --lines`: the frame of work() at the marked line holds the samples the
+/// report's line view gives that line, under the module's frame at its call of
+/// work(); the totals are those of the flame graph by function; pprof's
+/// locations carry the line, as `go tool pprof -lines` shows.
+fn flame_lines_put_the_samples_on_the_hot_line(recording: &Path, hot: u32, hot_samples: u64) {
+    let by_function = collapsed(recording, &[]);
+    let by_line = collapsed(recording, &["--lines"]);
+    let total = |stacks: &[(Vec<String>, u64)]| stacks.iter().map(|s| s.1).sum::<u64>();
+    assert_eq!(total(&by_line), total(&by_function));
+    let hot_frame = format!(" line {hot}");
+    let on_hot: u64 = by_line
+        .iter()
+        .filter(|(stack, _)| {
+            let top = stack.last().unwrap();
+            top.starts_with("work (") && top.ends_with(&hot_frame)
+        })
+        .map(|s| s.1)
+        .sum();
+    assert_eq!(on_hot, hot_samples, "{by_line:?}");
+    // Every stack of work() runs under one line of the module: its call.
+    let callers: std::collections::BTreeSet<&String> = by_line
+        .iter()
+        .filter(|(stack, _)| stack.last().unwrap().starts_with("work ("))
+        .map(|(stack, _)| &stack[stack.len() - 2])
+        .collect();
+    assert_eq!(callers.len(), 1, "{callers:?}");
+    assert!(
+        callers.iter().all(|c| c.starts_with("<module> (")),
+        "{callers:?}"
+    );
+
+    let pprof = recording.with_extension("lines.pb.gz");
+    let out = run_pyprobe(&[
+        "flame",
+        recording.to_str().unwrap(),
+        "--lines",
+        "-o",
+        pprof.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "flame --lines -o .pb.gz failed");
+    let rows = crate::pprof::pprof_top(&pprof, "samples", &["-lines"]);
+    let want = format!("hot_line.py:{hot}");
+    let (flat, name) = &rows[0];
+    assert!(
+        name.starts_with("work ") && name.ends_with(&want),
+        "{rows:?}"
+    );
+    assert_eq!(*flat, hot_samples, "{rows:?}");
 }
 
 /// Traced with the line probe: the marked line was hit as often as the program

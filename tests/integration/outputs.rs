@@ -799,3 +799,49 @@ fn a_large_trace_export_is_announced_with_the_filters_that_shrink_it() {
     let (stderr, _) = export("speedscope", Some(&(size * 3).to_string()), &[]);
     assert!(!stderr.contains("warning"), "{stderr}");
 }
+
+/// A process that only waits (every sample off a CPU) recorded straight to an
+/// SVG: `record` draws its waiting samples and says so, instead of failing after
+/// the recording was made (`flame` on the same recording still needs --idle).
+#[test]
+fn record_draws_a_run_that_only_waited() {
+    let Some(py) = python("3.11") else { return };
+    let mut target = Target::spawn(
+        &py.launcher,
+        &[
+            "-c",
+            "import time; print('ready', flush=True); time.sleep(60)",
+        ],
+    );
+    target.wait_for_line("ready");
+    let dir = tempdir();
+    let svg = dir.path().join("idle.svg");
+    let pid = target.pid().to_string();
+    let out = run_pyprobe(&[
+        "record",
+        "--mode",
+        "sample",
+        "-p",
+        &pid,
+        "-d",
+        "0.5",
+        "-o",
+        s(&svg),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("found its thread waiting"), "{stderr}");
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        drawn.starts_with("<?xml") && drawn.contains("sleep"),
+        "{drawn}"
+    );
+    let recording = svg.with_extension("pyprobe");
+    let flame = run_pyprobe(&["flame", s(&recording), "-o", "-"]);
+    assert!(
+        !flame.status.success(),
+        "flame without --idle draws nothing"
+    );
+    let idle = run_pyprobe(&["flame", s(&recording), "--idle", "-o", "-"]);
+    assert!(idle.status.success());
+}

@@ -55,7 +55,7 @@ fn pprof_total(file: &Path, sample_index: &str) -> u64 {
 
 /// The rows of `go tool pprof -top` for `sample_index` (and `more` options):
 /// (flat, function), by flat value, largest first.
-fn pprof_top(file: &Path, sample_index: &str, more: &[&str]) -> Vec<(u64, String)> {
+pub(crate) fn pprof_top(file: &Path, sample_index: &str, more: &[&str]) -> Vec<(u64, String)> {
     let index = format!("-sample_index={sample_index}");
     let mut args = vec!["-top", "-nodecount=1000", &index, "-unit=ns"];
     args.extend_from_slice(more);

@@ -46,6 +46,8 @@ pub struct Folder {
     /// Each stack starts with its thread's frame (for exports that label
     /// samples by thread).
     by_thread: bool,
+    /// Sampled frames are split by the line they ran ([`FoldFrame::PythonLine`]).
+    by_line: bool,
 }
 
 impl Folder {
@@ -76,6 +78,14 @@ impl Folder {
     /// frame (under its process's, when there are several).
     pub fn by_thread(mut self) -> Self {
         self.by_thread = true;
+        self
+    }
+
+    /// Splits each sampled Python frame by the line it was running: a
+    /// [`FoldFrame::PythonLine`] per (function, line). Traced calls carry no line
+    /// per frame and stay functions; so do frames without a line (native ones).
+    pub fn by_line(mut self) -> Self {
+        self.by_line = true;
         self
     }
 
@@ -171,7 +181,13 @@ impl Folder {
                 }
                 let mut node = self.base(tid, replay);
                 for w in frames {
-                    node = self.child(node, FoldFrame::Python(replay.walked_code(w)));
+                    let code = replay.walked_code(w);
+                    let frame = if self.by_line && w.line != 0 {
+                        FoldFrame::PythonLine { code, line: w.line }
+                    } else {
+                        FoldFrame::Python(code)
+                    };
+                    node = self.child(node, frame);
                 }
                 self.samples[node as usize] += 1;
                 if self.windowed {

@@ -23,10 +23,13 @@ fn walked(function: u32, line: u32) -> crate::recording::WalkedFrame {
 }
 
 fn fold(events: &[Event], end: Option<u64>) -> Folded {
+    fold_into(Folder::new(), events, end)
+}
+
+fn fold_into(mut folder: Folder, events: &[Event], end: Option<u64>) -> Folded {
     let header = Header::default();
     let plan = crate::analyze::replay::plan_events(&header, &[], events);
     let mut replay = Replay::new(&header, plan);
-    let mut folder = Folder::new();
     let mut steps = Vec::new();
     for e in events {
         steps.clear();
@@ -43,6 +46,7 @@ fn stacks(f: &Folded, m: Measure) -> Vec<(Vec<u32>, u64)> {
             .iter()
             .map(|p| match p {
                 FoldFrame::Python(fr) => fr.function.0,
+                FoldFrame::PythonLine { code, line } => 10_000 * code.function.0 + line,
                 FoldFrame::Gc { .. } => 99,
                 FoldFrame::Process { pid, .. } => 1000 + pid,
                 FoldFrame::Thread { tid, .. } => 2000 + tid,
@@ -232,6 +236,7 @@ fn walk_in_name_order_and_prune_narrow_stacks() {
     );
     let name = |f: &FoldFrame| match f {
         FoldFrame::Python(p) => format!("f{}", p.function.0),
+        FoldFrame::PythonLine { code, line } => format!("f{}@{line}", code.function.0),
         FoldFrame::Gc { .. } => "gc".into(),
         FoldFrame::Process { pid, .. } => format!("p{pid}"),
         FoldFrame::Thread { tid, .. } => format!("t{tid}"),
@@ -300,4 +305,39 @@ fn samples_count_per_stack() {
         vec![(vec![1], 1), (vec![1, 2], 2)]
     );
     assert_eq!(folded.counts.samples, 4);
+}
+
+#[test]
+fn by_line_a_sampled_frame_is_its_function_at_the_line_it_ran() {
+    let sample = |ts, frames| {
+        ev(
+            1,
+            ts,
+            EventKind::Sample {
+                frames,
+                state: SampleState::default(),
+            },
+        )
+    };
+    let events = [
+        sample(0, vec![walked(1, 4), walked(2, 8)]),
+        sample(1, vec![walked(1, 4), walked(2, 9)]),
+        sample(2, vec![walked(1, 4), walked(2, 9)]),
+        // A native frame has no line: it stays a function.
+        sample(3, vec![walked(1, 4), walked(3, 0)]),
+    ];
+    let lines = fold_into(Folder::new().by_line(), &events, None);
+    assert_eq!(
+        stacks(&lines, Measure::Samples),
+        vec![
+            (vec![10_004, 3], 1),
+            (vec![10_004, 20_008], 1),
+            (vec![10_004, 20_009], 2),
+        ]
+    );
+    // Without it, the same samples by function: the totals agree.
+    assert_eq!(
+        stacks(&fold(&events, None), Measure::Samples),
+        vec![(vec![1, 2], 3), (vec![1, 3], 1)]
+    );
 }

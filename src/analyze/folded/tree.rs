@@ -10,6 +10,14 @@ use rustc_hash::FxHashMap;
 pub enum FoldFrame {
     /// A Python function: file, name, first line.
     Python(FrameRef),
+    /// A Python function at the line it was running when sampled (`flame
+    /// --lines`): the same function at two lines is two frames.
+    PythonLine {
+        /// The function: file, name, first line.
+        code: FrameRef,
+        /// The line it was running (the call, in an outer frame).
+        line: u32,
+    },
     /// A garbage collection of this generation.
     Gc {
         /// GC generation (0 youngest).

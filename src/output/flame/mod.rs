@@ -10,7 +10,7 @@ mod svg;
 pub use crate::output::names::{short_command, short_path, FrameNames};
 pub use stacks::{
     choose_measure, collapsed_lines, is_sampled, read_folded, read_folded_by_thread,
-    read_folded_filtered, write_collapsed, By, ViewError, ViewInfo,
+    read_folded_filtered, write_collapsed, By, FrameGrain, ViewError, ViewInfo,
 };
 pub use svg::{default_title, subtitle, write_svg, SvgOptions};
 

@@ -80,15 +80,37 @@ impl ViewInfo {
 pub fn read_folded<R: Read + Seek>(
     reader: &mut RecordingReader<R>,
 ) -> Result<(Folded, ViewInfo), RecordError> {
-    read_folded_filtered(reader, SampleFilter::default())
+    read_folded_filtered(reader, SampleFilter::default(), FrameGrain::Functions)
 }
 
-/// Reads every event of `reader` into folded stacks, with the samples `filter` keeps.
+/// What a Python frame of a flame graph is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FrameGrain {
+    /// A function (file, name, first line).
+    #[default]
+    Functions,
+    /// A sampled frame is a function at the line it ran (`--lines`).
+    Lines,
+}
+
+impl FrameGrain {
+    fn shape(self, folder: Folder) -> Folder {
+        match self {
+            FrameGrain::Functions => folder,
+            FrameGrain::Lines => folder.by_line(),
+        }
+    }
+}
+
+/// Reads every event of `reader` into folded stacks, with the samples `filter`
+/// keeps, their frames as `grain` says.
 pub fn read_folded_filtered<R: Read + Seek>(
     reader: &mut RecordingReader<R>,
     filter: SampleFilter,
+    grain: FrameGrain,
 ) -> Result<(Folded, ViewInfo), RecordError> {
-    fold_with(reader, Folder::for_recording(reader.header(), filter))
+    let folder = grain.shape(Folder::for_recording(reader.header(), filter));
+    fold_with(reader, folder)
 }
 
 /// As [`read_folded_filtered`], with each stack under its thread's frame
@@ -96,11 +118,10 @@ pub fn read_folded_filtered<R: Read + Seek>(
 pub fn read_folded_by_thread<R: Read + Seek>(
     reader: &mut RecordingReader<R>,
     filter: SampleFilter,
+    grain: FrameGrain,
 ) -> Result<(Folded, ViewInfo), RecordError> {
-    fold_with(
-        reader,
-        Folder::for_recording(reader.header(), filter).by_thread(),
-    )
+    let folder = grain.shape(Folder::for_recording(reader.header(), filter).by_thread());
+    fold_with(reader, folder)
 }
 
 fn fold_with<R: Read + Seek>(

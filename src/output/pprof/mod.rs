@@ -79,11 +79,13 @@ impl Strings {
     }
 }
 
-/// Builds the profile's functions and locations, one of each per frame.
+/// Builds the profile's functions and locations: a function per frame's
+/// function, a location per frame (a function at a line, with `--lines`).
 struct Builder<'a> {
     strings: Strings,
     recording_strings: &'a [String],
     locations: HashMap<FoldFrame, u64>,
+    functions: HashMap<FoldFrame, u64>,
     profile: Profile,
 }
 
@@ -94,17 +96,26 @@ impl<'a> Builder<'a> {
             .map_or("?", String::as_str)
     }
 
-    /// The location of `frame`, made with its function the first time.
-    fn location(&mut self, frame: FoldFrame) -> u64 {
-        if let Some(&id) = self.locations.get(&frame) {
+    /// The function `frame` runs (its line aside), made the first time.
+    fn function(&mut self, frame: FoldFrame) -> u64 {
+        if let Some(&id) = self.functions.get(&frame) {
             return id;
         }
-        let (name, file, line) = match frame {
+        let (name, file, first_line) = match frame {
             FoldFrame::Python(FrameRef {
                 file,
                 function,
                 line,
-            }) => {
+            })
+            | FoldFrame::PythonLine {
+                code:
+                    FrameRef {
+                        file,
+                        function,
+                        line,
+                    },
+                ..
+            } => {
                 let name = match self.recording_string(function) {
                     "" => "?",
                     n => n,
@@ -116,7 +127,7 @@ impl<'a> Builder<'a> {
             FoldFrame::Process { pid, .. } => (format!("[pid {pid}]"), "", 0),
             FoldFrame::Thread { tid, pid } => (thread_name(tid, pid), "", 0),
         };
-        let id = self.profile.location.len() as u64 + 1;
+        let id = self.profile.function.len() as u64 + 1;
         let name = self.strings.id(&name);
         let filename = self.strings.id(file);
         self.profile.function.push(Function {
@@ -124,12 +135,28 @@ impl<'a> Builder<'a> {
             name,
             system_name: name,
             filename,
-            start_line: i64::from(line),
+            start_line: i64::from(first_line),
         });
+        self.functions.insert(frame, id);
+        id
+    }
+
+    /// The location of `frame`, made with its function the first time: at the
+    /// line it ran for a [`FoldFrame::PythonLine`], else at its first line.
+    fn location(&mut self, frame: FoldFrame) -> u64 {
+        if let Some(&id) = self.locations.get(&frame) {
+            return id;
+        }
+        let (function_id, line) = match frame {
+            FoldFrame::PythonLine { code, line } => (self.function(FoldFrame::Python(code)), line),
+            FoldFrame::Python(code) => (self.function(frame), code.line),
+            _ => (self.function(frame), 0),
+        };
+        let id = self.profile.location.len() as u64 + 1;
         self.profile.location.push(Location {
             id,
             line: vec![Line {
-                function_id: id,
+                function_id,
                 line: i64::from(line),
             }],
         });
@@ -166,6 +193,7 @@ pub fn build_profile(
         strings: Strings::new(),
         recording_strings,
         locations: HashMap::new(),
+        functions: HashMap::new(),
         profile: Profile::default(),
     };
     let (count, time) = match kind {

@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use anyhow::{Context, Result};
 
 use crate::analyze::SampleFilter;
-use crate::output::flame::read_folded_by_thread;
+use crate::output::flame::{read_folded_by_thread, FrameGrain};
 use crate::output::pprof::{build_profile, write_gzipped};
 use crate::recording::{
     BackgroundWriter, Event, EventKind, FrameRef, Header, RecordingReader, RecordingWriter, StrId,
@@ -298,7 +298,8 @@ fn convert(dir: &Path, job: &Job, samples: SampleFilter) -> Result<PathBuf> {
         )
     };
     let mut reader = RecordingReader::open(&job.recording).with_context(what)?;
-    let (folded, info) = read_folded_by_thread(&mut reader, samples).with_context(what)?;
+    let (folded, info) =
+        read_folded_by_thread(&mut reader, samples, FrameGrain::Functions).with_context(what)?;
     let (profile, _) = build_profile(&folded, &info, reader.strings(), samples.idle);
     let mut temp = tempfile::Builder::new()
         .prefix(".pyprobe-")

@@ -8,12 +8,13 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
+use crate::analyze::folded::Folded;
 use crate::analyze::{SampleFilter, SliceFilter};
 use crate::output::chrome::{write_chrome, ChromeOptions};
 use crate::output::file::{check, first_free, numbered, Existing, Output, Stdout};
 use crate::output::flame::{
     choose_measure, read_folded_by_thread, read_folded_filtered, write_collapsed, write_svg, By,
-    FrameNames, SvgOptions,
+    FrameGrain, FrameNames, SvgOptions,
 };
 use crate::output::pprof::{build_profile, write_gzipped};
 use crate::output::speedscope::{write_speedscope, SpeedscopeOptions};
@@ -166,6 +167,11 @@ pub struct FlameRequest {
     pub by: By,
     /// Which samples count (`--idle`, `--gil`).
     pub samples: SampleFilter,
+    /// Sampled frames as functions, or split by line (`--lines`).
+    pub grain: FrameGrain,
+    /// When the sample filter leaves every sample out as waiting, count them all
+    /// (the view `record` writes itself: a short run still gets its graph).
+    pub idle_if_all_waiting: bool,
     /// Replace an existing output.
     pub force: bool,
     /// What the trace exports keep (`--include`, `--exclude`, `--min-duration`).
@@ -228,6 +234,18 @@ fn warn_if_large(format: FlameFormat, census: &Census, filtered: bool) {
     );
 }
 
+/// Says that `--lines` changed nothing where no frame was sampled: traced
+/// calls carry no line per frame.
+fn note_lines_unsampled(grain: FrameGrain, folded: &Folded) {
+    if grain == FrameGrain::Lines && folded.counts.samples == 0 {
+        eprintln!(
+            "pyprobe: note: --lines splits sampled frames by the line they ran; this recording \
+             holds no samples (its calls were traced, without a line per frame), so its frames \
+             stay functions. Record with --mode sample or auto for lines"
+        );
+    }
+}
+
 /// Renders `request.file` in `format` to `out`.
 fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> Result<()> {
     let file = &request.file;
@@ -235,9 +253,32 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
     let filtered = !request.filter.is_empty();
     let tally = match format {
         FlameFormat::Svg | FlameFormat::Collapsed => {
-            let (folded, info) = read_folded_filtered(&mut reader, request.samples)
-                .with_context(|| format!("cannot read {}", file.display()))?;
+            let (mut folded, mut info) =
+                read_folded_filtered(&mut reader, request.samples, request.grain)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+            let t = folded.tally;
+            if request.idle_if_all_waiting
+                && !request.samples.idle
+                && t.kept == 0
+                && t.left_out() > 0
+            {
+                // A run too short to catch its thread on a CPU still gets a graph.
+                eprintln!(
+                    "pyprobe: note: every one of the {} samples found its thread waiting \
+                     (asleep, blocked on I/O, a lock or the GIL): the flame graph counts them, \
+                     as --idle does",
+                    t.samples
+                );
+                reader = open(file)?;
+                let idle = SampleFilter {
+                    idle: true,
+                    ..request.samples
+                };
+                (folded, info) = read_folded_filtered(&mut reader, idle, request.grain)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+            }
             note_cut_short(&reader, file);
+            note_lines_unsampled(request.grain, &folded);
             let (measure, note) = choose_measure(&folded, &info.header, request.by);
             if let Some(note) = note {
                 eprintln!("pyprobe: note: {note}");
@@ -255,9 +296,10 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
             folded.tally
         }
         FlameFormat::Pprof => {
-            let (folded, info) = read_folded_by_thread(&mut reader, request.samples)
+            let (folded, info) = read_folded_by_thread(&mut reader, request.samples, request.grain)
                 .with_context(|| format!("cannot read {}", file.display()))?;
             note_cut_short(&reader, file);
+            note_lines_unsampled(request.grain, &folded);
             let (profile, _) =
                 build_profile(&folded, &info, reader.strings(), request.samples.idle);
             write_gzipped(&profile, &mut *out)?;
@@ -378,6 +420,15 @@ pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
             format.short()
         );
     }
+    if request.grain == FrameGrain::Lines
+        && matches!(format, FlameFormat::Chrome | FlameFormat::Speedscope)
+    {
+        bail!(
+            "--lines splits the frames of a flame graph, collapsed stacks or pprof profile by \
+             line; a {} keeps functions",
+            format.short()
+        );
+    }
     let existing = if request.force {
         Existing::Replace
     } else {
@@ -440,6 +491,7 @@ pub fn write_view_for_extension(
         output: Some(out.to_path_buf()),
         format: Some(format),
         samples,
+        idle_if_all_waiting: true,
         ..FlameRequest::default()
     };
     render_to_file(&request, format, out, Stdout::Refused, existing)?;
