@@ -11,17 +11,21 @@ use thiserror::Error;
 
 use crate::ring::codegen::emit_reserve;
 use crate::ring::format::{
-    H_ALIVE, H_HEARTBEAT, H_STALE, S_ARGS, S_NARGS, S_PROBE, S_SEQ, S_STRING_MASK, S_TAG, S_THREAD,
-    S_TSC,
+    H_ALIVE, H_HEAD, H_HEARTBEAT, H_STALE, H_TAIL, S_ARGS, S_NARGS, S_PROBE, S_SEQ, S_STRING_MASK,
+    S_TAG, S_THREAD, S_TSC,
 };
 
 use super::{
-    KIND_RETURN, STATUS_FAILED, STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_GONE, ST_ON, ST_STATUS,
-    TOOL_ID,
+    AT_EXIT_WAIT_MS, KIND_RETURN, STATUS_FAILED, STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_AT_EXIT,
+    ST_AT_EXIT_MODULE, ST_GONE, ST_ON, ST_STATUS, TOOL_ID,
 };
 
 /// `METH_FASTCALL`.
 const METH_FASTCALL: u64 = 0x80;
+/// `METH_NOARGS`.
+const METH_NOARGS: u64 = 0x04;
+/// `SYS_nanosleep`.
+const SYS_NANOSLEEP: u32 = 35;
 /// Bytes of constants before the code.
 const CONSTS: usize = 1024;
 /// Bytes of one `PyMethodDef`.
@@ -56,6 +60,7 @@ pub enum HookError {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HookSymbols {
     pub sys_get_object: u64,
+    pub import_module: u64,
     pub call_method: u64,
     pub cfunction_new_ex: u64,
     pub dec_ref: u64,
@@ -93,6 +98,8 @@ pub struct HookCode {
     pub uninstaller: u64,
     /// One callback per event, in the order of [`HookParams::events`].
     pub callbacks: Vec<u64>,
+    /// `PyObject *at_exit(PyObject *self, PyObject *unused)`, registered with `atexit`.
+    pub at_exit: u64,
 }
 
 impl HookCode {
@@ -142,10 +149,23 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     let s_ii = c.string("ii");
     let s_i = c.string("i");
     let s_cb = c.string("pyprobe_hook");
+    let s_atexit = c.string("atexit");
+    let s_at_register = c.string("register");
+    let s_at_unregister = c.string("unregister");
+    let s_o = c.string("O");
+    let s_drain = c.string("pyprobe_drain");
     c.align(16);
+    // struct timespec { 0 s, 1 ms }: the exit callback's nap.
+    let nap = c.base + c.bytes.len() as u64;
+    c.bytes.extend_from_slice(&0u64.to_le_bytes());
+    c.bytes.extend_from_slice(&1_000_000u64.to_le_bytes());
     let defs = c.base + c.bytes.len() as u64;
     let defs_off = c.bytes.len();
-    c.bytes.resize(defs_off + METHOD_DEF * p.events.len(), 0);
+    // One definition per event, then the exit callback's.
+    c.bytes
+        .resize(defs_off + METHOD_DEF * (p.events.len() + 1), 0);
+    let exit_def_off = defs_off + METHOD_DEF * p.events.len();
+    let exit_def = c.base + exit_def_off as u64;
     if c.bytes.len() > CONSTS {
         return Err(HookError::Constants(c.bytes.len()));
     }
@@ -230,14 +250,8 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     // or not. A budget's short patience running out is not that.
     let mut give_up = a.create_label();
     a.set_label(&mut lost)?;
-    a.cmp(qword_ptr(r9 + H_ALIVE as i32), 0)?;
-    a.je(give_up)?;
-    a.rdtsc()?;
-    a.shl(rdx, 32)?;
-    a.or(rax, rdx)?;
-    a.sub(rax, qword_ptr(r9 + H_HEARTBEAT as i32))?;
-    a.cmp(rax, qword_ptr(r9 + H_STALE as i32))?;
-    a.jle(done)?;
+    jump_if_unserved(&mut a, give_up)?;
+    a.jmp(done)?;
     a.set_label(&mut give_up)?;
     a.mov(rax, p.state_addr)?;
     a.mov(qword_ptr(rax + ST_ON as i32), 0)?;
@@ -255,6 +269,39 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.jne(done)?;
     a.call(uninstaller)?;
     a.jmp(done)?;
+
+    // PyObject *at_exit(PyObject *self, PyObject *unused): the interpreter is
+    // ending; wait until pyprobe has read what was written so far (code objects
+    // still exist now), while it serves the ring, at most AT_EXIT_WAIT_MS.
+    let mut at_exit = a.create_label();
+    let mut exit_wait = a.create_label();
+    let mut exit_done = a.create_label();
+    a.set_label(&mut at_exit)?;
+    a.push(rbx)?;
+    a.push(r12)?;
+    a.mov(r9, p.state_addr)?;
+    a.cmp(qword_ptr(r9 + ST_ON as i32), 0)?;
+    a.je(exit_done)?;
+    a.mov(r9, p.ring_addr)?;
+    a.mov(rbx, qword_ptr(r9 + H_HEAD as i32))?;
+    a.mov(r12d, AT_EXIT_WAIT_MS)?;
+    a.set_label(&mut exit_wait)?;
+    a.mov(r9, p.ring_addr)?;
+    a.cmp(qword_ptr(r9 + H_TAIL as i32), rbx)?;
+    a.jae(exit_done)?;
+    jump_if_unserved(&mut a, exit_done)?;
+    a.dec(r12d)?;
+    a.jz(exit_done)?;
+    a.mov(eax, SYS_NANOSLEEP)?;
+    a.mov(rdi, nap)?;
+    a.xor(esi, esi)?;
+    a.syscall()?;
+    a.jmp(exit_wait)?;
+    a.set_label(&mut exit_done)?;
+    a.pop(r12)?;
+    a.pop(rbx)?;
+    a.mov(rax, p.symbols.none)?;
+    a.ret()?;
 
     // void uninstaller(void)
     a.set_label(&mut uninstaller)?;
@@ -291,6 +338,20 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     call_method(&mut a, p, s_free, s_i, &[Arg::Imm(TOOL_ID as u64)])?;
     decref_rax(&mut a, p)?;
     a.set_label(&mut out)?;
+    // atexit.unregister(the exit callback), through the module kept since.
+    let mut no_exit = a.create_label();
+    a.mov(rax, p.state_addr)?;
+    a.mov(r12, qword_ptr(rax + ST_AT_EXIT as i32))?;
+    a.test(r12, r12)?;
+    a.jz(no_exit)?;
+    a.mov(rbx, qword_ptr(rax + ST_AT_EXIT_MODULE as i32))?;
+    a.mov(qword_ptr(rax + ST_AT_EXIT as i32), 0)?;
+    a.mov(qword_ptr(rax + ST_AT_EXIT_MODULE as i32), 0)?;
+    call_method(&mut a, p, s_at_unregister, s_o, &[Arg::Reg(r12)])?;
+    decref_rax(&mut a, p)?;
+    call(&mut a, p.symbols.dec_ref, &[Arg::Reg(r12)])?;
+    call(&mut a, p.symbols.dec_ref, &[Arg::Reg(rbx)])?;
+    a.set_label(&mut no_exit)?;
     call(&mut a, p.symbols.err_clear, &[])?;
     a.mov(rax, p.state_addr)?;
     a.mov(rcx, STATUS_REMOVED)?;
@@ -361,6 +422,37 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.mov(rax, p.state_addr)?;
     a.mov(qword_ptr(rax + ST_STATUS as i32), STATUS_OK as i32)?;
     let mut leave = a.create_label();
+    // atexit.register(the exit callback): optional, a failure is cleared.
+    let mut exit_no_fn = a.create_label();
+    let mut exit_no_module = a.create_label();
+    call(&mut a, p.symbols.import_module, &[Arg::Imm(s_atexit)])?;
+    a.test(rax, rax)?;
+    a.jz(exit_no_module)?;
+    a.mov(rbx, rax)?;
+    call(
+        &mut a,
+        p.symbols.cfunction_new_ex,
+        &[Arg::Imm(exit_def), Arg::Imm(0), Arg::Imm(0)],
+    )?;
+    a.test(rax, rax)?;
+    a.jz(exit_no_fn)?;
+    a.mov(r12, rax)?;
+    call_method(&mut a, p, s_at_register, s_o, &[Arg::Reg(r12)])?;
+    a.test(rax, rax)?;
+    let mut exit_refused = a.create_label();
+    a.jz(exit_refused)?;
+    decref_rax(&mut a, p)?;
+    // Both references kept: the uninstaller unregisters with them.
+    a.mov(rax, p.state_addr)?;
+    a.mov(qword_ptr(rax + ST_AT_EXIT as i32), r12)?;
+    a.mov(qword_ptr(rax + ST_AT_EXIT_MODULE as i32), rbx)?;
+    a.jmp(leave)?;
+    a.set_label(&mut exit_refused)?;
+    call(&mut a, p.symbols.dec_ref, &[Arg::Reg(r12)])?;
+    a.set_label(&mut exit_no_fn)?;
+    call(&mut a, p.symbols.dec_ref, &[Arg::Reg(rbx)])?;
+    a.set_label(&mut exit_no_module)?;
+    call(&mut a, p.symbols.err_clear, &[])?;
     a.jmp(leave)?;
     for (k, l) in fails.iter_mut().enumerate() {
         a.set_label(l)?;
@@ -392,6 +484,10 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
         .iter()
         .map(|l| assembled.label_ip(l))
         .collect::<Result<Vec<u64>, IcedError>>()?;
+    let at_exit = assembled.label_ip(&at_exit)?;
+    c.bytes[exit_def_off..exit_def_off + 8].copy_from_slice(&s_drain.to_le_bytes());
+    c.bytes[exit_def_off + 8..exit_def_off + 16].copy_from_slice(&at_exit.to_le_bytes());
+    c.bytes[exit_def_off + 16..exit_def_off + 24].copy_from_slice(&METH_NOARGS.to_le_bytes());
     for (k, &cb) in callbacks.iter().enumerate() {
         let at = defs_off + k * METHOD_DEF;
         c.bytes[at..at + 8].copy_from_slice(&s_cb.to_le_bytes());
@@ -407,6 +503,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
         installer,
         uninstaller,
         callbacks,
+        at_exit,
     })
 }
 
@@ -444,6 +541,19 @@ fn call_method(
     let mut all = vec![Arg::Reg(rbx), Arg::Imm(name), Arg::Imm(fmt)];
     all.extend_from_slice(args);
     call(a, p.symbols.call_method, &all)
+}
+
+/// Jumps to `to` when nobody serves the ring at r9: `alive` is 0, or the
+/// heartbeat is older than `stale` cycles. Clobbers rax and rdx.
+fn jump_if_unserved(a: &mut CodeAssembler, to: CodeLabel) -> Result<(), IcedError> {
+    a.cmp(qword_ptr(r9 + H_ALIVE as i32), 0)?;
+    a.je(to)?;
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)?;
+    a.sub(rax, qword_ptr(r9 + H_HEARTBEAT as i32))?;
+    a.cmp(rax, qword_ptr(r9 + H_STALE as i32))?;
+    a.jg(to)
 }
 
 /// `Py_DecRef(rax)` (which accepts NULL).

@@ -31,8 +31,15 @@
 //!   one `PyCFunction_NewEx` and `register_callback` per event, `set_events`; its
 //!   outcome in the state word `status` ([`STATUS_OK`], or [`STATUS_FAILED`] + the
 //!   step). On a failure after the tool id was taken it gives the id back.
+//! * The exit callback (`METH_NOARGS`), which the installer also registers with
+//!   `atexit` (not fatal if that fails): when the interpreter ends, before it
+//!   frees modules, functions and their code objects, it waits (asleep, 1 ms at a
+//!   time, the GIL held) until pyprobe has read every record written so far, so
+//!   that pyprobe names the code objects of a short program while they still
+//!   exist. It returns at once when `on` is clear, when nobody serves the ring
+//!   (`alive` 0, heartbeat stale) and after [`AT_EXIT_WAIT_MS`].
 //! * The uninstaller: `set_events(TOOL, 0)`, `register_callback(TOOL, ev, None)` for
-//!   each event, `free_tool_id(TOOL)`, `PyErr_Clear()`. A callback runs it, once
+//!   each event, `free_tool_id(TOOL)`, `atexit.unregister` of the exit callback, `PyErr_Clear()`. A callback runs it, once
 //!   (`lock cmpxchg` on the state word `gone`), when it finds `on` clear: pyprobe
 //!   cleared it to detach, the guardian cleared it because pyprobe died, or the
 //!   process is a forked child (the state page is `MADV_WIPEONFORK`: all zero there).
@@ -69,6 +76,8 @@
 //! | [`ST_ARMED`] | 1: the detour runs the installer (once: it sets 2) |
 //! | [`ST_STATUS`] | 0 not run, [`STATUS_OK`], [`STATUS_FAILED`] + step, [`STATUS_REMOVED`] |
 //! | [`ST_GONE`] | set by the callback that runs the uninstaller |
+//! | [`ST_AT_EXIT`] | the exit callback's function object, while `atexit` holds it |
+//! | [`ST_AT_EXIT_MODULE`] | the `atexit` module, to unregister it without an import |
 //!
 //! # If pyprobe stops reading
 //!
@@ -104,6 +113,14 @@ pub const ST_ON: usize = 0;
 pub const ST_ARMED: usize = 8;
 pub const ST_STATUS: usize = 16;
 pub const ST_GONE: usize = 24;
+/// The function object registered with `atexit` (a reference the hook holds), 0
+/// when none is.
+pub const ST_AT_EXIT: usize = 32;
+/// The `atexit` module (a reference the hook holds while [`ST_AT_EXIT`] is set).
+pub const ST_AT_EXIT_MODULE: usize = 40;
+/// Most milliseconds the exit callback waits for pyprobe to read the ring (its
+/// heartbeat going stale ends the wait sooner).
+pub const AT_EXIT_WAIT_MS: u32 = 10_000;
 
 pub const STATUS_OK: u64 = 1;
 pub const STATUS_REMOVED: u64 = 2;

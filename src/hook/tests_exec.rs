@@ -20,6 +20,9 @@ static CALLS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static FAIL_METHOD: Mutex<Option<&'static str>> = Mutex::new(None);
 
 static mut MONITORING: [u64; 4] = [0; 4];
+static mut ATEXIT: [u64; 4] = [0; 4];
+/// `PyImport_ImportModule("atexit")` fails.
+static FAIL_IMPORT: Mutex<bool> = Mutex::new(false);
 static mut NONE: [u64; 4] = [0; 4];
 static mut RESULT: [u64; 4] = [0; 4];
 
@@ -48,6 +51,19 @@ unsafe extern "C" fn fake_sys_get_object(name: *const c_char) -> *mut c_void {
     }
 }
 
+/// # Safety
+/// `name` is a NUL-terminated string (the hook's constants).
+unsafe extern "C" fn fake_import_module(name: *const c_char) -> *mut c_void {
+    // SAFETY: per the contract above.
+    let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+    log(format!("PyImport_ImportModule({name})"));
+    if name == "atexit" && !*FAIL_IMPORT.lock().unwrap_or_else(|e| e.into_inner()) {
+        std::ptr::addr_of_mut!(ATEXIT).cast()
+    } else {
+        std::ptr::null_mut()
+    }
+}
+
 /// Stands in for the variadic `PyObject_CallMethod`: on x86-64 the first six
 /// arguments travel in the same registers either way.
 ///
@@ -65,7 +81,12 @@ unsafe extern "C" fn fake_call_method(
     let (name, fmt) = unsafe { (CStr::from_ptr(name), CStr::from_ptr(fmt)) };
     let name = name.to_string_lossy().into_owned();
     let fmt = fmt.to_string_lossy();
-    assert_eq!(obj, std::ptr::addr_of_mut!(MONITORING).cast());
+    let module = if obj == std::ptr::addr_of_mut!(ATEXIT).cast() {
+        "atexit."
+    } else {
+        assert_eq!(obj, std::ptr::addr_of_mut!(MONITORING).cast());
+        ""
+    };
     let args: Vec<String> = fmt
         .chars()
         .zip([a1, a2, a3])
@@ -81,7 +102,7 @@ unsafe extern "C" fn fake_call_method(
             _ => "obj".to_string(),
         })
         .collect();
-    log(format!("{name}({})", args.join(",")));
+    log(format!("{module}{name}({})", args.join(",")));
     let fail = *FAIL_METHOD.lock().unwrap_or_else(|e| e.into_inner());
     if fail == Some(name.as_str()) {
         std::ptr::null_mut()
@@ -136,6 +157,7 @@ fn exec_map(len: usize) -> *mut u8 {
 fn symbols() -> HookSymbols {
     HookSymbols {
         sys_get_object: fake_sys_get_object as *const () as usize as u64,
+        import_module: fake_import_module as *const () as usize as u64,
         call_method: fake_call_method as *const () as usize as u64,
         cfunction_new_ex: fake_cfunction_new_ex as *const () as usize as u64,
         dec_ref: fake_dec_ref as *const () as usize as u64,
@@ -422,14 +444,35 @@ fn installer_registers_every_callback() {
     for (r, &(ev, _)) in registers.iter().zip(&EVENTS_312) {
         assert_eq!(**r, format!("register_callback(4,{},obj)", 1u32 << ev));
     }
+    // set_events, then the exit callback registered with atexit, both kept.
+    let set = log
+        .iter()
+        .position(|l| *l == format!("set_events(4,{mask})"));
+    let tail: Vec<&str> = log[set.expect("set_events") + 1..]
+        .iter()
+        .map(String::as_str)
+        .collect();
     assert_eq!(
-        log.iter().rev().nth(1).map(String::as_str),
-        Some(format!("set_events(4,{mask})").as_str())
+        tail,
+        [
+            "Py_DecRef",
+            "PyImport_ImportModule(atexit)",
+            "PyCFunction_NewEx",
+            "atexit.register(obj)",
+            "Py_DecRef"
+        ]
     );
     assert!(!log.contains(&"PyErr_Clear".to_string()));
     assert_eq!(s.get(ST_STATUS), STATUS_OK);
-    // Each method definition names a callback, METH_FASTCALL.
-    let defs = std::mem::take(&mut *DEFS.lock().unwrap_or_else(|e| e.into_inner()));
+    assert_eq!(s.get(ST_AT_EXIT_MODULE), std::ptr::addr_of!(ATEXIT) as u64);
+    assert_ne!(s.get(ST_AT_EXIT), 0);
+    // Each method definition names a callback, METH_FASTCALL; the last the exit
+    // callback, METH_NOARGS.
+    let mut defs = std::mem::take(&mut *DEFS.lock().unwrap_or_else(|e| e.into_inner()));
+    let exit_def = defs.pop().expect("the exit callback's definition");
+    // SAFETY: the definition lies in the hook page, 32 bytes.
+    let words = unsafe { std::slice::from_raw_parts(exit_def as *const u64, 4) };
+    assert_eq!((words[1], words[2]), (s.hook.at_exit, 0x04));
     assert_eq!(defs.len(), EVENTS_312.len());
     for (def, cb) in defs.iter().zip(&s.hook.callbacks) {
         // SAFETY: the definition lies in the hook page, 32 bytes.
@@ -544,4 +587,82 @@ fn detour_refuses_a_jump_at_the_entry() {
         build_detour(0x2000, 0x1000, &code, &targets, 0, 0),
         Err(HookError::BranchInside { .. })
     ));
+}
+
+#[test]
+fn the_uninstaller_unregisters_the_exit_callback_and_a_failed_import_is_no_failure() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new();
+    s.run(s.hook.installer);
+    calls();
+    s.run(s.hook.uninstaller);
+    let log = calls();
+    let at = log.iter().position(|l| l == "atexit.unregister(obj)");
+    assert!(at.is_some(), "{log:?}");
+    // Its result, the function and the module given back; the error state cleared.
+    let after: Vec<&str> = log[at.unwrap_or(0) + 1..]
+        .iter()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        after,
+        ["Py_DecRef", "Py_DecRef", "Py_DecRef", "PyErr_Clear"]
+    );
+    assert_eq!((s.get(ST_AT_EXIT), s.get(ST_AT_EXIT_MODULE)), (0, 0));
+
+    *FAIL_IMPORT.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    let s = Setup::new();
+    calls();
+    s.run(s.hook.installer);
+    *FAIL_IMPORT.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    let log = calls();
+    assert_eq!(s.get(ST_STATUS), STATUS_OK);
+    assert_eq!(s.get(ST_AT_EXIT), 0);
+    assert_eq!(log.last().map(String::as_str), Some("PyErr_Clear"));
+}
+
+/// The exit callback: at once when `on` is clear or nobody serves the ring; else
+/// asleep until the consumer has read up to the head it found.
+#[test]
+fn the_exit_callback_waits_for_pyprobe_to_read_what_was_written() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = Setup::new();
+    let at_exit = |s: &Setup| {
+        type Cb = unsafe extern "C" fn(u64, u64) -> u64;
+        // SAFETY: generated for the C signature of a METH_NOARGS function.
+        let f: Cb = unsafe { std::mem::transmute::<usize, Cb>(s.hook.at_exit as usize) };
+        // SAFETY: it reads the state page and the ring, both alive.
+        unsafe { f(0, 0) }
+    };
+    assert_eq!(at_exit(&s), none_addr(), "on clear: nothing to wait for");
+    s.set(ST_ON, 1);
+    let code = [0u64; 5];
+    for _ in 0..3 {
+        s.callback(0, &[code.as_ptr() as u64, 0]);
+    }
+    // Nobody serves the ring (alive 0): no wait.
+    let t = std::time::Instant::now();
+    at_exit(&s);
+    assert!(t.elapsed() < std::time::Duration::from_millis(500));
+    // Served: the callback sleeps until the records are read.
+    let mut reader = s.reader();
+    reader.serve(cycles(60_000), u64::MAX);
+    let read = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let reader = &mut reader;
+        let read = &read;
+        scope.spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            read.store(true, std::sync::atomic::Ordering::Release);
+            let drained = reader.drain(100, |_| {});
+            assert_eq!(drained.records, 3);
+        });
+        let t = std::time::Instant::now();
+        at_exit(&s);
+        assert!(
+            read.load(std::sync::atomic::Ordering::Acquire),
+            "returned before the read"
+        );
+        assert!(t.elapsed() >= std::time::Duration::from_millis(100));
+    });
 }

@@ -125,6 +125,13 @@ fn launched_counts_match_the_programs_own() {
     }
 }
 
+/// How many functions the target's `atexit` holds: the hook's exit callback
+/// while it is installed, none before and after.
+fn at_exit_functions(target: &mut Target) -> String {
+    target.send_line("atexit");
+    target.wait_for_line("atexit ")
+}
+
 #[test]
 fn attached_traces_new_threads_and_raises_exactly_then_unhooks() {
     for minor in MINORS {
@@ -135,6 +142,7 @@ fn attached_traces_new_threads_and_raises_exactly_then_unhooks() {
         let out = TempFile::new("hook-attach.pyprobe");
         let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid]);
         wait_tool(&mut target, "pyprobe", Duration::from_secs(20));
+        assert_eq!(at_exit_functions(&mut target), "atexit 1", "3.{minor}");
         target.send_line("300 3");
         assert_eq!(target.wait_for_line("calls"), "calls f=300 g=900 worker=3");
         target.send_line("exc 7");
@@ -144,6 +152,7 @@ fn attached_traces_new_threads_and_raises_exactly_then_unhooks() {
         assert!(status.success(), "3.{minor}: {stderr}");
         // Told to go on detach: the target's next call (this very question) unhooks.
         assert_eq!(wait_tool(&mut target, "None", Duration::from_secs(5)), 1);
+        assert_eq!(at_exit_functions(&mut target), "atexit 0", "3.{minor}");
         let calls = calls_in_file(&report_json(out.path()), "hook_calls.py");
         assert_eq!(calls.get("f"), Some(&300), "3.{minor}: {calls:?}");
         assert_eq!(calls.get("g"), Some(&900), "3.{minor}: {calls:?}");
@@ -175,6 +184,7 @@ fn sigkilled_pyprobe_leaves_the_target_running_and_unhooked() {
         // The guardian clears the hook's flag; its next callback unregisters it: the
         // tool id is free, its events and callbacks gone (checked inside the target).
         wait_tool(&mut target, "None", Duration::from_secs(10));
+        assert_eq!(at_exit_functions(&mut target), "atexit 0", "3.{minor}");
         target.send_line("2000 3");
         assert_eq!(
             target.wait_for_line("calls"),

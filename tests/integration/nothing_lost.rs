@@ -339,3 +339,40 @@ fn cpu_ticks(pid: i32) -> u64 {
     // utime and stime: fields 14 and 15, i.e. 11 and 12 after the name.
     fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
 }
+
+/// A program that ends while pyprobe is stopped: its last calls are still in the
+/// ring when the interpreter starts freeing its functions and their names. The
+/// hook's exit callback (registered with `atexit`) holds the interpreter until
+/// pyprobe has read them, so every call is counted under its own function, not
+/// as a code object gone before pyprobe could read it.
+#[test]
+fn hook_a_program_ending_while_pyprobe_is_stopped_keeps_its_names() {
+    let _serial = serial();
+    for (minor, py) in hook_pythons() {
+        let mut target = Target::spawn(&py, &[&fixture_script("hook_calls.py")]);
+        target.wait_for_line("ready");
+        let pid = target.pid().to_string();
+        let out = TempFile::new(&format!("hook-ends-stopped-{minor}.pyprobe"));
+        let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid]);
+        crate::hook::wait_tool(&mut target, "pyprobe", Duration::from_secs(20));
+        tracer.signal(libc::SIGSTOP);
+        // No new thread: a thread's start stops for its tracer.
+        target.send_line("2000 0");
+        assert_eq!(
+            target.wait_for_line("calls"),
+            "calls f=2000 g=0 worker=0",
+            "{minor}"
+        );
+        // End of input: the program ends, pyprobe still stopped.
+        drop(target.stdin.take());
+        std::thread::sleep(Duration::from_millis(1000));
+        tracer.signal(libc::SIGCONT);
+        let (rest, status) = target.finish();
+        assert!(rest.contains("done True"), "{minor}: {rest}");
+        assert!(status.success(), "{minor}: {status:?}");
+        let (_, stderr) = tracer.wait(Duration::from_secs(30));
+        let report = report_json(out.path());
+        let calls = calls_in_file(&report, "hook_calls.py");
+        assert_eq!(calls.get("f"), Some(&2000), "{minor}: {calls:?}\n{stderr}");
+    }
+}

@@ -122,6 +122,7 @@ pub fn install(
     };
     let symbols = HookSymbols {
         sys_get_object: sym("PySys_GetObject")?,
+        import_module: sym("PyImport_ImportModule")?,
         call_method: sym("PyObject_CallMethod")?,
         cfunction_new_ex: sym("PyCFunction_NewEx")?,
         dec_ref: sym("Py_DecRef")?,
