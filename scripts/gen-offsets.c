@@ -206,8 +206,11 @@ int main(void) {
     FIELD("owner", offsetof(_PyInterpreterFrame, owner));
 #if PY_VERSION_HEX >= 0x030C0000
     FIELD("first_shim_owner", FRAME_OWNED_BY_CSTACK);
+    NULLFIELD("is_entry");
 #else
     NULLFIELD("first_shim_owner");
+    /* 3.11: the outermost frame of each call of the eval loop is marked. */
+    FIELD("is_entry", offsetof(_PyInterpreterFrame, is_entry));
 #endif
     CLOSE();
 #else

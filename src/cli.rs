@@ -180,9 +180,7 @@ pub struct RecordArgs {
     /// they call back, as `function (object file)`. The interpreter's own C
     /// functions are left out. Each sample reads the stopped threads' registers and
     /// unwinds their stacks with the mapped objects' `.eh_frame` tables. Complete on
-    /// CPython 3.7 – 3.10 and 3.12 – 3.15. On 3.11 a stack holding more than one call
-    /// of the eval loop (Python called back from C) keeps its Python stack alone; an
-    /// unwind that cannot pass a frame (libffi 3.5's, AVX-512 code that realigns the
+    /// CPython 3.7 – 3.15. An unwind that cannot pass a frame (libffi 3.5's, AVX-512 code that realigns the
     /// stack) is marked `[native unwind stopped]` where it ends; and a thread not
     /// stopped cannot be unwound (in `--mode auto` the overhead budget
     /// may sample without stopping; `--mode sample` always stops). The closing line

@@ -26,11 +26,11 @@ pub enum NativeKind {
 pub enum EvalCalls<'a> {
     /// CPython 3.7 – 3.10: one call per Python frame.
     OnePerFrame,
-    /// How many Python frames each call runs, outermost first (3.12+, where each
-    /// call's entry shim shows where it begins).
+    /// How many Python frames each call runs, outermost first (3.11+, where the
+    /// walker sees where each call begins).
     Sizes(&'a [usize]),
-    /// CPython 3.11: one call runs a Python frame and every Python function it
-    /// calls; where a new call begins is not known here.
+    /// 3.11+ without that: one call runs a Python frame and every Python function
+    /// it calls; where a new call begins is not known here.
     Unknown,
 }
 

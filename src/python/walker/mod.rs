@@ -130,8 +130,9 @@ pub struct ThreadStack {
     /// while being read), a cycle, or more than 1024 frames.
     pub truncated: bool,
     /// How many of `frames` each call of the eval loop runs, outermost first, where
-    /// the stack shows it (3.12+: the entry shim each call pushes; a call just
-    /// entered runs none); `None` elsewhere. 3.7 – 3.10 run one frame per call.
+    /// the stack shows it (3.11: the frame marked `is_entry`; 3.12+: the entry shim
+    /// each call pushes, a call just entered running none); `None` elsewhere. 3.7 –
+    /// 3.10 run one frame per call.
     pub eval_calls: Option<Vec<usize>>,
     /// Whether this thread held the GIL when the stacks were read; `None` when that
     /// cannot be told (no GIL offsets for this version, a free-threaded build, or
@@ -443,6 +444,8 @@ pub fn capture_of(
             first_shim_owner,
             tag_mask,
             tlbc: None,
+            // The trampolines' stack capture needs no call boundaries.
+            entry_flag: _,
         } => StackFrame {
             back: previous,
             code: executable,

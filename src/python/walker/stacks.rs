@@ -155,7 +155,8 @@ struct RawFrame {
     next: u64,
     /// The code object, or `None` for a shim frame.
     code: Option<u64>,
-    /// A shim owned by the C stack: the entry frame an eval-loop call pushes first.
+    /// Where an eval-loop call begins: a shim owned by the C stack, the entry frame
+    /// a call pushes first (3.12+), or a frame marked `is_entry` (3.11).
     entry_shim: bool,
     position: Position,
 }
@@ -558,14 +559,17 @@ impl<M: Memory> StackReader<M> {
                 first_shim_owner,
                 tag_mask,
                 tlbc,
+                entry_flag,
             } => {
                 let owner = field_u8(buf, owner).ok();
                 let shim =
                     first_shim_owner.is_some_and(|first| owner.is_none_or(|owner| owner >= first));
+                // 3.11: the frame itself says it is the first of its call.
+                let entry = entry_flag.is_some_and(|at| field_u8(buf, at).is_ok_and(|b| b != 0));
                 Some(RawFrame {
                     // The first shim owner is FRAME_OWNED_BY_CSTACK; the one after it
                     // (3.14+) owns the interpreter's base frame, no call's.
-                    entry_shim: shim && owner.is_some() && owner == first_shim_owner,
+                    entry_shim: entry || (shim && owner.is_some() && owner == first_shim_owner),
                     next: field_u64(buf, previous).ok()?,
                     code: if shim {
                         None

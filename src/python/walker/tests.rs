@@ -279,6 +279,36 @@ fn walks_threads_frames_and_lines_on_every_layout() {
     }
 }
 
+/// CPython 3.11 marks the outermost frame of each call of the eval loop
+/// (`is_entry`): the walk says how many frames each call runs.
+#[test]
+fn eval_calls_on_3_11_come_from_the_frames_marked_as_entries() {
+    let (layout, _) = layout::from_offsets_file(v(11)).unwrap();
+    let FrameLayout::Interpreter {
+        entry_flag: Some(is_entry),
+        ..
+    } = layout.frame
+    else {
+        panic!("3.11's layout has no is_entry offset")
+    };
+    let mut img = Image::new();
+    let table = locations(&[(8, 0)]);
+    let code = img.code(&layout, "/a.py", "f", 5, &table);
+    // Outermost first: a call running three frames, then one running two (Python
+    // called back from C).
+    let mut next = 0;
+    for entry in [true, false, false, true, false] {
+        let f = img.frame(&layout, code, 0, next);
+        img.put(f + is_entry, &[u8::from(entry)]);
+        next = f;
+    }
+    let mut reader = StackReader::new(img, layout, 0, Some(CODE_TYPE));
+    let (walked, truncated) = reader.frames(next);
+    assert!(!truncated);
+    assert_eq!(walked.len(), 5);
+    assert_eq!(reader.last_eval_calls(), Some(vec![3, 2]));
+}
+
 #[test]
 fn shim_frames_and_non_code_objects_are_skipped() {
     let (layout, _) = layout::from_offsets_file(v(12)).unwrap();

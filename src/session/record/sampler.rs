@@ -75,7 +75,10 @@ impl NativeCounts {
                 self.no_eval_call,
                 "no eval-loop call recognised in the native stack",
             ),
-            (self.ambiguous, "several eval-loop calls (CPython 3.11)"),
+            (
+                self.ambiguous,
+                "several eval-loop calls whose Python frames the walk could not tell apart",
+            ),
         ]
         .iter()
         .filter(|(n, _)| *n > 0)

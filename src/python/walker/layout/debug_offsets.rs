@@ -246,6 +246,7 @@ pub(super) fn parse_debug_offsets(
             instr_ptr: fr[2],
             owner: fr[3],
             first_shim_owner: Some(f.frame.first_shim_owner),
+            entry_flag: None,
             tag_mask: f.frame.tag_mask,
             tlbc,
         },

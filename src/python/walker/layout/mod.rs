@@ -80,6 +80,9 @@ pub enum FrameLayout {
         /// Frames whose owner is at least this are shims owned by the C stack or the
         /// interpreter (3.12+), not Python code.
         first_shim_owner: Option<u8>,
+        /// 3.11: the `is_entry` byte, set on the outermost frame of each call of
+        /// the eval loop (3.12+ mark it with a shim frame instead).
+        entry_flag: Option<u64>,
         /// Tag bits of `_PyStackRef f_executable` (3.14+), masked off.
         tag_mask: u64,
         /// Free-threaded 3.14+: (`tlbc_index` in the frame, `co_tlbc` in the code).
@@ -177,6 +180,7 @@ impl Layout {
                 instr_ptr,
                 owner,
                 tlbc,
+                entry_flag,
                 ..
             } => {
                 previous
@@ -184,6 +188,7 @@ impl Layout {
                     .max(instr_ptr)
                     .max(owner)
                     .max(tlbc.map_or(0, |t| t.0))
+                    .max(entry_flag.unwrap_or(0))
                     + 8
             }
         }

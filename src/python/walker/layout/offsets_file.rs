@@ -71,6 +71,8 @@ struct InterpreterFrame {
     instr_ptr: u64,
     owner: u64,
     first_shim_owner: Option<u8>,
+    #[serde(default)]
+    is_entry: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -159,6 +161,7 @@ fn layout_of_file(f: &OffsetsFile) -> Result<Layout> {
             instr_ptr: i.instr_ptr,
             owner: i.owner,
             first_shim_owner: i.first_shim_owner,
+            entry_flag: i.is_entry,
             tag_mask: 0,
             tlbc: None,
         },
