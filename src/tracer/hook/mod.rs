@@ -264,8 +264,10 @@ impl Engine {
 
     /// Launched processes: once the interpreter has a thread state, install. No
     /// bytecode runs before `sys` (and `sys.monitoring`) exists, and the installer
-    /// runs only from the eval loop: it runs at the first bytecode's first check of
-    /// the breaker, before the program's own code.
+    /// runs only from the eval loop, at the next check of the breaker once installed.
+    /// The thread state is looked for every [`AWAIT_EVERY`] while the target runs:
+    /// a pyprobe kept off the CPU finds it late, and the Python run meanwhile
+    /// (start-up imports, or all of a very short script) is not traced.
     fn hook_await(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         let now = Instant::now();
         let due: Vec<i32> = self
