@@ -121,6 +121,13 @@ impl Consts {
         self.bytes.push(0);
         at
     }
+    /// Fills the `PyMethodDef` at `at` (reserved): `ml_name`, `ml_meth`,
+    /// `ml_flags` (`ml_doc` stays NULL).
+    fn method_def(&mut self, at: usize, name: u64, meth: u64, flags: u64) {
+        for (k, word) in [name, meth, flags].into_iter().enumerate() {
+            self.bytes[at + 8 * k..at + 8 * k + 8].copy_from_slice(&word.to_le_bytes());
+        }
+    }
     fn align(&mut self, to: usize) {
         while self.bytes.len() % to != 0 {
             self.bytes.push(0);
@@ -485,14 +492,9 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
         .map(|l| assembled.label_ip(l))
         .collect::<Result<Vec<u64>, IcedError>>()?;
     let at_exit = assembled.label_ip(&at_exit)?;
-    c.bytes[exit_def_off..exit_def_off + 8].copy_from_slice(&s_drain.to_le_bytes());
-    c.bytes[exit_def_off + 8..exit_def_off + 16].copy_from_slice(&at_exit.to_le_bytes());
-    c.bytes[exit_def_off + 16..exit_def_off + 24].copy_from_slice(&METH_NOARGS.to_le_bytes());
+    c.method_def(exit_def_off, s_drain, at_exit, METH_NOARGS);
     for (k, &cb) in callbacks.iter().enumerate() {
-        let at = defs_off + k * METHOD_DEF;
-        c.bytes[at..at + 8].copy_from_slice(&s_cb.to_le_bytes());
-        c.bytes[at + 8..at + 16].copy_from_slice(&cb.to_le_bytes());
-        c.bytes[at + 16..at + 24].copy_from_slice(&METH_FASTCALL.to_le_bytes());
+        c.method_def(defs_off + k * METHOD_DEF, s_cb, cb, METH_FASTCALL);
     }
     let mut bytes = c.bytes;
     bytes.resize(CONSTS, 0);
