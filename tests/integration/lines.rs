@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::support::{json_of, pyprobe, python, repo, run_pyprobe};
+use crate::support::{json_of, python, record_script_into, repo, run_pyprobe};
 
 /// The line of `fixtures/python/hot_line.py` marked `# hot`.
 fn hot_line(script: &Path) -> u32 {
@@ -48,27 +48,11 @@ fn lines_of(recording: &Path, file: &Path) -> Vec<(u32, u64, u64, u64)> {
         .collect()
 }
 
+/// Records `hot_line.py N`; returns N as the program printed it.
 fn record(version: &'static str, extra: &[&str], out: &Path, n: &str) -> Option<u64> {
     let py = python(version)?;
-    let output = pyprobe()
-        .arg("record")
-        .args(extra)
-        .arg("-o")
-        .arg(out)
-        .arg("--")
-        .arg(&py.launcher)
-        .arg(repo().join("fixtures/python/hot_line.py"))
-        .arg(n)
-        .output()
-        .unwrap();
-    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "record failed");
-    Some(
-        String::from_utf8_lossy(&output.stdout)
-            .trim()
-            .parse()
-            .unwrap(),
-    )
+    let stdout = record_script_into(&py, extra, out, "hot_line.py", &[n]);
+    Some(stdout.trim().parse().unwrap())
 }
 
 /// Sampled: the marked line has the most samples of the file, and the file's

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::support::{json_of, pyprobe, python, repo, run_pyprobe};
+use crate::support::{json_of, python, record_script_into, run_pyprobe};
 
 fn tmp_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -80,20 +80,7 @@ fn record(
     args: &[&str],
 ) -> Option<String> {
     let py = python(version)?;
-    let output = pyprobe()
-        .arg("record")
-        .args(extra)
-        .arg("-o")
-        .arg(out)
-        .arg("--")
-        .arg(&py.launcher)
-        .arg(repo().join("fixtures/python").join(script))
-        .args(args)
-        .output()
-        .unwrap();
-    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "record failed");
-    Some(String::from_utf8_lossy(&output.stdout).into_owned())
+    Some(record_script_into(&py, extra, out, script, args))
 }
 
 fn report_of(recording: &Path) -> serde_json::Value {

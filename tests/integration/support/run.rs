@@ -241,17 +241,7 @@ pub fn record_script(
         std::process::id(),
         py.version
     ));
-    let out = pyprobe()
-        .args(["record", "-o", out_path.to_str().unwrap()])
-        .args(extra)
-        .arg("--")
-        .arg(&py.launcher)
-        .arg(repo().join("fixtures/python").join(script))
-        .args(args)
-        .output()
-        .unwrap();
-    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "record failed");
+    let stdout = record_script_into(py, extra, &out_path, script, args);
     let report = json_of(&run_pyprobe(&[
         "report",
         out_path.to_str().unwrap(),
@@ -259,7 +249,32 @@ pub fn record_script(
         "json",
     ]));
     let _ = std::fs::remove_file(out_path);
-    (String::from_utf8_lossy(&out.stdout).into_owned(), report)
+    (stdout, report)
+}
+
+/// `pyprobe record EXTRA -o OUT -- python fixtures/python/SCRIPT ARGS`, which must
+/// succeed (its stderr is shown); returns the script's stdout.
+pub fn record_script_into(
+    py: &Python,
+    extra: &[&str],
+    out: &Path,
+    script: &str,
+    args: &[&str],
+) -> String {
+    let output = pyprobe()
+        .arg("record")
+        .args(extra)
+        .arg("-o")
+        .arg(out)
+        .arg("--")
+        .arg(&py.launcher)
+        .arg(repo().join("fixtures/python").join(script))
+        .args(args)
+        .output()
+        .unwrap();
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "record failed");
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// A pure-Python program from PyPI, installed once into a git-ignored cache
