@@ -126,6 +126,17 @@ fn launched_counts_match_the_programs_own() {
     }
 }
 
+/// Starts `hook_calls.py` under `py`, attaches `pyprobe record --mode trace -p PID
+/// -o OUT` to it and waits until the hook holds tool id 4.
+pub(crate) fn attach_hooked(py: &std::path::Path, out: &TempFile) -> (Target, Tracer) {
+    let mut target = Target::spawn(py, &[&fixture_script("hook_calls.py")]);
+    target.wait_for_line("ready");
+    let pid = target.pid().to_string();
+    let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid]);
+    wait_tool(&mut target, "pyprobe", Duration::from_secs(20));
+    (target, tracer)
+}
+
 /// How many functions the target's `atexit` holds: the hook's exit callback
 /// while it is installed, none before and after.
 fn at_exit_functions(target: &mut Target) -> String {
@@ -137,12 +148,8 @@ fn at_exit_functions(target: &mut Target) -> String {
 fn attached_traces_new_threads_and_raises_exactly_then_unhooks() {
     for minor in MINORS {
         let Some(py) = pyenv(minor) else { continue };
-        let mut target = Target::spawn(&py, &[&fixture_script("hook_calls.py")]);
-        target.wait_for_line("ready");
-        let pid = target.pid().to_string();
         let out = TempFile::new("hook-attach.pyprobe");
-        let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid]);
-        wait_tool(&mut target, "pyprobe", Duration::from_secs(20));
+        let (mut target, tracer) = attach_hooked(&py, &out);
         assert_eq!(at_exit_functions(&mut target), "atexit 1", "3.{minor}");
         target.send_line("300 3");
         assert_eq!(target.wait_for_line("calls"), "calls f=300 g=900 worker=3");
@@ -171,12 +178,8 @@ fn attached_traces_new_threads_and_raises_exactly_then_unhooks() {
 fn sigkilled_pyprobe_leaves_the_target_running_and_unhooked() {
     for minor in MINORS {
         let Some(py) = pyenv(minor) else { continue };
-        let mut target = Target::spawn(&py, &[&fixture_script("hook_calls.py")]);
-        target.wait_for_line("ready");
-        let pid = target.pid().to_string();
         let out = TempFile::new("hook-kill.pyprobe");
-        let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid]);
-        wait_tool(&mut target, "pyprobe", Duration::from_secs(20));
+        let (mut target, tracer) = attach_hooked(&py, &out);
         target.send_line("100 2");
         assert_eq!(target.wait_for_line("calls"), "calls f=100 g=200 worker=2");
         tracer.signal(libc::SIGKILL);

@@ -276,12 +276,8 @@ fn hook_pyprobe_stopped_for_two_seconds_loses_nothing() {
 fn hook_pyprobe_killed_while_the_target_waits_leaves_it_unharmed_and_unhooked() {
     let _serial = serial();
     for (minor, py) in hook_pythons() {
-        let mut target = Target::spawn(&py, &[&fixture_script("hook_calls.py")]);
-        target.wait_for_line("ready");
-        let pid = target.pid().to_string();
         let out = TempFile::new(&format!("hook-killed-waiting-{minor}.pyprobe"));
-        let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid]);
-        crate::hook::wait_tool(&mut target, "pyprobe", Duration::from_secs(20));
+        let (mut target, tracer) = crate::hook::attach_hooked(&py, &out);
         target.send_line("3000000 1");
         std::thread::sleep(Duration::from_millis(300));
         tracer.signal(libc::SIGSTOP);
@@ -340,6 +336,26 @@ fn cpu_ticks(pid: i32) -> u64 {
     fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
 }
 
+/// Stops pyprobe (SIGSTOP) at a moment when it does not hold the target: right
+/// after the hook is installed pyprobe stops every thread once more to put the
+/// safe point's bytes back, and a SIGSTOP landing then would leave the target
+/// waiting for it. Let go and tried again until the target runs.
+fn stop_with_the_target_running(tracer: &Tracer, target: i32) {
+    for _ in 0..100 {
+        tracer.signal(libc::SIGSTOP);
+        wait_for(Duration::from_secs(5), || {
+            proc_state(tracer.pid()) == Some('T')
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        if proc_state(target) != Some('t') {
+            return;
+        }
+        tracer.signal(libc::SIGCONT);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("pyprobe held the target each time it was stopped");
+}
+
 /// A program that ends while pyprobe is stopped: its last calls are still in the
 /// ring when the interpreter starts freeing its functions and their names. The
 /// hook's exit callback (registered with `atexit`) holds the interpreter until
@@ -349,13 +365,9 @@ fn cpu_ticks(pid: i32) -> u64 {
 fn hook_a_program_ending_while_pyprobe_is_stopped_keeps_its_names() {
     let _serial = serial();
     for (minor, py) in hook_pythons() {
-        let mut target = Target::spawn(&py, &[&fixture_script("hook_calls.py")]);
-        target.wait_for_line("ready");
-        let pid = target.pid().to_string();
         let out = TempFile::new(&format!("hook-ends-stopped-{minor}.pyprobe"));
-        let tracer = Tracer::record(out.path(), &["--mode", "trace", "-p", &pid]);
-        crate::hook::wait_tool(&mut target, "pyprobe", Duration::from_secs(20));
-        tracer.signal(libc::SIGSTOP);
+        let (mut target, tracer) = crate::hook::attach_hooked(&py, &out);
+        stop_with_the_target_running(&tracer, target.pid());
         // No new thread: a thread's start stops for its tracer.
         target.send_line("2000 0");
         assert_eq!(
