@@ -11,13 +11,14 @@ use thiserror::Error;
 
 use crate::ring::codegen::emit_reserve;
 use crate::ring::format::{
-    H_ALIVE, H_HEAD, H_HEARTBEAT, H_STALE, H_TAIL, S_ARGS, S_NARGS, S_PROBE, S_SEQ, S_STRING_MASK,
-    S_TAG, S_THREAD, S_TSC,
+    H_ALIVE, H_FINISHED, H_HEAD, H_HEARTBEAT, H_STALE, S_ARGS, S_NARGS, S_PROBE, S_SEQ,
+    S_STRING_MASK, S_TAG, S_THREAD, S_TSC,
 };
 
 use super::{
-    AT_EXIT_WAIT_MS, KIND_RETURN, STATUS_FAILED, STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_AT_EXIT,
-    ST_AT_EXIT_MODULE, ST_GONE, ST_ON, ST_STATUS, TOOL_ID,
+    AT_EXIT_MAX_TRIES, AT_EXIT_RETRY_EVENTS, AT_EXIT_WAIT_MS, KIND_RETURN, STATUS_FAILED,
+    STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_AT_EXIT, ST_AT_EXIT_MODULE, ST_AT_EXIT_RETRY,
+    ST_AT_EXIT_TRIES, ST_GONE, ST_ON, ST_STATUS, TOOL_ID,
 };
 
 /// `METH_FASTCALL`.
@@ -182,6 +183,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     let mut a = CodeAssembler::new(64)?;
     let mut installer = a.create_label();
     let mut uninstaller = a.create_label();
+    let mut register_exit = a.create_label();
     let mut common = a.create_label();
     let mut off = a.create_label();
     let mut done = a.create_label();
@@ -206,6 +208,11 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.mov(r9, p.state_addr)?;
     a.cmp(qword_ptr(r9 + ST_ON as i32), 0)?;
     a.je(off)?;
+    let mut exit_retry = a.create_label();
+    let mut retried = a.create_label();
+    a.cmp(qword_ptr(r9 + ST_AT_EXIT_RETRY as i32), 0)?;
+    a.jne(exit_retry)?;
+    a.set_label(&mut retried)?;
     // r12 = the code object, r13 = the returned object's type (or 0).
     a.mov(r12, qword_ptr(rsi))?;
     a.xor(r13d, r13d)?;
@@ -276,10 +283,23 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.jne(done)?;
     a.call(uninstaller)?;
     a.jmp(done)?;
+    // A try to register the exit callback is pending: one event nearer; at zero, try
+    // (GIL held: the import may run Python). The event's arguments are kept.
+    a.set_label(&mut exit_retry)?;
+    a.dec(qword_ptr(r9 + ST_AT_EXIT_RETRY as i32))?;
+    a.jnz(retried)?;
+    a.push(rsi)?;
+    a.push(rdx)?;
+    a.call(register_exit)?;
+    a.pop(rdx)?;
+    a.pop(rsi)?;
+    a.jmp(retried)?;
 
     // PyObject *at_exit(PyObject *self, PyObject *unused): the interpreter is
-    // ending; wait until pyprobe has read what was written so far (code objects
-    // still exist now), while it serves the ring, at most AT_EXIT_WAIT_MS.
+    // ending; wait until pyprobe has finished with what was written so far,
+    // the code objects' names read too (they still exist now; finalization frees
+    // them), while it serves the ring, at most AT_EXIT_WAIT_MS. `tail` is not
+    // enough: it moves when records are copied out, before they are named.
     let mut at_exit = a.create_label();
     let mut exit_wait = a.create_label();
     let mut exit_done = a.create_label();
@@ -294,7 +314,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.mov(r12d, AT_EXIT_WAIT_MS)?;
     a.set_label(&mut exit_wait)?;
     a.mov(r9, p.ring_addr)?;
-    a.cmp(qword_ptr(r9 + H_TAIL as i32), rbx)?;
+    a.cmp(qword_ptr(r9 + H_FINISHED as i32), rbx)?;
     a.jae(exit_done)?;
     jump_if_unserved(&mut a, exit_done)?;
     a.dec(r12d)?;
@@ -348,6 +368,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     // atexit.unregister(the exit callback), through the module kept since.
     let mut no_exit = a.create_label();
     a.mov(rax, p.state_addr)?;
+    a.mov(qword_ptr(rax + ST_AT_EXIT_RETRY as i32), 0)?;
     a.mov(r12, qword_ptr(rax + ST_AT_EXIT as i32))?;
     a.test(r12, r12)?;
     a.jz(no_exit)?;
@@ -426,12 +447,42 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.test(rax, rax)?;
     a.jz(fails[4])?;
     decref_rax(&mut a, p)?;
+    // The exit callback first: pyprobe, seeing `status` OK, reads whether it is in.
+    a.call(register_exit)?;
     a.mov(rax, p.state_addr)?;
     a.mov(qword_ptr(rax + ST_STATUS as i32), STATUS_OK as i32)?;
     let mut leave = a.create_label();
-    // atexit.register(the exit callback): optional, a failure is cleared.
+    a.jmp(leave)?;
+    for (k, l) in fails.iter_mut().enumerate() {
+        a.set_label(l)?;
+        call(&mut a, p.symbols.err_clear, &[])?;
+        if k >= 2 {
+            // The tool id was taken: give it back (and whatever was registered).
+            a.call(uninstaller)?;
+        }
+        a.mov(rax, p.state_addr)?;
+        a.mov(
+            qword_ptr(rax + ST_STATUS as i32),
+            (STATUS_FAILED as i32) + k as i32 + 1,
+        )?;
+        a.jmp(leave)?;
+    }
+    a.set_label(&mut leave)?;
+    a.pop(r13)?;
+    a.pop(r12)?;
+    a.pop(rbx)?;
+    a.ret()?;
+
+    // void register_exit(void): atexit.register(the exit callback), GIL held. A
+    // failure is cleared and tried again AT_EXIT_RETRY_EVENTS events later (the
+    // interpreter may still be starting), AT_EXIT_MAX_TRIES times at most.
+    a.set_label(&mut register_exit)?;
+    a.push(rbx)?;
+    a.push(r12)?;
+    a.push(r13)?;
     let mut exit_no_fn = a.create_label();
     let mut exit_no_module = a.create_label();
+    let mut exit_out = a.create_label();
     call(&mut a, p.symbols.import_module, &[Arg::Imm(s_atexit)])?;
     a.test(rax, rax)?;
     a.jz(exit_no_module)?;
@@ -453,29 +504,30 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.mov(rax, p.state_addr)?;
     a.mov(qword_ptr(rax + ST_AT_EXIT as i32), r12)?;
     a.mov(qword_ptr(rax + ST_AT_EXIT_MODULE as i32), rbx)?;
-    a.jmp(leave)?;
+    a.mov(qword_ptr(rax + ST_AT_EXIT_RETRY as i32), 0)?;
+    a.jmp(exit_out)?;
     a.set_label(&mut exit_refused)?;
     call(&mut a, p.symbols.dec_ref, &[Arg::Reg(r12)])?;
     a.set_label(&mut exit_no_fn)?;
     call(&mut a, p.symbols.dec_ref, &[Arg::Reg(rbx)])?;
     a.set_label(&mut exit_no_module)?;
     call(&mut a, p.symbols.err_clear, &[])?;
-    a.jmp(leave)?;
-    for (k, l) in fails.iter_mut().enumerate() {
-        a.set_label(l)?;
-        call(&mut a, p.symbols.err_clear, &[])?;
-        if k >= 2 {
-            // The tool id was taken: give it back (and whatever was registered).
-            a.call(uninstaller)?;
-        }
-        a.mov(rax, p.state_addr)?;
-        a.mov(
-            qword_ptr(rax + ST_STATUS as i32),
-            (STATUS_FAILED as i32) + k as i32 + 1,
-        )?;
-        a.jmp(leave)?;
-    }
-    a.set_label(&mut leave)?;
+    let mut give_up_exit = a.create_label();
+    a.mov(rax, p.state_addr)?;
+    a.inc(qword_ptr(rax + ST_AT_EXIT_TRIES as i32))?;
+    a.cmp(
+        qword_ptr(rax + ST_AT_EXIT_TRIES as i32),
+        AT_EXIT_MAX_TRIES as i32,
+    )?;
+    a.jae(give_up_exit)?;
+    a.mov(
+        qword_ptr(rax + ST_AT_EXIT_RETRY as i32),
+        AT_EXIT_RETRY_EVENTS as i32,
+    )?;
+    a.jmp(exit_out)?;
+    a.set_label(&mut give_up_exit)?;
+    a.mov(qword_ptr(rax + ST_AT_EXIT_RETRY as i32), 0)?;
+    a.set_label(&mut exit_out)?;
     a.pop(r13)?;
     a.pop(r12)?;
     a.pop(rbx)?;

@@ -78,6 +78,16 @@
 //! | [`ST_GONE`] | set by the callback that runs the uninstaller |
 //! | [`ST_AT_EXIT`] | the exit callback's function object, while `atexit` holds it |
 //! | [`ST_AT_EXIT_MODULE`] | the `atexit` module, to unregister it without an import |
+//! | [`ST_AT_EXIT_RETRY`] | events until the next try to register the exit callback (0: none pending) |
+//! | [`ST_AT_EXIT_TRIES`] | failed tries to register it |
+//!
+//! # The exit callback
+//!
+//! Registered with `atexit` by the installer, it holds the ending interpreter
+//! (before finalization frees the code objects) until pyprobe has named what was
+//! written. A program launched by pyprobe is hooked while the interpreter starts:
+//! `import atexit` fails then (importlib is not set up yet), so the callbacks try
+//! again every [`AT_EXIT_RETRY_EVENTS`] events, at most [`AT_EXIT_MAX_TRIES`] times.
 //!
 //! # If pyprobe stops reading
 //!
@@ -118,6 +128,15 @@ pub const ST_GONE: usize = 24;
 pub const ST_AT_EXIT: usize = 32;
 /// The `atexit` module (a reference the hook holds while [`ST_AT_EXIT`] is set).
 pub const ST_AT_EXIT_MODULE: usize = 40;
+/// Events until the next try to register the exit callback (0: none pending:
+/// registered, or given up).
+pub const ST_AT_EXIT_RETRY: usize = 48;
+/// Failed tries to register the exit callback.
+pub const ST_AT_EXIT_TRIES: usize = 56;
+/// Events between two tries to register the exit callback.
+pub const AT_EXIT_RETRY_EVENTS: u32 = 256;
+/// Tries to register the exit callback before the hook gives up on it.
+pub const AT_EXIT_MAX_TRIES: u32 = 64;
 /// Most milliseconds the exit callback waits for pyprobe to read the ring (its
 /// heartbeat going stale ends the wait sooner).
 pub const AT_EXIT_WAIT_MS: u32 = 10_000;

@@ -619,10 +619,82 @@ fn the_uninstaller_unregisters_the_exit_callback_and_a_failed_import_is_no_failu
     assert_eq!(s.get(ST_STATUS), STATUS_OK);
     assert_eq!(s.get(ST_AT_EXIT), 0);
     assert_eq!(log.last().map(String::as_str), Some("PyErr_Clear"));
+    // Tried again later.
+    assert_eq!(
+        (s.get(ST_AT_EXIT_RETRY), s.get(ST_AT_EXIT_TRIES)),
+        (u64::from(AT_EXIT_RETRY_EVENTS), 1)
+    );
+}
+
+/// An exit callback `atexit` could not take at install (a launched interpreter is
+/// still starting) is registered by a later event, which records as any other.
+#[test]
+fn a_failed_exit_registration_is_tried_again_by_later_events_then_given_up() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = Setup::new();
+    *FAIL_IMPORT.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    s.run(s.hook.installer);
+    *FAIL_IMPORT.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    s.set(ST_ON, 1);
+    // Two events to the next try instead of AT_EXIT_RETRY_EVENTS.
+    s.set(ST_AT_EXIT_RETRY, 2);
+    calls();
+    let ret_k = EVENTS_312
+        .iter()
+        .position(|&(_, kind)| kind == KIND_RETURN)
+        .expect("a return event");
+    let obj = [1u64, 0x7777_0000];
+    let code = [0u64, 0, 0xaa00, 0xbb00, 12];
+    let code_addr = code.as_ptr() as u64;
+    s.callback(ret_k, &[code_addr, 10, obj.as_ptr() as u64]);
+    assert!(calls().is_empty(), "not yet");
+    assert_eq!(s.get(ST_AT_EXIT), 0);
+    s.callback(ret_k, &[code_addr, 10, obj.as_ptr() as u64]);
+    assert_eq!(
+        calls(),
+        [
+            "PyImport_ImportModule(atexit)",
+            "PyCFunction_NewEx",
+            "atexit.register(obj)",
+            "Py_DecRef"
+        ]
+    );
+    assert_ne!(s.get(ST_AT_EXIT), 0);
+    assert_eq!(s.get(ST_AT_EXIT_RETRY), 0);
+    // Both events recorded whole: the try kept the callback's arguments.
+    let mut got = Vec::new();
+    s.reader()
+        .drain(10, |r| got.push((r.args[0], r.args[1], r.args[4])));
+    assert_eq!(got, [(code_addr, 0x7777_0000, 12); 2]);
+    s.callback(ret_k, &[code_addr, 10, obj.as_ptr() as u64]);
+    assert!(calls().is_empty(), "registered: no more tries");
+
+    // A registration that keeps failing is given up after AT_EXIT_MAX_TRIES.
+    let mut s = Setup::new();
+    *FAIL_IMPORT.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    s.run(s.hook.installer);
+    s.set(ST_ON, 1);
+    s.set(ST_AT_EXIT_TRIES, u64::from(AT_EXIT_MAX_TRIES) - 1);
+    s.set(ST_AT_EXIT_RETRY, 1);
+    calls();
+    s.callback(0, &[code_addr, 0]);
+    assert_eq!(
+        calls(),
+        ["PyImport_ImportModule(atexit)", "PyErr_Clear"],
+        "the last try"
+    );
+    assert_eq!(
+        (s.get(ST_AT_EXIT_RETRY), s.get(ST_AT_EXIT_TRIES)),
+        (0, u64::from(AT_EXIT_MAX_TRIES))
+    );
+    s.callback(0, &[code_addr, 0]);
+    *FAIL_IMPORT.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    assert!(calls().is_empty(), "given up");
 }
 
 /// The exit callback: at once when `on` is clear or nobody serves the ring; else
-/// asleep until the consumer has read up to the head it found.
+/// asleep until the consumer has finished with the records up to the head it found
+/// (copying them out is not enough).
 #[test]
 fn the_exit_callback_waits_for_pyprobe_to_read_what_was_written() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -652,10 +724,12 @@ fn the_exit_callback_waits_for_pyprobe_to_read_what_was_written() {
         let reader = &mut reader;
         let read = &read;
         scope.spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            read.store(true, std::sync::atomic::Ordering::Release);
+            // Copied out is not done with: the names are read after.
             let drained = reader.drain(100, |_| {});
             assert_eq!(drained.records, 3);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            read.store(true, std::sync::atomic::Ordering::Release);
+            reader.mark_finished();
         });
         let t = std::time::Instant::now();
         at_exit(&s);

@@ -25,6 +25,7 @@
 //! | 1048 | u32 | `sleepers`: producers asleep on `tail` waiting for room (`lock inc`/`lock dec`) |
 //! | 1056 | 2 × i64 | `nap`: the `timespec` a sleeping producer's `futex` wait lasts at most |
 //! | 1072 | u64 | `patience`: TSC cycles an event waits for room at most (`u64::MAX`: as long as the consumer lives) |
+//! | 1080 | u64 | `finished`: every record below this index is done with, what it points at read too (written only by the consumer, after `tail`) |
 //!
 //! `head`, `tail` and `lost` each own a 64-byte cache line so producers
 //! bumping `head` do not bounce the consumer's `tail`. Indices grow forever
@@ -124,6 +125,9 @@ pub const H_STALE: usize = 1040;
 pub const H_SLEEPERS: usize = 1048;
 pub const H_NAP: usize = 1056;
 pub const H_PATIENCE: usize = 1072;
+/// `tail` says a record was copied out; this says pyprobe also read what it
+/// points at (a code object's names): a target about to free those waits on it.
+pub const H_FINISHED: usize = 1080;
 /// How long a sleeping producer's `futex` wait lasts at most before it looks
 /// at the ring (and the consumer's liveness) again.
 pub const NAP_NS: i64 = 1_000_000;

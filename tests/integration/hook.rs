@@ -389,6 +389,9 @@ fn report_shows_the_types_functions_returned_and_how_often_they_raised() {
         for function in ["f", "g"] {
             assert_eq!(seen[function], own[function], "{minor}: {function}: {seen}");
         }
+        // The exit callback is in, though a launched interpreter is hooked while
+        // it starts, when `import atexit` cannot work yet.
+        assert_eq!(own["atexit"], 1, "{minor}: {stderr}");
         // The table says it in one line per function.
         let table = run_pyprobe(&["report", out.path()]);
         let text = String::from_utf8_lossy(&table.stdout);

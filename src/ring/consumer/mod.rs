@@ -168,6 +168,12 @@ impl RingReader {
         self.word(H_HEARTBEAT).store(tsc_now(), Ordering::Release);
     }
 
+    /// Says every record drained so far is done with, what it points at read too
+    /// (a producer about to free that memory waits for it: the hook's exit callback).
+    pub fn mark_finished(&self) {
+        self.word(H_FINISHED).store(self.tail, Ordering::Release);
+    }
+
     /// Says no consumer reads this ring any more: producers stop waiting (the
     /// ones asleep are woken) and drop what does not fit.
     pub fn leave(&self) {

@@ -55,7 +55,7 @@ use nix::sys::ptrace;
 use nix::unistd::Pid;
 
 use crate::hook::{failed_step, Detour, HookCode, KIND_CALL, KIND_RAISE, KIND_RETURN};
-use crate::hook::{STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_ON, ST_STATUS};
+use crate::hook::{STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_AT_EXIT, ST_ON, ST_STATUS};
 use crate::process::memory::ProcessMemory;
 use crate::python::walker::{PyFrame, Walker};
 use crate::ring::RingReader;
@@ -341,9 +341,21 @@ impl Engine {
             let status = h.mem.read_u64(h.state_addr + ST_STATUS as u64).unwrap_or(0);
             if status == STATUS_OK {
                 h.phase = Phase::Installed;
+                let exit_in = h
+                    .mem
+                    .read_u64(h.state_addr + ST_AT_EXIT as u64)
+                    .unwrap_or(0)
+                    != 0;
                 sink(TraceEvent::Detail(format!(
-                    "hook engine in process {pid}: installed after {} ms (sys.monitoring tool 4)",
-                    h.since.elapsed().as_millis()
+                    "hook engine in process {pid}: installed after {} ms (sys.monitoring tool 4); \
+                     its exit callback {}",
+                    h.since.elapsed().as_millis(),
+                    if exit_in {
+                        "registered with atexit"
+                    } else {
+                        "not taken by atexit yet (the interpreter is starting): tried again as \
+                         calls come"
+                    }
                 )));
             } else if status != 0 {
                 h.phase = Phase::Failed;
@@ -514,6 +526,8 @@ impl Engine {
                 stopped: false,
             }));
         }
+        // Named: an ending target's exit callback may let finalization free them now.
+        h.reader.mark_finished();
         sink(TraceEvent::RingDrained { pid });
         if h.returns.due() {
             let rows = h.returns.take_changed();
