@@ -35,7 +35,15 @@ fn gc_collections_are_attributed_to_the_function_that_triggered_them() {
     // mode on 3.9 (the stack rebuilt from calls and returns).
     for (version, mode) in [("3.9", "auto"), ("3.15", "auto"), ("3.9", "trace")] {
         let Some(py) = python(version) else { continue };
-        let (stdout, report) = record_script(&py, &["--mode", mode], "gc_triggers.py", &[]);
+        // The budget off: what is checked is whom a GC's stack names. Over budget
+        // (a loaded machine) auto mode records GCs without their stacks, which
+        // the budget's own tests check.
+        let (stdout, report) = record_script(
+            &py,
+            &["--mode", mode, "--max-overhead", "0"],
+            "gc_triggers.py",
+            &[],
+        );
         let truth: Value = serde_json::from_str(stdout.trim()).unwrap();
         for function in ["alloc_a", "alloc_b"] {
             let attributed: u64 = report["gc"]
