@@ -45,7 +45,7 @@ pub use super::ring::RingUse;
 use children::PendingChild;
 pub use interface::{EngineOptions, Hit, NotTraceable, Outcome, Resolver, ReturnRow, TraceEvent};
 use threads::is_stop_signal;
-pub(in crate::tracer) use threads::{StopKind, Thread, ThreadState};
+pub(in crate::tracer) use threads::{at_syscall_entry, StopKind, Thread, ThreadState};
 
 #[derive(Debug)]
 pub(super) struct Proc {
@@ -456,6 +456,7 @@ impl Engine {
                     },
                 );
                 self.check_awaited_object(tid, sink);
+                self.hook_at_syscall(tid, holding, sink);
                 self.resume_or_hold(tid, None, StopKind::InSyscall, holding);
             }
             WaitStatus::PtraceEvent(pid, sig, event) => {

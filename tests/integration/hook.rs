@@ -95,7 +95,6 @@ fn launched_counts_match_the_programs_own() {
             &py_s,
             &script,
             "3",
-            "--after-hook",
         ]);
         let stderr = String::from_utf8_lossy(&run.stderr);
         assert!(run.status.success(), "{minor}: {stderr}");
@@ -371,9 +370,6 @@ fn report_shows_the_types_functions_returned_and_how_often_they_raised() {
             &py_s,
             &script,
             "2000",
-            // A launched program's hook comes in by polling: on a loaded machine a
-            // program this short could be over first (said in the docs).
-            "--after-hook",
         ]);
         let stderr = String::from_utf8_lossy(&run.stderr);
         assert!(run.status.success(), "{minor}: {stderr}");

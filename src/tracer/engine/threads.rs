@@ -65,7 +65,7 @@ pub(super) fn is_stop_signal(sig: Signal) -> bool {
 }
 
 /// Whether `tid` is stopped at the entry of a system call (PTRACE_GET_SYSCALL_INFO).
-pub(super) fn at_syscall_entry(tid: i32) -> bool {
+pub(in crate::tracer) fn at_syscall_entry(tid: i32) -> bool {
     const PTRACE_GET_SYSCALL_INFO: libc::c_uint = 0x420e;
     const PTRACE_SYSCALL_INFO_ENTRY: u8 = 1;
     let mut info = [0u8; 88];
@@ -126,8 +126,14 @@ impl Engine {
             .get(&tid)
             .and_then(|t| self.procs.get(&t.tgid))
             .is_some_and(|p| p.awaiting_object);
+        let hook_awaits = self
+            .threads
+            .get(&tid)
+            .is_some_and(|t| self.hook_awaits(t.tgid));
         let pid = Pid::from_raw(tid);
-        let _ = if awaiting {
+        // Stops at system calls: the interpreter's object, or its thread state for
+        // the hook, is looked for at each.
+        let _ = if awaiting || hook_awaits {
             ptrace::syscall(pid, signal)
         } else {
             ptrace::cont(pid, signal)

@@ -8,6 +8,8 @@
 //!   detour and the eval breaker is raised. The next thread to check the breaker
 //!   runs the installer there, with the GIL held. `sys.monitoring` events are
 //!   interpreter-wide, so threads started later are covered with no more work.
+//! * **A launched program** (`launched`): the hook goes in at the first system-call
+//!   stop after the interpreter has a thread state, before the script runs.
 //! * **Watching**: each turn of the event loop reads the state page's `status`.
 //!   Installed (or failed): every thread is stopped, the entry's bytes put back.
 //!   Still waiting: the breaker is raised again every [`RAISE_EVERY`] (threads
@@ -41,6 +43,7 @@
 //! * **fork**: the state page is `MADV_WIPEONFORK` and the ring `MADV_DONTFORK`: a
 //!   child's callbacks find `on` clear and unregister without touching any ring.
 
+mod launched;
 mod returns;
 mod setup;
 
@@ -65,6 +68,7 @@ use crate::tracer::engine::{Engine, Hit, TraceEvent};
 use crate::tracer::ring::tsc::TscClock;
 use crate::tracer::ring::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
 
+use launched::Awaiting;
 use returns::{ReturnTable, TypeNames};
 pub use setup::refusal;
 use setup::Breaker;
@@ -76,8 +80,6 @@ const RAISE_EVERY: Duration = Duration::from_millis(10);
 const RAISE_SLOWLY: Duration = Duration::from_secs(1);
 /// Said once when the installer has not run after this long.
 const SLOW_AFTER: Duration = Duration::from_secs(2);
-/// A launched interpreter is looked for this often until it runs Python code.
-const AWAIT_EVERY: Duration = Duration::from_millis(1);
 /// Records taken per drain.
 const BATCH: usize = 1024;
 /// The name of a code object freed before pyprobe could read it.
@@ -134,8 +136,8 @@ pub(in crate::tracer) struct HookProc {
 #[derive(Default)]
 pub(in crate::tracer) struct HookBook {
     procs: HashMap<i32, HookProc>,
-    /// Launched processes whose interpreter is not running Python yet: next look.
-    awaiting: HashMap<i32, Instant>,
+    /// Launched processes whose interpreter has no thread state yet.
+    awaiting: HashMap<i32, Awaiting>,
 }
 
 impl Engine {
@@ -146,7 +148,7 @@ impl Engine {
 
     /// After the probes of `pid` were installed: the hook too, if its probe set asks.
     /// `starting`: the interpreter is not initialised yet; it is installed once it
-    /// runs Python code.
+    /// has a thread state (see `launched`).
     pub(in crate::tracer) fn hook_installed(
         &mut self,
         pid: i32,
@@ -161,7 +163,7 @@ impl Engine {
             return Ok(());
         }
         if starting {
-            self.hook_book.awaiting.insert(pid, Instant::now());
+            self.hook_book.awaiting.insert(pid, Awaiting::new());
             return Ok(());
         }
         let tid = match clean {
@@ -177,7 +179,12 @@ impl Engine {
         self.hook_install(pid, tid, sink)
     }
 
-    fn hook_install(&mut self, pid: i32, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+    pub(super) fn hook_install(
+        &mut self,
+        pid: i32,
+        tid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<()> {
         let mut rips = Vec::new();
         let mut fs_tids = FxHashMap::default();
         for (&t, thread) in &self.threads {
@@ -262,47 +269,12 @@ impl Engine {
         drained
     }
 
-    /// Launched processes: once the interpreter has a thread state, install. No
-    /// bytecode runs before `sys` (and `sys.monitoring`) exists, and the installer
-    /// runs only from the eval loop, at the next check of the breaker once installed.
-    /// The thread state is looked for every [`AWAIT_EVERY`] while the target runs:
-    /// a pyprobe kept off the CPU finds it late, and the Python run meanwhile
-    /// (start-up imports, or all of a very short script) is not traced.
-    fn hook_await(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
-        let now = Instant::now();
-        let due: Vec<i32> = self
-            .hook_book
-            .awaiting
-            .iter()
-            .filter(|(_, &at)| at <= now)
-            .map(|(&p, _)| p)
-            .collect();
-        for pid in due {
-            let ready = Walker::attach(pid)
-                .ok()
-                .and_then(|mut w| w.thread_state_addrs().ok())
-                .is_some_and(|t| !t.is_empty());
-            if !ready {
-                self.hook_book.awaiting.insert(pid, now + AWAIT_EVERY);
-                continue;
-            }
-            self.hook_book.awaiting.remove(&pid);
-            let result =
-                self.stop_all_running(sink)
-                    .and_then(|()| match self.clean_thread(pid, sink) {
-                        Some(tid) => self.hook_install(pid, tid, sink),
-                        None => anyhow::bail!(
-                            "no thread of it is at a stop where the hook can be put in"
-                        ),
-                    });
-            self.resume_all();
-            if let Err(e) = result {
-                self.hook_failed(pid, e, sink);
-            }
-        }
-    }
-
-    fn hook_failed(&mut self, pid: i32, e: anyhow::Error, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(super) fn hook_failed(
+        &mut self,
+        pid: i32,
+        e: anyhow::Error,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
         if e.downcast_ref::<crate::tracer::NotTraceable>().is_some() {
             self.fatal.get_or_insert(e);
         } else {

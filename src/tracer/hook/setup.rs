@@ -91,6 +91,30 @@ pub fn refusal(version: PyVersion) -> Option<String> {
     ))
 }
 
+/// Whether the interpreter `walker` reads is far enough into its start for the
+/// hook (a launched process): it has a thread state, and on 3.12 its GIL (which
+/// [`install`] checks the interpreter's layout by).
+pub fn ready(walker: &mut Walker, mem: &ProcessMemory) -> bool {
+    let Some(first) = walker
+        .thread_state_addrs()
+        .ok()
+        .and_then(|t| t.first().copied())
+    else {
+        return false;
+    };
+    walker.version().minor != 12 || ceval_312(mem, first).is_ok_and(|(gil, _)| gil != 0)
+}
+
+/// 3.12: the interpreter's `ceval.gil` pointer and `ceval.eval_breaker`, through
+/// thread state `tstate`.
+fn ceval_312(mem: &ProcessMemory, tstate: u64) -> Result<(u64, u32)> {
+    let interp = mem.read_u64(tstate + TSTATE_INTERP)?;
+    // The walker's offsets say where ceval.gil is; it points at a GIL.
+    let gil = mem.read_u64(interp + CEVAL_GIL_312)?;
+    let eb = mem.read_u64(interp + EVAL_BREAKER_312)? as u32;
+    Ok((gil, eb))
+}
+
 /// Installs the hook in `pid` (every thread stopped, `tid` at a clean stop; `rips`:
 /// every thread's instruction pointer).
 pub fn install(
@@ -146,10 +170,7 @@ pub fn install(
     };
     let breaker = match version.minor {
         12 => {
-            let interp = mem.read_u64(tstates[0] + TSTATE_INTERP)?;
-            // The walker's offsets say where ceval.gil is; it points at a GIL.
-            let gil = mem.read_u64(interp + CEVAL_GIL_312)?;
-            let eb = mem.read_u64(interp + EVAL_BREAKER_312)? as u32;
+            let (gil, eb) = ceval_312(mem, tstates[0])?;
             if gil == 0 || eb > 0xff {
                 bail!(
                     "CPython {version}: its interpreter state does not have the 3.12 layout the hook \
