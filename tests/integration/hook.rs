@@ -354,6 +354,49 @@ fn return_types_in_file(report: &serde_json::Value, file_suffix: &str) -> serde_
     out.into()
 }
 
+/// A program that execs itself is hooked again in its new image: the calls made after
+/// `exec` count as exactly as those before (the old image's hook went with it).
+#[test]
+fn an_exec_is_hooked_afresh_and_every_call_counts() {
+    for (minor, py) in hook_interpreters() {
+        let out = TempFile::new("hook-exec.pyprobe");
+        let py_s = py.display().to_string();
+        let script = fixture_script("faults.py");
+        let run = run_pyprobe(&[
+            "record",
+            "--mode",
+            "trace",
+            "-o",
+            out.path(),
+            "--",
+            &py_s,
+            &script,
+            "script",
+            "0",
+        ]);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{minor}: {stderr}");
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        assert!(stdout.contains("exec-child fib 233"), "{minor}: {stdout}");
+        let calls = calls_in_file(&report_json(out.path()), "faults.py");
+        // Before the exec: fib(16), and fib(5) in 200 threads and once more; after
+        // it, fib(13). The forked child unhooks itself and counts nothing.
+        let fib = |n: u64| {
+            2 * [
+                0u64, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987, 1597,
+            ][n as usize + 1]
+                - 1
+        };
+        assert_eq!(
+            calls.get("fib"),
+            Some(&(fib(16) + 201 * fib(5) + fib(13))),
+            "{minor}: {calls:?}"
+        );
+        assert_eq!(calls.get("exec_child"), Some(&1), "{minor}: {calls:?}");
+        assert_eq!(calls.get("leaf"), Some(&(201 * 20)), "{minor}: {calls:?}");
+    }
+}
+
 #[test]
 fn report_shows_the_types_functions_returned_and_how_often_they_raised() {
     for (minor, py) in hook_interpreters() {

@@ -92,6 +92,8 @@ impl Engine {
         if let Some(old) = self.procs.get_mut(&tgid) {
             old.patches.forget();
         }
+        // The old image's hook went with it; the new one is hooked once its probes are.
+        self.hook_image_gone(tgid, sink);
         if let Some(g) = self.guardian.as_mut() {
             let _ = g.tell(Op::Forget, tgid, 0);
         }

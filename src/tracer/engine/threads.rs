@@ -184,6 +184,7 @@ impl Engine {
                 }
             }
             self.procs.remove(&tid);
+            self.hook_image_gone(tid, sink);
             if let Some(g) = self.guardian.as_mut() {
                 let _ = g.tell(Op::Forget, tid, 0);
             }

@@ -130,6 +130,9 @@ pub(in crate::tracer) struct HookProc {
     /// What functions returned, by type.
     returns: ReturnTable,
     lost_reported: u64,
+    /// The process's memory is no longer the image its records point into (it
+    /// exec'd or exited): records are named from `named` only.
+    image_gone: bool,
 }
 
 /// The hook engine's state in the engine.
@@ -238,6 +241,7 @@ impl Engine {
                 shadow: FxHashMap::default(),
                 returns: ReturnTable::default(),
                 lost_reported: 0,
+                image_gone: false,
             },
         );
         Ok(())
@@ -429,10 +433,13 @@ impl Engine {
                     let walker = &mut h.walker;
                     let mem = &h.mem;
                     let named = &mut h.named;
+                    let image_gone = h.image_gone;
                     h.names
                         .entry(parts)
                         .or_insert_with(|| {
-                            let frame = name_code(walker, mem, parts)
+                            let frame = (!image_gone)
+                                .then(|| name_code(walker, mem, parts))
+                                .flatten()
                                 .or_else(|| named.get(&parts).cloned());
                             if let Some(f) = &frame {
                                 if named.len() >= MAX_NAMED {
@@ -462,6 +469,7 @@ impl Engine {
             if kind != KIND_CALL {
                 let returned = match kind {
                     KIND_RAISE => None,
+                    _ if h.image_gone => Some(h.types.cached(ty)),
                     _ => Some(h.types.name(&h.mem, ty)),
                 };
                 h.returns
@@ -549,18 +557,43 @@ impl Engine {
                         h.hook.bytes.len()
                     )));
                 }
-                let mut returns = h.returns;
-                let rows = returns.take_changed();
-                if !rows.is_empty() {
-                    sink(TraceEvent::ReturnTypes {
-                        pid,
-                        ts_ns: monotonic_ns(),
-                        rows: &rows,
-                    });
-                }
+                flush_return_types(pid, h, sink);
             }
         }
         self.hook_book.awaiting.clear();
+    }
+
+    /// The image of `pid` is gone (it exec'd, or its leader exited): what its ring
+    /// still holds is read (named from what was named before: the memory is no
+    /// longer the image the records point into), its last return-type totals go
+    /// out, and its ring mapping is dropped. A new image is hooked afresh.
+    pub(in crate::tracer) fn hook_image_gone(
+        &mut self,
+        pid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
+        self.hook_book.awaiting.remove(&pid);
+        let Some(h) = self.hook_book.procs.get_mut(&pid) else {
+            return;
+        };
+        h.image_gone = true;
+        while self.drain_hook_of(pid, sink) > 0 {}
+        if let Some(h) = self.hook_book.procs.remove(&pid) {
+            flush_return_types(pid, h, sink);
+        }
+    }
+}
+
+/// The last return-type totals of a hook that is done with.
+fn flush_return_types(pid: i32, h: HookProc, sink: &mut dyn FnMut(TraceEvent)) {
+    let mut returns = h.returns;
+    let rows = returns.take_changed();
+    if !rows.is_empty() {
+        sink(TraceEvent::ReturnTypes {
+            pid,
+            ts_ns: monotonic_ns(),
+            rows: &rows,
+        });
     }
 }
 

@@ -41,6 +41,14 @@ impl TypeNames {
         self.checked.clear();
     }
 
+    /// The name last read for type object `ty`, without reading ("?" when none
+    /// was): the process's memory is no longer the image it lived in.
+    pub(super) fn cached(&self, ty: u64) -> Arc<str> {
+        self.known
+            .get(&ty)
+            .map_or_else(|| "?".into(), |(_, name)| name.clone())
+    }
+
     /// The name of type object `ty` ("?" when it cannot be read).
     pub(super) fn name(&mut self, mem: &ProcessMemory, ty: u64) -> Arc<str> {
         if self.checked.contains(&ty) {
