@@ -5,7 +5,7 @@
 //! pyprobe SIGKILLed with the hook installed leaves the target running, correct, and
 //! unhooked (the target itself sees sys.monitoring tool 4 free again).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
@@ -79,33 +79,48 @@ pub(crate) fn wait_tool(target: &mut Target, want: &str, limit: Duration) -> usi
     }
 }
 
+/// `pyprobe record --mode trace -o OUT -- COMMAND`, which must succeed: the
+/// program's stdout and pyprobe's stderr.
+fn trace_launched(minor: &str, out: &TempFile, command: &[&str]) -> (String, String) {
+    let mut argv = vec!["record", "--mode", "trace", "-o", out.path(), "--"];
+    argv.extend_from_slice(command);
+    let run = run_pyprobe(&argv);
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(run.status.success(), "{minor}: {stderr}");
+    (String::from_utf8_lossy(&run.stdout).into_owned(), stderr)
+}
+
+/// `PY fixtures/python/SCRIPT ARGS` under [`trace_launched`].
+fn trace_fixture(
+    minor: &str,
+    py: &Path,
+    out: &TempFile,
+    script: &str,
+    args: &[&str],
+) -> (String, String) {
+    let py = py.display().to_string();
+    let script = fixture_script(script);
+    let mut command = vec![py.as_str(), script.as_str()];
+    command.extend_from_slice(args);
+    trace_launched(minor, out, &command)
+}
+
+/// The first line of `stdout` that is a JSON object: a fixture's own counts.
+fn json_line(stdout: &str) -> serde_json::Value {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .expect("the program's counts");
+    serde_json::from_str(line).expect("JSON counts")
+}
+
 #[test]
 fn launched_counts_match_the_programs_own() {
     for (minor, py) in hook_interpreters() {
         let out = TempFile::new("hook-launch.pyprobe");
-        let py_s = py.display().to_string();
-        let script = fixture_script("count_calls.py");
-        let run = run_pyprobe(&[
-            "record",
-            "--mode",
-            "trace",
-            "-o",
-            out.path(),
-            "--",
-            &py_s,
-            &script,
-            "3",
-        ]);
-        let stderr = String::from_utf8_lossy(&run.stderr);
-        assert!(run.status.success(), "{minor}: {stderr}");
+        let (stdout, stderr) = trace_fixture(&minor, &py, &out, "count_calls.py", &["3"]);
         assert!(stderr.contains("engine hook"), "{minor}: {stderr}");
-        let own: serde_json::Value = serde_json::from_slice(
-            run.stdout
-                .split(|&b| b == b'\n')
-                .find(|l| l.starts_with(b"{"))
-                .expect("the program's counts"),
-        )
-        .expect("JSON counts");
+        let own = json_line(&stdout);
         let report = report_json(out.path());
         let traced = calls_in_file(&report, "count_calls.py");
         if minor.starts_with("Debian") {
@@ -312,23 +327,8 @@ fn the_targets_own_cprofile_counts_the_same_traced_or_not() {
         assert_eq!(own.trim(), "fib [1973]", "3.{minor}");
         let out = TempFile::new("hook-cprofile.pyprobe");
         let py_s = py.display().to_string();
-        let run = run_pyprobe(&[
-            "record",
-            "--mode",
-            "trace",
-            "-o",
-            out.path(),
-            "--",
-            &py_s,
-            "-c",
-            script,
-        ]);
-        assert!(
-            run.status.success(),
-            "3.{minor}: {}",
-            String::from_utf8_lossy(&run.stderr)
-        );
-        assert_eq!(String::from_utf8_lossy(&run.stdout), own, "3.{minor}");
+        let (stdout, _) = trace_launched(&format!("3.{minor}"), &out, &[&py_s, "-c", script]);
+        assert_eq!(stdout, own, "3.{minor}");
         let calls = calls_in_file(&report_json(out.path()), "<string>");
         assert_eq!(calls.get("fib"), Some(&1973), "3.{minor}: {calls:?}");
     }
@@ -360,23 +360,7 @@ fn return_types_in_file(report: &serde_json::Value, file_suffix: &str) -> serde_
 fn an_exec_is_hooked_afresh_and_every_call_counts() {
     for (minor, py) in hook_interpreters() {
         let out = TempFile::new("hook-exec.pyprobe");
-        let py_s = py.display().to_string();
-        let script = fixture_script("faults.py");
-        let run = run_pyprobe(&[
-            "record",
-            "--mode",
-            "trace",
-            "-o",
-            out.path(),
-            "--",
-            &py_s,
-            &script,
-            "script",
-            "0",
-        ]);
-        let stderr = String::from_utf8_lossy(&run.stderr);
-        assert!(run.status.success(), "{minor}: {stderr}");
-        let stdout = String::from_utf8_lossy(&run.stdout);
+        let (stdout, _) = trace_fixture(&minor, &py, &out, "faults.py", &["script", "0"]);
         assert!(stdout.contains("exec-child fib 233"), "{minor}: {stdout}");
         let calls = calls_in_file(&report_json(out.path()), "faults.py");
         // Before the exec: fib(16), and fib(5) in 200 threads and once more; after
@@ -401,28 +385,8 @@ fn an_exec_is_hooked_afresh_and_every_call_counts() {
 fn report_shows_the_types_functions_returned_and_how_often_they_raised() {
     for (minor, py) in hook_interpreters() {
         let out = TempFile::new("hook-return-types.pyprobe");
-        let py_s = py.display().to_string();
-        let script = fixture_script("return_types.py");
-        let run = run_pyprobe(&[
-            "record",
-            "--mode",
-            "trace",
-            "-o",
-            out.path(),
-            "--",
-            &py_s,
-            &script,
-            "2000",
-        ]);
-        let stderr = String::from_utf8_lossy(&run.stderr);
-        assert!(run.status.success(), "{minor}: {stderr}");
-        let own: serde_json::Value = serde_json::from_slice(
-            run.stdout
-                .split(|&b| b == b'\n')
-                .find(|l| l.starts_with(b"{"))
-                .expect("the program's counts"),
-        )
-        .expect("JSON counts");
+        let (stdout, stderr) = trace_fixture(&minor, &py, &out, "return_types.py", &["2000"]);
+        let own = json_line(&stdout);
         let report = report_json(out.path());
         let seen = return_types_in_file(&report, "return_types.py");
         for function in ["f", "g"] {
