@@ -158,6 +158,10 @@ impl<'a> Recorder<'a> {
     /// One event of the engine's loop.
     pub fn on_event(&mut self, event: TraceEvent) {
         let verbose = self.settings.request.verbose;
+        // A record drained from a ring or a hook comes in a batch that ends with
+        // `RingDrained`: the clock is read and the status updated then, not per
+        // record (a clock read costs as much as writing the event).
+        let in_batch = matches!(&event, TraceEvent::Hit(hit) if !hit.stopped);
         let builder = &mut self.builder;
         match event {
             TraceEvent::Hit(hit) => self.on_hit(hit),
@@ -239,6 +243,9 @@ impl<'a> Recorder<'a> {
                 on_cpu,
                 stopped,
             } => self.on_tick(pid, ts_ns, &on_cpu, stopped),
+        }
+        if in_batch {
+            return;
         }
         self.builder.rotate_periods(monotonic_ns());
         self.status.update(
