@@ -82,21 +82,48 @@ impl TypeNames {
     }
 }
 
+/// A key by the addresses of its names (`Arc::as_ptr`): file, function, first line,
+/// returned type (0 for raised).
+type FastKey = (usize, usize, u32, usize);
+
+/// Most fast keys kept (names re-made by the caches make new ones).
+const MAX_FAST: usize = 1 << 16;
+
+/// One (function, type) row: its running total, and whether it changed since it
+/// was last handed on.
+struct Row {
+    key: Key,
+    total: u64,
+    changed: bool,
+}
+
 /// Counts per (function, type) and which changed since they were last handed on.
+///
+/// A return is counted through a key of its names' addresses (no string hashed),
+/// which leads to the row of their text: two copies of one name share a row. Each
+/// fast entry holds its names, so an address cannot name other text while it stands.
 pub(super) struct ReturnTable {
-    counts: FxHashMap<Key, u64>,
-    changed: FxHashSet<Key>,
+    fast: FxHashMap<FastKey, (usize, Key)>,
+    by_text: FxHashMap<Key, usize>,
+    rows: Vec<Row>,
+    changed: Vec<usize>,
     flushed: Instant,
 }
 
 impl Default for ReturnTable {
     fn default() -> Self {
         ReturnTable {
-            counts: FxHashMap::default(),
-            changed: FxHashSet::default(),
+            fast: FxHashMap::default(),
+            by_text: FxHashMap::default(),
+            rows: Vec::new(),
+            changed: Vec::new(),
             flushed: Instant::now(),
         }
     }
+}
+
+fn address(s: &Arc<str>) -> usize {
+    Arc::as_ptr(s) as *const u8 as usize
 }
 
 impl ReturnTable {
@@ -108,9 +135,38 @@ impl ReturnTable {
         first_line: u32,
         returned: Option<Arc<str>>,
     ) {
-        let key = (file.clone(), function.clone(), first_line, returned);
-        *self.counts.entry(key.clone()).or_insert(0) += 1;
-        self.changed.insert(key);
+        let fast_key = (
+            address(file),
+            address(function),
+            first_line,
+            returned.as_ref().map_or(0, address),
+        );
+        let row = match self.fast.get(&fast_key) {
+            Some(&(row, _)) => row,
+            None => {
+                let key = (file.clone(), function.clone(), first_line, returned);
+                let rows = &mut self.rows;
+                let row = *self.by_text.entry(key.clone()).or_insert_with(|| {
+                    rows.push(Row {
+                        key: key.clone(),
+                        total: 0,
+                        changed: false,
+                    });
+                    rows.len() - 1
+                });
+                if self.fast.len() >= MAX_FAST {
+                    self.fast.clear();
+                }
+                self.fast.insert(fast_key, (row, key));
+                row
+            }
+        };
+        let r = &mut self.rows[row];
+        r.total += 1;
+        if !r.changed {
+            r.changed = true;
+            self.changed.push(row);
+        }
     }
 
     /// Whether changed rows wait and it is time to hand them on.
@@ -123,16 +179,17 @@ impl ReturnTable {
         self.flushed = Instant::now();
         let mut rows: Vec<ReturnRow> = self
             .changed
-            .drain()
-            .map(|key| {
-                let total = self.counts.get(&key).copied().unwrap_or(0);
-                let (file, function, first_line, returned) = key;
+            .drain(..)
+            .map(|i| {
+                let row = &mut self.rows[i];
+                row.changed = false;
+                let (file, function, first_line, returned) = row.key.clone();
                 ReturnRow {
                     file,
                     function,
                     first_line,
                     returned,
-                    total,
+                    total: row.total,
                 }
             })
             .collect();
@@ -145,5 +202,49 @@ impl ReturnTable {
             ))
         });
         rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(text: &str) -> Arc<str> {
+        text.into()
+    }
+
+    #[test]
+    fn totals_run_per_text_and_only_changed_rows_are_handed_on() {
+        let mut t = ReturnTable::default();
+        let (file, f) = (s("a.py"), s("f"));
+        let (list, tuple) = (s("list"), s("tuple"));
+        for _ in 0..3 {
+            t.count(&file, &f, 1, Some(list.clone()));
+        }
+        // Other copies of the same names: the same row.
+        t.count(&s("a.py"), &s("f"), 1, Some(s("list")));
+        t.count(&file, &f, 1, Some(tuple.clone()));
+        t.count(&file, &f, 1, None);
+        // Another first line is another function.
+        t.count(&file, &f, 9, Some(list.clone()));
+        let rows: Vec<(u32, Option<String>, u64)> = t
+            .take_changed()
+            .into_iter()
+            .map(|r| (r.first_line, r.returned.map(|t| t.to_string()), r.total))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (1, None, 1),
+                (1, Some("list".into()), 4),
+                (1, Some("tuple".into()), 1),
+                (9, Some("list".into()), 1)
+            ]
+        );
+        assert!(t.take_changed().is_empty(), "nothing changed since");
+        t.count(&file, &f, 1, Some(list));
+        let rows = t.take_changed();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].total, 5, "a running total");
     }
 }
