@@ -121,19 +121,13 @@ impl Engine {
                 return;
             }
         }
-        let awaiting = self
-            .threads
-            .get(&tid)
-            .and_then(|t| self.procs.get(&t.tgid))
-            .is_some_and(|p| p.awaiting_object);
-        let hook_awaits = self
-            .threads
-            .get(&tid)
-            .is_some_and(|t| self.hook_awaits(t.tgid));
-        let pid = Pid::from_raw(tid);
         // Stops at system calls: the interpreter's object, or its thread state for
         // the hook, is looked for at each.
-        let _ = if awaiting || hook_awaits {
+        let at_syscalls = self.threads.get(&tid).is_some_and(|t| {
+            self.procs.get(&t.tgid).is_some_and(|p| p.awaiting_object) || self.hook_awaits(t.tgid)
+        });
+        let pid = Pid::from_raw(tid);
+        let _ = if at_syscalls {
             ptrace::syscall(pid, signal)
         } else {
             ptrace::cont(pid, signal)
@@ -191,6 +185,13 @@ impl Engine {
             // Exited leader: the rest of its threads are gone with it.
             self.threads.retain(|_, t| t.tgid != tid);
         }
+    }
+    /// Whether pyprobe holds every thread of process `pid` stopped.
+    pub(in crate::tracer) fn all_threads_held(&self, pid: i32) -> bool {
+        self.threads
+            .values()
+            .filter(|t| t.tgid == pid)
+            .all(|t| matches!(t.state, ThreadState::Stopped { .. }))
     }
     /// A thread of `pid` held at a stop where a system call can be injected (see
     /// `inject`): one already there, else one brought there from a stop inside a

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::process::memory::ProcessMemory;
 use crate::python::walker::Walker;
-use crate::tracer::engine::{at_syscall_entry, Engine, ThreadState, TraceEvent};
+use crate::tracer::engine::{at_syscall_entry, Engine, TraceEvent};
 
 /// A launched interpreter is looked for this often while it runs.
 const AWAIT_EVERY: Duration = Duration::from_millis(1);
@@ -83,12 +83,7 @@ impl Engine {
         }
         // Other threads running (an embedding program's own): the look while the
         // target runs stops them all first.
-        let all_held = self
-            .threads
-            .values()
-            .filter(|t| t.tgid == pid)
-            .all(|t| matches!(t.state, ThreadState::Stopped { .. }));
-        if !all_held {
+        if !self.all_threads_held(pid) {
             return;
         }
         let started = self
@@ -99,14 +94,8 @@ impl Engine {
         if !started {
             return;
         }
-        self.hook_book.awaiting.remove(&pid);
-        let result = match self.clean_thread(pid, sink) {
-            Some(clean) => self.hook_install(pid, clean, sink),
-            None => Err(anyhow::anyhow!(
-                "no thread of it is at a stop where the hook can be put in"
-            )),
-        };
-        if let Err(e) = result {
+        let walker = self.hook_book.awaiting.remove(&pid).and_then(|a| a.walker);
+        if let Err(e) = self.hook_install_at_clean_thread(pid, walker, sink) {
             self.hook_failed(pid, e, sink);
         }
     }
@@ -131,19 +120,28 @@ impl Engine {
                 awaiting.next_look = now + AWAIT_EVERY;
                 continue;
             }
-            self.hook_book.awaiting.remove(&pid);
-            let result =
-                self.stop_all_running(sink)
-                    .and_then(|()| match self.clean_thread(pid, sink) {
-                        Some(tid) => self.hook_install(pid, tid, sink),
-                        None => anyhow::bail!(
-                            "no thread of it is at a stop where the hook can be put in"
-                        ),
-                    });
+            let walker = self.hook_book.awaiting.remove(&pid).and_then(|a| a.walker);
+            let result = self
+                .stop_all_running(sink)
+                .and_then(|()| self.hook_install_at_clean_thread(pid, walker, sink));
             self.resume_all();
             if let Err(e) = result {
                 self.hook_failed(pid, e, sink);
             }
+        }
+    }
+
+    /// Installs the hook of `pid` (every thread of it held) through a thread at a
+    /// stop where system calls can be injected, with the walker that saw it ready.
+    fn hook_install_at_clean_thread(
+        &mut self,
+        pid: i32,
+        walker: Option<Walker>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> anyhow::Result<()> {
+        match self.clean_thread(pid, sink) {
+            Some(tid) => self.hook_install(pid, tid, walker, sink),
+            None => anyhow::bail!("no thread of it is at a stop where the hook can be put in"),
         }
     }
 }

@@ -179,13 +179,16 @@ impl Engine {
                  system calls)"
             );
         };
-        self.hook_install(pid, tid, sink)
+        self.hook_install(pid, tid, None, sink)
     }
 
+    /// Installs the hook of `pid` through thread `tid` (`walker`: one already
+    /// attached to the process, if any).
     pub(super) fn hook_install(
         &mut self,
         pid: i32,
         tid: i32,
+        walker: Option<Walker>,
         sink: &mut dyn FnMut(TraceEvent),
     ) -> Result<()> {
         let mut rips = Vec::new();
@@ -200,7 +203,7 @@ impl Engine {
             fs_tids.insert(regs.fs_base, t);
         }
         let mut mem = ProcessMemory::new(pid);
-        let installed = setup::install(pid, tid, &mut mem, &rips, self.guardian.as_mut())?;
+        let installed = setup::install(pid, tid, &mut mem, &rips, walker, self.guardian.as_mut())?;
         let tsc = self.ring_book.tsc.get_or_insert_with(TscClock::calibrate);
         // Served as the SDT rings are (every thread still stopped, so before any
         // callback runs): a full ring is waited on while pyprobe lives, except that

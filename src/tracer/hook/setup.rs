@@ -116,15 +116,19 @@ fn ceval_312(mem: &ProcessMemory, tstate: u64) -> Result<(u64, u32)> {
 }
 
 /// Installs the hook in `pid` (every thread stopped, `tid` at a clean stop; `rips`:
-/// every thread's instruction pointer).
+/// every thread's instruction pointer; `walker`: one already attached to it, if any).
 pub fn install(
     pid: i32,
     tid: i32,
     mem: &mut ProcessMemory,
     rips: &[u64],
+    walker: Option<Walker>,
     guard: Option<&mut Guardian>,
 ) -> Result<Installed> {
-    let mut walker = Walker::attach(pid)?;
+    let mut walker = match walker {
+        Some(w) => w,
+        None => Walker::attach(pid)?,
+    };
     let version = walker.version();
     if let Some(why) = refusal(version) {
         return Err(NotTraceable(why).into());

@@ -18,7 +18,7 @@ use crate::recording::ThinLevel;
 use crate::ring::format::H_ALIVE;
 use crate::ring::DrainStop;
 use crate::tracer::clock::monotonic_ns;
-use crate::tracer::engine::{Engine, Proc, ThreadState, TraceEvent};
+use crate::tracer::engine::{Engine, Proc, TraceEvent};
 use crate::tracer::guardian::Op;
 
 /// Ring state the engine keeps besides each process's [`RingProc`].
@@ -58,13 +58,8 @@ impl Engine {
         if self.options.ring == RingUse::Off || !has_sites {
             return Ok(());
         }
-        let all_stopped = self
-            .threads
-            .values()
-            .filter(|t| t.tgid == pid)
-            .all(|t| matches!(t.state, ThreadState::Stopped { .. }));
         match clean_stop {
-            Some(tid) if all_stopped => self.ring_upgrade(pid, tid, sink),
+            Some(tid) if self.all_threads_held(pid) => self.ring_upgrade(pid, tid, sink),
             _ => {
                 if let Some(proc) = self.procs.get_mut(&pid) {
                     proc.ring_pending = true;
