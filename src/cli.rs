@@ -156,9 +156,10 @@ pub struct RecordArgs {
     /// mapped in the target, unused: a signal handler could still return into one.
     /// Attaching again uses them again, so they are never mapped twice.
     /// `hook` (with `--mode trace`): calls and returns come from a hook pyprobe
-    /// injects and the interpreter registers with `sys.monitoring` at a safe point
-    /// (CPython 3.12 to 3.14), no probes needed; `auto` uses it in `--mode trace`
-    /// where the interpreter has no function probes.
+    /// injects and the interpreter calls (CPython 3.7 to 3.14): registered with
+    /// `sys.monitoring` at a safe point on 3.12+, each thread's C profile function
+    /// before; no probes needed. `auto` uses it in `--mode trace` where the
+    /// interpreter's entry and return probes do not both fire.
     #[arg(long, value_enum, default_value_t = Engine::Auto)]
     pub engine: Engine,
     /// Slow the target by at most this much: when the time it spends stopped for

@@ -16,15 +16,19 @@ use crate::ring::format::{
 };
 
 use super::{
-    AT_EXIT_MAX_TRIES, AT_EXIT_RETRY_EVENTS, AT_EXIT_WAIT_MS, KIND_RETURN, STATUS_FAILED,
-    STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_AT_EXIT, ST_AT_EXIT_MODULE, ST_AT_EXIT_RETRY,
-    ST_AT_EXIT_TRIES, ST_GONE, ST_ON, ST_STATUS, TOOL_ID,
+    AT_EXIT_MAX_TRIES, AT_EXIT_RETRY_EVENTS, AT_EXIT_WAIT_MS, KIND_CALL, KIND_RAISE, KIND_RETURN,
+    STATUS_FAILED, STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_AT_EXIT, ST_AT_EXIT_MODULE,
+    ST_AT_EXIT_RETRY, ST_AT_EXIT_TRIES, ST_GONE, ST_ON, ST_STATUS, TOOL_ID,
 };
 
 /// `METH_FASTCALL`.
 const METH_FASTCALL: u64 = 0x80;
 /// `METH_NOARGS`.
 const METH_NOARGS: u64 = 0x04;
+/// `offsetof(PyASCIIObject, hash)` (3.7 to 3.15).
+pub const STR_HASH: i32 = 24;
+/// `PyTrace_RETURN` (`PyTrace_CALL` is 0).
+const PY_TRACE_RETURN: u32 = 3;
 /// `SYS_nanosleep`.
 const SYS_NANOSLEEP: u32 = 35;
 /// Bytes of constants before the code.
@@ -67,6 +71,40 @@ pub struct HookSymbols {
     pub dec_ref: u64,
     pub err_clear: u64,
     pub none: u64,
+    /// `PyThreadState_Get` (the profile route: a thread drops its own hook).
+    pub thread_state_get: u64,
+}
+
+/// How the interpreter is made to call the hook.
+#[derive(Debug, Clone)]
+pub enum Route {
+    /// CPython 3.12+: one `sys.monitoring` callback per (event number, record kind).
+    Monitoring { events: Vec<(u32, u32)> },
+    /// CPython 3.7 to 3.11: one C profile function (`Py_tracefunc`), which pyprobe
+    /// sets in each thread state itself (see `tracer::hook::profile`).
+    Profile(ProfileLayout),
+}
+
+impl Route {
+    /// `PyMethodDef`s the callbacks need.
+    fn method_defs(&self) -> usize {
+        match self {
+            Route::Monitoring { events } => events.len(),
+            Route::Profile(_) => 0,
+        }
+    }
+}
+
+/// Where the profile function finds what it records, by version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProfileLayout {
+    /// `offsetof(PyThreadState, c_profilefunc)`.
+    pub profile_func: i32,
+    /// 3.11: `offsetof(PyFrameObject, f_frame)`, the interpreter frame that holds
+    /// the code object; `None` before (the frame object holds it).
+    pub frame_via: Option<i32>,
+    /// `offsetof(..., f_code)` in the frame object, or in the interpreter frame.
+    pub frame_code: i32,
 }
 
 /// Everything [`build_hook`] needs.
@@ -80,8 +118,7 @@ pub struct HookParams {
     /// Written into each record's `tag`: the process id.
     pub tag: u32,
     pub symbols: HookSymbols,
-    /// (monitoring event number, record kind) per callback.
-    pub events: Vec<(u32, u32)>,
+    pub route: Route,
     /// Offsets of `co_name`, `co_filename` and `co_firstlineno` (an int) in a code
     /// object: each record carries them too, so that pyprobe can name a code object
     /// that is gone (or whose address holds another) by the time it reads the record.
@@ -93,11 +130,12 @@ pub struct HookParams {
 pub struct HookCode {
     pub addr: u64,
     pub bytes: Vec<u8>,
-    /// `void installer(void)` and `void uninstaller(void)`: called by the detour and by
+    /// `void installer(void)` (monitoring only) and `void uninstaller(void)`: called by the detour and by
     /// a callback, with the GIL held.
-    pub installer: u64,
+    pub installer: Option<u64>,
     pub uninstaller: u64,
-    /// One callback per event, in the order of [`HookParams::events`].
+    /// One callback per monitoring event, in the order of [`Route::Monitoring`]; the
+    /// profile function alone on the profile route.
     pub callbacks: Vec<u64>,
     /// `PyObject *at_exit(PyObject *self, PyObject *unused)`, registered with `atexit`.
     pub at_exit: u64,
@@ -171,14 +209,13 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     let defs_off = c.bytes.len();
     // One definition per event, then the exit callback's.
     c.bytes
-        .resize(defs_off + METHOD_DEF * (p.events.len() + 1), 0);
-    let exit_def_off = defs_off + METHOD_DEF * p.events.len();
+        .resize(defs_off + METHOD_DEF * (p.route.method_defs() + 1), 0);
+    let exit_def_off = defs_off + METHOD_DEF * p.route.method_defs();
     let exit_def = c.base + exit_def_off as u64;
     if c.bytes.len() > CONSTS {
         return Err(HookError::Constants(c.bytes.len()));
     }
     let code_addr = p.addr + CONSTS as u64;
-    let mask: u64 = p.events.iter().fold(0, |m, &(ev, _)| m | (1 << ev));
 
     let mut a = CodeAssembler::new(64)?;
     let mut installer = a.create_label();
@@ -189,43 +226,94 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     let mut done = a.create_label();
     let mut callbacks: Vec<CodeLabel> = Vec::new();
 
-    // Callbacks: r8d = kind, then the shared body.
-    for &(_, kind) in &p.events {
-        let mut l = a.create_label();
-        a.set_label(&mut l)?;
-        a.mov(r8d, kind)?;
-        a.jmp(common)?;
-        callbacks.push(l);
+    let mut record = a.create_label();
+    match &p.route {
+        Route::Monitoring { events } => {
+            // Callbacks: r8d = kind, then the shared body. Entry: rsp = 8 mod 16;
+            // three pushes make it 0 for the calls below.
+            for &(_, kind) in events {
+                let mut l = a.create_label();
+                a.set_label(&mut l)?;
+                a.mov(r8d, kind)?;
+                a.jmp(common)?;
+                callbacks.push(l);
+            }
+            a.set_label(&mut common)?;
+            a.push(rbx)?;
+            a.push(r12)?;
+            a.push(r13)?;
+            a.mov(ebx, r8d)?;
+            a.mov(r9, p.state_addr)?;
+            a.cmp(qword_ptr(r9 + ST_ON as i32), 0)?;
+            a.je(off)?;
+            // r12 = the code object (args[0]), r13 = the returned object's type
+            // (args[2]), or 0.
+            a.mov(r12, qword_ptr(rsi))?;
+            a.xor(r13d, r13d)?;
+            a.cmp(ebx, KIND_RETURN)?;
+            a.jne(record)?;
+            a.cmp(rdx, 3)?;
+            a.jl(record)?;
+            a.mov(rax, qword_ptr(rsi + 16))?;
+            a.test(rax, rax)?;
+            a.jz(record)?;
+            a.mov(r13, qword_ptr(rax + 8))?;
+            a.jmp(record)?;
+        }
+        Route::Profile(layout) => {
+            // int cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg):
+            // a call, or a return (arg NULL: left by an exception); C-function
+            // events are not recorded.
+            let mut l = a.create_label();
+            let mut is_call = a.create_label();
+            let mut is_return = a.create_label();
+            a.set_label(&mut l)?;
+            callbacks.push(l);
+            a.test(edx, edx)?;
+            a.je(is_call)?;
+            a.cmp(edx, PY_TRACE_RETURN)?;
+            a.je(is_return)?;
+            a.xor(eax, eax)?;
+            a.ret()?;
+            a.set_label(&mut is_call)?;
+            a.mov(r8d, KIND_CALL)?;
+            a.xor(ecx, ecx)?;
+            a.jmp(common)?;
+            a.set_label(&mut is_return)?;
+            a.mov(r8d, KIND_RETURN)?;
+            a.test(rcx, rcx)?;
+            a.jnz(common)?;
+            a.mov(r8d, KIND_RAISE)?;
+            a.set_label(&mut common)?;
+            a.push(rbx)?;
+            a.push(r12)?;
+            a.push(r13)?;
+            a.mov(ebx, r8d)?;
+            a.mov(r9, p.state_addr)?;
+            a.cmp(qword_ptr(r9 + ST_ON as i32), 0)?;
+            a.je(off)?;
+            // r12 = the frame's code object, r13 = the returned object's type, or 0.
+            match layout.frame_via {
+                Some(via) => {
+                    a.mov(rax, qword_ptr(rsi + via))?;
+                    a.mov(r12, qword_ptr(rax + layout.frame_code))?;
+                }
+                None => a.mov(r12, qword_ptr(rsi + layout.frame_code))?,
+            }
+            a.xor(r13d, r13d)?;
+            a.test(rcx, rcx)?;
+            a.jz(record)?;
+            a.mov(r13, qword_ptr(rcx + 8))?;
+        }
     }
-    // Callee-saved registers keep the record's parts across the reservation (the
-    // ring's shared producer code clobbers every caller-saved one). Entry: rsp = 8
-    // mod 16; three pushes make it 0 for the uninstaller's call below.
-    a.set_label(&mut common)?;
-    a.push(rbx)?;
-    a.push(r12)?;
-    a.push(r13)?;
-    a.mov(ebx, r8d)?;
-    a.mov(r9, p.state_addr)?;
-    a.cmp(qword_ptr(r9 + ST_ON as i32), 0)?;
-    a.je(off)?;
+    // The record's parts are in callee-saved registers (ebx kind, r12 code, r13
+    // type): the ring's shared producer code clobbers every caller-saved one.
+    a.set_label(&mut record)?;
     let mut exit_retry = a.create_label();
     let mut retried = a.create_label();
     a.cmp(qword_ptr(r9 + ST_AT_EXIT_RETRY as i32), 0)?;
     a.jne(exit_retry)?;
     a.set_label(&mut retried)?;
-    // r12 = the code object, r13 = the returned object's type (or 0).
-    a.mov(r12, qword_ptr(rsi))?;
-    a.xor(r13d, r13d)?;
-    let mut no_value = a.create_label();
-    a.cmp(ebx, KIND_RETURN)?;
-    a.jne(no_value)?;
-    a.cmp(rdx, 3)?;
-    a.jl(no_value)?;
-    a.mov(rax, qword_ptr(rsi + 16))?;
-    a.test(rax, rax)?;
-    a.jz(no_value)?;
-    a.mov(r13, qword_ptr(rax + 8))?;
-    a.set_label(&mut no_value)?;
     // Reserve with the ring's producer protocol (format.rs): a full ring is waited
     // on, spinning then asleep on `tail`, while pyprobe lives and reads; the wait
     // ends when it leaves, dies (its guardian clears `alive`) or goes silent.
@@ -246,12 +334,20 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     let [name, filename, first_line] = p.code_fields;
     a.mov(rax, qword_ptr(r12 + name))?;
     a.mov(qword_ptr(r8 + S_ARGS as i32 + 16), rax)?;
+    a.mov(rcx, qword_ptr(rax + STR_HASH))?;
     a.mov(rax, qword_ptr(r12 + filename))?;
     a.mov(qword_ptr(r8 + S_ARGS as i32 + 24), rax)?;
+    a.mov(rdx, qword_ptr(rax + STR_HASH))?;
     a.movsxd(rax, dword_ptr(r12 + first_line))?;
     a.mov(qword_ptr(r8 + S_ARGS as i32 + 32), rax)?;
-    // nargs = 5, no strings, no stack.
-    a.mov(dword_ptr(r8 + S_NARGS as i32), 5)?;
+    // The two strings' hashes, folded: pyprobe names a code object that is gone
+    // from these strings only while they still hash the same (before 3.12 they may
+    // be freed too, and their memory hold other strings).
+    a.rol(rdx, 1)?;
+    a.xor(rcx, rdx)?;
+    a.mov(qword_ptr(r8 + S_ARGS as i32 + 40), rcx)?;
+    // nargs = 6, no strings, no stack.
+    a.mov(dword_ptr(r8 + S_NARGS as i32), 6)?;
     a.mov(dword_ptr(r8 + S_NARGS as i32 + 4), 0)?;
     const _: () = assert!(S_STRING_MASK == S_NARGS + 1);
     // Publish last.
@@ -273,10 +369,23 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.pop(r13)?;
     a.pop(r12)?;
     a.pop(rbx)?;
-    a.mov(rax, p.symbols.none)?;
+    match p.route {
+        // `None`, immortal on 3.12+: no reference to take.
+        Route::Monitoring { .. } => a.mov(rax, p.symbols.none)?,
+        // 0: go on.
+        Route::Profile(_) => a.xor(eax, eax)?,
+    }
     a.ret()?;
     // `on` clear: the first callback to see it uninstalls (GIL held: any Python may run).
     a.set_label(&mut off)?;
+    if let Route::Profile(layout) = &p.route {
+        // A profile function is per thread: each thread drops its own at its next
+        // event. The interpreter recomputes `use_tracing` from `c_profilefunc` when
+        // this callback returns.
+        call(&mut a, p.symbols.thread_state_get, &[])?;
+        a.mov(qword_ptr(rax + layout.profile_func), 0)?;
+        a.mov(r9, p.state_addr)?;
+    }
     a.xor(eax, eax)?;
     a.mov(ecx, 1)?;
     a.lock().cmpxchg(qword_ptr(r9 + ST_GONE as i32), rcx)?;
@@ -284,15 +393,11 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.call(uninstaller)?;
     a.jmp(done)?;
     // A try to register the exit callback is pending: one event nearer; at zero, try
-    // (GIL held: the import may run Python). The event's arguments are kept.
+    // (GIL held: the import may run Python). The record's parts are callee-saved.
     a.set_label(&mut exit_retry)?;
     a.dec(qword_ptr(r9 + ST_AT_EXIT_RETRY as i32))?;
     a.jnz(retried)?;
-    a.push(rsi)?;
-    a.push(rdx)?;
     a.call(register_exit)?;
-    a.pop(rdx)?;
-    a.pop(rsi)?;
     a.jmp(retried)?;
 
     // PyObject *at_exit(PyObject *self, PyObject *unused): the interpreter is
@@ -328,6 +433,10 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.pop(r12)?;
     a.pop(rbx)?;
     a.mov(rax, p.symbols.none)?;
+    if let Route::Profile(_) = p.route {
+        // Before 3.12 `None` is not immortal: the caller owns a reference.
+        a.inc(qword_ptr(rax))?;
+    }
     a.ret()?;
 
     // void uninstaller(void)
@@ -336,19 +445,25 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.push(r12)?;
     a.push(r13)?;
     let mut out = a.create_label();
-    call(&mut a, p.symbols.sys_get_object, &[Arg::Imm(s_monitoring)])?;
-    a.mov(rbx, rax)?;
-    a.test(rbx, rbx)?;
-    a.jz(out)?;
-    call_method(
-        &mut a,
-        p,
-        s_set,
-        s_ii,
-        &[Arg::Imm(TOOL_ID as u64), Arg::Imm(0)],
-    )?;
-    decref_rax(&mut a, p)?;
-    for &(ev, _) in &p.events {
+    let events: &[(u32, u32)] = match &p.route {
+        Route::Monitoring { events } => events,
+        Route::Profile(_) => &[],
+    };
+    if !events.is_empty() {
+        call(&mut a, p.symbols.sys_get_object, &[Arg::Imm(s_monitoring)])?;
+        a.mov(rbx, rax)?;
+        a.test(rbx, rbx)?;
+        a.jz(out)?;
+        call_method(
+            &mut a,
+            p,
+            s_set,
+            s_ii,
+            &[Arg::Imm(TOOL_ID as u64), Arg::Imm(0)],
+        )?;
+        decref_rax(&mut a, p)?;
+    }
+    for &(ev, _) in events {
         call_method(
             &mut a,
             p,
@@ -362,8 +477,10 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
         )?;
         decref_rax(&mut a, p)?;
     }
-    call_method(&mut a, p, s_free, s_i, &[Arg::Imm(TOOL_ID as u64)])?;
-    decref_rax(&mut a, p)?;
+    if !events.is_empty() {
+        call_method(&mut a, p, s_free, s_i, &[Arg::Imm(TOOL_ID as u64)])?;
+        decref_rax(&mut a, p)?;
+    }
     a.set_label(&mut out)?;
     // atexit.unregister(the exit callback), through the module kept since.
     let mut no_exit = a.create_label();
@@ -389,89 +506,93 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.pop(rbx)?;
     a.ret()?;
 
-    // void installer(void)
-    a.set_label(&mut installer)?;
-    a.push(rbx)?;
-    a.push(r12)?;
-    a.push(r13)?;
-    let mut fails: Vec<CodeLabel> = (0..5).map(|_| a.create_label()).collect();
-    call(&mut a, p.symbols.sys_get_object, &[Arg::Imm(s_monitoring)])?;
-    a.mov(rbx, rax)?;
-    a.test(rbx, rbx)?;
-    a.jz(fails[0])?;
-    call_method(
-        &mut a,
-        p,
-        s_use,
-        s_is,
-        &[Arg::Imm(TOOL_ID as u64), Arg::Imm(s_name)],
-    )?;
-    a.test(rax, rax)?;
-    a.jz(fails[1])?;
-    decref_rax(&mut a, p)?;
-    for (k, &(ev, _)) in p.events.iter().enumerate() {
-        let def = defs + (k * METHOD_DEF) as u64;
-        call(
-            &mut a,
-            p.symbols.cfunction_new_ex,
-            &[Arg::Imm(def), Arg::Imm(0), Arg::Imm(0)],
-        )?;
-        a.test(rax, rax)?;
-        a.jz(fails[2])?;
-        a.mov(r12, rax)?;
+    // void installer(void): registers the callbacks with sys.monitoring (the
+    // profile route has none: pyprobe sets each thread's profile function itself).
+    if let Route::Monitoring { events } = &p.route {
+        let mask: u64 = events.iter().fold(0, |m, &(ev, _)| m | (1 << ev));
+        a.set_label(&mut installer)?;
+        a.push(rbx)?;
+        a.push(r12)?;
+        a.push(r13)?;
+        let mut fails: Vec<CodeLabel> = (0..5).map(|_| a.create_label()).collect();
+        call(&mut a, p.symbols.sys_get_object, &[Arg::Imm(s_monitoring)])?;
+        a.mov(rbx, rax)?;
+        a.test(rbx, rbx)?;
+        a.jz(fails[0])?;
         call_method(
             &mut a,
             p,
-            s_register,
-            s_iio,
-            &[
-                Arg::Imm(TOOL_ID as u64),
-                Arg::Imm(1u64 << ev),
-                Arg::Reg(r12),
-            ],
+            s_use,
+            s_is,
+            &[Arg::Imm(TOOL_ID as u64), Arg::Imm(s_name)],
         )?;
-        a.mov(r13, rax)?;
-        // The registry holds its own reference to the function.
-        call(&mut a, p.symbols.dec_ref, &[Arg::Reg(r12)])?;
-        a.test(r13, r13)?;
-        a.jz(fails[3])?;
-        call(&mut a, p.symbols.dec_ref, &[Arg::Reg(r13)])?;
-    }
-    call_method(
-        &mut a,
-        p,
-        s_set,
-        s_ii,
-        &[Arg::Imm(TOOL_ID as u64), Arg::Imm(mask)],
-    )?;
-    a.test(rax, rax)?;
-    a.jz(fails[4])?;
-    decref_rax(&mut a, p)?;
-    // The exit callback first: pyprobe, seeing `status` OK, reads whether it is in.
-    a.call(register_exit)?;
-    a.mov(rax, p.state_addr)?;
-    a.mov(qword_ptr(rax + ST_STATUS as i32), STATUS_OK as i32)?;
-    let mut leave = a.create_label();
-    a.jmp(leave)?;
-    for (k, l) in fails.iter_mut().enumerate() {
-        a.set_label(l)?;
-        call(&mut a, p.symbols.err_clear, &[])?;
-        if k >= 2 {
-            // The tool id was taken: give it back (and whatever was registered).
-            a.call(uninstaller)?;
+        a.test(rax, rax)?;
+        a.jz(fails[1])?;
+        decref_rax(&mut a, p)?;
+        for (k, &(ev, _)) in events.iter().enumerate() {
+            let def = defs + (k * METHOD_DEF) as u64;
+            call(
+                &mut a,
+                p.symbols.cfunction_new_ex,
+                &[Arg::Imm(def), Arg::Imm(0), Arg::Imm(0)],
+            )?;
+            a.test(rax, rax)?;
+            a.jz(fails[2])?;
+            a.mov(r12, rax)?;
+            call_method(
+                &mut a,
+                p,
+                s_register,
+                s_iio,
+                &[
+                    Arg::Imm(TOOL_ID as u64),
+                    Arg::Imm(1u64 << ev),
+                    Arg::Reg(r12),
+                ],
+            )?;
+            a.mov(r13, rax)?;
+            // The registry holds its own reference to the function.
+            call(&mut a, p.symbols.dec_ref, &[Arg::Reg(r12)])?;
+            a.test(r13, r13)?;
+            a.jz(fails[3])?;
+            call(&mut a, p.symbols.dec_ref, &[Arg::Reg(r13)])?;
         }
-        a.mov(rax, p.state_addr)?;
-        a.mov(
-            qword_ptr(rax + ST_STATUS as i32),
-            (STATUS_FAILED as i32) + k as i32 + 1,
+        call_method(
+            &mut a,
+            p,
+            s_set,
+            s_ii,
+            &[Arg::Imm(TOOL_ID as u64), Arg::Imm(mask)],
         )?;
+        a.test(rax, rax)?;
+        a.jz(fails[4])?;
+        decref_rax(&mut a, p)?;
+        // The exit callback first: pyprobe, seeing `status` OK, reads whether it is in.
+        a.call(register_exit)?;
+        a.mov(rax, p.state_addr)?;
+        a.mov(qword_ptr(rax + ST_STATUS as i32), STATUS_OK as i32)?;
+        let mut leave = a.create_label();
         a.jmp(leave)?;
+        for (k, l) in fails.iter_mut().enumerate() {
+            a.set_label(l)?;
+            call(&mut a, p.symbols.err_clear, &[])?;
+            if k >= 2 {
+                // The tool id was taken: give it back (and whatever was registered).
+                a.call(uninstaller)?;
+            }
+            a.mov(rax, p.state_addr)?;
+            a.mov(
+                qword_ptr(rax + ST_STATUS as i32),
+                (STATUS_FAILED as i32) + k as i32 + 1,
+            )?;
+            a.jmp(leave)?;
+        }
+        a.set_label(&mut leave)?;
+        a.pop(r13)?;
+        a.pop(r12)?;
+        a.pop(rbx)?;
+        a.ret()?;
     }
-    a.set_label(&mut leave)?;
-    a.pop(r13)?;
-    a.pop(r12)?;
-    a.pop(rbx)?;
-    a.ret()?;
 
     // void register_exit(void): atexit.register(the exit callback), GIL held. A
     // failure is cleared and tried again AT_EXIT_RETRY_EVENTS events later (the
@@ -537,7 +658,10 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
         code_addr,
         BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
     )?;
-    let installer = assembled.label_ip(&installer)?;
+    let installer = match p.route {
+        Route::Monitoring { .. } => Some(assembled.label_ip(&installer)?),
+        Route::Profile(_) => None,
+    };
     let uninstaller = assembled.label_ip(&uninstaller)?;
     let callbacks = callbacks
         .iter()
@@ -545,7 +669,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
         .collect::<Result<Vec<u64>, IcedError>>()?;
     let at_exit = assembled.label_ip(&at_exit)?;
     c.method_def(exit_def_off, s_drain, at_exit, METH_NOARGS);
-    for (k, &cb) in callbacks.iter().enumerate() {
+    for (k, &cb) in callbacks.iter().enumerate().take(p.route.method_defs()) {
         c.method_def(defs_off + k * METHOD_DEF, s_cb, cb, METH_FASTCALL);
     }
     let mut bytes = c.bytes;

@@ -3,12 +3,15 @@
 //!
 //! pyprobe writes one code page (the *hook*, built here per target) and one state
 //! page into the target, next to a ring in the format of [`crate::ring::format`].
-//! The interpreter runs the hook's *installer* at a safe point with the GIL held;
-//! the installer registers the hook's callbacks with `sys.monitoring` (CPython 3.12+)
-//! under a tool id of pyprobe's own; from then on the interpreter calls them at every
-//! Python function start, resume, return, yield, throw and unwind, and each writes one
-//! ring record. The engine's side (mapping, placing, the safe point, naming code
-//! objects, leaving) is `tracer::hook`.
+//! Two routes ([`Route`]): on CPython 3.12+ the interpreter runs the hook's
+//! *installer* at a safe point with the GIL held; the installer registers the hook's
+//! callbacks with `sys.monitoring` under a tool id of pyprobe's own; from then on the
+//! interpreter calls them at every Python function start, resume, return, yield,
+//! throw and unwind. On 3.7 to 3.11 the hook has one callback, a C profile function
+//! (`Py_tracefunc`: calls, and returns with the value or NULL for an exception), which
+//! pyprobe sets in each thread state itself (`tracer::hook::profile`); there is no
+//! installer. Either way each event writes one ring record. The engine's side
+//! (mapping, placing, the safe point, naming code objects, leaving) is `tracer::hook`.
 //!
 //! # What the hook page holds ([`build_hook`])
 //!
@@ -38,6 +41,10 @@
 //!   that pyprobe names the code objects of a short program while they still
 //!   exist. It returns at once when `on` is clear, when nobody serves the ring
 //!   (`alive` 0, heartbeat stale) and after [`AT_EXIT_WAIT_MS`].
+//! * The profile function (3.7 to 3.11) writes the same record; C-function events are
+//!   ignored; it returns 0. When it finds `on` clear it first clears its own
+//!   thread's `c_profilefunc` (the interpreter recomputes `use_tracing` as the
+//!   tracing call returns), so each thread drops the hook at its own next event.
 //! * The uninstaller: `set_events(TOOL, 0)`, `register_callback(TOOL, ev, None)` for
 //!   each event, `free_tool_id(TOOL)`, `atexit.unregister` of the exit callback, `PyErr_Clear()`. A callback runs it, once
 //!   (`lock cmpxchg` on the state word `gone`), when it finds `on` clear: pyprobe
@@ -105,7 +112,10 @@ pub mod codegen;
 #[cfg(test)]
 mod tests_exec;
 
-pub use codegen::{build_detour, build_hook, Detour, HookCode, HookError, HookParams, HookSymbols};
+pub use codegen::{
+    build_detour, build_hook, Detour, HookCode, HookError, HookParams, HookSymbols, ProfileLayout,
+    Route,
+};
 
 /// `sys.monitoring` tool id pyprobe asks for (0-2 and 5 are named for debuggers,
 /// coverage, profilers and optimizers; 3 and 4 are free for other tools).

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use iced_x86::code_asm::*;
 
-use super::codegen::{build_detour, build_hook, HookCode, HookParams, HookSymbols};
+use super::codegen::{build_detour, build_hook, HookCode, HookParams, HookSymbols, Route};
 use super::*;
 use crate::ring::format::{init_ring, ring_bytes};
 use crate::ring::{BranchTargets, RingReader};
@@ -25,6 +25,13 @@ static mut ATEXIT: [u64; 4] = [0; 4];
 static FAIL_IMPORT: Mutex<bool> = Mutex::new(false);
 static mut NONE: [u64; 4] = [0; 4];
 static mut RESULT: [u64; 4] = [0; 4];
+/// The fake thread state `PyThreadState_Get` returns: c_profilefunc at 64.
+static mut TSTATE: [u64; 16] = [0; 16];
+
+extern "C" fn fake_thread_state_get() -> *mut c_void {
+    log("PyThreadState_Get".into());
+    std::ptr::addr_of_mut!(TSTATE).cast()
+}
 
 fn log(s: String) {
     CALLS.lock().unwrap_or_else(|e| e.into_inner()).push(s);
@@ -32,6 +39,16 @@ fn log(s: String) {
 
 fn calls() -> Vec<String> {
     std::mem::take(&mut *CALLS.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// A fake string object (the hook reads its hash at +24).
+static FAKE_STR: [u64; 4] = [0; 4];
+
+/// A fake code object: co_name and co_filename (the fake string) at 16 and 24,
+/// co_firstlineno at 32.
+fn fake_code(first_line: u64) -> [u64; 5] {
+    let s = FAKE_STR.as_ptr() as u64;
+    [0, 0, s, s, first_line]
 }
 
 fn none_addr() -> u64 {
@@ -163,11 +180,18 @@ fn symbols() -> HookSymbols {
         dec_ref: fake_dec_ref as *const () as usize as u64,
         err_clear: fake_err_clear as *const () as usize as u64,
         none: none_addr(),
+        thread_state_get: fake_thread_state_get as *const () as usize as u64,
     }
 }
 
 impl Setup {
     fn new() -> Setup {
+        Setup::with_route(Route::Monitoring {
+            events: EVENTS_312.to_vec(),
+        })
+    }
+
+    fn with_route(route: Route) -> Setup {
         let len = 16 * 4096;
         let code = exec_map(len);
         let state = Box::new([0u64; 512]);
@@ -183,7 +207,7 @@ impl Setup {
             capacity: CAP,
             tag: 4242,
             symbols: symbols(),
-            events: EVENTS_312.to_vec(),
+            route,
             code_fields: [16, 24, 32],
         };
         let hook = build_hook(&params).expect("build");
@@ -255,8 +279,19 @@ fn callbacks_write_one_record_each() {
     // A fake object whose type is at +8, and fake code objects: co_name at 16,
     // co_filename at 24, co_firstlineno (an int) at 32.
     let obj = [1u64, 0x7777_0000];
-    let codes: Vec<[u64; 5]> = (0..7u64)
-        .map(|k| [0, 0, 0xaa00 + k, 0xbb00 + k, u64::from(u32::MAX - k as u32)])
+    // Fake strings: the hash at +24.
+    let names: Vec<[u64; 4]> = (0..7u64).map(|k| [0, 0, 0, 0x1000 + k]).collect();
+    let files: Vec<[u64; 4]> = (0..7u64).map(|k| [0, 0, 0, 0x2000 + k]).collect();
+    let codes: Vec<[u64; 5]> = (0..7usize)
+        .map(|k| {
+            [
+                0,
+                0,
+                names[k].as_ptr() as u64,
+                files[k].as_ptr() as u64,
+                u64::from(u32::MAX - k as u32),
+            ]
+        })
         .collect();
     let code_of = |k: usize| codes[k].as_ptr() as u64;
     for k in 0..EVENTS_312.len() {
@@ -268,9 +303,14 @@ fn callbacks_write_one_record_each() {
     let mut got = Vec::new();
     let mut reader = s.reader();
     reader.drain(100, |r| {
-        let k = (r.args[2] - 0xaa00) as usize;
+        let k = names
+            .iter()
+            .position(|n| n.as_ptr() as u64 == r.args[2])
+            .expect("a name");
         assert_eq!(r.args[0], code_of(k));
-        assert_eq!(r.args[3], 0xbb00 + k as u64);
+        assert_eq!(r.args[3], files[k].as_ptr() as u64);
+        let check = (0x1000 + k as u64) ^ (0x2000 + k as u64).rotate_left(1);
+        assert_eq!(r.args[5], check);
         // co_firstlineno is an int: sign-extended.
         assert_eq!(r.args[4] as i64, -1 - k as i64);
         got.push((
@@ -283,7 +323,7 @@ fn callbacks_write_one_record_each() {
         assert_eq!(probe, kind);
         assert_eq!(tag, 4242);
         assert_eq!(thread, fs_base());
-        assert_eq!(nargs, 5);
+        assert_eq!(nargs, 6);
         assert_eq!(a0, code_of(k));
         let ty = if kind == KIND_RETURN { 0x7777_0000 } else { 0 };
         assert_eq!(a1, ty, "event {k}");
@@ -303,7 +343,7 @@ fn a_full_ring_nobody_serves_counts_the_loss_and_unhooks() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut s = Setup::new();
     s.set(ST_ON, 1);
-    let code = [0u64; 5];
+    let code = fake_code(0);
     for _ in 0..CAP + 3 {
         assert_eq!(s.callback(0, &[code.as_ptr() as u64, 0]), none_addr());
     }
@@ -323,7 +363,7 @@ fn a_full_ring_is_waited_on_until_the_consumer_makes_room() {
     s.set(ST_ON, 1);
     let mut reader = s.reader();
     reader.serve(cycles(60_000), u64::MAX);
-    let codes: Vec<[u64; 5]> = (0..3 * CAP).map(|k| [0, 0, 0, 0, k]).collect();
+    let codes: Vec<[u64; 5]> = (0..3 * CAP).map(fake_code).collect();
     let done = std::sync::atomic::AtomicBool::new(false);
     let got = std::thread::scope(|scope| {
         let consumer = scope.spawn(|| {
@@ -359,7 +399,7 @@ fn a_full_ring_is_waited_on_until_the_consumer_makes_room() {
 #[test]
 fn a_consumer_that_leaves_or_goes_silent_ends_the_wait_and_the_hook() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let code = [0u64; 5];
+    let code = fake_code(0);
     let event = |s: &Setup| s.callback(0, &[code.as_ptr() as u64, 0]);
     // Under a budget's short patience: lost, but the hook stays.
     let mut s = Setup::new();
@@ -434,7 +474,7 @@ fn installer_registers_every_callback() {
     let s = Setup::new();
     calls();
     DEFS.lock().unwrap_or_else(|e| e.into_inner()).clear();
-    s.run(s.hook.installer);
+    s.run(s.hook.installer.expect("monitoring route"));
     let log = calls();
     let mask: u32 = EVENTS_312.iter().map(|&(e, _)| 1 << e).sum();
     assert_eq!(log[0], "PySys_GetObject(monitoring)");
@@ -491,7 +531,7 @@ fn installer_reports_the_step_that_failed() {
     let s = Setup::new();
     calls();
     *FAIL_METHOD.lock().unwrap_or_else(|e| e.into_inner()) = Some("use_tool_id");
-    s.run(s.hook.installer);
+    s.run(s.hook.installer.expect("monitoring route"));
     *FAIL_METHOD.lock().unwrap_or_else(|e| e.into_inner()) = None;
     let log = calls();
     assert_eq!(s.get(ST_STATUS), STATUS_FAILED + 2);
@@ -501,7 +541,7 @@ fn installer_reports_the_step_that_failed() {
 
     // A failure after the id was taken gives it back.
     *FAIL_METHOD.lock().unwrap_or_else(|e| e.into_inner()) = Some("set_events");
-    s.run(s.hook.installer);
+    s.run(s.hook.installer.expect("monitoring route"));
     *FAIL_METHOD.lock().unwrap_or_else(|e| e.into_inner()) = None;
     let log = calls();
     assert_eq!(s.get(ST_STATUS), STATUS_FAILED + 5);
@@ -593,7 +633,7 @@ fn detour_refuses_a_jump_at_the_entry() {
 fn the_uninstaller_unregisters_the_exit_callback_and_a_failed_import_is_no_failure() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Setup::new();
-    s.run(s.hook.installer);
+    s.run(s.hook.installer.expect("monitoring route"));
     calls();
     s.run(s.hook.uninstaller);
     let log = calls();
@@ -613,7 +653,7 @@ fn the_uninstaller_unregisters_the_exit_callback_and_a_failed_import_is_no_failu
     *FAIL_IMPORT.lock().unwrap_or_else(|e| e.into_inner()) = true;
     let s = Setup::new();
     calls();
-    s.run(s.hook.installer);
+    s.run(s.hook.installer.expect("monitoring route"));
     *FAIL_IMPORT.lock().unwrap_or_else(|e| e.into_inner()) = false;
     let log = calls();
     assert_eq!(s.get(ST_STATUS), STATUS_OK);
@@ -633,7 +673,7 @@ fn a_failed_exit_registration_is_tried_again_by_later_events_then_given_up() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut s = Setup::new();
     *FAIL_IMPORT.lock().unwrap_or_else(|e| e.into_inner()) = true;
-    s.run(s.hook.installer);
+    s.run(s.hook.installer.expect("monitoring route"));
     *FAIL_IMPORT.lock().unwrap_or_else(|e| e.into_inner()) = false;
     s.set(ST_ON, 1);
     // Two events to the next try instead of AT_EXIT_RETRY_EVENTS.
@@ -644,7 +684,14 @@ fn a_failed_exit_registration_is_tried_again_by_later_events_then_given_up() {
         .position(|&(_, kind)| kind == KIND_RETURN)
         .expect("a return event");
     let obj = [1u64, 0x7777_0000];
-    let code = [0u64, 0, 0xaa00, 0xbb00, 12];
+    let strings = [[0u64; 4]; 2];
+    let code = [
+        0u64,
+        0,
+        strings[0].as_ptr() as u64,
+        strings[1].as_ptr() as u64,
+        12,
+    ];
     let code_addr = code.as_ptr() as u64;
     s.callback(ret_k, &[code_addr, 10, obj.as_ptr() as u64]);
     assert!(calls().is_empty(), "not yet");
@@ -672,7 +719,7 @@ fn a_failed_exit_registration_is_tried_again_by_later_events_then_given_up() {
     // A registration that keeps failing is given up after AT_EXIT_MAX_TRIES.
     let mut s = Setup::new();
     *FAIL_IMPORT.lock().unwrap_or_else(|e| e.into_inner()) = true;
-    s.run(s.hook.installer);
+    s.run(s.hook.installer.expect("monitoring route"));
     s.set(ST_ON, 1);
     s.set(ST_AT_EXIT_TRIES, u64::from(AT_EXIT_MAX_TRIES) - 1);
     s.set(ST_AT_EXIT_RETRY, 1);
@@ -708,7 +755,7 @@ fn the_exit_callback_waits_for_pyprobe_to_read_what_was_written() {
     };
     assert_eq!(at_exit(&s), none_addr(), "on clear: nothing to wait for");
     s.set(ST_ON, 1);
-    let code = [0u64; 5];
+    let code = fake_code(0);
     for _ in 0..3 {
         s.callback(0, &[code.as_ptr() as u64, 0]);
     }
@@ -739,4 +786,128 @@ fn the_exit_callback_waits_for_pyprobe_to_read_what_was_written() {
         );
         assert!(t.elapsed() >= std::time::Duration::from_millis(100));
     });
+}
+
+/// The profile route's layout of the tests: c_profilefunc at 64 of the fake thread
+/// state, the code object at +32 of the frame (3.7 to 3.10) or of the interpreter
+/// frame at +24 (3.11).
+fn profile_setup(via: Option<i32>) -> Setup {
+    Setup::with_route(Route::Profile(ProfileLayout {
+        profile_func: 64,
+        frame_via: via,
+        frame_code: 32,
+    }))
+}
+
+impl Setup {
+    fn profile(&self, frame: u64, what: i32, arg: u64) -> i32 {
+        type Cb = unsafe extern "C" fn(u64, u64, i32, u64) -> i32;
+        // SAFETY: generated for the C signature of a `Py_tracefunc`; the frame and
+        // argument point at live fakes.
+        unsafe {
+            let f: Cb = std::mem::transmute::<usize, Cb>(self.hook.callbacks[0] as usize);
+            f(0, frame, what, arg)
+        }
+    }
+}
+
+#[test]
+fn the_profile_function_records_calls_returns_and_raises_and_nothing_else() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for via in [None, Some(24)] {
+        let mut s = profile_setup(via);
+        assert!(s.hook.installer.is_none());
+        assert_eq!(s.hook.callbacks.len(), 1);
+        s.set(ST_ON, 1);
+        let code = fake_code(7);
+        // The frame: f_code at +32, or f_frame at +24 pointing at an interpreter
+        // frame whose f_code is at +32.
+        let iframe = [0, 0, 0, 0, code.as_ptr() as u64];
+        let frame: [u64; 5] = match via {
+            None => [0, 0, 0, 0, code.as_ptr() as u64],
+            Some(_) => [0, 0, 0, iframe.as_ptr() as u64, 0],
+        };
+        let f = frame.as_ptr() as u64;
+        let obj = [1u64, 0x7777_0000];
+        let none = none_addr();
+        assert_eq!(s.profile(f, 0, none), 0); // PyTrace_CALL
+        assert_eq!(s.profile(f, 4, none), 0); // PyTrace_C_CALL: not recorded
+        assert_eq!(s.profile(f, 6, none), 0); // PyTrace_C_RETURN: not recorded
+        assert_eq!(s.profile(f, 3, obj.as_ptr() as u64), 0); // PyTrace_RETURN
+        assert_eq!(s.profile(f, 3, 0), 0); // left by an exception
+        let mut got = Vec::new();
+        s.reader()
+            .drain(10, |r| got.push((r.probe, r.args[0], r.args[1], r.args[4])));
+        let c = code.as_ptr() as u64;
+        assert_eq!(
+            got,
+            [
+                (KIND_CALL, c, 0, 7),
+                (KIND_RETURN, c, 0x7777_0000, 7),
+                (KIND_RAISE, c, 0, 7)
+            ],
+            "{via:?}"
+        );
+    }
+}
+
+#[test]
+fn a_profile_function_told_to_go_drops_itself_in_each_thread_and_unregisters_once() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = profile_setup(None);
+    s.set(ST_ON, 1);
+    s.set(ST_AT_EXIT_RETRY, 1);
+    calls();
+    let code = fake_code(3);
+    let frame = [0, 0, 0, 0, code.as_ptr() as u64];
+    // The first event registers the exit callback.
+    s.profile(frame.as_ptr() as u64, 0, 0);
+    assert_ne!(s.get(ST_AT_EXIT), 0);
+    calls();
+    // SAFETY: the test's own fake thread state; the tests run one at a time.
+    let slot = |v: Option<u64>| unsafe {
+        let p = std::ptr::addr_of_mut!(TSTATE).cast::<u64>().add(8);
+        if let Some(v) = v {
+            p.write_volatile(v);
+        }
+        p.read_volatile()
+    };
+    slot(Some(s.hook.callbacks[0]));
+    s.set(ST_ON, 0);
+    assert_eq!(s.profile(frame.as_ptr() as u64, 0, 0), 0);
+    assert_eq!(slot(None), 0, "the thread's profile function is cleared");
+    assert_eq!(
+        calls(),
+        [
+            "PyThreadState_Get",
+            "atexit.unregister(obj)",
+            "Py_DecRef",
+            "Py_DecRef",
+            "Py_DecRef",
+            "PyErr_Clear"
+        ]
+    );
+    assert_eq!(s.get(ST_STATUS), STATUS_REMOVED);
+    // Another thread: it drops its own, and nothing is unregistered twice.
+    slot(Some(s.hook.callbacks[0]));
+    s.profile(frame.as_ptr() as u64, 3, 0);
+    assert_eq!(slot(None), 0);
+    assert_eq!(calls(), ["PyThreadState_Get"]);
+    assert_eq!(s.reader().head(), 1, "only the first event was recorded");
+}
+
+#[test]
+fn before_3_12_the_exit_callback_returns_a_new_reference_to_none() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = profile_setup(None);
+    type Cb = unsafe extern "C" fn(u64, u64) -> u64;
+    // SAFETY: generated for the C signature of a METH_NOARGS function; it reads the
+    // state page (on clear: no wait) and writes the fake None's refcount.
+    let f: Cb = unsafe { std::mem::transmute::<usize, Cb>(s.hook.at_exit as usize) };
+    // SAFETY: the fake None lives for the whole test binary.
+    let refs = || unsafe { std::ptr::addr_of!(NONE).cast::<u64>().read_volatile() };
+    let before = refs();
+    // SAFETY: see above.
+    assert_eq!(unsafe { f(0, 0) }, none_addr());
+    assert_eq!(refs(), before + 1);
 }

@@ -523,8 +523,8 @@ impl Engine {
                         ts_ns: monotonic_ns(),
                     });
                     self.ring_thread_started(tid);
-                    self.hook_thread_started(tid);
-                    self.resume_or_hold(tid, None, StopKind::Interrupt, holding);
+                    let hold = self.hook_thread_started(tid);
+                    self.resume_or_hold(tid, None, StopKind::Interrupt, holding || hold);
                 }
                 _ => match self.pending_children.get(&tid).copied() {
                     Some(pending) => self.adopt_child(tid, pending, sink),
@@ -535,9 +535,9 @@ impl Engine {
         };
         if thread.state == ThreadState::New {
             self.ring_thread_started(tid);
-            self.hook_thread_started(tid);
+            let hold = self.hook_thread_started(tid);
             self.set_state(tid, ThreadState::Running);
-            self.resume_or_hold(tid, None, StopKind::Interrupt, holding);
+            self.resume_or_hold(tid, None, StopKind::Interrupt, holding || hold);
             return;
         }
         // Under PTRACE_SEIZE a group-stop is a PTRACE_EVENT_STOP carrying the stop

@@ -1,16 +1,19 @@
 //! The injected hook engine on interpreters with no function probes (pyenv builds of
-//! CPython 3.12 and 3.13, no SDT notes; Debian's 3.13 and 3.14, SDT notes without
-//! function probes): `--mode trace` counts calls
+//! CPython 3.7 to 3.13, no SDT notes; Debian's 3.11, whose entries do not fire, and
+//! 3.13 and 3.14, SDT notes without function probes): `--mode trace` counts calls
 //! exactly, launched and attached to, threads started after attaching included; a
 //! pyprobe SIGKILLed with the hook installed leaves the target running, correct, and
-//! unhooked (the target itself sees sys.monitoring tool 4 free again).
+//! unhooked (the target itself sees sys.monitoring tool 4 free again, or before
+//! 3.12 its thread's profile function gone).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-pub(crate) const MINORS: [u32; 2] = [12, 13];
+/// The pyenv builds the hook serves: the profile route (3.7 to 3.11) and
+/// sys.monitoring (3.12, 3.13).
+pub(crate) const MINORS: [u32; 7] = [7, 8, 9, 10, 11, 12, 13];
 
 /// The newest pyenv build of 3.`minor`, or `None` with a notice (a failure under
 /// `PYPROBE_REQUIRE_PYTHONS=1`).
@@ -43,15 +46,16 @@ pub(crate) fn pyenv(minor: u32) -> Option<PathBuf> {
     last
 }
 
-/// Every interpreter the hook engine serves here: pyenv 3.12 and 3.13 (no SDT
-/// notes), Debian's 3.13 and 3.14 (SDT notes, no function probes: calls from the
-/// hook, GC, imports and audit events from the probes), each with a label.
+/// Every interpreter the hook engine serves here: pyenv 3.7 to 3.13 (no SDT
+/// notes), Debian's 3.11 (return probes only), 3.13 and 3.14 (SDT notes, no function
+/// probes): calls from the hook, GC, imports and audit events from the probes), each
+/// with a label.
 pub(crate) fn hook_interpreters() -> Vec<(String, PathBuf)> {
     let mut pythons: Vec<(String, PathBuf)> = MINORS
         .iter()
         .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))
         .collect();
-    for minor in ["3.13", "3.14"] {
+    for minor in ["3.11", "3.13", "3.14"] {
         if let Some(debian) = python(minor) {
             pythons.push((format!("Debian {minor}"), debian.launcher));
         }
@@ -239,8 +243,9 @@ fn hook_engine_refuses_in_one_sentence_what_it_cannot_serve() {
         ],
         &["--mode trace"],
     );
-    if let Some(py311) = pyenv(11) {
-        let py_s = py311.display().to_string();
+    // 3.15 has no hook route yet (its function probes serve it).
+    if let Some(py315) = python("3.15") {
+        let py_s = py315.launcher.display().to_string();
         assert_refused(
             &[
                 "record",
@@ -255,7 +260,7 @@ fn hook_engine_refuses_in_one_sentence_what_it_cannot_serve() {
                 "-c",
                 "pass",
             ],
-            &["3.11", "3.12 to 3.14", "default mode"],
+            &["3.15", "3.7 to 3.14", "default mode"],
         );
     }
 }
@@ -311,10 +316,14 @@ fn an_idle_main_thread_is_said_in_one_sentence_not_waited_on() {
 
 #[test]
 fn the_targets_own_cprofile_counts_the_same_traced_or_not() {
-    // cProfile holds sys.monitoring's profiler id (2), the hook its own (4).
-    let script = "import cProfile, pstats\n\
+    // 3.12+: cProfile holds sys.monitoring's profiler id (2), the hook its own (4),
+    // and both count both runs of fib. Before, a thread has one profile function:
+    // cProfile takes it over from the hook (said), and gives it back when disabled,
+    // so pyprobe counts the second run only.
+    let script = "import cProfile, pstats, time\n\
                   def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2)\n\
-                  p = cProfile.Profile(); p.enable(); fib(15); p.disable()\n\
+                  p = cProfile.Profile(); p.enable(); fib(15); time.sleep(0.5); p.disable()\n\
+                  time.sleep(0.5); fib(15)\n\
                   s = pstats.Stats(p)\n\
                   print('fib', [v[1] for k, v in s.stats.items() if k[2] == 'fib'])\n";
     for minor in MINORS {
@@ -327,10 +336,19 @@ fn the_targets_own_cprofile_counts_the_same_traced_or_not() {
         assert_eq!(own.trim(), "fib [1973]", "3.{minor}");
         let out = TempFile::new("hook-cprofile.pyprobe");
         let py_s = py.display().to_string();
-        let (stdout, _) = trace_launched(&format!("3.{minor}"), &out, &[&py_s, "-c", script]);
+        let (stdout, stderr) = trace_launched(&format!("3.{minor}"), &out, &[&py_s, "-c", script]);
         assert_eq!(stdout, own, "3.{minor}");
         let calls = calls_in_file(&report_json(out.path()), "<string>");
-        assert_eq!(calls.get("fib"), Some(&1973), "3.{minor}: {calls:?}");
+        let (want, said) = if minor >= 12 {
+            (2 * 1973, 0)
+        } else {
+            (1973, 1)
+        };
+        assert_eq!(calls.get("fib"), Some(&want), "3.{minor}: {calls:?}");
+        let notices = stderr
+            .matches("profile function of the target's own")
+            .count();
+        assert_eq!(notices, said, "3.{minor}: {stderr}");
     }
 }
 
@@ -409,4 +427,42 @@ fn report_shows_the_types_functions_returned_and_how_often_they_raised() {
             "{minor}: no `{line}` line for f in\n{text}"
         );
     }
+}
+
+/// On Debian's 3.9 both engines serve: the hook (asked for) and the SDT function
+/// probes (the default there) count the program's calls the same, and as it does.
+#[test]
+fn the_hook_and_the_function_probes_count_the_same_calls() {
+    let Some(py) = python("3.9") else { return };
+    let mut counted = Vec::new();
+    for engine in ["hook", "auto"] {
+        let out = TempFile::new("hook-vs-probes.pyprobe");
+        let script = fixture_script("count_calls.py");
+        let launcher = py.launcher.display().to_string();
+        let argv = [
+            "record",
+            "--mode",
+            "trace",
+            "--engine",
+            engine,
+            "-o",
+            out.path(),
+            "--",
+            &launcher,
+            &script,
+            "3",
+        ];
+        let run = run_pyprobe(&argv);
+        let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+        assert!(run.status.success(), "{engine}: {stderr}");
+        let says_hook = stderr.contains("engine hook for calls: profile function");
+        assert_eq!(says_hook, engine == "hook", "{engine}: {stderr}");
+        let own = json_line(&String::from_utf8_lossy(&run.stdout));
+        let traced = calls_in_file(&report_json(out.path()), "count_calls.py");
+        for (name, n) in own.as_object().expect("object") {
+            assert_eq!(traced.get(name).copied(), n.as_u64(), "{engine}: {name}");
+        }
+        counted.push(traced);
+    }
+    assert_eq!(counted[0], counted[1]);
 }

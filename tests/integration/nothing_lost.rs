@@ -235,11 +235,15 @@ fn thread_churn_gives_every_return_its_entry() {
     }
 }
 
-/// The interpreters the hook engine serves (pyenv 3.12 and 3.13, Debian 3.14;
-/// Debian's 3.13 runs the same hook as pyenv's).
+/// The interpreters the hook engine serves, one per hook shape: the profile
+/// route with the tracing flag in the thread state (pyenv 3.8) and in the frame's
+/// `CFrame` with the code object one frame away (Debian 3.11); sys.monitoring on
+/// pyenv 3.12 and 3.13 and Debian 3.14 (Debian's 3.13 runs the same hook as pyenv's).
 fn hook_pythons() -> Vec<(String, std::path::PathBuf)> {
     let mut all = crate::hook::hook_interpreters();
-    all.retain(|(label, _)| label != "Debian 3.13");
+    all.retain(|(label, _)| {
+        ["3.8", "Debian 3.11", "3.12", "3.13", "Debian 3.14"].contains(&label.as_str())
+    });
     all
 }
 

@@ -206,7 +206,7 @@ impl EventBuilder {
         }
         self.header.python_version = chosen.version.map(|v| v.to_string()).unwrap_or_default();
         self.header.probes = chosen.groups.iter().map(|g| g.name().to_owned()).collect();
-        if super::resolver::returns_only(chosen.version, &chosen.groups) {
+        if super::resolver::returns_only(chosen.version, &chosen.groups, chosen.hook) {
             self.header.sample_interval_ns = self
                 .header
                 .sample_interval_ns

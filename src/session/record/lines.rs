@@ -73,17 +73,23 @@ impl StartLine<'_> {
                 ", stopping the threads briefly"
             }
         );
+        // 3.12+ registers with sys.monitoring; before, the hook is each thread's
+        // profile function.
+        let hook_route = match chosen.version {
+            Some(v) if !v.at_least(3, 12) => "profile function",
+            _ => "sys.monitoring",
+        };
         let engine = match request.ring {
             _ if chosen.hook && groups.len() > 1 => {
-                "engine hook for calls: sys.monitoring, no probes; the rest: ring, else int3"
+                format!("engine hook for calls: {hook_route}, no probes; the rest: ring, else int3")
             }
-            _ if chosen.hook => "engine hook: sys.monitoring, no probes",
-            RingUse::Auto => "engine auto: ring, else int3",
-            RingUse::Required => "engine ring",
-            RingUse::Off => "engine int3",
+            _ if chosen.hook => format!("engine hook: {hook_route}, no probes"),
+            RingUse::Auto => "engine auto: ring, else int3".into(),
+            RingUse::Required => "engine ring".into(),
+            RingUse::Off => "engine int3".into(),
         };
         let what = match self.mode {
-            Mode::Trace if returns_only(chosen.version, &chosen.groups) => {
+            Mode::Trace if returns_only(chosen.version, &chosen.groups, chosen.hook) => {
                 let others: Vec<&str> = groups
                     .iter()
                     .copied()

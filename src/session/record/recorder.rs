@@ -303,7 +303,7 @@ impl<'a> Recorder<'a> {
     fn on_tick(&mut self, pid: i32, ts_ns: u64, on_cpu: &[(i32, bool)], stopped: bool) {
         let sampling = !self.settings.alongside || {
             let now = self.chosen.borrow();
-            returns_only(now.version, &now.groups)
+            returns_only(now.version, &now.groups, now.hook)
         };
         if sampling && (self.announced || !self.launched) && !self.exact_window {
             self.sampler

@@ -104,10 +104,11 @@ pub fn needs_context_stacks(
         || !groups.contains(&ProbeGroup::Function)
 }
 
-/// Whether function calls are traced from return probes only (CPython 3.11):
-/// trace mode then samples stacks alongside, for times.
-pub fn returns_only(version: Option<PyVersion>, groups: &BTreeSet<ProbeGroup>) -> bool {
-    version.is_some_and(|v| v.is(3, 11)) && groups.contains(&ProbeGroup::Function)
+/// Whether function calls are traced from return probes only (CPython 3.11 without
+/// the hook engine, which gives entries too): trace mode then samples stacks
+/// alongside, for times.
+pub fn returns_only(version: Option<PyVersion>, groups: &BTreeSet<ProbeGroup>, hook: bool) -> bool {
+    !hook && version.is_some_and(|v| v.is(3, 11)) && groups.contains(&ProbeGroup::Function)
 }
 
 pub struct PythonResolver {
@@ -237,9 +238,12 @@ impl PythonResolver {
                 (Some(_), Some(why)) => Err(NotTraceable(why).into()),
                 (Some(_), None) => Ok(true),
             },
+            // The SDT probes where entries and returns both fire (3.11's entries
+            // do not), else the hook.
             super::HookUse::Auto => Ok(version.is_some()
                 && served.is_none()
-                && !available_groups(object).contains(&ProbeGroup::Function)),
+                && (version.is_some_and(|v| v.is(3, 11))
+                    || !available_groups(object).contains(&ProbeGroup::Function))),
         }
     }
 

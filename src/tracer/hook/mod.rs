@@ -8,6 +8,11 @@
 //!   detour and the eval breaker is raised. The next thread to check the breaker
 //!   runs the installer there, with the GIL held. `sys.monitoring` events are
 //!   interpreter-wide, so threads started later are covered with no more work.
+//! * **The profile route** (3.7 to 3.11, `profile`): no safe point is needed; with
+//!   every thread stopped the hook is written as each thread state's profile
+//!   function, and the status set at once. New threads are held at their first stop
+//!   until their thread state has it; every 100 ms the thread states are read for one
+//!   without it (the target's own profiler let it go, a thread made in C).
 //! * **A launched program** (`launched`): the hook goes in at the first system-call
 //!   stop after the interpreter has a thread state, before the script runs.
 //! * **Watching**: each turn of the event loop reads the state page's `status`.
@@ -44,6 +49,7 @@
 //!   child's callbacks find `on` clear and unregister without touching any ring.
 
 mod launched;
+mod profile;
 mod returns;
 mod setup;
 
@@ -57,6 +63,7 @@ use memmap2::MmapMut;
 use nix::sys::ptrace;
 use nix::unistd::Pid;
 
+use crate::hook::codegen::STR_HASH;
 use crate::hook::{failed_step, Detour, HookCode, KIND_CALL, KIND_RAISE, KIND_RETURN};
 use crate::hook::{STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_AT_EXIT, ST_ON, ST_STATUS};
 use crate::process::memory::ProcessMemory;
@@ -69,6 +76,7 @@ use crate::tracer::ring::tsc::TscClock;
 use crate::tracer::ring::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
 
 use launched::Awaiting;
+use profile::{ProfileTarget, Slot};
 use returns::{ReturnTable, TypeNames};
 pub use setup::refusal;
 use setup::Breaker;
@@ -80,6 +88,9 @@ const RAISE_EVERY: Duration = Duration::from_millis(10);
 const RAISE_SLOWLY: Duration = Duration::from_secs(1);
 /// Said once when the installer has not run after this long.
 const SLOW_AFTER: Duration = Duration::from_secs(2);
+/// The profile route looks for thread states without the hook this often (reads
+/// only; the threads are stopped only when one needs it).
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
 /// Records taken per drain.
 const BATCH: usize = 1024;
 /// The name of a code object freed before pyprobe could read it.
@@ -103,9 +114,16 @@ pub(in crate::tracer) struct HookProc {
     _mapping: MmapMut,
     state_addr: u64,
     hook: HookCode,
-    /// The jump at the safe point, while it is there.
+    /// The jump at the safe point, while it is there (monitoring route).
     detour: Option<Detour>,
-    breaker: Breaker,
+    breaker: Option<Breaker>,
+    /// The profile route: its layout, when the thread states are next looked at,
+    /// whether a new thread is held for that, and the thread states already said to
+    /// run the target's own profiler.
+    profile: Option<ProfileTarget>,
+    next_sweep: Instant,
+    sweep_now: bool,
+    said_taken: std::collections::HashSet<u64>,
     phase: Phase,
     since: Instant,
     last_raise: Instant,
@@ -116,13 +134,13 @@ pub(in crate::tracer) struct HookProc {
     buffers: HitBuffers,
     /// Per drain: (code object, `co_name`, `co_filename`, first line) → its frame
     /// (or `None`: not readable).
-    names: FxHashMap<[u64; 4], Option<PyFrame>>,
+    names: FxHashMap<[u64; 5], Option<PyFrame>>,
     /// The same parts once named, kept across drains: the records still in the
     /// ring when the target exits are named after its memory is gone. The parts
     /// are what the hook read from the code object when it ran, so a code object
     /// freed and another put at its address has other parts (its own name and
     /// file pointers, first line), unless it is the same function again.
-    named: FxHashMap<[u64; 4], PyFrame>,
+    named: FxHashMap<[u64; 5], PyFrame>,
     /// Type objects' names.
     types: TypeNames,
     /// Per thread: the code objects entered and not yet left, with their names.
@@ -215,11 +233,20 @@ impl Engine {
         installed
             .reader
             .serve(tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
-        sink(TraceEvent::Detail(format!(
-            "hook engine in process {pid}: hook at {:#x}, detour at _Py_HandlePending ({:#x}); \
-             waiting for a thread to run Python code",
-            installed.hook.addr, installed.detour.site
-        )));
+        match &installed.detour {
+            Some(d) => sink(TraceEvent::Detail(format!(
+                "hook engine in process {pid}: hook at {:#x}, detour at _Py_HandlePending ({:#x}); \
+                 waiting for a thread to run Python code",
+                installed.hook.addr, d.site
+            ))),
+            None => sink(TraceEvent::Detail(format!(
+                "hook engine in process {pid}: hook at {:#x}, set as the profile function of its \
+                 threads",
+                installed.hook.addr
+            ))),
+        }
+        let mut said_taken = std::collections::HashSet::new();
+        say_taken(pid, &installed.taken, &mut said_taken, sink);
         let now = Instant::now();
         self.hook_book.procs.insert(
             pid,
@@ -229,8 +256,12 @@ impl Engine {
                 _mapping: installed.mapping,
                 state_addr: installed.state_addr,
                 hook: installed.hook,
-                detour: Some(installed.detour),
+                detour: installed.detour,
                 breaker: installed.breaker,
+                profile: installed.profile,
+                next_sweep: now + SWEEP_EVERY,
+                sweep_now: false,
+                said_taken,
                 phase: Phase::Waiting,
                 since: now,
                 last_raise: now,
@@ -250,16 +281,81 @@ impl Engine {
         Ok(())
     }
 
-    /// A new thread at its first stop: its `%fs` base names its records.
-    pub(in crate::tracer) fn hook_thread_started(&mut self, tid: i32) {
+    /// A new thread at its first stop: its `%fs` base names its records. On the
+    /// profile route, returns true: hold it until its thread state has the hook
+    /// (made by its creator before the thread started), so its first call counts.
+    pub(in crate::tracer) fn hook_thread_started(&mut self, tid: i32) -> bool {
         let Some(pid) = self.threads.get(&tid).map(|t| t.tgid) else {
-            return;
+            return false;
         };
         let Some(h) = self.hook_book.procs.get_mut(&pid) else {
-            return;
+            return false;
         };
         if let Ok(regs) = ptrace::getregs(Pid::from_raw(tid)) {
             h.fs_tids.insert(regs.fs_base, tid);
+        }
+        if h.profile.is_some() && h.phase == Phase::Installed {
+            h.sweep_now = true;
+            return true;
+        }
+        false
+    }
+
+    /// The profile route: thread states without the hook get it (every thread
+    /// stopped for the writes, only when one needs it); a new thread held for
+    /// this goes on.
+    fn hook_sweep(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        let now = Instant::now();
+        let due: Vec<i32> = self
+            .hook_book
+            .procs
+            .iter()
+            .filter(|(_, h)| h.profile.is_some() && h.phase == Phase::Installed)
+            .filter(|(_, h)| h.sweep_now || now >= h.next_sweep)
+            .map(|(&p, _)| p)
+            .collect();
+        for pid in due {
+            let Some(h) = self.hook_book.procs.get_mut(&pid) else {
+                continue;
+            };
+            let held = std::mem::take(&mut h.sweep_now);
+            h.next_sweep = now + SWEEP_EVERY;
+            let Some(target) = h.profile else { continue };
+            let cb = h.hook.callbacks[0];
+            let tstates = h.walker.thread_state_addrs().unwrap_or_default();
+            let mut free = false;
+            let mut taken = Vec::new();
+            for &t in &tstates {
+                match target.slot(&h.mem, t, cb) {
+                    Ok(Slot::Free) => free = true,
+                    Ok(Slot::Taken) => taken.push(t),
+                    _ => {}
+                }
+            }
+            say_taken(pid, &taken, &mut h.said_taken, sink);
+            if !free && !held {
+                continue;
+            }
+            if free {
+                if let Err(e) = self.stop_all_running(sink) {
+                    sink(TraceEvent::Notice(format!("process {pid}: {e:#}")));
+                    self.resume_all();
+                    continue;
+                }
+                let Some(h) = self.hook_book.procs.get_mut(&pid) else {
+                    self.resume_all();
+                    continue;
+                };
+                // Read again, every thread stopped: the list may have changed.
+                let tstates = h.walker.thread_state_addrs().unwrap_or_default();
+                match setup::set_profiles(&mut h.mem, &target, &tstates, cb) {
+                    Ok(taken) => say_taken(pid, &taken, &mut h.said_taken, sink),
+                    Err(e) => sink(TraceEvent::Notice(format!(
+                        "process {pid}: a thread could not be given the hook: {e:#}"
+                    ))),
+                }
+            }
+            self.resume_all();
         }
     }
 
@@ -268,6 +364,7 @@ impl Engine {
     pub(in crate::tracer) fn drain_hooks(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> usize {
         self.hook_await(sink);
         self.hook_watch(sink);
+        self.hook_sweep(sink);
         let pids: Vec<i32> = self.hook_book.procs.keys().copied().collect();
         let mut drained = 0;
         for pid in pids {
@@ -326,9 +423,13 @@ impl Engine {
                     .unwrap_or(0)
                     != 0;
                 sink(TraceEvent::Detail(format!(
-                    "hook engine in process {pid}: installed after {} ms (sys.monitoring tool 4); \
-                     its exit callback {}",
+                    "hook engine in process {pid}: installed after {} ms ({}); its exit callback {}",
                     h.since.elapsed().as_millis(),
+                    if h.profile.is_some() {
+                        "each thread's profile function"
+                    } else {
+                        "sys.monitoring tool 4"
+                    },
                     if exit_in {
                         "registered with atexit"
                     } else {
@@ -361,6 +462,9 @@ impl Engine {
                     continue;
                 }
             }
+            if h.detour.is_none() && h.phase != Phase::Waiting {
+                continue;
+            }
             // Threads stopped: put the entry back, or raise the breaker again.
             if let Err(e) = self.stop_all_running(sink) {
                 sink(TraceEvent::Notice(format!("process {pid}: {e:#}")));
@@ -373,7 +477,9 @@ impl Engine {
             if h.phase == Phase::Waiting {
                 h.last_raise = Instant::now();
                 let tstates = h.walker.thread_state_addrs().unwrap_or_default();
-                let _ = setup::raise(&mut h.mem, &tstates, h.breaker);
+                if let Some(breaker) = h.breaker {
+                    let _ = setup::raise(&mut h.mem, &tstates, breaker);
+                }
             } else if let Err(e) = unpatch(pid, h, self.guardian.as_mut()) {
                 sink(TraceEvent::Notice(format!("process {pid}: {e:#}")));
             }
@@ -390,9 +496,9 @@ impl Engine {
         let Some(h) = self.hook_book.procs.get_mut(&pid) else {
             return 0;
         };
-        let mut records: Vec<(u32, u64, [u64; 4], u64, u64)> = Vec::new();
+        let mut records: Vec<(u32, u64, [u64; 5], u64, u64)> = Vec::new();
         h.reader.drain(BATCH, |r| {
-            let parts = [r.args[0], r.args[2], r.args[3], r.args[4]];
+            let parts = [r.args[0], r.args[2], r.args[3], r.args[4], r.args[5]];
             records.push((r.probe, r.thread, parts, r.args[1], r.tsc));
         });
         let lost = h.reader.lost();
@@ -587,6 +693,24 @@ impl Engine {
     }
 }
 
+/// Says once per thread state that the target's own profiler holds its profile
+/// function (profile route): its calls are not traced while it does.
+fn say_taken(
+    pid: i32,
+    taken: &[u64],
+    said: &mut std::collections::HashSet<u64>,
+    sink: &mut dyn FnMut(TraceEvent),
+) {
+    let new = taken.iter().filter(|&&t| said.insert(t)).count();
+    if new > 0 {
+        sink(TraceEvent::Notice(format!(
+            "process {pid}: {new} thread(s) run a profile function of the target's own (cProfile, \
+             sys.setprofile); before CPython 3.12 a thread has one, so their calls are not traced \
+             until the target lets it go"
+        )));
+    }
+}
+
 /// The last return-type totals of a hook that is done with.
 fn flush_return_types(pid: i32, h: HookProc, sink: &mut dyn FnMut(TraceEvent)) {
     let mut returns = h.returns;
@@ -604,8 +728,8 @@ fn flush_return_types(pid: i32, h: HookProc, sink: &mut dyn FnMut(TraceEvent)) {
 /// the object at that address still has the `co_name`, `co_filename` and first line
 /// the record saw, else from those parts themselves (the object is gone, or its
 /// address holds another code object now).
-fn name_code(walker: &mut Walker, mem: &ProcessMemory, parts: [u64; 4]) -> Option<PyFrame> {
-    let [code, name, filename, first_line] = parts;
+fn name_code(walker: &mut Walker, mem: &ProcessMemory, parts: [u64; 5]) -> Option<PyFrame> {
+    let [code, name, filename, first_line, hashes] = parts;
     let [o_name, o_file, o_line] = walker.code_field_offsets();
     let same = mem.read_u64(code + o_name).ok() == Some(name)
         && mem.read_u64(code + o_file).ok() == Some(filename)
@@ -619,6 +743,13 @@ fn name_code(walker: &mut Walker, mem: &ProcessMemory, parts: [u64; 4]) -> Optio
         if let Some(frame) = frames.into_iter().next() {
             return Some(frame);
         }
+    }
+    // Gone: named from its strings while they hash as they did (before 3.12 they
+    // may have been freed too, and their memory now hold other strings).
+    let hash = |s: u64| mem.read_u64(s + STR_HASH as u64).ok();
+    let now = hash(name)? ^ hash(filename)?.rotate_left(1);
+    if now != hashes {
+        return None;
     }
     walker.name_code_parts(name, filename, first_line as u32)
 }

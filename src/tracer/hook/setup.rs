@@ -13,7 +13,8 @@ use memmap2::MmapMut;
 
 use crate::hook::codegen::JMP_LEN;
 use crate::hook::{
-    build_detour, build_hook, events_of, Detour, HookCode, HookParams, HookSymbols, ST_ARMED, ST_ON,
+    build_detour, build_hook, events_of, Detour, HookCode, HookParams, HookSymbols, Route,
+    STATUS_OK, ST_ARMED, ST_AT_EXIT_RETRY, ST_ON, ST_STATUS,
 };
 use crate::process::maps::read_maps;
 use crate::process::memory::ProcessMemory;
@@ -24,6 +25,8 @@ use crate::ring::{init_ring, ring_bytes, BranchTargets, RingReader};
 use crate::tracer::guardian::{Guardian, Op};
 use crate::tracer::inject::Injector;
 use crate::tracer::NotTraceable;
+
+use super::profile::{profile_target, ProfileTarget, Slot};
 
 /// Slots in a hook's ring: 8 MiB (it stays mapped after detaching).
 pub const CAPACITY: u64 = 1 << 15;
@@ -73,27 +76,34 @@ pub struct Installed {
     pub mapping: MmapMut,
     pub state_addr: u64,
     pub hook: HookCode,
-    pub detour: Detour,
-    pub breaker: Breaker,
+    /// The jump at the safe point (monitoring route).
+    pub detour: Option<Detour>,
+    pub breaker: Option<Breaker>,
+    /// The profile route's layout.
+    pub profile: Option<ProfileTarget>,
+    /// Thread states whose profile slot the target's own profiler holds.
+    pub taken: Vec<u64>,
     pub walker: Walker,
 }
 
 /// Why this interpreter cannot have the hook, in one sentence with what works
 /// instead; `None` when it can.
 pub fn refusal(version: PyVersion) -> Option<String> {
-    if version.major == 3 && crate::hook::events_of(u32::from(version.minor)).is_some() {
+    let minor = u32::from(version.minor);
+    if version.major == 3 && (events_of(minor).is_some() || profile_target(minor).is_some()) {
         return None;
     }
     Some(format!(
-        "CPython {version}: the hook engine serves CPython 3.12 to 3.14 so far; exact calls need \
-         function probes here (a --with-dtrace build of 3.6-3.10 or 3.15), else the default mode \
+        "CPython {version}: the hook engine serves CPython 3.7 to 3.14; exact calls need \
+         function probes here (a --with-dtrace build of 3.6 or 3.15), else the default mode \
          samples its stacks"
     ))
 }
 
 /// Whether the interpreter `walker` reads is far enough into its start for the
 /// hook (a launched process): it has a thread state, and on 3.12 its GIL (which
-/// [`install`] checks the interpreter's layout by).
+/// [`install`] checks the interpreter's layout by), on 3.10 and 3.11 a current
+/// `CFrame` (which the profile route writes).
 pub fn ready(walker: &mut Walker, mem: &ProcessMemory) -> bool {
     let Some(first) = walker
         .thread_state_addrs()
@@ -102,7 +112,11 @@ pub fn ready(walker: &mut Walker, mem: &ProcessMemory) -> bool {
     else {
         return false;
     };
-    walker.version().minor != 12 || ceval_312(mem, first).is_ok_and(|(gil, _)| gil != 0)
+    let minor = u32::from(walker.version().minor);
+    if let Some(target) = profile_target(minor) {
+        return target.ready(mem, first);
+    }
+    minor != 12 || ceval_312(mem, first).is_ok_and(|(gil, _)| gil != 0)
 }
 
 /// 3.12: the interpreter's `ceval.gil` pointer and `ceval.eval_breaker`, through
@@ -156,34 +170,46 @@ pub fn install(
         dec_ref: sym("Py_DecRef")?,
         err_clear: sym("PyErr_Clear")?,
         none: sym("_Py_NoneStruct")?,
+        thread_state_get: sym("PyThreadState_Get")?,
     };
-    let site = sym("_Py_HandlePending")?;
-    let mut text = vec![0u8; SCAN];
-    if mem.read(site, &mut text).is_err() {
-        text.truncate(64);
-        mem.read(site, &mut text)
-            .with_context(|| format!("reading _Py_HandlePending at {site:#x}"))?;
-    }
-    let targets = BranchTargets::scan(&text, site);
     let tstates = walker.thread_state_addrs()?;
     if tstates.is_empty() {
         bail!("process {pid} has no Python thread state yet");
     }
-    let Some(events) = events_of(u32::from(version.minor)) else {
-        return Err(NotTraceable(format!("CPython {version}: no hook events known")).into());
-    };
-    let breaker = match version.minor {
-        12 => {
-            let (gil, eb) = ceval_312(mem, tstates[0])?;
-            if gil == 0 || eb > 0xff {
-                bail!(
-                    "CPython {version}: its interpreter state does not have the 3.12 layout the hook \
-                     engine knows (ceval.gil {gil:#x}, eval_breaker {eb:#x})"
-                );
+    let minor = u32::from(version.minor);
+    let plan = match (events_of(minor), profile_target(minor)) {
+        (Some(events), _) => {
+            let site = sym("_Py_HandlePending")?;
+            let mut text = vec![0u8; SCAN];
+            if mem.read(site, &mut text).is_err() {
+                text.truncate(64);
+                mem.read(site, &mut text)
+                    .with_context(|| format!("reading _Py_HandlePending at {site:#x}"))?;
             }
-            Breaker::Interpreter(EVAL_BREAKER_312, CALLS_TO_DO_312)
+            let breaker = match version.minor {
+                12 => {
+                    let (gil, eb) = ceval_312(mem, tstates[0])?;
+                    if gil == 0 || eb > 0xff {
+                        bail!(
+                            "CPython {version}: its interpreter state does not have the 3.12 layout \
+                             the hook engine knows (ceval.gil {gil:#x}, eval_breaker {eb:#x})"
+                        );
+                    }
+                    Breaker::Interpreter(EVAL_BREAKER_312, CALLS_TO_DO_312)
+                }
+                _ => Breaker::ThreadState(EVAL_BREAKER_313),
+            };
+            Plan::Monitoring {
+                events,
+                site,
+                text,
+                breaker,
+            }
         }
-        _ => Breaker::ThreadState(EVAL_BREAKER_313),
+        (None, Some(target)) => Plan::Profile(target),
+        (None, None) => {
+            return Err(NotTraceable(format!("CPython {version}: no hook route known")).into())
+        }
     };
 
     let inj = Injector::find(pid, tid, mem)?.guarded(guard.as_deref(), mem);
@@ -230,8 +256,24 @@ pub fn install(
     let reader = unsafe { RingReader::new(mapping.as_mut_ptr(), mapping.len()) }
         .map_err(|e| anyhow!("{e}"))?;
 
-    // The hook page and the detour, within rel32 reach of the safe point.
-    let addr = place_near(pid, &inj, site)?;
+    let route = match &plan {
+        Plan::Monitoring { events, .. } => Route::Monitoring {
+            events: events.to_vec(),
+        },
+        Plan::Profile(target) => Route::Profile(target.layout),
+    };
+    // The hook page: on the monitoring route with the detour, within rel32 reach of
+    // the safe point.
+    let addr = match &plan {
+        Plan::Monitoring { site, .. } => place_near(pid, &inj, *site)?,
+        Plan::Profile(_) => inj.mmap(
+            0,
+            REGION,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+        )?,
+    };
     let hook = build_hook(&HookParams {
         addr,
         state_addr,
@@ -239,25 +281,29 @@ pub fn install(
         capacity: CAPACITY,
         tag: pid as u32,
         symbols,
-        events: events.to_vec(),
+        route,
         code_fields: walker.code_field_offsets().map(|o| o as u32),
     })?;
-    let detour_addr = (addr + hook.bytes.len() as u64 + 15) & !15;
-    let detour = build_detour(
-        detour_addr,
-        site,
-        &text,
-        &targets,
-        state_addr,
-        hook.installer,
-    )?;
-    if detour_addr + detour.code.len() as u64 > addr + REGION {
+    let detour = match (&plan, hook.installer) {
+        (Plan::Monitoring { site, text, .. }, Some(installer)) => {
+            let detour_addr = (addr + hook.bytes.len() as u64 + 15) & !15;
+            let targets = BranchTargets::scan(text, *site);
+            let detour = build_detour(detour_addr, *site, text, &targets, state_addr, installer)?;
+            if detour_addr + detour.code.len() as u64 > addr + REGION {
+                bail!("the hook does not fit its {REGION} bytes");
+            }
+            Some(detour)
+        }
+        _ => None,
+    };
+    if hook.bytes.len() as u64 > REGION {
         bail!("the hook does not fit its {REGION} bytes");
     }
     mem.write(addr, &hook.bytes)?;
-    mem.write(detour.addr, &detour.code)?;
+    if let Some(d) = &detour {
+        mem.write(d.addr, &d.code)?;
+    }
     mem.write(state_addr + ST_ON as u64, &1u64.to_le_bytes())?;
-    mem.write(state_addr + ST_ARMED as u64, &1u64.to_le_bytes())?;
     // The guardian clears `on` if pyprobe dies (the callbacks then uninstall), and
     // puts the safe point's bytes back; first it clears the ring's `alive`, so
     // that a callback waiting for room goes on at once.
@@ -270,31 +316,110 @@ pub fn install(
             &0u64.to_le_bytes(),
             &1u64.to_le_bytes(),
         )?;
-        g.tell_ring_site(pid, site, &detour.original, &detour.patch)?;
+        if let Some(d) = &detour {
+            g.tell_ring_site(pid, d.site, &d.original, &d.patch)?;
+        }
     }
-    if let Some(&rip) = rips.iter().find(|&&r| detour.splits(r)) {
-        bail!("a thread stands at {rip:#x}, inside the entry of _Py_HandlePending");
+    let mut taken = Vec::new();
+    match &plan {
+        Plan::Monitoring { breaker, .. } => {
+            let Some(d) = &detour else {
+                bail!("the monitoring route has no detour");
+            };
+            mem.write(state_addr + ST_ARMED as u64, &1u64.to_le_bytes())?;
+            if let Some(&rip) = rips.iter().find(|&&r| d.splits(r)) {
+                bail!("a thread stands at {rip:#x}, inside the entry of _Py_HandlePending");
+            }
+            let mut now = vec![0u8; d.original.len()];
+            mem.read(d.site, &mut now)?;
+            if now != d.original {
+                bail!("_Py_HandlePending changed while the hook was being built");
+            }
+            debug_assert!(d.patch.len() >= JMP_LEN);
+            mem.write(d.site, &d.patch)?;
+            raise(mem, &tstates, *breaker)?;
+        }
+        Plan::Profile(target) => {
+            let cb = hook.callbacks[0];
+            if cb & !0xfff != addr {
+                bail!("the hook's profile function at {cb:#x} is not in its first page");
+            }
+            // The exit callback is registered by the first event (GIL held).
+            mem.write(state_addr + ST_AT_EXIT_RETRY as u64, &1u64.to_le_bytes())?;
+            taken = set_profiles(mem, target, &tstates, cb)?;
+            mem.write(state_addr + ST_STATUS as u64, &STATUS_OK.to_le_bytes())?;
+        }
     }
-    let now = {
-        let mut b = vec![0u8; detour.original.len()];
-        mem.read(site, &mut b)?;
-        b
-    };
-    if now != detour.original {
-        bail!("_Py_HandlePending changed while the hook was being built");
-    }
-    debug_assert!(detour.patch.len() >= JMP_LEN);
-    mem.write(site, &detour.patch)?;
-    raise(mem, &tstates, breaker)?;
     Ok(Installed {
         reader,
         mapping,
         state_addr,
         hook,
         detour,
-        breaker,
+        breaker: match plan {
+            Plan::Monitoring { breaker, .. } => Some(breaker),
+            Plan::Profile(_) => None,
+        },
+        profile: match plan {
+            Plan::Profile(target) => Some(target),
+            Plan::Monitoring { .. } => None,
+        },
+        taken,
         walker,
     })
+}
+
+/// How the hook goes into this interpreter.
+enum Plan {
+    /// 3.12+: the detour at `_Py_HandlePending` (`text`: its first bytes) runs the
+    /// installer, which registers with `sys.monitoring`.
+    Monitoring {
+        events: &'static [(u32, u32)],
+        site: u64,
+        text: Vec<u8>,
+        breaker: Breaker,
+    },
+    /// 3.7 to 3.11: pyprobe sets each thread's profile function.
+    Profile(ProfileTarget),
+}
+
+/// Sets the profile function `cb` in every thread state of `tstates` whose slot is
+/// free (every thread stopped). Returns the thread states whose slot the target's
+/// own profiler holds. A thread state that does not read as one is an error when
+/// it is the only one; others are skipped (one may be half made or freed).
+pub fn set_profiles(
+    mem: &mut ProcessMemory,
+    target: &ProfileTarget,
+    tstates: &[u64],
+    cb: u64,
+) -> Result<Vec<u64>> {
+    let mut taken = Vec::new();
+    let mut first_error = None;
+    let mut set = 0;
+    for &t in tstates {
+        let done = match target.slot(mem, t, cb) {
+            Ok(Slot::Hooked) => Ok(true),
+            Ok(Slot::Taken) => {
+                taken.push(t);
+                Ok(false)
+            }
+            Ok(Slot::Free) => target.set(mem, t, cb).map(|()| true),
+            Err(e) => Err(e),
+        };
+        match done {
+            Ok(true) => set += 1,
+            Ok(false) => {}
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) if set == 0 && taken.is_empty() => {
+            Err(e.context("setting the hook as profile function"))
+        }
+        _ => Ok(taken),
+    }
 }
 
 /// Sends the eval loop of every thread state to `_Py_HandlePending` at its next
