@@ -11,8 +11,8 @@ use thiserror::Error;
 
 use crate::ring::codegen::emit_reserve;
 use crate::ring::format::{
-    H_ALIVE, H_FINISHED, H_HEAD, H_HEARTBEAT, H_STALE, S_ARGS, S_NARGS, S_PROBE, S_SEQ,
-    S_STRING_MASK, S_TAG, S_THREAD, S_TSC,
+    H_ALIVE, H_FINISHED, H_HEAD, H_HEARTBEAT, H_STALE, STRINGS_LEN, S_ARGS, S_NARGS, S_PROBE,
+    S_SEQ, S_STRINGS, S_STRING_MASK, S_TAG, S_THREAD, S_TRUNCATED, S_TSC,
 };
 
 use super::{
@@ -27,6 +27,12 @@ const METH_FASTCALL: u64 = 0x80;
 const METH_NOARGS: u64 = 0x04;
 /// `offsetof(PyASCIIObject, hash)` (3.7 to 3.15).
 pub const STR_HASH: i32 = 24;
+/// `offsetof(PyASCIIObject, length)`, `state` (its `compact` and `ascii` bits are
+/// 0x20 and 0x40 of the first byte), and where a compact ASCII string's text starts,
+/// `sizeof(PyASCIIObject)` (3.7 to 3.11).
+const STR_LENGTH: i32 = 16;
+const STR_STATE: i32 = 32;
+const STR_ASCII_DATA: i32 = 48;
 /// `PyTrace_RETURN` (`PyTrace_CALL` is 0).
 const PY_TRACE_RETURN: u32 = 3;
 /// `SYS_nanosleep`.
@@ -105,6 +111,8 @@ pub struct ProfileLayout {
     pub frame_via: Option<i32>,
     /// `offsetof(..., f_code)` in the frame object, or in the interpreter frame.
     pub frame_code: i32,
+    /// `offsetof(PyCodeObject, co_flags)`.
+    pub code_flags: i32,
 }
 
 /// Everything [`build_hook`] needs.
@@ -349,7 +357,10 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     // nargs = 6, no strings, no stack.
     a.mov(dword_ptr(r8 + S_NARGS as i32), 6)?;
     a.mov(dword_ptr(r8 + S_NARGS as i32 + 4), 0)?;
-    const _: () = assert!(S_STRING_MASK == S_NARGS + 1);
+    const _: () = assert!(S_STRING_MASK == S_NARGS + 1 && S_TRUNCATED == S_NARGS + 2);
+    if let Route::Profile(layout) = &p.route {
+        emit_copy_body_name(&mut a, layout, name, filename)?;
+    }
     // Publish last.
     a.lea(rax, ptr(r10 + 1))?;
     a.mov(qword_ptr(r8 + S_SEQ as i32), rax)?;
@@ -683,6 +694,50 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
         callbacks,
         at_exit,
     })
+}
+
+/// Before 3.12 a module or class body's code object (no `CO_OPTIMIZED`) is freed as
+/// soon as the body has run, and with it, often, its `co_name` (`<module>` is not
+/// immortal then): its record carries the name's text (a compact ASCII `str`, up to
+/// the slot's string area) as argument 2's string, and in argument 5 the file name's
+/// hash only. r8 = the slot, r12 = the code object; clobbers rax, rcx, rdx, rsi, rdi.
+fn emit_copy_body_name(
+    a: &mut CodeAssembler,
+    layout: &ProfileLayout,
+    name: u32,
+    filename: u32,
+) -> Result<(), IcedError> {
+    const CO_OPTIMIZED: i32 = 1;
+    const COMPACT_ASCII: i32 = 0x60;
+    let max = (STRINGS_LEN - 1) as i32;
+    let mut done = a.create_label();
+    let mut fits = a.create_label();
+    a.test(dword_ptr(r12 + layout.code_flags), CO_OPTIMIZED)?;
+    a.jnz(done)?;
+    a.mov(rsi, qword_ptr(r12 + name))?;
+    a.movzx(eax, byte_ptr(rsi + STR_STATE))?;
+    a.and(eax, COMPACT_ASCII)?;
+    a.cmp(eax, COMPACT_ASCII)?;
+    a.jne(done)?;
+    a.mov(rcx, qword_ptr(rsi + STR_LENGTH))?;
+    a.cmp(rcx, max)?;
+    a.jbe(fits)?;
+    a.mov(ecx, max)?;
+    a.mov(byte_ptr(r8 + S_TRUNCATED as i32), 1 << 2)?;
+    a.set_label(&mut fits)?;
+    a.mov(rdx, rcx)?;
+    a.lea(rsi, ptr(rsi + STR_ASCII_DATA))?;
+    a.lea(rdi, ptr(r8 + S_STRINGS as i32))?;
+    // The direction flag is clear at a C function's entry (SysV ABI).
+    a.rep().movsb()?;
+    a.mov(byte_ptr(r8 + rdx + S_STRINGS as i32), 0)?;
+    a.mov(byte_ptr(r8 + S_STRING_MASK as i32), 1 << 2)?;
+    a.mov(rax, qword_ptr(r12 + filename))?;
+    a.mov(rax, qword_ptr(rax + STR_HASH))?;
+    a.rol(rax, 1)?;
+    a.mov(qword_ptr(r8 + S_ARGS as i32 + 40), rax)?;
+    a.set_label(&mut done)?;
+    Ok(())
 }
 
 /// An argument of a call the hook makes.

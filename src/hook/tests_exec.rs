@@ -45,10 +45,10 @@ fn calls() -> Vec<String> {
 static FAKE_STR: [u64; 4] = [0; 4];
 
 /// A fake code object: co_name and co_filename (the fake string) at 16 and 24,
-/// co_firstlineno at 32.
-fn fake_code(first_line: u64) -> [u64; 5] {
+/// co_firstlineno at 32, co_flags at 40 (`CO_OPTIMIZED`: a function's).
+fn fake_code(first_line: u64) -> [u64; 6] {
     let s = FAKE_STR.as_ptr() as u64;
-    [0, 0, s, s, first_line]
+    [0, 0, s, s, first_line, 1]
 }
 
 fn none_addr() -> u64 {
@@ -363,7 +363,7 @@ fn a_full_ring_is_waited_on_until_the_consumer_makes_room() {
     s.set(ST_ON, 1);
     let mut reader = s.reader();
     reader.serve(cycles(60_000), u64::MAX);
-    let codes: Vec<[u64; 5]> = (0..3 * CAP).map(fake_code).collect();
+    let codes: Vec<[u64; 6]> = (0..3 * CAP).map(fake_code).collect();
     let done = std::sync::atomic::AtomicBool::new(false);
     let got = std::thread::scope(|scope| {
         let consumer = scope.spawn(|| {
@@ -796,6 +796,7 @@ fn profile_setup(via: Option<i32>) -> Setup {
         profile_func: 64,
         frame_via: via,
         frame_code: 32,
+        code_flags: 40,
     }))
 }
 
@@ -910,4 +911,51 @@ fn before_3_12_the_exit_callback_returns_a_new_reference_to_none() {
     // SAFETY: see above.
     assert_eq!(unsafe { f(0, 0) }, none_addr());
     assert_eq!(refs(), before + 1);
+}
+
+/// A fake compact ASCII `str` (3.7 to 3.11 layout): length at 16, hash at 24, the
+/// state byte at 32 (compact and ascii), the text from 48.
+fn fake_ascii(text: &str, hash: u64) -> Vec<u64> {
+    let mut words = vec![0u64; 6 + text.len() / 8 + 1];
+    words[2] = text.len() as u64;
+    words[3] = hash;
+    words[4] = 0x60;
+    // SAFETY: the text goes into the words' own bytes, within their length.
+    unsafe {
+        let bytes = words.as_mut_ptr().cast::<u8>().add(48);
+        std::ptr::copy_nonoverlapping(text.as_ptr(), bytes, text.len());
+    }
+    words
+}
+
+#[test]
+fn a_body_s_record_carries_its_name_and_a_function_s_does_not() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = profile_setup(None);
+    s.set(ST_ON, 1);
+    let name = fake_ascii("<module>", 0x1234);
+    let file = fake_ascii("/srv/app/mod.py", 0x5678);
+    let long = "x".repeat(300);
+    let long_name = fake_ascii(&long, 7);
+    let code =
+        |name: &Vec<u64>, flags: u64| [0, 0, name.as_ptr() as u64, file.as_ptr() as u64, 1, flags];
+    let body = code(&name, 0);
+    let function = code(&name, 1);
+    let long_body = code(&long_name, 0);
+    for c in [&body, &function, &long_body] {
+        let frame = [0, 0, 0, 0, c.as_ptr() as u64];
+        s.profile(frame.as_ptr() as u64, 0, 0);
+    }
+    let mut got = Vec::new();
+    s.reader().drain(10, |r| {
+        let text =
+            r.strings[2].map(|t| (String::from_utf8_lossy(t.bytes).into_owned(), t.truncated));
+        got.push((text, r.args[5]));
+    });
+    let file_only = 0x5678u64.rotate_left(1);
+    assert_eq!(got[0], (Some(("<module>".to_string(), false)), file_only));
+    assert_eq!(got[1], (None, 0x1234 ^ file_only));
+    let (text, check) = got[2].clone();
+    let (text, cut) = text.expect("the long name");
+    assert_eq!((text.len(), cut, check), (167, true, file_only));
 }

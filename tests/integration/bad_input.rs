@@ -75,7 +75,9 @@ fn not_a_python_process() {
     assert_one_sentence(&e);
 }
 
-/// A CPython built without `--with-dtrace` (the machine's pyenv build) in trace mode.
+/// A CPython built without `--with-dtrace` (the machine's pyenv build) in trace mode
+/// with the probe engines only (the default traces it through the hook engine,
+/// `hook.rs`): refused, saying what works.
 #[test]
 fn python_without_probes_in_trace_mode() {
     let pyenv = Path::new("/root/.pyenv/versions/3.11.7/bin/python3.11");
@@ -90,8 +92,13 @@ fn python_without_probes_in_trace_mode() {
     target.wait_for_line("ready");
     let pid = target.pid().to_string();
     let e = assert_refused(
-        &["record", "-p", &pid, "--mode", "trace"],
-        &[&pid, "no CPython SDT probes", "--with-dtrace"],
+        &["record", "-p", &pid, "--mode", "trace", "--engine", "ring"],
+        &[
+            &pid,
+            "no CPython SDT probes",
+            "--with-dtrace",
+            "hook engine",
+        ],
     );
     assert_one_sentence(&e);
     // Launching it: refused as soon as its interpreter is mapped, before it runs a

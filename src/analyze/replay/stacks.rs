@@ -132,11 +132,19 @@ impl Replay {
                 | EventKind::Thinned { .. }
                 | EventKind::AuditsCounted { .. }
                 | EventKind::ReturnType { .. }
+                | EventKind::GcStart { .. }
+                | EventKind::GcDone { .. }
+                | EventKind::ImportStart { .. }
+                | EventKind::ImportDone { .. }
+                | EventKind::Audit { .. }
+                | EventKind::Stack { .. }
         ) {
             // Written when pyprobe looks (a sample) or decides (markers, on whichever
             // thread): what the thread did before, read from a ring afterwards (a
             // record still being written when the sample was taken), keeps its
-            // own time.
+            // own time. GC, import and audit events move no call's clock either:
+            // with the hook engine they come from another ring than the calls, read
+            // at another moment, so they may be written before older calls.
             return t.clock.max(event.ts_ns);
         }
         t.clock = t.clock.max(event.ts_ns);

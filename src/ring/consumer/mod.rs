@@ -24,6 +24,9 @@ pub enum DrainStop {
     Pending { index: u64 },
     /// `max` records were read; more may be waiting.
     Limit,
+    /// The next record was stamped after the bound set with
+    /// [`RingReader::set_tsc_bound`]: left for a later drain.
+    Later,
 }
 
 /// Result of one [`RingReader::drain`].
@@ -46,6 +49,8 @@ pub struct RingReader {
     /// The records of the current drain, copied out of the ring (kept between
     /// drains so that a drain allocates nothing).
     copies: Vec<Copied>,
+    /// Records stamped after this are left in the ring (see `set_tsc_bound`).
+    tsc_bound: u64,
 }
 
 /// One record copied out of the ring, with its stack's continuation slots read.
@@ -92,6 +97,7 @@ impl RingReader {
             tail: 0,
             skipped: 0,
             copies: Vec::new(),
+            tsc_bound: u64::MAX,
         };
         let magic = reader.load(H_MAGIC);
         if magic != MAGIC {
@@ -228,6 +234,12 @@ impl RingReader {
     /// without waiting for pyprobe's work on them (and a store per record would
     /// pull the line producers read back and forth between the CPUs). Stops at the
     /// first slot that is reserved but not published.
+    /// Drains stop before a record stamped after `tsc` (`u64::MAX`: no bound): a
+    /// consumer merging two rings reads one only as far as the other has been read.
+    pub fn set_tsc_bound(&mut self, tsc: u64) {
+        self.tsc_bound = tsc;
+    }
+
     pub fn drain<F: FnMut(&RingRecord<'_>)>(&mut self, max: usize, mut f: F) -> Drained {
         self.heartbeat();
         let head = self.head();
@@ -249,6 +261,13 @@ impl RingReader {
             if !self.copy_with_seq(self.tail, self.tail.wrapping_add(1), &mut copy.slot) {
                 stop = Some(DrainStop::Pending { index: self.tail });
                 break;
+            }
+            if self.tsc_bound != u64::MAX {
+                let stamp = &copy.slot[S_TSC..S_TSC + 8];
+                if u64::from_le_bytes(stamp.try_into().unwrap_or([0; 8])) > self.tsc_bound {
+                    stop = Some(DrainStop::Later);
+                    break;
+                }
             }
             copy.index = self.tail;
             let (stack, used) = self.stack_of(&copy.slot, head);

@@ -308,3 +308,29 @@ fn stack_records_are_checked_before_they_are_trusted() {
     let out = reader.drain(100, |_| panic!("a continuation slot read as a record"));
     assert_eq!(out.stop, DrainStop::Pending { index: 8 });
 }
+
+#[test]
+fn a_bounded_drain_leaves_what_was_stamped_later() {
+    let mut ring = TestRing::new(8);
+    let mut reader = ring.reader().expect("reader");
+    // The model stamps slot i with 100 + i.
+    for _ in 0..5 {
+        assert!(ring.produce(1, &[], &[]));
+    }
+    reader.set_tsc_bound(102);
+    let mut stamps = Vec::new();
+    let out = reader.drain(100, |r| stamps.push(r.tsc));
+    assert_eq!(
+        (stamps.as_slice(), out.stop),
+        (&[100, 101, 102][..], DrainStop::Later)
+    );
+    // Left in the ring, not lost: read once the bound moves on.
+    reader.set_tsc_bound(u64::MAX);
+    stamps.clear();
+    let out = reader.drain(100, |r| stamps.push(r.tsc));
+    assert_eq!(
+        (stamps.as_slice(), out.stop),
+        (&[103, 104][..], DrainStop::Empty)
+    );
+    assert_eq!(reader.lost(), 0);
+}

@@ -221,28 +221,34 @@ pub(super) fn check_attachable(pid: i32, mode: Mode, hook: super::HookUse) -> Re
     }
     // The hook engine needs no probes: where it serves the interpreter (or is asked
     // for, and the resolver says why not), no probes is no refusal.
+    let servable = || {
+        find_interpreter_object(pid)
+            .ok()
+            .and_then(|o| {
+                crate::python::version::detect(&o, &crate::process::memory::ProcessMemory::new(pid))
+            })
+            .is_some_and(|v| crate::tracer::hook::refusal(v).is_none())
+    };
+    let hook_use = hook;
     let hook = mode == Mode::Trace
         && match hook {
             super::HookUse::Never => false,
             super::HookUse::Always => true,
-            super::HookUse::Auto => find_interpreter_object(pid)
-                .ok()
-                .and_then(|o| {
-                    crate::python::version::detect(
-                        &o,
-                        &crate::process::memory::ProcessMemory::new(pid),
-                    )
-                })
-                .is_some_and(|v| crate::tracer::hook::refusal(v).is_none()),
+            super::HookUse::Auto => servable(),
         };
     if mode == Mode::Trace && !hook && find_probe_object(pid, PROVIDER).is_err() {
         check_inspectable(pid)?; // it may have exited meanwhile: say so, not "no probes"
         let others = sdt_objects(pid, None)
             .map(|o| !o.is_empty())
             .unwrap_or(false);
+        let instead = if hook_use == super::HookUse::Never && servable() {
+            "without `--engine ring` or `int3`, the hook engine traces its calls exactly"
+        } else {
+            "`--mode sample` reads its stacks instead"
+        };
         bail!(
             "process {pid} has no CPython SDT probes{}: it is not a CPython built with --with-dtrace, \
-             so `--mode trace` cannot work; `--mode sample` reads its stacks instead",
+             so `--mode trace` cannot work with the probe engines; {instead}",
             if others { " (it has other SDT providers)" } else { "" }
         );
     }

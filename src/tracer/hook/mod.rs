@@ -48,6 +48,7 @@
 //! * **fork**: the state page is `MADV_WIPEONFORK` and the ring `MADV_DONTFORK`: a
 //!   child's callbacks find `on` clear and unregister without touching any ring.
 
+mod drain;
 mod launched;
 mod profile;
 mod returns;
@@ -63,15 +64,14 @@ use memmap2::MmapMut;
 use nix::sys::ptrace;
 use nix::unistd::Pid;
 
-use crate::hook::codegen::STR_HASH;
-use crate::hook::{failed_step, Detour, HookCode, KIND_CALL, KIND_RAISE, KIND_RETURN};
+use crate::hook::{failed_step, Detour, HookCode};
 use crate::hook::{STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_AT_EXIT, ST_ON, ST_STATUS};
 use crate::process::memory::ProcessMemory;
 use crate::python::walker::{PyFrame, Walker};
 use crate::ring::RingReader;
 use crate::tracer::clock::monotonic_ns;
 use crate::tracer::decode::HitBuffers;
-use crate::tracer::engine::{Engine, Hit, TraceEvent};
+use crate::tracer::engine::{Engine, TraceEvent};
 use crate::tracer::ring::tsc::TscClock;
 use crate::tracer::ring::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
 
@@ -148,6 +148,10 @@ pub(in crate::tracer) struct HookProc {
     /// What functions returned, by type.
     returns: ReturnTable,
     lost_reported: u64,
+    /// Records read from the ring, not yet named and passed on (see `drain`).
+    pending: std::collections::VecDeque<drain::HookRecord>,
+    /// Every record stamped before this counter value has been read.
+    read_to: u64,
     /// The process's memory is no longer the image its records point into (it
     /// exec'd or exited): records are named from `named` only.
     image_gone: bool,
@@ -275,6 +279,8 @@ impl Engine {
                 shadow: FxHashMap::default(),
                 returns: ReturnTable::default(),
                 lost_reported: 0,
+                pending: std::collections::VecDeque::new(),
+                read_to: 0,
                 image_gone: false,
             },
         );
@@ -365,12 +371,53 @@ impl Engine {
         self.hook_await(sink);
         self.hook_watch(sink);
         self.hook_sweep(sink);
-        let pids: Vec<i32> = self.hook_book.procs.keys().copied().collect();
+        // A process with an SDT ring too has both read in time order by
+        // `drain_rings`.
+        let pids: Vec<i32> = self
+            .hook_book
+            .procs
+            .keys()
+            .copied()
+            .filter(|pid| self.procs.get(pid).is_none_or(|p| p.ring.is_none()))
+            .collect();
         let mut drained = 0;
         for pid in pids {
             drained += self.drain_hook_of(pid, sink);
         }
         drained
+    }
+
+    /// Before the SDT ring of `pid` is read: its hook ring is read (and named), and
+    /// the SDT ring bounded to what is older than the hook records read. Returns the
+    /// bound (`u64::MAX`: no hook).
+    pub(in crate::tracer) fn hook_before_ring(
+        hook_book: &mut HookBook,
+        pid: i32,
+        tsc: Option<&TscClock>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> u64 {
+        match hook_book.procs.get_mut(&pid) {
+            Some(h) => {
+                h.collect(pid, tsc, sink);
+                h.read_to
+            }
+            None => u64::MAX,
+        }
+    }
+
+    /// While and after the SDT ring of `pid` is read: the hook records stamped no
+    /// later than `upto_ns` are passed on.
+    pub(in crate::tracer) fn hook_emit_upto(
+        hook_book: &mut HookBook,
+        pid: i32,
+        upto_ns: u64,
+        hits: &mut u64,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> usize {
+        hook_book
+            .procs
+            .get_mut(&pid)
+            .map_or(0, |h| h.emit(pid, upto_ns, hits, sink))
     }
 
     pub(super) fn hook_failed(
@@ -487,7 +534,9 @@ impl Engine {
         }
     }
 
-    /// Drains the hook ring of `pid` into hits. Returns the records drained.
+    /// Drains the hook ring of `pid` into hits, all of it (a process leaving, pyprobe
+    /// leaving): read, then named and passed on whatever the SDT ring holds.
+    /// Returns the records read and passed on.
     pub(in crate::tracer) fn drain_hook_of(
         &mut self,
         pid: i32,
@@ -496,137 +545,9 @@ impl Engine {
         let Some(h) = self.hook_book.procs.get_mut(&pid) else {
             return 0;
         };
-        let mut records: Vec<(u32, u64, [u64; 5], u64, u64)> = Vec::new();
-        h.reader.drain(BATCH, |r| {
-            let parts = [r.args[0], r.args[2], r.args[3], r.args[4], r.args[5]];
-            records.push((r.probe, r.thread, parts, r.args[1], r.tsc));
-        });
-        let lost = h.reader.lost();
-        if lost > h.lost_reported {
-            sink(TraceEvent::Lost {
-                pid,
-                count: lost - h.lost_reported,
-                ts_ns: monotonic_ns(),
-            });
-            h.lost_reported = lost;
-        }
-        if records.is_empty() {
-            return 0;
-        }
-        h.walker.new_naming_batch();
-        h.names.clear();
-        h.types.new_batch();
-        let tsc = self.ring_book.tsc.as_ref();
-        for &(kind, thread, parts, ty, stamp) in &records {
-            let code = parts[0];
-            let shadow = h.shadow.entry(thread).or_default();
-            // A return closes the innermost entry of the same code object.
-            let closed = if kind == KIND_CALL {
-                None
-            } else {
-                let at = shadow
-                    .iter()
-                    .rev()
-                    .take(64)
-                    .position(|(c, _)| *c == code)
-                    .map(|k| shadow.len() - 1 - k);
-                at.map(|i| {
-                    let (_, frame) = shadow.swap_remove(i);
-                    shadow.truncate(i);
-                    frame
-                })
-            };
-            let frame = match closed {
-                Some(frame) => frame,
-                None => {
-                    let walker = &mut h.walker;
-                    let mem = &h.mem;
-                    let named = &mut h.named;
-                    let image_gone = h.image_gone;
-                    h.names
-                        .entry(parts)
-                        .or_insert_with(|| {
-                            let frame = (!image_gone)
-                                .then(|| name_code(walker, mem, parts))
-                                .flatten()
-                                .or_else(|| named.get(&parts).cloned());
-                            if let Some(f) = &frame {
-                                if named.len() >= MAX_NAMED {
-                                    named.clear();
-                                }
-                                named.insert(parts, f.clone());
-                            }
-                            frame
-                        })
-                        .clone()
-                        .unwrap_or_else(|| PyFrame {
-                            file: UNKNOWN.into(),
-                            function: UNKNOWN.into(),
-                            name: UNKNOWN.into(),
-                            first_line: 0,
-                            line: 0,
-                        })
-                }
-            };
-            if kind == KIND_CALL {
-                let shadow = h.shadow.entry(thread).or_default();
-                if shadow.len() >= MAX_SHADOW {
-                    shadow.drain(..MAX_SHADOW / 2);
-                }
-                shadow.push((code, frame.clone()));
-            }
-            if kind != KIND_CALL {
-                let returned = match kind {
-                    KIND_RAISE => None,
-                    _ if h.image_gone => Some(h.types.cached(ty)),
-                    _ => Some(h.types.name(&h.mem, ty)),
-                };
-                h.returns
-                    .count(&frame.file, &frame.name, frame.first_line, returned);
-            }
-            let b = &mut h.buffers;
-            b.args.clear();
-            b.args
-                .extend_from_slice(&[code, code, frame.first_line as u64]);
-            b.strings.resize_with(2, String::new);
-            b.present.clear();
-            b.present.extend_from_slice(&[true, true]);
-            b.strings[0].clear();
-            b.strings[0].push_str(&frame.file);
-            b.strings[1].clear();
-            b.strings[1].push_str(&frame.name);
-            let tid = h.fs_tids.get(&thread).copied().unwrap_or(pid);
-            let ts_ns = tsc.map_or_else(monotonic_ns, |c| c.to_ns(stamp));
-            let (probe, name) = match kind {
-                KIND_CALL => (usize::MAX - 1, "function__entry"),
-                KIND_RETURN | KIND_RAISE => (usize::MAX, "function__return"),
-                _ => continue,
-            };
-            self.hits += 1;
-            sink(TraceEvent::Hit(Hit {
-                pid,
-                tid,
-                ts_ns,
-                probe,
-                probe_name: name,
-                args: &b.args,
-                buffers: b,
-                stack: None,
-                stopped: false,
-            }));
-        }
-        // Named: an ending target's exit callback may let finalization free them now.
-        h.reader.mark_finished();
-        sink(TraceEvent::RingDrained { pid });
-        if h.returns.due() {
-            let rows = h.returns.take_changed();
-            sink(TraceEvent::ReturnTypes {
-                pid,
-                ts_ns: monotonic_ns(),
-                rows: &rows,
-            });
-        }
-        records.len()
+        let read = h.collect(pid, self.ring_book.tsc.as_ref(), sink);
+        let passed = h.emit(pid, u64::MAX, &mut self.hits, sink);
+        read + passed
     }
 
     /// Leaving (every thread stopped): the hook told to unregister, the entry put
@@ -722,36 +643,6 @@ fn flush_return_types(pid: i32, h: HookProc, sink: &mut dyn FnMut(TraceEvent)) {
             rows: &rows,
         });
     }
-}
-
-/// Names the code object of a record: the walker's name (with `co_qualname`) while
-/// the object at that address still has the `co_name`, `co_filename` and first line
-/// the record saw, else from those parts themselves (the object is gone, or its
-/// address holds another code object now).
-fn name_code(walker: &mut Walker, mem: &ProcessMemory, parts: [u64; 5]) -> Option<PyFrame> {
-    let [code, name, filename, first_line, hashes] = parts;
-    let [o_name, o_file, o_line] = walker.code_field_offsets();
-    let same = mem.read_u64(code + o_name).ok() == Some(name)
-        && mem.read_u64(code + o_file).ok() == Some(filename)
-        && mem
-            .read_u64(code + o_line)
-            .ok()
-            .map(|v| v as u32 as i32 as i64 as u64)
-            == Some(first_line);
-    if same {
-        let (frames, _) = walker.name_captured(&[(code, 0)]);
-        if let Some(frame) = frames.into_iter().next() {
-            return Some(frame);
-        }
-    }
-    // Gone: named from its strings while they hash as they did (before 3.12 they
-    // may have been freed too, and their memory now hold other strings).
-    let hash = |s: u64| mem.read_u64(s + STR_HASH as u64).ok();
-    let now = hash(name)? ^ hash(filename)?.rotate_left(1);
-    if now != hashes {
-        return None;
-    }
-    walker.name_code_parts(name, filename, first_line as u32)
 }
 
 /// Puts the safe point's bytes back (every thread stopped).

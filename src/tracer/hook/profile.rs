@@ -50,6 +50,11 @@ pub struct ProfileTarget {
 
 /// The profile route's layout for CPython 3.`minor`, `None` outside 3.7 to 3.11.
 pub fn profile_target(minor: u32) -> Option<ProfileTarget> {
+    let code_flags = match minor {
+        7 => 32,
+        8..=10 => 36,
+        _ => 48,
+    };
     let (profile_func, flag, frame_via) = match minor {
         7..=9 => (56, Flag::InThreadState(48), None),
         10 => (
@@ -77,6 +82,7 @@ pub fn profile_target(minor: u32) -> Option<ProfileTarget> {
             profile_func,
             frame_via,
             frame_code: 32,
+            code_flags,
         },
         flag,
         tracing: 44,

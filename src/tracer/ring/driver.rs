@@ -8,7 +8,7 @@ use nix::unistd::Pid;
 
 use super::hits::{drain_hits, DrainedHits, RecordSource};
 use super::setup as ring_setup;
-use super::tsc::TscClock;
+use super::tsc::{read_tsc, TscClock};
 use super::{
     RingUse, BUDGETED_PATIENCE_NS, BUSY_NS, CONSUMER_STALE_NS, DRAIN_BATCH, HIGH_WATER,
     RING_COUNT_NS, RING_EVENT_NS, RING_FRAME_NS, STUCK_NS,
@@ -317,6 +317,7 @@ impl Engine {
             procs,
             hit_buffers,
             ring_book,
+            hook_book,
             hits,
             ..
         } = self;
@@ -324,6 +325,7 @@ impl Engine {
             return 0;
         };
         tsc.refine();
+        let tsc: &TscClock = tsc;
         let mut total = 0;
         let mut counted_total = 0;
         let mut frames_walked = 0u64;
@@ -345,13 +347,33 @@ impl Engine {
                 mem: &proc.mem,
                 tsc,
             };
+            // With the hook engine's ring too, the two are read in time order: the
+            // hook's records first, this ring up to the last of them, each of this
+            // ring's hits after the hook records older than it.
+            let bound = Engine::hook_before_ring(hook_book, pid, Some(tsc), sink);
+            ring.reader.set_tsc_bound(bound);
+            let start = read_tsc();
             let DrainedHits {
                 drained,
                 last_ts_ns: last_ts,
                 frames,
             } = drain_hits(&mut ring.reader, DRAIN_BATCH, &source, hit_buffers, |hit| {
+                if bound != u64::MAX {
+                    Engine::hook_emit_upto(hook_book, pid, hit.ts_ns, hits, sink);
+                }
                 sink(TraceEvent::Hit(hit))
             });
+            ring.reader.set_tsc_bound(u64::MAX);
+            if bound != u64::MAX {
+                // What of this ring is older than the hook records still held has
+                // been read: they follow it.
+                let read_to = match drained.stop {
+                    DrainStop::Empty => tsc.to_ns(start),
+                    DrainStop::Later => tsc.to_ns(bound),
+                    _ => last_ts.unwrap_or(0),
+                };
+                Engine::hook_emit_upto(hook_book, pid, read_to, hits, sink);
+            }
             frames_walked += frames;
             if drained.records > 0 {
                 ring.threads.forget_before(ring.reader.tail());

@@ -11,6 +11,12 @@ struct Pair {
     ns: u64,
 }
 
+/// The counter now (the ring's stamps are this counter, read in the target).
+pub fn read_tsc() -> u64 {
+    // SAFETY: rdtsc has no preconditions on x86-64.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
 fn read_pair() -> Pair {
     // SAFETY: rdtsc has no preconditions on x86-64.
     let before = unsafe { core::arch::x86_64::_rdtsc() };
