@@ -107,7 +107,8 @@ def configurations(pyprobe, floor, pyspy, sites, sems, tmp):
         "--"] + cmd
     configs["pyprobe ring"] = lambda cmd: [
         pyprobe, "record", "--force", "--mode", "trace", "--engine", "ring", "-o", rec, "--"] + cmd
-    # The injected sys.monitoring hook (CPython 3.12+), exact without function probes.
+    # The injected hook (CPython 3.7+: sys.monitoring from 3.12, a profile function
+    # before), exact without function probes.
     configs["pyprobe hook"] = lambda cmd: [
         pyprobe, "record", "--force", "--mode", "trace", "--engine", "hook", "-o", rec, "--"] + cmd
     configs["pyprobe auto"] = lambda cmd: [pyprobe, "record", "--force", "--mode", "auto", "-o", rec, "--"] + cmd

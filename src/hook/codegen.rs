@@ -27,12 +27,10 @@ const METH_FASTCALL: u64 = 0x80;
 const METH_NOARGS: u64 = 0x04;
 /// `offsetof(PyASCIIObject, hash)` (3.7 to 3.15).
 pub const STR_HASH: i32 = 24;
-/// `offsetof(PyASCIIObject, length)`, `state` (its `compact` and `ascii` bits are
-/// 0x20 and 0x40 of the first byte), and where a compact ASCII string's text starts,
-/// `sizeof(PyASCIIObject)` (3.7 to 3.11).
-const STR_LENGTH: i32 = 16;
+/// `offsetof(PyASCIIObject, length)` and `state` (its `compact` and `ascii` bits are
+/// 0x20 and 0x40 of the first byte; 3.7 to 3.11).
+pub const STR_LENGTH: i32 = 16;
 const STR_STATE: i32 = 32;
-const STR_ASCII_DATA: i32 = 48;
 /// `PyTrace_RETURN` (`PyTrace_CALL` is 0).
 const PY_TRACE_RETURN: u32 = 3;
 /// `SYS_nanosleep`.
@@ -131,6 +129,9 @@ pub struct HookParams {
     /// object: each record carries them too, so that pyprobe can name a code object
     /// that is gone (or whose address holds another) by the time it reads the record.
     pub code_fields: [u32; 3],
+    /// Where a compact ASCII `str`'s text starts: `sizeof(PyASCIIObject)`, 48 before
+    /// 3.12, 40 since.
+    pub str_ascii_data: i32,
 }
 
 /// The built hook page.
@@ -342,15 +343,15 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     let [name, filename, first_line] = p.code_fields;
     a.mov(rax, qword_ptr(r12 + name))?;
     a.mov(qword_ptr(r8 + S_ARGS as i32 + 16), rax)?;
-    a.mov(rcx, qword_ptr(rax + STR_HASH))?;
+    emit_str_identity(&mut a, rax, rcx, p.str_ascii_data)?;
     a.mov(rax, qword_ptr(r12 + filename))?;
     a.mov(qword_ptr(r8 + S_ARGS as i32 + 24), rax)?;
-    a.mov(rdx, qword_ptr(rax + STR_HASH))?;
+    emit_str_identity(&mut a, rax, rdx, p.str_ascii_data)?;
     a.movsxd(rax, dword_ptr(r12 + first_line))?;
     a.mov(qword_ptr(r8 + S_ARGS as i32 + 32), rax)?;
-    // The two strings' hashes, folded: pyprobe names a code object that is gone
-    // from these strings only while they still hash the same (before 3.12 they may
-    // be freed too, and their memory hold other strings).
+    // The two strings' identities, folded: pyprobe names a code object that is
+    // gone from these strings only while they still read the same (before 3.12
+    // they may be freed too, and their memory hold other strings).
     a.rol(rdx, 1)?;
     a.xor(rcx, rdx)?;
     a.mov(qword_ptr(r8 + S_ARGS as i32 + 40), rcx)?;
@@ -359,7 +360,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     a.mov(dword_ptr(r8 + S_NARGS as i32 + 4), 0)?;
     const _: () = assert!(S_STRING_MASK == S_NARGS + 1 && S_TRUNCATED == S_NARGS + 2);
     if let Route::Profile(layout) = &p.route {
-        emit_copy_body_name(&mut a, layout, name, filename)?;
+        emit_copy_body_name(&mut a, p, layout)?;
     }
     // Publish last.
     a.lea(rax, ptr(r10 + 1))?;
@@ -696,46 +697,81 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     })
 }
 
+/// What identifies a `str` (at `src`) to pyprobe later, in `out`: its hash, or while
+/// that is not computed (-1), its length, xor its first 8 bytes when it has as many
+/// (read no further: the object may end there). Clobbers rsi.
+fn emit_str_identity(
+    a: &mut CodeAssembler,
+    src: AsmRegister64,
+    out: AsmRegister64,
+    data: i32,
+) -> Result<(), IcedError> {
+    let mut done = a.create_label();
+    a.mov(out, qword_ptr(src + STR_HASH))?;
+    a.cmp(out, -1)?;
+    a.jne(done)?;
+    a.mov(out, qword_ptr(src + STR_LENGTH))?;
+    a.cmp(out, 8)?;
+    a.jb(done)?;
+    a.mov(rsi, qword_ptr(src + data))?;
+    a.xor(out, rsi)?;
+    a.set_label(&mut done)?;
+    Ok(())
+}
+
 /// Before 3.12 a module or class body's code object (no `CO_OPTIMIZED`) is freed as
 /// soon as the body has run, and with it, often, its `co_name` (`<module>` is not
-/// immortal then): its record carries the name's text (a compact ASCII `str`, up to
-/// the slot's string area) as argument 2's string, and in argument 5 the file name's
-/// hash only. r8 = the slot, r12 = the code object; clobbers rax, rcx, rdx, rsi, rdi.
+/// immortal then) and its file name: its record carries their text (compact ASCII
+/// `str`s), as argument 2's string, "NAME\x01FILE" (the file left out when both do
+/// not fit, the name too when it alone does not), and in argument 5 the file name's
+/// identity alone. r8 = the slot, r12 = the code object; clobbers rax, rcx, rdx, rsi,
+/// rdi.
 fn emit_copy_body_name(
     a: &mut CodeAssembler,
+    p: &HookParams,
     layout: &ProfileLayout,
-    name: u32,
-    filename: u32,
 ) -> Result<(), IcedError> {
     const CO_OPTIMIZED: i32 = 1;
     const COMPACT_ASCII: i32 = 0x60;
+    let [name, filename, _] = p.code_fields;
     let max = (STRINGS_LEN - 1) as i32;
     let mut done = a.create_label();
-    let mut fits = a.create_label();
+    let mut finish = a.create_label();
+    let compact_ascii = |a: &mut CodeAssembler, to: CodeLabel| -> Result<(), IcedError> {
+        a.movzx(eax, byte_ptr(rsi + STR_STATE))?;
+        a.and(eax, COMPACT_ASCII)?;
+        a.cmp(eax, COMPACT_ASCII)?;
+        a.jne(to)
+    };
     a.test(dword_ptr(r12 + layout.code_flags), CO_OPTIMIZED)?;
     a.jnz(done)?;
     a.mov(rsi, qword_ptr(r12 + name))?;
-    a.movzx(eax, byte_ptr(rsi + STR_STATE))?;
-    a.and(eax, COMPACT_ASCII)?;
-    a.cmp(eax, COMPACT_ASCII)?;
-    a.jne(done)?;
+    compact_ascii(a, done)?;
     a.mov(rcx, qword_ptr(rsi + STR_LENGTH))?;
     a.cmp(rcx, max)?;
-    a.jbe(fits)?;
-    a.mov(ecx, max)?;
-    a.mov(byte_ptr(r8 + S_TRUNCATED as i32), 1 << 2)?;
-    a.set_label(&mut fits)?;
+    a.ja(done)?;
     a.mov(rdx, rcx)?;
-    a.lea(rsi, ptr(rsi + STR_ASCII_DATA))?;
+    a.lea(rsi, ptr(rsi + p.str_ascii_data))?;
     a.lea(rdi, ptr(r8 + S_STRINGS as i32))?;
     // The direction flag is clear at a C function's entry (SysV ABI).
     a.rep().movsb()?;
-    a.mov(byte_ptr(r8 + rdx + S_STRINGS as i32), 0)?;
+    a.mov(rsi, qword_ptr(r12 + filename))?;
+    compact_ascii(a, finish)?;
+    a.mov(rcx, qword_ptr(rsi + STR_LENGTH))?;
+    a.lea(rax, ptr(rdx + rcx + 1))?;
+    a.cmp(rax, max)?;
+    a.ja(finish)?;
+    a.mov(byte_ptr(rdi), 1)?;
+    a.inc(rdi)?;
+    a.lea(rsi, ptr(rsi + p.str_ascii_data))?;
+    a.rep().movsb()?;
+    a.set_label(&mut finish)?;
+    a.mov(byte_ptr(rdi), 0)?;
     a.mov(byte_ptr(r8 + S_STRING_MASK as i32), 1 << 2)?;
     a.mov(rax, qword_ptr(r12 + filename))?;
-    a.mov(rax, qword_ptr(rax + STR_HASH))?;
-    a.rol(rax, 1)?;
-    a.mov(qword_ptr(r8 + S_ARGS as i32 + 40), rax)?;
+    emit_str_identity(a, rax, rcx, p.str_ascii_data)?;
+    a.rol(rcx, 1)?;
+    a.mov(qword_ptr(r8 + S_ARGS as i32 + 40), rcx)?;
     a.set_label(&mut done)?;
     Ok(())
 }

@@ -209,6 +209,7 @@ impl Setup {
             symbols: symbols(),
             route,
             code_fields: [16, 24, 32],
+            str_ascii_data: 48,
         };
         let hook = build_hook(&params).expect("build");
         assert!(hook.bytes.len() <= len);
@@ -929,7 +930,7 @@ fn fake_ascii(text: &str, hash: u64) -> Vec<u64> {
 }
 
 #[test]
-fn a_body_s_record_carries_its_name_and_a_function_s_does_not() {
+fn a_body_s_record_carries_its_name_and_file_and_a_function_s_does_not() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut s = profile_setup(None);
     s.set(ST_ON, 1);
@@ -937,25 +938,39 @@ fn a_body_s_record_carries_its_name_and_a_function_s_does_not() {
     let file = fake_ascii("/srv/app/mod.py", 0x5678);
     let long = "x".repeat(300);
     let long_name = fake_ascii(&long, 7);
-    let code =
-        |name: &Vec<u64>, flags: u64| [0, 0, name.as_ptr() as u64, file.as_ptr() as u64, 1, flags];
-    let body = code(&name, 0);
-    let function = code(&name, 1);
-    let long_body = code(&long_name, 0);
-    for c in [&body, &function, &long_body] {
+    let long_file = fake_ascii(&format!("/srv/{}.py", "y".repeat(170)), 0x9abc);
+    // A file name not hashed yet: its length and first 8 bytes identify it.
+    let unhashed = fake_ascii("/srv/app/unhashed.py", u64::MAX);
+    let code = |name: &Vec<u64>, file: &Vec<u64>, flags: u64| {
+        [0, 0, name.as_ptr() as u64, file.as_ptr() as u64, 1, flags]
+    };
+    let codes = [
+        code(&name, &file, 0),
+        code(&name, &file, 1),
+        code(&long_name, &file, 0),
+        code(&name, &long_file, 0),
+        code(&name, &unhashed, 1),
+    ];
+    for c in &codes {
         let frame = [0, 0, 0, 0, c.as_ptr() as u64];
         s.profile(frame.as_ptr() as u64, 0, 0);
     }
     let mut got = Vec::new();
     s.reader().drain(10, |r| {
-        let text =
-            r.strings[2].map(|t| (String::from_utf8_lossy(t.bytes).into_owned(), t.truncated));
+        let text = r.strings[2].map(|t| String::from_utf8_lossy(t.bytes).into_owned());
         got.push((text, r.args[5]));
     });
     let file_only = 0x5678u64.rotate_left(1);
-    assert_eq!(got[0], (Some(("<module>".to_string(), false)), file_only));
+    assert_eq!(
+        got[0],
+        (Some("<module>\x01/srv/app/mod.py".into()), file_only)
+    );
     assert_eq!(got[1], (None, 0x1234 ^ file_only));
-    let (text, check) = got[2].clone();
-    let (text, cut) = text.expect("the long name");
-    assert_eq!((text.len(), cut, check), (167, true, file_only));
+    // A name longer than the area: nothing copied, both identities kept.
+    assert_eq!(got[2], (None, 7 ^ file_only));
+    // A file that does not fit beside the name: the name alone.
+    assert_eq!(got[3], (Some("<module>".into()), 0x9abcu64.rotate_left(1)));
+    let head = u64::from_le_bytes(*b"/srv/app");
+    let identity = ("/srv/app/unhashed.py".len() as u64) ^ head;
+    assert_eq!(got[4], (None, 0x1234 ^ identity.rotate_left(1)));
 }

@@ -5,7 +5,9 @@
 //! never reaches the recording after a later event of the other ring, which would
 //! put that event inside the wrong call.
 
-use crate::hook::codegen::STR_HASH;
+use std::sync::Arc;
+
+use crate::hook::codegen::{STR_HASH, STR_LENGTH};
 use crate::hook::{KIND_CALL, KIND_RAISE, KIND_RETURN};
 use crate::process::memory::ProcessMemory;
 use crate::python::walker::{PyFrame, Walker};
@@ -14,6 +16,7 @@ use crate::tracer::clock::monotonic_ns;
 use crate::tracer::engine::{Hit, TraceEvent};
 use crate::tracer::ring::tsc::{read_tsc, TscClock};
 
+use super::setup::ascii_data;
 use super::{HookProc, BATCH, MAX_NAMED, MAX_SHADOW, UNKNOWN};
 
 /// A record as the ring holds it: kind, `%fs` base, the code object's parts
@@ -56,7 +59,8 @@ impl HookProc {
                 parts: [r.args[0], r.args[2], r.args[3], r.args[4], r.args[5]],
                 ty: r.args[1],
                 stamp: r.tsc,
-                // A module or class body's name, copied by the hook (before 3.12).
+                // A module or class body's name and file, copied by the hook
+                // (before 3.12).
                 body_name: r.strings[2]
                     .filter(|s| !s.truncated)
                     .map(|s| String::from_utf8_lossy(s.bytes).into_owned()),
@@ -232,17 +236,68 @@ impl HookProc {
     }
 }
 
-/// Names the code object of a record: the walker's name (with `co_qualname`) while
-/// the object at that address still has the `co_name`, `co_filename` and first line
-/// the record saw, else from those parts themselves (the object is gone, or its
-/// address holds another code object now).
+/// What may identify the `str` at `s` as the hook saw it (see
+/// `crate::hook::codegen::emit_str_identity`): its hash now, and its length xor its
+/// first 8 bytes (its length alone when shorter), which a hash computed since does
+/// not change.
+fn identities(mem: &ProcessMemory, s: u64, data: u64) -> Option<[u64; 2]> {
+    let hash = mem.read_u64(s + STR_HASH as u64).ok()?;
+    let len = mem.read_u64(s + STR_LENGTH as u64).ok()?;
+    let by_text = if len < 8 {
+        len
+    } else {
+        len ^ mem.read_u64(s + data).ok()?
+    };
+    Some([hash, by_text])
+}
+
+/// Names the code object of a record. Its strings must still read as they did when
+/// the hook ran (`check`: the name's identity xor the file's rotated, or the file's
+/// alone for a body, whose name, and file when it fits, the record carries): before
+/// 3.12 a code object and its strings may be freed by now, their memory still
+/// holding the old pointers or other strings. Then the walker's name (with
+/// `co_qualname`) while the object at that address still has the `co_name`,
+/// `co_filename` and first line the record saw, else from those parts themselves.
 fn name_code(
     walker: &mut Walker,
     mem: &ProcessMemory,
     parts: [u64; 5],
-    body_name: Option<&str>,
+    body: Option<&str>,
 ) -> Option<PyFrame> {
-    let [code, name, filename, first_line, hashes] = parts;
+    let [code, name, filename, first_line, check] = parts;
+    let data = ascii_data(u32::from(walker.version().minor)) as u64;
+    let file_ids = identities(mem, filename, data);
+    let holds = |names: &[u64]| {
+        file_ids.is_some_and(|files| {
+            names
+                .iter()
+                .any(|n| files.iter().any(|f| n ^ f.rotate_left(1) == check))
+        })
+    };
+    if let Some(body) = body {
+        let (body_name, body_file) = match body.split_once('\x01') {
+            Some((n, f)) => (n, Some(f)),
+            None => (body, None),
+        };
+        let file: Arc<str> = match body_file {
+            Some(f) => f.into(),
+            None => holds(&[0])
+                .then(|| walker.name_code_parts(filename, filename, first_line as u32))
+                .flatten()
+                .map_or_else(|| UNKNOWN.into(), |f| f.file),
+        };
+        let name: Arc<str> = body_name.into();
+        return Some(PyFrame {
+            file,
+            function: name.clone(),
+            name,
+            first_line: first_line as u32,
+            line: first_line as u32,
+        });
+    }
+    if !holds(&identities(mem, name, data)?) {
+        return None;
+    }
     let [o_name, o_file, o_line] = walker.code_field_offsets();
     let same = mem.read_u64(code + o_name).ok() == Some(name)
         && mem.read_u64(code + o_file).ok() == Some(filename)
@@ -256,28 +311,6 @@ fn name_code(
         if let Some(frame) = frames.into_iter().next() {
             return Some(frame);
         }
-    }
-    // Gone: named from its strings while they hash as they did (before 3.12 they
-    // may have been freed too, and their memory now hold other strings); a body's
-    // name is in the record itself, and the check word holds the file's hash alone.
-    let hash = |s: u64| mem.read_u64(s + STR_HASH as u64).ok();
-    if let Some(body) = body_name {
-        let file = (hash(filename)?.rotate_left(1) == hashes)
-            .then(|| walker.name_code_parts(filename, filename, first_line as u32))
-            .flatten()
-            .map(|f| f.file);
-        let name: std::sync::Arc<str> = body.into();
-        return Some(PyFrame {
-            file: file.unwrap_or_else(|| UNKNOWN.into()),
-            function: name.clone(),
-            name,
-            first_line: first_line as u32,
-            line: first_line as u32,
-        });
-    }
-    let now = hash(name)? ^ hash(filename)?.rotate_left(1);
-    if now != hashes {
-        return None;
     }
     walker.name_code_parts(name, filename, first_line as u32)
 }

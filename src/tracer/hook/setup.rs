@@ -283,6 +283,7 @@ pub fn install(
         symbols,
         route,
         code_fields: walker.code_field_offsets().map(|o| o as u32),
+        str_ascii_data: ascii_data(minor),
     })?;
     let detour = match (&plan, hook.installer) {
         (Plan::Monitoring { site, text, .. }, Some(installer)) => {
@@ -367,6 +368,16 @@ pub fn install(
         taken,
         walker,
     })
+}
+
+/// `sizeof(PyASCIIObject)` of CPython 3.`minor`: where a compact ASCII `str`'s text
+/// starts (3.12 dropped its `wstr`).
+pub fn ascii_data(minor: u32) -> i32 {
+    if minor >= 12 {
+        40
+    } else {
+        48
+    }
 }
 
 /// How the hook goes into this interpreter.
