@@ -163,6 +163,9 @@ pub(in crate::tracer) struct HookBook {
     procs: HashMap<i32, HookProc>,
     /// Launched processes whose interpreter has no thread state yet.
     awaiting: HashMap<i32, Awaiting>,
+    /// Hook records read by `drain_rings` since `drain_hooks` last said how many
+    /// it drained (the event loop idles when a turn drains nothing).
+    read_with_rings: usize,
 }
 
 impl Engine {
@@ -380,7 +383,7 @@ impl Engine {
             .copied()
             .filter(|pid| self.procs.get(pid).is_none_or(|p| p.ring.is_none()))
             .collect();
-        let mut drained = 0;
+        let mut drained = std::mem::take(&mut self.hook_book.read_with_rings);
         for pid in pids {
             drained += self.drain_hook_of(pid, sink);
         }
@@ -398,7 +401,7 @@ impl Engine {
     ) -> u64 {
         match hook_book.procs.get_mut(&pid) {
             Some(h) => {
-                h.collect(pid, tsc, sink);
+                hook_book.read_with_rings += h.collect(pid, tsc, sink);
                 h.read_to
             }
             None => u64::MAX,
