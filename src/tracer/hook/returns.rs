@@ -71,7 +71,12 @@ impl TypeNames {
         }
         let name: Arc<str> = match mem.read_c_string(p, MAX_TYPE_NAME) {
             // `module.Class` for types defined in C: the class name is the last part.
-            Ok(s) => s.rsplit('.').next().unwrap_or(&s).into(),
+            // Not an identifier: the type is gone and its memory holds something
+            // else (a class made in a function or module body, freed since).
+            Ok(s) => match s.rsplit('.').next().filter(|n| is_identifier(n)) {
+                Some(n) => n.into(),
+                None => return "?".into(),
+            },
             Err(_) => return "?".into(),
         };
         if self.known.len() >= MAX_TYPES {
@@ -80,6 +85,13 @@ impl TypeNames {
         self.known.insert(ty, (p, name.clone()));
         name
     }
+}
+
+/// Whether `name` reads as a Python identifier (what a class name is).
+fn is_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c == '_' || c.is_alphabetic())
+        && chars.all(|c| c == '_' || c.is_alphanumeric())
 }
 
 /// A key by the addresses of its names (`Arc::as_ptr`): file, function, first line,
@@ -208,6 +220,16 @@ impl ReturnTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_type_name_that_is_no_identifier_is_not_taken() {
+        for good in ["int", "_Private", "Point3", "Ünïcode"] {
+            assert!(is_identifier(good), "{good}");
+        }
+        for bad in ["", "@", "3D", "a b", "x\u{1}"] {
+            assert!(!is_identifier(bad), "{bad:?}");
+        }
+    }
 
     fn s(text: &str) -> Arc<str> {
         text.into()
