@@ -238,8 +238,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     let mut record = a.create_label();
     match &p.route {
         Route::Monitoring { events } => {
-            // Callbacks: r8d = kind, then the shared body. Entry: rsp = 8 mod 16;
-            // three pushes make it 0 for the calls below.
+            // Callbacks: r8d = kind, then the shared body.
             for &(_, kind) in events {
                 let mut l = a.create_label();
                 a.set_label(&mut l)?;
@@ -247,14 +246,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
                 a.jmp(common)?;
                 callbacks.push(l);
             }
-            a.set_label(&mut common)?;
-            a.push(rbx)?;
-            a.push(r12)?;
-            a.push(r13)?;
-            a.mov(ebx, r8d)?;
-            a.mov(r9, p.state_addr)?;
-            a.cmp(qword_ptr(r9 + ST_ON as i32), 0)?;
-            a.je(off)?;
+            emit_callback_entry(&mut a, p.state_addr, &mut common, off)?;
             // r12 = the code object (args[0]), r13 = the returned object's type
             // (args[2]), or 0.
             a.mov(r12, qword_ptr(rsi))?;
@@ -293,14 +285,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
             a.test(rcx, rcx)?;
             a.jnz(common)?;
             a.mov(r8d, KIND_RAISE)?;
-            a.set_label(&mut common)?;
-            a.push(rbx)?;
-            a.push(r12)?;
-            a.push(r13)?;
-            a.mov(ebx, r8d)?;
-            a.mov(r9, p.state_addr)?;
-            a.cmp(qword_ptr(r9 + ST_ON as i32), 0)?;
-            a.je(off)?;
+            emit_callback_entry(&mut a, p.state_addr, &mut common, off)?;
             // r12 = the frame's code object, r13 = the returned object's type, or 0.
             match layout.frame_via {
                 Some(via) => {
@@ -695,6 +680,26 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
         callbacks,
         at_exit,
     })
+}
+
+/// The body every callback shares from `common` (r8d = the record kind): saves the
+/// callee-saved registers the record's parts live in (entry: rsp = 8 mod 16; three
+/// pushes make it 0 for the calls below), ebx = the kind, r9 = the state page, and
+/// to `off` when its `on` is clear.
+fn emit_callback_entry(
+    a: &mut CodeAssembler,
+    state_addr: u64,
+    common: &mut CodeLabel,
+    off: CodeLabel,
+) -> Result<(), IcedError> {
+    a.set_label(common)?;
+    a.push(rbx)?;
+    a.push(r12)?;
+    a.push(r13)?;
+    a.mov(ebx, r8d)?;
+    a.mov(r9, state_addr)?;
+    a.cmp(qword_ptr(r9 + ST_ON as i32), 0)?;
+    a.je(off)
 }
 
 /// What identifies a `str` (at `src`) to pyprobe later, in `out`: its hash, or while
