@@ -16,9 +16,9 @@ use crate::ring::format::{
 };
 
 use super::{
-    AT_EXIT_MAX_TRIES, AT_EXIT_RETRY_EVENTS, AT_EXIT_WAIT_MS, KIND_CALL, KIND_RAISE, KIND_RETURN,
-    STATUS_FAILED, STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_AT_EXIT, ST_AT_EXIT_MODULE,
-    ST_AT_EXIT_RETRY, ST_AT_EXIT_TRIES, ST_GONE, ST_ON, ST_STATUS, TOOL_ID,
+    AT_EXIT_MAX_TRIES, AT_EXIT_RETRY_EVENTS, AT_EXIT_WAIT_MS, HOOK_MAGIC, KIND_CALL, KIND_RAISE,
+    KIND_RETURN, STATUS_FAILED, STATUS_OK, STATUS_REMOVED, STATUS_RUNNING, ST_ARMED, ST_AT_EXIT,
+    ST_AT_EXIT_MODULE, ST_AT_EXIT_RETRY, ST_AT_EXIT_TRIES, ST_GONE, ST_ON, ST_STATUS, TOOL_ID,
 };
 
 /// `METH_FASTCALL`.
@@ -192,7 +192,10 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
         bytes: Vec::new(),
         base: p.addr,
     };
-    c.bytes.extend_from_slice(b"PYPRHOOK");
+    // The page's header: what a later pyprobe finds it by, and what it serves.
+    c.bytes.extend_from_slice(HOOK_MAGIC);
+    c.bytes.extend_from_slice(&p.state_addr.to_le_bytes());
+    c.bytes.extend_from_slice(&p.ring_addr.to_le_bytes());
     let s_monitoring = c.string("monitoring");
     let s_use = c.string("use_tool_id");
     let s_register = c.string("register_callback");
@@ -374,20 +377,24 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     }
     a.ret()?;
     // `on` clear: the first callback to see it uninstalls (GIL held: any Python may run).
+    // `gone` is taken before any call, so that a thread found outside this page
+    // with `gone` clear has not begun to uninstall (a later pyprobe reuses the page
+    // on that condition).
     a.set_label(&mut off)?;
+    let mut dropped = a.create_label();
+    a.xor(eax, eax)?;
+    a.mov(ecx, 1)?;
+    a.lock().cmpxchg(qword_ptr(r9 + ST_GONE as i32), rcx)?;
+    a.jne(dropped)?;
+    a.call(uninstaller)?;
+    a.set_label(&mut dropped)?;
     if let Route::Profile(layout) = &p.route {
         // A profile function is per thread: each thread drops its own at its next
         // event. The interpreter recomputes `use_tracing` from `c_profilefunc` when
         // this callback returns.
         call(&mut a, p.symbols.thread_state_get, &[])?;
         a.mov(qword_ptr(rax + layout.profile_func), 0)?;
-        a.mov(r9, p.state_addr)?;
     }
-    a.xor(eax, eax)?;
-    a.mov(ecx, 1)?;
-    a.lock().cmpxchg(qword_ptr(r9 + ST_GONE as i32), rcx)?;
-    a.jne(done)?;
-    a.call(uninstaller)?;
     a.jmp(done)?;
     // A try to register the exit callback is pending: one event nearer; at zero, try
     // (GIL held: the import may run Python). The record's parts are callee-saved.
@@ -511,6 +518,10 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
         a.push(rbx)?;
         a.push(r12)?;
         a.push(r13)?;
+        // Said before any call: a thread found outside this page with `status` 0
+        // has not begun to install.
+        a.mov(rax, p.state_addr)?;
+        a.mov(qword_ptr(rax + ST_STATUS as i32), STATUS_RUNNING as i32)?;
         let mut fails: Vec<CodeLabel> = (0..5).map(|_| a.create_label()).collect();
         call(&mut a, p.symbols.sys_get_object, &[Arg::Imm(s_monitoring)])?;
         a.mov(rbx, rax)?;

@@ -81,7 +81,7 @@
 //! | --- | --- |
 //! | [`ST_ON`] | 1: record; 0: uninstall at the next event |
 //! | [`ST_ARMED`] | 1: the detour runs the installer (once: it sets 2) |
-//! | [`ST_STATUS`] | 0 not run, [`STATUS_OK`], [`STATUS_FAILED`] + step, [`STATUS_REMOVED`] |
+//! | [`ST_STATUS`] | 0 not run, [`STATUS_RUNNING`], [`STATUS_OK`], [`STATUS_FAILED`] + step, [`STATUS_REMOVED`] |
 //! | [`ST_GONE`] | set by the callback that runs the uninstaller |
 //! | [`ST_AT_EXIT`] | the exit callback's function object, while `atexit` holds it |
 //! | [`ST_AT_EXIT_MODULE`] | the `atexit` module, to unregister it without an import |
@@ -116,6 +116,13 @@ pub use codegen::{
     build_detour, build_hook, Detour, HookCode, HookError, HookParams, HookSymbols, ProfileLayout,
     Route,
 };
+
+/// The first bytes of every hook page, followed by the addresses of its state page
+/// and its ring (a later pyprobe finds the three by it, see `tracer::hook::reuse`).
+pub const HOOK_MAGIC: &[u8; 8] = b"PYPRHOOK";
+/// Offsets in the hook page of the state page's and the ring's address.
+pub const HEADER_STATE: u64 = 8;
+pub const HEADER_RING: u64 = 16;
 
 /// `sys.monitoring` tool id pyprobe asks for (0-2 and 5 are named for debuggers,
 /// coverage, profilers and optimizers; 3 and 4 are free for other tools).
@@ -153,6 +160,8 @@ pub const AT_EXIT_WAIT_MS: u32 = 10_000;
 
 pub const STATUS_OK: u64 = 1;
 pub const STATUS_REMOVED: u64 = 2;
+/// The installer has begun (it sets OK or FAILED + step when it ends).
+pub const STATUS_RUNNING: u64 = 3;
 pub const STATUS_FAILED: u64 = 0x100;
 
 /// What the installer's failed steps were doing, by `status - STATUS_FAILED`.

@@ -43,6 +43,9 @@ fn calls() -> Vec<String> {
 
 /// A fake string object (the hook reads its hash at +24).
 static FAKE_STR: [u64; 4] = [0; 4];
+/// The address of the state page's `status` word while a test watches it, and the
+/// value `PySys_GetObject` (the installer's first call) found there.
+static WATCH_STATUS: Mutex<(u64, u64)> = Mutex::new((0, 0));
 
 /// A fake code object: co_name and co_filename (the fake string) at 16 and 24,
 /// co_firstlineno at 32, co_flags at 40 (`CO_OPTIMIZED`: a function's).
@@ -61,6 +64,12 @@ unsafe extern "C" fn fake_sys_get_object(name: *const c_char) -> *mut c_void {
     // SAFETY: per the contract above.
     let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
     log(format!("PySys_GetObject({name})"));
+    let mut watch = WATCH_STATUS.lock().unwrap_or_else(|e| e.into_inner());
+    if watch.0 != 0 {
+        // SAFETY: the watched word is the test's live state page.
+        watch.1 = unsafe { (watch.0 as *const u64).read_volatile() };
+    }
+    drop(watch);
     if name == "monitoring" {
         std::ptr::addr_of_mut!(MONITORING).cast()
     } else {
@@ -475,7 +484,13 @@ fn installer_registers_every_callback() {
     let s = Setup::new();
     calls();
     DEFS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    *WATCH_STATUS.lock().unwrap_or_else(|e| e.into_inner()) =
+        (s.state.as_ptr() as u64 + ST_STATUS as u64, 0);
     s.run(s.hook.installer.expect("monitoring route"));
+    let (_, seen) = std::mem::take(&mut *WATCH_STATUS.lock().unwrap_or_else(|e| e.into_inner()));
+    // Said before its first call: a thread outside the page with `status` 0 has
+    // not begun to install (what re-attaching relies on).
+    assert_eq!(seen, STATUS_RUNNING);
     let log = calls();
     let mask: u32 = EVENTS_312.iter().map(|&(e, _)| 1 << e).sum();
     assert_eq!(log[0], "PySys_GetObject(monitoring)");
@@ -878,15 +893,17 @@ fn a_profile_function_told_to_go_drops_itself_in_each_thread_and_unregisters_onc
     s.set(ST_ON, 0);
     assert_eq!(s.profile(frame.as_ptr() as u64, 0, 0), 0);
     assert_eq!(slot(None), 0, "the thread's profile function is cleared");
+    // `gone` is taken and the uninstaller run before any other call: a thread
+    // found outside the page with `gone` clear has not begun to leave.
     assert_eq!(
         calls(),
         [
-            "PyThreadState_Get",
             "atexit.unregister(obj)",
             "Py_DecRef",
             "Py_DecRef",
             "Py_DecRef",
-            "PyErr_Clear"
+            "PyErr_Clear",
+            "PyThreadState_Get"
         ]
     );
     assert_eq!(s.get(ST_STATUS), STATUS_REMOVED);

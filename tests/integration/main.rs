@@ -11,6 +11,7 @@ mod faults;
 mod forged;
 mod honest;
 mod hook;
+mod hook_reattach;
 mod lines;
 mod native;
 mod nothing_lost;

@@ -10,28 +10,52 @@ use crate::support::*;
 
 /// What pyprobe keeps mapped in a process, and the process's resident memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Footprint {
-    /// Mappings of pyprobe's ring memfd.
-    rings: usize,
-    /// Private anonymous code mappings starting with the trampoline marker.
-    regions: usize,
-    rss_kib: u64,
+pub(crate) struct Footprint {
+    /// Mappings of one of pyprobe's ring memfds.
+    pub rings: usize,
+    /// Pages of private anonymous code mappings starting with a marker.
+    pub regions: usize,
+    pub rss_kib: u64,
+}
+
+/// Resident memory `now` is at most one ring (8 MiB) above `base`, counted from a
+/// first session that already had the ring: pyprobe's share is one ring, which
+/// holds at most that however its records fall, whatever the interpreter's own
+/// allocator does with its few pages.
+pub(crate) fn assert_rss_flat(tag: &str, base: Footprint, now: Footprint) {
+    assert!(
+        now.rss_kib <= base.rss_kib + 8 * 1024,
+        "{tag}: resident memory grew from {} KiB to {} KiB",
+        base.rss_kib,
+        now.rss_kib
+    );
 }
 
 fn footprint(pid: i32) -> Footprint {
+    footprint_of(pid, "/memfd:pyprobe-ring", b"PYPRTRMP")
+}
+
+/// The [`Footprint`] of `pid`, counting mappings of the memfd `ring` and code
+/// pages starting with `marker` (anonymous mappings of one protection merge, so
+/// every page of one is looked at).
+pub(crate) fn footprint_of(pid: i32, ring: &str, marker: &[u8; 8]) -> Footprint {
     use std::os::unix::fs::FileExt;
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
     let (mut rings, mut regions) = (0, 0);
     for line in maps.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        if line.contains("/memfd:pyprobe-ring") {
+        if line.contains(ring) {
             rings += 1;
         } else if fields.len() == 5 && fields[1] == "r-xp" && fields[4] == "0" {
-            let start = u64::from_str_radix(fields[0].split('-').next().unwrap(), 16).unwrap();
-            let mut marker = [0u8; 8];
-            if mem.read_exact_at(&mut marker, start).is_ok() && &marker == b"PYPRTRMP" {
-                regions += 1;
+            let (start, end) = fields[0].split_once('-').unwrap();
+            let start = u64::from_str_radix(start, 16).unwrap();
+            let end = u64::from_str_radix(end, 16).unwrap();
+            for page in (start..end).step_by(4096) {
+                let mut bytes = [0u8; 8];
+                if mem.read_exact_at(&mut bytes, page).is_ok() && &bytes == marker {
+                    regions += 1;
+                }
             }
         }
     }
@@ -125,19 +149,10 @@ fn reattach_cycles(version: &'static str, cycles: usize) {
         // One ring, and one region (every probe site of these interpreters lies in
         // one code segment), however many times the target was attached.
         assert_eq!((now.rings, now.regions), (1, 1), "{tag}: {now:?}");
-        let base = *first.get_or_insert(now);
         // Before re-attaching reused them, each cycle added a ring and a region, and
         // the ring pages its 4000+ records touched: about 1 MiB of resident memory per
-        // cycle. Now pyprobe's share is one ring, which holds at most 8 MiB however
-        // the records fall: the bound (counted from the first cycle, which already
-        // has the ring and the region) is that, whatever the interpreter's own
-        // allocator does with its few pages.
-        assert!(
-            now.rss_kib <= base.rss_kib + 8 * 1024,
-            "{tag}: resident memory grew from {} KiB to {} KiB",
-            base.rss_kib,
-            now.rss_kib
-        );
+        // cycle.
+        assert_rss_flat(&tag, *first.get_or_insert(now), now);
         if cycle + 1 == cycles {
             // The last session is exact: every call recorded, nothing lost.
             assert_eq!((calls, lost), (2000, 0), "{tag}:\n{stderr}");

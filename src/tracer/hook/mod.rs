@@ -40,7 +40,9 @@
 //! * **Leaving**: `on` is cleared (the next callback, in any thread, unregisters the
 //!   hook from inside, with the GIL: `set_events(4, 0)`, callbacks set to `None`,
 //!   `free_tool_id(4)`); the entry's bytes go back if still patched; the ring is
-//!   drained. Nothing is unmapped.
+//!   drained. Nothing is unmapped: the next attach finds the page, its state page
+//!   and its ring again and uses them (`reuse`), so a target attached any number of
+//!   times holds one set.
 //! * **pyprobe killed**: the guardian was told the `on` word as a ring site whose
 //!   original is 0, and the entry's jump: it clears `on` and restores the entry (with
 //!   the threads stopped). A target that never calls Python again keeps a registered
@@ -52,6 +54,7 @@ mod drain;
 mod launched;
 mod profile;
 mod returns;
+mod reuse;
 mod setup;
 
 use std::collections::HashMap;
@@ -65,7 +68,9 @@ use nix::sys::ptrace;
 use nix::unistd::Pid;
 
 use crate::hook::{failed_step, Detour, HookCode};
-use crate::hook::{STATUS_OK, STATUS_REMOVED, ST_ARMED, ST_AT_EXIT, ST_ON, ST_STATUS};
+use crate::hook::{
+    STATUS_OK, STATUS_REMOVED, STATUS_RUNNING, ST_ARMED, ST_AT_EXIT, ST_ON, ST_STATUS,
+};
 use crate::process::memory::ProcessMemory;
 use crate::python::walker::{PyFrame, Walker};
 use crate::ring::RingReader;
@@ -251,6 +256,11 @@ impl Engine {
                  threads",
                 installed.hook.addr
             ))),
+        }
+        for note in &installed.notes {
+            sink(TraceEvent::Detail(format!(
+                "hook engine in process {pid}: {note}"
+            )));
         }
         let mut said_taken = std::collections::HashSet::new();
         say_taken(pid, &installed.taken, &mut said_taken, sink);
@@ -487,7 +497,7 @@ impl Engine {
                          calls come"
                     }
                 )));
-            } else if status != 0 {
+            } else if status != 0 && status != STATUS_RUNNING {
                 h.phase = Phase::Failed;
                 sink(TraceEvent::Notice(format!(
                     "process {pid}: the hook could not register with sys.monitoring ({}), so no calls \
@@ -585,7 +595,8 @@ impl Engine {
                 if h.phase == Phase::Installed {
                     sink(TraceEvent::Detail(format!(
                         "hook engine in process {pid}: told to unregister; it does at the target's \
-                         next Python call; its page ({:#x}, {} bytes) and its ring stay mapped, unused",
+                         next Python call; its page ({:#x}, {} bytes) and its ring stay mapped for the next \
+                         attach to use again",
                         h.hook.addr,
                         h.hook.bytes.len()
                     )));

@@ -19,7 +19,7 @@
 
 use anyhow::{bail, Result};
 
-use crate::hook::ProfileLayout;
+use crate::hook::{ProfileLayout, HOOK_MAGIC};
 use crate::process::memory::ProcessMemory;
 
 /// Where a thread state's `use_tracing` flag is.
@@ -88,9 +88,6 @@ pub fn profile_target(minor: u32) -> Option<ProfileTarget> {
         tracing: 44,
     })
 }
-
-/// Magic at the start of every hook page (see `crate::hook::codegen`).
-const HOOK_MAGIC: &[u8; 8] = b"PYPRHOOK";
 
 /// Whether `func` is the profile function of a pyprobe hook page (this one or one
 /// an earlier pyprobe left): the function lies in the page's first 4 KiB.

@@ -6,8 +6,6 @@
 //! spin loop for the guardian) and writes to `/proc/PID/mem`. Nothing the target
 //! may still execute is ever unmapped.
 
-use std::fs::OpenOptions;
-
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::MmapMut;
 
@@ -21,18 +19,20 @@ use crate::process::memory::ProcessMemory;
 use crate::python::version::PyVersion;
 use crate::python::walker::{find_interpreter_object, Walker};
 use crate::ring::format::H_ALIVE;
-use crate::ring::{init_ring, ring_bytes, BranchTargets, RingReader};
+use crate::ring::{BranchTargets, RingReader};
 use crate::tracer::guardian::{Guardian, Op};
 use crate::tracer::inject::Injector;
+use crate::tracer::ring::setup::map_ring;
 use crate::tracer::NotTraceable;
 
 use super::profile::{profile_target, ProfileTarget, Slot};
+use super::reuse::{self, Resume, NAME_AT, RING_NAME};
 
 /// Slots in a hook's ring: 8 MiB (it stays mapped after detaching).
 pub const CAPACITY: u64 = 1 << 15;
-const PAGE: u64 = 4096;
+pub const PAGE: u64 = 4096;
 /// The hook page and the detour.
-const REGION: u64 = 4 * PAGE;
+pub const REGION: u64 = 4 * PAGE;
 /// How far from the safe point the region may be (rel32, with a margin).
 const REACH: u64 = (1 << 31) - (64 << 20);
 /// Bytes of the safe point's function scanned for branches into its entry.
@@ -83,6 +83,8 @@ pub struct Installed {
     pub profile: Option<ProfileTarget>,
     /// Thread states whose profile slot the target's own profiler holds.
     pub taken: Vec<u64>,
+    /// What became of the hooks earlier pyprobes left (said under `-v`).
+    pub notes: Vec<String>,
     pub walker: Walker,
 }
 
@@ -213,97 +215,115 @@ pub fn install(
     };
 
     let inj = Injector::find(pid, tid, mem)?.guarded(guard.as_deref(), mem);
-    const RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
-    const ANON: i32 = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-    // The state page: a forked child sees it all zero, so its callbacks uninstall.
-    let state_addr = inj.mmap(0, PAGE, RW, ANON, -1)?;
-    inj.call(
-        "madvise(MADV_WIPEONFORK)",
-        libc::SYS_madvise,
-        [state_addr, PAGE, MADV_WIPEONFORK, 0, 0, 0],
-    )
-    .context("the hook needs MADV_WIPEONFORK (Linux 4.14+) so that a forked child never writes into the parent's ring")?;
-    mem.write(state_addr + 64, b"pyprobe-hook\0")?;
-    let bytes = ring_bytes(CAPACITY).map_err(|e| anyhow!("{e}"))? as u64;
-    let fd = inj.call(
-        "memfd_create",
-        libc::SYS_memfd_create,
-        [state_addr + 64, libc::MFD_CLOEXEC as u64, 0, 0, 0, 0],
-    )?;
-    let mapped = (|| {
-        inj.call("ftruncate", libc::SYS_ftruncate, [fd, bytes, 0, 0, 0, 0])?;
-        let ring_addr = inj.mmap(0, bytes, RW, libc::MAP_SHARED, fd as i64)?;
-        // A forked child does not get the ring at all.
-        inj.call(
-            "madvise(MADV_DONTFORK)",
-            libc::SYS_madvise,
-            [ring_addr, bytes, MADV_DONTFORK, 0, 0, 0],
-        )?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{pid}/fd/{fd}"))
-            .with_context(|| format!("opening the ring of process {pid} (its fd {fd})"))?;
-        // SAFETY: a shared mapping of a memfd only pyprobe and the target use; the
-        // reader accesses it with atomic and volatile operations.
-        let mut mapping = unsafe { MmapMut::map_mut(&file) }.context("mapping the ring")?;
-        init_ring(&mut mapping, CAPACITY).map_err(|e| anyhow!("{e}"))?;
-        Ok::<_, anyhow::Error>((ring_addr, mapping))
-    })();
-    let _ = inj.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0]);
-    let (ring_addr, mut mapping) = mapped?;
-    // SAFETY: the mapping lives as long as the reader (both in the HookProc).
-    let reader = unsafe { RingReader::new(mapping.as_mut_ptr(), mapping.len()) }
-        .map_err(|e| anyhow!("{e}"))?;
-
     let route = match &plan {
         Plan::Monitoring { events, .. } => Route::Monitoring {
             events: events.to_vec(),
         },
         Plan::Profile(target) => Route::Profile(target.layout),
     };
-    // The hook page: on the monitoring route with the detour, within rel32 reach of
-    // the safe point.
-    let addr = match &plan {
-        Plan::Monitoring { site, .. } => place_near(pid, &inj, *site)?,
-        Plan::Profile(_) => inj.mmap(
-            0,
-            REGION,
-            libc::PROT_READ | libc::PROT_EXEC,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-        )?,
-    };
-    let hook = build_hook(&HookParams {
-        addr,
-        state_addr,
-        ring_addr,
-        capacity: CAPACITY,
-        tag: pid as u32,
-        symbols,
-        route,
-        code_fields: walker.code_field_offsets().map(|o| o as u32),
-        str_ascii_data: ascii_data(minor),
-    })?;
-    let detour = match (&plan, hook.installer) {
-        (Plan::Monitoring { site, text, .. }, Some(installer)) => {
-            let detour_addr = (addr + hook.bytes.len() as u64 + 15) & !15;
-            let targets = BranchTargets::scan(text, *site);
-            let detour = build_detour(detour_addr, *site, text, &targets, state_addr, installer)?;
-            if detour_addr + detour.code.len() as u64 > addr + REGION {
+    // The hook page for these three addresses, with the detour after it on the
+    // monitoring route (within rel32 reach of the safe point).
+    let build =
+        |addr: u64, state_addr: u64, ring_addr: u64| -> Result<(HookCode, Option<Detour>)> {
+            let hook = build_hook(&HookParams {
+                addr,
+                state_addr,
+                ring_addr,
+                capacity: CAPACITY,
+                tag: pid as u32,
+                symbols,
+                route: route.clone(),
+                code_fields: walker.code_field_offsets().map(|o| o as u32),
+                str_ascii_data: ascii_data(minor),
+            })?;
+            let detour = match (&plan, hook.installer) {
+                (Plan::Monitoring { site, text, .. }, Some(installer)) => {
+                    let detour_addr = (addr + hook.bytes.len() as u64 + 15) & !15;
+                    let targets = BranchTargets::scan(text, *site);
+                    let detour =
+                        build_detour(detour_addr, *site, text, &targets, state_addr, installer)?;
+                    if detour_addr + detour.code.len() as u64 > addr + REGION {
+                        bail!("the hook does not fit its {REGION} bytes");
+                    }
+                    Some(detour)
+                }
+                _ => None,
+            };
+            if hook.bytes.len() as u64 > REGION {
                 bail!("the hook does not fit its {REGION} bytes");
             }
-            Some(detour)
+            Ok((hook, detour))
+        };
+    let (earlier, mut notes) = reuse::find(mem, &read_maps(pid)?, rips);
+    let mut again = None;
+    for e in earlier {
+        match build(e.addr, e.state_addr, e.ring_addr) {
+            Ok((hook, detour)) if same_code(mem, &hook, detour.as_ref()) => {
+                again = Some((e, hook, detour));
+                break;
+            }
+            Ok(_) => notes.push(format!(
+                "the earlier hook at {:#x}: built otherwise (another pyprobe version)",
+                e.addr
+            )),
+            Err(why) => notes.push(format!("the earlier hook at {:#x}: {why:#}", e.addr)),
         }
-        _ => None,
+    }
+    const RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
+    const ANON: i32 = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    let (state_addr, ring_addr, mut mapping, hook, detour, resume) = match again {
+        Some((e, hook, detour)) => {
+            // Nothing is written into the page: its bytes are what was built.
+            let (ring_addr, mapping) = hook_ring(pid, &inj, e.state_addr, Some(e.ring_addr))?;
+            if e.resume == Resume::Afresh {
+                mem.write(e.state_addr, &[0u8; NAME_AT as usize])?;
+            }
+            notes.push(format!(
+                "the hook page ({:#x}), state page and ring of an earlier pyprobe are used again \
+                 ({}; the ring replaced by a new one where it stood)",
+                e.addr,
+                match e.resume {
+                    Resume::Registered => "its hook still in, resumed",
+                    Resume::Afresh => "its hook out, put in afresh",
+                }
+            ));
+            (e.state_addr, ring_addr, mapping, hook, detour, e.resume)
+        }
+        None => {
+            // The state page: a forked child sees it all zero, so its callbacks
+            // uninstall.
+            let state_addr = inj.mmap(0, PAGE, RW, ANON, -1)?;
+            inj.call(
+                "madvise(MADV_WIPEONFORK)",
+                libc::SYS_madvise,
+                [state_addr, PAGE, MADV_WIPEONFORK, 0, 0, 0],
+            )
+            .context("the hook needs MADV_WIPEONFORK (Linux 4.14+) so that a forked child never writes into the parent's ring")?;
+            mem.write(state_addr + NAME_AT, RING_NAME)?;
+            let (ring_addr, mapping) = hook_ring(pid, &inj, state_addr, None)?;
+            let addr = match &plan {
+                Plan::Monitoring { site, .. } => place_near(pid, &inj, *site)?,
+                Plan::Profile(_) => inj.mmap(
+                    0,
+                    REGION,
+                    libc::PROT_READ | libc::PROT_EXEC,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                )?,
+            };
+            let (hook, detour) = build(addr, state_addr, ring_addr)?;
+            mem.write(addr, &hook.bytes)?;
+            if let Some(d) = &detour {
+                mem.write(d.addr, &d.code)?;
+            }
+            (state_addr, ring_addr, mapping, hook, detour, Resume::Afresh)
+        }
     };
-    if hook.bytes.len() as u64 > REGION {
-        bail!("the hook does not fit its {REGION} bytes");
-    }
-    mem.write(addr, &hook.bytes)?;
-    if let Some(d) = &detour {
-        mem.write(d.addr, &d.code)?;
-    }
+    // SAFETY: the mapping lives as long as the reader (both in the HookProc).
+    let reader = unsafe { RingReader::new(mapping.as_mut_ptr(), mapping.len()) }
+        .map_err(|e| anyhow!("{e}"))?;
+    // A hook still in needs no installer: its detour stays out.
+    let detour = detour.filter(|_| resume == Resume::Afresh);
     mem.write(state_addr + ST_ON as u64, &1u64.to_le_bytes())?;
     // The guardian clears `on` if pyprobe dies (the callbacks then uninstall), and
     // puts the safe point's bytes back; first it clears the ring's `alive`, so
@@ -323,6 +343,7 @@ pub fn install(
     }
     let mut taken = Vec::new();
     match &plan {
+        Plan::Monitoring { .. } if resume == Resume::Registered => {}
         Plan::Monitoring { breaker, .. } => {
             let Some(d) = &detour else {
                 bail!("the monitoring route has no detour");
@@ -342,11 +363,14 @@ pub fn install(
         }
         Plan::Profile(target) => {
             let cb = hook.callbacks[0];
-            if cb & !0xfff != addr {
+            if cb & !0xfff != hook.addr {
                 bail!("the hook's profile function at {cb:#x} is not in its first page");
             }
-            // The exit callback is registered by the first event (GIL held).
-            mem.write(state_addr + ST_AT_EXIT_RETRY as u64, &1u64.to_le_bytes())?;
+            // The exit callback is registered by the first event (GIL held); a hook
+            // still in has its own.
+            if resume == Resume::Afresh {
+                mem.write(state_addr + ST_AT_EXIT_RETRY as u64, &1u64.to_le_bytes())?;
+            }
             taken = set_profiles(mem, target, &tstates, cb)?;
             mem.write(state_addr + ST_STATUS as u64, &STATUS_OK.to_le_bytes())?;
         }
@@ -366,8 +390,37 @@ pub fn install(
             Plan::Monitoring { .. } => None,
         },
         taken,
+        notes,
         walker,
     })
+}
+
+/// Whether the process holds `hook` (and `detour`) byte for byte where they go.
+fn same_code(mem: &ProcessMemory, hook: &HookCode, detour: Option<&Detour>) -> bool {
+    let holds = |at: u64, code: &[u8]| {
+        let mut now = vec![0u8; code.len()];
+        mem.read(at, &mut now).is_ok() && now == code
+    };
+    holds(hook.addr, &hook.bytes) && detour.is_none_or(|d| holds(d.addr, &d.code))
+}
+
+/// Makes the hook's ring in `pid` (see `tracer::ring::setup::map_ring`), at
+/// `over` when given (an earlier ring of the same length), named by the state
+/// page's marker; a forked child does not get it.
+fn hook_ring(
+    pid: i32,
+    inj: &Injector,
+    state_addr: u64,
+    over: Option<u64>,
+) -> Result<(u64, MmapMut)> {
+    let (ring_addr, mapping) = map_ring(inj, pid, state_addr + NAME_AT, over, CAPACITY)?;
+    let bytes = mapping.len() as u64;
+    inj.call(
+        "madvise(MADV_DONTFORK)",
+        libc::SYS_madvise,
+        [ring_addr, bytes, MADV_DONTFORK, 0, 0, 0],
+    )?;
+    Ok((ring_addr, mapping))
 }
 
 /// `sizeof(PyASCIIObject)` of CPython 3.`minor`: where a compact ASCII `str`'s text

@@ -182,8 +182,9 @@ pub fn find(
     Err(why_not)
 }
 
-/// Whether `m` could be a trampoline region: private anonymous read-only code.
-fn region_like(m: &MapEntry) -> bool {
+/// Whether `m` could be a trampoline region (or hold a hook page): private
+/// anonymous read-only code.
+pub fn region_like(m: &MapEntry) -> bool {
     m.executable
         && !m.writable
         && !m.shared
@@ -195,12 +196,25 @@ fn region_like(m: &MapEntry) -> bool {
 /// The ring at `ring_addr`: a whole shared mapping of pyprobe's memfd, of the
 /// length this pyprobe's rings have, with a header this pyprobe formats.
 fn check_ring(mem: &ProcessMemory, maps: &[MapEntry], ring_addr: u64) -> Result<(), String> {
-    let bytes = ring_bytes(CAPACITY).map_err(|e| e.to_string())? as u64;
+    check_ring_mapping(mem, maps, ring_addr, RING_PATH, CAPACITY)
+}
+
+/// Whether `at` starts a whole shared mapping of the memfd whose path in
+/// `/proc/PID/maps` is `path`, of the length of a ring of `capacity` slots, whose
+/// header this pyprobe formats (the SDT ring's and the hook's).
+pub fn check_ring_mapping(
+    mem: &ProcessMemory,
+    maps: &[MapEntry],
+    at: u64,
+    path: &str,
+    capacity: u64,
+) -> Result<(), String> {
+    let bytes = ring_bytes(capacity).map_err(|e| e.to_string())? as u64;
     let m = maps
         .iter()
-        .find(|m| m.start == ring_addr)
-        .ok_or_else(|| format!("nothing is mapped where the earlier ring was ({ring_addr:#x})"))?;
-    if m.path != RING_PATH
+        .find(|m| m.start == at)
+        .ok_or_else(|| format!("nothing is mapped where the earlier ring was ({at:#x})"))?;
+    if m.path != path
         || !m.shared
         || !m.readable
         || !m.writable
@@ -209,15 +223,15 @@ fn check_ring(mem: &ProcessMemory, maps: &[MapEntry], ring_addr: u64) -> Result<
         || m.end - m.start != bytes
     {
         return Err(format!(
-            "the mapping at {ring_addr:#x} is not a ring of this pyprobe's ({} bytes, {:?})",
+            "the mapping at {at:#x} is not a ring of this pyprobe's ({} bytes, {:?})",
             m.end - m.start,
             m.path
         ));
     }
     let mut header = [0u8; 32];
-    mem.read(ring_addr, &mut header)
+    mem.read(at, &mut header)
         .map_err(|e| format!("reading the earlier ring: {e}"))?;
-    check_ring_header(&header, CAPACITY)
+    check_ring_header(&header, capacity)
 }
 
 /// Whether the first 32 bytes of a ring are the header of a ring of `capacity`
@@ -267,23 +281,31 @@ pub fn check_ring_header(header: &[u8], capacity: u64) -> Result<(), String> {
 /// The tag word at `tag_addr`: the start of a private anonymous writable page
 /// marked with the ring's name.
 fn check_tag(mem: &ProcessMemory, maps: &[MapEntry], tag_addr: u64) -> Result<(), String> {
-    let fits = tag_addr % PAGE == 0
+    if is_marked_page(mem, maps, tag_addr, RING_NAME) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the earlier tag word at {tag_addr:#x} is not on a page of pyprobe's"
+        ))
+    }
+}
+
+/// Whether `at` starts a page of private anonymous writable memory holding `name`
+/// at [`NAME_AT`] (the SDT ring's tag word's page, the hook's state page).
+pub fn is_marked_page(mem: &ProcessMemory, maps: &[MapEntry], at: u64, name: &[u8]) -> bool {
+    let fits = at % PAGE == 0
         && maps.iter().any(|m| {
-            m.start <= tag_addr
-                && tag_addr + PAGE <= m.end
+            m.start <= at
+                && at + PAGE <= m.end
                 && m.readable
                 && m.writable
+                && !m.executable
                 && !m.shared
                 && m.inode == 0
                 && m.path.is_empty()
         });
-    let mut name = [0u8; RING_NAME.len()];
-    if !fits || mem.read(tag_addr + NAME_AT, &mut name).is_err() || name != RING_NAME {
-        return Err(format!(
-            "the earlier tag word at {tag_addr:#x} is not on a page of pyprobe's"
-        ));
-    }
-    Ok(())
+    let mut now = vec![0u8; name.len()];
+    fits && mem.read(at + NAME_AT, &mut now).is_ok() && now == name
 }
 
 /// No site listed by `regions` holds its jump: nothing runs their trampolines.

@@ -113,28 +113,27 @@ pub fn setup(
             None
         }
     };
-    let again =
-        earlier.and_then(
-            |e| match replace_ring(&inj, mem, pid, e.tag_addr, e.ring_addr, bytes) {
-                Ok(mapping) => {
-                    said.push(format!(
-                        "the ring at {:#x} of an earlier pyprobe is used again",
-                        e.ring_addr
-                    ));
-                    Some((e.tag_addr, e.ring_addr, mapping, e.regions))
-                }
-                Err(err) => {
-                    said.push(format!(
-                        "an earlier pyprobe's ring is not used again: {err:#}"
-                    ));
-                    None
-                }
-            },
-        );
+    let again = earlier.and_then(
+        |e| match replace_ring(&inj, mem, pid, e.tag_addr, e.ring_addr) {
+            Ok(mapping) => {
+                said.push(format!(
+                    "the ring at {:#x} of an earlier pyprobe is used again",
+                    e.ring_addr
+                ));
+                Some((e.tag_addr, e.ring_addr, mapping, e.regions))
+            }
+            Err(err) => {
+                said.push(format!(
+                    "an earlier pyprobe's ring is not used again: {err:#}"
+                ));
+                None
+            }
+        },
+    );
     let (scratch, ring_addr, mut mapping, earlier_regions) = match again {
         Some(again) => again,
         None => {
-            let (scratch, ring_addr, mapping) = new_ring(&inj, mem, pid, bytes)?;
+            let (scratch, ring_addr, mapping) = new_ring(&inj, mem, pid)?;
             (scratch, ring_addr, mapping, Vec::new())
         }
     };
@@ -224,18 +223,12 @@ pub fn setup(
 }
 
 /// A new ring and tag word in `pid`: a private page (the tag word, the pid, at 0;
-/// the memfd's name at [`reuse::NAME_AT`]) and a ring of `bytes` wherever the
-/// kernel puts it. Returns the tag word's address, the ring's, and pyprobe's view.
-fn new_ring(
-    inj: &Injector,
-    mem: &mut ProcessMemory,
-    pid: i32,
-    bytes: u64,
-) -> Result<(u64, u64, MmapMut)> {
+/// the memfd's name at [`reuse::NAME_AT`]) and a ring wherever the kernel puts it. Returns the tag word's address, the ring's, and pyprobe's view.
+fn new_ring(inj: &Injector, mem: &mut ProcessMemory, pid: i32) -> Result<(u64, u64, MmapMut)> {
     let scratch = inj.mmap(0, PAGE, PROT_RW, MAP_PRIVATE_ANON, -1)?;
     mem.write(scratch, &(pid as u32).to_le_bytes())?;
     mem.write(scratch + reuse::NAME_AT, reuse::RING_NAME)?;
-    let (ring_addr, mapping) = map_ring(inj, pid, scratch, None, bytes)?;
+    let (ring_addr, mapping) = map_ring(inj, pid, scratch + reuse::NAME_AT, None, CAPACITY)?;
     Ok((scratch, ring_addr, mapping))
 }
 
@@ -248,35 +241,36 @@ fn replace_ring(
     pid: i32,
     tag_addr: u64,
     ring_addr: u64,
-    bytes: u64,
 ) -> Result<MmapMut> {
-    let (_, mapping) = map_ring(inj, pid, tag_addr, Some(ring_addr), bytes)?;
+    let (_, mapping) = map_ring(
+        inj,
+        pid,
+        tag_addr + reuse::NAME_AT,
+        Some(ring_addr),
+        CAPACITY,
+    )?;
     mem.write(tag_addr, &(pid as u32).to_le_bytes())?;
     Ok(mapping)
 }
 
-/// A memfd made in the target (named by the string at `scratch + NAME_AT`), sized,
-/// mapped and formatted by pyprobe, then mapped `MAP_SHARED` in the target (at
-/// `over`, over what is there, or where the kernel chooses), its descriptor closed:
-/// the target never sees an unformatted ring, and keeps no descriptor of pyprobe's.
-fn map_ring(
+/// A memfd made in the target (named by the string at `name_addr`), sized for
+/// `capacity` slots, mapped and formatted by pyprobe, then mapped `MAP_SHARED` in the
+/// target (at `over`, over what is there, or where the kernel chooses), its
+/// descriptor closed: the target never sees an unformatted ring, and keeps no
+/// descriptor of pyprobe's. Returns the ring's address in the target and pyprobe's
+/// mapping of it.
+pub(in crate::tracer) fn map_ring(
     inj: &Injector,
     pid: i32,
-    scratch: u64,
+    name_addr: u64,
     over: Option<u64>,
-    bytes: u64,
+    capacity: u64,
 ) -> Result<(u64, MmapMut)> {
+    let bytes = ring_bytes(capacity).map_err(|e| anyhow!("{e}"))? as u64;
     let fd = inj.call(
         "memfd_create",
         libc::SYS_memfd_create,
-        [
-            scratch + reuse::NAME_AT,
-            libc::MFD_CLOEXEC as u64,
-            0,
-            0,
-            0,
-            0,
-        ],
+        [name_addr, libc::MFD_CLOEXEC as u64, 0, 0, 0, 0],
     )?;
     let mapped = (|| {
         inj.call("ftruncate", libc::SYS_ftruncate, [fd, bytes, 0, 0, 0, 0])?;
@@ -294,7 +288,7 @@ fn map_ring(
                 mapping.len()
             );
         }
-        init_ring(&mut mapping, CAPACITY).map_err(|e| anyhow!("{e}"))?;
+        init_ring(&mut mapping, capacity).map_err(|e| anyhow!("{e}"))?;
         let ring_addr = match over {
             Some(addr) => {
                 let flags = libc::MAP_SHARED | libc::MAP_FIXED;
