@@ -167,7 +167,7 @@ fn pyprobe_killed_while_the_target_waits_leaves_it_unharmed() {
         let pid = target.pid();
         let (_, sems) = sites_and_semaphores(pid);
         let out = TempFile::new(&format!("killed-waiting-{version}.pyprobe"));
-        let tracer = Tracer::record(
+        let mut tracer = Tracer::record(
             out.path(),
             &[
                 "-p",
@@ -178,7 +178,7 @@ fn pyprobe_killed_while_the_target_waits_leaves_it_unharmed() {
                 "ring",
             ],
         );
-        wait_until_traced(pid, &sems);
+        tracer.wait_until_traced(pid, &sems);
         std::thread::sleep(Duration::from_millis(300));
         tracer.signal(libc::SIGSTOP);
         std::thread::sleep(Duration::from_millis(500));

@@ -147,7 +147,7 @@ fn the_target_survives_pyprobe_killed_while_the_ring_serves_it() {
         std::thread::sleep(Duration::from_millis(200));
         let (_, sems) = sites_and_semaphores(pid);
         let out = TempFile::new(&format!("ring-kill-{run}.pyprobe"));
-        let tracer = Tracer::record(
+        let mut tracer = Tracer::record(
             out.path(),
             &[
                 "-p",
@@ -158,7 +158,7 @@ fn the_target_survives_pyprobe_killed_while_the_ring_serves_it() {
                 "ring",
             ],
         );
-        wait_until_traced(pid, &sems);
+        tracer.wait_until_traced(pid, &sems);
         std::thread::sleep(Duration::from_millis(100 + run * 90));
         tracer.signal(libc::SIGKILL);
         let _ = tracer.wait(Duration::from_secs(10));

@@ -100,10 +100,10 @@ fn session_in(
     let (_, sems) = sites_and_semaphores(pid);
     let out = TempFile::new(&format!("reattach-{tag}.pyprobe"));
     let pid_arg = pid.to_string();
-    let tracer = Tracer::record(out.path(), &["-p", &pid_arg, "--mode", mode, "-v"]);
+    let mut tracer = Tracer::record(out.path(), &["-p", &pid_arg, "--mode", mode, "-v"]);
     // Semaphores are raised while every thread is stopped, and the ring is set up
     // before the target runs again: what it does from now on is traced.
-    wait_until_traced(pid, &sems);
+    tracer.wait_until_traced(pid, &sems);
     target.send_line(order);
     let said = target.wait_for_line(reply);
     tracer.signal(libc::SIGINT);

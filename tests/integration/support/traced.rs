@@ -223,6 +223,34 @@ impl Tracer {
         self.child.id() as i32
     }
 
+    /// Waits (bounded) until this pyprobe has raised one of the semaphores of
+    /// `pid`; if it has not, the test fails with what pyprobe said meanwhile.
+    pub fn wait_until_traced(&mut self, pid: i32, sems: &[u64]) {
+        let traced = wait_for(Duration::from_secs(10), || {
+            sems.iter()
+                .any(|&s| read_target_memory(pid, s, 2) != [0, 0])
+        });
+        if traced {
+            return;
+        }
+        self.signal(libc::SIGINT);
+        wait_for(Duration::from_secs(5), || {
+            matches!(self.child.try_wait(), Ok(Some(_)))
+        });
+        let _ = self.child.kill();
+        let status = self.child.wait();
+        let mut stderr = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut stderr);
+        }
+        panic!(
+            "pyprobe did not raise any of the {} semaphores of process {pid} within 10 s \
+             (state {:?}); pyprobe ({status:?}) said:\n{stderr}",
+            sems.len(),
+            proc_state(pid)
+        );
+    }
+
     pub fn signal(&self, sig: i32) {
         // SAFETY: plain kill(2) on our own child.
         unsafe { libc::kill(self.pid(), sig) };
