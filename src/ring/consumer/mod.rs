@@ -408,9 +408,19 @@ impl RingReader {
         if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
             return false;
         }
-        for (i, chunk) in copy.chunks_exact_mut(8).enumerate() {
+        // The fixed part first; the strings area only when the record has strings
+        // (a hook record seldom does: half the slot's cache lines are not pulled
+        // from the producer's core). `decode` reads no string its mask lacks.
+        let (fixed, strings) = copy.split_at_mut(S_STRINGS);
+        for (i, chunk) in fixed.chunks_exact_mut(8).enumerate() {
             let v = self.word(slot + i * 8).load(Ordering::Relaxed);
             chunk.copy_from_slice(&v.to_le_bytes());
+        }
+        if fixed[S_STRING_MASK] != 0 {
+            for (i, chunk) in strings.chunks_exact_mut(8).enumerate() {
+                let v = self.word(slot + S_STRINGS + i * 8).load(Ordering::Relaxed);
+                chunk.copy_from_slice(&v.to_le_bytes());
+            }
         }
         // A changed seq means the slot was rewritten while copying (only after
         // a skip): treat it as not published rather than return a torn record.

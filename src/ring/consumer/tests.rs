@@ -334,3 +334,34 @@ fn a_bounded_drain_leaves_what_was_stamped_later() {
     );
     assert_eq!(reader.lost(), 0);
 }
+
+/// The strings area is copied only for records with strings: one without, read
+/// into the copy an earlier one with strings used, reads none of its strings, and
+/// one with strings after it reads its own.
+#[test]
+fn records_without_strings_take_none_of_an_earlier_ones() {
+    let mut ring = TestRing::new(8);
+    assert!(ring.produce(1, &[1, 0], &[Some(b"first"), Some(b"second")]));
+    assert!(ring.produce(2, &[2, 0], &[None, None]));
+    assert!(ring.produce(3, &[3, 0], &[None, Some(b"third")]));
+    let mut reader = ring.reader().expect("valid");
+    let mut seen = Vec::new();
+    // One record per drain: each is copied into the same buffer.
+    for _ in 0..3 {
+        reader.drain(1, |r| {
+            let texts: Vec<Option<Vec<u8>>> = r.strings[..2]
+                .iter()
+                .map(|s| s.map(|s| s.bytes.to_vec()))
+                .collect();
+            seen.push((r.probe, texts));
+        });
+    }
+    assert_eq!(
+        seen,
+        [
+            (1, vec![Some(b"first".to_vec()), Some(b"second".to_vec())]),
+            (2, vec![None, None]),
+            (3, vec![None, Some(b"third".to_vec())]),
+        ]
+    );
+}
