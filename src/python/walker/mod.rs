@@ -298,11 +298,8 @@ impl Walker {
     /// `co_filename` str objects and first line), for a code object that may be gone
     /// since; `None` when they are not readable strs.
     pub fn name_code_parts(&self, name: u64, filename: u64, first_line: u32) -> Option<PyFrame> {
-        let u = &self.reader.layout.unicode;
-        let name: Arc<str> = objects::read_str(&self.reader.mem, u, name).ok()?.into();
-        let file: Arc<str> = objects::read_str(&self.reader.mem, u, filename)
-            .ok()?
-            .into();
+        let name = self.read_str(name)?;
+        let file = self.read_str(filename)?;
         Some(PyFrame {
             file,
             function: name.clone(),
@@ -310,6 +307,14 @@ impl Walker {
             first_line,
             line: first_line,
         })
+    }
+
+    /// The text of the `str` object at `addr`; `None` when it is not a readable one.
+    pub fn read_str(&self, addr: u64) -> Option<Arc<str>> {
+        let u = &self.reader.layout.unicode;
+        objects::read_str(&self.reader.mem, u, addr)
+            .ok()
+            .map(Arc::from)
     }
 
     /// The address of every thread state of every interpreter (the hook engine raises

@@ -22,7 +22,7 @@ use super::{HookProc, BATCH, MAX_NAMED, MAX_SHADOW, UNKNOWN};
 /// A record as the ring holds it: kind, `%fs` base, the code object's parts
 /// (address, name and file pointers, first line, the strings' hash check), the
 /// returned type, the counter stamp, a body's copied name.
-struct RawRecord {
+pub(super) struct RawRecord {
     kind: u32,
     thread: u64,
     parts: [u64; 5],
@@ -51,7 +51,8 @@ impl HookProc {
         sink: &mut dyn FnMut(TraceEvent),
     ) -> usize {
         let start = read_tsc();
-        let mut records: Vec<RawRecord> = Vec::new();
+        let mut records = std::mem::take(&mut self.raw);
+        records.clear();
         let drained = self.reader.drain(BATCH, |r| {
             records.push(RawRecord {
                 kind: r.probe,
@@ -81,6 +82,7 @@ impl HookProc {
             self.lost_reported = lost;
         }
         if records.is_empty() {
+            self.raw = records;
             return 0;
         }
         self.walker.new_naming_batch();
@@ -111,7 +113,9 @@ impl HookProc {
         }
         // Named: an ending target's exit callback may let finalization free them now.
         self.reader.mark_finished();
-        records.len()
+        let read = records.len();
+        self.raw = records;
+        read
     }
 
     /// The name of a record's code object: a return takes the name of the entry it
@@ -169,7 +173,6 @@ impl HookProc {
                 line: 0,
             });
         if kind == KIND_CALL {
-            let shadow = self.shadow.entry(thread).or_default();
             if shadow.len() >= MAX_SHADOW {
                 shadow.drain(..MAX_SHADOW / 2);
             }
@@ -282,9 +285,9 @@ fn name_code(
         let file: Arc<str> = match body_file {
             Some(f) => f.into(),
             None => holds(&[0])
-                .then(|| walker.name_code_parts(filename, filename, first_line as u32))
+                .then(|| walker.read_str(filename))
                 .flatten()
-                .map_or_else(|| UNKNOWN.into(), |f| f.file),
+                .unwrap_or_else(|| UNKNOWN.into()),
         };
         let name: Arc<str> = body_name.into();
         return Some(PyFrame {

@@ -155,6 +155,8 @@ pub(in crate::tracer) struct HookProc {
     lost_reported: u64,
     /// Records read from the ring, not yet named and passed on (see `drain`).
     pending: std::collections::VecDeque<drain::HookRecord>,
+    /// The buffer records are read into, kept across drains.
+    raw: Vec<drain::RawRecord>,
     /// Every record stamped before this counter value has been read.
     read_to: u64,
     /// The process's memory is no longer the image its records point into (it
@@ -293,6 +295,7 @@ impl Engine {
                 returns: ReturnTable::default(),
                 lost_reported: 0,
                 pending: std::collections::VecDeque::new(),
+                raw: Vec::with_capacity(BATCH),
                 read_to: 0,
                 image_gone: false,
             },
