@@ -31,30 +31,57 @@ fn read_pair() -> Pair {
 
 #[derive(Debug, Clone)]
 pub struct TscClock {
+    /// Where the rate is measured from (the longer the baseline, the better).
     origin: Pair,
+    /// ns per tick, as measured.
     ns_per_tick: f64,
+    /// The map in use: `anchor.ns + (tsc - anchor.tsc) * slope`. Refining never
+    /// steps it: it is re-anchored where the old map stood, and its slope set to
+    /// absorb the offset from the monotonic clock over [`SLEW_NS`]. A step back of
+    /// even a few µs would put a thread's later records before its earlier ones.
+    anchor: Pair,
+    slope: f64,
+    /// The map before the last re-anchoring, for stamps before `anchor` (records
+    /// still in a ring then): it meets the current one at `anchor`, so the map is
+    /// one continuous line in pieces, whatever the order records are read in.
+    before: (Pair, f64),
 }
 
 /// Re-measure the rate only over baselines at least this long.
 const MIN_BASELINE_NS: u64 = 200_000_000;
+/// Re-anchor the map at most this often.
+const REANCHOR_NS: u64 = 10_000_000;
+/// The map's offset from the monotonic clock is absorbed over this long.
+const SLEW_NS: f64 = 100_000_000.0;
 
 impl TscClock {
     /// Measures the counter's rate over a few milliseconds.
     pub fn calibrate() -> TscClock {
         let origin = read_pair();
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let mut clock = TscClock {
-            origin,
-            ns_per_tick: 1.0,
+        let now = read_pair();
+        let ticks = now.tsc.saturating_sub(origin.tsc);
+        let ns = now.ns.saturating_sub(origin.ns);
+        let rate = if ticks > 0 && ns > 0 {
+            ns as f64 / ticks as f64
+        } else {
+            1.0
         };
-        clock.refine_with(read_pair());
-        clock
+        TscClock {
+            origin,
+            ns_per_tick: rate,
+            anchor: origin,
+            slope: rate,
+            before: (origin, rate),
+        }
     }
 
     /// Refines the rate against the clock now, once the baseline is long enough.
     pub fn refine(&mut self) {
         let now = read_pair();
-        if now.ns.saturating_sub(self.origin.ns) >= MIN_BASELINE_NS {
+        if now.ns.saturating_sub(self.origin.ns) >= MIN_BASELINE_NS
+            && now.ns.saturating_sub(self.anchor.ns) >= REANCHOR_NS
+        {
             self.refine_with(now);
         }
     }
@@ -62,9 +89,23 @@ impl TscClock {
     fn refine_with(&mut self, now: Pair) {
         let ticks = now.tsc.saturating_sub(self.origin.tsc);
         let ns = now.ns.saturating_sub(self.origin.ns);
-        if ticks > 0 && ns > 0 {
-            self.ns_per_tick = ns as f64 / ticks as f64;
+        if ticks == 0 || ns == 0 || now.tsc <= self.anchor.tsc {
+            return;
         }
+        self.ns_per_tick = ns as f64 / ticks as f64;
+        // Where the map stands now, and how far that is from the monotonic clock.
+        let here = self.to_ns(now.tsc);
+        let offset = now.ns as f64 - here as f64;
+        let slew_ticks = SLEW_NS / self.ns_per_tick;
+        let old_slope = self.slope;
+        // Bounded so that the map always runs forward, at half to twice the rate.
+        self.slope = (self.ns_per_tick + offset / slew_ticks)
+            .clamp(self.ns_per_tick / 2.0, self.ns_per_tick * 2.0);
+        self.before = (self.anchor, old_slope);
+        self.anchor = Pair {
+            tsc: now.tsc,
+            ns: here,
+        };
     }
 
     /// The length in ns of `ticks` counter ticks.
@@ -79,11 +120,14 @@ impl TscClock {
 
     /// The monotonic time of counter value `tsc`.
     pub fn to_ns(&self, tsc: u64) -> u64 {
-        // Integer and float work only on the offset from the origin (`as` saturates).
-        let delta = tsc.wrapping_sub(self.origin.tsc) as i64 as f64;
-        self.origin
-            .ns
-            .saturating_add_signed((delta * self.ns_per_tick) as i64)
+        let (anchor, slope) = if tsc >= self.anchor.tsc {
+            (self.anchor, self.slope)
+        } else {
+            self.before
+        };
+        // Integer and float work only on the offset from the anchor (`as` saturates).
+        let delta = tsc.wrapping_sub(anchor.tsc) as i64 as f64;
+        anchor.ns.saturating_add_signed((delta * slope) as i64)
     }
 }
 
@@ -103,5 +147,58 @@ mod tests {
             "off by {err} ns after {since} ns"
         );
         assert!(clock.to_ns(now.tsc + 1_000_000) > clock.to_ns(now.tsc));
+    }
+
+    /// A clock whose first rate was 1 % off: refining neither steps its map (a
+    /// record converted just before and just after keeps its time) nor leaves it
+    /// off the monotonic clock once the offset has been absorbed.
+    #[test]
+    fn refining_never_steps_the_map_and_absorbs_its_offset() {
+        let origin = Pair {
+            tsc: 1_000_000_000,
+            ns: 5_000_000_000,
+        };
+        // True rate: 0.5 ns per tick; measured at calibration: 1 % fast.
+        let mut clock = TscClock {
+            origin,
+            ns_per_tick: 0.505,
+            anchor: origin,
+            slope: 0.505,
+            before: (origin, 0.505),
+        };
+        let truth = |tsc: u64| origin.ns + ((tsc - origin.tsc) / 2);
+        let at = origin.tsc + 1_000_000_000; // 500 ms later
+        let before = clock.to_ns(at);
+        let earlier = clock.to_ns(at - 1_000);
+        clock.refine_with(Pair {
+            tsc: at,
+            ns: truth(at),
+        });
+        assert_eq!(clock.to_ns(at), before, "no step at the refinement");
+        assert!(clock.to_ns(at - 1_000).abs_diff(earlier) <= 1);
+        assert!(clock.to_ns(at + 1) >= clock.to_ns(at));
+        assert!(
+            (clock.ns_per_tick - 0.5).abs() < 1e-9,
+            "{}",
+            clock.ns_per_tick
+        );
+        // 5 ms ahead before: absorbed over the slew time (and refined again meanwhile).
+        assert_eq!(before - truth(at), 5_000_000);
+        let mut tsc = at;
+        for _ in 0..40 {
+            tsc += 20_000_000; // 10 ms
+            clock.refine_with(Pair {
+                tsc,
+                ns: truth(tsc),
+            });
+        }
+        let off = clock.to_ns(tsc).abs_diff(truth(tsc));
+        assert!(off < 200_000, "still {off} ns off the monotonic clock");
+        let mut last = 0;
+        for k in 0..1000 {
+            let t = clock.to_ns(tsc + k * 1_000);
+            assert!(t >= last);
+            last = t;
+        }
     }
 }
