@@ -143,6 +143,7 @@ fn check_no_pairing_anomalies(version: &str, report: &Value) {
         "unpaired_entries",
         "orphan_returns",
         "depth_overflows",
+        "out_of_order_events",
     ] {
         assert_eq!(
             a[key], 0,

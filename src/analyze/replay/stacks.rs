@@ -6,6 +6,7 @@ use rustc_hash::FxHashMap;
 use super::plan::Plan;
 use super::steps::{
     EndKind, Exit, Name, Pairing, ReplayCounters, Step, ThreadTime, MAX_DEPTH, NO_LINE,
+    OUT_OF_ORDER_NS,
 };
 use crate::analyze::processes::ProcessMap;
 use crate::recording::{Event, EventKind, FrameRef, Header, WalkedFrame};
@@ -146,6 +147,9 @@ impl Replay {
             // with the hook engine they come from another ring than the calls, read
             // at another moment, so they may be written before older calls.
             return t.clock.max(event.ts_ns);
+        }
+        if event.ts_ns.saturating_add(OUT_OF_ORDER_NS) < t.clock {
+            self.counters.out_of_order += 1;
         }
         t.clock = t.clock.max(event.ts_ns);
         let ts = t.clock;

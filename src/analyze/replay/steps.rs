@@ -123,7 +123,17 @@ pub struct ReplayCounters {
     /// Returns of the interpreter's own shim frames (CPython 3.15's `__init__`
     /// cleanup after `CALL_ALLOC_AND_ENTER_INIT`), left out.
     pub shim_returns: u64,
+    /// Calls and returns stamped more than [`OUT_OF_ORDER_NS`] before an earlier
+    /// event of their thread: their time was held at the thread's clock. The
+    /// counter's conversion and the CPUs' counters differ by well under that;
+    /// more means events reached the recording out of order (a bug this makes
+    /// visible).
+    pub out_of_order: u64,
 }
+
+/// How far back an event's stamp may lie behind its thread's clock before it
+/// counts as out of order.
+pub const OUT_OF_ORDER_NS: u64 = 5_000;
 
 /// Per-thread totals of the replay.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

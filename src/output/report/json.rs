@@ -222,6 +222,7 @@ struct JsonAnomalies {
     open_at_start: u64,
     generator_creations: u64,
     shim_returns: u64,
+    out_of_order_events: u64,
 }
 
 /// A function's share of its process's own time: of its counted samples when
@@ -409,6 +410,7 @@ pub fn render_json(report: &Report) -> String {
             open_at_start: a.replay.open_at_start,
             generator_creations: a.replay.generator_creations,
             shim_returns: a.replay.shim_returns,
+            out_of_order_events: a.replay.out_of_order,
         },
     };
     // Serialising plain structs of strings and integers cannot fail.

@@ -159,6 +159,14 @@ fn header_section(out: &mut String, r: &Report) {
             a.replay.generator_creations
         );
     }
+    if a.replay.out_of_order > 0 {
+        let _ = writeln!(
+            out,
+            "warning: {} calls and returns reached the recording more than 5 µs before an earlier \
+             event of their thread: their times were held at it (a pyprobe bug; please report it)",
+            a.replay.out_of_order
+        );
+    }
     if a.replay.depth_overflows > 0 {
         let _ = writeln!(
             out,
