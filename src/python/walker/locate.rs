@@ -72,6 +72,10 @@ pub fn find_interpreter_object(pid: i32) -> Result<LoadedObject> {
             );
         }
     }
+    // An exiting process has let its memory go before it turns zombie.
+    if maps.is_empty() || crate::process::status::task_gone_or_zombie(pid, pid) {
+        bail!("process {pid} exited while pyprobe was looking for its interpreter");
+    }
     bail!(
         "process {pid} has no mapped object defining _PyRuntime: is it a CPython 3.7+ \
          process (or was its interpreter stripped of symbols)?"
