@@ -72,9 +72,10 @@ fn plain_share(report: &Value) -> f64 {
 /// keeps them within its budget, so the samples still show the program as it runs
 /// untraced. Two truths are checked: the samples' share of a function raising an
 /// audit event per step against one raising none stays within 3 points of what the
-/// traced program measured itself in the same run (sampling is not skewed by the
-/// stops), and that self-measured share stays within 6 points of the untraced
-/// program's (the ring's real cost per event moves it by about 1.5). Fails when an
+/// traced program measured itself in the same run or of the untraced program's
+/// (sampling is not skewed by the stops), and that self-measured share stays within
+/// 6 points of the untraced program's (the ring's real cost per event moves it by
+/// about 1.5). Fails when an
 /// audit site falls back to int3 (each event a stop: the share goes to nearly 0).
 #[test]
 fn sampled_shares_hold_while_audit_events_storm() {
@@ -126,9 +127,15 @@ fn sampled_shares_hold_while_audit_events_storm() {
              program {measured:.3}, untraced {expected:.3}; {}",
             stderr.lines().last().unwrap_or("")
         );
+        // The program's own measurement in the run includes its waits for a busy
+        // consumer (in audited()), which samples of a waiting thread may not
+        // show; the untraced share excludes them. Samples must lie within 3 points
+        // of the span of those two truths.
+        let (low, high) = (measured.min(expected), measured.max(expected));
         assert!(
-            (share - measured).abs() <= 0.03,
-            "{version}: sampled {share:.3} vs measured in the same run {measured:.3}:\n{stderr}"
+            share >= low - 0.03 && share <= high + 0.03,
+            "{version}: sampled {share:.3} vs measured in the same run {measured:.3} \
+             (untraced {expected:.3}):\n{stderr}"
         );
         assert!(
             (measured - expected).abs() <= 0.06,

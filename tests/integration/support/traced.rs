@@ -89,7 +89,11 @@ pub fn sites_and_semaphores(pid: i32) -> (Vec<u64>, Vec<u64>) {
                         .map(|s| s["address"].as_u64().unwrap()),
                 );
             }
-            return (sites, sems);
+            // Launched through the loader, the interpreter may not be mapped yet:
+            // the listing then has no sites.
+            if !sites.is_empty() {
+                return (sites, sems);
+            }
         }
         assert!(
             std::time::Instant::now() < deadline,
