@@ -280,6 +280,27 @@ fn dump_pyenv_builds() {
                     err.contains("does not support") && err.contains("3.7+"),
                     "{err}"
                 );
+                // Launched: the program runs as it would, and the closing line says
+                // which interpreter could not be read.
+                let recording = TempFile::new(&format!("old-{version}.pyprobe"));
+                let out = run_pyprobe(&[
+                    "record",
+                    "--mode",
+                    "trace",
+                    "-o",
+                    recording.path(),
+                    "--",
+                    exe.to_str().unwrap(),
+                    "-c",
+                    "print('ran')",
+                ]);
+                let err = String::from_utf8_lossy(&out.stderr);
+                assert_eq!(out.status.code(), Some(0), "{err}");
+                assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ran");
+                assert!(
+                    err.contains("nothing recorded") && err.contains(&format!("python {version}")),
+                    "names the interpreter it could not read: {err}"
+                );
             } else {
                 eprintln!(
                     "NOTICE: skipping python {version} ({}): not Python 3",

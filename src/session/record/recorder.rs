@@ -328,6 +328,7 @@ impl<'a> Recorder<'a> {
             launched,
             output,
             recording_path,
+            chosen,
             ..
         } = self;
         let request = settings.request;
@@ -374,7 +375,11 @@ impl<'a> Recorder<'a> {
         }
         let Some((writer, file)) = opened else {
             let why = write_error.map(|e| e.to_string()).unwrap_or_else(|| {
-                "the command never started a CPython interpreter pyprobe could read".into()
+                let never = "the command never started a CPython interpreter pyprobe could read";
+                match chosen.borrow().unreadable.as_deref() {
+                    Some(last) => format!("{never}; the last process it looked at: {last}"),
+                    None => never.into(),
+                }
             });
             eprintln!("pyprobe: nothing recorded: {why}");
             return Ok(exit_code(outcome, launched, pid));

@@ -58,6 +58,9 @@ pub struct Chosen {
     pub stack_fallback_said: bool,
     /// Calls and returns come from the injected hook engine.
     pub hook: bool,
+    /// Why the last process looked at was not an interpreter pyprobe reads (said
+    /// when a launched command ends with nothing recorded).
+    pub unreadable: Option<String>,
 }
 
 impl Chosen {
@@ -187,7 +190,10 @@ impl Resolver for PythonResolver {
             Some(o) => o,
             None => match find_interpreter_object(pid) {
                 Ok(o) => o,
-                Err(_) => return Ok(None),
+                Err(e) => {
+                    self.chosen.borrow_mut().unreadable = Some(format!("{e:#}"));
+                    return Ok(None);
+                }
             },
         };
         if !object.is_fully_mapped(&maps) {
