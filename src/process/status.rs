@@ -176,6 +176,12 @@ pub fn task_gone_or_zombie(pid: i32, tid: i32) -> bool {
     matches!(state, None | Some('Z' | 'X'))
 }
 
+/// Whether process `pid` is on its way out or gone: reaped, a zombie, or its main
+/// thread exiting (it lets its memory go before it turns zombie).
+pub fn process_is_ending(pid: i32) -> bool {
+    task_gone_or_zombie(pid, pid) || thread_is_ending(pid)
+}
+
 /// Whether thread `tid` is ending (or already gone): ptrace refuses to seize such a
 /// thread with EPERM, and there is nothing left of it to trace.
 pub fn thread_is_ending(tid: i32) -> bool {

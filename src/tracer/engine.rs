@@ -260,8 +260,7 @@ impl Engine {
         }) {
             engine.detach_all(sink);
             // Its probes vanish with it: an exit is what to say, not the missing probes.
-            use crate::process::status::{task_gone_or_zombie, thread_is_ending};
-            if task_gone_or_zombie(pid, pid) || thread_is_ending(pid) {
+            if crate::process::status::process_is_ending(pid) {
                 bail!("process {pid} exited while pyprobe was attaching");
             }
             return Err(e.context(format!("cannot install probes in process {pid}")));

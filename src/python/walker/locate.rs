@@ -73,7 +73,7 @@ pub fn find_interpreter_object(pid: i32) -> Result<LoadedObject> {
         }
     }
     // An exiting process has let its memory go before it turns zombie.
-    if maps.is_empty() || crate::process::status::task_gone_or_zombie(pid, pid) {
+    if crate::process::status::process_is_ending(pid) {
         bail!("process {pid} exited while pyprobe was looking for its interpreter");
     }
     bail!(
