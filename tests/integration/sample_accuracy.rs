@@ -75,8 +75,8 @@ fn plain_share(report: &Value) -> f64 {
 /// traced program measured itself in the same run or of the untraced program's
 /// (sampling is not skewed by the stops), and that self-measured share stays within
 /// 6 points of the untraced program's (the ring's real cost per event moves it by
-/// about 1.5). Fails when an
-/// audit site falls back to int3 (each event a stop: the share goes to nearly 0).
+/// about 1.5). Fails when an audit site falls back to int3 (each event a stop: the
+/// share goes to nearly 0).
 #[test]
 fn sampled_shares_hold_while_audit_events_storm() {
     for version in ["3.9", "3.11", "3.15"] {
