@@ -488,7 +488,13 @@ fn record_says_one_line_at_start() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
+    // On a busy machine a stop for a sample lasts long enough (pyprobe waits for
+    // a CPU while the target is stopped) that a 0.2 s run may exceed the budget:
+    // the budget's own closing line may follow, and nothing else.
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.starts_with("pyprobe: overhead budget 5% exceeded: "))
+        .collect();
     assert_eq!(lines.len(), 2, "a start line and a summary:\n{stderr}");
     let start = lines[0];
     let header = report_json(s(&out));

@@ -82,14 +82,22 @@ fn sampled_shares_hold_while_audit_events_storm() {
     for version in ["3.9", "3.11", "3.15"] {
         let Some(py) = python(version) else { continue };
         let script = repo().join("fixtures/python/audited_shares.py");
-        let untraced = std::process::Command::new(&py.launcher)
-            .arg(&script)
-            .arg("400")
-            .output()
-            .expect("run the fixture");
-        assert!(untraced.status.success());
-        let truth: Value = serde_json::from_slice(&untraced.stdout).unwrap();
-        let expected = truth["plain"].as_f64().unwrap();
+        // The untraced share moves by up to 5 points from one run to the next
+        // (frequency scaling, caches): its median of three is the truth.
+        let mut untraced_shares: Vec<f64> = (0..3)
+            .map(|_| {
+                let untraced = std::process::Command::new(&py.launcher)
+                    .arg(&script)
+                    .arg("400")
+                    .output()
+                    .expect("run the fixture");
+                assert!(untraced.status.success());
+                let truth: Value = serde_json::from_slice(&untraced.stdout).unwrap();
+                truth["plain"].as_f64().unwrap()
+            })
+            .collect();
+        untraced_shares.sort_by(f64::total_cmp);
+        let expected = untraced_shares[1];
 
         let out = std::env::temp_dir().join(format!(
             "pyprobe-audited-shares-{}-{version}.pyprobe",
@@ -124,7 +132,7 @@ fn sampled_shares_hold_while_audit_events_storm() {
         let share = plain_share(&report);
         eprintln!(
             "{version}: plain()'s share sampled {share:.3}, measured by the traced \
-             program {measured:.3}, untraced {expected:.3}; {}",
+             program {measured:.3}, untraced {untraced_shares:.3?}; {}",
             stderr.lines().last().unwrap_or("")
         );
         // The program's own measurement in the run includes its waits for a busy
@@ -135,11 +143,11 @@ fn sampled_shares_hold_while_audit_events_storm() {
         assert!(
             share >= low - 0.03 && share <= high + 0.03,
             "{version}: sampled {share:.3} vs measured in the same run {measured:.3} \
-             (untraced {expected:.3}):\n{stderr}"
+             (untraced {untraced_shares:.3?}):\n{stderr}"
         );
         assert!(
             (measured - expected).abs() <= 0.06,
-            "{version}: traced program's own share {measured:.3} vs untraced {expected:.3}: \
+            "{version}: traced program's own share {measured:.3} vs untraced {untraced_shares:.3?}: \
              the audit storm slowed audited() beyond the budget:\n{stderr}"
         );
     }
