@@ -79,7 +79,9 @@ pub fn sites_and_semaphores(pid: i32) -> (Vec<u64>, Vec<u64>) {
         {
             let mut sites = Vec::new();
             let mut sems = Vec::new();
-            for p in probes {
+            // Before the interpreter is mapped, the listing shows every provider's
+            // probes (the loader's own `rtld` probes have sites and no semaphores).
+            for p in probes.iter().filter(|p| p["provider"] == "python") {
                 sems.extend(p["semaphore"].as_u64());
                 sites.extend(
                     p["sites"]
