@@ -14,6 +14,15 @@ mod record;
 
 pub use record::{decode, RingRecord, RingStack, RingString};
 
+/// How much of a slot to copy out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// A record: its fixed part and its strings as far as they go.
+    Record,
+    /// A stack's continuation slot: all of it.
+    Whole,
+}
+
 /// Why [`RingReader::drain`] stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainStop {
@@ -258,7 +267,12 @@ impl RingReader {
             }
             let copy = &mut copies[records];
             // Copied out before `tail` moves past it: a producer may reuse the slot then.
-            if !self.copy_with_seq(self.tail, self.tail.wrapping_add(1), &mut copy.slot) {
+            if !self.copy_with_seq(
+                self.tail,
+                self.tail.wrapping_add(1),
+                &mut copy.slot,
+                Part::Record,
+            ) {
                 stop = Some(DrainStop::Pending { index: self.tail });
                 break;
             }
@@ -323,9 +337,10 @@ impl RingReader {
         let mut copy = [0u8; SLOT_SIZE];
         for k in 1..=n {
             let index = self.tail.wrapping_add(k);
-            let owner_ok = self.copy_with_seq(index, continuation_seq(index), &mut copy)
-                && u64::from_le_bytes(copy[C_OWNER..C_OWNER + 8].try_into().unwrap_or([0; 8]))
-                    == self.tail;
+            let owner_ok =
+                self.copy_with_seq(index, continuation_seq(index), &mut copy, Part::Whole)
+                    && u64::from_le_bytes(copy[C_OWNER..C_OWNER + 8].try_into().unwrap_or([0; 8]))
+                        == self.tail;
             if !owner_ok {
                 stack.broken = true;
                 continue;
@@ -354,7 +369,12 @@ impl RingReader {
     pub fn skip_pending(&mut self) -> bool {
         let mut copy = [0u8; SLOT_SIZE];
         if self.tail >= self.head()
-            || self.copy_with_seq(self.tail, self.tail.wrapping_add(1), &mut copy)
+            || self.copy_with_seq(
+                self.tail,
+                self.tail.wrapping_add(1),
+                &mut copy,
+                Part::Record,
+            )
         {
             return false;
         }
@@ -403,28 +423,31 @@ impl RingReader {
 
     /// Copies the slot for `index` into `copy` if its `seq` is `want`; says whether
     /// it did (else `copy` holds nothing of use).
-    fn copy_with_seq(&self, index: u64, want: u64, copy: &mut [u8; SLOT_SIZE]) -> bool {
+    fn copy_with_seq(&self, index: u64, want: u64, copy: &mut [u8; SLOT_SIZE], part: Part) -> bool {
         let slot = HEADER_SIZE + ((index & (self.capacity - 1)) as usize) * SLOT_SIZE;
         if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
             return false;
         }
         // The fixed part first; the strings area only when the record has strings
         // (a hook record seldom does: half the slot's cache lines are not pulled
-        // from the producer's core). `decode` reads no string its mask lacks.
-        let (fixed, strings) = copy.split_at_mut(S_STRINGS);
-        for (i, chunk) in fixed.chunks_exact_mut(8).enumerate() {
-            let v = self.word(slot + i * 8).load(Ordering::Relaxed);
-            chunk.copy_from_slice(&v.to_le_bytes());
-        }
-        if fixed[S_STRING_MASK] != 0 {
-            for (i, chunk) in strings.chunks_exact_mut(8).enumerate() {
-                let v = self.word(slot + S_STRINGS + i * 8).load(Ordering::Relaxed);
-                chunk.copy_from_slice(&v.to_le_bytes());
-            }
+        // from the producer's core). `decode` reads no string its mask lacks. A
+        // stack's continuation slot has no mask: all of it.
+        let fixed = S_STRINGS / 8;
+        self.copy_words(slot, copy, 0..fixed);
+        if part == Part::Whole || copy[S_STRING_MASK] != 0 {
+            self.copy_words(slot, copy, fixed..SLOT_SIZE / 8);
         }
         // A changed seq means the slot was rewritten while copying (only after
         // a skip): treat it as not published rather than return a torn record.
         self.word(slot + S_SEQ).load(Ordering::Acquire) == want
+    }
+
+    /// Copies words `words` of the slot at byte offset `slot` into `copy`.
+    fn copy_words(&self, slot: usize, copy: &mut [u8; SLOT_SIZE], words: std::ops::Range<usize>) {
+        for i in words {
+            let v = self.word(slot + i * 8).load(Ordering::Relaxed);
+            copy[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
     }
 
     fn load(&self, offset: usize) -> u64 {

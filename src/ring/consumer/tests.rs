@@ -365,3 +365,58 @@ fn records_without_strings_take_none_of_an_earlier_ones() {
         ]
     );
 }
+
+/// A continuation slot is read whole, whatever its bytes look like where a
+/// record keeps its string mask: a code pointer with a zero there must not cut
+/// the frames after it.
+#[test]
+fn continuation_slots_are_read_whole() {
+    let mut ring = TestRing::new(8);
+    let depth = PAIRS_PER_SLOT as u16;
+    stack_head(&mut ring, 0, 1, depth);
+    // Pair 4's code pointer sits over the record's string mask; its second byte is 0.
+    let pairs: Vec<(u64, u64)> = (0..PAIRS_PER_SLOT as u64)
+        .map(|k| (0x7f00_0000_0012 + (k << 16), k + 1))
+        .collect();
+    assert_eq!(
+        pairs[4].0.to_le_bytes()[S_STRING_MASK - C_PAIRS - 64],
+        0,
+        "the test puts a zero at the string mask's place"
+    );
+    continuation(&mut ring, 1, 0, &pairs);
+    set_head(&mut ring, 2);
+    let mut reader = ring.reader().expect("reader");
+    let mut frames = Vec::new();
+    reader.drain(10, |r| frames = r.stack.clone().expect("stack").frames);
+    assert_eq!(frames, pairs);
+}
+
+/// A shorter name after a longer one in the same copy buffer reads as itself, not
+/// with the longer one's tail.
+#[test]
+fn a_shorter_string_after_a_longer_one_reads_as_itself() {
+    let mut ring = TestRing::new(8);
+    let long = b"/a/rather/long/path/to/some/module/file.py";
+    assert!(ring.produce(1, &[1, 0], &[Some(long), Some(b"function_name")]));
+    assert!(ring.produce(1, &[1, 0], &[Some(b"x.py"), Some(b"f")]));
+    assert!(ring.produce(1, &[1, 0], &[Some(b""), Some(b"")]));
+    let mut reader = ring.reader().expect("valid");
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        reader.drain(1, |r| {
+            let texts: Vec<Vec<u8>> = r.strings[..2]
+                .iter()
+                .map(|s| s.expect("a string").bytes.to_vec())
+                .collect();
+            seen.push(texts);
+        });
+    }
+    assert_eq!(
+        seen,
+        [
+            vec![long.to_vec(), b"function_name".to_vec()],
+            vec![b"x.py".to_vec(), b"f".to_vec()],
+            vec![Vec::new(), Vec::new()],
+        ]
+    );
+}
