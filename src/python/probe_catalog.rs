@@ -54,10 +54,42 @@ impl ProbeGroup {
     }
 }
 
+/// Which probe it is, for code that runs at every hit (an enum compares in one
+/// instruction; the names compare byte by byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeKind {
+    FunctionEntry,
+    FunctionReturn,
+    Line,
+    GcStart,
+    GcDone,
+    ImportStart,
+    ImportDone,
+    Audit,
+}
+
+impl ProbeKind {
+    /// Probes at whose hits the Python stack says what caused them: what
+    /// triggered a GC, an import or an audit event.
+    pub fn has_context(self) -> bool {
+        matches!(
+            self,
+            ProbeKind::GcStart | ProbeKind::ImportStart | ProbeKind::Audit
+        )
+    }
+
+    /// Probes that open a pause (a collection, an import) closed by another.
+    pub fn opens_pause(self) -> bool {
+        matches!(self, ProbeKind::GcStart | ProbeKind::ImportStart)
+    }
+}
+
 /// One known CPython probe.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct PythonProbe {
     pub name: &'static str,
+    pub kind: ProbeKind,
     pub group: ProbeGroup,
     pub args: &'static [(&'static str, ArgKind)],
 }
@@ -67,41 +99,49 @@ use ArgKind::{Integer, Pointer, String as Str};
 pub const PROBES: &[PythonProbe] = &[
     PythonProbe {
         name: "function__entry",
+        kind: ProbeKind::FunctionEntry,
         group: ProbeGroup::Function,
         args: &[("filename", Str), ("funcname", Str), ("lineno", Integer)],
     },
     PythonProbe {
         name: "function__return",
+        kind: ProbeKind::FunctionReturn,
         group: ProbeGroup::Function,
         args: &[("filename", Str), ("funcname", Str), ("lineno", Integer)],
     },
     PythonProbe {
         name: "line",
+        kind: ProbeKind::Line,
         group: ProbeGroup::Line,
         args: &[("filename", Str), ("funcname", Str), ("lineno", Integer)],
     },
     PythonProbe {
         name: "gc__start",
+        kind: ProbeKind::GcStart,
         group: ProbeGroup::Gc,
         args: &[("generation", Integer)],
     },
     PythonProbe {
         name: "gc__done",
+        kind: ProbeKind::GcDone,
         group: ProbeGroup::Gc,
         args: &[("collected", Integer)],
     },
     PythonProbe {
         name: "import__find__load__start",
+        kind: ProbeKind::ImportStart,
         group: ProbeGroup::Import,
         args: &[("modulename", Str)],
     },
     PythonProbe {
         name: "import__find__load__done",
+        kind: ProbeKind::ImportDone,
         group: ProbeGroup::Import,
         args: &[("modulename", Str), ("found", Integer)],
     },
     PythonProbe {
         name: "audit",
+        kind: ProbeKind::Audit,
         group: ProbeGroup::Audit,
         args: &[("event", Str), ("args", Pointer)],
     },

@@ -215,9 +215,21 @@ pub fn string_area(k: usize, count: usize) -> Option<(usize, usize)> {
     if count == 0 || count > MAX_ARGS || k >= count {
         return None;
     }
-    let len = STRINGS_LEN / count;
+    // A table, not a division: this runs for every string of every record.
+    let len = AREA_LEN[count];
     Some((S_STRINGS + k * len, len))
 }
+
+/// `STRINGS_LEN / count` for each count of string arguments.
+const AREA_LEN: [usize; MAX_ARGS + 1] = {
+    let mut t = [0; MAX_ARGS + 1];
+    let mut c = 1;
+    while c <= MAX_ARGS {
+        t[c] = STRINGS_LEN / c;
+        c += 1;
+    }
+    t
+};
 
 /// Formats a fresh ring in `mem` (the whole mapping): header fields, zero
 /// indices and counters, and every slot's `seq` zeroed so no stale slot looks

@@ -4,6 +4,7 @@
 //! batched read could not reach, is finished by a bounded page-wise read.
 
 use std::io::IoSliceMut;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::sys::uio::{process_vm_readv, RemoteIoVec};
 use nix::unistd::Pid;
@@ -24,10 +25,18 @@ const MAX_STRINGS: usize = 4;
 pub struct HitBuffers {
     pub args: Vec<u64>,
     /// `strings[i]` is meaningful when `present[i]`.
-    pub strings: Vec<String>,
-    pub present: Vec<bool>,
+    strings: Vec<String>,
+    present: Vec<bool>,
+    /// Changes whenever a string argument changes (its text, or whether it is
+    /// there), and is never the same in two buffers: a consumer that saw this
+    /// stamp before has seen these strings, and need not compare them again.
+    stamp: u64,
     raw: Vec<[u8; FIRST_READ]>,
 }
+
+/// The source of [`HitBuffers`] stamps (0 is never given: a fresh buffer's
+/// strings are not yet known).
+static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
 
 impl HitBuffers {
     /// Fills the buffers for a hit of `site` of `probe`.
@@ -40,6 +49,8 @@ impl HitBuffers {
         symbols: &dyn Fn(&str) -> Option<u64>,
     ) {
         let n = site.args.len();
+        // A stop is rare next to ring records: its strings count as new.
+        self.new_stamp();
         self.args.clear();
         for arg in &site.args {
             self.args
@@ -101,24 +112,29 @@ impl HitBuffers {
             self.strings.resize_with(n, String::new);
             self.present.resize(n, false);
         }
-        for i in 0..n {
-            self.present[i] = false;
-            if !probe.string_args.get(i).copied().unwrap_or(false) {
+        let mut changed = false;
+        for i in 0..self.present.len() {
+            let was = std::mem::replace(&mut self.present[i], false);
+            if i >= n || !probe.string_args.get(i).copied().unwrap_or(false) {
+                changed |= was;
                 continue;
             }
             let Some(s) = record.strings.get(i).copied().flatten() else {
+                changed |= was;
                 continue;
             };
             if s.null {
+                changed |= was;
                 continue;
             }
+            self.present[i] = true;
             let text = &mut self.strings[i];
             // Most events repeat the last event's file or function name: equal bytes
             // are valid UTF-8 already (the buffer is a String) and need no copy.
-            if !s.truncated && text.as_bytes() == s.bytes {
-                self.present[i] = true;
+            if was && !s.truncated && text.as_bytes() == s.bytes {
                 continue;
             }
+            changed = true;
             text.clear();
             if s.truncated {
                 match mem.read_c_string(self.args[i], MAX_STRING) {
@@ -129,8 +145,44 @@ impl HitBuffers {
             } else {
                 push_lossy(text, s.bytes);
             }
-            self.present[i] = true;
         }
+        if changed {
+            self.new_stamp();
+        }
+    }
+
+    /// Sets the arguments to `args` and the string arguments to `texts` (the
+    /// first ones), copying a text only when it differs from what is there.
+    pub fn set(&mut self, args: &[u64], texts: &[&str]) {
+        self.args.clear();
+        self.args.extend_from_slice(args);
+        if self.strings.len() < texts.len() {
+            self.strings.resize_with(texts.len(), String::new);
+            self.present.resize(texts.len(), false);
+        }
+        let mut changed = self.present.len() != texts.len();
+        self.present.truncate(texts.len());
+        for (i, text) in texts.iter().enumerate() {
+            let was = std::mem::replace(&mut self.present[i], true);
+            if was && self.strings[i] == *text {
+                continue;
+            }
+            changed = true;
+            self.strings[i].clear();
+            self.strings[i].push_str(text);
+        }
+        if changed {
+            self.new_stamp();
+        }
+    }
+
+    /// What the strings are now, as a stamp (see the field).
+    pub fn stamp(&self) -> u64 {
+        self.stamp
+    }
+
+    fn new_stamp(&mut self) {
+        self.stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
     }
 
     /// One `process_vm_readv` with one iovec per string; returns the bytes read (the

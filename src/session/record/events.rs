@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::analyze::FileFilter;
 use crate::output::file::{Existing, Output};
-use crate::python::probe_catalog::PythonProbe;
+use crate::python::probe_catalog::{ProbeKind, PythonProbe};
 use crate::recording::{
     BackgroundWriter, Event, EventKind, FrameRef, Header, RecordingWriter, StrId,
 };
@@ -41,6 +41,9 @@ pub struct EventBuilder {
     /// checked against the text before use: most hits repeat a few code objects,
     /// and interning their names again is the costliest part of a hit.
     frames: FxHashMap<(u64, u64), CachedNames>,
+    /// The strings stamp of the last named hit and what it was named: a run of
+    /// hits with the same strings (a recursion, a loop's calls) names them once.
+    last_named: Option<(u64, Option<(StrId, StrId)>)>,
     /// The sampling interval of stacks taken alongside return-only tracing
     /// (CPython 3.11 in trace mode), written to the header when that is the case.
     alongside_interval_ns: u64,
@@ -101,6 +104,7 @@ impl EventBuilder {
             events: 0,
             last_flush_ns: 0,
             frames: FxHashMap::default(),
+            last_named: None,
             alongside_interval_ns: 0,
             periods: None,
             strings: Vec::new(),
@@ -299,43 +303,69 @@ impl EventBuilder {
             hit.args.first().copied().unwrap_or(0),
             hit.args.get(1).copied().unwrap_or(0),
         );
-        if self.writer.is_some() {
-            if let Some(c) = self.frames.get(&key) {
-                // The same pointers may name other strings later (freed, reused):
-                // only the same text counts.
-                if c.file == file && c.function == function {
-                    let (file, function) = c.ids?;
-                    return Some(FrameRef {
-                        file,
-                        function,
-                        line,
-                    });
-                }
-            }
-        }
-        let ids = self
-            .filter
-            .matches(file)
-            .then(|| (self.intern(file), self.intern(function)));
-        if self.writer.is_some() {
-            if self.frames.len() >= MAX_CACHED_FRAMES {
-                self.frames.clear();
-            }
-            self.frames.insert(
-                key,
-                CachedNames {
-                    file: file.to_owned(),
-                    function: function.to_owned(),
-                    ids,
-                },
-            );
-        }
-        let (file, function) = ids?;
+        let (file, function) = self.names_of(hit.strings_stamp(), key, file, function)?;
         Some(FrameRef {
             file,
             function,
             line,
         })
+    }
+
+    /// The ids of `file` and `function` (`None`: the file is filtered out), whose
+    /// pointers in the target were `key` and whose strings' stamp is `stamp`.
+    fn names_of(
+        &mut self,
+        stamp: u64,
+        key: (u64, u64),
+        file: &str,
+        function: &str,
+    ) -> Option<(StrId, StrId)> {
+        if self.writer.is_none() {
+            return self.name(file, function);
+        }
+        match self.last_named {
+            Some((last, ids)) if last == stamp && stamp != 0 => return ids,
+            _ => {}
+        }
+        let ids = self.name_cached(key, file, function);
+        self.last_named = Some((stamp, ids));
+        ids
+    }
+
+    fn name(&mut self, file: &str, function: &str) -> Option<(StrId, StrId)> {
+        self.filter
+            .matches(file)
+            .then(|| (self.intern(file), self.intern(function)))
+    }
+
+    /// Names through the cache of pointer pairs (once the writer exists: the ids
+    /// are its own).
+    fn name_cached(
+        &mut self,
+        key: (u64, u64),
+        file: &str,
+        function: &str,
+    ) -> Option<(StrId, StrId)> {
+        if let Some(c) = self.frames.get(&key) {
+            // The same pointers may name other strings later (freed, reused):
+            // only the same text counts.
+            if c.file == file && c.function == function {
+                return c.ids;
+            }
+        }
+        let ids = self.name(file, function);
+        if self.frames.len() >= MAX_CACHED_FRAMES {
+            self.frames.clear();
+        }
+        self.frames.insert(
+            key,
+            CachedNames {
+                file: file.to_owned(),
+                function: function.to_owned(),
+                ids,
+            },
+        );
+        ids
     }
 
     /// Whether a function event on `tid` is inside the `--start-at` window,
@@ -366,17 +396,19 @@ impl EventBuilder {
         name_return: &mut dyn FnMut(&ReturnHit) -> u32,
     ) {
         let arg = |i: usize| hit.args.get(i).copied().unwrap_or(0);
-        let kind = match meaning.name {
-            "function__entry" | "function__return" | "line" => {
-                let is_call = meaning.name == "function__entry";
-                let is_return = meaning.name == "function__return";
-                if !self.in_window(hit.tid, hit.string(1).unwrap_or(""), is_call, is_return) {
+        let kind = match meaning.kind {
+            ProbeKind::FunctionEntry | ProbeKind::FunctionReturn | ProbeKind::Line => {
+                let is_call = meaning.kind == ProbeKind::FunctionEntry;
+                let is_return = meaning.kind == ProbeKind::FunctionReturn;
+                if self.start_at.is_some()
+                    && !self.in_window(hit.tid, hit.string(1).unwrap_or(""), is_call, is_return)
+                {
                     return;
                 }
                 let Some(frame) = self.frame(hit) else { return };
-                match meaning.name {
-                    "function__entry" => EventKind::Call { frame },
-                    "function__return" => EventKind::Return {
+                match meaning.kind {
+                    ProbeKind::FunctionEntry => EventKind::Call { frame },
+                    ProbeKind::FunctionReturn => EventKind::Return {
                         frame,
                         first_line: name_return(&ReturnHit {
                             pid: hit.pid,
@@ -390,23 +422,22 @@ impl EventBuilder {
                     _ => EventKind::Line { frame },
                 }
             }
-            "gc__start" => EventKind::GcStart {
+            ProbeKind::GcStart => EventKind::GcStart {
                 generation: arg(0) as i64 as i32,
             },
-            "gc__done" => EventKind::GcDone {
+            ProbeKind::GcDone => EventKind::GcDone {
                 collected: arg(0) as i64,
             },
-            "import__find__load__start" => EventKind::ImportStart {
+            ProbeKind::ImportStart => EventKind::ImportStart {
                 module: self.intern(hit.string(0).unwrap_or("")),
             },
-            "import__find__load__done" => EventKind::ImportDone {
+            ProbeKind::ImportDone => EventKind::ImportDone {
                 module: self.intern(hit.string(0).unwrap_or("")),
                 found: arg(1) as i32 != 0,
             },
-            "audit" => EventKind::Audit {
+            ProbeKind::Audit => EventKind::Audit {
                 event: self.intern(hit.string(0).unwrap_or("")),
             },
-            _ => return,
         };
         self.write(hit.tid, hit.ts_ns, kind);
     }

@@ -9,6 +9,7 @@ use std::rc::Rc;
 use anyhow::{Context, Result};
 
 use crate::process::status::cmdline;
+use crate::python::probe_catalog::ProbeKind;
 use crate::recording::{EventKind, Header, ThinLevel};
 use crate::tracer::signals::{monotonic_ns, StopReason};
 use crate::tracer::{Engine, Hit, Outcome, TraceEvent};
@@ -19,15 +20,12 @@ use super::events::{EventBuilder, NamedKind};
 use super::lines::{armed_line, budget_line, refusal_lines, StartLine};
 use super::periods::Periods;
 use super::request::Target;
-use super::resolver::{needs_context_stacks, returns_only, Chosen, Mode, CONTEXT_PROBES};
+use super::resolver::{needs_context_stacks, returns_only, Chosen, Mode};
 use super::return_types::write_return_types;
 use super::sampler::Sampler;
 use super::settings::{default_output, recording_in, Settings};
 use super::status::Status;
 use crate::session::views::FlameFormat;
-
-/// Probes whose event opens a pause that a later probe closes.
-const OPENING_PROBES: [&str; 2] = ["gc__start", "import__find__load__start"];
 
 pub(super) struct Recorder<'a> {
     settings: Settings<'a>,
@@ -210,7 +208,7 @@ impl<'a> Recorder<'a> {
                     .chosen
                     .borrow()
                     .meaning(pid, probe, probe_name)
-                    .is_some_and(|m| m.name == "audit");
+                    .is_some_and(|m| m.kind == ProbeKind::Audit);
                 if audit {
                     builder.write(pid, ts_ns, EventKind::AuditsCounted { count });
                 }
@@ -268,7 +266,7 @@ impl<'a> Recorder<'a> {
         };
         // Which code triggered a GC, an import or an audit event: from the walker,
         // unless every call is traced (then the rebuilt stack says it).
-        let explains = CONTEXT_PROBES.contains(&meaning.name) && {
+        let explains = meaning.kind.has_context() && {
             let now = self.chosen.borrow();
             needs_context_stacks(self.settings.mode, now.version, &now.groups)
         };
@@ -288,7 +286,7 @@ impl<'a> Recorder<'a> {
         }
         // The thread was stopped before the collection or import began: it begins
         // when the thread goes on, after pyprobe's stack read.
-        let opens_pause = explains && hit.stopped && OPENING_PROBES.contains(&meaning.name);
+        let opens_pause = explains && hit.stopped && meaning.kind.opens_pause();
         let ts_ns = if opens_pause {
             monotonic_ns()
         } else {

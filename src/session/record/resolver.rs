@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 
 use crate::process::memory::ProcessMemory;
 use crate::process::objects::{find_probe_object, LoadedObject};
-use crate::python::probe_catalog::{ProbeGroup, PythonProbe, PROBES, PROVIDER};
+use crate::python::probe_catalog::{ProbeGroup, ProbeKind, PythonProbe, PROBES, PROVIDER};
 use crate::python::tracing::{
     available_groups, default_groups, probe_set, trace_refusal, FrameArgs,
 };
@@ -90,10 +90,6 @@ fn frame_code_layout(pid: i32) -> Option<crate::python::walker::FrameCodeLayout>
         .ok()?
         .frame_code_layout()
 }
-
-/// Probes at whose hits the Python stack is recorded: what triggered a GC, an
-/// import, an audit event.
-pub const CONTEXT_PROBES: [&str; 3] = ["gc__start", "import__find__load__start", "audit"];
 
 /// Whether the stack at a GC/import/audit hit must come from the frame walker: yes,
 /// unless entries and returns are all traced (3.11 traces returns only).
@@ -279,7 +275,7 @@ impl PythonResolver {
                 let context: Vec<usize> = meanings
                     .iter()
                     .enumerate()
-                    .filter(|(_, m)| CONTEXT_PROBES.contains(&m.name))
+                    .filter(|(_, m)| m.kind.has_context())
                     .map(|(i, _)| i)
                     .collect();
                 let capture = if self.capture_stacks {
@@ -296,7 +292,7 @@ impl PythonResolver {
                         set.count_when_thin = context
                             .iter()
                             .copied()
-                            .filter(|&i| meanings[i].name == "audit")
+                            .filter(|&i| meanings[i].kind == ProbeKind::Audit)
                             .collect();
                         set.stack_probes = context;
                     }
@@ -306,7 +302,7 @@ impl PythonResolver {
                         set.count_when_thin = context
                             .iter()
                             .copied()
-                            .filter(|&i| meanings[i].name == "audit")
+                            .filter(|&i| meanings[i].kind == ProbeKind::Audit)
                             .collect();
                         let mut chosen = self.chosen.borrow_mut();
                         if self.capture_stacks

@@ -55,6 +55,12 @@ impl<'a> Hit<'a> {
     pub fn string(&self, i: usize) -> Option<&str> {
         self.buffers.string(i)
     }
+
+    /// Equal for two hits exactly when their string arguments are the same (see
+    /// [`HitBuffers::stamp`]); 0 never matches.
+    pub fn strings_stamp(&self) -> u64 {
+        self.buffers.stamp()
+    }
 }
 
 /// A resolver's "this process cannot be traced as asked", found when the object

@@ -196,16 +196,10 @@ impl HookProc {
                 break;
             };
             let b = &mut self.buffers;
-            b.args.clear();
-            b.args
-                .extend_from_slice(&[r.code, r.code, r.frame.first_line as u64]);
-            b.strings.resize_with(2, String::new);
-            b.present.clear();
-            b.present.extend_from_slice(&[true, true]);
-            b.strings[0].clear();
-            b.strings[0].push_str(&r.frame.file);
-            b.strings[1].clear();
-            b.strings[1].push_str(&r.frame.name);
+            b.set(
+                &[r.code, r.code, r.frame.first_line as u64],
+                &[&r.frame.file, &r.frame.name],
+            );
             let (probe, name) = match r.kind {
                 KIND_CALL => (usize::MAX - 1, "function__entry"),
                 _ => (usize::MAX, "function__return"),
