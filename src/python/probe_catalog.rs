@@ -56,7 +56,7 @@ impl ProbeGroup {
 
 /// Which probe it is, for code that runs at every hit (an enum compares in one
 /// instruction; the names compare byte by byte).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProbeKind {
     FunctionEntry,

@@ -56,10 +56,7 @@ impl HitBuffers {
             self.args
                 .push(sdt::evaluate(arg, regs, mem, symbols).unwrap_or(0));
         }
-        if self.strings.len() < n {
-            self.strings.resize_with(n, String::new);
-            self.present.resize(n, false);
-        }
+        self.hold_strings(n);
         if self.raw.len() < MAX_STRINGS {
             self.raw.resize(MAX_STRINGS, [0; FIRST_READ]);
         }
@@ -108,10 +105,7 @@ impl HitBuffers {
         let n = record.nargs.min(record.args.len());
         self.args.clear();
         self.args.extend_from_slice(&record.args[..n]);
-        if self.strings.len() < n {
-            self.strings.resize_with(n, String::new);
-            self.present.resize(n, false);
-        }
+        self.hold_strings(n);
         let mut changed = false;
         for i in 0..self.present.len() {
             let was = std::mem::replace(&mut self.present[i], false);
@@ -156,12 +150,11 @@ impl HitBuffers {
     pub fn set(&mut self, args: &[u64], texts: &[&str]) {
         self.args.clear();
         self.args.extend_from_slice(args);
-        if self.strings.len() < texts.len() {
-            self.strings.resize_with(texts.len(), String::new);
-            self.present.resize(texts.len(), false);
+        self.hold_strings(texts.len());
+        let mut changed = false;
+        for was in &mut self.present[texts.len()..] {
+            changed |= std::mem::replace(was, false);
         }
-        let mut changed = self.present.len() != texts.len();
-        self.present.truncate(texts.len());
         for (i, text) in texts.iter().enumerate() {
             let was = std::mem::replace(&mut self.present[i], true);
             if was && self.strings[i] == *text {
@@ -173,6 +166,15 @@ impl HitBuffers {
         }
         if changed {
             self.new_stamp();
+        }
+    }
+
+    /// Makes room for `n` string arguments (`strings` and `present` always have
+    /// the same length).
+    fn hold_strings(&mut self, n: usize) {
+        if self.strings.len() < n {
+            self.strings.resize_with(n, String::new);
+            self.present.resize(n, false);
         }
     }
 
@@ -254,5 +256,20 @@ mod tests {
             assert_eq!(buffers.string(3), None, "not a string argument");
             assert_eq!(buffers.args[3], 42);
         }
+        // Strings set by hand (the hook's records) between two decodes: the same
+        // texts keep the stamp, others change it, and a decode after still fills
+        // all four arguments.
+        buffers.set(&[1, 2], &["f.py", "g"]);
+        let stamp = buffers.stamp();
+        buffers.set(&[3, 4], &["f.py", "g"]);
+        assert_eq!(buffers.stamp(), stamp, "same strings, same stamp");
+        assert_eq!(buffers.string(1), Some("g"));
+        assert_eq!(buffers.string(2), None, "only two strings were set");
+        buffers.set(&[3, 4], &["f.py", "h"]);
+        assert_ne!(buffers.stamp(), stamp);
+        buffers.decode(&probe, &site, &regs, &mem, &|_| None);
+        assert_eq!(buffers.string(0), Some("fib"));
+        assert_eq!(buffers.string(1).map(str::len), Some(700));
+        assert_eq!(buffers.args[3], 42);
     }
 }

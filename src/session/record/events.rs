@@ -400,9 +400,7 @@ impl EventBuilder {
             ProbeKind::FunctionEntry | ProbeKind::FunctionReturn | ProbeKind::Line => {
                 let is_call = meaning.kind == ProbeKind::FunctionEntry;
                 let is_return = meaning.kind == ProbeKind::FunctionReturn;
-                if self.start_at.is_some()
-                    && !self.in_window(hit.tid, hit.string(1).unwrap_or(""), is_call, is_return)
-                {
+                if !self.in_window(hit.tid, hit.string(1).unwrap_or(""), is_call, is_return) {
                     return;
                 }
                 let Some(frame) = self.frame(hit) else { return };
