@@ -877,6 +877,12 @@ fn assemble_identity(region: &Region) -> SiteFn {
 /// The identity function with its site patched to record `%rdi` into a fresh
 /// ring of `capacity` slots.
 fn identity_in_ring(capacity: u64) -> (Region, SiteFn, SitePlan, Ring) {
+    identity_recording(capacity, &probe("8@%rdi", &[]))
+}
+
+/// The identity function with its site patched to record probe `p` into a fresh
+/// ring of `capacity` slots.
+fn identity_recording(capacity: u64, p: &Probe) -> (Region, SiteFn, SitePlan, Ring) {
     let region = Region::new();
     let f = assemble_identity(&region);
     let plan = plan_for(&region, &f);
@@ -884,7 +890,7 @@ fn identity_in_ring(capacity: u64) -> (Region, SiteFn, SitePlan, Ring) {
     install(
         &region,
         &plan,
-        &probe("8@%rdi", &[]),
+        p,
         &ring,
         capacity,
         ThreadIdSource::FsSelfPointer,
@@ -1007,6 +1013,97 @@ fn concurrent_producers_with_a_draining_consumer() {
     }
 }
 
+/// The identity function (`%rdi` in, `%rax` out) with its site recording the six
+/// argument registers as C strings: six 28-byte areas.
+fn six_strings_in_ring(capacity: u64) -> (Region, SiteFn, Ring, Probe) {
+    let p = probe("8@%rdi 8@%rsi 8@%rdx 8@%rcx 8@%r8 8@%r9", &[true; 6]);
+    let (region, f, _, ring) = identity_recording(capacity, &p);
+    (region, f, ring, p)
+}
+
+fn call_six(entry: u64, s: [u64; 6]) {
+    // SAFETY: the identity function of `assemble_identity`, C ABI; it reads only %rdi.
+    let f: extern "C" fn(u64, u64, u64, u64, u64, u64) -> u64 =
+        unsafe { std::mem::transmute(entry as usize) };
+    f(s[0], s[1], s[2], s[3], s[4], s[5]);
+}
+
+/// The string copy reads eight bytes at a time once aligned: every start
+/// alignment and every length around the word and area boundaries must give
+/// exactly the bytes and the truncation flag of a byte-by-byte copy.
+#[test]
+fn string_prefixes_are_exact_at_every_alignment_and_length() {
+    let (_region, f, ring, p) = six_strings_in_ring(1 << 12);
+    let mut reader = ring.reader();
+    // 8-aligned backing store; strings start at offsets 0..8 within it, and the
+    // bytes after each string's NUL are not zero (a copy must stop at the NUL).
+    let mut store = [0u64; 64];
+    for len in (0..=40).chain([55, 56, 57, 63, 64, 65, 100]) {
+        for align in 0..8usize {
+            store.fill(u64::MAX);
+            let bytes: &mut [u8] = as_bytes(&mut store);
+            for (i, b) in bytes[align..align + len].iter_mut().enumerate() {
+                *b = b'a' + ((i * 7 + align) % 26) as u8;
+            }
+            bytes[align + len] = 0;
+            let ptr = bytes[align..].as_ptr() as u64;
+            // The same string through all six areas.
+            call_six(f.entry, [ptr; 6]);
+            check_records(&mut reader, &p, &[ptr; 6], fs_base());
+        }
+    }
+}
+
+/// The bytes of `words`.
+fn as_bytes(words: &mut [u64]) -> &mut [u8] {
+    let len = words.len() * 8;
+    // SAFETY: u64s viewed as their bytes: same memory, same length in bytes,
+    // u8 has no alignment or validity requirement; the borrow is carried over.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) }
+}
+
+/// A string whose NUL is the last readable byte before an unmapped page: the
+/// copy must not read past that page, whatever the string's alignment.
+#[test]
+fn a_string_ending_at_the_edge_of_a_mapping_is_copied_without_a_fault() {
+    let (_region, f, ring, p) = six_strings_in_ring(1 << 12);
+    let mut reader = ring.reader();
+    let page = 4096usize;
+    // SAFETY: a fresh private mapping of two pages; the second is made inaccessible.
+    let mem = unsafe {
+        let m = libc::mmap(
+            std::ptr::null_mut(),
+            2 * page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(m, libc::MAP_FAILED);
+        assert_eq!(
+            libc::mprotect(m.cast::<u8>().add(page).cast(), page, libc::PROT_NONE),
+            0
+        );
+        m.cast::<u8>()
+    };
+    for len in 0..=40usize {
+        // SAFETY: [edge - len - 1, edge) lies in the first, readable page.
+        let ptr = unsafe {
+            let edge = mem.add(page);
+            let start = edge.sub(len + 1);
+            for i in 0..len {
+                *start.add(i) = b'A' + (i % 26) as u8;
+            }
+            *edge.sub(1) = 0;
+            start as u64
+        };
+        call_six(f.entry, [ptr; 6]);
+        check_records(&mut reader, &p, &[ptr; 6], fs_base());
+    }
+    // SAFETY: our own mapping, no longer used.
+    unsafe { libc::munmap(mem.cast(), 2 * page) };
+}
+
 /// Site function for timing: saves r13/r14, loads them with string
 /// pointers like CPython's function__entry, and returns.
 fn assemble_timed(region: &Region) -> SiteFn {
@@ -1068,6 +1165,36 @@ fn measure_ns_per_event() {
         );
         let patched = time(&f, Some(&ring));
         let lost = ring.reader().lost();
+        // The same with a consumer draining on the other CPU, as pyprobe does.
+        let pin = |cpu: usize| {
+            let mut set = nix::sched::CpuSet::new();
+            let _ = set.set(cpu);
+            let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+        };
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let crossed = std::thread::scope(|s| {
+            s.spawn(|| {
+                pin(0);
+                let mut reader = ring.reader();
+                reader.serve(u64::MAX / 4, u64::MAX);
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    reader.drain(1024, |r| n = n.wrapping_add(r.args[2]));
+                }
+                n
+            });
+            pin(1);
+            let start = Instant::now();
+            for _ in 0..CALLS {
+                f.call();
+            }
+            let t = start.elapsed().as_nanos() as f64 / CALLS as f64;
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            t
+        });
+        let lost_crossed = ring.reader().lost() - lost;
+        let waited = ring.reader().waited_cycles();
+        eprintln!("ring trampoline, {name}, consumer on another CPU: {:.1} ns/event, {lost_crossed} lost, {waited} cycles waited", crossed - base);
         eprintln!(
             "ring trampoline, {name}: {:.1} ns/call unpatched, {:.1} ns/call patched, \
              {:.1} ns/event ({} code bytes, {lost} lost)",

@@ -172,7 +172,12 @@ fn extend_value(raw: u64, size: u8, signed: bool) -> u64 {
 
 /// Copies at most `len - 1` bytes of the C string whose pointer is in
 /// argument `index` into its area, NUL-terminates it, and sets the null or
-/// truncated bit. Uses rsi, rdi, rcx, rax.
+/// truncated bit. Uses rax, rcx, rdx, rsi, rdi, r9, r11.
+///
+/// Eight bytes at a time once the source is 8-aligned: an aligned word that
+/// holds a byte of the string lies in that byte's page, so it is as readable as
+/// the byte-by-byte copy's reads (the bytes past the NUL it also reads are
+/// copied into the area after the NUL, where the reader never looks).
 pub(super) fn emit_string_copy(
     a: &mut CodeAssembler,
     index: usize,
@@ -180,7 +185,12 @@ pub(super) fn emit_string_copy(
 ) -> Result<(), CodegenError> {
     let bit = 1u32 << index;
     let mut copy = a.create_label();
-    let mut next = a.create_label();
+    let mut head = a.create_label();
+    let mut words = a.create_label();
+    let mut word = a.create_label();
+    let mut tail = a.create_label();
+    let mut byte = a.create_label();
+    let mut full = a.create_label();
     let mut done = a.create_label();
     a.mov(rsi, qword_ptr(r8 + slot_arg(index)))?;
     a.lea(rdi, ptr(r8 + offset as i32))?;
@@ -190,17 +200,47 @@ pub(super) fn emit_string_copy(
     a.mov(byte_ptr(rdi), 0u32)?;
     a.jmp(done)?;
     a.set_label(&mut copy)?;
+    // ecx: bytes that may still be copied (the area's last byte is for the NUL).
     a.mov(ecx, (len - 1) as u32)?;
-    a.set_label(&mut next)?;
-    a.movzx(eax, byte_ptr(rsi))?;
-    a.mov(byte_ptr(rdi), al)?;
-    a.test(al, al)?;
-    a.jz(done)?;
-    a.inc(rsi)?;
-    a.inc(rdi)?;
-    a.dec(ecx)?;
-    a.jnz(next)?;
+    // Byte by byte up to the first aligned address.
+    a.set_label(&mut head)?;
+    a.test(esi, 7u32)?;
+    a.jz(words)?;
+    emit_copy_byte(a, done)?;
+    a.jnz(head)?;
+    a.jmp(full)?;
+    a.set_label(&mut words)?;
+    a.mov(r11, 0x0101_0101_0101_0101u64)?;
+    a.mov(r9, 0x8080_8080_8080_8080u64)?;
+    a.set_label(&mut word)?;
+    a.cmp(ecx, 8u32)?;
+    a.jb(tail)?;
+    a.mov(rax, qword_ptr(rsi))?;
+    // A zero byte in rax iff (rax - 0x01..01) & !rax & 0x80..80 is not 0;
+    // `not` leaves the flags of `test` alone.
+    a.mov(rdx, rax)?;
+    a.sub(rdx, r11)?;
+    a.and(rdx, r9)?;
+    a.not(rax)?;
+    a.test(rdx, rax)?;
+    a.not(rax)?;
+    // The whole word either way: with a NUL in it, the copy ends with that NUL
+    // (ecx >= 8 leaves room for it).
+    a.mov(qword_ptr(rdi), rax)?;
+    a.jnz(done)?;
+    a.add(rsi, 8)?;
+    a.add(rdi, 8)?;
+    a.sub(ecx, 8u32)?;
+    a.jmp(word)?;
+    // Fewer than eight bytes of room left: byte by byte.
+    a.set_label(&mut tail)?;
+    a.test(ecx, ecx)?;
+    a.jz(full)?;
+    a.set_label(&mut byte)?;
+    emit_copy_byte(a, done)?;
+    a.jnz(byte)?;
     // Area full: terminate, and flag truncation unless the string ended exactly here.
+    a.set_label(&mut full)?;
     a.mov(byte_ptr(rdi), 0u32)?;
     a.cmp(byte_ptr(rsi), 0u32)?;
     a.je(done)?;
@@ -208,6 +248,19 @@ pub(super) fn emit_string_copy(
     a.set_label(&mut done)?;
     // A label needs an instruction; this one costs nothing.
     a.nop()?;
+    Ok(())
+}
+
+/// Copies the byte at rsi to rdi; at its NUL jumps to `done`, else steps both on
+/// and counts it off ecx (the flags of that `dec` are left for the caller's loop).
+fn emit_copy_byte(a: &mut CodeAssembler, done: CodeLabel) -> Result<(), CodegenError> {
+    a.movzx(eax, byte_ptr(rsi))?;
+    a.mov(byte_ptr(rdi), al)?;
+    a.test(al, al)?;
+    a.jz(done)?;
+    a.inc(rsi)?;
+    a.inc(rdi)?;
+    a.dec(ecx)?;
     Ok(())
 }
 
