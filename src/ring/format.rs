@@ -235,6 +235,21 @@ const AREA_LEN: [usize; MAX_ARGS + 1] = {
 /// indices and counters, and every slot's `seq` zeroed so no stale slot looks
 /// published. Call it before the mapping is shared with the target.
 pub fn init_ring(mem: &mut [u8], capacity: u64) -> Result<(), RingError> {
+    check_length(mem, capacity)?;
+    mem.fill(0);
+    write_header(mem, capacity)
+}
+
+/// [`init_ring`] for a mapping known to hold only zeros (a memfd just made and
+/// sized: the kernel zero-fills it): writes the header alone. The slots' pages are
+/// then first touched, and only allocated, when the target writes them: attaching
+/// does not zero 8 MiB twice, and a ring a quiet process barely uses stays small.
+pub fn init_zeroed_ring(mem: &mut [u8], capacity: u64) -> Result<(), RingError> {
+    check_length(mem, capacity)?;
+    write_header(mem, capacity)
+}
+
+fn check_length(mem: &[u8], capacity: u64) -> Result<(), RingError> {
     let expected = ring_bytes(capacity)?;
     if mem.len() != expected {
         return Err(RingError::LengthMismatch {
@@ -243,7 +258,10 @@ pub fn init_ring(mem: &mut [u8], capacity: u64) -> Result<(), RingError> {
             actual: mem.len(),
         });
     }
-    mem.fill(0);
+    Ok(())
+}
+
+fn write_header(mem: &mut [u8], capacity: u64) -> Result<(), RingError> {
     put(mem, H_MAGIC, &MAGIC.to_le_bytes());
     put(mem, H_VERSION, &VERSION.to_le_bytes());
     put(mem, H_SLOT_SIZE, &(SLOT_SIZE as u32).to_le_bytes());
@@ -295,6 +313,10 @@ mod tests {
         assert_eq!(mem[H_ALIVE], 0);
         assert_eq!(mem[H_NAP + 8..H_NAP + 16], NAP_NS.to_le_bytes());
         assert!(mem[H_PATIENCE..].iter().all(|&b| b == 0));
+        // On zeros, formatting the header alone gives the same ring.
+        let mut zeroed = vec![0u8; mem.len()];
+        init_zeroed_ring(&mut zeroed, 4).expect("init zeroed");
+        assert_eq!(zeroed, mem);
         let mut short = vec![0u8; 100];
         assert!(matches!(
             init_ring(&mut short, 4),

@@ -29,7 +29,7 @@
 //!   private mapping (a fork gives the child its own copy: write the child's
 //!   pid there before it runs) and outside the code.
 //! * **Ring.** A memfd mapped `MAP_SHARED` in both processes, formatted with
-//!   [`init_ring`] before the target can see it; `ring_addr` is its address
+//!   [`init_ring`] (or [`init_zeroed_ring`] on a new memfd) before the target can see it; `ring_addr` is its address
 //!   in the target.
 //! * **Patching.** With every thread stopped: re-read the site and check it
 //!   still equals [`SitePlan::original`]; refuse if any thread's rip is
@@ -84,7 +84,7 @@ mod tests_site;
 pub use branches::BranchTargets;
 pub use codegen::{build_trampoline, CodegenError, ThreadIdSource, Trampoline, TrampolineParams};
 pub use consumer::{DrainStop, Drained, RingReader, RingRecord, RingStack, RingString};
-pub use format::{init_ring, ring_bytes, RingError};
+pub use format::{init_ring, init_zeroed_ring, ring_bytes, RingError};
 pub use region::{RegionError, RegionHeader, RegionSite};
 pub use site::{plans_overlap, qualify_site, thread_inside, SitePlan, SiteRefusal, Tail};
 pub use stack::{CurrentThreadState, StackCapture, StackFrame, StackRoot};

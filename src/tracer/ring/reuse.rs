@@ -27,7 +27,7 @@
 //! pyprobe needs a `MAP_SHARED` view of the ring, and cannot open another process's
 //! mapping (`/proc/PID/map_files` needs privileges a tracer lacks). So the old ring
 //! is not reopened: a new memfd is made in the target, formatted by pyprobe
-//! ([`init_ring`](crate::ring::init_ring), before the target can see it), and mapped
+//! ([`init_zeroed_ring`](crate::ring::init_zeroed_ring), before the target can see it), and mapped
 //! over the old ring with `MAP_FIXED`, at the same address and of the same length,
 //! then its descriptor closed. The target keeps no descriptor of pyprobe's; the old
 //! memfd's pages are freed with its last mapping (the earlier pyprobe's went with

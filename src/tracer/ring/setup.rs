@@ -19,7 +19,7 @@ use crate::process::maps::{read_maps, MapEntry};
 use crate::process::memory::ProcessMemory;
 use crate::ring::region::{self, RegionHeader, RegionSite};
 use crate::ring::{
-    build_trampoline, init_ring, plans_overlap, qualify_site, ring_bytes, BranchTargets,
+    build_trampoline, init_zeroed_ring, plans_overlap, qualify_site, ring_bytes, BranchTargets,
     CodegenError, RingReader, SitePlan, ThreadIdSource, Trampoline, TrampolineParams,
 };
 
@@ -288,7 +288,8 @@ pub(in crate::tracer) fn map_ring(
                 mapping.len()
             );
         }
-        init_ring(&mut mapping, capacity).map_err(|e| anyhow!("{e}"))?;
+        // A new memfd, zero-filled by the kernel: the header is all there is to write.
+        init_zeroed_ring(&mut mapping, capacity).map_err(|e| anyhow!("{e}"))?;
         let ring_addr = match over {
             Some(addr) => {
                 let flags = libc::MAP_SHARED | libc::MAP_FIXED;
