@@ -1,6 +1,8 @@
 //! Finding the ELF objects a process has mapped, and where they were loaded.
 
-use std::path::PathBuf;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use anyhow::{bail, Result};
 
@@ -104,7 +106,7 @@ pub fn open_object(pid: i32, entries: &[&MapEntry]) -> Option<LoadedObject> {
     let candidates = [first.map_files_path(pid), first.root_path(pid)];
     let (opened_path, elf) = candidates
         .into_iter()
-        .find_map(|p| ElfInfo::read(&p).ok().map(|elf| (p, elf)))?;
+        .find_map(|p| read_elf(&p).map(|elf| (p, elf)))?;
     let bias = load_bias(&elf.segments, entries)?;
     Some(LoadedObject {
         target_path: first.path.clone(),
@@ -114,6 +116,53 @@ pub fn open_object(pid: i32, entries: &[&MapEntry]) -> Option<LoadedObject> {
         dev: first.dev,
         inode: first.inode,
     })
+}
+
+/// What tells one file's contents from another's without reading it: device,
+/// inode, size and modification time (a file rewritten in place changes the last).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileKey {
+    dev: u64,
+    inode: u64,
+    size: u64,
+    mtime_ns: i128,
+}
+
+/// Objects parsed lately, newest last. While a process starts, its maps change at
+/// every library the loader maps, and each look would parse the interpreter again
+/// (milliseconds for a 5 MB executable with its symbols).
+static PARSED: Mutex<Vec<(FileKey, ElfInfo)>> = Mutex::new(Vec::new());
+/// How many parsed objects are kept.
+const PARSED_KEPT: usize = 8;
+
+/// [`ElfInfo::read`], from [`PARSED`] when the same file was parsed before; the
+/// copy returned names `path`, the path it was asked for.
+fn read_elf(path: &Path) -> Option<ElfInfo> {
+    let meta = std::fs::metadata(path).ok()?;
+    let key = FileKey {
+        dev: meta.dev(),
+        inode: meta.ino(),
+        size: meta.size(),
+        mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+    };
+    let cached = PARSED.lock().ok().and_then(|parsed| {
+        parsed
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, e)| e.clone())
+    });
+    if let Some(mut elf) = cached {
+        elf.path = path.to_owned();
+        return Some(elf);
+    }
+    let elf = ElfInfo::read(path).ok()?;
+    if let Ok(mut parsed) = PARSED.lock() {
+        if parsed.len() >= PARSED_KEPT {
+            parsed.remove(0);
+        }
+        parsed.push((key, elf.clone()));
+    }
+    Some(elf)
 }
 
 /// The objects in `pid` that carry SDT notes. Objects whose path looks like Python
@@ -226,5 +275,39 @@ mod tests {
         let e = entry(0x7f0000022d000, 0x7f0000022f000, 0x2d000, false);
         let bias = load_bias(&segs, &[&e]).unwrap();
         assert_eq!(0x22de10u64.wrapping_add(bias), 0x7f0000022de10);
+    }
+
+    fn fixture(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/build")
+            .join(name)
+    }
+
+    #[test]
+    fn a_file_parsed_again_comes_from_the_cache_and_a_rewritten_one_does_not() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::copy(fixture("sdt_fixture_pie"), &a).expect("copy the fixture");
+        std::fs::hard_link(&a, &b).expect("hard link");
+        let first = read_elf(&a).expect("parsed");
+        assert!(first.position_independent && !first.probes.is_empty());
+        // The same file by another name: the copy names the path asked for.
+        let again = read_elf(&b).expect("cached");
+        assert_eq!(again.path, b);
+        assert_eq!(again.probes.len(), first.probes.len());
+        // Rewritten in place (same inode, another size): parsed anew.
+        let size = |n: &str| std::fs::metadata(fixture(n)).expect("fixture").len();
+        assert_ne!(size("sdt_fixture_pie"), size("sdt_fixture_nopie"));
+        std::fs::write(
+            &a,
+            std::fs::read(fixture("sdt_fixture_nopie")).expect("read"),
+        )
+        .expect("rewrite");
+        let rewritten = read_elf(&a).expect("parsed");
+        assert!(
+            !rewritten.position_independent,
+            "a stale parse was returned"
+        );
+        assert!(read_elf(&dir.path().join("missing")).is_none());
     }
 }
