@@ -59,11 +59,15 @@ def interpreter(version):
     return binary, env
 
 
-def function_probe_addresses(pyprobe, binary):
-    out = subprocess.run([pyprobe, "probes", binary, "--format", "json"], capture_output=True, text=True)
+def function_probe_addresses(pyprobe, binary, version):
+    """The function probes' sites (where the floor tracer can follow the command:
+    not through a launcher) and semaphores of the interpreter that `binary` runs."""
+    elf = os.path.join(REPO, ".pythons", version, "usr", "bin", "python" + version)
+    launched = binary == os.path.join(REPO, ".pythons", "bin", "python" + version)
+    out = subprocess.run([pyprobe, "probes", elf if os.path.exists(elf) else binary, "--format", "json"],
+                         capture_output=True, text=True)
     if out.returncode != 0:
-        # A launcher script: the floor tracer cannot follow it through the loader.
-        print(f"bench: no probes in {binary}: the floor is not measured", file=sys.stderr)
+        print(f"bench: no probes in {binary}: the floor and `probes on` are not measured", file=sys.stderr)
         return [], []
     sites, sems = [], []
     for probe in json.loads(out.stdout)["objects"][0]["probes"]:
@@ -71,6 +75,10 @@ def function_probe_addresses(pyprobe, binary):
             sites += [s["address"] for s in probe["sites"]]
             if probe["semaphore"]:
                 sems.append(probe["semaphore"])
+    if launched:
+        # A launcher script: the floor tracer cannot follow it through the loader.
+        print(f"bench: {binary} is a launcher: the floor is not measured", file=sys.stderr)
+        sites = []
     return sites, sems
 
 
@@ -115,6 +123,11 @@ def configurations(pyprobe, floor, pyspy, sites, sems, tmp):
     # The interpreter's own exact profiler, in the process: what exact tracing from
     # outside is measured against.
     configs["cProfile"] = lambda cmd: cmd[:1] + ["-m", "cProfile", "-o", os.path.join(tmp, "cprofile.out")] + cmd[1:]
+    if sems:
+        # The interpreter's own probes enabled, no tracer: what computing the probes'
+        # arguments costs, the floor under every tracer of them.
+        probes_on = os.path.join(REPO, "benches", "probes_on.py")
+        configs["probes on"] = lambda cmd: cmd[:1] + [probes_on, ",".join(hex(a) for a in sems)] + cmd[1:]
     # -v: the budget's closing line (the share traced exactly) is said on every run.
     configs["pyprobe trace 5%"] = lambda cmd: [
         pyprobe, "record", "-v", "--force", "--mode", "trace", "--engine", "int3", "--max-overhead", "5", "-o", rec,
@@ -155,7 +168,10 @@ def run_once(argv, env):
     # The size of the recording per event written (pyprobe's closing line).
     size = re.search(r"(\d+) events written to .* \((\d+) bytes\)", proc.stderr)
     per_event = int(size.group(2)) / int(size.group(1)) if size and int(size.group(1)) else None
-    return elapsed, proc.returncode, hits, exact, dropped, per_event, proc.stderr
+    # The workload's own clock around its work (fib.py says it), start-up and exit left out.
+    own = re.search(r"^workload: ([\d.]+) s$", proc.stderr, re.M)
+    own = float(own.group(1)) if own else None
+    return elapsed, proc.returncode, hits, exact, dropped, per_event, own, proc.stderr
 
 
 def measure(args, version):
@@ -165,19 +181,21 @@ def measure(args, version):
     pyspy = find_peer("py-spy")
     if not pyspy:
         print("bench: py-spy is not available: its columns are missing", file=sys.stderr)
-    sites, sems = function_probe_addresses(args.pyprobe, binary)
+    sites, sems = function_probe_addresses(args.pyprobe, binary, version)
     tmp = tempfile.mkdtemp(prefix="pyprobe-bench-")
     configs = configurations(args.pyprobe, args.floor if os.path.exists(args.floor) else None, pyspy, sites, sems, tmp)
     if args.configs:
         wanted = set(args.configs.split(",")) | {"untraced"}
-        # The floor is left out (and said so above) where the binary has no probes.
-        unknown = wanted - set(configs) - {"floor"}
+        # The floor and `probes on` are left out (and said so above) where the
+        # binary has no function probes.
+        unknown = wanted - set(configs) - {"floor", "probes on"}
         if unknown:
             sys.exit(f"bench: unknown configurations {sorted(unknown)}; known: {sorted(configs)}")
         configs = {k: v for k, v in configs.items() if k in wanted}
     workloads = [w for w in args.workloads.split(",") if w in WORKLOADS]
     times = {(w, c): [] for w in workloads for c in configs}
     hits = {}
+    own_times = {}
     exact = {}
     size = {}
     lost_pct = {}
@@ -192,7 +210,7 @@ def measure(args, version):
                     continue  # nothing to compare with
                 if w in ONLY and name not in ONLY[w]:
                     continue
-                elapsed, code, h, ex, dropped, per_event, err = run_once(make(cmd), env)
+                elapsed, code, h, ex, dropped, per_event, own, err = run_once(make(cmd), env)
                 if code != 0:
                     lines = err.strip().splitlines()
                     # The line that says why: a panic's or an error's, else the last.
@@ -200,6 +218,8 @@ def measure(args, version):
                     unavailable[(w, name)] = why.strip() or f"exit {code}"
                     continue
                 times[(w, name)].append(elapsed)
+                if own is not None:
+                    own_times.setdefault((w, name), []).append(own)
                 if h is not None:
                     hits[(w, name)] = h
                 if ex is not None:
@@ -232,6 +252,16 @@ def measure(args, version):
             if (w, name) in hits and hits[(w, name)] and name in PER_EVENT:
                 row["hits"] = hits[(w, name)]
                 row["ns_per_hit"] = round((med - base) * 1e9 / hits[(w, name)])
+            # By the workload's own clock: the cost of an event itself, every
+            # configuration's start-up and exit left out. The events are those an
+            # exact pyprobe run of the same workload counted.
+            events = next((hits[(w, c)] for c in ("pyprobe ring", "pyprobe trace", "pyprobe hook") if hits.get((w, c))),
+                          None)
+            own_base = own_times.get((w, "untraced"))
+            if (name in PER_EVENT or name in OWN_ONLY) and events and own_base and own_times.get((w, name)):
+                own_med = statistics.median(own_times[(w, name)])
+                row["own_s"] = round(own_med, 4)
+                row["own_ns_per_event"] = round((own_med - statistics.median(own_base)) * 1e9 / events)
             results.append(row)
     for w in workloads:
         per = {r["config"]: r for r in results if r["workload"] == w}
@@ -262,8 +292,10 @@ def measure(args, version):
 
 
 PER_EVENT = ("floor", "floor same-cpu", "floor cross-cpu", "pyprobe trace", "pyprobe trace follow", "pyprobe ring")
+# Exact in the process, or no tracer at all: their cost per event by the workload's clock.
+OWN_ONLY = ("cProfile", "probes on", "pyprobe hook")
 COLUMNS = [("workload", "workload"), ("configuration", "config"), ("median", "median_s"),
-           ("slowdown", "slowdown"), ("ns/event", "ns_per_hit"), ("vs floor", "vs_floor"),
+           ("slowdown", "slowdown"), ("ns/event", "ns_per_hit"), ("own ns/event", "own_ns_per_event"), ("vs floor", "vs_floor"),
            ("vs same-CPU", "vs_same_cpu"), ("vs cross-CPU", "vs_cross_cpu"),
            ("vs py-spy", "vs_py_spy"), ("exact %", "exact_pct"), ("lost %", "lost_pct"),
            ("B/event", "bytes_per_event")]
@@ -281,7 +313,7 @@ def cell(row, key):
 def print_table(version, runs, results, unavailable):
     print(f"\npyprobe side-by-side, python {version}, {runs} interleaved runs, "
           f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs\n")
-    widths = [9, 22, 9, 9, 8, 9, 11, 12, 10, 8, 7, 8]
+    widths = [9, 22, 9, 9, 8, 12, 9, 11, 12, 10, 8, 7, 8]
     print(" ".join(f"{title:>{w}}" for (title, _), w in zip(COLUMNS, widths)))
     for r in results:
         print(" ".join(f"{cell(r, key):>{w}}" for (_, key), w in zip(COLUMNS, widths)))
@@ -322,11 +354,15 @@ def write_markdown(path, args, tables, load_before, load_after):
         f"* Machine: {machine()}; load average {load_before:.2f} before and {load_after:.2f} after.",
         f"* Method: {args.runs} runs of each configuration, interleaved (A B C A B C ...) so that the",
         "  machine's noise hits every configuration alike; medians of the wall-clock time of the",
-        "  whole command, start-up included. Ratios within one table are what to compare; absolute",
-        "  times move with the machine.",
+        "  whole command, start-up included, and for `fib` also of the time its calls took by its",
+        "  own clock. Ratios within one table are what to compare; absolute times move with the",
+        "  machine.",
         "",
         "Columns: *slowdown* is the median over the untraced run's; *ns/event* the added time",
-        "divided by the probe events the target produced (recorded plus lost); *vs floor* that",
+        "divided by the probe events the target produced (recorded plus lost); *own ns/event* the",
+        "same by the workload's own clock around its work (`fib.py` says it), so start-up, attach",
+        "and exit are left out: the cost of an event itself, for pyprobe and for `cProfile` alike",
+        "(divided by the events an exact pyprobe run counted); *vs floor* that",
         "cost over the raw ptrace floor's (`benches/floor/floor.c`: one waitpid, GETREGS and CONT",
         "per hit, nothing decoded, neither pinned); *vs same-CPU* and *vs cross-CPU* an int3 hit's",
         "cost over that floor's with tracer and target pinned to one CPU (`floor same-cpu`) or to",
@@ -342,7 +378,11 @@ def write_markdown(path, args, tables, load_before, load_after):
         "`sample N` is `--mode sample -r N`, `nb` adds `--nonblocking`; `pyprobe trace follow`",
         "is `pyprobe trace` with `PYPROBE_FOLLOW_CPU=1` (pyprobe's tracing thread pinned to the",
         "CPU of the thread that hits; see `src/tracer/engine/affinity.rs`); `cProfile` is",
-        "`python -m cProfile` (the interpreter's own exact profiler, inside the process).",
+        "`python -m cProfile` (the interpreter's own exact profiler, inside the process);",
+        "`probes on` runs the workload with the interpreter's function probes enabled (their",
+        "semaphores raised, `benches/probes_on.py`) and no tracer at all: what the interpreter",
+        "itself spends computing the probes' arguments, the floor under any tracer of them (its",
+        "wall time includes the wrapper's own start-up: read its *own ns/event*).",
         "",
         "Workloads (`benches/workloads/`): " + ", ".join(
             f"`{name}` ({' '.join(argv)})" for name, argv in WORKLOADS.items()) + ".",
