@@ -61,14 +61,15 @@ def interpreter(version):
 
 def function_probe_addresses(pyprobe, binary, version):
     """The function probes' sites (where the floor tracer can follow the command:
-    not through a launcher) and semaphores of the interpreter that `binary` runs."""
+    not through a launcher) and semaphores of the interpreter that `binary` runs,
+    and the path of its executable (None without function probes)."""
     elf = os.path.join(REPO, ".pythons", version, "usr", "bin", "python" + version)
     launched = binary == os.path.join(REPO, ".pythons", "bin", "python" + version)
     out = subprocess.run([pyprobe, "probes", elf if os.path.exists(elf) else binary, "--format", "json"],
                          capture_output=True, text=True)
     if out.returncode != 0:
         print(f"bench: no probes in {binary}: the floor and `probes on` are not measured", file=sys.stderr)
-        return [], []
+        return [], [], None
     sites, sems = [], []
     for probe in json.loads(out.stdout)["objects"][0]["probes"]:
         if probe["name"] in ("function__entry", "function__return"):
@@ -79,7 +80,7 @@ def function_probe_addresses(pyprobe, binary, version):
         # A launcher script: the floor tracer cannot follow it through the loader.
         print(f"bench: {binary} is a launcher: the floor is not measured", file=sys.stderr)
         sites = []
-    return sites, sems
+    return sites, sems, (elf if os.path.exists(elf) else binary) if sems else None
 
 
 def find_peer(name):
@@ -95,7 +96,7 @@ def find_peer(name):
     )
 
 
-def configurations(pyprobe, floor, pyspy, sites, sems, tmp):
+def configurations(pyprobe, floor, pyspy, sites, sems, elf, tmp):
     rec = os.path.join(tmp, "bench.pyprobe")
     configs = {"untraced": lambda cmd: cmd}
     if floor and sites:
@@ -128,6 +129,12 @@ def configurations(pyprobe, floor, pyspy, sites, sems, tmp):
         # arguments costs, the floor under every tracer of them.
         probes_on = os.path.join(REPO, "benches", "probes_on.py")
         configs["probes on"] = lambda cmd: cmd[:1] + [probes_on, ",".join(hex(a) for a in sems)] + cmd[1:]
+    if elf and os.geteuid() == 0 and shutil.which("bpftrace"):
+        # The kernel's USDT path (root, eBPF): a trap and a BPF program per hit,
+        # counting only. Probes attach to the executable machine-wide.
+        under = os.path.join(REPO, "benches", "under_bpftrace.py")
+        # The helper runs on the interpreter under test (whose environment it needs).
+        configs["bpftrace"] = lambda cmd: cmd[:1] + [under, elf, "--"] + cmd
     # -v: the budget's closing line (the share traced exactly) is said on every run.
     configs["pyprobe trace 5%"] = lambda cmd: [
         pyprobe, "record", "-v", "--force", "--mode", "trace", "--engine", "int3", "--max-overhead", "5", "-o", rec,
@@ -181,14 +188,15 @@ def measure(args, version):
     pyspy = find_peer("py-spy")
     if not pyspy:
         print("bench: py-spy is not available: its columns are missing", file=sys.stderr)
-    sites, sems = function_probe_addresses(args.pyprobe, binary, version)
+    sites, sems, elf = function_probe_addresses(args.pyprobe, binary, version)
     tmp = tempfile.mkdtemp(prefix="pyprobe-bench-")
-    configs = configurations(args.pyprobe, args.floor if os.path.exists(args.floor) else None, pyspy, sites, sems, tmp)
+    configs = configurations(args.pyprobe, args.floor if os.path.exists(args.floor) else None, pyspy, sites, sems,
+                             elf, tmp)
     if args.configs:
         wanted = set(args.configs.split(",")) | {"untraced"}
-        # The floor and `probes on` are left out (and said so above) where the
-        # binary has no function probes.
-        unknown = wanted - set(configs) - {"floor", "probes on"}
+        # The floor, `probes on` and bpftrace are left out (and said so above)
+        # where the binary has no function probes (bpftrace: or without root).
+        unknown = wanted - set(configs) - {"floor", "probes on", "bpftrace"}
         if unknown:
             sys.exit(f"bench: unknown configurations {sorted(unknown)}; known: {sorted(configs)}")
         configs = {k: v for k, v in configs.items() if k in wanted}
@@ -293,7 +301,7 @@ def measure(args, version):
 
 PER_EVENT = ("floor", "floor same-cpu", "floor cross-cpu", "pyprobe trace", "pyprobe trace follow", "pyprobe ring")
 # Exact in the process, or no tracer at all: their cost per event by the workload's clock.
-OWN_ONLY = ("cProfile", "probes on", "pyprobe hook")
+OWN_ONLY = ("cProfile", "probes on", "pyprobe hook", "bpftrace")
 COLUMNS = [("workload", "workload"), ("configuration", "config"), ("median", "median_s"),
            ("slowdown", "slowdown"), ("ns/event", "ns_per_hit"), ("own ns/event", "own_ns_per_event"), ("vs floor", "vs_floor"),
            ("vs same-CPU", "vs_same_cpu"), ("vs cross-CPU", "vs_cross_cpu"),
@@ -382,7 +390,10 @@ def write_markdown(path, args, tables, load_before, load_after):
         "`probes on` runs the workload with the interpreter's function probes enabled (their",
         "semaphores raised, `benches/probes_on.py`) and no tracer at all: what the interpreter",
         "itself spends computing the probes' arguments, the floor under any tracer of them (its",
-        "wall time includes the wrapper's own start-up: read its *own ns/event*).",
+        "wall time includes the wrapper's own start-up: read its *own ns/event*); `bpftrace` counts",
+        "the same probes through the kernel (eBPF uprobes, root; `benches/under_bpftrace.py`), its",
+        "wall time including bpftrace's compiling its program; it runs where bpftrace is installed",
+        "and the benchmark runs as root.",
         "",
         "Workloads (`benches/workloads/`): " + ", ".join(
             f"`{name}` ({' '.join(argv)})" for name, argv in WORKLOADS.items()) + ".",
