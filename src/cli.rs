@@ -170,7 +170,9 @@ pub struct RecordArgs {
     /// it they go without their stacks, then are only counted, then (a storm that
     /// even counting cannot afford) not at all for a while; the report says so.
     /// The report says what share of the time was traced exactly. Default: 5 in
-    /// `--mode auto`, none in `--mode trace`. 0 turns the budget off.
+    /// `--mode auto`, none in `--mode trace`. 0 turns the budget off. Not with the
+    /// hook engine's calls (CPython 3.11-3.14 without function probes), which
+    /// cannot be paused: there `--mode trace` with a budget is refused.
     #[arg(long, value_name = "PERCENT")]
     pub max_overhead: Option<f64>,
     /// Sample without stopping the threads (faster, stacks may be torn).

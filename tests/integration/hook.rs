@@ -265,6 +265,31 @@ fn hook_engine_refuses_in_one_sentence_what_it_cannot_serve() {
     }
 }
 
+/// The hook cannot be paused, so no budget can limit its calls: a budgeted trace
+/// where the hook would give the calls is refused, not run many times slower
+/// under a closing line that says the budget held.
+#[test]
+fn a_budget_is_refused_where_the_hook_would_give_the_calls() {
+    let Some(py) = pyenv(13) else { return };
+    let py_s = py.display().to_string();
+    let out = TempFile::new("hook-budget.pyprobe");
+    for engine in [&[][..], &["--engine", "hook"][..]] {
+        let mut args = vec!["record", "--mode", "trace", "--max-overhead", "5"];
+        args.extend_from_slice(engine);
+        args.extend_from_slice(&["-o", out.path(), "--", &py_s, "-c", "print('ran')"]);
+        let run = run_pyprobe(&args);
+        assert_refused_output(
+            &run,
+            &args,
+            &["--max-overhead", "hook engine", "default mode"],
+        );
+        assert!(
+            !String::from_utf8_lossy(&run.stdout).contains("ran"),
+            "refused before the program ran"
+        );
+    }
+}
+
 #[test]
 fn a_forked_child_unhooks_itself_and_writes_nothing_to_the_parents_ring() {
     for minor in MINORS {

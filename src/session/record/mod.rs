@@ -41,6 +41,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         requested: settings.requested.take(),
         chosen: chosen.clone(),
         hook: request.hook,
+        budgeted: settings.budget.is_some(),
     });
     let options = settings.engine_options();
     signals::install().context("cannot install signal handlers")?;

@@ -119,6 +119,8 @@ pub struct PythonResolver {
     pub chosen: Rc<RefCell<Chosen>>,
     /// Whether calls may come from the injected hook engine.
     pub hook: super::HookUse,
+    /// An overhead budget applies (`--max-overhead`, or the default mode's).
+    pub budgeted: bool,
 }
 
 impl PythonResolver {
@@ -229,6 +231,28 @@ impl PythonResolver {
             return Ok(false);
         }
         let served = version.and_then(crate::tracer::hook::refusal);
+        let hooked = self.hook_serves(object, version, served)?;
+        if hooked && self.budgeted {
+            // The hook has no pause: a budget would be charged nothing for its calls
+            // and say "held" over a run it slowed many times over.
+            return Err(NotTraceable(format!(
+                "{}: an overhead budget (--max-overhead) cannot limit the calls of the hook \
+                 engine, which pyprobe cannot pause; drop --max-overhead to trace every call \
+                 exactly, or use the default mode, which samples stacks within the budget",
+                version.map_or_else(|| object.target_path.clone(), |v| format!("CPython {v}"))
+            ))
+            .into());
+        }
+        Ok(hooked)
+    }
+
+    /// [`use_hook`](Self::use_hook) before the budget is considered.
+    fn hook_serves(
+        &self,
+        object: &LoadedObject,
+        version: Option<PyVersion>,
+        served: Option<String>,
+    ) -> Result<bool> {
         match self.hook {
             super::HookUse::Never => Ok(false),
             super::HookUse::Always => match (version, served) {
