@@ -4,6 +4,10 @@
 //! hits into events by the recorder's `EventBuilder` (names interned, filters),
 //! and written to a recording file by its writer.
 //!
+//! Beside it, `ring_reader` times the ring's side alone (records copied out, their
+//! strings measured, handed on: what frees the ring for the target), and
+//! `memcpy_floor` the same bytes moved by `memcpy`.
+//!
 //! `cargo bench --bench drain` runs it. Throughput is in records; only the drain
 //! is timed, not the filling of the ring, and in the draining thread's CPU time
 //! (the recording is written by a thread of its own): on a shared machine, time
@@ -185,6 +189,44 @@ fn bench_drain(c: &mut Criterion) {
                 }
                 spent += thread_cpu_time().saturating_sub(began);
                 assert_eq!(reader.tail(), next, "every record read");
+            }
+            spent
+        })
+    });
+    // The ring's side alone: records copied out, their strings measured, handed
+    // on as records (what frees the ring for the target), and nothing else.
+    group.bench_function("ring_reader", |b| {
+        b.iter_custom(|runs| {
+            let mut spent = Duration::ZERO;
+            for _ in 0..runs {
+                fill(&mut ring, next, &mut clock);
+                next += RECORDS;
+                let began = thread_cpu_time();
+                let mut read = 0;
+                while read < RECORDS as usize {
+                    read += reader
+                        .drain(BATCH, |r| {
+                            black_box((r.tsc, r.string(1)));
+                        })
+                        .records;
+                }
+                spent += thread_cpu_time().saturating_sub(began);
+                assert_eq!(reader.tail(), next, "every record read");
+            }
+            spent
+        })
+    });
+    // The floor: the whole ring's bytes moved by `memcpy`.
+    group.bench_function("memcpy_floor", |b| {
+        let mut copy = vec![0u64; ring.words.len()];
+        b.iter_custom(|runs| {
+            let mut spent = Duration::ZERO;
+            for _ in 0..runs {
+                fill(&mut ring, next, &mut clock);
+                let began = thread_cpu_time();
+                copy.copy_from_slice(&ring.words);
+                black_box(&copy);
+                spent += thread_cpu_time().saturating_sub(began);
             }
             spent
         })

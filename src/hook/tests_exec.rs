@@ -974,7 +974,9 @@ fn a_body_s_record_carries_its_name_and_file_and_a_function_s_does_not() {
     }
     let mut got = Vec::new();
     s.reader().drain(10, |r| {
-        let text = r.strings[2].map(|t| String::from_utf8_lossy(t.bytes).into_owned());
+        let text = r
+            .string(2)
+            .map(|t| String::from_utf8_lossy(t.bytes).into_owned());
         got.push((text, r.args[5]));
     });
     let file_only = 0x5678u64.rotate_left(1);

@@ -575,7 +575,7 @@ fn check_records(reader: &mut RingReader, p: &Probe, want: &[u64], thread: u64) 
             );
         }
         let mut k = 0;
-        for (i, s) in r.strings.iter().enumerate() {
+        for (i, s) in r.strings().iter().enumerate() {
             let flagged = p.strings.get(i).copied().unwrap_or(false);
             assert_eq!(s.is_some(), flagged, "string flag {i}");
             let Some(s) = s else { continue };

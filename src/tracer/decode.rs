@@ -113,7 +113,7 @@ impl HitBuffers {
                 changed |= was;
                 continue;
             }
-            let Some(s) = record.strings.get(i).copied().flatten() else {
+            let Some(s) = record.string(i) else {
                 changed |= was;
                 continue;
             };

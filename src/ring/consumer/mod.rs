@@ -12,16 +12,14 @@ use super::stack::*;
 
 mod record;
 
+use record::StringSpan;
 pub use record::{decode, RingRecord, RingStack, RingString};
 
-/// How much of a slot to copy out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Part {
-    /// A record: its fixed part and its strings as far as they go.
-    Record,
-    /// A stack's continuation slot: all of it.
-    Whole,
-}
+/// Records copied out of the ring before they are handed on: few enough that
+/// their copies stay in the nearest cache until they are read.
+const COPY_CHUNK: usize = 32;
+/// How many slots ahead of the one being copied the reader asks for its lines.
+const PREFETCH_AHEAD: u64 = 8;
 
 /// Why [`RingReader::drain`] stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,10 +61,16 @@ pub struct RingReader {
 }
 
 /// One record copied out of the ring, with its stack's continuation slots read.
+///
+/// Only what the record uses is copied: its fixed part and each string's prefix
+/// up to its NUL (found while copying, so nothing scans it again). The rest of
+/// `slot` holds whatever an earlier record left there and is never read.
 #[derive(Debug)]
 struct Copied {
     index: u64,
     slot: [u8; SLOT_SIZE],
+    /// Where each string argument's prefix lies in `slot`.
+    strings: [Option<StringSpan>; MAX_ARGS],
     stack: Option<RingStack>,
 }
 
@@ -75,8 +79,16 @@ impl Default for Copied {
         Copied {
             index: 0,
             slot: [0; SLOT_SIZE],
+            strings: [None; MAX_ARGS],
             stack: None,
         }
+    }
+}
+
+impl Copied {
+    /// The record (the spans were bounded by their areas when copied).
+    fn record(&mut self) -> RingRecord<'_> {
+        RingRecord::new(self.index, &self.slot, self.strings, self.stack.take())
     }
 }
 
@@ -255,47 +267,19 @@ impl RingReader {
         // Bounded by `max` and by `capacity` (a hostile head cannot make it longer).
         let budget = max.min(usize::try_from(self.capacity).unwrap_or(usize::MAX));
         let mut copies = std::mem::take(&mut self.copies);
+        copies.resize_with(COPY_CHUNK, Copied::default);
         let mut records = 0;
         let mut stop = None;
-        while records < budget {
-            if self.tail >= head {
-                stop = Some(DrainStop::Empty);
-                break;
+        while stop.is_none() && records < budget {
+            let chunk = self.copy_out(&mut copies, (budget - records).min(COPY_CHUNK), head);
+            records += chunk.0;
+            stop = chunk.1;
+            for copy in &mut copies[..chunk.0] {
+                f(&copy.record());
             }
-            if records == copies.len() {
-                copies.push(Copied::default());
-            }
-            let copy = &mut copies[records];
-            // Copied out before `tail` moves past it: a producer may reuse the slot then.
-            if !self.copy_with_seq(
-                self.tail,
-                self.tail.wrapping_add(1),
-                &mut copy.slot,
-                Part::Record,
-            ) {
-                stop = Some(DrainStop::Pending { index: self.tail });
-                break;
-            }
-            if self.tsc_bound != u64::MAX {
-                let stamp = &copy.slot[S_TSC..S_TSC + 8];
-                if u64::from_le_bytes(stamp.try_into().unwrap_or([0; 8])) > self.tsc_bound {
-                    stop = Some(DrainStop::Later);
-                    break;
-                }
-            }
-            copy.index = self.tail;
-            let (stack, used) = self.stack_of(&copy.slot, head);
-            copy.stack = stack;
-            self.tail = self.tail.wrapping_add(1 + used);
-            records += 1;
         }
         if records > 0 {
             self.publish_tail();
-        }
-        for copy in &mut copies[..records] {
-            let mut record = decode(copy.index, &copy.slot);
-            record.stack = copy.stack.take();
-            f(&record);
         }
         self.copies = copies;
         Drained {
@@ -306,6 +290,42 @@ impl RingReader {
                 DrainStop::Limit
             }),
         }
+    }
+
+    /// Copies up to `max` published records from `tail` on into `copies`, moving
+    /// `tail` past them (not yet published); returns how many, and why it stopped
+    /// short if it did.
+    fn copy_out(
+        &mut self,
+        copies: &mut [Copied],
+        max: usize,
+        head: u64,
+    ) -> (usize, Option<DrainStop>) {
+        for (n, copy) in copies.iter_mut().take(max).enumerate() {
+            if self.tail >= head {
+                return (n, Some(DrainStop::Empty));
+            }
+            // Not the slots nearest `head`: producers may be writing them still, and a
+            // line pulled from under a producer costs it a miss.
+            let ahead = self.tail.wrapping_add(PREFETCH_AHEAD);
+            if ahead.wrapping_add(PREFETCH_AHEAD) < head {
+                self.prefetch(ahead);
+            }
+            // Copied out before `tail` moves past it: a producer may reuse the slot then.
+            if !self.copy_record(self.tail, copy) {
+                return (n, Some(DrainStop::Pending { index: self.tail }));
+            }
+            if self.tsc_bound != u64::MAX {
+                let stamp = &copy.slot[S_TSC..S_TSC + 8];
+                if u64::from_le_bytes(stamp.try_into().unwrap_or([0; 8])) > self.tsc_bound {
+                    return (n, Some(DrainStop::Later));
+                }
+            }
+            let (stack, used) = self.stack_of(&copy.slot, head);
+            copy.stack = stack;
+            self.tail = self.tail.wrapping_add(1 + used);
+        }
+        (max.min(copies.len()), None)
     }
 
     /// Reads the continuation slots of the record at `tail` (its first slot is
@@ -337,10 +357,9 @@ impl RingReader {
         let mut copy = [0u8; SLOT_SIZE];
         for k in 1..=n {
             let index = self.tail.wrapping_add(k);
-            let owner_ok =
-                self.copy_with_seq(index, continuation_seq(index), &mut copy, Part::Whole)
-                    && u64::from_le_bytes(copy[C_OWNER..C_OWNER + 8].try_into().unwrap_or([0; 8]))
-                        == self.tail;
+            let owner_ok = self.copy_whole(index, continuation_seq(index), &mut copy)
+                && u64::from_le_bytes(copy[C_OWNER..C_OWNER + 8].try_into().unwrap_or([0; 8]))
+                    == self.tail;
             if !owner_ok {
                 stack.broken = true;
                 continue;
@@ -367,15 +386,7 @@ impl RingReader {
     /// write that slot later, possibly over a record of the next lap, which
     /// then decodes as a mix (or stays unpublished and is skipped in turn).
     pub fn skip_pending(&mut self) -> bool {
-        let mut copy = [0u8; SLOT_SIZE];
-        if self.tail >= self.head()
-            || self.copy_with_seq(
-                self.tail,
-                self.tail.wrapping_add(1),
-                &mut copy,
-                Part::Record,
-            )
-        {
+        if self.tail >= self.head() || self.published(self.tail) {
             return false;
         }
         self.word(H_LOST).fetch_add(1, Ordering::Relaxed);
@@ -421,24 +432,116 @@ impl RingReader {
         }
     }
 
-    /// Copies the slot for `index` into `copy` if its `seq` is `want`; says whether
+    /// Byte offset of the slot for `index` in the mapping.
+    fn slot_offset(&self, index: u64) -> usize {
+        HEADER_SIZE + ((index & (self.capacity - 1)) as usize) * SLOT_SIZE
+    }
+
+    /// Asks for the first three cache lines of the slot for `index` (its fixed part
+    /// and usual strings) ahead of their copy: the copy of a slot waits on its
+    /// first load, and the slots after it are not loaded until it is done.
+    fn prefetch(&self, index: u64) {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let slot = self.slot_offset(index);
+        for line in [0, 64, 128] {
+            // SAFETY: `slot + line` lies inside the slot, inside the mapping
+            // (contract of `new`); a prefetch reads nothing into the program and
+            // cannot fault.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(self.base.add(slot + line).cast::<i8>()) };
+        }
+    }
+
+    /// Whether the slot for `index` holds the record of that index.
+    fn published(&self, index: u64) -> bool {
+        let slot = self.slot_offset(index);
+        self.word(slot + S_SEQ).load(Ordering::Acquire) == index.wrapping_add(1)
+    }
+
+    /// Copies the record at `index` into `copy` if it is published; says whether
     /// it did (else `copy` holds nothing of use).
-    fn copy_with_seq(&self, index: u64, want: u64, copy: &mut [u8; SLOT_SIZE], part: Part) -> bool {
-        let slot = HEADER_SIZE + ((index & (self.capacity - 1)) as usize) * SLOT_SIZE;
+    ///
+    /// The fixed part, then each string's prefix word by word up to its NUL: a
+    /// record reads the cache lines its producer wrote and no others, and its
+    /// strings are measured on the way.
+    fn copy_record(&self, index: u64, copy: &mut Copied) -> bool {
+        let slot = self.slot_offset(index);
+        let want = index.wrapping_add(1);
         if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
             return false;
         }
-        // The fixed part first; the strings area only when the record has strings
-        // (a hook record seldom does: half the slot's cache lines are not pulled
-        // from the producer's core). `decode` reads no string its mask lacks. A
-        // stack's continuation slot has no mask: all of it.
-        let fixed = S_STRINGS / 8;
-        self.copy_words(slot, copy, 0..fixed);
-        if part == Part::Whole || copy[S_STRING_MASK] != 0 {
-            self.copy_words(slot, copy, fixed..SLOT_SIZE / 8);
+        self.copy_words(slot, &mut copy.slot, 0..S_STRINGS / 8);
+        copy.index = index;
+        let nargs = usize::from(copy.slot[S_NARGS]).min(MAX_ARGS);
+        let mask = copy.slot[S_STRING_MASK] & ((1u8 << nargs) - 1);
+        let count = mask.count_ones() as usize;
+        let mut k = 0;
+        for (i, span) in copy.strings.iter_mut().enumerate() {
+            *span = None;
+            if mask & (1 << i) == 0 {
+                continue;
+            }
+            let Some((start, len)) = string_area(k, count) else {
+                break;
+            };
+            k += 1;
+            *span = Some(self.copy_string(slot, &mut copy.slot, start, len));
         }
         // A changed seq means the slot was rewritten while copying (only after
         // a skip): treat it as not published rather than return a torn record.
+        self.word(slot + S_SEQ).load(Ordering::Acquire) == want
+    }
+
+    /// Copies the words of the string area `start..start + len` of the slot at
+    /// byte offset `slot` up to the one holding the string's NUL.
+    fn copy_string(
+        &self,
+        slot: usize,
+        copy: &mut [u8; SLOT_SIZE],
+        start: usize,
+        len: usize,
+    ) -> StringSpan {
+        const LOW: u64 = 0x0101_0101_0101_0101;
+        const HIGH: u64 = 0x8080_8080_8080_8080;
+        let end = start + len;
+        let mut at = start & !7;
+        // The bytes of the first word before the area, made non-zero.
+        let mut before = (1u64 << (8 * (start - at))) - 1;
+        while at < end {
+            let v = self.word(slot + at).load(Ordering::Relaxed);
+            copy[at..at + 8].copy_from_slice(&v.to_le_bytes());
+            let seen = v | before;
+            before = 0;
+            // The lowest flagged byte of the zero-byte test is the first NUL from
+            // `start` on; one past the area's end means the area has none.
+            let zeros = seen.wrapping_sub(LOW) & !seen & HIGH;
+            if zeros != 0 {
+                let nul = at + (zeros.trailing_zeros() / 8) as usize;
+                if nul >= end {
+                    break;
+                }
+                return StringSpan {
+                    start: start as u8,
+                    len: (nul - start) as u8,
+                    unterminated: false,
+                };
+            }
+            at += 8;
+        }
+        StringSpan {
+            start: start as u8,
+            len: len as u8,
+            unterminated: true,
+        }
+    }
+
+    /// Copies the whole slot for `index` (a stack's continuation slot) into `copy`
+    /// if its `seq` is `want`; says whether it did.
+    fn copy_whole(&self, index: u64, want: u64, copy: &mut [u8; SLOT_SIZE]) -> bool {
+        let slot = self.slot_offset(index);
+        if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
+            return false;
+        }
+        self.copy_words(slot, copy, 0..SLOT_SIZE / 8);
         self.word(slot + S_SEQ).load(Ordering::Acquire) == want
     }
 

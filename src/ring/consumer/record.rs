@@ -6,7 +6,7 @@ use crate::ring::format::*;
 
 /// A decoded record. Strings borrow from a private copy of the slot, so the
 /// callback may keep nothing past its return; copy what you need.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct RingRecord<'a> {
     /// Ring index of the slot (0, 1, 2, ... in reservation order).
     pub index: u64,
@@ -18,10 +18,113 @@ pub struct RingRecord<'a> {
     /// Number of meaningful entries in `args` (clamped to [`MAX_ARGS`]).
     pub nargs: usize,
     pub args: [u64; MAX_ARGS],
-    /// `strings[i]` is `Some` if argument `i` was captured as a C string.
-    pub strings: [Option<RingString<'a>>; MAX_ARGS],
     /// The Python stack the trampoline captured, for a stack probe's record.
     pub stack: Option<RingStack>,
+    /// The copy of the slot the strings are read from.
+    slot: &'a [u8; SLOT_SIZE],
+    /// Where each string argument's prefix lies in `slot`.
+    spans: [Option<StringSpan>; MAX_ARGS],
+}
+
+/// A string prefix in a copied slot: `start..start + len`, NUL excluded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct StringSpan {
+    pub(super) start: u8,
+    pub(super) len: u8,
+    /// No NUL in its area: the area is kept and the string said cut.
+    pub(super) unterminated: bool,
+}
+
+impl<'a> RingRecord<'a> {
+    /// A record of `slot` (a private copy) whose strings lie at `spans`, bounded
+    /// by their areas.
+    pub(super) fn new(
+        index: u64,
+        slot: &'a [u8; SLOT_SIZE],
+        spans: [Option<StringSpan>; MAX_ARGS],
+        stack: Option<RingStack>,
+    ) -> RingRecord<'a> {
+        let word = |o: usize| u64::from_le_bytes(slot[o..o + 8].try_into().unwrap_or([0; 8]));
+        let nargs = usize::from(slot[S_NARGS]).min(MAX_ARGS);
+        let mut args = [0u64; MAX_ARGS];
+        for (i, a) in args.iter_mut().enumerate().take(nargs) {
+            *a = word(S_ARGS + 8 * i);
+        }
+        let probe_word = word(S_PROBE);
+        RingRecord {
+            index,
+            tsc: word(S_TSC),
+            probe: probe_word as u32,
+            tag: (probe_word >> 32) as u32,
+            thread: word(S_THREAD),
+            nargs,
+            args,
+            stack,
+            slot,
+            spans,
+        }
+    }
+
+    /// The prefix of argument `i` if it was captured as a C string.
+    pub fn string(&self, i: usize) -> Option<RingString<'a>> {
+        let span = (*self.spans.get(i)?)?;
+        let start = usize::from(span.start);
+        let bit = 1u8 << i;
+        Some(RingString {
+            bytes: self.slot.get(start..start + usize::from(span.len))?,
+            truncated: span.unterminated || self.slot[S_TRUNCATED] & bit != 0,
+            null: self.slot[S_NULL] & bit != 0,
+        })
+    }
+}
+
+impl<'a> RingRecord<'a> {
+    /// Every argument's string prefix, as [`string`](Self::string) gives it.
+    pub fn strings(&self) -> [Option<RingString<'a>>; MAX_ARGS] {
+        std::array::from_fn(|i| self.string(i))
+    }
+}
+
+impl PartialEq for RingRecord<'_> {
+    /// Equal when everything read through the record is: the bytes of the slot
+    /// no string covers do not count.
+    fn eq(&self, other: &Self) -> bool {
+        (
+            self.index,
+            self.tsc,
+            self.probe,
+            self.tag,
+            self.thread,
+            self.nargs,
+            self.args,
+        ) == (
+            other.index,
+            other.tsc,
+            other.probe,
+            other.tag,
+            other.thread,
+            other.nargs,
+            other.args,
+        ) && self.stack == other.stack
+            && self.strings() == other.strings()
+    }
+}
+
+impl Eq for RingRecord<'_> {}
+
+impl std::fmt::Debug for RingRecord<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingRecord")
+            .field("index", &self.index)
+            .field("tsc", &self.tsc)
+            .field("probe", &self.probe)
+            .field("tag", &self.tag)
+            .field("thread", &format_args!("{:#x}", self.thread))
+            .field("args", &&self.args[..self.nargs])
+            .field("strings", &self.strings())
+            .field("stack", &self.stack)
+            .finish()
+    }
 }
 
 /// A stack captured in the target (see [`super::stack`]), innermost frame first.
@@ -51,29 +154,16 @@ pub struct RingString<'a> {
     pub null: bool,
 }
 
-/// Decodes one copied slot; never trusts its counts or masks.
+/// Decodes one copied slot, all of it at hand; never trusts its counts or masks.
+/// (The reader measures the strings while it copies them; this is the reference
+/// its records are tested against.)
 pub fn decode(index: u64, slot: &[u8; SLOT_SIZE]) -> RingRecord<'_> {
-    let u64_at = |o: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&slot[o..o + 8]);
-        u64::from_le_bytes(b)
-    };
-    let u32_at = |o: usize| {
-        let mut b = [0u8; 4];
-        b.copy_from_slice(&slot[o..o + 4]);
-        u32::from_le_bytes(b)
-    };
     let nargs = usize::from(slot[S_NARGS]).min(MAX_ARGS);
-    let mut args = [0u64; MAX_ARGS];
-    for (i, a) in args.iter_mut().enumerate().take(nargs) {
-        *a = u64_at(S_ARGS + 8 * i);
-    }
-    let valid = (1u8 << nargs) - 1;
-    let string_mask = slot[S_STRING_MASK] & valid;
+    let string_mask = slot[S_STRING_MASK] & ((1u8 << nargs) - 1);
     let count = string_mask.count_ones() as usize;
-    let mut strings: [Option<RingString<'_>>; MAX_ARGS] = [None; MAX_ARGS];
+    let mut spans = [None; MAX_ARGS];
     let mut k = 0;
-    for (i, s) in strings.iter_mut().enumerate() {
+    for (i, span) in spans.iter_mut().enumerate() {
         if string_mask & (1 << i) == 0 {
             continue;
         }
@@ -81,30 +171,19 @@ pub fn decode(index: u64, slot: &[u8; SLOT_SIZE]) -> RingRecord<'_> {
             break;
         };
         k += 1;
-        let area = &slot[off..off + len];
         // A well-formed area always has a NUL; a missing one means a
         // hostile or torn slot: keep the area and say the string is cut.
-        let (bytes, cut) = match find_nul(area) {
-            Some(n) => (&area[..n], false),
-            None => (area, true),
+        let (n, unterminated) = match find_nul(&slot[off..off + len]) {
+            Some(n) => (n, false),
+            None => (len, true),
         };
-        *s = Some(RingString {
-            bytes,
-            truncated: cut || slot[S_TRUNCATED] & (1 << i) != 0,
-            null: slot[S_NULL] & (1 << i) != 0,
+        *span = Some(StringSpan {
+            start: off as u8,
+            len: n as u8,
+            unterminated,
         });
     }
-    RingRecord {
-        index,
-        tsc: u64_at(S_TSC),
-        probe: u32_at(S_PROBE),
-        tag: u32_at(S_TAG),
-        thread: u64_at(S_THREAD),
-        nargs,
-        args,
-        strings,
-        stack: None,
-    }
+    RingRecord::new(index, slot, spans, None)
 }
 
 /// The index of the first NUL in `bytes`, eight bytes at a time (this runs for

@@ -83,14 +83,14 @@ fn drains_in_order_and_frees_slots() {
     let mut reader = ring.reader().expect("valid");
     let mut seen = Vec::new();
     let out = reader.drain(100, |r| {
-        let fib = r.strings[1].expect("string 1");
-        let big = r.strings[2].expect("string 2");
+        let fib = r.strings()[1].expect("string 1");
+        let big = r.strings()[2].expect("string 2");
         assert_eq!(
             (fib.bytes, fib.truncated, fib.null),
             (&b"fib"[..], false, false)
         );
         assert!(big.truncated && big.bytes.len() == 83);
-        assert!(r.strings[0].is_none());
+        assert!(r.strings()[0].is_none());
         seen.push((r.index, r.probe, r.args[0], r.nargs, r.tsc));
     });
     assert_eq!(
@@ -178,7 +178,7 @@ fn hostile_indices_are_bounded() {
     }
     let out = reader.drain(usize::MAX, |r| {
         assert_eq!(r.nargs, MAX_ARGS);
-        for s in r.strings.iter().flatten() {
+        for s in r.strings().iter().flatten() {
             assert!(s.truncated && s.null && s.bytes.len() == 28);
         }
     });
@@ -208,12 +208,39 @@ proptest! {
     }
 
     #[test]
+    fn a_drained_record_is_what_decoding_its_whole_slot_gives(
+        bytes in proptest::collection::vec(
+            prop::sample::select(vec![0u8, 1, 2, 3, 7, 0x2f, 0x61, 0x80, 0xff]),
+            SLOT_SIZE,
+        ),
+    ) {
+        let mut ring = TestRing::new(2);
+        let mut slot = [0u8; SLOT_SIZE];
+        slot.copy_from_slice(&bytes);
+        slot[S_SEQ..S_SEQ + 8].copy_from_slice(&1u64.to_le_bytes());
+        // No stack claimed: this compares the record's own fields and strings.
+        slot[S_STACK_SLOTS] = 0;
+        put_slot(&mut ring, 0, 1, &[(S_TSC, &slot[S_TSC..])]);
+        set_head(&mut ring, 1);
+        let mut reader = ring.reader().expect("valid");
+        let expected = decode(0, &slot);
+        let mut differs = None;
+        let out = reader.drain(1, |r| {
+            if *r != expected {
+                differs = Some(format!("{r:?}"));
+            }
+        });
+        prop_assert_eq!(out.records, 1);
+        prop_assert_eq!(differs, None, "decoding the whole slot gives {:?}", expected);
+    }
+
+    #[test]
     fn random_slots_decode(bytes in proptest::collection::vec(any::<u8>(), SLOT_SIZE)) {
         let mut slot = [0u8; SLOT_SIZE];
         slot.copy_from_slice(&bytes);
         let r = decode(0, &slot);
         prop_assert!(r.nargs <= MAX_ARGS);
-        for s in r.strings.iter().flatten() {
+        for s in r.strings().iter().flatten() {
             prop_assert!(s.bytes.len() <= STRINGS_LEN);
         }
     }
@@ -349,7 +376,7 @@ fn records_without_strings_take_none_of_an_earlier_ones() {
     // One record per drain: each is copied into the same buffer.
     for _ in 0..3 {
         reader.drain(1, |r| {
-            let texts: Vec<Option<Vec<u8>>> = r.strings[..2]
+            let texts: Vec<Option<Vec<u8>>> = r.strings()[..2]
                 .iter()
                 .map(|s| s.map(|s| s.bytes.to_vec()))
                 .collect();
@@ -404,7 +431,7 @@ fn a_shorter_string_after_a_longer_one_reads_as_itself() {
     let mut seen = Vec::new();
     for _ in 0..3 {
         reader.drain(1, |r| {
-            let texts: Vec<Vec<u8>> = r.strings[..2]
+            let texts: Vec<Vec<u8>> = r.strings()[..2]
                 .iter()
                 .map(|s| s.expect("a string").bytes.to_vec())
                 .collect();

@@ -62,7 +62,8 @@ impl HookProc {
                 stamp: r.tsc,
                 // A module or class body's name and file, copied by the hook
                 // (before 3.12).
-                body_name: r.strings[2]
+                body_name: r
+                    .string(2)
                     .filter(|s| !s.truncated)
                     .map(|s| String::from_utf8_lossy(s.bytes).into_owned()),
             });
