@@ -248,19 +248,21 @@ impl RingReader {
         self.skipped
     }
 
-    /// Reads up to `max` published records in order, calling `f` for each.
-    ///
-    /// The records are copied out of the ring first, all of them, and `tail` is
-    /// published once before any is decoded: producers get their slots back
-    /// without waiting for pyprobe's work on them (and a store per record would
-    /// pull the line producers read back and forth between the CPUs). Stops at the
-    /// first slot that is reserved but not published.
     /// Drains stop before a record stamped after `tsc` (`u64::MAX`: no bound): a
     /// consumer merging two rings reads one only as far as the other has been read.
     pub fn set_tsc_bound(&mut self, tsc: u64) {
         self.tsc_bound = tsc;
     }
 
+    /// Reads up to `max` published records in order, calling `f` for each.
+    ///
+    /// Records are copied out [`COPY_CHUNK`] at a time, each checked published
+    /// before and after its copy, and handed to `f` from the copies (a record never
+    /// reads the ring twice, so a producer rewriting a slot cannot tear it). `tail`
+    /// is published once, at the end: a store per record would pull the line
+    /// producers read back and forth between the CPUs, and a drain is short beside
+    /// the ring's capacity. Stops at the first slot that is reserved but not
+    /// published.
     pub fn drain<F: FnMut(&RingRecord<'_>)>(&mut self, max: usize, mut f: F) -> Drained {
         self.heartbeat();
         let head = self.head();
