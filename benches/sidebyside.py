@@ -352,7 +352,61 @@ def commit():
     return out.stdout.strip() or "unknown"
 
 
-def write_markdown(path, args, tables, load_before, load_after):
+DRAIN_BENCHES = [
+    ("call_return_records", "ring records of fib to a recording: copied out, named, encoded, written"),
+    ("ring_reader", "the ring's side alone: copied out, strings measured, handed on (what frees the ring)"),
+    ("memcpy_floor", "the same ring's bytes moved by `memcpy`"),
+]
+
+
+def measure_drain():
+    """Runs the consumer's criterion benchmark (`benches/drain.rs`) once; returns
+    {bench: (records per second, ns per record)} and its bytes per event, or None
+    when it cannot run."""
+    argv = ["cargo", "bench", "--quiet", "--bench", "drain", "--", "--warm-up-time", "1",
+            "--measurement-time", "5", "--noplot"]
+    try:
+        out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"bench: the drain benchmark did not run: {e}", file=sys.stderr)
+        return None
+    rates, name, per_event = {}, None, None
+    for line in (out.stdout + out.stderr).splitlines():
+        m = re.match(r"drain/(\w+)", line)
+        if m:
+            name = m.group(1)
+        m = re.search(r"thrpt:\s*\[\S+ \S+ (\S+) (\S?)elem/s", line)
+        if m and name:
+            scale = {"K": 1e3, "M": 1e6, "G": 1e9, "": 1.0}[m.group(2)]
+            rate = float(m.group(1)) * scale
+            rates[name] = (rate, 1e9 / rate)
+            name = None
+        m = re.search(r"([\d.]+) bytes per event", line)
+        if m:
+            per_event = float(m.group(1))
+    if out.returncode != 0 or not rates:
+        print(f"bench: the drain benchmark failed (exit {out.returncode})", file=sys.stderr)
+        return None
+    return rates, per_event
+
+
+def drain_lines(drain):
+    """The consumer's table, as markdown lines."""
+    rates, per_event = drain
+    floor = rates.get("memcpy_floor", (0, 0))[1]
+    lines = ["| benchmark | what it times | records/s | ns/record | vs memcpy |",
+             "| --- | --- | --- | --- | --- |"]
+    for name, what in DRAIN_BENCHES:
+        if name in rates:
+            rate, ns = rates[name]
+            ratio = f"{ns / floor:.1f}×" if floor else ""
+            lines.append(f"| `{name}` | {what} | {rate / 1e6:.1f} M | {ns:.0f} | {ratio} |")
+    if per_event is not None:
+        lines += ["", f"The recording it writes: {per_event:.2f} bytes per event."]
+    return lines
+
+
+def write_markdown(path, args, tables, load_before, load_after, drain=None):
     lines = [
         "# Benchmarks",
         "",
@@ -406,6 +460,12 @@ def write_markdown(path, args, tables, load_before, load_after):
             lines.append("| " + " | ".join(cell(r, key) for _, key in COLUMNS) + " |")
         for (w, name), why in unavailable.items():
             lines += ["", f"Not measured: {w}, {name}: {why}"]
+    if drain is not None:
+        lines += ["", "## The consumer", "",
+                  "`cargo bench --bench drain` (criterion; the draining thread's CPU time, a full ring",
+                  "of 32,768 fib call and return records per run, the recording written by its own",
+                  "thread as in a real run):", ""]
+        lines += drain_lines(drain)
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -419,6 +479,8 @@ def main():
     parser.add_argument("--markdown", default=os.path.join(REPO, "docs", "benchmarks.md"),
                         help="the dated page of results (default: docs/benchmarks.md); '' for none")
     parser.add_argument("--configs", help="comma-separated configurations to run (default: all); untraced always runs")
+    parser.add_argument("--no-drain", action="store_true",
+                        help="leave out the consumer's criterion benchmark (run with the markdown page)")
     parser.add_argument("--pyprobe", default=os.path.join(REPO, "target", "release", "pyprobe"))
     parser.add_argument("--floor", default=os.path.join(REPO, "target", "floor"))
     args = parser.parse_args()
@@ -430,13 +492,19 @@ def main():
         print_table(version, args.runs, results, unavailable)
         tables[version] = (results, unavailable)
     load_after = os.getloadavg()[0]
+    drain = None
+    if args.markdown and not args.no_drain:
+        print("bench: the consumer's drain benchmark (cargo bench --bench drain)", file=sys.stderr)
+        drain = measure_drain()
+        if drain is not None:
+            print("\n".join(["", "consumer:"] + drain_lines(drain)))
     with open(args.json, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d"), "runs": args.runs, "machine": machine(), "commit": commit(),
                    "pythons": {v: {"results": r, "unavailable": {f"{w} {c}": why for (w, c), why in u.items()}}
                                for v, (r, u) in tables.items()}}, f, indent=1)
     print(f"\nwritten: {args.json}")
     if args.markdown:
-        write_markdown(args.markdown, args, tables, load_before, load_after)
+        write_markdown(args.markdown, args, tables, load_before, load_after, drain)
         print(f"written: {args.markdown}")
 
 
