@@ -482,8 +482,10 @@ impl RingReader {
             if mask & (1 << i) == 0 {
                 continue;
             }
+            // Never `None` (`k` < `count` here); if it were, the span stays empty
+            // rather than keep an earlier record's.
             let Some((start, len)) = string_area(k, count) else {
-                break;
+                continue;
             };
             k += 1;
             *span = Some(self.copy_string(slot, &mut copy.slot, start, len));
