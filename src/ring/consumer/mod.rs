@@ -12,8 +12,8 @@ use super::stack::*;
 
 mod record;
 
-use record::StringSpan;
 pub use record::{decode, RingRecord, RingStack, RingString};
+use record::{string_areas, StringSpan};
 
 /// Records copied out of the ring before they are handed on: few enough that
 /// their copies stay in the nearest cache until they are read.
@@ -473,22 +473,9 @@ impl RingReader {
         }
         self.copy_words(slot, &mut copy.slot, 0..S_STRINGS / 8);
         copy.index = index;
-        let nargs = usize::from(copy.slot[S_NARGS]).min(MAX_ARGS);
-        let mask = copy.slot[S_STRING_MASK] & ((1u8 << nargs) - 1);
-        let count = mask.count_ones() as usize;
-        let mut k = 0;
-        for (i, span) in copy.strings.iter_mut().enumerate() {
-            *span = None;
-            if mask & (1 << i) == 0 {
-                continue;
-            }
-            // Never `None` (`k` < `count` here); if it were, the span stays empty
-            // rather than keep an earlier record's.
-            let Some((start, len)) = string_area(k, count) else {
-                continue;
-            };
-            k += 1;
-            *span = Some(self.copy_string(slot, &mut copy.slot, start, len));
+        copy.strings = [None; MAX_ARGS];
+        for (i, start, len) in string_areas(&copy.slot) {
+            copy.strings[i] = Some(self.copy_string(slot, &mut copy.slot, start, len));
         }
         // A changed seq means the slot was rewritten while copying (only after
         // a skip): treat it as not published rather than return a torn record.

@@ -76,9 +76,7 @@ impl<'a> RingRecord<'a> {
             null: self.slot[S_NULL] & bit != 0,
         })
     }
-}
 
-impl<'a> RingRecord<'a> {
     /// Every argument's string prefix, as [`string`](Self::string) gives it.
     pub fn strings(&self) -> [Option<RingString<'a>>; MAX_ARGS] {
         std::array::from_fn(|i| self.string(i))
@@ -158,32 +156,34 @@ pub struct RingString<'a> {
 /// (The reader measures the strings while it copies them; this is the reference
 /// its records are tested against.)
 pub fn decode(index: u64, slot: &[u8; SLOT_SIZE]) -> RingRecord<'_> {
-    let nargs = usize::from(slot[S_NARGS]).min(MAX_ARGS);
-    let string_mask = slot[S_STRING_MASK] & ((1u8 << nargs) - 1);
-    let count = string_mask.count_ones() as usize;
     let mut spans = [None; MAX_ARGS];
-    let mut k = 0;
-    for (i, span) in spans.iter_mut().enumerate() {
-        if string_mask & (1 << i) == 0 {
-            continue;
-        }
-        let Some((off, len)) = string_area(k, count) else {
-            break;
-        };
-        k += 1;
+    for (i, off, len) in string_areas(slot) {
         // A well-formed area always has a NUL; a missing one means a
         // hostile or torn slot: keep the area and say the string is cut.
         let (n, unterminated) = match find_nul(&slot[off..off + len]) {
             Some(n) => (n, false),
             None => (len, true),
         };
-        *span = Some(StringSpan {
+        spans[i] = Some(StringSpan {
             start: off as u8,
             len: n as u8,
             unterminated,
         });
     }
     RingRecord::new(index, slot, spans, None)
+}
+
+/// The string arguments of the slot whose fixed part `slot` holds, as (argument,
+/// area start, area length), in argument order; never trusts its counts or masks
+/// (an argument past `nargs` is no string). Only the fixed part is read.
+pub(super) fn string_areas(slot: &[u8; SLOT_SIZE]) -> impl Iterator<Item = (usize, usize, usize)> {
+    let nargs = usize::from(slot[S_NARGS]).min(MAX_ARGS);
+    let mask = slot[S_STRING_MASK] & ((1u8 << nargs) - 1);
+    let count = mask.count_ones() as usize;
+    (0..MAX_ARGS)
+        .filter(move |&i| mask & (1 << i) != 0)
+        .zip(0..)
+        .filter_map(move |(i, k)| string_area(k, count).map(|(start, len)| (i, start, len)))
 }
 
 /// The index of the first NUL in `bytes`, eight bytes at a time (this runs for
