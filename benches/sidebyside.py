@@ -64,8 +64,10 @@ def function_probe_addresses(pyprobe, binary, version):
     not through a launcher) and semaphores of the interpreter that `binary` runs,
     and the path of its executable (None without function probes)."""
     elf = os.path.join(REPO, ".pythons", version, "usr", "bin", "python" + version)
+    if not os.path.exists(elf):
+        elf = binary
     launched = binary == os.path.join(REPO, ".pythons", "bin", "python" + version)
-    out = subprocess.run([pyprobe, "probes", elf if os.path.exists(elf) else binary, "--format", "json"],
+    out = subprocess.run([pyprobe, "probes", elf, "--format", "json"],
                          capture_output=True, text=True)
     if out.returncode != 0:
         print(f"bench: no probes in {binary}: the floor and `probes on` are not measured", file=sys.stderr)
@@ -80,7 +82,7 @@ def function_probe_addresses(pyprobe, binary, version):
         # A launcher script: the floor tracer cannot follow it through the loader.
         print(f"bench: {binary} is a launcher: the floor is not measured", file=sys.stderr)
         sites = []
-    return sites, sems, (elf if os.path.exists(elf) else binary) if sems else None
+    return sites, sems, elf if sems else None
 
 
 def find_peer(name):
