@@ -9,7 +9,7 @@ use iced_x86::code_asm::*;
 use iced_x86::{BlockEncoderOptions, Decoder, DecoderOptions, FlowControl, IcedError};
 use thiserror::Error;
 
-use crate::ring::codegen::emit_reserve;
+use crate::ring::codegen::{emit_reserve, record_lines};
 use crate::ring::format::{
     H_ALIVE, H_FINISHED, H_HEAD, H_HEARTBEAT, H_STALE, STRINGS_LEN, S_ARGS, S_NARGS, S_PROBE,
     S_SEQ, S_STRINGS, S_STRING_MASK, S_TAG, S_THREAD, S_TRUNCATED, S_TSC,
@@ -315,7 +315,9 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     // on, spinning then asleep on `tail`, while pyprobe lives and reads; the wait
     // ends when it leaves, dies (its guardian clears `alive`) or goes silent.
     let mut lost = a.create_label();
-    emit_reserve(&mut a, p.ring_addr, p.capacity, 0, &mut lost)
+    // The fixed part, and through the profile function a body's name in the strings.
+    let lines = record_lines(matches!(p.route, Route::Profile(_)));
+    emit_reserve(&mut a, p.ring_addr, p.capacity, 0, lines, &mut lost)
         .map_err(|e| HookError::Reserve(e.to_string()))?;
     // r8 = the slot, r10 = its index.
     a.rdtsc()?;

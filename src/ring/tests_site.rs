@@ -346,3 +346,64 @@ fn python39_sites() {
     assert_eq!(find("function__entry"), Some((5, Tail::JumpBack)));
     assert_eq!(find("function__return"), Some((6, Tail::Terminates)));
 }
+
+/// A trampoline asks for the lines of the slot `PREFETCH_AHEAD` records on, for
+/// writing: the index masked into the ring (the wrap stays inside it), one
+/// `prefetchw` per line its records write (two for the fixed part, four with
+/// strings), or none on a CPU without the instruction.
+#[test]
+fn trampolines_prefetch_a_slot_ahead_inside_the_ring() {
+    use super::codegen::{has_prefetchw, PREFETCH_AHEAD};
+    use super::format::{HEADER_SIZE, SLOT_SIZE};
+    use iced_x86::{Mnemonic, OpKind, Register};
+
+    let plan = qualify(&[0x90, 0x48, 0x8b, 0x4b, 0x20, 0xc3]).expect("qualifies");
+    let args = parse_args("8@%rdi 8@%rsi -4@%edx").expect("specs");
+    let tramp = BASE + 0x1000;
+    for (strings, lines) in [
+        (&[true, true, false][..], 4),
+        (&[false, false, false][..], 2),
+    ] {
+        let built = build_trampoline(&plan, &params(&args, strings, tramp)).expect("builds");
+        let code = decode(&built.code, tramp);
+        let at: Vec<usize> = (0..code.len())
+            .filter(|&i| code[i].mnemonic() == Mnemonic::Prefetchw)
+            .collect();
+        if !has_prefetchw() {
+            assert!(at.is_empty(), "no prefetchw on this CPU");
+            continue;
+        }
+        assert_eq!(at.len(), lines, "strings {strings:?}");
+        for (line, &i) in at.iter().enumerate() {
+            let p = &code[i];
+            assert_eq!(
+                (p.memory_base(), p.memory_index()),
+                (Register::R9, Register::RAX)
+            );
+            assert_eq!(p.memory_index_scale(), 1);
+            assert_eq!(p.memory_displacement64(), (HEADER_SIZE + 64 * line) as u64);
+        }
+        // rax = ((r10 + AHEAD) & (capacity - 1)) << log2(SLOT_SIZE), just before.
+        let first = at[0];
+        assert!(first >= 3);
+        let (lea, and, shl) = (&code[first - 3], &code[first - 2], &code[first - 1]);
+        assert_eq!(
+            (lea.mnemonic(), lea.op0_register()),
+            (Mnemonic::Lea, Register::RAX)
+        );
+        assert_eq!(
+            (lea.memory_base(), lea.memory_displacement64()),
+            (Register::R10, PREFETCH_AHEAD as u64)
+        );
+        assert_eq!(
+            (and.mnemonic(), and.op0_register()),
+            (Mnemonic::And, Register::RAX)
+        );
+        assert_eq!(and.op1_kind(), OpKind::Immediate32to64);
+        assert_eq!(and.immediate64(), 1024 - 1);
+        assert_eq!(
+            (shl.mnemonic(), u32::from(shl.immediate8())),
+            (Mnemonic::Shl, SLOT_SIZE.trailing_zeros())
+        );
+    }
+}

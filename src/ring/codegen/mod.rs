@@ -8,7 +8,7 @@
 //! pushfq                      ; then push rax rcx rdx rsi rdi r8 r9 r10 r11
 //! reserve a slot (format.rs protocol) -> r10 = index, r8 = slot address
 //!   (ring full: wait while the consumer lives; else, or after 8 failed CAS:
-//!   lock inc lost; skip to restore)
+//!   lock inc lost; skip to restore); prefetchw the slot 4 records on
 //! rdtsc, probe id, tag, thread, nargs/masks, each argument, string prefixes
 //! (stack probes) the thread's Python stack into the following slots (stack.rs)
 //! mov [r8].seq, r10 + 1       ; publish
@@ -313,7 +313,15 @@ fn emit_record(
     restore: &mut CodeLabel,
 ) -> Result<(), CodegenError> {
     let extra = stack.map_or(0, |s| u32::from(s.slots));
-    emit_reserve(a, p.ring_addr, p.capacity, extra, restore)?;
+    let has_strings = (0..p.args.len()).any(is_string);
+    emit_reserve(
+        a,
+        p.ring_addr,
+        p.capacity,
+        extra,
+        record_lines(has_strings),
+        restore,
+    )?;
     emit_header(a, p, is_string)?;
     for (index, arg) in p.args.iter().enumerate() {
         emit_arg(a, arg, index, site_rip, p.symbols)?;
@@ -351,11 +359,15 @@ fn patch_bytes(plan: &SitePlan, tramp: u64) -> Result<Vec<u8>, CodegenError> {
 /// protocol in `format.rs`). Clobbers rax, rcx, rdx, rsi, rdi, r8-r11 and flags;
 /// uses no stack. Shared with the injected hook's callbacks (`crate::hook`), so
 /// that every producer waits for room the same way.
+///
+/// On success it also asks for the first `lines` cache lines of the slot
+/// [`PREFETCH_AHEAD`] records on, for writing (see [`emit_prefetch_ahead`]).
 pub(crate) fn emit_reserve(
     a: &mut CodeAssembler,
     ring_addr: u64,
     capacity: u64,
     extra: u32,
+    lines: u8,
     restore: &mut CodeLabel,
 ) -> Result<(), CodegenError> {
     check_capacity(capacity)?;
@@ -449,7 +461,55 @@ pub(crate) fn emit_reserve(
     a.and(rax, capacity - 1)?;
     a.shl(rax, SLOT_SIZE.trailing_zeros())?;
     a.lea(r8, ptr(r9 + rax + HEADER_SIZE as i32))?;
+    emit_prefetch_ahead(a, capacity, lines)?;
     Ok(())
+}
+
+/// Records ahead of the one just reserved whose slot a producer asks for.
+pub(crate) const PREFETCH_AHEAD: i32 = 4;
+
+/// With r10 = the index just reserved and r9 = the ring: `prefetchw` of the first
+/// `lines` cache lines of slot `r10 + PREFETCH_AHEAD` (wrapped: always inside the
+/// ring). A slot's lines were last written a lap ago and read by pyprobe since,
+/// so a store to them waits for the line to come back; asked for a few records
+/// early, the line is there when the record is written (fib on CPython 3.9, ring
+/// never full: 100 -> 65 ns per event). A prefetch never faults and changes no
+/// data. Emitted only on CPUs that have the instruction. Clobbers rax.
+fn emit_prefetch_ahead(
+    a: &mut CodeAssembler,
+    capacity: i32,
+    lines: u8,
+) -> Result<(), CodegenError> {
+    if lines == 0 || !has_prefetchw() {
+        return Ok(());
+    }
+    a.lea(rax, ptr(r10 + PREFETCH_AHEAD))?;
+    a.and(rax, capacity - 1)?;
+    a.shl(rax, SLOT_SIZE.trailing_zeros())?;
+    let lines = usize::from(lines).min(SLOT_SIZE / 64);
+    for line in 0..lines {
+        a.prefetchw(byte_ptr(r9 + rax + (HEADER_SIZE + 64 * line) as i32))?;
+    }
+    Ok(())
+}
+
+/// Whether this CPU has `prefetchw` (CPUID 0x8000_0001, ECX bit 8). pyprobe and
+/// the target it writes trampolines for run on the same machine.
+pub(crate) fn has_prefetchw() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        use std::arch::x86_64::__cpuid;
+        // The extended leaf is asked for only when the CPU says it has it.
+        let max_extended = __cpuid(0x8000_0000).eax;
+        max_extended >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+    })
+}
+
+/// Cache lines a record's first slot is written in: the fixed part, and with
+/// string arguments the string areas after it (to the slot's end).
+pub(crate) fn record_lines(has_strings: bool) -> u8 {
+    let written = if has_strings { SLOT_SIZE } else { S_STRINGS };
+    written.div_ceil(64) as u8
 }
 
 /// If this event waited for room (r8, the TSC at its first wait, is set), adds
