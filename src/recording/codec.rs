@@ -138,7 +138,10 @@ impl EventEncoder {
         self.recent = Recent::default();
     }
 
-    /// The frame number of a call or return, numbering it if new.
+    /// The frame number of a call or return, numbering it if new. The look in
+    /// `recent` is inlined: it runs for every traced call and return, and mostly
+    /// finds the frame there.
+    #[inline(always)]
     fn number(&mut self, key: FrameKey) -> Numbered {
         let slot = Recent::slot(&key);
         if let Some((k, n)) = self.recent.0[slot] {
@@ -146,6 +149,12 @@ impl EventEncoder {
                 return Numbered::At(n);
             }
         }
+        self.number_in_chunk(key, slot)
+    }
+
+    /// [`number`](Self::number) past `recent`: the chunk's map.
+    #[inline(never)]
+    fn number_in_chunk(&mut self, key: FrameKey, slot: usize) -> Numbered {
         let next = self.frames.len() as u32;
         let (n, numbered) = match self.frames.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => (*e.get(), Numbered::At(*e.get())),

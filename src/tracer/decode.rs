@@ -125,7 +125,7 @@ impl HitBuffers {
             let text = &mut self.strings[i];
             // Most events repeat the last event's file or function name: equal bytes
             // are valid UTF-8 already (the buffer is a String) and need no copy.
-            if was && !s.truncated && text.as_bytes() == s.bytes {
+            if was && !s.truncated && same_bytes(text.as_bytes(), s.bytes) {
                 continue;
             }
             changed = true;
@@ -216,6 +216,21 @@ impl HitBuffers {
     }
 }
 
+/// `a == b`, inline and a word at a time: the strings of a record are short (a
+/// file or function name), and comparing them with the previous record's is done
+/// for every record, where a call to `memcmp` costs more than the comparison.
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let (words_a, words_b) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (rest_a, rest_b) = (words_a.remainder(), words_b.remainder());
+    let word = |w: &[u8]| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8]));
+    words_a.zip(words_b).all(|(x, y)| word(x) == word(y))
+        && rest_a.iter().zip(rest_b).all(|(x, y)| x == y)
+}
+
 fn push_lossy(out: &mut String, bytes: &[u8]) {
     match std::str::from_utf8(bytes) {
         Ok(s) => out.push_str(s),
@@ -226,6 +241,25 @@ fn push_lossy(out: &mut String, bytes: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The word-at-a-time comparison agrees with `==` whatever the lengths and
+    /// wherever the first difference lies (in a word or in the remainder).
+    #[test]
+    fn same_bytes_is_equality() {
+        let base: Vec<u8> = (0..40u8).map(|b| b.wrapping_mul(37) | 1).collect();
+        for len in 0..=base.len() {
+            let a = &base[..len];
+            assert!(same_bytes(a, a));
+            for other in 0..=base.len() {
+                assert_eq!(same_bytes(a, &base[..other]), len == other);
+            }
+            for at in 0..len {
+                let mut b = a.to_vec();
+                b[at] ^= 0x40;
+                assert!(!same_bytes(a, &b), "len {len}, difference at {at}");
+            }
+        }
+    }
 
     /// Decodes against pyprobe's own memory: short and long strings, a null pointer.
     #[test]
