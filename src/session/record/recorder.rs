@@ -20,7 +20,7 @@ use super::events::{EventBuilder, NamedKind};
 use super::lines::{armed_line, budget_line, refusal_lines, StartLine};
 use super::periods::Periods;
 use super::request::Target;
-use super::resolver::{needs_context_stacks, returns_only, Chosen, Mode};
+use super::resolver::{needs_context_stacks, returns_only, Chosen, MeaningCache, Mode};
 use super::return_types::write_return_types;
 use super::sampler::Sampler;
 use super::settings::{default_output, recording_in, Settings};
@@ -47,6 +47,8 @@ pub(super) struct Recorder<'a> {
     thinned: bool,
     /// The first lines of returning functions, read from their code objects.
     first_lines: FirstLines,
+    /// What the probes of the process that hit last stand for.
+    meanings: MeaningCache,
     status: Status,
 }
 
@@ -149,6 +151,7 @@ impl<'a> Recorder<'a> {
             exact_window,
             thinned: false,
             first_lines: FirstLines::default(),
+            meanings: MeaningCache::default(),
             status: Status::new(),
         })
     }
@@ -257,10 +260,9 @@ impl<'a> Recorder<'a> {
     /// A probe hit: its event, and before it, for a GC, an import or an audit
     /// event, the stack of the code that caused it.
     fn on_hit(&mut self, hit: Hit) {
-        let Some(meaning) = self
-            .chosen
-            .borrow()
-            .meaning(hit.pid, hit.probe, hit.probe_name)
+        let Some(meaning) =
+            self.meanings
+                .meaning(&self.chosen.borrow(), hit.pid, hit.probe, hit.probe_name)
         else {
             return;
         };

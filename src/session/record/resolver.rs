@@ -47,7 +47,10 @@ pub struct Chosen {
     pub version: Option<PyVersion>,
     pub groups: BTreeSet<ProbeGroup>,
     /// Meaning of each probe index of the installed set, per process.
-    pub meanings: rustc_hash::FxHashMap<i32, Vec<&'static PythonProbe>>,
+    meanings: rustc_hash::FxHashMap<i32, Vec<&'static PythonProbe>>,
+    /// Bumped whenever `meanings` changes, so a copy of one process's meanings
+    /// can tell it is still current ([`MeaningCache`]).
+    generation: u64,
     pub object_path: String,
     pub warning: Option<String>,
     /// The interpreter carries SDT probes (built with --with-dtrace).
@@ -64,6 +67,12 @@ pub struct Chosen {
 }
 
 impl Chosen {
+    /// The meanings of the probe set just installed in `pid`.
+    pub fn set_meanings(&mut self, pid: i32, meanings: Vec<&'static PythonProbe>) {
+        self.meanings.insert(pid, meanings);
+        self.generation += 1;
+    }
+
     /// What probe `probe` of `pid` stands for. A child traced under
     /// `--subprocesses` runs its parent's probe set: then it goes by `name`.
     pub fn meaning(&self, pid: i32, probe: usize, name: &str) -> Option<&'static PythonProbe> {
@@ -71,6 +80,40 @@ impl Chosen {
             .get(&pid)
             .and_then(|m| m.get(probe).copied())
             .or_else(|| PROBES.iter().find(|p| p.name == name))
+    }
+}
+
+/// One process's probe meanings, copied out of [`Chosen`] for the hits that follow
+/// (a hash look-up per hit was a twentieth of pyprobe's time reading a ring), and
+/// copied again once `Chosen`'s meanings change.
+#[derive(Default)]
+pub struct MeaningCache {
+    pid: i32,
+    generation: u64,
+    by_probe: Vec<&'static PythonProbe>,
+}
+
+impl MeaningCache {
+    /// [`Chosen::meaning`], through the copy when it is current.
+    pub fn meaning(
+        &mut self,
+        chosen: &Chosen,
+        pid: i32,
+        probe: usize,
+        name: &str,
+    ) -> Option<&'static PythonProbe> {
+        if self.pid != pid || self.generation != chosen.generation {
+            let Some(meanings) = chosen.meanings.get(&pid) else {
+                return chosen.meaning(pid, probe, name);
+            };
+            self.pid = pid;
+            self.generation = chosen.generation;
+            self.by_probe.clone_from(meanings);
+        }
+        match self.by_probe.get(probe) {
+            Some(meaning) => Some(*meaning),
+            None => chosen.meaning(pid, probe, name),
+        }
     }
 }
 
@@ -353,11 +396,50 @@ impl PythonResolver {
         let mut chosen = self.chosen.borrow_mut();
         chosen.version = version;
         chosen.groups = groups;
-        chosen.meanings.insert(pid, meanings);
+        chosen.set_meanings(pid, meanings);
         chosen.object_path = object.target_path.clone();
         chosen.warning = warning;
         chosen.has_probes = has_probes;
         chosen.hook = use_hook;
         Ok(Some(set))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    fn probe(name: &str) -> &'static PythonProbe {
+        PROBES
+            .iter()
+            .find(|p| p.name == name)
+            .expect("catalog probe")
+    }
+
+    /// The copy answers as `Chosen` does, and follows a process's new probe set
+    /// (after an exec) and a second process.
+    #[test]
+    fn meaning_cache_follows_the_chosen_meanings() {
+        let mut chosen = Chosen::default();
+        let mut cache = MeaningCache::default();
+        let mut named = |chosen: &Chosen, pid: i32, probe: usize, name: &str| {
+            cache.meaning(chosen, pid, probe, name).map(|p| p.name)
+        };
+        let (entry, gc) = (probe("function__entry"), probe("gc__start"));
+        chosen.set_meanings(10, vec![entry, gc]);
+        assert_eq!(named(&chosen, 10, 1, "x"), Some("gc__start"));
+        assert_eq!(named(&chosen, 10, 0, "x"), Some("function__entry"));
+        // The same process, another probe set: probe 0 means something else now.
+        chosen.set_meanings(10, vec![gc]);
+        assert_eq!(named(&chosen, 10, 0, "x"), Some("gc__start"));
+        // Past the set, or a process without one: by the probe's name.
+        assert_eq!(
+            named(&chosen, 10, 5, "function__entry"),
+            Some("function__entry")
+        );
+        assert_eq!(named(&chosen, 11, 0, "gc__start"), Some("gc__start"));
+        assert_eq!(named(&chosen, 11, 0, "no__such"), None);
+        chosen.set_meanings(11, vec![entry]);
+        assert_eq!(named(&chosen, 11, 0, "x"), Some("function__entry"));
+        assert_eq!(named(&chosen, 10, 0, "x"), Some("gc__start"));
     }
 }
