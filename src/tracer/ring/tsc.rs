@@ -35,16 +35,48 @@ pub struct TscClock {
     origin: Pair,
     /// ns per tick, as measured.
     ns_per_tick: f64,
-    /// The map in use: `anchor.ns + (tsc - anchor.tsc) * slope`. Refining never
-    /// steps it: it is re-anchored where the old map stood, and its slope set to
-    /// absorb the offset from the monotonic clock over [`SLEW_NS`]. A step back of
-    /// even a few µs would put a thread's later records before its earlier ones.
-    anchor: Pair,
-    slope: f64,
-    /// The map before the last re-anchoring, for stamps before `anchor` (records
-    /// still in a ring then): it meets the current one at `anchor`, so the map is
-    /// one continuous line in pieces, whatever the order records are read in.
-    before: (Pair, f64),
+    /// The map in use: `at.ns + (tsc - at.tsc) * slope`. Refining never steps
+    /// it: it is re-anchored where the old map stood, and its slope set to absorb
+    /// the offset from the monotonic clock over [`SLEW_NS`]. A step back of even
+    /// a few µs would put a thread's later records before its earlier ones.
+    map: Line,
+    /// The map before the last re-anchoring, for stamps before `map.at` (records
+    /// still in a ring then): it meets the current one there, so the map is one
+    /// continuous line in pieces, whatever the order records are read in.
+    before: Line,
+}
+
+/// One piece of the map: from `at`, a slope in ns per tick.
+#[derive(Debug, Clone, Copy)]
+struct Line {
+    at: Pair,
+    /// The slope in fixed point ([`FRACTION_BITS`] bits after the point): a record's
+    /// time is an integer multiply, not a float conversion and back (which cost a
+    /// twentieth of draining a record).
+    fixed: u64,
+}
+
+/// Fraction bits of [`Line::fixed`]: a record a second (2^32 ticks) from the
+/// anchor is off by well under a nanosecond.
+const FRACTION_BITS: u32 = 40;
+
+impl Line {
+    fn new(at: Pair, slope: f64) -> Line {
+        // A slope is a few ns per tick at most (clamped to twice a measured
+        // rate): far inside u64 with 40 fraction bits; `as` saturates anyway.
+        let fixed = (slope * (1u64 << FRACTION_BITS) as f64).round() as u64;
+        Line { at, fixed }
+    }
+
+    /// The time of `tsc` on this line, rounded to the nearest nanosecond.
+    #[inline]
+    fn ns(&self, tsc: u64) -> u64 {
+        let delta = i128::from(tsc.wrapping_sub(self.at.tsc) as i64);
+        let half = 1i128 << (FRACTION_BITS - 1);
+        let ns = (delta * i128::from(self.fixed) + half) >> FRACTION_BITS;
+        let ns = ns.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+        self.at.ns.saturating_add_signed(ns)
+    }
 }
 
 /// Re-measure the rate only over baselines at least this long.
@@ -70,9 +102,8 @@ impl TscClock {
         TscClock {
             origin,
             ns_per_tick: rate,
-            anchor: origin,
-            slope: rate,
-            before: (origin, rate),
+            map: Line::new(origin, rate),
+            before: Line::new(origin, rate),
         }
     }
 
@@ -80,7 +111,7 @@ impl TscClock {
     pub fn refine(&mut self) {
         let now = read_pair();
         if now.ns.saturating_sub(self.origin.ns) >= MIN_BASELINE_NS
-            && now.ns.saturating_sub(self.anchor.ns) >= REANCHOR_NS
+            && now.ns.saturating_sub(self.map.at.ns) >= REANCHOR_NS
         {
             self.refine_with(now);
         }
@@ -89,7 +120,7 @@ impl TscClock {
     fn refine_with(&mut self, now: Pair) {
         let ticks = now.tsc.saturating_sub(self.origin.tsc);
         let ns = now.ns.saturating_sub(self.origin.ns);
-        if ticks == 0 || ns == 0 || now.tsc <= self.anchor.tsc {
+        if ticks == 0 || ns == 0 || now.tsc <= self.map.at.tsc {
             return;
         }
         self.ns_per_tick = ns as f64 / ticks as f64;
@@ -97,15 +128,17 @@ impl TscClock {
         let here = self.to_ns(now.tsc);
         let offset = now.ns as f64 - here as f64;
         let slew_ticks = SLEW_NS / self.ns_per_tick;
-        let old_slope = self.slope;
         // Bounded so that the map always runs forward, at half to twice the rate.
-        self.slope = (self.ns_per_tick + offset / slew_ticks)
+        let slope = (self.ns_per_tick + offset / slew_ticks)
             .clamp(self.ns_per_tick / 2.0, self.ns_per_tick * 2.0);
-        self.before = (self.anchor, old_slope);
-        self.anchor = Pair {
-            tsc: now.tsc,
-            ns: here,
-        };
+        self.before = self.map;
+        self.map = Line::new(
+            Pair {
+                tsc: now.tsc,
+                ns: here,
+            },
+            slope,
+        );
     }
 
     /// The length in ns of `ticks` counter ticks.
@@ -119,15 +152,13 @@ impl TscClock {
     }
 
     /// The monotonic time of counter value `tsc`.
+    #[inline]
     pub fn to_ns(&self, tsc: u64) -> u64 {
-        let (anchor, slope) = if tsc >= self.anchor.tsc {
-            (self.anchor, self.slope)
+        if tsc >= self.map.at.tsc {
+            self.map.ns(tsc)
         } else {
-            self.before
-        };
-        // Integer and float work only on the offset from the anchor (`as` saturates).
-        let delta = tsc.wrapping_sub(anchor.tsc) as i64 as f64;
-        anchor.ns.saturating_add_signed((delta * slope) as i64)
+            self.before.ns(tsc)
+        }
     }
 }
 
@@ -149,6 +180,37 @@ mod tests {
         assert!(clock.to_ns(now.tsc + 1_000_000) > clock.to_ns(now.tsc));
     }
 
+    /// The fixed-point line agrees with the float map it stands for, to the
+    /// nanosecond, on both sides of its anchor and far from it.
+    #[test]
+    fn fixed_point_line_matches_the_float_map() {
+        let at = Pair {
+            tsc: 1 << 40,
+            ns: 1 << 50,
+        };
+        for slope in [0.25, 0.408_163_265_3, 0.5, 1.0, 3.333_333_3] {
+            let line = Line::new(at, slope);
+            for delta in [
+                0i64,
+                1,
+                -1,
+                999,
+                -1_000_000,
+                123_456_789,
+                -(1 << 32),
+                1 << 34,
+            ] {
+                let tsc = at.tsc.wrapping_add_signed(delta);
+                let float = at.ns as f64 + delta as f64 * slope;
+                let got = line.ns(tsc) as f64;
+                assert!(
+                    (got - float).abs() <= 1.0,
+                    "slope {slope}, delta {delta}: {got} vs {float}"
+                );
+            }
+        }
+    }
+
     /// A clock whose first rate was 1 % off: refining neither steps its map (a
     /// record converted just before and just after keeps its time) nor leaves it
     /// off the monotonic clock once the offset has been absorbed.
@@ -162,9 +224,8 @@ mod tests {
         let mut clock = TscClock {
             origin,
             ns_per_tick: 0.505,
-            anchor: origin,
-            slope: 0.505,
-            before: (origin, 0.505),
+            map: Line::new(origin, 0.505),
+            before: Line::new(origin, 0.505),
         };
         let truth = |tsc: u64| origin.ns + ((tsc - origin.tsc) / 2);
         let at = origin.tsc + 1_000_000_000; // 500 ms later
