@@ -313,13 +313,13 @@ fn emit_record(
     restore: &mut CodeLabel,
 ) -> Result<(), CodegenError> {
     let extra = stack.map_or(0, |s| u32::from(s.slots));
-    let has_strings = (0..p.args.len()).any(is_string);
+    let count = (0..p.args.len()).filter(|&i| is_string(i)).count();
     emit_reserve(
         a,
         p.ring_addr,
         p.capacity,
         extra,
-        record_lines(has_strings),
+        record_lines(count > 0),
         restore,
     )?;
     emit_header(a, p, is_string)?;
@@ -327,7 +327,6 @@ fn emit_record(
         emit_arg(a, arg, index, site_rip, p.symbols)?;
         a.mov(qword_ptr(r8 + slot_arg(index)), r11)?;
     }
-    let count = (0..p.args.len()).filter(|&i| is_string(i)).count();
     let strings = (0..p.args.len()).filter(|&i| is_string(i));
     for (k, index) in strings.enumerate() {
         if let Some(area) = string_area(k, count) {
