@@ -38,7 +38,7 @@ WORKLOADS = {
 ONLY = {"fib-long": {"untraced", "pyprobe trace 5%", "pyprobe ring", "pyprobe ring 5%", "pyprobe sample 100",
                     "py-spy 100", "cProfile"},
         "fib-int3": {"untraced", "floor", "floor same-cpu", "floor cross-cpu", "pyprobe trace",
-                     "pyprobe trace follow"},
+                     "pyprobe trace unpinned"},
         "audit": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"},
         "black": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"},
         "docutils": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"}}
@@ -111,10 +111,10 @@ def configurations(pyprobe, floor, pyspy, sites, sems, elf, tmp):
             configs["floor cross-cpu"] = lambda cmd: args + ["--tracer-cpu", "0", "--target-cpu", "1", "--"] + cmd
     configs["pyprobe trace"] = lambda cmd: [
         pyprobe, "record", "--force", "--mode", "trace", "--engine", "int3", "-o", rec, "--"] + cmd
-    # pyprobe's tracing thread pinned to the CPU of the thread that hits (off by
-    # default: see src/tracer/engine/affinity.rs).
-    configs["pyprobe trace follow"] = lambda cmd: [
-        "env", "PYPROBE_FOLLOW_CPU=1", pyprobe, "record", "--force", "--mode", "trace", "--engine", "int3", "-o", rec,
+    # pyprobe's tracing thread left where the scheduler puts it: not following the
+    # CPU of the thread that hits, nor yielding it (see src/tracer/engine/affinity.rs).
+    configs["pyprobe trace unpinned"] = lambda cmd: [
+        "env", "PYPROBE_FOLLOW_CPU=0", pyprobe, "record", "--force", "--mode", "trace", "--engine", "int3", "-o", rec,
         "--"] + cmd
     configs["pyprobe ring"] = lambda cmd: [
         pyprobe, "record", "--force", "--mode", "trace", "--engine", "ring", "-o", rec, "--"] + cmd
@@ -277,14 +277,14 @@ def measure(args, version):
         per = {r["config"]: r for r in results if r["workload"] == w}
         floor = per.get("floor", {}).get("ns_per_hit")
         trace = per.get("pyprobe trace", {}).get("ns_per_hit")
-        for name in ("pyprobe trace", "pyprobe trace follow"):
+        for name in ("pyprobe trace", "pyprobe trace unpinned"):
             ns = per.get(name, {}).get("ns_per_hit")
             if floor and ns:
                 per[name]["vs_floor"] = round(ns / floor, 2)
         # An int3 hit against both floors measured in this same invocation.
         same = per.get("floor same-cpu", {}).get("ns_per_hit")
         cross = per.get("floor cross-cpu", {}).get("ns_per_hit")
-        for name in ("pyprobe trace", "pyprobe trace follow", "floor"):
+        for name in ("pyprobe trace", "pyprobe trace unpinned", "floor"):
             ns = per.get(name, {}).get("ns_per_hit")
             if ns and same:
                 per[name]["vs_same_cpu"] = round(ns / same, 2)
@@ -301,7 +301,7 @@ def measure(args, version):
     return results, unavailable
 
 
-PER_EVENT = ("floor", "floor same-cpu", "floor cross-cpu", "pyprobe trace", "pyprobe trace follow", "pyprobe ring")
+PER_EVENT = ("floor", "floor same-cpu", "floor cross-cpu", "pyprobe trace", "pyprobe trace unpinned", "pyprobe ring")
 # Exact in the process, or no tracer at all: their cost per event by the workload's clock.
 OWN_ONLY = ("cProfile", "probes on", "pyprobe hook", "bpftrace")
 COLUMNS = [("workload", "workload"), ("configuration", "config"), ("median", "median_s"),
@@ -439,9 +439,10 @@ def write_markdown(path, args, tables, load_before, load_after, drain=None):
         "Configurations: `pyprobe trace` is `--mode trace --engine int3` (a ptrace stop per",
         "event); `pyprobe ring` is `--mode trace --engine ring` (events written by trampolines",
         "in the target); `pyprobe auto` is the default mode; `5%` adds `--max-overhead 5`;",
-        "`sample N` is `--mode sample -r N`, `nb` adds `--nonblocking`; `pyprobe trace follow`",
-        "is `pyprobe trace` with `PYPROBE_FOLLOW_CPU=1` (pyprobe's tracing thread pinned to the",
-        "CPU of the thread that hits; see `src/tracer/engine/affinity.rs`); `cProfile` is",
+        "`sample N` is `--mode sample -r N`, `nb` adds `--nonblocking`; `pyprobe trace unpinned`",
+        "is `pyprobe trace` with `PYPROBE_FOLLOW_CPU=0` (by default pyprobe's tracing thread",
+        "follows the CPU of a thread that hits often and yields it to that thread where it may:",
+        "see `src/tracer/engine/affinity.rs`; unpinned, it stays where the scheduler puts it); `cProfile` is",
         "`python -m cProfile` (the interpreter's own exact profiler, inside the process);",
         "`probes on` runs the workload with the interpreter's function probes enabled (their",
         "semaphores raised, `benches/probes_on.py`) and no tracer at all: what the interpreter",

@@ -39,6 +39,7 @@ mod hits;
 mod interface;
 mod sampling;
 mod threads;
+mod yielding;
 
 pub use super::budget::BudgetSummary;
 pub use super::ring::RingUse;
@@ -560,6 +561,9 @@ impl Engine {
         }
         self.detached = true;
         self.cpu.release();
+        if let Some(said) = self.cpu.yield_summary() {
+            sink(TraceEvent::Detail(said));
+        }
         if let Err(e) = self.stop_all(sink) {
             sink(TraceEvent::Notice(format!(
                 "while stopping the target to detach: {e:#}"

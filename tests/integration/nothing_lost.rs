@@ -129,6 +129,53 @@ fn under_cpu_contention_every_call_is_recorded() {
     }
 }
 
+/// A busy loop pinned to each CPU: whichever CPU pyprobe's tracing thread
+/// follows a thread to, a thread of the normal policy holds it too.
+fn pinned_contention(py: &Python) -> Contention {
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    Contention(
+        (0..cpus)
+            .map(|cpu| {
+                let script =
+                    format!("import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass");
+                Command::new(&py.launcher)
+                    .args(["-c", &script])
+                    .spawn()
+                    .expect("start a pinned busy loop")
+            })
+            .collect(),
+    )
+}
+
+/// `int3` hits while every CPU is held by a busy loop pinned to it: where pyprobe
+/// yields the CPU it follows (`SCHED_IDLE`), a busy loop there would starve it
+/// while the target waits at its stops; its guard must take the normal policy
+/// back, and every call is recorded.
+#[test]
+fn int3_under_pinned_contention_pyprobe_takes_its_cpu_back() {
+    let _serial = serial();
+    let Some(py) = python("3.9") else { return };
+    let out = TempFile::new("int3-pinned-contention.pyprobe");
+    let busy = pinned_contention(&py);
+    let child = spawn_engine(&py.launcher, "int3", &out, "calls", "1.0");
+    let (counts, stderr) = finish(child);
+    drop(busy);
+    assert_exact("int3 under pinned contention", &out, &counts, &stderr);
+    // Said with -v when pyprobe yielded at all (it may not: no CAP_SYS_NICE).
+    if let Some(line) = stderr.lines().find(|l| l.contains("SCHED_IDLE")) {
+        let taken: u64 = line
+            .split("back ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("how often the guard took it back, in {line:?}"));
+        assert!(
+            taken >= 1,
+            "yielded beside pinned busy loops, never taken back:\n{stderr}"
+        );
+    }
+}
+
 /// pyprobe stopped with SIGSTOP for 2 s while the target calls as fast as it can:
 /// the target waits for room, then goes on after SIGCONT, and nothing is lost.
 #[test]

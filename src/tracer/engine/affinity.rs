@@ -1,38 +1,37 @@
-//! Following the CPU of the threads that hit `int3` sites: off unless
-//! `PYPROBE_FOLLOW_CPU=1`, because measured it does not help (below).
+//! Following the CPU of the threads that hit `int3` sites: pyprobe's tracing
+//! thread is pinned beside a thread that hits often, and yields that CPU to it
+//! (`SCHED_IDLE`, see [`super::yielding`]). On by default where pyprobe may
+//! yield; `PYPROBE_FOLLOW_CPU=0` turns it off, `PYPROBE_FOLLOW_CPU=1` follows
+//! even where it may not (pinned only, which measured does not help: below).
 //!
 //! Each `int3` hit is two wake-ups: the target's thread stops and wakes pyprobe, and
 //! pyprobe's `PTRACE_CONT` wakes the thread. On one CPU that is a context switch
-//! each way (the same-CPU floor, about 10 µs per hit on a 2-CPU VM); across CPUs
+//! each way (the same-CPU floor, 7-13 µs per hit on a 2-CPU VM); across CPUs
 //! each is an inter-processor interrupt to a CPU that has gone idle, which on a VM
 //! whose idle vCPUs halt at once (`haltpoll` with `guest_halt_poll_ns` 0) is several
-//! times dearer (about 50 µs).
+//! times dearer (20-100 µs).
 //!
 //! Following pins pyprobe's tracing thread (the one that makes every ptrace
 //! request; `sched_setaffinity(0)` only ever moves it) to the CPU the hitting
 //! thread last ran on (`/proc/PID/task/TID/stat`, field 39, read every
 //! [`LOOK_EVERY`] hits: reading it on every hit costs about what it could save),
-//! while hits come often and no ring is polled; the target is never pinned. It
-//! cannot reach the same-CPU floor: the stopped thread wakes pyprobe on its own CPU
-//! (a synchronous wake-up, which the scheduler already places there), but
-//! `PTRACE_CONT` wakes the thread while pyprobe runs on that CPU, and the
-//! scheduler's wake-up placement (`select_idle_sibling`) then sends it to any idle
-//! CPU sharing the cache. On the 2-vCPU VM with one shared L3 where it was measured
-//! (`benches/sidebyside.py`, `floor same-cpu`, `floor cross-cpu`, `pyprobe trace`
-//! and `pyprobe trace follow` in one invocation), pinned pyprobe shared a CPU with
-//! the target 32% of the time against 95% unpinned under load (the other CPU busy:
-//! the scheduler keeps the two together by itself), and hits cost the same within
-//! noise (20.7 / 26.5 / 32.6 µs following against 24.2 / 27.5 / 30.4 µs not, in three
-//! interleaved runs). It is kept for measuring elsewhere (several caches, where the
-//! idle-CPU search stays inside one), not used by default.
+//! while hits come often and no ring is polled; the target is never pinned. The
+//! stopped thread wakes pyprobe on its own CPU (a synchronous wake-up, which the
+//! scheduler already places there), but `PTRACE_CONT` wakes the thread while
+//! pyprobe runs on that CPU, and the scheduler's wake-up placement
+//! (`select_idle_sibling`) then sends it to any idle CPU sharing the cache: pinned
+//! alone, pyprobe shared a CPU with the target 32% of the time, and hits cost the
+//! same as unpinned within noise. Yielding is what keeps the thread on pyprobe's
+//! CPU: a CPU running only `SCHED_IDLE` threads counts as idle to that placement.
 //!
-//! pyprobe's own CPU mask as it was is put back when hits become rare, when a ring
-//! serves the process (its consumer should run beside the target, not take turns
-//! with it), and when tracing ends.
+//! pyprobe's own CPU mask and policy as they were are put back when hits become
+//! rare, when a ring serves the process (its consumer should run beside the
+//! target, not take turns with it), and when tracing ends.
 
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
+use super::yielding::Yielding;
 use crate::tracer::clock::monotonic_ns;
 
 /// Hits between two looks at the hitting thread's CPU.
@@ -45,6 +44,8 @@ const MIN_HITS_PER_S: u64 = 2_000;
 #[derive(Debug)]
 pub(in crate::tracer) struct CpuFollow {
     enabled: bool,
+    /// Follows even where pyprobe cannot yield (`PYPROBE_FOLLOW_CPU=1`).
+    forced: bool,
     /// The thread's CPU mask before it was first pinned.
     original: Option<CpuSet>,
     /// The CPU it is pinned to now.
@@ -52,16 +53,20 @@ pub(in crate::tracer) struct CpuFollow {
     /// Hits since the last look, and when that was.
     hits: u32,
     since_ns: u64,
+    /// `SCHED_IDLE` while pinned (see [`super::yielding`]): tried at the first pin.
+    yielding: Option<Option<Yielding>>,
 }
 
 impl Default for CpuFollow {
     fn default() -> Self {
         CpuFollow {
-            enabled: std::env::var_os("PYPROBE_FOLLOW_CPU").is_some_and(|v| v == "1"),
+            enabled: std::env::var_os("PYPROBE_FOLLOW_CPU").is_none_or(|v| v != "0"),
+            forced: std::env::var_os("PYPROBE_FOLLOW_CPU").is_some_and(|v| v == "1"),
             original: None,
             pinned: None,
             hits: 0,
             since_ns: monotonic_ns(),
+            yielding: None,
         }
     }
 }
@@ -76,6 +81,12 @@ impl CpuFollow {
         if ring_active {
             self.release();
             return;
+        }
+        if let Some(Some(y)) = &self.yielding {
+            if y.taken_back() {
+                // The guard gave the thread its whole mask back.
+                self.pinned = None;
+            }
         }
         self.hits += 1;
         if self.hits < LOOK_EVERY {
@@ -98,8 +109,16 @@ impl CpuFollow {
         }
     }
 
+    /// What yielding did, for `-v` (`None`: it never started).
+    pub(in crate::tracer) fn yield_summary(&self) -> Option<String> {
+        self.yielding.as_ref()?.as_ref()?.summary()
+    }
+
     /// pyprobe's CPU mask as it was, if it was changed.
     pub(in crate::tracer) fn release(&mut self) {
+        if let Some(Some(y)) = &mut self.yielding {
+            y.stop();
+        }
         if self.pinned.take().is_none() {
             return;
         }
@@ -127,8 +146,17 @@ impl CpuFollow {
         if !allowed || one.set(cpu).is_err() {
             return;
         }
+        let yielding = self.yielding.get_or_insert_with(Yielding::for_this_thread);
+        if yielding.is_none() && !self.forced {
+            // Pinned without yielding, hits cost the same or more (see above).
+            self.enabled = false;
+            return;
+        }
         if sched_setaffinity(Pid::from_raw(0), &one).is_ok() {
             self.pinned = Some(cpu);
+            if let (Some(y), Some(original)) = (yielding, &self.original) {
+                y.start(original);
+            }
         }
     }
 }
