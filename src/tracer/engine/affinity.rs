@@ -25,7 +25,7 @@
 //! CPU: a CPU running only `SCHED_IDLE` threads counts as idle to that placement.
 //!
 //! pyprobe's own CPU mask and policy as they were are put back when hits become
-//! rare, when a ring serves the process (its consumer should run beside the
+//! rare, when a ring or a hook's buffer serves the process (its consumer should run beside the
 //! target, not take turns with it), and when tracing ends.
 
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
@@ -72,13 +72,13 @@ impl Default for CpuFollow {
 }
 
 impl CpuFollow {
-    /// An `int3` hit of thread `tid` of `pid` (stopped). `ring_active`: a ring
-    /// serves some process, and pyprobe polls it.
-    pub(in crate::tracer) fn hit(&mut self, pid: i32, tid: i32, ring_active: bool) {
+    /// An `int3` hit of thread `tid` of `pid` (stopped). `polling`: a ring or a
+    /// hook's buffer serves some process, and pyprobe polls it.
+    pub(in crate::tracer) fn hit(&mut self, pid: i32, tid: i32, polling: bool) {
         if !self.enabled {
             return;
         }
-        if ring_active {
+        if polling {
             self.release();
             return;
         }

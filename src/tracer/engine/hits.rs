@@ -47,8 +47,9 @@ impl Engine {
             Ok(info) if info.si_code == SI_KERNEL => {}
             _ => return false,
         }
-        let ring_active = self.ring_active();
-        self.cpu.hit(tgid, tid, ring_active);
+        // A ring or hook buffer polled by pyprobe: its consumer must not yield.
+        let polling = self.ring_active() || self.hook_active();
+        self.cpu.hit(tgid, tid, polling);
         let Some(proc) = self.procs.get(&tgid) else {
             return true;
         };
