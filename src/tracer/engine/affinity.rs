@@ -55,6 +55,7 @@ pub(in crate::tracer) struct CpuFollow {
     since_ns: u64,
     /// `SCHED_IDLE` while pinned (see [`super::yielding`]): tried at the first pin.
     yielding: Option<Option<Yielding>>,
+    stat: StatFile,
 }
 
 impl Default for CpuFollow {
@@ -67,6 +68,7 @@ impl Default for CpuFollow {
             hits: 0,
             since_ns: monotonic_ns(),
             yielding: None,
+            stat: StatFile::default(),
         }
     }
 }
@@ -101,7 +103,7 @@ impl CpuFollow {
             self.release();
             return;
         }
-        let Some(cpu) = last_cpu(pid, tid) else {
+        let Some(cpu) = self.stat.last_cpu(pid, tid) else {
             return;
         };
         if self.pinned != Some(cpu) {
@@ -167,10 +169,33 @@ impl Drop for CpuFollow {
     }
 }
 
-/// The CPU thread `tid` of `pid` last ran on: field 39 of its `stat`.
-fn last_cpu(pid: i32, tid: i32) -> Option<usize> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
-    parse_processor(&stat)
+/// The `stat` file of the thread last looked at, kept open: a look is then one
+/// `pread`, not an open, a `statx`, reads and a close.
+#[derive(Debug, Default)]
+struct StatFile {
+    open: Option<((i32, i32), std::fs::File)>,
+    buf: Vec<u8>,
+}
+
+impl StatFile {
+    /// The CPU thread `tid` of `pid` last ran on: field 39 of its `stat`.
+    fn last_cpu(&mut self, pid: i32, tid: i32) -> Option<usize> {
+        use std::os::unix::fs::FileExt;
+        if self.open.as_ref().map(|(who, _)| *who) != Some((pid, tid)) {
+            let file = std::fs::File::open(format!("/proc/{pid}/task/{tid}/stat")).ok();
+            self.open = file.map(|f| ((pid, tid), f));
+        }
+        let (_, file) = self.open.as_ref()?;
+        // A stat line is a few hundred bytes; a longer one (a hostile name) is cut
+        // and then says nothing.
+        self.buf.resize(4096, 0);
+        let Ok(n) = file.read_at(&mut self.buf, 0) else {
+            // The thread is gone: open afresh next time.
+            self.open = None;
+            return None;
+        };
+        parse_processor(std::str::from_utf8(&self.buf[..n]).ok()?)
+    }
 }
 
 /// Field 39 (`processor`) of a `stat` line; the command name (field 2) may hold
@@ -196,5 +221,18 @@ mod tests {
         let own = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
         let cpu = parse_processor(&own).expect("a processor field");
         assert!(cpu < CpuSet::count());
+    }
+
+    #[test]
+    fn a_kept_stat_file_reads_the_thread_afresh_each_time() {
+        let mut stat = StatFile::default();
+        let pid = std::process::id() as i32;
+        let tid = nix::unistd::gettid().as_raw();
+        for _ in 0..3 {
+            let cpu = stat.last_cpu(pid, tid).expect("our own CPU");
+            assert!(cpu < CpuSet::count());
+        }
+        // No such thread: nothing, and no panic.
+        assert_eq!(stat.last_cpu(pid, i32::MAX), None);
     }
 }
