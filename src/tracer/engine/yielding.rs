@@ -153,6 +153,9 @@ impl Drop for Yielding {
 /// The guard's loop: takes the tracing thread `tid` back (normal policy, CPU
 /// mask `original`) when it starves.
 fn guard(shared: &Shared, tid: i32, original: &CpuSet) {
+    // Started by the pinned tracing thread, whose mask it inherits: it belongs
+    // anywhere but beside the thread pyprobe serves.
+    let _ = sched_setaffinity(Pid::from_raw(0), original);
     let mut last: Option<Looked> = None;
     let mut starved = 0;
     while !shared.stop.load(Ordering::Acquire) {
