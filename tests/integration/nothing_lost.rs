@@ -85,12 +85,25 @@ struct Contention(Vec<std::process::Child>);
 
 impl Contention {
     fn start(py: &Python) -> Contention {
+        Contention::running(py, |_| "while True: pass".to_owned())
+    }
+
+    /// A busy loop pinned to each CPU: whichever CPU pyprobe's tracing thread
+    /// follows a thread to, a thread of the normal policy holds it too.
+    fn pinned(py: &Python) -> Contention {
+        Contention::running(py, |cpu| {
+            format!("import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass")
+        })
+    }
+
+    /// One busy loop per CPU, the `n`-th running `script(n)`.
+    fn running(py: &Python, script: impl Fn(usize) -> String) -> Contention {
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         Contention(
             (0..cpus)
-                .map(|_| {
+                .map(|cpu| {
                     Command::new(&py.launcher)
-                        .args(["-c", "while True: pass"])
+                        .args(["-c", &script(cpu)])
                         .spawn()
                         .expect("start a busy loop")
                 })
@@ -129,24 +142,6 @@ fn under_cpu_contention_every_call_is_recorded() {
     }
 }
 
-/// A busy loop pinned to each CPU: whichever CPU pyprobe's tracing thread
-/// follows a thread to, a thread of the normal policy holds it too.
-fn pinned_contention(py: &Python) -> Contention {
-    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-    Contention(
-        (0..cpus)
-            .map(|cpu| {
-                let script =
-                    format!("import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass");
-                Command::new(&py.launcher)
-                    .args(["-c", &script])
-                    .spawn()
-                    .expect("start a pinned busy loop")
-            })
-            .collect(),
-    )
-}
-
 /// `int3` hits while every CPU is held by a busy loop pinned to it: where pyprobe
 /// yields the CPU it follows (`SCHED_IDLE`), a busy loop there would starve it
 /// while the target waits at its stops; its guard must take the normal policy
@@ -156,7 +151,7 @@ fn int3_under_pinned_contention_pyprobe_takes_its_cpu_back() {
     let _serial = serial();
     let Some(py) = python("3.9") else { return };
     let out = TempFile::new("int3-pinned-contention.pyprobe");
-    let busy = pinned_contention(&py);
+    let busy = Contention::pinned(&py);
     let child = spawn_engine(&py.launcher, "int3", &out, "calls", "1.0");
     let (counts, stderr) = finish(child);
     drop(busy);

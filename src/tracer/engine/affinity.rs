@@ -25,8 +25,8 @@
 //! CPU: a CPU running only `SCHED_IDLE` threads counts as idle to that placement.
 //!
 //! pyprobe's own CPU mask and policy as they were are put back when hits become
-//! rare, when a ring or a hook's buffer serves the process (its consumer should run beside the
-//! target, not take turns with it), and when tracing ends.
+//! rare, when a ring or a hook's buffer serves the process (its consumer should
+//! run beside the target, not take turns with it), and when tracing ends.
 
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;

@@ -16,9 +16,9 @@
 //! may take the normal policy back (`CAP_SYS_NICE`, or `RLIMIT_NICE` allowing
 //! nice 0; without either, leaving `SCHED_IDLE` is refused), and a guard thread
 //! of the normal policy watches it: when the tracing thread was runnable at
-//! four looks in a row and hardly ran between them, the guard gives it the normal policy and its whole CPU
-//! mask back at once, and yielding pauses ([`BACKOFF_NS`], longer at each
-//! take-back in a row).
+//! four looks in a row and hardly ran between them, the guard gives it the
+//! normal policy and its whole CPU mask back at once, and yielding pauses
+//! ([`BACKOFF_NS`], longer at each take-back in a row).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,6 +28,7 @@ use std::time::Duration;
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
+use crate::process::status::task_state;
 use crate::tracer::clock::monotonic_ns;
 
 /// How often the guard looks at the tracing thread.
@@ -196,12 +197,12 @@ struct Looked {
 
 impl Looked {
     fn now(tid: i32) -> Option<Looked> {
-        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+        let state = task_state(std::process::id() as i32, tid)?;
         let ran = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
         Some(Looked {
             at_ns: monotonic_ns(),
             ran_ns: parse_ran(&ran)?,
-            runnable: parse_state(&stat)? == 'R',
+            runnable: state == 'R',
         })
     }
 
@@ -243,12 +244,6 @@ fn parse_ran(schedstat: &str) -> Option<u64> {
     schedstat.split_whitespace().next()?.parse().ok()
 }
 
-/// The state (field 3) of a `stat` line, after the command name's last `)`.
-fn parse_state(stat: &str) -> Option<char> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().next()?.chars().next()
-}
-
 /// Sets the scheduling policy of thread `tid` (0: the caller), priority 0. With
 /// reset-on-fork: a child pyprobe forks while it yields starts with the normal
 /// policy (and the flag, once set, may be cleared only with `CAP_SYS_NICE`).
@@ -275,14 +270,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn run_time_and_state_are_parsed() {
+    fn run_time_is_the_first_field() {
         assert_eq!(parse_ran("123 456 7\n"), Some(123));
         assert_eq!(parse_ran("x"), None);
-        assert_eq!(parse_state("12 (a) b) R 1 2"), Some('R'));
-        assert_eq!(parse_state("12 (sleepy) S 1"), Some('S'));
-        assert_eq!(parse_state("no name"), None);
-        let own = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-        assert_eq!(parse_state(&own), Some('R'));
+        let own = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+        assert!(parse_ran(&own).is_some());
     }
 
     /// The calling thread's policy, without the reset-on-fork flag.
