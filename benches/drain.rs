@@ -2,7 +2,9 @@
 //! trampolines of CPython's function probes write them, drained through the real
 //! reader, the records turned into hits as the engine does (`drain_hits`), the
 //! hits into events by the recorder's `EventBuilder` (names interned, filters),
-//! and written to a recording file by its writer.
+//! and written to a recording file by its writer. As in a trace, most records
+//! repeat an earlier one's probe, names and line: those are recognised in the
+//! ring and written as the event named the first time (`TraceEvent::Repeat`).
 //!
 //! Beside it, `ring_reader` times the ring's side alone (records copied out, their
 //! strings measured, handed on: what frees the ring for the target), and
@@ -23,13 +25,13 @@ use pyprobe::process::memory::ProcessMemory;
 use pyprobe::python::probe_catalog::{PythonProbe, PROBES};
 use pyprobe::recording::Header;
 use pyprobe::ring::format::*;
-use pyprobe::ring::RingReader;
+use pyprobe::ring::{KnownRecords, RingReader};
 use pyprobe::session::record::EventBuilder;
 use pyprobe::tracer::decode::HitBuffers;
 use pyprobe::tracer::ring::hits::{drain_hits, RecordSource};
 use pyprobe::tracer::ring::threads::ThreadNames;
 use pyprobe::tracer::ring::tsc::TscClock;
-use pyprobe::tracer::Probe;
+use pyprobe::tracer::{Probe, TraceEvent};
 
 /// Records per drain run: a full ring of the engine's size.
 const RECORDS: u64 = pyprobe::tracer::ring::CAPACITY;
@@ -160,6 +162,7 @@ fn bench_drain(c: &mut Criterion) {
     let tsc = TscClock::calibrate();
     let mem = ProcessMemory::new(std::process::id() as i32);
     let mut buffers = HitBuffers::default();
+    let mut known = KnownRecords::default();
     let mut ring = Ring::new(RECORDS);
     let mut reader = ring.reader();
     let (mut next, mut clock) = (0u64, 1_000_000u64);
@@ -182,9 +185,22 @@ fn bench_drain(c: &mut Criterion) {
                 let began = thread_cpu_time();
                 let mut read = 0;
                 while read < RECORDS as usize {
-                    let drained = drain_hits(&mut reader, BATCH, &source, &mut buffers, |hit| {
-                        builder.hit(meanings[hit.probe], &hit, &mut |_| 0)
-                    });
+                    let drained = drain_hits(
+                        &mut reader,
+                        BATCH,
+                        &source,
+                        &mut buffers,
+                        &mut known,
+                        |event| match event {
+                            TraceEvent::Hit(hit) => {
+                                builder.hit(meanings[hit.probe], &hit, &mut |_| 0)
+                            }
+                            TraceEvent::Repeat {
+                                tid, ts_ns, token, ..
+                            } => builder.repeat(tid, ts_ns, token),
+                            _ => {}
+                        },
+                    );
                     read += drained.drained.records;
                 }
                 spent += thread_cpu_time().saturating_sub(began);

@@ -83,7 +83,10 @@ mod tests_site;
 
 pub use branches::BranchTargets;
 pub use codegen::{build_trampoline, CodegenError, ThreadIdSource, Trampoline, TrampolineParams};
-pub use consumer::{DrainStop, Drained, RingReader, RingRecord, RingStack, RingString};
+pub use consumer::{
+    DrainStop, Drained, Drawn, KnownRecord, KnownRecords, RingReader, RingRecord, RingStack,
+    RingString,
+};
 pub use format::{init_ring, init_zeroed_ring, ring_bytes, RingError};
 pub use region::{RegionError, RegionHeader, RegionSite};
 pub use site::{plans_overlap, qualify_site, thread_inside, SitePlan, SiteRefusal, Tail};

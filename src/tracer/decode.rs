@@ -220,7 +220,7 @@ impl HitBuffers {
 /// file or function name), and comparing them with the previous record's is done
 /// for every record, where a call to `memcmp` costs more than the comparison.
 #[inline]
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -44,7 +44,9 @@ mod yielding;
 pub use super::budget::BudgetSummary;
 pub use super::ring::RingUse;
 use children::PendingChild;
-pub use interface::{EngineOptions, Hit, NotTraceable, Outcome, Resolver, ReturnRow, TraceEvent};
+pub use interface::{
+    EngineOptions, Hit, NotTraceable, Outcome, RepeatSlot, Resolver, ReturnRow, TraceEvent,
+};
 use threads::is_stop_signal;
 pub(in crate::tracer) use threads::{at_syscall_entry, StopKind, Thread, ThreadState};
 

@@ -10,8 +10,10 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use super::format::*;
 use super::stack::*;
 
+mod known;
 mod record;
 
+pub use known::{KnownRecords, KEY_ARGS};
 pub use record::{decode, RingRecord, RingStack, RingString};
 use record::{string_areas, StringSpan};
 
@@ -34,6 +36,25 @@ pub enum DrainStop {
     /// The next record was stamped after the bound set with
     /// [`RingReader::set_tsc_bound`]: left for a later drain.
     Later,
+}
+
+/// A record as [`RingReader::drain_known`] hands it on.
+pub enum Drawn<'a> {
+    /// Equal to a record kept with this token.
+    Known(KnownRecord),
+    /// Not known: the whole record, copied out.
+    Record(&'a RingRecord<'a>),
+}
+
+/// What of a known record differs from the one kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KnownRecord {
+    pub index: u64,
+    pub tsc: u64,
+    pub tag: u32,
+    /// The thread's `%fs` base.
+    pub thread: u64,
+    pub token: u32,
 }
 
 /// Result of one [`RingReader::drain`].
@@ -264,12 +285,7 @@ impl RingReader {
     /// the ring's capacity. Stops at the first slot that is reserved but not
     /// published.
     pub fn drain<F: FnMut(&RingRecord<'_>)>(&mut self, max: usize, mut f: F) -> Drained {
-        self.heartbeat();
-        let head = self.head();
-        // Bounded by `max` and by `capacity` (a hostile head cannot make it longer).
-        let budget = max.min(usize::try_from(self.capacity).unwrap_or(usize::MAX));
-        let mut copies = std::mem::take(&mut self.copies);
-        copies.resize_with(COPY_CHUNK, Copied::default);
+        let (head, budget, mut copies) = self.begin_drain(max);
         let mut records = 0;
         let mut stop = None;
         while stop.is_none() && records < budget {
@@ -280,6 +296,92 @@ impl RingReader {
                 f(&copy.record());
             }
         }
+        self.end_drain(copies, records, stop, head)
+    }
+
+    /// As [`drain`](Self::drain), but a record equal to one `known` keeps comes
+    /// as [`Drawn::Known`], recognised in the ring itself (nothing copied); the
+    /// others come as [`Drawn::Record`], and one `f` gives a token for is kept.
+    pub fn drain_known<F>(&mut self, max: usize, known: &mut KnownRecords, mut f: F) -> Drained
+    where
+        F: FnMut(Drawn<'_>) -> Option<u32>,
+    {
+        let (head, budget, mut copies) = self.begin_drain(max);
+        let mut records = 0;
+        let mut stop = None;
+        while records < budget {
+            let index = self.tail;
+            if index >= head {
+                stop = Some(DrainStop::Empty);
+                break;
+            }
+            let ahead = index.wrapping_add(PREFETCH_AHEAD);
+            if ahead.wrapping_add(PREFETCH_AHEAD) < head {
+                self.prefetch(ahead);
+            }
+            let slot = self.slot_offset(index);
+            let want = index.wrapping_add(1);
+            if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
+                stop = Some(DrainStop::Pending { index });
+                break;
+            }
+            let tsc = self.word(slot + S_TSC).load(Ordering::Relaxed);
+            if self.tsc_bound != u64::MAX && tsc > self.tsc_bound {
+                stop = Some(DrainStop::Later);
+                break;
+            }
+            if let Some(token) = known.find(|o| self.word(slot + o).load(Ordering::Relaxed)) {
+                let probe_word = self.word(slot + S_PROBE).load(Ordering::Relaxed);
+                let thread = self.word(slot + S_THREAD).load(Ordering::Relaxed);
+                // Rewritten meanwhile (only after a skip): as if not published.
+                if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
+                    stop = Some(DrainStop::Pending { index });
+                    break;
+                }
+                self.tail = want;
+                records += 1;
+                f(Drawn::Known(KnownRecord {
+                    index,
+                    tsc,
+                    tag: (probe_word >> 32) as u32,
+                    thread,
+                    token,
+                }));
+                continue;
+            }
+            let (n, why) = self.copy_out(&mut copies[..1], 1, head);
+            if let Some(why) = why {
+                stop = Some(why);
+                break;
+            }
+            records += n;
+            let record = copies[0].record();
+            if let Some(token) = f(Drawn::Record(&record)) {
+                known.keep(&record, token);
+            }
+        }
+        self.end_drain(copies, records, stop, head)
+    }
+
+    /// A drain's start: says the consumer looks, and gives the head read now, how
+    /// many records it may read (bounded by `max` and by `capacity`: a hostile
+    /// head cannot make it longer) and the copies' room.
+    fn begin_drain(&mut self, max: usize) -> (u64, usize, Vec<Copied>) {
+        self.heartbeat();
+        let budget = max.min(usize::try_from(self.capacity).unwrap_or(usize::MAX));
+        let mut copies = std::mem::take(&mut self.copies);
+        copies.resize_with(COPY_CHUNK, Copied::default);
+        (self.head(), budget, copies)
+    }
+
+    /// A drain's end: frees the slots read, keeps the copies' room, says why it stopped.
+    fn end_drain(
+        &mut self,
+        copies: Vec<Copied>,
+        records: usize,
+        stop: Option<DrainStop>,
+        head: u64,
+    ) -> Drained {
         if records > 0 {
             self.publish_tail();
         }
@@ -442,6 +544,7 @@ impl RingReader {
     /// Asks for the first three cache lines of the slot for `index` (its fixed part
     /// and usual strings) ahead of their copy: the copy of a slot waits on its
     /// first load, and the slots after it are not loaded until it is done.
+    #[inline]
     fn prefetch(&self, index: u64) {
         use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         let slot = self.slot_offset(index);

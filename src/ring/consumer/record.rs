@@ -77,6 +77,20 @@ impl<'a> RingRecord<'a> {
         })
     }
 
+    /// Word `offset` of the copied slot (an 8-aligned offset below `SLOT_SIZE`;
+    /// string words past a string's NUL were not copied and hold anything).
+    pub(super) fn slot_word(&self, offset: usize) -> u64 {
+        let bytes = self.slot.get(offset..offset + 8).unwrap_or(&[0; 8]);
+        u64::from_le_bytes(bytes.try_into().unwrap_or([0; 8]))
+    }
+
+    /// Where string `i` lies in the slot, `(start, len)` before its NUL, if it
+    /// ended inside its area.
+    pub(super) fn string_span(&self, i: usize) -> Option<(usize, usize)> {
+        let span = (*self.spans.get(i)?)?;
+        (!span.unterminated).then_some((usize::from(span.start), usize::from(span.len)))
+    }
+
     /// Every argument's string prefix, as [`string`](Self::string) gives it.
     pub fn strings(&self) -> [Option<RingString<'a>>; MAX_ARGS] {
         std::array::from_fn(|i| self.string(i))

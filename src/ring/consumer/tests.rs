@@ -447,3 +447,78 @@ fn a_shorter_string_after_a_longer_one_reads_as_itself() {
         ]
     );
 }
+
+/// What a record says, but for its arguments past the key (a frame pointer):
+/// what a known record must share with the one kept.
+type Said = (
+    u64,
+    u64,
+    u32,
+    u64,
+    u32,
+    usize,
+    Vec<u64>,
+    Vec<Option<(Vec<u8>, bool, bool)>>,
+);
+
+fn said(r: &RingRecord<'_>) -> Said {
+    let strings = (0..r.nargs)
+        .map(|i| r.string(i).map(|s| (s.bytes.to_vec(), s.truncated, s.null)))
+        .collect();
+    let key = r.args[..r.nargs.min(KEY_ARGS)].to_vec();
+    (
+        r.index, r.tsc, r.tag, r.thread, r.probe, r.nargs, key, strings,
+    )
+}
+
+proptest! {
+    /// Draining with records kept hands on the same records as a plain drain:
+    /// each known one is what its token's record said, bar index, time, tag
+    /// and thread, which it gives itself.
+    #[test]
+    fn known_records_say_what_a_plain_drain_says(
+        shapes in proptest::collection::vec((0u32..2, 0usize..3, 0usize..2, 1u64..4, any::<u64>()), 1..200),
+    ) {
+        let long = [b'f'; 120];
+        let files: [&[u8]; 3] = [b"app.py", b"/usr/lib/python3.9/json/decoder.py", &long];
+        let functions: [&[u8]; 2] = [b"fib", b"__init__"];
+        let mut ring = TestRing::new(256);
+        for &(probe, file, function, line, frame) in &shapes {
+            let strings = [Some(files[file]), Some(functions[function])];
+            prop_assert!(ring.produce(probe, &[0x10 + file as u64, 0x20 + function as u64, line, frame], &strings));
+        }
+        let mut plain = Vec::new();
+        let mut reader = ring.reader().expect("reader");
+        reader.drain(usize::MAX, |r| plain.push(said(r)));
+        // Again from the start, keeping every record that can be.
+        let mut ring_again = TestRing::new(256);
+        for &(probe, file, function, line, frame) in &shapes {
+            let strings = [Some(files[file]), Some(functions[function])];
+            ring_again.produce(probe, &[0x10 + file as u64, 0x20 + function as u64, line, frame], &strings);
+        }
+        let mut reader = ring_again.reader().expect("reader");
+        let (mut known, mut kept, mut drawn) = (KnownRecords::default(), Vec::<Said>::new(), Vec::new());
+        let mut found = 0;
+        reader.drain_known(usize::MAX, &mut known, |d| match d {
+            Drawn::Known(k) => {
+                found += 1;
+                let mut s = kept[k.token as usize].clone();
+                (s.0, s.1, s.2, s.3) = (k.index, k.tsc, k.tag, k.thread);
+                drawn.push(s);
+                None
+            }
+            Drawn::Record(r) => {
+                drawn.push(said(r));
+                kept.push(said(r));
+                Some(kept.len() as u32 - 1)
+            }
+        });
+        prop_assert_eq!(&drawn, &plain);
+        prop_assert_eq!(known.found(), found);
+        // A repeat of a record whose strings are whole is known.
+        let whole = shapes.iter().filter(|s| s.1 != 2).count();
+        if whole > 64 {
+            prop_assert!(found > 0);
+        }
+    }
+}

@@ -79,6 +79,7 @@ impl Attaching {
             // target runs again.
             TraceEvent::Detail(_)
             | TraceEvent::Hit(_)
+            | TraceEvent::Repeat { .. }
             | TraceEvent::Lost { .. }
             | TraceEvent::Counted { .. }
             | TraceEvent::RingDrained { .. }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::analyze::FileFilter;
 use crate::output::file::{Existing, Output};
 use crate::python::probe_catalog::{ProbeKind, PythonProbe};
+use crate::python::tracing::FRAME_ARG;
 use crate::recording::{
     BackgroundWriter, Event, EventKind, FrameRef, Header, RecordingWriter, StrId,
 };
@@ -51,7 +52,22 @@ pub struct EventBuilder {
     periods: Option<Periods>,
     /// The recording's strings by id, kept for the periods (which intern their own).
     strings: Vec<String>,
+    /// Events of hits that repeat (see [`Hit::repeats_as`]), by token.
+    repeats: Vec<Repeated>,
 }
+
+/// The event of records that repeat: copied out per repeat, so plain data.
+#[derive(Debug, Clone, Copy)]
+enum Repeated {
+    /// Nothing written (the file is filtered out).
+    Nothing,
+    Call(FrameRef),
+    Return(FrameRef, u32),
+    Line(FrameRef),
+}
+
+/// Most events named for repeats; later hits take the long way every time.
+const MAX_REPEATS: usize = 1 << 18;
 
 /// An event that names a string, made once the string has its id.
 #[derive(Debug, Clone, Copy)]
@@ -108,6 +124,7 @@ impl EventBuilder {
             alongside_interval_ns: 0,
             periods: None,
             strings: Vec::new(),
+            repeats: Vec::new(),
         }
     }
 
@@ -387,6 +404,48 @@ impl EventBuilder {
         *depth > 0
     }
 
+    /// Writes the event a ring record repeats (see [`Hit::repeats_as`]).
+    #[inline]
+    pub fn repeat(&mut self, tid: i32, ts_ns: u64, token: u32) {
+        let kind = match self.repeats.get(token as usize) {
+            Some(Repeated::Call(frame)) => EventKind::Call { frame: *frame },
+            Some(Repeated::Return(frame, first_line)) => EventKind::Return {
+                frame: *frame,
+                first_line: *first_line,
+            },
+            Some(Repeated::Line(frame)) => EventKind::Line { frame: *frame },
+            Some(Repeated::Nothing) | None => return,
+        };
+        self.write(tid, ts_ns, kind);
+    }
+
+    /// Names `kind` (`None`: nothing written) for the records equal to `hit`'s,
+    /// when they all have that event: no `--start-at` window (it depends on
+    /// what came before), the writer's ids, a return whose first line is
+    /// settled (known, or not asked for: no frame argument).
+    fn name_repeats(&mut self, hit: &Hit, kind: Option<&EventKind>) {
+        if !hit.may_repeat()
+            || self.start_at.is_some()
+            || self.writer.is_none()
+            || self.repeats.len() >= MAX_REPEATS
+        {
+            return;
+        }
+        let repeated = match kind {
+            None => Repeated::Nothing,
+            Some(EventKind::Call { frame }) => Repeated::Call(*frame),
+            Some(EventKind::Line { frame }) => Repeated::Line(*frame),
+            Some(EventKind::Return { frame, first_line })
+                if *first_line != 0 || hit.args.len() <= FRAME_ARG =>
+            {
+                Repeated::Return(*frame, *first_line)
+            }
+            Some(_) => return,
+        };
+        hit.repeats_as(self.repeats.len() as u32);
+        self.repeats.push(repeated);
+    }
+
     /// Writes the event of `hit`; `name_return` gives the first line of the
     /// function a return belongs to (0: not known).
     pub fn hit(
@@ -403,7 +462,10 @@ impl EventBuilder {
                 if !self.in_window(hit.tid, hit.string(1).unwrap_or(""), is_call, is_return) {
                     return;
                 }
-                let Some(frame) = self.frame(hit) else { return };
+                let Some(frame) = self.frame(hit) else {
+                    self.name_repeats(hit, None);
+                    return;
+                };
                 match meaning.kind {
                     ProbeKind::FunctionEntry => EventKind::Call { frame },
                     ProbeKind::FunctionReturn => EventKind::Return {
@@ -437,6 +499,12 @@ impl EventBuilder {
                 event: self.intern(hit.string(0).unwrap_or("")),
             },
         };
+        if matches!(
+            meaning.kind,
+            ProbeKind::FunctionEntry | ProbeKind::FunctionReturn | ProbeKind::Line
+        ) {
+            self.name_repeats(hit, Some(&kind));
+        }
         self.write(hit.tid, hit.ts_ns, kind);
     }
 }

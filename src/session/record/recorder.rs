@@ -162,10 +162,17 @@ impl<'a> Recorder<'a> {
         // A record drained from a ring or a hook comes in a batch that ends with
         // `RingDrained`: the clock is read and the status updated then, not per
         // record (a clock read costs as much as writing the event).
-        let in_batch = matches!(&event, TraceEvent::Hit(hit) if !hit.stopped);
+        let in_batch = match &event {
+            TraceEvent::Hit(hit) => !hit.stopped,
+            TraceEvent::Repeat { .. } => true,
+            _ => false,
+        };
         let builder = &mut self.builder;
         match event {
             TraceEvent::Hit(hit) => self.on_hit(hit),
+            TraceEvent::Repeat {
+                tid, ts_ns, token, ..
+            } => builder.repeat(tid, ts_ns, token),
             TraceEvent::ThreadStart { pid, tid, ts_ns } => {
                 builder.write(tid, ts_ns, EventKind::ThreadStart { pid: pid as u32 })
             }

@@ -88,6 +88,7 @@ impl Engine {
             buffers: &self.hit_buffers,
             stack: None,
             stopped: true,
+            repeat: None,
         }));
         true
     }

@@ -32,6 +32,19 @@ pub struct Hit<'a> {
     /// The thread is held at an `int3` stop for this hit (else the hit came
     /// through a ring, and the thread has gone on).
     pub stopped: bool,
+    /// Where the sink says what the hit's event is for good (a ring record that
+    /// could be kept; see [`repeats_as`](Self::repeats_as)).
+    pub(in crate::tracer) repeat: Option<&'a RepeatSlot>,
+}
+
+/// The token a sink gives a hit whose event any equal record would have too.
+#[derive(Debug, Default)]
+pub struct RepeatSlot(std::cell::Cell<Option<u32>>);
+
+impl RepeatSlot {
+    pub(in crate::tracer) fn token(&self) -> Option<u32> {
+        self.0.get()
+    }
 }
 
 impl<'a> Hit<'a> {
@@ -47,6 +60,24 @@ impl<'a> Hit<'a> {
             buffers: self.buffers,
             stack: self.stack,
             stopped: self.stopped,
+            repeat: self.repeat,
+        }
+    }
+
+    /// Whether a record equal to this hit's may come again as
+    /// [`TraceEvent::Repeat`] once the sink gives the hit a token.
+    pub fn may_repeat(&self) -> bool {
+        self.repeat.is_some()
+    }
+
+    /// Says that the event of this hit is the event of any record equal to it
+    /// (same probe, tag, first three arguments and strings; later arguments,
+    /// thread and time aside), and names it `token`: such records come as
+    /// [`TraceEvent::Repeat`] with that token from now on. Only for events those
+    /// later arguments cannot change.
+    pub fn repeats_as(&self, token: u32) {
+        if let Some(slot) = self.repeat {
+            slot.0.set(Some(token));
         }
     }
 
@@ -73,6 +104,14 @@ pub struct NotTraceable(pub String);
 #[derive(Debug)]
 pub enum TraceEvent<'a> {
     Hit(Hit<'a>),
+    /// A ring record equal to an earlier hit the sink named `token` (see
+    /// [`Hit::repeats_as`]): the same event, on thread `tid` at `ts_ns`.
+    Repeat {
+        pid: i32,
+        tid: i32,
+        ts_ns: u64,
+        token: u32,
+    },
     /// Probes were installed in `pid` (at attach, after start-up or after an exec).
     Installed {
         pid: i32,

@@ -217,6 +217,7 @@ impl HookProc {
                 buffers: b,
                 stack: None,
                 stopped: false,
+                repeat: None,
             }));
         }
         if passed > 0 {

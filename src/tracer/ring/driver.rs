@@ -357,12 +357,24 @@ impl Engine {
                 drained,
                 last_ts_ns: last_ts,
                 frames,
-            } = drain_hits(&mut ring.reader, DRAIN_BATCH, &source, hit_buffers, |hit| {
-                if bound != u64::MAX {
-                    Engine::hook_emit_upto(hook_book, pid, hit.ts_ns, hits, sink);
-                }
-                sink(TraceEvent::Hit(hit))
-            });
+            } = drain_hits(
+                &mut ring.reader,
+                DRAIN_BATCH,
+                &source,
+                hit_buffers,
+                &mut ring.known,
+                |event| {
+                    if bound != u64::MAX {
+                        let ts_ns = match &event {
+                            TraceEvent::Hit(hit) => hit.ts_ns,
+                            TraceEvent::Repeat { ts_ns, .. } => *ts_ns,
+                            _ => 0,
+                        };
+                        Engine::hook_emit_upto(hook_book, pid, ts_ns, hits, sink);
+                    }
+                    sink(event)
+                },
+            );
             ring.reader.set_tsc_bound(u64::MAX);
             if bound != u64::MAX {
                 // What of this ring is older than the hook records still held has

@@ -4,9 +4,9 @@
 //! benchmark runs this half as the driver does.
 
 use crate::process::memory::ProcessMemory;
-use crate::ring::{Drained, RingReader};
+use crate::ring::{Drained, Drawn, KnownRecords, RingReader};
 use crate::tracer::decode::HitBuffers;
-use crate::tracer::engine::Hit;
+use crate::tracer::engine::{Hit, RepeatSlot, TraceEvent};
 use crate::tracer::Probe;
 
 use super::threads::{ThreadNames, TidSpan};
@@ -33,44 +33,58 @@ pub struct DrainedHits {
     pub frames: u64,
 }
 
-/// Reads up to `max` records of `reader` (see [`RingReader::drain`]), handing each
-/// to `on_hit` as a hit (decoded into `buffers`). A record of an unknown probe is
-/// read and dropped.
+/// Reads up to `max` records of `reader` (see [`RingReader::drain_known`]),
+/// handing each to `on_record` as a hit (decoded into `buffers`), or as a
+/// [`TraceEvent::Repeat`] when `known` keeps a record equal to it. A hit the sink
+/// names with a token ([`Hit::repeats_as`]) is kept in `known`. A record of an
+/// unknown probe is read and dropped.
 pub fn drain_hits(
     reader: &mut RingReader,
     max: usize,
     source: &RecordSource<'_>,
     buffers: &mut HitBuffers,
-    mut on_hit: impl FnMut(Hit<'_>),
+    known: &mut KnownRecords,
+    mut on_record: impl FnMut(TraceEvent<'_>),
 ) -> DrainedHits {
     let mut last_ts_ns = None;
     let mut frames = 0u64;
     let mut span: Option<TidSpan> = None;
-    let drained = reader.drain(max, |record| {
+    // Ring indices only grow within a drain: the span found last holds while
+    // the base is the same and the index below its end.
+    let mut tid_of = |thread: u64, index: u64| match span {
+        Some(s) if s.base == thread && index < s.until => s.tid,
+        _ => {
+            span = source.threads.span_of(thread, index);
+            span.map_or(source.pid, |s| s.tid)
+        }
+    };
+    let pid_of = |tag: u32| if tag == 0 { source.pid } else { tag as i32 };
+    let drained = reader.drain_known(max, known, |drawn| {
+        let record = match drawn {
+            Drawn::Known(k) => {
+                let ts_ns = source.tsc.to_ns(k.tsc);
+                last_ts_ns = Some(ts_ns);
+                on_record(TraceEvent::Repeat {
+                    pid: pid_of(k.tag),
+                    tid: tid_of(k.thread, k.index),
+                    ts_ns,
+                    token: k.token,
+                });
+                return None;
+            }
+            Drawn::Record(record) => record,
+        };
         if let Some(stack) = &record.stack {
             frames += stack.depth as u64;
         }
         let ts_ns = source.tsc.to_ns(record.tsc);
         last_ts_ns = Some(ts_ns);
-        let Some(probe) = source.probes.get(record.probe as usize) else {
-            return;
-        };
-        // Ring indices only grow within a drain: the span found last holds
-        // while the base is the same and the index below its end.
-        let tid = match span {
-            Some(s) if s.base == record.thread && record.index < s.until => s.tid,
-            _ => {
-                span = source.threads.span_of(record.thread, record.index);
-                span.map_or(source.pid, |s| s.tid)
-            }
-        };
+        let probe = source.probes.get(record.probe as usize)?;
+        let tid = tid_of(record.thread, record.index);
         buffers.fill_from_ring(probe, record, source.mem);
-        on_hit(Hit {
-            pid: if record.tag == 0 {
-                source.pid
-            } else {
-                record.tag as i32
-            },
+        let slot = RepeatSlot::default();
+        on_record(TraceEvent::Hit(Hit {
+            pid: pid_of(record.tag),
             tid,
             ts_ns,
             probe: record.probe as usize,
@@ -79,7 +93,9 @@ pub fn drain_hits(
             buffers,
             stack: record.stack.as_ref(),
             stopped: false,
-        });
+            repeat: KnownRecords::keepable(record).then_some(&slot),
+        }));
+        slot.token()
     });
     DrainedHits {
         drained,

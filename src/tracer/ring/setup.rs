@@ -68,6 +68,8 @@ pub struct RingProc {
     pub counted_reported: HashMap<u32, u64>,
     /// The ring's `waited` cycles already charged to the overhead budget.
     pub waited_charged: u64,
+    /// Records kept to tell repeats of them.
+    pub known: crate::ring::KnownRecords,
 }
 
 impl std::fmt::Debug for RingProc {
@@ -151,6 +153,7 @@ pub fn setup(
         threads: fs_bases.iter().map(|&(t, fs)| (fs, t)).collect(),
         counted_reported: HashMap::new(),
         waited_charged: 0,
+        known: Default::default(),
     };
     let mut refused = Vec::new();
     // Sites grouped by the executable mapping holding them.
