@@ -362,7 +362,7 @@ def commit():
 
 
 DRAIN_BENCHES = [
-    ("call_return_records", "ring records of fib to a recording: copied out, named, encoded, written"),
+    ("call_return_records", "ring records of fib to a recording: repeats known in the ring, the rest copied out and named; encoded, written"),
     ("ring_reader", "the ring's side alone: copied out, strings measured, handed on (what frees the ring)"),
     ("memcpy_floor", "the same ring's bytes moved by `memcpy`"),
 ]

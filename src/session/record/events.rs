@@ -15,6 +15,7 @@ use crate::tracer::Hit;
 
 use super::codes::ReturnHit;
 use super::periods::Periods;
+use super::repeats::Repeats;
 use super::resolver::Chosen;
 
 /// Turns probe hits into recording events, filtering as asked.
@@ -53,21 +54,8 @@ pub struct EventBuilder {
     /// The recording's strings by id, kept for the periods (which intern their own).
     strings: Vec<String>,
     /// Events of hits that repeat (see [`Hit::repeats_as`]), by token.
-    repeats: Vec<Repeated>,
+    repeats: Repeats,
 }
-
-/// The event of records that repeat: copied out per repeat, so plain data.
-#[derive(Debug, Clone, Copy)]
-enum Repeated {
-    /// Nothing written (the file is filtered out).
-    Nothing,
-    Call(FrameRef),
-    Return(FrameRef, u32),
-    Line(FrameRef),
-}
-
-/// Most events named for repeats; later hits take the long way every time.
-const MAX_REPEATS: usize = 1 << 18;
 
 /// An event that names a string, made once the string has its id.
 #[derive(Debug, Clone, Copy)]
@@ -124,7 +112,7 @@ impl EventBuilder {
             alongside_interval_ns: 0,
             periods: None,
             strings: Vec::new(),
-            repeats: Vec::new(),
+            repeats: Repeats::default(),
         }
     }
 
@@ -407,16 +395,9 @@ impl EventBuilder {
     /// Writes the event a ring record repeats (see [`Hit::repeats_as`]).
     #[inline]
     pub fn repeat(&mut self, tid: i32, ts_ns: u64, token: u32) {
-        let kind = match self.repeats.get(token as usize) {
-            Some(Repeated::Call(frame)) => EventKind::Call { frame: *frame },
-            Some(Repeated::Return(frame, first_line)) => EventKind::Return {
-                frame: *frame,
-                first_line: *first_line,
-            },
-            Some(Repeated::Line(frame)) => EventKind::Line { frame: *frame },
-            Some(Repeated::Nothing) | None => return,
-        };
-        self.write(tid, ts_ns, kind);
+        if let Some(kind) = self.repeats.kind(token) {
+            self.write(tid, ts_ns, kind);
+        }
     }
 
     /// Names `kind` (`None`: nothing written) for the records equal to `hit`'s,
@@ -424,26 +405,18 @@ impl EventBuilder {
     /// what came before), the writer's ids, a return whose first line is
     /// settled (known, or not asked for: no frame argument).
     fn name_repeats(&mut self, hit: &Hit, kind: Option<&EventKind>) {
-        if !hit.may_repeat()
-            || self.start_at.is_some()
-            || self.writer.is_none()
-            || self.repeats.len() >= MAX_REPEATS
-        {
+        if !hit.may_repeat() || self.start_at.is_some() || self.writer.is_none() {
             return;
         }
-        let repeated = match kind {
-            None => Repeated::Nothing,
-            Some(EventKind::Call { frame }) => Repeated::Call(*frame),
-            Some(EventKind::Line { frame }) => Repeated::Line(*frame),
-            Some(EventKind::Return { frame, first_line })
-                if *first_line != 0 || hit.args.len() <= FRAME_ARG =>
-            {
-                Repeated::Return(*frame, *first_line)
+        let settled = match kind {
+            Some(EventKind::Return { first_line, .. }) => {
+                *first_line != 0 || hit.args.len() <= FRAME_ARG
             }
-            Some(_) => return,
+            _ => true,
         };
-        hit.repeats_as(self.repeats.len() as u32);
-        self.repeats.push(repeated);
+        if let Some(token) = settled.then(|| self.repeats.token(kind)).flatten() {
+            hit.repeats_as(token);
+        }
     }
 
     /// Writes the event of `hit`; `name_return` gives the first line of the

@@ -25,6 +25,7 @@ mod events;
 mod lines;
 mod periods;
 mod recorder;
+mod repeats;
 mod request;
 mod resolver;
 mod return_types;
