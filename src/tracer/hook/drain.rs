@@ -13,11 +13,11 @@ use crate::process::memory::ProcessMemory;
 use crate::python::walker::{PyFrame, Walker};
 use crate::ring::DrainStop;
 use crate::tracer::clock::monotonic_ns;
-use crate::tracer::engine::{Hit, TraceEvent};
+use crate::tracer::engine::{Hit, RepeatSlot, TraceEvent};
 use crate::tracer::ring::tsc::{read_tsc, TscClock};
 
 use super::setup::ascii_data;
-use super::{HookProc, BATCH, MAX_NAMED, MAX_SHADOW, UNKNOWN};
+use super::{HookProc, BATCH, MAX_NAMED, MAX_REPEATS, MAX_SHADOW, UNKNOWN};
 
 /// A record as the ring holds it: kind, `%fs` base, the code object's parts
 /// (address, name and file pointers, first line, the strings' hash check), the
@@ -36,7 +36,7 @@ pub(super) struct HookRecord {
     kind: u32,
     tid: i32,
     code: u64,
-    frame: PyFrame,
+    frame: Arc<PyFrame>,
     ts_ns: u64,
 }
 
@@ -129,7 +129,7 @@ impl HookProc {
         thread: u64,
         parts: [u64; 5],
         body_name: Option<&str>,
-    ) -> PyFrame {
+    ) -> Arc<PyFrame> {
         let code = parts[0];
         let shadow = self.shadow.entry(thread).or_default();
         if kind != KIND_CALL {
@@ -153,10 +153,18 @@ impl HookProc {
             .names
             .entry(parts)
             .or_insert_with(|| {
-                let frame = (!image_gone)
-                    .then(|| name_code(walker, mem, parts, body_name))
-                    .flatten()
-                    .or_else(|| named.get(&parts).cloned());
+                // The name read before, when the read finds it again: one frame per
+                // code object across drains, which its repeats are known by.
+                let frame = match (
+                    (!image_gone)
+                        .then(|| name_code(walker, mem, parts, body_name))
+                        .flatten(),
+                    named.get(&parts),
+                ) {
+                    (Some(read), Some(known)) if **known == read => Some(known.clone()),
+                    (Some(read), _) => Some(Arc::new(read)),
+                    (None, known) => known.cloned(),
+                };
                 if let Some(f) = &frame {
                     if named.len() >= MAX_NAMED {
                         named.clear();
@@ -166,12 +174,14 @@ impl HookProc {
                 frame
             })
             .clone()
-            .unwrap_or_else(|| PyFrame {
-                file: UNKNOWN.into(),
-                function: UNKNOWN.into(),
-                name: UNKNOWN.into(),
-                first_line: 0,
-                line: 0,
+            .unwrap_or_else(|| {
+                Arc::new(PyFrame {
+                    file: UNKNOWN.into(),
+                    function: UNKNOWN.into(),
+                    name: UNKNOWN.into(),
+                    first_line: 0,
+                    line: 0,
+                })
             });
         if kind == KIND_CALL {
             if shadow.len() >= MAX_SHADOW {
@@ -196,6 +206,20 @@ impl HookProc {
             let Some(r) = self.pending.pop_front() else {
                 break;
             };
+            *hits += 1;
+            passed += 1;
+            // The same frame (the same `Arc`, held in the key's entry) entered or
+            // left again: the event the sink named the first time.
+            let key = (r.kind == KIND_CALL, Arc::as_ptr(&r.frame) as usize);
+            if let Some(&(token, _)) = self.repeats.get(&key) {
+                sink(TraceEvent::Repeat {
+                    pid,
+                    tid: r.tid,
+                    ts_ns: r.ts_ns,
+                    token,
+                });
+                continue;
+            }
             let b = &mut self.buffers;
             b.set(
                 &[r.code, r.code, r.frame.first_line as u64],
@@ -205,8 +229,7 @@ impl HookProc {
                 KIND_CALL => (usize::MAX - 1, "function__entry"),
                 _ => (usize::MAX, "function__return"),
             };
-            *hits += 1;
-            passed += 1;
+            let slot = RepeatSlot::default();
             sink(TraceEvent::Hit(Hit {
                 pid,
                 tid: r.tid,
@@ -217,8 +240,14 @@ impl HookProc {
                 buffers: b,
                 stack: None,
                 stopped: false,
-                repeat: None,
+                repeat: Some(&slot),
             }));
+            if let Some(token) = slot.token() {
+                if self.repeats.len() >= MAX_REPEATS {
+                    self.repeats.clear();
+                }
+                self.repeats.insert(key, (token, r.frame));
+            }
         }
         if passed > 0 {
             sink(TraceEvent::RingDrained { pid });

@@ -58,6 +58,7 @@ mod reuse;
 mod setup;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
@@ -102,6 +103,8 @@ const BATCH: usize = 1024;
 pub const UNKNOWN: &str = "<code object gone before pyprobe read it>";
 /// Code objects' names kept across drains (see `HookProc::named`) at most.
 const MAX_NAMED: usize = 1 << 16;
+/// Frames whose entry or return tokens are kept (see `HookProc::repeats`) at most.
+const MAX_REPEATS: usize = 1 << 16;
 /// Deepest shadow stack kept per thread.
 const MAX_SHADOW: usize = 4096;
 
@@ -139,17 +142,21 @@ pub(in crate::tracer) struct HookProc {
     buffers: HitBuffers,
     /// Per drain: (code object, `co_name`, `co_filename`, first line) → its frame
     /// (or `None`: not readable).
-    names: FxHashMap<[u64; 5], Option<PyFrame>>,
+    names: FxHashMap<[u64; 5], Option<Arc<PyFrame>>>,
     /// The same parts once named, kept across drains: the records still in the
     /// ring when the target exits are named after its memory is gone. The parts
     /// are what the hook read from the code object when it ran, so a code object
     /// freed and another put at its address has other parts (its own name and
     /// file pointers, first line), unless it is the same function again.
-    named: FxHashMap<[u64; 5], PyFrame>,
+    named: FxHashMap<[u64; 5], Arc<PyFrame>>,
     /// Type objects' names.
     types: TypeNames,
     /// Per thread: the code objects entered and not yet left, with their names.
-    shadow: FxHashMap<u64, Vec<(u64, PyFrame)>>,
+    shadow: FxHashMap<u64, Vec<(u64, Arc<PyFrame>)>>,
+    /// The token the sink gave the entry (`true`) or return of a frame, by the
+    /// frame's address (its `Arc` kept here, so the address is not reused):
+    /// later ones pass as `TraceEvent::Repeat`.
+    repeats: FxHashMap<(bool, usize), (u32, Arc<PyFrame>)>,
     /// What functions returned, by type.
     returns: ReturnTable,
     lost_reported: u64,
@@ -292,6 +299,7 @@ impl Engine {
                 named: FxHashMap::default(),
                 types: TypeNames::default(),
                 shadow: FxHashMap::default(),
+                repeats: FxHashMap::default(),
                 returns: ReturnTable::default(),
                 lost_reported: 0,
                 pending: std::collections::VecDeque::new(),
