@@ -472,12 +472,8 @@ impl EventBuilder {
                 event: self.intern(hit.string(0).unwrap_or("")),
             },
         };
-        if matches!(
-            meaning.kind,
-            ProbeKind::FunctionEntry | ProbeKind::FunctionReturn | ProbeKind::Line
-        ) {
-            self.name_repeats(hit, Some(&kind));
-        }
+        // Only calls, returns and lines get a token (`Repeats::token`).
+        self.name_repeats(hit, Some(&kind));
         self.write(hit.tid, hit.ts_ns, kind);
     }
 }

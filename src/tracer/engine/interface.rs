@@ -71,10 +71,11 @@ impl<'a> Hit<'a> {
     }
 
     /// Says that the event of this hit is the event of any record equal to it
-    /// (same probe, tag, first three arguments and strings; later arguments,
-    /// thread and time aside), and names it `token`: such records come as
-    /// [`TraceEvent::Repeat`] with that token from now on. Only for events those
-    /// later arguments cannot change.
+    /// (from a ring: same probe, tag, first three arguments and strings, later
+    /// arguments, thread and time aside; from a hook: the same frame entered or
+    /// left), and names it `token`: such records come as [`TraceEvent::Repeat`]
+    /// with that token from now on. Only for events those later arguments
+    /// cannot change.
     pub fn repeats_as(&self, token: u32) {
         if let Some(slot) = self.repeat {
             slot.0.set(Some(token));

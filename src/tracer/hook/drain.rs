@@ -174,15 +174,7 @@ impl HookProc {
                 frame
             })
             .clone()
-            .unwrap_or_else(|| {
-                Arc::new(PyFrame {
-                    file: UNKNOWN.into(),
-                    function: UNKNOWN.into(),
-                    name: UNKNOWN.into(),
-                    first_line: 0,
-                    line: 0,
-                })
-            });
+            .unwrap_or_else(|| self.unknown.clone());
         if kind == KIND_CALL {
             if shadow.len() >= MAX_SHADOW {
                 shadow.drain(..MAX_SHADOW / 2);

@@ -157,6 +157,9 @@ pub(in crate::tracer) struct HookProc {
     /// frame's address (its `Arc` kept here, so the address is not reused):
     /// later ones pass as `TraceEvent::Repeat`.
     repeats: FxHashMap<(bool, usize), (u32, Arc<PyFrame>)>,
+    /// The frame of every code object that could not be named: one, so its
+    /// records repeat like any other frame's.
+    unknown: Arc<PyFrame>,
     /// What functions returned, by type.
     returns: ReturnTable,
     lost_reported: u64,
@@ -300,6 +303,13 @@ impl Engine {
                 types: TypeNames::default(),
                 shadow: FxHashMap::default(),
                 repeats: FxHashMap::default(),
+                unknown: Arc::new(PyFrame {
+                    file: UNKNOWN.into(),
+                    function: UNKNOWN.into(),
+                    name: UNKNOWN.into(),
+                    first_line: 0,
+                    line: 0,
+                }),
                 returns: ReturnTable::default(),
                 lost_reported: 0,
                 pending: std::collections::VecDeque::new(),
