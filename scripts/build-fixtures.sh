@@ -5,6 +5,7 @@
 #   sdt_fixture_nopie   -fno-pie -no-pie, probes in the executable
 #   libsdt_fixture.so   the probes (sdt_lib.c + sdt_sema.c) as a shared library
 #   sdt_fixture_lib     main only; loads libsdt_fixture.so via rpath $ORIGIN
+#   sdt_threads         one probe fired by the main thread alone, then by threads at once
 #   embed_python3.11    embeds Debian's libpython3.11.so.1.0 (python SDT probes in a .so)
 #   libnative_calls.so  C functions called from Python through ctypes (--native tests)
 #
@@ -67,6 +68,9 @@ build "$OUT/libsdt_fixture.so" "$LIB_DEPS" \
 build "$OUT/sdt_fixture_lib" "$SRC/sdt_fixture.c $SRC/sdt_fixture.h $OUT/libsdt_fixture.so" \
     "${CFLAGS[@]}" -fPIE -pie "$SRC/sdt_fixture.c" \
         -L"$OUT" -lsdt_fixture '-Wl,-rpath,$ORIGIN'
+
+build "$OUT/sdt_threads" "$SRC/sdt_threads.c" \
+    "${CFLAGS[@]}" -pthread "$SRC/sdt_threads.c"
 
 # No frame pointers and no sibling calls: the unwinder must follow .eh_frame, and
 # every C frame of the chain must be on the stack.

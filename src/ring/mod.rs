@@ -82,7 +82,9 @@ mod tests_exec;
 mod tests_site;
 
 pub use branches::BranchTargets;
-pub use codegen::{build_trampoline, CodegenError, ThreadIdSource, Trampoline, TrampolineParams};
+pub use codegen::{
+    build_trampoline, CodegenError, FlagSave, ThreadIdSource, Trampoline, TrampolineParams,
+};
 pub use consumer::{
     DrainStop, Drained, Drawn, KnownRecord, KnownRecords, RingReader, RingRecord, RingStack,
     RingString,

@@ -13,7 +13,7 @@ use std::time::Instant;
 use iced_x86::code_asm::*;
 use iced_x86::{BlockEncoderOptions, Code, Instruction, MemoryOperand, Register as IcedReg};
 
-use super::codegen::{build_trampoline, ThreadIdSource, Trampoline, TrampolineParams};
+use super::codegen::{build_trampoline, FlagSave, ThreadIdSource, Trampoline, TrampolineParams};
 use super::consumer::RingStack;
 use super::consumer::{DrainStop, RingReader};
 use super::format::{
@@ -466,8 +466,22 @@ fn install(
     capacity: u64,
     thread_id: ThreadIdSource,
 ) -> Trampoline {
+    let flags = FlagSave::for_this_cpu();
+    install_with(region, plan, p, ring, capacity, thread_id, flags)
+}
+
+fn install_with(
+    region: &Region,
+    plan: &SitePlan,
+    p: &Probe,
+    ring: &Ring,
+    capacity: u64,
+    thread_id: ThreadIdSource,
+    flags: FlagSave,
+) -> Trampoline {
     let symbols = symbols_for(region);
     let params = TrampolineParams {
+        flags,
         probe_id: 0x1234_5678,
         args: &p.args,
         string_args: &p.strings,
@@ -649,6 +663,16 @@ fn through_probe() -> Probe {
 
 /// Runs one site function unpatched and patched, and checks everything.
 fn run_case(variant: Variant, flags: i32, p: &Probe, thread_id: ThreadIdSource) {
+    run_case_with(variant, flags, p, thread_id, FlagSave::for_this_cpu());
+}
+
+fn run_case_with(
+    variant: Variant,
+    flags: i32,
+    p: &Probe,
+    thread_id: ThreadIdSource,
+    flag_save: FlagSave,
+) {
     let region = Region::new();
     let f = assemble_site_fn(&region, variant, flags);
     f.call();
@@ -660,7 +684,7 @@ fn run_case(variant: Variant, flags: i32, p: &Probe, thread_id: ThreadIdSource) 
     }
     let plan = plan_for(&region, &f);
     let ring = Ring::new(16);
-    let tramp = install(&region, &plan, p, &ring, 16, thread_id);
+    let tramp = install_with(&region, &plan, p, &ring, 16, thread_id, flag_save);
     let want = expected_args(&region, &f, p, &before);
     let mut reader = ring.reader();
     for round in 0..3 {
@@ -678,7 +702,9 @@ fn run_case(variant: Variant, flags: i32, p: &Probe, thread_id: ThreadIdSource) 
         let tscs = check_records(&mut reader, p, &want, fs_base());
         assert_eq!(tscs.len(), 1, "round {round}");
     }
-    // Several calls, then one drain: tsc non-decreasing on one thread.
+    // Several calls, then one drain: tsc non-decreasing on one thread. These
+    // reserve without `lock`, as the only thread of a process does.
+    reader.set_solo(true);
     for _ in 0..5 {
         f.call();
     }
@@ -714,6 +740,29 @@ fn every_variant_and_probe_shape() {
     // Both directions of the displaced rel8 jcc.
     for p in probes() {
         run_case(Variant::Jcc8, FLAGS_NZ, &p, ThreadIdSource::FsSelfPointer);
+    }
+}
+
+/// Both ways of keeping the flags give the code after the site every status
+/// flag as it was, each set and each clear (and DF, set in `FLAGS_Z`, untouched).
+#[test]
+fn both_ways_of_keeping_the_flags() {
+    let mut ways = vec![FlagSave::Pushfq];
+    if FlagSave::for_this_cpu() == FlagSave::Lahf {
+        ways.push(FlagSave::Lahf);
+    } else {
+        eprintln!("note: no lahf/sahf in 64-bit mode here; that way not run");
+    }
+    // Reserved bit 1 is always set; OF alone; all six and DF.
+    let all_clear = 0x2;
+    let overflow_only = 0x802;
+    for way in ways {
+        for flags in [FLAGS_Z, FLAGS_NZ, all_clear, overflow_only] {
+            for variant in [Variant::Jcc8, Variant::Load] {
+                let p = probe(ENTRY_STRINGS, &[true, true]);
+                run_case_with(variant, flags, &p, ThreadIdSource::FsSelfPointer, way);
+            }
+        }
     }
 }
 
@@ -1300,6 +1349,7 @@ fn capture_runs(
     let p = probe(ENTRY_STRINGS, &[true, true]);
     let symbols = symbols_for(region);
     let params = TrampolineParams {
+        flags: FlagSave::for_this_cpu(),
         probe_id: 0x1234_5678,
         args: &p.args,
         string_args: &p.strings,
@@ -1517,6 +1567,7 @@ fn stack_records_that_do_not_fit_are_lost_whole() {
     let symbols = symbols_for(&region);
     let capture = fake_capture(&region, StackRoot::Direct(32), 3);
     let params = TrampolineParams {
+        flags: FlagSave::for_this_cpu(),
         probe_id: 1,
         args: &p.args,
         string_args: &p.strings,
@@ -1545,6 +1596,7 @@ fn stack_records_that_do_not_fit_are_lost_whole() {
     // A ring of 4 slots cannot hold a record of 1 + 4.
     let too_big = fake_capture(&region, StackRoot::Direct(32), 4);
     let params = TrampolineParams {
+        flags: FlagSave::for_this_cpu(),
         stack: Some(&too_big),
         ..params
     };
@@ -1563,6 +1615,7 @@ fn a_stack_record_waits_for_room_instead_of_being_lost() {
     let symbols = symbols_for(&region);
     let capture = fake_capture(&region, StackRoot::Direct(32), 1);
     let params = TrampolineParams {
+        flags: FlagSave::for_this_cpu(),
         probe_id: 1,
         args: &p.args,
         string_args: &p.strings,
@@ -1622,6 +1675,7 @@ fn a_thin_ring_records_stack_probes_without_their_stack() {
     let symbols = symbols_for(&region);
     let capture = fake_capture(&region, StackRoot::Direct(32), 2);
     let params = TrampolineParams {
+        flags: FlagSave::for_this_cpu(),
         probe_id: 9,
         args: &p.args,
         string_args: &p.strings,

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl};
 
-use super::codegen::{build_trampoline, CodegenError, ThreadIdSource, TrampolineParams};
+use super::codegen::{build_trampoline, CodegenError, FlagSave, ThreadIdSource, TrampolineParams};
 use super::site::{plans_overlap, qualify_site, thread_inside, SitePlan, SiteRefusal, Tail};
 use super::BranchTargets;
 use crate::sdt::parse_args;
@@ -32,6 +32,7 @@ fn params<'a>(
     tramp: u64,
 ) -> TrampolineParams<'a> {
     TrampolineParams {
+        flags: FlagSave::for_this_cpu(),
         probe_id: 1,
         args,
         string_args: strings,

@@ -175,3 +175,87 @@ fn decode_every_argument(ring: RingUse) {
         assert_eq!(compared, 7, "{binary}: every probe compared:\n{printed}");
     }
 }
+
+/// The ring engine on a C program whose main thread fires a probe alone, then
+/// whose threads fire it all at once: while the program has one thread its
+/// trampolines reserve slots without `lock`, and from its first `clone` on with
+/// it. Every `(thread, i)` the program fired is recorded once, none twice, none
+/// lost. One test, in a process of its own (see above).
+#[test]
+fn ring_records_every_hit_once_as_a_program_goes_from_one_thread_to_many() {
+    if !in_own_process(
+        module_path!(),
+        "ring_records_every_hit_once_as_a_program_goes_from_one_thread_to_many",
+    ) {
+        return;
+    }
+    const SOLO: usize = 20_000;
+    const THREADS: usize = 4;
+    const HITS: usize = 100_000;
+    let command = [
+        fixture_binary("sdt_threads").display().to_string(),
+        SOLO.to_string(),
+        THREADS.to_string(),
+        HITS.to_string(),
+    ];
+    let mut seen = vec![Vec::new(); THREADS + 1];
+    seen[0] = vec![0u32; SOLO];
+    for fired in &mut seen[1..] {
+        *fired = vec![0u32; HITS];
+    }
+    let (mut strays, mut lost, mut notices) = (0, 0, Vec::new());
+    let mut engine = Engine::launch(
+        &command,
+        Box::new(FixtureResolver),
+        EngineOptions {
+            ring: RingUse::Required,
+            ..EngineOptions::default()
+        },
+        &mut |_| {},
+    )
+    .unwrap();
+    let outcome = engine
+        .run(&mut |event| match event {
+            TraceEvent::Hit(hit) if hit.probe_name == "tick" => {
+                let slot = hit.args.first().zip(hit.args.get(1)).and_then(|(&t, &i)| {
+                    seen.get_mut(usize::try_from(t).ok()?)?
+                        .get_mut(usize::try_from(i).ok()?)
+                });
+                match slot {
+                    Some(count) => *count += 1,
+                    None => strays += 1,
+                }
+            }
+            TraceEvent::Lost { count, .. } => lost += count,
+            TraceEvent::Notice(text) | TraceEvent::Detail(text) => notices.push(text),
+            _ => {}
+        })
+        .unwrap();
+    assert_eq!(outcome, Outcome::Exited(0));
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.contains("probe sites write to a ring") && n.contains(", 0 stay on int3")),
+        "every site (one per loop) is on the ring: {notices:#?}"
+    );
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.contains("one thread: its records reserve")),
+        "the ring starts with the main thread alone: {notices:#?}"
+    );
+    assert_eq!(
+        (strays, lost),
+        (0, 0),
+        "hits with arguments never fired, lost"
+    );
+    for (thread, fired) in seen.iter().enumerate() {
+        let missing = fired.iter().filter(|&&n| n == 0).count();
+        let twice = fired.iter().filter(|&&n| n > 1).count();
+        assert_eq!(
+            (missing, twice),
+            (0, 0),
+            "thread {thread}: hits missing, recorded more than once"
+        );
+    }
+}

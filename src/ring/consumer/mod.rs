@@ -210,6 +210,19 @@ impl RingReader {
         self.word(H_ALIVE).store(1, Ordering::Release);
     }
 
+    /// Says whether the ring has a single producer thread, which then reserves
+    /// slots without `lock` (see `solo` in the ring format). `true` only while
+    /// that thread is stopped and no other task of its process exists; `false`
+    /// before any new task, or its creator, runs again.
+    pub fn set_solo(&self, solo: bool) {
+        self.word(H_SOLO).store(u64::from(solo), Ordering::Release);
+    }
+
+    /// Whether producers reserve without `lock` (see [`set_solo`](Self::set_solo)).
+    pub fn solo(&self) -> bool {
+        self.load(H_SOLO) != 0
+    }
+
     /// Says the consumer is alive and looking (producers waiting on a full ring
     /// go on waiting). [`drain`](Self::drain) calls it.
     pub fn heartbeat(&self) {

@@ -244,7 +244,7 @@ impl Engine {
     }
 
     /// Thinned, and still over budget a while later: counting the audit storm
-    /// alone costs more than the budget (a `pushfq`/`lock inc` per event is a good
+    /// alone costs more than the budget (a `lock inc` per event is a good
     /// share of an `id()` call). Its probe goes off until the budget recovers.
     fn uncount_if_still_over(&mut self, now: u64, sink: &mut dyn FnMut(TraceEvent)) {
         let since = now.saturating_sub(self.budget.thinned_at);

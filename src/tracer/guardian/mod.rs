@@ -46,6 +46,7 @@ use injection::{
 use stops::hold;
 
 use crate::process::status::start_time;
+use crate::ring::format::{H_ALIVE, H_SOLO};
 use crate::tracer::patch::{INT3, NOP};
 
 pub(super) const MSG_LEN: usize = 13;
@@ -416,9 +417,14 @@ fn run_guardian(mut pipe: File) -> i32 {
     }
     let start = crate::tracer::clock::monotonic_ns();
     // Nobody reads the rings any more: producers waiting for room go on at once.
+    // And they reserve with `lock`: nobody follows their threads any more.
     for undo in state.values() {
         for &alive in &undo.served {
             undo.write_word(alive, 0);
+            let solo = alive
+                .wrapping_sub(H_ALIVE as u64)
+                .wrapping_add(H_SOLO as u64);
+            undo.write_word(solo, 0);
         }
     }
     let mut restored = (0usize, 0usize);

@@ -233,11 +233,34 @@ impl Engine {
             .ring
             .reader
             .serve(tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
+        // One thread, stopped, and no other task in the process: it reserves
+        // without `lock` until a new task appears (see `ring_many_producers`).
+        let alone = rips.len() == 1
+            && crate::process::status::thread_ids(pid).is_ok_and(|tids| tids.len() == 1);
+        setup.ring.reader.set_solo(alone);
+        if alone {
+            sink(TraceEvent::Detail(format!(
+                "ring engine in process {pid}: one thread: its records reserve their slots \
+                 without a locked instruction until it starts another task"
+            )));
+        }
         // A ring set up over budget starts thin, as the others are.
         let thin = self.budget.thin != ThinLevel::Full;
         super::set_thin(&setup.ring, &proc.patches.set, thin);
         proc.ring = Some(setup.ring);
         Ok(())
+    }
+
+    /// A task of process `pid` made a new one (its creator is stopped at the
+    /// event, or the new task at its first stop, and neither has run since):
+    /// the ring's producers reserve with `lock` from now on. Cleared here while
+    /// the ring still has one producer thread, stopped or not inside a
+    /// trampoline (it is the one creating the task), so no reservation without
+    /// `lock` can race one with it. Never set again for this ring.
+    pub(in crate::tracer) fn ring_many_producers(&self, pid: i32) {
+        if let Some(ring) = self.procs.get(&pid).and_then(|p| p.ring.as_ref()) {
+            ring.reader.set_solo(false);
+        }
     }
 
     /// A new thread of `tid`'s process, at its first stop: note its %fs base so
@@ -246,6 +269,8 @@ impl Engine {
         let Some(pid) = self.threads.get(&tid).map(|t| t.tgid) else {
             return;
         };
+        // Before it runs: its creator's event may not have been seen yet.
+        self.ring_many_producers(pid);
         let Some(ring) = self.procs.get_mut(&pid).and_then(|p| p.ring.as_mut()) else {
             return;
         };
@@ -468,6 +493,8 @@ impl Engine {
                 continue;
             };
             if let Some(ring) = &proc.ring {
+                // Nobody follows its threads from now on (see `ring_many_producers`).
+                ring.reader.set_solo(false);
                 // A thread inside a trampoline finishes it and jumps back to an
                 // instruction boundary of the original code: restoring is safe
                 // under it. Its record, if unpublished, is counted lost.

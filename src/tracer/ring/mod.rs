@@ -53,8 +53,8 @@ pub(in crate::tracer) const BUSY_NS: u64 = 2_000_000;
 /// pyprobe's reading takes from a machine with few. Charging less let a 5 %
 /// budget cost fib 41 % (said as 9.6 %); the budget errs on the side of the target.
 pub(in crate::tracer) const RING_EVENT_NS: u64 = 200;
-/// What one event counted but not recorded costs the target (`pushfq`, a
-/// `lock inc`, `popfq` and the jumps): 20–50 ns per `id()` call on a 2-core VM.
+/// What one event counted but not recorded costs the target (the flags kept, a
+/// `lock inc` and the jumps): 20–50 ns per `id()` call on a 2-core VM.
 pub(in crate::tracer) const RING_COUNT_NS: u64 = 30;
 /// What each frame a trampoline walks for a stack record adds (two dependent
 /// loads from memory the interpreter touched recently, two stores).

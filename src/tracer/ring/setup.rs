@@ -20,7 +20,7 @@ use crate::process::memory::ProcessMemory;
 use crate::ring::region::{self, RegionHeader, RegionSite};
 use crate::ring::{
     build_trampoline, init_zeroed_ring, plans_overlap, qualify_site, ring_bytes, BranchTargets,
-    CodegenError, RingReader, SitePlan, ThreadIdSource, Trampoline, TrampolineParams,
+    CodegenError, FlagSave, RingReader, SitePlan, ThreadIdSource, Trampoline, TrampolineParams,
 };
 
 use crate::tracer::guardian::{Guardian, Op};
@@ -377,6 +377,7 @@ fn patch_segment(
         let &(pi, si) = patches.sites.get(&plan.site())?;
         let probe = &patches.set.probes[pi];
         let params = TrampolineParams {
+            flags: FlagSave::for_this_cpu(),
             probe_id: pi as u32,
             // Arguments read through a register only where no branch lands
             // between the site's function start and the site.
