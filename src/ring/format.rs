@@ -14,7 +14,7 @@
 //! | 16  | u64 | `capacity`: number of slots, a power of two, 1 ..= [`MAX_CAPACITY`] |
 //! | 24  | u32 | `header_size` = [`HEADER_SIZE`] |
 //! | 64  | u64 | `head`: next slot index to reserve (producers, `cmpxchg`: see `solo`) |
-//! | 72  | u8 | `solo`: 1 while the ring has one producer thread, which reserves without `lock` (written only by the consumer) |
+//! | 72  | u64 | `solo`: 1 while the ring has one producer thread, which reserves without `lock` (written only by the consumer) |
 //! | 128 | u64 | `tail`: next slot index to read (written only by the consumer) |
 //! | 192 | u64 | `lost`: events dropped (ring full or reservation retries exhausted) |
 //! | 200 | u64 | `waited`: TSC cycles records spent waiting for room (`lock add`) |

@@ -1596,7 +1596,6 @@ fn stack_records_that_do_not_fit_are_lost_whole() {
     // A ring of 4 slots cannot hold a record of 1 + 4.
     let too_big = fake_capture(&region, StackRoot::Direct(32), 4);
     let params = TrampolineParams {
-        flags: FlagSave::for_this_cpu(),
         stack: Some(&too_big),
         ..params
     };

@@ -218,11 +218,6 @@ impl RingReader {
         self.word(H_SOLO).store(u64::from(solo), Ordering::Release);
     }
 
-    /// Whether producers reserve without `lock` (see [`set_solo`](Self::set_solo)).
-    pub fn solo(&self) -> bool {
-        self.load(H_SOLO) != 0
-    }
-
     /// Says the consumer is alive and looking (producers waiting on a full ring
     /// go on waiting). [`drain`](Self::drain) calls it.
     pub fn heartbeat(&self) {
