@@ -363,26 +363,34 @@ fn same_named_functions_are_rows_of_their_own_through_the_ring_on_3_11() {
 #[test]
 fn a_function_never_sampled_keeps_its_own_row_on_3_11() {
     // Returns only, times sampled alongside: the second `work` (quick, after the
-    // first in the file) is never sampled, so no first line of its own is known
-    // but the one its returns name.
-    let Some(report) = check_same_names("3.11", "int3", &[]) else {
-        return;
-    };
-    let works: Vec<(u64, u64)> = rows(&report)
-        .iter()
-        .filter(|f| {
-            f["file"].as_str().unwrap().ends_with("same_names.py") && f["function"] == "work"
-        })
-        .map(|f| (u(&f["calls"]), u(&f["samples"])))
-        .collect();
-    // As the test means it: the spinning one sampled, the quick one not.
-    assert!(works.contains(&(5, 0)), "{works:?}");
-    assert!(
-        works
+    // first in the file) is meant never to be sampled, so no first line of its
+    // own is known but the one its returns name. Sampling cannot promise that:
+    // a sample taken while a return of it is held at its probe names it. Such a
+    // run still checks every row; the premise is tried again, at most 4 times.
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let Some(report) = check_same_names("3.11", "int3", &[]) else {
+            return;
+        };
+        let works: Vec<(u64, u64)> = rows(&report)
             .iter()
-            .any(|&(calls, samples)| calls == 1 && samples > 0),
-        "{works:?}"
-    );
+            .filter(|f| {
+                f["file"].as_str().unwrap().ends_with("same_names.py") && f["function"] == "work"
+            })
+            .map(|f| (u(&f["calls"]), u(&f["samples"])))
+            .collect();
+        assert!(
+            works
+                .iter()
+                .any(|&(calls, samples)| calls == 1 && samples > 0),
+            "the spinning work is sampled: {works:?}"
+        );
+        if works.contains(&(5, 0)) {
+            return;
+        }
+        seen.push(works);
+    }
+    panic!("the quick work was sampled in every run: {seen:?}");
 }
 
 fn stdout_lines(args: &[&str]) -> Vec<String> {
