@@ -87,9 +87,25 @@ struct Prev {
     last: Option<(u32, u64)>,
 }
 
+/// What a caller remembers of a call or return it writes again and again (a
+/// ring record that repeats): the tag its frame number gave it in the
+/// encoder's chunk `chunk`. While that chunk lasts, the event is written with
+/// no lookup and no branch on its kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FrameNumberHint {
+    /// The chunk the number belongs to (0: none yet; chunks count from 1).
+    chunk: u64,
+    /// `COMPACT | n << 1 | return`, or `CALL_AT`/`RETURN_AT` with `number`.
+    tag: u8,
+    number: u32,
+}
+
 /// Encodes events into an events-chunk payload.
 #[derive(Default)]
 pub(crate) struct EventEncoder {
+    /// The current chunk, counted from 1 (0 until the first `reset`, and
+    /// after it: see `chunk`).
+    chunk: u64,
     prev: Prev,
     /// The frames numbered in the current chunk.
     frames: FxHashMap<FrameKey, u32>,
@@ -133,9 +149,78 @@ enum Numbered {
 impl EventEncoder {
     /// Starts a new chunk: the next event is encoded with absolute values.
     pub(crate) fn reset(&mut self) {
+        self.chunk = self.chunk_id().wrapping_add(1).max(1);
         self.prev.last = None;
         self.frames.clear();
         self.recent = Recent::default();
+    }
+
+    /// The current chunk's number, never 0 (a hint's chunk 0 is none).
+    #[inline]
+    fn chunk_id(&self) -> u64 {
+        self.chunk.max(1)
+    }
+
+    /// As [`encode`](Self::encode) for a call or return, with what `hint`
+    /// remembers of its frame number: valid in this chunk, nothing is looked
+    /// up; else the event is encoded as usual and `hint` remembers its number.
+    /// The bytes are the same either way.
+    #[inline]
+    pub(crate) fn encode_hinted(
+        &mut self,
+        buf: &mut Vec<u8>,
+        event: &Event,
+        hint: &mut FrameNumberHint,
+    ) {
+        if hint.chunk == self.chunk_id() && self.prev.last.is_some() {
+            self.put_head(buf, hint.tag, event);
+            if hint.tag == tag::CALL_AT || hint.tag == tag::RETURN_AT {
+                put_uvarint(buf, u64::from(hint.number));
+            }
+            return;
+        }
+        self.encode(buf, event, 0);
+        let key = match &event.kind {
+            EventKind::Call { frame } => (*frame, 0),
+            EventKind::Return { frame, first_line } => (*frame, *first_line),
+            _ => return,
+        };
+        let is_return = matches!(event.kind, EventKind::Return { .. });
+        if let Some(&number) = self.frames.get(&key) {
+            let tag = match (number < COMPACT_FRAMES, is_return) {
+                (true, _) => tag::COMPACT | (number as u8) << 1 | u8::from(is_return),
+                (false, false) => tag::CALL_AT,
+                (false, true) => tag::RETURN_AT,
+            };
+            *hint = FrameNumberHint {
+                chunk: self.chunk_id(),
+                tag,
+                number,
+            };
+        }
+    }
+
+    /// An event's first bytes: its tag, its thread unless the previous
+    /// event's, its time (absolute first in a chunk, else a delta).
+    #[inline]
+    fn put_head(&mut self, buf: &mut Vec<u8>, kind: u8, event: &Event) {
+        match self.prev.last {
+            Some((tid, ts)) => {
+                if tid == event.tid {
+                    buf.push(kind | SAME_TID);
+                } else {
+                    buf.push(kind);
+                    put_uvarint(buf, u64::from(event.tid));
+                }
+                put_uvarint(buf, zigzag(event.ts_ns.wrapping_sub(ts) as i64));
+            }
+            None => {
+                buf.push(kind);
+                put_uvarint(buf, u64::from(event.tid));
+                put_uvarint(buf, event.ts_ns);
+            }
+        }
+        self.prev.last = Some((event.tid, event.ts_ns));
     }
 
     /// The frame number of a call or return, numbering it if new. The look in
@@ -186,23 +271,7 @@ impl EventEncoder {
             Some((Numbered::At(_), false)) => tag::CALL_AT,
             Some((Numbered::At(_), true)) => tag::RETURN_AT,
         };
-        match self.prev.last {
-            Some((tid, ts)) => {
-                if tid == event.tid {
-                    buf.push(kind | SAME_TID);
-                } else {
-                    buf.push(kind);
-                    put_uvarint(buf, u64::from(event.tid));
-                }
-                put_uvarint(buf, zigzag(event.ts_ns.wrapping_sub(ts) as i64));
-            }
-            None => {
-                buf.push(kind);
-                put_uvarint(buf, u64::from(event.tid));
-                put_uvarint(buf, event.ts_ns);
-            }
-        }
-        self.prev.last = Some((event.tid, event.ts_ns));
+        self.put_head(buf, kind, event);
         match (numbered, &event.kind) {
             (Some((Numbered::At(n), _)), _) => {
                 if n >= COMPACT_FRAMES {

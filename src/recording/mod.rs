@@ -19,6 +19,7 @@ mod writer;
 #[cfg(test)]
 mod tests;
 
+pub use codec::FrameNumberHint;
 pub use error::RecordError;
 pub use event::*;
 pub use header::{Header, FORMAT_VERSION, MAGIC, OLDEST_FORMAT_VERSION};

@@ -318,6 +318,77 @@ fn many_events_span_many_chunks() {
     assert_eq!(r.string(frames[199].function), "f199000");
 }
 
+/// Calls and returns written with what a hint remembers are byte for byte the
+/// ones written plainly: over many chunks, more frames than fit a compact tag,
+/// returns with and without a first line, other kinds and threads between.
+#[test]
+fn hinted_writes_are_byte_for_byte_the_plain_ones() {
+    let (mut plain, mut hinted) = (Vec::new(), Vec::new());
+    let mut p = RecordingWriter::new(&mut plain, &header()).unwrap();
+    let mut h = RecordingWriter::new(&mut hinted, &header()).unwrap();
+    let mut hints: std::collections::HashMap<(u32, u32, bool), FrameNumberHint> =
+        std::collections::HashMap::new();
+    let file = (p.intern("/app/deep.py"), h.intern("/app/deep.py"));
+    let n = 300_000u64;
+    let mut reused = 0u64;
+    for i in 0..n {
+        let which = (i * 7919 % 61) as u32;
+        let kind = match i % 5 {
+            0 | 2 => EventKind::Call {
+                frame: FrameRef {
+                    file: file.0,
+                    function: file.0,
+                    line: which,
+                },
+            },
+            1 | 3 => EventKind::Return {
+                frame: FrameRef {
+                    file: file.0,
+                    function: file.0,
+                    line: which,
+                },
+                first_line: if which % 3 == 0 { 0 } else { which + 1 },
+            },
+            _ if i % 1000 == 4 => EventKind::GcStart { generation: 2 },
+            _ => EventKind::Call {
+                frame: FrameRef {
+                    file: file.0,
+                    function: file.0,
+                    line: 100 + (i % 3) as u32,
+                },
+            },
+        };
+        let event = Event {
+            tid: u32::from(i % 11 == 0),
+            ts_ns: 1_000 + i * 37 - (i % 4) * 50,
+            kind,
+        };
+        p.write(&event).unwrap();
+        let key = match &event.kind {
+            EventKind::Call { frame } => Some((frame.line, 0, false)),
+            EventKind::Return { frame, first_line } => Some((frame.line, *first_line, true)),
+            _ => None,
+        };
+        match key {
+            Some(key) => {
+                let hint = hints.entry(key).or_default();
+                let before = *hint;
+                h.write_hinted(&event, hint).unwrap();
+                reused += u64::from(before == *hint && before != FrameNumberHint::default());
+            }
+            None => h.write(&event).unwrap(),
+        }
+    }
+    let (sp, sh) = (p.finish(n * 40).unwrap(), h.finish(n * 40).unwrap());
+    assert!(sp.chunks > 3, "several chunks: {}", sp.chunks);
+    assert_eq!(sp, sh);
+    assert!(plain == hinted, "the same bytes");
+    // Most were written from the hint, not looked up.
+    assert!(reused > n / 2, "{reused} of {n} from the hint");
+    let (_, events) = read_all(&hinted).unwrap();
+    assert_eq!(events.len() as u64, n);
+}
+
 #[test]
 fn truncated_at_every_byte_reads_a_prefix() {
     let (bytes, written) = small_recording();

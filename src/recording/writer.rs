@@ -12,7 +12,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 pub use super::background::BackgroundWriter;
-use super::codec::EventEncoder;
+use super::codec::{EventEncoder, FrameNumberHint};
 use super::wire::{put_str, put_uvarint, truncate_str};
 use super::{kind, Event, EventKind, FrameRef, Header, StrId, FORMAT_VERSION, MAGIC};
 
@@ -135,6 +135,27 @@ impl<W: Write> RecordingWriter<W> {
         }
         self.encoder
             .encode(&mut self.events, event, MAX_SAMPLE_FRAMES);
+        self.summary.events += 1;
+        if self.events.len() >= FLUSH_THRESHOLD {
+            self.flush_chunks()?;
+        }
+        Ok(())
+    }
+
+    /// As [`write`](Self::write) for a call or return written again and again:
+    /// `hint` keeps its frame number in the current chunk (see
+    /// [`FrameNumberHint`]); the bytes written are the same.
+    #[inline]
+    pub fn write_hinted(&mut self, event: &Event, hint: &mut FrameNumberHint) -> io::Result<()> {
+        if !matches!(
+            event.kind,
+            EventKind::Call { .. } | EventKind::Return { .. }
+        ) {
+            return self.write(event);
+        }
+        self.check_failed()?;
+        self.check_ids(&event.kind)?;
+        self.encoder.encode_hinted(&mut self.events, event, hint);
         self.summary.events += 1;
         if self.events.len() >= FLUSH_THRESHOLD {
             self.flush_chunks()?;

@@ -395,8 +395,27 @@ impl EventBuilder {
     /// Writes the event a ring record repeats (see [`Hit::repeats_as`]).
     #[inline]
     pub fn repeat(&mut self, tid: i32, ts_ns: u64, token: u32) {
-        if let Some(kind) = self.repeats.kind(token) {
-            self.write(tid, ts_ns, kind);
+        let Some((kind, hint)) = self.repeats.event(token) else {
+            return;
+        };
+        let event = Event {
+            tid: tid as u32,
+            ts_ns,
+            kind,
+        };
+        // Most of a trace: straight to the writer, which remembers the
+        // event's frame number by its token.
+        match self.writer.as_mut() {
+            Some(writer) if self.periods.is_none() && self.write_error.is_none() => {
+                match writer.write_hinted(&event, hint) {
+                    Ok(()) => self.events += 1,
+                    Err(e) => {
+                        self.write_error = Some(e);
+                        signals::request_stop();
+                    }
+                }
+            }
+            _ => self.write(tid, ts_ns, event.kind),
         }
     }
 

@@ -4,7 +4,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::recording::{EventKind, FrameRef};
+use crate::recording::{EventKind, FrameNumberHint, FrameRef};
 
 /// Most events given tokens (distinct frames and first lines); hits of others
 /// take the long way every time.
@@ -16,6 +16,8 @@ const MAX_TOKENS: usize = 1 << 18;
 #[derive(Default)]
 pub struct Repeats {
     events: Vec<Repeated>,
+    /// Per token, its frame number in the recording's current chunk.
+    hints: Vec<FrameNumberHint>,
     tokens: FxHashMap<Repeated, u32>,
 }
 
@@ -48,8 +50,17 @@ impl Repeats {
         }
         let token = self.events.len() as u32;
         self.events.push(repeated);
+        self.hints.push(FrameNumberHint::default());
         self.tokens.insert(repeated, token);
         Some(token)
+    }
+
+    /// The event of `token` (`None`: nothing to write, or no such token), and
+    /// what the writer remembers of it.
+    #[inline]
+    pub fn event(&mut self, token: u32) -> Option<(EventKind, &mut FrameNumberHint)> {
+        let kind = self.kind(token)?;
+        Some((kind, self.hints.get_mut(token as usize)?))
     }
 
     /// The event of `token` (`None`: nothing to write, or no such token).
