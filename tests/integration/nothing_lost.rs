@@ -361,6 +361,12 @@ fn hook_thread_churn_gives_every_return_its_entry() {
         let out = TempFile::new(&format!("hook-churn-{minor}.pyprobe"));
         let (counts, stderr) = finish(spawn_engine(&py, "hook", &out, "churn", "1.5"));
         assert_exact(&format!("hook {minor} churn"), &out, &counts, &stderr);
+        // Launched, the hook goes in with one thread: its ring starts without
+        // `lock`, and the churn tests the switch to locked reservations.
+        assert!(
+            stderr.contains("without a locked instruction"),
+            "{minor}: the ring did not start solo:\n{stderr}"
+        );
         let anomalies = &report_json(out.path())["anomalies"];
         assert_eq!(
             anomalies["orphan_returns"], 0,

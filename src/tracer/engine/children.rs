@@ -40,6 +40,7 @@ impl Engine {
         let parent_tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
         // Before the creator runs on: the new task may write the same ring.
         self.ring_many_producers(parent_tgid);
+        self.hook_many_producers(parent_tgid);
         if new > 0 {
             if event == CLONE && tgid_of(new).is_none_or(|g| g == parent_tgid) {
                 self.threads.entry(new).or_insert(Thread {

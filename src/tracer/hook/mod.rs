@@ -257,6 +257,17 @@ impl Engine {
         installed
             .reader
             .serve(tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
+        // One thread, stopped, and no other task in the process: its callbacks
+        // reserve without `lock` until a new task appears (`hook_many_producers`).
+        let alone = rips.len() == 1
+            && crate::process::status::thread_ids(pid).is_ok_and(|tids| tids.len() == 1);
+        installed.reader.set_solo(alone);
+        if alone {
+            sink(TraceEvent::Detail(format!(
+                "hook engine in process {pid}: one thread: its records reserve their slots \
+                 without a locked instruction until it starts another task"
+            )));
+        }
         match &installed.detour {
             Some(d) => sink(TraceEvent::Detail(format!(
                 "hook engine in process {pid}: hook at {:#x}, detour at _Py_HandlePending ({:#x}); \
@@ -328,6 +339,8 @@ impl Engine {
         let Some(pid) = self.threads.get(&tid).map(|t| t.tgid) else {
             return false;
         };
+        // Before it runs: its creator's event may not have been seen yet.
+        self.hook_many_producers(pid);
         let Some(h) = self.hook_book.procs.get_mut(&pid) else {
             return false;
         };
@@ -339,6 +352,16 @@ impl Engine {
             return true;
         }
         false
+    }
+
+    /// A task of process `pid` made a new one (its creator stopped at the event,
+    /// or the new task at its first stop, neither run since): the hook's ring has
+    /// more than one producer from now on, which reserve with `lock`. As
+    /// `ring_many_producers` does for the SDT ring, and for the same reason safe.
+    pub(in crate::tracer) fn hook_many_producers(&self, pid: i32) {
+        if let Some(h) = self.hook_book.procs.get(&pid) {
+            h.reader.set_solo(false);
+        }
     }
 
     /// The profile route: thread states without the hook get it (every thread
@@ -611,7 +634,9 @@ impl Engine {
             }
             while self.drain_hook_of(pid, sink) > 0 {}
             if let Some(h) = self.hook_book.procs.remove(&pid) {
-                // Callbacks stop waiting for room: nobody reads the ring any more.
+                // Callbacks stop waiting for room: nobody reads the ring any more,
+                // nor follows the process's threads.
+                h.reader.set_solo(false);
                 h.reader.leave();
                 if h.phase == Phase::Installed {
                     sink(TraceEvent::Detail(format!(
