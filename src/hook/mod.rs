@@ -24,7 +24,8 @@
 //!   producer protocol, the very code the SDT trampolines run
 //!   (`crate::ring::codegen::emit_reserve`: a full ring is waited on while pyprobe
 //!   serves it, spinning then asleep in `futex` on `tail`, so the target runs at
-//!   pyprobe's pace rather than lose calls), writes {`rdtsc`, kind, tag = pid, `%fs`
+//!   pyprobe's pace rather than lose calls; without `lock` while the process has
+//!   one thread, as for the SDT ring), writes {`rdtsc`, kind, tag = pid, `%fs`
 //!   base, `args[0]` (the code object), on a return `Py_TYPE(args[2])`}, publishes
 //!   `seq` last, and returns `None` (immortal on 3.12+, so no reference is taken).
 //!   No string, no allocation, no C API call on this path; a system call only while
