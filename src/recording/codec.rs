@@ -103,8 +103,7 @@ pub struct FrameNumberHint {
 /// Encodes events into an events-chunk payload.
 #[derive(Default)]
 pub(crate) struct EventEncoder {
-    /// The current chunk, counted from 1 (0 until the first `reset`, and
-    /// after it: see `chunk`).
+    /// The current chunk (0 and 1 both name the first: see `chunk_id`).
     chunk: u64,
     prev: Prev,
     /// The frames numbered in the current chunk.
