@@ -93,9 +93,9 @@ struct Prev {
 /// no lookup and no branch on its kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FrameNumberHint {
-    /// The chunk the number belongs to (0: none yet; chunks count from 1).
-    chunk: u64,
-    /// `COMPACT | n << 1 | return`, or `CALL_AT`/`RETURN_AT` with `number`.
+    /// The chunk the number belongs to (`None`: not written yet).
+    chunk: Option<u64>,
+    /// The event's tag: see [`numbered_tag`].
     tag: u8,
     number: u32,
 }
@@ -103,7 +103,7 @@ pub struct FrameNumberHint {
 /// Encodes events into an events-chunk payload.
 #[derive(Default)]
 pub(crate) struct EventEncoder {
-    /// The current chunk (0 and 1 both name the first: see `chunk_id`).
+    /// Chunks started so far: names the current one in hints.
     chunk: u64,
     prev: Prev,
     /// The frames numbered in the current chunk.
@@ -139,8 +139,8 @@ impl Recent {
 
 /// How a call or return names its frame.
 enum Numbered {
-    /// First use in the chunk: spelled out.
-    New,
+    /// First use in the chunk, which gives it this number: spelled out.
+    New(u32),
     /// Numbered already.
     At(u32),
 }
@@ -148,52 +148,35 @@ enum Numbered {
 impl EventEncoder {
     /// Starts a new chunk: the next event is encoded with absolute values.
     pub(crate) fn reset(&mut self) {
-        self.chunk = self.chunk_id().wrapping_add(1).max(1);
+        self.chunk = self.chunk.wrapping_add(1);
         self.prev.last = None;
         self.frames.clear();
         self.recent = Recent::default();
     }
 
-    /// The current chunk's number, never 0 (a hint's chunk 0 is none).
-    #[inline]
-    fn chunk_id(&self) -> u64 {
-        self.chunk.max(1)
-    }
-
     /// As [`encode`](Self::encode) for a call or return, with what `hint`
     /// remembers of its frame number: valid in this chunk, nothing is looked
     /// up; else the event is encoded as usual and `hint` remembers its number.
-    /// The bytes are the same either way.
+    /// The bytes are the same either way. Other kinds are encoded as usual.
     #[inline]
     pub(crate) fn encode_hinted(
         &mut self,
         buf: &mut Vec<u8>,
         event: &Event,
+        max_frames: usize,
         hint: &mut FrameNumberHint,
     ) {
-        if hint.chunk == self.chunk_id() && self.prev.last.is_some() {
+        if hint.chunk == Some(self.chunk) {
             self.put_head(buf, hint.tag, event);
-            if hint.tag == tag::CALL_AT || hint.tag == tag::RETURN_AT {
+            if hint.number >= COMPACT_FRAMES {
                 put_uvarint(buf, u64::from(hint.number));
             }
             return;
         }
-        self.encode(buf, event, 0);
-        let key = match &event.kind {
-            EventKind::Call { frame } => (*frame, 0),
-            EventKind::Return { frame, first_line } => (*frame, *first_line),
-            _ => return,
-        };
-        let is_return = matches!(event.kind, EventKind::Return { .. });
-        if let Some(&number) = self.frames.get(&key) {
-            let tag = match (number < COMPACT_FRAMES, is_return) {
-                (true, _) => tag::COMPACT | (number as u8) << 1 | u8::from(is_return),
-                (false, false) => tag::CALL_AT,
-                (false, true) => tag::RETURN_AT,
-            };
+        if let Some((number, is_return)) = self.encode_numbering(buf, event, max_frames) {
             *hint = FrameNumberHint {
-                chunk: self.chunk_id(),
-                tag,
+                chunk: Some(self.chunk),
+                tag: numbered_tag(number, is_return),
                 number,
             };
         }
@@ -244,7 +227,7 @@ impl EventEncoder {
             std::collections::hash_map::Entry::Occupied(e) => (*e.get(), Numbered::At(*e.get())),
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(next);
-                (next, Numbered::New)
+                (next, Numbered::New(next))
             }
         };
         self.recent.0[slot] = Some((key, n));
@@ -253,6 +236,17 @@ impl EventEncoder {
 
     /// Appends `event`; a sample keeps only its innermost `max_frames` frames.
     pub(crate) fn encode(&mut self, buf: &mut Vec<u8>, event: &Event, max_frames: usize) {
+        self.encode_numbering(buf, event, max_frames);
+    }
+
+    /// [`encode`](Self::encode), giving a call's or return's frame number in
+    /// the chunk and whether it is a return.
+    fn encode_numbering(
+        &mut self,
+        buf: &mut Vec<u8>,
+        event: &Event,
+        max_frames: usize,
+    ) -> Option<(u32, bool)> {
         let numbered = match &event.kind {
             EventKind::Call { frame } => Some((self.number((*frame, 0)), false)),
             EventKind::Return { frame, first_line } => {
@@ -262,30 +256,26 @@ impl EventEncoder {
         };
         let kind = match &numbered {
             None => kind_tag(&event.kind),
-            Some((Numbered::New, false)) => tag::CALL_NEW,
-            Some((Numbered::New, true)) => tag::RETURN_NEW,
-            Some((Numbered::At(n), ret)) if *n < COMPACT_FRAMES => {
-                tag::COMPACT | (*n as u8) << 1 | u8::from(*ret)
-            }
-            Some((Numbered::At(_), false)) => tag::CALL_AT,
-            Some((Numbered::At(_), true)) => tag::RETURN_AT,
+            Some((Numbered::New(_), false)) => tag::CALL_NEW,
+            Some((Numbered::New(_), true)) => tag::RETURN_NEW,
+            Some((Numbered::At(n), ret)) => numbered_tag(*n, *ret),
         };
         self.put_head(buf, kind, event);
         match (numbered, &event.kind) {
-            (Some((Numbered::At(n), _)), _) => {
+            (Some((Numbered::At(n), ret)), _) => {
                 if n >= COMPACT_FRAMES {
                     put_uvarint(buf, u64::from(n));
                 }
-                return;
+                return Some((n, ret));
             }
-            (Some((Numbered::New, false)), EventKind::Call { frame }) => {
+            (Some((Numbered::New(n), false)), EventKind::Call { frame }) => {
                 put_frame(buf, frame);
-                return;
+                return Some((n, false));
             }
-            (Some((Numbered::New, true)), EventKind::Return { frame, first_line }) => {
+            (Some((Numbered::New(n), true)), EventKind::Return { frame, first_line }) => {
                 put_frame(buf, frame);
                 put_uvarint(buf, u64::from(*first_line));
-                return;
+                return Some((n, true));
             }
             _ => {}
         }
@@ -335,6 +325,18 @@ impl EventEncoder {
                 put_uvarint(buf, *total);
             }
         }
+        None
+    }
+}
+
+/// The tag of a call (`is_return` false) or return of frame number `n`, numbered
+/// earlier in the chunk: compact for the first [`COMPACT_FRAMES`], else followed
+/// by the number as a varint.
+fn numbered_tag(n: u32, is_return: bool) -> u8 {
+    match (n < COMPACT_FRAMES, is_return) {
+        (true, _) => tag::COMPACT | (n as u8) << 1 | u8::from(is_return),
+        (false, false) => tag::CALL_AT,
+        (false, true) => tag::RETURN_AT,
     }
 }
 

@@ -123,6 +123,19 @@ impl<W: Write> RecordingWriter<W> {
 
     /// Appends one event. Its strings must have been interned by this writer.
     pub fn write(&mut self, event: &Event) -> io::Result<()> {
+        self.write_with(event, None)
+    }
+
+    /// As [`write`](Self::write) for a call or return written again and again:
+    /// `hint` keeps its frame number in the current chunk (see
+    /// [`FrameNumberHint`]); the bytes written are the same.
+    #[inline]
+    pub fn write_hinted(&mut self, event: &Event, hint: &mut FrameNumberHint) -> io::Result<()> {
+        self.write_with(event, Some(hint))
+    }
+
+    #[inline]
+    fn write_with(&mut self, event: &Event, hint: Option<&mut FrameNumberHint>) -> io::Result<()> {
         self.check_failed()?;
         self.check_ids(&event.kind)?;
         if let EventKind::Sample { frames, .. } = &event.kind {
@@ -133,29 +146,15 @@ impl<W: Write> RecordingWriter<W> {
         if let EventKind::Lost { count } = event.kind {
             self.summary.lost_events = self.summary.lost_events.saturating_add(count);
         }
-        self.encoder
-            .encode(&mut self.events, event, MAX_SAMPLE_FRAMES);
-        self.summary.events += 1;
-        if self.events.len() >= FLUSH_THRESHOLD {
-            self.flush_chunks()?;
+        match hint {
+            Some(hint) => {
+                self.encoder
+                    .encode_hinted(&mut self.events, event, MAX_SAMPLE_FRAMES, hint)
+            }
+            None => self
+                .encoder
+                .encode(&mut self.events, event, MAX_SAMPLE_FRAMES),
         }
-        Ok(())
-    }
-
-    /// As [`write`](Self::write) for a call or return written again and again:
-    /// `hint` keeps its frame number in the current chunk (see
-    /// [`FrameNumberHint`]); the bytes written are the same.
-    #[inline]
-    pub fn write_hinted(&mut self, event: &Event, hint: &mut FrameNumberHint) -> io::Result<()> {
-        if !matches!(
-            event.kind,
-            EventKind::Call { .. } | EventKind::Return { .. }
-        ) {
-            return self.write(event);
-        }
-        self.check_failed()?;
-        self.check_ids(&event.kind)?;
-        self.encoder.encode_hinted(&mut self.events, event, hint);
         self.summary.events += 1;
         if self.events.len() >= FLUSH_THRESHOLD {
             self.flush_chunks()?;

@@ -8,7 +8,7 @@ use crate::output::file::{Existing, Output};
 use crate::python::probe_catalog::{ProbeKind, PythonProbe};
 use crate::python::tracing::FRAME_ARG;
 use crate::recording::{
-    BackgroundWriter, Event, EventKind, FrameRef, Header, RecordingWriter, StrId,
+    BackgroundWriter, Event, EventKind, FrameNumberHint, FrameRef, Header, RecordingWriter, StrId,
 };
 use crate::tracer::signals;
 use crate::tracer::Hit;
@@ -175,6 +175,19 @@ impl EventBuilder {
     }
 
     pub fn write(&mut self, tid: i32, ts_ns: u64, kind: EventKind) {
+        self.write_hinted(tid, ts_ns, kind, None);
+    }
+
+    /// [`write`](Self::write), with what the writer remembers of a call or
+    /// return written again and again (see [`FrameNumberHint`]).
+    #[inline]
+    fn write_hinted(
+        &mut self,
+        tid: i32,
+        ts_ns: u64,
+        kind: EventKind,
+        hint: Option<&mut FrameNumberHint>,
+    ) {
         if self.write_error.is_some() {
             return;
         }
@@ -187,7 +200,11 @@ impl EventBuilder {
             self.early.push((event, None));
             return;
         };
-        match writer.write(&event) {
+        let written = match hint {
+            Some(hint) => writer.write_hinted(&event, hint),
+            None => writer.write(&event),
+        };
+        match written {
             Ok(()) => {
                 self.events += 1;
                 if let Some(p) = self.periods.as_mut() {
@@ -395,28 +412,13 @@ impl EventBuilder {
     /// Writes the event a ring record repeats (see [`Hit::repeats_as`]).
     #[inline]
     pub fn repeat(&mut self, tid: i32, ts_ns: u64, token: u32) {
-        let Some((kind, hint)) = self.repeats.event(token) else {
+        // Most of a trace: the writer remembers the event's frame number by
+        // its token.
+        let Some((kind, mut hint)) = self.repeats.event(token) else {
             return;
         };
-        let event = Event {
-            tid: tid as u32,
-            ts_ns,
-            kind,
-        };
-        // Most of a trace: straight to the writer, which remembers the
-        // event's frame number by its token.
-        match self.writer.as_mut() {
-            Some(writer) if self.periods.is_none() && self.write_error.is_none() => {
-                match writer.write_hinted(&event, hint) {
-                    Ok(()) => self.events += 1,
-                    Err(e) => {
-                        self.write_error = Some(e);
-                        signals::request_stop();
-                    }
-                }
-            }
-            _ => self.write(tid, ts_ns, event.kind),
-        }
+        self.write_hinted(tid, ts_ns, kind, Some(&mut hint));
+        self.repeats.remember(token, hint);
     }
 
     /// Names `kind` (`None`: nothing written) for the records equal to `hit`'s,

@@ -56,11 +56,18 @@ impl Repeats {
     }
 
     /// The event of `token` (`None`: nothing to write, or no such token), and
-    /// what the writer remembers of it.
+    /// what the writer remembered of it last (see [`remember`](Self::remember)).
     #[inline]
-    pub fn event(&mut self, token: u32) -> Option<(EventKind, &mut FrameNumberHint)> {
-        let kind = self.kind(token)?;
-        Some((kind, self.hints.get_mut(token as usize)?))
+    pub fn event(&self, token: u32) -> Option<(EventKind, FrameNumberHint)> {
+        Some((self.kind(token)?, *self.hints.get(token as usize)?))
+    }
+
+    /// Keeps what the writer remembers of `token`'s event for its next repeat.
+    #[inline]
+    pub fn remember(&mut self, token: u32, hint: FrameNumberHint) {
+        if let Some(kept) = self.hints.get_mut(token as usize) {
+            *kept = hint;
+        }
     }
 
     /// The event of `token` (`None`: nothing to write, or no such token).
