@@ -257,17 +257,7 @@ impl Engine {
         installed
             .reader
             .serve(tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
-        // One thread, stopped, and no other task in the process: its callbacks
-        // reserve without `lock` until a new task appears (`hook_many_producers`).
-        let alone = rips.len() == 1
-            && crate::process::status::thread_ids(pid).is_ok_and(|tids| tids.len() == 1);
-        installed.reader.set_solo(alone);
-        if alone {
-            sink(TraceEvent::Detail(format!(
-                "hook engine in process {pid}: one thread: its records reserve their slots \
-                 without a locked instruction until it starts another task"
-            )));
-        }
+        crate::tracer::ring::set_solo_if_alone(&installed.reader, "hook", pid, rips.len(), sink);
         match &installed.detour {
             Some(d) => sink(TraceEvent::Detail(format!(
                 "hook engine in process {pid}: hook at {:#x}, detour at _Py_HandlePending ({:#x}); \

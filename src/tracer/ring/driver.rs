@@ -233,17 +233,7 @@ impl Engine {
             .ring
             .reader
             .serve(tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
-        // One thread, stopped, and no other task in the process: it reserves
-        // without `lock` until a new task appears (see `ring_many_producers`).
-        let alone = rips.len() == 1
-            && crate::process::status::thread_ids(pid).is_ok_and(|tids| tids.len() == 1);
-        setup.ring.reader.set_solo(alone);
-        if alone {
-            sink(TraceEvent::Detail(format!(
-                "ring engine in process {pid}: one thread: its records reserve their slots \
-                 without a locked instruction until it starts another task"
-            )));
-        }
+        super::set_solo_if_alone(&setup.ring.reader, "ring", pid, rips.len(), sink);
         // A ring set up over budget starts thin, as the others are.
         let thin = self.budget.thin != ThinLevel::Full;
         super::set_thin(&setup.ring, &proc.patches.set, thin);

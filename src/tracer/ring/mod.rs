@@ -15,7 +15,8 @@ pub mod tsc;
 pub(in crate::tracer) use driver::RingBook;
 
 use crate::ring::format::{THIN_COUNT, THIN_OFF, THIN_STACKLESS};
-use crate::tracer::ProbeSet;
+use crate::ring::RingReader;
+use crate::tracer::{ProbeSet, TraceEvent};
 use setup::RingProc;
 
 /// How the engine uses the ring.
@@ -71,6 +72,29 @@ pub(in crate::tracer) const CONSUMER_STALE_NS: u64 = 10_000_000_000;
 /// before it is counted lost: time for a descheduled pyprobe to drain, short
 /// enough that the budget, which charges the wait, can react.
 pub(in crate::tracer) const BUDGETED_PATIENCE_NS: u64 = 10_000_000;
+
+/// Lets the producers of `reader` (the ring of `engine`, "ring" or "hook", in
+/// process `pid`) reserve slots without `lock` if the process has one thread:
+/// the one stopped thread pyprobe holds (`stopped` says how many it holds), and
+/// no other task. Cleared before the process's next task runs (see
+/// `ring_many_producers`, `hook_many_producers`); `-v` says it is set.
+pub(in crate::tracer) fn set_solo_if_alone(
+    reader: &RingReader,
+    engine: &str,
+    pid: i32,
+    stopped: usize,
+    sink: &mut dyn FnMut(TraceEvent),
+) {
+    let alone =
+        stopped == 1 && crate::process::status::thread_ids(pid).is_ok_and(|tids| tids.len() == 1);
+    reader.set_solo(alone);
+    if alone {
+        sink(TraceEvent::Detail(format!(
+            "{engine} engine in process {pid}: one thread: its records reserve their slots \
+             without a locked instruction until it starts another task"
+        )));
+    }
+}
 
 /// Thins (or not) every stack probe of `set` served by `ring`: the `thin` byte the
 /// trampolines read (see the budget's thinning).
