@@ -147,6 +147,44 @@ pub fn task_state(pid: i32, tid: i32) -> Option<char> {
     parse_stat_state(&buf[..len])
 }
 
+/// A thread's `/proc` file kept open, read afresh with one `pread` each time: for
+/// looks made often (every few hits, every few milliseconds), where opening,
+/// reading and closing would cost three system calls and a path lookup.
+#[derive(Debug, Default)]
+pub struct KeptTaskFile {
+    /// The file open now, and the thread (`pid`, `tid`) it belongs to.
+    open: Option<((i32, i32), std::fs::File)>,
+    buf: Vec<u8>,
+}
+
+impl KeptTaskFile {
+    /// At most this much of the file is read: a `stat` line is a few hundred
+    /// bytes; a longer one (a hostile name) is cut.
+    const MAX_LEN: usize = 4096;
+
+    /// The start of `/proc/PID/task/TID/NAME` as it is now; `None` when the
+    /// thread is gone (the next call opens afresh).
+    pub fn read(&mut self, pid: i32, tid: i32, name: &str) -> Option<&[u8]> {
+        use std::os::unix::fs::FileExt;
+        if self.open.as_ref().map(|(who, _)| *who) != Some((pid, tid)) {
+            let file = std::fs::File::open(format!("/proc/{pid}/task/{tid}/{name}")).ok();
+            self.open = file.map(|f| ((pid, tid), f));
+        }
+        let (_, file) = self.open.as_ref()?;
+        self.buf.resize(Self::MAX_LEN, 0);
+        let Ok(n) = file.read_at(&mut self.buf, 0) else {
+            self.open = None;
+            return None;
+        };
+        Some(&self.buf[..n])
+    }
+
+    /// The thread's scheduler state (see [`task_state`]), from a kept `stat`.
+    pub fn state(&mut self, pid: i32, tid: i32) -> Option<char> {
+        parse_stat_state(self.read(pid, tid, "stat")?)
+    }
+}
+
 /// The state letter of a `/proc/.../stat` line (or its start): the first character
 /// after the last `)`, which closes the name (a name may hold `)` itself).
 fn parse_stat_state(stat: &[u8]) -> Option<char> {
@@ -349,6 +387,39 @@ mod tests {
         // This thread runs while it reads its own state.
         assert_eq!(task_state(me, tid), Some('R'));
         assert_eq!(task_state(me, i32::MAX), None);
+    }
+
+    #[test]
+    fn a_kept_file_follows_its_thread_and_reopens_for_another() {
+        let me = std::process::id() as i32;
+        // SAFETY: gettid cannot fail.
+        let tid = unsafe { libc::gettid() };
+        let mut kept = KeptTaskFile::default();
+        assert_eq!(kept.state(me, tid), Some('R'));
+        // A sleeping thread, read through the same kept file (reopened for it).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let sleeper = std::thread::spawn(move || {
+            // SAFETY: gettid cannot fail.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            let _ = done_rx.recv();
+        });
+        let other = rx.recv().unwrap();
+        let mut state = None;
+        for _ in 0..1000 {
+            state = kept.state(me, other);
+            if state == Some('S') {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(state, Some('S'));
+        done_tx.send(()).unwrap();
+        sleeper.join().unwrap();
+        // Gone: nothing, and the next look opens afresh.
+        assert_eq!(kept.state(me, other), None);
+        assert_eq!(kept.state(me, tid), Some('R'));
+        assert_eq!(kept.state(me, i32::MAX), None);
     }
 
     #[test]

@@ -32,6 +32,7 @@ use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
 use super::yielding::Yielding;
+use crate::process::status::KeptTaskFile;
 use crate::tracer::clock::monotonic_ns;
 
 /// Hits between two looks at the hitting thread's CPU.
@@ -85,6 +86,7 @@ impl CpuFollow {
             return;
         }
         if let Some(Some(y)) = &self.yielding {
+            y.serving(pid, tid);
             if y.taken_back() {
                 // The guard gave the thread its whole mask back.
                 self.pinned = None;
@@ -169,32 +171,14 @@ impl Drop for CpuFollow {
     }
 }
 
-/// The `stat` file of the thread last looked at, kept open: a look is then one
-/// `pread`, not an open, a `statx`, reads and a close.
+/// The `stat` file of the thread last looked at, kept open.
 #[derive(Debug, Default)]
-struct StatFile {
-    open: Option<((i32, i32), std::fs::File)>,
-    buf: Vec<u8>,
-}
+struct StatFile(KeptTaskFile);
 
 impl StatFile {
     /// The CPU thread `tid` of `pid` last ran on: field 39 of its `stat`.
     fn last_cpu(&mut self, pid: i32, tid: i32) -> Option<usize> {
-        use std::os::unix::fs::FileExt;
-        if self.open.as_ref().map(|(who, _)| *who) != Some((pid, tid)) {
-            let file = std::fs::File::open(format!("/proc/{pid}/task/{tid}/stat")).ok();
-            self.open = file.map(|f| ((pid, tid), f));
-        }
-        let (_, file) = self.open.as_ref()?;
-        // A stat line is a few hundred bytes; a longer one (a hostile name) is cut
-        // and then says nothing.
-        self.buf.resize(4096, 0);
-        let Ok(n) = file.read_at(&mut self.buf, 0) else {
-            // The thread is gone: open afresh next time.
-            self.open = None;
-            return None;
-        };
-        parse_processor(std::str::from_utf8(&self.buf[..n]).ok()?)
+        parse_processor(std::str::from_utf8(self.0.read(pid, tid, "stat")?).ok()?)
     }
 }
 

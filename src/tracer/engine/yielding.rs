@@ -16,9 +16,17 @@
 //! may take the normal policy back (`CAP_SYS_NICE`, or `RLIMIT_NICE` allowing
 //! nice 0; without either, leaving `SCHED_IDLE` is refused), and a guard thread
 //! of the normal policy watches it: when the tracing thread was runnable at
-//! four looks in a row and hardly ran between them, the guard gives it the
-//! normal policy and its whole CPU mask back at once, and yielding pauses
-//! ([`BACKOFF_NS`], longer at each take-back in a row).
+//! four looks in a row and hardly ran between them while the thread it last
+//! served was held at its stop, the guard gives it the normal policy and its
+//! whole CPU mask back at once, and yielding pauses ([`BACKOFF_NS`], longer at
+//! each take-back in a row).
+//!
+//! Runnable and not running is not enough: a thread resumed by `PTRACE_CONT`
+//! preempts pyprobe on its CPU (that is the point of yielding), and pyprobe
+//! stays runnable there, harmlessly, for as long as the thread runs without
+//! hitting a site (a collection, a stretch of C). Taken back then, pyprobe lost
+//! its place beside the thread for a growing pause, and a fib run under `int3`
+//! took 2-4× its time instead of 1.4×.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,7 +36,7 @@ use std::time::Duration;
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
-use crate::process::status::task_state;
+use crate::process::status::KeptTaskFile;
 use crate::tracer::clock::monotonic_ns;
 
 /// How often the guard looks at the tracing thread.
@@ -63,6 +71,8 @@ struct Shared {
     paused_until: AtomicU64,
     /// Take-backs in a row, and when the last one was.
     streak: AtomicU64,
+    /// The thread served last: process id in the high half, thread id in the low.
+    served: AtomicU64,
     last_taken_ns: AtomicU64,
     stop: AtomicBool,
 }
@@ -105,6 +115,15 @@ impl Yielding {
     /// is then the whole one again).
     pub(super) fn taken_back(&self) -> bool {
         self.shared.taken_back.swap(false, Ordering::AcqRel)
+    }
+
+    /// Thread `tid` of process `pid` hit a site: the one whose wait tells the
+    /// guard whether pyprobe's starving does harm.
+    pub(super) fn serving(&self, pid: i32, tid: i32) {
+        let both = (u64::from(pid as u32) << 32) | u64::from(tid as u32);
+        if self.shared.served.load(Ordering::Relaxed) != both {
+            self.shared.served.store(both, Ordering::Relaxed);
+        }
     }
 
     /// Pinned beside a busy thread: yields, unless paused. `original` is the CPU
@@ -157,6 +176,7 @@ fn guard(shared: &Shared, tid: i32, original: &CpuSet) {
     // Started by the pinned tracing thread, whose mask it inherits: it belongs
     // anywhere but beside the thread pyprobe serves.
     let _ = sched_setaffinity(Pid::from_raw(0), original);
+    let mut eyes = Eyes::default();
     let mut last: Option<Looked> = None;
     let mut starved = 0;
     while !shared.stop.load(Ordering::Acquire) {
@@ -165,7 +185,7 @@ fn guard(shared: &Shared, tid: i32, original: &CpuSet) {
             (last, starved) = (None, 0);
             continue;
         }
-        let Some(now) = Looked::now(tid) else {
+        let Some(now) = eyes.look(tid, shared.served.load(Ordering::Relaxed)) else {
             (last, starved) = (None, 0);
             continue;
         };
@@ -186,35 +206,60 @@ fn guard(shared: &Shared, tid: i32, original: &CpuSet) {
     }
 }
 
+/// The files the guard reads at each look, kept open (a look every
+/// [`GUARD_PERIOD`] is then three `pread`s).
+#[derive(Debug, Default)]
+struct Eyes {
+    own_stat: KeptTaskFile,
+    own_schedstat: KeptTaskFile,
+    served_stat: KeptTaskFile,
+}
+
+impl Eyes {
+    /// A look at tracing thread `tid`; `served` as kept in [`Shared::served`].
+    fn look(&mut self, tid: i32, served: u64) -> Option<Looked> {
+        let me = std::process::id() as i32;
+        let state = self.own_stat.state(me, tid)?;
+        let ran =
+            parse_ran(std::str::from_utf8(self.own_schedstat.read(me, tid, "schedstat")?).ok()?)?;
+        let (pid, served_tid) = ((served >> 32) as i32, served as u32 as i32);
+        // `t`: a tracing stop, where the thread waits for pyprobe.
+        let served_held = served != 0 && self.served_stat.state(pid, served_tid) == Some('t');
+        Some(Looked {
+            at_ns: monotonic_ns(),
+            ran_ns: ran,
+            runnable: state == 'R',
+            served_held,
+        })
+    }
+}
+
 /// One look of the guard at the tracing thread: the guard's clock, the thread's
-/// run time, and whether it is runnable.
+/// run time, whether it is runnable, and whether the thread it served last is
+/// held at a stop.
 #[derive(Debug, Clone, Copy)]
 struct Looked {
     at_ns: u64,
     ran_ns: u64,
     runnable: bool,
+    served_held: bool,
 }
 
 impl Looked {
-    fn now(tid: i32) -> Option<Looked> {
-        let state = task_state(std::process::id() as i32, tid)?;
-        let ran = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-        Some(Looked {
-            at_ns: monotonic_ns(),
-            ran_ns: parse_ran(&ran)?,
-            runnable: state == 'R',
-        })
-    }
-
     /// Whether the thread wanted its CPU at both looks and hardly ran between
-    /// them: a thread of the normal policy holds the CPU, and under `SCHED_IDLE`
-    /// pyprobe gets almost none of it while the threads it traces wait at their
-    /// stops. (The kernel counts a thread's wait on its run queue only once it
-    /// runs, so the wait itself says nothing while it starves.)
+    /// them while the thread it serves waited at its stop: a thread of the
+    /// normal policy holds the CPU, and under `SCHED_IDLE` pyprobe gets almost
+    /// none of it while the threads it traces wait. (The kernel counts a
+    /// thread's wait on its run queue only once it runs, so the wait itself says
+    /// nothing while it starves.)
     fn starved_since(&self, before: &Looked) -> bool {
         let span = self.at_ns.saturating_sub(before.at_ns).max(1);
         let ran = self.ran_ns.saturating_sub(before.ran_ns);
-        before.runnable && self.runnable && ran < span / STARVED_RUN_SHARE
+        before.runnable
+            && self.runnable
+            && before.served_held
+            && self.served_held
+            && ran < span / STARVED_RUN_SHARE
     }
 }
 
@@ -288,6 +333,7 @@ mod tests {
             at_ns,
             ran_ns,
             runnable,
+            served_held: true,
         }
     }
 
@@ -300,6 +346,16 @@ mod tests {
         // Asleep at either look (waiting for a hit): not starving.
         assert!(!looked(2_000_000, 0, false).starved_since(&before));
         assert!(!looked(2_000_000, 0, true).starved_since(&looked(0, 0, false)));
+        // The thread it serves runs on (it preempted pyprobe): no harm done.
+        let running = Looked {
+            served_held: false,
+            ..looked(2_000_000, 10_000, true)
+        };
+        assert!(!running.starved_since(&before));
+        assert!(!looked(2_000_000, 10_000, true).starved_since(&Looked {
+            served_held: false,
+            ..before
+        }));
     }
 
     #[test]
@@ -338,10 +394,25 @@ mod tests {
                 }
             })
         };
+        // The thread it serves, held at a tracing stop: a child that asked to be
+        // traced stops at its exec and waits there.
+        let mut held = {
+            use std::os::unix::process::CommandExt;
+            let mut cmd = std::process::Command::new("sleep");
+            cmd.arg("60");
+            // SAFETY: the hook only makes the ptrace request, which is safe between
+            // fork and exec.
+            unsafe {
+                cmd.pre_exec(|| nix::sys::ptrace::traceme().map_err(std::io::Error::from));
+            }
+            cmd.spawn().unwrap()
+        };
+        let held_pid = held.id() as i32;
         let starved = std::thread::spawn(move || {
             let mut y = Yielding::for_this_thread()?;
             let whole = nix::sched::sched_getaffinity(Pid::from_raw(0)).unwrap();
             sched_setaffinity(Pid::from_raw(0), &one).unwrap();
+            y.serving(held_pid, held_pid);
             y.start(&whole);
             // Asks for the CPU now and then, as a tracing thread does; no hit served.
             let began = monotonic_ns();
@@ -357,6 +428,8 @@ mod tests {
         let policy = starved.join().unwrap();
         spin.store(false, Ordering::Relaxed);
         spinner.join().unwrap();
+        let _ = held.kill();
+        let _ = held.wait();
         if let Some(policy) = policy {
             assert_eq!(policy, libc::SCHED_OTHER);
         }
