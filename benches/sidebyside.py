@@ -37,8 +37,8 @@ WORKLOADS = {
 }
 ONLY = {"fib-long": {"untraced", "pyprobe trace 5%", "pyprobe ring", "pyprobe ring 5%", "pyprobe sample 100",
                     "py-spy 100", "cProfile"},
-        "fib-int3": {"untraced", "floor", "floor same-cpu", "floor cross-cpu", "pyprobe trace",
-                     "pyprobe trace unpinned"},
+        "fib-int3": {"untraced", "floor", "floor same-cpu", "floor same-cpu reads", "floor cross-cpu",
+                     "pyprobe trace", "pyprobe trace unpinned"},
         "audit": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"},
         "black": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"},
         "docutils": {"untraced", "pyprobe auto", "pyprobe sample 100", "py-spy 100"}}
@@ -80,7 +80,7 @@ def function_probe_addresses(pyprobe, binary, version):
     sites, sems = [], []
     for probe in json.loads(out.stdout)["objects"][0]["probes"]:
         if probe["name"] in ("function__entry", "function__return"):
-            sites += [s["address"] for s in probe["sites"]]
+            sites += [(s["address"], string_registers(s)) for s in probe["sites"]]
             if probe["semaphore"]:
                 sems.append(probe["semaphore"])
     if launched:
@@ -88,6 +88,20 @@ def function_probe_addresses(pyprobe, binary, version):
         print(f"bench: {binary} is a launcher: the floor is not measured", file=sys.stderr)
         sites = []
     return sites, sems, elf if sems else None
+
+
+def string_registers(site):
+    """The registers holding a site's string arguments (`char* in %r13`), for the
+    floor's reads; none where one is held in memory (`8@16(%rsp)`), which the floor
+    does not evaluate: it then reads no strings at that site."""
+    regs = []
+    for arg in site.get("decoded", []):
+        m = re.fullmatch(r"char\* in %(r\w+)", arg.get("description", ""))
+        if arg.get("description", "").startswith("char*") and not m:
+            return []
+        if m:
+            regs.append(m.group(1))
+    return regs
 
 
 def find_peer(name):
@@ -107,13 +121,18 @@ def configurations(pyprobe, floor, pyspy, sites, sems, elf, tmp):
     rec = os.path.join(tmp, "bench.pyprobe")
     configs = {"untraced": lambda cmd: cmd}
     if floor and sites:
-        args = [floor] + sum([["--site", hex(a)] for a in sites], []) + sum([["--sem", hex(a)] for a in sems], [])
+        args = [floor] + sum([["--site", hex(a) + (":" + ",".join(regs) if regs else "")] for a, regs in sites], []) \
+            + sum([["--sem", hex(a)] for a in sems], [])
         configs["floor"] = lambda cmd: args + ["--"] + cmd
         if (os.cpu_count() or 1) >= 2:
             # The two floors an int3 hit can cost: tracer and target pinned to one CPU
             # (a context switch each way), or to two (a wake-up of the other CPU each way).
             configs["floor same-cpu"] = lambda cmd: args + ["--tracer-cpu", "0", "--target-cpu", "0", "--"] + cmd
             configs["floor cross-cpu"] = lambda cmd: args + ["--tracer-cpu", "0", "--target-cpu", "1", "--"] + cmd
+            # The same-CPU floor plus the two reads a tracer that trusts nothing makes
+            # per hit: the signal's origin (GETSIGINFO) and the string arguments.
+            configs["floor same-cpu reads"] = lambda cmd: args + [
+                "--reads", "1", "--tracer-cpu", "0", "--target-cpu", "0", "--"] + cmd
     configs["pyprobe trace"] = lambda cmd: [
         pyprobe, "record", "--force", "--mode", "trace", "--engine", "int3", "-o", rec, "--"] + cmd
     # pyprobe's tracing thread left where the scheduler puts it: not following the
@@ -291,12 +310,15 @@ def measure(args, version):
         # An int3 hit against both floors measured in this same invocation.
         same = per.get("floor same-cpu", {}).get("ns_per_hit")
         cross = per.get("floor cross-cpu", {}).get("ns_per_hit")
-        for name in ("pyprobe trace", "pyprobe trace unpinned", "floor"):
+        reads = per.get("floor same-cpu reads", {}).get("ns_per_hit")
+        for name in ("pyprobe trace", "pyprobe trace unpinned", "floor", "floor same-cpu reads"):
             ns = per.get(name, {}).get("ns_per_hit")
             if ns and same:
                 per[name]["vs_same_cpu"] = round(ns / same, 2)
             if ns and cross:
                 per[name]["vs_cross_cpu"] = round(ns / cross, 2)
+            if ns and reads and name.startswith("pyprobe"):
+                per[name]["vs_same_cpu_reads"] = round(ns / reads, 2)
         ring = per.get("pyprobe ring", {}).get("ns_per_hit")
         if floor and ring:
             per["pyprobe ring"]["vs_floor"] = round(ring / floor, 4)
@@ -308,12 +330,13 @@ def measure(args, version):
     return results, unavailable
 
 
-PER_EVENT = ("floor", "floor same-cpu", "floor cross-cpu", "pyprobe trace", "pyprobe trace unpinned", "pyprobe ring")
+PER_EVENT = ("floor", "floor same-cpu", "floor same-cpu reads", "floor cross-cpu", "pyprobe trace", "pyprobe trace unpinned", "pyprobe ring")
 # Exact in the process, or no tracer at all: their cost per event by the workload's clock.
 OWN_ONLY = ("cProfile", "probes on", "pyprobe hook", "bpftrace")
 COLUMNS = [("workload", "workload"), ("configuration", "config"), ("median", "median_s"),
            ("slowdown", "slowdown"), ("ns/event", "ns_per_hit"), ("own ns/event", "own_ns_per_event"), ("vs floor", "vs_floor"),
-           ("vs same-CPU", "vs_same_cpu"), ("vs cross-CPU", "vs_cross_cpu"),
+           ("vs same-CPU", "vs_same_cpu"), ("vs same-CPU + reads", "vs_same_cpu_reads"),
+           ("vs cross-CPU", "vs_cross_cpu"),
            ("vs py-spy", "vs_py_spy"), ("exact %", "exact_pct"), ("lost %", "lost_pct"),
            ("B/event", "bytes_per_event")]
 
@@ -437,7 +460,10 @@ def write_markdown(path, args, tables, load_before, load_after, drain=None):
         "cost over the raw ptrace floor's (`benches/floor/floor.c`: one waitpid, GETREGS and CONT",
         "per hit, nothing decoded, neither pinned); *vs same-CPU* and *vs cross-CPU* an int3 hit's",
         "cost over that floor's with tracer and target pinned to one CPU (`floor same-cpu`) or to",
-        "two (`floor cross-cpu`), measured in the same invocation; *vs py-spy* pyprobe's time over",
+        "two (`floor cross-cpu`), measured in the same invocation; *vs same-CPU + reads* over the",
+        "same-CPU floor that also makes the two reads a tracer that trusts nothing needs per hit",
+        "(`floor same-cpu reads`: PTRACE_GETSIGINFO, since a `kill` of SIGTRAP can land just",
+        "after a site, and one `process_vm_readv` of the string arguments); *vs py-spy* pyprobe's time over",
         "py-spy's at the same rate and",
         "blocking mode; *exact %* the share of the run traced exactly under a 5 % budget;",
         "*lost %* the share of ring events dropped; *B/event* the size of pyprobe's recording",

@@ -4,8 +4,8 @@
  * and then per hit does only waitpid, PTRACE_GETREGS and PTRACE_CONT: no decoding,
  * no memory reads, no recording. pyprobe's cost per hit is measured against this.
  *
- *   floor [--site ADDR]... [--sem ADDR]... [--tracer-cpu N] [--target-cpu N] [--follow 1]
- *         -- CMD ARGS...
+ *   floor [--site ADDR[:REG,...]]... [--sem ADDR]... [--tracer-cpu N] [--target-cpu N]
+ *         [--follow 1] [--reads 1] -- CMD ARGS...
  *
  * Addresses are runtime addresses (the benchmark uses a fixed-address python).
  * --tracer-cpu and --target-cpu pin the tracer and the traced command to a CPU each:
@@ -13,6 +13,11 @@
  * different ones the cross-CPU floor (each hit a wake-up on the other CPU).
  * --follow 1 moves the (unpinned) tracer to the CPU the target stopped on at each
  * hit (read from /proc/PID/stat), the way pyprobe follows its target.
+ * --reads 1 adds what a tracer that trusts nothing must do beyond that per hit:
+ * PTRACE_GETSIGINFO (an int3 reports SI_KERNEL; a kill() of SIGTRAP landing just
+ * after a site does not) and one process_vm_readv of the site's string arguments,
+ * 192 bytes at each address held by a register named after the site's address
+ * (`--site 0x42daa2:r13,r14`). It decodes nothing else and records nothing.
  * Prints "hits N" on stderr at the end and exits with CMD's status.
  */
 #define _GNU_SOURCE
@@ -26,10 +31,41 @@
 #include <string.h>
 #include <sys/ptrace.h>
 #include <sys/user.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
+#include <stddef.h>
 #include <unistd.h>
 
 #define MAX_ADDRS 64
+#define MAX_STRINGS 4
+#define FIRST_READ 192
+#define SI_KERNEL_CODE 0x80
+
+/* The 64-bit registers a string argument may be held in, by name. */
+static const struct { const char *name; size_t offset; } REGS[] = {
+    {"rax", offsetof(struct user_regs_struct, rax)}, {"rbx", offsetof(struct user_regs_struct, rbx)},
+    {"rcx", offsetof(struct user_regs_struct, rcx)}, {"rdx", offsetof(struct user_regs_struct, rdx)},
+    {"rsi", offsetof(struct user_regs_struct, rsi)}, {"rdi", offsetof(struct user_regs_struct, rdi)},
+    {"rbp", offsetof(struct user_regs_struct, rbp)}, {"rsp", offsetof(struct user_regs_struct, rsp)},
+    {"r8", offsetof(struct user_regs_struct, r8)},   {"r9", offsetof(struct user_regs_struct, r9)},
+    {"r10", offsetof(struct user_regs_struct, r10)}, {"r11", offsetof(struct user_regs_struct, r11)},
+    {"r12", offsetof(struct user_regs_struct, r12)}, {"r13", offsetof(struct user_regs_struct, r13)},
+    {"r14", offsetof(struct user_regs_struct, r14)}, {"r15", offsetof(struct user_regs_struct, r15)},
+};
+
+/* A site's string registers ("r13,r14"), as offsets into user_regs_struct. */
+static int parse_regs(const char *list, size_t *offsets) {
+    int n = 0;
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        size_t k = 0;
+        while (k < sizeof REGS / sizeof REGS[0] && strcmp(REGS[k].name, tok) != 0) k++;
+        if (k == sizeof REGS / sizeof REGS[0] || n == MAX_STRINGS) return -1;
+        offsets[n++] = REGS[k].offset;
+    }
+    return n;
+}
 
 static void pin(pid_t who, int cpu) {
     cpu_set_t set;
@@ -59,16 +95,26 @@ static int last_cpu(pid_t pid) {
 
 int main(int argc, char **argv) {
     uint64_t sites[MAX_ADDRS], sems[MAX_ADDRS];
-    int nsites = 0, nsems = 0, i = 1, tracer_cpu = -1, target_cpu = -1, follow = 0;
+    size_t strings[MAX_ADDRS][MAX_STRINGS];
+    int nstrings[MAX_ADDRS] = {0};
+    int nsites = 0, nsems = 0, i = 1, tracer_cpu = -1, target_cpu = -1, follow = 0, reads = 0;
 
     for (; i < argc && strcmp(argv[i], "--") != 0; i += 2) {
         if (i + 1 >= argc) { fprintf(stderr, "floor: %s needs an address\n", argv[i]); return 2; }
         uint64_t a = strtoull(argv[i + 1], NULL, 0);
-        if (!strcmp(argv[i], "--site") && nsites < MAX_ADDRS) sites[nsites++] = a;
+        if (!strcmp(argv[i], "--site") && nsites < MAX_ADDRS) {
+            const char *colon = strchr(argv[i + 1], ':');
+            if (colon && (nstrings[nsites] = parse_regs(colon + 1, strings[nsites])) < 0) {
+                fprintf(stderr, "floor: bad registers in %s\n", argv[i + 1]);
+                return 2;
+            }
+            sites[nsites++] = a;
+        }
         else if (!strcmp(argv[i], "--sem") && nsems < MAX_ADDRS) sems[nsems++] = a;
         else if (!strcmp(argv[i], "--tracer-cpu")) tracer_cpu = (int)a;
         else if (!strcmp(argv[i], "--target-cpu")) target_cpu = (int)a;
         else if (!strcmp(argv[i], "--follow")) follow = (int)a;
+        else if (!strcmp(argv[i], "--reads")) reads = (int)a;
 
         else { fprintf(stderr, "floor: unknown option %s\n", argv[i]); return 2; }
     }
@@ -113,6 +159,22 @@ int main(int argc, char **argv) {
             ptrace(PTRACE_GETREGS, pid, 0, &regs);
             hits++;
             sig = 0;
+            if (reads) {
+                siginfo_t info;
+                if (ptrace(PTRACE_GETSIGINFO, pid, 0, &info) == 0 && info.si_code != SI_KERNEL_CODE)
+                    sig = SIGTRAP; /* not ours: delivered */
+                int k = 0;
+                while (k < nsites && sites[k] != regs.rip - 1) k++;
+                if (k < nsites && nstrings[k] > 0) {
+                    static char text[MAX_STRINGS][FIRST_READ];
+                    struct iovec local[MAX_STRINGS], remote[MAX_STRINGS];
+                    for (int j = 0; j < nstrings[k]; j++) {
+                        local[j] = (struct iovec){text[j], FIRST_READ};
+                        remote[j] = (struct iovec){(void *)*(uint64_t *)((char *)&regs + strings[k][j]), FIRST_READ};
+                    }
+                    process_vm_readv(pid, local, nstrings[k], remote, nstrings[k], 0);
+                }
+            }
             if (follow) {
                 int cpu = last_cpu(pid);
                 if (cpu >= 0 && cpu != sched_getcpu()) pin(0, cpu);

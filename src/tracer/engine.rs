@@ -10,7 +10,6 @@
 //! `interface` (what the caller sees); the ring's and the budget's sides of the
 //! engine are in `tracer::ring` and `tracer::budget`.
 
-use std::collections::HashMap;
 use std::ffi::CString;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -19,6 +18,7 @@ use nix::sys::ptrace::{self, Event, Options};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
+use rustc_hash::FxHashMap;
 
 use crate::process::memory::ProcessMemory;
 use crate::process::status::{tgid_of, thread_ids};
@@ -94,11 +94,13 @@ pub struct Engine {
     pub(super) launched: bool,
     /// Undoes the patches if pyprobe dies without detaching (see `guardian`).
     pub(super) guardian: Option<Guardian>,
-    pub(super) threads: HashMap<i32, Thread>,
-    pub(super) procs: HashMap<i32, Proc>,
+    /// Keyed by kernel ids (never by bytes from a target): a fast hash, looked up
+    /// several times per `int3` hit.
+    pub(super) threads: FxHashMap<i32, Thread>,
+    pub(super) procs: FxHashMap<i32, Proc>,
     pub(super) resolver: Box<dyn Resolver>,
     pub(super) options: EngineOptions,
-    pub(super) pending_children: HashMap<i32, PendingChild>,
+    pub(super) pending_children: FxHashMap<i32, PendingChild>,
     pub(super) early_children: Vec<i32>,
     pub(super) exit: Option<Outcome>,
     pub(super) detached: bool,
@@ -146,11 +148,11 @@ impl Engine {
             root,
             launched: false,
             guardian: None,
-            threads: HashMap::new(),
-            procs: HashMap::new(),
+            threads: FxHashMap::default(),
+            procs: FxHashMap::default(),
             resolver,
             options,
-            pending_children: HashMap::new(),
+            pending_children: FxHashMap::default(),
             early_children: Vec::new(),
             exit: None,
             detached: false,
