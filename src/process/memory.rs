@@ -61,6 +61,42 @@ impl ProcessMemory {
         }
     }
 
+    /// Reads the 64-bit word at each of `addrs` into `out` (`None` where it
+    /// cannot be read), with one `process_vm_readv` per [`WORDS_PER_READ`] words
+    /// when all can be read: for checking many objects at once, where a read
+    /// each would cost a system call each. The kernel stops at the first word it
+    /// cannot read; reading goes on after it.
+    pub fn read_words(&self, addrs: &[u64], out: &mut Vec<Option<u64>>) {
+        out.clear();
+        out.resize(addrs.len(), None);
+        let mut words = [[0u8; 8]; WORDS_PER_READ];
+        let mut at = 0;
+        // Each pass reads at least one word or gives one up: at most 2 passes a word.
+        while at < addrs.len() {
+            let n = (addrs.len() - at).min(WORDS_PER_READ);
+            let remote: Vec<RemoteIoVec> = addrs[at..at + n]
+                .iter()
+                .map(|&a| RemoteIoVec {
+                    base: a as usize,
+                    len: 8,
+                })
+                .collect();
+            let mut local: Vec<io::IoSliceMut<'_>> = words[..n]
+                .iter_mut()
+                .map(|w| io::IoSliceMut::new(w))
+                .collect();
+            let got = process_vm_readv(Pid::from_raw(self.pid), &mut local, &remote).unwrap_or(0);
+            drop(local);
+            let whole = got / 8;
+            for k in 0..whole.min(n) {
+                out[at + k] = Some(u64::from_le_bytes(words[k]));
+            }
+            // The word after the last whole one could not be read (or a short
+            // read cut it): given up, the rest read afresh.
+            at += whole.min(n) + usize::from(whole < n);
+        }
+    }
+
     pub fn read_u64(&self, addr: u64) -> io::Result<u64> {
         let mut b = [0u8; 8];
         self.read(addr, &mut b)?;
@@ -131,5 +167,39 @@ impl ProcessMemory {
 impl crate::sdt::MemoryReader for ProcessMemory {
     fn read_exact(&self, address: u64, buf: &mut [u8]) -> io::Result<()> {
         self.read(address, buf)
+    }
+}
+
+/// Most words [`ProcessMemory::read_words`] asks for in one system call (the
+/// kernel takes at most 1024 iovecs).
+pub const WORDS_PER_READ: usize = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_are_read_together_and_an_unreadable_one_does_not_hide_the_rest() {
+        let mem = ProcessMemory::new(std::process::id() as i32);
+        let values: Vec<u64> = (0..600u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        let mut addrs: Vec<u64> = values.iter().map(|v| v as *const u64 as u64).collect();
+        // Unmapped words among them: the first, one in the middle, the last.
+        for at in [0, 300, 599] {
+            addrs[at] = 8;
+        }
+        let mut out = Vec::new();
+        mem.read_words(&addrs, &mut out);
+        assert_eq!(out.len(), values.len());
+        for (i, (got, want)) in out.iter().zip(&values).enumerate() {
+            if [0, 300, 599].contains(&i) {
+                assert_eq!(*got, None, "word {i}");
+            } else {
+                assert_eq!(*got, Some(*want), "word {i}");
+            }
+        }
+        mem.read_words(&[], &mut out);
+        assert!(out.is_empty());
     }
 }

@@ -491,3 +491,46 @@ fn the_hook_and_the_function_probes_count_the_same_calls() {
     }
     assert_eq!(counted[0], counted[1]);
 }
+
+/// Class bodies and methods made from one template, each freed before the next
+/// takes its address: every call keeps its own class's name. A body's record
+/// carries its name (before 3.12) and its parts cannot tell two such bodies
+/// apart; a method named before is named again only after its code object's
+/// qualified name was found unchanged.
+#[test]
+fn code_objects_made_from_one_template_at_one_address_keep_their_own_names() {
+    let mut reused_somewhere = false;
+    for (minor, py) in hook_interpreters() {
+        let out = TempFile::new("hook-template.pyprobe");
+        let (stdout, stderr) = trace_fixture(&minor, &py, &out, "template_classes.py", &["100"]);
+        assert!(stderr.contains("engine hook"), "{minor}: {stderr}");
+        let own = json_line(&stdout);
+        reused_somewhere |= own["reused"].as_u64().unwrap_or(0) > 0;
+        let traced = calls_in_file(&report_json(out.path()), "<template>");
+        for (body, n) in own["bodies"].as_object().expect("bodies") {
+            assert_eq!(
+                traced.get(body).copied(),
+                n.as_u64(),
+                "{minor}: calls of class body {body}: traced {traced:?}, counted {own}"
+            );
+        }
+        let methods = own["methods"].as_object().expect("methods");
+        let total: u64 = methods.values().filter_map(|n| n.as_u64()).sum();
+        if traced.contains_key("K0.m") {
+            // Named by their qualified names: each its own.
+            for (method, n) in methods {
+                assert_eq!(
+                    traced.get(method).copied(),
+                    n.as_u64(),
+                    "{minor}: calls of {method}: traced {traced:?}, counted {own}"
+                );
+            }
+        } else {
+            assert_eq!(traced.get("m").copied(), Some(total), "{minor}: {traced:?}");
+        }
+    }
+    assert!(
+        reused_somewhere,
+        "no interpreter put a method's code object where the last one had been: nothing was tested"
+    );
+}

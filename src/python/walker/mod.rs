@@ -294,6 +294,12 @@ impl Walker {
         [l.code_name, l.code_filename, l.code_firstlineno]
     }
 
+    /// Offset of `co_qualname` in a code object (3.11+; `None` before, where a
+    /// frame's name is its `co_name`).
+    pub fn code_qualname_offset(&self) -> Option<u64> {
+        self.reader.layout.code_qualname
+    }
+
     /// A frame named from a code object's parts read when it ran (its `co_name` and
     /// `co_filename` str objects and first line), for a code object that may be gone
     /// since; `None` when they are not readable strs.

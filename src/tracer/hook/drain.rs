@@ -19,6 +19,15 @@ use crate::tracer::ring::tsc::{read_tsc, TscClock};
 use super::setup::ascii_data;
 use super::{HookProc, BATCH, MAX_NAMED, MAX_REPEATS, MAX_SHADOW, UNKNOWN};
 
+/// [`HookProc::recheck_named`]'s room, kept between drains.
+#[derive(Default)]
+pub(super) struct Recheck {
+    seen: rustc_hash::FxHashSet<[u64; 5]>,
+    parts: Vec<[u64; 5]>,
+    addrs: Vec<u64>,
+    words: Vec<Option<u64>>,
+}
+
 /// A record as the ring holds it: kind, `%fs` base, the code object's parts
 /// (address, name and file pointers, first line, the strings' hash check), the
 /// returned type, the counter stamp, a body's copied name.
@@ -89,6 +98,7 @@ impl HookProc {
         self.walker.new_naming_batch();
         self.names.clear();
         self.types.new_batch();
+        self.recheck_named(&records);
         for r in &records {
             let (kind, thread, parts, ty, stamp) = (r.kind, r.thread, r.parts, r.ty, r.stamp);
             if !matches!(kind, KIND_CALL | KIND_RETURN | KIND_RAISE) {
@@ -119,6 +129,45 @@ impl HookProc {
         read
     }
 
+    /// Before a drain's records are named: the parts among them named before
+    /// keep that name only if their code object's `co_qualname` pointer is the
+    /// one it had then, all read with one system call; the others are
+    /// forgotten, to be named afresh. Nothing is read when the image is gone
+    /// (what was named is all there is) or before 3.11 (no qualified name: the
+    /// parts are the whole name).
+    fn recheck_named(&mut self, records: &[RawRecord]) {
+        let Some(offset) = self.walker.code_qualname_offset() else {
+            return;
+        };
+        if self.image_gone || self.named.is_empty() {
+            return;
+        }
+        let Recheck {
+            seen,
+            parts,
+            addrs,
+            words,
+        } = &mut self.recheck;
+        seen.clear();
+        parts.clear();
+        addrs.clear();
+        for r in records {
+            if matches!(r.kind, KIND_CALL | KIND_RETURN | KIND_RAISE)
+                && self.named.contains_key(&r.parts)
+                && seen.insert(r.parts)
+            {
+                parts.push(r.parts);
+                addrs.push(r.parts[0].wrapping_add(offset));
+            }
+        }
+        self.mem.read_words(addrs, words);
+        for (p, now) in parts.iter().zip(words.iter()) {
+            if self.named.get(p).map(|(_, q)| Some(*q)) != Some(*now) {
+                self.named.remove(p);
+            }
+        }
+    }
+
     /// The name of a record's code object: a return takes the name of the entry it
     /// closes (the innermost of the same code object on its thread's shadow stack:
     /// the code object may be gone and its memory reused by now), an entry is named
@@ -131,8 +180,8 @@ impl HookProc {
         body_name: Option<&str>,
     ) -> Arc<PyFrame> {
         let code = parts[0];
-        let shadow = self.shadow.entry(thread).or_default();
         if kind != KIND_CALL {
+            let shadow = self.shadow.entry(thread).or_default();
             let at = shadow
                 .iter()
                 .rev()
@@ -147,41 +196,64 @@ impl HookProc {
         }
         let walker = &mut self.walker;
         let mem = &self.mem;
-        let named = &mut self.named;
         let image_gone = self.image_gone;
-        let frame = self
-            .names
-            .entry(parts)
-            .or_insert_with(|| {
-                // The name read before, when the read finds it again: one frame per
-                // code object across drains, which its repeats are known by.
-                let frame = match (
-                    (!image_gone)
-                        .then(|| name_code(walker, mem, parts, body_name))
-                        .flatten(),
-                    named.get(&parts),
-                ) {
-                    (Some(read), Some(known)) if **known == read => Some(known.clone()),
-                    (Some(read), _) => Some(Arc::new(read)),
-                    (None, known) => known.cloned(),
-                };
-                if let Some(f) = &frame {
-                    if named.len() >= MAX_NAMED {
-                        named.clear();
-                    }
-                    named.insert(parts, f.clone());
-                }
-                frame
-            })
-            .clone()
-            .unwrap_or_else(|| self.unknown.clone());
+        // A module or class body (before 3.12) carries its name in the record, and
+        // its parts' check covers only its file: two bodies made from one template
+        // at one address share every part. Named from the record each time (a
+        // body runs once), never from a cache.
+        let body = body_name
+            .filter(|_| !image_gone)
+            .and_then(|b| name_code(walker, mem, parts, Some(b)))
+            .map(Arc::new);
+        let frame = match body {
+            Some(frame) => frame,
+            None => self.cached_name(parts, body_name),
+        };
         if kind == KIND_CALL {
+            let shadow = self.shadow.entry(thread).or_default();
             if shadow.len() >= MAX_SHADOW {
                 shadow.drain(..MAX_SHADOW / 2);
             }
             shadow.push((code, frame.clone()));
         }
         frame
+    }
+
+    /// The name of a code object from this drain's names, from those named
+    /// before, or read now.
+    fn cached_name(&mut self, parts: [u64; 5], body_name: Option<&str>) -> Arc<PyFrame> {
+        let walker = &mut self.walker;
+        let mem = &self.mem;
+        let named = &mut self.named;
+        let image_gone = self.image_gone;
+        self.names
+            .entry(parts)
+            .or_insert_with(|| {
+                // Parts named before (and rechecked in this drain): the same
+                // frame, not read again. One frame per code object across
+                // drains, which its repeats are known by; reading each afresh
+                // cost some ten `process_vm_readv`s per code object per drain.
+                if let Some((known, _)) = named.get(&parts) {
+                    return Some(known.clone());
+                }
+                let frame = (!image_gone)
+                    .then(|| name_code(walker, mem, parts, body_name))
+                    .flatten()
+                    .map(Arc::new);
+                if let Some(f) = &frame {
+                    if named.len() >= MAX_NAMED {
+                        named.clear();
+                    }
+                    let qualname = walker
+                        .code_qualname_offset()
+                        .and_then(|o| mem.read_u64(parts[0].wrapping_add(o)).ok())
+                        .unwrap_or(0);
+                    named.insert(parts, (f.clone(), qualname));
+                }
+                frame
+            })
+            .clone()
+            .unwrap_or_else(|| self.unknown.clone())
     }
 
     /// Passes on the held records stamped no later than `upto_ns`, in order, as

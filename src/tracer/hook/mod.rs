@@ -23,9 +23,10 @@
 //!   keeps waiting: a main thread blocked in C (a `sleep`, a lock) installs it when
 //!   it returns to Python.
 //! * **Naming**: records carry code-object and type pointers. A start or resume is
-//!   named by the frame walker, whose cache re-validates an address (name, file,
-//!   line-table pointers, first line) once per drain, so an address freed and reused
-//!   by another code object is named afresh. A return or unwind takes the name of the
+//!   named by the frame walker the first time its parts (below) are met; parts met
+//!   again take that name, after one read per drain for all of them together checks
+//!   that each code object's `co_qualname` pointer is unchanged, so an address freed
+//!   and reused by another code object is named afresh. A return or unwind takes the name of the
 //!   entry it closes (a per-thread shadow stack of code pointers): the code object
 //!   may be gone by the time pyprobe reads the record (a module body is freed as soon
 //!   as it has run), and its memory reused. Types are named by `tp_name`, once each
@@ -143,12 +144,19 @@ pub(in crate::tracer) struct HookProc {
     /// Per drain: (code object, `co_name`, `co_filename`, first line) → its frame
     /// (or `None`: not readable).
     names: FxHashMap<[u64; 5], Option<Arc<PyFrame>>>,
-    /// The same parts once named, kept across drains: the records still in the
-    /// ring when the target exits are named after its memory is gone. The parts
-    /// are what the hook read from the code object when it ran, so a code object
-    /// freed and another put at its address has other parts (its own name and
-    /// file pointers, first line), unless it is the same function again.
-    named: FxHashMap<[u64; 5], Arc<PyFrame>>,
+    /// The same parts once named, kept across drains, with the `co_qualname`
+    /// pointer the code object had then (3.11+; 0 before): parts met again are
+    /// named from here, not read again, once [`HookProc::recheck_named`] found
+    /// the pointer unchanged in this drain. The parts are what the hook read from
+    /// the code object when it ran, so a code object freed and another put at its
+    /// address has other parts (its own name and file pointers, first line, the
+    /// strings' identity) unless it is the same function again, or one made from
+    /// a copy of its source with another qualified name (a class made from a
+    /// template): the pointer tells those apart. The records still in the ring
+    /// when the target exits are named from here after its memory is gone.
+    named: FxHashMap<[u64; 5], (Arc<PyFrame>, u64)>,
+    /// [`HookProc::recheck_named`]'s reused room.
+    recheck: drain::Recheck,
     /// Type objects' names.
     types: TypeNames,
     /// Per thread: the code objects entered and not yet left, with their names.
@@ -301,6 +309,7 @@ impl Engine {
                 buffers: HitBuffers::default(),
                 names: FxHashMap::default(),
                 named: FxHashMap::default(),
+                recheck: drain::Recheck::default(),
                 types: TypeNames::default(),
                 shadow: FxHashMap::default(),
                 repeats: FxHashMap::default(),
@@ -624,6 +633,7 @@ impl Engine {
             }
             while self.drain_hook_of(pid, sink) > 0 {}
             if let Some(h) = self.hook_book.procs.remove(&pid) {
+                say_waited(pid, &h, self.ring_book.tsc.as_ref(), sink);
                 // Callbacks stop waiting for room: nobody reads the ring any more,
                 // nor follows the process's threads.
                 h.reader.set_solo(false);
@@ -659,6 +669,7 @@ impl Engine {
         h.image_gone = true;
         while self.drain_hook_of(pid, sink) > 0 {}
         if let Some(h) = self.hook_book.procs.remove(&pid) {
+            say_waited(pid, &h, self.ring_book.tsc.as_ref(), sink);
             flush_return_types(pid, h, sink);
         }
     }
@@ -680,6 +691,20 @@ fn say_taken(
              until the target lets it go"
         )));
     }
+}
+
+/// For `-v`: how long the target's callbacks waited for room in the hook's ring,
+/// i.e. held the target because pyprobe read more slowly than it wrote.
+fn say_waited(pid: i32, h: &HookProc, tsc: Option<&TscClock>, sink: &mut dyn FnMut(TraceEvent)) {
+    let Some(tsc) = tsc else {
+        return;
+    };
+    let waited_ns = tsc.ticks_to_ns(h.reader.waited_cycles());
+    sink(TraceEvent::Detail(format!(
+        "hook engine in process {pid}: the target waited {:.1} ms in all for room in the ring \
+         (pyprobe reading more slowly than it wrote)",
+        waited_ns as f64 / 1e6
+    )));
 }
 
 /// The last return-type totals of a hook that is done with.
