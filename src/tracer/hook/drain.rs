@@ -151,11 +151,16 @@ impl HookProc {
         seen.clear();
         parts.clear();
         addrs.clear();
+        // Runs of one code object are the rule (a loop, a recursion): a record
+        // like the one before it costs a compare, not a hash.
+        let mut previous = None;
         for r in records {
-            if matches!(r.kind, KIND_CALL | KIND_RETURN | KIND_RAISE)
-                && self.named.contains_key(&r.parts)
-                && seen.insert(r.parts)
+            if !matches!(r.kind, KIND_CALL | KIND_RETURN | KIND_RAISE) || previous == Some(r.parts)
             {
+                continue;
+            }
+            previous = Some(r.parts);
+            if seen.insert(r.parts) && self.named.contains_key(&r.parts) {
                 parts.push(r.parts);
                 addrs.push(r.parts[0].wrapping_add(offset));
             }
