@@ -211,7 +211,14 @@ impl HookProc {
             .and_then(|b| name_code(walker, mem, parts, Some(b)))
             .map(Arc::new);
         let frame = match body {
-            Some(frame) => frame,
+            Some(frame) => {
+                // Kept for records read after the image is gone, as any name.
+                if self.named.len() >= MAX_NAMED {
+                    self.named.clear();
+                }
+                self.named.insert(parts, (frame.clone(), 0));
+                frame
+            }
             None => self.cached_name(parts, body_name),
         };
         if kind == KIND_CALL {
