@@ -101,12 +101,12 @@
 //!
 //! A callback waits for room in a full ring (holding the GIL) as long as pyprobe
 //! serves the ring: its `alive` word is set and its heartbeat younger than `stale`
-//! (10 s). A pyprobe stopped by a signal for less than that loses nothing. Once an
-//! event is lost because nobody serves the ring (pyprobe left, its guardian cleared
-//! `alive` when it died) or its heartbeat went stale (pyprobe stopped for good, or
-//! killed with its guardian unable to act), the hook clears `on` itself and
-//! unregisters at the next event. So the worst a vanished pyprobe costs the target
-//! is one wait of `stale`, then nothing.
+//! (300 ms: a thread of pyprobe's that does nothing else beats it, so a slow or
+//! starved pyprobe stays fresh and only a stopped or dead one goes stale). Once an
+//! event is lost because nobody serves the ring (pyprobe left or paused, its
+//! guardian cleared `alive` when it died or was stopped) or its heartbeat went stale,
+//! the hook clears `on` itself and unregisters at the next event. So the worst a
+//! vanished pyprobe costs the target is one wait of `stale`, then nothing.
 
 pub mod codegen;
 

@@ -71,6 +71,7 @@ pub mod branches;
 pub mod codegen;
 pub mod consumer;
 pub mod format;
+pub mod lost;
 pub mod region;
 pub mod site;
 pub mod stack;
@@ -90,6 +91,7 @@ pub use consumer::{
     RingString,
 };
 pub use format::{init_ring, init_zeroed_ring, ring_bytes, RingError};
+pub use lost::{LostCounter, LostReading};
 pub use region::{RegionError, RegionHeader, RegionSite};
 pub use site::{plans_overlap, qualify_site, thread_inside, SitePlan, SiteRefusal, Tail};
 pub use stack::{CurrentThreadState, StackCapture, StackFrame, StackRoot};

@@ -224,6 +224,12 @@ impl RingReader {
         self.word(H_HEARTBEAT).store(tsc_now(), Ordering::Release);
     }
 
+    /// Where the `heartbeat` word is in the consumer's mapping, for a thread that
+    /// beats it (it must stop before the mapping goes).
+    pub fn heartbeat_address(&self) -> usize {
+        self.word(H_HEARTBEAT) as *const AtomicU64 as usize
+    }
+
     /// Says every record drained so far is done with, what it points at read too
     /// (a producer about to free that memory waits for it: the hook's exit callback).
     pub fn mark_finished(&self) {

@@ -82,15 +82,14 @@ impl HookProc {
             (_, Some(last)) => last.stamp,
             (_, None) => self.read_to,
         };
-        let lost = self.reader.lost();
-        if lost > self.lost_reported {
-            sink(TraceEvent::Lost {
-                pid,
-                count: lost - self.lost_reported,
-                ts_ns: monotonic_ns(),
-            });
-            self.lost_reported = lost;
-        }
+        crate::tracer::ring::report_lost(
+            &mut self.lost,
+            self.reader.lost(),
+            monotonic_ns(),
+            "hook",
+            pid,
+            sink,
+        );
         if records.is_empty() {
             self.raw = records;
             return 0;

@@ -120,6 +120,8 @@ enum Phase {
 pub(in crate::tracer) struct HookProc {
     mem: ProcessMemory,
     reader: RingReader,
+    /// The ring's heartbeat, beaten while the hook lives (before `_mapping`).
+    _beat: crate::tracer::ring::heartbeat::BeatTicket,
     _mapping: MmapMut,
     state_addr: u64,
     hook: HookCode,
@@ -170,7 +172,8 @@ pub(in crate::tracer) struct HookProc {
     unknown: Arc<PyFrame>,
     /// What functions returned, by type.
     returns: ReturnTable,
-    lost_reported: u64,
+    /// The producers' losses reported so far.
+    lost: crate::ring::LostCounter,
     /// Records read from the ring, not yet named and passed on (see `drain`).
     pending: std::collections::VecDeque<drain::HookRecord>,
     /// The buffer records are read into, kept across drains.
@@ -194,6 +197,12 @@ pub(in crate::tracer) struct HookBook {
 }
 
 impl Engine {
+    /// Whether a launched process waits for its interpreter's first thread state
+    /// to be hooked.
+    pub(in crate::tracer) fn hook_book_awaits(&self) -> bool {
+        !self.hook_book.awaiting.is_empty()
+    }
+
     /// Whether the event loop must poll for the hook.
     pub(in crate::tracer) fn hook_active(&self) -> bool {
         !self.hook_book.procs.is_empty() || !self.hook_book.awaiting.is_empty()
@@ -286,10 +295,15 @@ impl Engine {
         let mut said_taken = std::collections::HashSet::new();
         say_taken(pid, &installed.taken, &mut said_taken, sink);
         let now = Instant::now();
+        let lost = crate::ring::LostCounter::new(
+            installed.reader.lost(),
+            crate::tracer::clock::monotonic_ns(),
+        );
         self.hook_book.procs.insert(
             pid,
             HookProc {
                 mem,
+                _beat: crate::tracer::ring::heartbeat::keep_beating(&installed.reader),
                 reader: installed.reader,
                 _mapping: installed.mapping,
                 state_addr: installed.state_addr,
@@ -321,7 +335,7 @@ impl Engine {
                     line: 0,
                 }),
                 returns: ReturnTable::default(),
-                lost_reported: 0,
+                lost,
                 pending: std::collections::VecDeque::new(),
                 raw: Vec::with_capacity(BATCH),
                 read_to: 0,

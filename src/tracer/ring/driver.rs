@@ -25,8 +25,6 @@ use crate::tracer::guardian::Op;
 #[derive(Default)]
 pub(in crate::tracer) struct RingBook {
     pub(in crate::tracer) tsc: Option<TscClock>,
-    /// Lost counts already reported, per process.
-    pub(in crate::tracer) lost_reported: std::collections::HashMap<i32, u64>,
     /// The slot the drain waits for, and since when.
     pub(in crate::tracer) stuck: std::collections::HashMap<i32, (u64, u64)>,
     /// Until when a ring counts as busy (see [`BUSY_NS`]).
@@ -447,16 +445,8 @@ impl Engine {
                 waited_ns += tsc.ticks_to_ns(waited - ring.waited_charged);
                 ring.waited_charged = waited;
             }
-            let lost = ring.reader.lost();
-            let reported = ring_book.lost_reported.entry(pid).or_insert(0);
-            if lost > *reported {
-                sink(TraceEvent::Lost {
-                    pid,
-                    count: lost - *reported,
-                    ts_ns: monotonic_ns(),
-                });
-                *reported = lost;
-            }
+            let now = monotonic_ns();
+            super::report_lost(&mut ring.lost, ring.reader.lost(), now, "ring", pid, sink);
             proc.ring = Some(ring);
         }
         self.budget.counted_since_thin += counted_total;
@@ -496,14 +486,16 @@ impl Engine {
             }
         }
         while self.drain_rings(sink) > 0 {}
-        let Engine {
-            procs, ring_book, ..
-        } = self;
-        for (&pid, proc) in procs.iter_mut() {
+        for (&pid, proc) in self.procs.iter_mut() {
             if let Some(ring) = proc.ring.take() {
                 // Producers stop waiting for room: nobody reads the ring any more.
                 ring.reader.leave();
-                let pending = ring.reader.head().saturating_sub(ring.reader.tail());
+                // Bounded: `head` is the target's to write.
+                let pending = ring
+                    .reader
+                    .head()
+                    .saturating_sub(ring.reader.tail())
+                    .min(ring.reader.capacity());
                 if pending > 0 {
                     sink(TraceEvent::Lost {
                         pid,
@@ -511,7 +503,6 @@ impl Engine {
                         ts_ns: monotonic_ns(),
                     });
                 }
-                ring_book.lost_reported.remove(&pid);
             }
         }
     }

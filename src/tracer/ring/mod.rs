@@ -5,6 +5,7 @@
 //! The pure core (formats, code generation, the consumer) is [`crate::ring`].
 
 mod driver;
+pub mod heartbeat;
 pub mod hits;
 pub mod leftovers;
 pub mod reuse;
@@ -63,15 +64,43 @@ pub(in crate::tracer) const RING_FRAME_NS: u64 = 10;
 /// A slot reserved but not published for this long is given up (its producer
 /// was killed or is stuck), counted as lost.
 pub(in crate::tracer) const STUCK_NS: u64 = 1_000_000_000;
-/// A consumer silent this long counts as wedged: producers waiting for room in
-/// its full ring give up and count their events lost. Long enough for pyprobe
-/// stopped by a debugger or job control for a while (the target waits, nothing
-/// is lost); a dead pyprobe's guardian says so at once instead.
-pub(in crate::tracer) const CONSUMER_STALE_NS: u64 = 10_000_000_000;
+/// A heartbeat this old means pyprobe is stopped (SIGSTOP, a debugger) or dead:
+/// producers waiting for room in its full ring give up and count their events
+/// lost. Its own thread beats it every 10 ms ([`heartbeat`]), however busy or
+/// starved the draining thread is, so a pyprobe that is only slow never looks
+/// stopped; this is the longest a stopped pyprobe can hold a producer.
+pub(in crate::tracer) const CONSUMER_STALE_NS: u64 = 300_000_000;
 /// Under an overhead budget, how long an event waits for room in a full ring
 /// before it is counted lost: time for a descheduled pyprobe to drain, short
 /// enough that the budget, which charges the wait, can react.
 pub(in crate::tracer) const BUDGETED_PATIENCE_NS: u64 = 10_000_000;
+
+/// Says what a new reading `value` of a ring's `lost` counter (the ring of
+/// `engine`, "ring" or "hook", of process `pid`) tells: new losses, or once, that
+/// the counter cannot be trusted.
+pub(in crate::tracer) fn report_lost(
+    counter: &mut crate::ring::LostCounter,
+    value: u64,
+    now_ns: u64,
+    engine: &str,
+    pid: i32,
+    sink: &mut dyn FnMut(TraceEvent),
+) {
+    match counter.read(value, now_ns) {
+        crate::ring::LostReading::Nothing => {}
+        crate::ring::LostReading::New(count) => sink(TraceEvent::Lost {
+            pid,
+            count,
+            ts_ns: now_ns,
+        }),
+        crate::ring::LostReading::Corrupt(value) => sink(TraceEvent::Notice(format!(
+            "{engine} engine in process {pid}: the ring's count of lost events reads {value}, \
+             which cannot be true (the program wrote over pyprobe's ring): losses of this \
+             process are not counted from here, and the recording may miss events it does not \
+             say it lost"
+        ))),
+    }
+}
 
 /// Lets the producers of `reader` (the ring of `engine`, "ring" or "hook", in
 /// process `pid`) reserve slots without `lock` if the process has one thread:

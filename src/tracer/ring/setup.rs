@@ -15,6 +15,8 @@ use std::io;
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::MmapMut;
 
+use super::heartbeat::{keep_beating, BeatTicket};
+
 use crate::process::maps::{read_maps, MapEntry};
 use crate::process::memory::ProcessMemory;
 use crate::ring::region::{self, RegionHeader, RegionSite};
@@ -54,6 +56,9 @@ pub struct RingSite {
 /// The ring engine's state in one process image.
 pub struct RingProc {
     pub reader: RingReader,
+    /// The ring's heartbeat, beaten while the ring lives (before `_mapping`: see
+    /// [`BeatTicket`]).
+    _beat: BeatTicket,
     /// pyprobe's own mapping of the ring; `reader` points into it.
     _mapping: MmapMut,
     /// Site address → what was patched there.
@@ -70,6 +75,8 @@ pub struct RingProc {
     pub waited_charged: u64,
     /// Records kept to tell repeats of them.
     pub known: crate::ring::KnownRecords,
+    /// The producers' losses reported so far.
+    pub lost: crate::ring::LostCounter,
 }
 
 impl std::fmt::Debug for RingProc {
@@ -144,7 +151,9 @@ pub fn setup(
         .map_err(|e| anyhow!("{e}"))?;
 
     let maps = read_maps(pid)?;
+    let reader_lost = reader.lost();
     let mut ring = RingProc {
+        _beat: keep_beating(&reader),
         reader,
         _mapping: mapping,
         sites: HashMap::new(),
@@ -154,6 +163,7 @@ pub fn setup(
         counted_reported: HashMap::new(),
         waited_charged: 0,
         known: Default::default(),
+        lost: crate::ring::LostCounter::new(reader_lost, crate::tracer::clock::monotonic_ns()),
     };
     let mut refused = Vec::new();
     // Sites grouped by the executable mapping holding them.
