@@ -9,7 +9,7 @@ use super::budget::{ThinningTracker, WindowTracker};
 use super::gc::GcTracker;
 use super::imports::ImportTracker;
 use super::model::{
-    Anomalies, AuditCount, FunctionSource, FunctionStats, ImportStats, ProcessStats, Report,
+    Anomalies, AuditCount, FunctionSource, FunctionStats, ImportStats, Pause, ProcessStats, Report,
     Target, ThreadStats,
 };
 use super::model::{RaisingStack, Trigger, MAX_TRIGGERS};
@@ -174,6 +174,8 @@ pub struct Aggregator {
     processes: BTreeMap<u32, ProcAcc>,
     events: u64,
     lost: u64,
+    /// (time, length) of each pause.
+    paused: Vec<(u64, u64)>,
     first_ts: Option<u64>,
     last_ts: Option<u64>,
     windows: WindowTracker,
@@ -223,6 +225,7 @@ impl Aggregator {
             processes: BTreeMap::new(),
             events: 0,
             lost: 0,
+            paused: Vec::new(),
             first_ts: None,
             last_ts: None,
             windows: WindowTracker::default(),
@@ -295,6 +298,7 @@ impl Aggregator {
             EventKind::Lost { count } => {
                 self.lost = self.lost.saturating_add(*count);
             }
+            EventKind::Paused { ns } => self.paused.push((ts, *ns)),
             EventKind::Window { exact } => self.windows.toggle(*exact, ts),
             EventKind::Thinned { level } => self.thinning.set(*level, ts),
             EventKind::AuditsCounted { count } => {
@@ -485,6 +489,14 @@ impl Aggregator {
             duration_ns: end.saturating_sub(start),
             events: self.events,
             lost_events: self.lost,
+            paused: self
+                .paused
+                .iter()
+                .map(|&(at, ns)| Pause {
+                    at_ns: at.saturating_sub(start),
+                    ns,
+                })
+                .collect(),
             source,
             functions,
             gc,

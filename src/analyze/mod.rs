@@ -27,7 +27,7 @@ pub use filter::{parse_duration, FileFilter, FilterError, SliceFilter};
 pub use histogram::Histogram;
 pub use model::{
     Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, GcStats, ImportStats,
-    ProcessStats, RaisingStack, Report, ReturnTypes, Target, Thinned, ThreadStats, Trigger,
+    Pause, ProcessStats, RaisingStack, Report, ReturnTypes, Target, Thinned, ThreadStats, Trigger,
     TypeCount,
 };
 pub use replay::{

@@ -212,6 +212,9 @@ pub struct Report {
     /// What functions returned, by type (recorded by the hook engine), most
     /// returns first; empty when the recording has none.
     pub return_types: Vec<ReturnTypes>,
+    /// The times pyprobe let go of the target, in order: nothing of them is in the
+    /// recording.
+    pub paused: Vec<Pause>,
 }
 
 /// What one function returned: each type's count, and the frames left by an
@@ -259,6 +262,15 @@ pub struct Thinned {
     /// Time with the audit probe off because even counting cost too much: audit
     /// events of that time are neither recorded nor counted.
     pub uncounted_ns: u64,
+}
+
+/// A time pyprobe let go of the target (it was stopped: Ctrl-Z, SIGSTOP).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pause {
+    /// When it began, from the recording's start.
+    pub at_ns: u64,
+    /// How long it lasted.
+    pub ns: u64,
 }
 
 /// How much of a budget-limited recording was traced exactly.

@@ -395,6 +395,14 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                     pid
                 ))?;
             }
+            EventKind::Paused { ns } => {
+                w.event(format_args!(
+                    "{{\"name\":\"pyprobe paused (not traced)\",\"cat\":\"pyprobe\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{},\"tid\":{tid}}}",
+                    us(w.rel(ts)),
+                    us(*ns),
+                    pid
+                ))?;
+            }
             EventKind::Thinned { level } => {
                 let name = match level {
                     ThinLevel::Full => "stacks of GC, import and audit events on",

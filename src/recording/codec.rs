@@ -55,6 +55,8 @@ mod tag {
     pub const RETURN_FROM: u8 = 23;
     /// Format 6: a running total of one function's returns of one type.
     pub const RETURN_TYPE: u8 = 24;
+    /// Format 7: pyprobe let go of the target for a while (Ctrl-Z, SIGSTOP).
+    pub const PAUSED: u8 = 25;
     /// Format 6: a call spelling out its frame, which gets the chunk's next frame number.
     pub const CALL_NEW: u8 = 32;
     /// Format 6: a return spelling out its frame and first line (0: unknown), which
@@ -314,6 +316,7 @@ impl EventEncoder {
             EventKind::Lost { count } | EventKind::AuditsCounted { count } => {
                 put_uvarint(buf, *count)
             }
+            EventKind::Paused { ns } => put_uvarint(buf, *ns),
             EventKind::ReturnType {
                 function,
                 returned,
@@ -403,6 +406,7 @@ fn kind_tag(kind: &EventKind) -> u8 {
         EventKind::Thinned { .. } => tag::THINNED,
         EventKind::AuditsCounted { .. } => tag::AUDITS_COUNTED,
         EventKind::ReturnType { .. } => tag::RETURN_TYPE,
+        EventKind::Paused { .. } => tag::PAUSED,
     }
 }
 
@@ -574,6 +578,7 @@ impl EventDecoder {
             tag::LOST => EventKind::Lost {
                 count: c.uvarint()?,
             },
+            tag::PAUSED => EventKind::Paused { ns: c.uvarint()? },
             tag::RETURN_TYPE => {
                 let function = get_frame(c)?;
                 let returned = match c.u32v("string id")? {

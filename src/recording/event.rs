@@ -143,6 +143,12 @@ pub enum EventKind {
     Lost {
         count: u64,
     },
+    /// pyprobe let go of every traced process at this time, for `ns` (it was
+    /// stopped: Ctrl-Z, SIGSTOP), then attached again: what the processes did
+    /// meanwhile is not recorded, and the stacks after it were read anew.
+    Paused {
+        ns: u64,
+    },
     /// How often a function of this thread's process (the event's `tid` is the
     /// process id) returned an object of one type so far: `returned` names the
     /// type, `None` counts frames left by an exception. A running total, written

@@ -37,6 +37,7 @@ mod affinity;
 mod children;
 mod hits;
 mod interface;
+mod pausing;
 mod sampling;
 mod threads;
 mod yielding;
@@ -47,6 +48,7 @@ use children::PendingChild;
 pub use interface::{
     EngineOptions, Hit, NotTraceable, Outcome, RepeatSlot, Resolver, ReturnRow, TraceEvent,
 };
+pub use pausing::PauseCause;
 use threads::is_stop_signal;
 pub(in crate::tracer) use threads::{at_syscall_entry, StopKind, Thread, ThreadState};
 
@@ -115,6 +117,8 @@ pub struct Engine {
     pub(super) hook_book: super::hook::HookBook,
     /// An error met while handling an event that must end the run.
     pub(super) fatal: Option<anyhow::Error>,
+    /// A pause asked for, made as soon as the target can be attached to again.
+    pub(super) pause_pending: Option<PauseCause>,
 }
 
 /// What [`Engine::wait_one`] found.
@@ -163,7 +167,24 @@ impl Engine {
             cpu: affinity::CpuFollow::default(),
             hook_book: Default::default(),
             fatal: None,
+            pause_pending: None,
         }
+    }
+
+    /// Forgets every thread and process after [`Engine::release_target`], keeping
+    /// the guardian, the options and the clocks, to attach again.
+    pub(super) fn reset_for_attach(&mut self) {
+        self.detached = false;
+        self.threads.clear();
+        self.procs.clear();
+        self.pending_children.clear();
+        self.early_children.clear();
+        self.exit = None;
+        self.fatal = None;
+        let tsc = self.ring_book.tsc.take();
+        self.ring_book = RingBook::default();
+        self.ring_book.tsc = tsc;
+        self.hook_book = Default::default();
     }
 
     pub fn root(&self) -> i32 {
@@ -186,57 +207,7 @@ impl Engine {
             engine.guardian = Some(Guardian::spawn()?);
         }
         engine.procs.insert(pid, Proc::new(pid));
-        // Seize until the thread list is stable: a thread created by a not yet seized
-        // thread would otherwise escape.
-        let mut ending = Vec::new();
-        loop {
-            let tids = thread_ids(pid)
-                .with_context(|| format!("process {pid} vanished while attaching"))?;
-            let new: Vec<i32> = tids
-                .into_iter()
-                .filter(|t| !engine.threads.contains_key(t) && !ending.contains(t))
-                .collect();
-            if new.is_empty() {
-                break;
-            }
-            for tid in new {
-                match ptrace::seize(Pid::from_raw(tid), trace_options()) {
-                    Ok(()) => {
-                        engine.threads.insert(
-                            tid,
-                            Thread {
-                                tgid: pid,
-                                state: ThreadState::Running,
-                            },
-                        );
-                    }
-                    Err(Errno::ESRCH) => continue, // ended meanwhile
-                    // Any thread but the leader: the task list is in tid order, and
-                    // after pid wrap-around a new thread may sort before the leader.
-                    Err(Errno::EPERM) if tid != pid => {
-                        if crate::process::status::traced_by_us(tid) {
-                            // Created by a thread seized already: traced from birth
-                            // (PTRACE_O_TRACECLONE); its first stop is on its way.
-                            engine.threads.insert(
-                                tid,
-                                Thread {
-                                    tgid: pid,
-                                    state: ThreadState::New,
-                                },
-                            );
-                        } else if crate::process::status::thread_is_ending(tid) {
-                            ending.push(tid); // nothing left of it to trace
-                        } else {
-                            bail!("cannot seize thread {tid} of process {pid}: EPERM");
-                        }
-                    }
-                    Err(e) if engine.threads.is_empty() => {
-                        return Err(crate::process::access::seize_error(pid, e))
-                    }
-                    Err(e) => bail!("cannot seize thread {tid} of process {pid}: {e}"),
-                }
-            }
-        }
+        engine.seize_process(pid)?;
         if engine.threads.is_empty() {
             bail!("process {pid} exited while pyprobe was attaching");
         }
@@ -272,6 +243,61 @@ impl Engine {
         }
         engine.resume_all();
         Ok(engine)
+    }
+
+    /// Seizes every thread of process `pid` (left running), until its thread list
+    /// is stable: a thread created by a not yet seized thread would otherwise escape.
+    pub(super) fn seize_process(&mut self, pid: i32) -> Result<()> {
+        let mut ending = Vec::new();
+        loop {
+            let tids = thread_ids(pid)
+                .with_context(|| format!("process {pid} vanished while attaching"))?;
+            let new: Vec<i32> = tids
+                .into_iter()
+                .filter(|t| !self.threads.contains_key(t) && !ending.contains(t))
+                .collect();
+            if new.is_empty() {
+                break;
+            }
+            for tid in new {
+                match ptrace::seize(Pid::from_raw(tid), trace_options()) {
+                    Ok(()) => {
+                        self.threads.insert(
+                            tid,
+                            Thread {
+                                tgid: pid,
+                                state: ThreadState::Running,
+                            },
+                        );
+                    }
+                    Err(Errno::ESRCH) => continue, // ended meanwhile
+                    // Any thread but the leader: the task list is in tid order, and
+                    // after pid wrap-around a new thread may sort before the leader.
+                    Err(Errno::EPERM) if tid != pid => {
+                        if crate::process::status::traced_by_us(tid) {
+                            // Created by a thread seized already: traced from birth
+                            // (PTRACE_O_TRACECLONE); its first stop is on its way.
+                            self.threads.insert(
+                                tid,
+                                Thread {
+                                    tgid: pid,
+                                    state: ThreadState::New,
+                                },
+                            );
+                        } else if crate::process::status::thread_is_ending(tid) {
+                            ending.push(tid); // nothing left of it to trace
+                        } else {
+                            bail!("cannot seize thread {tid} of process {pid}: EPERM");
+                        }
+                    }
+                    Err(e) if self.threads.is_empty() => {
+                        return Err(crate::process::access::seize_error(pid, e))
+                    }
+                    Err(e) => bail!("cannot seize thread {tid} of process {pid}: {e}"),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Starts `command` as a traced child, stopped before it runs a single
@@ -335,9 +361,7 @@ impl Engine {
                 let _ = kill(Pid::from_raw(self.root), Signal::SIGKILL);
             }
         }
-        if !self.detached {
-            self.detach_all(sink);
-        }
+        self.detach_all(sink);
         result?;
         Ok(self.exit.unwrap_or(Outcome::Detached(StopReason::Internal)))
     }
@@ -345,9 +369,17 @@ impl Engine {
     pub(super) fn event_loop(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
         self.arm_next_tick();
         loop {
+            super::ring::heartbeat::note_progress();
             if let Some(reason) = stop_requested() {
                 self.exit = Some(Outcome::Detached(reason));
                 return Ok(());
+            }
+            if let Some(cause) = self.pause_wanted() {
+                self.pause(cause, sink)?;
+                if self.exit.is_some() {
+                    return Ok(());
+                }
+                continue;
             }
             if self.threads.is_empty() {
                 return Ok(());
@@ -558,8 +590,17 @@ impl Engine {
     }
 
     /// Stops every thread, restores every byte and semaphore, and detaches, delivering
-    /// any signal a thread was stopped with.
+    /// any signal a thread was stopped with; then lets the guardian go.
     pub fn detach_all(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        self.release_target(sink);
+        if let Some(g) = self.guardian.take() {
+            g.finish();
+        }
+    }
+
+    /// Everything [`Engine::detach_all`] does but letting the guardian go: a pause
+    /// keeps it.
+    pub(super) fn release_target(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         if self.detached {
             return;
         }
@@ -625,9 +666,6 @@ impl Engine {
             let _ = ptrace::detach(Pid::from_raw(tid), pending);
         }
         self.threads.clear();
-        if let Some(g) = self.guardian.take() {
-            g.finish();
-        }
     }
 }
 
@@ -635,8 +673,6 @@ impl Drop for Engine {
     fn drop(&mut self) {
         // The last line of defence (a panic unwinding through the session): never
         // leave an int3 behind in a target that outlives pyprobe.
-        if !self.detached {
-            self.detach_all(&mut |_| {});
-        }
+        self.detach_all(&mut |_| {});
     }
 }

@@ -16,8 +16,8 @@ pub mod safety_net;
 pub mod signals;
 
 pub use engine::{
-    BudgetSummary, Engine, EngineOptions, Hit, NotTraceable, Outcome, RepeatSlot, Resolver,
-    ReturnRow, RingUse, TraceEvent,
+    BudgetSummary, Engine, EngineOptions, Hit, NotTraceable, Outcome, PauseCause, RepeatSlot,
+    Resolver, ReturnRow, RingUse, TraceEvent,
 };
 // What the engine is asked to trace, defined below it so its callers need not import it.
 pub use crate::probe_set::{usable_sites, Probe, ProbeSet, Refusal, Site};

@@ -1,26 +1,33 @@
 //! pyprobe's own signals and timer (its clock is `tracer::clock`). Ctrl-C, SIGTERM
 //! and SIGHUP ask the engine to leave cleanly; SIGALRM is the tick of a one-shot
-//! timer (sampling, and checking the `--duration` deadline). The handlers only set
-//! flags, and are installed without SA_RESTART so a blocking `waitpid` returns EINTR
-//! and the loop sees them.
+//! timer (sampling, and checking the `--duration` deadline); Ctrl-Z (SIGTSTP) and
+//! SIGTTIN/SIGTTOU ask it to let go of the target before pyprobe stops (see
+//! `engine::pausing`); SIGCONT only wakes the loop (the guardian continues a
+//! pyprobe stopped by SIGSTOP so that it lets go). The handlers only set flags, and
+//! are installed without SA_RESTART so a blocking `waitpid` returns EINTR and the
+//! loop sees them.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+static PAUSE_SIGNAL: AtomicI32 = AtomicI32::new(0);
 static TICK: AtomicBool = AtomicBool::new(false);
 static DEADLINE_NS: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
-    if sig == libc::SIGALRM {
-        TICK.store(true, Ordering::SeqCst);
-    } else {
-        STOP_SIGNAL.store(sig, Ordering::SeqCst);
+    match sig {
+        libc::SIGALRM => TICK.store(true, Ordering::SeqCst),
+        libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => PAUSE_SIGNAL.store(sig, Ordering::SeqCst),
+        // Waking the loop is all (its EINTR).
+        libc::SIGCONT => {}
+        _ => STOP_SIGNAL.store(sig, Ordering::SeqCst),
     }
 }
 
-/// Installs the handlers for SIGINT, SIGTERM, SIGHUP and SIGALRM.
+/// Installs the handlers for SIGINT, SIGTERM, SIGHUP, SIGALRM, the job-control
+/// stops (SIGTSTP, SIGTTIN, SIGTTOU) and SIGCONT.
 pub fn install() -> nix::Result<()> {
     let action = SigAction::new(
         SigHandler::Handler(on_signal),
@@ -32,6 +39,10 @@ pub fn install() -> nix::Result<()> {
         Signal::SIGTERM,
         Signal::SIGHUP,
         Signal::SIGALRM,
+        Signal::SIGTSTP,
+        Signal::SIGTTIN,
+        Signal::SIGTTOU,
+        Signal::SIGCONT,
     ] {
         // SAFETY: the handler only stores to atomics, which is async-signal-safe.
         unsafe { sigaction(sig, &action) }?;
@@ -61,6 +72,15 @@ pub fn stop_requested() -> Option<StopReason> {
     }
     let deadline = DEADLINE_NS.load(Ordering::SeqCst);
     (deadline != 0 && monotonic_ns() >= deadline).then_some(StopReason::Duration)
+}
+
+/// The job-control stop (Ctrl-Z's SIGTSTP, SIGTTIN, SIGTTOU) received since the
+/// last call, if any: pyprobe must let go of the target, then stop.
+pub fn take_pause_request() -> Option<Signal> {
+    match PAUSE_SIGNAL.swap(0, Ordering::SeqCst) {
+        0 => None,
+        n => Signal::try_from(n).ok(),
+    }
 }
 
 /// Asks the engine to leave at its next turn (from pyprobe's own code).

@@ -456,7 +456,7 @@ impl Planner {
                 self.walked(frames);
             }
             EventKind::Stack { frames } => self.walked(frames),
-            EventKind::Lost { .. } | EventKind::Window { .. } => {
+            EventKind::Lost { .. } | EventKind::Window { .. } | EventKind::Paused { .. } => {
                 // The calls and returns around here are unknown (lost, or not
                 // traced): every stack starts over.
                 for (&t_id, t) in self.threads.iter_mut() {

@@ -257,7 +257,7 @@ impl Replay {
                     push_frame(t, tid, code, (w.code.file, w.code.function), ts, true, out);
                 }
             }
-            EventKind::Lost { .. } | EventKind::Window { .. } => {
+            EventKind::Lost { .. } | EventKind::Window { .. } | EventKind::Paused { .. } => {
                 for id in self.thread_ids() {
                     let at = self.threads.get(&id).map_or(ts, |t| t.clock.max(ts));
                     self.close(id, at, EndKind::Cut, out);

@@ -50,6 +50,16 @@ struct JsonReport<'a> {
     /// What functions returned, by type, most returns first (recorded by the
     /// hook engine; empty otherwise).
     return_types: Vec<JsonReturnTypes<'a>>,
+    /// The times pyprobe let go of the target while it was stopped (Ctrl-Z,
+    /// SIGSTOP): nothing of them is recorded.
+    paused: Vec<JsonPause>,
+}
+
+#[derive(Serialize)]
+struct JsonPause {
+    /// From the recording's start.
+    at_ns: u64,
+    ns: u64,
 }
 
 #[derive(Serialize)]
@@ -397,6 +407,14 @@ pub fn render_json(report: &Report) -> String {
                     })
                     .collect(),
                 raised: r.raised,
+            })
+            .collect(),
+        paused: report
+            .paused
+            .iter()
+            .map(|p| JsonPause {
+                at_ns: p.at_ns,
+                ns: p.ns,
             })
             .collect(),
         anomalies: JsonAnomalies {

@@ -66,6 +66,17 @@ fn header_section(out: &mut String, r: &Report) {
     if !r.target.executable.is_empty() {
         let _ = writeln!(out, "executable {}", r.target.executable);
     }
+    if !r.paused.is_empty() {
+        let total: u64 = r.paused.iter().map(|p| p.ns).sum();
+        let _ = writeln!(
+            out,
+            "paused {} time{} for {} in all (pyprobe was stopped: Ctrl-Z or SIGSTOP); the target \
+             ran untraced then, and nothing of that time is in this report",
+            r.paused.len(),
+            if r.paused.len() == 1 { "" } else { "s" },
+            format_ns(total)
+        );
+    }
     if let Some(w) = r.exact_windows {
         let _ = writeln!(
             out,

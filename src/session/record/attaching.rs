@@ -87,7 +87,10 @@ impl Attaching {
             | TraceEvent::ProcessStart { .. }
             | TraceEvent::Exec { .. }
             | TraceEvent::Tick { .. }
-            | TraceEvent::ReturnTypes { .. } => {}
+            | TraceEvent::ReturnTypes { .. }
+            // Pauses are made by the event loop, once the recording is open.
+            | TraceEvent::Paused { .. }
+            | TraceEvent::Resumed { .. } => {}
         }
     }
 

@@ -154,6 +154,11 @@ impl EventBuilder {
             return;
         }
         self.last_flush_ns = now_ns;
+        self.flush_now();
+    }
+
+    /// Flushes buffered events now (before pyprobe stops for a pause).
+    pub fn flush_now(&mut self) {
         if let Some(w) = self.writer.as_mut() {
             if let Err(e) = w.flush() {
                 self.write_error.get_or_insert(e);

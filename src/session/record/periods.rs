@@ -266,7 +266,8 @@ fn remap_strings(kind: &mut EventKind, mut f: impl FnMut(StrId) -> StrId) {
         | EventKind::Window { .. }
         | EventKind::Thinned { .. }
         | EventKind::AuditsCounted { .. }
-        | EventKind::Lost { .. } => {}
+        | EventKind::Lost { .. }
+        | EventKind::Paused { .. } => {}
     }
 }
 

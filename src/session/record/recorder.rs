@@ -9,7 +9,7 @@ use std::rc::Rc;
 use anyhow::{Context, Result};
 
 use crate::process::status::cmdline;
-use crate::python::probe_catalog::ProbeKind;
+use crate::python::probe_catalog::{ProbeGroup, ProbeKind};
 use crate::recording::{EventKind, Header, ThinLevel};
 use crate::tracer::signals::{monotonic_ns, StopReason};
 use crate::tracer::{Engine, Hit, Outcome, TraceEvent};
@@ -50,6 +50,11 @@ pub(super) struct Recorder<'a> {
     /// What the probes of the process that hit last stand for.
     meanings: MeaningCache,
     status: Status,
+    /// While pyprobe lets go of the target and attaches again: the stacks running
+    /// when each process got its probes back, written once the pause is.
+    resuming: Option<Vec<(u64, super::sampler::RunningStacks)>>,
+    /// Pauses so far (count, total ns), for the closing line.
+    paused: (u32, u64),
 }
 
 impl<'a> Recorder<'a> {
@@ -153,6 +158,8 @@ impl<'a> Recorder<'a> {
             first_lines: FirstLines::default(),
             meanings: MeaningCache::default(),
             status: Status::new(),
+            resuming: None,
+            paused: (0, 0),
         })
     }
 
@@ -191,6 +198,20 @@ impl<'a> Recorder<'a> {
                 self.sampler.forget(pid);
                 let command = cmdline(pid).join(" ");
                 builder.write_named(pid, ts_ns, &command, NamedKind::Exec);
+            }
+            TraceEvent::Installed { pid, sites } if self.resuming.is_some() => {
+                // Attaching again after a pause, every thread stopped: what runs now
+                // is what traced calls return from (as at attach).
+                if self.chosen.borrow().groups.contains(&ProbeGroup::Function) {
+                    let ts = monotonic_ns();
+                    let stacks = self.sampler.running(pid, ts);
+                    if let Some(r) = self.resuming.as_mut() {
+                        r.push((ts, stacks));
+                    }
+                }
+                if verbose {
+                    eprintln!("{}", armed_line(pid, sites));
+                }
             }
             TraceEvent::Installed { pid, sites } => {
                 if self.launched && !self.announced {
@@ -251,6 +272,21 @@ impl<'a> Recorder<'a> {
                 on_cpu,
                 stopped,
             } => self.on_tick(pid, ts_ns, &on_cpu, stopped),
+            TraceEvent::Paused { .. } => {
+                // What the target did before the pause is on disk before pyprobe
+                // stops: should it never run again, the recording holds it.
+                builder.flush_now();
+                self.resuming = Some(Vec::new());
+            }
+            TraceEvent::Resumed { ts_ns, paused_ns } => {
+                self.paused.0 += 1;
+                self.paused.1 = self.paused.1.saturating_add(paused_ns);
+                let at = ts_ns.saturating_sub(paused_ns);
+                builder.write(self.pid, at, EventKind::Paused { ns: paused_ns });
+                for (ts, stacks) in self.resuming.take().unwrap_or_default() {
+                    Sampler::write_running(builder, ts, stacks);
+                }
+            }
         }
         if in_batch {
             return;
@@ -336,6 +372,7 @@ impl<'a> Recorder<'a> {
             output,
             recording_path,
             chosen,
+            paused,
             ..
         } = self;
         let request = settings.request;
@@ -419,6 +456,14 @@ impl<'a> Recorder<'a> {
             what.push_str(&format!(
                 " ({} more lost: the ring was full)",
                 summary.lost_events
+            ));
+        }
+        if paused.0 > 0 {
+            what.push_str(&format!(
+                "; paused {} time{} for {:.1} s in all (the target ran untraced then)",
+                paused.0,
+                if paused.0 == 1 { "" } else { "s" },
+                paused.1 as f64 / 1e9
             ));
         }
         eprintln!(

@@ -10,6 +10,8 @@ use crate::tracer::decode::HitBuffers;
 use crate::tracer::ring::RingUse;
 use crate::tracer::signals::StopReason;
 
+use super::pausing::PauseCause;
+
 /// Finds the probes to trace in a process image, once the object carrying them is
 /// fully mapped. `Ok(None)`: not (yet) there.
 pub trait Resolver {
@@ -177,6 +179,17 @@ pub enum TraceEvent<'a> {
         pid: i32,
         count: u64,
         ts_ns: u64,
+    },
+    /// pyprobe let go of every traced process (see [`PauseCause`]): nothing of
+    /// what they do is seen until [`TraceEvent::Resumed`].
+    Paused {
+        ts_ns: u64,
+        cause: PauseCause,
+    },
+    /// pyprobe attached again after a pause of `paused_ns`: stacks are read anew.
+    Resumed {
+        ts_ns: u64,
+        paused_ns: u64,
     },
     /// Time to take a sample of process `pid`; `stopped`: every thread is held in a
     /// ptrace-stop until the sink returns. `on_cpu`: whether each of its threads was on

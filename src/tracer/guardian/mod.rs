@@ -38,12 +38,14 @@ use nix::unistd::{fork, pipe2, ForkResult, Pid};
 
 mod injection;
 mod stops;
+mod watch;
 
 pub use injection::GuardianLink;
 use injection::{
     finish_injection, regs_from_bytes, Injection, BORROWED_BYTES, INJECTION_PAYLOAD, REGS_BYTES,
 };
 use stops::hold;
+use watch::{Control, Verdict, Watch};
 
 use crate::process::status::start_time;
 use crate::ring::format::{H_ALIVE, H_SOLO};
@@ -92,19 +94,32 @@ pub enum Op {
 pub struct Guardian {
     pipe: File,
     guardian_pid: i32,
+    /// What pyprobe and the guardian say to each other about pyprobe being stopped
+    /// (see `watch`).
+    control: Control,
 }
 
 impl Guardian {
-    /// Forks the guardian. Call before the process creates threads: the child goes
-    /// on running Rust code from a copy of a single-threaded process.
+    /// Forks the guardian, which watches the calling thread (pyprobe's tracing
+    /// thread). Call before the process creates threads: the child goes on running
+    /// Rust code from a copy of a single-threaded process.
     pub fn spawn() -> Result<Guardian> {
         let (read_end, write_end) =
             pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create the guardian pipe")?;
+        let control = Control::new().context("cannot map the guardian's control page")?;
+        // SAFETY: getpid and gettid cannot fail.
+        let tracer = unsafe { (libc::getpid(), libc::gettid()) };
         // SAFETY: pyprobe is single-threaded here (the guardian is started first).
         match unsafe { fork() }.context("cannot fork the guardian")? {
             ForkResult::Child => {
                 drop(write_end);
-                let code = run_guardian(File::from(read_end));
+                // A session of its own: whatever ends pyprobe's process group
+                // (`kill -9 -PGID`, `timeout -s KILL`, a terminal's hang-up or Ctrl-Z)
+                // does not end or stop the guardian with it.
+                // SAFETY: setsid has no preconditions; a failure leaves it as it was.
+                unsafe { libc::setsid() };
+                let watch = Watch::new(tracer.0, tracer.1);
+                let code = run_guardian(File::from(read_end), &control, watch);
                 // SAFETY: leave without running the parent's destructors or atexit.
                 unsafe { libc::_exit(code) }
             }
@@ -113,9 +128,23 @@ impl Guardian {
                 Ok(Guardian {
                     pipe: File::from(write_end),
                     guardian_pid: child.as_raw(),
+                    control,
                 })
             }
         }
+    }
+
+    /// Says whether pyprobe holds nothing of the target (paused, about to stop
+    /// itself): the guardian leaves a paused pyprobe stopped.
+    pub fn set_paused(&self, paused: bool) {
+        self.control.set_paused(paused);
+    }
+
+    /// If the guardian found pyprobe stopped by a signal it cannot catch while it
+    /// held the target, and continued it so that it lets go: how long it had been
+    /// stopped (ms). Taken once.
+    pub fn take_release(&self) -> Option<u64> {
+        self.control.take_release()
     }
 
     /// Tells the guardian about one change. A failure to tell is returned: the caller
@@ -329,15 +358,52 @@ fn restore_ring(pid: i32, undo: &Undo) -> (usize, Option<(usize, String)>) {
     (restored, why)
 }
 
-fn run_guardian(mut pipe: File) -> i32 {
-    // Ctrl-C and hang-ups reach the whole process group: the guardian outlives them
-    // and ends only when the tracer is gone.
+/// What the guardian's next look at its pipe found.
+enum Heard {
+    /// A whole message, in `msg`.
+    Message,
+    /// Nothing yet.
+    Quiet,
+    /// End of file or a broken pipe: the tracer is gone.
+    Gone,
+}
+
+/// Waits at most `timeout` for the next message.
+fn listen(pipe: &mut File, msg: &mut [u8; MSG_LEN], timeout: Duration) -> Heard {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd {
+        fd: pipe.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as libc::c_int) };
+    if n == 0
+        || (n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted)
+    {
+        return Heard::Quiet;
+    }
+    // Readable, or its writers are gone (POLLHUP): messages are single writes below
+    // PIPE_BUF, so a readable pipe holds a whole one, or the end of file.
+    match pipe.read_exact(msg) {
+        Ok(()) => Heard::Message,
+        Err(_) => Heard::Gone,
+    }
+}
+
+fn run_guardian(mut pipe: File, control: &Control, mut watch: Watch) -> i32 {
+    // Ctrl-C, hang-ups and job control reach the whole process group (and the
+    // guardian has left it, see `spawn`): the guardian outlives them, is never
+    // stopped by them, and ends only when the tracer is gone.
     for sig in [
         Signal::SIGINT,
         Signal::SIGTERM,
         Signal::SIGHUP,
         Signal::SIGPIPE,
         Signal::SIGALRM,
+        Signal::SIGTSTP,
+        Signal::SIGTTIN,
+        Signal::SIGTTOU,
     ] {
         // SAFETY: setting a signal to ignored.
         let _ = unsafe { signal(sig, SigHandler::SigIgn) };
@@ -348,8 +414,35 @@ fn run_guardian(mut pipe: File) -> i32 {
     let mut state: HashMap<i32, Undo> = HashMap::new();
     let mut injections: HashMap<i32, Injection> = HashMap::new();
     let mut msg = [0u8; MSG_LEN];
-    // Until EOF (the tracer died) or a broken pipe.
-    while pipe.read_exact(&mut msg).is_ok() {
+    // Until EOF (the tracer died) or a broken pipe; between messages, a look at
+    // whether the tracer is stopped while it holds the target.
+    loop {
+        match watch.look(control, Instant::now()) {
+            Verdict::Fine => {}
+            Verdict::AskRelease { stopped_ms } => {
+                stop_waiting(&state);
+                watch.ask(control, stopped_ms);
+            }
+            Verdict::End { state: letter } => {
+                eprintln!(
+                    "pyprobe guardian: pyprobe (process {}) stays stopped ({}) and holds the \
+                     program it traces; ending pyprobe so that the program runs on, its probes \
+                     undone",
+                    watch.pid(),
+                    if letter == 't' {
+                        "held by a debugger"
+                    } else {
+                        "by a signal"
+                    }
+                );
+                watch.end();
+            }
+        }
+        match listen(&mut pipe, &mut msg, watch::LOOK_EVERY) {
+            Heard::Message => {}
+            Heard::Quiet => continue,
+            Heard::Gone => break,
+        }
         let pid = i32::from_le_bytes([msg[1], msg[2], msg[3], msg[4]]);
         let addr = u64::from_le_bytes(msg[5..13].try_into().unwrap_or([0; 8]));
         let undo = state.entry(pid).or_default();
@@ -416,17 +509,7 @@ fn run_guardian(mut pipe: File) -> i32 {
         }
     }
     let start = crate::tracer::clock::monotonic_ns();
-    // Nobody reads the rings any more: producers waiting for room go on at once.
-    // And they reserve with `lock`: nobody follows their threads any more.
-    for undo in state.values() {
-        for &alive in &undo.served {
-            undo.write_word(alive, 0);
-            let solo = alive
-                .wrapping_sub(H_ALIVE as u64)
-                .wrapping_add(H_SOLO as u64);
-            undo.write_word(solo, 0);
-        }
-    }
+    stop_waiting(&state);
     let mut restored = (0usize, 0usize);
     // Semaphores of every process first: CPython checks them before reaching a site,
     // so lowering them closes the window fastest; then the bytes.
@@ -505,6 +588,20 @@ fn run_guardian(mut pipe: File) -> i32 {
     0
 }
 
+/// Nobody reads the rings any more (or not for a while): producers waiting for room
+/// go on at once. And they reserve with `lock`: nobody follows their threads.
+fn stop_waiting(state: &HashMap<i32, Undo>) {
+    for undo in state.values() {
+        for &alive in &undo.served {
+            undo.write_word(alive, 0);
+            let solo = alive
+                .wrapping_sub(H_ALIVE as u64)
+                .wrapping_add(H_SOLO as u64);
+            undo.write_word(solo, 0);
+        }
+    }
+}
+
 fn close_other_fds(keep: &File) {
     use std::os::fd::AsRawFd;
     let keep = keep.as_raw_fd();
@@ -552,6 +649,7 @@ mod tests {
         let mut g = Guardian {
             pipe: File::from(write_end),
             guardian_pid: 0,
+            control: Control::new().expect("control page"),
         };
         let original = [0x90, 0x55, 0x48, 0xb8, 1, 2, 3, 4, 5, 6, 7, 8];
         let patch = [0xe9, 1, 2, 3, 4, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc];
