@@ -160,3 +160,96 @@ fn the_target_survives_pyprobe_killed_inside_each_injected_call() {
         );
     }
 }
+
+/// pyprobe and everything in its process group killed at once (`kill -9 -PGID`, as a
+/// supervisor or `timeout -s KILL` does): the guardian, in a session of its own,
+/// survives and restores every site and semaphore of the target within a second.
+fn group_killed_restores(engine: &str, wrap_in_timeout: bool) {
+    let Some(py) = python("3.9") else { return };
+    let script = repo().join("fixtures/python/hot_loop.py");
+    let mut target = Target::spawn(&py.launcher, &[script.to_str().unwrap(), "8", "ready"]);
+    target.wait_for_line("ready");
+    let pid = target.pid();
+    let (sites, sems) = sites_and_semaphores(pid);
+    let out = TempFile::new("group-killed.pyprobe");
+    let pid_arg = pid.to_string();
+    let args = [
+        "record",
+        "-p",
+        &pid_arg,
+        "--mode",
+        "trace",
+        "--engine",
+        engine,
+        "-o",
+        out.path(),
+    ];
+    let mut cmd = if wrap_in_timeout {
+        // timeout kills its own process group, pyprobe with it.
+        let mut c = Command::new("timeout");
+        c.args(["-s", "KILL", "1.5"])
+            .arg(env!("CARGO_BIN_EXE_pyprobe"));
+        c.args(args);
+        c
+    } else {
+        let mut c = pyprobe();
+        c.args(args);
+        c
+    };
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0).stderr(std::process::Stdio::piped());
+    let tracer = cmd.spawn().unwrap();
+    let pgid = tracer.id() as i32;
+    wait_until_traced(pid, &sems);
+    if !wrap_in_timeout {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: plain kill(2) of the process group pyprobe leads.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    }
+    let killed_at = std::time::Instant::now();
+    let restored = wait_for(Duration::from_secs(5), || {
+        sems.iter()
+            .all(|&s| read_target_memory(pid, s, 2) == [0, 0])
+            && sites
+                .iter()
+                .all(|&s| read_target_memory(pid, s, 1) == [0x90])
+    });
+    let took = killed_at.elapsed();
+    let tracer_out = tracer.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&tracer_out.stderr);
+    assert!(
+        restored,
+        "engine {engine}: sites and semaphores of {pid} not restored after pyprobe's process \
+         group was killed; pyprobe said:\n{stderr}"
+    );
+    if !wrap_in_timeout {
+        assert!(
+            took < Duration::from_secs(1),
+            "engine {engine}: restored only after {took:?}"
+        );
+    }
+    assert!(
+        stderr.contains("pyprobe guardian: pyprobe died; restored"),
+        "engine {engine}: the guardian said nothing:\n{stderr}"
+    );
+    let (stdout, status) = target.finish();
+    assert!(
+        status.success() && stdout.contains("done True"),
+        "engine {engine}: target {status:?}, output {stdout:?}"
+    );
+}
+
+#[test]
+fn the_guardian_outlives_a_killed_process_group_ring_engine() {
+    group_killed_restores("ring", false);
+}
+
+#[test]
+fn the_guardian_outlives_a_killed_process_group_int3_engine() {
+    group_killed_restores("int3", false);
+}
+
+#[test]
+fn the_guardian_outlives_timeout_s_kill() {
+    group_killed_restores("ring", true);
+}
