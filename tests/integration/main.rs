@@ -30,6 +30,7 @@ mod sample;
 mod sample_accuracy;
 mod sdt_decode;
 mod sigkill;
+mod stopped;
 mod thread_state;
 mod top_all;
 mod top_live;
