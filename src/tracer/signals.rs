@@ -77,6 +77,10 @@ pub fn stop_requested() -> Option<StopReason> {
 /// The job-control stop (Ctrl-Z's SIGTSTP, SIGTTIN, SIGTTOU) received since the
 /// last call, if any: pyprobe must let go of the target, then stop.
 pub fn take_pause_request() -> Option<Signal> {
+    // A plain load first: asked once per turn of the event loop.
+    if PAUSE_SIGNAL.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
     match PAUSE_SIGNAL.swap(0, Ordering::SeqCst) {
         0 => None,
         n => Signal::try_from(n).ok(),

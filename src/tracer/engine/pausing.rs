@@ -54,6 +54,7 @@ impl Engine {
         if let Some(stopped_ms) = self.guardian.as_ref().and_then(|g| g.take_release()) {
             self.pause_pending = Some(PauseCause::Stopped { stopped_ms });
         }
+        self.pause_pending?;
         let loading = self
             .procs
             .values()

@@ -81,6 +81,11 @@ impl Control {
     /// How long pyprobe had been stopped (ms) when the guardian continued it to
     /// let go of the target, if it did since the last call; clears the request.
     pub(super) fn take_release(&self) -> Option<u64> {
+        // A plain load first: asked once per turn of the event loop, and almost
+        // never set.
+        if self.word(RELEASE).load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         match self.word(RELEASE).swap(0, Ordering::SeqCst) {
             0 => None,
             ms => Some(ms - 1),
