@@ -431,18 +431,17 @@ fn stop_with_the_target_running(tracer: &Tracer, target: i32) {
     panic!("pyprobe held the target each time it was stopped");
 }
 
-/// A program that ends while pyprobe is stopped: its last calls are still in the
-/// ring when the interpreter starts freeing its functions and their names. The
-/// hook's exit callback (registered with `atexit`) holds the interpreter until
-/// pyprobe has read them, so every call is counted under its own function, not
-/// as a code object gone before pyprobe could read it.
+/// A program that ends while pyprobe is stopped. Its calls were made while it
+/// was traced, some still in the ring when pyprobe stops; the guardian has
+/// pyprobe let go, which reads the ring first, while the code objects are
+/// alive. Every call is counted under its own function, and pyprobe says the
+/// program ended during the pause.
 #[test]
 fn hook_a_program_ending_while_pyprobe_is_stopped_keeps_its_names() {
     let _serial = serial();
     for (minor, py) in hook_pythons() {
         let out = TempFile::new(&format!("hook-ends-stopped-{minor}.pyprobe"));
         let (mut target, tracer) = crate::hook::attach_hooked(&py, &out);
-        stop_with_the_target_running(&tracer, target.pid());
         // No new thread: a thread's start stops for its tracer.
         target.send_line("2000 0");
         assert_eq!(
@@ -450,6 +449,7 @@ fn hook_a_program_ending_while_pyprobe_is_stopped_keeps_its_names() {
             "calls f=2000 g=0 worker=0",
             "{minor}"
         );
+        stop_with_the_target_running(&tracer, target.pid());
         // End of input: the program ends, pyprobe still stopped.
         drop(target.stdin.take());
         std::thread::sleep(Duration::from_millis(1000));
@@ -458,6 +458,10 @@ fn hook_a_program_ending_while_pyprobe_is_stopped_keeps_its_names() {
         assert!(rest.contains("done True"), "{minor}: {rest}");
         assert!(status.success(), "{minor}: {status:?}");
         let (_, stderr) = tracer.wait(Duration::from_secs(30));
+        assert!(
+            stderr.contains("ended while pyprobe was paused"),
+            "{minor}: {stderr}"
+        );
         let report = report_json(out.path());
         let calls = calls_in_file(&report, "hook_calls.py");
         assert_eq!(calls.get("f"), Some(&2000), "{minor}: {calls:?}\n{stderr}");
