@@ -13,9 +13,20 @@ fn record_native(
     args: &[&str],
     env: &[(&str, &std::path::Path)],
 ) -> (String, String, Vec<(Vec<String>, u64)>) {
-    let recording = TempFile::new(&format!("native-{}-{script}.pyprobe", py.version));
+    record_native_in(py, "sample", script, args, env)
+}
+
+/// As [`record_native`], in `--mode MODE`.
+fn record_native_in(
+    py: &Python,
+    mode: &str,
+    script: &str,
+    args: &[&str],
+    env: &[(&str, &std::path::Path)],
+) -> (String, String, Vec<(Vec<String>, u64)>) {
+    let recording = TempFile::new(&format!("native-{}-{mode}-{script}.pyprobe", py.version));
     let out = pyprobe()
-        .args(["record", "--mode", "sample", "--native", "--force", "-o"])
+        .args(["record", "--mode", mode, "--native", "--force", "-o"])
         .arg(recording.path())
         .arg("--")
         .arg(&py.launcher)
@@ -229,6 +240,84 @@ fn numpy_c_frames_show_under_the_python_caller() {
         (measured - sampled).abs() < 0.15,
         "numpy's C code had {sampled:.2} of sort_many's samples, np.sort took {measured:.2} of its time"
     );
+}
+
+/// Busy loops taking the CPUs from the target and from pyprobe while a test runs.
+struct Contention(Vec<std::process::Child>);
+
+impl Contention {
+    fn start(hogs: usize) -> Contention {
+        Contention(
+            (0..hogs)
+                .map(|_| {
+                    std::process::Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Contention {
+    fn drop(&mut self) {
+        for hog in &mut self.0 {
+            let _ = hog.kill();
+            let _ = hog.wait();
+        }
+    }
+}
+
+/// The count before `what` on the `--native` closing line (`0` when absent).
+fn native_count(stderr: &str, what: &str) -> u64 {
+    let line = stderr.lines().find(|l| l.contains("--native:")).unwrap();
+    let Some(before) = line.split(what).next().filter(|b| b.len() < line.len()) else {
+        return 0;
+    };
+    before
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .find(|w| !w.is_empty())
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The default mode (`auto`, under its overhead budget, GC, import and audit
+/// probes traced) with `--native`, on a machine whose CPUs are all busy: the
+/// first samples pay one-off work and every stop is stretched by other programs
+/// taking the CPU, yet the threads stay stopped for every sample, so every
+/// sample that reaches the eval loop has its native frames.
+#[test]
+fn native_in_the_default_mode_on_a_busy_machine() {
+    let Some(py) = python("3.13") else { return };
+    let lib = fixture_binary("libnative_calls.so");
+    let _busy = Contention::start(2);
+    let (_, stderr, stacks) = record_native_in(
+        &py,
+        "auto",
+        "native_calls.py",
+        &[lib.to_str().unwrap(), "4"],
+        &[],
+    );
+    assert!(stderr.contains("budget"), "no overhead budget: {stderr}");
+    assert!(
+        !stderr.contains("without stopping"),
+        "the stops were given up: {stderr}"
+    );
+    assert_eq!(native_count(&stderr, "thread not stopped"), 0, "{stderr}");
+    let joined = native_count(&stderr, "samples with native frames");
+    let taken: u64 = stacks.iter().map(|(_, n)| n).sum();
+    assert!(
+        joined * 10 >= taken * 9 && taken > 50,
+        "{joined} of {taken} samples have native frames: {stderr}"
+    );
+    let native_spin: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| position(frames, "native_spin").is_some())
+        .map(|(_, n)| n)
+        .sum();
+    assert!(native_spin > 0, "no sample in native_spin: {stderr}");
 }
 
 #[test]

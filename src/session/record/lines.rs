@@ -197,15 +197,21 @@ pub(super) fn budget_line(max: f64, b: &crate::tracer::BudgetSummary) -> String 
     let sampled = if b.blocking_samples == 0 {
         String::new()
     } else {
+        let steady = b
+            .sample_steady_ns
+            .map(|ns| format!(", {} µs in steady state", ns / 1000))
+            .unwrap_or_default();
+        let then = if b.samples_unblocked {
+            ", then sampling went on without stopping it"
+        } else if b.samples_too_costly {
+            ", more than the budget leaves at this rate: lower -r to stay within it"
+        } else {
+            ""
+        };
         format!(
-            "; {} samples stopped it, {} µs each on average{}",
+            "; {} samples stopped it, {} µs each on average{steady}{then}",
             b.blocking_samples,
             b.sample_mean_ns / 1000,
-            if b.samples_unblocked {
-                ", then sampling went on without stopping it"
-            } else {
-                ""
-            }
         )
     };
     let held = if b.slowdown <= max {

@@ -138,6 +138,7 @@ impl Settings<'_> {
             // Under a budget, stacks are sampled while the function probes are off.
             sample_interval_ns: Some(self.interval_ns),
             blocking_samples: !self.request.nonblocking && !self.alongside,
+            keep_sample_stops: self.request.native,
             max_overhead: self.budget,
             ring: self.request.ring,
         }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use super::calibrate;
+use super::stop_cost::OwnSchedule;
 use super::{Budget, KernelCost, Toggle};
 use crate::recording::ThinLevel;
 use crate::tracer::clock::monotonic_ns;
@@ -41,6 +42,8 @@ pub(in crate::tracer) struct BudgetBook {
     pub(in crate::tracer) resumed_ns: HashMap<i32, u64>,
     /// Blocking samples cost more than the budget leaves: sample without stopping.
     pub(in crate::tracer) samples_unblocked: bool,
+    /// Times pyprobe's holds on the target as the target pays for them.
+    pub(in crate::tracer) own_schedule: OwnSchedule,
     /// Function (or line) probes were put under the budget in some process, which
     /// may have ended since: what the closing line speaks of.
     pub(in crate::tracer) traced_functions: bool,
@@ -66,6 +69,7 @@ impl BudgetBook {
             last_wait_ns: 0,
             resumed_ns: HashMap::new(),
             samples_unblocked: false,
+            own_schedule: OwnSchedule::default(),
             traced_functions: false,
         }
     }
@@ -346,21 +350,24 @@ impl Engine {
     /// from now on samples are taken without stopping it (as `--nonblocking`), so
     /// their cost leaves the budget and exact windows can open again.
     pub(in crate::tracer) fn unblock_costly_samples(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        let interval = self.options.sample_interval_ns.unwrap_or(1).max(1);
         let Some(b) = self.budget.meter.as_ref() else {
             return;
         };
-        if !b.samples_too_costly() {
+        // Native frames are read from stopped threads only: with `--native` the
+        // stops stay, and the closing line says what they cost.
+        if self.options.keep_sample_stops || !b.samples_too_costly(interval) {
             return;
         }
         self.budget.samples_unblocked = true;
-        let (_, mean_ns) = b.sample_cost();
-        let interval = self.options.sample_interval_ns.unwrap_or(1).max(1);
+        let steady_ns = b.steady_sample_ns().unwrap_or(0);
         sink(TraceEvent::Notice(format!(
-            "overhead budget: stopping the target for a sample costs it {} µs, {:.1}% of its \
-             time at this rate, more than the budget leaves for exact windows; sampling on \
-             without stopping it (as --nonblocking)",
-            mean_ns / 1000,
-            mean_ns as f64 * 100.0 / interval as f64
+            "overhead budget: stopping the target for a sample costs it {} µs in steady \
+             state, {:.1}% of its time at this rate, more than the budget leaves for exact \
+             windows; sampling on without stopping it (as --nonblocking; lower -r to keep \
+             the stops)",
+            steady_ns / 1000,
+            steady_ns as f64 * 100.0 / interval as f64
         )));
     }
 
@@ -368,6 +375,7 @@ impl Engine {
     pub fn budget_summary(&self) -> Option<BudgetSummary> {
         self.budget.meter.as_ref().map(|b| {
             let (blocking_samples, sample_mean_ns) = b.sample_cost();
+            let interval = self.options.sample_interval_ns.unwrap_or(1).max(1);
             let now = monotonic_ns();
             BudgetSummary {
                 exact_fraction: b.exact_fraction(now),
@@ -377,6 +385,8 @@ impl Engine {
                 windows: b.windows(),
                 blocking_samples,
                 sample_mean_ns,
+                sample_steady_ns: b.steady_sample_ns(),
+                samples_too_costly: b.samples_too_costly(interval),
                 samples_unblocked: self.budget.samples_unblocked,
             }
         })
@@ -400,6 +410,10 @@ pub struct BudgetSummary {
     /// Samples that stopped the target between windows, and their mean cost.
     pub blocking_samples: u64,
     pub sample_mean_ns: u64,
+    /// Their steady cost (the median of the recent ones, past the warm-up).
+    pub sample_steady_ns: Option<u64>,
+    /// Whether that cost alone takes most of the budget at the sampling rate.
+    pub samples_too_costly: bool,
     /// Whether sampling went on without stopping the target (too costly).
     pub samples_unblocked: bool,
 }

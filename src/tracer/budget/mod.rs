@@ -22,9 +22,11 @@
 
 pub mod calibrate;
 mod driver;
+pub mod stop_cost;
 
 pub(in crate::tracer) use driver::BudgetBook;
 pub use driver::BudgetSummary;
+use stop_cost::StopCosts;
 
 /// Time constant of the decaying window.
 pub const HORIZON_NS: f64 = 0.5e9;
@@ -53,9 +55,6 @@ pub struct Budget {
     elapsed_acc: f64,
     /// Stopped time told since the last poll.
     new_stopped: u64,
-    /// The part of both that blocking samples took.
-    sampled_acc: f64,
-    new_sampled: u64,
     /// Blocking samples taken and the time they stopped the target, for the summary.
     samples: u64,
     sampled_total: u64,
@@ -67,6 +66,8 @@ pub struct Budget {
     windows: u64,
     /// Stopped time charged over the whole run (clamped as in `poll`).
     stopped_total: u64,
+    /// The recent blocking samples' costs, for their steady cost.
+    stop_costs: StopCosts,
 }
 
 impl Budget {
@@ -80,8 +81,6 @@ impl Budget {
             // exact window is not cut short by an empty history.
             elapsed_acc: HORIZON_NS,
             new_stopped: 0,
-            sampled_acc: 0.0,
-            new_sampled: 0,
             samples: 0,
             sampled_total: 0,
             last_poll: now,
@@ -90,6 +89,7 @@ impl Budget {
             start: now,
             windows: 1,
             stopped_total: 0,
+            stop_costs: StopCosts::default(),
         }
     }
 
@@ -123,9 +123,9 @@ impl Budget {
     /// A blocking sample stopped the target `ns`.
     pub fn sampled(&mut self, ns: u64) {
         self.stopped(ns);
-        self.new_sampled = self.new_sampled.saturating_add(ns);
         self.samples += 1;
         self.sampled_total = self.sampled_total.saturating_add(ns);
+        self.stop_costs.push(ns);
     }
 
     /// The slowdown over the decaying window: stopped time over time run.
@@ -138,11 +138,18 @@ impl Budget {
         stopped / run
     }
 
-    /// Whether blocking samples alone keep the slowdown above the line where the
-    /// probes come back: exact windows would never open again, and the samples
-    /// themselves may break the budget. The cure is to sample without stopping.
-    pub fn samples_too_costly(&self) -> bool {
-        !self.exact && self.share(self.sampled_acc) >= self.max * RESUME_AT
+    /// Whether blocking samples every `interval_ns` would alone take more than
+    /// the share of the budget below which the probes come back: exact windows
+    /// would seldom open, and the samples themselves may break the budget. Judged
+    /// on their steady cost (see [`stop_cost`]), never on the warm-up's.
+    pub fn samples_too_costly(&self, interval_ns: u64) -> bool {
+        self.steady_sample_ns()
+            .is_some_and(|ns| ns as f64 >= interval_ns.max(1) as f64 * self.max * RESUME_AT)
+    }
+
+    /// The steady cost of a blocking sample, once past the warm-up.
+    pub fn steady_sample_ns(&self) -> Option<u64> {
+        self.stop_costs.steady_ns()
     }
 
     /// `(count, mean ns)` of the blocking samples charged so far.
@@ -164,12 +171,9 @@ impl Budget {
         // Stopped time cannot exceed elapsed time (a stop counted twice, a clock
         // step): clamp so the ratio stays meaningful.
         let stopped = (self.new_stopped as f64).min(dt as f64);
-        let sampled = (self.new_sampled as f64).min(stopped);
         self.new_stopped = 0;
-        self.new_sampled = 0;
         self.stopped_total = self.stopped_total.saturating_add(stopped as u64);
         self.stopped_acc = self.stopped_acc * decay + stopped;
-        self.sampled_acc = self.sampled_acc * decay + sampled;
         self.elapsed_acc = self.elapsed_acc * decay + dt as f64;
         let slowdown = self.slowdown();
         if self.exact && slowdown > self.max {
@@ -346,7 +350,7 @@ mod tests {
             now += 10 * MS;
             b.sampled(cost);
             reopened |= b.poll(now) == Some(Toggle::On);
-            too_costly |= b.samples_too_costly();
+            too_costly |= b.samples_too_costly(10 * MS);
             if reopened {
                 break;
             }
@@ -367,8 +371,24 @@ mod tests {
         b.sampled(300_000);
         b.sampled(500_000);
         assert_eq!(b.sample_cost(), (2, 400_000));
-        // While exact, samples are not the question.
-        assert!(!b.samples_too_costly());
+        // Two samples are the warm-up: their cost decides nothing yet.
+        assert!(!b.samples_too_costly(10 * MS));
+    }
+
+    #[test]
+    fn a_slow_warm_up_does_not_make_samples_too_costly() {
+        let mut b = Budget::new(0.05, 0);
+        // The walker's attach and first reads, then steady 150 µs stops.
+        for cost in [24 * MS, 8 * MS, 5 * MS, 2 * MS, 1_300_000] {
+            b.sampled(cost);
+        }
+        for _ in 0..100 {
+            b.sampled(150_000);
+        }
+        assert!(!b.samples_too_costly(10 * MS));
+        assert_eq!(b.steady_sample_ns(), Some(150_000));
+        // At 1 kHz the same stops are 15 % of the target's time.
+        assert!(b.samples_too_costly(MS));
     }
 
     #[test]

@@ -240,6 +240,9 @@ pub struct EngineOptions {
     /// Stop every thread during a tick (consistent stacks) instead of reading them
     /// while they run.
     pub blocking_samples: bool,
+    /// Never give up stopping for samples, whatever they cost (`--native`: native
+    /// stacks are read from stopped threads only).
+    pub keep_sample_stops: bool,
     /// Start a guardian process that undoes the patches if pyprobe is killed.
     pub guardian: bool,
     /// Slowdown allowed (0.05 for 5 %): above it the budgeted probes go off for a

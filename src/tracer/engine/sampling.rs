@@ -108,8 +108,9 @@ impl Engine {
                     continue; // gone meanwhile
                 }
                 // Charged from the moment all are stopped: until then they ran (or
-                // waited for a CPU, which is not pyprobe's doing).
-                let began = monotonic_ns();
+                // waited for a CPU, which is not pyprobe's doing); and without the
+                // time pyprobe waited for a CPU, which the target would have too.
+                let hold = self.budget.own_schedule.begin();
                 self.drain_ring_of(pid, sink);
                 sink(TraceEvent::Tick {
                     pid,
@@ -118,8 +119,9 @@ impl Engine {
                     on_cpu: on_cpu.remove(&pid).unwrap_or_default(),
                 });
                 self.resume_process(pid);
+                let cost = self.budget.own_schedule.end(hold);
                 if let Some(b) = self.budget.meter.as_mut() {
-                    b.sampled(monotonic_ns().saturating_sub(began));
+                    b.sampled(cost);
                 }
             }
             if left.is_empty() {
