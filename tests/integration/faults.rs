@@ -679,3 +679,75 @@ fn vfork_children_leave_their_parents_memory_alone() {
         assert_eq!(target.wait_for_line("done"), "done");
     }
 }
+
+/// The main thread ends on its own (the `exit` system call, not `exit_group`)
+/// while another thread runs on: the process's leader is a zombie that never
+/// stops and reports nothing until the last thread is gone. Every sample stops
+/// the threads; waiting for the leader to stop too would hold the other thread
+/// for ever, and the program could never end. pyprobe takes the samples of the
+/// thread that runs, and the program ends as it would untraced.
+#[test]
+fn the_main_thread_exiting_alone_does_not_hold_the_others() {
+    let code = "import ctypes, os, threading, time\n\
+                def work():\n\
+                \x20   end = time.monotonic() + 1.5\n\
+                \x20   n = 0\n\
+                \x20   while time.monotonic() < end:\n\
+                \x20       n += 1\n\
+                \x20   print('worker done', n > 0, flush=True)\n\
+                \x20   os._exit(0)\n\
+                threading.Thread(target=work).start()\n\
+                time.sleep(0.3)\n\
+                ctypes.CDLL(None).syscall(60, 0)\n";
+    for (version, mode) in [("3.9", "sample"), ("3.13", "auto"), ("3.15", "sample")] {
+        let Some(py) = python(version) else { continue };
+        let recording = TempFile::new(&format!("leader-exits-{version}.pyprobe"));
+        let mut child = pyprobe()
+            .args([
+                "record",
+                "--mode",
+                mode,
+                "-r",
+                "500",
+                "-o",
+                recording.path(),
+            ])
+            .arg("--")
+            .arg(&py.launcher)
+            .args(["-c", code])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let ended = wait_for(LIMIT, || matches!(child.try_wait(), Ok(Some(_))));
+        if !ended {
+            let _ = child.kill();
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            ended,
+            "{version}: pyprobe still running after {LIMIT:?}: {stderr}"
+        );
+        assert_no_panic("record", &out.stderr);
+        assert!(out.status.success(), "{version}: {stderr}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("worker done True"),
+            "{version}: {stderr}"
+        );
+        let folded = run_pyprobe(&[
+            "flame",
+            recording.path(),
+            "--format",
+            "collapsed",
+            "-o",
+            "-",
+        ]);
+        let work: u64 = String::from_utf8_lossy(&folded.stdout)
+            .lines()
+            .filter(|l| l.contains("work ("))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+            .sum();
+        assert!(work > 50, "{version}: {work} samples in work: {stderr}");
+    }
+}

@@ -7,13 +7,14 @@ use std::collections::HashMap;
 use anyhow::{bail, Result};
 use nix::errno::Errno;
 use nix::sys::ptrace;
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 
 use crate::process::status::tgid_of;
 
 use crate::tracer::clock::monotonic_ns;
 
+use super::threads::WaitingForStops;
 use super::{Engine, StopKind, Thread, ThreadState, TraceEvent};
 
 impl Engine {
@@ -84,6 +85,7 @@ impl Engine {
             .map(|&pid| (pid, self.cpu_states(pid)))
             .collect();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut waiting = WaitingForStops::new();
         loop {
             for (&tid, thread) in &self.threads {
                 if left.contains(&thread.tgid) && running(thread) && interrupted.insert(tid) {
@@ -129,15 +131,11 @@ impl Engine {
             }
             // The rings of the processes still running fill meanwhile: drained
             // while waiting, so that a slow stop does not make them overflow.
-            let flags = if self.ring_active() {
-                WaitPidFlag::__WALL | WaitPidFlag::WNOHANG
-            } else {
-                WaitPidFlag::__WALL
-            };
-            match waitpid(None, Some(flags)) {
+            let awaited = |t: &Thread| left.contains(&t.tgid) && running(t);
+            match waiting.next(self, awaited) {
                 Ok(WaitStatus::StillAlive) => {
-                    if self.drain_rings(sink) == 0 {
-                        std::thread::yield_now();
+                    if self.ring_active() {
+                        self.drain_rings(sink);
                     }
                 }
                 Ok(status) => {

@@ -6,8 +6,9 @@ use anyhow::{bail, Result};
 use nix::errno::Errno;
 use nix::sys::ptrace;
 use nix::sys::signal::Signal;
-use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
+use rustc_hash::FxHashMap;
 
 use crate::process::status::sigtrap_pending;
 
@@ -28,6 +29,9 @@ pub(in crate::tracer) enum ThreadState {
     },
     /// In group-stop, parked with PTRACE_LISTEN.
     Listening,
+    /// Exited, not reaped yet: an exited thread-group leader stays a zombie until
+    /// its other threads are gone. Nothing to stop, nothing to resume.
+    Zombie,
 }
 
 /// Where in the kernel a held thread is stopped, which decides what pyprobe may do
@@ -272,7 +276,7 @@ impl Engine {
                 ptrace::cont(thread, pending).ok()?;
                 self.set_state(tid, ThreadState::Running);
             }
-            match waitpid(Pid::from_raw(tid), Some(WaitPidFlag::__WALL)) {
+            match wait_for_thread(tgid_of_thread(&self.threads, tid), tid) {
                 Ok(status) => self.handle(status, true, sink).ok()?,
                 Err(Errno::EINTR) => {}
                 Err(_) => return None,
@@ -291,6 +295,19 @@ impl Engine {
     ) -> Result<()> {
         self.stop_threads(false, sink)
     }
+    /// Marks the threads `awaited` says are to stop that have exited (a zombie, or
+    /// gone) as [`ThreadState::Zombie`]; returns how many.
+    pub(in crate::tracer) fn mark_zombies(&mut self, awaited: impl Fn(&Thread) -> bool) -> usize {
+        let mut marked = 0;
+        for (&tid, thread) in self.threads.iter_mut() {
+            if awaited(thread) && crate::process::status::task_gone_or_zombie(thread.tgid, tid) {
+                thread.state = ThreadState::Zombie;
+                marked += 1;
+            }
+        }
+        marked
+    }
+
     /// Resumes the threads of process `pid` that pyprobe holds.
     pub(in crate::tracer) fn resume_process(&mut self, pid: i32) {
         let stopped: Vec<(i32, Option<Signal>)> = self
@@ -313,7 +330,7 @@ impl Engine {
     ) -> Result<()> {
         let wanted = |state: ThreadState| match state {
             ThreadState::Listening => include_listening,
-            ThreadState::Stopped { .. } => false,
+            ThreadState::Stopped { .. } | ThreadState::Zombie => false,
             _ => true,
         };
         for (&tid, thread) in &self.threads {
@@ -322,8 +339,10 @@ impl Engine {
             }
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut waiting = WaitingForStops::new();
         while self.threads.values().any(|t| wanted(t.state)) {
-            match waitpid(None, Some(WaitPidFlag::__WALL)) {
+            match waiting.next(self, |t| wanted(t.state)) {
+                Ok(WaitStatus::StillAlive) => {}
                 Ok(status) => self.handle(status, true, sink)?,
                 Err(Errno::EINTR) => {}
                 Err(Errno::ECHILD) => {
@@ -388,7 +407,7 @@ impl Engine {
                     .get(&tid)
                     .is_some_and(|t| t.state == ThreadState::Running)
                 {
-                    match waitpid(Pid::from_raw(tid), Some(WaitPidFlag::__WALL)) {
+                    match wait_for_thread(tgid_of_thread(&self.threads, tid), tid) {
                         Ok(status) => {
                             if self.handle(status, true, sink).is_err() {
                                 break;
@@ -413,5 +432,93 @@ impl Engine {
         for (tid, pending) in stopped {
             self.resume(tid, pending);
         }
+    }
+}
+
+/// The process of thread `tid` as the engine knows it (else `tid` itself).
+fn tgid_of_thread(threads: &FxHashMap<i32, Thread>, tid: i32) -> i32 {
+    threads.get(&tid).map_or(tid, |t| t.tgid)
+}
+
+/// The next wait status of thread `tid` of process `pid`, never waiting for
+/// ever: a thread-group leader that exits reports nothing until its other
+/// threads are gone, which pyprobe may be holding. `Err(ESRCH)` once it has
+/// exited without a status to report.
+fn wait_for_thread(pid: i32, tid: i32) -> nix::Result<WaitStatus> {
+    let began = std::time::Instant::now();
+    let mut next_look = began + LOOK_EVERY;
+    loop {
+        let status = waitpid(
+            Pid::from_raw(tid),
+            Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG),
+        )?;
+        if status != WaitStatus::StillAlive {
+            return Ok(status);
+        }
+        let now = std::time::Instant::now();
+        if now >= next_look {
+            next_look = now + LOOK_EVERY;
+            if crate::process::status::task_gone_or_zombie(pid, tid) {
+                return Err(Errno::ESRCH);
+            }
+        }
+        if now.duration_since(began) < SPIN_FOR {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(POLL_EVERY);
+        }
+    }
+}
+
+/// Waiting for interrupted threads to stop, never for ever: the wait polls, and
+/// a thread that exited instead of stopping is marked [`ThreadState::Zombie`]
+/// (an exited thread-group leader reports nothing until its other threads are
+/// gone, and pyprobe may be holding one of them: a blocking wait would never
+/// return, and the process could never finish exiting).
+pub(in crate::tracer) struct WaitingForStops {
+    began: std::time::Instant,
+    next_look: std::time::Instant,
+}
+
+/// Spun (yielding) this long before the wait sleeps between polls: a thread
+/// interrupted on a CPU stops within microseconds.
+const SPIN_FOR: std::time::Duration = std::time::Duration::from_micros(200);
+const POLL_EVERY: std::time::Duration = std::time::Duration::from_micros(20);
+/// How often threads that have not stopped are looked at for an exit.
+const LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
+
+impl WaitingForStops {
+    pub(in crate::tracer) fn new() -> WaitingForStops {
+        let now = std::time::Instant::now();
+        WaitingForStops {
+            began: now,
+            next_look: now + LOOK_EVERY,
+        }
+    }
+
+    /// One poll of the wait statuses: `StillAlive` when none came (after a
+    /// short pause, or after marking exited threads among those `awaited`).
+    pub(in crate::tracer) fn next(
+        &mut self,
+        engine: &mut Engine,
+        awaited: impl Fn(&Thread) -> bool,
+    ) -> nix::Result<WaitStatus> {
+        let status = waitpid(None, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG))?;
+        if status != WaitStatus::StillAlive {
+            return Ok(status);
+        }
+        let now = std::time::Instant::now();
+        if now >= self.next_look {
+            self.next_look = now + LOOK_EVERY;
+            if engine.mark_zombies(awaited) > 0 {
+                return Ok(status);
+            }
+        }
+        if now.duration_since(self.began) < SPIN_FOR {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(POLL_EVERY);
+        }
+        Ok(status)
     }
 }
