@@ -62,3 +62,69 @@ fn gc_collections_are_attributed_to_the_function_that_triggered_them() {
         }
     }
 }
+
+/// `--nonblocking` reads stacks while their threads run: coroutines suspending
+/// (a suspended coroutine's frame loses its caller) and recursion changing depth
+/// at every call tear the stacks read. A torn stack is recorded as the one frame
+/// `[torn: ...]`, counted on the closing line, never as frames rooted at an inner
+/// frame; every other stack is whole, from `<module>` (or, at start-up, the
+/// import system's frozen frames) to the running function.
+#[test]
+fn nonblocking_stacks_read_while_they_change_are_whole_or_marked_torn() {
+    for version in ["3.11", "3.13", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        let recording = TempFile::new(&format!("torn-{version}.pyprobe"));
+        let out = pyprobe()
+            .args(["record", "--mode", "sample", "--nonblocking", "-r", "500"])
+            .arg("-o")
+            .arg(recording.path())
+            .arg("--")
+            .arg(&py.launcher)
+            .arg(repo().join("fixtures/python/async_churn.py"))
+            .arg("3")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_no_panic("record --nonblocking", &out.stderr);
+        assert!(out.status.success(), "{version}: {stderr}");
+        let said_torn: u64 = stderr
+            .split(" of them torn")
+            .next()
+            .filter(|before| before.len() < stderr.len())
+            .and_then(|before| before.rsplit('(').next())
+            .map_or(0, |n| n.parse().unwrap());
+        let folded = run_pyprobe(&[
+            "flame",
+            recording.path(),
+            "--format",
+            "collapsed",
+            "-o",
+            "-",
+        ]);
+        assert!(folded.status.success());
+        let (mut torn, mut whole, mut inner_roots) = (0u64, 0u64, Vec::new());
+        for line in String::from_utf8_lossy(&folded.stdout).lines() {
+            let (stack, count) = line.rsplit_once(' ').unwrap();
+            let count: u64 = count.parse().unwrap();
+            let root = stack.split(';').next().unwrap();
+            if root.starts_with("[torn") {
+                assert!(!stack.contains(';'), "{version}: torn with frames: {line}");
+                torn += count;
+            } else if root.starts_with("<module> ") || root.contains("(<frozen ") {
+                whole += count;
+            } else {
+                inner_roots.push(line.to_owned());
+            }
+        }
+        assert!(
+            inner_roots.is_empty(),
+            "{version}: stacks rooted at an inner frame: {inner_roots:#?}\n{stderr}"
+        );
+        // Idle samples are left out of the views by default, never torn ones.
+        assert_eq!(torn, said_torn, "{version}: {stderr}");
+        assert!(
+            whole > torn,
+            "{version}: {whole} whole, {torn} torn\n{stderr}"
+        );
+    }
+}

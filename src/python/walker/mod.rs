@@ -129,6 +129,9 @@ pub struct ThreadStack {
     /// The walk stopped early: unreadable or corrupt memory (often: the thread ran
     /// while being read), a cycle, or more than 1024 frames.
     pub truncated: bool,
+    /// Read with the thread running ([`Walker::stacks_of_running`]), and its
+    /// innermost frame changed under the walk: the frames may not be one stack.
+    pub torn: bool,
     /// How many of `frames` each call of the eval loop runs, outermost first, where
     /// the stack shows it (3.11: the frame marked `is_entry`; 3.12+: the entry shim
     /// each call pushes, a call just entered running none); `None` elsewhere. 3.7 –
@@ -241,6 +244,16 @@ impl Walker {
     /// Fails only when `_PyRuntime` cannot be read (e.g. the process is gone); a thread
     /// whose stack cannot be read whole comes back [`truncated`](ThreadStack::truncated).
     pub fn stacks(&mut self) -> Result<Vec<ThreadStack>> {
+        self.read_stacks(false)
+    }
+
+    /// As [`Self::stacks`], of threads that may run while they are read: each
+    /// stack says whether its thread ran under the walk ([`ThreadStack::torn`]).
+    pub fn stacks_of_running(&mut self) -> Result<Vec<ThreadStack>> {
+        self.read_stacks(true)
+    }
+
+    fn read_stacks(&mut self, running: bool) -> Result<Vec<ThreadStack>> {
         let tstates = self
             .reader
             .thread_states()
@@ -248,7 +261,7 @@ impl Walker {
         let holders = self.reader.gil_holders();
         let raws: Vec<RawThread> = tstates
             .iter()
-            .map(|(t, buf)| self.reader.thread(*t, buf))
+            .map(|(t, buf)| self.reader.thread(*t, buf, running))
             .collect();
         Ok(self.resolve(raws, holders.as_deref()))
     }
@@ -284,6 +297,7 @@ impl Walker {
             holds_gil: holders.map(|h| h.contains(&raw.thread_state)),
             frames: raw.frames,
             truncated: raw.truncated,
+            torn: raw.torn,
         }))
     }
 
@@ -408,6 +422,7 @@ impl Walker {
                 holds_gil: gil_holders.map(|h| h.contains(&raw.thread_state)),
                 frames: raw.frames,
                 truncated: raw.truncated,
+                torn: raw.torn,
                 eval_calls: raw.eval_calls,
             })
             .collect()

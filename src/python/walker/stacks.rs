@@ -40,6 +40,8 @@ pub struct RawThread {
     pub truncated: bool,
     /// See [`super::ThreadStack::eval_calls`].
     pub eval_calls: Option<Vec<usize>>,
+    /// See [`super::ThreadStack::torn`].
+    pub torn: bool,
 }
 
 /// What the walker keeps of a code object, checked against the object on each use.
@@ -90,6 +92,9 @@ pub struct StackReader<M> {
     /// How the frames of the last [`Self::frames`] walk divide between eval-loop
     /// calls, outermost first (3.12+: each call pushes a shim owned by the C stack).
     last_eval_calls: Option<Vec<usize>>,
+    /// The last walk ended, uncut, on a frame that begins no call of the eval
+    /// loop: the chain was left while its frames changed.
+    last_rootless: bool,
     /// Naming batch of [`Self::name_captured`]: see [`Self::new_naming_batch`].
     batch: u64,
 }
@@ -158,8 +163,15 @@ struct RawFrame {
     /// Where an eval-loop call begins: a shim owned by the C stack, the entry frame
     /// a call pushes first (3.12+), or a frame marked `is_entry` (3.11).
     entry_shim: bool,
+    /// Not owned by the thread (3.11+): a generator's or coroutine's frame, whose
+    /// caller link is cleared when it is suspended, or a frame that has returned
+    /// and left its data to a frame object. Never a thread's outermost frame.
+    not_thread_owned: bool,
     position: Position,
 }
+
+/// `FRAME_OWNED_BY_THREAD`, the same from 3.11 to 3.15.
+const FRAME_OWNED_BY_THREAD: u8 = 0;
 
 impl<M: Memory> StackReader<M> {
     pub fn new(mem: M, layout: Layout, runtime: u64, code_type: Option<u64>) -> Self {
@@ -170,6 +182,7 @@ impl<M: Memory> StackReader<M> {
             code_type,
             codes: HashMap::new(),
             last_eval_calls: None,
+            last_rootless: false,
             batch: 1,
         }
     }
@@ -298,8 +311,18 @@ impl<M: Memory> StackReader<M> {
             frames: Vec::new(),
             truncated: false,
             eval_calls: None,
+            torn: false,
         };
-        let frame = match self.layout.tstate_frame {
+        let frame = self.innermost_of(buf);
+        if frame.is_none() {
+            raw.truncated = true;
+        }
+        (raw, frame)
+    }
+
+    /// The innermost frame a thread state's bytes point to (`None`: unreadable).
+    fn innermost_of(&self, buf: &[u8]) -> Option<u64> {
+        match self.layout.tstate_frame {
             FrameRoot::Direct(o) => field_u64(buf, o).ok(),
             FrameRoot::CFrame {
                 cframe,
@@ -308,19 +331,17 @@ impl<M: Memory> StackReader<M> {
                 .ok()
                 .filter(|&c| plausible_pointer(c))
                 .and_then(|c| read_u64(&self.mem, c + current_frame).ok()),
-        };
-        if frame.is_none() {
-            raw.truncated = true;
         }
-        (raw, frame)
     }
 
-    /// A thread state and its stack.
-    pub fn thread(&mut self, tstate: u64, buf: &[u8]) -> RawThread {
+    /// A thread state and its stack; with `running`, the thread may run while it
+    /// is read, and [`RawThread::torn`] says whether it did so under the walk.
+    pub fn thread(&mut self, tstate: u64, buf: &[u8], running: bool) -> RawThread {
         let (mut raw, frame) = self.thread_header(tstate, buf);
         if let Some(frame) = frame {
             (raw.frames, raw.truncated) = self.frames(frame);
             raw.eval_calls = self.last_eval_calls();
+            raw.torn = running && (raw.truncated || self.last_rootless);
         }
         raw
     }
@@ -339,7 +360,10 @@ impl<M: Memory> StackReader<M> {
         // Python frames per eval-loop call, innermost first, while shims show them.
         let mut calls = Vec::new();
         let mut in_call = 0;
+        let mut outermost_not_thread_owned = false;
+        let mut ends_on_root = false;
         self.last_eval_calls = None;
+        self.last_rootless = false;
         if innermost == 0 {
             return (out, false);
         }
@@ -372,10 +396,12 @@ impl<M: Memory> StackReader<M> {
                 Some(_) if !code_ok => Err(FrameError::Broken),
                 Some(c) => self.py_frame(c, &code_buf, raw.position),
             };
+            let python = result.is_ok();
             match result {
                 Ok(f) => {
                     out.push(f);
                     in_call += 1;
+                    outermost_not_thread_owned = raw.not_thread_owned;
                 }
                 Err(FrameError::Skip) => {}
                 Err(FrameError::Broken) => break true,
@@ -384,6 +410,9 @@ impl<M: Memory> StackReader<M> {
                 calls.push(std::mem::take(&mut in_call));
             }
             if next == 0 {
+                // A shim, or (3.11) a Python frame its thread owns that begins a call.
+                ends_on_root =
+                    raw.code.is_none() || (python && raw.entry_shim && !raw.not_thread_owned);
                 break false;
             }
             if !(follow && next_ok) {
@@ -392,6 +421,14 @@ impl<M: Memory> StackReader<M> {
             std::mem::swap(&mut frame, &mut next_frame);
         };
         out.reverse();
+        // Every call of the eval loop begins with a frame that says so (3.11: the
+        // entry flag; 3.12+: the shim it pushes), so a whole stack ends on one,
+        // below a frame its thread owns (a chain followed into a suspended
+        // generator's frame, or a returned one, ends there).
+        self.last_rootless = self.layout.marks_entries()
+            && !truncated
+            && !out.is_empty()
+            && (!ends_on_root || in_call > 0 || outermost_not_thread_owned);
         if !calls.is_empty() && !truncated {
             // Frames below the outermost entry shim (none are expected) run in the
             // outermost call.
@@ -547,6 +584,7 @@ impl<M: Memory> StackReader<M> {
                 next: field_u64(buf, back).ok()?,
                 code: Some(field_u64(buf, code).ok()?),
                 entry_shim: false,
+                not_thread_owned: false,
                 position: Position::Offset(
                     i64::from(field_i32(buf, lasti).ok()?) * lasti_unit as i64,
                 ),
@@ -570,6 +608,7 @@ impl<M: Memory> StackReader<M> {
                     // The first shim owner is FRAME_OWNED_BY_CSTACK; the one after it
                     // (3.14+) owns the interpreter's base frame, no call's.
                     entry_shim: entry || (shim && owner.is_some() && owner == first_shim_owner),
+                    not_thread_owned: owner.is_some_and(|o| o != FRAME_OWNED_BY_THREAD),
                     next: field_u64(buf, previous).ok()?,
                     code: if shim {
                         None

@@ -243,7 +243,7 @@ fn walks_threads_frames_and_lines_on_every_layout() {
         let mut reader = StackReader::new(img, layout.clone(), runtime, Some(CODE_TYPE));
         let tstates = reader.thread_states().unwrap();
         assert_eq!(tstates.len(), 2, "3.{minor}");
-        let main = reader.thread(tstates[0].0, &tstates[0].1);
+        let main = reader.thread(tstates[0].0, &tstates[0].1, false);
         assert!(!main.truncated, "3.{minor}");
         let got: Vec<(String, String, u32, u32)> = main
             .frames
@@ -272,7 +272,7 @@ fn walks_threads_frames_and_lines_on_every_layout() {
             layout.tstate_native_thread_id.map(|_| 1000),
             "3.{minor}"
         );
-        let second = reader.thread(tstates[1].0, &tstates[1].1);
+        let second = reader.thread(tstates[1].0, &tstates[1].1, false);
         assert_eq!(second.frames.len(), 1);
         assert_eq!(second.frames[0].line, 3);
         assert_eq!(reader.cached_codes(), 3);
@@ -307,6 +307,67 @@ fn eval_calls_on_3_11_come_from_the_frames_marked_as_entries() {
     assert!(!truncated);
     assert_eq!(walked.len(), 5);
     assert_eq!(reader.last_eval_calls(), Some(vec![3, 2]));
+}
+
+/// Whether the stack of a thread whose innermost frame is the last of `chain`
+/// (outermost first: code or a shim, and the frame's owner) is torn when read
+/// running, on 3.`minor`.
+fn torn_when_running(minor: u8, chain: &[(bool, u8, bool)]) -> (bool, bool) {
+    let (layout, _) = layout::from_offsets_file(v(minor)).unwrap();
+    let FrameLayout::Interpreter {
+        owner, entry_flag, ..
+    } = layout.frame
+    else {
+        unreachable!()
+    };
+    let mut img = Image::new();
+    let table = locations(&[(8, 0)]);
+    let code = img.code(&layout, "/a.py", "f", 5, &table);
+    let mut next = 0;
+    for &(python, owned_by, entry) in chain {
+        let f = img.frame(&layout, if python { code } else { 0 }, 0, next);
+        img.put(f + owner, &[owned_by]);
+        if let Some(at) = entry_flag {
+            img.put(f + at, &[u8::from(entry)]);
+        }
+        next = f;
+    }
+    let (runtime, _) = img.runtime(&layout, &[next]);
+    let mut reader = StackReader::new(img, layout, runtime, Some(CODE_TYPE));
+    let tstates = reader.thread_states().unwrap();
+    let stopped = reader.thread(tstates[0].0, &tstates[0].1, false);
+    let running = reader.thread(tstates[0].0, &tstates[0].1, true);
+    assert_eq!(stopped.frames, running.frames);
+    (stopped.torn, running.torn)
+}
+
+/// A stack read while its thread runs is torn when its walk does not end where a
+/// thread's stack ends: on a shim (3.12+) or a frame marked as a call's entry
+/// (3.11), below a frame the thread owns. A walk that follows a frame popped and
+/// reused meanwhile, or a suspended coroutine's, whose caller link is cleared,
+/// ends elsewhere; drawn, it would be a stack rooted at an inner frame.
+#[test]
+fn a_walk_that_ends_off_its_root_is_torn_when_read_running() {
+    const THREAD: u8 = 0;
+    const GENERATOR: u8 = 1;
+    const CSTACK: u8 = 3;
+    // (python, owner, is_entry), outermost first.
+    let whole_3_12 = [
+        (false, CSTACK, false),
+        (true, THREAD, false),
+        (true, THREAD, false),
+    ];
+    assert_eq!(torn_when_running(12, &whole_3_12), (false, false));
+    let off_root_3_12 = [(true, THREAD, false), (true, THREAD, false)];
+    assert_eq!(torn_when_running(12, &off_root_3_12), (false, true));
+    let coroutine_3_12 = [(false, CSTACK, false), (true, GENERATOR, false)];
+    assert_eq!(torn_when_running(12, &coroutine_3_12), (false, true));
+    let whole_3_11 = [(true, THREAD, true), (true, THREAD, false)];
+    assert_eq!(torn_when_running(11, &whole_3_11), (false, false));
+    let not_an_entry_3_11 = [(true, THREAD, false), (true, THREAD, false)];
+    assert_eq!(torn_when_running(11, &not_an_entry_3_11), (false, true));
+    let coroutine_3_11 = [(true, GENERATOR, true), (true, THREAD, false)];
+    assert_eq!(torn_when_running(11, &coroutine_3_11), (false, true));
 }
 
 #[test]
@@ -522,7 +583,7 @@ fn random_memory_never_panics_nor_hangs() {
             if let Ok(tstates) = reader.thread_states() {
                 assert!(tstates.len() <= MAX_THREADS);
                 for (t, buf) in tstates.into_iter().take(64) {
-                    let thread = reader.thread(t, &buf);
+                    let thread = reader.thread(t, &buf, seed % 2 == 0);
                     assert!(thread.frames.len() <= MAX_DEPTH);
                 }
             }

@@ -452,6 +452,14 @@ impl<'a> Recorder<'a> {
             Mode::Trace if sampler.samples == 0 => format!("{hits} probe hits"),
             _ => format!("{} samples, {hits} probe hits", sampler.samples),
         };
+        if sampler.torn > 0 {
+            what.push_str(&format!(
+                " ({} of them torn: read while their thread ran and changed its stack, \
+                 recorded as `{}` alone)",
+                sampler.torn,
+                super::sampler::TORN
+            ));
+        }
         if summary.lost_events > 0 {
             what.push_str(&format!(
                 " ({} more lost: the ring was full)",

@@ -36,12 +36,20 @@ pub struct Sampler {
     pub verbose: bool,
     /// Join native frames with the Python frames of each sample (`--native`).
     pub native: bool,
+    /// Samples of running threads whose stack changed under the walk, recorded
+    /// as [`TORN`] alone.
+    pub torn: u64,
     pub native_counts: NativeCounts,
 }
 
 /// The frame standing where an unwind stopped short of the outer Python frames'
 /// eval calls: native frames there may be missing.
 pub const UNWIND_STOPPED: &str = "[native unwind stopped]";
+
+/// The one frame of a sample read while its thread ran and changed its stack
+/// (`--nonblocking`, or the budget's fallback to it): its frames may come from
+/// different moments, so they are not shown, but the sample still counts.
+pub const TORN: &str = "[torn: read while the thread ran]";
 
 /// How the `--native` samples went.
 #[derive(Debug, Default, Clone)]
@@ -195,7 +203,12 @@ impl Sampler {
         let Some(walker) = self.walker(pid, ts_ns) else {
             return;
         };
-        let stacks = match walker.stacks() {
+        let read = if stopped {
+            walker.stacks()
+        } else {
+            walker.stacks_of_running()
+        };
+        let stacks = match read {
             Ok(s) => s,
             Err(e) => {
                 self.last_error = Some(format!("{e:#}"));
@@ -213,7 +226,13 @@ impl Sampler {
             if stack.frames.is_empty() {
                 continue;
             }
+            // Running, a cut walk is nearly always the thread moving under it.
+            let torn = !stopped && (stack.torn || stack.truncated);
             let frames = match native.as_mut() {
+                _ if torn => {
+                    self.torn += 1;
+                    vec![Self::native_frame(builder, TORN, "[pyprobe]")]
+                }
                 Some(unwinder) => Self::joined(
                     builder,
                     unwinder,

@@ -168,6 +168,19 @@ impl Layout {
             + 8
     }
 
+    /// Whether frames say which of them begins a call of the eval loop (3.11:
+    /// the entry flag; 3.12+: the shim frame each call pushes).
+    pub fn marks_entries(&self) -> bool {
+        match self.frame {
+            FrameLayout::Object { .. } => false,
+            FrameLayout::Interpreter {
+                entry_flag,
+                first_shim_owner,
+                ..
+            } => entry_flag.is_some() || first_shim_owner.is_some(),
+        }
+    }
+
     /// Bytes to read of a frame.
     pub fn frame_span(&self) -> u64 {
         match self.frame {
