@@ -144,7 +144,9 @@ pub struct RecordArgs {
     /// Record only while inside a call of this function (per thread).
     #[arg(long, value_name = "FUNCTION")]
     pub start_at: Option<String>,
-    /// Also trace child processes the target forks.
+    /// Also trace the target's child processes: the children it forks while
+    /// traced and, with -p, those that exist when pyprobe attaches (a pool's
+    /// workers), each a process of its own in the recording.
     #[arg(long)]
     pub subprocesses: bool,
     /// How probe hits are caught. `auto`: each site that qualifies is rewritten
@@ -175,7 +177,10 @@ pub struct RecordArgs {
     /// cannot be paused: there `--mode trace` with a budget is refused.
     #[arg(long, value_name = "PERCENT")]
     pub max_overhead: Option<f64>,
-    /// Sample without stopping the threads (faster, stacks may be torn).
+    /// Sample without stopping the threads: cheaper for the target, but a stack
+    /// that changes while it is read (often, in call-heavy code) is recorded as
+    /// the single frame `[torn: read while the thread ran]`, counted on the
+    /// closing line.
     #[arg(long)]
     pub nonblocking: bool,
     /// Put native frames (C, C++ and Rust extensions, the libraries they call) in

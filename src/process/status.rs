@@ -285,6 +285,57 @@ pub fn thread_ids(pid: i32) -> Result<Vec<i32>> {
     Ok(tids)
 }
 
+/// The processes descending from `pid` now (children, their children, ...),
+/// parents before their children, at most `limit`: from `/proc/PID/task/TID/children`,
+/// or where the kernel lacks it, from every process's parent in `/proc`.
+pub fn descendants(pid: i32, limit: usize) -> Vec<(i32, i32)> {
+    let mut out: Vec<(i32, i32)> = Vec::new();
+    let mut scan: Option<Vec<(i32, i32)>> = None;
+    let mut next = 0;
+    let mut parents = vec![pid];
+    while next < parents.len() && out.len() < limit {
+        let parent = parents[next];
+        next += 1;
+        let children = children_of(parent).unwrap_or_else(|| {
+            let all = scan.get_or_insert_with(parent_links);
+            all.iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c)
+                .collect()
+        });
+        for child in children {
+            if child != pid && !out.iter().any(|(c, _)| *c == child) && out.len() < limit {
+                out.push((child, parent));
+                parents.push(child);
+            }
+        }
+    }
+    out
+}
+
+/// The children of every thread of `pid` (`None`: the kernel does not list them).
+fn children_of(pid: i32) -> Option<Vec<i32>> {
+    let mut found = Vec::new();
+    for tid in thread_ids(pid).ok()? {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")).ok()?;
+        found.extend(
+            text.split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok()),
+        );
+    }
+    Some(found)
+}
+
+/// (pid, parent pid) of every process in `/proc`.
+fn parent_links() -> Vec<(i32, i32)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|p| Some((p, ProcessStatus::read(p).ok()?.ppid)))
+        .collect()
+}
+
 /// The command line of a process (NUL-separated in `/proc/PID/cmdline`).
 pub fn cmdline(pid: i32) -> Vec<String> {
     std::fs::read(format!("/proc/{pid}/cmdline"))
@@ -361,6 +412,41 @@ mod tests {
         let root = ProcessStatus::parse("CapEff:\t000001ffffffffff\nSeccomp:\t0\n");
         assert!(root.has_cap_sys_ptrace() && !root.seccomp_filtered());
         assert_eq!(ProcessStatus::parse("Name:\tx\n").seccomp, None);
+    }
+
+    #[test]
+    fn descendants_are_found_parents_first() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 5 & sleep 5 & wait"])
+            .spawn()
+            .unwrap();
+        let me = std::process::id() as i32;
+        let shell = child.id() as i32;
+        let mut found = Vec::new();
+        for _ in 0..200 {
+            found = descendants(me, 64);
+            if found.iter().filter(|(_, p)| *p == shell).count() == 2 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let limited = descendants(me, 1).len();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(limited, 1);
+        let shell_at = found.iter().position(|(c, _)| *c == shell).unwrap();
+        assert!(
+            found
+                .iter()
+                .enumerate()
+                .all(|(i, (_, p))| *p != shell || i > shell_at),
+            "{found:?}"
+        );
+        assert_eq!(
+            found.iter().filter(|(_, p)| *p == shell).count(),
+            2,
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -104,6 +104,9 @@ pub struct Engine {
     pub(super) options: EngineOptions,
     pub(super) pending_children: FxHashMap<i32, PendingChild>,
     pub(super) early_children: Vec<i32>,
+    /// Children traced since attach (`--subprocesses -p`), said when the run
+    /// begins: the recording is opened only once `attach` has returned.
+    pub(super) children_to_announce: Vec<(i32, i32, u64)>,
     pub(super) exit: Option<Outcome>,
     pub(super) detached: bool,
     pub(super) hits: u64,
@@ -158,6 +161,7 @@ impl Engine {
             options,
             pending_children: FxHashMap::default(),
             early_children: Vec::new(),
+            children_to_announce: Vec::new(),
             exit: None,
             detached: false,
             hits: 0,
@@ -211,6 +215,11 @@ impl Engine {
         if engine.threads.is_empty() {
             bail!("process {pid} exited while pyprobe was attaching");
         }
+        let children = if options.subprocesses {
+            engine.seize_existing_children(pid, sink)
+        } else {
+            Vec::new()
+        };
         engine.stop_all(sink)?;
         if engine.threads.values().all(|t| {
             matches!(
@@ -241,6 +250,7 @@ impl Engine {
             }
             return Err(e.context(format!("cannot install probes in process {pid}")));
         }
+        engine.install_existing_children(children, sink);
         engine.resume_all();
         Ok(engine)
     }
@@ -353,6 +363,9 @@ impl Engine {
 
     /// Runs until the target exits or pyprobe is asked to stop; then leaves cleanly.
     pub fn run(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<Outcome> {
+        for (pid, parent, ts_ns) in std::mem::take(&mut self.children_to_announce) {
+            sink(TraceEvent::ProcessStart { pid, parent, ts_ns });
+        }
         let result = self.event_loop(sink);
         if let Err(e) = &result {
             if self.launched && e.downcast_ref::<NotTraceable>().is_some() {

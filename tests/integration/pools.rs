@@ -521,3 +521,62 @@ fn black_with_workers() {
     }
     check_shares("black", report);
 }
+
+/// `record -p PARENT --subprocesses`: the workers a pool forked before pyprobe
+/// came are traced too (as py-spy's `--subprocesses` does), each a process of
+/// its own in the report with its samples in its own function, and they run on,
+/// unharmed, once pyprobe is gone.
+#[test]
+fn attached_with_subprocesses_the_existing_workers_are_traced() {
+    for version in ["3.9", "3.13"] {
+        let Some(py) = python(version) else { continue };
+        let code = "import os, sys, time\n\
+                    def worker_burn(seconds):\n\
+                    \x20   end = time.monotonic() + seconds\n\
+                    \x20   n = 0\n\
+                    \x20   while time.monotonic() < end:\n\
+                    \x20       n += 1\n\
+                    \x20   return n\n\
+                    pids = []\n\
+                    for _ in range(2):\n\
+                    \x20   pid = os.fork()\n\
+                    \x20   if pid == 0:\n\
+                    \x20       os._exit(0 if worker_burn(6) > 0 else 1)\n\
+                    \x20   pids.append(pid)\n\
+                    print('workers', *pids, flush=True)\n\
+                    ok = all(os.waitpid(p, 0)[1] == 0 for p in pids)\n\
+                    print('done', ok, flush=True)\n";
+        let mut target = Target::spawn(&py.launcher, &["-c", code]);
+        let line = target.wait_for_line("workers");
+        let workers: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let recording = TempFile::new(&format!("attached-pool-{version}.pyprobe"));
+        let tracer = Tracer::record(
+            recording.path(),
+            &["-p", &target.pid().to_string(), "--subprocesses", "-d", "2"],
+        );
+        let (status, stderr) = tracer.wait(Duration::from_secs(60));
+        assert!(status.success(), "{version}: {stderr}");
+        let report = report_json(recording.path());
+        let found = processes(&report);
+        for worker in &workers {
+            let process = found
+                .get(worker)
+                .unwrap_or_else(|| panic!("{version}: worker {worker} not traced: {stderr}"));
+            let (share, _) = functions(process)
+                .get("worker_burn")
+                .copied()
+                .unwrap_or_else(|| panic!("{version}: no worker_burn in {worker}: {process}"));
+            assert!(
+                share > 0.5,
+                "{version}: worker_burn's share {share} in {worker}"
+            );
+        }
+        let (rest, status) = target.finish();
+        assert!(rest.contains("done True"), "{version}: {rest}");
+        assert!(status.success(), "{version}: {status:?}");
+    }
+}

@@ -205,3 +205,86 @@ impl Engine {
         let _ = ptrace::detach(Pid::from_raw(child), None);
     }
 }
+
+/// At most this many existing descendants are taken at attach.
+const MAX_EXISTING_CHILDREN: usize = 256;
+
+impl Engine {
+    /// `--subprocesses` with `-p`: seizes the processes descending from `pid` that
+    /// exist now (a pool's workers, forked before pyprobe came), each as `attach`
+    /// seizes its target; returns them with their parents. One that cannot be
+    /// seized (another tracer, gone) is said and left alone.
+    pub(in crate::tracer) fn seize_existing_children(
+        &mut self,
+        pid: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Vec<(i32, i32)> {
+        let mut seized = Vec::new();
+        let found = crate::process::status::descendants(pid, MAX_EXISTING_CHILDREN + 1);
+        if found.len() > MAX_EXISTING_CHILDREN {
+            sink(TraceEvent::Notice(format!(
+                "process {pid} has more than {MAX_EXISTING_CHILDREN} descendants: the first \
+                 {MAX_EXISTING_CHILDREN} are traced, and the children forked from now on"
+            )));
+        }
+        for (child, parent) in found.into_iter().take(MAX_EXISTING_CHILDREN) {
+            self.procs.insert(child, Proc::new(child));
+            match self.seize_process(child) {
+                Ok(()) => seized.push((child, parent)),
+                Err(e) => {
+                    self.let_go_of(child);
+                    sink(TraceEvent::Notice(format!(
+                        "child process {child} of {parent} is not traced: {e:#}"
+                    )));
+                }
+            }
+        }
+        seized
+    }
+
+    /// Installs the probes of the existing children seized by
+    /// [`Self::seize_existing_children`], every thread stopped; a child that is not
+    /// a CPython pyprobe can read is let go.
+    pub(in crate::tracer) fn install_existing_children(
+        &mut self,
+        children: Vec<(i32, i32)>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
+        for (child, parent) in children {
+            let why = match self.install(child, false, sink) {
+                Ok(true) => {
+                    self.children_to_announce
+                        .push((child, parent, monotonic_ns()));
+                    continue;
+                }
+                Ok(false) => "no CPython interpreter found in it".to_owned(),
+                Err(e) => format!("{e:#}"),
+            };
+            self.let_go_of(child);
+            sink(TraceEvent::Detail(format!(
+                "child process {child} of {parent} is not traced: {why}"
+            )));
+        }
+    }
+
+    /// Undoes what was written in process `pid` and lets its threads go, before
+    /// it was ever resumed by pyprobe (its threads stopped or just seized).
+    fn let_go_of(&mut self, pid: i32) {
+        if let Some(mut proc) = self.procs.remove(&pid) {
+            let _ = proc.patches.remove(&mut proc.mem, self.guardian.as_mut());
+        }
+        let tids: Vec<i32> = self
+            .threads
+            .iter()
+            .filter(|(_, t)| t.tgid == pid)
+            .map(|(&tid, _)| tid)
+            .collect();
+        for tid in tids {
+            let pending = match self.threads.remove(&tid).map(|t| t.state) {
+                Some(ThreadState::Stopped { pending, .. }) => pending,
+                _ => None,
+            };
+            let _ = ptrace::detach(Pid::from_raw(tid), pending);
+        }
+    }
+}
