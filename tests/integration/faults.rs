@@ -735,18 +735,10 @@ fn the_main_thread_exiting_alone_does_not_hold_the_others() {
             String::from_utf8_lossy(&out.stdout).contains("worker done True"),
             "{version}: {stderr}"
         );
-        let folded = run_pyprobe(&[
-            "flame",
-            recording.path(),
-            "--format",
-            "collapsed",
-            "-o",
-            "-",
-        ]);
-        let work: u64 = String::from_utf8_lossy(&folded.stdout)
-            .lines()
-            .filter(|l| l.contains("work ("))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        let work: u64 = collapsed_stacks(recording.path())
+            .iter()
+            .filter(|(frames, _)| frames.iter().any(|f| f.starts_with("work (")))
+            .map(|(_, n)| n)
             .sum();
         assert!(work > 50, "{version}: {work} samples in work: {stderr}");
     }

@@ -39,23 +39,7 @@ fn record_native_in(
     eprintln!("{stderr}");
     assert_no_panic("record --native", &out.stderr);
     assert!(out.status.success(), "record --native failed");
-    let folded = run_pyprobe(&[
-        "flame",
-        recording.path(),
-        "--format",
-        "collapsed",
-        "-o",
-        "-",
-    ]);
-    assert!(folded.status.success());
-    let stacks = String::from_utf8_lossy(&folded.stdout)
-        .lines()
-        .filter_map(|line| {
-            let (stack, count) = line.rsplit_once(' ')?;
-            let frames = stack.split(';').map(str::to_owned).collect();
-            Some((frames, count.parse().ok()?))
-        })
-        .collect();
+    let stacks = collapsed_stacks(recording.path());
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr,
@@ -242,33 +226,6 @@ fn numpy_c_frames_show_under_the_python_caller() {
     );
 }
 
-/// Busy loops taking the CPUs from the target and from pyprobe while a test runs.
-struct Contention(Vec<std::process::Child>);
-
-impl Contention {
-    fn start(hogs: usize) -> Contention {
-        Contention(
-            (0..hogs)
-                .map(|_| {
-                    std::process::Command::new("sh")
-                        .args(["-c", "while :; do :; done"])
-                        .spawn()
-                        .unwrap()
-                })
-                .collect(),
-        )
-    }
-}
-
-impl Drop for Contention {
-    fn drop(&mut self) {
-        for hog in &mut self.0 {
-            let _ = hog.kill();
-            let _ = hog.wait();
-        }
-    }
-}
-
 /// The count before `what` on the `--native` closing line (`0` when absent).
 fn native_count(stderr: &str, what: &str) -> u64 {
     let line = stderr.lines().find(|l| l.contains("--native:")).unwrap();
@@ -292,7 +249,7 @@ fn native_count(stderr: &str, what: &str) -> u64 {
 fn native_in_the_default_mode_on_a_busy_machine() {
     let Some(py) = python("3.13") else { return };
     let lib = fixture_binary("libnative_calls.so");
-    let _busy = Contention::start(2);
+    let _busy = Contention::start(&py);
     let (_, stderr, stacks) = record_native_in(
         &py,
         "auto",

@@ -80,47 +80,6 @@ fn assert_exact(what: &str, out: &TempFile, counts: &Value, stderr: &str) {
     assert_eq!(report["lost_events"], 0, "{what}: lost events\n{stderr}");
 }
 
-/// A busy loop on each CPU for as long as it lives.
-struct Contention(Vec<std::process::Child>);
-
-impl Contention {
-    fn start(py: &Python) -> Contention {
-        Contention::running(py, |_| "while True: pass".to_owned())
-    }
-
-    /// A busy loop pinned to each CPU: whichever CPU pyprobe's tracing thread
-    /// follows a thread to, a thread of the normal policy holds it too.
-    fn pinned(py: &Python) -> Contention {
-        Contention::running(py, |cpu| {
-            format!("import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass")
-        })
-    }
-
-    /// One busy loop per CPU, the `n`-th running `script(n)`.
-    fn running(py: &Python, script: impl Fn(usize) -> String) -> Contention {
-        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-        Contention(
-            (0..cpus)
-                .map(|cpu| {
-                    Command::new(&py.launcher)
-                        .args(["-c", &script(cpu)])
-                        .spawn()
-                        .expect("start a busy loop")
-                })
-                .collect(),
-        )
-    }
-}
-
-impl Drop for Contention {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 /// fib(15) in a loop while every CPU is busy with other work: pyprobe gets a
 /// share of a CPU at best, far less than the target's event rate needs.
 #[test]

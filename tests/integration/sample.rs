@@ -93,27 +93,16 @@ fn nonblocking_stacks_read_while_they_change_are_whole_or_marked_torn() {
             .filter(|before| before.len() < stderr.len())
             .and_then(|before| before.rsplit('(').next())
             .map_or(0, |n| n.parse().unwrap());
-        let folded = run_pyprobe(&[
-            "flame",
-            recording.path(),
-            "--format",
-            "collapsed",
-            "-o",
-            "-",
-        ]);
-        assert!(folded.status.success());
         let (mut torn, mut whole, mut inner_roots) = (0u64, 0u64, Vec::new());
-        for line in String::from_utf8_lossy(&folded.stdout).lines() {
-            let (stack, count) = line.rsplit_once(' ').unwrap();
-            let count: u64 = count.parse().unwrap();
-            let root = stack.split(';').next().unwrap();
+        for (frames, count) in collapsed_stacks(recording.path()) {
+            let root = &frames[0];
             if root.starts_with("[torn") {
-                assert!(!stack.contains(';'), "{version}: torn with frames: {line}");
+                assert_eq!(frames.len(), 1, "{version}: torn with frames: {frames:?}");
                 torn += count;
             } else if root.starts_with("<module> ") || root.contains("(<frozen ") {
                 whole += count;
             } else {
-                inner_roots.push(line.to_owned());
+                inner_roots.push(frames);
             }
         }
         assert!(

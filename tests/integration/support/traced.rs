@@ -357,3 +357,59 @@ pub fn in_own_process(module: &str, test: &str) -> bool {
     );
     false
 }
+
+/// A busy loop on each CPU for as long as it lives.
+pub struct Contention(Vec<std::process::Child>);
+
+impl Contention {
+    pub fn start(py: &Python) -> Contention {
+        Contention::running(py, |_| "while True: pass".to_owned())
+    }
+
+    /// A busy loop pinned to each CPU: whichever CPU pyprobe's tracing thread
+    /// follows a thread to, a thread of the normal policy holds it too.
+    pub fn pinned(py: &Python) -> Contention {
+        Contention::running(py, |cpu| {
+            format!("import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass")
+        })
+    }
+
+    /// One busy loop per CPU, the `n`-th running `script(n)`.
+    pub fn running(py: &Python, script: impl Fn(usize) -> String) -> Contention {
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Contention(
+            (0..cpus)
+                .map(|cpu| {
+                    Command::new(&py.launcher)
+                        .args(["-c", &script(cpu)])
+                        .spawn()
+                        .expect("start a busy loop")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Contention {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The collapsed stacks of a recording (`pyprobe flame --format collapsed`):
+/// each line's frames, outermost first, and its count.
+pub fn collapsed_stacks(recording: &str) -> Vec<(Vec<String>, u64)> {
+    let folded = run_pyprobe(&["flame", recording, "--format", "collapsed", "-o", "-"]);
+    assert!(folded.status.success(), "pyprobe flame {recording} failed");
+    String::from_utf8_lossy(&folded.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (stack, count) = line.rsplit_once(' ')?;
+            let frames = stack.split(';').map(str::to_owned).collect();
+            Some((frames, count.parse().ok()?))
+        })
+        .collect()
+}
