@@ -735,11 +735,13 @@ fn the_main_thread_exiting_alone_does_not_hold_the_others() {
             String::from_utf8_lossy(&out.stdout).contains("worker done True"),
             "{version}: {stderr}"
         );
+        // Sampled on after the main thread was gone (it sleeps until then, and
+        // idle samples are left out): how many depends on the machine's load.
         let work: u64 = collapsed_stacks(recording.path())
             .iter()
             .filter(|(frames, _)| frames.iter().any(|f| f.starts_with("work (")))
             .map(|(_, n)| n)
             .sum();
-        assert!(work > 50, "{version}: {work} samples in work: {stderr}");
+        assert!(work >= 10, "{version}: {work} samples in work: {stderr}");
     }
 }

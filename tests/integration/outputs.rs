@@ -851,3 +851,35 @@ fn record_draws_a_run_that_only_waited() {
     let idle = run_pyprobe(&["flame", s(&recording), "--idle", "-o", "-"]);
     assert!(idle.status.success());
 }
+
+/// The target replaces the recording's `.partial` while it is written (it can
+/// write the directory): pyprobe does not rename the target's file into place
+/// as its recording; OUT holds what pyprobe wrote, the other file is left alone.
+#[test]
+fn a_partial_replaced_by_the_target_is_not_published() {
+    let Some(py) = python("3.13") else { return };
+    let dir = tempdir();
+    let out = dir.path().join("run.pyprobe");
+    let partial = dir.path().join("run.pyprobe.partial");
+    let code = "import os, sys, time\n\
+                p = sys.argv[1]\n\
+                while not os.path.exists(p): time.sleep(0.01)\n\
+                time.sleep(0.3)\n\
+                os.remove(p)\n\
+                open(p, 'w').write('forged')\n\
+                time.sleep(0.3)\n\
+                print('replaced', flush=True)\n";
+    let done = pyprobe()
+        .args(["record", "-o", out.to_str().unwrap(), "--"])
+        .arg(&py.launcher)
+        .args(["-c", code, partial.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&done.stdout).contains("replaced"));
+    assert!(stderr.contains("was replaced or removed"), "{stderr}");
+    assert_eq!(std::fs::read(&partial).unwrap(), b"forged");
+    let report = run_pyprobe(&["report", out.to_str().unwrap(), "--format", "json"]);
+    assert!(report.status.success(), "OUT is not pyprobe's recording");
+}

@@ -188,6 +188,18 @@ impl Output {
                 )),
             },
             Inner::Partial { file, path } => {
+                if !still_ours(&file, &path) {
+                    let at = self.rescue(&file, &path)?;
+                    eprintln!(
+                        "pyprobe: warning: {} was replaced or removed while pyprobe wrote it; \
+                         the recording was copied from pyprobe's own file to {}, and what is at \
+                         {} now was left alone",
+                        path.display(),
+                        at.display(),
+                        path.display()
+                    );
+                    return Ok(());
+                }
                 drop(file);
                 let rename_failed = |e: io::Error| {
                     err(
@@ -227,6 +239,9 @@ impl Output {
             Inner::Fifo(_) | Inner::Temporary(_) => None,
             Inner::Partial { file, path } => {
                 let empty = file.metadata().map(|m| m.len() == 0).unwrap_or(false);
+                if !empty && !still_ours(&file, &path) {
+                    return self.rescue(&file, &path).ok();
+                }
                 drop(file);
                 if empty {
                     let _ = std::fs::remove_file(&path);
@@ -248,12 +263,65 @@ impl Output {
     }
 }
 
+impl Output {
+    /// Copies the recording pyprobe wrote through `file`, whose name `partial`
+    /// now holds another file or none, to OUT (or, where OUT exists and may not
+    /// be replaced, to a new file beside it); returns where it went.
+    fn rescue(&self, file: &File, partial: &Path) -> io::Result<PathBuf> {
+        use std::os::fd::AsRawFd;
+        let failed = |e: io::Error| {
+            err(
+                e.kind(),
+                format!(
+                    "{} was replaced or removed while pyprobe wrote it, and its recording \
+                     could not be copied to {}: {e}",
+                    partial.display(),
+                    self.shown.display()
+                ),
+            )
+        };
+        // Opened again through the descriptor: the name may be anyone's now.
+        let mut ours = File::open(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(failed)?;
+        let mut prefix = OsString::from(".");
+        prefix.push(self.target.file_name().unwrap_or_default());
+        prefix.push(".");
+        let mut copy = tempfile::Builder::new()
+            .prefix(&prefix)
+            .suffix(".rescued")
+            .tempfile_in(parent_dir(&self.target))
+            .map_err(failed)?;
+        private(copy.as_file(), copy.path())?;
+        io::copy(&mut ours, copy.as_file_mut()).map_err(failed)?;
+        if self.existing == Existing::Replace {
+            copy.persist(&self.target).map_err(|e| failed(e.error))?;
+            return Ok(self.target.clone());
+        }
+        match copy.persist_noclobber(&self.target) {
+            Ok(_) => Ok(self.target.clone()),
+            Err(e) => {
+                let (_, kept) = e.file.keep().map_err(|e| failed(e.error))?;
+                Ok(kept)
+            }
+        }
+    }
+}
+
+/// Whether `path` still names the file pyprobe opened as `file`: the same inode
+/// on the same device, not a file put there since (or none).
+fn still_ours(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(open), Ok(named)) => open.dev() == named.dev() && open.ino() == named.ino(),
+        _ => false,
+    }
+}
+
 impl Drop for Output {
     /// Not committed (an error path, a panic): a temporary goes, a partial
     /// recording with anything in it stays.
     fn drop(&mut self) {
         if let Some(Inner::Partial { file, path }) = self.inner.take() {
-            if file.metadata().map(|m| m.len() == 0).unwrap_or(false) {
+            if file.metadata().map(|m| m.len() == 0).unwrap_or(false) && still_ours(&file, &path) {
                 let _ = std::fs::remove_file(&path);
             }
         }

@@ -32,6 +32,33 @@ fn replace_leaves_out_alone_until_commit() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
 
+/// A `.partial` replaced while pyprobe writes (by the target, or anyone who can
+/// write the directory) is never renamed into place as the recording: what
+/// pyprobe wrote is copied from its own descriptor, the other file left alone.
+#[test]
+fn a_replaced_partial_is_not_published_as_the_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run.pyprobe");
+    let o = Output::partial(&out, Existing::Keep).unwrap();
+    o.file().write_all(b"pyprobe's").unwrap();
+    std::fs::remove_file(partial_path(&out)).unwrap();
+    std::fs::write(partial_path(&out), b"forged").unwrap();
+    o.commit().unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), b"pyprobe's");
+    assert_eq!(std::fs::read(partial_path(&out)).unwrap(), b"forged");
+    assert_eq!(mode(&out), 0o600);
+    // Removed, and OUT made meanwhile: the copy goes beside OUT, which stays.
+    let out = dir.path().join("second.pyprobe");
+    let o = Output::partial(&out, Existing::Keep).unwrap();
+    o.file().write_all(b"second").unwrap();
+    std::fs::remove_file(partial_path(&out)).unwrap();
+    std::fs::write(&out, b"someone's").unwrap();
+    let kept = o.salvage().unwrap();
+    assert_ne!(kept, out);
+    assert_eq!(std::fs::read(kept).unwrap(), b"second");
+    assert_eq!(std::fs::read(&out).unwrap(), b"someone's");
+}
+
 #[test]
 fn partial_is_kept_or_published_when_the_run_fails() {
     let dir = tempfile::tempdir().unwrap();
