@@ -445,8 +445,7 @@ fn tgid_of_thread(threads: &FxHashMap<i32, Thread>, tid: i32) -> i32 {
 /// threads are gone, which pyprobe may be holding. `Err(ESRCH)` once it has
 /// exited without a status to report.
 fn wait_for_thread(pid: i32, tid: i32) -> nix::Result<WaitStatus> {
-    let began = std::time::Instant::now();
-    let mut next_look = began + LOOK_EVERY;
+    let mut waiting = WaitingForStops::new();
     loop {
         let status = waitpid(
             Pid::from_raw(tid),
@@ -455,18 +454,10 @@ fn wait_for_thread(pid: i32, tid: i32) -> nix::Result<WaitStatus> {
         if status != WaitStatus::StillAlive {
             return Ok(status);
         }
-        let now = std::time::Instant::now();
-        if now >= next_look {
-            next_look = now + LOOK_EVERY;
-            if crate::process::status::task_gone_or_zombie(pid, tid) {
-                return Err(Errno::ESRCH);
-            }
+        if waiting.look_due() && crate::process::status::task_gone_or_zombie(pid, tid) {
+            return Err(Errno::ESRCH);
         }
-        if now.duration_since(began) < SPIN_FOR {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(POLL_EVERY);
-        }
+        waiting.pause();
     }
 }
 
@@ -507,18 +498,31 @@ impl WaitingForStops {
         if status != WaitStatus::StillAlive {
             return Ok(status);
         }
-        let now = std::time::Instant::now();
-        if now >= self.next_look {
-            self.next_look = now + LOOK_EVERY;
-            if engine.mark_zombies(awaited) > 0 {
-                return Ok(status);
-            }
+        if self.look_due() && engine.mark_zombies(awaited) > 0 {
+            return Ok(status);
         }
-        if now.duration_since(self.began) < SPIN_FOR {
+        self.pause();
+        Ok(status)
+    }
+
+    /// Whether it is time to look at the threads not stopped yet for an exit
+    /// (every [`LOOK_EVERY`]).
+    fn look_due(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        if now < self.next_look {
+            return false;
+        }
+        self.next_look = now + LOOK_EVERY;
+        true
+    }
+
+    /// Between two polls: a yield while a stop is still due any moment, a short
+    /// sleep after.
+    fn pause(&self) {
+        if self.began.elapsed() < SPIN_FOR {
             std::thread::yield_now();
         } else {
             std::thread::sleep(POLL_EVERY);
         }
-        Ok(status)
     }
 }
