@@ -47,8 +47,9 @@ impl StopCosts {
             return None;
         }
         let n = (self.seen as usize).min(WINDOW);
-        let mut recent = self.recent[..n].to_vec();
-        recent.sort_unstable();
+        // A copy on the stack: asked at every tick, it need not allocate.
+        let mut recent = self.recent;
+        recent[..n].sort_unstable();
         Some(recent[n / 2])
     }
 }
