@@ -112,7 +112,9 @@ impl Engine {
                 // Charged from the moment all are stopped: until then they ran (or
                 // waited for a CPU, which is not pyprobe's doing); and without the
                 // time pyprobe waited for a CPU, which the target would have too.
-                let hold = self.budget.own_schedule.begin();
+                // Timed only for a budget: the reads lengthen the stop.
+                let budgeted = self.budget.meter.is_some();
+                let hold = budgeted.then(|| self.budget.own_schedule.begin());
                 self.drain_ring_of(pid, sink);
                 sink(TraceEvent::Tick {
                     pid,
@@ -121,9 +123,11 @@ impl Engine {
                     on_cpu: on_cpu.remove(&pid).unwrap_or_default(),
                 });
                 self.resume_process(pid);
-                let cost = self.budget.own_schedule.end(hold);
-                if let Some(b) = self.budget.meter.as_mut() {
-                    b.sampled(cost);
+                if let Some(hold) = hold {
+                    let cost = self.budget.own_schedule.end(hold);
+                    if let Some(b) = self.budget.meter.as_mut() {
+                        b.sampled(cost);
+                    }
                 }
             }
             if left.is_empty() {
