@@ -23,7 +23,7 @@ impl ThinningTracker {
         self.seen = true;
         let close = |since: &mut Option<u64>, total: &mut u64| {
             if let Some(s) = since.take() {
-                *total += ts.saturating_sub(s);
+                *total = total.saturating_add(ts.saturating_sub(s));
             }
         };
         if level == ThinLevel::Full {
@@ -50,8 +50,8 @@ impl ThinningTracker {
         self.seen.then(|| Thinned {
             events: self.events,
             audits_counted: self.audits_counted,
-            thinned_ns: self.thinned_ns + open(self.since),
-            uncounted_ns: self.uncounted_ns + open(self.uncounted_since),
+            thinned_ns: self.thinned_ns.saturating_add(open(self.since)),
+            uncounted_ns: self.uncounted_ns.saturating_add(open(self.uncounted_since)),
         })
     }
 }
@@ -75,7 +75,7 @@ impl WindowTracker {
                 self.windows += 1;
             }
             (false, Some(since)) => {
-                self.exact_ns += ts.saturating_sub(since);
+                self.exact_ns = self.exact_ns.saturating_add(ts.saturating_sub(since));
                 self.open_since = None;
             }
             _ => {}
@@ -84,7 +84,9 @@ impl WindowTracker {
 
     pub fn finish(self, end: u64) -> Option<ExactWindows> {
         self.seen.then(|| ExactWindows {
-            exact_ns: self.exact_ns + self.open_since.map_or(0, |s| end.saturating_sub(s)),
+            exact_ns: self
+                .exact_ns
+                .saturating_add(self.open_since.map_or(0, |s| end.saturating_sub(s))),
             windows: self.windows,
         })
     }
