@@ -13,11 +13,12 @@ pub const MAGIC: [u8; 8] = *b"PYPROBE\0";
 /// a return belongs to, when known (`return` events of CPython 3.11+); version 6
 /// calls and returns naming their frame by a number local to their chunk (see
 /// `codec.rs`), and the types functions returned (`return_type` events); version 7
-/// the times pyprobe let go of the target while it was stopped (`paused`). Versions
-/// 1 to 5 are still read (the states of samples of 1 and 2 unknown, every thread of
+/// the times pyprobe let go of the target while it was stopped (`paused`); version
+/// 8 the qualified names of functions (a chunk of their own). Versions
+/// 1 to 7 are still read (the states of samples of 1 and 2 unknown, every thread of
 /// 1 to 3 in the recording's own process, no first line on any return of 1 to 4,
-/// no return types before 6).
-pub const FORMAT_VERSION: u32 = 7;
+/// no return types before 6, no qualified names before 8).
+pub const FORMAT_VERSION: u32 = 8;
 /// The oldest format version this crate reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 

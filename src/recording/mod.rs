@@ -12,6 +12,7 @@ mod codec;
 mod error;
 pub mod event;
 mod header;
+mod qualnames;
 mod reader;
 mod wire;
 mod writer;
@@ -23,6 +24,7 @@ pub use codec::FrameNumberHint;
 pub use error::RecordError;
 pub use event::*;
 pub use header::{Header, FORMAT_VERSION, MAGIC, OLDEST_FORMAT_VERSION};
+pub use qualnames::{Qualnames, MAX_QUALNAMES};
 pub use reader::{Completion, Events, RecordingReader, Trailer};
 pub use writer::{BackgroundWriter, RecordingWriter, Summary, MAX_SAMPLE_FRAMES, MAX_STRING_LEN};
 
@@ -35,6 +37,8 @@ pub(crate) mod kind {
     pub const STRINGS: u8 = 2;
     pub const EVENTS: u8 = 3;
     pub const TRAILER: u8 = 4;
+    /// Qualified names of functions (format 8).
+    pub const QUALNAMES: u8 = 5;
 }
 
 /// Bytes before a chunk's payload: kind, length, checksum.

@@ -6,6 +6,7 @@ use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use super::codec::EventDecoder;
+use super::qualnames::{self, Qualnames};
 use super::wire::Cursor;
 use super::{
     kind, Event, Header, RecordError, StrId, CHUNK_HEADER_LEN, FORMAT_VERSION, MAGIC,
@@ -47,6 +48,7 @@ pub struct RecordingReader<R: Read> {
     input: R,
     header: Header,
     strings: Vec<String>,
+    qualnames: Qualnames,
     /// File offset of the next chunk.
     offset: u64,
     /// File offset of the first chunk after the header.
@@ -87,6 +89,7 @@ impl<R: Read> RecordingReader<R> {
             input,
             header: Header::default(),
             strings: Vec::new(),
+            qualnames: Qualnames::default(),
             offset: 0,
             events_start: 0,
             chunk: Vec::new(),
@@ -151,6 +154,12 @@ impl<R: Read> RecordingReader<R> {
         &self.strings
     }
 
+    /// The qualified names of functions read so far (all of them, once the
+    /// events are read to the end).
+    pub fn qualnames(&self) -> &Qualnames {
+        &self.qualnames
+    }
+
     /// Events returned so far.
     pub fn events_read(&self) -> u64 {
         self.events_read
@@ -204,6 +213,12 @@ impl<R: Read> RecordingReader<R> {
                     self.decoder.reset();
                 }
                 Chunk::Whole(kind::STRINGS) => self.read_strings(at + CHUNK_HEADER_LEN)?,
+                Chunk::Whole(kind::QUALNAMES) => {
+                    let mut c = Cursor::new(&self.chunk, 0, at + CHUNK_HEADER_LEN);
+                    qualnames::read_chunk(&mut c, self.strings.len(), &mut self.qualnames)?;
+                    self.chunk.clear();
+                    self.pos = 0;
+                }
                 Chunk::Whole(kind::TRAILER) => {
                     let mut c = Cursor::new(&self.chunk, 0, at + CHUNK_HEADER_LEN);
                     let trailer = Trailer {

@@ -940,3 +940,54 @@ fn format_5_calls_and_returns_still_read() {
         ]
     );
 }
+
+#[test]
+fn qualified_names_round_trip_and_name_a_resumed_frame_by_its_file_and_name() {
+    let mut buf = Vec::new();
+    let mut w = RecordingWriter::new(&mut buf, &header()).unwrap();
+    let file = w.intern("/app/shapes.py");
+    let area = w.intern("area");
+    let init = w.intern("__init__");
+    let code = |function, line| FrameRef {
+        file,
+        function,
+        line,
+    };
+    let circle = w.intern("Circle.area");
+    w.name_code(&code(area, 10), circle);
+    // Ids never interned are dropped, not written.
+    w.name_code(&code(area, 11), StrId(999));
+    w.write(&Event {
+        tid: 1,
+        ts_ns: 5,
+        kind: EventKind::Call {
+            frame: code(area, 10),
+        },
+    })
+    .unwrap();
+    // Two `__init__` of one file with different classes: no guess by name.
+    let a = w.intern("A.__init__");
+    let b = w.intern("B.__init__");
+    w.name_code(&code(init, 20), a);
+    w.name_code(&code(init, 30), b);
+    w.finish(9).unwrap();
+
+    let (r, _) = read_all(&buf).unwrap();
+    let q = r.qualnames();
+    assert_eq!(q.len(), 3);
+    assert_eq!(q.get(&code(area, 10)), Some(circle));
+    assert_eq!(q.get(&code(area, 14)), Some(circle), "a line of its body");
+    assert_eq!(q.get(&code(init, 30)), Some(b));
+    assert_eq!(q.get(&code(init, 25)), None);
+}
+
+#[test]
+fn a_qualified_name_naming_an_undefined_string_is_corruption() {
+    let mut payload = Vec::new();
+    wire::put_uvarint(&mut payload, 1);
+    for v in [0u64, 1, 3, 7] {
+        wire::put_uvarint(&mut payload, v);
+    }
+    let e = err_message(&with_chunk(kind::QUALNAMES, &payload, None));
+    assert!(e.contains("qualified name refers to a string"), "{e}");
+}

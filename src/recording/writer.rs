@@ -13,6 +13,7 @@ use std::path::Path;
 
 pub use super::background::BackgroundWriter;
 use super::codec::{EventEncoder, FrameNumberHint};
+use super::qualnames;
 use super::wire::{put_str, put_uvarint, truncate_str};
 use super::{kind, Event, EventKind, FrameRef, Header, StrId, FORMAT_VERSION, MAGIC};
 
@@ -42,14 +43,39 @@ pub struct Summary {
     pub bytes: u64,
 }
 
+/// Entries of a table chunk (strings, qualified names) not yet written.
+#[derive(Default)]
+struct PendingTable {
+    entries: Vec<u8>,
+    count: u64,
+}
+
+impl PendingTable {
+    /// The chunk's payload (a count, then the entries), leaving the table empty;
+    /// `None` when it is empty.
+    fn take_payload(&mut self) -> Option<Vec<u8>> {
+        if self.count == 0 {
+            return None;
+        }
+        let mut payload = Vec::with_capacity(self.entries.len() + 5);
+        put_uvarint(&mut payload, self.count);
+        payload.extend_from_slice(&self.entries);
+        self.entries.clear();
+        self.count = 0;
+        Some(payload)
+    }
+}
+
 /// Streams events into a recording.
 pub struct RecordingWriter<W: Write> {
     out: W,
     /// The first I/O error; every later call fails with it.
     failed: Option<(io::ErrorKind, String)>,
     strings: FxHashMap<String, StrId>,
-    pending_strings: Vec<u8>,
-    pending_string_count: u64,
+    /// Strings interned since the last flush.
+    pending_strings: PendingTable,
+    /// Qualified names given since the last flush (see [`name_code`](Self::name_code)).
+    pending_qualnames: PendingTable,
     events: Vec<u8>,
     encoder: EventEncoder,
     summary: Summary,
@@ -85,8 +111,8 @@ impl<W: Write> RecordingWriter<W> {
             out,
             failed: None,
             strings: FxHashMap::default(),
-            pending_strings: Vec::new(),
-            pending_string_count: 0,
+            pending_strings: PendingTable::default(),
+            pending_qualnames: PendingTable::default(),
             events: Vec::new(),
             encoder: EventEncoder::default(),
             summary: Summary::default(),
@@ -110,15 +136,31 @@ impl<W: Write> RecordingWriter<W> {
         }
         let id = StrId(self.strings.len() as u32);
         self.strings.insert(kept.to_string(), id);
-        put_uvarint(&mut self.pending_strings, u64::from(id.0));
-        put_str(&mut self.pending_strings, kept);
-        self.pending_string_count += 1;
+        let table = &mut self.pending_strings;
+        put_uvarint(&mut table.entries, u64::from(id.0));
+        put_str(&mut table.entries, kept);
+        table.count += 1;
         self.summary.strings += 1;
-        if self.pending_strings.len() >= FLUSH_THRESHOLD {
+        if table.entries.len() >= FLUSH_THRESHOLD {
             // A failure poisons the writer; the next `write`/`finish` reports it.
-            let _ = self.flush_strings();
+            let _ = self.flush_tables();
         }
         id
+    }
+
+    /// Gives the function `code` (file, `co_name`, first line) its qualified name,
+    /// written before the next events; every id must have been interned by this
+    /// writer (else the name is dropped).
+    pub fn name_code(&mut self, code: &FrameRef, qualname: StrId) {
+        let n = self.strings.len() as u32;
+        if [code.file, code.function, qualname]
+            .iter()
+            .any(|id| id.0 >= n)
+        {
+            return;
+        }
+        qualnames::put_entry(&mut self.pending_qualnames.entries, code, qualname);
+        self.pending_qualnames.count += 1;
     }
 
     /// Appends one event. Its strings must have been interned by this writer.
@@ -213,22 +255,25 @@ impl<W: Write> RecordingWriter<W> {
         }
     }
 
-    fn flush_strings(&mut self) -> io::Result<()> {
-        if self.pending_string_count == 0 {
-            return Ok(());
+    /// Writes the strings, then the qualified names (which use them), given
+    /// since the last flush.
+    fn flush_tables(&mut self) -> io::Result<()> {
+        for (kind, is_strings) in [(kind::STRINGS, true), (kind::QUALNAMES, false)] {
+            let table = if is_strings {
+                &mut self.pending_strings
+            } else {
+                &mut self.pending_qualnames
+            };
+            if let Some(payload) = table.take_payload() {
+                self.write_chunk(kind, &payload)?;
+            }
         }
-        let mut payload = Vec::with_capacity(self.pending_strings.len() + 5);
-        put_uvarint(&mut payload, self.pending_string_count);
-        payload.extend_from_slice(&self.pending_strings);
-        self.write_chunk(kind::STRINGS, &payload)?;
-        self.pending_strings.clear();
-        self.pending_string_count = 0;
         Ok(())
     }
 
     fn flush_chunks(&mut self) -> io::Result<()> {
         self.check_failed()?;
-        self.flush_strings()?;
+        self.flush_tables()?;
         if !self.events.is_empty() {
             let events = std::mem::take(&mut self.events);
             let r = self.write_chunk(kind::EVENTS, &events);

@@ -1,0 +1,109 @@
+//! Which qualified name (`Class.method`) each function of the recording gets.
+//!
+//! From 3.11 the frame walker and the hook read `co_qualname`, and their answer
+//! is final. Otherwise (before 3.11, and for names the function probes pass:
+//! 3.15's entries, 3.11's returns) the name is read from the function's source
+//! file, as the target sees it (`/proc/PID/root`, relative paths from
+//! `/proc/PID/cwd`), when the function is first seen. Nothing is read from the
+//! target's memory for it.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rustc_hash::FxHashSet;
+
+use crate::python::source_scopes::{SourceScopes, MAX_SOURCE_BYTES};
+use crate::recording::FrameRef;
+
+/// Most source files kept scanned; past it the cache starts over.
+const MAX_FILES: usize = 512;
+/// Most functions remembered as named; past it they may be named again.
+const MAX_NAMED: usize = 1 << 20;
+
+/// Functions already given their name, and the source files read.
+#[derive(Default)]
+pub struct CodeNames {
+    /// Functions (file, name, line ids) already looked at.
+    seen: FxHashSet<FrameRef>,
+    /// Scanned source files by path as pyprobe opens them.
+    sources: HashMap<PathBuf, Option<Arc<SourceScopes>>>,
+    /// The interpreter has `co_qualname` (3.11+): what the walker reads is final.
+    interpreter_has_qualnames: bool,
+}
+
+impl CodeNames {
+    pub fn interpreter_has_qualnames(&mut self, yes: bool) {
+        self.interpreter_has_qualnames = yes;
+    }
+
+    /// Whether the frame walker's names are qualified names (3.11+).
+    pub fn walker_qualifies(&self) -> bool {
+        self.interpreter_has_qualnames
+    }
+
+    /// Whether `code` is met for the first time (then it is remembered).
+    pub fn first_sight(&mut self, code: FrameRef) -> bool {
+        if self.seen.len() >= MAX_NAMED {
+            self.seen.clear();
+        }
+        self.seen.insert(code)
+    }
+
+    /// The qualified name of function `name` at `line` of `file` in process
+    /// `pid`, and the line its code starts at, from the source; `None` when
+    /// the file cannot be read or shows no such function there.
+    pub fn in_source(
+        &mut self,
+        pid: i32,
+        file: &str,
+        name: &str,
+        line: u32,
+    ) -> Option<(String, u32)> {
+        let sources = &mut self.sources;
+        if file.is_empty() || file.starts_with('<') || name.is_empty() {
+            return None;
+        }
+        let path = if file.starts_with('/') {
+            PathBuf::from(format!("/proc/{pid}/root{file}"))
+        } else {
+            PathBuf::from(format!("/proc/{pid}/cwd/{file}"))
+        };
+        if sources.len() >= MAX_FILES && !sources.contains_key(&path) {
+            sources.clear();
+        }
+        let scopes = sources
+            .entry(path)
+            .or_insert_with_key(|path| scan(path).map(Arc::new))
+            .clone()?;
+        scopes.qualname(name, line)
+    }
+}
+
+/// Reads and scans one source file, if it is a regular file of bounded size.
+fn scan(path: &std::path::Path) -> Option<SourceScopes> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Never block on what the target names: a FIFO is not opened, and the open
+    // does not wait even if the path became one meanwhile.
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > MAX_SOURCE_BYTES as u64 {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_SOURCE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    if bytes.len() > MAX_SOURCE_BYTES {
+        return None;
+    }
+    Some(SourceScopes::parse(&String::from_utf8_lossy(&bytes)))
+}
