@@ -2,6 +2,7 @@
 //! this module gives the probes their names, groups and argument meanings.
 
 pub mod probe_catalog;
+pub mod source_scopes;
 pub mod tracing;
 pub mod version;
 pub mod walker;

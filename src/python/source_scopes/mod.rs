@@ -134,9 +134,10 @@ impl SourceScopes {
 
     /// The physical line (0-based) where the logical line holding `i` starts.
     fn logical_start(&self, i: usize) -> Option<usize> {
-        (0..=i)
-            .rev()
-            .find(|&j| self.lines.get(j).is_some_and(|l| l.starts))
+        if i >= self.lines.len() {
+            return None;
+        }
+        (0..=i).rev().find(|&j| self.lines[j].starts)
     }
 
     /// The `def name` (or `class name`) line for code of `name` at logical line
@@ -144,9 +145,8 @@ impl SourceScopes {
     /// whose body it is in.
     fn def_at(&self, name: &str, at: usize) -> Option<usize> {
         // A class body is code of the class's name too.
-        let is_def = |i: usize| {
-            matches!(&self.lines[i].head, Head::Def(n) | Head::Class(n) if n == name)
-        };
+        let is_def =
+            |i: usize| matches!(&self.lines[i].head, Head::Def(n) | Head::Class(n) if n == name);
         let mut i = at;
         while self.lines[i].head == Head::Decorator {
             i = (i + 1..self.lines.len())

@@ -90,6 +90,8 @@ fn module_level_names_and_mismatches_give_nothing() {
     // Out of the file.
     assert_eq!(q("method", 0), None);
     assert_eq!(q("method", 10_000), None);
+    // A probe passing no line (-1 as an unsigned line) costs no scan.
+    assert_eq!(q("method", u32::MAX), None);
 }
 
 #[test]
