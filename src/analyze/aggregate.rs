@@ -17,7 +17,7 @@ use super::replay::{Pairing, Replay, Step};
 use super::return_types::ReturnTypeTracker;
 use super::samples::{SampleAcc, SampleTracker};
 use super::states::{SampleFilter, SampleTally};
-use crate::recording::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
+use crate::recording::{Event, EventKind, FrameRef, Header, Qualnames, StrId, WalkedFrame};
 
 #[derive(Default, Clone, Copy)]
 struct FuncAcc {
@@ -72,7 +72,7 @@ struct RowRules {
 impl RowRules {
     fn row(
         &self,
-        function: String,
+        (function, qualname): (String, String),
         file: String,
         frame: FrameRef,
         t: FuncAcc,
@@ -96,6 +96,7 @@ impl RowRules {
         };
         FunctionStats {
             function,
+            qualname,
             file,
             line: frame.line,
             calls: self.has_calls.then_some(t.calls),
@@ -109,7 +110,7 @@ impl RowRules {
     /// time, then name.
     fn rows<F: Fn(StrId) -> String>(
         &self,
-        names: &mut Names<F>,
+        names: &mut Names<'_, F>,
         functions: &HashMap<FrameRef, FuncAcc>,
         mut samples: HashMap<FrameRef, SampleAcc>,
     ) -> Vec<FunctionStats> {
@@ -117,7 +118,7 @@ impl RowRules {
         for (frame, t) in functions {
             let s = samples.remove(frame).unwrap_or_default();
             rows.push(self.row(
-                names.get(frame.function),
+                (names.get(frame.function), names.shown(frame)),
                 names.get(frame.file),
                 *frame,
                 *t,
@@ -126,7 +127,7 @@ impl RowRules {
         }
         for (frame, s) in samples {
             rows.push(self.row(
-                names.get(frame.function),
+                (names.get(frame.function), names.shown(&frame)),
                 names.get(frame.file),
                 frame,
                 FuncAcc::default(),
@@ -137,7 +138,7 @@ impl RowRules {
             b.inclusive_ns
                 .cmp(&a.inclusive_ns)
                 .then(b.exclusive_ns.cmp(&a.exclusive_ns))
-                .then_with(|| a.function.cmp(&b.function))
+                .then_with(|| a.qualname.cmp(&b.qualname))
                 .then_with(|| a.file.cmp(&b.file))
                 .then(a.line.cmp(&b.line))
         });
@@ -347,10 +348,22 @@ impl Aggregator {
     /// Ends the recording at `end_ns` (the trailer's end; `None` uses the last
     /// event) and resolves string ids with `resolve`.
     pub fn finish(
+        self,
+        replay: Replay,
+        end_ns: Option<u64>,
+        resolve: impl Fn(StrId) -> String,
+    ) -> Report {
+        self.finish_named(replay, end_ns, resolve, &Qualnames::default())
+    }
+
+    /// As [`finish`](Self::finish), functions shown by their qualified names
+    /// (`qualnames`: the recording's, read to the end).
+    pub fn finish_named(
         mut self,
         mut replay: Replay,
         end_ns: Option<u64>,
         resolve: impl Fn(StrId) -> String,
+        qualnames: &Qualnames,
     ) -> Report {
         let end = end_ns.or(self.last_ts).unwrap_or(self.start_ns);
         // Open frames end no earlier than the last event, so no time is negative.
@@ -377,7 +390,7 @@ impl Aggregator {
         let times: HashMap<u32, super::replay::ThreadTime> =
             replay.thread_times().into_iter().collect();
 
-        let mut names = Names::new(resolve);
+        let mut names = Names::new(resolve, qualnames);
         let rules = RowRules {
             source,
             windowed,
@@ -422,7 +435,7 @@ impl Aggregator {
                 .iter()
                 .filter(|((g, _), _)| *g == stats.generation)
                 .map(|((_, code), &(line, count))| Trigger {
-                    function: names.get(code.function),
+                    function: names.shown(code),
                     file: names.get(code.file),
                     line,
                     count,
@@ -465,7 +478,7 @@ impl Aggregator {
                     frames: frames
                         .iter()
                         .map(|(f, line)| {
-                            format!("{} ({}:{})", names.get(f.function), names.get(f.file), line)
+                            format!("{} ({}:{})", names.shown(f), names.get(f.file), line)
                         })
                         .collect(),
                     count,
@@ -532,21 +545,30 @@ impl Aggregator {
 }
 
 /// Resolves each string id once.
-struct Names<F> {
+struct Names<'q, F> {
     resolve: F,
     cache: HashMap<StrId, String>,
+    qualnames: &'q Qualnames,
 }
 
-impl<F: Fn(StrId) -> String> Names<F> {
-    fn new(resolve: F) -> Self {
+impl<'q, F: Fn(StrId) -> String> Names<'q, F> {
+    fn new(resolve: F, qualnames: &'q Qualnames) -> Self {
         Names {
             resolve,
             cache: HashMap::new(),
+            qualnames,
         }
     }
 
     fn get(&mut self, id: StrId) -> String {
         let resolve = &self.resolve;
         self.cache.entry(id).or_insert_with(|| resolve(id)).clone()
+    }
+
+    /// The function `code` names as views show it: its qualified name when the
+    /// recording has one.
+    fn shown(&mut self, code: &FrameRef) -> String {
+        let id = self.qualnames.get(code).unwrap_or(code.function);
+        self.get(id)
     }
 }

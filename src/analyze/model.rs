@@ -31,8 +31,11 @@ pub enum FunctionSource {
 /// One Python function.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FunctionStats {
-    /// Function name.
+    /// Function name (`co_name`).
     pub function: String,
+    /// Qualified name (`Class.method`, `outer.<locals>.inner`) when the recording
+    /// knows it, else the name: what views show.
+    pub qualname: String,
     /// Source file.
     pub file: String,
     /// First line of the function (smallest sampled line when only sampled).

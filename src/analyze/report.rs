@@ -36,7 +36,12 @@ pub fn build_report_filtered<R: Read + Seek>(
         Completion::Truncated { offset } => (None, 0, Some(offset)),
         Completion::Reading | Completion::Failed { .. } => (None, 0, None),
     };
-    let mut report = agg.finish(replay, end, |id| reader.string(id).into_owned());
+    let mut report = agg.finish_named(
+        replay,
+        end,
+        |id| reader.string(id).into_owned(),
+        reader.qualnames(),
+    );
     report.lost_events = report.lost_events.max(lost);
     report.truncated_at = truncated_at;
     Ok(report)

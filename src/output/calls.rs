@@ -17,6 +17,7 @@ use crate::analyze::{EndKind, Step};
 use crate::output::flame::ViewError;
 use crate::output::names::FrameNames;
 use crate::output::speedscope::json_str;
+use crate::output::terminal::escaped;
 use crate::output::units::format_ns;
 use crate::recording::{EventKind, FrameRef, RecordingReader};
 
@@ -74,7 +75,7 @@ impl Matcher {
     }
 
     fn matches(&self, names: &FrameNames<'_>, f: &FrameRef) -> bool {
-        names.string(f.function) == self.function
+        (names.string(f.function) == self.function || names.function(f) == self.function)
             && self
                 .file_suffix
                 .as_ref()
@@ -216,7 +217,9 @@ pub fn write_calls<R: Read + Seek, W: Write>(
             EventKind::Sample { .. } => summary.samples += 1,
             _ => {}
         }
-        let names = FrameNames::new(reader.strings(), options.full_paths);
+        let names = FrameNames::new(reader.strings(), options.full_paths)
+            .with_qualnames(reader.qualnames());
+        let full = FrameNames::new(reader.strings(), true).with_qualnames(reader.qualnames());
         for l in lines.drain(..) {
             // The `start_at` window: from that function's call to its return.
             if let Some(m) = &matcher {
@@ -242,14 +245,7 @@ pub fn write_calls<R: Read + Seek, W: Write>(
                 continue;
             }
             write_line(
-                &mut text,
-                &l,
-                level,
-                start,
-                &names,
-                reader.strings(),
-                options,
-                &summary,
+                &mut text, &l, level, start, &names, &full, options, &summary,
             );
             out.write_all(text.as_bytes())?;
             summary.lines += 1;
@@ -270,7 +266,7 @@ fn write_line(
     level: usize,
     start: u64,
     names: &FrameNames<'_>,
-    strings: &[String],
+    full: &FrameNames<'_>,
     options: &CallsOptions,
     summary: &CallsSummary,
 ) {
@@ -280,15 +276,15 @@ fn write_line(
     let frame = l.frame;
     text.clear();
     if options.json {
-        let full = FrameNames::new(strings, true);
         let _ = write!(
             text,
-            "{}{{\"ts_us\":{}.{:03},\"tid\":{tid},\"event\":\"{}\",\"depth\":{level},\"function\":{},\"file\":{},\"line\":{}",
+            "{}{{\"ts_us\":{}.{:03},\"tid\":{tid},\"event\":\"{}\",\"depth\":{level},\"function\":{},\"qualname\":{},\"file\":{},\"line\":{}",
             if summary.lines == 0 { "\n" } else { ",\n" },
             rel / 1000,
             rel % 1000,
             if l.is_call { "call" } else { "return" },
             json_str(&full.string(frame.function)),
+            json_str(&full.function(&frame)),
             json_str(&full.string(frame.file)),
             frame.line
         );
@@ -317,8 +313,8 @@ fn write_line(
             rel % 1000,
             "",
             if l.is_call { "->" } else { "<-" },
-            names.file(frame.file),
-            names.string(frame.function),
+            escaped(&names.file(frame.file)),
+            escaped(&names.function(&frame)),
             frame.line,
         );
         if let Some((inclusive, exclusive)) = l.took {

@@ -115,7 +115,7 @@ impl<W: Write> Writer<W> {
                 json_str(&names.python(&frame)),
                 format!(
                     "\"function\":{},\"file\":{},\"line\":{}",
-                    json_str(&names.string(frame.function)),
+                    json_str(&names.function(&frame)),
                     json_str(&names.string(frame.file)),
                     frame.line
                 ),
@@ -179,7 +179,7 @@ impl<W: Write> Writer<W> {
                 .sampled_names
                 .entry((frame.file, frame.function))
                 .or_insert_with(|| {
-                    let function = names.string(frame.function);
+                    let function = names.function(&frame);
                     (
                         json_str(&format!("{function} ({})", names.file(frame.file))),
                         format!(
@@ -283,7 +283,8 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                 u32::from(tid != pid)
             ))?;
         }
-        let names = FrameNames::new(reader.strings(), options.full_paths);
+        let names = FrameNames::new(reader.strings(), options.full_paths)
+            .with_qualnames(reader.qualnames());
         w.slices(&names, steps)?;
         match &event.kind {
             EventKind::Call { .. }
@@ -439,7 +440,8 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
     })?;
     let info = ViewInfo::of(reader);
     let end = info.end_ns.unwrap_or(0).max(last_ts);
-    let names = FrameNames::new(reader.strings(), options.full_paths);
+    let names =
+        FrameNames::new(reader.strings(), options.full_paths).with_qualnames(reader.qualnames());
     let mut steps = Vec::new();
     replay.finish(end, &mut steps);
     w.slices(&names, &steps)?;

@@ -10,6 +10,7 @@ pub mod pprof;
 pub mod probes;
 pub mod report;
 pub mod speedscope;
+pub mod terminal;
 pub mod top;
 pub mod units;
 

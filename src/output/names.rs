@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use crate::analyze::folded::FoldFrame;
-use crate::recording::{FrameRef, Header, StrId};
+use crate::recording::{FrameRef, Header, Qualnames, StrId};
 
 /// Where a source file comes from, for colours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +118,7 @@ pub fn short_command(command: &str) -> String {
 /// Names frames from a recording's string table.
 pub struct FrameNames<'a> {
     strings: &'a [String],
+    qualnames: Option<&'a Qualnames>,
     full_paths: bool,
     /// The recording's command line: its own process's, until an exec.
     command: String,
@@ -131,9 +132,26 @@ impl<'a> FrameNames<'a> {
     pub fn new(strings: &'a [String], full_paths: bool) -> Self {
         FrameNames {
             strings,
+            qualnames: None,
             full_paths,
             command: String::new(),
         }
+    }
+
+    /// Names functions by their qualified names (`Class.method`) where known.
+    pub fn with_qualnames(mut self, qualnames: &'a Qualnames) -> Self {
+        self.qualnames = Some(qualnames);
+        self
+    }
+
+    /// The function `code` names as views show it: its qualified name when the
+    /// recording has one, else its name.
+    pub fn function(&self, code: &FrameRef) -> Cow<'a, str> {
+        let id = self
+            .qualnames
+            .and_then(|q| q.get(code))
+            .unwrap_or(code.function);
+        self.string(id)
     }
 
     /// Names the recording's own process by its header's command line.
@@ -183,7 +201,7 @@ impl<'a> FrameNames<'a> {
 
     /// `function (file:line)`.
     pub fn python(&self, f: &FrameRef) -> String {
-        let function = self.string(f.function);
+        let function = self.function(f);
         let function = if function.is_empty() {
             Cow::Borrowed("?")
         } else {

@@ -308,7 +308,8 @@ pub fn write_speedscope<R: Read + Seek, W: Write>(
     let mut replay = replay_planned(reader, plan, |reader, event, ts, steps, replay| {
         let start = *base.get_or_insert(ts);
         last_ts = Some(last_ts.map_or(ts, |t| t.max(ts)));
-        let names = FrameNames::new(reader.strings(), options.full_paths);
+        let names = FrameNames::new(reader.strings(), options.full_paths)
+            .with_qualnames(reader.qualnames());
         let mut sink = Sink {
             spool: &mut spool,
             frames: &mut frames,
@@ -348,7 +349,8 @@ pub fn write_speedscope<R: Read + Seek, W: Write>(
     // Close what is still open, thread by thread, at the end.
     let mut steps = Vec::new();
     replay.finish(end_ts, &mut steps);
-    let names = FrameNames::new(reader.strings(), options.full_paths);
+    let names =
+        FrameNames::new(reader.strings(), options.full_paths).with_qualnames(reader.qualnames());
     let mut sink = Sink {
         spool: &mut spool,
         frames: &mut frames,

@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use serde_json::json;
 
 use crate::output::names::short_path;
+use crate::output::terminal::escaped;
 use crate::python::walker::{ThreadStack, Walker};
 
 pub struct DumpRequest {
@@ -93,7 +94,7 @@ pub fn render_text(stacks: &[ThreadStack], names: &SystemThreadNames, full_paths
             None => "tid unknown".to_owned(),
         };
         if let Some(name) = thread.native_tid.and_then(|t| names.own_name(t)) {
-            about.push_str(&format!(" \"{name}\""));
+            about.push_str(&format!(" \"{}\"", escaped(name)));
         }
         if thread.native_tid.is_some_and(|t| names.is_main(t)) {
             about.push_str(", the main thread");
@@ -116,8 +117,10 @@ pub fn render_text(stacks: &[ThreadStack], names: &SystemThreadNames, full_paths
                 short_path(&f.file)
             };
             out.push_str(&format!(
-                "  File \"{file}\", line {}, in {}\n",
-                f.line, f.function
+                "  File \"{}\", line {}, in {}\n",
+                escaped(file),
+                f.line,
+                escaped(&f.function)
             ));
         }
     }

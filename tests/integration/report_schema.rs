@@ -28,6 +28,7 @@ fn full_report() -> Report {
         lost_events: 3,
         functions: vec![FunctionStats {
             function: "fib".into(),
+            qualname: "fib".into(),
             file: "fib.py".into(),
             line: 1,
             calls: Some(10),
@@ -92,6 +93,7 @@ fn full_report() -> Report {
                 own_ns: 400,
                 functions: vec![FunctionStats {
                     function: "work".into(),
+                    qualname: "Job.work".into(),
                     file: "app.py".into(),
                     line: 5,
                     calls: None,

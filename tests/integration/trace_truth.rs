@@ -561,12 +561,12 @@ fn check_real_program(
         let frame = match u(&f["line"]) {
             0 => format!(
                 "{} ({})",
-                f["function"].as_str().unwrap(),
+                f["qualname"].as_str().unwrap(),
                 f["file"].as_str().unwrap()
             ),
             line => format!(
                 "{} ({}:{line})",
-                f["function"].as_str().unwrap(),
+                f["qualname"].as_str().unwrap(),
                 f["file"].as_str().unwrap()
             ),
         };

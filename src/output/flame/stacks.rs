@@ -5,7 +5,7 @@ use crate::analyze::folded::{Folded, Folder, Measure};
 use crate::analyze::recording::replay_recording;
 use crate::analyze::SampleFilter;
 use crate::output::names::FrameNames;
-use crate::recording::{Completion, Header, RecordError, RecordingReader};
+use crate::recording::{Completion, Header, Qualnames, RecordError, RecordingReader};
 use std::io::{self, Read, Seek, Write};
 
 /// An error while writing a view: reading the recording or writing the output.
@@ -40,6 +40,8 @@ pub struct ViewInfo {
     pub trailer_lost: u64,
     /// Where the recording was cut short, if it was.
     pub truncated_at: Option<u64>,
+    /// The qualified names of its functions.
+    pub qualnames: Qualnames,
 }
 
 impl ViewInfo {
@@ -55,6 +57,7 @@ impl ViewInfo {
             end_ns,
             trailer_lost,
             truncated_at,
+            qualnames: reader.qualnames().clone(),
         }
     }
 

@@ -30,7 +30,7 @@ use prost::Message;
 use crate::analyze::folded::{FoldFrame, Folded, Measure};
 use crate::output::flame::{is_sampled, ViewInfo};
 use crate::output::names::thread_name;
-use crate::recording::{FrameRef, StrId};
+use crate::recording::{FrameRef, Qualnames, StrId};
 
 pub use proto::Profile;
 use proto::{Function, Label, Line, Location, Sample, ValueType};
@@ -84,6 +84,7 @@ impl Strings {
 struct Builder<'a> {
     strings: Strings,
     recording_strings: &'a [String],
+    qualnames: &'a Qualnames,
     locations: HashMap<FoldFrame, u64>,
     functions: HashMap<FoldFrame, u64>,
     profile: Profile,
@@ -102,20 +103,9 @@ impl<'a> Builder<'a> {
             return id;
         }
         let (name, file, first_line) = match frame {
-            FoldFrame::Python(FrameRef {
-                file,
-                function,
-                line,
-            })
-            | FoldFrame::PythonLine {
-                code:
-                    FrameRef {
-                        file,
-                        function,
-                        line,
-                    },
-                ..
-            } => {
+            FoldFrame::Python(code) | FoldFrame::PythonLine { code, .. } => {
+                let FrameRef { file, line, .. } = code;
+                let function = self.qualnames.get(&code).unwrap_or(code.function);
                 let name = match self.recording_string(function) {
                     "" => "?",
                     n => n,
@@ -192,6 +182,7 @@ pub fn build_profile(
     let mut b = Builder {
         strings: Strings::new(),
         recording_strings,
+        qualnames: &info.qualnames,
         locations: HashMap::new(),
         functions: HashMap::new(),
         profile: Profile::default(),

@@ -146,7 +146,10 @@ struct JsonTarget<'a> {
 
 #[derive(Serialize)]
 struct JsonFunction<'a> {
+    /// `co_name`: rows are keyed by it, the file and the first line.
     function: &'a str,
+    /// `Class.method`, `outer.<locals>.inner`; the name when not known.
+    qualname: &'a str,
     file: &'a str,
     line: u32,
     calls: Option<u64>,
@@ -254,6 +257,7 @@ fn process_share(r: &Report, p: &ProcessStats, f: &FunctionStats) -> f64 {
 fn json_function(f: &FunctionStats) -> JsonFunction<'_> {
     JsonFunction {
         function: &f.function,
+        qualname: &f.qualname,
         file: &f.file,
         line: f.line,
         calls: f.calls,

@@ -2,6 +2,7 @@
 //! recording saw on it.
 
 use crate::analyze::lines::LineCount;
+use crate::output::terminal::{escaped, escaped_source_line};
 use crate::output::units::format_ns;
 
 /// The annotated source: a header naming what was counted, then one row per
@@ -17,7 +18,8 @@ pub fn render_lines(
     let own: u64 = counts.iter().map(|(_, c)| c.own).sum();
     let hits: u64 = counts.iter().map(|(_, c)| c.hits).sum();
     let mut out = format!(
-        "{title}: {own} samples with their innermost frame here{}, {hits} line hits\n",
+        "{}: {own} samples with their innermost frame here{}, {hits} line hits\n",
+        escaped(title),
         if interval_ns > 0 {
             format!(" ({})", format_ns(own.saturating_mul(interval_ns)))
         } else {
@@ -36,10 +38,11 @@ pub fn render_lines(
             String::new()
         };
         out.push_str(&format!(
-            "{line:>6} {:>7} {:>7} {time:>9} {:>9}  {text}\n",
+            "{line:>6} {:>7} {:>7} {time:>9} {:>9}  {}\n",
             blank(c.own),
             blank(c.total),
             blank(c.hits),
+            escaped_source_line(text),
         ));
     };
     let count_of = |line: u32| {

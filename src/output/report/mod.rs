@@ -4,6 +4,7 @@
 mod json;
 mod lines;
 mod table;
+mod terminal_safe;
 
 #[cfg(test)]
 mod tests;

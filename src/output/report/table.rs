@@ -36,6 +36,8 @@ fn pad(s: &str, width: usize) -> String {
 /// The report as a text table `width` columns wide (function names and paths
 /// are shortened to fit).
 pub fn render_table(report: &Report, width: usize) -> String {
+    // Names and paths are the target's: shown escaped.
+    let report = &super::terminal_safe::escaped_report(report);
     let mut out = String::new();
     header_section(&mut out, report);
     functions_section(&mut out, report, width);
@@ -283,7 +285,7 @@ fn function_rows(
     let room = width.saturating_sub(44).max(30);
     let name_width = functions
         .iter()
-        .map(|f| f.function.chars().count())
+        .map(|f| f.qualname.chars().count())
         .max()
         .unwrap_or(0)
         .clamp(8, room / 2);
@@ -310,7 +312,7 @@ fn function_rows(
             "{count:>10}  {:>9}  {:>9}  {share:>6}  {}  {place}",
             format_ns(f.inclusive_ns),
             format_ns(f.exclusive_ns),
-            pad(&fit_right(&f.function, name_width), name_width),
+            pad(&fit_right(&f.qualname, name_width), name_width),
         );
     }
 }

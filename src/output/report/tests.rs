@@ -12,6 +12,7 @@ use crate::recording::{
 fn function(name: &str, file: &str, calls: Option<u64>, incl: u64, excl: u64) -> FunctionStats {
     FunctionStats {
         function: name.into(),
+        qualname: name.into(),
         file: file.into(),
         line: 3,
         calls,

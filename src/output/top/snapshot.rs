@@ -19,7 +19,7 @@ pub enum TopMode {
 pub struct TopRow {
     /// Process the function runs in.
     pub pid: u32,
-    /// Function name.
+    /// Function name as views show it (`Class.method` when known).
     pub function: String,
     /// Source file (full path).
     pub file: String,
@@ -209,7 +209,7 @@ pub fn snapshot_between(prev: Option<&Report>, cur: &Report) -> Snapshot {
             };
             TopRow {
                 pid: cur.target.pid,
-                function: f.function.clone(),
+                function: f.qualname.clone(),
                 file: f.file.clone(),
                 line: f.line,
                 calls: if mode == TopMode::Trace { calls } else { None },

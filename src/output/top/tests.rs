@@ -57,6 +57,7 @@ fn rates_over_the_window_between_two_reports() {
     use crate::analyze::{FunctionStats, GcStats};
     let f = |calls, excl| FunctionStats {
         function: "f".into(),
+        qualname: "f".into(),
         file: "/a/b.py".into(),
         line: 1,
         calls: Some(calls),

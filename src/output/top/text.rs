@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use super::snapshot::{sort_rows, Snapshot, TopMode, TopRow, TopSort};
 use crate::analyze::SampleFilter;
 use crate::output::names::short_path;
+use crate::output::terminal::{escaped, escaped_string};
 use crate::output::units::format_ns;
 
 fn rate(v: f64) -> String {
@@ -83,7 +84,7 @@ pub(super) fn headers(mode: TopMode) -> Vec<&'static str> {
 }
 
 pub(super) fn cells(r: &TopRow, mode: TopMode) -> Vec<String> {
-    let place = format!("{}:{}", short_path(&r.file), r.line);
+    let place = format!("{}:{}", escaped(short_path(&r.file)), r.line);
     match mode {
         TopMode::Trace => vec![
             r.calls_per_s.map(rate).unwrap_or_else(|| "-".into()),
@@ -91,7 +92,7 @@ pub(super) fn cells(r: &TopRow, mode: TopMode) -> Vec<String> {
             format!("{:.1}", r.total_pct),
             format_ns(r.own_ns),
             r.pid.to_string(),
-            r.function.clone(),
+            escaped_string(&r.function),
             place,
         ],
         TopMode::Sample => vec![
@@ -99,7 +100,7 @@ pub(super) fn cells(r: &TopRow, mode: TopMode) -> Vec<String> {
             format!("{:.1}", r.total_pct),
             r.samples.to_string(),
             r.pid.to_string(),
-            r.function.clone(),
+            escaped_string(&r.function),
             place,
         ],
     }

@@ -15,6 +15,7 @@ use crate::tracer::Hit;
 
 use super::codes::ReturnHit;
 use super::periods::Periods;
+use super::qualnames::CodeNames;
 use super::repeats::Repeats;
 use super::resolver::Chosen;
 
@@ -55,6 +56,8 @@ pub struct EventBuilder {
     strings: Vec<String>,
     /// Events of hits that repeat (see [`Hit::repeats_as`]), by token.
     repeats: Repeats,
+    /// Which functions have been given their qualified name.
+    code_names: CodeNames,
 }
 
 /// An event that names a string, made once the string has its id.
@@ -113,6 +116,7 @@ impl EventBuilder {
             periods: None,
             strings: Vec::new(),
             repeats: Repeats::default(),
+            code_names: CodeNames::default(),
         }
     }
 
@@ -236,6 +240,9 @@ impl EventBuilder {
             self.header.executable = chosen.object_path.clone();
         }
         self.header.python_version = chosen.version.map(|v| v.to_string()).unwrap_or_default();
+        // No `co_qualname` before 3.11: the source files say.
+        self.code_names
+            .interpreter_has_qualnames(chosen.version.is_some_and(|v| v.at_least(3, 11)));
         self.header.probes = chosen.groups.iter().map(|g| g.name().to_owned()).collect();
         if super::resolver::returns_only(chosen.version, &chosen.groups, chosen.hook) {
             self.header.sample_interval_ns = self
@@ -308,6 +315,52 @@ impl EventBuilder {
         }
         let id = self.intern(text);
         self.write(tid, ts_ns, make.kind(id));
+    }
+
+    /// Gives function `code` (its file, `co_name` and first line, as recorded) of
+    /// process `pid` the qualified name views show: `qualname` when the
+    /// interpreter said it (`co_qualname`, 3.11+: final), else what its source
+    /// file says. Once per function; nothing when it is the bare name.
+    pub fn name_code(
+        &mut self,
+        pid: i32,
+        code: FrameRef,
+        (file, name): (&str, &str),
+        qualname: Option<&str>,
+    ) {
+        if self.writer.is_none() || !self.code_names.first_sight(code) {
+            return;
+        }
+        let (qualname, first) = match qualname {
+            Some(q) if q != name => (q.to_owned(), code.line),
+            Some(_) => return,
+            None => match self.code_names.in_source(pid, file, name, code.line) {
+                Some(found) => found,
+                None => return,
+            },
+        };
+        let q = self.intern(&qualname);
+        // A generator resumed (3.9) calls at a line of its body: its first line
+        // is named too, which its rows are keyed by.
+        let lines = if first == code.line {
+            &[code.line][..]
+        } else {
+            &[code.line, first][..]
+        };
+        for &line in lines {
+            let named = FrameRef { line, ..code };
+            if let Some(w) = self.writer.as_mut() {
+                w.name_code(&named, q);
+            }
+            if let Some(p) = self.periods.as_mut() {
+                p.name_code(&named, q, &self.strings);
+            }
+        }
+    }
+
+    /// Whether the frame walker's names are qualified names (3.11+).
+    pub fn walker_qualifies(&self) -> bool {
+        self.code_names.walker_qualifies()
     }
 
     pub fn intern(&mut self, s: &str) -> StrId {
@@ -465,6 +518,12 @@ impl EventBuilder {
                     self.name_repeats(hit, None);
                     return;
                 };
+                // The hook passes a function's qualified name as a third string
+                // (3.11+); else its source says.
+                if meaning.kind != ProbeKind::Line {
+                    let names = (hit.string(0).unwrap_or(""), hit.string(1).unwrap_or(""));
+                    self.name_code(hit.pid, frame, names, hit.string(2));
+                }
                 match meaning.kind {
                     ProbeKind::FunctionEntry => EventKind::Call { frame },
                     ProbeKind::FunctionReturn => EventKind::Return {

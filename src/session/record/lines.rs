@@ -153,8 +153,9 @@ impl StartLine<'_> {
             }
         };
         format!(
-            "pyprobe: process {pid}{} ({command}), CPython {version}: {what}{budget}{into}",
+            "pyprobe: process {pid}{} ({}), CPython {version}: {what}{budget}{into}",
             crate::process::status::ns_pid_note(pid),
+            crate::output::terminal::escaped(&command),
         )
     }
 }

@@ -65,6 +65,9 @@ pub(super) struct Periods {
     worker: Option<JoinHandle<PeriodsSummary>>,
     /// The first failure to write a period's recording: no more periods.
     failed: bool,
+    /// Every qualified name given so far (file, name, line, qualified name):
+    /// each period's recording holds them all.
+    qualnames: Vec<(String, String, u32, String)>,
 }
 
 impl Periods {
@@ -101,6 +104,7 @@ impl Periods {
             jobs: worker.is_some().then_some(jobs),
             worker,
             failed: false,
+            qualnames: Vec::new(),
         }
     }
 
@@ -131,7 +135,16 @@ impl Periods {
         match create_private(&recording)
             .and_then(|file| RecordingWriter::new(BackgroundWriter::new(file)?, &header))
         {
-            Ok(writer) => {
+            Ok(mut writer) => {
+                for (file, name, line, qualname) in &self.qualnames {
+                    let code = FrameRef {
+                        file: writer.intern(file),
+                        function: writer.intern(name),
+                        line: *line,
+                    };
+                    let q = writer.intern(qualname);
+                    writer.name_code(&code, q);
+                }
                 self.current = Some(Period {
                     writer,
                     recording,
@@ -163,6 +176,27 @@ impl Periods {
         if let Err(e) = period.writer.write(&event) {
             let path = period.recording.clone();
             self.fail(&path, &e);
+        }
+    }
+
+    /// Gives function `code` of the recording (ids of `strings`) its qualified
+    /// name, in this period and the next ones.
+    pub fn name_code(&mut self, code: &FrameRef, qualname: StrId, strings: &[String]) {
+        let text = |id: StrId| strings.get(id.0 as usize).cloned().unwrap_or_default();
+        self.qualnames.push((
+            text(code.file),
+            text(code.function),
+            code.line,
+            text(qualname),
+        ));
+        if let Some(period) = self.current.as_mut() {
+            let mine = FrameRef {
+                file: period.id(code.file, strings),
+                function: period.id(code.function, strings),
+                line: code.line,
+            };
+            let q = period.id(qualname, strings);
+            period.writer.name_code(&mine, q);
         }
     }
 

@@ -160,9 +160,13 @@ impl Sampler {
         self.walkers.remove(&pid);
     }
 
-    /// Frames as recorded: named by `co_name`, as the function probes name them.
-    fn frames(builder: &mut EventBuilder, frames: &[PyFrame]) -> Vec<WalkedFrame> {
-        frames.iter().map(|f| Self::frame(builder, f)).collect()
+    /// Frames of process `pid` as recorded: named by `co_name`, as the function
+    /// probes name them (their qualified names given apart).
+    fn frames(builder: &mut EventBuilder, pid: i32, frames: &[PyFrame]) -> Vec<WalkedFrame> {
+        frames
+            .iter()
+            .map(|f| Self::frame(builder, pid, f))
+            .collect()
     }
 
     /// A native frame as recorded: the object file as its file, line 0.
@@ -177,15 +181,16 @@ impl Sampler {
         }
     }
 
-    fn frame(builder: &mut EventBuilder, f: &PyFrame) -> WalkedFrame {
-        WalkedFrame {
-            code: FrameRef {
-                file: builder.intern(&f.file),
-                function: builder.intern(&f.name),
-                line: f.first_line,
-            },
-            line: f.line,
-        }
+    fn frame(builder: &mut EventBuilder, pid: i32, f: &PyFrame) -> WalkedFrame {
+        let code = FrameRef {
+            file: builder.intern(&f.file),
+            function: builder.intern(&f.name),
+            line: f.first_line,
+        };
+        // The walker names a frame by `co_qualname` where there is one (3.11+).
+        let qualname = builder.walker_qualifies().then_some(&*f.function);
+        builder.name_code(pid, code, (&f.file, &f.name), qualname);
+        WalkedFrame { code, line: f.line }
     }
 
     /// Takes one sample of every thread of `pid`; `on_cpu` says which of its threads
@@ -235,6 +240,7 @@ impl Sampler {
                 }
                 Some(unwinder) => Self::joined(
                     builder,
+                    pid,
                     unwinder,
                     &mut self.native_counts,
                     stack.native_tid.filter(|_| stopped),
@@ -245,7 +251,7 @@ impl Sampler {
                         None => EvalCalls::Unknown,
                     },
                 ),
-                None => Self::frames(builder, &stack.frames),
+                None => Self::frames(builder, pid, &stack.frames),
             };
             let tid = stack.native_tid.unwrap_or(pid);
             let state = SampleState {
@@ -300,8 +306,10 @@ impl Sampler {
     /// The frames of thread `tid`: its native stack joined with `python`, or
     /// `python` alone when the thread is not held stopped (`tid` is `None`) or the
     /// stacks cannot be joined.
+    #[allow(clippy::too_many_arguments)]
     fn joined(
         builder: &mut EventBuilder,
+        pid: i32,
         unwinder: &mut NativeUnwinder,
         counts: &mut NativeCounts,
         tid: Option<i32>,
@@ -310,7 +318,7 @@ impl Sampler {
     ) -> Vec<WalkedFrame> {
         let Some(regs) = tid.and_then(crate::native::registers) else {
             counts.not_stopped += 1;
-            return Self::frames(builder, python);
+            return Self::frames(builder, pid, python);
         };
         let native = unwinder.stack(&regs);
         match join(&native.frames, python, calls, native.complete) {
@@ -319,7 +327,7 @@ impl Sampler {
                 joined
                     .into_iter()
                     .map(|frame| match frame {
-                        Joined::Python(f) => Self::frame(builder, f),
+                        Joined::Python(f) => Self::frame(builder, pid, f),
                         Joined::Native { function, object } => {
                             Self::native_frame(builder, &function, &object)
                         }
@@ -332,7 +340,7 @@ impl Sampler {
                     NotJoined::NoEvalCall => counts.no_eval_call += 1,
                     NotJoined::Ambiguous => counts.ambiguous += 1,
                 }
-                Self::frames(builder, python)
+                Self::frames(builder, pid, python)
             }
         }
     }
@@ -359,7 +367,8 @@ impl Sampler {
     /// Writes stacks taken by [`running`](Self::running) as `running` events.
     pub fn write_running(builder: &mut EventBuilder, ts_ns: u64, stacks: Vec<(i32, Vec<PyFrame>)>) {
         for (tid, frames) in stacks {
-            let frames = Self::frames(builder, &frames);
+            // A thread's /proc entry shows its process's root and cwd.
+            let frames = Self::frames(builder, tid, &frames);
             builder.write(tid, ts_ns, EventKind::Running { frames });
         }
     }
@@ -387,7 +396,7 @@ impl Sampler {
         };
         let (frames, _dropped) = walker.name_captured(&stack.frames);
         if !frames.is_empty() {
-            let frames = Self::frames(builder, &frames);
+            let frames = Self::frames(builder, pid, &frames);
             builder.write(tid, ts_ns, EventKind::Stack { frames });
         }
     }
@@ -400,7 +409,7 @@ impl Sampler {
         };
         if let Ok(Some(stack)) = walker.thread_stack(tid) {
             if !stack.frames.is_empty() {
-                let frames = Self::frames(builder, &stack.frames);
+                let frames = Self::frames(builder, pid, &stack.frames);
                 builder.write(tid, ts_ns, EventKind::Stack { frames });
             }
         }

@@ -283,8 +283,9 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
             if let Some(note) = note {
                 eprintln!("pyprobe: note: {note}");
             }
-            let names =
-                FrameNames::new(reader.strings(), request.full_paths).with_header(&info.header);
+            let names = FrameNames::new(reader.strings(), request.full_paths)
+                .with_header(&info.header)
+                .with_qualnames(&info.qualnames);
             if format == FlameFormat::Svg {
                 let options = SvgOptions {
                     title: request.title.as_deref(),

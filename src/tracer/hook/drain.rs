@@ -277,6 +277,7 @@ impl HookProc {
         sink: &mut dyn FnMut(TraceEvent),
     ) -> usize {
         let mut passed = 0;
+        let qualified = self.walker.code_qualname_offset().is_some();
         while self.pending.front().is_some_and(|r| r.ts_ns <= upto_ns) {
             let Some(r) = self.pending.pop_front() else {
                 break;
@@ -296,9 +297,13 @@ impl HookProc {
                 continue;
             }
             let b = &mut self.buffers;
+            // A third string, the qualified name, where the interpreter has one
+            // (3.11+).
+            let f = &r.frame;
+            let texts: [&str; 3] = [&f.file, &f.name, &f.function];
             b.set(
-                &[r.code, r.code, r.frame.first_line as u64],
-                &[&r.frame.file, &r.frame.name],
+                &[r.code, r.code, f.first_line as u64],
+                &texts[..if qualified { 3 } else { 2 }],
             );
             let (probe, name) = match r.kind {
                 KIND_CALL => (usize::MAX - 1, "function__entry"),
