@@ -4,6 +4,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::output::terminal::{escaped, escaped_string};
+
 /// Everything `pyprobe probes` shows.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProbeListing {
@@ -76,7 +78,7 @@ pub fn render_table(listing: &ProbeListing) -> String {
         let _ = writeln!(
             out,
             "{}: {} probes, {} sites",
-            object.path,
+            escaped(&object.path),
             object.probes.len(),
             sites
         );
@@ -96,7 +98,8 @@ pub fn render_table(listing: &ProbeListing) -> String {
                 .semaphore
                 .map(|s| format!("{s:#x}"))
                 .unwrap_or_else(|| "-".into());
-            let label = format!("{}:{}", probe.provider, probe.name);
+            // Note strings are the binary's: shown escaped.
+            let label = escaped_string(&format!("{}:{}", probe.provider, probe.name));
             for (i, site) in probe.sites.iter().enumerate() {
                 let (label, semaphore) = if i == 0 {
                     (label.as_str(), semaphore.as_str())
@@ -112,11 +115,12 @@ pub fn render_table(listing: &ProbeListing) -> String {
                     })
                     .collect::<Vec<_>>()
                     .join(", ");
+                let args = escaped(&args);
                 let _ = writeln!(
                     out,
                     "  {label:<34} {:>18} {semaphore:>18}  {}",
                     format!("{:#x}", site.address),
-                    site.args
+                    escaped(&site.args)
                 );
                 if !args.is_empty() {
                     let _ = writeln!(out, "  {:<34} {:>18} {:>18}    {args}", "", "", "");
@@ -126,6 +130,7 @@ pub fn render_table(listing: &ProbeListing) -> String {
                     .as_ref()
                     .or(probe.refused.as_ref().filter(|_| i == 0));
                 if let Some(why) = refused {
+                    let why = escaped(why);
                     let _ = writeln!(out, "  {:<34} {:>18} {:>18}    {why}", "", "", "");
                 }
             }
@@ -135,4 +140,41 @@ pub fn render_table(listing: &ProbeListing) -> String {
         out.push_str("no SDT probes found\n");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_binarys_note_strings_are_shown_escaped() {
+        let listing = ProbeListing {
+            pid: None,
+            ns_pid: None,
+            objects: vec![ObjectProbes {
+                path: "/tmp/lib\x1b[2J.so".into(),
+                build_id: None,
+                load_bias: None,
+                probes: vec![ProbeRow {
+                    provider: "python\x1b]0;pwned\x07".into(),
+                    name: "gc__start\nforged line".into(),
+                    semaphore: None,
+                    refused: None,
+                    sites: vec![SiteRow {
+                        address: 0x1000,
+                        args: "8@%rax\r".into(),
+                        decoded: Vec::new(),
+                        refused: Some("why\x1b".into()),
+                    }],
+                }],
+            }],
+        };
+        let text = render_table(&listing);
+        assert!(!text.contains(['\x1b', '\x07', '\r']), "{text:?}");
+        assert!(!text.lines().any(|l| l.starts_with("forged")), "{text}");
+        assert!(
+            text.contains("python\\x1b]0;pwned\\x07:gc__start\\nforged line"),
+            "{text}"
+        );
+    }
 }

@@ -62,7 +62,13 @@ impl CodeNames {
         line: u32,
     ) -> Option<(String, u32)> {
         let sources = &mut self.sources;
-        if file.is_empty() || file.starts_with('<') || name.is_empty() {
+        // A `..` could climb out of the target's root (a chroot, a container)
+        // into pyprobe's: such a name is not followed.
+        if file.is_empty()
+            || file.starts_with('<')
+            || name.is_empty()
+            || file.split('/').any(|part| part == "..")
+        {
             return None;
         }
         let path = if file.starts_with('/') {
@@ -106,4 +112,48 @@ fn scan(path: &std::path::Path) -> Option<SourceScopes> {
         return None;
     }
     Some(SourceScopes::parse(&String::from_utf8_lossy(&bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CodeNames;
+
+    fn temp_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("pyprobe-qn-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn names_come_from_the_file_as_the_process_sees_it() {
+        let dir = temp_dir("plain");
+        let file = dir.join("shapes.py");
+        std::fs::write(&file, "class Circle:\n    def area(self):\n        pass\n").unwrap();
+        let pid = std::process::id() as i32;
+        let mut names = CodeNames::default();
+        let path = file.to_str().unwrap();
+        assert_eq!(
+            names.in_source(pid, path, "area", 2),
+            Some(("Circle.area".into(), 2))
+        );
+        // Climbing with `..` is refused, even to the same file.
+        let own = dir.file_name().unwrap().to_str().unwrap();
+        let climbing = format!("{}/../{own}/shapes.py", dir.display());
+        assert!(std::path::Path::new(&climbing).exists());
+        assert_eq!(names.in_source(pid, &climbing, "area", 2), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_fifo_named_as_source_is_not_opened() {
+        let dir = temp_dir("fifo");
+        let fifo = dir.join("app.py");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let mut names = CodeNames::default();
+        // Would block for ever if it were opened for reading.
+        let got = names.in_source(std::process::id() as i32, fifo.to_str().unwrap(), "f", 1);
+        assert_eq!(got, None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
