@@ -568,7 +568,6 @@ impl<'q, F: Fn(StrId) -> String> Names<'q, F> {
     /// The function `code` names as views show it: its qualified name when the
     /// recording has one.
     fn shown(&mut self, code: &FrameRef) -> String {
-        let id = self.qualnames.get(code).unwrap_or(code.function);
-        self.get(id)
+        self.get(self.qualnames.shown(code))
     }
 }

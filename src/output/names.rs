@@ -147,11 +147,7 @@ impl<'a> FrameNames<'a> {
     /// The function `code` names as views show it: its qualified name when the
     /// recording has one, else its name.
     pub fn function(&self, code: &FrameRef) -> Cow<'a, str> {
-        let id = self
-            .qualnames
-            .and_then(|q| q.get(code))
-            .unwrap_or(code.function);
-        self.string(id)
+        self.string(self.qualnames.map_or(code.function, |q| q.shown(code)))
     }
 
     /// Names the recording's own process by its header's command line.

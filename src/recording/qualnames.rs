@@ -51,6 +51,12 @@ impl Qualnames {
             .or_else(|| self.by_name.get(&(code.file, code.function)).copied()?)
     }
 
+    /// The name views show for function `code`: its qualified name when known,
+    /// else its name.
+    pub fn shown(&self, code: &FrameRef) -> StrId {
+        self.get(code).unwrap_or(code.function)
+    }
+
     pub fn len(&self) -> usize {
         self.exact.len()
     }

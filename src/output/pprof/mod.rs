@@ -105,7 +105,7 @@ impl<'a> Builder<'a> {
         let (name, file, first_line) = match frame {
             FoldFrame::Python(code) | FoldFrame::PythonLine { code, .. } => {
                 let FrameRef { file, line, .. } = code;
-                let function = self.qualnames.get(&code).unwrap_or(code.function);
+                let function = self.qualnames.shown(&code);
                 let name = match self.recording_string(function) {
                     "" => "?",
                     n => n,
