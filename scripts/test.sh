@@ -22,6 +22,8 @@ export PYPROBE_REQUIRE_PYTHONS=1
 # Every test runs even after a failure, so one run shows every failure.
 failed=0
 cargo test --release --lib --bins --benches --no-fail-fast || failed=1
+# Signals and the timer, in a process of its own with one thread.
+cargo test --release --test tick || failed=1
 # The integration tests run two at a time, except those whose subject is timing
 # (sampling shares, the overhead budget, pyprobe keeping up with the ring, 50 kills
 # of pyprobe, a server kept serving while pyprobe is stopped): those run alone

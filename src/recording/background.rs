@@ -40,9 +40,9 @@ impl BackgroundWriter {
         let (jobs, queue) = sync_channel(QUEUE_DEPTH);
         let failure = Failure::default();
         let seen = Arc::clone(&failure);
-        let worker = std::thread::Builder::new()
-            .name("pyprobe-writer".into())
-            .spawn(move || write_jobs(out, queue, seen))?;
+        let worker = crate::tracer::signals::spawn_helper("pyprobe-writer", move || {
+            write_jobs(out, queue, seen)
+        })?;
         Ok(BackgroundWriter {
             pending: Vec::with_capacity(HANDOFF_BYTES),
             jobs: Some(jobs),

@@ -31,7 +31,9 @@ use super::patch::Patches;
 use super::ring::setup::RingProc;
 use super::ring::RingBook;
 use super::safety_net::{self, SafetyNet};
-use super::signals::{arm_tick, jitter, stop_requested, take_tick, until_deadline_ns, StopReason};
+use super::signals::{
+    arm_tick, disarm_tick, jitter, stop_requested, take_tick, until_deadline_ns, StopReason,
+};
 
 mod affinity;
 mod children;
@@ -139,6 +141,10 @@ enum Waited {
 
 /// How long the event loop sleeps when the rings and the waits are both empty.
 const RING_POLL_US: u64 = 200;
+
+/// The timer's beat when nothing is sampled: the longest a stop request that
+/// raced the loop's `waitpid` waits to be seen.
+const IDLE_BEAT_NS: u64 = 100_000_000;
 
 fn trace_options() -> Options {
     Options::PTRACE_O_TRACECLONE
@@ -367,6 +373,8 @@ impl Engine {
             sink(TraceEvent::ProcessStart { pid, parent, ts_ns });
         }
         let result = self.event_loop(sink);
+        // What follows (detaching, then the views) needs no tick.
+        disarm_tick();
         if let Err(e) = &result {
             if self.launched && e.downcast_ref::<NotTraceable>().is_some() {
                 // The command pyprobe started was refused before it ran any code of
@@ -454,13 +462,17 @@ impl Engine {
         }
     }
 
-    /// Arms the timer: the next sample, or the `--duration` deadline.
+    /// Arms the timer: the next sample, the `--duration` deadline, or else a slow
+    /// beat that bounds how long a signal landing just before a blocking `waitpid`
+    /// (Ctrl-C, SIGTERM, Ctrl-Z) can go unseen while the target makes no stop.
     pub(super) fn arm_next_tick(&self) {
         if let Some(interval) = self.options.sample_interval_ns {
-            arm_tick(jitter(interval, 50));
+            arm_tick(jitter(interval, 50), interval);
         } else if let Some(left) = until_deadline_ns() {
             // Wake up for the deadline even when the target is idle.
-            arm_tick(left.min(100_000_000));
+            arm_tick(left.min(IDLE_BEAT_NS), IDLE_BEAT_NS);
+        } else {
+            arm_tick(IDLE_BEAT_NS, IDLE_BEAT_NS);
         }
     }
 

@@ -1,6 +1,6 @@
 //! pyprobe's own signals and timer (its clock is `tracer::clock`). Ctrl-C, SIGTERM
-//! and SIGHUP ask the engine to leave cleanly; SIGALRM is the tick of a one-shot
-//! timer (sampling, and checking the `--duration` deadline); Ctrl-Z (SIGTSTP) and
+//! and SIGHUP ask the engine to leave cleanly; SIGALRM is the tick of a timer
+//! that repeats until re-armed (sampling, and checking the `--duration` deadline); Ctrl-Z (SIGTSTP) and
 //! SIGTTIN/SIGTTOU ask it to let go of the target before pyprobe stops (see
 //! `engine::pausing`); SIGCONT only wakes the loop (the guardian continues a
 //! pyprobe stopped by SIGSTOP so that it lets go). The handlers only set flags, and
@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
-use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal};
 
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
 static PAUSE_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -26,6 +26,17 @@ extern "C" fn on_signal(sig: libc::c_int) {
     }
 }
 
+const HANDLED: [Signal; 8] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGALRM,
+    Signal::SIGTSTP,
+    Signal::SIGTTIN,
+    Signal::SIGTTOU,
+    Signal::SIGCONT,
+];
+
 /// Installs the handlers for SIGINT, SIGTERM, SIGHUP, SIGALRM, the job-control
 /// stops (SIGTSTP, SIGTTIN, SIGTTOU) and SIGCONT.
 pub fn install() -> nix::Result<()> {
@@ -34,16 +45,7 @@ pub fn install() -> nix::Result<()> {
         SaFlags::empty(),
         SigSet::empty(),
     );
-    for sig in [
-        Signal::SIGINT,
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-        Signal::SIGALRM,
-        Signal::SIGTSTP,
-        Signal::SIGTTIN,
-        Signal::SIGTTOU,
-        Signal::SIGCONT,
-    ] {
+    for sig in HANDLED {
         // SAFETY: the handler only stores to atomics, which is async-signal-safe.
         unsafe { sigaction(sig, &action) }?;
     }
@@ -112,22 +114,73 @@ pub fn take_tick() -> bool {
     TICK.swap(false, Ordering::SeqCst)
 }
 
-/// Arms a one-shot SIGALRM in `ns` nanoseconds (at least 1 µs).
-pub fn arm_tick(ns: u64) {
-    let ns = ns.max(1000);
-    let value = libc::timeval {
-        tv_sec: (ns / 1_000_000_000) as libc::time_t,
-        tv_usec: ((ns % 1_000_000_000) / 1000) as libc::suseconds_t,
+/// Arms SIGALRM in `ns` nanoseconds (at least 1 µs), then every `again_ns` until
+/// armed anew, and forgets a tick not taken yet.
+///
+/// The repeat is what makes a tick certain: the handler can only set a flag, and a
+/// tick that lands after the loop looked at it but before it blocks in `waitpid` is
+/// not seen by that `waitpid`. Without a second alarm the loop would sleep until the
+/// target next stops, which for a sampled program that makes no system call pyprobe
+/// watches is its end. With it, such a tick is late by at most `again_ns`.
+pub fn arm_tick(ns: u64, again_ns: u64) {
+    let timeval = |ns: u64| {
+        let ns = ns.max(1000);
+        libc::timeval {
+            tv_sec: (ns / 1_000_000_000) as libc::time_t,
+            tv_usec: ((ns % 1_000_000_000) / 1000) as libc::suseconds_t,
+        }
     };
     let timer = libc::itimerval {
-        it_interval: libc::timeval {
-            tv_sec: 0,
-            tv_usec: 0,
-        },
-        it_value: value,
+        it_interval: timeval(again_ns),
+        it_value: timeval(ns),
     };
     // SAFETY: plain syscall with a valid struct.
     unsafe { libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()) };
+    // A repeat that fired while the last tick was handled is not a new tick.
+    TICK.store(false, Ordering::SeqCst);
+}
+
+/// Stops the timer (a run that no longer needs it, or a test).
+pub fn disarm_tick() {
+    let zero = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    let timer = libc::itimerval {
+        it_interval: zero,
+        it_value: zero,
+    };
+    // SAFETY: plain syscall with a valid struct.
+    unsafe { libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()) };
+    TICK.store(false, Ordering::SeqCst);
+}
+
+/// The signals [`install`] handles: blocked in pyprobe's helper threads, so that
+/// the kernel delivers every one of them to the thread whose `waitpid` they must
+/// interrupt.
+fn handled() -> SigSet {
+    let mut set = SigSet::empty();
+    for sig in HANDLED {
+        set.add(sig);
+    }
+    set
+}
+
+/// Starts a helper thread named `name` that never takes pyprobe's signals (it
+/// inherits its creator's mask, so they are blocked around the spawn).
+pub fn spawn_helper<F, T>(name: &str, f: F) -> std::io::Result<std::thread::JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let mut old = SigSet::empty();
+    let blocked =
+        nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&handled()), Some(&mut old));
+    let spawned = std::thread::Builder::new().name(name.into()).spawn(f);
+    if blocked.is_ok() {
+        let _ = nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
+    }
+    spawned
 }
 
 pub use super::clock::monotonic_ns;

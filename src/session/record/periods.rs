@@ -76,23 +76,21 @@ impl Periods {
     pub fn new(dir: PathBuf, every_ns: u64, samples: SampleFilter) -> Periods {
         let (jobs, receive) = channel::<Job>();
         let worker_dir = dir.clone();
-        let worker = std::thread::Builder::new()
-            .name("pyprobe-pprof".into())
-            .spawn(move || {
-                let mut summary = PeriodsSummary::default();
-                for job in receive {
-                    match convert(&worker_dir, &job, samples) {
-                        Ok(path) => summary.written.push(path),
-                        Err(e) => {
-                            eprintln!("pyprobe: {e:#}");
-                            summary.failures.push(format!("{e:#}"));
-                        }
+        let worker = crate::tracer::signals::spawn_helper("pyprobe-pprof", move || {
+            let mut summary = PeriodsSummary::default();
+            for job in receive {
+                match convert(&worker_dir, &job, samples) {
+                    Ok(path) => summary.written.push(path),
+                    Err(e) => {
+                        eprintln!("pyprobe: {e:#}");
+                        summary.failures.push(format!("{e:#}"));
                     }
-                    let _ = std::fs::remove_file(&job.recording);
                 }
-                summary
-            })
-            .ok();
+                let _ = std::fs::remove_file(&job.recording);
+            }
+            summary
+        })
+        .ok();
         Periods {
             dir,
             every_ns,

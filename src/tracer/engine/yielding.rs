@@ -138,9 +138,9 @@ impl Yielding {
             // Started before the policy changes: a thread inherits its creator's.
             let shared = Arc::clone(&self.shared);
             let (tid, mask) = (self.tid, *original);
-            let spawned = std::thread::Builder::new()
-                .name("pyprobe-yield-guard".into())
-                .spawn(move || guard(&shared, tid, &mask));
+            let spawned = crate::tracer::signals::spawn_helper("pyprobe-yield-guard", move || {
+                guard(&shared, tid, &mask)
+            });
             match spawned {
                 Ok(handle) => self.guard = Some(handle),
                 Err(_) => return,
@@ -302,12 +302,12 @@ fn set_policy(tid: i32, policy: i32) -> bool {
 /// Whether a thread of this process may take the normal policy back after
 /// `SCHED_IDLE`: tried on a thread of its own, which ends at once.
 fn may_leave_idle() -> bool {
-    std::thread::Builder::new()
-        .name("pyprobe-policy-check".into())
-        .spawn(|| set_policy(0, libc::SCHED_IDLE) && set_policy(0, libc::SCHED_OTHER))
-        .ok()
-        .and_then(|h| h.join().ok())
-        .unwrap_or(false)
+    crate::tracer::signals::spawn_helper("pyprobe-policy-check", || {
+        set_policy(0, libc::SCHED_IDLE) && set_policy(0, libc::SCHED_OTHER)
+    })
+    .ok()
+    .and_then(|h| h.join().ok())
+    .unwrap_or(false)
 }
 
 #[cfg(test)]

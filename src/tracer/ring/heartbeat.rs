@@ -72,10 +72,7 @@ pub fn note_progress() {
 
 fn start_thread() {
     STARTED.get_or_init(|| {
-        std::thread::Builder::new()
-            .name("pyprobe-heartbeat".into())
-            .spawn(beat_forever)
-            .is_ok()
+        crate::tracer::signals::spawn_helper("pyprobe-heartbeat", beat_forever).is_ok()
     });
 }
 
