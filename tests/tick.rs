@@ -24,7 +24,10 @@ fn main() {
 }
 
 fn a_tick_before_the_wait_still_wakes_it() {
-    let mut child = Command::new("sleep").arg("5").spawn().expect("starting sleep");
+    let mut child = Command::new("sleep")
+        .arg("5")
+        .spawn()
+        .expect("starting sleep");
     arm_tick(1_000_000, 20_000_000);
     // The first alarm fires while the "loop" is busy, as when it is preempted
     // between looking at the flag and calling waitpid.
