@@ -17,17 +17,36 @@
 //!    other frame is counted, and the first [`frames_for`]`(slots)` are written.
 //!    They are the thread's own frames, alive while it runs the probe.
 //!
-//! Every pointer is checked for NULL before it is followed; every loop has a fixed
-//! bound, so a cycle or an over-long chain ends the walk (flagged truncated) rather
-//! than the target. Nothing is dereferenced besides the interpreter's own thread and
-//! frame structures: code objects are named later, by pyprobe, from outside.
+//! Every loop has a fixed bound, so a cycle or an over-long chain ends the walk
+//! (flagged truncated) rather than the target. Nothing is dereferenced besides the
+//! interpreter's own thread and frame structures: code objects are named later, by
+//! pyprobe, from outside.
+//!
+//! # Links the interpreter would not follow
+//!
+//! The thread state, its innermost frame (and 3.11/3.12's `cframe`) are what the
+//! interpreter itself runs on at the probe: they are read as they are. A frame's
+//! `back`/`previous` link is different: the interpreter follows it only when that
+//! frame returns, so a program may hold garbage there meanwhile (a C extension, or
+//! ctypes) and run fine. Every frame the walk moves to must therefore be 8-byte
+//! aligned, in the lower half of the address space, above the first 64 KiB, and on
+//! pages the kernel says are readable: a probe of each page not vouched for yet in
+//! this walk (the innermost frame's pages are), by `rt_sigprocmask` with an invalid
+//! `how`, which copies 8 bytes from the page before it rejects `how`: `EINVAL` if
+//! the page is readable, `EFAULT` if not, and the signal mask is never changed. A
+//! link that fails ends the walk, flagged ([`STACK_UNREADABLE`]). Frames of one
+//! walk share few pages, so few walks make a system call at all.
+//!
+//! What stays out of reach: a page unmapped by another thread between the probe and
+//! the read. Only a corrupted link can point at such a page (a real frame's memory
+//! is alive while its thread runs the probe).
 //!
 //! # Record
 //!
 //! A record with a stack takes `1 + slots` consecutive ring slots, reserved at once.
 //! In the first (the ordinary record), byte [`S_STACK_SLOTS`] holds `slots`, byte
 //! [`S_STACK_FLAGS`] the flags ([`STACK_CAPTURED`], [`STACK_FOUND`],
-//! [`STACK_TRUNCATED`]) and the u16 at [`S_STACK_DEPTH`] the frames counted. Each
+//! [`STACK_TRUNCATED`], [`STACK_UNREADABLE`]) and the u16 at [`S_STACK_DEPTH`] the frames counted. Each
 //! following slot `k` holds `seq` ([`continuation_seq`] of its index), at [`C_OWNER`] the first
 //! slot's index, and from [`C_PAIRS`] [`PAIRS_PER_SLOT`] pairs of u64: the code
 //! pointer (tag bits masked off) and the position (`f_lasti` sign-extended up to
@@ -51,6 +70,9 @@ pub const STACK_CAPTURED: u8 = 1;
 pub const STACK_FOUND: u8 = 2;
 /// The walk hit its bound with frames left (a cycle or a very deep stack).
 pub const STACK_TRUNCATED: u8 = 4;
+/// The walk stopped at a link that was not a readable frame (see the module's
+/// documentation); [`STACK_TRUNCATED`] is set with it.
+pub const STACK_UNREADABLE: u8 = 8;
 /// A continuation slot's `seq` is its index + 1 with this bit set: never taken for
 /// a record of its own (e.g. after its first slot was skipped as stuck).
 pub const CONT_SEQ_BIT: u64 = 1 << 63;
@@ -160,8 +182,89 @@ impl StackCapture {
         if matches!(self.current, CurrentThreadState::GilHolder(0)) {
             return bad("no address for the current thread state");
         }
+        if self.frame.span() > 4096 {
+            return bad("a frame's fields span more than a page");
+        }
+        if !page_probe_works() {
+            return bad(
+                "this kernel does not tell readable pages from others the way the walk \
+                 checks frames (rt_sigprocmask with an invalid how)",
+            );
+        }
         Ok(())
     }
+}
+
+impl StackFrame {
+    /// Bytes of a frame the walk reads: from its start to the end of its last field.
+    fn span(&self) -> u64 {
+        [
+            self.back + 8,
+            self.code + 8,
+            self.position + u64::from(self.position_size),
+            self.owner.map_or(0, |(o, _)| o + 1),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(8)
+    }
+}
+
+/// Lowest address a frame may have (`vm.mmap_min_addr` is 64 KiB by default).
+const LOWEST_FRAME: i32 = 0x1_0000;
+/// Frames above this are not user-space addresses on x86-64 (4-level paging; a
+/// 5-level kernel maps user memory this high only when asked to).
+const USER_TOP_SHIFT: u32 = 47;
+const PAGE_MASK: i32 = -4096;
+
+/// `rt_sigprocmask(how = -1, page, NULL, 8)`: EINVAL (readable) or EFAULT.
+pub const PROBE_HOW: i32 = -1;
+
+/// Whether this kernel answers the page probe as the walk expects: `EINVAL` for a
+/// readable page, `EFAULT` for an unmapped or inaccessible one. Asked of pyprobe's
+/// own process (the target runs on the same kernel); without it, no capture is
+/// built.
+pub fn page_probe_works() -> bool {
+    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WORKS.get_or_init(|| {
+        let probe = |addr: *const libc::c_void| {
+            // SAFETY: with an invalid `how` the kernel only reads 8 bytes at `addr`
+            // (or fails to) and changes nothing.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigprocmask,
+                    PROBE_HOW,
+                    addr,
+                    std::ptr::null_mut::<libc::c_void>(),
+                    8usize,
+                )
+            };
+            (r, std::io::Error::last_os_error().raw_os_error())
+        };
+        let readable = 0u64;
+        let (r, e) = probe(std::ptr::addr_of!(readable).cast());
+        if r != -1 || e != Some(libc::EINVAL) {
+            return false;
+        }
+        // SAFETY: a fresh private page, inaccessible; unmapped after the probe.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if page == libc::MAP_FAILED {
+            return false;
+        }
+        let (r, e) = probe(page);
+        // SAFETY: the page mapped above, used no more.
+        unsafe { libc::munmap(page, 4096) };
+        r == -1 && e == Some(libc::EFAULT)
+    })
 }
 
 fn d(o: u64) -> i32 {
@@ -191,6 +294,13 @@ pub(super) fn emit_capture(
     let mut walked = a.create_label();
     let mut finish = a.create_label();
 
+    let mut unreadable = a.create_label();
+    let span = c.frame.span() as i32;
+
+    // Two pages vouched for in this walk, below the saved registers; freed at `finish`.
+    a.lea(rsp, ptr(rsp - 16))?;
+    a.mov(qword_ptr(rsp), 0)?;
+    a.mov(qword_ptr(rsp + 8), 0)?;
     let meta = u32::from(c.slots) | u32::from(STACK_CAPTURED) << 8;
     a.mov(dword_ptr(r8 + S_STACK_SLOTS as i32), meta)?;
     // This thread's own thread state, if its thread_id is this thread's pthread_self().
@@ -218,6 +328,13 @@ pub(super) fn emit_capture(
             a.mov(rsi, qword_ptr(rsi + d(field)))?;
         }
     }
+    // The innermost frame is the one the interpreter runs: its pages are vouched for.
+    a.mov(rax, rsi)?;
+    a.and(rax, PAGE_MASK)?;
+    a.mov(qword_ptr(rsp), rax)?;
+    a.lea(rax, ptr(rsi + (span - 1)))?;
+    a.and(rax, PAGE_MASK)?;
+    a.mov(qword_ptr(rsp + 8), rax)?;
     // rsi = frame, edx = frames counted, ecx = walk budget, r9 = continuation slot
     // index, rdi = where the next pair goes, r11d = pairs left in that slot.
     a.xor(edx, edx)?;
@@ -230,6 +347,20 @@ pub(super) fn emit_capture(
     a.jz(walked)?;
     a.dec(ecx)?;
     a.jz(cut)?;
+    // A frame only where one can be: aligned, in user space, on readable pages.
+    a.test(sil, 7)?;
+    a.jnz(unreadable)?;
+    a.mov(rax, rsi)?;
+    a.shr(rax, USER_TOP_SHIFT)?;
+    a.jnz(unreadable)?;
+    a.cmp(rsi, LOWEST_FRAME)?;
+    a.jb(unreadable)?;
+    a.mov(rax, rsi)?;
+    a.and(rax, PAGE_MASK)?;
+    emit_page_check(a, unreadable)?;
+    a.lea(rax, ptr(rsi + (span - 1)))?;
+    a.and(rax, PAGE_MASK)?;
+    emit_page_check(a, unreadable)?;
     if let Some((owner, first_shim)) = c.frame.owner {
         a.movzx(eax, byte_ptr(rsi + d(owner)))?;
         a.cmp(eax, u32::from(first_shim))?;
@@ -268,6 +399,11 @@ pub(super) fn emit_capture(
     a.set_label(&mut next_frame)?;
     a.mov(rsi, qword_ptr(rsi + d(c.frame.back)))?;
     a.jmp(walk)?;
+    a.set_label(&mut unreadable)?;
+    a.or(
+        byte_ptr(r8 + S_STACK_FLAGS as i32),
+        u32::from(STACK_UNREADABLE),
+    )?;
     a.set_label(&mut cut)?;
     a.or(
         byte_ptr(r8 + S_STACK_FLAGS as i32),
@@ -279,6 +415,7 @@ pub(super) fn emit_capture(
     // Every continuation slot gets its owner and seq, used or not, before the
     // first slot is published.
     a.set_label(&mut finish)?;
+    a.lea(rsp, ptr(rsp + 16))?;
     for k in 1..=u32::from(c.slots) {
         a.lea(rax, ptr(r10 + k as i32))?;
         a.mov(edi, eax)?;
@@ -291,5 +428,37 @@ pub(super) fn emit_capture(
         a.bts(rax, 63)?;
         a.mov(qword_ptr(rdi), rax)?;
     }
+    Ok(())
+}
+
+/// With rax = a page address and the walk's two vouched-for pages at `[rsp]` and
+/// `[rsp + 8]`: falls through if the page is one of them or the kernel reads 8
+/// bytes of it (it becomes `[rsp]`, the older one `[rsp + 8]`), else jumps to
+/// `unreadable`. Changes rax and flags only (the system call's registers are saved).
+fn emit_page_check(a: &mut CodeAssembler, unreadable: CodeLabel) -> Result<(), CodegenError> {
+    let mut vouched = a.create_label();
+    a.cmp(rax, qword_ptr(rsp))?;
+    a.je(vouched)?;
+    a.cmp(rax, qword_ptr(rsp + 8))?;
+    a.je(vouched)?;
+    a.push(rax)?;
+    for r in [rcx, rdx, rsi, rdi, r10, r11] {
+        a.push(r)?;
+    }
+    a.mov(rsi, rax)?;
+    a.mov(edi, PROBE_HOW as u32)?;
+    a.xor(edx, edx)?;
+    a.mov(r10d, 8)?;
+    a.mov(eax, libc::SYS_rt_sigprocmask as u32)?;
+    a.syscall()?;
+    for r in [r11, r10, rdi, rsi, rdx, rcx] {
+        a.pop(r)?;
+    }
+    a.cmp(rax, -libc::EINVAL)?;
+    a.pop(rax)?; // the page; pop keeps the flags
+    a.jne(unreadable)?;
+    a.xchg(qword_ptr(rsp), rax)?;
+    a.mov(qword_ptr(rsp + 8), rax)?;
+    a.set_label(&mut vouched)?;
     Ok(())
 }

@@ -1556,6 +1556,87 @@ fn stack_capture_walks_a_fake_interpreter() {
     }
 }
 
+/// A page mapped with `prot`, or unmapped again (`None`): its address.
+fn page_with(prot: Option<libc::c_int>) -> u64 {
+    // SAFETY: a fresh private anonymous page; never dereferenced by the test.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            prot.unwrap_or(libc::PROT_READ),
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(page, libc::MAP_FAILED);
+    if prot.is_none() {
+        // SAFETY: the page just mapped.
+        unsafe { libc::munmap(page, 4096) };
+    }
+    page as u64
+}
+
+/// A frame's link to memory that cannot hold a frame (the program's own garbage,
+/// which the interpreter follows only when the frame returns) ends the walk,
+/// flagged, and never faults the thread; links to readable pages elsewhere are
+/// followed.
+#[test]
+fn stack_capture_stops_at_links_that_are_not_readable_frames() {
+    assert!(super::stack::page_probe_works());
+    let region = Region::new();
+    let f = assemble_site_fn(&region, Variant::Load, FLAGS_Z);
+    let ring = Ring::new(16);
+    let me = fs_base();
+    let code = |k: u64| 0x7000_0000_0000 + k * 0x100;
+    // A frame on a page of its own (readable: the walk probes it), whose own
+    // link is the bad one.
+    let elsewhere = page_with(Some(libc::PROT_READ | libc::PROT_WRITE));
+    let none = page_with(Some(libc::PROT_NONE));
+    let unmapped = page_with(None);
+    for (what, bad) in [
+        ("unmapped", unmapped + 64),
+        ("inaccessible", none),
+        ("misaligned", region.data(frame_at(3)) + 4),
+        ("not a user address", 0xffff_8000_0000_1000),
+        ("in the first 64 KiB", 0x8000),
+        ("straddling into an unmapped page", unmapped - 16),
+    ] {
+        put_frame(&region, 0, region.data(frame_at(1)), code(1), 11, 0);
+        put_frame(&region, 1, elsewhere, code(2), 22, 0);
+        // SAFETY: the page mapped read-write above; a frame {back, code, position, owner}.
+        unsafe {
+            let frame = elsewhere as *mut u64;
+            frame.write(bad);
+            frame.add(1).write(code(3));
+            frame.add(2).write(33);
+            frame.add(3).write(0);
+        }
+        put_threads(&region, me, region.data(frame_at(0)));
+        let s = capture_once(
+            &region,
+            &f,
+            &ring,
+            16,
+            &fake_capture(&region, StackRoot::Direct(32), 1),
+        );
+        assert!(
+            s.found && s.unreadable && s.truncated && !s.broken,
+            "{what}: {s:?}"
+        );
+        assert_eq!(
+            s.frames,
+            [(code(1), 11), (code(2), 22), (code(3), 33)],
+            "{what}"
+        );
+    }
+    // SAFETY: the pages mapped above.
+    unsafe {
+        libc::munmap(elsewhere as *mut libc::c_void, 4096);
+        libc::munmap(none as *mut libc::c_void, 4096);
+    }
+}
+
 #[test]
 fn stack_records_that_do_not_fit_are_lost_whole() {
     let region = Region::new();

@@ -459,6 +459,7 @@ impl RingReader {
         let mut stack = RingStack {
             found: flags & STACK_FOUND != 0,
             truncated: flags & STACK_TRUNCATED != 0,
+            unreadable: flags & STACK_UNREADABLE != 0,
             depth: usize::from(u16::from_le_bytes([
                 first[S_STACK_DEPTH],
                 first[S_STACK_DEPTH + 1],

@@ -146,6 +146,9 @@ pub struct RingStack {
     pub found: bool,
     /// Frames were left out: more than fit the record, or the walk hit its bound.
     pub truncated: bool,
+    /// The walk stopped at a link to memory that could not hold a frame (the
+    /// program's own corruption, which the interpreter had not followed yet).
+    pub unreadable: bool,
     /// Frames counted by the walk (at least `frames.len()`).
     pub depth: usize,
     /// (code pointer, position) pairs, innermost first; at most [`MAX_STACK_FRAMES`].
