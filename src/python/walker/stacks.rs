@@ -147,6 +147,7 @@ impl Memory for ProcessMemory {
 }
 
 /// Where a frame is in its code.
+#[derive(Clone, Copy)]
 enum Position {
     /// Byte offset of the instruction (`f_lasti` up to 3.10).
     Offset(i64),
@@ -445,8 +446,8 @@ impl<M: Memory> StackReader<M> {
     /// (code pointer, position): `f_lasti` up to 3.10, the instruction pointer
     /// from 3.11. Returns them outermost first, and whether any was dropped. Each
     /// code object's header is read again and checked against the cache's key, so
-    /// an address freed and reused since the capture is named afresh (or skipped
-    /// when it no longer holds a code object).
+    /// an address reused by another code object since the capture is named afresh;
+    /// one that holds no code object any more keeps the name it had when last read.
     pub fn name_captured(&mut self, captured: &[(u64, u64)]) -> (Vec<PyFrame>, bool) {
         let mut out = Vec::new();
         let mut dropped = false;
@@ -469,11 +470,20 @@ impl<M: Memory> StackReader<M> {
             let frame = if checked == Some(self.batch) {
                 self.cached_frame(code, position)
             } else if self.mem.read_exact(code, &mut header).is_ok() {
-                let frame = self.py_frame(code, &header, position).ok();
-                if let Some(info) = self.codes.get_mut(&code).filter(|_| frame.is_some()) {
-                    info.checked_in = self.batch;
+                match self.py_frame(code, &header, position) {
+                    Ok(frame) => {
+                        if let Some(info) = self.codes.get_mut(&code) {
+                            info.checked_in = self.batch;
+                        }
+                        Some(frame)
+                    }
+                    // No code object there now, but the frame ran one there when it
+                    // was captured: freed since (a module's code ends with its run;
+                    // the allocator overwrites a freed block's first words). The
+                    // name this address last had, if it was ever read.
+                    Err(FrameError::Skip) => self.cached_frame(code, position),
+                    Err(FrameError::Broken) => None,
                 }
-                frame
             } else {
                 // The target is gone (it exited with records still in the ring): the
                 // name this address last had, validated when it was read.
