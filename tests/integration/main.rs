@@ -13,6 +13,7 @@ mod forged;
 mod honest;
 mod hook;
 mod hook_reattach;
+mod hostile_target;
 mod lines;
 mod native;
 mod nothing_lost;
