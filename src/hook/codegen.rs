@@ -75,6 +75,9 @@ pub struct HookSymbols {
     pub dec_ref: u64,
     pub err_clear: u64,
     pub none: u64,
+    /// `PyCode_Type`: a monitoring callback records only when its first argument
+    /// is a code object (anyone may call it: `register_callback` hands it out).
+    pub code_type: u64,
     /// `PyThreadState_Get` (the profile route: a thread drops its own hook).
     pub thread_state_get: u64,
 }
@@ -250,9 +253,19 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
                 callbacks.push(l);
             }
             emit_callback_entry(&mut a, p.state_addr, &mut common, off)?;
+            // Only a call as the interpreter makes it is recorded: a program that
+            // fetched the callback (`register_callback` returns it) may call it
+            // with anything. At least (code, offset), and a code object first.
+            a.cmp(rdx, 2)?;
+            a.jl(done)?;
             // r12 = the code object (args[0]), r13 = the returned object's type
             // (args[2]), or 0.
             a.mov(r12, qword_ptr(rsi))?;
+            a.test(r12, r12)?;
+            a.jz(done)?;
+            a.mov(rax, p.symbols.code_type)?;
+            a.cmp(qword_ptr(r12 + 8), rax)?;
+            a.jne(done)?;
             a.xor(r13d, r13d)?;
             a.cmp(ebx, KIND_RETURN)?;
             a.jne(record)?;

@@ -20,7 +20,10 @@
 //!   points at a callback below. The page is an ordinary private mapping: a forked
 //!   child keeps it, and the function objects made from these definitions stay valid.
 //! * The callbacks, `PyObject *cb(PyObject *self, PyObject *const *args, Py_ssize_t n)`.
-//!   Each loads the state word `on`; when set it reserves a slot with the ring's
+//!   Each loads the state word `on`; when set, and when called as the interpreter
+//!   calls it (`n >= 2`, `args[0]` an object of type `PyCode_Type`: a program can
+//!   fetch the callback with `register_callback` and call it with anything, and
+//!   gets `None` then, nothing recorded), it reserves a slot with the ring's
 //!   producer protocol, the very code the SDT trampolines run
 //!   (`crate::ring::codegen::emit_reserve`: a full ring is waited on while pyprobe
 //!   serves it, spinning then asleep in `futex` on `tail`, so the target runs at

@@ -47,11 +47,18 @@ static FAKE_STR: [u64; 4] = [0; 4];
 /// value `PySys_GetObject` (the installer's first call) found there.
 static WATCH_STATUS: Mutex<(u64, u64)> = Mutex::new((0, 0));
 
-/// A fake code object: co_name and co_filename (the fake string) at 16 and 24,
-/// co_firstlineno at 32, co_flags at 40 (`CO_OPTIMIZED`: a function's).
+/// Stands for `PyCode_Type`: the type of every fake code object.
+static FAKE_CODE_TYPE: [u64; 4] = [0; 4];
+
+fn code_type_addr() -> u64 {
+    FAKE_CODE_TYPE.as_ptr() as u64
+}
+
+/// A fake code object: its type at 8, co_name and co_filename (the fake string)
+/// at 16 and 24, co_firstlineno at 32, co_flags at 40 (`CO_OPTIMIZED`: a function's).
 fn fake_code(first_line: u64) -> [u64; 6] {
     let s = FAKE_STR.as_ptr() as u64;
-    [0, 0, s, s, first_line, 1]
+    [0, code_type_addr(), s, s, first_line, 1]
 }
 
 fn none_addr() -> u64 {
@@ -189,6 +196,7 @@ fn symbols() -> HookSymbols {
         dec_ref: fake_dec_ref as *const () as usize as u64,
         err_clear: fake_err_clear as *const () as usize as u64,
         none: none_addr(),
+        code_type: code_type_addr(),
         thread_state_get: fake_thread_state_get as *const () as usize as u64,
     }
 }
@@ -296,7 +304,7 @@ fn callbacks_write_one_record_each() {
         .map(|k| {
             [
                 0,
-                0,
+                code_type_addr(),
                 names[k].as_ptr() as u64,
                 files[k].as_ptr() as u64,
                 u64::from(u32::MAX - k as u32),
@@ -340,6 +348,37 @@ fn callbacks_write_one_record_each() {
         assert!(tsc > 0);
     }
     assert_eq!(got[EVENTS_312.len()].4, code_of(6));
+    assert!(calls().is_empty(), "the hot path calls nothing");
+}
+
+/// A program can fetch a callback (`register_callback` returns it) and call it with
+/// anything: only a call shaped as the interpreter's, a code object first, is
+/// recorded; the others return `None` and read nothing behind their arguments.
+#[test]
+fn callbacks_called_with_what_the_interpreter_never_passes_record_nothing() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = Setup::new();
+    s.set(ST_ON, 1);
+    let not_code = [1u64, 0x7777_0000, 0xdead_0000, 0xdead_0000, 0];
+    let code = fake_code(0);
+    for k in 0..EVENTS_312.len() {
+        for args in [
+            &[][..],
+            &[code.as_ptr() as u64][..],
+            &[0, 0][..],
+            &[not_code.as_ptr() as u64, 0][..],
+            &[not_code.as_ptr() as u64, 0, not_code.as_ptr() as u64][..],
+        ] {
+            assert_eq!(s.callback(k, args), none_addr(), "event {k}, {args:x?}");
+        }
+    }
+    let mut n = 0;
+    s.reader().drain(100, |_| n += 1);
+    assert_eq!(n, 0, "nothing recorded");
+    // Shaped as the interpreter's: recorded.
+    assert_eq!(s.callback(0, &[code.as_ptr() as u64, 0]), none_addr());
+    s.reader().drain(100, |_| n += 1);
+    assert_eq!(n, 1);
     assert!(calls().is_empty(), "the hot path calls nothing");
 }
 
@@ -703,7 +742,7 @@ fn a_failed_exit_registration_is_tried_again_by_later_events_then_given_up() {
     let strings = [[0u64; 4]; 2];
     let code = [
         0u64,
-        0,
+        code_type_addr(),
         strings[0].as_ptr() as u64,
         strings[1].as_ptr() as u64,
         12,

@@ -534,3 +534,47 @@ fn code_objects_made_from_one_template_at_one_address_keep_their_own_names() {
         "no interpreter put a method's code object where the last one had been: nothing was tested"
     );
 }
+
+/// A program that fetches pyprobe's monitoring callback (`register_callback` hands
+/// it out, as tools that chain callbacks rely on) and calls it with what the
+/// interpreter never passes (no arguments, a non-code first argument) gets `None`
+/// back and runs on; the calls it makes afterwards are counted exactly.
+#[test]
+fn a_program_calling_the_hooks_callback_with_odd_arguments_runs_on() {
+    let mut pythons: Vec<(String, PathBuf)> = [12, 13]
+        .iter()
+        .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))
+        .collect();
+    for minor in ["3.13", "3.14"] {
+        if let Some(debian) = python(minor) {
+            pythons.push((format!("Debian {minor}"), debian.launcher));
+        }
+    }
+    for (label, py) in pythons {
+        let path = tmp_path(&format!("borrow-{}.pyprobe", label.replace(' ', "-")));
+        let out = pyprobe()
+            .args(["record", "--mode", "trace", "--force", "-o"])
+            .arg(&path)
+            .arg("--")
+            .arg(&py)
+            .arg(repo().join("fixtures/python/borrow_callback.py"))
+            .arg("1000")
+            .output()
+            .expect("run pyprobe");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_no_panic(&label, &out.stderr);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "builtin_function_or_method None None None None None None\n1000\n",
+            "{label}: {stderr}"
+        );
+        assert!(
+            out.status.success() && stderr.contains("target exited with status 0"),
+            "{label}: {stderr}"
+        );
+        let report = report_json(path.to_str().unwrap());
+        let calls = calls_in_file(&report, "borrow_callback.py");
+        assert_eq!(calls.get("work"), Some(&1000), "{label}: {calls:?}");
+        let _ = std::fs::remove_file(&path);
+    }
+}

@@ -172,6 +172,7 @@ pub fn install(
         dec_ref: sym("Py_DecRef")?,
         err_clear: sym("PyErr_Clear")?,
         none: sym("_Py_NoneStruct")?,
+        code_type: sym("PyCode_Type")?,
         thread_state_get: sym("PyThreadState_Get")?,
     };
     let tstates = walker.thread_state_addrs()?;
