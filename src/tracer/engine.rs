@@ -374,7 +374,9 @@ impl Engine {
         }
         let result = self.event_loop(sink);
         // What follows (detaching, then the views) needs no tick.
-        disarm_tick();
+        if super::signals::installed() {
+            disarm_tick();
+        }
         if let Err(e) = &result {
             if self.launched && e.downcast_ref::<NotTraceable>().is_some() {
                 // The command pyprobe started was refused before it ran any code of
@@ -471,7 +473,9 @@ impl Engine {
         } else if let Some(left) = until_deadline_ns() {
             // Wake up for the deadline even when the target is idle.
             arm_tick(left.min(IDLE_BEAT_NS), IDLE_BEAT_NS);
-        } else {
+        } else if super::signals::installed() {
+            // Without pyprobe's handlers there is no signal to wait for, and an
+            // alarm would end the process.
             arm_tick(IDLE_BEAT_NS, IDLE_BEAT_NS);
         }
     }

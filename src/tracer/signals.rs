@@ -15,6 +15,8 @@ static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
 static PAUSE_SIGNAL: AtomicI32 = AtomicI32::new(0);
 static TICK: AtomicBool = AtomicBool::new(false);
 static DEADLINE_NS: AtomicU64 = AtomicU64::new(0);
+/// [`install`] ran: SIGALRM has a handler (its default action ends the process).
+static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(sig: libc::c_int) {
     match sig {
@@ -49,7 +51,14 @@ pub fn install() -> nix::Result<()> {
         // SAFETY: the handler only stores to atomics, which is async-signal-safe.
         unsafe { sigaction(sig, &action) }?;
     }
+    INSTALLED.store(true, Ordering::SeqCst);
     Ok(())
+}
+
+/// Whether [`install`] ran in this process (a program using the engine as a
+/// library may not have).
+pub fn installed() -> bool {
+    INSTALLED.load(Ordering::SeqCst)
 }
 
 /// Why pyprobe is leaving before the target ends.
