@@ -39,6 +39,8 @@ const SYS_NANOSLEEP: u32 = 35;
 const CONSTS: usize = 1024;
 /// Bytes of one `PyMethodDef`.
 const METHOD_DEF: usize = 32;
+/// `PyCFunctionObject.m_ml`: the definition a builtin function was made from.
+const CFUNCTION_ML: i32 = 16;
 /// The `jmp rel32` written at the safe point.
 pub const JMP_LEN: usize = 5;
 /// Most bytes of instructions a detour displaces.
@@ -78,6 +80,12 @@ pub struct HookSymbols {
     /// `PyCode_Type`: a monitoring callback records only when its first argument
     /// is a code object (anyone may call it: `register_callback` hands it out).
     pub code_type: u64,
+    /// `PyUnicode_Type`, `PyUnicode_CompareWithASCIIString` and `PyCFunction_Type`:
+    /// the uninstaller gives back only a tool id still named "pyprobe", and takes
+    /// off only callbacks that are its own functions.
+    pub unicode_type: u64,
+    pub compare_ascii: u64,
+    pub cfunction_type: u64,
     /// `PyThreadState_Get` (the profile route: a thread drops its own hook).
     pub thread_state_get: u64,
 }
@@ -204,6 +212,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
     let s_register = c.string("register_callback");
     let s_set = c.string("set_events");
     let s_free = c.string("free_tool_id");
+    let s_get_tool = c.string("get_tool");
     let s_name = c.string("pyprobe");
     let s_is = c.string("is");
     let s_iio = c.string("iiO");
@@ -469,10 +478,84 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
         Route::Profile(_) => &[],
     };
     if !events.is_empty() {
+        // The tool id is given back only while it is still pyprobe's: a program
+        // that freed it and took it for itself keeps it, events and callbacks.
         call(&mut a, p.symbols.sys_get_object, &[Arg::Imm(s_monitoring)])?;
         a.mov(rbx, rax)?;
         a.test(rbx, rbx)?;
         a.jz(out)?;
+        call_method(&mut a, p, s_get_tool, s_i, &[Arg::Imm(TOOL_ID as u64)])?;
+        a.test(rax, rax)?;
+        a.jz(out)?;
+        a.mov(r12, rax)?;
+        let mut named = a.create_label();
+        a.xor(r13d, r13d)?;
+        a.mov(rax, p.symbols.unicode_type)?;
+        a.cmp(qword_ptr(r12 + 8), rax)?;
+        a.jne(named)?;
+        call(
+            &mut a,
+            p.symbols.compare_ascii,
+            &[Arg::Reg(r12), Arg::Imm(s_name)],
+        )?;
+        a.test(eax, eax)?;
+        a.setz(r13b)?;
+        a.set_label(&mut named)?;
+        call(&mut a, p.symbols.dec_ref, &[Arg::Reg(r12)])?;
+        a.test(r13d, r13d)?;
+        a.jz(out)?;
+        // Each event's callback taken off; one that is not pyprobe's function
+        // (the program registered its own) is put back, and counted in r13.
+        a.xor(r13d, r13d)?;
+        for (k, &(ev, _)) in events.iter().enumerate() {
+            let def = defs + (k * METHOD_DEF) as u64;
+            let mut next = a.create_label();
+            let mut release = a.create_label();
+            call_method(
+                &mut a,
+                p,
+                s_register,
+                s_iio,
+                &[
+                    Arg::Imm(TOOL_ID as u64),
+                    Arg::Imm(1u64 << ev),
+                    Arg::Imm(p.symbols.none),
+                ],
+            )?;
+            a.test(rax, rax)?;
+            a.jz(next)?;
+            a.mov(r12, rax)?;
+            a.mov(rax, p.symbols.none)?;
+            a.cmp(r12, rax)?;
+            a.je(release)?;
+            a.mov(rax, p.symbols.cfunction_type)?;
+            let mut foreign = a.create_label();
+            a.cmp(qword_ptr(r12 + 8), rax)?;
+            a.jne(foreign)?;
+            a.mov(rax, def)?;
+            a.cmp(qword_ptr(r12 + CFUNCTION_ML), rax)?;
+            a.je(release)?;
+            a.set_label(&mut foreign)?;
+            a.inc(r13d)?;
+            call_method(
+                &mut a,
+                p,
+                s_register,
+                s_iio,
+                &[
+                    Arg::Imm(TOOL_ID as u64),
+                    Arg::Imm(1u64 << ev),
+                    Arg::Reg(r12),
+                ],
+            )?;
+            decref_rax(&mut a, p)?;
+            a.set_label(&mut release)?;
+            call(&mut a, p.symbols.dec_ref, &[Arg::Reg(r12)])?;
+            a.set_label(&mut next)?;
+        }
+        // Events off and the id given back only when every callback was pyprobe's.
+        a.test(r13d, r13d)?;
+        a.jnz(out)?;
         call_method(
             &mut a,
             p,
@@ -481,22 +564,6 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
             &[Arg::Imm(TOOL_ID as u64), Arg::Imm(0)],
         )?;
         decref_rax(&mut a, p)?;
-    }
-    for &(ev, _) in events {
-        call_method(
-            &mut a,
-            p,
-            s_register,
-            s_iio,
-            &[
-                Arg::Imm(TOOL_ID as u64),
-                Arg::Imm(1u64 << ev),
-                Arg::Imm(p.symbols.none),
-            ],
-        )?;
-        decref_rax(&mut a, p)?;
-    }
-    if !events.is_empty() {
         call_method(&mut a, p, s_free, s_i, &[Arg::Imm(TOOL_ID as u64)])?;
         decref_rax(&mut a, p)?;
     }

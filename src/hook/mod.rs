@@ -49,8 +49,13 @@
 //!   ignored; it returns 0. When it finds `on` clear it first clears its own
 //!   thread's `c_profilefunc` (the interpreter recomputes `use_tracing` as the
 //!   tracing call returns), so each thread drops the hook at its own next event.
-//! * The uninstaller: `set_events(TOOL, 0)`, `register_callback(TOOL, ev, None)` for
-//!   each event, `free_tool_id(TOOL)`, `atexit.unregister` of the exit callback, `PyErr_Clear()`. A callback runs it, once
+//! * The uninstaller: only while `get_tool(TOOL)` is still the string "pyprobe" (a
+//!   program that freed the id and took it for itself keeps it, untouched):
+//!   `register_callback(TOOL, ev, None)` for each event, putting back any callback
+//!   that is not pyprobe's own function (a builtin made from this page's
+//!   definition); then, when every one was pyprobe's, `set_events(TOOL, 0)` and
+//!   `free_tool_id(TOOL)`. Always `atexit.unregister` of the exit callback and
+//!   `PyErr_Clear()`. A callback runs it, once
 //!   (`lock cmpxchg` on the state word `gone`), when it finds `on` clear: pyprobe
 //!   cleared it to detach, the guardian cleared it because pyprobe died, or the
 //!   process is a forked child (the state page is `MADV_WIPEONFORK`: all zero there).

@@ -33,6 +33,64 @@ extern "C" fn fake_thread_state_get() -> *mut c_void {
     std::ptr::addr_of_mut!(TSTATE).cast()
 }
 
+/// The fake `sys.monitoring`: who holds tool 4, and each event's callback (by the
+/// event's bit). Objects: fake `str`s for tool names, fake builtin functions
+/// `[refcnt, type, m_ml, 0]` made by `PyCFunction_NewEx`.
+static TOOL_HOLDER: Mutex<Option<&'static str>> = Mutex::new(None);
+static REGISTRY: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+static FAKE_UNICODE_TYPE: [u64; 4] = [0; 4];
+static FAKE_CFUNCTION_TYPE: [u64; 4] = [0; 4];
+static mut PYPROBE_STR: [u64; 4] = [1, 0, 0, 0];
+static mut OTHER_STR: [u64; 4] = [1, 0, 0, 0];
+
+fn unicode_type_addr() -> u64 {
+    FAKE_UNICODE_TYPE.as_ptr() as u64
+}
+
+fn cfunction_type_addr() -> u64 {
+    FAKE_CFUNCTION_TYPE.as_ptr() as u64
+}
+
+/// A fresh fake `sys.monitoring`: tool 4 held by `holder`, no callbacks.
+fn reset_monitoring(holder: Option<&'static str>) {
+    *TOOL_HOLDER.lock().unwrap_or_else(|e| e.into_inner()) = holder;
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    // SAFETY: the tests run one at a time (SERIAL); the hook only reads these.
+    unsafe {
+        (*std::ptr::addr_of_mut!(PYPROBE_STR))[1] = unicode_type_addr();
+        (*std::ptr::addr_of_mut!(OTHER_STR))[1] = unicode_type_addr();
+    }
+}
+
+/// The callback registered for the event of bit `bit`, if any.
+fn registered(bit: u64) -> Option<u64> {
+    let registry = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    registry.iter().find(|(b, _)| *b == bit).map(|&(_, o)| o)
+}
+
+/// `register_callback(4, bit, obj)`: the previous callback, or `None`.
+fn register(bit: u64, obj: u64) -> u64 {
+    let mut registry = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    let previous = registry
+        .iter()
+        .position(|(b, _)| *b == bit)
+        .map(|i| registry.remove(i).1)
+        .unwrap_or_else(none_addr);
+    if obj != none_addr() {
+        registry.push((bit, obj));
+    }
+    previous
+}
+
+/// # Safety
+/// `s` is a NUL-terminated string.
+unsafe extern "C" fn fake_compare_ascii(obj: u64, s: *const c_char) -> i32 {
+    // SAFETY: per the contract above.
+    let s = unsafe { CStr::from_ptr(s) }.to_string_lossy();
+    let is_pyprobe = obj == std::ptr::addr_of!(PYPROBE_STR) as u64;
+    i32::from(!(is_pyprobe && s == "pyprobe"))
+}
+
 fn log(s: String) {
     CALLS.lock().unwrap_or_else(|e| e.into_inner()).push(s);
 }
@@ -138,10 +196,23 @@ unsafe extern "C" fn fake_call_method(
     log(format!("{module}{name}({})", args.join(",")));
     let fail = *FAIL_METHOD.lock().unwrap_or_else(|e| e.into_inner());
     if fail == Some(name.as_str()) {
-        std::ptr::null_mut()
-    } else {
-        std::ptr::addr_of_mut!(RESULT).cast()
+        return std::ptr::null_mut();
     }
+    let mut holder = TOOL_HOLDER.lock().unwrap_or_else(|e| e.into_inner());
+    match (module, name.as_str()) {
+        ("", "use_tool_id") => *holder = Some("pyprobe"),
+        ("", "free_tool_id") => *holder = None,
+        ("", "get_tool") => {
+            return match *holder {
+                Some("pyprobe") => std::ptr::addr_of_mut!(PYPROBE_STR).cast(),
+                Some(_) => std::ptr::addr_of_mut!(OTHER_STR).cast(),
+                None => none_addr() as *mut c_void,
+            }
+        }
+        ("", "register_callback") => return register(a2, a3) as *mut c_void,
+        _ => {}
+    }
+    std::ptr::addr_of_mut!(RESULT).cast()
 }
 
 static DEFS: Mutex<Vec<u64>> = Mutex::new(Vec::new());
@@ -149,7 +220,10 @@ static DEFS: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 extern "C" fn fake_cfunction_new_ex(def: u64, _self: u64, _module: u64) -> *mut c_void {
     DEFS.lock().unwrap_or_else(|e| e.into_inner()).push(def);
     log("PyCFunction_NewEx".into());
-    std::ptr::addr_of_mut!(RESULT).cast()
+    // A builtin function object of its own (leaked: a test's worth).
+    Box::leak(Box::new([1u64, cfunction_type_addr(), def, 0]))
+        .as_mut_ptr()
+        .cast()
 }
 
 extern "C" fn fake_dec_ref(_obj: *mut c_void) {
@@ -197,6 +271,9 @@ fn symbols() -> HookSymbols {
         err_clear: fake_err_clear as *const () as usize as u64,
         none: none_addr(),
         code_type: code_type_addr(),
+        unicode_type: unicode_type_addr(),
+        compare_ascii: fake_compare_ascii as *const () as usize as u64,
+        cfunction_type: cfunction_type_addr(),
         thread_state_get: fake_thread_state_get as *const () as usize as u64,
     }
 }
@@ -209,6 +286,7 @@ impl Setup {
     }
 
     fn with_route(route: Route) -> Setup {
+        reset_monitoring(None);
         let len = 16 * 4096;
         let code = exec_map(len);
         let state = Box::new([0u64; 512]);
@@ -391,6 +469,7 @@ fn cycles(ms: u64) -> u64 {
 fn a_full_ring_nobody_serves_counts_the_loss_and_unhooks() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut s = Setup::new();
+    reset_monitoring(Some("pyprobe"));
     s.set(ST_ON, 1);
     let code = fake_code(0);
     for _ in 0..CAP + 3 {
@@ -492,19 +571,22 @@ fn a_consumer_that_leaves_or_goes_silent_ends_the_wait_and_the_hook() {
 fn callback_with_on_clear_uninstalls_once() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut s = Setup::new();
+    reset_monitoring(Some("pyprobe"));
     calls();
     s.set(ST_STATUS, STATUS_OK);
     assert_eq!(s.callback(3, &[1, 2, none_addr()]), none_addr());
     let log = calls();
     let mut want = vec![
         "PySys_GetObject(monitoring)".to_string(),
-        "set_events(4,0)".into(),
+        "get_tool(4)".into(),
         "Py_DecRef".into(),
     ];
     for &(ev, _) in &EVENTS_312 {
         want.push(format!("register_callback(4,{},None)", 1u32 << ev));
         want.push("Py_DecRef".into());
     }
+    want.push("set_events(4,0)".into());
+    want.push("Py_DecRef".into());
     want.push("free_tool_id(4)".into());
     want.push("Py_DecRef".into());
     want.push("PyErr_Clear".into());
@@ -601,6 +683,69 @@ fn installer_reports_the_step_that_failed() {
     let log = calls();
     assert_eq!(s.get(ST_STATUS), STATUS_FAILED + 5);
     assert!(log.iter().any(|l| l == "free_tool_id(4)"));
+}
+
+/// Installed, then told to go: the uninstaller takes off only its own callbacks,
+/// and gives back tool 4 only while it is still pyprobe's with none of the
+/// program's callbacks on it.
+#[test]
+fn the_uninstaller_leaves_what_the_program_took() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let bits: Vec<u64> = EVENTS_312.iter().map(|&(ev, _)| 1u64 << ev).collect();
+    let uninstall = |s: &mut Setup| {
+        calls();
+        s.set(ST_GONE, 0);
+        s.run(s.hook.uninstaller);
+        calls()
+    };
+    // The program freed tool 4 and took it for itself: nothing is touched.
+    let mut s = Setup::new();
+    s.run(s.hook.installer.expect("monitoring route"));
+    let ours: Vec<Option<u64>> = bits.iter().map(|&b| registered(b)).collect();
+    assert!(ours.iter().all(Option::is_some));
+    *TOOL_HOLDER.lock().unwrap_or_else(|e| e.into_inner()) = Some("mine");
+    let log = uninstall(&mut s);
+    assert_eq!(
+        log[..3],
+        ["PySys_GetObject(monitoring)", "get_tool(4)", "Py_DecRef"]
+    );
+    let touched = |l: &String| {
+        ["register_callback", "set_events", "free_tool_id"]
+            .iter()
+            .any(|m| l.starts_with(m))
+    };
+    assert!(!log.iter().any(touched), "{log:?}");
+    assert_eq!(
+        bits.iter().map(|&b| registered(b)).collect::<Vec<_>>(),
+        ours
+    );
+    assert_eq!(*TOOL_HOLDER.lock().unwrap(), Some("mine"));
+
+    // Still pyprobe's, but the program put its own callback on one event: pyprobe's
+    // come off, the program's is put back, events and id stay.
+    let mut s = Setup::new();
+    s.run(s.hook.installer.expect("monitoring route"));
+    let theirs = [1u64, cfunction_type_addr(), 0x1234, 0];
+    register(bits[2], theirs.as_ptr() as u64);
+    let log = uninstall(&mut s);
+    for (k, &b) in bits.iter().enumerate() {
+        let want = (k == 2).then_some(theirs.as_ptr() as u64);
+        assert_eq!(registered(b), want, "event {k}");
+    }
+    assert!(!log.iter().any(|l| l.starts_with("set_events")), "{log:?}");
+    assert!(
+        !log.iter().any(|l| l.starts_with("free_tool_id")),
+        "{log:?}"
+    );
+    assert_eq!(*TOOL_HOLDER.lock().unwrap(), Some("pyprobe"));
+
+    // All pyprobe's: every callback off, events off, the id given back.
+    let mut s = Setup::new();
+    s.run(s.hook.installer.expect("monitoring route"));
+    let log = uninstall(&mut s);
+    assert!(bits.iter().all(|&b| registered(b).is_none()));
+    assert!(log.iter().any(|l| l == "set_events(4,0)"), "{log:?}");
+    assert_eq!(*TOOL_HOLDER.lock().unwrap(), None);
 }
 
 static INSTALLS: Mutex<u32> = Mutex::new(0);

@@ -541,16 +541,7 @@ fn code_objects_made_from_one_template_at_one_address_keep_their_own_names() {
 /// back and runs on; the calls it makes afterwards are counted exactly.
 #[test]
 fn a_program_calling_the_hooks_callback_with_odd_arguments_runs_on() {
-    let mut pythons: Vec<(String, PathBuf)> = [12, 13]
-        .iter()
-        .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))
-        .collect();
-    for minor in ["3.13", "3.14"] {
-        if let Some(debian) = python(minor) {
-            pythons.push((format!("Debian {minor}"), debian.launcher));
-        }
-    }
-    for (label, py) in pythons {
+    for (label, py) in monitoring_interpreters() {
         let path = tmp_path(&format!("borrow-{}.pyprobe", label.replace(' ', "-")));
         let out = pyprobe()
             .args(["record", "--mode", "trace", "--force", "-o"])
@@ -575,6 +566,61 @@ fn a_program_calling_the_hooks_callback_with_odd_arguments_runs_on() {
         let report = report_json(path.to_str().unwrap());
         let calls = calls_in_file(&report, "borrow_callback.py");
         assert_eq!(calls.get("work"), Some(&1000), "{label}: {calls:?}");
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// The interpreters whose hook is a `sys.monitoring` tool: pyenv 3.12 and 3.13,
+/// Debian's 3.13 and 3.14, each with a label.
+fn monitoring_interpreters() -> Vec<(String, PathBuf)> {
+    let mut pythons: Vec<(String, PathBuf)> = [12, 13]
+        .iter()
+        .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))
+        .collect();
+    for minor in ["3.13", "3.14"] {
+        if let Some(debian) = python(minor) {
+            pythons.push((format!("Debian {minor}"), debian.launcher));
+        }
+    }
+    pythons
+}
+
+/// A program that frees tool 4 while pyprobe holds it and takes it for itself keeps
+/// it, its events and its callback when pyprobe leaves: every start of its own
+/// function is still counted by its own callback after pyprobe's detach.
+#[test]
+fn a_program_that_takes_tool_4_keeps_it_when_pyprobe_leaves() {
+    for (label, py) in monitoring_interpreters() {
+        let path = tmp_path(&format!("takes-tool-{}.pyprobe", label.replace(' ', "-")));
+        let out = pyprobe()
+            .args([
+                "record",
+                "--mode",
+                "trace",
+                "--duration",
+                "1",
+                "--force",
+                "-o",
+            ])
+            .arg(&path)
+            .arg("--")
+            .arg(&py)
+            .arg(repo().join("fixtures/python/takes_tool.py"))
+            .arg("2.5")
+            .output()
+            .expect("run pyprobe");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_no_panic(&label, &out.stderr);
+        assert!(out.status.success(), "{label}: {stderr}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let said: Vec<&str> = stdout.split_whitespace().collect();
+        assert_eq!(said.len(), 3, "{label}: {stdout} {stderr}");
+        assert_eq!(said[0], "mine", "{label}: tool 4 after the detach");
+        assert!(said[1] != "0", "{label}: {stdout}");
+        assert_eq!(
+            said[1], said[2],
+            "{label}: calls and the program's own count of starts"
+        );
         let _ = std::fs::remove_file(&path);
     }
 }

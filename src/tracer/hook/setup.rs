@@ -173,6 +173,9 @@ pub fn install(
         err_clear: sym("PyErr_Clear")?,
         none: sym("_Py_NoneStruct")?,
         code_type: sym("PyCode_Type")?,
+        unicode_type: sym("PyUnicode_Type")?,
+        compare_ascii: sym("PyUnicode_CompareWithASCIIString")?,
+        cfunction_type: sym("PyCFunction_Type")?,
         thread_state_get: sym("PyThreadState_Get")?,
     };
     let tstates = walker.thread_state_addrs()?;
