@@ -26,9 +26,9 @@ cargo test --release --lib --bins --benches --no-fail-fast || failed=1
 cargo test --release --test tick || failed=1
 # The integration tests run two at a time, except those whose subject is timing
 # (sampling shares, the overhead budget, pyprobe keeping up with the ring, 50 kills
-# of pyprobe, a server kept serving while pyprobe is stopped): those run alone
+# of pyprobe, a server kept serving while pyprobe is stopped, 10,000 threads): those run alone
 # afterwards, as on a machine with nothing else to do.
-ALONE=(budget:: sample_accuracy:: sigkill:: ring:: nothing_lost:: native:: stopped::)
+ALONE=(budget:: sample_accuracy:: sigkill:: ring:: nothing_lost:: native:: stopped:: many_threads::)
 skip=()
 for m in "${ALONE[@]}"; do skip+=(--skip "$m"); done
 cargo test --release --test integration -- "${skip[@]}" || failed=1

@@ -15,6 +15,7 @@ mod hook;
 mod hook_reattach;
 mod hostile_target;
 mod lines;
+mod many_threads;
 mod native;
 mod nothing_lost;
 mod outputs;

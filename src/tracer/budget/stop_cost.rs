@@ -18,6 +18,13 @@ use crate::tracer::clock::monotonic_ns;
 pub const WARM_UP_STOPS: u64 = 20;
 /// The recent stops whose median is the steady cost.
 const WINDOW: usize = 32;
+/// Stops after which a cost no warm-up explains decides at once: when every one
+/// of them took at least [`EARLY_FLOOR_NS`] (a process with thousands of threads
+/// takes 25 ms to stop per 2,000), waiting for [`WARM_UP_STOPS`] would hold the
+/// target for seconds. A first reads' one-off work costs a few ms, and not three
+/// times.
+const EARLY_STOPS: u64 = 3;
+const EARLY_FLOOR_NS: u64 = 20_000_000;
 
 /// The costs of the recent stops.
 #[derive(Debug, Clone)]
@@ -41,10 +48,14 @@ impl StopCosts {
         self.seen += 1;
     }
 
-    /// The median of the recent stops, once [`WARM_UP_STOPS`] were seen.
+    /// The median of the recent stops, once [`WARM_UP_STOPS`] were seen; before,
+    /// the cheapest stop so far once [`EARLY_STOPS`] all cost [`EARLY_FLOOR_NS`]
+    /// or more.
     pub fn steady_ns(&self) -> Option<u64> {
         if self.seen < WARM_UP_STOPS {
-            return None;
+            let seen = &self.recent[..self.seen as usize];
+            let cheapest = seen.iter().copied().min()?;
+            return (self.seen >= EARLY_STOPS && cheapest >= EARLY_FLOOR_NS).then_some(cheapest);
         }
         let n = (self.seen as usize).min(WINDOW);
         // A copy on the stack: asked at every tick, it need not allocate.
@@ -126,6 +137,23 @@ mod tests {
         assert_eq!(costs.steady_ns(), None);
         costs.push(100_000);
         assert_eq!(costs.steady_ns(), Some(100_000));
+    }
+
+    #[test]
+    fn stops_no_warm_up_explains_decide_after_three() {
+        let mut costs = StopCosts::default();
+        for _ in 0..EARLY_STOPS - 1 {
+            costs.push(125_000_000);
+        }
+        assert_eq!(costs.steady_ns(), None);
+        costs.push(60_000_000);
+        assert_eq!(costs.steady_ns(), Some(60_000_000));
+        // One cheap stop among them: warm-up it may be, the full count decides.
+        let mut costs = StopCosts::default();
+        for cost in [125_000_000, 1_000_000, 125_000_000, 125_000_000] {
+            costs.push(cost);
+        }
+        assert_eq!(costs.steady_ns(), None);
     }
 
     #[test]

@@ -5,9 +5,7 @@
 use std::collections::HashMap;
 
 use anyhow::{bail, Result};
-use nix::errno::Errno;
 use nix::sys::ptrace;
-use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 
 use crate::process::status::tgid_of;
@@ -136,31 +134,27 @@ impl Engine {
             // The rings of the processes still running fill meanwhile: drained
             // while waiting, so that a slow stop does not make them overflow.
             let awaited = |t: &Thread| left.contains(&t.tgid) && running(t);
-            match waiting.next(self, awaited) {
-                Ok(WaitStatus::StillAlive) => {
-                    if self.ring_active() {
-                        self.drain_rings(sink);
-                    }
-                }
-                Ok(status) => {
+            // Every stop reported by now before the threads are looked at again.
+            let alive =
+                self.collect_stops(&mut waiting, &awaited, deadline, |engine, status| {
                     // The processes not sampled yet are held; the others' stops are
                     // handled and resumed as in the event loop.
                     let holding = status.pid().is_some_and(|tid| {
                         let tid = tid.as_raw();
-                        self.threads
+                        engine
+                            .threads
                             .get(&tid)
                             .map(|t| t.tgid)
                             .or_else(|| tgid_of(tid))
                             .is_some_and(|pid| left.contains(&pid))
                     });
-                    self.handle(status, holding, sink)?
-                }
-                Err(Errno::EINTR) => {}
-                Err(Errno::ECHILD) => {
-                    self.threads.clear();
-                    return Ok(());
-                }
-                Err(e) => bail!("waitpid failed while stopping the target: {e}"),
+                    engine.handle(status, holding, sink)
+                })?;
+            if !alive {
+                return Ok(());
+            }
+            if self.ring_active() {
+                self.drain_rings(sink);
             }
             if std::time::Instant::now() > deadline {
                 bail!("the target's threads did not stop within 10 s");

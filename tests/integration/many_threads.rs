@@ -1,0 +1,87 @@
+//! A process with 10,000 threads: attaching works in every mode (stopping them all
+//! once cost pyprobe N² system calls, past its 10 s limit: "the target's threads did
+//! not stop within 10 s"), pyprobe leaves when asked, and the program runs to its
+//! end with its own output.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use crate::support::*;
+
+const THREADS: &str = "10000";
+
+fn attach_to_many_threads(version: &'static str, mode: &str) {
+    let Some(py) = python(version) else { return };
+    let mut target = Command::new(&py.launcher)
+        .arg(repo().join("fixtures/python/many_threads.py"))
+        .args([THREADS, "6"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the target");
+    let mut lines = BufReader::new(target.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("ready"));
+    let path = tmp_path(&format!("many-threads-{version}-{mode}.pyprobe"));
+    let pid = target.id().to_string();
+    let out = pyprobe()
+        .args([
+            "record",
+            "-p",
+            &pid,
+            "--mode",
+            mode,
+            "--duration",
+            "2",
+            "--force",
+            "-o",
+        ])
+        .arg(&path)
+        .output()
+        .expect("run pyprobe");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_no_panic(mode, &out.stderr);
+    assert!(
+        out.status.success() && stderr.contains("duration reached, detached"),
+        "{version} --mode {mode} with {THREADS} threads: {stderr}"
+    );
+    let last = lines.next().and_then(Result::ok).unwrap_or_default();
+    let status = target.wait().expect("wait for the target");
+    assert!(
+        status.success(),
+        "{version} {mode}: the target ended {status:?}"
+    );
+    let turns: u64 = last
+        .split_whitespace()
+        .next()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        turns > 0,
+        "{version} {mode}: the target's last line: {last:?}"
+    );
+    let report = report_json(path.to_str().unwrap());
+    assert!(
+        report["events"].as_u64().unwrap_or(0) > 0,
+        "{version} {mode}"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn ten_thousand_threads_traced_through_the_ring_3_9() {
+    attach_to_many_threads("3.9", "trace");
+}
+
+#[test]
+fn ten_thousand_threads_traced_through_the_hook_3_13() {
+    attach_to_many_threads("3.13", "trace");
+}
+
+#[test]
+fn ten_thousand_threads_sampled_3_11() {
+    attach_to_many_threads("3.11", "sample");
+}
+
+#[test]
+fn ten_thousand_threads_in_the_default_mode_3_15() {
+    attach_to_many_threads("3.15", "auto");
+}
