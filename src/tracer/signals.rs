@@ -139,14 +139,7 @@ pub fn arm_tick(ns: u64, again_ns: u64) {
             tv_usec: ((ns % 1_000_000_000) / 1000) as libc::suseconds_t,
         }
     };
-    let timer = libc::itimerval {
-        it_interval: timeval(again_ns),
-        it_value: timeval(ns),
-    };
-    // SAFETY: plain syscall with a valid struct.
-    unsafe { libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()) };
-    // A repeat that fired while the last tick was handled is not a new tick.
-    TICK.store(false, Ordering::SeqCst);
+    set_timer(timeval(ns), timeval(again_ns));
 }
 
 /// Stops the timer (a run that no longer needs it, or a test).
@@ -155,12 +148,18 @@ pub fn disarm_tick() {
         tv_sec: 0,
         tv_usec: 0,
     };
+    set_timer(zero, zero);
+}
+
+/// `ITIMER_REAL` set to fire after `value`, then every `interval` (zero: never).
+fn set_timer(value: libc::timeval, interval: libc::timeval) {
     let timer = libc::itimerval {
-        it_interval: zero,
-        it_value: zero,
+        it_interval: interval,
+        it_value: value,
     };
     // SAFETY: plain syscall with a valid struct.
     unsafe { libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()) };
+    // A repeat that fired while the last tick was handled is not a new tick.
     TICK.store(false, Ordering::SeqCst);
 }
 
