@@ -511,17 +511,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
             let def = defs + (k * METHOD_DEF) as u64;
             let mut next = a.create_label();
             let mut release = a.create_label();
-            call_method(
-                &mut a,
-                p,
-                s_register,
-                s_iio,
-                &[
-                    Arg::Imm(TOOL_ID as u64),
-                    Arg::Imm(1u64 << ev),
-                    Arg::Imm(p.symbols.none),
-                ],
-            )?;
+            register_callback(&mut a, p, (s_register, s_iio), ev, Arg::Imm(p.symbols.none))?;
             a.test(rax, rax)?;
             a.jz(next)?;
             a.mov(r12, rax)?;
@@ -537,17 +527,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
             a.je(release)?;
             a.set_label(&mut foreign)?;
             a.inc(r13d)?;
-            call_method(
-                &mut a,
-                p,
-                s_register,
-                s_iio,
-                &[
-                    Arg::Imm(TOOL_ID as u64),
-                    Arg::Imm(1u64 << ev),
-                    Arg::Reg(r12),
-                ],
-            )?;
+            register_callback(&mut a, p, (s_register, s_iio), ev, Arg::Reg(r12))?;
             decref_rax(&mut a, p)?;
             a.set_label(&mut release)?;
             call(&mut a, p.symbols.dec_ref, &[Arg::Reg(r12)])?;
@@ -629,17 +609,7 @@ pub fn build_hook(p: &HookParams) -> Result<HookCode, HookError> {
             a.test(rax, rax)?;
             a.jz(fails[2])?;
             a.mov(r12, rax)?;
-            call_method(
-                &mut a,
-                p,
-                s_register,
-                s_iio,
-                &[
-                    Arg::Imm(TOOL_ID as u64),
-                    Arg::Imm(1u64 << ev),
-                    Arg::Reg(r12),
-                ],
-            )?;
+            register_callback(&mut a, p, (s_register, s_iio), ev, Arg::Reg(r12))?;
             a.mov(r13, rax)?;
             // The registry holds its own reference to the function.
             call(&mut a, p.symbols.dec_ref, &[Arg::Reg(r12)])?;
@@ -921,6 +891,20 @@ fn jump_if_unserved(a: &mut CodeAssembler, to: CodeLabel) -> Result<(), IcedErro
     a.sub(rax, qword_ptr(r9 + H_HEARTBEAT as i32))?;
     a.cmp(rax, qword_ptr(r9 + H_STALE as i32))?;
     a.jg(to)
+}
+
+/// `sys.monitoring.register_callback(TOOL, 1 << ev, callback)` through the module in
+/// rbx (`names`: the method's name and the format `"iiO"` in the page): rax = the
+/// callback it replaces (a new reference), or NULL.
+fn register_callback(
+    a: &mut CodeAssembler,
+    p: &HookParams,
+    (name, fmt): (u64, u64),
+    ev: u32,
+    callback: Arg,
+) -> Result<(), IcedError> {
+    let args = [Arg::Imm(TOOL_ID as u64), Arg::Imm(1u64 << ev), callback];
+    call_method(a, p, name, fmt, &args)
 }
 
 /// `Py_DecRef(rax)` (which accepts NULL).
