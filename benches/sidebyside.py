@@ -294,6 +294,10 @@ def measure(args, version):
             events = next((hits[(w, c)] for c in ("pyprobe ring", "pyprobe trace", "pyprobe hook") if hits.get((w, c))),
                           None)
             own_base = own_times.get((w, "untraced"))
+            # The slowdown of the work itself, start-up and exit left out (where a
+            # workload says its own time): what a long-running program pays.
+            if own_base and own_times.get((w, name)):
+                row["own_slowdown"] = round(statistics.median(own_times[(w, name)]) / statistics.median(own_base), 2)
             if (name in PER_EVENT or name in OWN_ONLY) and events and own_base and own_times.get((w, name)):
                 own_med = statistics.median(own_times[(w, name)])
                 row["own_s"] = round(own_med, 4)
@@ -334,7 +338,7 @@ PER_EVENT = ("floor", "floor same-cpu", "floor same-cpu reads", "floor cross-cpu
 # Exact in the process, or no tracer at all: their cost per event by the workload's clock.
 OWN_ONLY = ("cProfile", "probes on", "pyprobe hook", "bpftrace")
 COLUMNS = [("workload", "workload"), ("configuration", "config"), ("median", "median_s"),
-           ("slowdown", "slowdown"), ("ns/event", "ns_per_hit"), ("own ns/event", "own_ns_per_event"), ("vs floor", "vs_floor"),
+           ("slowdown", "slowdown"), ("own slowdown", "own_slowdown"), ("ns/event", "ns_per_hit"), ("own ns/event", "own_ns_per_event"), ("vs floor", "vs_floor"),
            ("vs same-CPU", "vs_same_cpu"), ("vs same-CPU + reads", "vs_same_cpu_reads"),
            ("vs cross-CPU", "vs_cross_cpu"),
            ("vs py-spy", "vs_py_spy"), ("exact %", "exact_pct"), ("lost %", "lost_pct"),
@@ -452,7 +456,9 @@ def write_markdown(path, args, tables, load_before, load_after, drain=None):
         "  own clock. Ratios within one table are what to compare; absolute times move with the",
         "  machine.",
         "",
-        "Columns: *slowdown* is the median over the untraced run's; *ns/event* the added time",
+        "Columns: *slowdown* is the median over the untraced run's; *own slowdown* the same by the",
+        "workload's own clock around its work (where it says it), start-up and exit left out;",
+        "*ns/event* the added time",
         "divided by the probe events the target produced (recorded plus lost); *own ns/event* the",
         "same by the workload's own clock around its work (`fib.py` says it), so start-up, attach",
         "and exit are left out: the cost of an event itself, for pyprobe and for `cProfile` alike",

@@ -419,9 +419,9 @@ impl Engine {
                 // Hits arrive in the rings without a stop: poll them and the waits.
                 let drained = self.drain_rings(sink) + self.drain_hooks(sink);
                 self.ring_backlog(sink);
-                if drained > 0 {
-                    self.poll_budget(sink);
-                }
+                // Also with nothing drained: events counted in the ring, not
+                // recorded, are what a storm's budget is judged on.
+                self.poll_budget(sink);
                 match self.wait_one(true, sink)? {
                     Waited::Nothing if drained == 0 => {
                         if self.ring_busy() {

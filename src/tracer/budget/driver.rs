@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::calibrate;
 use super::stop_cost::OwnSchedule;
-use super::{Budget, KernelCost, Toggle};
+use super::{Budget, KernelCost, StormMeter, Toggle};
 use crate::recording::ThinLevel;
 use crate::tracer::clock::monotonic_ns;
 use crate::tracer::engine::{Engine, TraceEvent};
@@ -13,7 +13,7 @@ use crate::tracer::ring::{set_thin, RING_COUNT_NS};
 
 /// How long thinned recording is measured before its cost decides whether the
 /// audit probe must go off.
-const UNCOUNT_AFTER_NS: u64 = 20_000_000;
+const UNCOUNT_AFTER_NS: u64 = 2_000_000;
 /// The audit probe stays off at least this long (doubling each time counting
 /// proves too costly again).
 const UNCOUNTED_FOR_NS: u64 = 100_000_000;
@@ -32,6 +32,9 @@ pub(in crate::tracer) struct BudgetBook {
     pub(in crate::tracer) uncount_strikes: u32,
     /// Events counted in the target since thinning last changed.
     pub(in crate::tracer) counted_since_thin: u64,
+    /// Thinned to counts, counting has been measured to fit in the budget: the
+    /// stacks may come back.
+    pub(in crate::tracer) counting_fits: bool,
     /// Over budget: how stack probes record, and since when.
     pub(in crate::tracer) thin: ThinLevel,
     pub(in crate::tracer) thinned_at: u64,
@@ -44,6 +47,8 @@ pub(in crate::tracer) struct BudgetBook {
     pub(in crate::tracer) samples_unblocked: bool,
     /// Times pyprobe's holds on the target as the target pays for them.
     pub(in crate::tracer) own_schedule: OwnSchedule,
+    /// The ring events' cost over the last short span.
+    pub(in crate::tracer) storm: StormMeter,
     /// Function (or line) probes were put under the budget in some process, which
     /// may have ended since: what the closing line speaks of.
     pub(in crate::tracer) traced_functions: bool,
@@ -59,6 +64,7 @@ impl BudgetBook {
             setup_total_ns: 0,
             uncount_strikes: 0,
             counted_since_thin: 0,
+            counting_fits: false,
             // Measured before touching the target, so it pays nothing for it.
             kernel_cost: match max_overhead {
                 Some(_) => calibrate::stop_cycle_ns()
@@ -70,6 +76,7 @@ impl BudgetBook {
             resumed_ns: HashMap::new(),
             samples_unblocked: false,
             own_schedule: OwnSchedule::default(),
+            storm: StormMeter::default(),
             traced_functions: false,
         }
     }
@@ -132,6 +139,28 @@ impl Engine {
         }
     }
 
+    /// The ring events just read cost the target `ns`: charged, and where the
+    /// stacks are all the budget governs, a storm of them (see [`StormMeter`])
+    /// thins the stacks at once.
+    pub(in crate::tracer) fn charge_ring_events(
+        &mut self,
+        ns: u64,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
+        self.charge(ns);
+        let Some(max) = self.budget.meter.as_ref().map(Budget::max) else {
+            return;
+        };
+        let storm = self.budget.storm.charge(ns, monotonic_ns(), max);
+        let budgeted = self
+            .procs
+            .values()
+            .any(|p| !p.patches.set.budgeted.is_empty());
+        if storm && !budgeted {
+            self.thin_when_behind(sink);
+        }
+    }
+
     /// Resumes `tid` after a hit, charging the stop: what pyprobe spent since the
     /// wait returned, plus the kernel's estimated share.
     pub(in crate::tracer) fn resume_after_budgeted_hit(
@@ -182,6 +211,18 @@ impl Engine {
                     }
                     ThinLevel::Stackless
                 }
+                Toggle::On
+                    if self.budget.thin == ThinLevel::Stackless
+                        && !self.budget.counting_fits
+                        && !budgeted =>
+                {
+                    // Not yet shown to fit: the count decides first.
+                    if let Some(b) = self.budget.meter.as_mut() {
+                        b.stay_off();
+                    }
+                    self.uncount_if_still_over(now, sink);
+                    return;
+                }
                 Toggle::On => ThinLevel::Full,
             };
             self.thin_stacks(level, now, sink);
@@ -209,10 +250,8 @@ impl Engine {
                 }
             }
         }
-        if level == ThinLevel::Full {
-            self.budget.uncount_strikes = 0;
-        }
         self.budget.thin = level;
+        self.budget.counting_fits = false;
         self.budget.thinned_at = now;
         self.budget.counted_since_thin = 0;
         for proc in self.procs.values() {
@@ -227,10 +266,11 @@ impl Engine {
         });
     }
 
-    /// A ring's backlog is high. Under a budget whose stacks are still on, the
-    /// stack records are what pyprobe cannot keep up with: thin them now rather
-    /// than let the target wait for room while the backlog is named (tens of ms
-    /// for a ring of stacks). Returns whether it did.
+    /// A ring's backlog is high, or its events are a storm. Under a budget whose
+    /// stacks are still on, the stack records are what pyprobe cannot keep up with
+    /// or the target afford: thin them now rather than let the target wait for
+    /// room while the backlog is named (tens of ms for a ring of stacks), and
+    /// hold the next window off (see [`Budget::back_off`]). Returns whether it did.
     pub(in crate::tracer) fn thin_when_behind(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> bool {
         let stacked = self
             .procs
@@ -242,8 +282,9 @@ impl Engine {
         if self.budget.thin != ThinLevel::Full || !stacked {
             return false;
         }
-        budget.stay_off();
-        self.thin_stacks(ThinLevel::Stackless, monotonic_ns(), sink);
+        let now = monotonic_ns();
+        budget.back_off(now);
+        self.thin_stacks(ThinLevel::Stackless, now, sink);
         true
     }
 
@@ -273,6 +314,10 @@ impl Engine {
             .as_ref()
             .is_some_and(|b| counting > b.max() / 2.0 || (stopping && b.slowdown() > b.max()))
         {
+            // Counting fits: stacks may come back, and a later storm starts its
+            // waits afresh.
+            self.budget.counting_fits = true;
+            self.budget.uncount_strikes = 0;
             return;
         }
         let mut paused = 0;

@@ -34,6 +34,10 @@ pub const HORIZON_NS: f64 = 0.5e9;
 pub const RESUME_AT: f64 = 0.8;
 /// At most this often the controller re-evaluates (it runs on the hot path).
 const POLL_NS: u64 = 1_000_000;
+/// After a window cut short, the next waits this long, doubled for each window
+/// cut short in a row, at most [`MAX_BACK_OFFS`] times (6.4 s).
+pub const BACK_OFF_NS: u64 = 50_000_000;
+const MAX_BACK_OFFS: u32 = 7;
 
 /// What the controller wants done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +72,10 @@ pub struct Budget {
     stopped_total: u64,
     /// The recent blocking samples' costs, for their steady cost.
     stop_costs: StopCosts,
+    /// After [`Budget::back_off`], no window opens before this time.
+    hold_until: u64,
+    /// Windows cut short in a row, each holding the next one off twice as long.
+    cut_short: u32,
 }
 
 impl Budget {
@@ -90,6 +98,8 @@ impl Budget {
             windows: 1,
             stopped_total: 0,
             stop_costs: StopCosts::default(),
+            hold_until: 0,
+            cut_short: 0,
         }
     }
 
@@ -103,6 +113,21 @@ impl Budget {
             self.exact_since = None;
             self.windows = self.windows.saturating_sub(1);
         }
+    }
+
+    /// Ends the window at `now` because the caller cannot keep up with it (a ring
+    /// backlog), whatever the slowdown says: a cost the slowdown has not seen yet.
+    /// The next window waits [`BACK_OFF_NS`], twice as long for each window cut
+    /// short in a row, so that a storm no window can afford costs less and less.
+    pub fn back_off(&mut self, now: u64) {
+        if self.exact {
+            self.exact = false;
+            if let Some(since) = self.exact_since.take() {
+                self.exact_total += now.saturating_sub(since);
+            }
+        }
+        self.hold_until = now.saturating_add(BACK_OFF_NS << self.cut_short.min(MAX_BACK_OFFS));
+        self.cut_short = self.cut_short.saturating_add(1);
     }
 
     /// The slowdown allowed (0.05 for 5 %).
@@ -178,12 +203,14 @@ impl Budget {
         let slowdown = self.slowdown();
         if self.exact && slowdown > self.max {
             self.exact = false;
+            // It ran its course: the next one need not wait longer than the slowdown says.
+            self.cut_short = 0;
             if let Some(since) = self.exact_since.take() {
                 self.exact_total += now.saturating_sub(since);
             }
             return Some(Toggle::Off);
         }
-        if !self.exact && slowdown < self.max * RESUME_AT {
+        if !self.exact && slowdown < self.max * RESUME_AT && now >= self.hold_until {
             self.exact = true;
             self.exact_since = Some(now);
             self.windows += 1;
@@ -212,6 +239,42 @@ impl Budget {
     /// Exact windows opened so far (the first one included).
     pub fn windows(&self) -> u64 {
         self.windows
+    }
+}
+
+/// Catches a storm of ring events as it begins. The budget's slowdown is a
+/// decaying average that starts as if the target had run one horizon untouched, so
+/// a storm that starts with the recording (or after a quiet while) would be
+/// recorded in full for tens of ms before the average showed it: a program
+/// calling `id()` a million times would run half again as long. Here the cost of
+/// the ring events over each short span is compared with the budget directly.
+#[derive(Debug, Clone, Default)]
+pub struct StormMeter {
+    since: u64,
+    charged: u64,
+}
+
+/// The span over which a storm is judged.
+pub const STORM_SPAN_NS: u64 = 1_000_000;
+/// Ring events costing this many times the budget over a span are a storm.
+const STORM_FACTOR: f64 = 4.0;
+
+impl StormMeter {
+    /// Ring events costing `ns` were charged at `now`; returns whether those of the
+    /// span just ended cost more than [`STORM_FACTOR`] times the budget `max`.
+    pub fn charge(&mut self, ns: u64, now: u64, max: f64) -> bool {
+        if self.since == 0 || now < self.since {
+            self.since = now;
+        }
+        self.charged = self.charged.saturating_add(ns);
+        let span = now - self.since;
+        if span < STORM_SPAN_NS {
+            return false;
+        }
+        let storm = self.charged as f64 > span as f64 * max * STORM_FACTOR;
+        self.since = now;
+        self.charged = 0;
+        storm
     }
 }
 
@@ -397,6 +460,64 @@ mod tests {
         assert!(slowdown < 0.011);
         assert_eq!(exact, 1.0);
         assert_eq!(windows, 1);
+    }
+
+    #[test]
+    fn a_storm_is_caught_within_a_span_and_a_burst_is_not() {
+        let mut m = StormMeter::default();
+        // 200 ns events at 5 per µs: the target slowed 100 %, at once.
+        let mut now = 1_000 * MS;
+        let mut caught_at = None;
+        for step in 1..=10 {
+            now += MS / 4;
+            if m.charge(250_000, now, 0.05) {
+                caught_at.get_or_insert(step);
+            }
+        }
+        // The span starts at the first charge (step 1): judged once it has ended.
+        let first_judged = 1 + STORM_SPAN_NS / (MS / 4);
+        assert_eq!(
+            caught_at,
+            Some(first_judged),
+            "judged once the first span ended"
+        );
+        // An import's few hundred events at once, then quiet: 3 % of a span.
+        let mut m = StormMeter::default();
+        let mut caught = m.charge(60_000, now, 0.05);
+        for _ in 0..20 {
+            now += MS / 2;
+            caught |= m.charge(0, now, 0.05);
+        }
+        assert!(!caught);
+        // Time going backwards restarts the span rather than underflowing.
+        assert!(!m.charge(1, now - 10 * MS, 0.05));
+    }
+
+    #[test]
+    fn a_window_cut_short_holds_the_next_off_longer_each_time() {
+        let mut b = Budget::new(0.05, 0);
+        let mut now = 10 * MS;
+        let mut waits = Vec::new();
+        for _ in 0..3 {
+            b.back_off(now);
+            assert!(!b.exact());
+            let off = now;
+            while b.poll(now) != Some(Toggle::On) {
+                now += MS;
+            }
+            waits.push((now - off) / MS);
+        }
+        // 50 ms, then 100, then 200 (within a poll).
+        assert!(waits[0] >= 50 && waits[0] <= 52, "{waits:?}");
+        assert!(waits[1] >= 100 && waits[1] <= 102, "{waits:?}");
+        assert!(waits[2] >= 200 && waits[2] <= 202, "{waits:?}");
+        // A window that runs its course and ends over budget resets the wait.
+        while b.exact() {
+            now += MS;
+            b.stopped(MS);
+            b.poll(now);
+        }
+        assert_eq!(b.cut_short, 0);
     }
 
     #[test]

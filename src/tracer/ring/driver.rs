@@ -11,7 +11,7 @@ use super::setup as ring_setup;
 use super::tsc::{read_tsc, TscClock};
 use super::{
     RingUse, BUDGETED_PATIENCE_NS, BUSY_NS, CONSUMER_STALE_NS, DRAIN_BATCH, HIGH_WATER,
-    RING_COUNT_NS, RING_EVENT_NS, RING_FRAME_NS, STUCK_NS,
+    RING_COUNT_NS, RING_EVENT_NS, RING_FRAME_NS, RING_STACK_NS, STUCK_NS,
 };
 use crate::process::memory::ProcessMemory;
 use crate::recording::ThinLevel;
@@ -342,6 +342,7 @@ impl Engine {
         let mut total = 0;
         let mut counted_total = 0;
         let mut frames_walked = 0u64;
+        let mut stacks_taken = 0u64;
         let mut waited_ns = 0u64;
         for (&pid, proc) in procs.iter_mut() {
             if only.is_some_and(|only| only != pid) {
@@ -370,6 +371,7 @@ impl Engine {
                 drained,
                 last_ts_ns: last_ts,
                 frames,
+                stacks,
             } = drain_hits(
                 &mut ring.reader,
                 DRAIN_BATCH,
@@ -400,6 +402,7 @@ impl Engine {
                 Engine::hook_emit_upto(hook_book, pid, read_to, hits, sink);
             }
             frames_walked += frames;
+            stacks_taken += stacks;
             if drained.records > 0 {
                 ring.threads.forget_before(ring.reader.tail());
                 sink(TraceEvent::RingDrained { pid });
@@ -450,11 +453,13 @@ impl Engine {
             proc.ring = Some(ring);
         }
         self.budget.counted_since_thin += counted_total;
-        self.charge(
+        self.charge_ring_events(
             total as u64 * RING_EVENT_NS
+                + stacks_taken * RING_STACK_NS
                 + frames_walked * RING_FRAME_NS
                 + counted_total * RING_COUNT_NS
                 + waited_ns,
+            sink,
         );
         total
     }

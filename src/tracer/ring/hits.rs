@@ -31,6 +31,8 @@ pub struct DrainedHits {
     pub last_ts_ns: Option<u64>,
     /// Frames of the stacks the records carried.
     pub frames: u64,
+    /// Records that carried a stack.
+    pub stacks: u64,
 }
 
 /// Reads up to `max` records of `reader` (see [`RingReader::drain_known`]),
@@ -48,6 +50,7 @@ pub fn drain_hits(
 ) -> DrainedHits {
     let mut last_ts_ns = None;
     let mut frames = 0u64;
+    let mut stacks = 0u64;
     let mut span: Option<TidSpan> = None;
     // Ring indices only grow within a drain: the span found last holds while
     // the base is the same and the index below its end.
@@ -76,6 +79,7 @@ pub fn drain_hits(
         };
         if let Some(stack) = &record.stack {
             frames += stack.depth as u64;
+            stacks += 1;
         }
         let ts_ns = source.tsc.to_ns(record.tsc);
         last_ts_ns = Some(ts_ns);
@@ -101,5 +105,6 @@ pub fn drain_hits(
         drained,
         last_ts_ns,
         frames,
+        stacks,
     }
 }

@@ -58,6 +58,12 @@ pub(in crate::tracer) const RING_EVENT_NS: u64 = 200;
 /// What one event counted but not recorded costs the target (the flags kept, a
 /// `lock inc` and the jumps): 20–50 ns per `id()` call on a 2-core VM.
 pub(in crate::tracer) const RING_COUNT_NS: u64 = 30;
+/// What a record with a stack (GC, import, audit under `--mode auto`) adds to
+/// [`RING_EVENT_NS`]: by the workload's own clock, an `id()` loop whose every
+/// audit event is recorded with its stack, budget off, pays 400 ns per event on
+/// 3.9, 420 on 3.13, 460–500 on 3.11 and 540–630 on 3.15 (2-core VM): the stack
+/// walk, the event's name copied, and the CPU the consumer takes from the target.
+pub(in crate::tracer) const RING_STACK_NS: u64 = 300;
 /// What each frame a trampoline walks for a stack record adds (two dependent
 /// loads from memory the interpreter touched recently, two stores).
 pub(in crate::tracer) const RING_FRAME_NS: u64 = 10;
