@@ -8,6 +8,7 @@
 #   sdt_threads         one probe fired by the main thread alone, then by threads at once
 #   embed_python3.11    embeds Debian's libpython3.11.so.1.0 (python SDT probes in a .so)
 #   libnative_calls.so  C functions called from Python through ctypes (--native tests)
+#   libnative_calls_stripped.so  the same without .symtab (named by .eh_frame)
 #
 # Idempotent: a target is rebuilt only if missing or older than one of its
 # sources (or this script). Works from any cwd. Env: CC (default gcc).
@@ -77,6 +78,12 @@ build "$OUT/sdt_threads" "$SRC/sdt_threads.c" \
 build "$OUT/libnative_calls.so" "$ROOT/fixtures/native/native_calls.c" \
     "${CFLAGS[@]}" -fPIC -shared -fomit-frame-pointer -fno-optimize-sibling-calls \
         "$ROOT/fixtures/native/native_calls.c"
+# The same, stripped of .symtab: its static functions keep only their unwind entries.
+if stale "$OUT/libnative_calls_stripped.so" "$OUT/libnative_calls.so"; then
+    echo "build-fixtures: building fixtures/build/libnative_calls_stripped.so"
+    strip --strip-all -o "$OUT/libnative_calls_stripped.so.tmp.$$" "$OUT/libnative_calls.so"
+    mv -f "$OUT/libnative_calls_stripped.so.tmp.$$" "$OUT/libnative_calls_stripped.so"
+fi
 
 if [[ -x "$PYCONFIG" ]]; then
     # shellcheck disable=SC2046

@@ -185,11 +185,13 @@ pub struct RecordArgs {
     pub nonblocking: bool,
     /// Put native frames (C, C++ and Rust extensions, the libraries they call) in
     /// the sampled stacks, between the Python frames that called them and those
-    /// they call back, as `function (object file)`. The interpreter's own C
+    /// they call back, as `function (object file)` (in a stripped library, by
+    /// where its unwind entry starts: `libz.so.1+0x60c0`). The interpreter's own C
     /// functions are left out. Each sample reads the stopped threads' registers and
     /// unwinds their stacks with the mapped objects' `.eh_frame` tables. Complete on
     /// CPython 3.7 – 3.15. An unwind that cannot pass a frame (libffi 3.5's, AVX-512 code that realigns the
-    /// stack) is marked `[native unwind stopped]` where it ends; and a thread not
+    /// stack) is marked `[native unwind stopped]` where it ends, the C frames
+    /// found hanging after the marker under the innermost Python frame; and a thread not
     /// stopped cannot be unwound (in `--mode auto` the overhead budget
     /// may sample without stopping; `--mode sample` always stops). The closing line
     /// counts the samples that kept their Python stack alone and says why.

@@ -71,7 +71,7 @@ pub fn join<'a, P>(
 ) -> Result<Vec<Joined<'a, P>>, NotJoined> {
     let evals = native.iter().filter(|k| **k == NativeKind::Eval).count();
     if evals == 0 {
-        return Err(NotJoined::NoEvalCall);
+        return stopped_before_any_call(native, python, complete);
     }
     // How many Python frames each eval call runs, outermost first.
     let ones;
@@ -112,6 +112,33 @@ pub fn join<'a, P>(
                 object: object.clone(),
             }),
         }
+    }
+    Ok(joined)
+}
+
+/// An unwind with no eval call. Cut short inside native code it could not pass
+/// (AVX-512 code that realigns the stack, a library without unwind tables), what
+/// it found runs under the innermost Python frame, past a gap: its samples are
+/// not that frame's own time. Complete, or with nothing but the interpreter's own
+/// frames, there is nothing to join.
+fn stopped_before_any_call<'a, P>(
+    native: &[NativeKind],
+    python: &'a [P],
+    complete: bool,
+) -> Result<Vec<Joined<'a, P>>, NotJoined> {
+    let found = native.iter().rev().filter_map(|kind| match kind {
+        NativeKind::Other { function, object } => Some(Joined::Native {
+            function: function.clone(),
+            object: object.clone(),
+        }),
+        _ => None,
+    });
+    let mut joined: Vec<Joined<'a, P>> = python.iter().map(Joined::Python).collect();
+    joined.push(Joined::Gap);
+    let before = joined.len();
+    joined.extend(found);
+    if complete || joined.len() == before {
+        return Err(NotJoined::NoEvalCall);
     }
     Ok(joined)
 }
@@ -282,6 +309,30 @@ mod tests {
         let native = [Eval, other("x"), Eval];
         let joined = join(&native, &python[..2], EvalCalls::Sizes(&[2, 0]), true).unwrap();
         assert_eq!(names(&joined), ["py:main", "py:call_native", "c:x"]);
+    }
+
+    #[test]
+    fn an_unwind_stopped_before_any_call_hangs_its_frames_under_the_innermost_past_a_gap() {
+        use NativeKind::*;
+        let python = ["a", "sort"];
+        // numpy's sort, then AVX-512 code the unwinder could not pass.
+        let native = [other("avx512_qsort"), other("npy_quicksort")];
+        let joined = join(&native, &python, EvalCalls::OnePerFrame, false).unwrap();
+        assert_eq!(
+            names(&joined),
+            [
+                "py:a",
+                "py:sort",
+                "gap",
+                "c:npy_quicksort",
+                "c:avx512_qsort"
+            ]
+        );
+        // Only the interpreter's own frames found: nothing to hang there.
+        assert_eq!(
+            join(&[Interpreter], &python, EvalCalls::Unknown, false),
+            Err(NotJoined::NoEvalCall)
+        );
     }
 
     #[test]

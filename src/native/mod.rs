@@ -298,8 +298,11 @@ impl NativeUnwinder {
                 let function = match m.object.symbols.lookup(svma) {
                     Some((name, _)) => name.into(),
                     None => {
+                        // Stripped: named by where its function starts, so that
+                        // its samples add up in one frame; else by the address.
                         let file = m.path.rsplit('/').next().unwrap_or(&m.path);
-                        format!("{file}+{svma:#x}").into()
+                        let at = m.object.function_start(svma).unwrap_or(svma);
+                        format!("{file}+{at:#x}").into()
                     }
                 };
                 NativeKind::Other {

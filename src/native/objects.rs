@@ -118,6 +118,28 @@ impl ObjectFile {
         })
     }
 
+    /// The start (link-time address) of the function whose `.eh_frame` entry
+    /// covers `svma`, found through `.eh_frame_hdr`'s sorted table: the name of a
+    /// stripped object's frames, the same for every address of one function.
+    /// `None` where the object has no such table or no entry covers `svma`.
+    pub fn function_start(&self, svma: u64) -> Option<u64> {
+        use gimli::{BaseAddresses, EhFrame, EhFrameHdr, LittleEndian, UnwindSection};
+        let s = &self.sections;
+        let bases = BaseAddresses::default()
+            .set_eh_frame_hdr(s.eh_frame_hdr_svma.as_ref()?.start)
+            .set_eh_frame(s.eh_frame_svma.as_ref()?.start)
+            .set_text(s.text_svma.as_ref().map_or(0, |r| r.start));
+        let header = EhFrameHdr::new(s.eh_frame_hdr.as_deref()?, LittleEndian)
+            .parse(&bases, 8)
+            .ok()?;
+        let eh_frame = EhFrame::new(s.eh_frame.as_deref()?, LittleEndian);
+        let fde = header
+            .table()?
+            .fde_for_address(&eh_frame, &bases, svma, EhFrame::cie_from_offset)
+            .ok()?;
+        Some(fde.initial_address())
+    }
+
     /// Runtime address = link-time address + bias, from the object's mappings.
     pub fn bias(&self, entries: &[&MapEntry]) -> Option<u64> {
         load_bias(&self.segments, entries)
@@ -142,4 +164,28 @@ fn read_capped(path: &std::path::Path) -> Result<Vec<u8>> {
         );
     }
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This test binary: its functions' unwind entries name every address inside
+    /// them by their start, and a corrupt `.eh_frame_hdr` names nothing, quietly.
+    #[test]
+    fn an_address_is_named_by_its_unwind_entry_start() {
+        let bytes = std::fs::read("/proc/self/exe").unwrap();
+        let object = ObjectFile::parse(bytes.clone()).unwrap();
+        let main = object.symbols.range_of("main").expect("a main symbol");
+        assert!(main.end - main.start > 2);
+        assert_eq!(object.function_start(main.start + 1), Some(main.start));
+        assert_eq!(object.function_start(main.end - 1), Some(main.start));
+        assert_eq!(object.function_start(u64::MAX - 8), None);
+
+        let mut corrupt = bytes;
+        let header = object.sections.eh_frame_hdr.as_ref().unwrap().range.clone();
+        corrupt[header].fill(0xff);
+        let object = ObjectFile::parse(corrupt).unwrap();
+        assert_eq!(object.function_start(main.start + 1), None);
+    }
 }

@@ -143,6 +143,78 @@ fn c_frames_sit_between_the_python_caller_and_the_python_callback() {
     }
 }
 
+/// Where the static function `name` of the unstripped `library` starts.
+fn static_function_start(library: &std::path::Path, name: &str) -> u64 {
+    let data = std::fs::read(library).unwrap();
+    let elf = goblin::elf::Elf::parse(&data).unwrap();
+    elf.syms
+        .iter()
+        .find(|s| elf.strtab.get_at(s.st_name) == Some(name))
+        .unwrap_or_else(|| panic!("{name} in {}", library.display()))
+        .st_value
+}
+
+/// A stripped library: a function no symbol names is named by where its unwind
+/// table entry starts, one frame for every address of it. A frame whose unwind
+/// table misdescribes it (as AVX-512 code that realigns the stack defeats the
+/// unwinder) ends the unwind at a `[native unwind stopped]` marker under the
+/// Python caller, the C frames found after it: none of its time is counted as
+/// the caller's own.
+#[test]
+fn stripped_functions_are_named_by_their_start_and_an_unwind_stopped_is_marked() {
+    let start = static_function_start(&fixture_binary("libnative_calls.so"), "hidden_spin");
+    let hidden = format!("libnative_calls_stripped.so+{start:#x}");
+    for version in ["3.9", "3.13"] {
+        let Some(py) = python(version) else { continue };
+        let lib = fixture_binary("libnative_calls_stripped.so");
+        let (stdout, stderr, stacks) =
+            record_native(&py, "stripped_calls.py", &[lib.to_str().unwrap(), "2"], &[]);
+        let truth: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        let (mut in_hidden, mut under_entry, mut opaque, mut opaque_marked) = (0, 0, 0, 0);
+        for (frames, count) in &stacks {
+            if let Some(at) = position(frames, "native_spin_hidden") {
+                under_entry += count;
+                // Whatever address the sample caught, the frame under the entry
+                // is the function's start.
+                if frames.get(at + 1).and_then(|f| f.split(" (").next()) == Some(&*hidden) {
+                    in_hidden += count;
+                }
+                assert!(
+                    !frames[at + 1..]
+                        .iter()
+                        .any(|f| f.starts_with("libnative_calls") && !f.starts_with(&*hidden)),
+                    "{version}: a frame of the library named otherwise: {frames:?}"
+                );
+            }
+            if let Some(caller) = position(frames, "call_opaque") {
+                // A sample of call_opaque's own Python (timing the call) counts
+                // against the share marked: its C must not be taken for it.
+                opaque += count;
+                let marker = position(frames, "[native unwind stopped]");
+                let spin = position(frames, "native_spin");
+                if marker.is_some_and(|m| m > caller) && spin > marker {
+                    opaque_marked += count;
+                }
+            }
+        }
+        assert!(
+            under_entry > 20 && in_hidden * 10 >= under_entry * 9,
+            "{version}: {in_hidden} of {under_entry} samples under native_spin_hidden \
+             named {hidden}:\n{stderr}"
+        );
+        assert!(
+            opaque > 20 && opaque_marked * 10 >= opaque * 9,
+            "{version}: {opaque_marked} of {opaque} samples of call_opaque marked where \
+             the unwind stopped:\n{stderr}"
+        );
+        assert!(truth["opaque_seconds"].as_f64().unwrap() > 0.5);
+        assert!(
+            stderr.contains("past a `[native unwind stopped]` marker"),
+            "{stderr}"
+        );
+    }
+}
+
 /// Debian's 3.14 and 3.15 run the eval loop's body outside the range of its
 /// symbol (GCC moved it into a part of its own): a Python callback called from C
 /// still has the C that called it (ctypes) under it. Their libffi (3.5) has

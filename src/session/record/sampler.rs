@@ -56,6 +56,9 @@ pub const TORN: &str = "[torn: read while the thread ran]";
 pub struct NativeCounts {
     /// Samples with native and Python frames joined.
     pub joined: u64,
+    /// Of those, the samples whose unwind stopped short (marked
+    /// [`UNWIND_STOPPED`] where it ended).
+    pub cut_short: u64,
     /// Samples recorded with their Python stack alone, by why.
     pub not_stopped: u64,
     pub no_eval_call: u64,
@@ -72,11 +75,15 @@ impl NativeCounts {
 
     /// One line: how many samples have native frames, and why the others do not.
     pub fn summary(&self) -> String {
-        let mut line = format!(
-            "{} samples with native frames, {} with their Python stack alone",
-            self.joined,
-            self.alone()
-        );
+        let mut line = format!("{} samples with native frames", self.joined);
+        if self.cut_short > 0 {
+            line += &format!(
+                " ({} of them past a `{UNWIND_STOPPED}` marker, where the unwind could not \
+                 pass a frame)",
+                self.cut_short
+            );
+        }
+        line += &format!(", {} with their Python stack alone", self.alone());
         let why: Vec<String> = [
             (self.not_stopped, "thread not stopped"),
             (
@@ -324,6 +331,7 @@ impl Sampler {
         match join(&native.frames, python, calls, native.complete) {
             Ok(joined) => {
                 counts.joined += 1;
+                counts.cut_short += u64::from(joined.iter().any(|f| matches!(f, Joined::Gap)));
                 joined
                     .into_iter()
                     .map(|frame| match frame {
