@@ -510,8 +510,30 @@ def write_markdown(path, args, tables, load_before, load_after, drain=None):
                   "of 32,768 fib call and return records per run, the recording written by its own",
                   "thread as in a real run):", ""]
         lines += drain_lines(drain)
+    lines += kept_sections(path, "## Sampling rates")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def kept_sections(path, prefix):
+    """The sections of the page at `path` whose heading starts with `prefix`
+    (written by another script, `benches/rates.py`), kept as they are."""
+    try:
+        with open(path) as f:
+            old = f.read().split("\n")
+    except OSError:
+        return []
+    kept, keeping = [], False
+    for line in old:
+        if line.startswith("## "):
+            keeping = line.startswith(prefix)
+            if keeping:
+                kept.append("")
+        if keeping:
+            kept.append(line)
+    while kept and kept[-1] == "":
+        kept.pop()
+    return kept
 
 
 def main():

@@ -122,6 +122,8 @@ pub struct Engine {
     pub(super) hook_book: super::hook::HookBook,
     /// An error met while handling an event that must end the run.
     pub(super) fatal: Option<anyhow::Error>,
+    /// When the next sampling tick is due (0: none scheduled yet).
+    next_tick_ns: u64,
     /// A pause asked for, made as soon as the target can be attached to again.
     pub(super) pause_pending: Option<PauseCause>,
 }
@@ -177,6 +179,7 @@ impl Engine {
             cpu: affinity::CpuFollow::default(),
             hook_book: Default::default(),
             fatal: None,
+            next_tick_ns: 0,
             pause_pending: None,
         }
     }
@@ -427,7 +430,7 @@ impl Engine {
                         if self.ring_busy() {
                             std::thread::yield_now();
                         } else {
-                            std::thread::sleep(std::time::Duration::from_micros(RING_POLL_US));
+                            super::signals::nap(RING_POLL_US);
                         }
                     }
                     Waited::NoChildren => return Ok(()),
@@ -467,9 +470,23 @@ impl Engine {
     /// Arms the timer: the next sample, the `--duration` deadline, or else a slow
     /// beat that bounds how long a signal landing just before a blocking `waitpid`
     /// (Ctrl-C, SIGTERM, Ctrl-Z) can go unseen while the target makes no stop.
-    pub(super) fn arm_next_tick(&self) {
+    pub(super) fn arm_next_tick(&mut self) {
         if let Some(interval) = self.options.sample_interval_ns {
-            arm_tick(jitter(interval, 50), interval);
+            // Ticks keep to their schedule, not to the end of the last sample: the
+            // rate asked for is the rate taken, and samples × interval the time a
+            // view shows (timed from each sample's end, 10 kHz gave 5 kHz). A
+            // sample longer than the interval is followed by the next at once; one
+            // more behind than that skips the ticks missed rather than burst.
+            let now = monotonic_ns();
+            let mut due = match self.next_tick_ns {
+                0 => now,
+                last => last,
+            } + jitter(interval, 50);
+            if due.saturating_add(interval) < now {
+                due = now + jitter(interval, 50);
+            }
+            self.next_tick_ns = due;
+            arm_tick(due.saturating_sub(now), interval);
         } else if let Some(left) = until_deadline_ns() {
             // Wake up for the deadline even when the target is idle.
             arm_tick(left.min(IDLE_BEAT_NS), IDLE_BEAT_NS);

@@ -118,6 +118,20 @@ pub fn until_deadline_ns() -> Option<u64> {
     }
 }
 
+/// Sleeps `us` microseconds or until a signal lands, whichever is first: a
+/// sampling tick or a Ctrl-C that arrives during the event loop's short naps is
+/// taken at once, not after the nap (`std::thread::sleep` sleeps on through
+/// signals: at 10 kHz its 200 µs naps, longer on a VM, held the rate to 2 kHz). A
+/// signal that lands just before the nap waits for its end, `us` at most.
+pub fn nap(us: u64) {
+    let ts = libc::timespec {
+        tv_sec: (us / 1_000_000) as libc::time_t,
+        tv_nsec: ((us % 1_000_000) * 1000) as libc::c_long,
+    };
+    // SAFETY: plain syscall with a valid struct; EINTR is the point.
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+}
+
 /// Whether the timer ticked since the last call (clears the flag).
 pub fn take_tick() -> bool {
     TICK.swap(false, Ordering::SeqCst)
