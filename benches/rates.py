@@ -179,7 +179,8 @@ def write_section(path, label, args, base, rows):
                f"{base:.2f} s), each profiler attached with -p at each rate. *slowdown*: the work's",
                "own time over the untraced runs'; *samples/s*: samples recorded per second of it (the",
                "rate achieved); *share error*: light()'s share of the samples minus the share the",
-               "workload measured, in points. `nb`: without stopping the threads.", "",
+               "workload measured, in points. `nb`: without stopping the threads. On a 2-CPU VM,",
+               "slowdowns within about 10 % of 1.00 are the noise between runs.", "",
                "| profiler | rate (Hz) | slowdown | samples/s | share error |",
                "| --- | --- | --- | --- | --- |"]
     section += ["| " + " | ".join(row) + " |" for row in rows]

@@ -38,6 +38,8 @@ const POLL_NS: u64 = 1_000_000;
 /// cut short in a row, at most [`MAX_BACK_OFFS`] times (6.4 s).
 pub const BACK_OFF_NS: u64 = 50_000_000;
 const MAX_BACK_OFFS: u32 = 7;
+/// A window open this long before it is cut short resets the waits.
+const LASTED_NS: u64 = 1_000_000_000;
 
 /// What the controller wants done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +126,11 @@ impl Budget {
             self.exact = false;
             if let Some(since) = self.exact_since.take() {
                 self.exact_total += now.saturating_sub(since);
+                // A window that lasted was not cut short by the same storm: a
+                // new one starts its waits afresh.
+                if now.saturating_sub(since) >= LASTED_NS {
+                    self.cut_short = 0;
+                }
             }
         }
         self.hold_until = now.saturating_add(BACK_OFF_NS << self.cut_short.min(MAX_BACK_OFFS));
@@ -511,6 +518,15 @@ mod tests {
         assert!(waits[0] >= 50 && waits[0] <= 52, "{waits:?}");
         assert!(waits[1] >= 100 && waits[1] <= 102, "{waits:?}");
         assert!(waits[2] >= 200 && waits[2] <= 202, "{waits:?}");
+        // A window that lasted a second before a storm cut it short waits 50 ms.
+        now += MS;
+        assert_eq!(b.poll(now), None);
+        now += LASTED_NS;
+        b.back_off(now);
+        assert_eq!(b.cut_short, 1);
+        while b.poll(now) != Some(Toggle::On) {
+            now += MS;
+        }
         // A window that runs its course and ends over budget resets the wait.
         while b.exact() {
             now += MS;
