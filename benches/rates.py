@@ -31,25 +31,19 @@ WORKLOAD = os.path.join(REPO, "benches", "workloads", "rates_work.py")
 
 
 def profilers(pyprobe, python, pyspy):
-    """name -> (rate -> argv with PID and OUT to fill in, collapsed-stack parser)."""
-    found = {
-        "pyprobe": (lambda r: [pyprobe, "record", "--force", "-p", "{pid}", "-r", str(r), "-o", "{out}.txt"],
-                    "{out}.txt"),
-        "pyprobe nb": (lambda r: [pyprobe, "record", "--force", "--nonblocking", "-p", "{pid}",
-                                  "-r", str(r), "-o", "{out}.txt"], "{out}.txt"),
-    }
+    """name -> argv, with {pid}, {rate} and {out} to fill in; each writes collapsed
+    stacks to {out}.txt. Every profiler runs once stopping the threads for each
+    sample and once not."""
+    record = [pyprobe, "record", "--force", "-p", "{pid}", "-r", "{rate}", "-o", "{out}.txt"]
+    found = {"pyprobe": record, "pyprobe nb": record[:3] + ["--nonblocking"] + record[3:]}
     if pyspy:
-        found["py-spy"] = (lambda r: [pyspy, "record", "-p", "{pid}", "-r", str(r), "-f", "raw",
-                                      "-o", "{out}.txt"], "{out}.txt")
-        found["py-spy nb"] = (lambda r: [pyspy, "record", "--nonblocking", "-p", "{pid}", "-r", str(r),
-                                         "-f", "raw", "-o", "{out}.txt"], "{out}.txt")
+        record = [pyspy, "record", "-p", "{pid}", "-r", "{rate}", "-f", "raw", "-o", "{out}.txt"]
+        found.update({"py-spy": record, "py-spy nb": record[:2] + ["--nonblocking"] + record[2:]})
     probe = subprocess.run([python, "-c", "import profiling.sampling"], capture_output=True)
     if probe.returncode == 0:
-        found["tachyon"] = (lambda r: [python, "-m", "profiling.sampling", "attach", "-r", str(r),
-                                       "--collapsed", "-o", "{out}.txt", "{pid}"], "{out}.txt")
-        found["tachyon blocking"] = (lambda r: [python, "-m", "profiling.sampling", "attach", "--blocking",
-                                                "-r", str(r), "--collapsed", "-o", "{out}.txt", "{pid}"],
-                                     "{out}.txt")
+        attach = [python, "-m", "profiling.sampling", "attach", "-r", "{rate}", "--collapsed",
+                  "-o", "{out}.txt", "{pid}"]
+        found.update({"tachyon": attach, "tachyon blocking": attach[:4] + ["--blocking"] + attach[4:]})
     return found
 
 
@@ -80,14 +74,14 @@ def light_and_heavy(path):
     return light, heavy
 
 
-def run_once(python, rounds, argv, out):
+def run_once(python, rounds, argv, rate, out):
     """Runs the workload, attaching `argv` (None: untraced) once it is ready;
     returns (own seconds, measured share, samples of light, of heavy)."""
     target = subprocess.Popen([python, WORKLOAD, str(rounds)], stdout=subprocess.PIPE, text=True)
     assert target.stdout.readline().strip() == "ready"
     profiler = None
     if argv:
-        cmd = [a.format(pid=target.pid, out=out) for a in argv]
+        cmd = [a.format(pid=target.pid, rate=rate, out=out) for a in argv]
         profiler = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     result = json.loads(target.stdout.readline())
     target.wait()
@@ -133,9 +127,9 @@ def main():
                 if config in failed:
                     continue
                 name, rate = config
-                argv = available[name][0](rate) if name != "untraced" else None
+                argv = available.get(name)
                 try:
-                    seconds, truth, (light, heavy) = run_once(args.python, args.rounds, argv,
+                    seconds, truth, (light, heavy) = run_once(args.python, args.rounds, argv, rate,
                                                               os.path.join(tmp, "out"))
                 except (RuntimeError, AssertionError, ValueError) as e:
                     failed[config] = str(e)

@@ -126,20 +126,19 @@ fn stopped_before_any_call<'a, P>(
     python: &'a [P],
     complete: bool,
 ) -> Result<Vec<Joined<'a, P>>, NotJoined> {
-    let found = native.iter().rev().filter_map(|kind| match kind {
+    let other = |kind: &NativeKind| match kind {
         NativeKind::Other { function, object } => Some(Joined::Native {
             function: function.clone(),
             object: object.clone(),
         }),
         _ => None,
-    });
-    let mut joined: Vec<Joined<'a, P>> = python.iter().map(Joined::Python).collect();
-    joined.push(Joined::Gap);
-    let before = joined.len();
-    joined.extend(found);
-    if complete || joined.len() == before {
+    };
+    if complete || !native.iter().any(|k| matches!(k, NativeKind::Other { .. })) {
         return Err(NotJoined::NoEvalCall);
     }
+    let mut joined: Vec<Joined<'a, P>> = python.iter().map(Joined::Python).collect();
+    joined.push(Joined::Gap);
+    joined.extend(native.iter().rev().filter_map(other));
     Ok(joined)
 }
 

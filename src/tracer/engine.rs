@@ -122,7 +122,7 @@ pub struct Engine {
     pub(super) hook_book: super::hook::HookBook,
     /// An error met while handling an event that must end the run.
     pub(super) fatal: Option<anyhow::Error>,
-    /// When the next sampling tick is due (0: none scheduled yet).
+    /// When the last sampling tick was due (0 before the first).
     next_tick_ns: u64,
     /// A pause asked for, made as soon as the target can be attached to again.
     pub(super) pause_pending: Option<PauseCause>,
@@ -477,11 +477,9 @@ impl Engine {
             // view shows (timed from each sample's end, 10 kHz gave 5 kHz). A
             // sample longer than the interval is followed by the next at once; one
             // more behind than that skips the ticks missed rather than burst.
+            // (The first tick, after 0, is so far behind that it starts afresh.)
             let now = monotonic_ns();
-            let mut due = match self.next_tick_ns {
-                0 => now,
-                last => last,
-            } + jitter(interval, 50);
+            let mut due = self.next_tick_ns + jitter(interval, 50);
             if due.saturating_add(interval) < now {
                 due = now + jitter(interval, 50);
             }

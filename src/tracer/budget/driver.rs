@@ -151,12 +151,14 @@ impl Engine {
         let Some(max) = self.budget.meter.as_ref().map(Budget::max) else {
             return;
         };
-        let storm = self.budget.storm.charge(ns, monotonic_ns(), max);
-        let budgeted = self
-            .procs
-            .values()
-            .any(|p| !p.patches.set.budgeted.is_empty());
-        if storm && !budgeted {
+        // Which processes have budgeted probes is asked of a storm only: this
+        // runs at every drain.
+        if self.budget.storm.charge(ns, monotonic_ns(), max)
+            && !self
+                .procs
+                .values()
+                .any(|p| !p.patches.set.budgeted.is_empty())
+        {
             self.thin_when_behind(sink);
         }
     }
