@@ -41,6 +41,7 @@ mod hits;
 mod interface;
 mod pausing;
 mod sampling;
+pub mod source;
 mod threads;
 mod yielding;
 
@@ -51,8 +52,9 @@ pub use interface::{
     EngineOptions, Hit, NotTraceable, Outcome, RepeatSlot, Resolver, ReturnRow, TraceEvent,
 };
 pub use pausing::PauseCause;
+use source::EventSource;
 use threads::is_stop_signal;
-pub(in crate::tracer) use threads::{at_syscall_entry, StopKind, Thread, ThreadState};
+pub(in crate::tracer) use threads::{StopKind, Thread, ThreadState};
 
 #[derive(Debug)]
 pub(super) struct Proc {
@@ -118,8 +120,9 @@ pub struct Engine {
     pub(super) ring_book: RingBook,
     /// pyprobe's tracing thread following the CPU of the threads that hit `int3`.
     pub(super) cpu: affinity::CpuFollow,
-    /// The injected hook engine (exact calls without function probes).
-    pub(super) hook_book: super::hook::HookBook,
+    /// Events beside the probes (the injected hook engine), if the resolver
+    /// gave a source.
+    pub(super) source: Option<Box<dyn EventSource>>,
     /// An error met while handling an event that must end the run.
     pub(super) fatal: Option<anyhow::Error>,
     /// When the last sampling tick was due (0 before the first).
@@ -158,7 +161,12 @@ fn trace_options() -> Options {
 }
 
 impl Engine {
-    pub(super) fn new(root: i32, resolver: Box<dyn Resolver>, options: EngineOptions) -> Engine {
+    pub(super) fn new(
+        root: i32,
+        mut resolver: Box<dyn Resolver>,
+        options: EngineOptions,
+    ) -> Engine {
+        let source = resolver.event_source();
         Engine {
             root,
             launched: false,
@@ -177,7 +185,7 @@ impl Engine {
             budget: BudgetBook::new(options.max_overhead),
             ring_book: RingBook::default(),
             cpu: affinity::CpuFollow::default(),
-            hook_book: Default::default(),
+            source,
             fatal: None,
             next_tick_ns: 0,
             pause_pending: None,
@@ -197,7 +205,9 @@ impl Engine {
         let tsc = self.ring_book.tsc.take();
         self.ring_book = RingBook::default();
         self.ring_book.tsc = tsc;
-        self.hook_book = Default::default();
+        if let Some(source) = self.source.as_mut() {
+            source.reset();
+        }
     }
 
     pub fn root(&self) -> i32 {
@@ -418,9 +428,9 @@ impl Engine {
             if let Some(e) = self.fatal.take() {
                 return Err(e);
             }
-            if self.ring_active() || self.hook_active() {
+            if self.ring_active() || self.source_active() {
                 // Hits arrive in the rings without a stop: poll them and the waits.
-                let drained = self.drain_rings(sink) + self.drain_hooks(sink);
+                let drained = self.drain_rings(sink) + self.drain_source(sink);
                 self.ring_backlog(sink);
                 // Also with nothing drained: events counted in the ring, not
                 // recorded, are what a storm's budget is judged on.
@@ -536,7 +546,7 @@ impl Engine {
                     },
                 );
                 self.check_awaited_object(tid, sink);
-                self.hook_at_syscall(tid, holding, sink);
+                self.source_at_syscall(tid, holding, sink);
                 self.resume_or_hold(tid, None, StopKind::InSyscall, holding);
             }
             WaitStatus::PtraceEvent(pid, sig, event) => {
@@ -571,7 +581,7 @@ impl Engine {
                 // the target are named by reading their code objects).
                 while self.drain_rings(sink) > 0 {}
                 let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
-                while self.drain_hook_of(tgid, sink) > 0 {}
+                while self.drain_source_of(tgid, sink) > 0 {}
                 self.resume_or_hold(tid, None, StopKind::Exiting, holding);
             }
             _ => self.resume_or_hold(tid, None, StopKind::InSyscall, holding),
@@ -603,7 +613,7 @@ impl Engine {
                         ts_ns: monotonic_ns(),
                     });
                     self.ring_thread_started(tid);
-                    let hold = self.hook_thread_started(tid);
+                    let hold = self.source_thread_started(tid);
                     self.resume_or_hold(tid, None, StopKind::Interrupt, holding || hold);
                 }
                 _ => match self.pending_children.get(&tid).copied() {
@@ -615,7 +625,7 @@ impl Engine {
         };
         if thread.state == ThreadState::New {
             self.ring_thread_started(tid);
-            let hold = self.hook_thread_started(tid);
+            let hold = self.source_thread_started(tid);
             self.set_state(tid, ThreadState::Running);
             self.resume_or_hold(tid, None, StopKind::Interrupt, holding || hold);
             return;
@@ -660,7 +670,7 @@ impl Engine {
         }
         self.take_pending_traps(sink);
         self.ring_detach(sink);
-        self.hook_detach(sink);
+        self.source_detach(sink);
         let with_net: Vec<i32> = self
             .procs
             .iter()

@@ -220,6 +220,10 @@ fn refusals(object: &LoadedObject, set: &ProbeSet, pid: i32) -> Vec<String> {
 }
 
 impl Resolver for PythonResolver {
+    fn event_source(&mut self) -> Option<Box<dyn crate::tracer::engine::source::EventSource>> {
+        Some(Box::new(crate::tracer::hook::HookBook::default()))
+    }
+
     fn resolve(&mut self, pid: i32) -> Result<Option<ProbeSet>> {
         let maps = crate::process::read_maps(pid)?;
         let with_probes = if self.mode == Mode::Sample {

@@ -40,7 +40,7 @@ impl Engine {
         let parent_tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
         // Before the creator runs on: the new task may write the same ring.
         self.ring_many_producers(parent_tgid);
-        self.hook_many_producers(parent_tgid);
+        self.source_many_producers(parent_tgid);
         if new > 0 {
             if event == CLONE && tgid_of(new).is_none_or(|g| g == parent_tgid) {
                 self.threads.entry(new).or_insert(Thread {
@@ -96,7 +96,7 @@ impl Engine {
             old.patches.forget();
         }
         // The old image's hook went with it; the new one is hooked once its probes are.
-        self.hook_image_gone(tgid, sink);
+        self.source_image_gone(tgid, sink);
         if let Some(g) = self.guardian.as_mut() {
             let _ = g.tell(Op::Forget, tgid, 0);
         }

@@ -48,7 +48,7 @@ impl Engine {
             _ => return false,
         }
         // A ring or hook buffer polled by pyprobe: its consumer must not yield.
-        let polling = self.ring_active() || self.hook_active();
+        let polling = self.ring_active() || self.source_active();
         self.cpu.hit(tgid, tid, polling);
         let Some(proc) = self.procs.get(&tgid) else {
             return true;
@@ -130,7 +130,7 @@ impl Engine {
         }
         self.budget_installed(pid, sink);
         self.ring_installed(pid, if starting { None } else { clean }, sink)?;
-        self.hook_installed(pid, starting, clean, sink)?;
+        self.source_installed(pid, starting, clean, sink)?;
         Ok(true)
     }
     pub(in crate::tracer) fn install_net(

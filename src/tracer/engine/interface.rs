@@ -16,6 +16,12 @@ use super::pausing::PauseCause;
 /// fully mapped. `Ok(None)`: not (yet) there.
 pub trait Resolver {
     fn resolve(&mut self, pid: i32) -> Result<Option<ProbeSet>>;
+
+    /// What serves the probe sets that ask for events beside their probes
+    /// ([`ProbeSet::hook`]); asked once, when the engine starts.
+    fn event_source(&mut self) -> Option<Box<dyn super::source::EventSource>> {
+        None
+    }
 }
 
 /// One probe hit, decoded.

@@ -59,7 +59,7 @@ impl Engine {
             .procs
             .values()
             .any(|p| p.awaiting_object || p.shares_parent_memory);
-        if loading || self.hook_book_awaits() {
+        if loading || self.source_awaits_any() {
             return None;
         }
         self.pause_pending.take()

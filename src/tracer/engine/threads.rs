@@ -128,7 +128,7 @@ impl Engine {
         // Stops at system calls: the interpreter's object, or its thread state for
         // the hook, is looked for at each.
         let at_syscalls = self.threads.get(&tid).is_some_and(|t| {
-            self.procs.get(&t.tgid).is_some_and(|p| p.awaiting_object) || self.hook_awaits(t.tgid)
+            self.procs.get(&t.tgid).is_some_and(|p| p.awaiting_object) || self.source_awaits(t.tgid)
         });
         let pid = Pid::from_raw(tid);
         let _ = if at_syscalls {
@@ -151,7 +151,7 @@ impl Engine {
         // before it went is recorded before its end.
         let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
         self.drain_ring_of(tgid, sink);
-        self.drain_hook_of(tgid, sink);
+        self.drain_source_of(tgid, sink);
         let Some(thread) = self.threads.remove(&tid) else {
             return;
         };
@@ -182,7 +182,7 @@ impl Engine {
                 }
             }
             self.procs.remove(&tid);
-            self.hook_image_gone(tid, sink);
+            self.source_image_gone(tid, sink);
             if let Some(g) = self.guardian.as_mut() {
                 let _ = g.tell(Op::Forget, tid, 0);
             }

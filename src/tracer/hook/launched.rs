@@ -10,11 +10,11 @@
 //! target runs, the thread states are also looked for every [`AWAIT_EVERY`]: the
 //! way in for an interpreter that made no system call since.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::process::memory::ProcessMemory;
 use crate::python::walker::Walker;
-use crate::tracer::engine::{at_syscall_entry, Engine, TraceEvent};
 
 /// A launched interpreter is looked for this often while it runs.
 const AWAIT_EVERY: Duration = Duration::from_millis(1);
@@ -23,12 +23,12 @@ const AWAIT_EVERY: Duration = Duration::from_millis(1);
 const ATTACH_EVERY: Duration = Duration::from_millis(1);
 
 /// A launched process whose hook waits for its interpreter.
-pub(in crate::tracer) struct Awaiting {
+pub(super) struct Awaiting {
     /// The next look while the target runs.
     next_look: Instant,
     /// The next try to attach a walker, while `walker` is `None`.
     next_attach: Instant,
-    walker: Option<Walker>,
+    pub(super) walker: Option<Walker>,
 }
 
 impl Awaiting {
@@ -42,7 +42,7 @@ impl Awaiting {
     }
 
     /// Whether the interpreter is far enough into its start for the hook.
-    fn started(&mut self, pid: i32) -> bool {
+    pub(super) fn started(&mut self, pid: i32) -> bool {
         if self.walker.is_none() {
             let now = Instant::now();
             if now < self.next_attach {
@@ -58,90 +58,19 @@ impl Awaiting {
     }
 }
 
-impl Engine {
-    /// Whether the threads of `tgid` stop at system calls: its hook awaits its
-    /// interpreter.
-    pub(in crate::tracer) fn hook_awaits(&self, tgid: i32) -> bool {
-        self.hook_book.awaiting.contains_key(&tgid)
-    }
-
-    /// `tid` is held at a system-call stop (`holding`: while every thread is being
-    /// stopped, which installing would nest in; the next stop does it). At an exit
-    /// stop of a process whose hook awaits a thread state that now exists, with
-    /// every thread of it held: the hook goes in now.
-    pub(in crate::tracer) fn hook_at_syscall(
-        &mut self,
-        tid: i32,
-        holding: bool,
-        sink: &mut dyn FnMut(TraceEvent),
-    ) {
-        let Some(pid) = self.threads.get(&tid).map(|t| t.tgid) else {
-            return;
-        };
-        if holding || !self.hook_awaits(pid) || at_syscall_entry(tid) {
-            return;
+/// The awaited processes whose time to look has come and whose interpreter is
+/// started far enough for the hook (the others looked at again later).
+pub(super) fn due_ready(awaiting: &mut HashMap<i32, Awaiting>, now: Instant) -> Vec<i32> {
+    let mut ready = Vec::new();
+    for (&pid, a) in awaiting.iter_mut() {
+        if a.next_look > now {
+            continue;
         }
-        // Other threads running (an embedding program's own): the look while the
-        // target runs stops them all first.
-        if !self.all_threads_held(pid) {
-            return;
-        }
-        let started = self
-            .hook_book
-            .awaiting
-            .get_mut(&pid)
-            .is_some_and(|a| a.started(pid));
-        if !started {
-            return;
-        }
-        let walker = self.hook_book.awaiting.remove(&pid).and_then(|a| a.walker);
-        if let Err(e) = self.hook_install_at_clean_thread(pid, walker, sink) {
-            self.hook_failed(pid, e, sink);
+        if a.started(pid) {
+            ready.push(pid);
+        } else {
+            a.next_look = now + AWAIT_EVERY;
         }
     }
-
-    /// Launched processes, while they run: once the interpreter has a thread state,
-    /// every thread is stopped and the hook installed. The installer runs only from
-    /// the eval loop, at the next check of the breaker.
-    pub(super) fn hook_await(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
-        let now = Instant::now();
-        let due: Vec<i32> = self
-            .hook_book
-            .awaiting
-            .iter()
-            .filter(|(_, a)| a.next_look <= now)
-            .map(|(&p, _)| p)
-            .collect();
-        for pid in due {
-            let Some(awaiting) = self.hook_book.awaiting.get_mut(&pid) else {
-                continue;
-            };
-            if !awaiting.started(pid) {
-                awaiting.next_look = now + AWAIT_EVERY;
-                continue;
-            }
-            let walker = self.hook_book.awaiting.remove(&pid).and_then(|a| a.walker);
-            let result = self
-                .stop_all_running(sink)
-                .and_then(|()| self.hook_install_at_clean_thread(pid, walker, sink));
-            self.resume_all();
-            if let Err(e) = result {
-                self.hook_failed(pid, e, sink);
-            }
-        }
-    }
-
-    /// Installs the hook of `pid` (every thread of it held) through a thread at a
-    /// stop where system calls can be injected, with the walker that saw it ready.
-    fn hook_install_at_clean_thread(
-        &mut self,
-        pid: i32,
-        walker: Option<Walker>,
-        sink: &mut dyn FnMut(TraceEvent),
-    ) -> anyhow::Result<()> {
-        match self.clean_thread(pid, sink) {
-            Some(tid) => self.hook_install(pid, tid, walker, sink),
-            None => anyhow::bail!("no thread of it is at a stop where the hook can be put in"),
-        }
-    }
+    ready
 }

@@ -78,7 +78,9 @@ use crate::python::walker::{PyFrame, Walker};
 use crate::ring::RingReader;
 use crate::tracer::clock::monotonic_ns;
 use crate::tracer::decode::HitBuffers;
-use crate::tracer::engine::{Engine, TraceEvent};
+use crate::tracer::engine::source::{EventSource, Placement, SweepNeed};
+use crate::tracer::engine::TraceEvent;
+use crate::tracer::guardian::{Guardian, Op};
 use crate::tracer::ring::tsc::TscClock;
 use crate::tracer::ring::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
 
@@ -117,7 +119,7 @@ enum Phase {
 }
 
 /// The hook in one process.
-pub(in crate::tracer) struct HookProc {
+struct HookProc {
     mem: ProcessMemory,
     reader: RingReader,
     /// The ring's heartbeat, beaten while the hook lives (before `_mapping`).
@@ -185,9 +187,10 @@ pub(in crate::tracer) struct HookProc {
     image_gone: bool,
 }
 
-/// The hook engine's state in the engine.
+/// The hook engine: its processes, and those that wait to be hooked. The engine
+/// drives it as its [`EventSource`].
 #[derive(Default)]
-pub(in crate::tracer) struct HookBook {
+pub struct HookBook {
     procs: HashMap<i32, HookProc>,
     /// Launched processes whose interpreter has no thread state yet.
     awaiting: HashMap<i32, Awaiting>,
@@ -196,80 +199,54 @@ pub(in crate::tracer) struct HookBook {
     read_with_rings: usize,
 }
 
-impl Engine {
-    /// Whether a launched process waits for its interpreter's first thread state
-    /// to be hooked.
-    pub(in crate::tracer) fn hook_book_awaits(&self) -> bool {
-        !self.hook_book.awaiting.is_empty()
+impl EventSource for HookBook {
+    fn active(&self) -> bool {
+        !self.procs.is_empty() || !self.awaiting.is_empty()
     }
 
-    /// Whether the event loop must poll for the hook.
-    pub(in crate::tracer) fn hook_active(&self) -> bool {
-        !self.hook_book.procs.is_empty() || !self.hook_book.awaiting.is_empty()
+    fn awaits(&self, pid: Option<i32>) -> bool {
+        match pid {
+            Some(pid) => self.awaiting.contains_key(&pid),
+            None => !self.awaiting.is_empty(),
+        }
     }
 
-    /// After the probes of `pid` were installed: the hook too, if its probe set asks.
-    /// `starting`: the interpreter is not initialised yet; it is installed once it
-    /// has a thread state (see `launched`).
-    pub(in crate::tracer) fn hook_installed(
-        &mut self,
-        pid: i32,
-        starting: bool,
-        clean: Option<i32>,
-        sink: &mut dyn FnMut(TraceEvent),
-    ) -> Result<()> {
-        if !self.procs.get(&pid).is_some_and(|p| p.patches.set.hook) {
-            return Ok(());
-        }
-        if self.hook_book.procs.contains_key(&pid) {
-            return Ok(());
-        }
-        if starting {
-            self.hook_book.awaiting.insert(pid, Awaiting::new());
-            return Ok(());
-        }
-        let tid = match clean {
-            Some(t) => Some(t),
-            None => self.clean_thread(pid, sink),
-        };
-        let Some(tid) = tid else {
-            anyhow::bail!(
-                "process {pid}: no thread is at a stop where the hook can be put in (all are inside \
-                 system calls)"
-            );
-        };
-        self.hook_install(pid, tid, None, sink)
+    fn serves(&self, pid: i32) -> bool {
+        self.procs.contains_key(&pid)
     }
 
-    /// Installs the hook of `pid` through thread `tid` (`walker`: one already
-    /// attached to the process, if any).
-    pub(super) fn hook_install(
-        &mut self,
-        pid: i32,
-        tid: i32,
-        walker: Option<Walker>,
-        sink: &mut dyn FnMut(TraceEvent),
-    ) -> Result<()> {
-        let mut rips = Vec::new();
-        let mut fs_tids = FxHashMap::default();
-        for (&t, thread) in &self.threads {
-            if thread.tgid != pid {
-                continue;
-            }
-            let regs = ptrace::getregs(Pid::from_raw(t))
-                .map_err(|e| anyhow::anyhow!("thread {t} is not stopped: {e}"))?;
-            rips.push(regs.rip);
-            fs_tids.insert(regs.fs_base, t);
-        }
+    fn await_start(&mut self, pid: i32) {
+        self.awaiting.insert(pid, Awaiting::new());
+    }
+
+    fn ready(&mut self, pid: i32) -> bool {
+        self.awaiting.get_mut(&pid).is_some_and(|a| a.started(pid))
+    }
+
+    fn due_ready(&mut self, now: Instant) -> Vec<i32> {
+        launched::due_ready(&mut self.awaiting, now)
+    }
+
+    fn stop_awaiting(&mut self, pid: i32) {
+        self.awaiting.remove(&pid);
+    }
+
+    /// Installs the hook (with the walker that saw a launched interpreter ready,
+    /// if any).
+    fn place(&mut self, at: Placement<'_>, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
+        let pid = at.pid;
+        let walker = self.awaiting.remove(&pid).and_then(|a| a.walker);
+        let rips: Vec<u64> = at.threads.iter().map(|t| t.rip).collect();
+        let fs_tids: FxHashMap<u64, i32> = at.threads.iter().map(|t| (t.fs_base, t.tid)).collect();
         let mut mem = ProcessMemory::new(pid);
-        let installed = setup::install(pid, tid, &mut mem, &rips, walker, self.guardian.as_mut())?;
-        let tsc = self.ring_book.tsc.get_or_insert_with(TscClock::calibrate);
+        let installed = setup::install(pid, at.tid, &mut mem, &rips, walker, at.guardian)?;
+        let tsc = at.tsc;
         // Served as the SDT rings are (every thread still stopped, so before any
         // callback runs): a full ring is waited on while pyprobe lives, except that
         // under a budget an event waits a little, then is counted lost.
-        let patience = match self.budget.meter {
-            Some(_) => tsc.ns_to_ticks(BUDGETED_PATIENCE_NS),
-            None => u64::MAX,
+        let patience = match at.budgeted {
+            true => tsc.ns_to_ticks(BUDGETED_PATIENCE_NS),
+            false => u64::MAX,
         };
         installed
             .reader
@@ -295,11 +272,8 @@ impl Engine {
         let mut said_taken = std::collections::HashSet::new();
         say_taken(pid, &installed.taken, &mut said_taken, sink);
         let now = Instant::now();
-        let lost = crate::ring::LostCounter::new(
-            installed.reader.lost(),
-            crate::tracer::clock::monotonic_ns(),
-        );
-        self.hook_book.procs.insert(
+        let lost = crate::ring::LostCounter::new(installed.reader.lost(), monotonic_ns());
+        self.procs.insert(
             pid,
             HookProc {
                 mem,
@@ -348,13 +322,8 @@ impl Engine {
     /// A new thread at its first stop: its `%fs` base names its records. On the
     /// profile route, returns true: hold it until its thread state has the hook
     /// (made by its creator before the thread started), so its first call counts.
-    pub(in crate::tracer) fn hook_thread_started(&mut self, tid: i32) -> bool {
-        let Some(pid) = self.threads.get(&tid).map(|t| t.tgid) else {
-            return false;
-        };
-        // Before it runs: its creator's event may not have been seen yet.
-        self.hook_many_producers(pid);
-        let Some(h) = self.hook_book.procs.get_mut(&pid) else {
+    fn thread_started(&mut self, pid: i32, tid: i32) -> bool {
+        let Some(h) = self.procs.get_mut(&pid) else {
             return false;
         };
         if let Ok(regs) = ptrace::getregs(Pid::from_raw(tid)) {
@@ -371,143 +340,17 @@ impl Engine {
     /// or the new task at its first stop, neither run since): the hook's ring has
     /// more than one producer from now on, which reserve with `lock`. As
     /// `ring_many_producers` does for the SDT ring, and for the same reason safe.
-    pub(in crate::tracer) fn hook_many_producers(&self, pid: i32) {
-        if let Some(h) = self.hook_book.procs.get(&pid) {
+    fn many_producers(&self, pid: i32) {
+        if let Some(h) = self.procs.get(&pid) {
             h.reader.set_solo(false);
         }
     }
 
-    /// The profile route: thread states without the hook get it (every thread
-    /// stopped for the writes, only when one needs it); a new thread held for
-    /// this goes on.
-    fn hook_sweep(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
-        let now = Instant::now();
-        let due: Vec<i32> = self
-            .hook_book
-            .procs
-            .iter()
-            .filter(|(_, h)| h.profile.is_some() && h.phase == Phase::Installed)
-            .filter(|(_, h)| h.sweep_now || now >= h.next_sweep)
-            .map(|(&p, _)| p)
-            .collect();
-        for pid in due {
-            let Some(h) = self.hook_book.procs.get_mut(&pid) else {
-                continue;
-            };
-            let held = std::mem::take(&mut h.sweep_now);
-            h.next_sweep = now + SWEEP_EVERY;
-            let Some(target) = h.profile else { continue };
-            let cb = h.hook.callbacks[0];
-            let tstates = h.walker.thread_state_addrs().unwrap_or_default();
-            let mut free = false;
-            let mut taken = Vec::new();
-            for &t in &tstates {
-                match target.slot(&h.mem, t, cb) {
-                    Ok(Slot::Free) => free = true,
-                    Ok(Slot::Taken) => taken.push(t),
-                    _ => {}
-                }
-            }
-            say_taken(pid, &taken, &mut h.said_taken, sink);
-            if !free && !held {
-                continue;
-            }
-            if free {
-                if let Err(e) = self.stop_all_running(sink) {
-                    sink(TraceEvent::Notice(format!("process {pid}: {e:#}")));
-                    self.resume_all();
-                    continue;
-                }
-                let Some(h) = self.hook_book.procs.get_mut(&pid) else {
-                    self.resume_all();
-                    continue;
-                };
-                // Read again, every thread stopped: the list may have changed.
-                let tstates = h.walker.thread_state_addrs().unwrap_or_default();
-                match setup::set_profiles(&mut h.mem, &target, &tstates, cb) {
-                    Ok(taken) => say_taken(pid, &taken, &mut h.said_taken, sink),
-                    Err(e) => sink(TraceEvent::Notice(format!(
-                        "process {pid}: a thread could not be given the hook: {e:#}"
-                    ))),
-                }
-            }
-            self.resume_all();
-        }
-    }
-
-    /// One turn of the event loop: launched interpreters looked for, installers
-    /// watched, every hook ring drained. Returns the records drained.
-    pub(in crate::tracer) fn drain_hooks(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> usize {
-        self.hook_await(sink);
-        self.hook_watch(sink);
-        self.hook_sweep(sink);
-        // A process with an SDT ring too has both read in time order by
-        // `drain_rings`.
-        let pids: Vec<i32> = self
-            .hook_book
-            .procs
-            .keys()
-            .copied()
-            .filter(|pid| self.procs.get(pid).is_none_or(|p| p.ring.is_none()))
-            .collect();
-        let mut drained = std::mem::take(&mut self.hook_book.read_with_rings);
-        for pid in pids {
-            drained += self.drain_hook_of(pid, sink);
-        }
-        drained
-    }
-
-    /// Before the SDT ring of `pid` is read: its hook ring is read (and named), and
-    /// the SDT ring bounded to what is older than the hook records read. Returns the
-    /// bound (`u64::MAX`: no hook).
-    pub(in crate::tracer) fn hook_before_ring(
-        hook_book: &mut HookBook,
-        pid: i32,
-        tsc: Option<&TscClock>,
-        sink: &mut dyn FnMut(TraceEvent),
-    ) -> u64 {
-        match hook_book.procs.get_mut(&pid) {
-            Some(h) => {
-                hook_book.read_with_rings += h.collect(pid, tsc, sink);
-                h.read_to
-            }
-            None => u64::MAX,
-        }
-    }
-
-    /// While and after the SDT ring of `pid` is read: the hook records stamped no
-    /// later than `upto_ns` are passed on.
-    pub(in crate::tracer) fn hook_emit_upto(
-        hook_book: &mut HookBook,
-        pid: i32,
-        upto_ns: u64,
-        hits: &mut u64,
-        sink: &mut dyn FnMut(TraceEvent),
-    ) -> usize {
-        hook_book
-            .procs
-            .get_mut(&pid)
-            .map_or(0, |h| h.emit(pid, upto_ns, hits, sink))
-    }
-
-    pub(super) fn hook_failed(
-        &mut self,
-        pid: i32,
-        e: anyhow::Error,
-        sink: &mut dyn FnMut(TraceEvent),
-    ) {
-        if e.downcast_ref::<crate::tracer::NotTraceable>().is_some() {
-            self.fatal.get_or_insert(e);
-        } else {
-            sink(TraceEvent::Notice(format!(
-                "process {pid}: the hook engine could not be installed, so no calls are traced: {e:#}"
-            )));
-        }
-    }
-
-    /// Hooks waiting for their installer: done, failed, or raise the breaker again.
-    fn hook_watch(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
-        for (&pid, h) in self.hook_book.procs.iter_mut() {
+    /// Hooks waiting for their installer: done, failed, or due to raise the
+    /// breaker again (the pids returned, whose threads must be stopped to put the
+    /// entry back or raise the breaker).
+    fn watch(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Vec<i32> {
+        for (&pid, h) in self.procs.iter_mut() {
             if h.phase != Phase::Installed {
                 continue;
             }
@@ -520,17 +363,11 @@ impl Engine {
                 )));
             }
         }
-        let waiting: Vec<i32> = self
-            .hook_book
-            .procs
-            .iter()
-            .filter(|(_, h)| h.phase == Phase::Waiting)
-            .map(|(&p, _)| p)
-            .collect();
-        for pid in waiting {
-            let Some(h) = self.hook_book.procs.get_mut(&pid) else {
+        let mut stop_for = Vec::new();
+        for (&pid, h) in self.procs.iter_mut() {
+            if h.phase != Phase::Waiting {
                 continue;
-            };
+            }
             let status = h.mem.read_u64(h.state_addr + ST_STATUS as u64).unwrap_or(0);
             if status == STATUS_OK {
                 h.phase = Phase::Installed;
@@ -582,72 +419,174 @@ impl Engine {
             if h.detour.is_none() && h.phase != Phase::Waiting {
                 continue;
             }
-            // Threads stopped: put the entry back, or raise the breaker again.
-            if let Err(e) = self.stop_all_running(sink) {
-                sink(TraceEvent::Notice(format!("process {pid}: {e:#}")));
-                self.resume_all();
-                continue;
+            stop_for.push(pid);
+        }
+        stop_for
+    }
+
+    /// Threads stopped: the entry put back, or the breaker raised again.
+    fn watch_stopped(
+        &mut self,
+        pid: i32,
+        guardian: Option<&mut Guardian>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
+        let Some(h) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        if h.phase == Phase::Waiting {
+            h.last_raise = Instant::now();
+            let tstates = h.walker.thread_state_addrs().unwrap_or_default();
+            if let Some(breaker) = h.breaker {
+                let _ = setup::raise(&mut h.mem, &tstates, breaker);
             }
-            let Some(h) = self.hook_book.procs.get_mut(&pid) else {
-                continue;
-            };
-            if h.phase == Phase::Waiting {
-                h.last_raise = Instant::now();
-                let tstates = h.walker.thread_state_addrs().unwrap_or_default();
-                if let Some(breaker) = h.breaker {
-                    let _ = setup::raise(&mut h.mem, &tstates, breaker);
-                }
-            } else if let Err(e) = unpatch(pid, h, self.guardian.as_mut()) {
-                sink(TraceEvent::Notice(format!("process {pid}: {e:#}")));
-            }
-            self.resume_all();
+        } else if let Err(e) = unpatch(pid, h, guardian) {
+            sink(TraceEvent::Notice(format!("process {pid}: {e:#}")));
         }
     }
 
-    /// Drains the hook ring of `pid` into hits, all of it (a process leaving, pyprobe
-    /// leaving): read, then named and passed on whatever the SDT ring holds.
-    /// Returns the records read and passed on.
-    pub(in crate::tracer) fn drain_hook_of(
+    /// The profile route: the thread states read for ones without the hook (reads
+    /// only); those that have one get it with every thread stopped, and a new
+    /// thread held for this goes on.
+    fn sweep(&mut self, now: Instant, sink: &mut dyn FnMut(TraceEvent)) -> Vec<(i32, SweepNeed)> {
+        let mut due = Vec::new();
+        for (&pid, h) in self.procs.iter_mut() {
+            if h.profile.is_none() || h.phase != Phase::Installed {
+                continue;
+            }
+            if !h.sweep_now && now < h.next_sweep {
+                continue;
+            }
+            let held = std::mem::take(&mut h.sweep_now);
+            h.next_sweep = now + SWEEP_EVERY;
+            let Some(target) = h.profile else { continue };
+            let cb = h.hook.callbacks[0];
+            let tstates = h.walker.thread_state_addrs().unwrap_or_default();
+            let mut free = false;
+            let mut taken = Vec::new();
+            for &t in &tstates {
+                match target.slot(&h.mem, t, cb) {
+                    Ok(Slot::Free) => free = true,
+                    Ok(Slot::Taken) => taken.push(t),
+                    _ => {}
+                }
+            }
+            say_taken(pid, &taken, &mut h.said_taken, sink);
+            if free {
+                due.push((pid, SweepNeed::Stop));
+            } else if held {
+                due.push((pid, SweepNeed::Release));
+            }
+        }
+        due
+    }
+
+    fn sweep_stopped(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+        let Some(h) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        let Some(target) = h.profile else { return };
+        let cb = h.hook.callbacks[0];
+        // Read again, every thread stopped: the list may have changed.
+        let tstates = h.walker.thread_state_addrs().unwrap_or_default();
+        match setup::set_profiles(&mut h.mem, &target, &tstates, cb) {
+            Ok(taken) => say_taken(pid, &taken, &mut h.said_taken, sink),
+            Err(e) => sink(TraceEvent::Notice(format!(
+                "process {pid}: a thread could not be given the hook: {e:#}"
+            ))),
+        }
+    }
+
+    fn drain(
         &mut self,
-        pid: i32,
+        alone: &dyn Fn(i32) -> bool,
+        tsc: Option<&TscClock>,
+        hits: &mut u64,
         sink: &mut dyn FnMut(TraceEvent),
     ) -> usize {
-        let Some(h) = self.hook_book.procs.get_mut(&pid) else {
+        let pids: Vec<i32> = self.procs.keys().copied().filter(|&p| alone(p)).collect();
+        let mut drained = std::mem::take(&mut self.read_with_rings);
+        for pid in pids {
+            drained += self.drain_of(pid, tsc, hits, sink);
+        }
+        drained
+    }
+
+    /// Drains the hook ring of `pid` into hits, one batch: read, then named and
+    /// passed on whatever the SDT ring holds. Returns the records read and passed on.
+    fn drain_of(
+        &mut self,
+        pid: i32,
+        tsc: Option<&TscClock>,
+        hits: &mut u64,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> usize {
+        let Some(h) = self.procs.get_mut(&pid) else {
             return 0;
         };
-        let read = h.collect(pid, self.ring_book.tsc.as_ref(), sink);
-        let passed = h.emit(pid, u64::MAX, &mut self.hits, sink);
+        let read = h.collect(pid, tsc, sink);
+        let passed = h.emit(pid, u64::MAX, hits, sink);
         read + passed
+    }
+
+    /// Before the SDT ring of `pid` is read: its hook ring is read (and named), and
+    /// the SDT ring bounded to what is older than the hook records read.
+    fn before_ring(
+        &mut self,
+        pid: i32,
+        tsc: Option<&TscClock>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> u64 {
+        match self.procs.get_mut(&pid) {
+            Some(h) => {
+                self.read_with_rings += h.collect(pid, tsc, sink);
+                h.read_to
+            }
+            None => u64::MAX,
+        }
+    }
+
+    fn emit_upto(
+        &mut self,
+        pid: i32,
+        upto_ns: u64,
+        hits: &mut u64,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> usize {
+        self.procs
+            .get_mut(&pid)
+            .map_or(0, |h| h.emit(pid, upto_ns, hits, sink))
     }
 
     /// Leaving (every thread stopped): the hook told to unregister, the entry put
     /// back, the ring drained, what the functions returned said.
-    pub(in crate::tracer) fn hook_detach(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
-        let pids: Vec<i32> = self.hook_book.procs.keys().copied().collect();
+    fn detach(
+        &mut self,
+        alive: &dyn Fn(i32) -> bool,
+        mut guardian: Option<&mut Guardian>,
+        tsc: Option<&TscClock>,
+        hits: &mut u64,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
+        let pids: Vec<i32> = self.procs.keys().copied().collect();
         for pid in pids {
-            // A process that is gone has nothing left to restore.
-            let alive = self.threads.values().any(|t| t.tgid == pid);
-            if let Some(h) = self.hook_book.procs.get_mut(&pid).filter(|_| alive) {
+            if let Some(h) = self.procs.get_mut(&pid).filter(|_| alive(pid)) {
                 let _ = h
                     .mem
                     .write(h.state_addr + ST_ARMED as u64, &0u64.to_le_bytes());
                 let _ = h
                     .mem
                     .write(h.state_addr + ST_ON as u64, &0u64.to_le_bytes());
-                if let Err(e) = unpatch(pid, h, self.guardian.as_mut()) {
+                if let Err(e) = unpatch(pid, h, guardian.as_deref_mut()) {
                     sink(TraceEvent::Notice(format!("process {pid}: {e:#}")));
                 }
-                if let Some(g) = self.guardian.as_mut() {
-                    let _ = g.tell(
-                        crate::tracer::guardian::Op::SiteRestored,
-                        pid,
-                        h.state_addr + ST_ON as u64,
-                    );
+                if let Some(g) = guardian.as_deref_mut() {
+                    let _ = g.tell(Op::SiteRestored, pid, h.state_addr + ST_ON as u64);
                 }
             }
-            while self.drain_hook_of(pid, sink) > 0 {}
-            if let Some(h) = self.hook_book.procs.remove(&pid) {
-                say_waited(pid, &h, self.ring_book.tsc.as_ref(), sink);
+            while self.drain_of(pid, tsc, hits, sink) > 0 {}
+            if let Some(h) = self.procs.remove(&pid) {
+                say_waited(pid, &h, tsc, sink);
                 // Callbacks stop waiting for room: nobody reads the ring any more,
                 // nor follows the process's threads.
                 h.reader.set_solo(false);
@@ -664,28 +603,34 @@ impl Engine {
                 flush_return_types(pid, h, sink);
             }
         }
-        self.hook_book.awaiting.clear();
+        self.awaiting.clear();
     }
 
     /// The image of `pid` is gone (it exec'd, or its leader exited): what its ring
     /// still holds is read (named from what was named before: the memory is no
     /// longer the image the records point into), its last return-type totals go
     /// out, and its ring mapping is dropped. A new image is hooked afresh.
-    pub(in crate::tracer) fn hook_image_gone(
+    fn image_gone(
         &mut self,
         pid: i32,
+        tsc: Option<&TscClock>,
+        hits: &mut u64,
         sink: &mut dyn FnMut(TraceEvent),
     ) {
-        self.hook_book.awaiting.remove(&pid);
-        let Some(h) = self.hook_book.procs.get_mut(&pid) else {
+        self.awaiting.remove(&pid);
+        let Some(h) = self.procs.get_mut(&pid) else {
             return;
         };
         h.image_gone = true;
-        while self.drain_hook_of(pid, sink) > 0 {}
-        if let Some(h) = self.hook_book.procs.remove(&pid) {
-            say_waited(pid, &h, self.ring_book.tsc.as_ref(), sink);
+        while self.drain_of(pid, tsc, hits, sink) > 0 {}
+        if let Some(h) = self.procs.remove(&pid) {
+            say_waited(pid, &h, tsc, sink);
             flush_return_types(pid, h, sink);
         }
+    }
+
+    fn reset(&mut self) {
+        *self = HookBook::default();
     }
 }
 
@@ -735,11 +680,7 @@ fn flush_return_types(pid: i32, h: HookProc, sink: &mut dyn FnMut(TraceEvent)) {
 }
 
 /// Puts the safe point's bytes back (every thread stopped).
-fn unpatch(
-    pid: i32,
-    h: &mut HookProc,
-    guardian: Option<&mut crate::tracer::guardian::Guardian>,
-) -> Result<()> {
+fn unpatch(pid: i32, h: &mut HookProc, guardian: Option<&mut Guardian>) -> Result<()> {
     let Some(d) = h.detour.take() else {
         return Ok(());
     };
@@ -749,7 +690,7 @@ fn unpatch(
         h.mem.write(d.site, &d.original)?;
     }
     if let Some(g) = guardian {
-        let _ = g.tell(crate::tracer::guardian::Op::SiteRestored, pid, d.site);
+        let _ = g.tell(Op::SiteRestored, pid, d.site);
     }
     Ok(())
 }

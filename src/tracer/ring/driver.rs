@@ -330,7 +330,7 @@ impl Engine {
             procs,
             hit_buffers,
             ring_book,
-            hook_book,
+            source: events_beside,
             hits,
             ..
         } = self;
@@ -364,7 +364,9 @@ impl Engine {
             // With the hook engine's ring too, the two are read in time order: the
             // hook's records first, this ring up to the last of them, each of this
             // ring's hits after the hook records older than it.
-            let bound = Engine::hook_before_ring(hook_book, pid, Some(tsc), sink);
+            let bound = events_beside
+                .as_mut()
+                .map_or(u64::MAX, |s| s.before_ring(pid, Some(tsc), sink));
             ring.reader.set_tsc_bound(bound);
             let start = read_tsc();
             let DrainedHits {
@@ -385,7 +387,9 @@ impl Engine {
                             TraceEvent::Repeat { ts_ns, .. } => *ts_ns,
                             _ => 0,
                         };
-                        Engine::hook_emit_upto(hook_book, pid, ts_ns, hits, sink);
+                        if let Some(s) = events_beside.as_mut() {
+                            s.emit_upto(pid, ts_ns, hits, sink);
+                        }
                     }
                     sink(event)
                 },
@@ -399,7 +403,9 @@ impl Engine {
                     DrainStop::Later => tsc.to_ns(bound),
                     _ => last_ts.unwrap_or(0),
                 };
-                Engine::hook_emit_upto(hook_book, pid, read_to, hits, sink);
+                if let Some(s) = events_beside.as_mut() {
+                    s.emit_upto(pid, read_to, hits, sink);
+                }
             }
             frames_walked += frames;
             stacks_taken += stacks;
