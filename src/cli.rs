@@ -22,9 +22,11 @@ use pyprobe::tracer::RingUse;
     version,
     about = "Profile and trace a live CPython process from outside, with nothing but ptrace",
     long_about = "Profile and trace a live CPython process from outside, with nothing but ptrace.\n\n\
-        pyprobe needs no root, no eBPF, uprobes or perf_events, and no change to the target. \
-        It catches CPython's SystemTap (SDT) probes with breakpoints where the build has them, \
-        and samples Python stacks with a frame walker where it does not.",
+        pyprobe needs no root, no eBPF, uprobes or perf_events, and nothing changed in the \
+        target's code or command. It samples Python stacks with a frame walker, catches \
+        CPython's SystemTap (SDT) probes where the build has them (through injected \
+        trampolines, else breakpoints), and traces every call on CPython 3.7 to 3.14 of any \
+        build through a hook it injects.",
     after_help = "Examples:\n  \
         pyprobe record -p 1234 -d 30 -o flame.svg     profile a running service for 30 s\n  \
         pyprobe record -o run.pyprobe -- python3 app.py\n  \
@@ -86,7 +88,8 @@ pub struct SampleArgs {
 pub enum Mode {
     /// Sample function stacks; GC, import and audit exact through their probes.
     Auto,
-    /// Every call and return exact, through the function probes.
+    /// Every call and return exact, through the function probes or the injected
+    /// hook (CPython 3.7 to 3.14).
     Trace,
     /// Function stacks by sampling only.
     Sample,
@@ -106,7 +109,7 @@ pub struct RecordArgs {
     pub target: TargetArgs,
     /// Output: a recording (`.pyprobe`), or a view chosen by extension
     /// (`.svg` flame graph, `.json` speedscope, `.txt` collapsed stacks, `.pb.gz`
-    /// pprof; the recording is kept beside it as FILE.pyprobe). Any other name is refused
+    /// pprof; the recording is kept beside it, x.svg → x.pyprobe). Any other name is refused
     /// before the target is touched (a FIFO takes the recording). An existing
     /// file is refused unless --force is given. Default: the flame graph
     /// pyprobe-PID.svg with the recording beside it (pyprobe-PID.pyprobe), or
@@ -132,7 +135,7 @@ pub struct RecordArgs {
     /// well under 1 %, so stacks stay whole within any budget; 1000 gives ten times
     /// the detail for short runs at several % (in `--mode auto` the budget may then
     /// sample without stopping); rates above are reached only without stopping the
-    /// threads, at the machine's pace (about 6,000 a second on 2 CPUs).
+    /// threads, at the machine's pace (about 5,000 a second on 2 CPUs).
     /// docs/benchmarks.md compares each rate with py-spy and CPython 3.15's own
     /// sampler.
     #[arg(short, long, value_name = "HZ", default_value_t = 100)]
@@ -157,12 +160,13 @@ pub struct RecordArgs {
     pub subprocesses: bool,
     /// How probe hits are caught. `auto`: each site that qualifies is rewritten
     /// into a jump to a trampoline injected in the target, which appends the event
-    /// to a ring shared with pyprobe (tens of ns per hit, no stop); the rest use
+    /// to a ring shared with pyprobe (about 100 ns per hit, no stop); the rest use
     /// `int3`. `ring`: as auto, but fail if the ring cannot be set up. `int3`: a
     /// breakpoint and a ptrace stop per hit (tens of µs), nothing injected but the
-    /// SIGTRAP safety net. After tracing, the ring (8 MiB) and the trampolines stay
-    /// mapped in the target, unused: a signal handler could still return into one.
-    /// Attaching again uses them again, so they are never mapped twice.
+    /// SIGTRAP safety net. After tracing, the ring (8 MiB), the trampolines, a
+    /// bookkeeping page and the SIGTRAP handler's page stay mapped in the target,
+    /// unused: a signal handler could still return into one. Attaching again with
+    /// the same pyprobe uses them again rather than mapping more.
     /// `hook` (with `--mode trace`): calls and returns come from a hook pyprobe
     /// injects and the interpreter calls (CPython 3.7 to 3.14): registered with
     /// `sys.monitoring` at a safe point on 3.12+, each thread's C profile function
@@ -179,7 +183,7 @@ pub struct RecordArgs {
     /// even counting cannot afford) not at all for a while; the report says so.
     /// The report says what share of the time was traced exactly. Default: 5 in
     /// `--mode auto`, none in `--mode trace`. 0 turns the budget off. Not with the
-    /// hook engine's calls (CPython 3.11-3.14 without function probes), which
+    /// hook engine's calls (CPython 3.7 to 3.14 without function probes), which
     /// cannot be paused: there `--mode trace` with a budget is refused.
     #[arg(long, value_name = "PERCENT")]
     pub max_overhead: Option<f64>,
@@ -322,7 +326,8 @@ pub struct ReportArgs {
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     pub format: ReportFormat,
     /// Order of the functions (default: inclusive time; calls when the recording
-    /// has exact counts but no times, as on CPython 3.11).
+    /// has exact counts but no times, as on CPython 3.11 traced through its
+    /// probes with --engine ring or int3).
     #[arg(long, value_enum)]
     pub sort: Option<SortKey>,
     /// Show at most N functions (table only; JSON lists all).
