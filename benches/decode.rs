@@ -10,10 +10,10 @@ use std::hint::black_box;
 use std::io;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use pyprobe::process::memory::ProcessMemory;
-use pyprobe::sdt::{evaluate, parse_args, ArgSpec, MemoryReader, RegFamily, RegisterFile};
-use pyprobe::tracer::decode::HitBuffers;
-use pyprobe::tracer::{Probe, Registers, Site};
+use pyprobe_sdt::process::memory::ProcessMemory;
+use pyprobe_sdt::sdt::{evaluate, parse_args, ArgSpec, MemoryReader, RegFamily, RegisterFile};
+use pyprobe_sdt::tracer::decode::HitBuffers;
+use pyprobe_sdt::tracer::{Probe, Registers, Site};
 
 #[path = "common/mod.rs"]
 mod common;

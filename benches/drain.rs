@@ -19,22 +19,22 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use pyprobe::analyze::FileFilter;
-use pyprobe::output::file::Existing;
-use pyprobe::process::memory::ProcessMemory;
-use pyprobe::python::probe_catalog::{PythonProbe, PROBES};
-use pyprobe::recording::Header;
-use pyprobe::ring::format::*;
-use pyprobe::ring::{KnownRecords, RingReader};
 use pyprobe::session::record::EventBuilder;
-use pyprobe::tracer::decode::HitBuffers;
-use pyprobe::tracer::ring::hits::{drain_hits, RecordSource};
-use pyprobe::tracer::ring::threads::ThreadNames;
-use pyprobe::tracer::ring::tsc::TscClock;
-use pyprobe::tracer::{Probe, TraceEvent};
+use pyprobe_cpython::python::probe_catalog::{PythonProbe, PROBES};
+use pyprobe_recording::analyze::FileFilter;
+use pyprobe_recording::output::file::Existing;
+use pyprobe_recording::recording::Header;
+use pyprobe_sdt::process::memory::ProcessMemory;
+use pyprobe_sdt::ring::format::*;
+use pyprobe_sdt::ring::{KnownRecords, RingReader};
+use pyprobe_sdt::tracer::decode::HitBuffers;
+use pyprobe_sdt::tracer::ring::hits::{drain_hits, RecordSource};
+use pyprobe_sdt::tracer::ring::threads::ThreadNames;
+use pyprobe_sdt::tracer::ring::tsc::TscClock;
+use pyprobe_sdt::tracer::{Probe, TraceEvent};
 
 /// Records per drain run: a full ring of the engine's size.
-const RECORDS: u64 = pyprobe::tracer::ring::CAPACITY;
+const RECORDS: u64 = pyprobe_sdt::tracer::ring::CAPACITY;
 /// Records taken per drain, as the engine does.
 const BATCH: usize = 1024;
 /// The `%fs` base of the one writing thread.

@@ -8,7 +8,9 @@ use std::hint::black_box;
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
-use pyprobe::recording::{Event, EventKind, FrameRef, RecordingReader, RecordingWriter, StrId};
+use pyprobe_recording::recording::{
+    Event, EventKind, FrameRef, RecordingReader, RecordingWriter, StrId,
+};
 
 #[path = "common/mod.rs"]
 mod common;

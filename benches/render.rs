@@ -13,9 +13,13 @@ use std::io::{self, BufWriter};
 use std::path::Path;
 
 use criterion::{criterion_group, Criterion, Throughput};
-use pyprobe::output::flame::{choose_measure, read_folded, write_svg, By, FrameNames, SvgOptions};
-use pyprobe::output::report::{build_report, render_table};
-use pyprobe::recording::{Event, EventKind, FrameRef, Header, RecordingReader, RecordingWriter};
+use pyprobe_recording::output::flame::{
+    choose_measure, read_folded, write_svg, By, FrameNames, SvgOptions,
+};
+use pyprobe_recording::output::report::{build_report, render_table};
+use pyprobe_recording::recording::{
+    Event, EventKind, FrameRef, Header, RecordingReader, RecordingWriter,
+};
 
 /// Functions of the synthetic program, spread over a few files.
 const FUNCTIONS: u32 = 300;

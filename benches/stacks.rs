@@ -10,10 +10,10 @@ use std::hint::black_box;
 use std::io;
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
-use pyprobe::analyze::folded::{fold_events, Measure};
-use pyprobe::analyze::{plan_events, Aggregator, Replay};
-use pyprobe::output::flame::{write_collapsed, FrameNames};
-use pyprobe::recording::{Completion, Event, Header, RecordingReader};
+use pyprobe_recording::analyze::folded::{fold_events, Measure};
+use pyprobe_recording::analyze::{plan_events, Aggregator, Replay};
+use pyprobe_recording::output::flame::{write_collapsed, FrameNames};
+use pyprobe_recording::recording::{Completion, Event, Header, RecordingReader};
 
 #[path = "common/mod.rs"]
 mod common;

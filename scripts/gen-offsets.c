@@ -1,7 +1,7 @@
 /*
  * Prints, as JSON, the layout pyprobe's frame walker needs for the CPython whose headers
  * it is compiled against.  Built and run by scripts/gen-offsets.sh; the output is
- * offsets/3.X.json.  Compile with -DPy_BUILD_CORE and -I of the version's include dir.
+ * crates/cpython/offsets/3.X.json.  Compile with -DPy_BUILD_CORE and -I of the version's include dir.
  *
  * Two kinds of file:
  *   "offsets"        (3.7 - 3.12): offsetof/sizeof of the structures the walker reads.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Generate offsets/3.X.json, the structure layouts pyprobe's frame walker reads, by
+# Generate crates/cpython/offsets/3.X.json, the structure layouts pyprobe's frame walker reads, by
 # compiling scripts/gen-offsets.c against each CPython version's own headers (with
 # Py_BUILD_CORE for the internal ones) and running it.  Every number is reproducible.
 #
@@ -32,7 +32,7 @@ say() { echo "gen-offsets: $*"; }
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=$REPO/.pythons
-OUT=$REPO/offsets
+OUT=$REPO/crates/cpython/offsets
 ALL_VERSIONS=(3.7 3.8 3.9 3.10 3.11 3.12 3.13 3.14 3.15)
 declare -A SUITE=([3.9]=bullseye [3.13]=trixie [3.14]=sid [3.15]=sid)
 CC=${CC:-cc}
@@ -133,7 +133,7 @@ generate() {
     rm -f "$bin"
     grep -q "\"python\": \"$v\"" "$OUT/$v.json.tmp" || die "$v: headers are of another version: $(head -3 "$OUT/$v.json.tmp")"
     mv "$OUT/$v.json.tmp" "$OUT/$v.json"
-    say "$v: offsets/$v.json from $source"
+    say "$v: crates/cpython/offsets/$v.json from $source"
 }
 
 versions=("$@")

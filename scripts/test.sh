@@ -10,10 +10,10 @@ scripts/setup-test-machine.sh
 scripts/fetch-pythons.sh
 scripts/build-fixtures.sh
 
-echo "== cargo fmt --check"
-cargo fmt --check
+echo "== cargo fmt --all --check"
+cargo fmt --all --check
 echo "== cargo clippy"
-cargo clippy --all-targets --quiet -- -D warnings
+cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
 echo "== cargo test"
 # The interpreters must be there: a missing one fails the tests instead of skipping.
 export PYPROBE_REQUIRE_PYTHONS=1
@@ -21,9 +21,11 @@ export PYPROBE_REQUIRE_PYTHONS=1
 # consumer must keep up with them as it does for users.
 # Every test runs even after a failure, so one run shows every failure.
 failed=0
-cargo test --release --lib --bins --benches --no-fail-fast || failed=1
+cargo test --release --workspace --lib --bins --benches --no-fail-fast || failed=1
 # Signals and the timer, in a process of its own with one thread.
 cargo test --release --test tick || failed=1
+# The crates' dependencies are the architecture's (docs/ARCHITECTURE.md).
+scripts/check-architecture.sh || failed=1
 # The integration tests run two at a time, except those whose subject is timing
 # (sampling shares, the overhead budget, pyprobe keeping up with the ring, 50 kills
 # of pyprobe, a server kept serving while pyprobe is stopped, 10,000 threads): those run alone
@@ -31,7 +33,9 @@ cargo test --release --test tick || failed=1
 ALONE=(budget:: sample_accuracy:: sigkill:: ring:: nothing_lost:: native:: stopped:: many_threads::)
 skip=()
 for m in "${ALONE[@]}"; do skip+=(--skip "$m"); done
-cargo test --release --test integration -- "${skip[@]}" || failed=1
+# Built with the switches that let tests make pyprobe fail on purpose.
+cargo test --release --features test-switches --test integration -- "${skip[@]}" || failed=1
 echo "== cargo test: the timing tests, one at a time"
-cargo test --release --test integration -- --test-threads=1 "${ALONE[@]}" || failed=1
+cargo test --release --features test-switches --test integration -- --test-threads=1 "${ALONE[@]}" \
+    || failed=1
 exit $failed

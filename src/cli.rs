@@ -5,16 +5,16 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use pyprobe::analyze::{parse_duration, FileFilter, SampleFilter, SliceFilter};
-use pyprobe::output::flame::{By, FrameGrain};
-use pyprobe::output::report::SortKey as ReportSort;
 use pyprobe::session::dump::DumpRequest;
 use pyprobe::session::probes::ProbesRequest;
 use pyprobe::session::record::{self, RecordRequest, Target};
 use pyprobe::session::report::ReportRequest;
 use pyprobe::session::top::TopRequest;
 use pyprobe::session::views::{self, CallsRequest, FlameRequest};
-use pyprobe::tracer::RingUse;
+use pyprobe_recording::analyze::{parse_duration, FileFilter, SampleFilter, SliceFilter};
+use pyprobe_recording::output::flame::{By, FrameGrain};
+use pyprobe_recording::output::report::SortKey as ReportSort;
+use pyprobe_sdt::tracer::RingUse;
 
 #[derive(Debug, Parser)]
 #[command(

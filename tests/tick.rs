@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
-use pyprobe::tracer::signals::{arm_tick, disarm_tick, install, spawn_helper, take_tick};
+use pyprobe_sdt::tracer::signals::{arm_tick, disarm_tick, install, spawn_helper, take_tick};
 
 fn main() {
     install().expect("installing pyprobe's signal handlers");

@@ -13,7 +13,9 @@
 use std::io;
 use std::path::Path;
 
-use pyprobe::recording::{Event, EventKind, FrameRef, Header, RecordingWriter, StrId, Summary};
+use pyprobe_recording::recording::{
+    Event, EventKind, FrameRef, Header, RecordingWriter, StrId, Summary,
+};
 
 /// Source files of the synthetic program.
 const FILES: u32 = 24;

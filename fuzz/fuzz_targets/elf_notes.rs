@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use pyprobe::elf::{parse_desc, ElfInfo};
+use pyprobe_sdt::elf::{parse_desc, ElfInfo};
 
 fuzz_target!(|data: &[u8]| {
     // The descriptor decoder alone, with and without a `.stapsdt.base`.
@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
         for probe in &info.probes {
             for site in &probe.sites {
                 let _ = info.file_offset(site.address);
-                let _ = pyprobe::sdt::parse_args(&site.args);
+                let _ = pyprobe_sdt::sdt::parse_args(&site.args);
             }
         }
         let _ = info.provider_probes("python").count();

@@ -10,7 +10,7 @@
 use std::io::Cursor;
 
 use libfuzzer_sys::fuzz_target;
-use pyprobe::recording::{RecordingReader, FORMAT_VERSION, MAGIC};
+use pyprobe_recording::recording::{RecordingReader, FORMAT_VERSION, MAGIC};
 
 fn framed(mut rest: &[u8]) -> Vec<u8> {
     let mut out = MAGIC.to_vec();
@@ -63,6 +63,6 @@ fuzz_target!(|data: &[u8]| {
     }
     // The report over the same bytes (stack reconstruction, aggregation).
     if let Ok(mut reader) = RecordingReader::from_reader(Cursor::new(&bytes)) {
-        let _ = pyprobe::output::report::build_report(&mut reader);
+        let _ = pyprobe_recording::output::report::build_report(&mut reader);
     }
 });

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pyprobe::sdt::{evaluate, parse_arg, parse_args, MemoryReader, RegFamily};
+use pyprobe_sdt::sdt::{evaluate, parse_arg, parse_args, MemoryReader, RegFamily};
 
 /// 256 bytes of memory at 0x7000 (filled from the input); everything else unmapped.
 struct Memory<'a>(&'a [u8]);

@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use serde_json::json;
 
-use crate::output::names::short_path;
-use crate::output::terminal::escaped;
-use crate::python::walker::{ThreadStack, Walker};
+use pyprobe_cpython::python::walker::{ThreadStack, Walker};
+use pyprobe_recording::output::names::short_path;
+use pyprobe_recording::output::terminal::escaped;
 
 pub struct DumpRequest {
     pub pid: i32,

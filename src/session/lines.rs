@@ -7,11 +7,11 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
-use crate::analyze::lines::count_lines;
-use crate::analyze::SampleFilter;
-use crate::output::report::render_lines;
-use crate::recording::StrId;
 use crate::session::views::open;
+use pyprobe_recording::analyze::lines::count_lines;
+use pyprobe_recording::analyze::SampleFilter;
+use pyprobe_recording::output::report::render_lines;
+use pyprobe_recording::recording::StrId;
 
 /// Largest source file read: a bigger one is shown without its text.
 const MAX_SOURCE_BYTES: u64 = 64 << 20;
@@ -109,7 +109,7 @@ pub fn report_lines(recording: &Path, file: &Path, samples: SampleFilter) -> Res
         eprintln!(
             "pyprobe: note: {} events were on lines past the {} kept",
             counts.left_out,
-            crate::analyze::lines::MAX_LINES
+            pyprobe_recording::analyze::lines::MAX_LINES
         );
     }
     let name = strings.get(chosen.0 as usize).map_or("?", String::as_str);

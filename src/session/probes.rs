@@ -6,13 +6,13 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
-use crate::elf::{ElfInfo, SdtProbe};
-use crate::output::probes::{
+use pyprobe_cpython::python;
+use pyprobe_recording::output::probes::{
     render_json, render_table, DecodedArg, ObjectProbes, ProbeListing, ProbeRow, SiteRow,
 };
-use crate::process::{objects, ProcessStatus};
-use crate::python;
-use crate::sdt;
+use pyprobe_sdt::elf::{ElfInfo, SdtProbe};
+use pyprobe_sdt::process::{objects, ProcessStatus};
+use pyprobe_sdt::sdt;
 
 pub struct ProbesRequest {
     pub pid: Option<i32>,
@@ -53,7 +53,7 @@ pub fn listing_for_file(path: &std::path::Path, provider: Option<&str>) -> Resul
 }
 
 pub fn listing_for_process(pid: i32, provider: Option<&str>) -> Result<ProbeListing> {
-    let status = crate::process::status::check_inspectable(pid)?;
+    let status = pyprobe_sdt::process::status::check_inspectable(pid)?;
     // Default for a live process: the python provider when present, else all.
     let wanted = provider.unwrap_or(python::probe_catalog::PROVIDER);
     let found = objects::sdt_objects(pid, Some(wanted))?;

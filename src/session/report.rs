@@ -6,11 +6,11 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use crate::analyze::{FunctionSource, SampleFilter};
-use crate::output::report::{
+use pyprobe_recording::analyze::{FunctionSource, SampleFilter};
+use pyprobe_recording::output::report::{
     build_report_filtered, render_json, render_table, ReportOptions, SortKey,
 };
-use crate::recording::{Completion, RecordingReader};
+use pyprobe_recording::recording::{Completion, RecordingReader};
 
 /// What `pyprobe report` was asked to do. `--sort` left open picks what the
 /// recording can sort by.

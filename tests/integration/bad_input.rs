@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::support::*;
-use pyprobe::recording::{Event, EventKind, FrameRef, Header, RecordingWriter};
+use pyprobe_recording::recording::{Event, EventKind, FrameRef, Header, RecordingWriter};
 
 // ---- processes ----------------------------------------------------------------
 

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use crate::support::*;
 use anyhow::Result;
-use pyprobe::process::objects::find_probe_object;
-use pyprobe::sdt;
-use pyprobe::tracer::{
+use pyprobe_sdt::process::objects::find_probe_object;
+use pyprobe_sdt::sdt;
+use pyprobe_sdt::tracer::{
     Engine, EngineOptions, Outcome, Probe, ProbeSet, Resolver, RingUse, Site, TraceEvent,
 };
 
@@ -18,7 +18,7 @@ impl Resolver for FixtureResolver {
         let Ok(object) = find_probe_object(pid, "pyprobe_test") else {
             return Ok(None);
         };
-        if !object.is_fully_mapped(&pyprobe::process::read_maps(pid)?) {
+        if !object.is_fully_mapped(&pyprobe_sdt::process::read_maps(pid)?) {
             return Ok(None);
         }
         let mut set = ProbeSet::default();

@@ -14,10 +14,10 @@ use std::rc::Rc;
 use crate::support::*;
 use anyhow::Result;
 use iced_x86::{Decoder, DecoderOptions};
-use pyprobe::elf::ElfInfo;
-use pyprobe::process::objects::find_probe_object;
-use pyprobe::sdt;
-use pyprobe::tracer::{
+use pyprobe_sdt::elf::ElfInfo;
+use pyprobe_sdt::process::objects::find_probe_object;
+use pyprobe_sdt::sdt;
+use pyprobe_sdt::tracer::{
     usable_sites, Engine, EngineOptions, Outcome, Probe, ProbeSet, Refusal, Resolver, RingUse,
     Site, TraceEvent,
 };
@@ -82,7 +82,7 @@ impl Resolver for FixtureResolver {
         let Ok(object) = find_probe_object(pid, PROVIDER) else {
             return Ok(None);
         };
-        if !object.is_fully_mapped(&pyprobe::process::read_maps(pid)?) {
+        if !object.is_fully_mapped(&pyprobe_sdt::process::read_maps(pid)?) {
             return Ok(None);
         }
         let mut set = ProbeSet::default();

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::support::*;
-use pyprobe::recording::{Event, EventKind, FrameRef, Header, RecordingWriter};
+use pyprobe_recording::recording::{Event, EventKind, FrameRef, Header, RecordingWriter};
 
 fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()

@@ -15,8 +15,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
-use pyprobe::analyze::processes::ProcessMap;
-use pyprobe::recording::{EventKind, RecordingReader};
+use pyprobe_recording::analyze::processes::ProcessMap;
+use pyprobe_recording::recording::{EventKind, RecordingReader};
 use serde_json::Value;
 
 /// What `pyprobe record --subprocesses` made of one run.

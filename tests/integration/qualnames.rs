@@ -14,7 +14,7 @@ use std::process::Command;
 
 use crate::hook::pyenv;
 use crate::support::*;
-use pyprobe::python::source_scopes::SourceScopes;
+use pyprobe_cpython::python::source_scopes::SourceScopes;
 use serde_json::Value;
 
 /// (file, name, first line) → qualified name.

@@ -4,11 +4,11 @@
 //! makes of the reports it reads can fail).
 
 use crate::support::{assert_report_schema, report_schema_errors};
-use pyprobe::analyze::{
+use pyprobe_recording::analyze::{
     AuditCount, ExactWindows, FunctionStats, GcStats, Histogram, ImportStats, ProcessStats,
     RaisingStack, Report, ReturnTypes, Target, Thinned, ThreadStats, Trigger, TypeCount,
 };
-use pyprobe::output::report::render_json;
+use pyprobe_recording::output::report::render_json;
 use serde_json::{json, Value};
 
 /// A report with every list non-empty and every nullable field set.

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::support::*;
-use pyprobe::recording::{EventKind, RecordingReader};
+use pyprobe_recording::recording::{EventKind, RecordingReader};
 
 const CALLS: usize = 3000;
 

@@ -1,5 +1,5 @@
 //! The argument evaluator against the C SDT fixture: a breakpoint on every site,
-//! each hit's arguments decoded with `pyprobe::sdt`, compared with what the fixture
+//! each hit's arguments decoded with `pyprobe_sdt::sdt`, compared with what the fixture
 //! itself printed. A deliberately small ptrace loop, independent of pyprobe's engine,
 //! so the decoder is checked on its own.
 
@@ -10,10 +10,10 @@ use nix::sys::ptrace;
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
-use pyprobe::process::memory::ProcessMemory;
-use pyprobe::process::objects::find_probe_object;
-use pyprobe::sdt;
-use pyprobe::tracer::Registers;
+use pyprobe_sdt::process::memory::ProcessMemory;
+use pyprobe_sdt::process::objects::find_probe_object;
+use pyprobe_sdt::sdt;
+use pyprobe_sdt::tracer::Registers;
 
 /// Per probe: the decoded arguments of each hit, as the fixture prints them.
 type Hits = BTreeMap<String, Vec<Vec<String>>>;

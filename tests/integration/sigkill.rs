@@ -102,6 +102,10 @@ fn entry_point(pid: i32) -> u64 {
 /// target finishes its own check, and its entry point, borrowed during each call,
 /// has its bytes back.
 #[test]
+#[cfg_attr(
+    not(feature = "test-switches"),
+    ignore = "pyprobe must be built with --features test-switches"
+)]
 fn the_target_survives_pyprobe_killed_inside_each_injected_call() {
     for version in ["3.9", "3.15"] {
         let Some(py) = python(version) else { continue };

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::support::{python, repo, run_pyprobe};
-use pyprobe::analyze::SampleFilter;
-use pyprobe::recording::{
+use pyprobe_recording::analyze::SampleFilter;
+use pyprobe_recording::recording::{
     Event, EventKind, FrameRef, Header, RecordingWriter, SampleState, WalkedFrame,
 };
 
@@ -29,7 +29,7 @@ fn tmp(name: &str) -> PathBuf {
 /// Writes a recording at `path`: `events` are (tid, µs from the start, kind),
 /// with strings given by name and interned on the way.
 struct Rec {
-    writer: RecordingWriter<pyprobe::recording::BackgroundWriter>,
+    writer: RecordingWriter<pyprobe_recording::recording::BackgroundWriter>,
 }
 
 impl Rec {
@@ -310,8 +310,8 @@ fn speedscope_sampled_golden() {
 
 #[test]
 fn speedscope_spilled_to_disk_is_identical() {
-    use pyprobe::output::speedscope::{write_speedscope, SpeedscopeOptions};
-    use pyprobe::recording::RecordingReader;
+    use pyprobe_recording::output::speedscope::{write_speedscope, SpeedscopeOptions};
+    use pyprobe_recording::recording::RecordingReader;
     let t = trace_recording("speedscope-spill.pyprobe");
     let render = |limit: usize| {
         let mut reader = RecordingReader::open(&t).unwrap();
@@ -494,8 +494,8 @@ fn flame_writes_beside_the_recording_by_default() {
 
 #[test]
 fn view_chosen_by_extension() {
-    use pyprobe::output::file::Existing;
     use pyprobe::session::views::write_view_for_extension;
+    use pyprobe_recording::output::file::Existing;
     let t = trace_recording("by-extension.pyprobe");
     let svg = tmp("by-extension.svg");
     assert!(write_view_for_extension(&t, &svg, SampleFilter::default(), Existing::Keep).unwrap());

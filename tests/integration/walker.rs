@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
-use pyprobe::python::walker::{lines, ThreadStack, Walker};
+use pyprobe_cpython::python::walker::{lines, ThreadStack, Walker};
 use serde_json::{json, Value};
 
 fn fixture(name: &str) -> String {
@@ -445,9 +445,10 @@ fn line_tables_match_the_interpreter() {
 #[test]
 fn corrupt_frame_chain_is_cut_not_followed() {
     let Some(py) = python("3.9") else { return };
-    let offsets: Value =
-        serde_json::from_str(&std::fs::read_to_string(repo().join("offsets/3.9.json")).unwrap())
-            .unwrap();
+    let offsets: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("crates/cpython/offsets/3.9.json")).unwrap(),
+    )
+    .unwrap();
     let back = offsets["frame_object"]["back"].as_u64().unwrap();
     let script = format!(
         "import ctypes, sys, threading, time\n\

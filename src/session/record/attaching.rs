@@ -4,10 +4,10 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use crate::python::probe_catalog::ProbeGroup;
-use crate::recording::EventKind;
-use crate::tracer::signals::monotonic_ns;
-use crate::tracer::TraceEvent;
+use pyprobe_cpython::python::probe_catalog::ProbeGroup;
+use pyprobe_recording::recording::EventKind;
+use pyprobe_sdt::tracer::signals::monotonic_ns;
+use pyprobe_sdt::tracer::TraceEvent;
 
 use super::lines::{armed_line, refusal_lines};
 use super::resolver::Chosen;

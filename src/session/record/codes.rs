@@ -39,9 +39,9 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::python::tracing::{CODE_ARG, FIRST_LINE_ARG, FRAME_ARG};
-use crate::python::walker::Walker;
-use crate::recording::{FrameRef, StrId};
+use pyprobe_cpython::python::tracing::{CODE_ARG, FIRST_LINE_ARG, FRAME_ARG};
+use pyprobe_cpython::python::walker::Walker;
+use pyprobe_recording::recording::{FrameRef, StrId};
 
 /// Reads tried per (file, name, line) before it is left without first line.
 const MAX_TRIES: u8 = 8;

@@ -3,15 +3,15 @@
 use rustc_hash::FxHashMap;
 use std::path::{Path, PathBuf};
 
-use crate::analyze::FileFilter;
-use crate::output::file::{Existing, Output};
-use crate::python::probe_catalog::{ProbeKind, PythonProbe};
-use crate::python::tracing::FRAME_ARG;
-use crate::recording::{
+use pyprobe_cpython::python::probe_catalog::{ProbeKind, PythonProbe};
+use pyprobe_cpython::python::tracing::FRAME_ARG;
+use pyprobe_recording::analyze::FileFilter;
+use pyprobe_recording::output::file::{Existing, Output};
+use pyprobe_recording::recording::{
     BackgroundWriter, Event, EventKind, FrameNumberHint, FrameRef, Header, RecordingWriter, StrId,
 };
-use crate::tracer::signals;
-use crate::tracer::Hit;
+use pyprobe_sdt::tracer::signals;
+use pyprobe_sdt::tracer::Hit;
 
 use super::codes::ReturnHit;
 use super::periods::Periods;
@@ -365,7 +365,7 @@ impl EventBuilder {
 
     pub fn intern(&mut self, s: &str) -> StrId {
         let Some(w) = self.writer.as_mut() else {
-            return crate::recording::StrId(0);
+            return pyprobe_recording::recording::StrId(0);
         };
         let id = w.intern(s);
         // Ids are dense: a new one is the next.

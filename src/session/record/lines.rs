@@ -4,9 +4,9 @@
 use std::cell::RefCell;
 use std::path::PathBuf;
 
-use crate::process::status::cmdline;
-use crate::python::probe_catalog::ProbeGroup;
-use crate::tracer::RingUse;
+use pyprobe_cpython::python::probe_catalog::ProbeGroup;
+use pyprobe_sdt::process::status::cmdline;
+use pyprobe_sdt::tracer::RingUse;
 
 use super::events::EventBuilder;
 use super::request::{RecordRequest, Target};
@@ -154,8 +154,8 @@ impl StartLine<'_> {
         };
         format!(
             "pyprobe: process {pid}{} ({}), CPython {version}: {what}{budget}{into}",
-            crate::process::status::ns_pid_note(pid),
-            crate::output::terminal::escaped(&command),
+            pyprobe_sdt::process::status::ns_pid_note(pid),
+            pyprobe_recording::output::terminal::escaped(&command),
         )
     }
 }
@@ -194,7 +194,7 @@ pub(super) fn refusal_lines(pid: i32, chosen: &RefCell<Chosen>, verbose: bool) -
 
 /// The closing line of an overhead budget: what it cost the target, and what it
 /// left out to hold.
-pub(super) fn budget_line(max: f64, b: &crate::tracer::BudgetSummary) -> String {
+pub(super) fn budget_line(max: f64, b: &pyprobe_sdt::tracer::BudgetSummary) -> String {
     let sampled = if b.blocking_samples == 0 {
         String::new()
     } else {

@@ -7,8 +7,8 @@ use std::rc::Rc;
 
 use anyhow::{bail, Context, Result};
 
-use crate::tracer::signals;
-use crate::tracer::{Engine, RingUse};
+use pyprobe_sdt::tracer::signals;
+use pyprobe_sdt::tracer::{Engine, RingUse};
 
 use attaching::Attaching;
 use recorder::Recorder;
@@ -52,7 +52,7 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         _ => None,
     };
     let mut attaching = Attaching::new(attached, chosen.clone(), request.verbose);
-    let mut collect = |e: crate::tracer::TraceEvent| attaching.collect(e);
+    let mut collect = |e: pyprobe_sdt::tracer::TraceEvent| attaching.collect(e);
     let (mut engine, launched) = match &request.target {
         Some(Target::Attach(pid)) => {
             check_attachable(*pid, settings.mode, request.hook)?;

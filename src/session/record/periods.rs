@@ -22,10 +22,10 @@ use std::thread::JoinHandle;
 
 use anyhow::{Context, Result};
 
-use crate::analyze::SampleFilter;
-use crate::output::flame::{read_folded_by_thread, FrameGrain};
-use crate::output::pprof::{build_profile, write_gzipped};
-use crate::recording::{
+use pyprobe_recording::analyze::SampleFilter;
+use pyprobe_recording::output::flame::{read_folded_by_thread, FrameGrain};
+use pyprobe_recording::output::pprof::{build_profile, write_gzipped};
+use pyprobe_recording::recording::{
     BackgroundWriter, Event, EventKind, FrameRef, Header, RecordingReader, RecordingWriter, StrId,
 };
 
@@ -76,7 +76,7 @@ impl Periods {
     pub fn new(dir: PathBuf, every_ns: u64, samples: SampleFilter) -> Periods {
         let (jobs, receive) = channel::<Job>();
         let worker_dir = dir.clone();
-        let worker = crate::tracer::signals::spawn_helper("pyprobe-pprof", move || {
+        let worker = pyprobe_sdt::tracer::signals::spawn_helper("pyprobe-pprof", move || {
             let mut summary = PeriodsSummary::default();
             for job in receive {
                 match convert(&worker_dir, &job, samples) {

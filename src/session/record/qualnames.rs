@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashSet;
 
-use crate::python::source_scopes::{SourceScopes, MAX_SOURCE_BYTES};
-use crate::recording::FrameRef;
+use pyprobe_cpython::python::source_scopes::{SourceScopes, MAX_SOURCE_BYTES};
+use pyprobe_recording::recording::FrameRef;
 
 /// Most source files kept scanned; past it the cache starts over.
 const MAX_FILES: usize = 512;

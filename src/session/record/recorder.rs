@@ -8,11 +8,11 @@ use std::rc::Rc;
 
 use anyhow::{Context, Result};
 
-use crate::process::status::cmdline;
-use crate::python::probe_catalog::{ProbeGroup, ProbeKind};
-use crate::recording::{EventKind, Header, ThinLevel};
-use crate::tracer::signals::{monotonic_ns, StopReason};
-use crate::tracer::{Engine, Hit, Outcome, TraceEvent};
+use pyprobe_cpython::python::probe_catalog::{ProbeGroup, ProbeKind};
+use pyprobe_recording::recording::{EventKind, Header, ThinLevel};
+use pyprobe_sdt::process::status::cmdline;
+use pyprobe_sdt::tracer::signals::{monotonic_ns, StopReason};
+use pyprobe_sdt::tracer::{Engine, Hit, Outcome, TraceEvent};
 
 use super::attaching::Attaching;
 use super::codes::{FirstLines, ReturnHit};
@@ -245,7 +245,12 @@ impl<'a> Recorder<'a> {
                 }
             }
             TraceEvent::Thinning { pid, ts_ns, level } => {
-                self.thinned = level != ThinLevel::Full;
+                self.thinned = level != pyprobe_sdt::tracer::ThinLevel::Full;
+                let level = match level {
+                    pyprobe_sdt::tracer::ThinLevel::Full => ThinLevel::Full,
+                    pyprobe_sdt::tracer::ThinLevel::Stackless => ThinLevel::Stackless,
+                    pyprobe_sdt::tracer::ThinLevel::Uncounted => ThinLevel::Uncounted,
+                };
                 builder.write(pid, ts_ns, EventKind::Thinned { level });
             }
             TraceEvent::Summarised { short, full } => {

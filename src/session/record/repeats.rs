@@ -4,7 +4,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::recording::{EventKind, FrameNumberHint, FrameRef};
+use pyprobe_recording::recording::{EventKind, FrameNumberHint, FrameRef};
 
 /// Most events given tokens (distinct frames and first lines); hits of others
 /// take the long way every time.
@@ -88,7 +88,7 @@ impl Repeats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recording::StrId;
+    use pyprobe_recording::recording::StrId;
 
     fn frame(line: u32) -> FrameRef {
         FrameRef {

@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use crate::analyze::SampleFilter;
-use crate::tracer::RingUse;
+use pyprobe_recording::analyze::SampleFilter;
+use pyprobe_sdt::tracer::RingUse;
 
 use super::resolver::Mode;
 

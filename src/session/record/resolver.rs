@@ -7,16 +7,18 @@ use std::rc::Rc;
 
 use anyhow::{bail, Result};
 
-use crate::process::memory::ProcessMemory;
-use crate::process::objects::{find_probe_object, LoadedObject};
-use crate::python::probe_catalog::{ProbeGroup, ProbeKind, PythonProbe, PROBES, PROVIDER};
-use crate::python::tracing::{
+use pyprobe_cpython::python::probe_catalog::{
+    ProbeGroup, ProbeKind, PythonProbe, PROBES, PROVIDER,
+};
+use pyprobe_cpython::python::tracing::{
     available_groups, default_groups, probe_set, trace_refusal, FrameArgs,
 };
-use crate::python::version::{self, PyVersion};
-use crate::python::walker::find_interpreter_object;
-use crate::tracer::patch::check_semaphore;
-use crate::tracer::{NotTraceable, ProbeSet, Resolver};
+use pyprobe_cpython::python::version::{self, PyVersion};
+use pyprobe_cpython::python::walker::find_interpreter_object;
+use pyprobe_sdt::process::memory::ProcessMemory;
+use pyprobe_sdt::process::objects::{find_probe_object, LoadedObject};
+use pyprobe_sdt::tracer::patch::check_semaphore;
+use pyprobe_sdt::tracer::{NotTraceable, ProbeSet, Resolver};
 
 /// How function stacks are seen.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -118,18 +120,18 @@ impl MeaningCache {
 }
 
 /// Continuation slots of a stack record: up to 60 frames, innermost first.
-const STACK_SLOTS: u8 = crate::ring::stack::MAX_STACK_SLOTS;
+const STACK_SLOTS: u8 = pyprobe_sdt::ring::stack::MAX_STACK_SLOTS;
 
 /// The offsets ring trampolines walk `pid`'s frames by (the frame walker's own).
-fn stack_capture(pid: i32) -> Result<crate::ring::StackCapture, String> {
-    crate::python::walker::Walker::attach(pid)
+fn stack_capture(pid: i32) -> Result<pyprobe_sdt::ring::StackCapture, String> {
+    pyprobe_cpython::python::walker::Walker::attach(pid)
         .map_err(|e| format!("{e:#}"))?
         .stack_capture(STACK_SLOTS)
 }
 
 /// Where the interpreter's frames keep their code object, as the frame walker reads them.
-fn frame_code_layout(pid: i32) -> Option<crate::python::walker::FrameCodeLayout> {
-    crate::python::walker::Walker::attach(pid)
+fn frame_code_layout(pid: i32) -> Option<pyprobe_cpython::python::walker::FrameCodeLayout> {
+    pyprobe_cpython::python::walker::Walker::attach(pid)
         .ok()?
         .frame_code_layout()
 }
@@ -220,12 +222,14 @@ fn refusals(object: &LoadedObject, set: &ProbeSet, pid: i32) -> Vec<String> {
 }
 
 impl Resolver for PythonResolver {
-    fn event_source(&mut self) -> Option<Box<dyn crate::tracer::engine::source::EventSource>> {
-        Some(Box::new(crate::tracer::hook::HookBook::default()))
+    fn event_source(
+        &mut self,
+    ) -> Option<Box<dyn pyprobe_sdt::tracer::engine::source::EventSource>> {
+        Some(Box::new(pyprobe_cpython::hook_engine::HookBook::default()))
     }
 
     fn resolve(&mut self, pid: i32) -> Result<Option<ProbeSet>> {
-        let maps = crate::process::read_maps(pid)?;
+        let maps = pyprobe_sdt::process::read_maps(pid)?;
         let with_probes = if self.mode == Mode::Sample {
             None
         } else {
@@ -277,7 +281,7 @@ impl PythonResolver {
         if self.mode != Mode::Trace || !wants_calls {
             return Ok(false);
         }
-        let served = version.and_then(crate::tracer::hook::refusal);
+        let served = version.and_then(pyprobe_cpython::hook_engine::refusal);
         let hooked = self.hook_serves(object, version, served)?;
         if hooked && self.budgeted {
             // The hook has no pause: a budget would be charged nothing for its calls

@@ -1,8 +1,8 @@
 //! The hook engine's return-type counts into the recording: one `return_type`
 //! event per changed (function, type) row, its running total.
 
-use crate::recording::{EventKind, FrameRef};
-use crate::tracer::ReturnRow;
+use pyprobe_recording::recording::{EventKind, FrameRef};
+use pyprobe_sdt::tracer::ReturnRow;
 
 use super::events::EventBuilder;
 

@@ -3,17 +3,17 @@
 //! that hit it, as a `stack` event just before the event it explains.
 //!
 //! With `--native`, a sample of a stopped thread is its native stack joined with its
-//! Python stack (`crate::native`); a native frame is recorded as an ordinary frame
+//! Python stack (`pyprobe_cpython::native`); a native frame is recorded as an ordinary frame
 //! named by its function, its file the object file, line 0, so the recording format
 //! and every view take it as it is. A thread that cannot be unwound or joined keeps
 //! its Python stack alone, counted in [`NativeCounts`].
 
 use rustc_hash::FxHashMap;
 
-use crate::native::{join, EvalCalls, Joined, NativeUnwinder, NotJoined};
-use crate::python::walker::{PyFrame, Walker};
-use crate::recording::{EventKind, FrameRef, SampleState, WalkedFrame};
-use crate::ring::RingStack;
+use pyprobe_cpython::native::{join, EvalCalls, Joined, NativeUnwinder, NotJoined};
+use pyprobe_cpython::python::walker::{PyFrame, Walker};
+use pyprobe_recording::recording::{EventKind, FrameRef, SampleState, WalkedFrame};
+use pyprobe_sdt::ring::RingStack;
 
 use super::events::EventBuilder;
 
@@ -159,7 +159,7 @@ impl Sampler {
     /// The walker of `pid` for reading at a probe hit, attached now if it can be
     /// (failed attaches are retried with the usual back-off).
     pub fn walker_at(&mut self, pid: i32) -> Option<&mut Walker> {
-        self.walker(pid, crate::tracer::signals::monotonic_ns())
+        self.walker(pid, pyprobe_sdt::tracer::signals::monotonic_ns())
     }
 
     /// Process `pid` ran `execve` or ended: its walker read the old image.
@@ -323,7 +323,7 @@ impl Sampler {
         python: &[PyFrame],
         calls: EvalCalls<'_>,
     ) -> Vec<WalkedFrame> {
-        let Some(regs) = tid.and_then(crate::native::registers) else {
+        let Some(regs) = tid.and_then(pyprobe_cpython::native::registers) else {
             counts.not_stopped += 1;
             return Self::frames(builder, pid, python);
         };

@@ -6,15 +6,17 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::analyze::{FileFilter, SampleFilter};
-use crate::output::file::{check, check_recording, is_taken, numbered, Existing, Stdout};
-use crate::process::objects::{find_probe_object, sdt_objects};
-use crate::process::status::check_inspectable;
-use crate::python::probe_catalog::{ProbeGroup, PROVIDER};
-use crate::python::tracing::parse_groups;
-use crate::python::walker::find_interpreter_object;
 use crate::session::views::{extension, is_fifo, recording_beside, FlameFormat};
-use crate::tracer::EngineOptions;
+use pyprobe_cpython::python::probe_catalog::{ProbeGroup, PROVIDER};
+use pyprobe_cpython::python::tracing::parse_groups;
+use pyprobe_cpython::python::walker::find_interpreter_object;
+use pyprobe_recording::analyze::{FileFilter, SampleFilter};
+use pyprobe_recording::output::file::{
+    check, check_recording, is_taken, numbered, Existing, Stdout,
+};
+use pyprobe_sdt::process::objects::{find_probe_object, sdt_objects};
+use pyprobe_sdt::process::status::check_inspectable;
+use pyprobe_sdt::tracer::EngineOptions;
 
 use super::request::RecordRequest;
 use super::resolver::Mode;
@@ -207,7 +209,7 @@ pub(super) fn recording_in(dir: &Path, pid: i32, existing: Existing) -> Result<P
     let base = dir.join(format!("pyprobe-{pid}.pyprobe"));
     match existing {
         Existing::Replace => Ok(base),
-        Existing::Keep => Ok(crate::output::file::first_free(
+        Existing::Keep => Ok(pyprobe_recording::output::file::first_free(
             |n| numbered(&base, ".pyprobe", n),
             true,
         )?),
@@ -226,9 +228,12 @@ pub(super) fn check_attachable(pid: i32, mode: Mode, hook: super::HookUse) -> Re
         find_interpreter_object(pid)
             .ok()
             .and_then(|o| {
-                crate::python::version::detect(&o, &crate::process::memory::ProcessMemory::new(pid))
+                pyprobe_cpython::python::version::detect(
+                    &o,
+                    &pyprobe_sdt::process::memory::ProcessMemory::new(pid),
+                )
             })
-            .is_some_and(|v| crate::tracer::hook::refusal(v).is_none())
+            .is_some_and(|v| pyprobe_cpython::hook_engine::refusal(v).is_none())
     };
     let hook_use = hook;
     let hook = mode == Mode::Trace

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::analyze::SampleFilter;
-use crate::output::file::partial_path;
-use crate::output::top::{Snapshot, TopSort, ViewState};
 use crate::session::record::Target;
+use pyprobe_recording::analyze::SampleFilter;
+use pyprobe_recording::output::file::partial_path;
+use pyprobe_recording::output::top::{Snapshot, TopSort, ViewState};
 
 use super::snapshots::{open_live, print_snapshot, recording_source, TOP_SAMPLE_RATE};
 use super::terminal::run_tui;
@@ -41,7 +41,7 @@ fn recorder(exe: &Path, recording: &Path, target: &[String]) -> Command {
 /// Whether `pid` runs a CPython pyprobe can read, owned by this user (cheap test
 /// first: a mapped file named like python, then the interpreter itself).
 fn is_python_of_this_user(pid: i32) -> bool {
-    let Ok(status) = crate::process::ProcessStatus::read(pid) else {
+    let Ok(status) = pyprobe_sdt::process::ProcessStatus::read(pid) else {
         return false;
     };
     // SAFETY: getuid cannot fail.
@@ -50,9 +50,9 @@ fn is_python_of_this_user(pid: i32) -> bool {
         return false;
     }
     // A cheap look first: a mapping named python, before the interpreter is sought.
-    let named_python = crate::process::maps::read_maps(pid)
+    let named_python = pyprobe_sdt::process::maps::read_maps(pid)
         .is_ok_and(|maps| maps.iter().any(|m| m.path.contains("python")));
-    named_python && crate::python::walker::find_interpreter_object(pid).is_ok()
+    named_python && pyprobe_cpython::python::walker::find_interpreter_object(pid).is_ok()
 }
 
 /// One recorder of `top --all`, and the view of its recording.
@@ -117,7 +117,7 @@ impl AllProcesses {
             }
         }
         let mut merged = Snapshot {
-            mode: crate::output::top::TopMode::Sample,
+            mode: pyprobe_recording::output::top::TopMode::Sample,
             filter: self.samples,
             ..Snapshot::default()
         };
@@ -193,7 +193,7 @@ pub(super) fn live_top(
 ) -> Result<ExitCode> {
     let target = match watch {
         Target::Attach(pid) => {
-            crate::process::status::check_inspectable(*pid)?;
+            pyprobe_sdt::process::status::check_inspectable(*pid)?;
             vec!["-p".to_string(), pid.to_string()]
         }
         Target::Launch(cmd) => std::iter::once("--".to_string())

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::analyze::SampleFilter;
-use crate::output::report::build_report_filtered;
-use crate::output::top::{snapshot_between, TopSort, ViewState};
 use crate::session::record::{self, RecordRequest, Target};
 use crate::session::views::open;
-use crate::tracer::RingUse;
+use pyprobe_recording::analyze::SampleFilter;
+use pyprobe_recording::output::report::build_report_filtered;
+use pyprobe_recording::output::top::{snapshot_between, TopSort, ViewState};
+use pyprobe_sdt::tracer::RingUse;
 
 use live::{all_top, live_top};
 use snapshots::{open_live, print_snapshot, recording_source, TOP_SAMPLE_RATE};

@@ -7,19 +7,19 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::analyze::SampleFilter;
-use crate::output::file::partial_path;
-use crate::output::report::build_report_filtered;
-use crate::output::top::{render_text, snapshot_between, Snapshot, TopSort};
-use crate::recording::RecordingReader;
+use pyprobe_recording::analyze::SampleFilter;
+use pyprobe_recording::output::file::partial_path;
+use pyprobe_recording::output::report::build_report_filtered;
+use pyprobe_recording::output::top::{render_text, snapshot_between, Snapshot, TopSort};
+use pyprobe_recording::recording::RecordingReader;
 
 /// Opens a recording that may still be written: its `.partial` while the recorder
 /// runs, the recording itself once it has ended.
 pub(super) fn open_live(
     file: &Path,
-) -> Result<RecordingReader<io::BufReader<File>>, crate::recording::RecordError> {
+) -> Result<RecordingReader<io::BufReader<File>>, pyprobe_recording::recording::RecordError> {
     match RecordingReader::open(&partial_path(file)) {
-        Err(crate::recording::RecordError::Io { error, .. })
+        Err(pyprobe_recording::recording::RecordError::Io { error, .. })
             if error.kind() == io::ErrorKind::NotFound =>
         {
             RecordingReader::open(file)
@@ -41,7 +41,7 @@ pub(super) fn recording_source(file: PathBuf, samples: SampleFilter) -> impl FnM
                 let mut s = snapshot_between(previous.as_ref(), &report);
                 let grown = previous
                     .as_ref()
-                    .is_none_or(|p: &crate::analyze::Report| p.events != report.events);
+                    .is_none_or(|p: &pyprobe_recording::analyze::Report| p.events != report.events);
                 if !grown {
                     // Nothing new (the recording is finished): show the whole of it.
                     s = snapshot_between(None, &report);

@@ -14,7 +14,7 @@ use crossterm::terminal::{
 use ratatui::backend::CrosstermBackend;
 use ratatui::Terminal;
 
-use crate::output::top::{draw, handle_key, Snapshot, ViewState};
+use pyprobe_recording::output::top::{draw, handle_key, Snapshot, ViewState};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 

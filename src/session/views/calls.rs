@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use crate::output::calls::{write_calls, CallsOptions};
-use crate::output::flame::ViewError;
+use pyprobe_recording::output::calls::{write_calls, CallsOptions};
+use pyprobe_recording::output::flame::ViewError;
 
 use super::reading::{note_cut_short, open};
 

@@ -8,17 +8,17 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
-use crate::analyze::folded::Folded;
-use crate::analyze::{SampleFilter, SliceFilter};
-use crate::output::chrome::{write_chrome, ChromeOptions};
-use crate::output::file::{check, first_free, numbered, Existing, Output, Stdout};
-use crate::output::flame::{
+use pyprobe_recording::analyze::folded::Folded;
+use pyprobe_recording::analyze::{SampleFilter, SliceFilter};
+use pyprobe_recording::output::chrome::{write_chrome, ChromeOptions};
+use pyprobe_recording::output::file::{check, first_free, numbered, Existing, Output, Stdout};
+use pyprobe_recording::output::flame::{
     choose_measure, read_folded_by_thread, read_folded_filtered, write_collapsed, write_svg, By,
     FrameGrain, FrameNames, SvgOptions,
 };
-use crate::output::pprof::{build_profile, write_gzipped};
-use crate::output::speedscope::{write_speedscope, SpeedscopeOptions};
-use crate::output::Census;
+use pyprobe_recording::output::pprof::{build_profile, write_gzipped};
+use pyprobe_recording::output::speedscope::{write_speedscope, SpeedscopeOptions};
+use pyprobe_recording::output::Census;
 
 use super::reading::{is_broken_pipe, note_cut_short, note_samples, open};
 

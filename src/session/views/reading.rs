@@ -6,9 +6,9 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use crate::analyze::{SampleFilter, SampleTally};
-use crate::output::flame::ViewError;
-use crate::recording::{Completion, RecordingReader};
+use pyprobe_recording::analyze::{SampleFilter, SampleTally};
+use pyprobe_recording::output::flame::ViewError;
+use pyprobe_recording::recording::{Completion, RecordingReader};
 
 pub(crate) fn open(file: &Path) -> Result<RecordingReader<io::BufReader<File>>> {
     RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))

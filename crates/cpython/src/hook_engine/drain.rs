@@ -1,0 +1,418 @@
+//! Reading a hook ring: records are named as they are read (while their code
+//! objects most likely still exist) and held, then passed on in time order with
+//! the SDT ring of the same process (GC, imports, audit events), which the engine
+//! reads between ([`Engine::drain_rings`](pyprobe_sdt::tracer::engine::Engine)): a call
+//! never reaches the recording after a later event of the other ring, which would
+//! put that event inside the wrong call.
+
+use std::sync::Arc;
+
+use crate::hook::codegen::{STR_HASH, STR_LENGTH};
+use crate::hook::{KIND_CALL, KIND_RAISE, KIND_RETURN};
+use crate::python::walker::{PyFrame, Walker};
+use pyprobe_sdt::process::memory::ProcessMemory;
+use pyprobe_sdt::ring::DrainStop;
+use pyprobe_sdt::tracer::clock::monotonic_ns;
+use pyprobe_sdt::tracer::engine::{Hit, RepeatSlot, TraceEvent};
+use pyprobe_sdt::tracer::ring::tsc::{read_tsc, TscClock};
+
+use super::setup::ascii_data;
+use super::{HookProc, BATCH, MAX_NAMED, MAX_REPEATS, MAX_SHADOW, UNKNOWN};
+
+/// [`HookProc::recheck_named`]'s room, kept between drains.
+#[derive(Default)]
+pub(super) struct Recheck {
+    seen: rustc_hash::FxHashSet<[u64; 5]>,
+    parts: Vec<[u64; 5]>,
+    addrs: Vec<u64>,
+    words: Vec<Option<u64>>,
+}
+
+/// A record as the ring holds it: kind, `%fs` base, the code object's parts
+/// (address, name and file pointers, first line, the strings' hash check), the
+/// returned type, the counter stamp, a body's copied name.
+pub(super) struct RawRecord {
+    kind: u32,
+    thread: u64,
+    parts: [u64; 5],
+    ty: u64,
+    stamp: u64,
+    body_name: Option<String>,
+}
+
+/// A record read and named, not yet passed on.
+pub(super) struct HookRecord {
+    kind: u32,
+    tid: i32,
+    code: u64,
+    frame: Arc<PyFrame>,
+    ts_ns: u64,
+}
+
+impl HookProc {
+    /// Reads up to [`BATCH`] records from the ring, names them and holds them; says
+    /// what was lost. Returns the records read. Afterwards every record stamped
+    /// before `read_to` has been read.
+    pub(super) fn collect(
+        &mut self,
+        pid: i32,
+        tsc: Option<&TscClock>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> usize {
+        let start = read_tsc();
+        let mut records = std::mem::take(&mut self.raw);
+        records.clear();
+        let drained = self.reader.drain(BATCH, |r| {
+            records.push(RawRecord {
+                kind: r.probe,
+                thread: r.thread,
+                parts: [r.args[0], r.args[2], r.args[3], r.args[4], r.args[5]],
+                ty: r.args[1],
+                stamp: r.tsc,
+                // A module or class body's name and file, copied by the hook
+                // (before 3.12).
+                body_name: r
+                    .string(2)
+                    .filter(|s| !s.truncated)
+                    .map(|s| String::from_utf8_lossy(s.bytes).into_owned()),
+            });
+        });
+        self.read_to = match (drained.stop, records.last()) {
+            (DrainStop::Empty, _) => start,
+            (_, Some(last)) => last.stamp,
+            (_, None) => self.read_to,
+        };
+        pyprobe_sdt::tracer::ring::report_lost(
+            &mut self.lost,
+            self.reader.lost(),
+            monotonic_ns(),
+            "hook",
+            pid,
+            sink,
+        );
+        if records.is_empty() {
+            self.raw = records;
+            return 0;
+        }
+        self.walker.new_naming_batch();
+        self.names.clear();
+        self.types.new_batch();
+        self.recheck_named(&records);
+        for r in &records {
+            let (kind, thread, parts, ty, stamp) = (r.kind, r.thread, r.parts, r.ty, r.stamp);
+            if !matches!(kind, KIND_CALL | KIND_RETURN | KIND_RAISE) {
+                continue;
+            }
+            let frame = self.name(kind, thread, parts, r.body_name.as_deref());
+            if kind != KIND_CALL {
+                let returned = match kind {
+                    KIND_RAISE => None,
+                    _ if self.image_gone => Some(self.types.cached(ty)),
+                    _ => Some(self.types.name(&self.mem, ty)),
+                };
+                self.returns
+                    .count(&frame.file, &frame.name, frame.first_line, returned);
+            }
+            self.pending.push_back(HookRecord {
+                kind,
+                tid: self.fs_tids.get(&thread).copied().unwrap_or(pid),
+                code: parts[0],
+                frame,
+                ts_ns: tsc.map_or_else(monotonic_ns, |c| c.to_ns(stamp)),
+            });
+        }
+        // Named: an ending target's exit callback may let finalization free them now.
+        self.reader.mark_finished();
+        let read = records.len();
+        self.raw = records;
+        read
+    }
+
+    /// Before a drain's records are named: the parts among them named before
+    /// keep that name only if their code object's `co_qualname` pointer is the
+    /// one it had then, all read with one system call; the others are
+    /// forgotten, to be named afresh. Nothing is read when the image is gone
+    /// (what was named is all there is) or before 3.11 (no qualified name: the
+    /// parts are the whole name).
+    fn recheck_named(&mut self, records: &[RawRecord]) {
+        let Some(offset) = self.walker.code_qualname_offset() else {
+            return;
+        };
+        if self.image_gone || self.named.is_empty() {
+            return;
+        }
+        let Recheck {
+            seen,
+            parts,
+            addrs,
+            words,
+        } = &mut self.recheck;
+        seen.clear();
+        parts.clear();
+        addrs.clear();
+        // Runs of one code object are the rule (a loop, a recursion): a record
+        // like the one before it costs a compare, not a hash.
+        let mut previous = None;
+        for r in records {
+            if !matches!(r.kind, KIND_CALL | KIND_RETURN | KIND_RAISE) || previous == Some(r.parts)
+            {
+                continue;
+            }
+            previous = Some(r.parts);
+            if seen.insert(r.parts) && self.named.contains_key(&r.parts) {
+                parts.push(r.parts);
+                addrs.push(r.parts[0].wrapping_add(offset));
+            }
+        }
+        self.mem.read_words(addrs, words);
+        for (p, now) in parts.iter().zip(words.iter()) {
+            if self.named.get(p).map(|(_, q)| Some(*q)) != Some(*now) {
+                self.named.remove(p);
+            }
+        }
+    }
+
+    /// The name of a record's code object: a return takes the name of the entry it
+    /// closes (the innermost of the same code object on its thread's shadow stack:
+    /// the code object may be gone and its memory reused by now), an entry is named
+    /// from the target's memory (or from names read before, when the image is gone).
+    fn name(
+        &mut self,
+        kind: u32,
+        thread: u64,
+        parts: [u64; 5],
+        body_name: Option<&str>,
+    ) -> Arc<PyFrame> {
+        let code = parts[0];
+        if kind != KIND_CALL {
+            let shadow = self.shadow.entry(thread).or_default();
+            let at = shadow
+                .iter()
+                .rev()
+                .take(64)
+                .position(|(c, _)| *c == code)
+                .map(|k| shadow.len() - 1 - k);
+            if let Some(i) = at {
+                let (_, frame) = shadow.swap_remove(i);
+                shadow.truncate(i);
+                return frame;
+            }
+        }
+        let walker = &mut self.walker;
+        let mem = &self.mem;
+        let image_gone = self.image_gone;
+        // A module or class body (before 3.12) carries its name in the record, and
+        // its parts' check covers only its file: two bodies made from one template
+        // at one address share every part. Named from the record each time (a
+        // body runs once), never from a cache.
+        let body = body_name
+            .filter(|_| !image_gone)
+            .and_then(|b| name_code(walker, mem, parts, Some(b)))
+            .map(Arc::new);
+        let frame = match body {
+            Some(frame) => {
+                // Kept for records read after the image is gone, as any name.
+                if self.named.len() >= MAX_NAMED {
+                    self.named.clear();
+                }
+                self.named.insert(parts, (frame.clone(), 0));
+                frame
+            }
+            None => self.cached_name(parts, body_name),
+        };
+        if kind == KIND_CALL {
+            let shadow = self.shadow.entry(thread).or_default();
+            if shadow.len() >= MAX_SHADOW {
+                shadow.drain(..MAX_SHADOW / 2);
+            }
+            shadow.push((code, frame.clone()));
+        }
+        frame
+    }
+
+    /// The name of a code object from this drain's names, from those named
+    /// before, or read now.
+    fn cached_name(&mut self, parts: [u64; 5], body_name: Option<&str>) -> Arc<PyFrame> {
+        let walker = &mut self.walker;
+        let mem = &self.mem;
+        let named = &mut self.named;
+        let image_gone = self.image_gone;
+        self.names
+            .entry(parts)
+            .or_insert_with(|| {
+                // Parts named before (and rechecked in this drain): the same
+                // frame, not read again. One frame per code object across
+                // drains, which its repeats are known by; reading each afresh
+                // cost some ten `process_vm_readv`s per code object per drain.
+                if let Some((known, _)) = named.get(&parts) {
+                    return Some(known.clone());
+                }
+                let frame = (!image_gone)
+                    .then(|| name_code(walker, mem, parts, body_name))
+                    .flatten()
+                    .map(Arc::new);
+                if let Some(f) = &frame {
+                    if named.len() >= MAX_NAMED {
+                        named.clear();
+                    }
+                    let qualname = walker
+                        .code_qualname_offset()
+                        .and_then(|o| mem.read_u64(parts[0].wrapping_add(o)).ok())
+                        .unwrap_or(0);
+                    named.insert(parts, (f.clone(), qualname));
+                }
+                frame
+            })
+            .clone()
+            .unwrap_or_else(|| self.unknown.clone())
+    }
+
+    /// Passes on the held records stamped no later than `upto_ns`, in order, as
+    /// function entry and return hits (`hits` counts them). Returns how many.
+    pub(super) fn emit(
+        &mut self,
+        pid: i32,
+        upto_ns: u64,
+        hits: &mut u64,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> usize {
+        let mut passed = 0;
+        let qualified = self.walker.code_qualname_offset().is_some();
+        while self.pending.front().is_some_and(|r| r.ts_ns <= upto_ns) {
+            let Some(r) = self.pending.pop_front() else {
+                break;
+            };
+            *hits += 1;
+            passed += 1;
+            // The same frame (the same `Arc`, held in the key's entry) entered or
+            // left again: the event the sink named the first time.
+            let key = (r.kind == KIND_CALL, Arc::as_ptr(&r.frame) as usize);
+            if let Some(&(token, _)) = self.repeats.get(&key) {
+                sink(TraceEvent::Repeat {
+                    pid,
+                    tid: r.tid,
+                    ts_ns: r.ts_ns,
+                    token,
+                });
+                continue;
+            }
+            let b = &mut self.buffers;
+            // A third string, the qualified name, where the interpreter has one
+            // (3.11+).
+            let f = &r.frame;
+            let texts: [&str; 3] = [&f.file, &f.name, &f.function];
+            b.set(
+                &[r.code, r.code, f.first_line as u64],
+                &texts[..if qualified { 3 } else { 2 }],
+            );
+            let (probe, name) = match r.kind {
+                KIND_CALL => (usize::MAX - 1, "function__entry"),
+                _ => (usize::MAX, "function__return"),
+            };
+            let slot = RepeatSlot::default();
+            sink(TraceEvent::Hit(Hit::from_source(
+                (pid, r.tid, r.ts_ns),
+                (probe, name),
+                b,
+                &slot,
+            )));
+            if let Some(token) = slot.token() {
+                if self.repeats.len() >= MAX_REPEATS {
+                    self.repeats.clear();
+                }
+                self.repeats.insert(key, (token, r.frame));
+            }
+        }
+        if passed > 0 {
+            sink(TraceEvent::RingDrained { pid });
+        }
+        if self.returns.due() {
+            let rows = self.returns.take_changed();
+            sink(TraceEvent::ReturnTypes {
+                pid,
+                ts_ns: monotonic_ns(),
+                rows: &rows,
+            });
+        }
+        passed
+    }
+}
+
+/// What may identify the `str` at `s` as the hook saw it (see
+/// `crate::hook::codegen::emit_str_identity`): its hash now, and its length xor its
+/// first 8 bytes (its length alone when shorter), which a hash computed since does
+/// not change.
+fn identities(mem: &ProcessMemory, s: u64, data: u64) -> Option<[u64; 2]> {
+    let hash = mem.read_u64(s + STR_HASH as u64).ok()?;
+    let len = mem.read_u64(s + STR_LENGTH as u64).ok()?;
+    let by_text = if len < 8 {
+        len
+    } else {
+        len ^ mem.read_u64(s + data).ok()?
+    };
+    Some([hash, by_text])
+}
+
+/// Names the code object of a record. Its strings must still read as they did when
+/// the hook ran (`check`: the name's identity xor the file's rotated, or the file's
+/// alone for a body, whose name, and file when it fits, the record carries): before
+/// 3.12 a code object and its strings may be freed by now, their memory still
+/// holding the old pointers or other strings. Then the walker's name (with
+/// `co_qualname`) while the object at that address still has the `co_name`,
+/// `co_filename` and first line the record saw, else from those parts themselves.
+fn name_code(
+    walker: &mut Walker,
+    mem: &ProcessMemory,
+    parts: [u64; 5],
+    body: Option<&str>,
+) -> Option<PyFrame> {
+    let [code, name, filename, first_line, check] = parts;
+    let data = ascii_data(u32::from(walker.version().minor)) as u64;
+    let file_ids = identities(mem, filename, data);
+    let holds = |names: &[u64]| {
+        file_ids.is_some_and(|files| {
+            names
+                .iter()
+                .any(|n| files.iter().any(|f| n ^ f.rotate_left(1) == check))
+        })
+    };
+    if let Some(body) = body {
+        let (body_name, body_file) = match body.split_once('\x01') {
+            Some((n, f)) => (n, Some(f)),
+            None => (body, None),
+        };
+        let file: Arc<str> = match body_file {
+            Some(f) => f.into(),
+            None => holds(&[0])
+                .then(|| walker.read_str(filename))
+                .flatten()
+                .unwrap_or_else(|| UNKNOWN.into()),
+        };
+        let name: Arc<str> = body_name.into();
+        return Some(PyFrame {
+            file,
+            function: name.clone(),
+            name,
+            first_line: first_line as u32,
+            line: first_line as u32,
+        });
+    }
+    if !holds(&identities(mem, name, data)?) {
+        return None;
+    }
+    let [o_name, o_file, o_line] = walker.code_field_offsets();
+    let same = mem.read_u64(code + o_name).ok() == Some(name)
+        && mem.read_u64(code + o_file).ok() == Some(filename)
+        && mem
+            .read_u64(code + o_line)
+            .ok()
+            .map(|v| v as u32 as i32 as i64 as u64)
+            == Some(first_line);
+    if same {
+        let (frames, _) = walker.name_captured(&[(code, 0)]);
+        if let Some(frame) = frames.into_iter().next() {
+            return Some(frame);
+        }
+    }
+    walker.name_code_parts(name, filename, first_line as u32)
+}

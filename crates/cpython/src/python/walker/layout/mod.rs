@@ -1,0 +1,352 @@
+//! Where the walker finds things in a CPython's structures: one [`Layout`], built either
+//! from an offsets file (3.7 – 3.12, `offsets/3.X.json`, generated from the version's
+//! headers by `scripts/gen-offsets.sh`) or from the `_Py_DebugOffsets` the interpreter
+//! carries at the start of `_PyRuntime` (3.13+; the offsets file of those versions only
+//! says where in `_Py_DebugOffsets` each number is).
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Deserialize;
+
+use crate::python::version::PyVersion;
+use pyprobe_sdt::sdt::MemoryReader;
+
+mod debug_offsets;
+mod offsets_file;
+
+pub use debug_offsets::{debug_offsets_size, from_debug_offsets};
+pub use offsets_file::from_offsets_file;
+
+/// The embedded offsets files, by minor version.
+const FILES: &[(u8, &str)] = &[
+    (7, include_str!("../../../../offsets/3.7.json")),
+    (8, include_str!("../../../../offsets/3.8.json")),
+    (9, include_str!("../../../../offsets/3.9.json")),
+    (10, include_str!("../../../../offsets/3.10.json")),
+    (11, include_str!("../../../../offsets/3.11.json")),
+    (12, include_str!("../../../../offsets/3.12.json")),
+    (13, include_str!("../../../../offsets/3.13.json")),
+    (14, include_str!("../../../../offsets/3.14.json")),
+    (15, include_str!("../../../../offsets/3.15.json")),
+];
+
+/// The cookie `_Py_DebugOffsets` starts with.
+pub const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
+
+/// Upper bounds for the sizes `_Py_DebugOffsets` reports: a corrupt or foreign block is
+/// refused rather than trusted.
+const MAX_RUNTIME_SIZE: u64 = 64 << 20;
+const MAX_INTERP_SIZE: u64 = 64 << 20;
+const MAX_TSTATE_SIZE: u64 = 1 << 20;
+const MAX_SMALL_STRUCT: u64 = 4096;
+
+/// How a frame records its current instruction's line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineTable {
+    /// `co_lnotab` (3.6 – 3.9): (address delta, line delta) byte pairs.
+    Lnotab,
+    /// `co_linetable` of 3.10: (address delta, line delta) pairs, -128 = no line.
+    Linetable310,
+    /// `co_linetable` of 3.11+: the location table (`Objects/locations.md`).
+    Locations,
+}
+
+/// Where a thread state keeps its innermost frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameRoot {
+    /// A pointer field of the thread state (`frame` up to 3.10, `current_frame` 3.13+).
+    Direct(u64),
+    /// `tstate->cframe->current_frame` (3.11, 3.12).
+    CFrame { cframe: u64, current_frame: u64 },
+}
+
+/// What a frame is and where its fields are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameLayout {
+    /// `PyFrameObject` (up to 3.10): `f_back`, `f_code`, `f_lasti`.
+    Object {
+        back: u64,
+        code: u64,
+        lasti: u64,
+        /// Bytes per unit of `f_lasti`: 1 up to 3.9, 2 (code units) in 3.10.
+        lasti_unit: u64,
+    },
+    /// `_PyInterpreterFrame` (3.11+).
+    Interpreter {
+        previous: u64,
+        executable: u64,
+        /// `prev_instr` (3.11, 3.12) or `instr_ptr` (3.13+).
+        instr_ptr: u64,
+        owner: u64,
+        /// Frames whose owner is at least this are shims owned by the C stack or the
+        /// interpreter (3.12+), not Python code.
+        first_shim_owner: Option<u8>,
+        /// 3.11: the `is_entry` byte, set on the outermost frame of each call of
+        /// the eval loop (3.12+ mark it with a shim frame instead).
+        entry_flag: Option<u64>,
+        /// Tag bits of `_PyStackRef f_executable` (3.14+), masked off.
+        tag_mask: u64,
+        /// Free-threaded 3.14+: (`tlbc_index` in the frame, `co_tlbc` in the code).
+        tlbc: Option<(u64, u64)>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnicodeLayout {
+    pub length: u64,
+    pub state: u64,
+    /// sizeof(PyASCIIObject): compact ASCII data starts here.
+    pub ascii_size: u64,
+    /// sizeof(PyCompactUnicodeObject): compact non-ASCII data starts here; the data
+    /// pointer of a legacy (non-compact) string is stored here.
+    pub compact_size: u64,
+    pub kind_shift: u32,
+    pub compact_bit: u32,
+    pub ascii_bit: u32,
+}
+
+/// Where the thread state holding the GIL is found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GilLayout {
+    /// Up to 3.11: `_PyRuntime.gilstate.tstate_current` (its offset in `_PyRuntime`),
+    /// the thread state holding the GIL, NULL while none does (a thread releasing
+    /// the GIL swaps it out first, and swaps it back in once it has taken it again).
+    RuntimeCurrent { tstate_current: u64 },
+    /// 3.12+: each interpreter's `ceval.gil` (its offset in the interpreter state)
+    /// points to a `struct _gil_runtime_state`, held by `last_holder` (a thread
+    /// state) while `locked` (an int) is set; offsets in that structure.
+    Interpreter {
+        ceval_gil: u64,
+        last_holder: u64,
+        locked: u64,
+    },
+}
+
+/// Every offset the walker uses, for one interpreter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub runtime_interpreters_head: u64,
+    pub interp_next: u64,
+    pub interp_threads_head: u64,
+    pub tstate_next: u64,
+    pub tstate_thread_id: u64,
+    pub tstate_native_thread_id: Option<u64>,
+    pub tstate_frame: FrameRoot,
+    pub frame: FrameLayout,
+    pub code_filename: u64,
+    pub code_name: u64,
+    pub code_qualname: Option<u64>,
+    pub code_firstlineno: u64,
+    pub code_linetable: u64,
+    /// Offset of the bytecode inside the code object (3.11+).
+    pub code_adaptive: Option<u64>,
+    pub line_table: LineTable,
+    pub ob_type: u64,
+    pub bytes_ob_size: u64,
+    pub bytes_ob_sval: u64,
+    pub unicode: UnicodeLayout,
+    /// How to tell the GIL's holder; `None` when this version's offsets are not
+    /// known (then whether a thread holds the GIL is unknown, never guessed).
+    pub gil: Option<GilLayout>,
+}
+
+impl Layout {
+    /// Bytes to read of a thread state to see every field the walker uses.
+    pub fn tstate_span(&self) -> u64 {
+        let root = match self.tstate_frame {
+            FrameRoot::Direct(o) => o,
+            FrameRoot::CFrame { cframe, .. } => cframe,
+        };
+        [
+            self.tstate_next,
+            self.tstate_thread_id,
+            self.tstate_native_thread_id.unwrap_or(0),
+            root,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+            + 8
+    }
+
+    /// Whether frames say which of them begins a call of the eval loop (3.11:
+    /// the entry flag; 3.12+: the shim frame each call pushes).
+    pub fn marks_entries(&self) -> bool {
+        match self.frame {
+            FrameLayout::Object { .. } => false,
+            FrameLayout::Interpreter {
+                entry_flag,
+                first_shim_owner,
+                ..
+            } => entry_flag.is_some() || first_shim_owner.is_some(),
+        }
+    }
+
+    /// Bytes to read of a frame.
+    pub fn frame_span(&self) -> u64 {
+        match self.frame {
+            FrameLayout::Object {
+                back, code, lasti, ..
+            } => back.max(code).max(lasti) + 8,
+            FrameLayout::Interpreter {
+                previous,
+                executable,
+                instr_ptr,
+                owner,
+                tlbc,
+                entry_flag,
+                ..
+            } => {
+                previous
+                    .max(executable)
+                    .max(instr_ptr)
+                    .max(owner)
+                    .max(tlbc.map_or(0, |t| t.0))
+                    .max(entry_flag.unwrap_or(0))
+                    + 8
+            }
+        }
+    }
+
+    /// Bytes to read of a code object's header.
+    pub fn code_span(&self) -> u64 {
+        let tlbc = match self.frame {
+            FrameLayout::Interpreter { tlbc, .. } => tlbc.map_or(0, |t| t.1),
+            FrameLayout::Object { .. } => 0,
+        };
+        [
+            self.ob_type,
+            self.code_filename,
+            self.code_name,
+            self.code_qualname.unwrap_or(0),
+            self.code_firstlineno,
+            self.code_linetable,
+            tlbc,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+            + 8
+    }
+}
+
+/// Where a [`Layout`] came from, for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayoutSource {
+    /// `offsets/3.X.json`, embedded in pyprobe.
+    OffsetsFile {
+        file: String,
+        /// Which headers it was generated from.
+        generated_from: String,
+    },
+    /// `_Py_DebugOffsets` read from the target, located with `offsets/3.X.json`.
+    DebugOffsets {
+        /// The `version` field of `_Py_DebugOffsets` (`PY_VERSION_HEX`).
+        version_hex: u64,
+        positions_file: String,
+        /// True when the target is newer than every known `_Py_DebugOffsets` layout
+        /// and the newest one was tried.
+        newer_than_known: bool,
+    },
+}
+
+impl std::fmt::Display for LayoutSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LayoutSource::OffsetsFile {
+                file,
+                generated_from,
+            } => write!(f, "offsets table {file} (generated from {generated_from})"),
+            LayoutSource::DebugOffsets {
+                version_hex,
+                positions_file,
+                newer_than_known,
+            } => {
+                write!(
+                    f,
+                    "_Py_DebugOffsets read from the target (version {version_hex:#010x}; \
+                     its layout from {positions_file}"
+                )?;
+                if *newer_than_known {
+                    write!(f, ", the newest known: the target is newer")?;
+                }
+                write!(f, ")")
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The files, shared by both builders.
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+struct Header {
+    python: String,
+    kind: String,
+    source: String,
+}
+
+fn file_text(minor: u8) -> Option<&'static str> {
+    FILES.iter().find(|(m, _)| *m == minor).map(|(_, t)| *t)
+}
+
+fn header(minor: u8) -> Result<Header> {
+    let text = file_text(minor).ok_or_else(|| anyhow!("no offsets file for 3.{minor}"))?;
+    serde_json::from_str(text).with_context(|| format!("offsets/3.{minor}.json is malformed"))
+}
+
+/// The minor versions with an offsets file of `kind` ("offsets" or "debug_offsets").
+pub fn known_minors(kind: &str) -> Vec<u8> {
+    FILES
+        .iter()
+        .filter(|(m, _)| header(*m).is_ok_and(|h| h.kind == kind))
+        .map(|(m, _)| *m)
+        .collect()
+}
+
+/// Whether `version` reads its layout from `_Py_DebugOffsets` (3.13+).
+pub fn uses_debug_offsets(version: PyVersion) -> bool {
+    version.at_least(3, 13)
+}
+
+fn check_spans(l: &Layout) -> Result<()> {
+    let u = &l.unicode;
+    // Only the first bytes of each structure are read: keep every read small.
+    if l.tstate_span() > MAX_SMALL_STRUCT
+        || l.frame_span() > MAX_SMALL_STRUCT
+        || l.code_span() > MAX_SMALL_STRUCT
+        || u.ascii_size > 256
+        || u.compact_size > 256
+        || u.ascii_size < u.state + 4
+        || u.compact_size < u.ascii_size
+        || u.kind_shift > 29
+        || u.compact_bit > 31
+        || u.ascii_bit > 31
+        || l.bytes_ob_sval > 256
+        || l.code_adaptive.is_some_and(|c| c > MAX_SMALL_STRUCT)
+        || !l.gil.is_none_or(|g| gil_plausible(&g))
+    {
+        bail!("structure offsets out of range: {l:?}");
+    }
+    Ok(())
+}
+
+/// Whether the GIL offsets keep every read small and inside its structure.
+fn gil_plausible(g: &GilLayout) -> bool {
+    match *g {
+        GilLayout::RuntimeCurrent { tstate_current } => tstate_current < MAX_RUNTIME_SIZE,
+        GilLayout::Interpreter {
+            ceval_gil,
+            last_holder,
+            locked,
+        } => {
+            ceval_gil < MAX_INTERP_SIZE
+                && last_holder < MAX_SMALL_STRUCT
+                && locked < MAX_SMALL_STRUCT
+                && last_holder.abs_diff(locked) >= 4
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,499 @@
+//! The frame walker: the Python stacks of a live CPython process, read from outside with
+//! `process_vm_readv` only (no ptrace, no stop, nothing written).
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use pyprobe::python::walker::Walker;
+//! let mut walker = Walker::attach(1234)?;
+//! eprintln!("{}", walker.describe());
+//! for thread in walker.stacks()? {
+//!     for frame in &thread.frames {   // outermost first
+//!         println!("{:?} {}:{} in {}", thread.native_tid, frame.file, frame.line, frame.function);
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! How it finds things:
+//! * the interpreter is the mapped object defining `_PyRuntime` (or with a `.PyRuntime`
+//!   section): the executable, `libpython3.X.so`, or a python binary run through the
+//!   dynamic loader; SDT notes are not needed;
+//! * the version comes from `Py_Version` (3.11+), else `_Py_DebugOffsets`, else the
+//!   object's name, else a `python3.X` path among the mappings;
+//! * the structure layout of 3.7 – 3.12 comes from `offsets/3.X.json` (generated from
+//!   that version's headers by `scripts/gen-offsets.sh`, embedded at build time); 3.13+
+//!   reads it from the `_Py_DebugOffsets` at the start of `_PyRuntime` (cookie, version
+//!   and sizes checked), so a new patch release needs nothing new.
+//!
+//! Per version: 3.7 – 3.10 walk `PyFrameObject`s (`f_back`, line from `f_lasti` and
+//! `co_lnotab` / 3.10's `co_linetable`); 3.11+ walk `_PyInterpreterFrame`s (line from
+//! `prev_instr`/`instr_ptr` and the location table), skip the shim frames owned by the C
+//! stack or the interpreter (3.12+), mask the tag bits of `f_executable` (3.14+), and
+//! skip any frame whose code is not a code object (`ob_type != &PyCode_Type`). Function
+//! names are `co_qualname` from 3.11 (`Class.method`), `co_name` before.
+//!
+//! The GIL's holder: up to 3.11 `_PyRuntime.gilstate.tstate_current`, the thread state
+//! holding it (NULL while released); 3.12+ each interpreter's `ceval.gil`, held by its
+//! `last_holder` while `locked` is set (offsets from `offsets/3.12.json`, or from
+//! `_Py_DebugOffsets`). Without those offsets (a free-threaded build, a positions file
+//! without them) whether a thread holds the GIL is unknown: `None`, never guessed.
+//!
+//! Native thread ids: 3.11+ read `native_thread_id`; 3.7 – 3.10 read the tid out of the
+//! thread's `struct pthread` (its `pthread_t` is its address; the offset of the tid is
+//! found once against the live task list; see `threads.rs`); `None` when that fails.
+//! Tids are as pyprobe sees them, translated out of the target's PID namespace.
+//!
+//! Safety against a corrupt or hostile target: every read has a size fixed by the layout
+//! or capped (strings at 1024 code points, line tables at 1 MiB), stacks at 1024
+//! frames, 4096 thread states in all, 256 interpreters, with cycle detection on every
+//! chain; nothing here panics on what it reads. A walk cut short is flagged
+//! ([`ThreadStack::truncated`]) rather than failed.
+//!
+//! The target keeps running while it is read: a thread that runs meanwhile may give a
+//! torn stack (usually flagged truncated). Stop the threads (e.g. PTRACE_INTERRUPT) around
+//! [`Walker::stacks`] for a consistent one.
+//!
+//! Decoded code objects are cached by address (checked against the object's name,
+//! file, line-table pointers and first line on every use), so a steady-state sample costs
+//! one `process_vm_readv` per frame (a frame's code object and the next frame are read
+//! together), one per thread state (two on 3.11/3.12: `cframe`), two for the
+//! interpreter list, and for the GIL one (up to 3.11) or one plus two per interpreter.
+//! [`Walker`] is `Send`: it can live on a sampling thread.
+
+pub mod current;
+pub mod layout;
+pub mod lines;
+mod locate;
+mod objects;
+mod stacks;
+mod threads;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+
+pub use layout::LayoutSource;
+pub use locate::find_interpreter_object;
+
+use crate::python::version::PyVersion;
+use layout::{FrameLayout, FrameRoot, Layout};
+use pyprobe_sdt::process::memory::ProcessMemory;
+use pyprobe_sdt::ring::{StackCapture, StackFrame, StackRoot};
+use stacks::{RawThread, StackReader};
+use threads::Tids;
+
+/// One Python frame.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PyFrame {
+    /// `co_filename`.
+    pub file: Arc<str>,
+    /// `co_qualname` on 3.11+ (`Class.method`, `outer.<locals>.inner`), `co_name` before.
+    pub function: Arc<str>,
+    /// `co_name`: the name the function probes pass, which recordings use so that
+    /// sampled and traced frames name a function the same way.
+    pub name: Arc<str>,
+    /// `co_firstlineno`: the line of the `def`.
+    pub first_line: u32,
+    /// The line being executed (the call, in an outer frame); the first line when the
+    /// frame has not started or its line table has no line for the instruction.
+    pub line: u32,
+}
+
+/// Where a `_PyInterpreterFrame` (3.11+) keeps its code object, and the code
+/// object its first line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameCodeLayout {
+    /// Offset of the code word (`f_code`, `f_executable`) in a frame.
+    pub word: u64,
+    /// Tag bits of that word (3.14+ keep a tagged reference there).
+    pub tag_mask: u64,
+    /// Offset of `co_firstlineno` (an int) in a code object.
+    pub first_line: u64,
+}
+
+/// The Python stack of one thread state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadStack {
+    /// The kernel tid, as pyprobe sees it (outside the target's PID namespace); `None`
+    /// when the version does not record it and it could not be found.
+    pub native_tid: Option<i32>,
+    /// `threading.get_ident()`: the thread's `pthread_t`.
+    pub thread_id: u64,
+    /// Address of the `PyThreadState`.
+    pub thread_state: u64,
+    /// Outermost first (`<module>` first, the running function last).
+    pub frames: Vec<PyFrame>,
+    /// The walk stopped early: unreadable or corrupt memory (often: the thread ran
+    /// while being read), a cycle, or more than 1024 frames.
+    pub truncated: bool,
+    /// Read with the thread running ([`Walker::stacks_of_running`]), and its
+    /// innermost frame changed under the walk: the frames may not be one stack.
+    pub torn: bool,
+    /// How many of `frames` each call of the eval loop runs, outermost first, where
+    /// the stack shows it (3.11: the frame marked `is_entry`; 3.12+: the entry shim
+    /// each call pushes, a call just entered running none); `None` elsewhere. 3.7 –
+    /// 3.10 run one frame per call.
+    pub eval_calls: Option<Vec<usize>>,
+    /// Whether this thread held the GIL when the stacks were read; `None` when that
+    /// cannot be told (no GIL offsets for this version, a free-threaded build, or
+    /// unreadable).
+    pub holds_gil: Option<bool>,
+}
+
+/// Reads the Python stacks of one process. See the module documentation.
+pub struct Walker {
+    pid: i32,
+    version: PyVersion,
+    version_from: &'static str,
+    interpreter_path: String,
+    layout_source: LayoutSource,
+    reader: StackReader<ProcessMemory>,
+    tids: Tids,
+    /// Where the target's threads find their own thread state, or why not.
+    current: std::result::Result<pyprobe_sdt::ring::CurrentThreadState, String>,
+}
+
+impl Walker {
+    /// Finds the interpreter in `pid`, its version and its structure layout. Reads only:
+    /// no ptrace, nothing stopped or written.
+    pub fn attach(pid: i32) -> Result<Walker> {
+        let status = pyprobe_sdt::process::status::check_inspectable(pid)?;
+        let mem = ProcessMemory::new(pid);
+        let found = locate::locate(pid, &mem)?;
+        // The runtime must be readable now, or nothing will be.
+        if let Err(e) =
+            pyprobe_sdt::sdt::MemoryReader::read_exact(&mem, found.runtime, &mut [0u8; 8])
+        {
+            let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                " (reading another process's memory needs its user or CAP_SYS_PTRACE, and a \
+                 /proc/sys/kernel/yama/ptrace_scope that allows it)"
+            } else {
+                ""
+            };
+            anyhow::bail!(
+                "cannot read _PyRuntime of process {pid} in {}: {e}{hint}",
+                found.object.target_path
+            );
+        }
+        let version = found.version;
+        let (layout, layout_source) = if layout::uses_debug_offsets(version) {
+            layout::from_debug_offsets(&mem, found.runtime, version).with_context(|| {
+                format!(
+                    "python {version} in {}: cannot use its _Py_DebugOffsets",
+                    found.object.target_path
+                )
+            })?
+        } else {
+            layout::from_offsets_file(version)?
+        };
+        let code_type = found
+            .object
+            .elf
+            .symbols
+            .address("PyCode_Type")
+            .map(|a| found.object.runtime(a));
+        let current = current::current_thread_state(&found.object, &mem);
+        let reader = StackReader::new(mem, layout, found.runtime, code_type);
+        reader.thread_states().with_context(|| {
+            format!(
+                "cannot read the thread states of process {pid} (_PyRuntime at {:#x})",
+                found.runtime
+            )
+        })?;
+        Ok(Walker {
+            pid,
+            version,
+            version_from: found.version_from,
+            interpreter_path: found.object.target_path.clone(),
+            layout_source,
+            reader,
+            tids: Tids::new(pid, status.inner_pid().is_some()),
+            current,
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The interpreter's version (micro version when the target records it: 3.11+).
+    pub fn version(&self) -> PyVersion {
+        self.version
+    }
+
+    /// The mapped file that carries the interpreter (`_PyRuntime`), as the target sees it.
+    pub fn interpreter_path(&self) -> &str {
+        &self.interpreter_path
+    }
+
+    /// Where the structure layout came from: an offsets table or `_Py_DebugOffsets`.
+    pub fn layout_source(&self) -> &LayoutSource {
+        &self.layout_source
+    }
+
+    /// One line for messages: version, where it was found, how the layout was obtained.
+    pub fn describe(&self) -> String {
+        format!(
+            "python {} in {} (version from {}); layout: {}",
+            self.version, self.interpreter_path, self.version_from, self.layout_source
+        )
+    }
+
+    /// The Python stack of every thread state of every interpreter, main thread first.
+    /// Fails only when `_PyRuntime` cannot be read (e.g. the process is gone); a thread
+    /// whose stack cannot be read whole comes back [`truncated`](ThreadStack::truncated).
+    pub fn stacks(&mut self) -> Result<Vec<ThreadStack>> {
+        self.read_stacks(false)
+    }
+
+    /// As [`Self::stacks`], of threads that may run while they are read: each
+    /// stack says whether its thread ran under the walk ([`ThreadStack::torn`]).
+    pub fn stacks_of_running(&mut self) -> Result<Vec<ThreadStack>> {
+        self.read_stacks(true)
+    }
+
+    fn read_stacks(&mut self, running: bool) -> Result<Vec<ThreadStack>> {
+        let tstates = self
+            .reader
+            .thread_states()
+            .with_context(|| format!("cannot read the thread states of process {}", self.pid))?;
+        let holders = self.reader.gil_holders();
+        let raws: Vec<RawThread> = tstates
+            .iter()
+            .map(|(t, buf)| self.reader.thread(*t, buf, running))
+            .collect();
+        Ok(self.resolve(raws, holders.as_deref()))
+    }
+
+    /// The Python stack of the thread with kernel tid `native_tid` (as pyprobe sees it),
+    /// reading only that thread's frames; `None` when no thread state has that tid.
+    pub fn thread_stack(&mut self, native_tid: i32) -> Result<Option<ThreadStack>> {
+        let tstates = self
+            .reader
+            .thread_states()
+            .with_context(|| format!("cannot read the thread states of process {}", self.pid))?;
+        let headers: Vec<(RawThread, Option<u64>)> = tstates
+            .iter()
+            .map(|(t, buf)| self.reader.thread_header(*t, buf))
+            .collect();
+        let tids = self.native_tids(&headers.iter().map(|(r, _)| r).collect::<Vec<_>>());
+        let Some(index) = tids.iter().position(|&t| t == Some(native_tid)) else {
+            return Ok(None);
+        };
+        let holders = self.reader.gil_holders();
+        let Some((mut raw, frame)) = headers.into_iter().nth(index) else {
+            return Ok(None);
+        };
+        if let Some(frame) = frame {
+            (raw.frames, raw.truncated) = self.reader.frames(frame);
+            raw.eval_calls = self.reader.last_eval_calls();
+        }
+        Ok(Some(ThreadStack {
+            native_tid: Some(native_tid),
+            eval_calls: raw.eval_calls,
+            thread_id: raw.thread_id,
+            thread_state: raw.thread_state,
+            holds_gil: holders.map(|h| h.contains(&raw.thread_state)),
+            frames: raw.frames,
+            truncated: raw.truncated,
+            torn: raw.torn,
+        }))
+    }
+
+    /// Offsets of `co_name`, `co_filename` and `co_firstlineno` (an int) in a code
+    /// object of this interpreter.
+    pub fn code_field_offsets(&self) -> [u64; 3] {
+        let l = &self.reader.layout;
+        [l.code_name, l.code_filename, l.code_firstlineno]
+    }
+
+    /// Offset of `co_qualname` in a code object (3.11+; `None` before, where a
+    /// frame's name is its `co_name`).
+    pub fn code_qualname_offset(&self) -> Option<u64> {
+        self.reader.layout.code_qualname
+    }
+
+    /// A frame named from a code object's parts read when it ran (its `co_name` and
+    /// `co_filename` str objects and first line), for a code object that may be gone
+    /// since; `None` when they are not readable strs.
+    pub fn name_code_parts(&self, name: u64, filename: u64, first_line: u32) -> Option<PyFrame> {
+        let name = self.read_str(name)?;
+        let file = self.read_str(filename)?;
+        Some(PyFrame {
+            file,
+            function: name.clone(),
+            name,
+            first_line,
+            line: first_line,
+        })
+    }
+
+    /// The text of the `str` object at `addr`; `None` when it is not a readable one.
+    pub fn read_str(&self, addr: u64) -> Option<Arc<str>> {
+        let u = &self.reader.layout.unicode;
+        objects::read_str(&self.reader.mem, u, addr)
+            .ok()
+            .map(Arc::from)
+    }
+
+    /// The address of every thread state of every interpreter (the hook engine raises
+    /// their eval breakers).
+    pub fn thread_state_addrs(&mut self) -> Result<Vec<u64>> {
+        let tstates = self
+            .reader
+            .thread_states()
+            .with_context(|| format!("cannot read the thread states of process {}", self.pid))?;
+        Ok(tstates.into_iter().map(|(t, _)| t).collect())
+    }
+
+    /// Names a stack captured in the target by a ring trampoline (see
+    /// [`StackReader::name_captured`]): outermost first, and whether frames were dropped.
+    pub fn name_captured(&mut self, captured: &[(u64, u64)]) -> (Vec<PyFrame>, bool) {
+        self.reader.name_captured(captured)
+    }
+
+    /// The code object the interpreter frame at `frame` runs (3.11+): its address
+    /// and its file, `co_name` and first line (see [`StackReader::frame_code`]).
+    /// Everything read is checked as on a walk; `None` when it does not hold.
+    pub fn frame_code(&mut self, frame: u64) -> Option<(u64, PyFrame)> {
+        self.reader.frame_code(frame)
+    }
+
+    /// The code object whose frame's code word is `word` (as read from the frame,
+    /// tag bits and all): its address, file, `co_name` and first line. `None` when
+    /// it does not hold, or on versions whose frames are objects.
+    pub fn code_of_word(&mut self, word: u64) -> Option<(u64, PyFrame)> {
+        let (_, tag_mask) = self.reader.frame_code_word()?;
+        self.reader.code_named(word & !tag_mask)
+    }
+
+    /// Where an interpreter frame (3.11+) keeps its code word: its offset in the
+    /// frame, the tag bits in it, and where the code object keeps its first line.
+    pub fn frame_code_layout(&self) -> Option<FrameCodeLayout> {
+        let (word, tag_mask) = self.reader.frame_code_word()?;
+        Some(FrameCodeLayout {
+            word,
+            tag_mask,
+            first_line: self.reader.layout.code_firstlineno,
+        })
+    }
+
+    /// Whether code object `code`, just named by [`Self::frame_code`], has an
+    /// instruction at `line`; `None` when that cannot be told.
+    pub fn code_has_line(&self, code: u64, line: u32) -> Option<bool> {
+        self.reader.code_has_line(code, line)
+    }
+
+    /// Starts a new batch of captured stacks (see [`StackReader::new_naming_batch`]).
+    pub fn new_naming_batch(&mut self) {
+        self.reader.new_naming_batch()
+    }
+
+    /// The offsets a ring trampoline walks this interpreter's frames by: the same
+    /// layout this walker reads with. `Err` says why the trampolines cannot.
+    pub fn stack_capture(&self, slots: u8) -> std::result::Result<StackCapture, String> {
+        let current = self.current.clone()?;
+        capture_of(&self.reader.layout, current, slots)
+    }
+
+    fn native_tids(&mut self, raws: &[&RawThread]) -> Vec<Option<i32>> {
+        self.tids.begin_round();
+        let inner: Vec<Option<i32>> = if self.reader.layout.tstate_native_thread_id.is_some() {
+            raws.iter().map(|r| r.native_id).collect()
+        } else {
+            let pthreads: Vec<u64> = raws.iter().map(|r| r.thread_id).collect();
+            self.tids.inner_of_pthreads(&self.reader.mem, &pthreads)
+        };
+        inner
+            .into_iter()
+            .map(|t| t.and_then(|t| self.tids.outer(t)))
+            .collect()
+    }
+
+    fn resolve(&mut self, raws: Vec<RawThread>, gil_holders: Option<&[u64]>) -> Vec<ThreadStack> {
+        let tids = self.native_tids(&raws.iter().collect::<Vec<_>>());
+        raws.into_iter()
+            .zip(tids)
+            .map(|(raw, native_tid)| ThreadStack {
+                native_tid,
+                thread_id: raw.thread_id,
+                thread_state: raw.thread_state,
+                holds_gil: gil_holders.map(|h| h.contains(&raw.thread_state)),
+                frames: raw.frames,
+                truncated: raw.truncated,
+                torn: raw.torn,
+                eval_calls: raw.eval_calls,
+            })
+            .collect()
+    }
+}
+
+/// The offsets of `layout` as a ring stack capture, the thread state read from
+/// `current`.
+pub fn capture_of(
+    layout: &Layout,
+    current: pyprobe_sdt::ring::CurrentThreadState,
+    slots: u8,
+) -> std::result::Result<StackCapture, String> {
+    let root = match layout.tstate_frame {
+        FrameRoot::Direct(o) => StackRoot::Direct(o),
+        FrameRoot::CFrame {
+            cframe,
+            current_frame,
+        } => StackRoot::Indirect {
+            pointer: cframe,
+            field: current_frame,
+        },
+    };
+    let frame = match layout.frame {
+        FrameLayout::Object {
+            back, code, lasti, ..
+        } => StackFrame {
+            back,
+            code,
+            position: lasti,
+            position_size: 4,
+            owner: None,
+            code_tag_mask: 0,
+        },
+        FrameLayout::Interpreter { tlbc: Some(_), .. } => {
+            // Not built for: positions there index per-thread copies of the
+            // bytecode, and nothing tests captures on such a build.
+            return Err("stack capture in the target is not built for free-threaded builds".into());
+        }
+        FrameLayout::Interpreter {
+            previous,
+            executable,
+            instr_ptr,
+            owner,
+            first_shim_owner,
+            tag_mask,
+            tlbc: None,
+            // The trampolines' stack capture needs no call boundaries.
+            entry_flag: _,
+        } => StackFrame {
+            back: previous,
+            code: executable,
+            position: instr_ptr,
+            position_size: 8,
+            owner: first_shim_owner.map(|first| (owner, first)),
+            code_tag_mask: tag_mask,
+        },
+    };
+    Ok(StackCapture {
+        current,
+        tstate_thread_id: layout.tstate_thread_id,
+        root,
+        frame,
+        slots,
+    })
+}
+
+/// The walker moves to whatever thread samples.
+const _: () = {
+    const fn assert_send<T: Send>() {}
+    assert_send::<Walker>();
+};

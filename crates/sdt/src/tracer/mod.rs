@@ -1,0 +1,24 @@
+//! The ptrace engine. It traces SDT probes of any program and knows nothing of Python.
+
+pub mod budget;
+pub mod clock;
+pub mod decode;
+pub mod engine;
+pub mod errors;
+pub mod guardian;
+pub mod inject;
+pub mod launch;
+pub mod patch;
+pub mod regs;
+pub mod ring;
+pub mod safety_net;
+pub mod signals;
+
+pub use engine::{
+    BudgetSummary, Engine, EngineOptions, Hit, NotTraceable, Outcome, PauseCause, RepeatSlot,
+    Resolver, ReturnRow, RingUse, ThinLevel, TraceEvent,
+};
+// What the engine is asked to trace, defined below it so its callers need not import it.
+pub use crate::probe_set::{usable_sites, Probe, ProbeSet, Refusal, Site};
+pub use regs::Registers;
+pub use signals::StopReason;
