@@ -28,13 +28,13 @@ use pyprobe_sdt::process::memory::ProcessMemory;
 use pyprobe_sdt::ring::format::*;
 use pyprobe_sdt::ring::{KnownRecords, RingReader};
 use pyprobe_sdt::tracer::decode::HitBuffers;
-use pyprobe_sdt::tracer::ring::hits::{drain_hits, RecordSource};
-use pyprobe_sdt::tracer::ring::threads::ThreadNames;
-use pyprobe_sdt::tracer::ring::tsc::TscClock;
+use pyprobe_sdt::tracer::ring_engine::records::{drain_hits, RecordSource};
+use pyprobe_sdt::tracer::ring_engine::tsc::TscClock;
+use pyprobe_sdt::tracer::ring_engine::writers::ThreadNames;
 use pyprobe_sdt::tracer::{Probe, TraceEvent};
 
 /// Records per drain run: a full ring of the engine's size.
-const RECORDS: u64 = pyprobe_sdt::tracer::ring::CAPACITY;
+const RECORDS: u64 = pyprobe_sdt::tracer::ring_engine::CAPACITY;
 /// Records taken per drain, as the engine does.
 const BATCH: usize = 1024;
 /// The `%fs` base of the one writing thread.

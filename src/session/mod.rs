@@ -2,9 +2,9 @@
 //! result to a view.
 
 pub mod dump;
-pub mod lines;
 pub mod probes;
 pub mod record;
 pub mod report;
+pub mod report_lines;
 pub mod top;
 pub mod views;

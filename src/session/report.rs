@@ -35,7 +35,7 @@ pub fn run(request: &ReportRequest) -> Result<ExitCode> {
         if request.json {
             anyhow::bail!("--lines prints the annotated source as text: leave out --format json");
         }
-        return crate::session::lines::report_lines(file, source, request.samples);
+        return crate::session::report_lines::report_lines(file, source, request.samples);
     }
     let mut reader =
         RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))?;

@@ -14,4 +14,5 @@ pub mod probe_set;
 pub mod process;
 pub mod ring;
 pub mod sdt;
+pub mod sigtrap_page;
 pub mod tracer;

@@ -14,7 +14,7 @@ use pyprobe_sdt::process::memory::ProcessMemory;
 use pyprobe_sdt::ring::DrainStop;
 use pyprobe_sdt::tracer::clock::monotonic_ns;
 use pyprobe_sdt::tracer::engine::{Hit, RepeatSlot, TraceEvent};
-use pyprobe_sdt::tracer::ring::tsc::{read_tsc, TscClock};
+use pyprobe_sdt::tracer::ring_engine::tsc::{read_tsc, TscClock};
 
 use super::setup::ascii_data;
 use super::{HookProc, BATCH, MAX_NAMED, MAX_REPEATS, MAX_SHADOW, UNKNOWN};
@@ -82,7 +82,7 @@ impl HookProc {
             (_, Some(last)) => last.stamp,
             (_, None) => self.read_to,
         };
-        pyprobe_sdt::tracer::ring::report_lost(
+        pyprobe_sdt::tracer::ring_engine::report_lost(
             &mut self.lost,
             self.reader.lost(),
             monotonic_ns(),

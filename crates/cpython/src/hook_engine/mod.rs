@@ -81,8 +81,8 @@ use pyprobe_sdt::tracer::decode::HitBuffers;
 use pyprobe_sdt::tracer::engine::source::{EventSource, Placement, SweepNeed};
 use pyprobe_sdt::tracer::engine::TraceEvent;
 use pyprobe_sdt::tracer::guardian::{Guardian, Op};
-use pyprobe_sdt::tracer::ring::tsc::TscClock;
-use pyprobe_sdt::tracer::ring::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
+use pyprobe_sdt::tracer::ring_engine::tsc::TscClock;
+use pyprobe_sdt::tracer::ring_engine::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
 
 use launched::Awaiting;
 use profile::{ProfileTarget, Slot};
@@ -123,7 +123,7 @@ struct HookProc {
     mem: ProcessMemory,
     reader: RingReader,
     /// The ring's heartbeat, beaten while the hook lives (before `_mapping`).
-    _beat: pyprobe_sdt::tracer::ring::heartbeat::BeatTicket,
+    _beat: pyprobe_sdt::tracer::ring_engine::heartbeat::BeatTicket,
     _mapping: MmapMut,
     state_addr: u64,
     hook: HookCode,
@@ -251,7 +251,7 @@ impl EventSource for HookBook {
         installed
             .reader
             .serve(tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
-        pyprobe_sdt::tracer::ring::set_solo_if_alone(
+        pyprobe_sdt::tracer::ring_engine::set_solo_if_alone(
             &installed.reader,
             "hook",
             pid,
@@ -283,7 +283,7 @@ impl EventSource for HookBook {
             pid,
             HookProc {
                 mem,
-                _beat: pyprobe_sdt::tracer::ring::heartbeat::keep_beating(&installed.reader),
+                _beat: pyprobe_sdt::tracer::ring_engine::heartbeat::keep_beating(&installed.reader),
                 reader: installed.reader,
                 _mapping: installed.mapping,
                 state_addr: installed.state_addr,

@@ -15,7 +15,7 @@
 //! * the state page is private anonymous writable memory marked with the ring's
 //!   memfd name (a forked child's is all zero: `MADV_WIPEONFORK`);
 //! * the ring is a whole shared mapping of pyprobe's memfd with pyprobe's header.
-//!   It is replaced where it stands, as the SDT ring is (`tracer::ring::reuse`): a
+//!   It is replaced where it stands, as the SDT ring is (`tracer::ring_engine::reuse`): a
 //!   new memfd mapped over it with `MAP_FIXED`, so its pages go with the old one.
 //!
 //! The state words say whether the earlier hook is still in (`gone` clear, `status`
@@ -34,14 +34,14 @@ use crate::hook::{
 };
 use pyprobe_sdt::process::maps::MapEntry;
 use pyprobe_sdt::process::memory::ProcessMemory;
-use pyprobe_sdt::tracer::ring::reuse::{check_ring_mapping, is_marked_page, region_like};
+use pyprobe_sdt::tracer::ring_engine::reuse::{check_ring_mapping, is_marked_page, region_like};
 
 use super::setup::{CAPACITY, PAGE, REGION};
 
 /// The ring memfd's name; also the marker of the state page, at
 /// [`NAME_AT`] there as in the SDT ring's tag word page.
 pub const RING_NAME: &[u8] = b"pyprobe-hook\0";
-pub use pyprobe_sdt::tracer::ring::reuse::NAME_AT;
+pub use pyprobe_sdt::tracer::ring_engine::reuse::NAME_AT;
 /// The ring's path in `/proc/PID/maps`.
 const RING_PATH: &str = "/memfd:pyprobe-hook (deleted)";
 /// Most hook pages looked at (each costs one read), and most pages of one mapping

@@ -22,24 +22,23 @@ use pyprobe_sdt::ring::format::H_ALIVE;
 use pyprobe_sdt::ring::{BranchTargets, RingReader};
 use pyprobe_sdt::tracer::guardian::{Guardian, Op};
 use pyprobe_sdt::tracer::inject::Injector;
-use pyprobe_sdt::tracer::ring::setup::map_ring;
+use pyprobe_sdt::tracer::near_map::{map_near, NearMap};
+use pyprobe_sdt::tracer::ring_engine::setup::map_ring;
 use pyprobe_sdt::tracer::NotTraceable;
 
 use super::profile::{profile_target, ProfileTarget, Slot};
 use super::reuse::{self, Resume, NAME_AT, RING_NAME};
 
-/// Slots in a hook's ring: 8 MiB (it stays mapped after detaching).
-pub const CAPACITY: u64 = 1 << 15;
-pub const PAGE: u64 = 4096;
+pub use pyprobe_sdt::process::PAGE_SIZE as PAGE;
+/// Slots in a hook's ring: as many as in an SDT ring (it stays mapped after
+/// detaching).
+pub use pyprobe_sdt::tracer::ring_engine::CAPACITY;
 /// The hook page and the detour.
 pub const REGION: u64 = 4 * PAGE;
-/// How far from the safe point the region may be (rel32, with a margin).
-const REACH: u64 = (1 << 31) - (64 << 20);
 /// Bytes of the safe point's function scanned for branches into its entry.
 const SCAN: usize = 4096;
-const MADV_DONTFORK: u64 = 10;
-const MADV_WIPEONFORK: u64 = 18;
-const MAP_FIXED_NOREPLACE: i32 = 0x10_0000;
+const MADV_DONTFORK: u64 = libc::MADV_DONTFORK as u64;
+const MADV_WIPEONFORK: u64 = libc::MADV_WIPEONFORK as u64;
 
 /// How to raise the eval breaker of this version.
 #[derive(Debug, Clone, Copy)]
@@ -408,7 +407,7 @@ fn same_code(mem: &ProcessMemory, hook: &HookCode, detour: Option<&Detour>) -> b
     holds(hook.addr, &hook.bytes) && detour.is_none_or(|d| holds(d.addr, &d.code))
 }
 
-/// Makes the hook's ring in `pid` (see `tracer::ring::setup::map_ring`), at
+/// Makes the hook's ring in `pid` (see `tracer::ring_engine::setup::map_ring`), at
 /// `over` when given (an earlier ring of the same length), named by the state
 /// page's marker; a forked child does not get it.
 fn hook_ring(
@@ -525,34 +524,13 @@ pub fn raise(mem: &mut ProcessMemory, tstates: &[u64], breaker: Breaker) -> Resu
 /// Maps the hook's region (read and execute; pyprobe writes it through
 /// `/proc/PID/mem`) in a free gap within rel32 reach of `site`.
 fn place_near(pid: i32, inj: &Injector, site: u64) -> Result<u64> {
-    let mut maps = read_maps(pid)?;
-    maps.sort_by_key(|m| m.start);
-    let mut gaps: Vec<u64> = Vec::new();
-    for pair in maps.windows(2) {
-        let (lo, hi) = (pair[0].end, pair[1].start);
-        if hi > lo && hi - lo >= REGION + 2 * PAGE {
-            // Just above the lower mapping, and just below the upper one.
-            gaps.push(lo + PAGE);
-            gaps.push(hi - PAGE - REGION);
-        }
-    }
-    gaps.retain(|&g| g.abs_diff(site) < REACH && g >= 1 << 20);
-    gaps.sort_by_key(|&g| g.abs_diff(site));
-    for want in gaps.into_iter().take(8) {
-        let got = inj.mmap(
-            want,
-            REGION,
-            libc::PROT_READ | libc::PROT_EXEC,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
-            -1,
-        );
-        match got {
-            Ok(a) if a == want => return Ok(a),
-            Ok(a) => {
-                let _ = inj.call("munmap", libc::SYS_munmap, [a, REGION, 0, 0, 0, 0]);
-            }
-            Err(_) => {}
-        }
-    }
-    bail!("no free address range within 2 GiB of _Py_HandlePending at {site:#x} for the hook")
+    let maps = read_maps(pid)?;
+    let want = NearMap {
+        code: site..site,
+        size: REGION,
+        prot: libc::PROT_READ | libc::PROT_EXEC,
+        code_name: "_Py_HandlePending",
+        what: "the hook",
+    };
+    map_near(inj, &maps, &want)
 }

@@ -19,7 +19,7 @@
 
 pub mod eval_parts;
 pub mod merge;
-pub mod objects;
+pub mod object_file;
 pub mod symbols;
 
 use std::collections::HashMap;
@@ -35,7 +35,7 @@ use pyprobe_sdt::process::memory::ProcessMemory;
 use pyprobe_sdt::process::objects::mapped_files;
 
 pub use merge::{join, EvalCalls, Joined, NativeKind, NotJoined};
-use objects::{ObjectFile, Section};
+use object_file::{ObjectFile, Section};
 
 /// Deepest native stack unwound: deeper frames are left out (the unwind is
 /// incomplete, and joined from its innermost frame).

@@ -9,7 +9,7 @@ pub mod folded;
 mod gc;
 pub mod histogram;
 mod imports;
-pub mod lines;
+pub mod line_counts;
 pub mod model;
 pub mod processes;
 pub mod recording;

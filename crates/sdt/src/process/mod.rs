@@ -10,3 +10,7 @@ pub mod status;
 pub use maps::{read_maps, MapEntry};
 pub use objects::{find_probe_object, LoadedObject};
 pub use status::ProcessStatus;
+
+/// The page size of x86-64 Linux: the unit of every mapping pyprobe makes or
+/// looks for in a target.
+pub const PAGE_SIZE: u64 = 4096;

@@ -54,7 +54,7 @@
 //!   does not show it: unless that can be ruled out, leave trampoline pages
 //!   and the ring mapped in the target after detaching. Attaching again may
 //!   use them again, never changing a byte of a trampoline a thread may have
-//!   entered (`tracer::ring::reuse`).
+//!   entered (`tracer::ring_engine::reuse`).
 //! * **Python stacks.** A trampoline built with a [`StackCapture`] reads its own
 //!   thread's state where the interpreter keeps it (a thread-local, or the GIL
 //!   holder's global checked against `pthread_self()`) and walks that thread's
@@ -75,7 +75,6 @@ pub mod lost;
 pub mod region;
 pub mod site;
 pub mod stack;
-pub mod trapnet;
 
 #[cfg(test)]
 mod tests_exec;

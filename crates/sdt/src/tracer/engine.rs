@@ -8,7 +8,7 @@
 //! (thread states, stopping and resuming), `children` (clone, fork, vfork, exec),
 //! `hits` (installing probes, catching `int3` hits), `sampling` (ticks) and
 //! `interface` (what the caller sees); the ring's and the budget's sides of the
-//! engine are in `tracer::ring` and `tracer::budget`.
+//! engine are in `tracer::ring_engine` and `tracer::budget`.
 
 use std::ffi::CString;
 
@@ -28,8 +28,8 @@ use super::clock::monotonic_ns;
 use super::decode::HitBuffers;
 use super::guardian::Guardian;
 use super::patch::Patches;
-use super::ring::setup::RingProc;
-use super::ring::RingBook;
+use super::ring_engine::setup::RingProc;
+use super::ring_engine::RingBook;
 use super::safety_net::{self, SafetyNet};
 use super::signals::{
     arm_tick, disarm_tick, jitter, stop_requested, take_tick, until_deadline_ns, StopReason,
@@ -46,7 +46,7 @@ mod threads;
 mod yielding;
 
 pub use super::budget::BudgetSummary;
-pub use super::ring::RingUse;
+pub use super::ring_engine::RingUse;
 use children::PendingChild;
 pub use interface::{
     EngineOptions, Hit, NotTraceable, Outcome, RepeatSlot, Resolver, ReturnRow, ThinLevel,
@@ -406,7 +406,7 @@ impl Engine {
     pub(super) fn event_loop(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
         self.arm_next_tick();
         loop {
-            super::ring::heartbeat::note_progress();
+            super::ring_engine::heartbeat::note_progress();
             if let Some(reason) = stop_requested() {
                 self.exit = Some(Outcome::Detached(reason));
                 return Ok(());

@@ -8,9 +8,10 @@ pub mod errors;
 pub mod guardian;
 pub mod inject;
 pub mod launch;
+pub mod near_map;
 pub mod patch;
 pub mod regs;
-pub mod ring;
+pub mod ring_engine;
 pub mod safety_net;
 pub mod signals;
 

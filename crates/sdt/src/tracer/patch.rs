@@ -7,7 +7,7 @@ use std::io;
 use crate::process::memory::ProcessMemory;
 
 use super::guardian::{Guardian, Op};
-use super::ring::leftovers::Leftovers;
+use super::ring_engine::leftovers::Leftovers;
 use crate::probe_set::{ProbeSet, Refusal};
 
 /// Tells the guardian, if there is one. What it cannot be told must not be patched.

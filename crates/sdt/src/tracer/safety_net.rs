@@ -1,4 +1,4 @@
-//! Putting the SIGTRAP net (see [`crate::ring::trapnet`]) into a stopped process
+//! Putting the SIGTRAP net (see [`crate::sigtrap_page`]) into a stopped process
 //! and taking it out again, through system calls injected in a thread at a clean stop.
 //!
 //! While pyprobe has `int3`s in a process, the process's SIGTRAP disposition is the
@@ -14,12 +14,12 @@ use std::io;
 use crate::process::maps::read_maps;
 use crate::process::memory::ProcessMemory;
 use crate::process::status::{signal_set, thread_ids};
-use crate::ring::trapnet::{self, KernelSigaction, PAGE_SIZE};
+use crate::sigtrap_page::{self, KernelSigaction, PAGE_SIZE};
 
 use super::guardian::Guardian;
 use super::inject::Injector;
 
-const SIGTRAP: u64 = 5;
+const SIGTRAP: u64 = libc::SIGTRAP as u64;
 
 /// The net as installed in one process image.
 #[derive(Debug, Clone, Copy)]
@@ -68,7 +68,7 @@ fn earlier_pages(mem: &ProcessMemory) -> Vec<(u64, KernelSigaction)> {
         .take(256)
     {
         if mem.read(m.start, &mut buf).is_ok() {
-            if let Some(original) = trapnet::parse_page(&buf) {
+            if let Some(original) = sigtrap_page::parse_page(&buf) {
                 found.push((m.start, original));
             }
         }
@@ -111,7 +111,7 @@ pub fn install(
         original,
     };
     write_page(mem, &net, sites)?;
-    set(&inj, mem, trapnet::net_action(page, original))?;
+    set(&inj, mem, sigtrap_page::net_action(page, original))?;
     Ok(net)
 }
 
@@ -119,7 +119,8 @@ pub fn install(
 /// runs the handler meanwhile: every one is stopped, or the program's own trap
 /// would be what brought it there, and that path reads no table.
 pub fn write_page(mem: &mut ProcessMemory, net: &SafetyNet, sites: &[u64]) -> io::Result<()> {
-    let bytes = trapnet::build_page(net.page, net.original, sites).map_err(io::Error::other)?;
+    let bytes =
+        sigtrap_page::build_page(net.page, net.original, sites).map_err(io::Error::other)?;
     // /proc/PID/mem writes reach read-only private pages (as debuggers' breakpoints do).
     mem.write(net.page, &bytes)
 }

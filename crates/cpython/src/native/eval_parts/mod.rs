@@ -20,7 +20,7 @@ use std::ops::Range;
 use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, OpKind};
 
-use super::objects::ObjectFile;
+use super::object_file::ObjectFile;
 
 /// Largest hot part decoded (the eval loop of every CPython is under 200 KiB).
 const MAX_FUNCTION_BYTES: u64 = 4 << 20;

@@ -37,8 +37,8 @@
 //! depth cap, and the generator creations (one integer each).
 
 mod plan;
-mod stacks;
+mod rebuild;
 mod steps;
 pub use plan::{plan_events, Plan, Planner};
-pub use stacks::Replay;
+pub use rebuild::Replay;
 pub use steps::{EndKind, Exit, Pairing, ReplayCounters, Step, ThreadTime, MAX_DEPTH};

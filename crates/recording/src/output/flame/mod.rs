@@ -5,10 +5,10 @@
 //! site-packages prefixes stripped, else the last two path components) unless
 //! full paths are asked for.
 
-mod stacks;
+mod folded_stacks;
 mod svg;
 pub use crate::output::names::{short_command, short_path, FrameNames};
-pub use stacks::{
+pub use folded_stacks::{
     choose_measure, collapsed_lines, is_sampled, read_folded, read_folded_by_thread,
     read_folded_filtered, write_collapsed, By, FrameGrain, ViewError, ViewInfo,
 };

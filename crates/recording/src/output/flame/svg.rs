@@ -6,7 +6,7 @@ use std::io::{self, Write};
 use inferno::flamegraph::color::{Color, PaletteMap};
 use inferno::flamegraph::{self, Options};
 
-use super::stacks::ViewInfo;
+use super::folded_stacks::ViewInfo;
 use crate::analyze::folded::{Folded, Measure};
 use crate::analyze::SampleFilter;
 use crate::output::names::{FrameNames, Origin};

@@ -2,7 +2,7 @@
 //! text table.
 
 mod json;
-mod lines;
+mod source_lines;
 mod table;
 mod terminal_safe;
 
@@ -14,5 +14,5 @@ pub use crate::analyze::report::{
 };
 pub use crate::output::units::format_ns;
 pub use json::render_json;
-pub use lines::render_lines;
+pub use source_lines::render_lines;
 pub use table::render_table;

@@ -21,12 +21,12 @@
 //! kernel's share of a stop.
 
 pub mod calibrate;
-mod driver;
 pub mod stop_cost;
+mod switching;
 
-pub(in crate::tracer) use driver::BudgetBook;
-pub use driver::BudgetSummary;
 use stop_cost::StopCosts;
+pub(in crate::tracer) use switching::BudgetBook;
+pub use switching::BudgetSummary;
 
 /// Time constant of the decaying window.
 pub const HORIZON_NS: f64 = 0.5e9;

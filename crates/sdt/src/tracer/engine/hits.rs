@@ -14,9 +14,6 @@ use crate::tracer::safety_net;
 use super::threads::at_syscall_entry;
 use super::{Engine, Hit, NotTraceable, Proc, TraceEvent};
 
-/// `si_code` of a SIGTRAP raised by an `int3`.
-const SI_KERNEL: i32 = 0x80;
-
 impl Engine {
     /// Decodes a breakpoint hit if `tid` stopped at one of our sites.
     pub(in crate::tracer) fn try_hit(
@@ -44,7 +41,7 @@ impl Engine {
         // An `int3` reports SI_KERNEL; the program's own kill/raise/tgkill reports
         // SI_USER or SI_TKILL even when it lands just after a site.
         match ptrace::getsiginfo(Pid::from_raw(tid)) {
-            Ok(info) if info.si_code == SI_KERNEL => {}
+            Ok(info) if info.si_code == libc::SI_KERNEL => {}
             _ => return false,
         }
         // A ring or hook buffer polled by pyprobe: its consumer must not yield.

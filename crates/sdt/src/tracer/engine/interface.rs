@@ -6,7 +6,7 @@ use nix::sys::signal::Signal;
 
 use crate::probe_set::ProbeSet;
 use crate::tracer::decode::HitBuffers;
-use crate::tracer::ring::RingUse;
+use crate::tracer::ring_engine::RingUse;
 use crate::tracer::signals::StopReason;
 
 use super::pausing::PauseCause;

@@ -13,7 +13,7 @@ use nix::sys::ptrace;
 use nix::unistd::Pid;
 
 use crate::tracer::guardian::Guardian;
-use crate::tracer::ring::tsc::TscClock;
+use crate::tracer::ring_engine::tsc::TscClock;
 
 use super::threads::at_syscall_entry;
 use super::{Engine, NotTraceable, TraceEvent};

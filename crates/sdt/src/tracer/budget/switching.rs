@@ -9,7 +9,7 @@ use super::{Budget, KernelCost, StormMeter, Toggle};
 use crate::tracer::clock::monotonic_ns;
 use crate::tracer::engine::ThinLevel;
 use crate::tracer::engine::{Engine, TraceEvent};
-use crate::tracer::ring::{set_thin, RING_COUNT_NS};
+use crate::tracer::ring_engine::{set_thin, RING_COUNT_NS};
 
 /// How long thinned recording is measured before its cost decides whether the
 /// audit probe must go off.

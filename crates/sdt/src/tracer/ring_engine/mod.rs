@@ -6,12 +6,12 @@
 
 mod driver;
 pub mod heartbeat;
-pub mod hits;
 pub mod leftovers;
+pub mod records;
 pub mod reuse;
 pub mod setup;
-pub mod threads;
 pub mod tsc;
+pub mod writers;
 
 pub(in crate::tracer) use driver::RingBook;
 

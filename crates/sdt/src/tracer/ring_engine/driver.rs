@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use nix::sys::ptrace;
 use nix::unistd::Pid;
 
-use super::hits::{drain_hits, DrainedHits, RecordSource};
+use super::records::{drain_hits, DrainedHits, RecordSource};
 use super::setup as ring_setup;
 use super::tsc::{read_tsc, TscClock};
 use super::{

@@ -40,7 +40,7 @@ pub enum TrapNetError {
     TooLarge(usize),
 }
 
-pub const PAGE_SIZE: usize = 4096;
+pub const PAGE_SIZE: usize = crate::process::PAGE_SIZE as usize;
 pub const RESTORER_OFF: usize = 0x3f0;
 pub const DATA_OFF: usize = 0x400;
 pub const MAGIC: &[u8; 16] = b"pyprobe-trapnet\0";
@@ -52,8 +52,8 @@ const SITES_OFF: usize = COUNT_OFF + 8;
 /// Sites the table holds.
 pub const MAX_SITES: usize = (PAGE_SIZE - SITES_OFF) / 8;
 
-const SIGTRAP: u32 = 5;
-const SI_KERNEL: u32 = 0x80;
+const SIGTRAP: u32 = libc::SIGTRAP as u32;
+const SI_KERNEL: u32 = libc::SI_KERNEL as u32;
 /// `uc_mcontext.gregs[REG_RIP]` in the x86-64 `ucontext_t`.
 const UC_RIP: i32 = 168;
 const SIG_IGN: u64 = 1;

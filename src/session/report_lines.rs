@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 
 use crate::session::views::open;
-use pyprobe_recording::analyze::lines::count_lines;
+use pyprobe_recording::analyze::line_counts::count_lines;
 use pyprobe_recording::analyze::SampleFilter;
 use pyprobe_recording::output::report::render_lines;
 use pyprobe_recording::recording::StrId;
@@ -109,7 +109,7 @@ pub fn report_lines(recording: &Path, file: &Path, samples: SampleFilter) -> Res
         eprintln!(
             "pyprobe: note: {} events were on lines past the {} kept",
             counts.left_out,
-            pyprobe_recording::analyze::lines::MAX_LINES
+            pyprobe_recording::analyze::line_counts::MAX_LINES
         );
     }
     let name = strings.get(chosen.0 as usize).map_or("?", String::as_str);

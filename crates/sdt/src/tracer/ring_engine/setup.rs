@@ -27,6 +27,7 @@ use crate::ring::{
 
 use crate::tracer::guardian::{Guardian, Op};
 use crate::tracer::inject::Injector;
+use crate::tracer::near_map::{map_near, NearMap};
 use crate::tracer::patch::{Patches, INT3};
 
 use super::reuse;
@@ -35,10 +36,7 @@ pub use super::CAPACITY;
 /// Bytes of trampoline space per site (200-500 bytes; a stack probe's, which walks
 /// the frame chain, up to about 1200).
 const STRIDE: u64 = 2048;
-/// A trampoline region must lie this close to the code it serves (rel32 reach,
-/// with room for the region itself).
-const REACH: u64 = (1 << 31) - (64 << 20);
-pub(super) const PAGE: u64 = 4096;
+pub(super) use crate::process::PAGE_SIZE as PAGE;
 
 const PROT_RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
 const PROT_RX: i32 = libc::PROT_READ | libc::PROT_EXEC;
@@ -67,8 +65,8 @@ pub struct RingProc {
     pub tag_addr: u64,
     /// Address of the ring in the target.
     pub ring_addr: u64,
-    /// Which thread wrote each record (see [`super::threads`]).
-    pub threads: super::threads::ThreadNames,
+    /// Which thread wrote each record (see [`super::writers`]).
+    pub threads: super::writers::ThreadNames,
     /// Per probe id, the events counted instead of recorded already reported.
     pub counted_reported: HashMap<u32, u64>,
     /// The ring's `waited` cycles already charged to the overhead budget.
@@ -446,7 +444,17 @@ fn patch_segment(
             // The header first (see `ring::region`), then the trampolines.
             let span = region::encoded_len(plans.len()).next_multiple_of(64) as u64;
             let size = (span + plans.len() as u64 * STRIDE).div_ceil(PAGE) * PAGE;
-            let region = place_region(inj, maps, segment, size)?;
+            let region = map_near(
+                inj,
+                maps,
+                &NearMap {
+                    code: segment.start..segment.end,
+                    size,
+                    prot: PROT_RW,
+                    code_name: "the code",
+                    what: "the trampolines",
+                },
+            )?;
             for (k, plan) in plans.iter().enumerate() {
                 let Some((pi, si, t)) = build(plan, region + span + k as u64 * STRIDE) else {
                     continue;
@@ -578,52 +586,6 @@ fn identical_region<'p>(
         built.push((plan, t, pi, si));
     }
     Some(built)
-}
-
-/// Maps `size` bytes of fresh private memory within rel32 reach of `segment`:
-/// the nearest gap in the address space, never over anything mapped.
-fn place_region(inj: &Injector, maps: &[MapEntry], segment: &MapEntry, size: u64) -> Result<u64> {
-    let mut spans: Vec<(u64, u64)> = maps.iter().map(|m| (m.start, m.end)).collect();
-    spans.sort_unstable();
-    let reach = |addr: u64| {
-        addr >= segment.end.saturating_sub(REACH) && addr + size <= segment.start + REACH
-    };
-    let mut candidates = Vec::new();
-    for w in spans.windows(2) {
-        let (gap_start, gap_end) = (w[0].1.div_ceil(PAGE) * PAGE, w[1].0 / PAGE * PAGE);
-        if gap_end <= gap_start || gap_end - gap_start < size + 2 * PAGE {
-            continue;
-        }
-        // A page of distance from the neighbours, at the end nearest the code.
-        let low = gap_start + PAGE;
-        let high = gap_end - PAGE - size;
-        for c in [low, high] {
-            if reach(c) {
-                candidates.push(c);
-            }
-        }
-    }
-    candidates.sort_unstable_by_key(|&c| c.abs_diff(segment.start));
-    for c in candidates.into_iter().take(8) {
-        match inj.mmap(
-            c,
-            size,
-            PROT_RW,
-            MAP_PRIVATE_ANON | libc::MAP_FIXED_NOREPLACE,
-            -1,
-        ) {
-            Ok(got) if got == c => return Ok(c),
-            Ok(got) => {
-                // An old kernel took the address as a hint only: give it back.
-                let _ = inj.call("munmap", libc::SYS_munmap, [got, size, 0, 0, 0, 0]);
-            }
-            Err(_) => continue,
-        }
-    }
-    bail!(
-        "no free address within 2 GiB of the code at {:#x} for the trampolines",
-        segment.start
-    )
 }
 
 /// Takes the ring's sites out of `pid` (every thread stopped, none inside a

@@ -1,7 +1,7 @@
 //! `pyprobe report --lines FILE`: the source of FILE, each line with what the
 //! recording saw on it.
 
-use crate::analyze::lines::LineCount;
+use crate::analyze::line_counts::LineCount;
 use crate::output::terminal::{escaped, escaped_source_line};
 use crate::output::units::format_ns;
 

@@ -9,8 +9,8 @@ use crate::tracer::decode::HitBuffers;
 use crate::tracer::engine::{Hit, RepeatSlot, TraceEvent};
 use crate::tracer::Probe;
 
-use super::threads::{ThreadNames, TidSpan};
 use super::tsc::TscClock;
+use super::writers::{ThreadNames, TidSpan};
 
 /// What a ring's records are read against: the process that writes it.
 pub struct RecordSource<'a> {
