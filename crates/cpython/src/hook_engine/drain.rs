@@ -339,7 +339,7 @@ impl HookProc {
 }
 
 /// What may identify the `str` at `s` as the hook saw it (see
-/// `crate::hook::codegen::emit_str_identity`): its hash now, and its length xor its
+/// `crate::hook::codegen::callbacks::emit_str_identity`): its hash now, and its length xor its
 /// first 8 bytes (its length alone when shorter), which a hash computed since does
 /// not change.
 fn identities(mem: &ProcessMemory, s: u64, data: u64) -> Option<[u64; 2]> {

@@ -50,13 +50,21 @@
 //!   hook that costs nothing; its first call unregisters it.
 //! * **fork**: the state page is `MADV_WIPEONFORK` and the ring `MADV_DONTFORK`: a
 //!   child's callbacks find `on` clear and unregister without touching any ring.
+//!
+//! This file holds a hooked process's state (`HookProc`) and the engine's face
+//! to the tracer ([`HookBook`], its [`EventSource`]); the work is in `place`
+//! (installing), `watch` (the installer's progress, the profile route's thread
+//! states), `drain` (records into hits) and `leave` (detaching, an image gone).
 
 mod drain;
 mod launched;
+mod leave;
+mod place;
 mod profile;
 mod returns;
 mod reuse;
 mod setup;
+mod watch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,23 +77,18 @@ use memmap2::MmapMut;
 use nix::sys::ptrace;
 use nix::unistd::Pid;
 
-use crate::hook::{failed_step, Detour, HookCode};
-use crate::hook::{
-    STATUS_OK, STATUS_REMOVED, STATUS_RUNNING, ST_ARMED, ST_AT_EXIT, ST_ON, ST_STATUS,
-};
+use crate::hook::{Detour, HookCode};
 use crate::python::walker::{PyFrame, Walker};
 use pyprobe_sdt::process::memory::ProcessMemory;
 use pyprobe_sdt::ring::RingReader;
-use pyprobe_sdt::tracer::clock::monotonic_ns;
 use pyprobe_sdt::tracer::decode::HitBuffers;
 use pyprobe_sdt::tracer::engine::source::{EventSource, Placement, SweepNeed};
 use pyprobe_sdt::tracer::engine::TraceEvent;
-use pyprobe_sdt::tracer::guardian::{Guardian, Op};
+use pyprobe_sdt::tracer::guardian::Guardian;
 use pyprobe_sdt::tracer::ring_engine::tsc::TscClock;
-use pyprobe_sdt::tracer::ring_engine::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
 
 use launched::Awaiting;
-use profile::{ProfileTarget, Slot};
+use profile::ProfileTarget;
 use returns::{ReturnTable, TypeNames};
 pub use setup::refusal;
 use setup::Breaker;
@@ -231,98 +234,8 @@ impl EventSource for HookBook {
         self.awaiting.remove(&pid);
     }
 
-    /// Installs the hook (with the walker that saw a launched interpreter ready,
-    /// if any).
     fn place(&mut self, at: Placement<'_>, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
-        let pid = at.pid;
-        let walker = self.awaiting.remove(&pid).and_then(|a| a.walker);
-        let rips: Vec<u64> = at.threads.iter().map(|t| t.rip).collect();
-        let fs_tids: FxHashMap<u64, i32> = at.threads.iter().map(|t| (t.fs_base, t.tid)).collect();
-        let mut mem = ProcessMemory::new(pid);
-        let installed = setup::install(pid, at.tid, &mut mem, &rips, walker, at.guardian)?;
-        let tsc = at.tsc;
-        // Served as the SDT rings are (every thread still stopped, so before any
-        // callback runs): a full ring is waited on while pyprobe lives, except that
-        // under a budget an event waits a little, then is counted lost.
-        let patience = match at.budgeted {
-            true => tsc.ns_to_ticks(BUDGETED_PATIENCE_NS),
-            false => u64::MAX,
-        };
-        installed
-            .reader
-            .serve(tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
-        pyprobe_sdt::tracer::ring_engine::set_solo_if_alone(
-            &installed.reader,
-            "hook",
-            pid,
-            rips.len(),
-            sink,
-        );
-        match &installed.detour {
-            Some(d) => sink(TraceEvent::Detail(format!(
-                "hook engine in process {pid}: hook at {:#x}, detour at _Py_HandlePending ({:#x}); \
-                 waiting for a thread to run Python code",
-                installed.hook.addr, d.site
-            ))),
-            None => sink(TraceEvent::Detail(format!(
-                "hook engine in process {pid}: hook at {:#x}, set as the profile function of its \
-                 threads",
-                installed.hook.addr
-            ))),
-        }
-        for note in &installed.notes {
-            sink(TraceEvent::Detail(format!(
-                "hook engine in process {pid}: {note}"
-            )));
-        }
-        let mut said_taken = std::collections::HashSet::new();
-        say_taken(pid, &installed.taken, &mut said_taken, sink);
-        let now = Instant::now();
-        let lost = pyprobe_sdt::ring::LostCounter::new(installed.reader.lost(), monotonic_ns());
-        self.procs.insert(
-            pid,
-            HookProc {
-                mem,
-                _beat: pyprobe_sdt::tracer::ring_engine::heartbeat::keep_beating(&installed.reader),
-                reader: installed.reader,
-                _mapping: installed.mapping,
-                state_addr: installed.state_addr,
-                hook: installed.hook,
-                detour: installed.detour,
-                breaker: installed.breaker,
-                profile: installed.profile,
-                next_sweep: now + SWEEP_EVERY,
-                sweep_now: false,
-                said_taken,
-                phase: Phase::Waiting,
-                since: now,
-                last_raise: now,
-                said_slow: false,
-                walker: installed.walker,
-                fs_tids,
-                buffers: HitBuffers::default(),
-                names: FxHashMap::default(),
-                named: FxHashMap::default(),
-                recheck: drain::Recheck::default(),
-                types: TypeNames::default(),
-                shadow: FxHashMap::default(),
-                repeats: FxHashMap::default(),
-                unknown: Arc::new(PyFrame {
-                    file: UNKNOWN.into(),
-                    function: UNKNOWN.into(),
-                    name: UNKNOWN.into(),
-                    first_line: 0,
-                    line: 0,
-                }),
-                returns: ReturnTable::default(),
-                lost,
-                pending: std::collections::VecDeque::new(),
-                raw: Vec::with_capacity(BATCH),
-                read_to: 0,
-                image_gone: false,
-            },
-        );
-        Ok(())
+        self.install_hook(at, sink)
     }
 
     /// A new thread at its first stop: its `%fs` base names its records. On the
@@ -352,155 +265,25 @@ impl EventSource for HookBook {
         }
     }
 
-    /// Hooks waiting for their installer: done, failed, or due to raise the
-    /// breaker again (the pids returned, whose threads must be stopped to put the
-    /// entry back or raise the breaker).
     fn watch(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Vec<i32> {
-        for (&pid, h) in self.procs.iter_mut() {
-            if h.phase != Phase::Installed {
-                continue;
-            }
-            let status = h.mem.read_u64(h.state_addr + ST_STATUS as u64).unwrap_or(0);
-            if status == STATUS_REMOVED {
-                h.phase = Phase::Failed;
-                sink(TraceEvent::Notice(format!(
-                    "process {pid}: the hook unregistered itself: pyprobe had not read its ring \
-                     for 10 s (stopped?), so calls after that are not traced"
-                )));
-            }
-        }
-        let mut stop_for = Vec::new();
-        for (&pid, h) in self.procs.iter_mut() {
-            if h.phase != Phase::Waiting {
-                continue;
-            }
-            let status = h.mem.read_u64(h.state_addr + ST_STATUS as u64).unwrap_or(0);
-            if status == STATUS_OK {
-                h.phase = Phase::Installed;
-                let exit_in = h
-                    .mem
-                    .read_u64(h.state_addr + ST_AT_EXIT as u64)
-                    .unwrap_or(0)
-                    != 0;
-                sink(TraceEvent::Detail(format!(
-                    "hook engine in process {pid}: installed after {} ms ({}); its exit callback {}",
-                    h.since.elapsed().as_millis(),
-                    if h.profile.is_some() {
-                        "each thread's profile function"
-                    } else {
-                        "sys.monitoring tool 4"
-                    },
-                    if exit_in {
-                        "registered with atexit"
-                    } else {
-                        "not taken by atexit yet (the interpreter is starting): tried again as \
-                         calls come"
-                    }
-                )));
-            } else if status != 0 && status != STATUS_RUNNING {
-                h.phase = Phase::Failed;
-                sink(TraceEvent::Notice(format!(
-                    "process {pid}: the hook could not register with sys.monitoring ({}), so no calls \
-                     are traced",
-                    failed_step(status).unwrap_or("unknown step")
-                )));
-            } else {
-                if h.since.elapsed() >= SLOW_AFTER && !h.said_slow {
-                    h.said_slow = true;
-                    sink(TraceEvent::Notice(format!(
-                        "process {pid}: no thread has run Python code in the {} s since the hook was \
-                         armed (blocked in C or idle?); calls are traced from when one does",
-                        SLOW_AFTER.as_secs()
-                    )));
-                }
-                let every = if h.said_slow {
-                    RAISE_SLOWLY
-                } else {
-                    RAISE_EVERY
-                };
-                if h.last_raise.elapsed() < every {
-                    continue;
-                }
-            }
-            if h.detour.is_none() && h.phase != Phase::Waiting {
-                continue;
-            }
-            stop_for.push(pid);
-        }
-        stop_for
+        self.watch_status(sink)
     }
 
-    /// Threads stopped: the entry put back, or the breaker raised again.
     fn watch_stopped(
         &mut self,
         pid: i32,
         guardian: Option<&mut Guardian>,
         sink: &mut dyn FnMut(TraceEvent),
     ) {
-        let Some(h) = self.procs.get_mut(&pid) else {
-            return;
-        };
-        if h.phase == Phase::Waiting {
-            h.last_raise = Instant::now();
-            let tstates = h.walker.thread_state_addrs().unwrap_or_default();
-            if let Some(breaker) = h.breaker {
-                let _ = setup::raise(&mut h.mem, &tstates, breaker);
-            }
-        } else if let Err(e) = unpatch(pid, h, guardian) {
-            sink(TraceEvent::Notice(format!("process {pid}: {e:#}")));
-        }
+        self.status_stopped(pid, guardian, sink)
     }
 
-    /// The profile route: the thread states read for ones without the hook (reads
-    /// only); those that have one get it with every thread stopped, and a new
-    /// thread held for this goes on.
     fn sweep(&mut self, now: Instant, sink: &mut dyn FnMut(TraceEvent)) -> Vec<(i32, SweepNeed)> {
-        let mut due = Vec::new();
-        for (&pid, h) in self.procs.iter_mut() {
-            if h.profile.is_none() || h.phase != Phase::Installed {
-                continue;
-            }
-            if !h.sweep_now && now < h.next_sweep {
-                continue;
-            }
-            let held = std::mem::take(&mut h.sweep_now);
-            h.next_sweep = now + SWEEP_EVERY;
-            let Some(target) = h.profile else { continue };
-            let cb = h.hook.callbacks[0];
-            let tstates = h.walker.thread_state_addrs().unwrap_or_default();
-            let mut free = false;
-            let mut taken = Vec::new();
-            for &t in &tstates {
-                match target.slot(&h.mem, t, cb) {
-                    Ok(Slot::Free) => free = true,
-                    Ok(Slot::Taken) => taken.push(t),
-                    _ => {}
-                }
-            }
-            say_taken(pid, &taken, &mut h.said_taken, sink);
-            if free {
-                due.push((pid, SweepNeed::Stop));
-            } else if held {
-                due.push((pid, SweepNeed::Release));
-            }
-        }
-        due
+        self.sweep_profiles(now, sink)
     }
 
     fn sweep_stopped(&mut self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
-        let Some(h) = self.procs.get_mut(&pid) else {
-            return;
-        };
-        let Some(target) = h.profile else { return };
-        let cb = h.hook.callbacks[0];
-        // Read again, every thread stopped: the list may have changed.
-        let tstates = h.walker.thread_state_addrs().unwrap_or_default();
-        match setup::set_profiles(&mut h.mem, &target, &tstates, cb) {
-            Ok(taken) => say_taken(pid, &taken, &mut h.said_taken, sink),
-            Err(e) => sink(TraceEvent::Notice(format!(
-                "process {pid}: a thread could not be given the hook: {e:#}"
-            ))),
-        }
+        self.sweep_profiles_stopped(pid, sink)
     }
 
     fn drain(
@@ -564,58 +347,17 @@ impl EventSource for HookBook {
             .map_or(0, |h| h.emit(pid, upto_ns, hits, sink))
     }
 
-    /// Leaving (every thread stopped): the hook told to unregister, the entry put
-    /// back, the ring drained, what the functions returned said.
     fn detach(
         &mut self,
         alive: &dyn Fn(i32) -> bool,
-        mut guardian: Option<&mut Guardian>,
+        guardian: Option<&mut Guardian>,
         tsc: Option<&TscClock>,
         hits: &mut u64,
         sink: &mut dyn FnMut(TraceEvent),
     ) {
-        let pids: Vec<i32> = self.procs.keys().copied().collect();
-        for pid in pids {
-            if let Some(h) = self.procs.get_mut(&pid).filter(|_| alive(pid)) {
-                let _ = h
-                    .mem
-                    .write(h.state_addr + ST_ARMED as u64, &0u64.to_le_bytes());
-                let _ = h
-                    .mem
-                    .write(h.state_addr + ST_ON as u64, &0u64.to_le_bytes());
-                if let Err(e) = unpatch(pid, h, guardian.as_deref_mut()) {
-                    sink(TraceEvent::Notice(format!("process {pid}: {e:#}")));
-                }
-                if let Some(g) = guardian.as_deref_mut() {
-                    let _ = g.tell(Op::SiteRestored, pid, h.state_addr + ST_ON as u64);
-                }
-            }
-            while self.drain_of(pid, tsc, hits, sink) > 0 {}
-            if let Some(h) = self.procs.remove(&pid) {
-                say_waited(pid, &h, tsc, sink);
-                // Callbacks stop waiting for room: nobody reads the ring any more,
-                // nor follows the process's threads.
-                h.reader.set_solo(false);
-                h.reader.leave();
-                if h.phase == Phase::Installed {
-                    sink(TraceEvent::Detail(format!(
-                        "hook engine in process {pid}: told to unregister; it does at the target's \
-                         next Python call; its page ({:#x}, {} bytes) and its ring stay mapped for the next \
-                         attach to use again",
-                        h.hook.addr,
-                        h.hook.bytes.len()
-                    )));
-                }
-                flush_return_types(pid, h, sink);
-            }
-        }
-        self.awaiting.clear();
+        self.leave_all(alive, guardian, tsc, hits, sink)
     }
 
-    /// The image of `pid` is gone (it exec'd, or its leader exited): what its ring
-    /// still holds is read (named from what was named before: the memory is no
-    /// longer the image the records point into), its last return-type totals go
-    /// out, and its ring mapping is dropped. A new image is hooked afresh.
     fn image_gone(
         &mut self,
         pid: i32,
@@ -623,80 +365,10 @@ impl EventSource for HookBook {
         hits: &mut u64,
         sink: &mut dyn FnMut(TraceEvent),
     ) {
-        self.awaiting.remove(&pid);
-        let Some(h) = self.procs.get_mut(&pid) else {
-            return;
-        };
-        h.image_gone = true;
-        while self.drain_of(pid, tsc, hits, sink) > 0 {}
-        if let Some(h) = self.procs.remove(&pid) {
-            say_waited(pid, &h, tsc, sink);
-            flush_return_types(pid, h, sink);
-        }
+        self.leave_image(pid, tsc, hits, sink)
     }
 
     fn reset(&mut self) {
         *self = HookBook::default();
     }
-}
-
-/// Says once per thread state that the target's own profiler holds its profile
-/// function (profile route): its calls are not traced while it does.
-fn say_taken(
-    pid: i32,
-    taken: &[u64],
-    said: &mut std::collections::HashSet<u64>,
-    sink: &mut dyn FnMut(TraceEvent),
-) {
-    let new = taken.iter().filter(|&&t| said.insert(t)).count();
-    if new > 0 {
-        sink(TraceEvent::Notice(format!(
-            "process {pid}: {new} thread(s) run a profile function of the target's own (cProfile, \
-             sys.setprofile); before CPython 3.12 a thread has one, so their calls are not traced \
-             until the target lets it go"
-        )));
-    }
-}
-
-/// For `-v`: how long the target's callbacks waited for room in the hook's ring,
-/// i.e. held the target because pyprobe read more slowly than it wrote.
-fn say_waited(pid: i32, h: &HookProc, tsc: Option<&TscClock>, sink: &mut dyn FnMut(TraceEvent)) {
-    let Some(tsc) = tsc else {
-        return;
-    };
-    let waited_ns = tsc.ticks_to_ns(h.reader.waited_cycles());
-    sink(TraceEvent::Detail(format!(
-        "hook engine in process {pid}: the target waited {:.1} ms in all for room in the ring \
-         (pyprobe reading more slowly than it wrote)",
-        waited_ns as f64 / 1e6
-    )));
-}
-
-/// The last return-type totals of a hook that is done with.
-fn flush_return_types(pid: i32, h: HookProc, sink: &mut dyn FnMut(TraceEvent)) {
-    let mut returns = h.returns;
-    let rows = returns.take_changed();
-    if !rows.is_empty() {
-        sink(TraceEvent::ReturnTypes {
-            pid,
-            ts_ns: monotonic_ns(),
-            rows: &rows,
-        });
-    }
-}
-
-/// Puts the safe point's bytes back (every thread stopped).
-fn unpatch(pid: i32, h: &mut HookProc, guardian: Option<&mut Guardian>) -> Result<()> {
-    let Some(d) = h.detour.take() else {
-        return Ok(());
-    };
-    let mut now = vec![0u8; d.patch.len()];
-    h.mem.read(d.site, &mut now)?;
-    if now == d.patch {
-        h.mem.write(d.site, &d.original)?;
-    }
-    if let Some(g) = guardian {
-        let _ = g.tell(Op::SiteRestored, pid, d.site);
-    }
-    Ok(())
 }

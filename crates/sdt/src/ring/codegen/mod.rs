@@ -27,6 +27,10 @@
 //! runs inside the target, so a bad pointer faults the target. SDT operands
 //! are valid at the site by construction; only flag as strings arguments the
 //! program guarantees to be NULL or a valid C string.
+//!
+//! Here: the trampoline as a whole and its record. The slot reservation, which
+//! the hook's callbacks share, is in `reserve`; saving the interrupted code's
+//! flags in `flags`; the arguments in `args`.
 
 use std::ops::Range;
 
@@ -41,8 +45,15 @@ use crate::ring::stack::{emit_capture, StackCapture};
 use crate::sdt::{ArgSpec, RegFamily};
 
 mod args;
+mod flags;
+mod reserve;
 
 use args::{emit_arg, emit_string_copy, gpr, slot_arg};
+pub use flags::FlagSave;
+use flags::{emit_restore_flags, emit_save_flags};
+pub use reserve::{emit_reserve, record_lines};
+#[cfg(test)]
+pub(crate) use reserve::{has_prefetchw, PREFETCH_AHEAD};
 
 /// How the trampoline identifies the thread (stored in the record's `thread`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -302,86 +313,6 @@ pub fn build_trampoline(
     })
 }
 
-/// How a trampoline keeps the interrupted code's flags (the displaced
-/// instructions after it may read them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FlagSave {
-    /// `lahf` and `seto` into the slot `pushfq` would use, `add al, 0x7f` and
-    /// `sahf` back: the six status flags, which is all the trampoline changes
-    /// (it never touches DF or the system flags). About 2 ns where
-    /// `pushfq`/`popfq` cost 12 (`popfq` is microcoded).
-    Lahf,
-    /// `pushfq`/`popfq`: for a CPU without `lahf`/`sahf` in 64-bit mode.
-    Pushfq,
-}
-
-impl FlagSave {
-    /// The cheaper way where this CPU has it (CPUID 0x8000_0001, ECX bit 0).
-    /// pyprobe and the target it writes trampolines for run on the same machine.
-    pub fn for_this_cpu() -> FlagSave {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let has = *HAS.get_or_init(|| extended_feature_ecx() & 1 != 0);
-        if has {
-            FlagSave::Lahf
-        } else {
-            FlagSave::Pushfq
-        }
-    }
-}
-
-/// CPUID 0x8000_0001's ECX, 0 on a CPU without the extended leaf.
-fn extended_feature_ecx() -> u32 {
-    use std::arch::x86_64::__cpuid;
-    // The extended leaf is asked for only when the CPU says it has it.
-    if __cpuid(0x8000_0000).eax >= 0x8000_0001 {
-        __cpuid(0x8000_0001).ecx
-    } else {
-        0
-    }
-}
-
-/// Steps over the red zone and saves the flags and rax, leaving the stack as
-/// `lea rsp, [rsp-128]; pushfq; push rax` would (arguments are read from those
-/// slots, see [`FRAME`]).
-fn emit_save_flags(a: &mut CodeAssembler, how: FlagSave) -> Result<(), CodegenError> {
-    match how {
-        FlagSave::Lahf => {
-            // lea keeps the flags; lahf and seto only read them.
-            a.lea(rsp, ptr(rsp - 136))?;
-            a.push(rax)?;
-            a.lahf()?;
-            a.seto(al)?;
-            a.mov(qword_ptr(rsp + 8), rax)?;
-        }
-        FlagSave::Pushfq => {
-            a.lea(rsp, ptr(rsp - 128))?;
-            a.pushfq()?;
-            a.push(rax)?;
-        }
-    }
-    Ok(())
-}
-
-/// Undoes [`emit_save_flags`] (every other saved register already popped).
-fn emit_restore_flags(a: &mut CodeAssembler, how: FlagSave) -> Result<(), CodegenError> {
-    match how {
-        FlagSave::Lahf => {
-            a.mov(rax, qword_ptr(rsp + 8))?;
-            // al is 1 if OF was set: 1 + 0x7f overflows, 0 + 0x7f does not.
-            a.add(al, 0x7f)?;
-            a.sahf()?;
-            a.pop(rax)?;
-            a.lea(rsp, ptr(rsp + 136))?;
-        }
-        FlagSave::Pushfq => {
-            a.pop(rax)?;
-            a.popfq()?;
-            a.lea(rsp, ptr(rsp + 128))?;
-        }
-    }
-    Ok(())
-}
-
 /// Reserves a slot (with `stack`'s continuation slots), fills and publishes it;
 /// jumps to `restore` when the event is lost.
 fn emit_record(
@@ -429,186 +360,6 @@ fn patch_bytes(plan: &SitePlan, tramp: u64) -> Result<Vec<u8>, CodegenError> {
         site: plan.site(),
         tramp,
     })
-}
-
-/// Reserves a slot, and `extra` more right after it in the same CAS (a stack
-/// record's continuation slots): on success r10 = index and r8 = slot address; on
-/// failure counts the event lost and jumps to `restore` (r9 = the ring on both
-/// paths). A full ring is waited on while its consumer lives (see the producer
-/// protocol in `format.rs`). Clobbers rax, rcx, rdx, rsi, rdi, r8-r11 and flags;
-/// uses no stack. Shared with the injected hook's callbacks (`pyprobe_cpython::hook`), so
-/// that every producer waits for room the same way.
-///
-/// On success it also asks for the first `lines` cache lines of the slot
-/// [`PREFETCH_AHEAD`] records on, for writing (see [`emit_prefetch_ahead`]).
-pub fn emit_reserve(
-    a: &mut CodeAssembler,
-    ring_addr: u64,
-    capacity: u64,
-    extra: u32,
-    lines: u8,
-    restore: &mut CodeLabel,
-) -> Result<(), CodegenError> {
-    check_capacity(capacity)?;
-    let mut retry = a.create_label();
-    let mut full = a.create_label();
-    let mut reserved = a.create_label();
-    let mut wait = a.create_label();
-    let mut started = a.create_label();
-    let mut sleep = a.create_label();
-    let mut awake = a.create_label();
-    let mut solo = a.create_label();
-    let mut swapped = a.create_label();
-    let capacity = capacity as i32; // <= 2^24, checked above
-    let room = capacity - extra as i32;
-    a.mov(r9, ring_addr)?;
-    a.mov(ecx, RESERVE_ATTEMPTS)?;
-    // r8 = the TSC at the first wait, 0 while the event has not waited (r8 is
-    // kept by the futex system call, which clobbers rax, rcx and r11).
-    a.xor(r8d, r8d)?;
-    a.set_label(&mut retry)?;
-    // tail before head: head - tail cannot underflow with an honest consumer.
-    a.mov(rdx, qword_ptr(r9 + H_TAIL as i32))?;
-    a.mov(rax, qword_ptr(r9 + H_HEAD as i32))?;
-    a.mov(rdi, rax)?;
-    a.sub(rdi, rdx)?;
-    a.cmp(rdi, room)?;
-    a.jae(wait)?;
-    a.lea(rdx, ptr(rax + 1 + capacity - room))?;
-    // One producer thread (`solo`): the same compare-and-swap without `lock`.
-    a.cmp(byte_ptr(r9 + H_SOLO as i32), 0)?;
-    a.jne(solo)?;
-    a.lock().cmpxchg(qword_ptr(r9 + H_HEAD as i32), rdx)?;
-    a.jmp(swapped)?;
-    a.set_label(&mut solo)?;
-    a.cmpxchg(qword_ptr(r9 + H_HEAD as i32), rdx)?;
-    a.set_label(&mut swapped)?;
-    a.je(reserved)?;
-    a.dec(ecx)?;
-    a.jnz(retry)?;
-    // Contended that long: treated as full (waits while the consumer lives).
-    a.jmp(wait)?;
-
-    // Full: wait while a consumer lives, its heartbeat is fresh and patience lasts.
-    a.set_label(&mut wait)?;
-    a.cmp(qword_ptr(r9 + H_ALIVE as i32), 0)?;
-    a.je(full)?;
-    a.rdtsc()?;
-    a.shl(rdx, 32)?;
-    a.or(rax, rdx)?;
-    a.test(r8, r8)?;
-    a.jnz(started)?;
-    a.mov(r8, rax)?;
-    a.set_label(&mut started)?;
-    // Signed: a heartbeat stamped on a CPU whose counter is a little ahead is fresh.
-    a.mov(rdx, rax)?;
-    a.sub(rdx, qword_ptr(r9 + H_HEARTBEAT as i32))?;
-    a.cmp(rdx, qword_ptr(r9 + H_STALE as i32))?;
-    a.jg(full)?;
-    a.mov(rdx, rax)?;
-    a.sub(rdx, r8)?;
-    a.cmp(rdx, qword_ptr(r9 + H_PATIENCE as i32))?;
-    a.ja(full)?;
-    a.cmp(rdx, SPIN_CYCLES)?;
-    a.jae(sleep)?;
-    a.pause()?;
-    a.mov(ecx, RESERVE_ATTEMPTS)?;
-    a.jmp(retry)?;
-
-    // Asleep on tail's low word until the consumer wakes us or the nap ends.
-    // Raising `sleepers` before the last look pairs with the consumer's fence
-    // between storing tail and reading `sleepers`: either it sees us and wakes
-    // us, or we see its new tail (here, or as a changed futex word).
-    a.set_label(&mut sleep)?;
-    a.lock().inc(dword_ptr(r9 + H_SLEEPERS as i32))?;
-    a.mov(rdx, qword_ptr(r9 + H_TAIL as i32))?;
-    a.mov(rax, qword_ptr(r9 + H_HEAD as i32))?;
-    a.sub(rax, rdx)?;
-    a.cmp(rax, room)?;
-    a.jb(awake)?;
-    a.mov(eax, libc::SYS_futex as u32)?;
-    a.lea(rdi, ptr(r9 + H_TAIL as i32))?;
-    a.xor(esi, esi)?; // FUTEX_WAIT, shared: the consumer wakes through its own mapping
-    a.mov(edx, edx)?;
-    a.lea(r10, ptr(r9 + H_NAP as i32))?;
-    a.syscall()?;
-    a.set_label(&mut awake)?;
-    a.lock().dec(dword_ptr(r9 + H_SLEEPERS as i32))?;
-    a.mov(ecx, RESERVE_ATTEMPTS)?;
-    a.jmp(retry)?;
-
-    a.set_label(&mut full)?;
-    emit_add_waited(a)?;
-    a.lock().inc(qword_ptr(r9 + H_LOST as i32))?;
-    a.jmp(*restore)?;
-    a.set_label(&mut reserved)?;
-    a.mov(rcx, rax)?;
-    emit_add_waited(a)?;
-    a.mov(r10, rcx)?;
-    a.mov(rax, rcx)?;
-    a.and(rax, capacity - 1)?;
-    a.shl(rax, SLOT_SIZE.trailing_zeros())?;
-    a.lea(r8, ptr(r9 + rax + HEADER_SIZE as i32))?;
-    emit_prefetch_ahead(a, capacity, lines)?;
-    Ok(())
-}
-
-/// Records ahead of the one just reserved whose slot a producer asks for.
-pub(crate) const PREFETCH_AHEAD: i32 = 4;
-
-/// With r10 = the index just reserved and r9 = the ring: `prefetchw` of the first
-/// `lines` cache lines of slot `r10 + PREFETCH_AHEAD` (wrapped: always inside the
-/// ring). A slot's lines were last written a lap ago and read by pyprobe since,
-/// so a store to them waits for the line to come back; asked for a few records
-/// early, the line is there when the record is written (fib on CPython 3.9, ring
-/// never full: 100 -> 65 ns per event). A prefetch never faults and changes no
-/// data. Emitted only on CPUs that have the instruction. Clobbers rax.
-fn emit_prefetch_ahead(
-    a: &mut CodeAssembler,
-    capacity: i32,
-    lines: u8,
-) -> Result<(), CodegenError> {
-    if lines == 0 || !has_prefetchw() {
-        return Ok(());
-    }
-    a.lea(rax, ptr(r10 + PREFETCH_AHEAD))?;
-    a.and(rax, capacity - 1)?;
-    a.shl(rax, SLOT_SIZE.trailing_zeros())?;
-    let lines = usize::from(lines).min(SLOT_SIZE / 64);
-    for line in 0..lines {
-        a.prefetchw(byte_ptr(r9 + rax + (HEADER_SIZE + 64 * line) as i32))?;
-    }
-    Ok(())
-}
-
-/// Whether this CPU has `prefetchw` (CPUID 0x8000_0001, ECX bit 8). pyprobe and
-/// the target it writes trampolines for run on the same machine.
-pub(crate) fn has_prefetchw() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| extended_feature_ecx() & (1 << 8) != 0)
-}
-
-/// Cache lines a record's first slot is written in: the fixed part, and with
-/// string arguments the string areas after it (to the slot's end).
-pub fn record_lines(has_strings: bool) -> u8 {
-    let written = if has_strings { SLOT_SIZE } else { S_STRINGS };
-    written.div_ceil(64) as u8
-}
-
-/// If this event waited for room (r8, the TSC at its first wait, is set), adds
-/// the cycles it waited to the header's `waited`: the target's time lost to a
-/// full ring, which pyprobe charges to the overhead budget. Clobbers rax and rdx.
-fn emit_add_waited(a: &mut CodeAssembler) -> Result<(), CodegenError> {
-    let mut done = a.create_label();
-    a.test(r8, r8)?;
-    a.jz(done)?;
-    a.rdtsc()?;
-    a.shl(rdx, 32)?;
-    a.or(rax, rdx)?;
-    a.sub(rax, r8)?;
-    a.lock().add(qword_ptr(r9 + H_WAITED as i32), rax)?;
-    a.set_label(&mut done)?;
-    Ok(())
 }
 
 /// tsc, probe, tag, thread, nargs and masks.

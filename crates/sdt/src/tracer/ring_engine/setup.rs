@@ -7,39 +7,39 @@
 //! Nothing is unmapped when tracing ends: a thread interrupted by a signal inside
 //! a trampoline returns into it later, and ptrace cannot see that (see `ring`).
 //! What an earlier pyprobe left is used again where that is safe (see `reuse`).
+//!
+//! Here: the ring engine's state in a process, the setup's outline, and taking the
+//! sites out again. Beside it: `memfd` (making and mapping a ring) and
+//! `trampolines` (building, placing and jumping to the trampolines).
 
 use std::collections::HashMap;
-use std::fs::OpenOptions;
 use std::io;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Result};
 use memmap2::MmapMut;
 
 use super::heartbeat::{keep_beating, BeatTicket};
 
-use crate::process::maps::{read_maps, MapEntry};
+use crate::process::maps::read_maps;
 use crate::process::memory::ProcessMemory;
-use crate::ring::region::{self, RegionHeader, RegionSite};
-use crate::ring::{
-    build_trampoline, init_zeroed_ring, plans_overlap, qualify_site, ring_bytes, BranchTargets,
-    CodegenError, FlagSave, RingReader, SitePlan, ThreadIdSource, Trampoline, TrampolineParams,
-};
+use crate::ring::{ring_bytes, RingReader};
 
 use crate::tracer::guardian::{Guardian, Op};
 use crate::tracer::inject::Injector;
-use crate::tracer::near_map::{map_near, NearMap};
 use crate::tracer::patch::{Patches, INT3};
 
 use super::reuse;
 
+mod memfd;
+mod trampolines;
+
+pub use memfd::map_ring;
+use trampolines::{patch_segment, Placed};
+
 pub use super::CAPACITY;
-/// Bytes of trampoline space per site (200-500 bytes; a stack probe's, which walks
-/// the frame chain, up to about 1200).
-const STRIDE: u64 = 2048;
 pub(super) use crate::process::PAGE_SIZE as PAGE;
 
 const PROT_RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
-const PROT_RX: i32 = libc::PROT_READ | libc::PROT_EXEC;
 const MAP_PRIVATE_ANON: i32 = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
 
 /// One site served by the ring.
@@ -262,330 +262,6 @@ fn replace_ring(
     )?;
     mem.write(tag_addr, &(pid as u32).to_le_bytes())?;
     Ok(mapping)
-}
-
-/// A memfd made in the target (named by the string at `name_addr`), sized for
-/// `capacity` slots and sealed at that size, mapped and formatted by pyprobe, then
-/// mapped `MAP_SHARED` in the target (at `over`, over what is there, or where the
-/// kernel chooses), its descriptor closed: the target never sees an unformatted
-/// ring, and keeps no descriptor of pyprobe's. Returns the ring's address in the
-/// target and pyprobe's mapping of it.
-///
-/// The seals are pyprobe's own safety: a target that reopens the memfd (through
-/// `/proc/self/map_files`, as root can) and truncates it would otherwise make
-/// pyprobe's next read of the ring a SIGBUS, which kills pyprobe.
-pub fn map_ring(
-    inj: &Injector,
-    pid: i32,
-    name_addr: u64,
-    over: Option<u64>,
-    capacity: u64,
-) -> Result<(u64, MmapMut)> {
-    let bytes = ring_bytes(capacity).map_err(|e| anyhow!("{e}"))? as u64;
-    let fd = inj.call(
-        "memfd_create",
-        libc::SYS_memfd_create,
-        [
-            name_addr,
-            (libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) as u64,
-            0,
-            0,
-            0,
-            0,
-        ],
-    )?;
-    let mapped = (|| {
-        inj.call("ftruncate", libc::SYS_ftruncate, [fd, bytes, 0, 0, 0, 0])?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{pid}/fd/{fd}"))
-            .with_context(|| format!("opening the ring of process {pid} (its fd {fd})"))?;
-        seal_size(&file).with_context(|| format!("sealing the ring of process {pid}"))?;
-        // SAFETY: a shared mapping of a memfd only pyprobe and the target use; the
-        // reader accesses it with atomic and volatile operations.
-        let mut mapping = unsafe { MmapMut::map_mut(&file) }.context("mapping the ring")?;
-        if mapping.len() as u64 != bytes {
-            bail!(
-                "the ring of process {pid} is {} bytes, not {bytes}",
-                mapping.len()
-            );
-        }
-        // A new memfd, zero-filled by the kernel: the header is all there is to write.
-        init_zeroed_ring(&mut mapping, capacity).map_err(|e| anyhow!("{e}"))?;
-        let ring_addr = match over {
-            Some(addr) => {
-                let flags = libc::MAP_SHARED | libc::MAP_FIXED;
-                let got = inj.mmap(addr, bytes, PROT_RW, flags, fd as i64)?;
-                if got != addr {
-                    bail!("the new ring was mapped at {got:#x}, not over the old one at {addr:#x}");
-                }
-                got
-            }
-            None => inj.mmap(0, bytes, PROT_RW, libc::MAP_SHARED, fd as i64)?,
-        };
-        Ok::<_, anyhow::Error>((ring_addr, mapping))
-    })();
-    // The mappings keep the memory; the target keeps no descriptor of ours.
-    let _ = inj.call("close", libc::SYS_close, [fd, 0, 0, 0, 0, 0]);
-    mapped
-}
-
-/// Seals the memfd behind `file` at its size, and its seals with it: it can never
-/// shrink (what SIGBUS needs), grow, or take other seals (`F_SEAL_FUTURE_WRITE`
-/// would stop a later pyprobe mapping it).
-fn seal_size(file: &std::fs::File) -> Result<()> {
-    use std::os::fd::AsRawFd;
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-    // SAFETY: fcntl on a descriptor pyprobe owns.
-    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error()).context("fcntl(F_ADD_SEALS)");
-    }
-    Ok(())
-}
-
-/// Where the trampolines of one segment went.
-enum Placed {
-    /// No site of the segment qualified.
-    Nothing,
-    /// Into the earlier pyprobe's region at this address, unchanged.
-    Again(u64),
-    /// Into a new region at this address.
-    New(u64),
-}
-
-/// Qualifies, builds and patches the sites of one executable segment.
-#[allow(clippy::too_many_arguments)]
-fn patch_segment(
-    inj: &Injector,
-    (ring_addr, ring_len): (u64, u64),
-    segment: &MapEntry,
-    maps: &[MapEntry],
-    sites: &[u64],
-    mem: &mut ProcessMemory,
-    patches: &mut Patches,
-    rips: &[(i32, u64)],
-    ring: &mut RingProc,
-    refused: &mut Vec<(u64, String)>,
-    earlier: &[(u64, RegionHeader)],
-    mut guard: Option<&mut Guardian>,
-) -> Result<Placed> {
-    let len = (segment.end - segment.start) as usize;
-    if len > 256 << 20 {
-        bail!(
-            "executable segment of {} MiB is too large to scan",
-            len >> 20
-        );
-    }
-    let mut text = vec![0u8; len];
-    mem.read(segment.start, &mut text)
-        .with_context(|| format!("reading code at {:#x}", segment.start))?;
-    // Our own int3s read as the nops they replace.
-    for &addr in patches.sites.keys() {
-        if (segment.start..segment.end).contains(&addr) {
-            text[(addr - segment.start) as usize] = 0x90;
-        }
-    }
-    let targets = BranchTargets::scan(&text, segment.start);
-    let mut plans: Vec<SitePlan> = Vec::new();
-    for &addr in sites {
-        match qualify_site(&text, segment.start, addr, &targets) {
-            Ok(plan) if plans.iter().any(|p| plans_overlap(p, &plan)) => {
-                refused.push((addr, "overlaps another patched site".into()))
-            }
-            Ok(_) if plans.len() == region::MAX_SITES => refused.push((
-                addr,
-                format!("one region serves at most {} sites", region::MAX_SITES),
-            )),
-            Ok(plan) => plans.push(plan),
-            Err(why) => refused.push((addr, why.to_string())),
-        }
-    }
-    if plans.is_empty() {
-        return Ok(Placed::Nothing);
-    }
-    let symbols = |name: &str| patches.set.symbol(name);
-    // The trampoline for `plan` at `tramp_addr`, with its probe and site indices.
-    let build = |plan: &SitePlan, tramp_addr: u64| {
-        let &(pi, si) = patches.sites.get(&plan.site())?;
-        let probe = &patches.set.probes[pi];
-        let params = TrampolineParams {
-            flags: FlagSave::for_this_cpu(),
-            probe_id: pi as u32,
-            // Arguments read through a register only where no branch lands
-            // between the site's function start and the site.
-            args: probe.sites[si]
-                .args_in_target(|lo, hi| targets.strictly_inside(lo, hi).is_some()),
-            string_args: &probe.string_args,
-            ring_addr,
-            capacity: CAPACITY,
-            tramp_addr,
-            tag_addr: ring.tag_addr,
-            thread_id: ThreadIdSource::FsSelfPointer,
-            symbols: &symbols,
-            stack: patches
-                .set
-                .stack_capture
-                .as_ref()
-                .filter(|_| patches.set.stack_probes.contains(&pi)),
-        };
-        Some((pi, si, build_trampoline(plan, &params)))
-    };
-    // An earlier pyprobe's region holding every trampoline needed, byte for byte
-    // (see `reuse`): nothing is written into it.
-    let reused = earlier.iter().find_map(|(at, header)| {
-        identical_region(mem, *at, header, &plans, &build).map(|built| (*at, built))
-    });
-    let (placed, built) = match reused {
-        Some((at, built)) => (Placed::Again(at), built),
-        None => {
-            let mut built = Vec::new();
-            // The header first (see `ring::region`), then the trampolines.
-            let span = region::encoded_len(plans.len()).next_multiple_of(64) as u64;
-            let size = (span + plans.len() as u64 * STRIDE).div_ceil(PAGE) * PAGE;
-            let region = map_near(
-                inj,
-                maps,
-                &NearMap {
-                    code: segment.start..segment.end,
-                    size,
-                    prot: PROT_RW,
-                    code_name: "the code",
-                    what: "the trampolines",
-                },
-            )?;
-            for (k, plan) in plans.iter().enumerate() {
-                let Some((pi, si, t)) = build(plan, region + span + k as u64 * STRIDE) else {
-                    continue;
-                };
-                match t {
-                    Ok(t) if t.len() as u64 <= STRIDE => {
-                        mem.write(t.addr, &t.code)?;
-                        built.push((plan, t, pi, si));
-                    }
-                    Ok(t) => {
-                        refused.push((plan.site(), format!("trampoline of {} bytes", t.len())))
-                    }
-                    Err(e) => refused.push((plan.site(), e.to_string())),
-                }
-            }
-            // Every trampoline written is listed, before any site jumps to one: a later
-            // pyprobe then recognises each jump left behind (one not patched in the end is
-            // listed harmlessly: only a site holding the exact jump is ever taken over).
-            let header = RegionHeader {
-                region_len: size,
-                ring_addr,
-                ring_len,
-                tag_addr: ring.tag_addr,
-                sites: built
-                    .iter()
-                    .map(|(plan, t, _, _)| RegionSite {
-                        site: plan.site(),
-                        tramp: t.addr,
-                        original: plan.original().to_vec(),
-                    })
-                    .collect(),
-            };
-            let header = header
-                .encode()
-                .map_err(|e| anyhow!("trampoline region header: {e}"))?;
-            mem.write(region, &header)?;
-            inj.call(
-                "mprotect",
-                libc::SYS_mprotect,
-                [region, size, PROT_RX as u64, 0, 0, 0],
-            )?;
-            (Placed::New(region), built)
-        }
-    };
-    for (plan, t, pi, si) in built {
-        // The site holds our int3 and, after it, the bytes the plan displaces.
-        let mut now = vec![0u8; plan.len()];
-        mem.read(plan.site(), &mut now)?;
-        if now[0] != INT3 || now[1..] != plan.original()[1..] {
-            refused.push((plan.site(), "code changed since it was read".into()));
-            continue;
-        }
-        let inside: Vec<&(i32, u64)> = rips
-            .iter()
-            .filter(|(_, rip)| *rip > plan.site() && *rip < plan.end())
-            .collect();
-        // Right after the int3 is where a thread stands that hit it: it goes on in
-        // the trampoline's copy of the displaced code. Anywhere else inside: refuse.
-        if inside.iter().any(|(_, rip)| *rip != plan.site() + 1) {
-            refused.push((plan.site(), "a thread is inside the displaced bytes".into()));
-            continue;
-        }
-        // The guardian learns the jump and the bytes under it before it is written:
-        // if pyprobe dies now, it puts back the original bytes (never a lone nop
-        // into the middle of the jump), whichever of int3 or jump it finds.
-        if let Some(g) = guard.as_deref_mut() {
-            g.tell_ring_site(mem.pid(), plan.site(), plan.original(), &t.patch)?;
-        }
-        // A thread stopped right after the int3 goes on in the trampoline's copy
-        // of the displaced code; moved before the jump is written, so that if
-        // pyprobe dies in between it never resumes inside the jump's bytes.
-        for &&(tid, _) in &inside {
-            let thread = nix::unistd::Pid::from_raw(tid);
-            let mut regs = nix::sys::ptrace::getregs(thread)
-                .with_context(|| format!("thread {tid} of process {} is not stopped", mem.pid()))?;
-            regs.rip = t.resume;
-            nix::sys::ptrace::setregs(thread, regs)
-                .with_context(|| format!("moving thread {tid} into its trampoline"))?;
-        }
-        patches.take_site(plan.site());
-        mem.write(plan.site(), &t.patch)?;
-        ring.sites.insert(
-            plan.site(),
-            RingSite {
-                probe: pi,
-                site: si,
-                original: plan.original().to_vec(),
-                patch: t.patch.clone(),
-            },
-        );
-    }
-    Ok(placed)
-}
-
-/// Builds the trampoline for a plan at an address: with its probe and site indices.
-type Builder<'a> =
-    dyn Fn(&SitePlan, u64) -> Option<(usize, usize, Result<Trampoline, CodegenError>)> + 'a;
-
-/// The trampolines for `plans` in the earlier region at `at` (its `header` read and
-/// checked), if every one of them is already there byte for byte, at the address
-/// the header lists for its site, for the same original bytes and the same jump:
-/// then nothing needs writing, and no thread that may be inside one of them sees a
-/// byte change (see `reuse`). `None` if any differs, is missing or cannot be read.
-fn identical_region<'p>(
-    mem: &ProcessMemory,
-    at: u64,
-    header: &RegionHeader,
-    plans: &'p [SitePlan],
-    build: &Builder,
-) -> Option<Vec<(&'p SitePlan, Trampoline, usize, usize)>> {
-    let end = at.checked_add(header.region_len)?;
-    let mut built = Vec::with_capacity(plans.len());
-    for plan in plans {
-        let entry = header.find(plan.site())?;
-        if entry.original != plan.original() {
-            return None;
-        }
-        let (pi, si, t) = build(plan, entry.tramp)?;
-        let t = t.ok()?;
-        let t_end = t.addr.checked_add(t.len() as u64)?;
-        if t.len() as u64 > STRIDE || t_end > end || entry.patch().as_ref() != Some(&t.patch) {
-            return None;
-        }
-        let mut now = vec![0u8; t.len()];
-        mem.read(t.addr, &mut now).ok()?;
-        if now != t.code {
-            return None;
-        }
-        built.push((plan, t, pi, si));
-    }
-    Some(built)
 }
 
 /// Takes the ring's sites out of `pid` (every thread stopped, none inside a

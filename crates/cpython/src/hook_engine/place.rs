@@ -1,0 +1,121 @@
+//! Placing the hook in a process (every thread stopped): the install itself is
+//! `setup`'s; here the ring is served, what was done is said, and the process's
+//! [`HookProc`] starts. Apart from the engine's face: the longest of its steps.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use rustc_hash::FxHashMap;
+
+use crate::python::walker::PyFrame;
+use pyprobe_sdt::process::memory::ProcessMemory;
+use pyprobe_sdt::tracer::clock::monotonic_ns;
+use pyprobe_sdt::tracer::decode::HitBuffers;
+use pyprobe_sdt::tracer::engine::source::Placement;
+use pyprobe_sdt::tracer::engine::TraceEvent;
+use pyprobe_sdt::tracer::ring_engine::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
+
+use super::returns::{ReturnTable, TypeNames};
+use super::watch::say_taken;
+use super::{drain, setup, HookBook, HookProc, Phase, BATCH, SWEEP_EVERY, UNKNOWN};
+
+impl HookBook {
+    /// Installs the hook (with the walker that saw a launched interpreter ready,
+    /// if any).
+    pub(super) fn install_hook(
+        &mut self,
+        at: Placement<'_>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<()> {
+        let pid = at.pid;
+        let walker = self.awaiting.remove(&pid).and_then(|a| a.walker);
+        let rips: Vec<u64> = at.threads.iter().map(|t| t.rip).collect();
+        let fs_tids: FxHashMap<u64, i32> = at.threads.iter().map(|t| (t.fs_base, t.tid)).collect();
+        let mut mem = ProcessMemory::new(pid);
+        let installed = setup::install(pid, at.tid, &mut mem, &rips, walker, at.guardian)?;
+        let tsc = at.tsc;
+        // Served as the SDT rings are (every thread still stopped, so before any
+        // callback runs): a full ring is waited on while pyprobe lives, except that
+        // under a budget an event waits a little, then is counted lost.
+        let patience = match at.budgeted {
+            true => tsc.ns_to_ticks(BUDGETED_PATIENCE_NS),
+            false => u64::MAX,
+        };
+        installed
+            .reader
+            .serve(tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
+        pyprobe_sdt::tracer::ring_engine::set_solo_if_alone(
+            &installed.reader,
+            "hook",
+            pid,
+            rips.len(),
+            sink,
+        );
+        match &installed.detour {
+            Some(d) => sink(TraceEvent::Detail(format!(
+                "hook engine in process {pid}: hook at {:#x}, detour at _Py_HandlePending ({:#x}); \
+                 waiting for a thread to run Python code",
+                installed.hook.addr, d.site
+            ))),
+            None => sink(TraceEvent::Detail(format!(
+                "hook engine in process {pid}: hook at {:#x}, set as the profile function of its \
+                 threads",
+                installed.hook.addr
+            ))),
+        }
+        for note in &installed.notes {
+            sink(TraceEvent::Detail(format!(
+                "hook engine in process {pid}: {note}"
+            )));
+        }
+        let mut said_taken = std::collections::HashSet::new();
+        say_taken(pid, &installed.taken, &mut said_taken, sink);
+        let now = Instant::now();
+        let lost = pyprobe_sdt::ring::LostCounter::new(installed.reader.lost(), monotonic_ns());
+        self.procs.insert(
+            pid,
+            HookProc {
+                mem,
+                _beat: pyprobe_sdt::tracer::ring_engine::heartbeat::keep_beating(&installed.reader),
+                reader: installed.reader,
+                _mapping: installed.mapping,
+                state_addr: installed.state_addr,
+                hook: installed.hook,
+                detour: installed.detour,
+                breaker: installed.breaker,
+                profile: installed.profile,
+                next_sweep: now + SWEEP_EVERY,
+                sweep_now: false,
+                said_taken,
+                phase: Phase::Waiting,
+                since: now,
+                last_raise: now,
+                said_slow: false,
+                walker: installed.walker,
+                fs_tids,
+                buffers: HitBuffers::default(),
+                names: FxHashMap::default(),
+                named: FxHashMap::default(),
+                recheck: drain::Recheck::default(),
+                types: TypeNames::default(),
+                shadow: FxHashMap::default(),
+                repeats: FxHashMap::default(),
+                unknown: Arc::new(PyFrame {
+                    file: UNKNOWN.into(),
+                    function: UNKNOWN.into(),
+                    name: UNKNOWN.into(),
+                    first_line: 0,
+                    line: 0,
+                }),
+                returns: ReturnTable::default(),
+                lost,
+                pending: std::collections::VecDeque::new(),
+                raw: Vec::with_capacity(BATCH),
+                read_to: 0,
+                image_gone: false,
+            },
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,149 @@
+//! The thread states of every interpreter, and which hold a GIL: where each walk
+//! starts. Apart from the frame walk: these lists are read once per sample,
+//! before any frame chain is followed.
+
+use std::collections::HashSet;
+use std::io;
+
+use super::{Memory, RawThread, StackReader, MAX_INTERPRETERS, MAX_THREADS};
+use crate::python::walker::layout::{FrameRoot, GilLayout};
+use crate::python::walker::objects::{field_i32, field_u64, plausible_pointer, read_u64};
+
+impl<M: Memory> StackReader<M> {
+    /// Every thread state of every interpreter, with its bytes (the span the walker
+    /// uses), oldest thread first per interpreter: the main thread first. Fails only if
+    /// `_PyRuntime` itself cannot be read.
+    pub fn thread_states(&self) -> io::Result<Vec<(u64, Vec<u8>)>> {
+        let l = &self.layout;
+        let mut interp = read_u64(&self.mem, self.runtime + l.runtime_interpreters_head)?;
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        while plausible_pointer(interp) && seen.len() < MAX_INTERPRETERS && seen.insert(interp) {
+            let Ok((head, next_interp)) =
+                self.two_fields(interp, l.interp_threads_head, l.interp_next)
+            else {
+                break;
+            };
+            let mut threads = Vec::new();
+            let mut tstate = head;
+            let mut seen_threads = HashSet::new();
+            while plausible_pointer(tstate)
+                && out.len() + threads.len() < MAX_THREADS
+                && seen_threads.insert(tstate)
+            {
+                let mut buf = vec![0u8; l.tstate_span() as usize];
+                if self.mem.read_exact(tstate, &mut buf).is_err() {
+                    break;
+                }
+                let Ok(next) = field_u64(&buf, l.tstate_next) else {
+                    break;
+                };
+                threads.push((tstate, buf));
+                tstate = next;
+            }
+            // New thread states are pushed at the head: reverse for oldest first.
+            out.extend(threads.into_iter().rev());
+            interp = next_interp;
+        }
+        Ok(out)
+    }
+
+    /// The thread states holding a GIL now (one per GIL at most; none while no thread
+    /// holds it), or `None` when that cannot be told: this version's GIL offsets are
+    /// unknown, or something on the way could not be read.
+    pub fn gil_holders(&self) -> Option<Vec<u64>> {
+        match self.layout.gil? {
+            GilLayout::RuntimeCurrent { tstate_current } => {
+                let current =
+                    read_u64(&self.mem, self.runtime.checked_add(tstate_current)?).ok()?;
+                Some(if current == 0 { vec![] } else { vec![current] })
+            }
+            GilLayout::Interpreter {
+                ceval_gil,
+                last_holder,
+                locked,
+            } => {
+                let l = &self.layout;
+                let mut interp =
+                    read_u64(&self.mem, self.runtime + l.runtime_interpreters_head).ok()?;
+                let (lo, hi) = (last_holder.min(locked), last_holder.max(locked) + 8);
+                let mut buf = vec![0u8; (hi - lo) as usize];
+                let mut seen = HashSet::new();
+                let mut gils = HashSet::new();
+                let mut holders = Vec::new();
+                while plausible_pointer(interp)
+                    && seen.len() < MAX_INTERPRETERS
+                    && seen.insert(interp)
+                {
+                    let (gil, next) = self.two_fields(interp, ceval_gil, l.interp_next).ok()?;
+                    if !plausible_pointer(gil) {
+                        return None;
+                    }
+                    // Interpreters may share one GIL (the main interpreter's).
+                    if gils.insert(gil) {
+                        self.mem.read_exact(gil.checked_add(lo)?, &mut buf).ok()?;
+                        let holder = field_u64(&buf, last_holder - lo).ok()?;
+                        // 1 while held; 0 free; -1 not initialised yet.
+                        if field_i32(&buf, locked - lo).ok()? > 0 && holder != 0 {
+                            holders.push(holder);
+                        }
+                    }
+                    interp = next;
+                }
+                Some(holders)
+            }
+        }
+    }
+
+    /// Two pointer fields of one structure: one read when they are near each other.
+    fn two_fields(&self, addr: u64, a: u64, b: u64) -> io::Result<(u64, u64)> {
+        let (lo, hi) = (a.min(b), a.max(b) + 8);
+        if hi - lo <= 4096 {
+            let mut buf = [0u8; 4096];
+            let buf = &mut buf[..(hi - lo) as usize];
+            self.mem.read_exact(addr + lo, buf)?;
+            Ok((field_u64(buf, a - lo)?, field_u64(buf, b - lo)?))
+        } else {
+            Ok((
+                read_u64(&self.mem, addr + a)?,
+                read_u64(&self.mem, addr + b)?,
+            ))
+        }
+    }
+
+    /// A thread state's ids and innermost frame (`None`: unreadable), from its bytes.
+    pub fn thread_header(&self, tstate: u64, buf: &[u8]) -> (RawThread, Option<u64>) {
+        let mut raw = RawThread {
+            thread_state: tstate,
+            thread_id: field_u64(buf, self.layout.tstate_thread_id).unwrap_or(0),
+            native_id: self
+                .layout
+                .tstate_native_thread_id
+                .and_then(|o| field_i32(buf, o).ok())
+                .filter(|&t| t > 0),
+            frames: Vec::new(),
+            truncated: false,
+            eval_calls: None,
+            torn: false,
+        };
+        let frame = self.innermost_of(buf);
+        if frame.is_none() {
+            raw.truncated = true;
+        }
+        (raw, frame)
+    }
+
+    /// The innermost frame a thread state's bytes point to (`None`: unreadable).
+    fn innermost_of(&self, buf: &[u8]) -> Option<u64> {
+        match self.layout.tstate_frame {
+            FrameRoot::Direct(o) => field_u64(buf, o).ok(),
+            FrameRoot::CFrame {
+                cframe,
+                current_frame,
+            } => field_u64(buf, cframe)
+                .ok()
+                .filter(|&c| plausible_pointer(c))
+                .and_then(|c| read_u64(&self.mem, c + current_frame).ok()),
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Draining: reading the published records in order, in chunks copied out of
+//! the ring, or recognised in place as records kept before; and reading a
+//! stack record's continuation slots.
+
+use std::sync::atomic::Ordering;
+
+use super::{
+    Copied, DrainStop, Drained, Drawn, KnownRecord, KnownRecords, RingReader, RingRecord, RingStack,
+};
+use crate::ring::format::*;
+use crate::ring::stack::*;
+
+/// Records copied out of the ring before they are handed on: few enough that
+/// their copies stay in the nearest cache until they are read.
+const COPY_CHUNK: usize = 32;
+/// How many slots ahead of the one being copied the reader asks for its lines.
+const PREFETCH_AHEAD: u64 = 8;
+
+impl RingReader {
+    /// Reads up to `max` published records in order, calling `f` for each.
+    ///
+    /// Records are copied out [`COPY_CHUNK`] at a time, each checked published
+    /// before and after its copy, and handed to `f` from the copies (a record never
+    /// reads the ring twice, so a producer rewriting a slot cannot tear it). `tail`
+    /// is published once, at the end: a store per record would pull the line
+    /// producers read back and forth between the CPUs, and a drain is short beside
+    /// the ring's capacity. Stops at the first slot that is reserved but not
+    /// published.
+    pub fn drain<F: FnMut(&RingRecord<'_>)>(&mut self, max: usize, mut f: F) -> Drained {
+        let (head, budget, mut copies) = self.begin_drain(max);
+        let mut records = 0;
+        let mut stop = None;
+        while stop.is_none() && records < budget {
+            let chunk = self.copy_out(&mut copies, (budget - records).min(COPY_CHUNK), head);
+            records += chunk.0;
+            stop = chunk.1;
+            for copy in &mut copies[..chunk.0] {
+                f(&copy.record());
+            }
+        }
+        self.end_drain(copies, records, stop, head)
+    }
+
+    /// As [`drain`](Self::drain), but a record equal to one `known` keeps comes
+    /// as [`Drawn::Known`], recognised in the ring itself (nothing copied); the
+    /// others come as [`Drawn::Record`], and one `f` gives a token for is kept.
+    pub fn drain_known<F>(&mut self, max: usize, known: &mut KnownRecords, mut f: F) -> Drained
+    where
+        F: FnMut(Drawn<'_>) -> Option<u32>,
+    {
+        let (head, budget, mut copies) = self.begin_drain(max);
+        let mut records = 0;
+        let mut stop = None;
+        while records < budget {
+            let index = self.tail;
+            if index >= head {
+                stop = Some(DrainStop::Empty);
+                break;
+            }
+            let ahead = index.wrapping_add(PREFETCH_AHEAD);
+            if ahead.wrapping_add(PREFETCH_AHEAD) < head {
+                self.prefetch(ahead);
+            }
+            let slot = self.slot_offset(index);
+            let want = index.wrapping_add(1);
+            if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
+                stop = Some(DrainStop::Pending { index });
+                break;
+            }
+            let tsc = self.word(slot + S_TSC).load(Ordering::Relaxed);
+            if self.tsc_bound != u64::MAX && tsc > self.tsc_bound {
+                stop = Some(DrainStop::Later);
+                break;
+            }
+            if let Some(token) = known.find(|o| self.word(slot + o).load(Ordering::Relaxed)) {
+                let probe_word = self.word(slot + S_PROBE).load(Ordering::Relaxed);
+                let thread = self.word(slot + S_THREAD).load(Ordering::Relaxed);
+                // Rewritten meanwhile (only after a skip): as if not published.
+                if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
+                    stop = Some(DrainStop::Pending { index });
+                    break;
+                }
+                self.tail = want;
+                records += 1;
+                f(Drawn::Known(KnownRecord {
+                    index,
+                    tsc,
+                    tag: (probe_word >> 32) as u32,
+                    thread,
+                    token,
+                }));
+                continue;
+            }
+            let (n, why) = self.copy_out(&mut copies[..1], 1, head);
+            if let Some(why) = why {
+                stop = Some(why);
+                break;
+            }
+            records += n;
+            let record = copies[0].record();
+            if let Some(token) = f(Drawn::Record(&record)) {
+                known.keep(&record, token);
+            }
+        }
+        self.end_drain(copies, records, stop, head)
+    }
+
+    /// A drain's start: says the consumer looks, and gives the head read now, how
+    /// many records it may read (bounded by `max` and by `capacity`: a hostile
+    /// head cannot make it longer) and the copies' room.
+    fn begin_drain(&mut self, max: usize) -> (u64, usize, Vec<Copied>) {
+        self.heartbeat();
+        let budget = max.min(usize::try_from(self.capacity).unwrap_or(usize::MAX));
+        let mut copies = std::mem::take(&mut self.copies);
+        copies.resize_with(COPY_CHUNK, Copied::default);
+        (self.head(), budget, copies)
+    }
+
+    /// A drain's end: frees the slots read, keeps the copies' room, says why it stopped.
+    fn end_drain(
+        &mut self,
+        copies: Vec<Copied>,
+        records: usize,
+        stop: Option<DrainStop>,
+        head: u64,
+    ) -> Drained {
+        if records > 0 {
+            self.publish_tail();
+        }
+        self.copies = copies;
+        Drained {
+            records,
+            stop: stop.unwrap_or(if self.tail >= head {
+                DrainStop::Empty
+            } else {
+                DrainStop::Limit
+            }),
+        }
+    }
+
+    /// Copies up to `max` published records from `tail` on into `copies`, moving
+    /// `tail` past them (not yet published); returns how many, and why it stopped
+    /// short if it did.
+    fn copy_out(
+        &mut self,
+        copies: &mut [Copied],
+        max: usize,
+        head: u64,
+    ) -> (usize, Option<DrainStop>) {
+        for (n, copy) in copies.iter_mut().take(max).enumerate() {
+            if self.tail >= head {
+                return (n, Some(DrainStop::Empty));
+            }
+            // Not the slots nearest `head`: producers may be writing them still, and a
+            // line pulled from under a producer costs it a miss.
+            let ahead = self.tail.wrapping_add(PREFETCH_AHEAD);
+            if ahead.wrapping_add(PREFETCH_AHEAD) < head {
+                self.prefetch(ahead);
+            }
+            // Copied out before `tail` moves past it: a producer may reuse the slot then.
+            if !self.copy_record(self.tail, copy) {
+                return (n, Some(DrainStop::Pending { index: self.tail }));
+            }
+            if self.tsc_bound != u64::MAX {
+                let stamp = &copy.slot[S_TSC..S_TSC + 8];
+                if u64::from_le_bytes(stamp.try_into().unwrap_or([0; 8])) > self.tsc_bound {
+                    return (n, Some(DrainStop::Later));
+                }
+            }
+            let (stack, used) = self.stack_of(&copy.slot, head);
+            copy.stack = stack;
+            self.tail = self.tail.wrapping_add(1 + used);
+        }
+        (max.min(copies.len()), None)
+    }
+
+    /// Reads the continuation slots of the record at `tail` (its first slot is
+    /// `first`): its stack, and how many slots they take. A claim that does not fit
+    /// what producers reserved takes none (the stack is said broken).
+    fn stack_of(&self, first: &[u8; SLOT_SIZE], head: u64) -> (Option<RingStack>, u64) {
+        let slots = first[S_STACK_SLOTS];
+        let flags = first[S_STACK_FLAGS];
+        if slots == 0 || flags & STACK_CAPTURED == 0 {
+            return (None, 0);
+        }
+        let n = u64::from(slots);
+        let mut stack = RingStack {
+            found: flags & STACK_FOUND != 0,
+            truncated: flags & STACK_TRUNCATED != 0,
+            unreadable: flags & STACK_UNREADABLE != 0,
+            depth: usize::from(u16::from_le_bytes([
+                first[S_STACK_DEPTH],
+                first[S_STACK_DEPTH + 1],
+            ])),
+            frames: Vec::new(),
+            broken: false,
+        };
+        if slots > MAX_STACK_SLOTS || n >= self.capacity || head.wrapping_sub(self.tail) <= n {
+            stack.broken = true;
+            return (Some(stack), 0);
+        }
+        let want = stack.depth.min(frames_for(slots));
+        stack.truncated |= stack.depth > want;
+        let mut copy = [0u8; SLOT_SIZE];
+        for k in 1..=n {
+            let index = self.tail.wrapping_add(k);
+            let owner_ok = self.copy_whole(index, continuation_seq(index), &mut copy)
+                && u64::from_le_bytes(copy[C_OWNER..C_OWNER + 8].try_into().unwrap_or([0; 8]))
+                    == self.tail;
+            if !owner_ok {
+                stack.broken = true;
+                continue;
+            }
+            for pair in copy[C_PAIRS..].chunks_exact(16).take(PAIRS_PER_SLOT) {
+                if stack.frames.len() >= want {
+                    break;
+                }
+                let word =
+                    |o: usize| u64::from_le_bytes(pair[o..o + 8].try_into().unwrap_or([0; 8]));
+                stack.frames.push((word(0), word(8)));
+            }
+        }
+        if stack.broken {
+            stack.frames.clear();
+        }
+        (Some(stack), n)
+    }
+}

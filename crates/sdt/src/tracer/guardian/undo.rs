@@ -1,0 +1,171 @@
+//! What the guardian undoes in one process, and how: `int3` sites, semaphores and
+//! ring jumps, written back through `/proc/PID/mem`. Apart from the listening loop
+//! (`vigil`), which only gathers these records and calls on them once the tracer
+//! is gone.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::time::Instant;
+
+use nix::sys::ptrace;
+use nix::unistd::Pid;
+
+use crate::process::status::start_time;
+use crate::tracer::patch::{INT3, NOP};
+
+use super::stops::hold;
+use super::HOLD_LIMIT;
+
+/// A ring site: the bytes to put back, and the jump that replaced them.
+pub(super) struct RingSite {
+    pub(super) original: Vec<u8>,
+    pub(super) patch: Vec<u8>,
+}
+
+#[derive(Default)]
+pub(super) struct Undo {
+    pub(super) sites: HashSet<u64>,
+    pub(super) ring: HashMap<u64, RingSite>,
+    pub(super) semaphores: HashMap<u64, u32>,
+    /// The `alive` word of each ring pyprobe serves in the process.
+    pub(super) served: HashSet<u64>,
+    /// `/proc/PID/mem`, opened while the tracer is alive so that undoing costs only
+    /// reads and writes when every microsecond counts.
+    pub(super) mem: Option<File>,
+    /// The process's start time when `mem` was opened, so that the guardian never
+    /// stops another process that got the same pid since.
+    pub(super) started: Option<u64>,
+}
+
+impl Undo {
+    pub(super) fn open(&mut self, pid: i32) {
+        if self.mem.is_none() {
+            self.mem = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(format!("/proc/{pid}/mem"))
+                .ok();
+            self.started = start_time(pid);
+        }
+    }
+
+    pub(super) fn lower(&self, sem: u64) -> bool {
+        use std::os::unix::fs::FileExt;
+        let Some(mem) = &self.mem else { return false };
+        let mut b = [0u8; 2];
+        if mem.read_exact_at(&mut b, sem).is_err() {
+            return false;
+        }
+        let v = u16::from_le_bytes(b).saturating_sub(1);
+        mem.write_all_at(&v.to_le_bytes(), sem).is_ok()
+    }
+
+    /// A ring site still holding the `int3` its jump was about to replace gets its
+    /// `nop` back at once, like any `int3` site (one byte: safe with threads running).
+    pub(super) fn restore_unpatched_ring(&self, site: u64, ring: &RingSite) -> bool {
+        use std::os::unix::fs::FileExt;
+        let Some(mem) = &self.mem else { return false };
+        let mut now = vec![0u8; ring.patch.len()];
+        if mem.read_exact_at(&mut now, site).is_err() {
+            return false;
+        }
+        match ring_fix(&now, ring) {
+            Some(fix) if fix.len() == 1 => mem.write_all_at(fix, site).is_ok(),
+            _ => false,
+        }
+    }
+
+    pub(super) fn write_word(&self, addr: u64, value: u64) -> bool {
+        use std::os::unix::fs::FileExt;
+        self.mem
+            .as_ref()
+            .is_some_and(|mem| mem.write_all_at(&value.to_le_bytes(), addr).is_ok())
+    }
+
+    pub(super) fn restore(&self, site: u64) -> bool {
+        use std::os::unix::fs::FileExt;
+        self.mem
+            .as_ref()
+            .is_some_and(|mem| mem.write_all_at(&[NOP], site).is_ok())
+    }
+}
+
+/// What to write at a ring site found holding `now` to give it its original bytes
+/// back: all of them over the jump; only the first over the `int3` that the jump
+/// was about to replace (the tracer died between telling and writing); nothing
+/// over anything else (restored already, or not pyprobe's any more).
+pub(super) fn ring_fix<'a>(now: &[u8], site: &'a RingSite) -> Option<&'a [u8]> {
+    let original = site.original.as_slice();
+    if now == site.patch {
+        Some(original)
+    } else if now.first() == Some(&INT3) && now.get(1..) == original.get(1..) {
+        original.get(..1)
+    } else {
+        None
+    }
+}
+
+/// Puts the original bytes back at the ring sites of `pid`, with every thread of
+/// it stopped. Returns how many it restored and, if it left some, how many and why.
+pub(super) fn restore_ring(pid: i32, undo: &Undo) -> (usize, Option<(usize, String)>) {
+    use std::os::unix::fs::FileExt;
+    let all = undo.ring.len();
+    let Some(mem) = &undo.mem else {
+        return (0, Some((all, "its memory could not be opened".into())));
+    };
+    let Some(started) = undo.started else {
+        return (0, Some((all, "its start time could not be read".into())));
+    };
+    if start_time(pid) != Some(started) {
+        return (0, None); // exited: nothing left to restore
+    }
+    let held = match hold(pid, Instant::now() + HOLD_LIMIT) {
+        Ok(held) => held,
+        Err(why) => {
+            return (
+                0,
+                Some((all, format!("its threads could not be stopped: {why}"))),
+            )
+        }
+    };
+    let mut rips = Vec::new();
+    for &(tid, _) in &held.threads {
+        match ptrace::getregs(Pid::from_raw(tid)) {
+            Ok(regs) => rips.push(regs.rip),
+            Err(e) => {
+                return (
+                    0,
+                    Some((all, format!("its thread {tid} cannot be read: {e}"))),
+                )
+            }
+        }
+    }
+    let mut restored = 0;
+    let mut left = 0;
+    for (&addr, site) in &undo.ring {
+        let end = addr.saturating_add(site.original.len() as u64);
+        // Only a signal frame could put a thread there; its code must stay.
+        if rips.iter().any(|&rip| rip > addr && rip < end) {
+            left += 1;
+            continue;
+        }
+        let mut now = vec![0u8; site.patch.len()];
+        if mem.read_exact_at(&mut now, addr).is_err() {
+            left += 1;
+            continue;
+        }
+        match ring_fix(&now, site) {
+            Some(bytes) if mem.write_all_at(bytes, addr).is_ok() => restored += 1,
+            Some(_) => left += 1,
+            None => {}
+        }
+    }
+    drop(held);
+    let why = (left > 0).then(|| {
+        (
+            left,
+            "a thread stood inside them, or their memory could not be read or written".into(),
+        )
+    });
+    (restored, why)
+}

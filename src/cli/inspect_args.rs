@@ -1,0 +1,107 @@
+//! The arguments of the subcommands that show what a process does or holds,
+//! writing nothing: `top` (of a process, or of a recording being written),
+//! `probes` and `dump`.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use pyprobe::session::dump::DumpRequest;
+use pyprobe::session::probes::ProbesRequest;
+use pyprobe::session::top::TopRequest;
+
+use super::{SampleArgs, TargetArgs, TextFormat};
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Every Python process this user may trace.
+    #[arg(long, conflicts_with_all = ["pid", "command"])]
+    pub all: bool,
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    pub interval: f64,
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub limit: usize,
+    /// Print one snapshot as text and exit: of one interval of a running process
+    /// (-p), or of a command's whole run (-- CMD, whose exit status `top` returns).
+    #[arg(long)]
+    pub once: bool,
+    /// Watch a recording (possibly still being written) instead of a process.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["pid", "command", "all"])]
+    pub from: Option<PathBuf>,
+    #[command(flatten)]
+    pub samples: SampleArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TableFormat {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbesArgs {
+    /// A running process to inspect (the object carrying the probes is found in its maps).
+    #[arg(short, long, value_name = "PID", conflicts_with = "path")]
+    pub pid: Option<i32>,
+    /// An ELF file: a python binary, libpython*.so, or any program with SDT notes.
+    #[arg(value_name = "PATH", required_unless_present = "pid")]
+    pub path: Option<PathBuf>,
+    /// Only this provider (default: every provider in PATH; for -p, `python` when
+    /// the process has it, else every object with SDT notes).
+    #[arg(long, value_name = "NAME")]
+    pub provider: Option<String>,
+    #[arg(long, value_enum, default_value_t = TableFormat::Table)]
+    pub format: TableFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct DumpArgs {
+    #[arg(short, long, value_name = "PID")]
+    pub pid: i32,
+    #[arg(long, value_enum, default_value_t = TextFormat::Text)]
+    pub format: TextFormat,
+    /// Keep full file paths in the text (JSON always has them).
+    #[arg(long)]
+    pub full_paths: bool,
+    /// Also say which interpreter was found and where its layout came from.
+    #[arg(short, long)]
+    pub verbose: bool,
+}
+
+impl TopArgs {
+    pub fn request(self) -> TopRequest {
+        TopRequest {
+            target: self.target.into_target(),
+            all: self.all,
+            from: self.from,
+            interval: self.interval,
+            limit: self.limit,
+            once: self.once,
+            samples: self.samples.into(),
+        }
+    }
+}
+
+impl ProbesArgs {
+    pub fn request(self) -> ProbesRequest {
+        ProbesRequest {
+            pid: self.pid,
+            path: self.path,
+            provider: self.provider,
+            json: self.format == TableFormat::Json,
+        }
+    }
+}
+
+impl DumpArgs {
+    pub fn request(self) -> DumpRequest {
+        DumpRequest {
+            pid: self.pid,
+            json: self.format == TextFormat::Json,
+            full_paths: self.full_paths,
+            verbose: self.verbose,
+        }
+    }
+}
