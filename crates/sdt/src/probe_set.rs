@@ -33,7 +33,7 @@ impl Site {
     /// trampolines) may use, given the direct branch targets of the code around
     /// the site (`lands_inside(lo, hi)`: whether some branch lands strictly between):
     /// the guarded ones only when no branch lands in `(function start, site]`.
-    pub fn args_in_target(&self, lands_inside: impl Fn(u64, u64) -> bool) -> &[ArgSpec] {
+    pub(crate) fn args_in_target(&self, lands_inside: impl Fn(u64, u64) -> bool) -> &[ArgSpec] {
         match &self.guarded {
             Some(g) if lands_inside(g.function_start, self.address.saturating_add(1)) => {
                 &self.args[..g.from.min(self.args.len())]
@@ -142,7 +142,7 @@ impl ProbeSet {
             .map(|(_, a)| *a)
     }
 
-    pub fn site_count(&self) -> usize {
+    pub(crate) fn site_count(&self) -> usize {
         self.probes.iter().map(|p| p.sites.len()).sum()
     }
 }

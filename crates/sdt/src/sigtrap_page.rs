@@ -33,7 +33,7 @@ use iced_x86::IcedError;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
-pub enum TrapNetError {
+pub(crate) enum TrapNetError {
     #[error("assembling the SIGTRAP handler: {0}")]
     Assemble(#[from] IcedError),
     #[error("the SIGTRAP handler ({0} bytes) does not fit before its restorer")]
@@ -41,42 +41,42 @@ pub enum TrapNetError {
 }
 
 pub const PAGE_SIZE: usize = crate::process::PAGE_SIZE as usize;
-pub const RESTORER_OFF: usize = 0x3f0;
-pub const DATA_OFF: usize = 0x400;
-pub const MAGIC: &[u8; 16] = b"pyprobe-trapnet\0";
-pub const VERSION: u32 = 1;
+pub(crate) const RESTORER_OFF: usize = 0x3f0;
+pub(crate) const DATA_OFF: usize = 0x400;
+pub(crate) const MAGIC: &[u8; 16] = b"pyprobe-trapnet\0";
+pub(crate) const VERSION: u32 = 1;
 const ORIGINAL_OFF: usize = DATA_OFF + 0x20;
 const DEFAULT_OFF: usize = DATA_OFF + 0x40;
 const COUNT_OFF: usize = DATA_OFF + 0x60;
 const SITES_OFF: usize = COUNT_OFF + 8;
 /// Sites the table holds.
-pub const MAX_SITES: usize = (PAGE_SIZE - SITES_OFF) / 8;
+pub(crate) const MAX_SITES: usize = (PAGE_SIZE - SITES_OFF) / 8;
 
 const SIGTRAP: u32 = libc::SIGTRAP as u32;
 const SI_KERNEL: u32 = libc::SI_KERNEL as u32;
 /// `uc_mcontext.gregs[REG_RIP]` in the x86-64 `ucontext_t`.
 const UC_RIP: i32 = 168;
 const SIG_IGN: u64 = 1;
-pub const SA_SIGINFO: u64 = 0x4;
-pub const SA_ONSTACK: u64 = 0x0800_0000;
-pub const SA_RESTART: u64 = 0x1000_0000;
-pub const SA_NODEFER: u64 = 0x4000_0000;
+pub(crate) const SA_SIGINFO: u64 = 0x4;
+pub(crate) const SA_ONSTACK: u64 = 0x0800_0000;
+pub(crate) const SA_RESTART: u64 = 0x1000_0000;
+pub(crate) const SA_NODEFER: u64 = 0x4000_0000;
 pub const SA_RESETHAND: u64 = 0x8000_0000;
-pub const SA_RESTORER: u64 = 0x0400_0000;
+pub(crate) const SA_RESTORER: u64 = 0x0400_0000;
 
 /// A `struct sigaction` as the kernel's `rt_sigaction` reads and writes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct KernelSigaction {
-    pub handler: u64,
-    pub flags: u64,
-    pub restorer: u64,
+pub(crate) struct KernelSigaction {
+    pub(crate) handler: u64,
+    pub(crate) flags: u64,
+    pub(crate) restorer: u64,
     pub mask: u64,
 }
 
 impl KernelSigaction {
-    pub const BYTES: usize = 32;
+    pub(crate) const BYTES: usize = 32;
 
-    pub fn to_bytes(self) -> [u8; 32] {
+    pub(crate) fn to_bytes(self) -> [u8; 32] {
         let mut out = [0u8; 32];
         for (i, v) in [self.handler, self.flags, self.restorer, self.mask]
             .iter()
@@ -87,7 +87,7 @@ impl KernelSigaction {
         out
     }
 
-    pub fn from_bytes(bytes: &[u8; 32]) -> KernelSigaction {
+    pub(crate) fn from_bytes(bytes: &[u8; 32]) -> KernelSigaction {
         let word = |i: usize| {
             let mut w = [0u8; 8];
             w.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
@@ -101,14 +101,14 @@ impl KernelSigaction {
         }
     }
 
-    pub fn is_handler(&self) -> bool {
+    pub(crate) fn is_handler(&self) -> bool {
         self.handler > SIG_IGN
     }
 }
 
 /// The page for address `page`: the program's own disposition `original` and
 /// pyprobe's `sites` (the first [`MAX_SITES`]).
-pub fn build_page(
+pub(crate) fn build_page(
     page: u64,
     original: KernelSigaction,
     sites: &[u64],
@@ -136,7 +136,7 @@ pub fn build_page(
 /// The sigaction that makes the page at `page` the SIGTRAP handler, standing in
 /// for `original`: its flags that shape delivery (alternate stack, restart, no
 /// deferral) and its mask are kept, so its handler runs as it asked to.
-pub fn net_action(page: u64, original: KernelSigaction) -> KernelSigaction {
+pub(crate) fn net_action(page: u64, original: KernelSigaction) -> KernelSigaction {
     let own_handler = original.is_handler();
     let kept = if own_handler {
         original.flags & (SA_ONSTACK | SA_RESTART | SA_NODEFER)
@@ -158,7 +158,7 @@ pub fn net_action(page: u64, original: KernelSigaction) -> KernelSigaction {
 
 /// Reads a page built by [`build_page`]: its recorded original disposition, or
 /// `None` when `bytes` is not such a page.
-pub fn parse_page(bytes: &[u8]) -> Option<KernelSigaction> {
+pub(crate) fn parse_page(bytes: &[u8]) -> Option<KernelSigaction> {
     if bytes.len() < PAGE_SIZE || &bytes[DATA_OFF..DATA_OFF + 16] != MAGIC {
         return None;
     }

@@ -30,10 +30,10 @@ const METH_FASTCALL: u64 = 0x80;
 /// `METH_NOARGS`.
 const METH_NOARGS: u64 = 0x04;
 /// `offsetof(PyASCIIObject, hash)` (3.7 to 3.15).
-pub const STR_HASH: i32 = 24;
+pub(crate) const STR_HASH: i32 = 24;
 /// `offsetof(PyASCIIObject, length)` and `state` (its `compact` and `ascii` bits are
 /// 0x20 and 0x40 of the first byte; 3.7 to 3.11).
-pub const STR_LENGTH: i32 = 16;
+pub(crate) const STR_LENGTH: i32 = 16;
 /// Bytes of constants before the code.
 const CONSTS: usize = 1024;
 /// Bytes of one `PyMethodDef`.
@@ -63,24 +63,24 @@ pub enum HookError {
 /// Runtime addresses of the C API the hook calls.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HookSymbols {
-    pub sys_get_object: u64,
-    pub import_module: u64,
-    pub call_method: u64,
-    pub cfunction_new_ex: u64,
-    pub dec_ref: u64,
-    pub err_clear: u64,
-    pub none: u64,
+    pub(crate) sys_get_object: u64,
+    pub(crate) import_module: u64,
+    pub(crate) call_method: u64,
+    pub(crate) cfunction_new_ex: u64,
+    pub(crate) dec_ref: u64,
+    pub(crate) err_clear: u64,
+    pub(crate) none: u64,
     /// `PyCode_Type`: a monitoring callback records only when its first argument
     /// is a code object (anyone may call it: `register_callback` hands it out).
-    pub code_type: u64,
+    pub(crate) code_type: u64,
     /// `PyUnicode_Type`, `PyUnicode_CompareWithASCIIString` and `PyCFunction_Type`:
     /// the uninstaller gives back only a tool id still named "pyprobe", and takes
     /// off only callbacks that are its own functions.
-    pub unicode_type: u64,
-    pub compare_ascii: u64,
-    pub cfunction_type: u64,
+    pub(crate) unicode_type: u64,
+    pub(crate) compare_ascii: u64,
+    pub(crate) cfunction_type: u64,
     /// `PyThreadState_Get` (the profile route: a thread drops its own hook).
-    pub thread_state_get: u64,
+    pub(crate) thread_state_get: u64,
 }
 
 /// How the interpreter is made to call the hook.
@@ -107,49 +107,49 @@ impl Route {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProfileLayout {
     /// `offsetof(PyThreadState, c_profilefunc)`.
-    pub profile_func: i32,
+    pub(crate) profile_func: i32,
     /// 3.11: `offsetof(PyFrameObject, f_frame)`, the interpreter frame that holds
     /// the code object; `None` before (the frame object holds it).
-    pub frame_via: Option<i32>,
+    pub(crate) frame_via: Option<i32>,
     /// `offsetof(..., f_code)` in the frame object, or in the interpreter frame.
     pub frame_code: i32,
     /// `offsetof(PyCodeObject, co_flags)`.
-    pub code_flags: i32,
+    pub(crate) code_flags: i32,
 }
 
 /// Everything [`build_hook`] needs.
 #[derive(Debug, Clone)]
 pub struct HookParams {
     /// Where the page will be placed in the target.
-    pub addr: u64,
-    pub state_addr: u64,
-    pub ring_addr: u64,
-    pub capacity: u64,
+    pub(crate) addr: u64,
+    pub(crate) state_addr: u64,
+    pub(crate) ring_addr: u64,
+    pub(crate) capacity: u64,
     /// Written into each record's `tag`: the process id.
-    pub tag: u32,
-    pub symbols: HookSymbols,
-    pub route: Route,
+    pub(crate) tag: u32,
+    pub(crate) symbols: HookSymbols,
+    pub(crate) route: Route,
     /// Offsets of `co_name`, `co_filename` and `co_firstlineno` (an int) in a code
     /// object: each record carries them too, so that pyprobe can name a code object
     /// that is gone (or whose address holds another) by the time it reads the record.
-    pub code_fields: [u32; 3],
+    pub(crate) code_fields: [u32; 3],
     /// Where a compact ASCII `str`'s text starts: `sizeof(PyASCIIObject)`, 48 before
     /// 3.12, 40 since.
-    pub str_ascii_data: i32,
+    pub(crate) str_ascii_data: i32,
 }
 
 /// The built hook page.
 #[derive(Debug, Clone)]
 pub struct HookCode {
-    pub addr: u64,
-    pub bytes: Vec<u8>,
+    pub(crate) addr: u64,
+    pub(crate) bytes: Vec<u8>,
     /// `void installer(void)` (monitoring only) and `void uninstaller(void)`: called by the detour and by
     /// a callback, with the GIL held.
-    pub installer: Option<u64>,
+    pub(crate) installer: Option<u64>,
     pub uninstaller: u64,
     /// One callback per monitoring event, in the order of [`Route::Monitoring`]; the
     /// profile function alone on the profile route.
-    pub callbacks: Vec<u64>,
+    pub(crate) callbacks: Vec<u64>,
     /// `PyObject *at_exit(PyObject *self, PyObject *unused)`, registered with `atexit`.
     pub at_exit: u64,
 }

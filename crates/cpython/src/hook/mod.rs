@@ -116,7 +116,7 @@
 //! the hook clears `on` itself and unregisters at the next event. So the worst a
 //! vanished pyprobe costs the target is one wait of `stale`, then nothing.
 
-pub mod codegen;
+pub(crate) mod codegen;
 
 #[cfg(test)]
 mod tests_exec;
@@ -128,53 +128,53 @@ pub use codegen::{
 
 /// The first bytes of every hook page, followed by the addresses of its state page
 /// and its ring (a later pyprobe finds the three by it, see `hook_engine::reuse`).
-pub const HOOK_MAGIC: &[u8; 8] = b"PYPRHOOK";
+pub(crate) const HOOK_MAGIC: &[u8; 8] = b"PYPRHOOK";
 /// Offsets in the hook page of the state page's and the ring's address.
-pub const HEADER_STATE: u64 = 8;
-pub const HEADER_RING: u64 = 16;
+pub(crate) const HEADER_STATE: u64 = 8;
+pub(crate) const HEADER_RING: u64 = 16;
 
 /// `sys.monitoring` tool id pyprobe asks for (0-2 and 5 are named for debuggers,
 /// coverage, profilers and optimizers; 3 and 4 are free for other tools).
-pub const TOOL_ID: u32 = 4;
+pub(crate) const TOOL_ID: u32 = 4;
 
 /// Record kinds (the ring slot's `probe` field).
-pub const KIND_CALL: u32 = 0;
+pub(crate) const KIND_CALL: u32 = 0;
 /// A return or yield: `args[1]` is the type of the returned object.
-pub const KIND_RETURN: u32 = 1;
+pub(crate) const KIND_RETURN: u32 = 1;
 /// The frame was left by an exception (`args[1]` is 0).
-pub const KIND_RAISE: u32 = 2;
+pub(crate) const KIND_RAISE: u32 = 2;
 
 /// State page words.
-pub const ST_ON: usize = 0;
-pub const ST_ARMED: usize = 8;
-pub const ST_STATUS: usize = 16;
-pub const ST_GONE: usize = 24;
+pub(crate) const ST_ON: usize = 0;
+pub(crate) const ST_ARMED: usize = 8;
+pub(crate) const ST_STATUS: usize = 16;
+pub(crate) const ST_GONE: usize = 24;
 /// The function object registered with `atexit` (a reference the hook holds), 0
 /// when none is.
-pub const ST_AT_EXIT: usize = 32;
+pub(crate) const ST_AT_EXIT: usize = 32;
 /// The `atexit` module (a reference the hook holds while [`ST_AT_EXIT`] is set).
-pub const ST_AT_EXIT_MODULE: usize = 40;
+pub(crate) const ST_AT_EXIT_MODULE: usize = 40;
 /// Events until the next try to register the exit callback (0: none pending:
 /// registered, or given up).
-pub const ST_AT_EXIT_RETRY: usize = 48;
+pub(crate) const ST_AT_EXIT_RETRY: usize = 48;
 /// Failed tries to register the exit callback.
-pub const ST_AT_EXIT_TRIES: usize = 56;
+pub(crate) const ST_AT_EXIT_TRIES: usize = 56;
 /// Events between two tries to register the exit callback.
-pub const AT_EXIT_RETRY_EVENTS: u32 = 256;
+pub(crate) const AT_EXIT_RETRY_EVENTS: u32 = 256;
 /// Tries to register the exit callback before the hook gives up on it.
-pub const AT_EXIT_MAX_TRIES: u32 = 64;
+pub(crate) const AT_EXIT_MAX_TRIES: u32 = 64;
 /// Most milliseconds the exit callback waits for pyprobe to read the ring (its
 /// heartbeat going stale ends the wait sooner).
-pub const AT_EXIT_WAIT_MS: u32 = 10_000;
+pub(crate) const AT_EXIT_WAIT_MS: u32 = 10_000;
 
-pub const STATUS_OK: u64 = 1;
-pub const STATUS_REMOVED: u64 = 2;
+pub(crate) const STATUS_OK: u64 = 1;
+pub(crate) const STATUS_REMOVED: u64 = 2;
 /// The installer has begun (it sets OK or FAILED + step when it ends).
-pub const STATUS_RUNNING: u64 = 3;
-pub const STATUS_FAILED: u64 = 0x100;
+pub(crate) const STATUS_RUNNING: u64 = 3;
+pub(crate) const STATUS_FAILED: u64 = 0x100;
 
 /// What the installer's failed steps were doing, by `status - STATUS_FAILED`.
-pub fn failed_step(status: u64) -> Option<&'static str> {
+pub(crate) fn failed_step(status: u64) -> Option<&'static str> {
     let step = status.checked_sub(STATUS_FAILED)?;
     Some(match step {
         1 => "sys.monitoring is missing",
@@ -189,7 +189,7 @@ pub fn failed_step(status: u64) -> Option<&'static str> {
 /// Monitoring events the hook registers for, with the record kind of each, by the
 /// event numbers of CPython 3.12 and 3.13 (`sys.monitoring.events`; the 3.14 numbers
 /// were checked against its `sys.monitoring.events`, as these against theirs).
-pub const EVENTS_312: [(u32, u32); 6] = [
+pub(crate) const EVENTS_312: [(u32, u32); 6] = [
     (0, KIND_CALL),   // PY_START
     (1, KIND_CALL),   // PY_RESUME
     (13, KIND_CALL),  // PY_THROW
@@ -200,7 +200,7 @@ pub const EVENTS_312: [(u32, u32); 6] = [
 
 /// The same for CPython 3.14, whose `BRANCH_LEFT` and `BRANCH_RIGHT` (8 and 9)
 /// moved `PY_UNWIND` and `PY_THROW` up by one.
-pub const EVENTS_314: [(u32, u32); 6] = [
+pub(crate) const EVENTS_314: [(u32, u32); 6] = [
     (0, KIND_CALL),   // PY_START
     (1, KIND_CALL),   // PY_RESUME
     (14, KIND_CALL),  // PY_THROW
@@ -210,7 +210,7 @@ pub const EVENTS_314: [(u32, u32); 6] = [
 ];
 
 /// The monitoring events of CPython 3.`minor` (3.12 to 3.14), `None` for others.
-pub fn events_of(minor: u32) -> Option<&'static [(u32, u32)]> {
+pub(crate) fn events_of(minor: u32) -> Option<&'static [(u32, u32)]> {
     match minor {
         12 | 13 => Some(&EVENTS_312),
         14 => Some(&EVENTS_314),

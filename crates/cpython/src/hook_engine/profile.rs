@@ -41,15 +41,15 @@ enum Flag {
 /// against each version's headers with `Py_BUILD_CORE`, as the walker's offsets
 /// are; the same values in pyenv's and Debian's builds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProfileTarget {
-    pub layout: ProfileLayout,
+pub(crate) struct ProfileTarget {
+    pub(crate) layout: ProfileLayout,
     flag: Flag,
     /// `offsetof(PyThreadState, tracing)`: nonzero inside a tracing call.
     tracing: u64,
 }
 
 /// The profile route's layout for CPython 3.`minor`, `None` outside 3.7 to 3.11.
-pub fn profile_target(minor: u32) -> Option<ProfileTarget> {
+pub(crate) fn profile_target(minor: u32) -> Option<ProfileTarget> {
     let code_flags = match minor {
         7 => 32,
         8..=10 => 36,
@@ -98,7 +98,7 @@ fn is_pyprobe_hook(mem: &ProcessMemory, func: u64) -> bool {
 
 /// What a thread state's profile slot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Slot {
+pub(crate) enum Slot {
     /// This hook.
     Hooked,
     /// Nothing, or the hook of a pyprobe that left: the hook can go in.
@@ -110,7 +110,7 @@ pub enum Slot {
 impl ProfileTarget {
     /// What the profile slot of thread state `tstate` holds (a read: safe while the
     /// target runs).
-    pub fn slot(&self, mem: &ProcessMemory, tstate: u64, hook: u64) -> Result<Slot> {
+    pub(crate) fn slot(&self, mem: &ProcessMemory, tstate: u64, hook: u64) -> Result<Slot> {
         let func = mem.read_u64(tstate + self.layout.profile_func as u64)?;
         Ok(if func == hook {
             Slot::Hooked
@@ -123,7 +123,7 @@ impl ProfileTarget {
 
     /// Whether thread state `tstate` can take the hook now: on 3.10 and 3.11 it has
     /// a current `CFrame` (3.11 sets it only as the interpreter starts running code).
-    pub fn ready(&self, mem: &ProcessMemory, tstate: u64) -> bool {
+    pub(crate) fn ready(&self, mem: &ProcessMemory, tstate: u64) -> bool {
         match self.flag {
             Flag::InThreadState(_) => true,
             Flag::InCFrame { cframe, .. } => mem.read_u64(tstate + cframe).is_ok_and(|c| c != 0),
@@ -132,7 +132,7 @@ impl ProfileTarget {
 
     /// Makes `hook` the profile function of thread state `tstate`. Only with every
     /// thread of the process stopped.
-    pub fn set(&self, mem: &mut ProcessMemory, tstate: u64, hook: u64) -> Result<()> {
+    pub(crate) fn set(&self, mem: &mut ProcessMemory, tstate: u64, hook: u64) -> Result<()> {
         let tracing = mem.read_u64(tstate + self.tracing)? as u32 as i32;
         if !(0..=64).contains(&tracing) {
             bail!("thread state {tstate:#x} has `tracing` {tracing}: not the layout pyprobe knows");

@@ -40,7 +40,7 @@ use super::setup::{CAPACITY, PAGE, REGION};
 
 /// The ring memfd's name; also the marker of the state page, at
 /// [`NAME_AT`] there as in the SDT ring's tag word page.
-pub const RING_NAME: &[u8] = b"pyprobe-hook\0";
+pub(crate) const RING_NAME: &[u8] = b"pyprobe-hook\0";
 pub use pyprobe_sdt::tracer::ring_engine::reuse::NAME_AT;
 /// The ring's path in `/proc/PID/maps`.
 const RING_PATH: &str = "/memfd:pyprobe-hook (deleted)";
@@ -51,7 +51,7 @@ const MAX_MAPPING_PAGES: u64 = 256;
 
 /// What the state words say the new session must do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resume {
+pub(crate) enum Resume {
     /// The earlier hook is still in: setting `on` again resumes it.
     Registered,
     /// The earlier hook is out, or never went in: its words are cleared and it goes
@@ -62,16 +62,20 @@ pub enum Resume {
 /// An earlier pyprobe's hook, fit to be used again if its page is what would be
 /// built now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Earlier {
-    pub addr: u64,
-    pub state_addr: u64,
-    pub ring_addr: u64,
-    pub resume: Resume,
+pub(crate) struct Earlier {
+    pub(crate) addr: u64,
+    pub(crate) state_addr: u64,
+    pub(crate) ring_addr: u64,
+    pub(crate) resume: Resume,
 }
 
 /// The earlier hooks in the process (every thread stopped, at `rips`) that can be
 /// used again, and for those that cannot, why.
-pub fn find(mem: &ProcessMemory, maps: &[MapEntry], rips: &[u64]) -> (Vec<Earlier>, Vec<String>) {
+pub(crate) fn find(
+    mem: &ProcessMemory,
+    maps: &[MapEntry],
+    rips: &[u64],
+) -> (Vec<Earlier>, Vec<String>) {
     let (mut fit, mut unfit) = (Vec::new(), Vec::new());
     for addr in hook_pages(mem, maps) {
         match check(mem, maps, rips, addr) {
@@ -141,7 +145,7 @@ fn check(
 }
 
 /// What the state words `on`, `gone`, `status` and the exit callback's say.
-pub fn resume_of(on: u64, gone: u64, status: u64, at_exit: u64) -> Result<Resume, String> {
+pub(crate) fn resume_of(on: u64, gone: u64, status: u64, at_exit: u64) -> Result<Resume, String> {
     if on != 0 {
         return Err("its `on` word is set (a pyprobe may still serve it)".into());
     }

@@ -34,7 +34,7 @@ pub use pyprobe_sdt::process::PAGE_SIZE as PAGE;
 /// detaching).
 pub use pyprobe_sdt::tracer::ring_engine::CAPACITY;
 /// The hook page and the detour.
-pub const REGION: u64 = 4 * PAGE;
+pub(crate) const REGION: u64 = 4 * PAGE;
 /// Bytes of the safe point's function scanned for branches into its entry.
 const SCAN: usize = 4096;
 const MADV_DONTFORK: u64 = libc::MADV_DONTFORK as u64;
@@ -42,7 +42,7 @@ const MADV_WIPEONFORK: u64 = libc::MADV_WIPEONFORK as u64;
 
 /// How to raise the eval breaker of this version.
 #[derive(Debug, Clone, Copy)]
-pub enum Breaker {
+pub(crate) enum Breaker {
     /// 3.12: `PyInterpreterState.ceval.eval_breaker` (an int) at the first offset,
     /// and `ceval.pending.calls_to_do` at the second. The breaker alone would not
     /// do: taking the GIL recomputes it from the conditions, and a thread blocked in
@@ -70,20 +70,20 @@ const CALLS_TO_DO_BIT: u64 = 1 << 2;
 const TSTATE_INTERP: u64 = 16;
 
 /// What [`install`] put into the process.
-pub struct Installed {
-    pub reader: RingReader,
-    pub mapping: MmapMut,
-    pub state_addr: u64,
-    pub hook: HookCode,
+pub(crate) struct Installed {
+    pub(crate) reader: RingReader,
+    pub(crate) mapping: MmapMut,
+    pub(crate) state_addr: u64,
+    pub(crate) hook: HookCode,
     /// The jump at the safe point (monitoring route).
-    pub detour: Option<Detour>,
-    pub breaker: Option<Breaker>,
+    pub(crate) detour: Option<Detour>,
+    pub(crate) breaker: Option<Breaker>,
     /// The profile route's layout.
-    pub profile: Option<ProfileTarget>,
+    pub(crate) profile: Option<ProfileTarget>,
     /// Thread states whose profile slot the target's own profiler holds.
-    pub taken: Vec<u64>,
+    pub(crate) taken: Vec<u64>,
     /// What became of the hooks earlier pyprobes left (said under `-v`).
-    pub notes: Vec<String>,
+    pub(crate) notes: Vec<String>,
     pub walker: Walker,
 }
 
@@ -105,7 +105,7 @@ pub fn refusal(version: PyVersion) -> Option<String> {
 /// hook (a launched process): it has a thread state, and on 3.12 its GIL (which
 /// [`install`] checks the interpreter's layout by), on 3.10 and 3.11 a current
 /// `CFrame` (which the profile route writes).
-pub fn ready(walker: &mut Walker, mem: &ProcessMemory) -> bool {
+pub(crate) fn ready(walker: &mut Walker, mem: &ProcessMemory) -> bool {
     let Some(first) = walker
         .thread_state_addrs()
         .ok()
@@ -132,7 +132,7 @@ fn ceval_312(mem: &ProcessMemory, tstate: u64) -> Result<(u64, u32)> {
 
 /// Installs the hook in `pid` (every thread stopped, `tid` at a clean stop; `rips`:
 /// every thread's instruction pointer; `walker`: one already attached to it, if any).
-pub fn install(
+pub(crate) fn install(
     pid: i32,
     tid: i32,
     mem: &mut ProcessMemory,
@@ -428,7 +428,7 @@ fn hook_ring(
 
 /// `sizeof(PyASCIIObject)` of CPython 3.`minor`: where a compact ASCII `str`'s text
 /// starts (3.12 dropped its `wstr`).
-pub fn ascii_data(minor: u32) -> i32 {
+pub(crate) fn ascii_data(minor: u32) -> i32 {
     if minor >= 12 {
         40
     } else {
@@ -454,7 +454,7 @@ enum Plan {
 /// free (every thread stopped). Returns the thread states whose slot the target's
 /// own profiler holds. A thread state that does not read as one is an error when
 /// it is the only one; others are skipped (one may be half made or freed).
-pub fn set_profiles(
+pub(crate) fn set_profiles(
     mem: &mut ProcessMemory,
     target: &ProfileTarget,
     tstates: &[u64],
@@ -493,7 +493,7 @@ pub fn set_profiles(
 /// check. Only with every thread stopped: the word is also updated by the
 /// interpreter's own atomic operations, and a read-modify-write from outside must
 /// not race them.
-pub fn raise(mem: &mut ProcessMemory, tstates: &[u64], breaker: Breaker) -> Result<()> {
+pub(crate) fn raise(mem: &mut ProcessMemory, tstates: &[u64], breaker: Breaker) -> Result<()> {
     match breaker {
         Breaker::Interpreter(offset, calls_to_do) => {
             let mut interps: Vec<u64> = tstates

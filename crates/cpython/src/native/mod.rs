@@ -17,10 +17,10 @@
 //! [`MAX_DEPTH`] frames per unwind; anything unreadable ends the unwind, which is
 //! then marked incomplete, never a panic.
 
-pub mod eval_parts;
-pub mod merge;
-pub mod object_file;
-pub mod symbols;
+pub(crate) mod eval_parts;
+pub(crate) mod merge;
+pub(crate) mod object_file;
+pub(crate) mod symbols;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -39,12 +39,12 @@ use object_file::{ObjectFile, Section};
 
 /// Deepest native stack unwound: deeper frames are left out (the unwind is
 /// incomplete, and joined from its innermost frame).
-pub const MAX_DEPTH: usize = 256;
+pub(crate) const MAX_DEPTH: usize = 256;
 /// Most 4 KiB pages of the target's memory one unwind reads (2 MiB of stack: a
 /// recursive sort with AVX-512 spills has frames of kilobytes).
-pub const MAX_STACK_PAGES: usize = 512;
+pub(crate) const MAX_STACK_PAGES: usize = 512;
 /// The function whose calls run Python frames, in every CPython 3.7 – 3.15.
-pub const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
+pub(crate) const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
 /// How often the mappings are checked for change (a library loaded since).
 const REFRESH_NS: u64 = 20_000_000;
 /// Largest vDSO read (they are two to four pages).

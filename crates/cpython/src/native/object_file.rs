@@ -21,7 +21,7 @@ const MAX_OBJECT_BYTES: u64 = 1 << 30;
 
 /// A slice of an object file's bytes, shared with the file's other sections.
 #[derive(Clone, Default)]
-pub struct Section {
+pub(crate) struct Section {
     file: Arc<Vec<u8>>,
     range: Range<usize>,
 }
@@ -34,17 +34,17 @@ impl Deref for Section {
 }
 
 /// What an object's unwind tables and names are, once read.
-pub struct ObjectFile {
-    pub symbols: FunctionSymbols,
-    pub sections: ExplicitModuleSectionInfo<Section>,
-    pub segments: Vec<LoadSegment>,
+pub(crate) struct ObjectFile {
+    pub(crate) symbols: FunctionSymbols,
+    pub(crate) sections: ExplicitModuleSectionInfo<Section>,
+    pub(crate) segments: Vec<LoadSegment>,
 }
 
 impl ObjectFile {
     /// Reads the object behind `entries` (the mappings of one file in `pid`),
     /// through `/proc/PID/map_files` (any mount namespace, deleted files), else
     /// through the target's root.
-    pub fn open(pid: i32, entries: &[&MapEntry]) -> Result<ObjectFile> {
+    pub(crate) fn open(pid: i32, entries: &[&MapEntry]) -> Result<ObjectFile> {
         let first = entries[0];
         let mut last_error = None;
         for path in [first.map_files_path(pid), first.root_path(pid)] {
@@ -122,7 +122,7 @@ impl ObjectFile {
     /// covers `svma`, found through `.eh_frame_hdr`'s sorted table: the name of a
     /// stripped object's frames, the same for every address of one function.
     /// `None` where the object has no such table or no entry covers `svma`.
-    pub fn function_start(&self, svma: u64) -> Option<u64> {
+    pub(crate) fn function_start(&self, svma: u64) -> Option<u64> {
         use gimli::{BaseAddresses, EhFrame, EhFrameHdr, LittleEndian, UnwindSection};
         let s = &self.sections;
         let bases = BaseAddresses::default()
@@ -141,7 +141,7 @@ impl ObjectFile {
     }
 
     /// Runtime address = link-time address + bias, from the object's mappings.
-    pub fn bias(&self, entries: &[&MapEntry]) -> Option<u64> {
+    pub(crate) fn bias(&self, entries: &[&MapEntry]) -> Option<u64> {
         load_bias(&self.segments, entries)
     }
 }

@@ -8,13 +8,13 @@ use goblin::elf::Elf;
 const MAX_NAME: usize = 512;
 
 #[derive(Debug, Default)]
-pub struct FunctionSymbols {
+pub(crate) struct FunctionSymbols {
     /// (start, end, name) in link-time addresses, sorted by start.
     functions: Vec<(u64, u64, Box<str>)>,
 }
 
 impl FunctionSymbols {
-    pub fn from_elf(elf: &Elf) -> FunctionSymbols {
+    pub(crate) fn from_elf(elf: &Elf) -> FunctionSymbols {
         let mut functions = Vec::new();
         let tables = [(&elf.syms, &elf.strtab), (&elf.dynsyms, &elf.dynstrtab)];
         for (syms, strtab) in tables {
@@ -61,7 +61,7 @@ impl FunctionSymbols {
     }
 
     /// The range of the function named exactly `name`.
-    pub fn range_of(&self, name: &str) -> Option<std::ops::Range<u64>> {
+    pub(crate) fn range_of(&self, name: &str) -> Option<std::ops::Range<u64>> {
         self.functions
             .iter()
             .find(|f| &*f.2 == name)
@@ -70,7 +70,7 @@ impl FunctionSymbols {
 
     /// The names of the functions that overlap `range`: the one covering its
     /// start, then those starting inside it.
-    pub fn names_over(&self, range: &std::ops::Range<u64>) -> impl Iterator<Item = &str> {
+    pub(crate) fn names_over(&self, range: &std::ops::Range<u64>) -> impl Iterator<Item = &str> {
         let covering = self.lookup(range.start).map(|(name, _)| name);
         let from = self.functions.partition_point(|f| f.0 <= range.start);
         let end = range.end;
@@ -80,19 +80,11 @@ impl FunctionSymbols {
             .map(|f| &*f.2);
         covering.into_iter().chain(inside)
     }
-
-    pub fn len(&self) -> usize {
-        self.functions.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.functions.is_empty()
-    }
 }
 
 /// A Rust (`_R`, legacy `_ZN..E` with a hash) or C++ (`_Z`) name as written in the
 /// source, without the Rust hash; other names as they are.
-pub fn demangle(name: &str) -> String {
+pub(crate) fn demangle(name: &str) -> String {
     let name = cut(name);
     if let Ok(rust) = rustc_demangle::try_demangle(name) {
         return cut(&format!("{rust:#}")).to_owned();

@@ -31,7 +31,7 @@ pub enum ProbeGroup {
 }
 
 impl ProbeGroup {
-    pub const ALL: [ProbeGroup; 5] = [
+    pub(crate) const ALL: [ProbeGroup; 5] = [
         ProbeGroup::Function,
         ProbeGroup::Gc,
         ProbeGroup::Import,
@@ -90,7 +90,7 @@ impl ProbeKind {
 pub struct PythonProbe {
     pub name: &'static str,
     pub kind: ProbeKind,
-    pub group: ProbeGroup,
+    pub(crate) group: ProbeGroup,
     pub args: &'static [(&'static str, ArgKind)],
 }
 

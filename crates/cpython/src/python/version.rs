@@ -6,10 +6,10 @@ use pyprobe_sdt::process::objects::LoadedObject;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PyVersion {
-    pub major: u8,
-    pub minor: u8,
+    pub(crate) major: u8,
+    pub(crate) minor: u8,
     /// Micro version when known (from `Py_Version`).
-    pub micro: Option<u8>,
+    pub(crate) micro: Option<u8>,
 }
 
 impl PyVersion {
@@ -32,7 +32,7 @@ impl std::fmt::Display for PyVersion {
 }
 
 /// `Py_Version` is `PY_VERSION_HEX`: 0xMMmmuuRS.
-pub fn from_hex(hex: u32) -> Option<PyVersion> {
+pub(crate) fn from_hex(hex: u32) -> Option<PyVersion> {
     let major = (hex >> 24) as u8;
     let minor = (hex >> 16) as u8;
     let micro = (hex >> 8) as u8;
@@ -44,7 +44,7 @@ pub fn from_hex(hex: u32) -> Option<PyVersion> {
 }
 
 /// `python3.11`, `libpython3.11.so.1.0`, `python3.9d`: the first `pythonX.Y` in the name.
-pub fn from_file_name(path: &str) -> Option<PyVersion> {
+pub(crate) fn from_file_name(path: &str) -> Option<PyVersion> {
     let name = path.rsplit('/').next()?;
     let at = name.find("python")? + "python".len();
     let rest = &name[at..];

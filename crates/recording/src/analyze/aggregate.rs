@@ -202,7 +202,7 @@ impl Aggregator {
 
     /// Starts aggregating a recording described by `header`, counting the samples
     /// `filter` keeps.
-    pub fn with_filter(header: &Header, filter: SampleFilter) -> Self {
+    pub(crate) fn with_filter(header: &Header, filter: SampleFilter) -> Self {
         Aggregator {
             target: Target {
                 pid: header.pid,
@@ -358,7 +358,7 @@ impl Aggregator {
 
     /// As [`finish`](Self::finish), functions shown by their qualified names
     /// (`qualnames`: the recording's, read to the end).
-    pub fn finish_named(
+    pub(crate) fn finish_named(
         mut self,
         mut replay: Replay,
         end_ns: Option<u64>,

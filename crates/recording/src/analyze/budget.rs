@@ -19,7 +19,7 @@ pub(super) struct ThinningTracker {
 }
 
 impl ThinningTracker {
-    pub fn set(&mut self, level: ThinLevel, ts: u64) {
+    pub(crate) fn set(&mut self, level: ThinLevel, ts: u64) {
         self.seen = true;
         let close = |since: &mut Option<u64>, total: &mut u64| {
             if let Some(s) = since.take() {
@@ -60,14 +60,14 @@ impl ThinningTracker {
 #[derive(Default, Clone, Copy)]
 pub(super) struct WindowTracker {
     /// Window events seen at all (else the recording had no budget).
-    pub seen: bool,
+    pub(crate) seen: bool,
     open_since: Option<u64>,
     exact_ns: u64,
     windows: u64,
 }
 
 impl WindowTracker {
-    pub fn toggle(&mut self, exact: bool, ts: u64) {
+    pub(crate) fn toggle(&mut self, exact: bool, ts: u64) {
         self.seen = true;
         match (exact, self.open_since) {
             (true, None) => {

@@ -8,7 +8,7 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 #[error("bad glob {pattern:?}: {source}")]
 pub struct FilterError {
     /// The offending glob (all of them when building the set failed).
-    pub pattern: String,
+    pub(crate) pattern: String,
     /// Why it did not parse.
     #[source]
     pub source: globset::Error,
@@ -66,7 +66,7 @@ impl SliceFilter {
     }
 
     /// Whether a slice lasting `ns` is long enough.
-    pub fn long_enough(&self, ns: u64) -> bool {
+    pub(crate) fn long_enough(&self, ns: u64) -> bool {
         ns >= self.min_duration_ns
     }
 }

@@ -49,7 +49,7 @@ impl GcTracker {
     }
 
     /// Per-generation stats, by generation; collections still open count as unpaired.
-    pub(crate) fn finish(self) -> (Vec<GcStats>, u64) {
+    pub fn finish(self) -> (Vec<GcStats>, u64) {
         let unpaired = self.unpaired + self.pending.len() as u64;
         (self.generations.into_values().collect(), unpaired)
     }

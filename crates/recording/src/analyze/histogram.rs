@@ -29,7 +29,7 @@ impl Histogram {
 
     /// Non-empty buckets as `(low_ns, high_ns_exclusive, count)`; the top bucket's
     /// high end saturates at `u64::MAX`.
-    pub fn buckets(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+    pub(crate) fn buckets(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
         self.buckets
             .iter()
             .enumerate()

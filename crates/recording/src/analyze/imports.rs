@@ -18,11 +18,11 @@ struct OpenImport {
 /// Per-module accumulator, strings unresolved.
 #[derive(Default, Clone)]
 pub(crate) struct ImportAcc {
-    pub(crate) found: bool,
-    pub(crate) total_ns: u64,
-    pub(crate) self_ns: u64,
-    pub(crate) count: u64,
-    pub(crate) importer: Option<StrId>,
+    pub found: bool,
+    pub total_ns: u64,
+    pub self_ns: u64,
+    pub count: u64,
+    pub importer: Option<StrId>,
 }
 
 #[derive(Default)]
@@ -89,7 +89,7 @@ impl ImportTracker {
     }
 
     /// Imports still open at the end count as unpaired.
-    pub(crate) fn finish(self) -> (HashMap<StrId, ImportAcc>, u64) {
+    pub fn finish(self) -> (HashMap<StrId, ImportAcc>, u64) {
         let open: usize = self.stacks.values().map(Vec::len).sum();
         (self.modules, self.unpaired + open as u64)
     }

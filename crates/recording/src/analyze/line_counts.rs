@@ -19,24 +19,24 @@ pub const MAX_LINES: usize = 1 << 20;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LineCount {
     /// Samples whose innermost frame was on this line.
-    pub own: u64,
+    pub(crate) own: u64,
     /// Samples with this line anywhere on their stack.
-    pub total: u64,
+    pub(crate) total: u64,
     /// Times the `line` probe fired on it.
-    pub hits: u64,
+    pub(crate) hits: u64,
 }
 
 /// The per-line counts of a whole recording.
 #[derive(Debug, Clone, Default)]
 pub struct LineCounts {
     /// By file (the recording's string id) and line.
-    pub lines: HashMap<(StrId, u32), LineCount>,
+    pub(crate) lines: HashMap<(StrId, u32), LineCount>,
     /// Which samples counted (`--idle`, `--gil`).
     pub tally: SampleTally,
     /// Samples counted, in every file.
     pub samples: u64,
     /// `line` events, in every file.
-    pub hits: u64,
+    pub(crate) hits: u64,
     /// Lines not kept past [`MAX_LINES`].
     pub left_out: u64,
 }

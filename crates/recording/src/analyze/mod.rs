@@ -2,7 +2,7 @@
 //! data behind `pyprobe report`. Pure: no I/O, no syscalls, but reading a
 //! recording through its reader (`recording`, `report`).
 
-pub mod aggregate;
+pub(crate) mod aggregate;
 mod budget;
 pub mod filter;
 pub mod folded;
@@ -10,14 +10,14 @@ mod gc;
 pub mod histogram;
 mod imports;
 pub mod line_counts;
-pub mod model;
+pub(crate) mod model;
 pub mod processes;
-pub mod recording;
-pub mod replay;
+pub(crate) mod recording;
+pub(crate) mod replay;
 pub mod report;
 mod return_types;
 mod samples;
-pub mod states;
+pub(crate) mod states;
 
 #[cfg(test)]
 mod tests;

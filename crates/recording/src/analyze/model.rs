@@ -71,7 +71,7 @@ pub struct GcStats {
 }
 
 /// Most triggers / stacks kept per GC generation or audit event.
-pub const MAX_TRIGGERS: usize = 5;
+pub(crate) const MAX_TRIGGERS: usize = 5;
 
 /// A function that was running when an event happened, and how often.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -164,11 +164,11 @@ pub struct ProcessStats {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Anomalies {
     /// What the replay met while pairing calls and returns.
-    pub replay: ReplayCounters,
+    pub(crate) replay: ReplayCounters,
     /// GC starts without done, or done without start.
-    pub unpaired_gc: u64,
+    pub(crate) unpaired_gc: u64,
     /// Import starts without done, or done without start.
-    pub unpaired_imports: u64,
+    pub(crate) unpaired_imports: u64,
 }
 
 /// Everything `pyprobe report` shows.
@@ -236,7 +236,7 @@ pub struct ReturnTypes {
 
 impl ReturnTypes {
     /// Returns and raises.
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.returned
             .iter()
             .map(|t| t.count)
@@ -271,9 +271,9 @@ pub struct Thinned {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pause {
     /// When it began, from the recording's start.
-    pub at_ns: u64,
+    pub(crate) at_ns: u64,
     /// How long it lasted.
-    pub ns: u64,
+    pub(crate) ns: u64,
 }
 
 /// How much of a budget-limited recording was traced exactly.

@@ -11,7 +11,7 @@ use crate::recording::{Event, EventKind, Header, StrId};
 
 /// One process of a recording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcessInfo {
+pub(crate) struct ProcessInfo {
     pub pid: u32,
     /// The traced process it was forked from; `None` for the recording's own.
     pub parent: Option<u32>,
@@ -90,17 +90,17 @@ impl ProcessMap {
     }
 
     /// Process `pid`, if the recording has it.
-    pub fn get(&self, pid: u32) -> Option<&ProcessInfo> {
+    pub(crate) fn get(&self, pid: u32) -> Option<&ProcessInfo> {
         self.index.get(&pid).map(|&i| &self.processes[i])
     }
 
     /// Every process seen, the recording's own first, then in order of appearance.
-    pub fn all(&self) -> &[ProcessInfo] {
+    pub(crate) fn all(&self) -> &[ProcessInfo] {
         &self.processes
     }
 
     /// Whether more than the recording's own process was traced.
-    pub fn several(&self) -> bool {
+    pub(crate) fn several(&self) -> bool {
         self.processes.len() > 1
     }
 }

@@ -10,7 +10,7 @@ use crate::recording::{Event, RecordError, RecordingReader};
 /// `plan`; `f` gets the reader (for its strings), each event, its thread's
 /// monotonic time, the steps it caused and the replay. The replay is returned
 /// unfinished: call [`Replay::finish`] with the recording's end.
-pub fn replay_planned<R: Read + Seek, E: From<RecordError>>(
+pub(crate) fn replay_planned<R: Read + Seek, E: From<RecordError>>(
     reader: &mut RecordingReader<R>,
     plan: Plan,
     mut f: impl FnMut(&RecordingReader<R>, &Event, u64, &[Step], &Replay) -> Result<(), E>,
@@ -31,7 +31,7 @@ pub fn replay_planned<R: Read + Seek, E: From<RecordError>>(
 /// event and replays them: `f` gets the reader (for its strings), each event, its
 /// thread's monotonic time, the steps it caused and the replay. The replay is
 /// returned unfinished: call [`Replay::finish`] with the recording's end.
-pub fn replay_recording<R: Read + Seek, E: From<RecordError>>(
+pub(crate) fn replay_recording<R: Read + Seek, E: From<RecordError>>(
     reader: &mut RecordingReader<R>,
     f: impl FnMut(&RecordingReader<R>, &Event, u64, &[Step], &Replay) -> Result<(), E>,
 ) -> Result<Replay, E> {

@@ -121,7 +121,7 @@ impl ReportOptions {
 }
 
 /// The mode to show: the recording's, unless it was `auto`, then what happened.
-pub fn effective_mode(report: &Report) -> &str {
+pub(crate) fn effective_mode(report: &Report) -> &str {
     match (report.mode.as_str(), report.source) {
         ("auto", FunctionSource::Sampled) => "sample",
         ("auto", _) => "trace",

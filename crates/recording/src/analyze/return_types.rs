@@ -9,7 +9,7 @@ use crate::recording::{FrameRef, StrId};
 
 /// The totals seen so far.
 #[derive(Debug, Default)]
-pub struct ReturnTypeTracker {
+pub(crate) struct ReturnTypeTracker {
     /// (process, function, type or `None` for raised) → its running total.
     totals: HashMap<(u32, FrameRef, Option<StrId>), u64>,
 }

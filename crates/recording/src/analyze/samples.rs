@@ -13,20 +13,20 @@ pub(crate) struct SampleAcc {
     pub(crate) inclusive: u64,
     /// The time those samples stand for, as leaf and anywhere on the stack.
     pub(crate) leaf_ns: u64,
-    pub(crate) inclusive_ns: u64,
+    pub inclusive_ns: u64,
 }
 
 #[derive(Default)]
 pub(crate) struct SampleTracker {
     acc: HashMap<FrameRef, SampleAcc>,
     seen: HashSet<FrameRef>,
-    pub(crate) samples: u64,
+    pub samples: u64,
 }
 
 impl SampleTracker {
     /// Counts one sampled stack of functions, outermost first, standing for
     /// `weight_ns` of time.
-    pub(crate) fn record(&mut self, codes: &[FrameRef], weight_ns: u64) {
+    pub fn record(&mut self, codes: &[FrameRef], weight_ns: u64) {
         self.samples += 1;
         self.seen.clear();
         for code in codes {
@@ -44,7 +44,7 @@ impl SampleTracker {
     }
 
     /// Per-function counts.
-    pub(crate) fn finish(self) -> HashMap<FrameRef, SampleAcc> {
+    pub fn finish(self) -> HashMap<FrameRef, SampleAcc> {
         self.acc
     }
 }

@@ -25,7 +25,7 @@ pub struct SampleFilter {
 
 impl SampleFilter {
     /// What it keeps, in a few words.
-    pub fn describe(&self) -> &'static str {
+    pub(crate) fn describe(&self) -> &'static str {
         match (self.idle, self.gil) {
             (false, false) => "threads on a CPU (the default)",
             (true, false) => "every thread, on a CPU or waiting (--idle)",
@@ -41,19 +41,19 @@ pub struct SampleTally {
     pub filter: SampleFilter,
     /// Whether the filter applied: not to a trace-mode recording, whose samples time
     /// its exact calls.
-    pub applied: bool,
+    pub(crate) applied: bool,
     /// Samples seen.
     pub samples: u64,
     /// Samples counted.
     pub kept: u64,
     /// Left out: their thread was waiting (and `--idle` was not given).
-    pub idle_left_out: u64,
+    pub(crate) idle_left_out: u64,
     /// Left out by `--gil`: their thread did not hold the GIL.
-    pub gil_left_out: u64,
+    pub(crate) gil_left_out: u64,
     /// Counted, their thread's CPU state unknown (not recorded): taken as on a CPU.
     pub cpu_unknown: u64,
     /// Counted, whether their thread held the GIL unknown.
-    pub gil_unknown: u64,
+    pub(crate) gil_unknown: u64,
 }
 
 impl SampleTally {
@@ -67,7 +67,7 @@ impl SampleTally {
     }
 
     /// Whether a sample of a thread in `state` counts; tallies it either way.
-    pub fn admit(&mut self, state: SampleState) -> bool {
+    pub(crate) fn admit(&mut self, state: SampleState) -> bool {
         self.samples += 1;
         if self.applied {
             if !self.filter.idle && state.on_cpu == Some(false) {

@@ -44,7 +44,7 @@ pub struct CallsOptions {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallsSummary {
     /// Lines (or JSON objects) written.
-    pub lines: u64,
+    pub(crate) lines: u64,
     /// Call events in the recording.
     pub calls: u64,
     /// Return events in the recording.

@@ -28,7 +28,7 @@ use crate::recording::{EventKind, FrameRef, RecordingReader, StrId, ThinLevel};
 
 /// Sampled stacks of thread `tid` go on the track `SAMPLED_TRACK | tid` (Linux
 /// thread ids stay below 2^22).
-pub const SAMPLED_TRACK: u32 = 1 << 30;
+pub(crate) const SAMPLED_TRACK: u32 = 1 << 30;
 
 /// Imports open at once per thread, beyond which the oldest are forgotten.
 const MAX_OPEN_IMPORTS: usize = 256;

@@ -12,7 +12,7 @@ pub mod report;
 pub mod speedscope;
 pub mod terminal;
 pub mod top;
-pub mod units;
+pub(crate) mod units;
 
 use std::collections::HashMap;
 use std::io::{Read, Seek};
@@ -31,12 +31,12 @@ pub struct Census {
     /// close event in speedscope.
     pub calls: u64,
     /// Bytes of the names of those calls (function and file).
-    pub call_name_bytes: u64,
+    pub(crate) call_name_bytes: u64,
     /// Stack samples, and the frames they hold together.
     pub samples: u64,
-    pub sample_frames: u64,
+    pub(crate) sample_frames: u64,
     /// GC, import, audit, lost-event and window events.
-    pub others: u64,
+    pub(crate) others: u64,
 }
 
 /// Bytes of a Chrome trace slice besides its names (JSON keys, times, ids).
@@ -159,7 +159,7 @@ impl<'a> Counter<'a> {
 
 /// The first pass over `reader`: the replay's plan, and the recording's
 /// [`Census`] under `filter`. Leaves the reader at the first event again.
-pub fn plan_recording<R: Read + Seek>(
+pub(crate) fn plan_recording<R: Read + Seek>(
     reader: &mut RecordingReader<R>,
     filter: &SliceFilter,
 ) -> Result<(Plan, Census), RecordError> {

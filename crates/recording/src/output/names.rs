@@ -158,7 +158,7 @@ impl<'a> FrameNames<'a> {
 
     /// `pid 1234: python3 app.py` (the command line shortened, see
     /// [`short_command`], and cut to fit).
-    pub fn process(&self, pid: u32, command: Option<StrId>) -> String {
+    pub(crate) fn process(&self, pid: u32, command: Option<StrId>) -> String {
         let command = match command {
             Some(id) => self.string(id),
             None => Cow::Borrowed(self.command.as_str()),
@@ -212,12 +212,12 @@ impl<'a> FrameNames<'a> {
 
     /// A function at the line it ran: `name (file:first) line N`, so the
     /// function reads as in the other views and the line stands apart.
-    pub fn python_line(&self, f: &FrameRef, line: u32) -> String {
+    pub(crate) fn python_line(&self, f: &FrameRef, line: u32) -> String {
         format!("{} line {line}", self.python(f))
     }
 
     /// The name of a folded frame, safe for folded stacks (no `;`, no newline).
-    pub fn fold_frame(&self, f: &FoldFrame) -> String {
+    pub(crate) fn fold_frame(&self, f: &FoldFrame) -> String {
         let name = match f {
             FoldFrame::Python(p) => self.python(p),
             FoldFrame::PythonLine { code, line } => self.python_line(code, *line),
@@ -241,7 +241,7 @@ impl<'a> FrameNames<'a> {
 
 /// How views name a thread: `main thread (TID)` for its process's first
 /// thread, else `thread TID` (recordings keep thread ids, not names).
-pub fn thread_name(tid: u32, pid: u32) -> String {
+pub(crate) fn thread_name(tid: u32, pid: u32) -> String {
     if tid == pid {
         format!("main thread ({tid})")
     } else {

@@ -25,7 +25,7 @@ use crate::output::{plan_recording, Census};
 use crate::recording::{EventKind, FrameRef, RecordingReader, StrId};
 
 /// Bytes of rendered events kept in memory before spilling to a temporary file.
-pub const DEFAULT_SPOOL_LIMIT: usize = 32 << 20;
+pub(crate) const DEFAULT_SPOOL_LIMIT: usize = 32 << 20;
 
 /// Per-key byte streams kept in memory up to a limit, then in a temporary file.
 pub(crate) struct Spool<K: Ord + Copy> {
@@ -46,7 +46,7 @@ struct Stream {
 }
 
 impl<K: Ord + Copy> Spool<K> {
-    pub(crate) fn new(limit: usize) -> Self {
+    pub fn new(limit: usize) -> Self {
         Spool {
             streams: BTreeMap::new(),
             buffered: 0,
@@ -57,7 +57,7 @@ impl<K: Ord + Copy> Spool<K> {
     }
 
     /// Appends one item to `key`'s stream, preceded by `sep` unless it is the first.
-    pub(crate) fn push(&mut self, key: K, sep: &[u8], item: &[u8]) -> io::Result<()> {
+    pub fn push(&mut self, key: K, sep: &[u8], item: &[u8]) -> io::Result<()> {
         let s = self.streams.entry(key).or_default();
         if s.items > 0 {
             s.buf.extend_from_slice(sep);

@@ -21,7 +21,7 @@ pub fn escaped(s: &str) -> Cow<'_, str> {
 
 /// A line of source as a terminal may show it: as [`escaped`], but its tabs
 /// (indentation) kept.
-pub fn escaped_source_line(s: &str) -> Cow<'_, str> {
+pub(crate) fn escaped_source_line(s: &str) -> Cow<'_, str> {
     escape(s, true)
 }
 
@@ -50,7 +50,7 @@ fn escape(s: &str, keep_tabs: bool) -> Cow<'_, str> {
 }
 
 /// As [`escaped`], owned.
-pub fn escaped_string(s: &str) -> String {
+pub(crate) fn escaped_string(s: &str) -> String {
     escaped(s).into_owned()
 }
 

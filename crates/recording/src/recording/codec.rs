@@ -31,52 +31,52 @@ const SAME_TID: u8 = 0x80;
 const KIND_MASK: u8 = 0x7f;
 
 mod tag {
-    pub const CALL: u8 = 0;
-    pub const RETURN: u8 = 1;
-    pub const LINE: u8 = 2;
-    pub const GC_START: u8 = 3;
-    pub const GC_DONE: u8 = 4;
-    pub const IMPORT_START: u8 = 5;
-    pub const IMPORT_DONE: u8 = 6;
-    pub const AUDIT: u8 = 7;
+    pub(crate) const CALL: u8 = 0;
+    pub(crate) const RETURN: u8 = 1;
+    pub(crate) const LINE: u8 = 2;
+    pub(crate) const GC_START: u8 = 3;
+    pub(crate) const GC_DONE: u8 = 4;
+    pub(crate) const IMPORT_START: u8 = 5;
+    pub(crate) const IMPORT_DONE: u8 = 6;
+    pub(crate) const AUDIT: u8 = 7;
     /// Format 1: frames without their first line. Read, no longer written.
-    pub const SAMPLE_V1: u8 = 8;
-    pub const THREAD_START: u8 = 9;
-    pub const THREAD_EXIT: u8 = 10;
-    pub const LOST: u8 = 11;
+    pub(crate) const SAMPLE_V1: u8 = 8;
+    pub(crate) const THREAD_START: u8 = 9;
+    pub(crate) const THREAD_EXIT: u8 = 10;
+    pub(crate) const LOST: u8 = 11;
     /// Format 1, as `SAMPLE_V1`.
-    pub const STACK_V1: u8 = 12;
-    pub const WINDOW: u8 = 13;
+    pub(crate) const STACK_V1: u8 = 12;
+    pub(crate) const WINDOW: u8 = 13;
     /// Format 2: a sample without its thread's state. Read, no longer written.
-    pub const SAMPLE_V2: u8 = 14;
-    pub const STACK: u8 = 15;
-    pub const RUNNING: u8 = 16;
+    pub(crate) const SAMPLE_V2: u8 = 14;
+    pub(crate) const STACK: u8 = 15;
+    pub(crate) const RUNNING: u8 = 16;
     /// A sample: its thread's state (one byte, see `put_state`), then its frames.
-    pub const SAMPLE: u8 = 17;
-    pub const THINNED: u8 = 18;
-    pub const AUDITS_COUNTED: u8 = 19;
+    pub(crate) const SAMPLE: u8 = 17;
+    pub(crate) const THINNED: u8 = 18;
+    pub(crate) const AUDITS_COUNTED: u8 = 19;
     /// Format 4: a thread start naming its process (`THREAD_START` names none).
-    pub const THREAD_START_IN: u8 = 20;
-    pub const PROCESS_START: u8 = 21;
-    pub const EXEC: u8 = 22;
+    pub(crate) const THREAD_START_IN: u8 = 20;
+    pub(crate) const PROCESS_START: u8 = 21;
+    pub(crate) const EXEC: u8 = 22;
     /// Format 5: a return naming its function's first line (`RETURN` names none).
-    pub const RETURN_FROM: u8 = 23;
+    pub(crate) const RETURN_FROM: u8 = 23;
     /// Format 6: a running total of one function's returns of one type.
-    pub const RETURN_TYPE: u8 = 24;
+    pub(crate) const RETURN_TYPE: u8 = 24;
     /// Format 7: pyprobe let go of the target for a while (Ctrl-Z, SIGSTOP).
-    pub const PAUSED: u8 = 25;
+    pub(crate) const PAUSED: u8 = 25;
     /// Format 6: a call spelling out its frame, which gets the chunk's next frame number.
-    pub const CALL_NEW: u8 = 32;
+    pub(crate) const CALL_NEW: u8 = 32;
     /// Format 6: a return spelling out its frame and first line (0: unknown), which
     /// get the chunk's next frame number.
-    pub const RETURN_NEW: u8 = 33;
+    pub(crate) const RETURN_NEW: u8 = 33;
     /// Format 6: a call of a numbered frame, the number as a varint.
-    pub const CALL_AT: u8 = 34;
+    pub(crate) const CALL_AT: u8 = 34;
     /// Format 6: a return of a numbered frame, the number as a varint.
-    pub const RETURN_AT: u8 = 35;
+    pub(crate) const RETURN_AT: u8 = 35;
     /// Format 6, from here to `0x7f`: a call (bit 0 clear) or return (set) of frame
     /// number `(kind >> 1) & 0x1f`.
-    pub const COMPACT: u8 = 0x40;
+    pub(crate) const COMPACT: u8 = 0x40;
 }
 
 /// Frame numbers that fit in a compact tag.

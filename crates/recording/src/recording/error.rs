@@ -81,7 +81,7 @@ pub enum RecordError {
 
 impl RecordError {
     /// The file offset the error refers to.
-    pub fn offset(&self) -> u64 {
+    pub(crate) fn offset(&self) -> u64 {
         match self {
             RecordError::Io { offset, .. }
             | RecordError::TruncatedHeader { offset }

@@ -183,7 +183,7 @@ pub enum ThinLevel {
 }
 
 impl ThinLevel {
-    pub fn from_u8(v: u8) -> Option<ThinLevel> {
+    pub(crate) fn from_u8(v: u8) -> Option<ThinLevel> {
         [ThinLevel::Full, ThinLevel::Stackless, ThinLevel::Uncounted]
             .get(usize::from(v))
             .copied()

@@ -29,16 +29,16 @@ pub use reader::{Completion, Events, RecordingReader, Trailer};
 pub use writer::{BackgroundWriter, RecordingWriter, Summary, MAX_SAMPLE_FRAMES, MAX_STRING_LEN};
 
 /// Largest chunk payload a reader accepts; anything longer is corruption.
-pub const MAX_CHUNK_LEN: u32 = 64 << 20;
+pub(crate) const MAX_CHUNK_LEN: u32 = 64 << 20;
 
 /// Chunk kind bytes.
-pub(crate) mod kind {
-    pub const HEADER: u8 = 1;
-    pub const STRINGS: u8 = 2;
-    pub const EVENTS: u8 = 3;
-    pub const TRAILER: u8 = 4;
+pub mod kind {
+    pub(crate) const HEADER: u8 = 1;
+    pub(crate) const STRINGS: u8 = 2;
+    pub(crate) const EVENTS: u8 = 3;
+    pub(crate) const TRAILER: u8 = 4;
     /// Qualified names of functions (format 8).
-    pub const QUALNAMES: u8 = 5;
+    pub(crate) const QUALNAMES: u8 = 5;
 }
 
 /// Bytes before a chunk's payload: kind, length, checksum.

@@ -28,7 +28,7 @@ pub struct Qualnames {
 }
 
 impl Qualnames {
-    pub fn insert(&mut self, code: FrameRef, qualname: StrId) {
+    pub(crate) fn insert(&mut self, code: FrameRef, qualname: StrId) {
         if self.exact.len() >= MAX_QUALNAMES {
             return;
         }
@@ -44,7 +44,7 @@ impl Qualnames {
     }
 
     /// The qualified name of the function `code` names (file, name, first line).
-    pub fn get(&self, code: &FrameRef) -> Option<StrId> {
+    pub(crate) fn get(&self, code: &FrameRef) -> Option<StrId> {
         self.exact
             .get(code)
             .copied()
@@ -53,7 +53,7 @@ impl Qualnames {
 
     /// The name views show for function `code`: its qualified name when known,
     /// else its name.
-    pub fn shown(&self, code: &FrameRef) -> StrId {
+    pub(crate) fn shown(&self, code: &FrameRef) -> StrId {
         self.get(code).unwrap_or(code.function)
     }
 

@@ -84,7 +84,7 @@ enum Chunk {
 
 impl<R: Read> RecordingReader<R> {
     /// Reads the magic, version and header from `input`.
-    pub fn from_reader(input: R) -> Result<Self, RecordError> {
+    pub(crate) fn from_reader(input: R) -> Result<Self, RecordError> {
         let mut r = RecordingReader {
             input,
             header: Header::default(),
@@ -177,7 +177,7 @@ impl<R: Read> RecordingReader<R> {
 
     /// The next event, `None` at the end (see [`completion`](Self::completion)).
     /// After an error, returns `None`.
-    pub fn next_event(&mut self) -> Option<Result<Event, RecordError>> {
+    pub(crate) fn next_event(&mut self) -> Option<Result<Event, RecordError>> {
         match self.advance() {
             Ok(Some(e)) => {
                 self.events_read += 1;
@@ -317,7 +317,7 @@ impl<R: Read> RecordingReader<R> {
 impl<R: Read + Seek> RecordingReader<R> {
     /// Goes back to the first event, to read the events again (the string table
     /// read so far stays).
-    pub fn rewind(&mut self) -> Result<(), RecordError> {
+    pub(crate) fn rewind(&mut self) -> Result<(), RecordError> {
         self.input
             .seek(SeekFrom::Start(self.events_start))
             .map_err(|error| RecordError::Io {

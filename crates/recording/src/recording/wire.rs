@@ -48,7 +48,7 @@ pub(crate) struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    pub(crate) fn new(buf: &'a [u8], pos: usize, base: u64) -> Self {
+    pub fn new(buf: &'a [u8], pos: usize, base: u64) -> Self {
         Cursor { buf, pos, base }
     }
 
@@ -123,7 +123,7 @@ impl<'a> Cursor<'a> {
 
     /// A count of items that each take at least `min_item_len` bytes: checked
     /// against what is left, so a hostile count never drives an allocation.
-    pub(crate) fn count(&mut self, min_item_len: usize, what: &str) -> Result<usize, RecordError> {
+    pub fn count(&mut self, min_item_len: usize, what: &str) -> Result<usize, RecordError> {
         let at = self.offset();
         let n = self.uvarint()?;
         let max = self.remaining() / min_item_len.max(1);
@@ -139,7 +139,7 @@ impl<'a> Cursor<'a> {
         Ok(n as usize)
     }
 
-    pub(crate) fn bytes(&mut self, len: u64) -> Result<&'a [u8], RecordError> {
+    pub fn bytes(&mut self, len: u64) -> Result<&'a [u8], RecordError> {
         if len > self.remaining() as u64 {
             return Err(self.corrupt(format!(
                 "length {len} exceeds the {} bytes left in the chunk",
@@ -152,7 +152,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// A length-prefixed string; invalid UTF-8 is replaced, not an error.
-    pub(crate) fn string(&mut self) -> Result<String, RecordError> {
+    pub fn string(&mut self) -> Result<String, RecordError> {
         let len = self.uvarint()?;
         let bytes = self.bytes(len)?;
         Ok(String::from_utf8_lossy(bytes).into_owned())

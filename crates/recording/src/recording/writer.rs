@@ -34,11 +34,11 @@ pub struct Summary {
     /// Distinct strings interned.
     pub strings: u64,
     /// Strings cut to [`MAX_STRING_LEN`].
-    pub truncated_strings: u64,
+    pub(crate) truncated_strings: u64,
     /// Samples cut to [`MAX_SAMPLE_FRAMES`].
-    pub truncated_samples: u64,
+    pub(crate) truncated_samples: u64,
     /// Chunks written, header and trailer included.
-    pub chunks: u64,
+    pub(crate) chunks: u64,
     /// Size of the recording in bytes.
     pub bytes: u64,
 }

@@ -9,7 +9,7 @@ pub struct LoadSegment {
     pub vaddr: u64,
     pub memsz: u64,
     pub offset: u64,
-    pub filesz: u64,
+    pub(crate) filesz: u64,
     pub executable: bool,
     pub writable: bool,
 }

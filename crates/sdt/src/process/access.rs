@@ -47,7 +47,7 @@ pub struct Refused {
 
 impl Refused {
     /// Explains the refusal from what /proc says now.
-    pub fn gather(pid: i32, errno: Errno, access: Access) -> Refused {
+    pub(crate) fn gather(pid: i32, errno: Errno, access: Access) -> Refused {
         Refused {
             pid,
             errno,
@@ -87,18 +87,18 @@ pub fn read_error(pid: i32, e: Errno, access: Access) -> anyhow::Error {
 #[derive(Debug, Clone, Default)]
 pub struct Facts {
     /// `/proc/sys/kernel/yama/ptrace_scope`; `None` when the kernel has no Yama.
-    pub yama_scope: Option<u32>,
+    pub(crate) yama_scope: Option<u32>,
     /// pyprobe itself.
-    pub own: ProcessStatus,
+    pub(crate) own: ProcessStatus,
     /// The target, if its status could be read.
-    pub target: Option<ProcessStatus>,
+    pub(crate) target: Option<ProcessStatus>,
     /// The target's /proc files belong to root although it runs as another user:
     /// it is not dumpable (setuid, or `prctl(PR_SET_DUMPABLE, 0)`).
-    pub target_not_dumpable: bool,
+    pub(crate) target_not_dumpable: bool,
 }
 
 impl Facts {
-    pub fn gather(pid: i32) -> Facts {
+    pub(crate) fn gather(pid: i32) -> Facts {
         use std::os::unix::fs::MetadataExt;
         let target = ProcessStatus::read(pid).ok();
         let target_not_dumpable = target.as_ref().is_some_and(|t| {
@@ -280,7 +280,7 @@ pub fn explain_refusal(pid: i32, e: Errno, access: Access, facts: &Facts) -> Str
 /// Reads the target's memory map and one byte of its first mapping through
 /// `process_vm_readv`: the kernel refuses both exactly when it would refuse
 /// pyprobe's reads later (another user, Yama, a seccomp filter), so say why now.
-pub fn check_readable(pid: i32) -> Result<()> {
+pub(crate) fn check_readable(pid: i32) -> Result<()> {
     let maps = match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {

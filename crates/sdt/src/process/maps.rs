@@ -8,12 +8,12 @@ use anyhow::{Context, Result};
 pub struct MapEntry {
     pub start: u64,
     pub end: u64,
-    pub readable: bool,
+    pub(crate) readable: bool,
     pub writable: bool,
     pub executable: bool,
     /// `s` rather than `p`: a shared mapping (writes reach the object, and every
     /// process mapping it).
-    pub shared: bool,
+    pub(crate) shared: bool,
     pub offset: u64,
     /// (major, minor) device and inode of the backing file; inode 0 for anonymous maps.
     pub dev: (u32, u32),
@@ -24,7 +24,7 @@ pub struct MapEntry {
 }
 
 impl MapEntry {
-    pub fn is_file(&self) -> bool {
+    pub(crate) fn is_file(&self) -> bool {
         self.inode != 0 && self.path.starts_with('/')
     }
 
@@ -58,7 +58,7 @@ pub fn maps_len(pid: i32) -> usize {
 }
 
 /// Parses the text of a maps file; lines that do not parse are skipped.
-pub fn parse_maps(text: &str) -> Vec<MapEntry> {
+pub(crate) fn parse_maps(text: &str) -> Vec<MapEntry> {
     text.lines().filter_map(parse_line).collect()
 }
 

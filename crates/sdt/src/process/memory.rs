@@ -172,7 +172,7 @@ impl crate::sdt::MemoryReader for ProcessMemory {
 
 /// Most words [`ProcessMemory::read_words`] asks for in one system call (the
 /// kernel takes at most 1024 iovecs).
-pub const WORDS_PER_READ: usize = 256;
+pub(crate) const WORDS_PER_READ: usize = 256;
 
 #[cfg(test)]
 mod tests {

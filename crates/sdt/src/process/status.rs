@@ -13,27 +13,27 @@ pub struct ProcessStatus {
     pub name: String,
     /// Single-letter state (R, S, D, T, t, Z, X, I).
     pub state: char,
-    pub tgid: i32,
-    pub ppid: i32,
+    pub(crate) tgid: i32,
+    pub(crate) ppid: i32,
     /// The PID in each nested PID namespace, outermost (ours) first.
-    pub ns_pids: Vec<i32>,
+    pub(crate) ns_pids: Vec<i32>,
     /// Real user id.
     pub uid: u32,
     /// Real, effective, saved and filesystem user ids.
-    pub uids: [u32; 4],
+    pub(crate) uids: [u32; 4],
     /// Real, effective, saved and filesystem group ids.
-    pub gids: [u32; 4],
+    pub(crate) gids: [u32; 4],
     pub threads: u32,
     /// The process tracing this one (0: none).
-    pub tracer_pid: i32,
+    pub(crate) tracer_pid: i32,
     /// Effective capabilities (`CapEff`).
-    pub cap_eff: u64,
+    pub(crate) cap_eff: u64,
     /// Seccomp mode: 0 none, 1 strict, 2 filter; `None` when the kernel does not say.
-    pub seccomp: Option<u32>,
+    pub(crate) seccomp: Option<u32>,
     /// Kernel threads have no user address space.
     pub kernel_thread: bool,
     /// The (leader) task is exiting: its memory is going or gone.
-    pub exiting: bool,
+    pub(crate) exiting: bool,
 }
 
 impl ProcessStatus {
@@ -54,7 +54,7 @@ impl ProcessStatus {
     }
 
     /// pyprobe's own status.
-    pub fn own() -> Result<ProcessStatus> {
+    pub(crate) fn own() -> Result<ProcessStatus> {
         Self::read(std::process::id() as i32)
     }
 
@@ -104,12 +104,12 @@ impl ProcessStatus {
     }
 
     /// Whether the effective capabilities hold CAP_SYS_PTRACE.
-    pub fn has_cap_sys_ptrace(&self) -> bool {
+    pub(crate) fn has_cap_sys_ptrace(&self) -> bool {
         self.cap_eff & (1 << CAP_SYS_PTRACE) != 0
     }
 
     /// Whether a seccomp filter is installed on the process (`Seccomp: 2`).
-    pub fn seccomp_filtered(&self) -> bool {
+    pub(crate) fn seccomp_filtered(&self) -> bool {
         self.seccomp == Some(2)
     }
 }
@@ -130,7 +130,7 @@ fn stat_flags(pid: i32) -> Option<u64> {
 /// a lock), `D` waiting in the kernel (I/O), `T` stopped, `t` in a ptrace-stop, `Z`
 /// zombie, ...; `None` when it cannot be read (the thread is gone). One bounded read:
 /// cheap enough for every thread at every sample.
-pub fn task_state(pid: i32, tid: i32) -> Option<char> {
+pub(crate) fn task_state(pid: i32, tid: i32) -> Option<char> {
     use std::io::Read;
     let mut file = std::fs::File::open(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
     // `tid (name) S ...`: the name is at most 64 bytes, so the state is well inside.
@@ -151,7 +151,7 @@ pub fn task_state(pid: i32, tid: i32) -> Option<char> {
 /// looks made often (every few hits, every few milliseconds), where opening,
 /// reading and closing would cost three system calls and a path lookup.
 #[derive(Debug, Default)]
-pub struct KeptTaskFile {
+pub(crate) struct KeptTaskFile {
     /// The file open now, and the thread (`pid`, `tid`) it belongs to.
     open: Option<((i32, i32), std::fs::File)>,
     buf: Vec<u8>,
@@ -194,7 +194,7 @@ fn parse_stat_state(stat: &[u8]) -> Option<char> {
 }
 
 /// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks.
-pub fn start_time(pid: i32) -> Option<u64> {
+pub(crate) fn start_time(pid: i32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: count from the last ')'.
     stat.rsplit_once(')')?
@@ -206,7 +206,7 @@ pub fn start_time(pid: i32) -> Option<u64> {
 }
 
 /// Whether thread `tid` of `pid` is gone or a zombie.
-pub fn task_gone_or_zombie(pid: i32, tid: i32) -> bool {
+pub(crate) fn task_gone_or_zombie(pid: i32, tid: i32) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
     let state = stat
         .rsplit_once(')')
@@ -222,7 +222,7 @@ pub fn process_is_ending(pid: i32) -> bool {
 
 /// Whether thread `tid` is ending (or already gone): ptrace refuses to seize such a
 /// thread with EPERM, and there is nothing left of it to trace.
-pub fn thread_is_ending(tid: i32) -> bool {
+pub(crate) fn thread_is_ending(tid: i32) -> bool {
     match stat_flags(tid) {
         Some(flags) => flags & PF_EXITING != 0,
         None => true,
@@ -240,27 +240,27 @@ fn status_field(tid: i32, name: &str) -> Option<String> {
 }
 
 /// The process (thread group) thread `tid` belongs to.
-pub fn tgid_of(tid: i32) -> Option<i32> {
+pub(crate) fn tgid_of(tid: i32) -> Option<i32> {
     status_field(tid, "Tgid")?.parse().ok()
 }
 
 /// The process tracing `tid`, 0 for none.
-pub fn tracer_of(tid: i32) -> Option<i32> {
+pub(crate) fn tracer_of(tid: i32) -> Option<i32> {
     status_field(tid, "TracerPid")?.parse().ok()
 }
 
 /// A signal set of thread `tid`: `SigPnd` (pending for it) or `SigBlk` (blocked).
-pub fn signal_set(tid: i32, name: &str) -> Option<u64> {
+pub(crate) fn signal_set(tid: i32, name: &str) -> Option<u64> {
     u64::from_str_radix(&status_field(tid, name)?, 16).ok()
 }
 
 /// Whether SIGTRAP is pending for thread `tid`.
-pub fn sigtrap_pending(tid: i32) -> bool {
+pub(crate) fn sigtrap_pending(tid: i32) -> bool {
     signal_set(tid, "SigPnd").is_some_and(|mask| mask & (1 << (libc::SIGTRAP - 1)) != 0)
 }
 
 /// Whether thread `tid` is traced by this process.
-pub fn traced_by_us(tid: i32) -> bool {
+pub(crate) fn traced_by_us(tid: i32) -> bool {
     tracer_of(tid) == Some(std::process::id() as i32)
 }
 
@@ -275,7 +275,7 @@ pub fn ns_pid_note(pid: i32) -> String {
 }
 
 /// Thread ids of a process, from `/proc/PID/task`.
-pub fn thread_ids(pid: i32) -> Result<Vec<i32>> {
+pub(crate) fn thread_ids(pid: i32) -> Result<Vec<i32>> {
     let dir = format!("/proc/{pid}/task");
     let mut tids: Vec<i32> = std::fs::read_dir(&dir)
         .with_context(|| format!("cannot list {dir}"))?
@@ -288,7 +288,7 @@ pub fn thread_ids(pid: i32) -> Result<Vec<i32>> {
 /// The processes descending from `pid` now (children, their children, ...),
 /// parents before their children, at most `limit`: from `/proc/PID/task/TID/children`,
 /// or where the kernel lacks it, from every process's parent in `/proc`.
-pub fn descendants(pid: i32, limit: usize) -> Vec<(i32, i32)> {
+pub(crate) fn descendants(pid: i32, limit: usize) -> Vec<(i32, i32)> {
     let mut out: Vec<(i32, i32)> = Vec::new();
     let mut scan: Option<Vec<(i32, i32)>> = None;
     let mut next = 0;

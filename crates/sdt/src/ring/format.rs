@@ -99,59 +99,59 @@
 use thiserror::Error;
 
 /// `"PYPRRING"` read as a little-endian u64.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"PYPRRING");
+pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"PYPRRING");
 /// Bumped on any incompatible change of this layout.
-pub const VERSION: u32 = 4;
+pub(crate) const VERSION: u32 = 4;
 /// The header occupies one page.
 pub const HEADER_SIZE: usize = 4096;
 /// Every slot has this size.
 pub const SLOT_SIZE: usize = 256;
 /// Largest capacity accepted: keeps the index mask an imm32 in the
 /// trampoline and the ring at most 4 GiB.
-pub const MAX_CAPACITY: u64 = 1 << 24;
+pub(crate) const MAX_CAPACITY: u64 = 1 << 24;
 /// Arguments carried per record (SDT probes have at most 12; CPython's at most 3).
-pub const MAX_ARGS: usize = 6;
+pub(crate) const MAX_ARGS: usize = 6;
 /// How many times in a row a producer tries to reserve a slot before it waits
 /// as on a full ring (or, with no live consumer, counts the event lost).
-pub const RESERVE_ATTEMPTS: u32 = 8;
+pub(crate) const RESERVE_ATTEMPTS: u32 = 8;
 
-pub const H_MAGIC: usize = 0;
-pub const H_VERSION: usize = 8;
-pub const H_SLOT_SIZE: usize = 12;
+pub(crate) const H_MAGIC: usize = 0;
+pub(crate) const H_VERSION: usize = 8;
+pub(crate) const H_SLOT_SIZE: usize = 12;
 pub const H_CAPACITY: usize = 16;
-pub const H_HEADER_SIZE: usize = 24;
+pub(crate) const H_HEADER_SIZE: usize = 24;
 pub const H_HEAD: usize = 64;
 /// In `head`'s line: read with it by every producer, written about never.
-pub const H_SOLO: usize = 72;
-pub const H_TAIL: usize = 128;
-pub const H_LOST: usize = 192;
+pub(crate) const H_SOLO: usize = 72;
+pub(crate) const H_TAIL: usize = 128;
+pub(crate) const H_LOST: usize = 192;
 /// Shares `lost`'s line: both are written only when the ring is full.
-pub const H_WAITED: usize = 200;
-pub const H_THIN: usize = 256;
-pub const H_COUNTED: usize = 512;
+pub(crate) const H_WAITED: usize = 200;
+pub(crate) const H_THIN: usize = 256;
+pub(crate) const H_COUNTED: usize = 512;
 /// The consumer's line: whether one reads the ring, and how a producer waits for it.
 pub const H_ALIVE: usize = 1024;
 pub const H_HEARTBEAT: usize = 1032;
 pub const H_STALE: usize = 1040;
-pub const H_SLEEPERS: usize = 1048;
-pub const H_NAP: usize = 1056;
-pub const H_PATIENCE: usize = 1072;
+pub(crate) const H_SLEEPERS: usize = 1048;
+pub(crate) const H_NAP: usize = 1056;
+pub(crate) const H_PATIENCE: usize = 1072;
 /// `tail` says a record was copied out; this says pyprobe also read what it
 /// points at (a code object's names): a target about to free those waits on it.
 pub const H_FINISHED: usize = 1080;
 /// How long a sleeping producer's `futex` wait lasts at most before it looks
 /// at the ring (and the consumer's liveness) again.
-pub const NAP_NS: i64 = 1_000_000;
+pub(crate) const NAP_NS: i64 = 1_000_000;
 /// TSC cycles a producer spins (`pause`) for room before it sleeps: a few
 /// microseconds, less than a futex round trip, enough for a consumer on another
 /// CPU that is draining.
-pub const SPIN_CYCLES: i32 = 1 << 14;
+pub(crate) const SPIN_CYCLES: i32 = 1 << 14;
 /// Probe ids that can be thinned (one `thin` byte and one `counted` word each).
-pub const THIN_PROBES: u32 = 64;
+pub(crate) const THIN_PROBES: u32 = 64;
 /// `thin` values.
-pub const THIN_OFF: u8 = 0;
-pub const THIN_STACKLESS: u8 = 1;
-pub const THIN_COUNT: u8 = 2;
+pub(crate) const THIN_OFF: u8 = 0;
+pub(crate) const THIN_STACKLESS: u8 = 1;
+pub(crate) const THIN_COUNT: u8 = 2;
 
 pub const S_SEQ: usize = 0;
 pub const S_TSC: usize = 8;
@@ -162,7 +162,7 @@ pub const S_ARGS: usize = 32;
 pub const S_NARGS: usize = 80;
 pub const S_STRING_MASK: usize = 81;
 pub const S_TRUNCATED: usize = 82;
-pub const S_NULL: usize = 83;
+pub(crate) const S_NULL: usize = 83;
 pub const S_STRINGS: usize = 88;
 /// Bytes shared by all string arguments of a record.
 pub const STRINGS_LEN: usize = SLOT_SIZE - S_STRINGS;
@@ -201,7 +201,7 @@ pub enum RingError {
 }
 
 /// Whether `capacity` is acceptable: a power of two in 1 ..= [`MAX_CAPACITY`].
-pub fn check_capacity(capacity: u64) -> Result<(), RingError> {
+pub(crate) fn check_capacity(capacity: u64) -> Result<(), RingError> {
     if capacity.is_power_of_two() && capacity <= MAX_CAPACITY {
         Ok(())
     } else {

@@ -67,13 +67,13 @@
 //!   pointers directly: a bad pointer faults the target, where the int3
 //!   engine would only fail a read.
 
-pub mod branches;
+pub(crate) mod branches;
 pub mod codegen;
-pub mod consumer;
+pub(crate) mod consumer;
 pub mod format;
 pub mod lost;
-pub mod region;
-pub mod site;
+pub(crate) mod region;
+pub(crate) mod site;
 pub mod stack;
 
 #[cfg(test)]

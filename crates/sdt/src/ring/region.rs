@@ -44,27 +44,27 @@ use thiserror::Error;
 use super::site::{MAX_PLAN_LEN, PATCH_LEN};
 
 /// `"PYPRTRMP"`: a region of pyprobe's trampolines.
-pub const MAGIC: [u8; 8] = *b"PYPRTRMP";
+pub(crate) const MAGIC: [u8; 8] = *b"PYPRTRMP";
 /// Bumped on any incompatible change of this layout.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 /// Bytes before the first entry.
-pub const PREFIX_LEN: usize = 64;
+pub(crate) const PREFIX_LEN: usize = 64;
 /// Bytes per site entry.
-pub const ENTRY_LEN: usize = 48;
+pub(crate) const ENTRY_LEN: usize = 48;
 /// Most sites one region lists (a header of at most 48 KiB).
-pub const MAX_SITES: usize = 1024;
+pub(crate) const MAX_SITES: usize = 1024;
 /// Largest region accepted: the header and [`MAX_SITES`] trampolines of 1 KiB.
-pub const MAX_REGION_LEN: u64 = 2 << 20;
+pub(crate) const MAX_REGION_LEN: u64 = 2 << 20;
 const ORIGINAL_LEN: usize = 24;
 const _: () = assert!(MAX_PLAN_LEN <= ORIGINAL_LEN && 24 + ORIGINAL_LEN == ENTRY_LEN);
 
 /// One site a region serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionSite {
-    pub site: u64,
-    pub tramp: u64,
+    pub(crate) site: u64,
+    pub(crate) tramp: u64,
     /// The bytes the jump replaced, from the site's `nop` on.
-    pub original: Vec<u8>,
+    pub(crate) original: Vec<u8>,
 }
 
 impl RegionSite {
@@ -77,10 +77,10 @@ impl RegionSite {
 /// What a trampoline region's header says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionHeader {
-    pub region_len: u64,
-    pub ring_addr: u64,
-    pub ring_len: u64,
-    pub tag_addr: u64,
+    pub(crate) region_len: u64,
+    pub(crate) ring_addr: u64,
+    pub(crate) ring_len: u64,
+    pub(crate) tag_addr: u64,
     pub sites: Vec<RegionSite>,
 }
 
@@ -108,13 +108,13 @@ pub enum RegionError {
 }
 
 /// Header bytes for `count` sites.
-pub fn encoded_len(count: usize) -> usize {
+pub(crate) fn encoded_len(count: usize) -> usize {
     PREFIX_LEN + count * ENTRY_LEN
 }
 
 /// `jmp rel32` from `site` to `tramp`, padded with `int3` to `len` bytes
 /// (as [`super::Trampoline::patch`]); `None` out of rel32 reach or for a bad `len`.
-pub fn jump_patch(site: u64, tramp: u64, len: usize) -> Option<Vec<u8>> {
+pub(crate) fn jump_patch(site: u64, tramp: u64, len: usize) -> Option<Vec<u8>> {
     if !(PATCH_LEN..=MAX_PLAN_LEN).contains(&len) {
         return None;
     }
@@ -127,7 +127,7 @@ pub fn jump_patch(site: u64, tramp: u64, len: usize) -> Option<Vec<u8>> {
 }
 
 /// Where the `jmp rel32` in `bytes` (at `site`) leads, if that is what they hold.
-pub fn jump_target(site: u64, bytes: &[u8]) -> Option<u64> {
+pub(crate) fn jump_target(site: u64, bytes: &[u8]) -> Option<u64> {
     match bytes {
         [0xe9, a, b, c, d, ..] => {
             let rel = i32::from_le_bytes([*a, *b, *c, *d]) as i64;
@@ -140,7 +140,7 @@ pub fn jump_target(site: u64, bytes: &[u8]) -> Option<u64> {
 /// Whether `original` (at `site`) has the shape of a site plan's bytes: the
 /// site's `nop`, then whole instructions, the last one the first to reach
 /// [`PATCH_LEN`] bytes. Anything else was not written by pyprobe.
-pub fn check_original(site: u64, original: &[u8]) -> Result<(), String> {
+pub(crate) fn check_original(site: u64, original: &[u8]) -> Result<(), String> {
     let len = original.len();
     if !(PATCH_LEN..=MAX_PLAN_LEN).contains(&len) {
         return Err(format!(
@@ -187,7 +187,7 @@ impl RegionHeader {
 
     /// The header's bytes. Fails on what [`RegionHeader::parse`] would refuse
     /// but the region's address (which `parse` checks the trampolines against).
-    pub fn encode(&self) -> Result<Vec<u8>, RegionError> {
+    pub(crate) fn encode(&self) -> Result<Vec<u8>, RegionError> {
         let count = self.sites.len();
         if count > MAX_SITES {
             return Err(RegionError::TooManySites(count));
@@ -222,7 +222,7 @@ impl RegionHeader {
     /// The header length announced by the first [`PREFIX_LEN`] bytes, after
     /// checking the marker, version and bounds: how many bytes to read for
     /// [`RegionHeader::parse`].
-    pub fn announced_len(prefix: &[u8]) -> Result<usize, RegionError> {
+    pub(crate) fn announced_len(prefix: &[u8]) -> Result<usize, RegionError> {
         if prefix.len() < PREFIX_LEN {
             return Err(RegionError::Short(prefix.len()));
         }

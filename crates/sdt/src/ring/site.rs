@@ -14,10 +14,10 @@ use thiserror::Error;
 use super::branches::{direct_target, BranchTargets};
 
 /// Bytes the site patch (`jmp rel32`) needs.
-pub const PATCH_LEN: usize = 5;
+pub(crate) const PATCH_LEN: usize = 5;
 /// Most bytes a plan replaces: the `nop`, fewer than [`PATCH_LEN`] - 1 bytes
 /// of whole instructions, and one more instruction (at most 15 bytes).
-pub const MAX_PLAN_LEN: usize = PATCH_LEN - 1 + 15;
+pub(crate) const MAX_PLAN_LEN: usize = PATCH_LEN - 1 + 15;
 
 /// Below this, addresses are never mapped (`vm.mmap_min_addr`); a displaced
 /// operand pointing there is refused because the assembler uses small
@@ -52,7 +52,7 @@ pub struct SitePlan {
 
 impl SitePlan {
     /// Address of the `nop`.
-    pub fn site(&self) -> u64 {
+    pub(crate) fn site(&self) -> u64 {
         self.site
     }
 
@@ -73,12 +73,12 @@ impl SitePlan {
     }
 
     /// The original bytes `[site, site + len)`: write them back to restore.
-    pub fn original(&self) -> &[u8] {
+    pub(crate) fn original(&self) -> &[u8] {
         &self.original
     }
 
     /// The displaced instructions after the `nop`, with their original addresses.
-    pub fn displaced(&self) -> &[Instruction] {
+    pub(crate) fn displaced(&self) -> &[Instruction] {
         &self.displaced
     }
 

@@ -59,44 +59,44 @@ use super::codegen::CodegenError;
 use super::format::{HEADER_SIZE, SLOT_SIZE};
 
 /// Byte of the first slot holding the number of continuation slots.
-pub const S_STACK_SLOTS: usize = 84;
+pub(crate) const S_STACK_SLOTS: usize = 84;
 /// Byte of the first slot holding the stack flags.
-pub const S_STACK_FLAGS: usize = 85;
+pub(crate) const S_STACK_FLAGS: usize = 85;
 /// u16 of the first slot holding the number of frames counted.
-pub const S_STACK_DEPTH: usize = 86;
+pub(crate) const S_STACK_DEPTH: usize = 86;
 /// The trampoline ran a stack capture (even if it found nothing).
-pub const STACK_CAPTURED: u8 = 1;
+pub(crate) const STACK_CAPTURED: u8 = 1;
 /// The thread's thread state was found.
-pub const STACK_FOUND: u8 = 2;
+pub(crate) const STACK_FOUND: u8 = 2;
 /// The walk hit its bound with frames left (a cycle or a very deep stack).
-pub const STACK_TRUNCATED: u8 = 4;
+pub(crate) const STACK_TRUNCATED: u8 = 4;
 /// The walk stopped at a link that was not a readable frame (see the module's
 /// documentation); [`STACK_TRUNCATED`] is set with it.
-pub const STACK_UNREADABLE: u8 = 8;
+pub(crate) const STACK_UNREADABLE: u8 = 8;
 /// A continuation slot's `seq` is its index + 1 with this bit set: never taken for
 /// a record of its own (e.g. after its first slot was skipped as stuck).
-pub const CONT_SEQ_BIT: u64 = 1 << 63;
+pub(crate) const CONT_SEQ_BIT: u64 = 1 << 63;
 
 /// The `seq` of the continuation slot at `index` once written.
-pub const fn continuation_seq(index: u64) -> u64 {
+pub(crate) const fn continuation_seq(index: u64) -> u64 {
     index.wrapping_add(1) | CONT_SEQ_BIT
 }
 
 /// Continuation slot: the index of the record's first slot.
-pub const C_OWNER: usize = 8;
+pub(crate) const C_OWNER: usize = 8;
 /// Continuation slot: where the pairs start.
-pub const C_PAIRS: usize = 16;
+pub(crate) const C_PAIRS: usize = 16;
 /// (code, position) pairs per continuation slot.
-pub const PAIRS_PER_SLOT: usize = (SLOT_SIZE - C_PAIRS) / 16;
+pub(crate) const PAIRS_PER_SLOT: usize = (SLOT_SIZE - C_PAIRS) / 16;
 /// Most continuation slots per record.
 pub const MAX_STACK_SLOTS: u8 = 4;
 /// Most frames a record can carry.
 pub const MAX_STACK_FRAMES: usize = MAX_STACK_SLOTS as usize * PAIRS_PER_SLOT;
 /// Frames followed (shims included) before the walk gives up.
-pub const MAX_WALK: u32 = 1024;
+pub(crate) const MAX_WALK: u32 = 1024;
 
 /// Frames carried by a record with `slots` continuation slots.
-pub const fn frames_for(slots: u8) -> usize {
+pub(crate) const fn frames_for(slots: u8) -> usize {
     slots as usize * PAIRS_PER_SLOT
 }
 
@@ -218,13 +218,13 @@ const USER_TOP_SHIFT: u32 = 47;
 const PAGE_MASK: i32 = -4096;
 
 /// `rt_sigprocmask(how = -1, page, NULL, 8)`: EINVAL (readable) or EFAULT.
-pub const PROBE_HOW: i32 = -1;
+pub(crate) const PROBE_HOW: i32 = -1;
 
 /// Whether this kernel answers the page probe as the walk expects: `EINVAL` for a
 /// readable page, `EFAULT` for an unmapped or inaccessible one. Asked of pyprobe's
 /// own process (the target runs on the same kernel); without it, no capture is
 /// built.
-pub fn page_probe_works() -> bool {
+pub(crate) fn page_probe_works() -> bool {
     static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *WORKS.get_or_init(|| {
         let probe = |addr: *const libc::c_void| {

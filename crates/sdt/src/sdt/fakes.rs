@@ -7,11 +7,11 @@ use super::register::RegFamily;
 
 /// An array-backed register file.
 #[derive(Clone, Debug, Default)]
-pub struct FakeRegs([u64; 17]);
+pub(crate) struct FakeRegs([u64; 17]);
 
 impl FakeRegs {
     /// Distinct, recognisable values in every register.
-    pub fn sample() -> FakeRegs {
+    pub(crate) fn sample() -> FakeRegs {
         let mut regs = FakeRegs::default();
         regs.set(RegFamily::Rax, 0x1122_3344_5566_7788);
         regs.set(RegFamily::Rbx, 0x2122_2324_2526_6627);
@@ -32,7 +32,7 @@ impl FakeRegs {
     }
 
     /// All zero but `family`.
-    pub fn with(family: RegFamily, value: u64) -> FakeRegs {
+    pub(crate) fn with(family: RegFamily, value: u64) -> FakeRegs {
         let mut regs = FakeRegs::default();
         regs.set(family, value);
         regs
@@ -53,7 +53,7 @@ impl RegisterFile for FakeRegs {
 
 /// One mapped region; everything else is unmapped.
 #[derive(Clone, Debug)]
-pub struct FakeMemory {
+pub(crate) struct FakeMemory {
     start: u64,
     bytes: Vec<u8>,
 }
@@ -67,7 +67,7 @@ impl FakeMemory {
     }
 
     /// Bytes 0x10..=0x4f at 0x7000..0x7040.
-    pub fn sample() -> FakeMemory {
+    pub(crate) fn sample() -> FakeMemory {
         FakeMemory::at(0x7000, &(0x10u8..=0x4f).collect::<Vec<_>>())
     }
 }

@@ -34,7 +34,7 @@ pub enum RegFamily {
 
 impl RegFamily {
     /// Every family, in declaration order (`ALL[f.index()] == f`).
-    pub const ALL: [RegFamily; 17] = [
+    pub(crate) const ALL: [RegFamily; 17] = [
         RegFamily::Rax,
         RegFamily::Rbx,
         RegFamily::Rcx,
@@ -150,7 +150,7 @@ pub struct Register {
 
 impl Register {
     /// The whole 64-bit register (`%rax`, `%r8`, `%rip`).
-    pub const fn full(family: RegFamily) -> Register {
+    pub(crate) const fn full(family: RegFamily) -> Register {
         Register {
             family,
             width: RegWidth::Qword,
@@ -175,12 +175,12 @@ impl Register {
 
     /// Looks up an AT&T register name without the `%` (`"eax"`, `"r8b"`),
     /// ignoring ASCII case.
-    pub fn from_name(name: &str) -> Option<Register> {
+    pub(crate) fn from_name(name: &str) -> Option<Register> {
         Register::all().find(|r| r.name().eq_ignore_ascii_case(name))
     }
 
     /// Every nameable register, each once.
-    pub fn all() -> impl Iterator<Item = Register> {
+    pub(crate) fn all() -> impl Iterator<Item = Register> {
         const PARTS: [(RegWidth, bool); 5] = [
             (RegWidth::Qword, false),
             (RegWidth::Dword, false),
@@ -196,17 +196,17 @@ impl Register {
     }
 
     /// The 64-bit register this one is part of.
-    pub const fn family(self) -> RegFamily {
+    pub(crate) const fn family(self) -> RegFamily {
         self.family
     }
 
     /// How many bits it covers.
-    pub const fn width(self) -> RegWidth {
+    pub(crate) const fn width(self) -> RegWidth {
         self.width
     }
 
     /// True for `%ah`, `%bh`, `%ch`, `%dh` (bits 8..15 of the family).
-    pub const fn is_high_byte(self) -> bool {
+    pub(crate) const fn is_high_byte(self) -> bool {
         self.high_byte
     }
 
@@ -226,7 +226,7 @@ impl Register {
 
     /// This register's value, zero-extended, given the full 64-bit value of
     /// its family: `%eax` of `0x1122334455667788` is `0x55667788`, `%ah` is `0x77`.
-    pub const fn extract(self, family_value: u64) -> u64 {
+    pub(crate) const fn extract(self, family_value: u64) -> u64 {
         if self.high_byte {
             (family_value >> 8) & 0xff
         } else {
@@ -248,14 +248,14 @@ pub struct RegSet(u32);
 
 impl RegSet {
     /// The empty set.
-    pub const EMPTY: RegSet = RegSet(0);
+    pub(crate) const EMPTY: RegSet = RegSet(0);
 
     const fn bit(family: RegFamily) -> u32 {
         1 << family.index()
     }
 
     /// This set with `family` added.
-    pub const fn with(self, family: RegFamily) -> RegSet {
+    pub(crate) const fn with(self, family: RegFamily) -> RegSet {
         RegSet(self.0 | RegSet::bit(family))
     }
 
@@ -285,7 +285,7 @@ impl RegSet {
     }
 
     /// The families in the set, in [`RegFamily::ALL`] order.
-    pub fn iter(self) -> impl Iterator<Item = RegFamily> {
+    pub(crate) fn iter(self) -> impl Iterator<Item = RegFamily> {
         RegFamily::ALL
             .into_iter()
             .filter(move |f| self.contains(*f))

@@ -58,10 +58,10 @@ pub struct Through {
 /// `scale` is 1, 2, 4 or 8, and 1 when there is no index.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MemOperand {
-    pub displacement: Displacement,
-    pub base: Option<Register>,
+    pub(crate) displacement: Displacement,
+    pub(crate) base: Option<Register>,
     pub index: Option<Register>,
-    pub scale: u8,
+    pub(crate) scale: u8,
 }
 
 /// The constant part of a memory reference.

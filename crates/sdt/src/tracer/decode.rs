@@ -96,7 +96,7 @@ impl HitBuffers {
     /// Fills the buffers from a ring record of `probe`: its argument values, and
     /// its string prefixes, completed from the target's memory when the record
     /// had to cut them.
-    pub fn fill_from_ring(
+    pub(crate) fn fill_from_ring(
         &mut self,
         probe: &Probe,
         record: &crate::ring::RingRecord<'_>,
@@ -179,7 +179,7 @@ impl HitBuffers {
     }
 
     /// What the strings are now, as a stamp (see the field).
-    pub fn stamp(&self) -> u64 {
+    pub(crate) fn stamp(&self) -> u64 {
         self.stamp
     }
 

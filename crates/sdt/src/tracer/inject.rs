@@ -66,7 +66,7 @@ const STACK_GAP: u64 = 128 + 512;
 /// The `syscall` instruction.
 const SYSCALL: [u8; 2] = [0x0f, 0x05];
 /// `syscall; jmp .`: what an injected call runs through at the entry point.
-pub const SPIN_LOOP: [u8; 4] = [0x0f, 0x05, 0xeb, 0xfe];
+pub(crate) const SPIN_LOOP: [u8; 4] = [0x0f, 0x05, 0xeb, 0xfe];
 /// `AT_ENTRY` in the auxiliary vector: the program's entry point.
 const AT_ENTRY: u64 = 9;
 
@@ -102,7 +102,7 @@ impl Injector {
     }
 
     /// Through a `syscall` instruction found before (by [`Injector::find`]).
-    pub fn with_insn(pid: i32, tid: i32, insn: u64) -> Injector {
+    pub(crate) fn with_insn(pid: i32, tid: i32, insn: u64) -> Injector {
         Injector {
             pid,
             tid,
@@ -134,7 +134,7 @@ impl Injector {
     }
 
     /// Where the `syscall` instruction is.
-    pub fn insn(&self) -> u64 {
+    pub(crate) fn insn(&self) -> u64 {
         self.insn
     }
 
@@ -204,7 +204,7 @@ impl Injector {
 
     /// An address below the stopped thread's stack pointer and its red zone, for a
     /// small structure the kernel reads or writes during a call.
-    pub fn scratch(&self) -> io::Result<u64> {
+    pub(crate) fn scratch(&self) -> io::Result<u64> {
         let regs = ptrace::getregs(Pid::from_raw(self.tid)).map_err(io::Error::from)?;
         Ok((regs.rsp - STACK_GAP) & !15)
     }
@@ -231,7 +231,7 @@ fn entry_point(pid: i32) -> Option<u64> {
 
 /// Finds `pattern` in the process's executable mappings (the vdso first: it is always
 /// there and always has `syscall`).
-pub fn find_code(pid: i32, mem: &ProcessMemory, pattern: &[u8]) -> Option<u64> {
+pub(crate) fn find_code(pid: i32, mem: &ProcessMemory, pattern: &[u8]) -> Option<u64> {
     let mut maps = read_maps(pid).ok()?;
     maps.retain(|m| m.executable && m.readable || m.path == "[vdso]");
     maps.sort_by_key(|m| m.path != "[vdso]");
@@ -264,7 +264,7 @@ struct Held {
 /// Runs `nr(args...)` in stopped thread `tid` using the `syscall` instruction at
 /// `syscall_insn`; returns the raw result (negative errno on failure). The thread is
 /// left at an interrupt stop with all its registers as they were.
-pub fn syscall(tid: i32, syscall_insn: u64, nr: i64, args: [u64; 6]) -> io::Result<i64> {
+pub(crate) fn syscall(tid: i32, syscall_insn: u64, nr: i64, args: [u64; 6]) -> io::Result<i64> {
     let pid = Pid::from_raw(tid);
     let saved = ptrace::getregs(pid).map_err(|e| ptrace_error(tid, "reading registers", e))?;
     syscall_from(tid, &saved, syscall_insn, nr, args)

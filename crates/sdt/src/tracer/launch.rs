@@ -10,7 +10,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{execv, fork, ForkResult, Pid};
 
 /// Finds `program` the way a shell would (a path with `/` as is, else along `PATH`).
-pub fn find_program(program: &str) -> Result<PathBuf> {
+pub(crate) fn find_program(program: &str) -> Result<PathBuf> {
     let is_exec = |p: &Path| {
         use std::os::unix::fs::PermissionsExt;
         p.metadata()
@@ -35,7 +35,7 @@ pub fn find_program(program: &str) -> Result<PathBuf> {
 
 /// Forks a child that stops itself (SIGSTOP) and, once continued, execs `path`.
 /// Returns when the child is in that stop.
-pub fn spawn_stopped(path: &CString, argv: &[CString]) -> Result<Pid> {
+pub(crate) fn spawn_stopped(path: &CString, argv: &[CString]) -> Result<Pid> {
     // SAFETY: the child only calls async-signal-safe functions (raise, execv, _exit)
     // on data prepared before the fork.
     match unsafe { fork() }? {

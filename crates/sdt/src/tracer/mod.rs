@@ -1,18 +1,17 @@
 //! The ptrace engine. It traces SDT probes of any program and knows nothing of Python.
 
-pub mod budget;
+pub(crate) mod budget;
 pub mod clock;
 pub mod decode;
 pub mod engine;
-pub mod errors;
 pub mod guardian;
 pub mod inject;
 pub mod launch;
 pub mod near_map;
 pub mod patch;
-pub mod regs;
+pub(crate) mod regs;
 pub mod ring_engine;
-pub mod safety_net;
+pub(crate) mod safety_net;
 pub mod signals;
 
 pub use engine::{

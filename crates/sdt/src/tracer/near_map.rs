@@ -13,7 +13,7 @@ use crate::tracer::inject::Injector;
 
 /// How close mapped memory must lie to the code it serves: rel32 reach, with room
 /// for the memory itself.
-pub const REACH: u64 = (1 << 31) - (64 << 20);
+pub(crate) const REACH: u64 = (1 << 31) - (64 << 20);
 /// Nothing is mapped below this address (the kernel refuses low pages anyway).
 const LOWEST: u64 = 1 << 20;
 /// Gaps tried at most (each try is an injected `mmap`).

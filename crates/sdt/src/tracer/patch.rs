@@ -18,12 +18,12 @@ fn tell(guard: &mut Option<&mut Guardian>, op: Op, pid: i32, addr: u64) -> io::R
     }
 }
 
-pub const NOP: u8 = 0x90;
-pub const INT3: u8 = 0xcc;
+pub(crate) const NOP: u8 = 0x90;
+pub(crate) const INT3: u8 = 0xcc;
 
 /// Most a semaphore may hold when pyprobe raises it: a count of tracers, never
 /// a pointer or other data a wrong address would find there.
-pub const MAX_SEMAPHORE: u16 = 1024;
+pub(crate) const MAX_SEMAPHORE: u16 = 1024;
 
 /// Why a semaphore holding `value` must not be raised, if so.
 pub fn check_semaphore(addr: u64, value: u16) -> Result<(), String> {
@@ -51,13 +51,13 @@ pub struct Patches {
     /// Everything left alone, with the reason: what the set's builder refused, and
     /// semaphores found holding more than a count at install time (their probes
     /// are not armed).
-    pub refusals: Vec<Refusal>,
+    pub(crate) refusals: Vec<Refusal>,
     /// Sites that held something else than a `nop` or a ring jump pyprobe can
     /// vouch for, with why they were left alone.
-    pub jump_refusals: Vec<(u64, String)>,
+    pub(crate) jump_refusals: Vec<(u64, String)>,
     /// Sites that held a jump left by a pyprobe that died, put back to their
     /// original code and armed.
-    pub taken_over: Vec<u64>,
+    pub(crate) taken_over: Vec<u64>,
 }
 
 impl Patches {
@@ -138,7 +138,7 @@ impl Patches {
 
     /// Puts every `nop` back and lowers every semaphore raised. Goes on after an error
     /// so as much as possible is undone; returns the first error.
-    pub fn remove(
+    pub(crate) fn remove(
         &mut self,
         mem: &mut ProcessMemory,
         mut guard: Option<&mut Guardian>,
@@ -174,7 +174,7 @@ impl Patches {
 
     /// Lowers the semaphores of the budgeted probes that we raised: CPython stops
     /// reaching their sites (the `int3`s stay, harmless). Returns how many.
-    pub fn pause_budgeted(
+    pub(crate) fn pause_budgeted(
         &mut self,
         mem: &mut ProcessMemory,
         guard: Option<&mut Guardian>,
@@ -185,7 +185,7 @@ impl Patches {
 
     /// Lowers the semaphores of the probes an overhead budget thins to counts,
     /// when even counting them costs more than the budget: their hits stop.
-    pub fn pause_counted(
+    pub(crate) fn pause_counted(
         &mut self,
         mem: &mut ProcessMemory,
         guard: Option<&mut Guardian>,
@@ -217,7 +217,7 @@ impl Patches {
 
     /// Raises again what [`Patches::pause_budgeted`] and [`Patches::pause_counted`]
     /// lowered.
-    pub fn resume_budgeted(
+    pub(crate) fn resume_budgeted(
         &mut self,
         mem: &mut ProcessMemory,
         mut guard: Option<&mut Guardian>,
@@ -259,7 +259,7 @@ impl Patches {
     /// Hands the site at `addr` over to another mechanism (the ring engine, which has
     /// written its own patch there): it is no longer an `int3` to catch or restore.
     /// Returns its (probe index, site index).
-    pub fn take_site(&mut self, addr: u64) -> Option<(usize, usize)> {
+    pub(crate) fn take_site(&mut self, addr: u64) -> Option<(usize, usize)> {
         let at = self.sites.remove(&addr)?;
         self.written.retain(|&a| a != addr);
         Some(at)
@@ -267,20 +267,20 @@ impl Patches {
 
     /// Takes back a site handed over with [`Patches::take_site`], now holding our
     /// `int3` again (in a forked child traced on its own).
-    pub fn give_site(&mut self, addr: u64, at: (usize, usize)) {
+    pub(crate) fn give_site(&mut self, addr: u64, at: (usize, usize)) {
         self.sites.insert(addr, at);
         self.written.push(addr);
     }
 
     /// Forgets what was written without touching memory (the image is gone: exec).
-    pub fn forget(&mut self) {
+    pub(crate) fn forget(&mut self) {
         self.written.clear();
         self.raised.clear();
         self.paused.clear();
         self.sites.clear();
     }
 
-    pub fn installed_sites(&self) -> usize {
+    pub(crate) fn installed_sites(&self) -> usize {
         self.written.len()
     }
 
@@ -290,14 +290,14 @@ impl Patches {
 
     /// Addresses of the sites holding `int3` and the semaphores raised (for a guardian
     /// or a forked child that must be cleaned).
-    pub fn undo_list(&self) -> (&[u64], &[u64]) {
+    pub(crate) fn undo_list(&self) -> (&[u64], &[u64]) {
         (&self.written, &self.raised)
     }
 }
 
 /// Adds `delta` to a 2-byte semaphore counter: read, add, write back. Never an absolute
 /// write: other tracers may hold the semaphore too.
-pub fn adjust_semaphore(mem: &mut ProcessMemory, addr: u64, delta: i32) -> io::Result<()> {
+pub(crate) fn adjust_semaphore(mem: &mut ProcessMemory, addr: u64, delta: i32) -> io::Result<()> {
     let value = mem.read_u16(addr)?;
     let new = if delta >= 0 {
         value.saturating_add(delta as u16)
@@ -308,7 +308,11 @@ pub fn adjust_semaphore(mem: &mut ProcessMemory, addr: u64, delta: i32) -> io::R
 }
 
 /// Cleans a forked child's copy of the parent's patches (same addresses, own memory).
-pub fn clean_copy(written: &[u64], raised: &[u64], mem: &mut ProcessMemory) -> io::Result<()> {
+pub(crate) fn clean_copy(
+    written: &[u64],
+    raised: &[u64],
+    mem: &mut ProcessMemory,
+) -> io::Result<()> {
     let mut first_error = None;
     for &addr in written {
         if let Err(e) = mem.write(addr, &[NOP]) {

@@ -23,11 +23,11 @@ const SIGTRAP: u64 = libc::SIGTRAP as u64;
 
 /// The net as installed in one process image.
 #[derive(Debug, Clone, Copy)]
-pub struct SafetyNet {
-    pub page: u64,
+pub(crate) struct SafetyNet {
+    pub(crate) page: u64,
     syscall_insn: u64,
     /// The program's own disposition the net stands in for.
-    pub original: KernelSigaction,
+    pub(crate) original: KernelSigaction,
 }
 
 /// The disposition SIGTRAP has now in the process.
@@ -118,7 +118,11 @@ pub fn install(
 /// Writes the page for `sites` (the same code; only the table changes). No thread
 /// runs the handler meanwhile: every one is stopped, or the program's own trap
 /// would be what brought it there, and that path reads no table.
-pub fn write_page(mem: &mut ProcessMemory, net: &SafetyNet, sites: &[u64]) -> io::Result<()> {
+pub(crate) fn write_page(
+    mem: &mut ProcessMemory,
+    net: &SafetyNet,
+    sites: &[u64],
+) -> io::Result<()> {
     let bytes =
         sigtrap_page::build_page(net.page, net.original, sites).map_err(io::Error::other)?;
     // /proc/PID/mem writes reach read-only private pages (as debuggers' breakpoints do).
@@ -127,7 +131,7 @@ pub fn write_page(mem: &mut ProcessMemory, net: &SafetyNet, sites: &[u64]) -> io
 
 /// Gives SIGTRAP back the program's disposition through stopped thread `tid` (at a
 /// clean stop), unless the program replaced the net meanwhile: its choice stays.
-pub fn uninstall(
+pub(crate) fn uninstall(
     tid: i32,
     mem: &mut ProcessMemory,
     net: &SafetyNet,
@@ -145,7 +149,7 @@ pub fn uninstall(
 /// Threads of `pid` that block SIGTRAP: a probe hit in such a thread makes the kernel
 /// unblock it and reset SIGTRAP to its default (a forced signal), which pyprobe
 /// cannot undo.
-pub fn threads_blocking_sigtrap(pid: i32) -> Vec<i32> {
+pub(crate) fn threads_blocking_sigtrap(pid: i32) -> Vec<i32> {
     let Ok(tids) = thread_ids(pid) else {
         return Vec::new();
     };

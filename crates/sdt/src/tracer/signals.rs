@@ -57,7 +57,7 @@ pub fn install() -> nix::Result<()> {
 
 /// Whether [`install`] ran in this process (a program using the engine as a
 /// library may not have).
-pub fn installed() -> bool {
+pub(crate) fn installed() -> bool {
     INSTALLED.load(Ordering::SeqCst)
 }
 
@@ -75,7 +75,7 @@ pub enum StopReason {
 const INTERNAL: i32 = -1;
 
 /// What asked pyprobe to stop, if anything.
-pub fn stop_requested() -> Option<StopReason> {
+pub(crate) fn stop_requested() -> Option<StopReason> {
     match STOP_SIGNAL.load(Ordering::SeqCst) {
         0 => {}
         INTERNAL => return Some(StopReason::Internal),
@@ -87,7 +87,7 @@ pub fn stop_requested() -> Option<StopReason> {
 
 /// The job-control stop (Ctrl-Z's SIGTSTP, SIGTTIN, SIGTTOU) received since the
 /// last call, if any: pyprobe must let go of the target, then stop.
-pub fn take_pause_request() -> Option<Signal> {
+pub(crate) fn take_pause_request() -> Option<Signal> {
     // A plain load first: asked once per turn of the event loop.
     if PAUSE_SIGNAL.load(Ordering::Relaxed) == 0 {
         return None;
@@ -111,7 +111,7 @@ pub fn set_deadline(seconds: f64) {
 }
 
 /// Nanoseconds left until the deadline, if one is set.
-pub fn until_deadline_ns() -> Option<u64> {
+pub(crate) fn until_deadline_ns() -> Option<u64> {
     match DEADLINE_NS.load(Ordering::SeqCst) {
         0 => None,
         d => Some(d.saturating_sub(monotonic_ns())),
@@ -123,7 +123,7 @@ pub fn until_deadline_ns() -> Option<u64> {
 /// taken at once, not after the nap (`std::thread::sleep` sleeps on through
 /// signals: at 10 kHz its 200 µs naps, longer on a VM, held the rate to 2 kHz). A
 /// signal that lands just before the nap waits for its end, `us` at most.
-pub fn nap(us: u64) {
+pub(crate) fn nap(us: u64) {
     let ts = libc::timespec {
         tv_sec: (us / 1_000_000) as libc::time_t,
         tv_nsec: ((us % 1_000_000) * 1000) as libc::c_long,
@@ -209,7 +209,7 @@ pub use super::clock::monotonic_ns;
 
 /// A cheap pseudo-random jitter in [-spread, +spread] ns (xorshift on the clock), so
 /// sampling does not fall into lock-step with periodic work in the target.
-pub fn jitter(interval_ns: u64, spread_percent: u64) -> u64 {
+pub(crate) fn jitter(interval_ns: u64, spread_percent: u64) -> u64 {
     static STATE: AtomicU64 = AtomicU64::new(0);
     let mut x = STATE.load(Ordering::Relaxed) ^ monotonic_ns() | 1;
     x ^= x << 13;

@@ -16,14 +16,14 @@ pub(super) const MAX_DISPLACED: usize = 24;
 /// The detour at the safe point, and the patch that jumps to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Detour {
-    pub addr: u64,
+    pub(crate) addr: u64,
     pub code: Vec<u8>,
     /// The function entry rewritten.
-    pub site: u64,
+    pub(crate) site: u64,
     /// Bytes at `site` now.
-    pub original: Vec<u8>,
+    pub(crate) original: Vec<u8>,
     /// `jmp rel32` to `addr`, padded with `int3` to the length of `original`.
-    pub patch: Vec<u8>,
+    pub(crate) patch: Vec<u8>,
 }
 
 impl Detour {
@@ -32,7 +32,7 @@ impl Detour {
     }
     /// A thread whose rip is strictly inside the bytes the patch replaces would
     /// resume in the middle of the jump.
-    pub fn splits(&self, rip: u64) -> bool {
+    pub(crate) fn splits(&self, rip: u64) -> bool {
         rip > self.site && rip < self.site + self.original.len() as u64
     }
 }

@@ -31,7 +31,7 @@ const MAX_FDES: usize = 2_000_000;
 
 /// The link-time ranges of `name`'s code: its symbol's, then the parts it jumps
 /// to. Empty when the object has no such symbol.
-pub fn function_parts(object: &ObjectFile, name: &str) -> Vec<Range<u64>> {
+pub(crate) fn function_parts(object: &ObjectFile, name: &str) -> Vec<Range<u64>> {
     let Some(hot) = object.symbols.range_of(name) else {
         return Vec::new();
     };

@@ -31,7 +31,7 @@ const CODE_BYTES: usize = 24;
 
 /// The location the accessor at `code` (linked at `ip`) reads, unchecked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Accessor {
+pub(crate) enum Accessor {
     /// `mov rax, fs:[offset]`.
     ThreadLocal(i64),
     /// `mov rax, [address]` (RIP-relative, resolved against `ip`).
@@ -39,7 +39,7 @@ pub enum Accessor {
 }
 
 /// Decodes `[endbr64] mov rax, <memory>; ret` at `ip`.
-pub fn decode_accessor(code: &[u8], ip: u64) -> Result<Accessor, String> {
+pub(crate) fn decode_accessor(code: &[u8], ip: u64) -> Result<Accessor, String> {
     let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
     let mut next = || -> Result<Instruction, String> {
         if !decoder.can_decode() {
@@ -82,7 +82,7 @@ pub fn decode_accessor(code: &[u8], ip: u64) -> Result<Accessor, String> {
 }
 
 /// Where `object`'s threads find their own thread state, checked against the object.
-pub fn current_thread_state(
+pub(crate) fn current_thread_state(
     object: &LoadedObject,
     mem: &impl MemoryReader,
 ) -> Result<CurrentThreadState, String> {

@@ -119,7 +119,7 @@ pub fn locations_line(table: &[u8], first_line: u32, addr: i64) -> Option<u32> {
 
 /// Whether some instruction of a 3.11+ location table is at `line`: the same walk
 /// as [`locations_line`], over the whole table. A corrupt table answers, never panics.
-pub fn locations_has_line(table: &[u8], first_line: u32, line: u32) -> bool {
+pub(crate) fn locations_has_line(table: &[u8], first_line: u32, line: u32) -> bool {
     let mut current = i64::from(first_line);
     let mut i = 0usize;
     while i < table.len() {

@@ -11,13 +11,13 @@ use pyprobe_sdt::process::read_maps;
 use pyprobe_sdt::sdt::MemoryReader;
 
 /// The object carrying the interpreter, and where `_PyRuntime` is in the process.
-pub struct Interpreter {
-    pub object: LoadedObject,
+pub(crate) struct Interpreter {
+    pub(crate) object: LoadedObject,
     /// Runtime address of `_PyRuntime`.
-    pub runtime: u64,
+    pub(crate) runtime: u64,
     pub version: PyVersion,
     /// How the version was found, for messages.
-    pub version_from: &'static str,
+    pub(crate) version_from: &'static str,
 }
 
 fn base_name(path: &str) -> &str {
@@ -101,7 +101,7 @@ fn version_in_path(path: &str) -> Option<PyVersion> {
 /// The interpreter's version: `Py_Version` (3.11+), else the `_Py_DebugOffsets`
 /// version (3.13+), else the object's file name, else a `python3.X` directory or file
 /// among the process's mappings (`lib/python3.9/lib-dynload/...`).
-pub fn detect_version<M: MemoryReader + ?Sized>(
+pub(crate) fn detect_version<M: MemoryReader + ?Sized>(
     object: &LoadedObject,
     mem: &M,
     runtime: u64,
@@ -131,7 +131,7 @@ pub fn detect_version<M: MemoryReader + ?Sized>(
 }
 
 /// Locates the interpreter of `pid` and its version.
-pub fn locate<M: MemoryReader + ?Sized>(pid: i32, mem: &M) -> Result<Interpreter> {
+pub(crate) fn locate<M: MemoryReader + ?Sized>(pid: i32, mem: &M) -> Result<Interpreter> {
     let object = find_interpreter_object(pid)?;
     let link = match (object.elf.py_runtime, object.elf.py_runtime_section) {
         (Some(sym), _) => sym,

@@ -60,8 +60,8 @@
 //! interpreter list, and for the GIL one (up to 3.11) or one plus two per interpreter.
 //! [`Walker`] is `Send`: it can live on a sampling thread.
 
-pub mod current;
-pub mod layout;
+pub(crate) mod current;
+pub(crate) mod layout;
 pub mod lines;
 mod locate;
 mod objects;
@@ -107,9 +107,9 @@ pub struct PyFrame {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameCodeLayout {
     /// Offset of the code word (`f_code`, `f_executable`) in a frame.
-    pub word: u64,
+    pub(crate) word: u64,
     /// Tag bits of that word (3.14+ keep a tagged reference there).
-    pub tag_mask: u64,
+    pub(crate) tag_mask: u64,
     /// Offset of `co_firstlineno` (an int) in a code object.
     pub first_line: u64,
 }
@@ -305,21 +305,26 @@ impl Walker {
 
     /// Offsets of `co_name`, `co_filename` and `co_firstlineno` (an int) in a code
     /// object of this interpreter.
-    pub fn code_field_offsets(&self) -> [u64; 3] {
+    pub(crate) fn code_field_offsets(&self) -> [u64; 3] {
         let l = &self.reader.layout;
         [l.code_name, l.code_filename, l.code_firstlineno]
     }
 
     /// Offset of `co_qualname` in a code object (3.11+; `None` before, where a
     /// frame's name is its `co_name`).
-    pub fn code_qualname_offset(&self) -> Option<u64> {
+    pub(crate) fn code_qualname_offset(&self) -> Option<u64> {
         self.reader.layout.code_qualname
     }
 
     /// A frame named from a code object's parts read when it ran (its `co_name` and
     /// `co_filename` str objects and first line), for a code object that may be gone
     /// since; `None` when they are not readable strs.
-    pub fn name_code_parts(&self, name: u64, filename: u64, first_line: u32) -> Option<PyFrame> {
+    pub(crate) fn name_code_parts(
+        &self,
+        name: u64,
+        filename: u64,
+        first_line: u32,
+    ) -> Option<PyFrame> {
         let name = self.read_str(name)?;
         let file = self.read_str(filename)?;
         Some(PyFrame {
@@ -332,7 +337,7 @@ impl Walker {
     }
 
     /// The text of the `str` object at `addr`; `None` when it is not a readable one.
-    pub fn read_str(&self, addr: u64) -> Option<Arc<str>> {
+    pub(crate) fn read_str(&self, addr: u64) -> Option<Arc<str>> {
         let u = &self.reader.layout.unicode;
         objects::read_str(&self.reader.mem, u, addr)
             .ok()
@@ -341,7 +346,7 @@ impl Walker {
 
     /// The address of every thread state of every interpreter (the hook engine raises
     /// their eval breakers).
-    pub fn thread_state_addrs(&mut self) -> Result<Vec<u64>> {
+    pub(crate) fn thread_state_addrs(&mut self) -> Result<Vec<u64>> {
         let tstates = self
             .reader
             .thread_states()
@@ -433,7 +438,7 @@ impl Walker {
 
 /// The offsets of `layout` as a ring stack capture, the thread state read from
 /// `current`.
-pub fn capture_of(
+pub(crate) fn capture_of(
     layout: &Layout,
     current: pyprobe_sdt::ring::CurrentThreadState,
     slots: u8,

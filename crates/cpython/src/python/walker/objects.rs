@@ -6,22 +6,22 @@ use super::layout::{Layout, UnicodeLayout};
 use pyprobe_sdt::sdt::MemoryReader;
 
 /// Longest string decoded, in code points (longer ones are cut).
-pub const MAX_CHARS: usize = pyprobe_sdt::process::memory::MAX_STRING;
+pub(crate) const MAX_CHARS: usize = pyprobe_sdt::process::memory::MAX_STRING;
 /// Longest line table read; a longer one gives no line numbers (first line is used).
-pub const MAX_TABLE: usize = 1 << 20;
+pub(crate) const MAX_TABLE: usize = 1 << 20;
 
 fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
-pub fn read_u64<M: MemoryReader + ?Sized>(mem: &M, addr: u64) -> io::Result<u64> {
+pub(crate) fn read_u64<M: MemoryReader + ?Sized>(mem: &M, addr: u64) -> io::Result<u64> {
     let mut b = [0u8; 8];
     mem.read_exact(addr, &mut b)?;
     Ok(u64::from_le_bytes(b))
 }
 
 /// A little-endian field of a buffer read from the target; out-of-range is an error.
-pub fn field_u64(buf: &[u8], at: u64) -> io::Result<u64> {
+pub(crate) fn field_u64(buf: &[u8], at: u64) -> io::Result<u64> {
     let at = usize::try_from(at).map_err(|_| invalid(format!("offset {at} too large")))?;
     buf.get(at..at.saturating_add(8))
         .and_then(|b| b.try_into().ok())
@@ -34,7 +34,7 @@ pub fn field_u64(buf: &[u8], at: u64) -> io::Result<u64> {
         })
 }
 
-pub fn field_i32(buf: &[u8], at: u64) -> io::Result<i32> {
+pub(crate) fn field_i32(buf: &[u8], at: u64) -> io::Result<i32> {
     let at = usize::try_from(at).map_err(|_| invalid(format!("offset {at} too large")))?;
     buf.get(at..at.saturating_add(4))
         .and_then(|b| b.try_into().ok())
@@ -47,7 +47,7 @@ pub fn field_i32(buf: &[u8], at: u64) -> io::Result<i32> {
         })
 }
 
-pub fn field_u8(buf: &[u8], at: u64) -> io::Result<u8> {
+pub(crate) fn field_u8(buf: &[u8], at: u64) -> io::Result<u8> {
     usize::try_from(at)
         .ok()
         .and_then(|at| buf.get(at).copied())
@@ -60,13 +60,13 @@ pub fn field_u8(buf: &[u8], at: u64) -> io::Result<u8> {
 }
 
 /// Whether `addr` can be an object pointer (non-null, aligned, in user space).
-pub fn plausible_pointer(addr: u64) -> bool {
+pub(crate) fn plausible_pointer(addr: u64) -> bool {
     addr != 0 && addr % 8 == 0 && addr < (1 << 47)
 }
 
 /// Decodes a `str` object: compact ASCII, compact latin-1/UCS-2/UCS-4, or a legacy
 /// (non-compact) string whose data lives elsewhere. At most [`MAX_CHARS`] code points.
-pub fn read_str<M: MemoryReader + ?Sized>(
+pub(crate) fn read_str<M: MemoryReader + ?Sized>(
     mem: &M,
     u: &UnicodeLayout,
     addr: u64,
@@ -119,7 +119,7 @@ pub fn read_str<M: MemoryReader + ?Sized>(
 }
 
 /// The contents of a `bytes` object, refused beyond [`MAX_TABLE`] bytes.
-pub fn read_bytes<M: MemoryReader + ?Sized>(
+pub(crate) fn read_bytes<M: MemoryReader + ?Sized>(
     mem: &M,
     layout: &Layout,
     addr: u64,

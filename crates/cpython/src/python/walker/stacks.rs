@@ -22,20 +22,20 @@ use pyprobe_sdt::process::memory::ProcessMemory;
 use pyprobe_sdt::sdt::MemoryReader;
 
 /// Deepest stack walked (frames, shims included); deeper stacks are cut and flagged.
-pub const MAX_DEPTH: usize = 1024;
+pub(crate) const MAX_DEPTH: usize = 1024;
 /// Most thread states read, over all interpreters.
-pub const MAX_THREADS: usize = 4096;
+pub(crate) const MAX_THREADS: usize = 4096;
 /// Most interpreters read.
-pub const MAX_INTERPRETERS: usize = 256;
+pub(crate) const MAX_INTERPRETERS: usize = 256;
 
 /// One thread state as read, before its native thread id is resolved.
 #[derive(Debug, Clone)]
-pub struct RawThread {
+pub(crate) struct RawThread {
     pub thread_state: u64,
     /// `thread_id`: the thread's `pthread_t` (`threading.get_ident()`).
     pub thread_id: u64,
     /// `native_thread_id` (3.11+), as the target's PID namespace numbers it.
-    pub native_id: Option<i32>,
+    pub(crate) native_id: Option<i32>,
     pub frames: Vec<PyFrame>,
     pub truncated: bool,
     /// See [`super::ThreadStack::eval_calls`].
@@ -44,13 +44,13 @@ pub struct RawThread {
     pub torn: bool,
 }
 
-pub struct StackReader<M> {
-    pub mem: M,
-    pub layout: Layout,
+pub(crate) struct StackReader<M> {
+    pub(crate) mem: M,
+    pub(crate) layout: Layout,
     /// Runtime address of `_PyRuntime`.
-    pub runtime: u64,
+    pub(crate) runtime: u64,
     /// Runtime address of `PyCode_Type`, to check that a frame's code is a code object.
-    pub code_type: Option<u64>,
+    pub(crate) code_type: Option<u64>,
     codes: HashMap<u64, CodeInfo>,
     /// How the frames of the last [`Self::frames`] walk divide between eval-loop
     /// calls, outermost first (3.12+: each call pushes a shim owned by the C stack).
@@ -72,7 +72,7 @@ enum FrameError {
 
 /// Target memory as the walker reads it: a [`MemoryReader`] that can also read two
 /// places in one go (a frame's code object and the next frame).
-pub trait Memory: MemoryReader {
+pub(crate) trait Memory: MemoryReader {
     /// Reads all of `abuf` at `a` and all of `bbuf` at `b`; says which succeeded. The
     /// default makes two reads; [`ProcessMemory`] makes one `process_vm_readv`.
     fn read_pair(&self, a: u64, abuf: &mut [u8], b: u64, bbuf: &mut [u8]) -> (bool, bool) {
@@ -163,7 +163,7 @@ impl<M: Memory> StackReader<M> {
 
     /// A thread state and its stack; with `running`, the thread may run while it
     /// is read, and [`RawThread::torn`] says whether it did so under the walk.
-    pub fn thread(&mut self, tstate: u64, buf: &[u8], running: bool) -> RawThread {
+    pub(crate) fn thread(&mut self, tstate: u64, buf: &[u8], running: bool) -> RawThread {
         let (mut raw, frame) = self.thread_header(tstate, buf);
         if let Some(frame) = frame {
             (raw.frames, raw.truncated) = self.frames(frame);
@@ -175,7 +175,7 @@ impl<M: Memory> StackReader<M> {
 
     /// How the frames of the last [`Self::frames`] walk divide between eval-loop
     /// calls (taken: asked once per walk).
-    pub fn last_eval_calls(&mut self) -> Option<Vec<usize>> {
+    pub(crate) fn last_eval_calls(&mut self) -> Option<Vec<usize>> {
         self.last_eval_calls.take()
     }
 

@@ -21,7 +21,7 @@ const PTHREAD_SEARCH: usize = 0x800;
 
 /// Tid translation for one process.
 #[derive(Debug, Default)]
-pub struct Tids {
+pub(crate) struct Tids {
     pid: i32,
     /// Whether the target lives in another PID namespace than pyprobe.
     namespaced: bool,
@@ -64,7 +64,7 @@ impl Tids {
 
     /// Starts a round of lookups (one `stacks()` call): the task list is read at most
     /// once per round.
-    pub fn begin_round(&mut self) {
+    pub(crate) fn begin_round(&mut self) {
         self.refreshed = false;
     }
 
@@ -78,7 +78,7 @@ impl Tids {
 
     /// The tid pyprobe sees for the target's `inner` tid. Without a PID namespace
     /// between them that is `inner` itself; else `None` when no live task has it.
-    pub fn outer(&mut self, inner: i32) -> Option<i32> {
+    pub(crate) fn outer(&mut self, inner: i32) -> Option<i32> {
         if !self.namespaced {
             return Some(inner);
         }
@@ -89,7 +89,7 @@ impl Tids {
     }
 
     /// Inner tids of `pthread_t`s, through the tid field of `struct pthread`.
-    pub fn inner_of_pthreads<M: MemoryReader + ?Sized>(
+    pub(crate) fn inner_of_pthreads<M: MemoryReader + ?Sized>(
         &mut self,
         mem: &M,
         pthreads: &[u64],
@@ -124,7 +124,7 @@ impl Tids {
 /// The offset of the tid in `struct pthread`: one where every thread that is a TCB
 /// (starts with a pointer to itself) gives a distinct live tid, and at least half of
 /// them do. glibc's known offset first, then every 4-byte slot.
-pub fn find_tid_offset<M: MemoryReader + ?Sized>(
+pub(crate) fn find_tid_offset<M: MemoryReader + ?Sized>(
     mem: &M,
     pthreads: &[u64],
     live: &HashSet<i32>,

@@ -66,7 +66,7 @@ impl Folder {
 
     /// An empty folder for the recording `header` describes, counting the samples
     /// `filter` keeps.
-    pub fn for_recording(header: &Header, filter: SampleFilter) -> Self {
+    pub(crate) fn for_recording(header: &Header, filter: SampleFilter) -> Self {
         Folder {
             sample_interval_ns: header.sample_interval_ns,
             tally: SampleTally::new(filter, header),
@@ -76,7 +76,7 @@ impl Folder {
 
     /// Keeps threads apart: every stack starts with a [`FoldFrame::Thread`]
     /// frame (under its process's, when there are several).
-    pub fn by_thread(mut self) -> Self {
+    pub(crate) fn by_thread(mut self) -> Self {
         self.by_thread = true;
         self
     }
@@ -84,7 +84,7 @@ impl Folder {
     /// Splits each sampled Python frame by the line it was running: a
     /// [`FoldFrame::PythonLine`] per (function, line). Traced calls carry no line
     /// per frame and stay functions; so do frames without a line (native ones).
-    pub fn by_line(mut self) -> Self {
+    pub(crate) fn by_line(mut self) -> Self {
         self.by_line = true;
         self
     }

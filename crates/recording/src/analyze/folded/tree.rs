@@ -81,10 +81,10 @@ impl Default for StackTree {
 
 impl StackTree {
     /// The empty stack.
-    pub const ROOT: NodeId = 0;
+    pub(crate) const ROOT: NodeId = 0;
 
     /// The stack `parent` with `frame` on top.
-    pub fn child(&mut self, parent: NodeId, frame: FoldFrame) -> NodeId {
+    pub(crate) fn child(&mut self, parent: NodeId, frame: FoldFrame) -> NodeId {
         let next = self.nodes.len() as NodeId;
         *self.index.entry((parent, frame)).or_insert_with(|| {
             self.nodes.push(Node {
@@ -138,7 +138,7 @@ pub struct Folded {
 
 impl Folded {
     /// The value of stack `node` for `measure` (its own, not its children's).
-    pub fn value(&self, node: NodeId, measure: Measure) -> u64 {
+    pub(crate) fn value(&self, node: NodeId, measure: Measure) -> u64 {
         let i = node as usize;
         match measure {
             // A negative balance (clock oddities) counts as nothing.
@@ -156,14 +156,14 @@ impl Folded {
     }
 
     /// Sum of every stack's value.
-    pub fn total(&self, measure: Measure) -> u64 {
+    pub(crate) fn total(&self, measure: Measure) -> u64 {
         (0..self.tree.len() as NodeId)
             .map(|n| self.value(n, measure))
             .fold(0u64, u64::saturating_add)
     }
 
     /// Each stack's value plus its descendants'.
-    pub fn subtree_totals(&self, measure: Measure) -> Vec<u64> {
+    pub(crate) fn subtree_totals(&self, measure: Measure) -> Vec<u64> {
         let n = self.tree.len();
         let mut totals: Vec<u64> = (0..n as NodeId).map(|i| self.value(i, measure)).collect();
         // A child is always created after its parent: one backward pass adds up.
@@ -183,7 +183,7 @@ impl Folded {
     /// `min_total`, under another stack, is not visited: its total counts as its
     /// parent's own value, so the totals of the stacks visited are unchanged.
     /// Outermost frames are always visited, so the grand total is too.
-    pub fn walk_named(
+    pub(crate) fn walk_named(
         &self,
         measure: Measure,
         min_total: u64,
@@ -275,13 +275,13 @@ pub struct FoldCounts {
     /// `sample` events.
     pub samples: u64,
     /// Finished GC collections.
-    pub gcs: u64,
+    pub(crate) gcs: u64,
     /// Sum of the `lost` events' counts.
     pub lost: u64,
     /// Earliest timestamp.
-    pub first_ts: Option<u64>,
+    pub(crate) first_ts: Option<u64>,
     /// Latest timestamp.
-    pub last_ts: Option<u64>,
+    pub(crate) last_ts: Option<u64>,
     /// The function events are returns only (CPython 3.11): no stacks from them.
-    pub returns_only: bool,
+    pub(crate) returns_only: bool,
 }

@@ -61,7 +61,7 @@ pub struct Plan {
 
 impl Plan {
     /// How the recording's function events pair.
-    pub fn pairing(&self) -> Pairing {
+    pub(crate) fn pairing(&self) -> Pairing {
         self.pairing
     }
 
@@ -171,7 +171,7 @@ impl Plan {
     }
 
     /// The function (file, name, first line) of an entry.
-    pub fn entry_code(&self, f: &FrameRef) -> FrameRef {
+    pub(crate) fn entry_code(&self, f: &FrameRef) -> FrameRef {
         FrameRef {
             line: self.entry_line(f.file, f.function, f.line),
             ..*f
@@ -180,7 +180,7 @@ impl Plan {
 
     /// The function of a return whose entry was not seen; `first_line` is the
     /// one the return named (0: none).
-    pub fn return_code(&self, f: &FrameRef, first_line: u32) -> FrameRef {
+    pub(crate) fn return_code(&self, f: &FrameRef, first_line: u32) -> FrameRef {
         FrameRef {
             line: self.return_line(f.file, f.function, f.line, first_line),
             ..*f
@@ -188,7 +188,7 @@ impl Plan {
     }
 
     /// The function of a frame the walker read.
-    pub fn walked_code(&self, w: &WalkedFrame) -> FrameRef {
+    pub(crate) fn walked_code(&self, w: &WalkedFrame) -> FrameRef {
         if w.code.line != 0 {
             return w.code;
         }
@@ -206,7 +206,7 @@ impl Plan {
     /// The time one sample of thread `tid` stands for: the time between its first
     /// and last sample over the samples taken in between (a busy tracer takes
     /// them late), else `nominal`.
-    pub fn sample_weight(&self, tid: u32, nominal: u64) -> u64 {
+    pub(crate) fn sample_weight(&self, tid: u32, nominal: u64) -> u64 {
         match self.sampled.get(&tid) {
             Some(&(first, last, n)) if n >= 3 && last > first => (last - first) / (n - 1),
             _ => nominal,

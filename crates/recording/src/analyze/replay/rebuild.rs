@@ -62,7 +62,7 @@ impl Replay {
     }
 
     /// The process of thread `tid` at the event being replayed.
-    pub fn process_of(&self, tid: u32) -> u32 {
+    pub(crate) fn process_of(&self, tid: u32) -> u32 {
         self.processes.pid_of(tid)
     }
 
@@ -73,12 +73,12 @@ impl Replay {
 
     /// Whether the recording holds more than its own process (known from the
     /// first pass, so from the first event on).
-    pub fn several_processes(&self) -> bool {
+    pub(crate) fn several_processes(&self) -> bool {
         self.plan.processes.several()
     }
 
     /// The plan it replays.
-    pub fn plan(&self) -> &Plan {
+    pub(crate) fn plan(&self) -> &Plan {
         &self.plan
     }
 
@@ -88,12 +88,12 @@ impl Replay {
     }
 
     /// The function of a frame the walker read.
-    pub fn walked_code(&self, w: &WalkedFrame) -> FrameRef {
+    pub(crate) fn walked_code(&self, w: &WalkedFrame) -> FrameRef {
         self.plan.walked_code(w)
     }
 
     /// Per-thread totals, by thread id.
-    pub fn thread_times(&self) -> Vec<(u32, ThreadTime)> {
+    pub(crate) fn thread_times(&self) -> Vec<(u32, ThreadTime)> {
         let mut v: Vec<(u32, ThreadTime)> =
             self.threads.iter().map(|(&t, r)| (t, r.time)).collect();
         v.sort_unstable_by_key(|(t, _)| *t);
@@ -101,7 +101,7 @@ impl Replay {
     }
 
     /// The functions on `tid`'s stack, outermost first.
-    pub fn stack(&self, tid: u32) -> impl Iterator<Item = FrameRef> + '_ {
+    pub(crate) fn stack(&self, tid: u32) -> impl Iterator<Item = FrameRef> + '_ {
         self.threads
             .get(&tid)
             .into_iter()
@@ -109,12 +109,12 @@ impl Replay {
     }
 
     /// Depth of `tid`'s stack.
-    pub fn depth(&self, tid: u32) -> usize {
+    pub(crate) fn depth(&self, tid: u32) -> usize {
         self.threads.get(&tid).map_or(0, |t| t.frames.len())
     }
 
     /// Threads with a stack, in id order.
-    pub fn thread_ids(&self) -> Vec<u32> {
+    pub(crate) fn thread_ids(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self.threads.keys().copied().collect();
         v.sort_unstable();
         v

@@ -49,21 +49,21 @@ pub enum EndKind {
 pub struct Exit {
     pub tid: u32,
     /// When it left (the thread's monotonic time).
-    pub ts: u64,
+    pub(crate) ts: u64,
     /// The function: file, name, first line.
     pub code: FrameRef,
     /// Its position on the stack, 0 outermost.
-    pub depth: usize,
+    pub(crate) depth: usize,
     /// From its entry (or from when tracing began, if `seeded`) to `ts`.
     pub inclusive_ns: u64,
     /// `inclusive_ns` minus the time of its callees.
     pub exclusive_ns: u64,
     /// No other activation of the same function is below it: add `inclusive_ns`
     /// to the function's total only for these.
-    pub outermost: bool,
+    pub(crate) outermost: bool,
     pub kind: EndKind,
     /// It was running when tracing began: its entry was not seen.
-    pub seeded: bool,
+    pub(crate) seeded: bool,
 }
 
 impl Exit {
@@ -73,7 +73,7 @@ impl Exit {
     }
 
     /// Whether it counts as a call.
-    pub fn is_call(&self) -> bool {
+    pub(crate) fn is_call(&self) -> bool {
         matches!(self.kind, EndKind::Returned | EndKind::Unpaired)
     }
 }
@@ -106,49 +106,49 @@ pub enum Step {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReplayCounters {
     /// Returns that matched a frame below the top: the frames above were popped.
-    pub resyncs: u64,
+    pub(crate) resyncs: u64,
     /// Frames popped by a resync (entries without return).
-    pub unpaired_entries: u64,
+    pub(crate) unpaired_entries: u64,
     /// Returns without an entry that no seed explains (CPython 3.15's
     /// `generator.throw()` resumes a frame without entry; events lost).
-    pub orphan_returns: u64,
+    pub(crate) orphan_returns: u64,
     /// Calls not tracked because the stack was [`MAX_DEPTH`] deep.
-    pub depth_overflows: u64,
+    pub(crate) depth_overflows: u64,
     /// Frames still open when their thread or the recording ended.
-    pub open_at_end: u64,
+    pub(crate) open_at_end: u64,
     /// Frames running when tracing began, seeded onto the stacks.
-    pub open_at_start: u64,
+    pub(crate) open_at_start: u64,
     /// Entries at a generator's or coroutine's creation (CPython 3.15), left out.
-    pub generator_creations: u64,
+    pub(crate) generator_creations: u64,
     /// Returns of the interpreter's own shim frames (CPython 3.15's `__init__`
     /// cleanup after `CALL_ALLOC_AND_ENTER_INIT`), left out.
-    pub shim_returns: u64,
+    pub(crate) shim_returns: u64,
     /// Calls and returns stamped more than [`OUT_OF_ORDER_NS`] before an earlier
     /// event of their thread: their time was held at the thread's clock. The
     /// counter's conversion and the CPUs' counters differ by well under that;
     /// more means events reached the recording out of order (a bug this makes
     /// visible).
-    pub out_of_order: u64,
+    pub(crate) out_of_order: u64,
 }
 
 /// How far back an event's stamp may lie behind its thread's clock before it
 /// counts as out of order.
-pub const OUT_OF_ORDER_NS: u64 = 5_000;
+pub(crate) const OUT_OF_ORDER_NS: u64 = 5_000;
 
 /// Per-thread totals of the replay.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ThreadTime {
     /// When its first frame started and its last frame ended (monotonic time):
     /// the traced wall time is `last - first`.
-    pub first_ns: Option<u64>,
-    pub last_ns: u64,
+    pub(crate) first_ns: Option<u64>,
+    pub(crate) last_ns: u64,
     /// Sum of the exclusive times of its frames.
     pub exclusive_ns: u64,
 }
 
 impl ThreadTime {
     /// From its first frame's start to its last frame's end.
-    pub fn wall_ns(&self) -> u64 {
+    pub(crate) fn wall_ns(&self) -> u64 {
         self.first_ns.map_or(0, |f| self.last_ns.saturating_sub(f))
     }
 }

@@ -37,7 +37,7 @@ pub struct ViewInfo {
     /// End time from the trailer, when the recording was finished properly.
     pub end_ns: Option<u64>,
     /// Lost events according to the trailer.
-    pub trailer_lost: u64,
+    pub(crate) trailer_lost: u64,
     /// Where the recording was cut short, if it was.
     pub truncated_at: Option<u64>,
     /// The qualified names of its functions.
@@ -46,7 +46,7 @@ pub struct ViewInfo {
 
 impl ViewInfo {
     /// Reads what `reader` knows once its events have been read.
-    pub fn of<R: Read>(reader: &RecordingReader<R>) -> Self {
+    pub(crate) fn of<R: Read>(reader: &RecordingReader<R>) -> Self {
         let (end_ns, trailer_lost, truncated_at) = match reader.completion() {
             Completion::Complete(t) => (Some(t.end_ns), t.lost_events, None),
             Completion::Truncated { offset } => (None, 0, Some(offset)),

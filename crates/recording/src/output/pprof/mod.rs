@@ -49,7 +49,7 @@ pub enum ProfileKind {
 pub struct PprofTotals {
     pub kind: ProfileKind,
     /// Samples (or calls) in all, then their nanoseconds.
-    pub values: [u64; 2],
+    pub(crate) values: [u64; 2],
     /// Distinct stacks written (pprof samples).
     pub stacks: usize,
 }

@@ -7,76 +7,76 @@
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Profile {
     #[prost(message, repeated, tag = "1")]
-    pub sample_type: Vec<ValueType>,
+    pub(crate) sample_type: Vec<ValueType>,
     #[prost(message, repeated, tag = "2")]
-    pub sample: Vec<Sample>,
+    pub(crate) sample: Vec<Sample>,
     #[prost(message, repeated, tag = "4")]
-    pub location: Vec<Location>,
+    pub(crate) location: Vec<Location>,
     #[prost(message, repeated, tag = "5")]
     pub function: Vec<Function>,
     #[prost(string, repeated, tag = "6")]
-    pub string_table: Vec<String>,
+    pub(crate) string_table: Vec<String>,
     /// Wall-clock time the profile starts, ns since the Unix epoch.
     #[prost(int64, tag = "9")]
-    pub time_nanos: i64,
+    pub(crate) time_nanos: i64,
     #[prost(int64, tag = "10")]
-    pub duration_nanos: i64,
+    pub(crate) duration_nanos: i64,
     #[prost(message, optional, tag = "11")]
-    pub period_type: Option<ValueType>,
+    pub(crate) period_type: Option<ValueType>,
     #[prost(int64, tag = "12")]
-    pub period: i64,
+    pub(crate) period: i64,
     /// Free-form notes, as string indices.
     #[prost(int64, repeated, tag = "13")]
-    pub comment: Vec<i64>,
+    pub(crate) comment: Vec<i64>,
     /// The `type` of the sample type viewers show first.
     #[prost(int64, tag = "14")]
-    pub default_sample_type: i64,
+    pub(crate) default_sample_type: i64,
 }
 
 /// What a value counts (`type`) and in what (`unit`), as string indices.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct ValueType {
+pub(crate) struct ValueType {
     #[prost(int64, tag = "1")]
     pub r#type: i64,
     #[prost(int64, tag = "2")]
-    pub unit: i64,
+    pub(crate) unit: i64,
 }
 
 /// One stack, leaf first, with one value per sample type.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Sample {
+pub(crate) struct Sample {
     #[prost(uint64, repeated, tag = "1")]
-    pub location_id: Vec<u64>,
+    pub(crate) location_id: Vec<u64>,
     #[prost(int64, repeated, tag = "2")]
-    pub value: Vec<i64>,
+    pub(crate) value: Vec<i64>,
     #[prost(message, repeated, tag = "3")]
-    pub label: Vec<Label>,
+    pub(crate) label: Vec<Label>,
 }
 
 /// A label of a sample: a string (`str`) or a number (`num`).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Label {
+pub(crate) struct Label {
     #[prost(int64, tag = "1")]
-    pub key: i64,
+    pub(crate) key: i64,
     #[prost(int64, tag = "2")]
-    pub str: i64,
+    pub(crate) str: i64,
     #[prost(int64, tag = "3")]
-    pub num: i64,
+    pub(crate) num: i64,
 }
 
 /// A place in the code: here a function, at a line.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Location {
+pub(crate) struct Location {
     #[prost(uint64, tag = "1")]
-    pub id: u64,
+    pub(crate) id: u64,
     #[prost(message, repeated, tag = "4")]
     pub line: Vec<Line>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Line {
+pub(crate) struct Line {
     #[prost(uint64, tag = "1")]
-    pub function_id: u64,
+    pub(crate) function_id: u64,
     #[prost(int64, tag = "2")]
     pub line: i64,
 }
@@ -84,13 +84,13 @@ pub struct Line {
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Function {
     #[prost(uint64, tag = "1")]
-    pub id: u64,
+    pub(crate) id: u64,
     #[prost(int64, tag = "2")]
     pub name: i64,
     #[prost(int64, tag = "3")]
-    pub system_name: i64,
+    pub(crate) system_name: i64,
     #[prost(int64, tag = "4")]
-    pub filename: i64,
+    pub(crate) filename: i64,
     #[prost(int64, tag = "5")]
-    pub start_line: i64,
+    pub(crate) start_line: i64,
 }

@@ -15,7 +15,7 @@ fn function(f: &FunctionStats) -> FunctionStats {
 
 /// A copy of `r` whose names, paths, modules, events and command lines are
 /// escaped.
-pub fn escaped_report(r: &Report) -> Report {
+pub(crate) fn escaped_report(r: &Report) -> Report {
     let mut r = r.clone();
     r.target.python = esc(&r.target.python);
     r.target.executable = esc(&r.target.executable);

@@ -28,12 +28,12 @@ pub struct TopRow {
     /// Calls finished in the window (trace mode).
     pub calls: Option<u64>,
     /// Calls per second (trace mode).
-    pub calls_per_s: Option<f64>,
+    pub(crate) calls_per_s: Option<f64>,
     /// Share of the window spent in the function itself, % (samples as leaf in
     /// sample mode). May pass 100 with several threads.
-    pub own_pct: f64,
+    pub(crate) own_pct: f64,
     /// Share of the window with the function on the stack, %.
-    pub total_pct: f64,
+    pub(crate) total_pct: f64,
     /// Time in the function itself, ns (estimated from samples in sample mode).
     pub own_ns: u64,
     /// Samples with the function as leaf (sample mode).

@@ -22,7 +22,7 @@ pub enum FlagSave {
 impl FlagSave {
     /// The cheaper way where this CPU has it (CPUID 0x8000_0001, ECX bit 0).
     /// pyprobe and the target it writes trampolines for run on the same machine.
-    pub fn for_this_cpu() -> FlagSave {
+    pub(crate) fn for_this_cpu() -> FlagSave {
         static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let has = *HAS.get_or_init(|| extended_feature_ecx() & 1 != 0);
         if has {

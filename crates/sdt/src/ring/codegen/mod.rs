@@ -70,40 +70,40 @@ pub enum ThreadIdSource {
 /// Everything [`build_trampoline`] needs besides the site plan.
 pub struct TrampolineParams<'a> {
     /// Written into each record's `probe` field.
-    pub probe_id: u32,
+    pub(crate) probe_id: u32,
     /// The site's argument specs (at most [`MAX_ARGS`]).
     pub args: &'a [ArgSpec],
     /// `string_args[i]`: capture argument `i` as a C string (missing entries are false).
     pub string_args: &'a [bool],
     /// Address of the ring header in the target; slots follow at `+ HEADER_SIZE`.
-    pub ring_addr: u64,
+    pub(crate) ring_addr: u64,
     /// Slots in the ring (power of two, as in its header).
-    pub capacity: u64,
+    pub(crate) capacity: u64,
     /// Address the trampoline code will be placed at.
-    pub tramp_addr: u64,
+    pub(crate) tramp_addr: u64,
     /// Address of the 4-byte per-process tag word (in a private mapping, so a
     /// forked child has its own copy for the engine to rewrite).
-    pub tag_addr: u64,
-    pub thread_id: ThreadIdSource,
+    pub(crate) tag_addr: u64,
+    pub(crate) thread_id: ThreadIdSource,
     /// Runtime addresses of symbols used by `sym(...)` operands.
     pub symbols: &'a dyn Fn(&str) -> Option<u64>,
     /// Capture the thread's Python stack into continuation slots (see [`super::stack`]).
     pub stack: Option<&'a StackCapture>,
     /// How the interrupted code's flags are kept ([`FlagSave::for_this_cpu`]).
-    pub flags: FlagSave,
+    pub(crate) flags: FlagSave,
 }
 
 /// A trampoline ready to be written at `addr`, and the site patch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trampoline {
-    pub addr: u64,
+    pub(crate) addr: u64,
     pub code: Vec<u8>,
     /// Address of the patched site.
-    pub site: u64,
+    pub(crate) site: u64,
     /// Where a thread continues that executed the site's `nop` (it stopped at an
     /// `int3` there before the patch): the relocated displaced instructions, with
     /// every register as at the site.
-    pub resume: u64,
+    pub(crate) resume: u64,
     /// Bytes to write at `site`: `jmp rel32` to `addr`, then `int3` over the
     /// rest of the displaced bytes (never executed; a stray jump there traps
     /// instead of running half an instruction). Same length as the plan's

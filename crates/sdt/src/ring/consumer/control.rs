@@ -10,7 +10,7 @@ use crate::ring::format::*;
 
 impl RingReader {
     /// Slots in the ring.
-    pub fn capacity(&self) -> u64 {
+    pub(crate) fn capacity(&self) -> u64 {
         self.capacity
     }
 
@@ -64,7 +64,7 @@ impl RingReader {
 
     /// Where the `heartbeat` word is in the consumer's mapping, for a thread that
     /// beats it (it must stop before the mapping goes).
-    pub fn heartbeat_address(&self) -> usize {
+    pub(crate) fn heartbeat_address(&self) -> usize {
         self.word(H_HEARTBEAT) as *const AtomicU64 as usize
     }
 
@@ -95,7 +95,7 @@ impl RingReader {
     /// Tells stack probe `probe` how to record ([`THIN_OFF`], [`THIN_STACKLESS`],
     /// [`THIN_COUNT`]): thinning costs the target and pyprobe a fraction of a
     /// stack record. Probes from [`THIN_PROBES`] on are never thinned.
-    pub fn set_thin(&self, probe: u32, mode: u8) {
+    pub(crate) fn set_thin(&self, probe: u32, mode: u8) {
         if let Some(byte) = self.thin_byte(probe) {
             byte.store(mode, Ordering::Relaxed);
         }
@@ -108,7 +108,7 @@ impl RingReader {
     }
 
     /// Events of `probe` counted instead of recorded, since the ring was made.
-    pub fn counted(&self, probe: u32) -> u64 {
+    pub(crate) fn counted(&self, probe: u32) -> u64 {
         if probe < THIN_PROBES {
             self.load(H_COUNTED + 8 * probe as usize)
         } else {
@@ -123,7 +123,7 @@ impl RingReader {
 
     /// Drains stop before a record stamped after `tsc` (`u64::MAX`: no bound): a
     /// consumer merging two rings reads one only as far as the other has been read.
-    pub fn set_tsc_bound(&mut self, tsc: u64) {
+    pub(crate) fn set_tsc_bound(&mut self, tsc: u64) {
         self.tsc_bound = tsc;
     }
 
@@ -133,7 +133,7 @@ impl RingReader {
     /// Use only after a timeout: a producer that was merely slow will still
     /// write that slot later, possibly over a record of the next lap, which
     /// then decodes as a mix (or stays unpublished and is skipped in turn).
-    pub fn skip_pending(&mut self) -> bool {
+    pub(crate) fn skip_pending(&mut self) -> bool {
         if self.tail >= self.head() || self.published(self.tail) {
             return false;
         }

@@ -44,7 +44,12 @@ impl RingReader {
     /// As [`drain`](Self::drain), but a record equal to one `known` keeps comes
     /// as [`Drawn::Known`], recognised in the ring itself (nothing copied); the
     /// others come as [`Drawn::Record`], and one `f` gives a token for is kept.
-    pub fn drain_known<F>(&mut self, max: usize, known: &mut KnownRecords, mut f: F) -> Drained
+    pub(crate) fn drain_known<F>(
+        &mut self,
+        max: usize,
+        known: &mut KnownRecords,
+        mut f: F,
+    ) -> Drained
     where
         F: FnMut(Drawn<'_>) -> Option<u32>,
     {

@@ -63,14 +63,14 @@ impl std::fmt::Debug for KnownRecords {
 
 impl KnownRecords {
     /// Whether `record` can be kept: no stack, every string whole.
-    pub fn keepable(record: &RingRecord<'_>) -> bool {
+    pub(crate) fn keepable(record: &RingRecord<'_>) -> bool {
         record.stack.is_none()
             && record.slot_word(S_NARGS) >> 32 == 0
             && (0..record.nargs).all(|i| record.string(i).is_none_or(|s| !s.truncated))
     }
 
     /// Keeps `record` (when [`keepable`](Self::keepable)) under `token`.
-    pub fn keep(&mut self, record: &RingRecord<'_>, token: u32) {
+    pub(crate) fn keep(&mut self, record: &RingRecord<'_>, token: u32) {
         if !Self::keepable(record) {
             return;
         }

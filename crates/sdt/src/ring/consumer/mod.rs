@@ -22,9 +22,13 @@ mod drain;
 mod known;
 mod record;
 
-pub use known::{KnownRecords, KEY_ARGS};
+pub use known::KnownRecords;
+#[cfg(test)]
+use known::KEY_ARGS;
+#[cfg(test)]
+use record::decode;
 use record::StringSpan;
-pub use record::{decode, RingRecord, RingStack, RingString};
+pub use record::{RingRecord, RingStack, RingString};
 
 /// Why [`RingReader::drain`] stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

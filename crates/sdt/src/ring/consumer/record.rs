@@ -92,7 +92,7 @@ impl<'a> RingRecord<'a> {
     }
 
     /// Every argument's string prefix, as [`string`](Self::string) gives it.
-    pub fn strings(&self) -> [Option<RingString<'a>>; MAX_ARGS] {
+    pub(crate) fn strings(&self) -> [Option<RingString<'a>>; MAX_ARGS] {
         std::array::from_fn(|i| self.string(i))
     }
 }
@@ -148,14 +148,14 @@ pub struct RingStack {
     pub truncated: bool,
     /// The walk stopped at a link to memory that could not hold a frame (the
     /// program's own corruption, which the interpreter had not followed yet).
-    pub unreadable: bool,
+    pub(crate) unreadable: bool,
     /// Frames counted by the walk (at least `frames.len()`).
-    pub depth: usize,
+    pub(crate) depth: usize,
     /// (code pointer, position) pairs, innermost first; at most [`MAX_STACK_FRAMES`].
     pub frames: Vec<(u64, u64)>,
     /// The record claimed a stack but its continuation slots did not check out
     /// (a torn or hostile ring): `frames` is empty.
-    pub broken: bool,
+    pub(crate) broken: bool,
 }
 
 /// The captured prefix of a C-string argument.
@@ -166,9 +166,10 @@ pub struct RingString<'a> {
     /// The string continues past `bytes`: read the rest from the pointer in `args[i]`.
     pub truncated: bool,
     /// The pointer was NULL (`bytes` is empty).
-    pub null: bool,
+    pub(crate) null: bool,
 }
 
+#[cfg(test)]
 /// Decodes one copied slot, all of it at hand; never trusts its counts or masks.
 /// (The reader measures the strings while it copies them; this is the reference
 /// its records are tested against.)
@@ -203,6 +204,7 @@ pub(super) fn string_areas(slot: &[u8; SLOT_SIZE]) -> impl Iterator<Item = (usiz
         .filter_map(move |(i, k)| string_area(k, count).map(|(start, len)| (i, start, len)))
 }
 
+#[cfg(test)]
 /// The index of the first NUL in `bytes`, eight bytes at a time (this runs for
 /// every string of every event).
 pub(super) fn find_nul(bytes: &[u8]) -> Option<usize> {

@@ -11,11 +11,11 @@ use crate::sdt::register::Register;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParseError {
     /// The whole text given to the parser.
-    pub spec: String,
+    pub(crate) spec: String,
     /// Byte offset into `spec` where the problem starts.
     pub position: usize,
     /// What went wrong.
-    pub kind: ParseErrorKind,
+    pub(crate) kind: ParseErrorKind,
 }
 
 /// What went wrong in a [`ParseError`].

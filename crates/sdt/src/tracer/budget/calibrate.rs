@@ -16,7 +16,7 @@ const WARMUP: u32 = 20;
 
 /// The mean time of one stop/resume cycle in ns, or `None` if
 /// the measurement could not run (ptrace refused, fork failed).
-pub fn stop_cycle_ns() -> Option<u64> {
+pub(crate) fn stop_cycle_ns() -> Option<u64> {
     // SAFETY: the child only calls async-signal-safe functions (ptrace, raise,
     // _exit) and executes int3; it never returns into Rust code that allocates.
     match unsafe { fork() }.ok()? {

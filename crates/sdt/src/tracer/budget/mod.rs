@@ -21,7 +21,7 @@
 //! kernel's share of a stop.
 
 pub mod calibrate;
-pub mod stop_cost;
+pub(crate) mod stop_cost;
 mod switching;
 
 use stop_cost::StopCosts;
@@ -29,21 +29,21 @@ pub(in crate::tracer) use switching::BudgetBook;
 pub use switching::BudgetSummary;
 
 /// Time constant of the decaying window.
-pub const HORIZON_NS: f64 = 0.5e9;
+pub(crate) const HORIZON_NS: f64 = 0.5e9;
 /// Probes come back on when the slowdown is below this share of the budget.
-pub const RESUME_AT: f64 = 0.8;
+pub(crate) const RESUME_AT: f64 = 0.8;
 /// At most this often the controller re-evaluates (it runs on the hot path).
 const POLL_NS: u64 = 1_000_000;
 /// After a window cut short, the next waits this long, doubled for each window
 /// cut short in a row, at most [`MAX_BACK_OFFS`] times (6.4 s).
-pub const BACK_OFF_NS: u64 = 50_000_000;
+pub(crate) const BACK_OFF_NS: u64 = 50_000_000;
 const MAX_BACK_OFFS: u32 = 7;
 /// A window open this long before it is cut short resets the waits.
 const LASTED_NS: u64 = 1_000_000_000;
 
 /// What the controller wants done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Toggle {
+pub(crate) enum Toggle {
     /// Lower the budgeted probes' semaphores: sample instead.
     Off,
     /// Raise them again: an exact window starts.
@@ -52,7 +52,7 @@ pub enum Toggle {
 
 /// Decides when the budgeted probes are on, from the stopped time it is told about.
 #[derive(Debug, Clone)]
-pub struct Budget {
+pub(crate) struct Budget {
     /// Allowed slowdown (0.05 for 5 %).
     max: f64,
     exact: bool,
@@ -109,7 +109,7 @@ impl Budget {
     /// better: a backlog it cannot keep up with), or takes back an `On` just given
     /// (the caller came down one step of its own ladder instead): the slowdown
     /// must recover before the next `On`.
-    pub fn stay_off(&mut self) {
+    pub(crate) fn stay_off(&mut self) {
         if self.exact {
             self.exact = false;
             self.exact_since = None;
@@ -121,7 +121,7 @@ impl Budget {
     /// backlog), whatever the slowdown says: a cost the slowdown has not seen yet.
     /// The next window waits [`BACK_OFF_NS`], twice as long for each window cut
     /// short in a row, so that a storm no window can afford costs less and less.
-    pub fn back_off(&mut self, now: u64) {
+    pub(crate) fn back_off(&mut self, now: u64) {
         if self.exact {
             self.exact = false;
             if let Some(since) = self.exact_since.take() {
@@ -138,12 +138,12 @@ impl Budget {
     }
 
     /// The slowdown allowed (0.05 for 5 %).
-    pub fn max(&self) -> f64 {
+    pub(crate) fn max(&self) -> f64 {
         self.max
     }
 
     /// Whether the budgeted probes are on now.
-    pub fn exact(&self) -> bool {
+    pub(crate) fn exact(&self) -> bool {
         self.exact
     }
 
@@ -153,7 +153,7 @@ impl Budget {
     }
 
     /// A blocking sample stopped the target `ns`.
-    pub fn sampled(&mut self, ns: u64) {
+    pub(crate) fn sampled(&mut self, ns: u64) {
         self.stopped(ns);
         self.samples += 1;
         self.sampled_total = self.sampled_total.saturating_add(ns);
@@ -180,12 +180,12 @@ impl Budget {
     }
 
     /// The steady cost of a blocking sample, once past the warm-up.
-    pub fn steady_sample_ns(&self) -> Option<u64> {
+    pub(crate) fn steady_sample_ns(&self) -> Option<u64> {
         self.stop_costs.steady_ns()
     }
 
     /// `(count, mean ns)` of the blocking samples charged so far.
-    pub fn sample_cost(&self) -> (u64, u64) {
+    pub(crate) fn sample_cost(&self) -> (u64, u64) {
         (
             self.samples,
             self.sampled_total.checked_div(self.samples).unwrap_or(0),
@@ -193,7 +193,7 @@ impl Budget {
     }
 
     /// Re-evaluates at `now` (cheap when called more often than every ms).
-    pub fn poll(&mut self, now: u64) -> Option<Toggle> {
+    pub(crate) fn poll(&mut self, now: u64) -> Option<Toggle> {
         let dt = now.saturating_sub(self.last_poll);
         if dt < POLL_NS {
             return None;
@@ -237,7 +237,7 @@ impl Budget {
     }
 
     /// Slowdown over the whole run so far: time stopped for pyprobe over time run.
-    pub fn overall_slowdown(&self, now: u64) -> f64 {
+    pub(crate) fn overall_slowdown(&self, now: u64) -> f64 {
         let total = now.saturating_sub(self.start);
         let run = total.saturating_sub(self.stopped_total).max(1);
         self.stopped_total as f64 / run as f64
@@ -256,20 +256,20 @@ impl Budget {
 /// calling `id()` a million times would run half again as long. Here the cost of
 /// the ring events over each short span is compared with the budget directly.
 #[derive(Debug, Clone, Default)]
-pub struct StormMeter {
+pub(crate) struct StormMeter {
     since: u64,
     charged: u64,
 }
 
 /// The span over which a storm is judged.
-pub const STORM_SPAN_NS: u64 = 1_000_000;
+pub(crate) const STORM_SPAN_NS: u64 = 1_000_000;
 /// Ring events costing this many times the budget over a span are a storm.
 const STORM_FACTOR: f64 = 4.0;
 
 impl StormMeter {
     /// Ring events costing `ns` were charged at `now`; returns whether those of the
     /// span just ended cost more than [`STORM_FACTOR`] times the budget `max`.
-    pub fn charge(&mut self, ns: u64, now: u64, max: f64) -> bool {
+    pub(crate) fn charge(&mut self, ns: u64, now: u64, max: f64) -> bool {
         if self.since == 0 || now < self.since {
             self.since = now;
         }
@@ -291,7 +291,7 @@ impl StormMeter {
 /// kernel (and follows the machine's load); with sparse hits it is larger than
 /// the kernel's share, which errs towards less overhead.
 #[derive(Debug, Clone)]
-pub struct KernelCost {
+pub(crate) struct KernelCost {
     epoch_start: u64,
     epoch_min: u64,
     epoch_samples: u64,
@@ -322,7 +322,7 @@ impl Default for KernelCost {
 
 impl KernelCost {
     /// Starts from a measured stop/resume cycle of `ns`.
-    pub fn calibrated(ns: u64) -> KernelCost {
+    pub(crate) fn calibrated(ns: u64) -> KernelCost {
         KernelCost {
             calibrated: ns.min(MAX_KERNEL_NS),
             ..KernelCost::default()
@@ -330,7 +330,7 @@ impl KernelCost {
     }
 
     /// A thread resumed at `resumed` was seen stopped again at `stopped`.
-    pub fn gap(&mut self, resumed: u64, stopped: u64) {
+    pub(crate) fn gap(&mut self, resumed: u64, stopped: u64) {
         if resumed == 0 || stopped < resumed {
             return;
         }
@@ -354,7 +354,7 @@ impl KernelCost {
     }
 
     /// The current estimate, in ns.
-    pub fn estimate(&self) -> u64 {
+    pub(crate) fn estimate(&self) -> u64 {
         self.calibrated.max(self.gap_estimate)
     }
 }

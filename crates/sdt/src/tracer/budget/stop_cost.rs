@@ -15,7 +15,7 @@ use crate::process::status::KeptTaskFile;
 use crate::tracer::clock::monotonic_ns;
 
 /// Stops seen before their cost may decide anything.
-pub const WARM_UP_STOPS: u64 = 20;
+pub(crate) const WARM_UP_STOPS: u64 = 20;
 /// The recent stops whose median is the steady cost.
 const WINDOW: usize = 32;
 /// Stops after which a cost no warm-up explains decides at once: when every one
@@ -28,7 +28,7 @@ const EARLY_FLOOR_NS: u64 = 20_000_000;
 
 /// The costs of the recent stops.
 #[derive(Debug, Clone)]
-pub struct StopCosts {
+pub(crate) struct StopCosts {
     recent: [u64; WINDOW],
     seen: u64,
 }
@@ -43,7 +43,7 @@ impl Default for StopCosts {
 }
 
 impl StopCosts {
-    pub fn push(&mut self, ns: u64) {
+    pub(crate) fn push(&mut self, ns: u64) {
         self.recent[(self.seen % WINDOW as u64) as usize] = ns;
         self.seen += 1;
     }
@@ -51,7 +51,7 @@ impl StopCosts {
     /// The median of the recent stops, once [`WARM_UP_STOPS`] were seen; before,
     /// the cheapest stop so far once [`EARLY_STOPS`] all cost [`EARLY_FLOOR_NS`]
     /// or more.
-    pub fn steady_ns(&self) -> Option<u64> {
+    pub(crate) fn steady_ns(&self) -> Option<u64> {
         if self.seen < WARM_UP_STOPS {
             let seen = &self.recent[..self.seen as usize];
             let cheapest = seen.iter().copied().min()?;
@@ -68,7 +68,7 @@ impl StopCosts {
 /// The scheduler's account of pyprobe's tracing thread (`schedstat`: time run,
 /// time waited on a run queue), kept open for a read at each stop.
 #[derive(Debug, Default)]
-pub struct OwnSchedule {
+pub(crate) struct OwnSchedule {
     file: KeptTaskFile,
     /// The file could not be read once: stops are charged their whole length.
     unreadable: bool,
@@ -77,7 +77,7 @@ pub struct OwnSchedule {
 /// A hold on the target in progress: when it began, and the run-queue wait
 /// pyprobe's thread had accumulated then.
 #[derive(Debug, Clone, Copy)]
-pub struct Hold {
+pub(crate) struct Hold {
     began_ns: u64,
     waited_ns: Option<u64>,
 }
@@ -95,7 +95,7 @@ impl OwnSchedule {
     }
 
     /// Starts timing a hold on the target.
-    pub fn begin(&mut self) -> Hold {
+    pub(crate) fn begin(&mut self) -> Hold {
         Hold {
             began_ns: monotonic_ns(),
             waited_ns: self.waited_ns(),

@@ -12,7 +12,7 @@ use super::{Engine, ThreadState, TraceEvent};
 impl Engine {
     /// Stops every thread, restores every byte and semaphore, and detaches, delivering
     /// any signal a thread was stopped with; then lets the guardian go.
-    pub fn detach_all(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+    pub(crate) fn detach_all(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         self.release_target(sink);
         if let Some(g) = self.guardian.take() {
             g.finish();

@@ -33,7 +33,7 @@ pub enum PauseCause {
 }
 
 impl PauseCause {
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             PauseCause::JobControl(Signal::SIGTSTP) => "Ctrl-Z (SIGTSTP)".into(),
             PauseCause::JobControl(sig) => format!("{sig}"),

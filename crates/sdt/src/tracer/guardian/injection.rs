@@ -31,7 +31,7 @@ impl GuardianLink {
     /// Tells the guardian that thread `tid` of `pid` is about to run an injected call
     /// through the spin loop written at `addr` over `borrowed`, and that `regs` are its
     /// own registers. A failure means: do not inject through the loop.
-    pub fn tell_injection(
+    pub(crate) fn tell_injection(
         &mut self,
         pid: i32,
         tid: i32,
@@ -57,7 +57,7 @@ impl GuardianLink {
     }
 
     /// The injected call in `tid` is over.
-    pub fn tell_injected(&mut self, pid: i32, tid: i32) -> std::io::Result<()> {
+    pub(crate) fn tell_injected(&mut self, pid: i32, tid: i32) -> std::io::Result<()> {
         let mut msg = [0u8; MSG_LEN];
         msg[0] = Op::Injected as u8;
         msg[1..5].copy_from_slice(&pid.to_le_bytes());

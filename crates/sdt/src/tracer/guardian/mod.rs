@@ -104,7 +104,7 @@ impl Guardian {
     /// Forks the guardian, which watches the calling thread (pyprobe's tracing
     /// thread). Call before the process creates threads: the child goes on running
     /// Rust code from a copy of a single-threaded process.
-    pub fn spawn() -> Result<Guardian> {
+    pub(crate) fn spawn() -> Result<Guardian> {
         let (read_end, write_end) =
             pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create the guardian pipe")?;
         let control = Control::new().context("cannot map the guardian's control page")?;
@@ -137,14 +137,14 @@ impl Guardian {
 
     /// Says whether pyprobe holds nothing of the target (paused, about to stop
     /// itself): the guardian leaves a paused pyprobe stopped.
-    pub fn set_paused(&self, paused: bool) {
+    pub(crate) fn set_paused(&self, paused: bool) {
         self.control.set_paused(paused);
     }
 
     /// If the guardian found pyprobe stopped by a signal it cannot catch while it
     /// held the target, and continued it so that it lets go: how long it had been
     /// stopped (ms). Taken once.
-    pub fn take_release(&self) -> Option<u64> {
+    pub(crate) fn take_release(&self) -> Option<u64> {
         self.control.take_release()
     }
 
@@ -187,7 +187,7 @@ impl Guardian {
     }
 
     /// The tracer is leaving cleanly: the guardian exits without touching anything.
-    pub fn finish(mut self) {
+    pub(crate) fn finish(mut self) {
         let _ = self.tell(Op::Done, 0, 0);
         drop(self.pipe);
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(self.guardian_pid), None);
@@ -198,7 +198,7 @@ impl Guardian {
     }
 
     /// Another writer on the pipe (see [`GuardianLink`]).
-    pub fn link(&self) -> std::io::Result<GuardianLink> {
+    pub(crate) fn link(&self) -> std::io::Result<GuardianLink> {
         Ok(GuardianLink {
             pipe: self.pipe.try_clone()?,
         })

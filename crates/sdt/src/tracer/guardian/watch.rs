@@ -33,7 +33,7 @@ const RELEASE: usize = 1;
 const WORDS: usize = 2;
 
 /// A page shared by pyprobe and its guardian (`MAP_SHARED`, made before the fork).
-pub struct Control {
+pub(crate) struct Control {
     words: *mut AtomicU64,
 }
 

@@ -66,7 +66,7 @@ pub fn keep_beating(reader: &RingReader) -> BeatTicket {
 }
 
 /// Says the draining thread is going round its loop (cheap: one store).
-pub fn note_progress() {
+pub(crate) fn note_progress() {
     PROGRESS_NS.store(monotonic_ns(), Ordering::Relaxed);
 }
 

@@ -31,7 +31,7 @@ impl Leftovers {
     /// caller's), whose byte is `found`, if it holds a jump into a region of
     /// pyprobe's trampolines whose header lists it. Returns why not otherwise: the
     /// site is then left as it is.
-    pub fn take_over(
+    pub(crate) fn take_over(
         &mut self,
         mem: &mut ProcessMemory,
         site: u64,

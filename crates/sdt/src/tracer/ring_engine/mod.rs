@@ -6,7 +6,7 @@
 
 mod driver;
 pub mod heartbeat;
-pub mod leftovers;
+pub(crate) mod leftovers;
 pub mod records;
 pub mod reuse;
 pub mod setup;

@@ -28,11 +28,11 @@ pub struct RecordSource<'a> {
 pub struct DrainedHits {
     pub drained: Drained,
     /// The time of the last record read.
-    pub last_ts_ns: Option<u64>,
+    pub(crate) last_ts_ns: Option<u64>,
     /// Frames of the stacks the records carried.
     pub frames: u64,
     /// Records that carried a stack.
-    pub stacks: u64,
+    pub(crate) stacks: u64,
 }
 
 /// Reads up to `max` records of `reader` (see [`RingReader::drain_known`]),

@@ -77,7 +77,7 @@ use super::leftovers::read_header;
 use super::setup::{CAPACITY, PAGE};
 
 /// The ring memfd's name; also the marker of the tag word's page.
-pub const RING_NAME: &[u8] = b"pyprobe-ring\0";
+pub(crate) const RING_NAME: &[u8] = b"pyprobe-ring\0";
 /// Where in the tag word's page the name lies.
 pub const NAME_AT: u64 = 64;
 /// The ring's path in `/proc/PID/maps`.
@@ -88,10 +88,10 @@ const MAX_REGIONS: usize = 64;
 /// What an earlier pyprobe left that this one can use again.
 #[derive(Debug)]
 pub struct Earlier {
-    pub ring_addr: u64,
-    pub tag_addr: u64,
+    pub(crate) ring_addr: u64,
+    pub(crate) tag_addr: u64,
     /// The regions whose trampolines write to that ring: (address, header).
-    pub regions: Vec<(u64, RegionHeader)>,
+    pub(crate) regions: Vec<(u64, RegionHeader)>,
 }
 
 /// Finds what an earlier pyprobe left in the process (every thread stopped, at
@@ -236,7 +236,7 @@ pub fn check_ring_mapping(
 
 /// Whether the first 32 bytes of a ring are the header of a ring of `capacity`
 /// slots that this pyprobe formats.
-pub fn check_ring_header(header: &[u8], capacity: u64) -> Result<(), String> {
+pub(crate) fn check_ring_header(header: &[u8], capacity: u64) -> Result<(), String> {
     let u32_at = |at: usize| {
         header
             .get(at..at + 4)

@@ -46,14 +46,14 @@ const MAP_PRIVATE_ANON: i32 = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
 #[derive(Debug, Clone)]
 pub struct RingSite {
     pub probe: usize,
-    pub site: usize,
-    pub original: Vec<u8>,
+    pub(crate) site: usize,
+    pub(crate) original: Vec<u8>,
     pub patch: Vec<u8>,
 }
 
 /// The ring engine's state in one process image.
 pub struct RingProc {
-    pub reader: RingReader,
+    pub(crate) reader: RingReader,
     /// The ring's heartbeat, beaten while the ring lives (before `_mapping`: see
     /// [`BeatTicket`]).
     _beat: BeatTicket,
@@ -62,17 +62,17 @@ pub struct RingProc {
     /// Site address → what was patched there.
     pub sites: HashMap<u64, RingSite>,
     /// The per-process tag word the trampolines write into each record.
-    pub tag_addr: u64,
+    pub(crate) tag_addr: u64,
     /// Address of the ring in the target.
-    pub ring_addr: u64,
+    pub(crate) ring_addr: u64,
     /// Which thread wrote each record (see [`super::writers`]).
     pub threads: super::writers::ThreadNames,
     /// Per probe id, the events counted instead of recorded already reported.
-    pub counted_reported: HashMap<u32, u64>,
+    pub(crate) counted_reported: HashMap<u32, u64>,
     /// The ring's `waited` cycles already charged to the overhead budget.
-    pub waited_charged: u64,
+    pub(crate) waited_charged: u64,
     /// Records kept to tell repeats of them.
-    pub known: crate::ring::KnownRecords,
+    pub(crate) known: crate::ring::KnownRecords,
     /// The producers' losses reported so far.
     pub lost: crate::ring::LostCounter,
 }
@@ -92,7 +92,7 @@ pub struct Setup {
     /// Sites left to `int3`, with why.
     pub refused: Vec<(u64, String)>,
     /// Whether what an earlier pyprobe left was used again, and why not (for `-v`).
-    pub said: Vec<String>,
+    pub(crate) said: Vec<String>,
 }
 
 /// Sets up the ring in `pid` (every thread stopped; `tid` at a clean stop) for the
@@ -266,7 +266,7 @@ fn replace_ring(
 
 /// Takes the ring's sites out of `pid` (every thread stopped, none inside a
 /// trampoline): the original bytes go back where the patch still stands.
-pub fn restore(
+pub(crate) fn restore(
     mem: &mut ProcessMemory,
     ring: &RingProc,
     mut guard: Option<&mut Guardian>,
@@ -301,7 +301,7 @@ pub fn restore(
 
 /// In a forked child that is traced on its own: each ring site becomes an `int3`
 /// site again (the child would otherwise write into its parent's ring).
-pub fn back_to_int3(
+pub(crate) fn back_to_int3(
     mem: &mut ProcessMemory,
     ring: &RingProc,
     patches: &mut Patches,
@@ -316,7 +316,7 @@ pub fn back_to_int3(
 }
 
 /// In a forked child that is not traced: the original bytes back at every ring site.
-pub fn clean_child(mem: &mut ProcessMemory, ring: &RingProc) -> io::Result<()> {
+pub(crate) fn clean_child(mem: &mut ProcessMemory, ring: &RingProc) -> io::Result<()> {
     for (&addr, site) in &ring.sites {
         mem.write(addr, &site.original)?;
     }

@@ -108,7 +108,7 @@ impl TscClock {
     }
 
     /// Refines the rate against the clock now, once the baseline is long enough.
-    pub fn refine(&mut self) {
+    pub(crate) fn refine(&mut self) {
         let now = read_pair();
         if now.ns.saturating_sub(self.origin.ns) >= MIN_BASELINE_NS
             && now.ns.saturating_sub(self.map.at.ns) >= REANCHOR_NS

@@ -15,10 +15,10 @@ use rustc_hash::FxHashMap;
 /// The thread of the records with `base` at ring indices below `until` (from the
 /// index it was looked up for).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TidSpan {
-    pub base: u64,
+pub(crate) struct TidSpan {
+    pub(crate) base: u64,
     pub tid: i32,
-    pub until: u64,
+    pub(crate) until: u64,
 }
 
 /// `%fs` base and ring index → thread id.
@@ -30,7 +30,7 @@ pub struct ThreadNames {
 
 impl ThreadNames {
     /// Thread `tid`, with `%fs` base `base`, writes records from ring index `from` on.
-    pub fn started(&mut self, base: u64, tid: i32, from: u64) {
+    pub(crate) fn started(&mut self, base: u64, tid: i32, from: u64) {
         let known = self.by_base.entry(base).or_default();
         match known.last() {
             Some(&(_, last)) if last == tid => {}
@@ -52,7 +52,7 @@ impl ThreadNames {
     /// the ring indices before which every record with that base is its too (the
     /// next thread known by the base starts there): records of one thread come in
     /// runs, and a run needs one look-up.
-    pub fn span_of(&self, base: u64, index: u64) -> Option<TidSpan> {
+    pub(crate) fn span_of(&self, base: u64, index: u64) -> Option<TidSpan> {
         let known = self.by_base.get(&base)?;
         let later = known.partition_point(|&(at, _)| at <= index);
         // A record older than every thread known by this base was written by one
@@ -64,7 +64,7 @@ impl ThreadNames {
 
     /// Every record before ring index `tail` has been read: forgets the threads
     /// that can write no more of the records still to come.
-    pub fn forget_before(&mut self, tail: u64) {
+    pub(crate) fn forget_before(&mut self, tail: u64) {
         for known in self.by_base.values_mut() {
             let current = known.partition_point(|&(at, _)| at <= tail);
             if current > 1 {

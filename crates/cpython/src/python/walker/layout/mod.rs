@@ -13,7 +13,9 @@ use pyprobe_sdt::sdt::MemoryReader;
 mod debug_offsets;
 mod offsets_file;
 
-pub use debug_offsets::{debug_offsets_size, from_debug_offsets};
+#[cfg(test)]
+use debug_offsets::debug_offsets_size;
+pub use debug_offsets::from_debug_offsets;
 pub use offsets_file::from_offsets_file;
 
 /// The embedded offsets files, by minor version.
@@ -30,7 +32,7 @@ const FILES: &[(u8, &str)] = &[
 ];
 
 /// The cookie `_Py_DebugOffsets` starts with.
-pub const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
+pub(crate) const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
 
 /// Upper bounds for the sizes `_Py_DebugOffsets` reports: a corrupt or foreign block is
 /// refused rather than trusted.
@@ -41,7 +43,7 @@ const MAX_SMALL_STRUCT: u64 = 4096;
 
 /// How a frame records its current instruction's line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LineTable {
+pub(crate) enum LineTable {
     /// `co_lnotab` (3.6 – 3.9): (address delta, line delta) byte pairs.
     Lnotab,
     /// `co_linetable` of 3.10: (address delta, line delta) pairs, -128 = no line.
@@ -52,7 +54,7 @@ pub enum LineTable {
 
 /// Where a thread state keeps its innermost frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FrameRoot {
+pub(crate) enum FrameRoot {
     /// A pointer field of the thread state (`frame` up to 3.10, `current_frame` 3.13+).
     Direct(u64),
     /// `tstate->cframe->current_frame` (3.11, 3.12).
@@ -61,7 +63,7 @@ pub enum FrameRoot {
 
 /// What a frame is and where its fields are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FrameLayout {
+pub(crate) enum FrameLayout {
     /// `PyFrameObject` (up to 3.10): `f_back`, `f_code`, `f_lasti`.
     Object {
         back: u64,
@@ -91,22 +93,22 @@ pub enum FrameLayout {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UnicodeLayout {
-    pub length: u64,
-    pub state: u64,
+pub(crate) struct UnicodeLayout {
+    pub(crate) length: u64,
+    pub(crate) state: u64,
     /// sizeof(PyASCIIObject): compact ASCII data starts here.
-    pub ascii_size: u64,
+    pub(crate) ascii_size: u64,
     /// sizeof(PyCompactUnicodeObject): compact non-ASCII data starts here; the data
     /// pointer of a legacy (non-compact) string is stored here.
-    pub compact_size: u64,
-    pub kind_shift: u32,
-    pub compact_bit: u32,
-    pub ascii_bit: u32,
+    pub(crate) compact_size: u64,
+    pub(crate) kind_shift: u32,
+    pub(crate) compact_bit: u32,
+    pub(crate) ascii_bit: u32,
 }
 
 /// Where the thread state holding the GIL is found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GilLayout {
+pub(crate) enum GilLayout {
     /// Up to 3.11: `_PyRuntime.gilstate.tstate_current` (its offset in `_PyRuntime`),
     /// the thread state holding the GIL, NULL while none does (a thread releasing
     /// the GIL swaps it out first, and swaps it back in once it has taken it again).
@@ -123,35 +125,35 @@ pub enum GilLayout {
 
 /// Every offset the walker uses, for one interpreter.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layout {
-    pub runtime_interpreters_head: u64,
-    pub interp_next: u64,
-    pub interp_threads_head: u64,
-    pub tstate_next: u64,
-    pub tstate_thread_id: u64,
-    pub tstate_native_thread_id: Option<u64>,
-    pub tstate_frame: FrameRoot,
+pub(crate) struct Layout {
+    pub(crate) runtime_interpreters_head: u64,
+    pub(crate) interp_next: u64,
+    pub(crate) interp_threads_head: u64,
+    pub(crate) tstate_next: u64,
+    pub(crate) tstate_thread_id: u64,
+    pub(crate) tstate_native_thread_id: Option<u64>,
+    pub(crate) tstate_frame: FrameRoot,
     pub frame: FrameLayout,
-    pub code_filename: u64,
-    pub code_name: u64,
-    pub code_qualname: Option<u64>,
-    pub code_firstlineno: u64,
-    pub code_linetable: u64,
+    pub(crate) code_filename: u64,
+    pub(crate) code_name: u64,
+    pub(crate) code_qualname: Option<u64>,
+    pub(crate) code_firstlineno: u64,
+    pub(crate) code_linetable: u64,
     /// Offset of the bytecode inside the code object (3.11+).
-    pub code_adaptive: Option<u64>,
-    pub line_table: LineTable,
-    pub ob_type: u64,
-    pub bytes_ob_size: u64,
-    pub bytes_ob_sval: u64,
-    pub unicode: UnicodeLayout,
+    pub(crate) code_adaptive: Option<u64>,
+    pub(crate) line_table: LineTable,
+    pub(crate) ob_type: u64,
+    pub(crate) bytes_ob_size: u64,
+    pub(crate) bytes_ob_sval: u64,
+    pub(crate) unicode: UnicodeLayout,
     /// How to tell the GIL's holder; `None` when this version's offsets are not
     /// known (then whether a thread holds the GIL is unknown, never guessed).
-    pub gil: Option<GilLayout>,
+    pub(crate) gil: Option<GilLayout>,
 }
 
 impl Layout {
     /// Bytes to read of a thread state to see every field the walker uses.
-    pub fn tstate_span(&self) -> u64 {
+    pub(crate) fn tstate_span(&self) -> u64 {
         let root = match self.tstate_frame {
             FrameRoot::Direct(o) => o,
             FrameRoot::CFrame { cframe, .. } => cframe,
@@ -170,7 +172,7 @@ impl Layout {
 
     /// Whether frames say which of them begins a call of the eval loop (3.11:
     /// the entry flag; 3.12+: the shim frame each call pushes).
-    pub fn marks_entries(&self) -> bool {
+    pub(crate) fn marks_entries(&self) -> bool {
         match self.frame {
             FrameLayout::Object { .. } => false,
             FrameLayout::Interpreter {
@@ -182,7 +184,7 @@ impl Layout {
     }
 
     /// Bytes to read of a frame.
-    pub fn frame_span(&self) -> u64 {
+    pub(crate) fn frame_span(&self) -> u64 {
         match self.frame {
             FrameLayout::Object {
                 back, code, lasti, ..
@@ -208,7 +210,7 @@ impl Layout {
     }
 
     /// Bytes to read of a code object's header.
-    pub fn code_span(&self) -> u64 {
+    pub(crate) fn code_span(&self) -> u64 {
         let tlbc = match self.frame {
             FrameLayout::Interpreter { tlbc, .. } => tlbc.map_or(0, |t| t.1),
             FrameLayout::Object { .. } => 0,
@@ -296,7 +298,7 @@ fn header(minor: u8) -> Result<Header> {
 }
 
 /// The minor versions with an offsets file of `kind` ("offsets" or "debug_offsets").
-pub fn known_minors(kind: &str) -> Vec<u8> {
+pub(crate) fn known_minors(kind: &str) -> Vec<u8> {
     FILES
         .iter()
         .filter(|(m, _)| header(*m).is_ok_and(|h| h.kind == kind))
@@ -305,7 +307,7 @@ pub fn known_minors(kind: &str) -> Vec<u8> {
 }
 
 /// Whether `version` reads its layout from `_Py_DebugOffsets` (3.13+).
-pub fn uses_debug_offsets(version: PyVersion) -> bool {
+pub(crate) fn uses_debug_offsets(version: PyVersion) -> bool {
     version.at_least(3, 13)
 }
 

@@ -139,7 +139,7 @@ impl<M: Memory> StackReader<M> {
 
     /// The interpreter frame's code word: its offset in a `_PyInterpreterFrame`
     /// and the tag bits to mask off it (3.11+; `None` where frames are objects).
-    pub fn frame_code_word(&self) -> Option<(u64, u64)> {
+    pub(crate) fn frame_code_word(&self) -> Option<(u64, u64)> {
         match self.layout.frame {
             FrameLayout::Interpreter {
                 executable,
@@ -152,7 +152,7 @@ impl<M: Memory> StackReader<M> {
 
     /// The file, `co_name` and first line of the code object at `code` (a frame's
     /// code word, tag bits masked), checked as on every walk; see [`Self::frame_code`].
-    pub fn code_named(&mut self, code: u64) -> Option<(u64, PyFrame)> {
+    pub(crate) fn code_named(&mut self, code: u64) -> Option<(u64, PyFrame)> {
         if !plausible_pointer(code) {
             return None;
         }
@@ -309,7 +309,7 @@ impl<M: Memory> StackReader<M> {
 
     /// How many code objects are cached.
     #[cfg(test)]
-    pub fn cached_codes(&self) -> usize {
+    pub(crate) fn cached_codes(&self) -> usize {
         self.codes.len()
     }
 }

@@ -13,7 +13,7 @@ impl<M: Memory> StackReader<M> {
     /// Every thread state of every interpreter, with its bytes (the span the walker
     /// uses), oldest thread first per interpreter: the main thread first. Fails only if
     /// `_PyRuntime` itself cannot be read.
-    pub fn thread_states(&self) -> io::Result<Vec<(u64, Vec<u8>)>> {
+    pub(crate) fn thread_states(&self) -> io::Result<Vec<(u64, Vec<u8>)>> {
         let l = &self.layout;
         let mut interp = read_u64(&self.mem, self.runtime + l.runtime_interpreters_head)?;
         let mut seen = HashSet::new();
@@ -51,7 +51,7 @@ impl<M: Memory> StackReader<M> {
     /// The thread states holding a GIL now (one per GIL at most; none while no thread
     /// holds it), or `None` when that cannot be told: this version's GIL offsets are
     /// unknown, or something on the way could not be read.
-    pub fn gil_holders(&self) -> Option<Vec<u64>> {
+    pub(crate) fn gil_holders(&self) -> Option<Vec<u64>> {
         match self.layout.gil? {
             GilLayout::RuntimeCurrent { tstate_current } => {
                 let current =
@@ -112,7 +112,7 @@ impl<M: Memory> StackReader<M> {
     }
 
     /// A thread state's ids and innermost frame (`None`: unreadable), from its bytes.
-    pub fn thread_header(&self, tstate: u64, buf: &[u8]) -> (RawThread, Option<u64>) {
+    pub(crate) fn thread_header(&self, tstate: u64, buf: &[u8]) -> (RawThread, Option<u64>) {
         let mut raw = RawThread {
             thread_state: tstate,
             thread_id: field_u64(buf, self.layout.tstate_thread_id).unwrap_or(0),
