@@ -136,7 +136,7 @@ def configurations(pyprobe, floor, pyspy, sites, sems, elf, tmp):
     configs["pyprobe trace"] = lambda cmd: [
         pyprobe, "record", "--force", "--mode", "trace", "--engine", "int3", "-o", rec, "--"] + cmd
     # pyprobe's tracing thread left where the scheduler puts it: not following the
-    # CPU of the thread that hits, nor yielding it (see src/tracer/engine/affinity.rs).
+    # CPU of the thread that hits, nor yielding it (see crates/sdt/src/tracer/engine/affinity.rs).
     configs["pyprobe trace unpinned"] = lambda cmd: [
         "env", "PYPROBE_FOLLOW_CPU=0", pyprobe, "record", "--force", "--mode", "trace", "--engine", "int3", "-o", rec,
         "--"] + cmd
@@ -481,7 +481,7 @@ def write_markdown(path, args, tables, load_before, load_after, drain=None):
         "`sample N` is `--mode sample -r N`, `nb` adds `--nonblocking`; `pyprobe trace unpinned`",
         "is `pyprobe trace` with `PYPROBE_FOLLOW_CPU=0` (by default pyprobe's tracing thread",
         "follows the CPU of a thread that hits often and yields it to that thread where it may:",
-        "see `src/tracer/engine/affinity.rs`; unpinned, it stays where the scheduler puts it; it, `floor`",
+        "see `crates/sdt/src/tracer/engine/affinity.rs`; unpinned, it stays where the scheduler puts it; it, `floor`",
         "and `floor cross-cpu` run on `fib-int3` only: a wake-up of the other CPU per hit makes",
         "the call-heavy workloads take minutes under them); `cProfile` is",
         "`python -m cProfile` (the interpreter's own exact profiler, inside the process);",
