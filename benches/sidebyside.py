@@ -503,6 +503,8 @@ def write_markdown(path, args, tables, load_before, load_after, drain=None):
         for r in results:
             lines.append("| " + " | ".join(cell(r, key) for _, key in COLUMNS) + " |")
         for (w, name), why in unavailable.items():
+            # Paths relative to the repository: the page is the project's, not a machine's.
+            why = why.replace(REPO + "/", "")
             lines += ["", f"Not measured: {w}, {name}: {why}"]
     if drain is not None:
         lines += ["", "## The consumer", "",
