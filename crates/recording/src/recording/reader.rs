@@ -84,7 +84,7 @@ enum Chunk {
 
 impl<R: Read> RecordingReader<R> {
     /// Reads the magic, version and header from `input`.
-    pub(crate) fn from_reader(input: R) -> Result<Self, RecordError> {
+    pub fn from_reader(input: R) -> Result<Self, RecordError> {
         let mut r = RecordingReader {
             input,
             header: Header::default(),
