@@ -21,9 +21,9 @@ export PYPROBE_REQUIRE_PYTHONS=1
 # consumer must keep up with them as it does for users.
 # Every test runs even after a failure, so one run shows every failure.
 failed=0
-cargo test --release --workspace --lib --bins --benches --no-fail-fast || failed=1
+cargo test --release --workspace --features test-switches --lib --bins --benches --no-fail-fast || failed=1
 # Signals and the timer, in a process of its own with one thread.
-cargo test --release --test tick || failed=1
+cargo test --release --features test-switches --test tick || failed=1
 # The crates' dependencies are the architecture's (docs/ARCHITECTURE.md).
 scripts/check-architecture.sh || failed=1
 # The integration tests run two at a time, except those whose subject is timing
