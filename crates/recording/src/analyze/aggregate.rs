@@ -566,8 +566,9 @@ impl<'q, F: Fn(StrId) -> String> Names<'q, F> {
     }
 
     /// The function `code` names as views show it: its qualified name when the
-    /// recording has one.
+    /// recording has one, [`UNNAMED`](crate::recording::UNNAMED) when empty.
     fn shown(&mut self, code: &FrameRef) -> String {
-        self.get(self.qualnames.shown(code))
+        let name = self.get(self.qualnames.shown(code));
+        crate::recording::or_unnamed(&name).to_owned()
     }
 }

@@ -1193,3 +1193,21 @@ fn exec_ends_the_old_programs_frames() {
     assert_eq!(r.anomalies.replay.open_at_end, 0);
     assert_eq!(r.processes[0].command, "python3 other.py");
 }
+
+#[test]
+fn a_function_without_a_name_is_named_alike_in_the_report_and_the_flame_graph() {
+    let mut s = Script::new();
+    s.call(0, "main", 1)
+        .call(10, "", 3)
+        .ret(20, "", 4)
+        .ret(30, "main", 2);
+    let r = s.report();
+    let row = r.functions.iter().find(|f| f.line == 3).expect("row");
+    assert_eq!(row.qualname, crate::recording::UNNAMED);
+    let frame = s.frame("", 3);
+    let names = crate::output::names::FrameNames::new(&s.strings, true);
+    assert_eq!(
+        names.python(&frame),
+        format!("{} (/app/main.py:3)", row.qualname)
+    );
+}

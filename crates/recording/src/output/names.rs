@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use crate::analyze::folded::FoldFrame;
-use crate::recording::{FrameRef, Header, Qualnames, StrId};
+use crate::recording::{FrameRef, Header, Qualnames, StrId, UNNAMED};
 
 /// Where a source file comes from, for colours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,9 +145,12 @@ impl<'a> FrameNames<'a> {
     }
 
     /// The function `code` names as views show it: its qualified name when the
-    /// recording has one, else its name.
+    /// recording has one, else its name; [`UNNAMED`] when that is empty.
     pub fn function(&self, code: &FrameRef) -> Cow<'a, str> {
-        self.string(self.qualnames.map_or(code.function, |q| q.shown(code)))
+        match self.string(self.qualnames.map_or(code.function, |q| q.shown(code))) {
+            name if name.is_empty() => Cow::Borrowed(UNNAMED),
+            name => name,
+        }
     }
 
     /// Names the recording's own process by its header's command line.
@@ -198,11 +201,6 @@ impl<'a> FrameNames<'a> {
     /// `function (file:line)`.
     pub fn python(&self, f: &FrameRef) -> String {
         let function = self.function(f);
-        let function = if function.is_empty() {
-            Cow::Borrowed("?")
-        } else {
-            function
-        };
         if f.line == 0 {
             // A native frame (`--native`): its file is the object, it has no line.
             return format!("{function} ({})", self.file(f.file));

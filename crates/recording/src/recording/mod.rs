@@ -24,7 +24,7 @@ pub use codec::FrameNumberHint;
 pub use error::RecordError;
 pub use event::*;
 pub use header::{Header, FORMAT_VERSION, MAGIC, OLDEST_FORMAT_VERSION};
-pub use qualnames::{Qualnames, MAX_QUALNAMES};
+pub use qualnames::{or_unnamed, Qualnames, MAX_QUALNAMES, UNNAMED};
 pub use reader::{Completion, Events, RecordingReader, Trailer};
 pub use writer::{BackgroundWriter, RecordingWriter, Summary, MAX_SAMPLE_FRAMES, MAX_STRING_LEN};
 

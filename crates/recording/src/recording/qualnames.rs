@@ -13,6 +13,20 @@ use std::collections::HashMap;
 use super::wire::{put_uvarint, Cursor};
 use super::{FrameRef, RecordError, StrId};
 
+/// What every view shows for a function whose name is empty (read from a code
+/// object the target was freeing, or made with an empty `co_name`), so the
+/// report, the flame graph and the exports name it alike.
+pub const UNNAMED: &str = "?";
+
+/// `name`, or [`UNNAMED`] when it is empty.
+pub fn or_unnamed(name: &str) -> &str {
+    if name.is_empty() {
+        UNNAMED
+    } else {
+        name
+    }
+}
+
 /// Most qualified names a reader keeps; past it, later ones are ignored (a
 /// hostile file cannot grow memory without bound).
 pub const MAX_QUALNAMES: usize = 1 << 22;

@@ -30,7 +30,7 @@ use prost::Message;
 use crate::analyze::folded::{FoldFrame, Folded, Measure};
 use crate::output::flame::{is_sampled, ViewInfo};
 use crate::output::names::thread_name;
-use crate::recording::{FrameRef, Qualnames, StrId};
+use crate::recording::{or_unnamed, FrameRef, Qualnames, StrId};
 
 pub use proto::Profile;
 use proto::{Function, Label, Line, Location, Sample, ValueType};
@@ -106,10 +106,7 @@ impl<'a> Builder<'a> {
             FoldFrame::Python(code) | FoldFrame::PythonLine { code, .. } => {
                 let FrameRef { file, line, .. } = code;
                 let function = self.qualnames.shown(&code);
-                let name = match self.recording_string(function) {
-                    "" => "?",
-                    n => n,
-                };
+                let name = or_unnamed(self.recording_string(function));
                 (name.to_owned(), self.recording_string(file), line)
             }
             FoldFrame::Gc { generation } => (format!("[gc gen {generation}]"), "", 0),
