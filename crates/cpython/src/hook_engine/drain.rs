@@ -411,8 +411,49 @@ fn name_code(
     if same {
         let (frames, _) = walker.name_captured(&[(code, 0)]);
         if let Some(frame) = frames.into_iter().next() {
-            return Some(frame);
+            if qualname_fits(&frame.function, &frame.name) {
+                return Some(frame);
+            }
         }
     }
     walker.name_code_parts(name, filename, first_line as u32)
+}
+
+/// Whether `qualname` can be the qualified name of a function called `name`: it
+/// is the name, or ends in `.name` (`Class.method`, `f.<locals>.<lambda>`). The
+/// name was checked against what the hook saw; the qualified name was not, and a
+/// code object freed since may point at a string freed and reused too (an empty
+/// qualified name was read so on docutils through the 3.11 hook).
+fn qualname_fits(qualname: &str, name: &str) -> bool {
+    qualname
+        .strip_suffix(name)
+        .is_some_and(|outer| outer.is_empty() || outer.ends_with('.'))
+        && !name.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::qualname_fits;
+
+    #[test]
+    fn a_qualified_name_fits_only_the_name_it_ends_in() {
+        for (qualname, name) in [
+            ("f", "f"),
+            ("C.method", "method"),
+            ("C.__private", "__private"),
+            ("outer.<locals>.<lambda>", "<lambda>"),
+            ("<dictcomp>", "<dictcomp>"),
+        ] {
+            assert!(qualname_fits(qualname, name), "{qualname} / {name}");
+        }
+        for (qualname, name) in [
+            ("", "<dictcomp>"),
+            ("C.other", "method"),
+            ("Cmethod", "method"),
+            ("", ""),
+            ("x", ""),
+        ] {
+            assert!(!qualname_fits(qualname, name), "{qualname} / {name}");
+        }
+    }
 }
