@@ -15,7 +15,7 @@ mod callbacks;
 mod detour;
 mod install;
 
-pub use detour::{build_detour, Detour, JMP_LEN};
+pub use detour::{build_detour, Detour, DetourCalls, JMP_LEN};
 
 use iced_x86::code_asm::*;
 use iced_x86::{BlockEncoderOptions, IcedError};

@@ -63,8 +63,9 @@
 //!   run (callbacks are Python callables in general), so calling `sys.monitoring` from
 //!   it is as safe as a Python tool doing so from its own callback.
 //! * The detour: what the safe point's function entry jumps to (see below). It saves
-//!   the argument registers, runs the installer once (`lock cmpxchg` on `armed`,
-//!   1 → 2), restores them, runs the instructions the jump displaced (relocated) and
+//!   the argument registers, and on a thread of the main interpreter (a hook in a
+//!   subinterpreter would see none of the program's calls and die with it) runs
+//!   the installer once (`lock cmpxchg` on `armed`, 1 → 2), restores them, runs the instructions the jump displaced (relocated) and
 //!   jumps back behind them.
 //!
 //! # The safe point
@@ -122,8 +123,8 @@ pub(crate) mod codegen;
 mod tests_exec;
 
 pub use codegen::{
-    build_detour, build_hook, Detour, HookCode, HookError, HookParams, HookSymbols, ProfileLayout,
-    Route,
+    build_detour, build_hook, Detour, DetourCalls, HookCode, HookError, HookParams, HookSymbols,
+    ProfileLayout, Route,
 };
 
 /// The first bytes of every hook page, followed by the addresses of its state page

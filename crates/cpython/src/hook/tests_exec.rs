@@ -8,7 +8,9 @@ use std::sync::Mutex;
 
 use iced_x86::code_asm::*;
 
-use super::codegen::{build_detour, build_hook, HookCode, HookParams, HookSymbols, Route};
+use super::codegen::{
+    build_detour, build_hook, DetourCalls, HookCode, HookParams, HookSymbols, Route,
+};
 use super::*;
 use pyprobe_sdt::ring::format::{init_ring, ring_bytes};
 use pyprobe_sdt::ring::{BranchTargets, RingReader};
@@ -753,6 +755,25 @@ extern "C" fn fake_installer() {
     *INSTALLS.lock().unwrap_or_else(|e| e.into_inner()) += 1;
 }
 
+/// The interpreter the calling thread runs: the main one (1) unless set.
+static CURRENT_INTERPRETER: Mutex<u64> = Mutex::new(1);
+extern "C" fn fake_interpreter_get() -> u64 {
+    *CURRENT_INTERPRETER
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+extern "C" fn fake_interpreter_main() -> u64 {
+    1
+}
+
+fn fake_detour_calls() -> DetourCalls {
+    DetourCalls {
+        installer: fake_installer as *const () as usize as u64,
+        interpreter_get: fake_interpreter_get as *const () as usize as u64,
+        interpreter_main: fake_interpreter_main as *const () as usize as u64,
+    }
+}
+
 #[test]
 fn detour_runs_the_installer_once_and_the_function_unchanged() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -787,7 +808,7 @@ fn detour_runs_the_installer_once_and_the_function_unchanged() {
         &code,
         &targets,
         state.as_ptr() as u64,
-        fake_installer as *const () as usize as u64,
+        fake_detour_calls(),
     )
     .expect("detour");
     assert_eq!(d.original.len(), 6);
@@ -805,6 +826,20 @@ fn detour_runs_the_installer_once_and_the_function_unchanged() {
     let state_ptr = state.as_ptr() as *mut u64;
     // SAFETY: our own state array.
     unsafe { std::ptr::write_volatile(state_ptr.add(ST_ARMED / 8), 1) };
+    // Armed, on a thread of a subinterpreter: the function only, still armed.
+    *CURRENT_INTERPRETER
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = 2;
+    for i in 0..3u64 {
+        // SAFETY: as above.
+        assert_eq!(unsafe { f(i, 3) }, 2 * i + 3);
+    }
+    *CURRENT_INTERPRETER
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = 1;
+    assert_eq!(*INSTALLS.lock().unwrap_or_else(|e| e.into_inner()), 0);
+    assert_eq!(state[ST_ARMED / 8], 1);
+    // On a thread of the main interpreter: installed once.
     for i in 0..3u64 {
         // SAFETY: as above.
         assert_eq!(unsafe { f(i, 7) }, 2 * i + 7);
@@ -819,12 +854,12 @@ fn detour_runs_the_installer_once_and_the_function_unchanged() {
 fn detour_refuses_a_jump_at_the_entry() {
     let code = [0xeb, 0x00, 0x90, 0x90, 0x90, 0x90, 0xc3];
     let targets = BranchTargets::scan(&code, 0x1000);
-    assert!(build_detour(0x2000, 0x1000, &code, &targets, 0, 0).is_err());
+    assert!(build_detour(0x2000, 0x1000, &code, &targets, 0, fake_detour_calls()).is_err());
     // A branch back into the displaced bytes.
     let code = [0x55, 0x53, 0x41, 0x54, 0x90, 0x90, 0xeb, 0xf9, 0xc3];
     let targets = BranchTargets::scan(&code, 0x1000);
     assert!(matches!(
-        build_detour(0x2000, 0x1000, &code, &targets, 0, 0),
+        build_detour(0x2000, 0x1000, &code, &targets, 0, fake_detour_calls()),
         Err(HookError::BranchInside { .. })
     ));
 }

@@ -11,8 +11,8 @@ use memmap2::MmapMut;
 
 use crate::hook::codegen::JMP_LEN;
 use crate::hook::{
-    build_detour, build_hook, events_of, Detour, HookCode, HookParams, HookSymbols, Route,
-    STATUS_OK, ST_ARMED, ST_AT_EXIT_RETRY, ST_ON, ST_STATUS,
+    build_detour, build_hook, events_of, Detour, DetourCalls, HookCode, HookParams, HookSymbols,
+    Route, STATUS_OK, ST_ARMED, ST_AT_EXIT_RETRY, ST_ON, ST_STATUS,
 };
 use crate::python::version::PyVersion;
 use crate::python::walker::{find_interpreter_object, Walker};
@@ -185,6 +185,10 @@ pub(crate) fn install(
     let plan = match (events_of(minor), profile_target(minor)) {
         (Some(events), _) => {
             let site = sym("_Py_HandlePending")?;
+            let interpreters = [
+                sym("PyInterpreterState_Get")?,
+                sym("PyInterpreterState_Main")?,
+            ];
             let mut text = vec![0u8; SCAN];
             if mem.read(site, &mut text).is_err() {
                 text.truncate(64);
@@ -209,6 +213,7 @@ pub(crate) fn install(
                 site,
                 text,
                 breaker,
+                interpreters,
             }
         }
         (None, Some(target)) => Plan::Profile(target),
@@ -240,11 +245,24 @@ pub(crate) fn install(
                 str_ascii_data: ascii_data(minor),
             })?;
             let detour = match (&plan, hook.installer) {
-                (Plan::Monitoring { site, text, .. }, Some(installer)) => {
+                (
+                    Plan::Monitoring {
+                        site,
+                        text,
+                        interpreters: [interpreter_get, interpreter_main],
+                        ..
+                    },
+                    Some(installer),
+                ) => {
                     let detour_addr = (addr + hook.bytes.len() as u64 + 15) & !15;
                     let targets = BranchTargets::scan(text, *site);
+                    let calls = DetourCalls {
+                        installer,
+                        interpreter_get: *interpreter_get,
+                        interpreter_main: *interpreter_main,
+                    };
                     let detour =
-                        build_detour(detour_addr, *site, text, &targets, state_addr, installer)?;
+                        build_detour(detour_addr, *site, text, &targets, state_addr, calls)?;
                     if detour_addr + detour.code.len() as u64 > addr + REGION {
                         bail!("the hook does not fit its {REGION} bytes");
                     }
@@ -445,6 +463,9 @@ enum Plan {
         site: u64,
         text: Vec<u8>,
         breaker: Breaker,
+        /// `PyInterpreterState_Get` and `PyInterpreterState_Main`, which the
+        /// detour calls.
+        interpreters: [u64; 2],
     },
     /// 3.7 to 3.11: pyprobe sets each thread's profile function.
     Profile(ProfileTarget),

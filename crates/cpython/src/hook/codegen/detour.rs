@@ -37,17 +37,31 @@ impl Detour {
     }
 }
 
+/// The functions a detour calls.
+#[derive(Debug, Clone, Copy)]
+pub struct DetourCalls {
+    /// The hook's installer.
+    pub installer: u64,
+    /// `PyInterpreterState_Get` and `PyInterpreterState_Main`: only a thread of
+    /// the main interpreter installs. `sys.monitoring` is per interpreter, and a
+    /// hook installed in a short-lived subinterpreter would trace nothing of the
+    /// program and die with it, while pyprobe took it for installed.
+    pub interpreter_get: u64,
+    pub interpreter_main: u64,
+}
+
 /// Builds the detour placed at `addr` for the function whose entry `site` holds
 /// `code` (its first bytes; `targets`: branch targets known in that function):
-/// saves the argument registers, runs `installer` if `state.armed` goes 1 → 2,
-/// restores them, runs the displaced instructions, jumps back.
+/// saves the argument registers; on a thread of the main interpreter, runs the
+/// installer if `state.armed` goes 1 → 2; restores them, runs the displaced
+/// instructions, jumps back.
 pub fn build_detour(
     addr: u64,
     site: u64,
     code: &[u8],
     targets: &pyprobe_sdt::ring::BranchTargets,
     state_addr: u64,
-    installer: u64,
+    calls: DetourCalls,
 ) -> Result<Detour, HookError> {
     let mut decoder = Decoder::with_ip(64, code, site, DecoderOptions::NONE);
     let mut displaced = Vec::new();
@@ -82,12 +96,24 @@ pub fn build_detour(
     }
     // Entry: rsp = 8 mod 16; nine pushes make it 0.
     let mut skip = a.create_label();
+    // The current interpreter kept on the stack (two words: rsp stays aligned)
+    // while the main one is asked for.
+    a.mov(rax, calls.interpreter_get)?;
+    a.call(rax)?;
+    a.push(rax)?;
+    a.sub(rsp, 8)?;
+    a.mov(rax, calls.interpreter_main)?;
+    a.call(rax)?;
+    a.add(rsp, 8)?;
+    a.pop(rcx)?;
+    a.cmp(rax, rcx)?;
+    a.jne(skip)?;
     a.mov(r11, state_addr)?;
     a.mov(eax, 1)?;
     a.mov(ecx, 2)?;
     a.lock().cmpxchg(qword_ptr(r11 + ST_ARMED as i32), rcx)?;
     a.jne(skip)?;
-    a.mov(rax, installer)?;
+    a.mov(rax, calls.installer)?;
     a.call(rax)?;
     a.set_label(&mut skip)?;
     for r in saved.iter().rev() {
