@@ -572,7 +572,7 @@ fn a_program_calling_the_hooks_callback_with_odd_arguments_runs_on() {
 
 /// The interpreters whose hook is a `sys.monitoring` tool: pyenv 3.12 and 3.13,
 /// Debian's 3.13 and 3.14, each with a label.
-fn monitoring_interpreters() -> Vec<(String, PathBuf)> {
+pub(crate) fn monitoring_interpreters() -> Vec<(String, PathBuf)> {
     let mut pythons: Vec<(String, PathBuf)> = [12, 13]
         .iter()
         .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))

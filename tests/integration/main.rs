@@ -35,6 +35,7 @@ mod sample_accuracy;
 mod sdt_decode;
 mod sigkill;
 mod stopped;
+mod subinterpreters;
 mod thread_state;
 mod top_all;
 mod top_live;

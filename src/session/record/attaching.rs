@@ -29,6 +29,8 @@ pub(super) struct Attaching {
     pub running: Option<(u64, RunningStacks)>,
     /// Threads that started or ended while attaching.
     pub threads: Vec<(i32, u64, EventKind)>,
+    /// Caveats said while attaching: (process, time, text).
+    pub caveats: Vec<(i32, u64, String)>,
 }
 
 impl Attaching {
@@ -42,6 +44,7 @@ impl Attaching {
             window: None,
             running: None,
             threads: Vec::new(),
+            caveats: Vec::new(),
         }
     }
 
@@ -70,6 +73,10 @@ impl Attaching {
                 self.threads.push((tid, ts_ns, EventKind::ThreadExit))
             }
             TraceEvent::Notice(text) => self.lines.push(format!("pyprobe: {text}")),
+            TraceEvent::Caveat { pid, ts_ns, text } => {
+                self.lines.push(format!("pyprobe: {text}"));
+                self.caveats.push((pid, ts_ns, text));
+            }
             TraceEvent::Summarised { short, full } => self.lines.push(format!(
                 "pyprobe: {}",
                 if self.verbose { full } else { short }

@@ -67,6 +67,8 @@ pub enum NamedKind {
     ProcessStart { parent: u32 },
     /// `exec`, naming the new command line.
     Exec,
+    /// A caveat, its text.
+    Caveat,
 }
 
 impl NamedKind {
@@ -74,6 +76,7 @@ impl NamedKind {
         match self {
             NamedKind::ProcessStart { parent } => EventKind::ProcessStart { parent, command },
             NamedKind::Exec => EventKind::Exec { command },
+            NamedKind::Caveat => EventKind::Caveat { text: command },
         }
     }
 }

@@ -288,9 +288,9 @@ fn remap_strings(kind: &mut EventKind, mut f: impl FnMut(StrId) -> StrId) {
                 *t = f(*t);
             }
         }
-        EventKind::ProcessStart { command, .. } | EventKind::Exec { command } => {
-            *command = f(*command)
-        }
+        EventKind::ProcessStart { command, .. }
+        | EventKind::Exec { command }
+        | EventKind::Caveat { text: command } => *command = f(*command),
         EventKind::GcStart { .. }
         | EventKind::GcDone { .. }
         | EventKind::ThreadStart { .. }

@@ -55,6 +55,21 @@ pub(super) struct Recorder<'a> {
     resuming: Option<Vec<(u64, super::sampler::RunningStacks)>>,
     /// Pauses so far (count, total ns), for the closing line.
     paused: (u32, u64),
+    caveats: Caveats,
+}
+
+/// The caveats said so far: each written to the recording, and each text said
+/// again under the closing line, where a user reads the outcome.
+#[derive(Default)]
+struct Caveats(Vec<String>);
+
+impl Caveats {
+    fn write(&mut self, builder: &mut EventBuilder, pid: i32, ts_ns: u64, text: String) {
+        builder.write_named(pid, ts_ns, &text, NamedKind::Caveat);
+        if !self.0.contains(&text) {
+            self.0.push(text);
+        }
+    }
 }
 
 impl<'a> Recorder<'a> {
@@ -133,6 +148,10 @@ impl<'a> Recorder<'a> {
         for (tid, ts_ns, kind) in attaching.threads {
             builder.write(tid, ts_ns, kind);
         }
+        let mut caveats = Caveats::default();
+        for (pid, ts_ns, text) in attaching.caveats {
+            caveats.write(&mut builder, pid, ts_ns, text);
+        }
         let mut exact_window = false;
         if let Some((pid, ts_ns, exact)) = attaching.window {
             exact_window = exact;
@@ -160,6 +179,7 @@ impl<'a> Recorder<'a> {
             status: Status::new(),
             resuming: None,
             paused: (0, 0),
+            caveats,
         })
     }
 
@@ -227,6 +247,10 @@ impl<'a> Recorder<'a> {
                 }
             }
             TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
+            TraceEvent::Caveat { pid, ts_ns, text } => {
+                eprintln!("pyprobe: {text}");
+                self.caveats.write(builder, pid, ts_ns, text);
+            }
             TraceEvent::RingDrained { pid } => self.sampler.new_naming_batch(pid),
             TraceEvent::Counted {
                 pid,
@@ -378,6 +402,7 @@ impl<'a> Recorder<'a> {
             recording_path,
             chosen,
             paused,
+            caveats,
             ..
         } = self;
         let request = settings.request;
@@ -492,6 +517,9 @@ impl<'a> Recorder<'a> {
                 Outcome::Killed(sig) => format!("; target killed by {sig}"),
             }
         );
+        for text in &caveats.0 {
+            eprintln!("pyprobe: caveat: {text}");
+        }
         if let (Some(max), Some(b)) = (settings.budget, budget_summary) {
             // Said when the budget changed what was recorded, or was exceeded.
             let acted = b.traced_functions || b.exact_fraction < 1.0 || b.slowdown > max;

@@ -144,6 +144,9 @@ struct HookProc {
     since: Instant,
     last_raise: Instant,
     said_slow: bool,
+    /// The monitoring route: when the interpreters are next counted, until a
+    /// subinterpreter has been seen and said.
+    next_interpreter_count: Option<Instant>,
     walker: Walker,
     /// `%fs` base → tid.
     fs_tids: FxHashMap<u64, i32>,

@@ -92,6 +92,7 @@ impl HookBook {
                 since: now,
                 last_raise: now,
                 said_slow: false,
+                next_interpreter_count: installed.profile.is_none().then_some(now),
                 walker: installed.walker,
                 fs_tids,
                 buffers: HitBuffers::default(),

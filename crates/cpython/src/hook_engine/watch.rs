@@ -3,7 +3,7 @@
 //! gone by itself) and, on the profile route, thread states without the hook.
 //! Apart from placing and leaving: these run for as long as the hook is in.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
@@ -12,9 +12,43 @@ use crate::hook::{STATUS_OK, STATUS_REMOVED, STATUS_RUNNING, ST_AT_EXIT, ST_STAT
 use pyprobe_sdt::tracer::engine::source::SweepNeed;
 use pyprobe_sdt::tracer::engine::TraceEvent;
 use pyprobe_sdt::tracer::guardian::{Guardian, Op};
+use pyprobe_sdt::tracer::signals::monotonic_ns;
 
 use super::profile::Slot;
 use super::{setup, HookBook, HookProc, Phase, RAISE_EVERY, RAISE_SLOWLY, SLOW_AFTER, SWEEP_EVERY};
+
+/// How often the interpreters of a process traced through `sys.monitoring` are
+/// counted.
+const COUNT_INTERPRETERS_EVERY: Duration = Duration::from_millis(500);
+
+/// On the monitoring route, says once that calls in subinterpreters are not
+/// traced when the process has any: `sys.monitoring` is per interpreter and the
+/// hook is the main interpreter's (the detour installs it there only).
+fn look_for_subinterpreters(pid: i32, h: &mut HookProc, sink: &mut dyn FnMut(TraceEvent)) {
+    let now = Instant::now();
+    match h.next_interpreter_count {
+        Some(at) if at <= now => {}
+        _ => return,
+    }
+    h.next_interpreter_count = Some(now + COUNT_INTERPRETERS_EVERY);
+    let Some(count) = h.walker.interpreter_count() else {
+        return;
+    };
+    if count > 1 {
+        h.next_interpreter_count = None;
+        sink(TraceEvent::Caveat {
+            pid,
+            ts_ns: monotonic_ns(),
+            text: format!(
+                "the program runs subinterpreters ({} seen at once): calls made in them are not \
+                 traced (sys.monitoring, which the hook uses on this CPython, is per interpreter, \
+                 and pyprobe's hook is in the main one); `--mode sample` samples every \
+                 interpreter's threads",
+                count - 1
+            ),
+        });
+    }
+}
 
 impl HookBook {
     /// Hooks waiting for their installer: done, failed, or due to raise the
@@ -28,11 +62,16 @@ impl HookBook {
             let status = h.mem.read_u64(h.state_addr + ST_STATUS as u64).unwrap_or(0);
             if status == STATUS_REMOVED {
                 h.phase = Phase::Failed;
-                sink(TraceEvent::Notice(format!(
-                    "process {pid}: the hook unregistered itself: pyprobe had not read its ring \
-                     for 10 s (stopped?), so calls after that are not traced"
-                )));
+                sink(TraceEvent::Caveat {
+                    pid,
+                    ts_ns: monotonic_ns(),
+                    text: "the hook unregistered itself: pyprobe had not read its ring for 10 s \
+                           (stopped?), so calls after that are not traced"
+                        .into(),
+                });
+                continue;
             }
+            look_for_subinterpreters(pid, h, sink);
         }
         let mut stop_for = Vec::new();
         for (&pid, h) in self.procs.iter_mut() {
@@ -64,11 +103,15 @@ impl HookBook {
                 )));
             } else if status != 0 && status != STATUS_RUNNING {
                 h.phase = Phase::Failed;
-                sink(TraceEvent::Notice(format!(
-                    "process {pid}: the hook could not register with sys.monitoring ({}), so no calls \
-                     are traced",
-                    failed_step(status).unwrap_or("unknown step")
-                )));
+                sink(TraceEvent::Caveat {
+                    pid,
+                    ts_ns: monotonic_ns(),
+                    text: format!(
+                        "the hook could not register with sys.monitoring ({}), so no calls are \
+                         traced",
+                        failed_step(status).unwrap_or("unknown step")
+                    ),
+                });
             } else {
                 if h.since.elapsed() >= SLOW_AFTER && !h.said_slow {
                     h.said_slow = true;

@@ -9,8 +9,8 @@ use super::budget::{ThinningTracker, WindowTracker};
 use super::gc::GcTracker;
 use super::imports::ImportTracker;
 use super::model::{
-    Anomalies, AuditCount, FunctionSource, FunctionStats, ImportStats, Pause, ProcessStats, Report,
-    Target, ThreadStats,
+    Anomalies, AuditCount, Caveat, FunctionSource, FunctionStats, ImportStats, Pause, ProcessStats,
+    Report, Target, ThreadStats,
 };
 use super::model::{RaisingStack, Trigger, MAX_TRIGGERS};
 use super::replay::{Pairing, Replay, Step};
@@ -177,6 +177,8 @@ pub struct Aggregator {
     lost: u64,
     /// (time, length) of each pause.
     paused: Vec<(u64, u64)>,
+    /// (time, process, text) of each caveat.
+    caveats: Vec<(u64, u32, StrId)>,
     first_ts: Option<u64>,
     last_ts: Option<u64>,
     windows: WindowTracker,
@@ -227,6 +229,7 @@ impl Aggregator {
             events: 0,
             lost: 0,
             paused: Vec::new(),
+            caveats: Vec::new(),
             first_ts: None,
             last_ts: None,
             windows: WindowTracker::default(),
@@ -300,6 +303,7 @@ impl Aggregator {
                 self.lost = self.lost.saturating_add(*count);
             }
             EventKind::Paused { ns } => self.paused.push((ts, *ns)),
+            EventKind::Caveat { text } => self.caveats.push((ts, pid, *text)),
             EventKind::Window { exact } => self.windows.toggle(*exact, ts),
             EventKind::Thinned { level } => self.thinning.set(*level, ts),
             EventKind::AuditsCounted { count } => {
@@ -510,6 +514,7 @@ impl Aggregator {
                     ns,
                 })
                 .collect(),
+            caveats: caveats_of(&self.caveats, start, |id| names.get(id)),
             source,
             functions,
             gc,
@@ -571,4 +576,24 @@ impl<'q, F: Fn(StrId) -> String> Names<'q, F> {
         let name = self.get(self.qualnames.shown(code));
         crate::recording::or_unnamed(&name).to_owned()
     }
+}
+
+/// The caveats of a recording, each text once per process (at its first time).
+fn caveats_of(
+    seen: &[(u64, u32, StrId)],
+    start: u64,
+    mut text: impl FnMut(StrId) -> String,
+) -> Vec<Caveat> {
+    let mut out: Vec<Caveat> = Vec::new();
+    for &(at, pid, id) in seen {
+        let text = text(id);
+        if !out.iter().any(|c| c.pid == pid && c.text == text) {
+            out.push(Caveat {
+                at_ns: at.saturating_sub(start),
+                pid,
+                text,
+            });
+        }
+    }
+    out
 }

@@ -26,9 +26,9 @@ pub use aggregate::Aggregator;
 pub use filter::{parse_duration, FileFilter, FilterError, SliceFilter};
 pub use histogram::Histogram;
 pub use model::{
-    Anomalies, AuditCount, ExactWindows, FunctionSource, FunctionStats, GcStats, ImportStats,
-    Pause, ProcessStats, RaisingStack, Report, ReturnTypes, Target, Thinned, ThreadStats, Trigger,
-    TypeCount,
+    Anomalies, AuditCount, Caveat, ExactWindows, FunctionSource, FunctionStats, GcStats,
+    ImportStats, Pause, ProcessStats, RaisingStack, Report, ReturnTypes, Target, Thinned,
+    ThreadStats, Trigger, TypeCount,
 };
 pub use replay::{
     plan_events, EndKind, Exit, Pairing, Plan, Planner, Replay, ReplayCounters, Step, MAX_DEPTH,

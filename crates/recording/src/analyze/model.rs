@@ -218,6 +218,19 @@ pub struct Report {
     /// The times pyprobe let go of the target, in order: nothing of them is in the
     /// recording.
     pub paused: Vec<Pause>,
+    /// Why the recording is incomplete or its counts cannot be trusted, in order
+    /// (each text once per process).
+    pub caveats: Vec<Caveat>,
+}
+
+/// Something that makes a recording incomplete, as pyprobe said it while recording.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caveat {
+    /// When it was said, from the recording's start.
+    pub at_ns: u64,
+    /// The process it is about.
+    pub pid: u32,
+    pub text: String,
 }
 
 /// What one function returned: each type's count, and the frames left by an

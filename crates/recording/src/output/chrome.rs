@@ -382,6 +382,15 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
                     pid
                 ))?;
             }
+            EventKind::Caveat { text } => {
+                let text = names.string(*text);
+                w.event(format_args!(
+                    "{{\"name\":{},\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",
+                    json_str(&format!("caveat: {text}")),
+                    us(w.rel(ts)),
+                    pid
+                ))?;
+            }
             EventKind::AuditsCounted { count } => {
                 w.event(format_args!(
                     "{{\"name\":\"{count} audit events counted (overhead budget)\",\"cat\":\"pyprobe\",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{},\"tid\":{tid}}}",

@@ -65,6 +65,8 @@ mod tag {
     pub(crate) const RETURN_TYPE: u8 = 24;
     /// Format 7: pyprobe let go of the target for a while (Ctrl-Z, SIGSTOP).
     pub(crate) const PAUSED: u8 = 25;
+    /// Format 9: the recording of a process is incomplete, for a reason (a string).
+    pub(crate) const CAVEAT: u8 = 26;
     /// Format 6: a call spelling out its frame, which gets the chunk's next frame number.
     pub(crate) const CALL_NEW: u8 = 32;
     /// Format 6: a return spelling out its frame and first line (0: unknown), which

@@ -149,6 +149,13 @@ pub enum EventKind {
     Paused {
         ns: u64,
     },
+    /// The recording of this thread's process (the event's `tid` is the process
+    /// id) is incomplete from here on, or its counts cannot be trusted, for the
+    /// reason `text` says (a subinterpreter pyprobe cannot trace, a hook the
+    /// program took off ...). Views show every caveat (format 9).
+    Caveat {
+        text: StrId,
+    },
     /// How often a function of this thread's process (the event's `tid` is the
     /// process id) returned an object of one type so far: `returned` names the
     /// type, `None` counts frames left by an exception. A running total, written

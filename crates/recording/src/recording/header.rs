@@ -18,7 +18,7 @@ pub const MAGIC: [u8; 8] = *b"PYPROBE\0";
 /// 1 to 7 are still read (the states of samples of 1 and 2 unknown, every thread of
 /// 1 to 3 in the recording's own process, no first line on any return of 1 to 4,
 /// no return types before 6, no qualified names before 8).
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 /// The oldest format version this crate reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 

@@ -136,6 +136,8 @@ fn every_kind(w: &mut RecordingWriter<impl Write>) -> Vec<Event> {
             returned: None,
             total: u64::MAX,
         },
+        EventKind::Paused { ns: 2_500_000_000 },
+        EventKind::Caveat { text: StrId(0) },
         EventKind::ThreadExit,
     ];
     let mut out = Vec::new();

@@ -344,6 +344,12 @@ impl Walker {
             .map(Arc::from)
     }
 
+    /// How many interpreters the process runs now (1: no subinterpreter);
+    /// `None` when the list cannot be read.
+    pub fn interpreter_count(&mut self) -> Option<usize> {
+        self.reader.interpreter_count().ok()
+    }
+
     /// The address of every thread state of every interpreter (the hook engine raises
     /// their eval breakers).
     pub(crate) fn thread_state_addrs(&mut self) -> Result<Vec<u64>> {

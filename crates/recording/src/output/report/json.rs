@@ -53,6 +53,17 @@ struct JsonReport<'a> {
     /// The times pyprobe let go of the target while it was stopped (Ctrl-Z,
     /// SIGSTOP): nothing of them is recorded.
     paused: Vec<JsonPause>,
+    /// Why the recording is incomplete or its counts cannot be trusted, as
+    /// pyprobe said while recording, in order.
+    caveats: Vec<JsonCaveat<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonCaveat<'a> {
+    /// From the recording's start.
+    at_ns: u64,
+    pid: u32,
+    text: &'a str,
 }
 
 #[derive(Serialize)]
@@ -419,6 +430,15 @@ pub fn render_json(report: &Report) -> String {
             .map(|p| JsonPause {
                 at_ns: p.at_ns,
                 ns: p.ns,
+            })
+            .collect(),
+        caveats: report
+            .caveats
+            .iter()
+            .map(|c| JsonCaveat {
+                at_ns: c.at_ns,
+                pid: c.pid,
+                text: &c.text,
             })
             .collect(),
         anomalies: JsonAnomalies {

@@ -79,6 +79,15 @@ fn header_section(out: &mut String, r: &Report) {
             format_ns(total)
         );
     }
+    for c in &r.caveats {
+        let _ = writeln!(
+            out,
+            "caveat (pid {}, at {}): {}",
+            c.pid,
+            format_ns(c.at_ns),
+            c.text
+        );
+    }
     if let Some(w) = r.exact_windows {
         let _ = writeln!(
             out,

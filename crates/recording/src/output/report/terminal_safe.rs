@@ -43,6 +43,9 @@ pub(crate) fn escaped_report(r: &Report) -> Report {
         p.command = esc(&p.command);
         p.functions = p.functions.iter().map(function).collect();
     }
+    for c in &mut r.caveats {
+        c.text = esc(&c.text);
+    }
     for t in &mut r.return_types {
         t.file = esc(&t.file);
         t.function = esc(&t.function);

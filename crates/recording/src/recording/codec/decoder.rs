@@ -175,6 +175,9 @@ impl EventDecoder {
                 count: c.uvarint()?,
             },
             tag::PAUSED => EventKind::Paused { ns: c.uvarint()? },
+            tag::CAVEAT => EventKind::Caveat {
+                text: StrId(c.u32v("string id")?),
+            },
             tag::RETURN_TYPE => {
                 let function = get_frame(c)?;
                 let returned = match c.u32v("string id")? {

@@ -236,6 +236,7 @@ impl EventEncoder {
                 put_uvarint(buf, *count)
             }
             EventKind::Paused { ns } => put_uvarint(buf, *ns),
+            EventKind::Caveat { text } => put_uvarint(buf, u64::from(text.0)),
             EventKind::ReturnType {
                 function,
                 returned,
@@ -308,6 +309,7 @@ fn kind_tag(kind: &EventKind) -> u8 {
         EventKind::AuditsCounted { .. } => tag::AUDITS_COUNTED,
         EventKind::ReturnType { .. } => tag::RETURN_TYPE,
         EventKind::Paused { .. } => tag::PAUSED,
+        EventKind::Caveat { .. } => tag::CAVEAT,
     }
 }
 

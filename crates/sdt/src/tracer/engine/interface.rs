@@ -186,6 +186,13 @@ pub enum TraceEvent<'a> {
     },
     /// Something the user should know (a child cleaned, a signal, a fallback ...).
     Notice(String),
+    /// The trace of `pid` is incomplete from `ts_ns` on, or its counts cannot be
+    /// trusted, for the reason `text` says: kept in the recording, not only said.
+    Caveat {
+        pid: i32,
+        ts_ns: u64,
+        text: String,
+    },
     /// Over the overhead budget, GC, import and audit events go as `level` says
     /// until further notice: thinned, the sink must not read stacks at stops.
     Thinning {
