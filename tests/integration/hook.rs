@@ -542,18 +542,8 @@ fn code_objects_made_from_one_template_at_one_address_keep_their_own_names() {
 #[test]
 fn a_program_calling_the_hooks_callback_with_odd_arguments_runs_on() {
     for (label, py) in monitoring_interpreters() {
-        let path = tmp_path(&format!("borrow-{}.pyprobe", label.replace(' ', "-")));
-        let out = pyprobe()
-            .args(["record", "--mode", "trace", "--force", "-o"])
-            .arg(&path)
-            .arg("--")
-            .arg(&py)
-            .arg(repo().join("fixtures/python/borrow_callback.py"))
-            .arg("1000")
-            .output()
-            .expect("run pyprobe");
+        let (out, path) = trace_monitoring_fixture(&label, &py, "borrow_callback.py", "1000");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_no_panic(&label, &out.stderr);
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
             "builtin_function_or_method None None None None None None\n1000\n",
@@ -566,6 +556,8 @@ fn a_program_calling_the_hooks_callback_with_odd_arguments_runs_on() {
         let report = report_json(path.to_str().unwrap());
         let calls = calls_in_file(&report, "borrow_callback.py");
         assert_eq!(calls.get("work"), Some(&1000), "{label}: {calls:?}");
+        // The callback put back at once: the trace is whole.
+        assert_eq!(report["caveats"], serde_json::json!([]), "{label}");
         let _ = std::fs::remove_file(&path);
     }
 }
@@ -621,6 +613,77 @@ fn a_program_that_takes_tool_4_keeps_it_when_pyprobe_leaves() {
             said[1], said[2],
             "{label}: calls and the program's own count of starts"
         );
+        // The trace stopped when the program freed the tool: said, and kept.
+        assert_caveat(
+            &label,
+            &stderr,
+            &path,
+            "the program freed sys.monitoring tool 4",
+        );
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// A program that registers its own callback over pyprobe's cuts the trace short
+/// without a record lost: pyprobe says so under the closing line and in the
+/// recording, and the program's callback sees every start it should.
+#[test]
+fn a_program_replacing_the_hooks_callback_is_said_to_cut_the_trace_short() {
+    for (label, py) in monitoring_interpreters() {
+        let (out, path) = trace_monitoring_fixture(&label, &py, "replaces_callback.py", "1000");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "replaced 1000 1000\n",
+            "{label}: {stderr}"
+        );
+        assert_caveat(
+            &label,
+            &stderr,
+            &path,
+            "the program replaced a callback of pyprobe's sys.monitoring tool 4",
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// `pyprobe record --mode trace -o PATH -- PY fixtures/python/SCRIPT ARG` with the
+/// recording's path (a name of its own per `label`); pyprobe must not panic.
+fn trace_monitoring_fixture(
+    label: &str,
+    py: &Path,
+    script: &str,
+    arg: &str,
+) -> (std::process::Output, PathBuf) {
+    let path = tmp_path(&format!("{script}-{}.pyprobe", label.replace(' ', "-")));
+    let out = pyprobe()
+        .args(["record", "--mode", "trace", "--force", "-o"])
+        .arg(&path)
+        .arg("--")
+        .arg(py)
+        .arg(repo().join("fixtures/python").join(script))
+        .arg(arg)
+        .output()
+        .expect("run pyprobe");
+    assert_no_panic(label, &out.stderr);
+    (out, path)
+}
+
+/// Asserts that pyprobe said a caveat starting with `text` under its closing line
+/// (`stderr`) and kept it in the recording at `path`.
+fn assert_caveat(label: &str, stderr: &str, path: &Path, text: &str) {
+    assert!(
+        stderr.contains(&format!("pyprobe: caveat: {text}")),
+        "{label}: {stderr}"
+    );
+    let report = report_json(path.to_str().unwrap());
+    assert!(
+        report["caveats"]
+            .as_array()
+            .expect("caveats")
+            .iter()
+            .any(|c| c["text"].as_str().is_some_and(|t| t.starts_with(text))),
+        "{label}: {}",
+        report["caveats"]
+    );
 }

@@ -97,6 +97,7 @@
 //! | [`ST_AT_EXIT_MODULE`] | the `atexit` module, to unregister it without an import |
 //! | [`ST_AT_EXIT_RETRY`] | events until the next try to register the exit callback (0: none pending) |
 //! | [`ST_AT_EXIT_TRIES`] | failed tries to register it |
+//! | [`ST_CALLBACKS`] | the function objects registered, one per event (monitoring route) |
 //!
 //! # The exit callback
 //!
@@ -160,6 +161,11 @@ pub(crate) const ST_AT_EXIT_MODULE: usize = 40;
 pub(crate) const ST_AT_EXIT_RETRY: usize = 48;
 /// Failed tries to register the exit callback.
 pub(crate) const ST_AT_EXIT_TRIES: usize = 56;
+/// The monitoring route: the function object the installer registered for each
+/// event, in the order of the route's events (one word each), so that pyprobe
+/// can tell from outside whether the interpreter still holds them. (Bytes 64 to
+/// 77 hold the name that marks the page as pyprobe's.)
+pub(crate) const ST_CALLBACKS: usize = 128;
 /// Events between two tries to register the exit callback.
 pub(crate) const AT_EXIT_RETRY_EVENTS: u32 = 256;
 /// Tries to register the exit callback before the hook gives up on it.

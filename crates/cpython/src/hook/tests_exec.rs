@@ -645,6 +645,12 @@ fn installer_registers_every_callback() {
     assert_eq!(s.get(ST_STATUS), STATUS_OK);
     assert_eq!(s.get(ST_AT_EXIT_MODULE), std::ptr::addr_of!(ATEXIT) as u64);
     assert_ne!(s.get(ST_AT_EXIT), 0);
+    // The function object registered for each event, kept in the state page.
+    for (k, &(ev, _)) in EVENTS_312.iter().enumerate() {
+        let kept = s.get(ST_CALLBACKS + 8 * k);
+        assert_ne!(kept, 0);
+        assert_eq!(Some(kept), registered(1 << ev), "event {ev}");
+    }
     // Each method definition names a callback, METH_FASTCALL; the last the exit
     // callback, METH_NOARGS.
     let mut defs = std::mem::take(&mut *DEFS.lock().unwrap_or_else(|e| e.into_inner()));

@@ -10,7 +10,7 @@ use pyprobe_sdt::tracer::ring_engine::tsc::TscClock;
 
 use crate::hook::{ST_ARMED, ST_ON};
 
-use super::watch::unpatch;
+use super::watch::{look_at_monitoring, unpatch};
 use super::{HookBook, HookProc, Phase};
 
 impl HookBook {
@@ -27,6 +27,10 @@ impl HookBook {
         let pids: Vec<i32> = self.procs.keys().copied().collect();
         for pid in pids {
             if let Some(h) = self.procs.get_mut(&pid).filter(|_| alive(pid)) {
+                if h.phase == Phase::Installed {
+                    // What the program did since the last look is said too.
+                    look_at_monitoring(pid, h, true, sink);
+                }
                 let _ = h
                     .mem
                     .write(h.state_addr + ST_ARMED as u64, &0u64.to_le_bytes());

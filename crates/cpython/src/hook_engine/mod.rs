@@ -64,6 +64,7 @@ mod profile;
 mod returns;
 mod reuse;
 mod setup;
+mod tool;
 mod watch;
 
 use std::collections::HashMap;
@@ -144,9 +145,14 @@ struct HookProc {
     since: Instant,
     last_raise: Instant,
     said_slow: bool,
-    /// The monitoring route: when the interpreters are next counted, until a
-    /// subinterpreter has been seen and said.
-    next_interpreter_count: Option<Instant>,
+    /// The monitoring route: when the interpreters and pyprobe's tool are next
+    /// looked at (`None`: the profile route, or nothing left to say).
+    next_look: Option<Instant>,
+    said_subinterpreters: bool,
+    /// The slots of pyprobe's tool in the main interpreter, while they hold
+    /// pyprobe's (`tool_looked`: searched for already).
+    tool: Option<tool::ToolSlots>,
+    tool_looked: bool,
     walker: Walker,
     /// `%fs` base → tid.
     fs_tids: FxHashMap<u64, i32>,

@@ -29,6 +29,10 @@ use pyprobe_sdt::tracer::NotTraceable;
 use super::profile::{profile_target, ProfileTarget, Slot};
 use super::reuse::{self, Resume, NAME_AT, RING_NAME};
 
+// The state page's words stay clear of the name that marks it as pyprobe's.
+const _: () = assert!(crate::hook::ST_CALLBACKS as u64 >= NAME_AT + RING_NAME.len() as u64);
+const _: () = assert!(crate::hook::ST_AT_EXIT_TRIES as u64 + 8 <= NAME_AT);
+
 pub use pyprobe_sdt::process::PAGE_SIZE as PAGE;
 /// Slots in a hook's ring: as many as in an SDT ring (it stays mapped after
 /// detaching).

@@ -8,45 +8,101 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::hook::failed_step;
-use crate::hook::{STATUS_OK, STATUS_REMOVED, STATUS_RUNNING, ST_AT_EXIT, ST_STATUS};
+use crate::hook::{
+    events_of, STATUS_OK, STATUS_REMOVED, STATUS_RUNNING, ST_AT_EXIT, ST_GONE, ST_STATUS, TOOL_ID,
+};
 use pyprobe_sdt::tracer::engine::source::SweepNeed;
 use pyprobe_sdt::tracer::engine::TraceEvent;
 use pyprobe_sdt::tracer::guardian::{Guardian, Op};
 use pyprobe_sdt::tracer::signals::monotonic_ns;
 
 use super::profile::Slot;
+use super::tool::{FirstLook, ToolSlots};
 use super::{setup, HookBook, HookProc, Phase, RAISE_EVERY, RAISE_SLOWLY, SLOW_AFTER, SWEEP_EVERY};
 
-/// How often the interpreters of a process traced through `sys.monitoring` are
-/// counted.
-const COUNT_INTERPRETERS_EVERY: Duration = Duration::from_millis(500);
+/// How often the interpreters of a process traced through `sys.monitoring`, and
+/// pyprobe's tool in its main one, are looked at.
+const LOOK_EVERY: Duration = Duration::from_millis(500);
 
-/// On the monitoring route, says once that calls in subinterpreters are not
-/// traced when the process has any: `sys.monitoring` is per interpreter and the
-/// hook is the main interpreter's (the detour installs it there only).
-fn look_for_subinterpreters(pid: i32, h: &mut HookProc, sink: &mut dyn FnMut(TraceEvent)) {
+/// On the monitoring route, says once (a caveat) that calls in subinterpreters
+/// are not traced when the process has any (`sys.monitoring` is per interpreter;
+/// the detour installs the hook in the main one only), and once that the program
+/// freed pyprobe's tool or replaced one of its callbacks.
+/// `now_or_due`: look now (leaving: what happened since the last look is said
+/// too), else only when the time has come.
+pub(super) fn look_at_monitoring(
+    pid: i32,
+    h: &mut HookProc,
+    now_or_due: bool,
+    sink: &mut dyn FnMut(TraceEvent),
+) {
     let now = Instant::now();
-    match h.next_interpreter_count {
+    match h.next_look {
+        Some(_) if now_or_due => {}
         Some(at) if at <= now => {}
         _ => return,
     }
-    h.next_interpreter_count = Some(now + COUNT_INTERPRETERS_EVERY);
-    let Some(count) = h.walker.interpreter_count() else {
-        return;
+    h.next_look = Some(now + LOOK_EVERY);
+    if !h.said_subinterpreters {
+        if let Some(count) = h.walker.interpreter_count().filter(|&c| c > 1) {
+            h.said_subinterpreters = true;
+            sink(TraceEvent::Caveat {
+                pid,
+                ts_ns: monotonic_ns(),
+                text: format!(
+                    "the program runs subinterpreters ({} seen at once): calls made in them are \
+                     not traced (sys.monitoring, which the hook uses on this CPython, is per \
+                     interpreter, and pyprobe's hook is in the main one); `--mode sample` \
+                     samples every interpreter's threads",
+                    count - 1
+                ),
+            });
+        }
+    }
+    let gone_by_itself =
+        |h: &HookProc| h.mem.read_u64(h.state_addr + ST_GONE as u64).unwrap_or(0) != 0;
+    let lost = if h.tool_looked {
+        h.tool.as_ref().and_then(|t| t.lost(&h.mem, &h.walker))
+    } else {
+        h.tool_looked = true;
+        let minor = u32::from(h.walker.version().minor);
+        let events: Vec<u32> = events_of(minor)
+            .unwrap_or_default()
+            .iter()
+            .map(|&(ev, _)| ev)
+            .collect();
+        let look = match h.walker.main_interpreter() {
+            Some(interp) => ToolSlots::look(&h.mem, &h.walker, interp, h.state_addr, &events),
+            None => FirstLook::Unknown,
+        };
+        match look {
+            FirstLook::Held(slots) => {
+                h.tool = Some(slots);
+                None
+            }
+            FirstLook::Lost(lost) => Some(lost),
+            FirstLook::Unknown => {
+                sink(TraceEvent::Detail(format!(
+                    "hook engine in process {pid}: its sys.monitoring slots were not found in the \
+                     main interpreter's state, so a program freeing tool {TOOL_ID} or replacing \
+                     its callbacks would go unsaid"
+                )));
+                None
+            }
+        }
     };
-    if count > 1 {
-        h.next_interpreter_count = None;
+    // The hook giving the tool back itself (pyprobe gone too long) is not the
+    // program's doing: it sets `gone` first, and says so through `status`.
+    if let Some(lost) = lost.filter(|_| !gone_by_itself(h)) {
+        h.tool = None;
         sink(TraceEvent::Caveat {
             pid,
             ts_ns: monotonic_ns(),
-            text: format!(
-                "the program runs subinterpreters ({} seen at once): calls made in them are not \
-                 traced (sys.monitoring, which the hook uses on this CPython, is per interpreter, \
-                 and pyprobe's hook is in the main one); `--mode sample` samples every \
-                 interpreter's threads",
-                count - 1
-            ),
+            text: lost.caveat(),
         });
+    }
+    if h.said_subinterpreters && h.tool.is_none() {
+        h.next_look = None;
     }
 }
 
@@ -71,7 +127,7 @@ impl HookBook {
                 });
                 continue;
             }
-            look_for_subinterpreters(pid, h, sink);
+            look_at_monitoring(pid, h, false, sink);
         }
         let mut stop_for = Vec::new();
         for (&pid, h) in self.procs.iter_mut() {

@@ -10,8 +10,8 @@ use super::c_calls::{call, call_method, decref_rax, register_callback, Arg};
 use super::{ApiConsts, HookParams, Route, METHOD_DEF};
 use crate::hook::{
     AT_EXIT_MAX_TRIES, AT_EXIT_RETRY_EVENTS, STATUS_FAILED, STATUS_OK, STATUS_REMOVED,
-    STATUS_RUNNING, ST_AT_EXIT, ST_AT_EXIT_MODULE, ST_AT_EXIT_RETRY, ST_AT_EXIT_TRIES, ST_STATUS,
-    TOOL_ID,
+    STATUS_RUNNING, ST_AT_EXIT, ST_AT_EXIT_MODULE, ST_AT_EXIT_RETRY, ST_AT_EXIT_TRIES,
+    ST_CALLBACKS, ST_STATUS, TOOL_ID,
 };
 
 /// `PyCFunctionObject.m_ml`: the definition a builtin function was made from.
@@ -199,6 +199,8 @@ pub(super) fn emit_installer(
             a.test(rax, rax)?;
             a.jz(fails[2])?;
             a.mov(r12, rax)?;
+            a.mov(rax, p.state_addr)?;
+            a.mov(qword_ptr(rax + (ST_CALLBACKS + 8 * k) as i32), r12)?;
             register_callback(a, p, (s_register, s_iio), ev, Arg::Reg(r12))?;
             a.mov(r13, rax)?;
             // The registry holds its own reference to the function.

@@ -347,7 +347,13 @@ impl Walker {
     /// How many interpreters the process runs now (1: no subinterpreter);
     /// `None` when the list cannot be read.
     pub fn interpreter_count(&mut self) -> Option<usize> {
-        self.reader.interpreter_count().ok()
+        self.reader.interpreters().ok().map(|i| i.len())
+    }
+
+    /// The address of the main interpreter's state (the first made, last in the
+    /// list); `None` when the list cannot be read.
+    pub fn main_interpreter(&mut self) -> Option<u64> {
+        self.reader.interpreters().ok()?.last().copied()
     }
 
     /// The address of every thread state of every interpreter (the hook engine raises

@@ -13,16 +13,18 @@ impl<M: Memory> StackReader<M> {
     /// Every thread state of every interpreter, with its bytes (the span the walker
     /// uses), oldest thread first per interpreter: the main thread first. Fails only if
     /// `_PyRuntime` itself cannot be read.
-    /// How many interpreters the process has: the main one and its
-    /// subinterpreters (at most `MAX_INTERPRETERS` are counted).
-    pub(crate) fn interpreter_count(&self) -> io::Result<usize> {
+    /// The interpreters of the process, newest first: the main one, made first,
+    /// is the last (at most `MAX_INTERPRETERS`).
+    pub(crate) fn interpreters(&self) -> io::Result<Vec<u64>> {
         let l = &self.layout;
         let mut interp = read_u64(&self.mem, self.runtime + l.runtime_interpreters_head)?;
-        let mut seen = HashSet::new();
-        while plausible_pointer(interp) && seen.len() < MAX_INTERPRETERS && seen.insert(interp) {
+        let mut seen = Vec::new();
+        while plausible_pointer(interp) && seen.len() < MAX_INTERPRETERS && !seen.contains(&interp)
+        {
+            seen.push(interp);
             interp = read_u64(&self.mem, interp + l.interp_next)?;
         }
-        Ok(seen.len())
+        Ok(seen)
     }
 
     pub(crate) fn thread_states(&self) -> io::Result<Vec<(u64, Vec<u8>)>> {
