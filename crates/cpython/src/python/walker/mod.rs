@@ -347,13 +347,17 @@ impl Walker {
     /// How many interpreters the process runs now (1: no subinterpreter);
     /// `None` when the list cannot be read.
     pub fn interpreter_count(&mut self) -> Option<usize> {
-        self.reader.interpreters().ok().map(|i| i.len())
+        self.reader.interpreters().ok().map(|(i, _)| i.len())
     }
 
     /// The address of the main interpreter's state (the first made, last in the
-    /// list); `None` when the list cannot be read.
+    /// list); `None` unless the whole list could be read (the last of a cut
+    /// list is not the main one).
     pub fn main_interpreter(&mut self) -> Option<u64> {
-        self.reader.interpreters().ok()?.last().copied()
+        match self.reader.interpreters().ok()? {
+            (list, true) => list.last().map(|&(interp, _)| interp),
+            (_, false) => None,
+        }
     }
 
     /// The address of every thread state of every interpreter (the hook engine raises

@@ -10,34 +10,37 @@ use crate::python::walker::layout::{FrameRoot, GilLayout};
 use crate::python::walker::objects::{field_i32, field_u64, plausible_pointer, read_u64};
 
 impl<M: Memory> StackReader<M> {
-    /// Every thread state of every interpreter, with its bytes (the span the walker
-    /// uses), oldest thread first per interpreter: the main thread first. Fails only if
-    /// `_PyRuntime` itself cannot be read.
-    /// The interpreters of the process, newest first: the main one, made first,
-    /// is the last (at most `MAX_INTERPRETERS`).
-    pub(crate) fn interpreters(&self) -> io::Result<Vec<u64>> {
-        let l = &self.layout;
-        let mut interp = read_u64(&self.mem, self.runtime + l.runtime_interpreters_head)?;
-        let mut seen = Vec::new();
-        while plausible_pointer(interp) && seen.len() < MAX_INTERPRETERS && !seen.contains(&interp)
-        {
-            seen.push(interp);
-            interp = read_u64(&self.mem, interp + l.interp_next)?;
-        }
-        Ok(seen)
-    }
-
-    pub(crate) fn thread_states(&self) -> io::Result<Vec<(u64, Vec<u8>)>> {
+    /// The interpreters of the process, newest first (the main one, made first,
+    /// is the last), each with the head of its thread list; and whether the list
+    /// was read to its end (not cut by a read that failed, a loop or
+    /// `MAX_INTERPRETERS`). Fails only if `_PyRuntime` itself cannot be read.
+    pub(crate) fn interpreters(&self) -> io::Result<(Vec<(u64, u64)>, bool)> {
         let l = &self.layout;
         let mut interp = read_u64(&self.mem, self.runtime + l.runtime_interpreters_head)?;
         let mut seen = HashSet::new();
         let mut out = Vec::new();
-        while plausible_pointer(interp) && seen.len() < MAX_INTERPRETERS && seen.insert(interp) {
+        while plausible_pointer(interp) {
+            if seen.len() >= MAX_INTERPRETERS || !seen.insert(interp) {
+                return Ok((out, false));
+            }
             let Ok((head, next_interp)) =
                 self.two_fields(interp, l.interp_threads_head, l.interp_next)
             else {
-                break;
+                return Ok((out, false));
             };
+            out.push((interp, head));
+            interp = next_interp;
+        }
+        Ok((out, true))
+    }
+
+    /// Every thread state of every interpreter, with its bytes (the span the walker
+    /// uses), oldest thread first per interpreter: the main thread first. Fails only if
+    /// `_PyRuntime` itself cannot be read.
+    pub(crate) fn thread_states(&self) -> io::Result<Vec<(u64, Vec<u8>)>> {
+        let l = &self.layout;
+        let mut out = Vec::new();
+        for (_, head) in self.interpreters()?.0 {
             let mut threads = Vec::new();
             let mut tstate = head;
             let mut seen_threads = HashSet::new();
@@ -57,7 +60,6 @@ impl<M: Memory> StackReader<M> {
             }
             // New thread states are pushed at the head: reverse for oldest first.
             out.extend(threads.into_iter().rev());
-            interp = next_interp;
         }
         Ok(out)
     }
