@@ -65,8 +65,8 @@
 //! * The detour: what the safe point's function entry jumps to (see below). It saves
 //!   the argument registers, and on a thread of the main interpreter (a hook in a
 //!   subinterpreter would see none of the program's calls and die with it) runs
-//!   the installer once (`lock cmpxchg` on `armed`, 1 → 2), restores them, runs the instructions the jump displaced (relocated) and
-//!   jumps back behind them.
+//!   the installer once (`lock cmpxchg` on `armed`, 1 → 2), restores them, runs
+//!   the instructions the jump displaced (relocated) and jumps back behind them.
 //!
 //! # The safe point
 //!

@@ -28,6 +28,7 @@ const LOOK_EVERY: Duration = Duration::from_millis(500);
 /// are not traced when the process has any (`sys.monitoring` is per interpreter;
 /// the detour installs the hook in the main one only), and once that the program
 /// freed pyprobe's tool or replaced one of its callbacks.
+///
 /// `now_or_due`: look now (leaving: what happened since the last look is said
 /// too), else only when the time has come.
 pub(super) fn look_at_monitoring(

@@ -3,7 +3,7 @@
 //! Feed events with [`Aggregator::push`] while reading, then resolve strings in
 //! [`Aggregator::finish`] (the string table is complete only at the end).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::budget::{ThinningTracker, WindowTracker};
 use super::gc::GcTracker;
@@ -579,15 +579,17 @@ impl<'q, F: Fn(StrId) -> String> Names<'q, F> {
 }
 
 /// The caveats of a recording, each text once per process (at its first time).
+/// A set, not a scan of those kept: a hostile file may hold millions.
 fn caveats_of(
     seen: &[(u64, u32, StrId)],
     start: u64,
     mut text: impl FnMut(StrId) -> String,
 ) -> Vec<Caveat> {
+    let mut said: HashSet<(u32, String)> = HashSet::new();
     let mut out: Vec<Caveat> = Vec::new();
     for &(at, pid, id) in seen {
         let text = text(id);
-        if !out.iter().any(|c| c.pid == pid && c.text == text) {
+        if said.insert((pid, text.clone())) {
             out.push(Caveat {
                 at_ns: at.saturating_sub(start),
                 pid,
