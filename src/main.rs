@@ -20,6 +20,8 @@ fn main() -> ExitCode {
         Command::Calls(args) => session::views::calls(&args.request()),
         Command::Top(args) => session::top::top(&args.request()),
         Command::Dump(args) => session::dump::run(&args.request()),
+        Command::Completions(args) => args.run(),
+        Command::Man(args) => args.run(),
     };
     match result {
         Ok(code) => code,

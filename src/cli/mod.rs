@@ -12,10 +12,12 @@ use pyprobe_recording::analyze::SampleFilter;
 
 mod inspect_args;
 mod record_args;
+mod shell_args;
 mod view_args;
 
 use inspect_args::{DumpArgs, ProbesArgs, TopArgs};
 use record_args::RecordArgs;
+use shell_args::{CompletionsArgs, ManArgs};
 use view_args::{CallsArgs, FlameArgs, ReportArgs};
 
 #[derive(Debug, Parser)]
@@ -57,6 +59,10 @@ pub enum Command {
     Probes(ProbesArgs),
     /// Print the Python stack of every thread of a process, once.
     Dump(DumpArgs),
+    /// Print shell completions for bash, zsh, fish, elvish or PowerShell.
+    Completions(CompletionsArgs),
+    /// Print the man page, or write every page into a directory.
+    Man(ManArgs),
 }
 
 /// Which process to look at: a running one, or a command to start.
