@@ -24,6 +24,8 @@ failed=0
 cargo test --release --workspace --features test-switches --lib --bins --benches --no-fail-fast || failed=1
 # Signals and the timer, in a process of its own with one thread.
 cargo test --release --features test-switches --test tick || failed=1
+# The pip/pipx wheel, for the integration test that installs it into fresh environments.
+scripts/build-wheel.sh >/dev/null || failed=1
 # The crates' dependencies are the architecture's (docs/ARCHITECTURE.md).
 scripts/check-architecture.sh || failed=1
 # The integration tests run two at a time, except those whose subject is timing

@@ -43,3 +43,4 @@ mod trace_truth;
 mod unprivileged;
 mod views;
 mod walker;
+mod wheel;
