@@ -117,3 +117,6 @@ impl From<SampleArgs> for SampleFilter {
         }
     }
 }
+
+#[cfg(test)]
+mod documented_commands;
