@@ -13,7 +13,11 @@ data=target/wheel-data/data/share
 
 if [ ! -x "$tools/bin/maturin" ]; then
     echo "build-wheel: installing maturin $MATURIN_VERSION into $tools" >&2
-    "$PYTHON" -m venv "$tools"
+    rm -rf "$tools"
+    "$PYTHON" -m venv "$tools" || {
+        echo "build-wheel: $PYTHON cannot make a virtual environment (Debian: apt-get install python3-venv; or set PYTHON=...)" >&2
+        exit 1
+    }
     "$tools/bin/python" -m pip install --quiet --disable-pip-version-check "maturin==$MATURIN_VERSION"
 fi
 

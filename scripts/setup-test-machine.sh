@@ -21,6 +21,7 @@ declare -A NEED=(
     [passwd]=/usr/sbin/useradd
     [ca-certificates]=/etc/ssl/certs/ca-certificates.crt
     [python3-pip]=/usr/lib/python3/dist-packages/pip
+    [python3.11-venv]=/usr/lib/python3.11/ensurepip/__main__.py
     [golang-go]=/usr/bin/go
 )
 missing=()
