@@ -33,6 +33,7 @@ mod safety;
 mod sample;
 mod sample_accuracy;
 mod sdt_decode;
+mod shell;
 mod sigkill;
 mod stopped;
 mod subinterpreters;
