@@ -542,7 +542,8 @@ fn code_objects_made_from_one_template_at_one_address_keep_their_own_names() {
 #[test]
 fn a_program_calling_the_hooks_callback_with_odd_arguments_runs_on() {
     for (label, py) in monitoring_interpreters() {
-        let (out, path) = trace_monitoring_fixture(&label, &py, "borrow_callback.py", "1000");
+        let (out, path) =
+            trace_monitoring_fixture(&label, &py, &[], "borrow_callback.py", &["1000"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
@@ -583,24 +584,8 @@ pub(crate) fn monitoring_interpreters() -> Vec<(String, PathBuf)> {
 #[test]
 fn a_program_that_takes_tool_4_keeps_it_when_pyprobe_leaves() {
     for (label, py) in monitoring_interpreters() {
-        let path = tmp_path(&format!("takes-tool-{}.pyprobe", label.replace(' ', "-")));
-        let out = pyprobe()
-            .args([
-                "record",
-                "--mode",
-                "trace",
-                "--duration",
-                "1",
-                "--force",
-                "-o",
-            ])
-            .arg(&path)
-            .arg("--")
-            .arg(&py)
-            .arg(repo().join("fixtures/python/takes_tool.py"))
-            .arg("2.5")
-            .output()
-            .expect("run pyprobe");
+        let (out, path) =
+            trace_monitoring_fixture(&label, &py, &["--duration", "1"], "takes_tool.py", &["2.5"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_no_panic(&label, &out.stderr);
         assert!(out.status.success(), "{label}: {stderr}");
@@ -630,7 +615,8 @@ fn a_program_that_takes_tool_4_keeps_it_when_pyprobe_leaves() {
 #[test]
 fn a_program_replacing_the_hooks_callback_is_said_to_cut_the_trace_short() {
     for (label, py) in monitoring_interpreters() {
-        let (out, path) = trace_monitoring_fixture(&label, &py, "replaces_callback.py", "1000");
+        let (out, path) =
+            trace_monitoring_fixture(&label, &py, &[], "replaces_callback.py", &["1000"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
@@ -647,22 +633,58 @@ fn a_program_replacing_the_hooks_callback_is_said_to_cut_the_trace_short() {
     }
 }
 
-/// `pyprobe record --mode trace -o PATH -- PY fixtures/python/SCRIPT ARG` with the
-/// recording's path (a name of its own per `label`); pyprobe must not panic.
+/// A program that turns every event of pyprobe's tool off leaves the hook's
+/// callbacks no way to run, so no way to give the tool back: pyprobe says the
+/// trace was cut short, and gives tool 4 back itself when it leaves, so that the
+/// program can take it.
+#[test]
+fn a_program_turning_the_hooks_events_off_is_said_and_gets_tool_4_back() {
+    for (label, py) in monitoring_interpreters() {
+        let (out, path) = trace_monitoring_fixture(
+            &label,
+            &py,
+            &["--duration", "1.5"],
+            "silences_tool.py",
+            &["1000", "3"],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_no_panic(&label, &out.stderr);
+        assert!(out.status.success(), "{label}: {stderr}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "None mine\n",
+            "{label}: who held tool 4 after the detach, and whether the program took it\n{stderr}"
+        );
+        assert_caveat(
+            &label,
+            &stderr,
+            &path,
+            "the program turned off events of pyprobe's sys.monitoring tool 4",
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// `pyprobe record --mode trace EXTRA -o PATH -- PY fixtures/python/SCRIPT ARGS`
+/// with the recording's path (a name of its own per script and `label`); pyprobe
+/// must not panic.
 fn trace_monitoring_fixture(
     label: &str,
     py: &Path,
+    extra: &[&str],
     script: &str,
-    arg: &str,
+    args: &[&str],
 ) -> (std::process::Output, PathBuf) {
     let path = tmp_path(&format!("{script}-{}.pyprobe", label.replace(' ', "-")));
     let out = pyprobe()
-        .args(["record", "--mode", "trace", "--force", "-o"])
+        .args(["record", "--mode", "trace", "--force"])
+        .args(extra)
+        .arg("-o")
         .arg(&path)
         .arg("--")
         .arg(py)
         .arg(repo().join("fixtures/python").join(script))
-        .arg(arg)
+        .args(args)
         .output()
         .expect("run pyprobe");
     assert_no_panic(label, &out.stderr);

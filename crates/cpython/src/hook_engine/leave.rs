@@ -8,7 +8,7 @@ use pyprobe_sdt::tracer::engine::TraceEvent;
 use pyprobe_sdt::tracer::guardian::{Guardian, Op};
 use pyprobe_sdt::tracer::ring_engine::tsc::TscClock;
 
-use crate::hook::{ST_ARMED, ST_ON};
+use crate::hook::{ST_ARMED, ST_ON, TOOL_ID};
 
 use super::watch::{look_at_monitoring, unpatch};
 use super::{HookBook, HookProc, Phase};
@@ -30,6 +30,15 @@ impl HookBook {
                 if h.phase == Phase::Installed {
                     // What the program did since the last look is said too.
                     look_at_monitoring(pid, h, true, sink);
+                    if let Some(slots) = h.silenced.take() {
+                        if slots.free_silenced(&mut h.mem, &h.walker) {
+                            sink(TraceEvent::Detail(format!(
+                                "hook engine in process {pid}: gave sys.monitoring tool {TOOL_ID} \
+                                 back from outside: the program had turned its events off, so \
+                                 the hook's callbacks could not"
+                            )));
+                        }
+                    }
                 }
                 let _ = h
                     .mem

@@ -153,6 +153,9 @@ struct HookProc {
     /// pyprobe's (`tool_looked`: searched for already).
     tool: Option<tool::ToolSlots>,
     tool_looked: bool,
+    /// The slots of a tool whose events the program turned off: pyprobe still
+    /// holds it, and gives it back from outside when it leaves.
+    silenced: Option<tool::ToolSlots>,
     walker: Walker,
     /// `%fs` base → tid.
     fs_tids: FxHashMap<u64, i32>,

@@ -96,6 +96,7 @@ impl HookBook {
                 said_subinterpreters: false,
                 tool: None,
                 tool_looked: false,
+                silenced: None,
                 walker: installed.walker,
                 fs_tids,
                 buffers: HitBuffers::default(),

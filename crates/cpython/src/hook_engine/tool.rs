@@ -10,6 +10,9 @@
 //! object it registered for each event ([`ST_CALLBACKS`]), the interpreter state
 //! holds each exactly in tool 4's row, one word per event number; the name slot
 //! lies `EVENTS` rows on, and must hold the `str` "pyprobe" (which pins `EVENTS`).
+//! The table of which tools want which event (`_Py_GlobalMonitors monitors`, a
+//! byte per event) lies a fixed distance before the callbacks, and tells a program
+//! that turned pyprobe's events off (`set_events(4, 0)`).
 
 use pyprobe_sdt::process::memory::ProcessMemory;
 
@@ -21,8 +24,17 @@ use crate::python::walker::Walker;
 const SEARCH: usize = 1 << 20;
 /// Bytes read at a time while searching.
 const CHUNK: usize = 64 << 10;
-/// The range of `_PY_MONITORING_EVENTS` tried (19 on 3.13, 22 on 3.14).
+/// The range of `_PY_MONITORING_EVENTS` tried (17 on 3.12 and 3.13, 19 on 3.14).
 const EVENT_COUNTS: std::ops::RangeInclusive<u64> = 15..=32;
+/// How far `monitors` lies before `monitoring_callables` on 3.12 to 3.14: its 15
+/// or 16 bytes and two one-byte flags, rounded up to 24, then two `Py_ssize_t`
+/// thread counts.
+const MONITORS_BEFORE_CALLABLES: u64 = 40;
+/// Bytes of `monitors` read: every ungrouped event (15 on 3.12 and 3.13, whose
+/// 16th byte is a `bool` flag that never has bit 4 set; 16 on 3.14).
+const MONITORS_READ: usize = 16;
+/// Most threads a sane `sys_profiling_threads` or `sys_tracing_threads` counts.
+const MOST_THREADS: u64 = 1 << 20;
 
 /// The slots of pyprobe's tool in an interpreter's state, and what they held.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +43,10 @@ pub(super) struct ToolSlots {
     name: (u64, u64),
     /// `monitoring_callables[4][event]`, and pyprobe's function object.
     callbacks: Vec<(u64, u64)>,
+    /// `monitors.tools`, and pyprobe's events (their numbers), when the table was
+    /// found where the layout puts it (each of them wanted by tool 4 when the
+    /// hook had just registered them).
+    monitors: Option<(u64, Vec<u32>)>,
 }
 
 /// What the program did to pyprobe's tool.
@@ -40,6 +56,8 @@ pub(super) enum ToolLost {
     Freed,
     /// A callback of pyprobe's was replaced or taken off.
     Replaced,
+    /// The tool's events were turned off (`set_events`), its callbacks left.
+    EventsOff,
 }
 
 impl ToolLost {
@@ -54,6 +72,10 @@ impl ToolLost {
             ToolLost::Replaced => format!(
                 "the program replaced a callback of pyprobe's sys.monitoring tool {TOOL_ID} \
                  (register_callback): calls made while it was off are not traced"
+            ),
+            ToolLost::EventsOff => format!(
+                "the program turned off events of pyprobe's sys.monitoring tool {TOOL_ID} \
+                 (set_events): calls made while they were off are not traced"
             ),
         }
     }
@@ -127,12 +149,14 @@ impl ToolSlots {
                 }
                 let slot = table + 8 * count * 8 + tool * 8;
                 let value = mem.read_u64(slot).ok()?;
-                (walker.read_str(value).as_deref() == Some("pyprobe")).then_some((slot, value))
+                (walker.read_str(value).as_deref() == Some("pyprobe"))
+                    .then_some(((slot, value), table))
             });
         match name {
-            Some(name) if held.len() == events.len() => FirstLook::Held(ToolSlots {
+            Some((name, table)) if held.len() == events.len() => FirstLook::Held(ToolSlots {
                 name,
                 callbacks: held.into_iter().map(|(_, slot, f)| (slot, f)).collect(),
+                monitors: monitors_at(mem, table, events),
             }),
             Some(_) => FirstLook::Lost(ToolLost::Replaced),
             // Callbacks in place, no slot naming the tool "pyprobe": the id was
@@ -157,8 +181,61 @@ impl ToolSlots {
         if !self.callbacks.iter().all(|&c| holds(c)) {
             return Some(ToolLost::Replaced);
         }
-        None
+        let (at, events) = self.monitors.as_ref()?;
+        let wanted = read_monitors(mem, *at)?;
+        events
+            .iter()
+            .any(|&ev| !wants(&wanted, ev))
+            .then_some(ToolLost::EventsOff)
     }
+
+    /// Gives the tool id back from outside (every thread stopped) when the
+    /// program turned every event of it off while pyprobe still holds it, with
+    /// its callbacks: the hook gives the id back from a callback, which then never
+    /// runs again. As `free_tool_id` does, the callbacks and the name are cleared,
+    /// but their references are left (a stopped thread may be about to use one),
+    /// so a few small objects leak. Returns whether it did.
+    pub(super) fn free_silenced(&self, mem: &mut ProcessMemory, walker: &Walker) -> bool {
+        let Some((at, _)) = &self.monitors else {
+            return false;
+        };
+        let silenced =
+            read_monitors(mem, *at).is_some_and(|w| (0..w.len() as u32).all(|ev| !wants(&w, ev)));
+        if !silenced || self.lost(mem, walker) != Some(ToolLost::EventsOff) {
+            return false;
+        }
+        let zero = 0u64.to_le_bytes();
+        let cleared = self
+            .callbacks
+            .iter()
+            .all(|&(slot, _)| mem.write(slot, &zero).is_ok());
+        cleared && mem.write(self.name.0, &zero).is_ok()
+    }
+}
+
+/// `monitors.tools` of the interpreter whose callback table starts at `table`, if
+/// it reads as one: tool 4 wanting each of `events` (just registered), and the two
+/// thread counts after it plausible.
+fn monitors_at(mem: &ProcessMemory, table: u64, events: &[u32]) -> Option<(u64, Vec<u32>)> {
+    let at = table.checked_sub(MONITORS_BEFORE_CALLABLES)?;
+    let wanted = read_monitors(mem, at)?;
+    let counts_sane = [24, 32]
+        .iter()
+        .all(|&off| mem.read_u64(at + off).is_ok_and(|n| n < MOST_THREADS));
+    let all_wanted = events.iter().all(|&ev| wants(&wanted, ev));
+    (counts_sane && all_wanted).then(|| (at, events.to_vec()))
+}
+
+fn read_monitors(mem: &ProcessMemory, at: u64) -> Option<[u8; MONITORS_READ]> {
+    let mut bytes = [0u8; MONITORS_READ];
+    mem.read(at, &mut bytes).ok().map(|()| bytes)
+}
+
+/// Whether tool 4 wants event `ev` in a `monitors.tools` table.
+fn wants(tools: &[u8; MONITORS_READ], ev: u32) -> bool {
+    tools
+        .get(ev as usize)
+        .is_some_and(|&mask| mask & (1 << TOOL_ID) != 0)
 }
 
 /// The address of the first word equal to each of `values` in the `SEARCH`

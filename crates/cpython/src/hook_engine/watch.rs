@@ -17,7 +17,7 @@ use pyprobe_sdt::tracer::guardian::{Guardian, Op};
 use pyprobe_sdt::tracer::signals::monotonic_ns;
 
 use super::profile::Slot;
-use super::tool::{FirstLook, ToolSlots};
+use super::tool::{FirstLook, ToolLost, ToolSlots};
 use super::{setup, HookBook, HookProc, Phase, RAISE_EVERY, RAISE_SLOWLY, SLOW_AFTER, SWEEP_EVERY};
 
 /// How often the interpreters of a process traced through `sys.monitoring`, and
@@ -95,7 +95,10 @@ pub(super) fn look_at_monitoring(
     // The hook giving the tool back itself (pyprobe gone too long) is not the
     // program's doing: it sets `gone` first, and says so through `status`.
     if let Some(lost) = lost.filter(|_| !gone_by_itself(h)) {
-        h.tool = None;
+        let slots = h.tool.take();
+        if lost == ToolLost::EventsOff {
+            h.silenced = slots;
+        }
         sink(TraceEvent::Caveat {
             pid,
             ts_ns: monotonic_ns(),
