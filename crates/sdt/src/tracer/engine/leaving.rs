@@ -3,11 +3,14 @@
 //! shared by a clean end, a failed attach, a pause and `Drop`.
 
 use nix::sys::ptrace;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use crate::tracer::safety_net;
 
-use super::{Engine, ThreadState, TraceEvent};
+use super::threads::wait_for_thread;
+use super::{Engine, Thread, ThreadState, TraceEvent};
 
 impl Engine {
     /// Stops every thread, restores every byte and semaphore, and detaches, delivering
@@ -79,14 +82,58 @@ impl Engine {
                 )));
             }
         }
-        for (&tid, thread) in &self.threads {
+        let threads: Vec<(i32, Thread)> = self.threads.drain().collect();
+        for (tid, thread) in threads {
             let pending = match thread.state {
                 ThreadState::Stopped { pending, .. } => pending,
                 _ => None,
             };
-            let _ = ptrace::detach(Pid::from_raw(tid), pending);
+            if ptrace::detach(Pid::from_raw(tid), pending).is_err() {
+                let_go_late(tid, thread.tgid, sink);
+            }
         }
         self.threads.clear();
+    }
+}
+
+/// A thread whose detach failed: not in a ptrace-stop. One that exited while
+/// pyprobe held the others (a zombie found by a look at `/proc` between two waits)
+/// is reaped: only its tracer may reap it, and until then its process cannot be
+/// reaped either (pyprobe, waiting for a command it started, would wait for ever).
+/// One still running is stopped and let go.
+fn let_go_late(tid: i32, tgid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+    if tid == tgid {
+        // An exited leader is reaped with its process, by its parent.
+        return;
+    }
+    if !crate::process::status::task_gone_or_zombie(tgid, tid) {
+        let _ = ptrace::interrupt(Pid::from_raw(tid));
+    }
+    let pending = match wait_for_thread(tgid, tid) {
+        Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => return,
+        Ok(WaitStatus::Stopped(_, sig)) if sig != Signal::SIGTRAP => Some(sig),
+        Ok(_) => None,
+        // Gone without a status, or a zombie the kernel has yet to report.
+        Err(_) => return reap_zombie(tid),
+    };
+    if let Err(e) = ptrace::detach(Pid::from_raw(tid), pending) {
+        sink(TraceEvent::Notice(format!(
+            "process {tgid}: thread {tid} could not be let go ({e}); it stays traced until \
+             pyprobe exits"
+        )));
+    }
+}
+
+/// Reaps zombie thread `tid`, waiting a little for its exit to be reported.
+fn reap_zombie(tid: i32) {
+    for _ in 0..100 {
+        match waitpid(
+            Pid::from_raw(tid),
+            Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG),
+        ) {
+            Ok(WaitStatus::StillAlive) => std::thread::sleep(std::time::Duration::from_millis(1)),
+            _ => return,
+        }
     }
 }
 

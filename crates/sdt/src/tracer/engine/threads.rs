@@ -475,7 +475,7 @@ fn tgid_of_thread(threads: &FxHashMap<i32, Thread>, tid: i32) -> i32 {
 /// ever: a thread-group leader that exits reports nothing until its other
 /// threads are gone, which pyprobe may be holding. `Err(ESRCH)` once it has
 /// exited without a status to report.
-fn wait_for_thread(pid: i32, tid: i32) -> nix::Result<WaitStatus> {
+pub(super) fn wait_for_thread(pid: i32, tid: i32) -> nix::Result<WaitStatus> {
     let mut waiting = WaitingForStops::new();
     loop {
         let status = waitpid(
