@@ -13,6 +13,10 @@ use pyprobe::session::top::TopRequest;
 use super::{SampleArgs, TargetArgs, TextFormat};
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Keys of the live view: / filter by name, file or file:line (Enter keeps, \
+    Esc clears)  c calls/hot  o own  t total  n name  f file (sort)  p pause  + - refresh  q quit"
+)]
 pub struct TopArgs {
     #[command(flatten)]
     pub target: TargetArgs,
@@ -23,6 +27,11 @@ pub struct TopArgs {
     pub interval: f64,
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub limit: usize,
+    /// Samples per second. The default is twice `record`'s, so that a one-second
+    /// window shows enough; each sample stops the threads for tens of µs while the
+    /// overhead budget allows (see `record --rate`).
+    #[arg(short, long, value_name = "HZ", default_value_t = pyprobe::session::top::TOP_SAMPLE_RATE)]
+    pub rate: u32,
     /// Print one snapshot as text and exit: of one interval of a running process
     /// (-p), or of a command's whole run (-- CMD, whose exit status `top` returns).
     #[arg(long)]
@@ -80,6 +89,7 @@ impl TopArgs {
             limit: self.limit,
             once: self.once,
             samples: self.samples.into(),
+            rate: self.rate,
         }
     }
 }

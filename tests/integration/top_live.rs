@@ -103,3 +103,37 @@ fn top_once_runs_a_command_and_shows_its_whole_run() {
         "record's default engine:\n{stderr}"
     );
 }
+
+/// `top -r HZ` samples at the rate asked for: the snapshot's own count of samples
+/// over its window matches it (a run on a CPU all along).
+#[test]
+fn top_samples_at_the_rate_asked_for() {
+    let Some(py) = python("3.13") else { return };
+    for rate in [50.0, 400.0] {
+        let out = pyprobe()
+            .args(["top", "--once", "-r", &rate.to_string(), "--"])
+            .arg(&py.launcher)
+            .arg(repo().join("fixtures/python/hot_loop.py"))
+            .arg("1.5")
+            .output()
+            .expect("run pyprobe top");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_no_panic("top -r", &out.stderr);
+        assert!(out.status.success(), "{stdout}");
+        // "pyprobe top: pid N, CPython 3.13.5, sample mode, over 1.55 s: 77 samples on a CPU"
+        let head = stdout
+            .lines()
+            .find(|l| l.starts_with("pyprobe top:"))
+            .unwrap_or_else(|| panic!("no title line:\n{stdout}"));
+        let (_, tail) = head.split_once(" over ").expect("window");
+        let mut words = tail.split_whitespace();
+        let seconds: f64 = words.next().unwrap().parse().unwrap();
+        assert_eq!(words.next(), Some("s:"), "{head}");
+        let samples: f64 = words.next().unwrap().parse().unwrap();
+        let measured = samples / seconds;
+        assert!(
+            measured > rate * 0.6 && measured < rate * 1.2,
+            "-r {rate}: {samples} samples over {seconds} s\n{stdout}"
+        );
+    }
+}

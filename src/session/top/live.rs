@@ -12,25 +12,18 @@ use anyhow::{bail, Context, Result};
 use crate::session::record::Target;
 use pyprobe_recording::analyze::SampleFilter;
 use pyprobe_recording::output::file::partial_path;
-use pyprobe_recording::output::top::{Snapshot, TopSort, ViewState};
+use pyprobe_recording::output::top::{Snapshot, ViewState};
 
-use super::snapshots::{open_live, print_snapshot, recording_source, TOP_SAMPLE_RATE};
+use super::snapshots::{open_live, print_snapshot, recording_source};
 use super::terminal::run_tui;
 
 /// The recorder of the live view: `pyprobe record` of `target` (`-p PID` or
 /// `-- CMD`) into `recording`, sampling stacks (GC and imports exact where the
 /// build has their probes).
-fn recorder(exe: &Path, recording: &Path, target: &[String]) -> Command {
+fn recorder(exe: &Path, recording: &Path, target: &[String], rate: u32) -> Command {
     let mut command = Command::new(exe);
     command
-        .args([
-            "record",
-            "--mode",
-            "auto",
-            "-r",
-            &TOP_SAMPLE_RATE.to_string(),
-            "-o",
-        ])
+        .args(["record", "--mode", "auto", "-r", &rate.to_string(), "-o"])
         .arg(recording)
         .args(target)
         .stdin(Stdio::null())
@@ -71,6 +64,8 @@ struct AllProcesses {
     not_python: std::collections::HashSet<i32>,
     /// Which samples count.
     samples: SampleFilter,
+    /// Samples per second of each recorder.
+    rate: u32,
 }
 
 impl AllProcesses {
@@ -103,7 +98,7 @@ impl AllProcesses {
             let recording = self.dir.path().join(format!("{pid}.pyprobe"));
             // A pid used again while `top --all` runs: its own file (--force).
             let target = ["-p".to_string(), pid.to_string(), "--force".to_string()];
-            let recorder = recorder(&self.exe, &recording, &target)
+            let recorder = recorder(&self.exe, &recording, &target, self.rate)
                 .stderr(Stdio::null())
                 .spawn();
             match recorder {
@@ -156,6 +151,7 @@ pub(super) fn all_top(
     limit: usize,
     once: bool,
     samples: SampleFilter,
+    rate: u32,
 ) -> Result<ExitCode> {
     let mut all = AllProcesses {
         dir: tempfile::tempdir().context("cannot create a temporary directory")?,
@@ -164,6 +160,7 @@ pub(super) fn all_top(
         watched: Default::default(),
         not_python: Default::default(),
         samples,
+        rate,
     };
     let shown = if once {
         all.refresh();
@@ -171,12 +168,7 @@ pub(super) fn all_top(
         let snapshot = all.refresh();
         print_snapshot(&snapshot, limit)
     } else {
-        let state = ViewState {
-            sort: TopSort::Hot,
-            paused: false,
-            interval,
-            limit,
-        };
+        let state = ViewState::new(interval, limit);
         run_tui(|| all.refresh(), state).context("the terminal view failed")
     };
     all.stop();
@@ -190,6 +182,7 @@ pub(super) fn live_top(
     interval: Duration,
     limit: usize,
     samples: SampleFilter,
+    rate: u32,
 ) -> Result<ExitCode> {
     let target = match watch {
         Target::Attach(pid) => {
@@ -209,7 +202,7 @@ pub(super) fn live_top(
     let log_path = dir.path().join("record.log");
     let log = std::fs::File::create(&log_path).context("cannot create the recorder's log")?;
     let exe = std::env::current_exe().context("cannot find pyprobe's own executable")?;
-    let mut recorder = recorder(&exe, &recording, &target)
+    let mut recorder = recorder(&exe, &recording, &target, rate)
         .stderr(log)
         .spawn()
         .context("cannot start the recorder")?;
@@ -226,12 +219,7 @@ pub(super) fn live_top(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let state = ViewState {
-        sort: TopSort::Hot,
-        paused: false,
-        interval,
-        limit,
-    };
+    let state = ViewState::new(interval, limit);
     let shown = run_tui(recording_source(recording.clone(), samples), state);
     // SAFETY: plain kill(2) of our own child.
     unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };

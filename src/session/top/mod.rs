@@ -13,11 +13,12 @@ use crate::session::record::{self, RecordRequest, Target};
 use crate::session::views::open;
 use pyprobe_recording::analyze::SampleFilter;
 use pyprobe_recording::output::report::build_report_filtered;
-use pyprobe_recording::output::top::{snapshot_between, TopSort, ViewState};
+use pyprobe_recording::output::top::{snapshot_between, ViewState};
 use pyprobe_sdt::tracer::RingUse;
 
 use live::{all_top, live_top};
-use snapshots::{open_live, print_snapshot, recording_source, TOP_SAMPLE_RATE};
+pub use snapshots::TOP_SAMPLE_RATE;
+use snapshots::{open_live, print_snapshot, recording_source};
 use terminal::run_tui;
 
 mod live;
@@ -37,12 +38,17 @@ pub struct TopRequest {
     pub once: bool,
     /// Which samples count (`--idle`, `--gil`).
     pub samples: SampleFilter,
+    /// Samples per second (`-r`).
+    pub rate: u32,
 }
 
 /// `pyprobe top`.
 pub fn top(request: &TopRequest) -> Result<ExitCode> {
     if !(request.interval > 0.0 && request.interval.is_finite()) {
         bail!("--interval must be a positive number of seconds");
+    }
+    if request.rate == 0 {
+        bail!("-r/--rate must be at least 1 sample per second");
     }
     let interval = Duration::from_secs_f64(request.interval);
     let once = request.once || !io::stdout().is_terminal();
@@ -57,18 +63,13 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
             print_snapshot(&snapshot, limit)?;
             return Ok(ExitCode::SUCCESS);
         }
-        let state = ViewState {
-            sort: TopSort::Hot,
-            paused: false,
-            interval,
-            limit,
-        };
+        let state = ViewState::new(interval, limit);
         run_tui(recording_source(file.clone(), request.samples), state)
             .context("the terminal view failed")?;
         return Ok(ExitCode::SUCCESS);
     }
     if request.all {
-        return all_top(interval, limit, once, request.samples);
+        return all_top(interval, limit, once, request.samples, request.rate);
     }
     let (target, duration, what) = match &request.target {
         // One snapshot of a live process: one interval of it.
@@ -83,7 +84,7 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
             None,
             format!("`{}`", cmd.join(" ")),
         ),
-        Some(target) => return live_top(target, interval, limit, request.samples),
+        Some(target) => return live_top(target, interval, limit, request.samples, request.rate),
         None => {
             eprintln!(
                 "pyprobe: top: nothing to watch: give -p PID, --from RECORDING (or -- CMD, --all)"
@@ -100,7 +101,7 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
         output: Some(recording.clone()),
         duration,
         mode: record::Mode::Auto,
-        rate: TOP_SAMPLE_RATE,
+        rate: request.rate,
         // As `record`'s default: rare probes through the ring where they qualify.
         ring: RingUse::Auto,
         ..Default::default()

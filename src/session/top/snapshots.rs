@@ -63,8 +63,9 @@ pub(super) fn recording_source(file: PathBuf, samples: SampleFilter) -> impl FnM
     }
 }
 
-/// Samples per second for `top --once -p PID`.
-pub(super) const TOP_SAMPLE_RATE: u32 = 200;
+/// Samples per second of `top` unless `-r` says otherwise: twice `record`'s, for
+/// a one-second window to show enough.
+pub const TOP_SAMPLE_RATE: u32 = 200;
 
 pub(super) fn print_snapshot(snapshot: &Snapshot, limit: usize) -> Result<()> {
     let text = render_text(snapshot, TopSort::Hot, limit);

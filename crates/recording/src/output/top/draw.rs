@@ -11,11 +11,11 @@ use ratatui::text::Line;
 use ratatui::widgets::{Paragraph, Row, Table};
 use ratatui::{Frame, Terminal};
 
-use super::snapshot::{sort_rows, Snapshot, TopSort};
+use super::snapshot::{sort_rows, Snapshot, TopRow, TopSort};
 use super::text::{cells, headers, status_line, title_line};
 use crate::output::units::format_ns;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ViewState {
     /// Order of the rows.
     pub sort: TopSort,
@@ -25,6 +25,36 @@ pub struct ViewState {
     pub interval: Duration,
     /// Most rows shown.
     pub limit: usize,
+    /// Only rows whose name, file or `file:line` contain this (any case).
+    pub filter: String,
+    /// The filter is being typed (`/` until Enter or Esc).
+    pub editing: bool,
+}
+
+impl ViewState {
+    /// The hottest first, refreshed each `interval`, at most `limit` rows.
+    pub fn new(interval: Duration, limit: usize) -> ViewState {
+        ViewState {
+            sort: TopSort::Hot,
+            paused: false,
+            interval,
+            limit,
+            filter: String::new(),
+            editing: false,
+        }
+    }
+
+    /// Whether `row` passes the filter.
+    pub fn shows(&self, row: &TopRow) -> bool {
+        if self.filter.is_empty() {
+            return true;
+        }
+        let wanted = self.filter.to_lowercase();
+        let located = format!("{}:{}", row.file, row.line);
+        [&row.function, &row.file, &located]
+            .iter()
+            .any(|text| text.to_lowercase().contains(&wanted))
+    }
 }
 
 /// Draws one frame of the live view.
@@ -46,9 +76,21 @@ pub fn draw(frame: &mut Frame<'_>, snapshot: &Snapshot, state: &ViewState) {
         st.push_str("   ");
         st.push_str(s);
     }
-    frame.render_widget(Paragraph::new(st), status);
 
-    let mut rows = snapshot.rows.clone();
+    let mut rows: Vec<TopRow> = snapshot
+        .rows
+        .iter()
+        .filter(|r| state.shows(r))
+        .cloned()
+        .collect();
+    if !state.filter.is_empty() {
+        st.push_str(&format!(
+            "   {} of {} functions match",
+            rows.len(),
+            snapshot.rows.len()
+        ));
+    }
+    frame.render_widget(Paragraph::new(st), status);
     sort_rows(&mut rows, state.sort, snapshot.mode);
     let shown = (table.height.saturating_sub(1) as usize).min(state.limit);
     rows.truncate(shown);
@@ -89,23 +131,58 @@ pub fn draw(frame: &mut Frame<'_>, snapshot: &Snapshot, state: &ViewState) {
         .into_iter()
         .map(|r| Row::new(r.into_iter().enumerate().map(|(i, c)| right(c, i))));
     frame.render_widget(Table::new(body, widths).header(header), table);
-    let helptext = format!(
-        "q quit  p pause  c calls/hot  o own  t total  n name  f file  +/- interval ({})   sorted by {}",
-        format_ns(state.interval.as_nanos() as u64),
-        state.sort.label(snapshot.mode)
-    );
+    let helptext = if state.editing {
+        format!(
+            "filter: /{}_   (name, file or file:line; Enter keeps it, Esc clears it)",
+            state.filter
+        )
+    } else {
+        // A filter in force comes first: the line is cut at the terminal's width.
+        let filter = if state.filter.is_empty() {
+            String::new()
+        } else {
+            format!("filter /{} (Esc clears)   ", state.filter)
+        };
+        format!(
+            "{filter}q quit  p pause  / filter  c calls/hot  o own  t total  n name  f file  +/- interval ({})   sorted by {}",
+            format_ns(state.interval.as_nanos() as u64),
+            state.sort.label(snapshot.mode)
+        )
+    };
     frame.render_widget(
         Paragraph::new(helptext).style(Style::default().add_modifier(Modifier::DIM)),
         help,
     );
 }
 
-/// What a key does to the view; `None` to quit.
+/// What a key does to the view; `None` to quit. While the filter is typed, keys
+/// are its text.
 pub fn handle_key(state: &mut ViewState, code: KeyCode, modifiers: KeyModifiers) -> Option<bool> {
+    if code == KeyCode::Char('c') && modifiers.contains(KeyModifiers::CONTROL) {
+        return None;
+    }
+    if state.editing {
+        match code {
+            KeyCode::Enter => state.editing = false,
+            KeyCode::Esc => {
+                state.editing = false;
+                state.filter.clear();
+            }
+            KeyCode::Backspace => {
+                state.filter.pop();
+            }
+            KeyCode::Char(c) if !c.is_control() => state.filter.push(c),
+            _ => {}
+        }
+        return Some(false);
+    }
     let mut refresh = false;
     match code {
-        KeyCode::Char('q') | KeyCode::Esc => return None,
-        KeyCode::Char('c') if modifiers.contains(KeyModifiers::CONTROL) => return None,
+        KeyCode::Char('q') => return None,
+        // Esc clears a filter first, then quits.
+        KeyCode::Esc if !state.filter.is_empty() => state.filter.clear(),
+        KeyCode::Esc => return None,
+        KeyCode::Char('/') => state.editing = true,
         KeyCode::Char('p') | KeyCode::Char(' ') => state.paused = !state.paused,
         KeyCode::Char('c') | KeyCode::Char('h') => state.sort = TopSort::Hot,
         KeyCode::Char('o') => state.sort = TopSort::Own,

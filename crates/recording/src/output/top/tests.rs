@@ -98,12 +98,7 @@ fn rates_over_the_window_between_two_reports() {
 
 #[test]
 fn keys() {
-    let mut st = ViewState {
-        sort: TopSort::Hot,
-        paused: false,
-        interval: Duration::from_secs(1),
-        limit: 10,
-    };
+    let mut st = ViewState::new(Duration::from_secs(1), 10);
     assert_eq!(
         handle_key(&mut st, KeyCode::Char('p'), KeyModifiers::NONE),
         Some(false)
@@ -126,12 +121,8 @@ fn keys() {
 #[test]
 fn draws_the_table() {
     let mut terminal = Terminal::new(TestBackend::new(100, 8)).unwrap();
-    let st = ViewState {
-        sort: TopSort::Hot,
-        paused: true,
-        interval: Duration::from_secs(1),
-        limit: 10,
-    };
+    let mut st = ViewState::new(Duration::from_secs(1), 10);
+    st.paused = true;
     draw_on(&mut terminal, &snapshot(), &st).unwrap();
     let buf = terminal.backend().buffer().clone();
     let text: Vec<String> = (0..buf.area.height)
@@ -147,4 +138,82 @@ fn draws_the_table() {
     assert!(text[3].contains("busy"), "{text:#?}");
     assert!(text[4].contains("slow"));
     assert!(text[7].contains("q quit"));
+}
+
+fn screen(terminal: &Terminal<TestBackend>) -> Vec<String> {
+    let buf = terminal.backend().buffer().clone();
+    (0..buf.area.height)
+        .map(|y| {
+            (0..buf.area.width)
+                .map(|x| buf[(x, y)].symbol().to_string())
+                .collect()
+        })
+        .collect()
+}
+
+fn type_keys(st: &mut ViewState, keys: &str) {
+    for c in keys.chars() {
+        assert_eq!(
+            handle_key(st, KeyCode::Char(c), KeyModifiers::NONE),
+            Some(false)
+        );
+    }
+}
+
+#[test]
+fn slash_filters_by_name_file_or_line_and_esc_clears() {
+    let mut st = ViewState::new(Duration::from_secs(1), 10);
+    type_keys(&mut st, "/");
+    assert!(st.editing);
+    // Keys are the filter's text while it is typed: `q` does not quit.
+    type_keys(&mut st, "BUSq");
+    handle_key(&mut st, KeyCode::Backspace, KeyModifiers::NONE);
+    handle_key(&mut st, KeyCode::Enter, KeyModifiers::NONE);
+    assert!(!st.editing);
+    assert_eq!(st.filter, "BUS");
+    let snap = snapshot();
+    let shown: Vec<&str> = snap
+        .rows
+        .iter()
+        .filter(|r| st.shows(r))
+        .map(|r| r.function.as_str())
+        .collect();
+    assert_eq!(shown, ["busy"]);
+    let mut terminal = Terminal::new(TestBackend::new(110, 8)).unwrap();
+    draw_on(&mut terminal, &snap, &st).unwrap();
+    let text = screen(&terminal);
+    assert!(text[1].contains("1 of 2 functions match"), "{text:#?}");
+    assert!(
+        text[3].contains("busy") && !text[4].contains("slow"),
+        "{text:#?}"
+    );
+    assert!(text[7].contains("filter /BUS"), "{text:#?}");
+    // By file and by file:line.
+    st.filter = "main.py:3".into();
+    assert!(snap.rows.iter().all(|r| st.shows(r)));
+    st.filter = "other.py".into();
+    assert!(!snap.rows.iter().any(|r| st.shows(r)));
+    // Esc clears the filter, a second Esc quits.
+    assert_eq!(
+        handle_key(&mut st, KeyCode::Esc, KeyModifiers::NONE),
+        Some(false)
+    );
+    assert!(st.filter.is_empty());
+    assert_eq!(handle_key(&mut st, KeyCode::Esc, KeyModifiers::NONE), None);
+}
+
+#[test]
+fn esc_while_typing_drops_the_filter_and_ctrl_c_still_quits() {
+    let mut st = ViewState::new(Duration::from_secs(1), 10);
+    type_keys(&mut st, "/slo");
+    let mut terminal = Terminal::new(TestBackend::new(110, 8)).unwrap();
+    draw_on(&mut terminal, &snapshot(), &st).unwrap();
+    assert!(screen(&terminal)[7].contains("filter: /slo_"));
+    handle_key(&mut st, KeyCode::Esc, KeyModifiers::NONE);
+    assert!(!st.editing && st.filter.is_empty());
+    type_keys(&mut st, "/x");
+    assert_eq!(
+        handle_key(&mut st, KeyCode::Char('c'), KeyModifiers::CONTROL),
+        None
+    );
 }
