@@ -34,14 +34,10 @@ pub(crate) fn pyenv(minor: u32) -> Option<PathBuf> {
     found.sort();
     let last = found.pop();
     if last.is_none() {
-        let msg = format!(
+        missing(&format!(
             "no pyenv build of python 3.{minor} under {}",
             root.display()
-        );
-        if std::env::var_os("PYPROBE_REQUIRE_PYTHONS").is_some() {
-            panic!("{msg}");
-        }
-        eprintln!("NOTICE: skipping: {msg}");
+        ));
     }
     last
 }
