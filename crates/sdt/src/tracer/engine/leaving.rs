@@ -92,7 +92,6 @@ impl Engine {
                 let_go_late(tid, thread.tgid, sink);
             }
         }
-        self.threads.clear();
     }
 }
 
