@@ -192,6 +192,27 @@ pub(super) fn refusal_lines(pid: i32, chosen: &RefCell<Chosen>, verbose: bool) -
         .collect()
 }
 
+/// Said when pyprobe fell behind the sampling rate asked for (5 % of the ticks or
+/// more): views count time as samples × interval, so the time they show falls
+/// short by as much.
+pub(super) fn missed_ticks_line(
+    ticks: pyprobe_sdt::tracer::TickCount,
+    interval_ns: u64,
+) -> Option<String> {
+    let due = ticks.taken + ticks.missed;
+    if ticks.missed < 10 || ticks.missed * 20 < due {
+        return None;
+    }
+    let hz = 1e9 / interval_ns.max(1) as f64;
+    Some(format!(
+        "fell behind: {} of the {due} samples due at {hz:.0} Hz were not taken ({:.0}%), \
+         pyprobe not being given a CPU in time; sampled times fall short by as much \
+         (a less busy machine, or a lower -r, keeps up)",
+        ticks.missed,
+        ticks.missed as f64 * 100.0 / due as f64
+    ))
+}
+
 /// The closing line of an overhead budget: what it cost the target, and what it
 /// left out to hold.
 pub(super) fn budget_line(max: f64, b: &pyprobe_sdt::tracer::BudgetSummary) -> String {
@@ -247,4 +268,25 @@ pub(super) fn budget_line(max: f64, b: &pyprobe_sdt::tracer::BudgetSummary) -> S
         max * 100.0,
         b.slowdown * 100.0
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::missed_ticks_line;
+    use pyprobe_sdt::tracer::TickCount;
+
+    #[test]
+    fn a_shortfall_is_said_from_five_percent_of_the_ticks_due() {
+        let at = |taken, missed| missed_ticks_line(TickCount { taken, missed }, 2_500_000);
+        assert_eq!(at(1000, 0), None);
+        assert_eq!(at(1000, 52), None, "under 5 %");
+        assert_eq!(at(100, 9), None, "too few to matter");
+        let line = at(318, 314).expect("half missed");
+        assert!(
+            line.starts_with(
+                "fell behind: 314 of the 632 samples due at 400 Hz were not taken (50%)"
+            ),
+            "{line}"
+        );
+    }
 }

@@ -17,7 +17,7 @@ use pyprobe_sdt::tracer::{Engine, Hit, Outcome, TraceEvent};
 use super::attaching::Attaching;
 use super::codes::{FirstLines, ReturnHit};
 use super::events::{EventBuilder, NamedKind};
-use super::lines::{armed_line, budget_line, refusal_lines, StartLine};
+use super::lines::{armed_line, budget_line, missed_ticks_line, refusal_lines, StartLine};
 use super::periods::Periods;
 use super::request::Target;
 use super::resolver::{needs_context_stacks, returns_only, Chosen, MeaningCache, Mode};
@@ -390,6 +390,7 @@ impl<'a> Recorder<'a> {
         self.status.finish();
         let hits = engine.hits();
         let budget_summary = engine.budget_summary();
+        let ticks = engine.ticks();
         drop(engine);
         let end_ns = monotonic_ns();
         let Recorder {
@@ -526,6 +527,9 @@ impl<'a> Recorder<'a> {
             if acted || request.verbose {
                 eprintln!("pyprobe: {}", budget_line(max, &b));
             }
+        }
+        if let Some(line) = missed_ticks_line(ticks, settings.interval_ns) {
+            eprintln!("pyprobe: {line}");
         }
         if settings.view.is_some() {
             match write_view(&recording_path, &output, &settings) {

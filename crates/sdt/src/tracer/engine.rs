@@ -125,10 +125,21 @@ pub struct Engine {
     pub(super) source: Option<Box<dyn EventSource>>,
     /// An error met while handling an event that must end the run.
     pub(super) fatal: Option<anyhow::Error>,
-    /// When the last sampling tick was due (0 before the first).
-    next_tick_ns: u64,
+    /// When the last sampling tick was due (0 before the first, and after a pause).
+    pub(super) next_tick_ns: u64,
+    /// Sampling ticks taken, and ticks skipped because pyprobe was too late for them.
+    ticks: TickCount,
     /// A pause asked for, made as soon as the target can be attached to again.
     pub(super) pause_pending: Option<PauseCause>,
+}
+
+/// Sampling ticks over a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TickCount {
+    /// Ticks taken (each sampled every process, or fell in an exact window).
+    pub taken: u64,
+    /// Ticks skipped: pyprobe came to them more than an interval late.
+    pub missed: u64,
 }
 
 /// How long the event loop sleeps when the rings and the waits are both empty.
@@ -166,6 +177,7 @@ impl Engine {
             source,
             fatal: None,
             next_tick_ns: 0,
+            ticks: TickCount::default(),
             pause_pending: None,
         }
     }
@@ -194,6 +206,12 @@ impl Engine {
 
     pub fn hits(&self) -> u64 {
         self.hits
+    }
+
+    /// The sampling ticks taken and those missed, pyprobe having been too late for
+    /// them (not given a CPU in time, or a sample longer than two intervals).
+    pub fn ticks(&self) -> TickCount {
+        self.ticks
     }
 
     /// Runs until the target exits or pyprobe is asked to stop; then leaves cleanly.
@@ -237,6 +255,7 @@ impl Engine {
                 return Ok(());
             }
             if take_tick() {
+                self.ticks.taken += 1;
                 self.on_tick(sink)?;
                 self.arm_next_tick();
                 continue;
@@ -284,6 +303,9 @@ impl Engine {
             let now = monotonic_ns();
             let mut due = self.next_tick_ns + jitter(interval, 50);
             if due.saturating_add(interval) < now {
+                if self.next_tick_ns != 0 {
+                    self.ticks.missed += (now - due) / interval;
+                }
                 due = now + jitter(interval, 50);
             }
             self.next_tick_ns = due;

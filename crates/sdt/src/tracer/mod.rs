@@ -16,7 +16,7 @@ pub mod signals;
 
 pub use engine::{
     BudgetSummary, Engine, EngineOptions, Hit, NotTraceable, Outcome, PauseCause, RepeatSlot,
-    Resolver, ReturnRow, RingUse, ThinLevel, TraceEvent,
+    Resolver, ReturnRow, RingUse, ThinLevel, TickCount, TraceEvent,
 };
 // What the engine is asked to trace, defined below it so its callers need not import it.
 pub use crate::probe_set::{usable_sites, Probe, ProbeSet, Refusal, Site};

@@ -102,6 +102,8 @@ impl Engine {
         }
         let _ = take_pause_request();
         let resumed_at = monotonic_ns();
+        // Ticks start afresh: those of the pause were not missed, nothing was traced.
+        self.next_tick_ns = 0;
         if let Some(reason) = stop_requested() {
             // Asked to end while paused: nothing to take up again.
             self.exit = Some(self.launched_exit().unwrap_or(Outcome::Detached(reason)));
