@@ -15,7 +15,8 @@ use super::{SampleArgs, TargetArgs, TextFormat};
 #[derive(Debug, Args)]
 #[command(
     after_help = "Keys of the live view: / filter by name, file or file:line (Enter keeps, \
-    Esc clears)  c calls/hot  o own  t total  n name  f file (sort)  p pause  + - refresh  q quit"
+    Esc clears)  t one thread at a time, then all  c calls/hot  o own  T total  n name  f file \
+    (sort)  p pause  + - refresh  q quit"
 )]
 pub struct TopArgs {
     #[command(flatten)]

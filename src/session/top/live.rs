@@ -51,7 +51,7 @@ fn is_python_of_this_user(pid: i32) -> bool {
 /// One recorder of `top --all`, and the view of its recording.
 struct Watched {
     recorder: std::process::Child,
-    source: Box<dyn FnMut() -> Snapshot>,
+    source: Box<dyn FnMut(Option<u32>) -> Snapshot>,
 }
 
 /// The processes `top --all` watches: one recorder each.
@@ -71,7 +71,7 @@ struct AllProcesses {
 impl AllProcesses {
     /// Starts recorders for new Python processes, drops ended ones, and merges what
     /// every recording shows now.
-    fn refresh(&mut self) -> Snapshot {
+    fn refresh(&mut self, thread: Option<u32>) -> Snapshot {
         let pids: Vec<i32> = std::fs::read_dir("/proc")
             .map(|d| {
                 d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
@@ -117,8 +117,9 @@ impl AllProcesses {
             ..Snapshot::default()
         };
         for w in self.watched.values_mut() {
-            let s = (w.source)();
+            let s = (w.source)(thread);
             merged.rows.extend(s.rows);
+            merged.threads.extend(s.threads);
             merged.window_ns = merged.window_ns.max(s.window_ns);
             merged.gc_per_s += s.gc_per_s;
             merged.imports_per_s += s.imports_per_s;
@@ -128,6 +129,8 @@ impl AllProcesses {
             merged.state_unknown += s.state_unknown;
             merged.lost += s.lost;
         }
+        merged.threads.sort_unstable();
+        merged.thread = thread;
         merged.status = Some(format!("{} Python processes watched", self.watched.len()));
         merged
     }
@@ -163,13 +166,13 @@ pub(super) fn all_top(
         rate,
     };
     let shown = if once {
-        all.refresh();
+        all.refresh(None);
         std::thread::sleep(interval);
-        let snapshot = all.refresh();
+        let snapshot = all.refresh(None);
         print_snapshot(&snapshot, limit)
     } else {
         let state = ViewState::new(interval, limit);
-        run_tui(|| all.refresh(), state).context("the terminal view failed")
+        run_tui(|thread| all.refresh(thread), state).context("the terminal view failed")
     };
     all.stop();
     shown?;

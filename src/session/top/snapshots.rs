@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use pyprobe_recording::analyze::Report;
 use pyprobe_recording::analyze::SampleFilter;
 use pyprobe_recording::output::file::partial_path;
-use pyprobe_recording::output::report::build_report_filtered;
+use pyprobe_recording::output::report::build_thread_report;
 use pyprobe_recording::output::top::{render_text, snapshot_between, Snapshot, TopSort};
 use pyprobe_recording::recording::RecordingReader;
 
@@ -29,37 +30,53 @@ pub(super) fn open_live(
 }
 
 /// A data source reading a recording again at each refresh: the numbers cover
-/// what was added since the previous one.
-pub(super) fn recording_source(file: PathBuf, samples: SampleFilter) -> impl FnMut() -> Snapshot {
-    let mut previous = None;
-    move || {
+/// what was added since the previous one, of every thread or of the one asked for.
+pub(super) fn recording_source(
+    file: PathBuf,
+    samples: SampleFilter,
+) -> impl FnMut(Option<u32>) -> Snapshot {
+    let mut previous: Option<(Option<u32>, Report)> = None;
+    move |thread| {
         let report = open_live(&file)
             .map_err(anyhow::Error::from)
-            .and_then(|mut r| build_report_filtered(&mut r, samples).map_err(anyhow::Error::from));
-        match report {
-            Ok(report) => {
-                let mut s = snapshot_between(previous.as_ref(), &report);
-                let grown = previous
-                    .as_ref()
-                    .is_none_or(|p: &pyprobe_recording::analyze::Report| p.events != report.events);
-                if !grown {
-                    // Nothing new (the recording is finished): show the whole of it.
-                    s = snapshot_between(None, &report);
-                    s.status = Some(format!(
-                        "{}: no new events; whole recording shown",
-                        file.display()
-                    ));
-                } else {
-                    s.status = Some(format!("from {}", file.display()));
+            .and_then(|mut r| {
+                build_thread_report(&mut r, samples, thread).map_err(anyhow::Error::from)
+            });
+        let report = match report {
+            Ok(report) => report,
+            Err(e) => {
+                return Snapshot {
+                    status: Some(format!("cannot read {}: {e:#}", file.display())),
+                    thread,
+                    ..Snapshot::default()
                 }
-                previous = Some(report);
-                s
             }
-            Err(e) => Snapshot {
-                status: Some(format!("cannot read {}: {e:#}", file.display())),
-                ..Snapshot::default()
-            },
+        };
+        // A report of another thread is no base for this one's window.
+        let base = previous
+            .as_ref()
+            .filter(|(t, _)| *t == thread)
+            .map(|(_, r)| r);
+        let mut s = snapshot_between(base, &report);
+        let grown = base.is_none_or(|p| p.events != report.events);
+        if base.is_none() && previous.is_some() {
+            s.status = Some(format!(
+                "{}: the whole recording shown for this choice of thread",
+                file.display()
+            ));
+        } else if !grown {
+            // Nothing new (the recording is finished): show the whole of it.
+            s = snapshot_between(None, &report);
+            s.status = Some(format!(
+                "{}: no new events; whole recording shown",
+                file.display()
+            ));
+        } else {
+            s.status = Some(format!("from {}", file.display()));
         }
+        s.thread = thread;
+        previous = Some((thread, report));
+        s
     }
 }
 

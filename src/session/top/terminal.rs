@@ -87,12 +87,16 @@ impl Drop for TerminalGuard {
 }
 
 /// Runs the live view until the user quits, calling `source` for a new
-/// snapshot every `state.interval` (not while paused).
-pub fn run_tui(mut source: impl FnMut() -> Snapshot, mut state: ViewState) -> io::Result<()> {
+/// snapshot every `state.interval` (not while paused), of the thread shown.
+pub fn run_tui(
+    mut source: impl FnMut(Option<u32>) -> Snapshot,
+    mut state: ViewState,
+) -> io::Result<()> {
     let _guard = TerminalGuard::install()?;
     let mut terminal = Terminal::new(CrosstermBackend::new(io::stdout()))?;
     terminal.clear()?;
-    let mut snapshot = source();
+    let mut snapshot = source(state.thread);
+    state.saw(&snapshot);
     let mut next = Instant::now() + state.interval;
     loop {
         terminal.draw(|f| draw(f, &snapshot, &state))?;
@@ -129,7 +133,8 @@ pub fn run_tui(mut source: impl FnMut() -> Snapshot, mut state: ViewState) -> io
                 }
             }
         }
-        snapshot = source();
+        snapshot = source(state.thread);
+        state.saw(&snapshot);
         next = Instant::now() + state.interval;
     }
 }

@@ -185,6 +185,11 @@ pub struct Aggregator {
     thinning: ThinningTracker,
     tally: SampleTally,
     return_types: ReturnTypeTracker,
+    /// Functions and samples of this thread alone (GC, imports and audit events are
+    /// the process's); `None`: every thread's.
+    only_thread: Option<u32>,
+    /// Samples in the recording, whether counted or not.
+    samples_seen: u64,
 }
 
 /// Walked frames as (function, line shown).
@@ -236,7 +241,21 @@ impl Aggregator {
             thinning: ThinningTracker::default(),
             tally: SampleTally::new(filter, header),
             return_types: ReturnTypeTracker::default(),
+            only_thread: None,
+            samples_seen: 0,
         }
+    }
+
+    /// Counts the functions and samples of thread `tid` alone (`None`: of every
+    /// thread); the thread list still names every thread.
+    pub(crate) fn only_thread(mut self, tid: Option<u32>) -> Self {
+        self.only_thread = tid;
+        self
+    }
+
+    /// Whether what thread `tid` did counts.
+    fn counts_thread(&self, tid: u32) -> bool {
+        self.only_thread.is_none_or(|only| only == tid)
     }
 
     /// Adds one event, at its thread's time `ts`, with the steps the replay made
@@ -285,7 +304,8 @@ impl Aggregator {
                 }
             }
             EventKind::Sample { frames, state } => {
-                if !self.tally.admit(*state) {
+                self.samples_seen += 1;
+                if !self.counts_thread(tid) || !self.tally.admit(*state) {
                     return;
                 }
                 let codes: Vec<FrameRef> = frames.iter().map(|w| replay.walked_code(w)).collect();
@@ -338,12 +358,15 @@ impl Aggregator {
     /// whole recording and of their process.
     pub fn apply(&mut self, steps: &[Step], replay: &Replay) {
         for step in steps {
-            book(&mut self.functions, step);
             let tid = match *step {
                 Step::Exit(e) => e.tid,
                 Step::Untimed { tid, .. } => tid,
                 Step::Enter { .. } => continue,
             };
+            if !self.counts_thread(tid) {
+                continue;
+            }
+            book(&mut self.functions, step);
             let pid = replay.process_of(tid);
             self.processes.entry(pid).or_default().book(step);
         }
@@ -382,9 +405,9 @@ impl Aggregator {
         };
         let plan = replay.plan();
         let source = match plan.pairing() {
-            _ if plan.calls + plan.returns == 0 && self.samples.samples > 0 => {
-                FunctionSource::Sampled
-            }
+            // Samples of any thread in any state: a view of one thread, or of busy
+            // threads when all waited, is of a sampled recording still.
+            _ if plan.calls + plan.returns == 0 && self.samples_seen > 0 => FunctionSource::Sampled,
             Pairing::ReturnsOnly => FunctionSource::ReturnsOnly,
             _ => FunctionSource::Traced,
         };

@@ -26,7 +26,17 @@ pub fn build_report_filtered<R: Read + Seek>(
     reader: &mut RecordingReader<R>,
     filter: SampleFilter,
 ) -> Result<Report, RecordError> {
-    let mut agg = Aggregator::with_filter(reader.header(), filter);
+    build_thread_report(reader, filter, None)
+}
+
+/// As [`build_report_filtered`], counting the functions and samples of thread
+/// `thread` alone (`None`: of every thread).
+pub fn build_thread_report<R: Read + Seek>(
+    reader: &mut RecordingReader<R>,
+    filter: SampleFilter,
+    thread: Option<u32>,
+) -> Result<Report, RecordError> {
+    let mut agg = Aggregator::with_filter(reader.header(), filter).only_thread(thread);
     let replay = replay_recording(reader, |_, event, ts, steps, replay| {
         agg.push(event, ts, steps, replay);
         Ok::<(), RecordError>(())

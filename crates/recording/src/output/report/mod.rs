@@ -10,7 +10,8 @@ mod terminal_safe;
 mod tests;
 
 pub use crate::analyze::report::{
-    build_report, build_report_filtered, exact_fraction, ReportOptions, SortKey,
+    build_report, build_report_filtered, build_thread_report, exact_fraction, ReportOptions,
+    SortKey,
 };
 pub use crate::output::units::format_ns;
 pub use json::render_json;

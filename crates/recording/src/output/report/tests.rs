@@ -529,3 +529,95 @@ fn report_from_a_recording() {
     let cut = record(Some(60));
     assert!(cut.truncated_at.is_some());
 }
+
+#[test]
+fn a_thread_report_counts_that_threads_samples_alone_and_names_every_thread() {
+    let buf = sampled_with_states();
+    let of = |thread| {
+        let mut reader = RecordingReader::from_reader(std::io::Cursor::new(&buf[..])).unwrap();
+        crate::analyze::report::build_thread_report(&mut reader, SampleFilter::default(), thread)
+            .unwrap()
+    };
+    let samples = |r: &Report| -> Vec<(String, u64)> {
+        r.functions
+            .iter()
+            .map(|f| (f.function.clone(), f.samples))
+            .collect()
+    };
+    assert_eq!(
+        samples(&of(None)),
+        [("burn".to_string(), 6), ("hash".to_string(), 1)]
+    );
+    let third = of(Some(3));
+    assert_eq!(samples(&third), [("hash".to_string(), 1)]);
+    assert_eq!(third.samples.kept, 1);
+    let tids: Vec<u32> = third.threads.iter().map(|t| t.tid).collect();
+    assert_eq!(tids, [1, 2, 3]);
+    let top = crate::output::top::snapshot_between(None, &third);
+    assert_eq!(top.threads, [1, 2, 3]);
+    assert_eq!(top.samples, 1);
+    // A thread without samples on a CPU: nothing counted, nothing made up, and the
+    // recording still a sampled one.
+    let waiting = of(Some(2));
+    assert!(samples(&waiting).is_empty());
+    assert_eq!(waiting.source, FunctionSource::Sampled);
+}
+
+#[test]
+fn a_thread_report_counts_that_threads_exact_calls_alone() {
+    let mut buf = Vec::new();
+    let header = Header {
+        pid: 5,
+        mode: "trace".into(),
+        ..Header::default()
+    };
+    let mut w = RecordingWriter::new(&mut buf, &header).unwrap();
+    let file = w.intern("/app/calls.py");
+    let mut ts = 1_000;
+    // Thread 5 calls `a` 3 times, thread 6 calls `b` 2 times, interleaved.
+    for (tid, name, times) in [(5, "a", 3), (6, "b", 2), (5, "a", 0)] {
+        let frame = FrameRef {
+            file,
+            function: w.intern(name),
+            line: 1,
+        };
+        for _ in 0..times {
+            for kind in [
+                EventKind::Call { frame },
+                EventKind::Return {
+                    frame,
+                    first_line: 1,
+                },
+            ] {
+                ts += 100;
+                w.write(&Event {
+                    tid,
+                    ts_ns: ts,
+                    kind,
+                })
+                .unwrap();
+            }
+        }
+    }
+    w.finish(ts + 100).unwrap();
+    let of = |thread| {
+        let mut reader = RecordingReader::from_reader(std::io::Cursor::new(&buf[..])).unwrap();
+        crate::analyze::report::build_thread_report(&mut reader, SampleFilter::default(), thread)
+            .unwrap()
+    };
+    let calls = |r: &Report| -> Vec<(String, Option<u64>)> {
+        let mut rows: Vec<_> = r
+            .functions
+            .iter()
+            .map(|f| (f.function.clone(), f.calls))
+            .collect();
+        rows.sort();
+        rows
+    };
+    assert_eq!(
+        calls(&of(None)),
+        [("a".to_string(), Some(3)), ("b".to_string(), Some(2))]
+    );
+    assert_eq!(calls(&of(Some(6))), [("b".to_string(), Some(2))]);
+    assert_eq!(calls(&of(Some(5))), [("a".to_string(), Some(3))]);
+}

@@ -29,6 +29,10 @@ pub struct ViewState {
     pub filter: String,
     /// The filter is being typed (`/` until Enter or Esc).
     pub editing: bool,
+    /// The one thread shown (`t` cycles through the threads seen, then all).
+    pub thread: Option<u32>,
+    /// The threads seen in the last snapshot, by id (what `t` cycles through).
+    pub threads: Vec<u32>,
 }
 
 impl ViewState {
@@ -41,7 +45,29 @@ impl ViewState {
             limit,
             filter: String::new(),
             editing: false,
+            thread: None,
+            threads: Vec::new(),
         }
+    }
+
+    /// Takes the threads a new snapshot saw, for `t` to cycle through.
+    pub fn saw(&mut self, snapshot: &Snapshot) {
+        self.threads.clone_from(&snapshot.threads);
+        if let Some(tid) = self.thread {
+            // The thread shown stays in the cycle, quiet or gone.
+            if let Err(at) = self.threads.binary_search(&tid) {
+                self.threads.insert(at, tid);
+            }
+        }
+    }
+
+    /// The next thread to show: all threads, then each thread seen in turn by id,
+    /// then all again.
+    fn next_thread(&mut self) {
+        self.thread = match self.thread {
+            None => self.threads.first().copied(),
+            Some(tid) => self.threads.iter().copied().find(|&t| t > tid),
+        };
     }
 
     /// Whether `row` passes the filter.
@@ -143,8 +169,12 @@ pub fn draw(frame: &mut Frame<'_>, snapshot: &Snapshot, state: &ViewState) {
         } else {
             format!("filter /{} (Esc clears)   ", state.filter)
         };
+        let thread = match state.thread {
+            None => "all".to_string(),
+            Some(tid) => tid.to_string(),
+        };
         format!(
-            "{filter}q quit  p pause  / filter  c calls/hot  o own  t total  n name  f file  +/- interval ({})   sorted by {}",
+            "{filter}q quit  p pause  / filter  t thread ({thread})  c calls/hot  o own  T total  n name  f file  +/- interval ({})   sorted by {}",
             format_ns(state.interval.as_nanos() as u64),
             state.sort.label(snapshot.mode)
         )
@@ -186,7 +216,11 @@ pub fn handle_key(state: &mut ViewState, code: KeyCode, modifiers: KeyModifiers)
         KeyCode::Char('p') | KeyCode::Char(' ') => state.paused = !state.paused,
         KeyCode::Char('c') | KeyCode::Char('h') => state.sort = TopSort::Hot,
         KeyCode::Char('o') => state.sort = TopSort::Own,
-        KeyCode::Char('t') => state.sort = TopSort::Total,
+        KeyCode::Char('T') => state.sort = TopSort::Total,
+        KeyCode::Char('t') => {
+            state.next_thread();
+            refresh = true;
+        }
         KeyCode::Char('n') => state.sort = TopSort::Name,
         KeyCode::Char('f') => state.sort = TopSort::File,
         KeyCode::Char('r') => refresh = true,

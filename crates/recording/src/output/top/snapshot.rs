@@ -73,6 +73,10 @@ pub struct Snapshot {
     pub lost: u64,
     /// A line for the status bar (where the data comes from, an error...).
     pub status: Option<String>,
+    /// The threads with events in the window, by id: those `t` cycles through.
+    pub threads: Vec<u32>,
+    /// The one thread whose functions and samples the rows count (`None`: all).
+    pub thread: Option<u32>,
 }
 
 /// Order of the rows.
@@ -261,5 +265,22 @@ pub fn snapshot_between(prev: Option<&Report>, cur: &Report) -> Snapshot {
             .lost_events
             .saturating_sub(prev.map_or(0, |p| p.lost_events)),
         status: None,
+        threads: active_threads(prev, cur),
+        thread: None,
     }
+}
+
+/// The threads of `cur` with events since `prev`, by id.
+fn active_threads(prev: Option<&Report>, cur: &Report) -> Vec<u32> {
+    let before: HashMap<u32, u64> = prev
+        .map(|p| p.threads.iter().map(|t| (t.tid, t.events)).collect())
+        .unwrap_or_default();
+    let mut tids: Vec<u32> = cur
+        .threads
+        .iter()
+        .filter(|t| t.events > before.get(&t.tid).copied().unwrap_or(0))
+        .map(|t| t.tid)
+        .collect();
+    tids.sort_unstable();
+    tids
 }

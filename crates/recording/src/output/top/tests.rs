@@ -217,3 +217,44 @@ fn esc_while_typing_drops_the_filter_and_ctrl_c_still_quits() {
         None
     );
 }
+
+#[test]
+fn t_cycles_through_the_threads_seen_then_all_and_shift_t_sorts_by_total() {
+    let mut st = ViewState::new(Duration::from_secs(1), 20);
+    let seen = Snapshot {
+        threads: vec![7, 12, 30],
+        ..snapshot()
+    };
+    st.saw(&seen);
+    let mut shown = Vec::new();
+    for _ in 0..4 {
+        // Each press asks for a new snapshot, of the thread now shown.
+        assert_eq!(
+            handle_key(&mut st, KeyCode::Char('t'), KeyModifiers::NONE),
+            Some(true)
+        );
+        shown.push(st.thread);
+    }
+    assert_eq!(shown, [Some(7), Some(12), Some(30), None]);
+    // A thread shown that has gone quiet stays in the cycle.
+    handle_key(&mut st, KeyCode::Char('t'), KeyModifiers::NONE);
+    handle_key(&mut st, KeyCode::Char('t'), KeyModifiers::NONE);
+    st.saw(&Snapshot {
+        threads: vec![7, 30],
+        ..snapshot()
+    });
+    assert_eq!(st.threads, [7, 12, 30]);
+    handle_key(&mut st, KeyCode::Char('t'), KeyModifiers::NONE);
+    assert_eq!(st.thread, Some(30));
+    assert_eq!(st.sort, TopSort::Hot);
+    handle_key(&mut st, KeyCode::Char('T'), KeyModifiers::NONE);
+    assert_eq!(st.sort, TopSort::Total);
+    let title = text::title_line(&Snapshot {
+        thread: Some(30),
+        ..snapshot()
+    });
+    assert!(
+        title.starts_with("pyprobe top: pid 42, thread 30, CPython"),
+        "{title}"
+    );
+}

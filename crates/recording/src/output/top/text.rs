@@ -51,8 +51,12 @@ pub(super) fn title_line(s: &Snapshot) -> String {
     } else {
         String::new()
     };
+    let thread = s
+        .thread
+        .map(|tid| format!(", thread {tid}"))
+        .unwrap_or_default();
     format!(
-        "pyprobe top: pid {}, CPython {python}, {mode} mode, over {}: {what}{lost}",
+        "pyprobe top: pid {}{thread}, CPython {python}, {mode} mode, over {}: {what}{lost}",
         s.pid,
         format_ns(s.window_ns)
     )
