@@ -2,6 +2,7 @@
 //! its threads and status, its memory, and whether pyprobe may trace or read it.
 
 pub mod access;
+pub mod hold;
 pub mod maps;
 pub mod memory;
 pub mod objects;

@@ -9,8 +9,8 @@ use std::time::Instant;
 use nix::sys::ptrace;
 use nix::unistd::Pid;
 
-use super::stops::{seize_and_stop, Held};
 use super::{Op, Undo, HOLD_LIMIT, MSG_LEN};
+use crate::process::hold::{seize_and_stop, Held};
 use crate::process::status::start_time;
 
 /// Bytes a spin loop borrows, at most.

@@ -40,7 +40,6 @@ use anyhow::{Context, Result};
 use nix::unistd::{fork, pipe2, ForkResult};
 
 mod injection;
-mod stops;
 #[cfg(test)]
 mod tests;
 mod undo;

@@ -13,8 +13,8 @@ use nix::unistd::Pid;
 use crate::process::status::start_time;
 use crate::tracer::patch::{INT3, NOP};
 
-use super::stops::hold;
 use super::HOLD_LIMIT;
+use crate::process::hold::hold;
 
 /// A ring site: the bytes to put back, and the jump that replaced them.
 pub(super) struct RingSite {

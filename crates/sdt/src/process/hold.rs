@@ -1,5 +1,8 @@
-//! Holding a process's threads from the guardian, once the dead tracer's link is
-//! gone: seized and interrupted, no signal sent.
+//! Holding a process's threads: seized and interrupted, no signal sent, once any
+//! earlier tracer's link is gone. The guardian holds a target whose tracer died to
+//! undo what it left; `dump --locals` holds one while it reads values that must
+//! belong together. Nothing is held past the holder's life: the kernel lets a
+//! tracer's threads go when it exits.
 
 use std::time::{Duration, Instant};
 
@@ -11,12 +14,12 @@ use nix::unistd::Pid;
 
 use crate::process::status::task_gone_or_zombie;
 
-/// Every thread of a process held in a ptrace stop by the guardian. Dropping it
-/// lets them go, each with the signal that stopped it, if one did (delivered as it
-/// would have been without the guardian); a thread in group-stop stays stopped.
+/// Every thread of a process held in a ptrace stop. Dropping it lets them go, each
+/// with the signal that stopped it, if one did (delivered as it would have been
+/// without the hold); a thread in group-stop stays stopped.
 #[derive(Default)]
-pub(super) struct Held {
-    pub(super) threads: Vec<(i32, Option<Signal>)>,
+pub struct Held {
+    pub threads: Vec<(i32, Option<Signal>)>,
 }
 
 impl Drop for Held {
@@ -30,8 +33,8 @@ impl Drop for Held {
 /// Stops every thread of `pid` with `PTRACE_SEIZE` and `PTRACE_INTERRUPT` (no
 /// signal is sent: neither the target nor its parent sees the stop), within
 /// `deadline`. A thread it seized but that did not stop in time is let go when
-/// the guardian exits.
-pub(super) fn hold(pid: i32, deadline: Instant) -> Result<Held, String> {
+/// the holder exits.
+pub fn hold(pid: i32, deadline: Instant) -> Result<Held, String> {
     // The dead tracer's link goes a moment after its pipe closes.
     loop {
         match crate::process::status::tracer_of(pid) {
@@ -66,7 +69,7 @@ pub(super) fn hold(pid: i32, deadline: Instant) -> Result<Held, String> {
 /// Seizes thread `tid` of `pid` once the dead tracer's link is gone and stops it
 /// with `PTRACE_INTERRUPT`, within `deadline`: `Some(signal)` as [`wait_stop`]
 /// says, `None` if it ended or is ending (it needs no stop).
-pub(super) fn seize_and_stop(
+pub fn seize_and_stop(
     pid: i32,
     tid: i32,
     deadline: Instant,
@@ -98,7 +101,7 @@ pub(super) fn seize_and_stop(
 
 /// Waits for a seized, interrupted thread to stop: `Some(signal)` with the signal
 /// that stopped it instead of the interrupt, if any; `None` if it ended.
-pub(super) fn wait_stop(thread: Pid, deadline: Instant) -> Result<Option<Option<Signal>>, String> {
+pub fn wait_stop(thread: Pid, deadline: Instant) -> Result<Option<Option<Signal>>, String> {
     loop {
         match waitpid(thread, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) | Err(Errno::EINTR) => {
