@@ -130,6 +130,11 @@ int main(void) {
     D(unicode_object.state);
     D(unicode_object.length);
     D(unicode_object.asciiobject_size);
+    /* A frame's local variables (dump --locals): their values, names and kinds. */
+    D(interpreter_frame.localsplus);
+    D(code_object.localsplusnames);
+    D(code_object.localspluskinds);
+    D(tuple_object.ob_item);
 #undef D
     CLOSE();
     OBJ("unicode_object");
@@ -259,6 +264,23 @@ int main(void) {
     FIELD("ascii_size", sizeof(PyASCIIObject));
     FIELD("compact_size", sizeof(PyCompactUnicodeObject));
     unicode_bits();
+    CLOSE();
+    /* A frame's local variables (dump --locals): where the values start in a frame,
+     * and where the code object names them. */
+    OBJ("locals");
+#if PY_VERSION_HEX >= 0x030B0000
+    FIELD("frame_localsplus", offsetof(_PyInterpreterFrame, localsplus));
+    FIELD("code_localsplusnames", offsetof(PyCodeObject, co_localsplusnames));
+    FIELD("code_localspluskinds", offsetof(PyCodeObject, co_localspluskinds));
+#else
+    FIELD("frame_localsplus", offsetof(PyFrameObject, f_localsplus));
+    FIELD("code_nlocals", offsetof(PyCodeObject, co_nlocals));
+    FIELD("code_varnames", offsetof(PyCodeObject, co_varnames));
+    FIELD("code_cellvars", offsetof(PyCodeObject, co_cellvars));
+    FIELD("code_freevars", offsetof(PyCodeObject, co_freevars));
+#endif
+    /* The names are a tuple's items. */
+    FIELD("tuple_items", offsetof(PyTupleObject, ob_item));
     CLOSE();
 #endif
     printf("\n}\n");

@@ -63,10 +63,12 @@
 pub(crate) mod current;
 pub(crate) mod layout;
 pub mod lines;
+mod locals;
 mod locate;
 mod objects;
 mod stacks;
 mod threads;
+mod values;
 
 #[cfg(test)]
 mod tests;
@@ -76,6 +78,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 
 pub use layout::LayoutSource;
+pub use locals::{Local, LocalKind};
 pub use locate::find_interpreter_object;
 
 use crate::python::version::PyVersion;
@@ -266,6 +269,48 @@ impl Walker {
             .map(|(t, buf)| self.reader.thread(*t, buf, running))
             .collect();
         Ok(self.resolve(raws, holders.as_deref()))
+    }
+
+    /// As [`Self::stacks`], with each frame's local variables (outermost first, as
+    /// the frames): read so only with the threads held, for values that belong
+    /// together. Empty lists when this version's layout does not say where locals are
+    /// ([`Self::reads_locals`]).
+    pub fn stacks_with_locals(&mut self) -> Result<Vec<(ThreadStack, Vec<Vec<Local>>)>> {
+        let tstates = self
+            .reader
+            .thread_states()
+            .with_context(|| format!("cannot read the thread states of process {}", self.pid))?;
+        let holders = self.reader.gil_holders();
+        self.reader.frame_addresses = Some(Vec::new());
+        let mut raws = Vec::with_capacity(tstates.len());
+        let mut locals = Vec::with_capacity(tstates.len());
+        for (t, buf) in &tstates {
+            let raw = self.reader.thread(*t, buf, false);
+            let addresses = self.reader.frame_addresses.take().unwrap_or_default();
+            let frames: Vec<Vec<Local>> = if addresses.len() == raw.frames.len() {
+                addresses
+                    .iter()
+                    .map(|&(frame, code)| self.reader.frame_locals(frame, code))
+                    .collect()
+            } else {
+                // A walk cut before its first frame: nothing to align with.
+                vec![Vec::new(); raw.frames.len()]
+            };
+            self.reader.frame_addresses = Some(addresses);
+            raws.push(raw);
+            locals.push(frames);
+        }
+        self.reader.frame_addresses = None;
+        Ok(self
+            .resolve(raws, holders.as_deref())
+            .into_iter()
+            .zip(locals)
+            .collect())
+    }
+
+    /// Whether this version's layout says where a frame's local variables are.
+    pub fn reads_locals(&self) -> bool {
+        self.reader.layout.locals.is_some()
     }
 
     /// The Python stack of the thread with kernel tid `native_tid` (as pyprobe sees it),

@@ -60,6 +60,9 @@ pub(crate) struct StackReader<M> {
     last_rootless: bool,
     /// Naming batch of [`Self::name_captured`]: see [`Self::new_naming_batch`].
     batch: u64,
+    /// When kept: the (frame, code object) addresses of the last walk's Python
+    /// frames, outermost first, for reading their locals.
+    pub(crate) frame_addresses: Option<Vec<(u64, u64)>>,
 }
 
 /// Why a frame could not be used.
@@ -148,6 +151,7 @@ impl<M: Memory> StackReader<M> {
             last_eval_calls: None,
             last_rootless: false,
             batch: 1,
+            frame_addresses: None,
         }
     }
 
@@ -202,6 +206,10 @@ impl<M: Memory> StackReader<M> {
             return (out, true);
         }
         seen.insert(innermost);
+        let mut address = innermost;
+        if let Some(kept) = self.frame_addresses.as_mut() {
+            kept.clear();
+        }
         let truncated = loop {
             let Some(raw) = self.raw_frame(&frame) else {
                 break true;
@@ -227,6 +235,9 @@ impl<M: Memory> StackReader<M> {
             match result {
                 Ok(f) => {
                     out.push(f);
+                    if let (Some(kept), Some(c)) = (self.frame_addresses.as_mut(), code) {
+                        kept.push((address, c));
+                    }
                     in_call += 1;
                     outermost_not_thread_owned = raw.not_thread_owned;
                 }
@@ -246,8 +257,12 @@ impl<M: Memory> StackReader<M> {
                 break true;
             }
             std::mem::swap(&mut frame, &mut next_frame);
+            address = next;
         };
         out.reverse();
+        if let Some(kept) = self.frame_addresses.as_mut() {
+            kept.reverse();
+        }
         // Every call of the eval loop begins with a frame that says so (3.11: the
         // entry flag; 3.12+: the shim it pushes), so a whole stack ends on one,
         // below a frame its thread owns (a chain followed into a suspended

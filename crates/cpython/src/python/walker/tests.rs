@@ -591,3 +591,28 @@ fn random_memory_never_panics_nor_hangs() {
         }
     }
 }
+
+/// Locals read from random memory: bounded lists, never a panic nor a hang, on every
+/// layout (slots, names and kinds, and each value's type, length and digits are the
+/// target's to forge).
+#[test]
+fn locals_of_random_memory_never_panic_nor_hang() {
+    for minor in 7..=12 {
+        let (layout, _) = layout::from_offsets_file(v(minor)).unwrap();
+        for seed in 0..20u64 {
+            let start = Instant::now();
+            let reader = StackReader::new(Garbage(seed), layout.clone(), 0x10_0000, None);
+            for i in 0..64u64 {
+                let frame = 0x10_0000 + i * 0x1234 * 8;
+                let code = 0x20_0000 + i * 0x777 * 8;
+                let locals = reader.frame_locals(frame, code);
+                assert!(locals.len() <= super::locals::MAX_LOCALS);
+                for local in locals {
+                    let shown = local.value.unwrap_or_default();
+                    assert!(shown.chars().count() < 400, "{shown}");
+                }
+            }
+            assert!(start.elapsed() < Duration::from_secs(20));
+        }
+    }
+}

@@ -232,6 +232,32 @@ pub(super) fn parse_debug_offsets(
     } else {
         0
     };
+    // Locals: optional, as for the GIL (a positions file without them reads stacks).
+    let locals = (|| -> Result<LocalsLayout> {
+        let frame = within(
+            "interpreter_frame.size",
+            MAX_SMALL_STRUCT,
+            &["interpreter_frame.localsplus"],
+        )?;
+        let names = within(
+            "code_object.size",
+            MAX_SMALL_STRUCT,
+            &["code_object.localsplusnames", "code_object.localspluskinds"],
+        )?;
+        let tuple_items = pos("tuple_object.ob_item")?;
+        Ok(LocalsLayout {
+            tuple_items,
+            frame_localsplus: frame[0],
+            names: LocalNames::LocalsPlus {
+                names: names[0],
+                kinds: names[1],
+            },
+            object_head: pos("pyobject.size")?,
+            long_tagged: true,
+        })
+    })()
+    .ok()
+    .filter(locals_plausible);
     let layout = Layout {
         runtime_interpreters_head: rt[0],
         interp_next: is[0],
@@ -270,6 +296,7 @@ pub(super) fn parse_debug_offsets(
             ascii_bit: f.unicode_object.ascii_bit + state_shift,
         },
         gil,
+        locals,
     };
     check_spans(&layout)?;
     Ok((

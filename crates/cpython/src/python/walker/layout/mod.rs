@@ -123,6 +123,37 @@ pub(crate) enum GilLayout {
     },
 }
 
+/// How a code object names its frame's local variables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LocalNames {
+    /// Up to 3.10: `co_nlocals` (an int) locals named by `co_varnames`, then one cell
+    /// per name of `co_cellvars`, then one per name of `co_freevars` (tuples).
+    Varnames {
+        nlocals: u64,
+        varnames: u64,
+        cellvars: u64,
+        freevars: u64,
+    },
+    /// 3.11+: `co_localsplusnames` (a tuple) and `co_localspluskinds` (bytes, one
+    /// kind per name: local, cell, free, hidden).
+    LocalsPlus { names: u64, kinds: u64 },
+}
+
+/// Where a frame keeps its local variables (`dump --locals`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LocalsLayout {
+    /// Offset of the first local's slot in a frame (`f_localsplus`, `localsplus`).
+    pub(crate) frame_localsplus: u64,
+    pub(crate) names: LocalNames,
+    /// `sizeof(PyObject)`: where an object's own fields begin (a tuple's size, an
+    /// int's digit count, a float's value, a dict's length, a cell's content ...).
+    pub(crate) object_head: u64,
+    /// 3.12+: an int's size and sign are one tagged word (`lv_tag`), not `ob_size`.
+    pub(crate) long_tagged: bool,
+    /// Where a tuple's items begin (3.14+ caches the tuple's hash before them).
+    pub(crate) tuple_items: u64,
+}
+
 /// Every offset the walker uses, for one interpreter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Layout {
@@ -149,6 +180,8 @@ pub(crate) struct Layout {
     /// How to tell the GIL's holder; `None` when this version's offsets are not
     /// known (then whether a thread holds the GIL is unknown, never guessed).
     pub(crate) gil: Option<GilLayout>,
+    /// Where local variables are; `None` when this version's offsets do not say.
+    pub(crate) locals: Option<LocalsLayout>,
 }
 
 impl Layout {
@@ -327,10 +360,28 @@ fn check_spans(l: &Layout) -> Result<()> {
         || l.bytes_ob_sval > 256
         || l.code_adaptive.is_some_and(|c| c > MAX_SMALL_STRUCT)
         || !l.gil.is_none_or(|g| gil_plausible(&g))
+        || !l.locals.is_none_or(|g| locals_plausible(&g))
     {
         bail!("structure offsets out of range: {l:?}");
     }
     Ok(())
+}
+
+/// Whether the locals' offsets keep every read small.
+fn locals_plausible(l: &LocalsLayout) -> bool {
+    let names = match l.names {
+        LocalNames::Varnames {
+            nlocals,
+            varnames,
+            cellvars,
+            freevars,
+        } => nlocals.max(varnames).max(cellvars).max(freevars),
+        LocalNames::LocalsPlus { names, kinds } => names.max(kinds),
+    };
+    l.frame_localsplus < MAX_SMALL_STRUCT
+        && names < MAX_SMALL_STRUCT
+        && (16..=64).contains(&l.object_head)
+        && (l.object_head + 8..=l.object_head + 64).contains(&l.tuple_items)
 }
 
 /// Whether the GIL offsets keep every read small and inside its structure.

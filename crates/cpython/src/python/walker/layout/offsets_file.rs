@@ -22,6 +22,44 @@ struct OffsetsFile {
     pyobject: PyObject,
     bytes_object: BytesObject,
     unicode_object: UnicodeObject,
+    #[serde(default)]
+    locals: Option<Locals>,
+}
+
+/// Where local variables are: up to 3.10 in a frame object, named by `co_varnames`,
+/// `co_cellvars` and `co_freevars`; 3.11 and 3.12 in an interpreter frame, named by
+/// `co_localsplusnames`.
+#[derive(Debug, Deserialize)]
+struct Locals {
+    frame_localsplus: u64,
+    code_nlocals: Option<u64>,
+    code_varnames: Option<u64>,
+    code_cellvars: Option<u64>,
+    code_freevars: Option<u64>,
+    code_localsplusnames: Option<u64>,
+    code_localspluskinds: Option<u64>,
+    tuple_items: u64,
+}
+
+impl Locals {
+    fn layout(&self, object_head: u64, long_tagged: bool) -> Option<LocalsLayout> {
+        let names = match (self.code_localsplusnames, self.code_localspluskinds) {
+            (Some(names), Some(kinds)) => LocalNames::LocalsPlus { names, kinds },
+            _ => LocalNames::Varnames {
+                nlocals: self.code_nlocals?,
+                varnames: self.code_varnames?,
+                cellvars: self.code_cellvars?,
+                freevars: self.code_freevars?,
+            },
+        };
+        Some(LocalsLayout {
+            frame_localsplus: self.frame_localsplus,
+            names,
+            object_head,
+            long_tagged,
+            tuple_items: self.tuple_items,
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -128,7 +166,7 @@ pub fn from_offsets_file(version: PyVersion) -> Result<(Layout, LayoutSource)> {
     let text = file_text(minor).unwrap_or_default();
     let f: OffsetsFile = serde_json::from_str(text)
         .with_context(|| format!("offsets/3.{minor}.json is malformed"))?;
-    let layout = layout_of_file(&f)?;
+    let layout = layout_of_file(&f, version)?;
     Ok((
         layout,
         LayoutSource::OffsetsFile {
@@ -138,7 +176,7 @@ pub fn from_offsets_file(version: PyVersion) -> Result<(Layout, LayoutSource)> {
     ))
 }
 
-fn layout_of_file(f: &OffsetsFile) -> Result<Layout> {
+fn layout_of_file(f: &OffsetsFile, version: PyVersion) -> Result<Layout> {
     let t = &f.thread_state;
     let tstate_frame = match (t.frame, t.cframe, t.cframe_current_frame) {
         (Some(frame), _, _) => FrameRoot::Direct(frame),
@@ -216,6 +254,11 @@ fn layout_of_file(f: &OffsetsFile) -> Result<Layout> {
             ascii_bit: u.ascii_bit,
         },
         gil,
+        // PyObject is its reference count and its type.
+        locals: f
+            .locals
+            .as_ref()
+            .and_then(|l| l.layout(f.pyobject.ob_type + 8, version.at_least(3, 12))),
     };
     check_spans(&layout)?;
     Ok(layout)

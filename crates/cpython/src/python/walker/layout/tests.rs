@@ -31,6 +31,14 @@ fn every_embedded_file_parses() {
             }) => assert!(minor == 12 && last_holder != locked),
             None => panic!("3.{minor}: no GIL offsets"),
         }
+        let locals = layout.locals.expect("locals' offsets");
+        assert_eq!(
+            matches!(locals.names, LocalNames::LocalsPlus { .. }),
+            minor >= 11,
+            "3.{minor}"
+        );
+        assert_eq!(locals.long_tagged, minor >= 12, "3.{minor}");
+        assert_eq!((locals.object_head, locals.tuple_items), (16, 24));
     }
     for minor in 13..=15 {
         assert!(debug_offsets_size(v(minor)).unwrap() > 100);
@@ -86,6 +94,10 @@ fn block_313(edit: impl Fn(&mut BTreeMap<&str, u64>)) -> Vec<u8> {
         ("unicode_object.state", 32),
         ("unicode_object.length", 16),
         ("unicode_object.asciiobject_size", 40),
+        ("interpreter_frame.localsplus", 72),
+        ("code_object.localsplusnames", 96),
+        ("code_object.localspluskinds", 104),
+        ("tuple_object.ob_item", 24),
     ] {
         values.insert(k, val);
     }
@@ -102,6 +114,32 @@ fn block_313(edit: impl Fn(&mut BTreeMap<&str, u64>)) -> Vec<u8> {
 fn parse_313(block: &[u8]) -> Result<Layout> {
     let f: DebugFile = serde_json::from_str(file_text(13).unwrap()).unwrap();
     parse_debug_offsets(block, &f, 13, v(13), false).map(|(l, _)| l)
+}
+
+#[test]
+fn locals_offsets_are_optional_and_checked() {
+    let layout = parse_313(&block_313(|_| {})).unwrap();
+    let locals = layout.locals.expect("locals");
+    assert_eq!(locals.frame_localsplus, 72);
+    assert_eq!(
+        locals.names,
+        LocalNames::LocalsPlus {
+            names: 96,
+            kinds: 104
+        }
+    );
+    // Implausible or outside their structure: no locals, the stacks still read.
+    for (field, value) in [
+        ("tuple_object.ob_item", 1 << 20),
+        ("interpreter_frame.localsplus", 80),
+        ("code_object.localsplusnames", 5000),
+    ] {
+        let layout = parse_313(&block_313(|m| {
+            m.insert(field, value);
+        }))
+        .unwrap();
+        assert_eq!(layout.locals, None, "{field} = {value}");
+    }
 }
 
 #[test]
