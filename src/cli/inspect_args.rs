@@ -78,6 +78,12 @@ pub struct DumpArgs {
     /// Also say which interpreter was found and where its layout came from.
     #[arg(short, long)]
     pub verbose: bool,
+    /// Each frame's local variables too, read from memory without running any code
+    /// in the target: ints, floats, str, bytes, None and bools by value (long ones
+    /// cut), containers by type and length, other objects by type and address. The
+    /// target's threads are held while they are read (about a millisecond).
+    #[arg(long)]
+    pub locals: bool,
 }
 
 impl TopArgs {
@@ -113,6 +119,7 @@ impl DumpArgs {
             json: self.format == TextFormat::Json,
             full_paths: self.full_paths,
             verbose: self.verbose,
+            locals: self.locals,
         }
     }
 }

@@ -1,40 +1,97 @@
-//! `pyprobe dump -p PID [--format text|json]`: every thread's Python stack, once, read
-//! with the frame walker (no ptrace: the target is not stopped), each thread with
-//! its system name and whether it is the main thread.
+//! `pyprobe dump -p PID [--format text|json] [--locals]`: every thread's Python
+//! stack, once, read with the frame walker, each thread with its system name and
+//! whether it is the main thread. Stacks alone are read without stopping the target;
+//! with `--locals`, each frame's local variables too, its threads held meanwhile so
+//! that the values belong together.
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::json;
 
-use pyprobe_cpython::python::walker::{ThreadStack, Walker};
+use pyprobe_cpython::python::walker::{Local, ThreadStack, Walker};
 use pyprobe_recording::output::names::short_path;
 use pyprobe_recording::output::terminal::escaped;
+use pyprobe_sdt::process::hold::hold;
 
 pub struct DumpRequest {
     pub pid: i32,
     pub json: bool,
     pub full_paths: bool,
     pub verbose: bool,
+    /// Each frame's local variables too.
+    pub locals: bool,
 }
+
+/// How long `--locals` waits for the target's threads to stop.
+const HOLD_DEADLINE: Duration = Duration::from_secs(2);
 
 pub fn run(request: &DumpRequest) -> Result<ExitCode> {
     let mut walker = Walker::attach(request.pid)?;
     if request.verbose {
         eprintln!("pyprobe: {}", walker.describe());
     }
-    let stacks = walker.stacks()?;
+    let (stacks, locals) = if request.locals {
+        read_with_locals(&mut walker, request)?
+    } else {
+        (walker.stacks()?, None)
+    };
     let names = SystemThreadNames::read(request.pid, &stacks);
     let text = if request.json {
-        render_json(&walker, &stacks, &names) + "\n"
+        render_json(&walker, &stacks, locals.as_deref(), &names) + "\n"
     } else {
-        render_text(&stacks, &names, request.full_paths)
+        render_text(&stacks, locals.as_deref(), &names, request.full_paths)
     };
     std::io::stdout()
         .write_all(text.as_bytes())
         .context("cannot write to standard output")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Each thread's locals, frame by frame (outermost first), beside its stack.
+type ThreadLocals = Vec<Vec<Local>>;
+
+/// The stacks and their frames' locals, read with every thread of the target held
+/// (or, when it cannot be held, read running, which the user is told).
+fn read_with_locals(
+    walker: &mut Walker,
+    request: &DumpRequest,
+) -> Result<(Vec<ThreadStack>, Option<Vec<ThreadLocals>>)> {
+    let pid = request.pid;
+    if !walker.reads_locals() {
+        eprintln!(
+            "pyprobe: process {pid}: CPython {}: where a frame keeps its locals is not known \
+             for this version; stacks only",
+            walker.version()
+        );
+        return Ok((walker.stacks()?, None));
+    }
+    let started = Instant::now();
+    let held = match hold(pid, started + HOLD_DEADLINE) {
+        Ok(held) => Some(held),
+        Err(why) => {
+            eprintln!(
+                "pyprobe: process {pid}: its threads could not be held ({why}): locals read \
+                 while it runs, so values may not belong together"
+            );
+            None
+        }
+    };
+    let read = walker.stacks_with_locals();
+    let threads = held.as_ref().map_or(0, |h| h.threads.len());
+    // Let go before anything else: the target waits only for the read.
+    drop(held);
+    if request.verbose && threads > 0 {
+        eprintln!(
+            "pyprobe: process {pid}: {threads} thread{} held {:.1} ms to read stacks and locals",
+            if threads == 1 { "" } else { "s" },
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    let (stacks, locals) = read?.into_iter().unzip();
+    Ok((stacks, Some(locals)))
 }
 
 /// What the system calls each thread: `/proc/PID/task/TID/comm` (Python 3.14+
@@ -82,8 +139,14 @@ impl SystemThreadNames {
     }
 }
 
-/// Like a Python traceback: each thread, its frames outermost first, innermost last.
-pub fn render_text(stacks: &[ThreadStack], names: &SystemThreadNames, full_paths: bool) -> String {
+/// Like a Python traceback: each thread, its frames outermost first, innermost last;
+/// with `locals`, each frame's variables below it (`name = value`).
+pub fn render_text(
+    stacks: &[ThreadStack],
+    locals: Option<&[ThreadLocals]>,
+    names: &SystemThreadNames,
+    full_paths: bool,
+) -> String {
     let mut out = String::new();
     for (i, thread) in stacks.iter().enumerate() {
         if i > 0 {
@@ -110,7 +173,8 @@ pub fn render_text(stacks: &[ThreadStack], names: &SystemThreadNames, full_paths
         if thread.truncated {
             out.push_str("  ... (older frames could not be read)\n");
         }
-        for f in &thread.frames {
+        let thread_locals = locals.and_then(|l| l.get(i));
+        for (j, f) in thread.frames.iter().enumerate() {
             let file = if full_paths {
                 &f.file
             } else {
@@ -122,6 +186,13 @@ pub fn render_text(stacks: &[ThreadStack], names: &SystemThreadNames, full_paths
                 f.line,
                 escaped(&f.function)
             ));
+            for local in thread_locals.and_then(|l| l.get(j)).into_iter().flatten() {
+                out.push_str(&format!(
+                    "    {} = {}\n",
+                    escaped(&local.name),
+                    escaped(local.value.as_deref().unwrap_or("<unbound>"))
+                ));
+            }
         }
     }
     if stacks.is_empty() {
@@ -130,10 +201,17 @@ pub fn render_text(stacks: &[ThreadStack], names: &SystemThreadNames, full_paths
     out
 }
 
-pub fn render_json(walker: &Walker, stacks: &[ThreadStack], names: &SystemThreadNames) -> String {
+pub fn render_json(
+    walker: &Walker,
+    stacks: &[ThreadStack],
+    locals: Option<&[ThreadLocals]>,
+    names: &SystemThreadNames,
+) -> String {
     let threads: Vec<_> = stacks
         .iter()
-        .map(|t| {
+        .enumerate()
+        .map(|(i, t)| {
+            let thread_locals = locals.and_then(|l| l.get(i));
             json!({
                 "native_tid": t.native_tid,
                 "name": t.native_tid.and_then(|tid| names.name(tid)),
@@ -142,12 +220,18 @@ pub fn render_json(walker: &Walker, stacks: &[ThreadStack], names: &SystemThread
                 "thread_state": format!("{:#x}", t.thread_state),
                 "truncated": t.truncated,
                 "holds_gil": t.holds_gil,
-                "frames": t.frames.iter().map(|f| json!({
-                    "function": &*f.function,
-                    "file": &*f.file,
-                    "line": f.line,
-                    "first_line": f.first_line,
-                })).collect::<Vec<_>>(),
+                "frames": t.frames.iter().enumerate().map(|(j, f)| {
+                    let mut frame = json!({
+                        "function": &*f.function,
+                        "file": &*f.file,
+                        "line": f.line,
+                        "first_line": f.first_line,
+                    });
+                    if let Some(l) = thread_locals {
+                        frame["locals"] = json!(l.get(j).cloned().unwrap_or_default());
+                    }
+                    frame
+                }).collect::<Vec<_>>(),
             })
         })
         .collect();

@@ -6,6 +6,7 @@ mod support;
 
 mod bad_input;
 mod budget;
+mod dump_locals;
 mod engine_c_fixture;
 mod escaping;
 mod faults;

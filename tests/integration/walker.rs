@@ -3,7 +3,7 @@
 //! `sleeper.py` prints the stacks it is in (files, functions, first and current lines,
 //! native thread ids); pyprobe must see exactly those.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::support::*;
@@ -221,29 +221,6 @@ fn dump_debian_3_15() {
     debian("3.15", "_Py_DebugOffsets read from the target");
 }
 
-/// pyenv-style builds (`$PYENV_ROOT/versions/X.Y.Z`, usually `--enable-shared`: the
-/// interpreter is in `libpython3.X.so`, without SDT notes), each one present.
-fn pyenv_builds() -> Vec<(String, PathBuf)> {
-    let root = std::env::var_os("PYENV_ROOT")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")))
-        .unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
-    let mut builds: Vec<(String, PathBuf)> = std::fs::read_dir(root.join("versions"))
-        .into_iter()
-        .flatten()
-        .filter_map(|e| {
-            let dir = e.ok()?.path();
-            let name = dir.file_name()?.to_str()?.to_owned();
-            let mut parts = name.split('.');
-            let (major, minor) = (parts.next()?, parts.next()?);
-            let exe = dir.join(format!("bin/python{major}.{minor}"));
-            exe.exists().then_some((format!("{major}.{minor}"), exe))
-        })
-        .collect();
-    builds.sort();
-    builds
-}
-
 #[test]
 fn dump_pyenv_builds() {
     let builds = pyenv_builds();
@@ -316,18 +293,6 @@ fn dump_pyenv_builds() {
         };
         check_dump(&exe, &version, &layout);
     }
-}
-
-/// Every interpreter to run library-level checks on: Debian's and pyenv's.
-fn all_interpreters() -> Vec<(String, PathBuf)> {
-    let mut all: Vec<(String, PathBuf)> = VERSIONS
-        .iter()
-        .filter_map(|v| python(v).map(|p| (v.to_string(), p.launcher)))
-        .collect();
-    all.extend(pyenv_builds().into_iter().filter(|(v, _)| {
-        v.starts_with("3.") && v[2..].parse::<u32>().is_ok_and(|minor| minor >= 7)
-    }));
-    all
 }
 
 /// The library API: `stacks()`, `thread_stack(tid)`, and the cost of a full read.
