@@ -24,6 +24,10 @@ pub enum FlameFormat {
     /// recording, calls/count and wall/nanoseconds (exclusive) for a traced one,
     /// each stack labelled with its thread and pid.
     Pprof,
+    /// cProfile's .prof, for `python -m pstats`, snakeviz, tuna and gprof2dot:
+    /// calls, primitive calls, own and cumulative time and callers of each function
+    /// (exact from a traced recording; estimated times, no calls, from a sampled one).
+    Pstats,
 }
 
 #[derive(Debug, Args)]
@@ -32,10 +36,10 @@ pub struct FlameArgs {
     pub file: PathBuf,
     /// Where to write (`-` for standard output). Its extension must fit the
     /// format (.svg; .txt or .folded for collapsed; .json for speedscope and
-    /// chrome; .pb.gz or .pprof for pprof), else pyprobe refuses; without
+    /// chrome; .pb.gz or .pprof for pprof; .prof for pstats), else pyprobe refuses; without
     /// --format, it chooses the format (.json: speedscope). An existing file is
     /// refused unless --force is given. Default: beside the recording (FILE.svg,
-    /// .folded.txt, .speedscope.json, .trace.json, .pb.gz), or FILE.1.svg, .2, ...
+    /// .folded.txt, .speedscope.json, .trace.json, .pb.gz, .prof), or FILE.1.svg, .2, ...
     /// when that exists.
     #[arg(short, long, value_name = "OUT")]
     pub output: Option<PathBuf>,
@@ -159,6 +163,7 @@ impl From<FlameFormat> for views::FlameFormat {
             FlameFormat::Speedscope => views::FlameFormat::Speedscope,
             FlameFormat::Chrome => views::FlameFormat::Chrome,
             FlameFormat::Pprof => views::FlameFormat::Pprof,
+            FlameFormat::Pstats => views::FlameFormat::Pstats,
         }
     }
 }

@@ -23,6 +23,7 @@ mod outputs;
 mod pools;
 mod pprof;
 mod probes;
+mod pstats;
 mod qualnames;
 mod record;
 mod report_schema;

@@ -283,7 +283,7 @@ fn check_outputs(output: &Path, existing: Existing) -> Result<Option<FlameFormat
         }
         None => bail!(
             "pyprobe record cannot write {}: name the output .pyprobe (a recording), .svg \
-             (flame graph), .json (speedscope), .txt (collapsed stacks) or .pb.gz (pprof)",
+             (flame graph), .json (speedscope), .txt (collapsed stacks), .pb.gz (pprof) or .prof (pstats)",
             output.display()
         ),
     };

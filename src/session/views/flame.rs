@@ -17,6 +17,7 @@ use pyprobe_recording::output::flame::{
     FrameGrain, FrameNames, SvgOptions,
 };
 use pyprobe_recording::output::pprof::{build_profile, write_gzipped};
+use pyprobe_recording::output::pstats::{build_stats, write_pstats};
 use pyprobe_recording::output::speedscope::{write_speedscope, SpeedscopeOptions};
 use pyprobe_recording::output::Census;
 
@@ -36,6 +37,8 @@ pub enum FlameFormat {
     Chrome,
     /// Gzipped pprof `profile.proto` (go tool pprof, Pyroscope and the like).
     Pprof,
+    /// cProfile's `.prof` (pstats, snakeviz, tuna, gprof2dot).
+    Pstats,
 }
 
 impl FlameFormat {
@@ -47,6 +50,7 @@ impl FlameFormat {
             FlameFormat::Speedscope => ".speedscope.json",
             FlameFormat::Chrome => ".trace.json",
             FlameFormat::Pprof => ".pb.gz",
+            FlameFormat::Pstats => ".prof",
         }
     }
 
@@ -58,6 +62,7 @@ impl FlameFormat {
             FlameFormat::Collapsed => &["txt", "folded"],
             FlameFormat::Speedscope | FlameFormat::Chrome => &["json"],
             FlameFormat::Pprof => &["pb.gz", "pprof"],
+            FlameFormat::Pstats => &["prof", "pstats"],
         }
     }
 
@@ -83,6 +88,7 @@ impl FlameFormat {
             Some("svg") => Some(FlameFormat::Svg),
             Some("txt" | "folded") => Some(FlameFormat::Collapsed),
             Some("json") => Some(FlameFormat::Speedscope),
+            Some("prof" | "pstats") => Some(FlameFormat::Pstats),
             _ => None,
         }
     }
@@ -95,6 +101,7 @@ impl FlameFormat {
             FlameFormat::Speedscope => "speedscope profile (JSON)",
             FlameFormat::Chrome => "Chrome trace (JSON)",
             FlameFormat::Pprof => "pprof profile (gzipped protobuf)",
+            FlameFormat::Pstats => "pstats profile (cProfile's .prof)",
         }
     }
 
@@ -106,6 +113,7 @@ impl FlameFormat {
             FlameFormat::Speedscope => "speedscope",
             FlameFormat::Chrome => "chrome",
             FlameFormat::Pprof => "pprof",
+            FlameFormat::Pstats => "pstats",
         }
     }
 
@@ -116,6 +124,9 @@ impl FlameFormat {
             FlameFormat::Speedscope => "speedscope profile (open it at speedscope.app)",
             FlameFormat::Chrome => "Chrome trace (open it in ui.perfetto.dev or chrome://tracing)",
             FlameFormat::Pprof => "pprof profile (go tool pprof reads it; Pyroscope ingests it)",
+            FlameFormat::Pstats => {
+                "pstats profile (python -m pstats, snakeviz, tuna and gprof2dot read it)"
+            }
         }
     }
 }
@@ -208,7 +219,9 @@ fn warn_if_large(format: FlameFormat, census: &Census, filtered: bool) {
     let bytes = match format {
         FlameFormat::Chrome => census.chrome_bytes(),
         FlameFormat::Speedscope => census.speedscope_bytes(),
-        FlameFormat::Svg | FlameFormat::Collapsed | FlameFormat::Pprof => return,
+        FlameFormat::Svg | FlameFormat::Collapsed | FlameFormat::Pprof | FlameFormat::Pstats => {
+            return
+        }
     };
     if bytes <= large_view_bytes() {
         return;
@@ -304,6 +317,22 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
             let (profile, _) =
                 build_profile(&folded, &info, reader.strings(), request.samples.idle);
             write_gzipped(&profile, &mut *out)?;
+            folded.tally
+        }
+        FlameFormat::Pstats => {
+            let (folded, info) =
+                read_folded_filtered(&mut reader, request.samples, FrameGrain::Functions)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+            note_cut_short(&reader, file);
+            let stats = build_stats(&folded, &info, reader.strings());
+            if stats.sampled {
+                eprintln!(
+                    "pyprobe: note: a sampled recording: the pstats times are estimates (samples \
+                     × the sampling interval) and its call counts 0 (unknown); record with \
+                     --mode trace for exact calls and times"
+                );
+            }
+            write_pstats(&stats, &mut *out)?;
             folded.tally
         }
         FlameFormat::Speedscope => {
@@ -402,7 +431,7 @@ fn flame_format(request: &FlameRequest) -> Result<FlameFormat> {
             anyhow::anyhow!(
                 "pyprobe flame cannot tell what to write to {} from its extension: name it \
                  .svg (flame graph), .txt (collapsed stacks), .json (speedscope; a Chrome trace \
-                 with --format chrome) or .pb.gz (pprof), or give --format",
+                 with --format chrome), .pb.gz (pprof) or .prof (pstats), or give --format",
                 out.display()
             )
         }),

@@ -8,6 +8,7 @@ pub mod flame;
 pub mod names;
 pub mod pprof;
 pub mod probes;
+pub mod pstats;
 pub mod report;
 pub mod speedscope;
 pub mod terminal;

@@ -100,6 +100,19 @@ impl StackTree {
         self.nodes.len()
     }
 
+    /// The stack `node` is on top of (the root's is the root); a parent always has
+    /// a lower id than its children.
+    pub(crate) fn parent(&self, node: NodeId) -> NodeId {
+        self.nodes
+            .get(node as usize)
+            .map_or(Self::ROOT, |n| n.parent)
+    }
+
+    /// The frame on top of stack `node` (`None` for the root).
+    pub(crate) fn frame(&self, node: NodeId) -> Option<FoldFrame> {
+        self.nodes.get(node as usize).and_then(|n| n.frame)
+    }
+
     /// Whether the tree holds only the root.
     pub fn is_empty(&self) -> bool {
         self.nodes.len() == 1
