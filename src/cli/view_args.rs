@@ -133,6 +133,10 @@ pub struct ReportArgs {
     /// is the path the recording names, or its end (`app/main.py`).
     #[arg(long, value_name = "FILE")]
     pub lines: Option<PathBuf>,
+    /// Keep full file paths in the table (by default from the package's root:
+    /// `sympy/core/mul.py`; JSON always has them whole).
+    #[arg(long)]
+    pub full_paths: bool,
 }
 
 #[derive(Debug, Args)]
@@ -228,6 +232,7 @@ impl ReportArgs {
             exclude: self.exclude,
             samples: self.samples.into(),
             lines: self.lines,
+            full_paths: self.full_paths,
         }
     }
 }

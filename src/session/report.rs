@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 
 use pyprobe_recording::analyze::{FunctionSource, SampleFilter};
 use pyprobe_recording::output::report::{
-    build_report_filtered, render_json, render_table, ReportOptions, SortKey,
+    build_report_filtered, render_json, render_table_paths, ReportOptions, SortKey,
 };
 use pyprobe_recording::recording::{Completion, RecordingReader};
 
@@ -27,6 +27,8 @@ pub struct ReportRequest {
     pub samples: SampleFilter,
     /// `--lines FILE`: the annotated source of FILE instead of the report.
     pub lines: Option<PathBuf>,
+    /// `--full-paths`: file paths whole in the table.
+    pub full_paths: bool,
 }
 
 pub fn run(request: &ReportRequest) -> Result<ExitCode> {
@@ -61,7 +63,7 @@ pub fn run(request: &ReportRequest) -> Result<ExitCode> {
     let text = if request.json {
         render_json(&view) + "\n"
     } else {
-        render_table(&view, terminal_width())
+        render_table_paths(&view, terminal_width(), request.full_paths)
     };
     std::io::stdout()
         .write_all(text.as_bytes())

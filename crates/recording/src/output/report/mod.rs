@@ -16,4 +16,4 @@ pub use crate::analyze::report::{
 pub use crate::output::units::format_ns;
 pub use json::render_json;
 pub use source_lines::render_lines;
-pub use table::render_table;
+pub use table::{render_table, render_table_paths};

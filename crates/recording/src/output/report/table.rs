@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use crate::analyze::report::{effective_mode, exact_fraction};
 use crate::analyze::{FunctionSource, FunctionStats, Report};
-use crate::output::names::short_command;
+use crate::output::names::{short_command, short_path};
 use crate::output::units::format_ns;
 
 /// Characters of `s`, cut to `max` by dropping its start (paths keep their end).
@@ -34,10 +34,20 @@ fn pad(s: &str, width: usize) -> String {
 }
 
 /// The report as a text table `width` columns wide (function names and paths
-/// are shortened to fit).
+/// are shortened to fit; paths from their package's root, as `sympy/core/mul.py`).
 pub fn render_table(report: &Report, width: usize) -> String {
+    render_table_paths(report, width, false)
+}
+
+/// As [`render_table`]; with `full_paths`, paths are kept whole (as far as the
+/// width allows).
+pub fn render_table_paths(report: &Report, width: usize, full_paths: bool) -> String {
     // Names and paths are the target's: shown escaped.
-    let report = &super::terminal_safe::escaped_report(report);
+    let mut report = super::terminal_safe::escaped_report(report);
+    if !full_paths {
+        shorten_paths(&mut report);
+    }
+    let report = &report;
     let mut out = String::new();
     header_section(&mut out, report);
     functions_section(&mut out, report, width);
@@ -48,6 +58,31 @@ pub fn render_table(report: &Report, width: usize) -> String {
     threads_section(&mut out, report);
     out
 }
+
+/// Every source path of the report from its package's root (what follows
+/// `site-packages/`, the standard library's own directory), as `dump` and the
+/// flame graph show them.
+fn shorten_paths(r: &mut Report) {
+    let short = |p: &mut String| *p = short_path(p).to_owned();
+    for f in r
+        .functions
+        .iter_mut()
+        .chain(r.processes.iter_mut().flat_map(|p| p.functions.iter_mut()))
+    {
+        short(&mut f.file);
+    }
+    for t in r.gc.iter_mut().flat_map(|g| g.triggers.iter_mut()) {
+        short(&mut t.file);
+    }
+    for t in &mut r.return_types {
+        short(&mut t.file);
+    }
+}
+
+/// Most return types named per function; the rest are counted.
+const RETURN_TYPES_SHOWN: usize = 5;
+/// Most import rows shown; the rest are counted.
+const IMPORT_ROWS_SHOWN: usize = 20;
 
 fn header_section(out: &mut String, r: &Report) {
     let python = if r.target.python.is_empty() {
@@ -400,12 +435,16 @@ fn imports_section(out: &mut String, r: &Report, width: usize) {
     // importer cycle are reached by the second loop.
     let mut shown = HashSet::new();
     let name_room = width.saturating_sub(32).max(20);
-    for start in roots.into_iter().chain(0..r.imports.len()) {
+    'rows: for start in roots.into_iter().chain(0..r.imports.len()) {
         let mut stack = vec![(start, 0usize)];
         while let Some((i, depth)) = stack.pop() {
-            if !shown.insert(i) {
+            if shown.contains(&i) {
                 continue;
             }
+            if shown.len() == IMPORT_ROWS_SHOWN {
+                break 'rows;
+            }
+            shown.insert(i);
             let m = &r.imports[i];
             let indent = "  ".repeat(depth.min(16));
             let missing = if m.found { "" } else { " (not found)" };
@@ -421,6 +460,17 @@ fn imports_section(out: &mut String, r: &Report, width: usize) {
                 stack.extend(kids.iter().rev().map(|&k| (k, depth + 1)));
             }
         }
+    }
+    let more = r.imports.len() - shown.len();
+    if more > 0 {
+        let _ = writeln!(
+            out,
+            "{:>9}  {:>9}  {:>5}  … {more} more module{} (--format json lists every one)",
+            "",
+            "",
+            "",
+            if more == 1 { "" } else { "s" }
+        );
     }
 }
 
@@ -463,8 +513,19 @@ fn return_types_section(out: &mut String, r: &Report, width: usize) {
         let mut parts: Vec<String> = t
             .returned
             .iter()
+            .take(RETURN_TYPES_SHOWN)
             .map(|c| format!("{} {}", c.type_name, c.count))
             .collect();
+        let rest = &t.returned[t.returned.len().min(RETURN_TYPES_SHOWN)..];
+        if !rest.is_empty() {
+            let returns: u64 = rest.iter().map(|c| c.count).sum();
+            parts.push(format!(
+                "… {} more type{} ({returns} return{})",
+                rest.len(),
+                if rest.len() == 1 { "" } else { "s" },
+                if returns == 1 { "" } else { "s" }
+            ));
+        }
         if t.raised > 0 {
             parts.push(format!("raised {}", t.raised));
         }

@@ -286,7 +286,11 @@ fn table_has_every_section() {
         fib.contains("196418") && fib.contains("1.50 s") && fib.contains("75.0%"),
         "{fib}"
     );
-    assert!(fib.ends_with("/app/fib.py:3"), "{fib}");
+    // Paths from their package's root, unless asked whole.
+    assert!(fib.ends_with("  app/fib.py:3"), "{fib}");
+    let whole = render_table_paths(&sample_report(), 100, true);
+    let fib = whole.lines().find(|l| l.contains("fib ")).unwrap();
+    assert!(fib.ends_with("  /app/fib.py:3"), "{fib}");
     assert!(t.contains("\nGC\n"));
     assert!(t.contains("90.0 µs"));
     assert!(
@@ -318,7 +322,7 @@ fn table_fits_narrow_widths_and_survives_import_cycles() {
     r.functions[0].file = "/deep/".repeat(40) + "x.py";
     r.imports[0].importer = Some("json.decoder".into());
     r.truncated_at = Some(4096);
-    let t = render_table(&r, 80);
+    let t = render_table_paths(&r, 80, true);
     assert!(t.contains("cut short at offset 4096"));
     assert!(t.contains("…"));
     assert_eq!(t.matches("json.decoder").count(), 1);
@@ -620,4 +624,44 @@ fn a_thread_report_counts_that_threads_exact_calls_alone() {
     );
     assert_eq!(calls(&of(Some(6))), [("b".to_string(), Some(2))]);
     assert_eq!(calls(&of(Some(5))), [("a".to_string(), Some(3))]);
+}
+
+#[test]
+fn long_sections_are_cut_with_what_was_left_out_counted() {
+    let mut r = sample_report();
+    r.return_types = vec![crate::analyze::ReturnTypes {
+        file: "/usr/lib/python3/dist-packages/sympy/core/sympify.py".into(),
+        function: "sympify".into(),
+        line: 124,
+        returned: (0..8)
+            .map(|i| crate::analyze::TypeCount {
+                type_name: format!("T{i}"),
+                count: 100 - i,
+            })
+            .collect(),
+        raised: 3,
+    }];
+    let base = r.imports[0].clone();
+    r.imports = (0..25)
+        .map(|i| crate::analyze::ImportStats {
+            module: format!("m{i:02}"),
+            importer: None,
+            ..base.clone()
+        })
+        .collect();
+    let t = render_table(&r, 120);
+    let line = t
+        .lines()
+        .find(|l| l.starts_with("Return types for 'sympify'"))
+        .unwrap_or_else(|| panic!("{t}"));
+    assert_eq!(
+        line,
+        "Return types for 'sympify' (sympy/core/sympify.py:124): T0 100, T1 99, T2 98, T3 97, \
+         T4 96, … 3 more types (282 returns), raised 3"
+    );
+    assert!(t.contains("m19") && !t.contains("m20"), "{t}");
+    assert!(
+        t.contains("… 5 more modules (--format json lists every one)"),
+        "{t}"
+    );
 }
