@@ -15,6 +15,7 @@ use pyprobe_cpython::python::walker::{Local, ThreadStack, Walker};
 use pyprobe_recording::output::names::short_path;
 use pyprobe_recording::output::terminal::escaped;
 use pyprobe_sdt::process::hold::hold;
+use pyprobe_sdt::process::status::tracer_of;
 
 pub struct DumpRequest {
     pub pid: i32,
@@ -69,7 +70,13 @@ fn read_with_locals(
         return Ok((walker.stacks()?, None));
     }
     let started = Instant::now();
-    let held = match hold(pid, started + HOLD_DEADLINE) {
+    // Another tracer (a pyprobe recording it, a debugger) keeps its hold: no wait
+    // for it to let go.
+    let held = match tracer_of(pid) {
+        Some(tracer) if tracer != 0 => Err(format!("it is traced by process {tracer}")),
+        _ => hold(pid, started + HOLD_DEADLINE),
+    };
+    let held = match held {
         Ok(held) => Some(held),
         Err(why) => {
             eprintln!(

@@ -100,3 +100,46 @@ fn dump_locals_reads_what_the_program_set_on_every_interpreter() {
         check_locals(&python, &version);
     }
 }
+
+/// A target another tracer holds (here a recording pyprobe): `dump --locals` does
+/// not wait for it, says why the values were read running, and reads them.
+#[test]
+fn dump_locals_of_a_traced_target_reads_it_running_and_says_so() {
+    let Some(py) = python("3.13") else { return };
+    let fixture = repo().join("fixtures/python/locals.py");
+    let mut target = Target::spawn(&py.launcher, &[&fixture.display().to_string()]);
+    target.wait_for_line("{");
+    target.wait_for_line("ready");
+    let pid = target.pid();
+    let recording = TempFile::new("traced-locals.pyprobe");
+    let tracer = Tracer::record(
+        recording.path(),
+        &["--mode", "sample", "-p", &pid.to_string()],
+    );
+    let traced = wait_for(std::time::Duration::from_secs(10), || {
+        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+            s.lines()
+                .any(|l| l == format!("TracerPid:\t{}", tracer.pid()))
+        })
+    });
+    assert!(traced, "pyprobe record did not attach");
+    // Not held, and not waited for ("still traced" would say it waited in vain).
+    let out = run_pyprobe(&["dump", "--locals", "-p", &pid.to_string()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "could not be held (it is traced by process {})",
+            tracer.pid()
+        )),
+        "{err}"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("    n = 5\n"), "{text}");
+    tracer.signal(libc::SIGINT);
+    let (status, _) = tracer.wait(std::time::Duration::from_secs(20));
+    assert!(status.success());
+    target.send_line("go");
+    let (_, status) = target.finish();
+    assert!(status.success(), "the target after dump: {status:?}");
+}

@@ -245,7 +245,7 @@ pub(crate) fn tgid_of(tid: i32) -> Option<i32> {
 }
 
 /// The process tracing `tid`, 0 for none.
-pub(crate) fn tracer_of(tid: i32) -> Option<i32> {
+pub fn tracer_of(tid: i32) -> Option<i32> {
     status_field(tid, "TracerPid")?.parse().ok()
 }
 
