@@ -281,7 +281,7 @@ fn top_samples_at_the_rate_asked_for() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let missed: f64 = stderr
             .lines()
-            .find_map(|l| l.strip_prefix("pyprobe: fell behind: "))
+            .find_map(|l| l.strip_prefix("pyprobe: caveat: fell behind: "))
             .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
             .unwrap_or(0.0);
         let measured = (samples + missed) / seconds;

@@ -403,7 +403,7 @@ impl<'a> Recorder<'a> {
             recording_path,
             chosen,
             paused,
-            caveats,
+            mut caveats,
             ..
         } = self;
         let request = settings.request;
@@ -421,6 +421,12 @@ impl<'a> Recorder<'a> {
                     }
                 );
             }
+        }
+        // Kept in the recording, so that its views can say so later too. Only where
+        // samples were taken: a trace's ticks that sample nothing miss nothing.
+        let line = missed_ticks_line(ticks, settings.interval_ns).filter(|_| sampler.samples > 0);
+        if let Some(line) = line {
+            caveats.write(&mut builder, pid, end_ns, line);
         }
         let events = builder.events();
         let (opened, write_error) = builder.into_parts();
@@ -527,9 +533,6 @@ impl<'a> Recorder<'a> {
             if acted || request.verbose {
                 eprintln!("pyprobe: {}", budget_line(max, &b));
             }
-        }
-        if let Some(line) = missed_ticks_line(ticks, settings.interval_ns) {
-            eprintln!("pyprobe: {line}");
         }
         if settings.view.is_some() {
             match write_view(&recording_path, &output, &settings) {
