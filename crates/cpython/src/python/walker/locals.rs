@@ -10,6 +10,10 @@ use super::objects::{field_i32, plausible_pointer, read_str, read_u64};
 use super::stacks::{Memory, StackReader};
 use super::values::ValueReader;
 
+/// The slot names of each code object read so far, by its address (valid while
+/// the threads are held: a code object cannot die meanwhile).
+pub(crate) type LocalNamesCache = std::collections::HashMap<u64, Vec<(String, LocalKind)>>;
+
 /// Most local variables read per frame.
 pub(crate) const MAX_LOCALS: usize = 512;
 
@@ -43,11 +47,21 @@ impl<M: Memory> StackReader<M> {
     /// The local variables of the frame at `frame`, which runs the code object at
     /// `code`, in the order the code names them; empty when this version's layout
     /// does not say where they are. Unreadable names or slots end the list.
-    pub(crate) fn frame_locals(&self, frame: u64, code: u64) -> Vec<Local> {
+    pub(crate) fn frame_locals(
+        &self,
+        frame: u64,
+        code: u64,
+        names: &mut LocalNamesCache,
+    ) -> Vec<Local> {
         let Some(layout) = self.layout.locals else {
             return Vec::new();
         };
-        let names = self.local_names(code, &layout);
+        // A code object's names, read once per read of the stacks (a recursion
+        // repeats them), then used again while the threads are held.
+        let names = names
+            .entry(code)
+            .or_insert_with(|| self.local_names(code, &layout))
+            .clone();
         if names.is_empty() {
             return Vec::new();
         }

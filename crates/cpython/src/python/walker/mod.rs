@@ -284,13 +284,14 @@ impl Walker {
         self.reader.frame_addresses = Some(Vec::new());
         let mut raws = Vec::with_capacity(tstates.len());
         let mut locals = Vec::with_capacity(tstates.len());
+        let mut names = locals::LocalNamesCache::new();
         for (t, buf) in &tstates {
             let raw = self.reader.thread(*t, buf, false);
             let addresses = self.reader.frame_addresses.take().unwrap_or_default();
             let frames: Vec<Vec<Local>> = if addresses.len() == raw.frames.len() {
                 addresses
                     .iter()
-                    .map(|&(frame, code)| self.reader.frame_locals(frame, code))
+                    .map(|&(frame, code)| self.reader.frame_locals(frame, code, &mut names))
                     .collect()
             } else {
                 // A walk cut before its first frame: nothing to align with.

@@ -605,7 +605,8 @@ fn locals_of_random_memory_never_panic_nor_hang() {
             for i in 0..64u64 {
                 let frame = 0x10_0000 + i * 0x1234 * 8;
                 let code = 0x20_0000 + i * 0x777 * 8;
-                let locals = reader.frame_locals(frame, code);
+                let locals =
+                    reader.frame_locals(frame, code, &mut super::locals::LocalNamesCache::new());
                 assert!(locals.len() <= super::locals::MAX_LOCALS);
                 for local in locals {
                     let shown = local.value.unwrap_or_default();
