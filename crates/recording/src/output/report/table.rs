@@ -77,10 +77,25 @@ fn shorten_paths(r: &mut Report) {
     for t in &mut r.return_types {
         short(&mut t.file);
     }
+    // Audit stacks' frames read `function (file:line)`.
+    for frame in r
+        .audit
+        .iter_mut()
+        .flat_map(|a| a.stacks.iter_mut())
+        .flat_map(|st| st.frames.iter_mut())
+    {
+        if let Some((name, place)) = frame.strip_suffix(')').and_then(|f| f.rsplit_once(" (")) {
+            if let Some((file, line)) = place.rsplit_once(':') {
+                *frame = format!("{name} ({}:{line})", short_path(file));
+            }
+        }
+    }
 }
 
 /// Most return types named per function; the rest are counted.
 const RETURN_TYPES_SHOWN: usize = 5;
+/// Most call sites shown per audit event; the rest are counted.
+const AUDIT_SITES_SHOWN: usize = 3;
 /// Most import rows shown; the rest are counted.
 const IMPORT_ROWS_SHOWN: usize = 20;
 
@@ -487,16 +502,34 @@ fn audit_section(out: &mut String, r: &Report, width: usize) {
             a.count,
             fit_right(&a.event, width.saturating_sub(11).max(20))
         );
-        // The innermost frame of each raising stack is the line that raised it.
-        for st in a.stacks.iter().take(3) {
+        // The innermost frame of each raising stack is the line that raised it;
+        // stacks that differ only further out raise it from the same line.
+        let mut sites: Vec<(&str, u64)> = Vec::new();
+        for st in &a.stacks {
             if let Some(leaf) = st.frames.last() {
-                let _ = writeln!(
-                    out,
-                    "{:>9}  from {}",
-                    format!("×{}", st.count),
-                    fit_right(leaf, width.saturating_sub(16).max(20))
-                );
+                match sites.iter_mut().find(|(l, _)| *l == leaf.as_str()) {
+                    Some(site) => site.1 += st.count,
+                    None => sites.push((leaf, st.count)),
+                }
             }
+        }
+        sites.sort_by_key(|site| std::cmp::Reverse(site.1));
+        for (leaf, count) in sites.iter().take(AUDIT_SITES_SHOWN) {
+            let _ = writeln!(
+                out,
+                "{:>9}  from {}",
+                format!("×{count}"),
+                fit_right(leaf, width.saturating_sub(16).max(20))
+            );
+        }
+        if sites.len() > AUDIT_SITES_SHOWN {
+            let more = &sites[AUDIT_SITES_SHOWN..];
+            let _ = writeln!(
+                out,
+                "{:>9}  … {} more call sites",
+                format!("×{}", more.iter().map(|s| s.1).sum::<u64>()),
+                more.len()
+            );
         }
     }
 }

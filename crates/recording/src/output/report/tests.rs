@@ -665,3 +665,38 @@ fn long_sections_are_cut_with_what_was_left_out_counted() {
         "{t}"
     );
 }
+
+#[test]
+fn audit_call_sites_raising_from_one_line_are_one_row() {
+    let mut r = sample_report();
+    let stack = |outer: &str, leaf: &str, count| crate::analyze::RaisingStack {
+        frames: vec![outer.into(), leaf.into()],
+        count,
+    };
+    let site = |n: u32| format!("read (/srv/app/lib/python3.11/site-packages/pkg/io.py:{n})");
+    r.audit[0].stacks = vec![
+        stack("a (/srv/app/main.py:1)", &site(10), 5),
+        stack("b (/srv/app/main.py:2)", &site(10), 4),
+        stack("c (/srv/app/main.py:3)", &site(20), 6),
+        stack("d (/srv/app/main.py:4)", &site(30), 2),
+        stack("e (/srv/app/main.py:5)", &site(40), 1),
+        stack("f (/srv/app/main.py:6)", &site(50), 1),
+    ];
+    let t = render_table(&r, 120);
+    let rows: Vec<&str> = t
+        .lines()
+        .skip_while(|l| !l.ends_with("open"))
+        .skip(1)
+        .take(4)
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            "       ×9  from read (pkg/io.py:10)",
+            "       ×6  from read (pkg/io.py:20)",
+            "       ×2  from read (pkg/io.py:30)",
+            "       ×2  … 2 more call sites",
+        ],
+        "{t}"
+    );
+}
