@@ -109,30 +109,9 @@ impl ProcessMemory {
         Ok(u16::from_le_bytes(b))
     }
 
-    /// Reads a NUL-terminated string of at most `max` bytes. A string without a
-    /// terminator within `max` is cut there (the target is not trusted to end it).
-    /// Reads stop at page ends so a string near an unmapped page still reads.
+    /// Reads a NUL-terminated string of at most `max` bytes (see [`read_c_string`]).
     pub fn read_c_string(&self, addr: u64, max: usize) -> io::Result<String> {
-        let mut out = Vec::new();
-        let mut at = addr;
-        while out.len() < max {
-            let to_page_end = 4096 - (at % 4096) as usize;
-            let n = to_page_end.min(max - out.len()).min(256);
-            let mut chunk = vec![0u8; n];
-            if let Err(e) = self.read(at, &mut chunk) {
-                if out.is_empty() {
-                    return Err(e);
-                }
-                break;
-            }
-            if let Some(end) = chunk.iter().position(|&b| b == 0) {
-                out.extend_from_slice(&chunk[..end]);
-                return Ok(String::from_utf8_lossy(&out).into_owned());
-            }
-            out.extend_from_slice(&chunk);
-            at = at.wrapping_add(n as u64);
-        }
-        Ok(String::from_utf8_lossy(&out).into_owned())
+        read_c_string(self, addr, max)
     }
 
     /// Writes `bytes` at `addr` through `/proc/PID/mem`.
@@ -173,6 +152,36 @@ impl crate::sdt::MemoryReader for ProcessMemory {
 /// Most words [`ProcessMemory::read_words`] asks for in one system call (the
 /// kernel takes at most 1024 iovecs).
 pub(crate) const WORDS_PER_READ: usize = 256;
+
+/// Reads a NUL-terminated string of at most `max` bytes from any target memory. A
+/// string without a terminator within `max` is cut there (the target is not trusted
+/// to end it). Reads stop at page ends so a string near an unmapped page still reads.
+pub fn read_c_string<M: crate::sdt::MemoryReader + ?Sized>(
+    mem: &M,
+    addr: u64,
+    max: usize,
+) -> io::Result<String> {
+    let mut out = Vec::new();
+    let mut at = addr;
+    while out.len() < max {
+        let to_page_end = 4096 - (at % 4096) as usize;
+        let n = to_page_end.min(max - out.len()).min(256);
+        let mut chunk = vec![0u8; n];
+        if let Err(e) = mem.read_exact(at, &mut chunk) {
+            if out.is_empty() {
+                return Err(e);
+            }
+            break;
+        }
+        if let Some(end) = chunk.iter().position(|&b| b == 0) {
+            out.extend_from_slice(&chunk[..end]);
+            return Ok(String::from_utf8_lossy(&out).into_owned());
+        }
+        out.extend_from_slice(&chunk);
+        at = at.wrapping_add(n as u64);
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
 
 #[cfg(test)]
 mod tests {

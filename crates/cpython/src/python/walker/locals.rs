@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use super::layout::{FrameLayout, LocalNames, LocalsLayout};
-use super::objects::{field_i32, plausible_pointer, read_str, read_u64};
+use super::objects::{field_i32, plausible_pointer, read_bytes_prefix, read_str, read_u64};
 use super::stacks::{Memory, StackReader};
 use super::values::ValueReader;
 
@@ -81,14 +81,14 @@ impl<M: Memory> StackReader<M> {
         let mut values = ValueReader::new(&self.mem, &self.layout, layout);
         let mut out: Vec<Local> = Vec::with_capacity(names.len());
         for ((name, kind), slot) in names.into_iter().zip(slots.chunks_exact(8)) {
+            if name.is_empty() {
+                continue;
+            }
             let mut object = u64::from_le_bytes(slot.try_into().unwrap_or_default()) & !tag_mask;
             if kind != LocalKind::Local && values.is_cell(object) {
                 object = values.cell_contents(object).unwrap_or(0);
             }
             let value = (object != 0).then(|| values.show(object));
-            if name.is_empty() {
-                continue;
-            }
             // Up to 3.10 an argument that inner functions use is named twice: as
             // a local (its value at the call) and as a cell (its value now).
             if kind == LocalKind::Cell {
@@ -147,7 +147,9 @@ impl<M: Memory> StackReader<M> {
                     return Vec::new();
                 };
                 let names = self.str_tuple(names_at, layout);
-                let kinds = self.small_bytes(kinds_at, names.len());
+                let kinds = read_bytes_prefix(&self.mem, &self.layout, kinds_at, names.len())
+                    .map(|(_, kinds)| kinds)
+                    .unwrap_or_default();
                 names
                     .into_iter()
                     .zip(kinds)
@@ -196,25 +198,5 @@ impl<M: Memory> StackReader<M> {
                 read_str(&self.mem, &self.layout.unicode, at).ok()
             })
             .collect()
-    }
-
-    /// Up to `max` bytes of a bytes object (fewer when it is shorter).
-    fn small_bytes(&self, bytes: u64, max: usize) -> Vec<u8> {
-        if !plausible_pointer(bytes) {
-            return Vec::new();
-        }
-        let Ok(size) = read_u64(&self.mem, bytes + self.layout.bytes_ob_size) else {
-            return Vec::new();
-        };
-        let size = (size as i64).clamp(0, max as i64) as usize;
-        let mut data = vec![0u8; size];
-        if self
-            .mem
-            .read_exact(bytes + self.layout.bytes_ob_sval, &mut data)
-            .is_err()
-        {
-            return Vec::new();
-        }
-        data
     }
 }

@@ -286,18 +286,19 @@ impl Walker {
         let mut locals = Vec::with_capacity(tstates.len());
         let mut names = locals::LocalNamesCache::new();
         for (t, buf) in &tstates {
+            // A thread without a frame walks none: no addresses left from the last.
+            if let Some(kept) = self.reader.frame_addresses.as_mut() {
+                kept.clear();
+            }
             let raw = self.reader.thread(*t, buf, false);
-            let addresses = self.reader.frame_addresses.take().unwrap_or_default();
-            let frames: Vec<Vec<Local>> = if addresses.len() == raw.frames.len() {
-                addresses
-                    .iter()
-                    .map(|&(frame, code)| self.reader.frame_locals(frame, code, &mut names))
-                    .collect()
-            } else {
-                // A walk cut before its first frame: nothing to align with.
-                vec![Vec::new(); raw.frames.len()]
-            };
-            self.reader.frame_addresses = Some(addresses);
+            // One address pair per frame the walk returned, in the same order.
+            let reader = &self.reader;
+            let frames: Vec<Vec<Local>> = reader
+                .frame_addresses
+                .iter()
+                .flatten()
+                .map(|&(frame, code)| reader.frame_locals(frame, code, &mut names))
+                .collect();
             raws.push(raw);
             locals.push(frames);
         }

@@ -118,20 +118,39 @@ pub(crate) fn read_str<M: MemoryReader + ?Sized>(
     })
 }
 
+/// The size of a `bytes` object.
+fn bytes_size<M: MemoryReader + ?Sized>(mem: &M, layout: &Layout, addr: u64) -> io::Result<u64> {
+    if !plausible_pointer(addr) {
+        return Err(invalid(format!("{addr:#x} is not a bytes pointer")));
+    }
+    let size = read_u64(mem, addr + layout.bytes_ob_size)? as i64;
+    u64::try_from(size).map_err(|_| invalid(format!("bytes at {addr:#x} has size {size}")))
+}
+
 /// The contents of a `bytes` object, refused beyond [`MAX_TABLE`] bytes.
 pub(crate) fn read_bytes<M: MemoryReader + ?Sized>(
     mem: &M,
     layout: &Layout,
     addr: u64,
 ) -> io::Result<Vec<u8>> {
-    if !plausible_pointer(addr) {
-        return Err(invalid(format!("{addr:#x} is not a bytes pointer")));
-    }
-    let size = read_u64(mem, addr + layout.bytes_ob_size)? as i64;
-    if size < 0 || size as usize > MAX_TABLE {
+    let size = bytes_size(mem, layout, addr)?;
+    if size as usize > MAX_TABLE {
         return Err(invalid(format!("bytes at {addr:#x} has size {size}")));
     }
     let mut data = vec![0u8; size as usize];
     mem.read_exact(addr + layout.bytes_ob_sval, &mut data)?;
     Ok(data)
+}
+
+/// A `bytes` object's size, and its first bytes, at most `max`.
+pub(crate) fn read_bytes_prefix<M: MemoryReader + ?Sized>(
+    mem: &M,
+    layout: &Layout,
+    addr: u64,
+    max: usize,
+) -> io::Result<(u64, Vec<u8>)> {
+    let size = bytes_size(mem, layout, addr)?;
+    let mut data = vec![0u8; size.min(max as u64) as usize];
+    mem.read_exact(addr + layout.bytes_ob_sval, &mut data)?;
+    Ok((size, data))
 }

@@ -60,8 +60,9 @@ pub(crate) struct StackReader<M> {
     last_rootless: bool,
     /// Naming batch of [`Self::name_captured`]: see [`Self::new_naming_batch`].
     batch: u64,
-    /// When kept: the (frame, code object) addresses of the last walk's Python
-    /// frames, outermost first, for reading their locals.
+    /// When kept (`Some`, emptied by the caller before a walk): the (frame, code
+    /// object) addresses of the walk's Python frames, outermost first, one per frame
+    /// it returns, for reading their locals.
     pub(crate) frame_addresses: Option<Vec<(u64, u64)>>,
 }
 
@@ -207,9 +208,6 @@ impl<M: Memory> StackReader<M> {
         }
         seen.insert(innermost);
         let mut address = innermost;
-        if let Some(kept) = self.frame_addresses.as_mut() {
-            kept.clear();
-        }
         let truncated = loop {
             let Some(raw) = self.raw_frame(&frame) else {
                 break true;

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use super::layout::{Layout, LocalsLayout};
-use super::objects::{plausible_pointer, read_u64};
+use super::objects::{plausible_pointer, read_bytes_prefix, read_u64};
+use pyprobe_sdt::process::memory::read_c_string;
 use pyprobe_sdt::sdt::MemoryReader;
 
 /// Most characters of a `str` shown (its length is said when cut).
@@ -72,7 +73,11 @@ impl<'a, M: MemoryReader + ?Sized> ValueReader<'a, M> {
         let info = (|| {
             let name_at = read_u64(self.mem, tp_name).ok()?;
             let flags = read_u64(self.mem, tp_name + 18 * 8).ok()?;
-            let name = read_c_string(self.mem, name_at, MAX_TYPE_NAME)?;
+            // A C string: any alignment, in user space.
+            if name_at == 0 || name_at >= 1 << 47 {
+                return None;
+            }
+            let name = read_c_string(self.mem, name_at, MAX_TYPE_NAME).ok()?;
             Some(TypeInfo { name, flags })
         })();
         self.types.insert(ty, info.clone());
@@ -202,12 +207,7 @@ impl<'a, M: MemoryReader + ?Sized> ValueReader<'a, M> {
 
     /// A bytes object's repr, cut to [`MAX_SHOWN_BYTES`] bytes.
     fn bytes_value(&self, addr: u64) -> Option<String> {
-        let size = read_u64(self.mem, addr + self.layout.bytes_ob_size).ok()? as i64;
-        let size = u64::try_from(size).ok()?;
-        let mut data = vec![0u8; size.min(MAX_SHOWN_BYTES as u64) as usize];
-        self.mem
-            .read_exact(addr + self.layout.bytes_ob_sval, &mut data)
-            .ok()?;
+        let (size, data) = read_bytes_prefix(self.mem, self.layout, addr, MAX_SHOWN_BYTES).ok()?;
         // As Python: double quotes for bytes with a single quote and no double one.
         let quote = if data.contains(&b'\'') && !data.contains(&b'"') {
             b'"'
@@ -243,24 +243,6 @@ impl<'a, M: MemoryReader + ?Sized> ValueReader<'a, M> {
 /// `<list of 3 items>`.
 fn container(name: &str, n: u64) -> String {
     format!("<{name} of {n} item{}>", if n == 1 { "" } else { "s" })
-}
-
-/// A NUL-terminated string of at most `max` bytes, as UTF-8 (lossy).
-fn read_c_string<M: MemoryReader + ?Sized>(mem: &M, addr: u64, max: usize) -> Option<String> {
-    if addr == 0 || addr >= 1 << 47 {
-        return None;
-    }
-    let mut buf = vec![0u8; max];
-    // The name may end near the end of a mapping: read less until it fits.
-    let mut len = max;
-    while mem.read_exact(addr, &mut buf[..len]).is_err() {
-        len /= 2;
-        if len < 8 {
-            return None;
-        }
-    }
-    let end = buf[..len].iter().position(|&b| b == 0)?;
-    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
 /// A str as Python's `repr` shows it: single quotes (double when the text has a
