@@ -580,8 +580,7 @@ pub(crate) fn monitoring_interpreters() -> Vec<(String, PathBuf)> {
 #[test]
 fn a_program_that_takes_tool_4_keeps_it_when_pyprobe_leaves() {
     for (label, py) in monitoring_interpreters() {
-        let (out, path) =
-            trace_monitoring_fixture(&label, &py, &["--duration", "1"], "takes_tool.py", &["2.5"]);
+        let (out, path) = trace_monitoring_fixture(&label, &py, &[], "takes_tool.py", &["2.5"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_no_panic(&label, &out.stderr);
         assert!(out.status.success(), "{label}: {stderr}");
@@ -636,13 +635,7 @@ fn a_program_replacing_the_hooks_callback_is_said_to_cut_the_trace_short() {
 #[test]
 fn a_program_turning_the_hooks_events_off_is_said_and_gets_tool_4_back() {
     for (label, py) in monitoring_interpreters() {
-        let (out, path) = trace_monitoring_fixture(
-            &label,
-            &py,
-            &["--duration", "1.5"],
-            "silences_tool.py",
-            &["1000", "3"],
-        );
+        let (out, path) = trace_monitoring_fixture(&label, &py, &[], "silences_tool.py", &["1000"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_no_panic(&label, &out.stderr);
         assert!(out.status.success(), "{label}: {stderr}");
