@@ -83,7 +83,7 @@ use crate::python::walker::{PyFrame, Walker};
 use pyprobe_sdt::process::memory::ProcessMemory;
 use pyprobe_sdt::ring::RingReader;
 use pyprobe_sdt::tracer::decode::HitBuffers;
-use pyprobe_sdt::tracer::engine::source::{EventSource, Placement, SweepNeed};
+use pyprobe_sdt::tracer::engine::source::{EventSource, Placement, RingBound, SweepNeed};
 use pyprobe_sdt::tracer::engine::TraceEvent;
 use pyprobe_sdt::tracer::guardian::Guardian;
 use pyprobe_sdt::tracer::ring_engine::tsc::TscClock;
@@ -337,13 +337,17 @@ impl EventSource for HookBook {
         pid: i32,
         tsc: Option<&TscClock>,
         sink: &mut dyn FnMut(TraceEvent),
-    ) -> u64 {
+    ) -> RingBound {
         match self.procs.get_mut(&pid) {
             Some(h) => {
-                self.read_with_rings += h.collect(pid, tsc, sink);
-                h.read_to
+                let read = h.collect(pid, tsc, sink);
+                self.read_with_rings += read;
+                RingBound {
+                    tsc: h.read_to,
+                    read,
+                }
             }
-            None => u64::MAX,
+            None => RingBound::NONE,
         }
     }
 

@@ -18,6 +18,25 @@ use crate::tracer::ring_engine::tsc::TscClock;
 use super::threads::at_syscall_entry;
 use super::{Engine, NotTraceable, TraceEvent};
 
+/// What [`EventSource::before_ring`] tells the SDT ring's drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingBound {
+    /// The SDT ring is read up to records stamped this (TSC ticks; `u64::MAX`:
+    /// no bound): what the source has read reaches that far.
+    pub tsc: u64,
+    /// Records of its own the source read meanwhile. While it reads on, its bound
+    /// moves on: a drain held back by the bound has more to read.
+    pub read: usize,
+}
+
+impl RingBound {
+    /// No source beside the ring: read it all.
+    pub const NONE: RingBound = RingBound {
+        tsc: u64::MAX,
+        read: 0,
+    };
+}
+
 /// A thread of a process, stopped, as a source sees it when it goes in.
 #[derive(Debug, Clone, Copy)]
 pub struct StoppedThread {
@@ -104,14 +123,14 @@ pub trait EventSource {
         hits: &mut u64,
         sink: &mut dyn FnMut(TraceEvent),
     ) -> usize;
-    /// Before the SDT ring of `pid` is read: its own records read, and the bound
-    /// the SDT ring is read up to (TSC ticks; `u64::MAX`: none).
+    /// Before the SDT ring of `pid` is read: a batch of its own records read, and
+    /// the bound the SDT ring is read up to.
     fn before_ring(
         &mut self,
         pid: i32,
         tsc: Option<&TscClock>,
         sink: &mut dyn FnMut(TraceEvent),
-    ) -> u64;
+    ) -> RingBound;
     /// Passes on the records of `pid` stamped no later than `upto_ns`.
     fn emit_upto(
         &mut self,

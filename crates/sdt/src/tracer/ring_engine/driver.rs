@@ -17,6 +17,7 @@ use crate::process::memory::ProcessMemory;
 use crate::ring::format::H_ALIVE;
 use crate::ring::DrainStop;
 use crate::tracer::clock::monotonic_ns;
+use crate::tracer::engine::source::RingBound;
 use crate::tracer::engine::ThinLevel;
 use crate::tracer::engine::{Engine, Proc, TraceEvent};
 use crate::tracer::guardian::Op;
@@ -295,7 +296,9 @@ impl Engine {
         monotonic_ns() < self.ring_book.busy_until_ns
     }
 
-    /// Turns every published ring record into a hit; returns how many.
+    /// Turns every published ring record into a hit; returns how many, plus the
+    /// records the source beside the rings read meanwhile (both zero: nothing
+    /// more can be read now, which loops draining to the end wait for).
     pub(in crate::tracer) fn drain_rings(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> usize {
         self.drain_rings_of(None, sink)
     }
@@ -340,6 +343,7 @@ impl Engine {
         tsc.refine();
         let tsc: &TscClock = tsc;
         let mut total = 0;
+        let mut progress = 0;
         let mut counted_total = 0;
         let mut frames_walked = 0u64;
         let mut stacks_taken = 0u64;
@@ -364,9 +368,15 @@ impl Engine {
             // With the hook engine's ring too, the two are read in time order: the
             // hook's records first, this ring up to the last of them, each of this
             // ring's hits after the hook records older than it.
-            let bound = events_beside
+            let RingBound {
+                tsc: bound,
+                read: read_beside,
+            } = events_beside
                 .as_mut()
-                .map_or(u64::MAX, |s| s.before_ring(pid, Some(tsc), sink));
+                .map_or(RingBound::NONE, |s| s.before_ring(pid, Some(tsc), sink));
+            // The source moving its bound on is progress too: the records this
+            // drain left as later than it may be read next time.
+            progress += read_beside;
             ring.reader.set_tsc_bound(bound);
             let start = read_tsc();
             let DrainedHits {
@@ -467,7 +477,7 @@ impl Engine {
                 + waited_ns,
             sink,
         );
-        total
+        total + progress
     }
 
     /// Leaving (every thread stopped, semaphores not yet lowered): the original
@@ -501,16 +511,20 @@ impl Engine {
             if let Some(ring) = proc.ring.take() {
                 // Producers stop waiting for room: nobody reads the ring any more.
                 ring.reader.leave();
-                // Bounded: `head` is the target's to write.
-                let pending = ring
+                // Slots reserved, not published: records of threads stopped inside
+                // a trampoline, one each at most (a record with its stack takes
+                // several slots). Bounded: `head` is the target's to write.
+                let pending_slots = ring
                     .reader
                     .head()
                     .saturating_sub(ring.reader.tail())
                     .min(ring.reader.capacity());
-                if pending > 0 {
+                let threads = self.threads.values().filter(|t| t.tgid == pid).count() as u64;
+                let in_flight = pending_slots.min(threads.max(1));
+                if in_flight > 0 {
                     sink(TraceEvent::Lost {
                         pid,
-                        count: pending,
+                        count: in_flight,
                         ts_ns: monotonic_ns(),
                     });
                 }
