@@ -65,12 +65,12 @@ fn kernel_thread() {
 fn not_a_python_process() {
     let sleeper = Target::spawn(Path::new("/bin/sleep"), &["30"]);
     let pid = sleeper.pid().to_string();
-    // Auto mode would sample: not a CPython at all. Trace mode: no probes.
+    // Not a CPython at all, in either mode: said so, not that it lacks probes.
     let e = assert_refused(&["record", "-p", &pid], &[&pid, "CPython"]);
     assert_one_sentence(&e);
     let e = assert_refused(
         &["record", "-p", &pid, "--mode", "trace"],
-        &[&pid, "no CPython SDT probes"],
+        &[&pid, "cannot be traced", "_PyRuntime", "CPython 3.7+"],
     );
     assert_one_sentence(&e);
 }

@@ -10,7 +10,7 @@
 use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -440,30 +440,20 @@ fn short_detaches_where_the_hook_and_the_ring_both_serve_lose_nothing() {
         let Some(py) = python(minor) else { continue };
         // id() raises an audit event after every 20 steps of a loop, for a minute.
         let script = fixture_script("audit_storm.py");
-        let target = Target::spawn(&py.launcher, &[&script, "60", "20"]);
+        let mut target = Target::spawn(&py.launcher, &[&script, "60", "20", "ready"]);
+        target.wait_for_line("ready");
         let pid = target.pid().to_string();
         for session in 0..6 {
             let out = TempFile::new("short-detach.pyprobe");
             let tag = format!("{minor} session {session}");
-            let record = || {
-                pyprobe()
-                    .args([
-                        "record", "--mode", "trace", "--force", "-d", "0.4", "-p", &pid,
-                    ])
-                    .arg("-o")
-                    .arg(out.path())
-                    .output()
-                    .expect("run pyprobe")
-            };
-            let mut run = record();
-            // The interpreter may still be starting for the first session.
-            let started = Instant::now();
-            while String::from_utf8_lossy(&run.stderr).contains("no Python thread state yet")
-                && started.elapsed() < Duration::from_secs(20)
-            {
-                std::thread::sleep(Duration::from_millis(100));
-                run = record();
-            }
+            let run = pyprobe()
+                .args([
+                    "record", "--mode", "trace", "--force", "-d", "0.4", "-p", &pid,
+                ])
+                .arg("-o")
+                .arg(out.path())
+                .output()
+                .expect("run pyprobe");
             let stderr = String::from_utf8_lossy(&run.stderr);
             assert!(run.status.success(), "{tag}: {stderr}");
             let report = report_json(out.path());

@@ -244,6 +244,9 @@ pub(super) fn check_attachable(pid: i32, mode: Mode, hook: super::HookUse) -> Re
         };
     if mode == Mode::Trace && !hook && find_probe_object(pid, PROVIDER).is_err() {
         check_inspectable(pid)?; // it may have exited meanwhile: say so, not "no probes"
+                                 // No interpreter mapped at all (not Python, or still starting): that, not
+                                 // how the interpreter was built, is what to say.
+        find_interpreter_object(pid).with_context(|| format!("process {pid} cannot be traced"))?;
         let others = sdt_objects(pid, None)
             .map(|o| !o.is_empty())
             .unwrap_or(false);
