@@ -659,6 +659,70 @@ fn a_program_turning_the_hooks_events_off_is_said_and_gets_tool_4_back() {
     }
 }
 
+/// The same program, pyprobe attached with `-p` and killed (SIGKILL, its whole
+/// process group) after it saw the events turned off: the hook will never run
+/// again to give the tool back, so pyprobe's guardian does, and the program can
+/// take tool 4.
+#[test]
+fn a_program_turning_the_hooks_events_off_gets_tool_4_back_when_pyprobe_is_killed() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    for (label, py) in monitoring_interpreters() {
+        let script = fixture_script("silences_tool.py");
+        let mut target = Target::spawn(&py, &[&script, "1000", "stdin"]);
+        target.wait_for_line("ready");
+        let out = TempFile::new("silenced-killed.pyprobe");
+        let mut tracer = pyprobe()
+            .args(["record", "--mode", "trace", "--force", "-o", out.path()])
+            .args(["-p", &target.pid().to_string()])
+            .process_group(0)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run pyprobe");
+        // pyprobe's lines, and its guardian's, as they come.
+        let (lines, said) = std::sync::mpsc::channel::<String>();
+        let stderr = tracer.stderr.take().expect("piped stderr");
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = lines.send(line);
+            }
+        });
+        target.wait_for_line("silenced");
+        let mut heard = String::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !heard.contains("the program turned off events") && Instant::now() < deadline {
+            if let Ok(line) = said.recv_timeout(Duration::from_millis(100)) {
+                heard.push_str(&line);
+                heard.push('\n');
+            }
+        }
+        assert!(
+            heard.contains("the program turned off events"),
+            "{label}: pyprobe did not see the events turned off:\n{heard}"
+        );
+        // SAFETY: plain kill(2) of the process group pyprobe leads.
+        unsafe { libc::kill(-(tracer.id() as i32), libc::SIGKILL) };
+        let _ = tracer.wait();
+        target.send_line("go on");
+        let answer = target.wait_for_line("");
+        let _ = reader.join();
+        heard.extend(said.try_iter().map(|l| l + "\n"));
+        assert_eq!(
+            answer, "None mine",
+            "{label}: who held tool 4 after pyprobe was killed, and whether the program took \
+             it; pyprobe and its guardian said:\n{heard}"
+        );
+        assert!(
+            heard.contains("pyprobe guardian: process")
+                && heard.contains("gave sys.monitoring tool 4 back"),
+            "{label}: {heard}"
+        );
+    }
+}
+
 /// `pyprobe record --mode trace EXTRA -o PATH -- PY fixtures/python/SCRIPT ARGS`
 /// with the recording's path (a name of its own per script and `label`); pyprobe
 /// must not panic.

@@ -29,7 +29,7 @@ impl HookBook {
             if let Some(h) = self.procs.get_mut(&pid).filter(|_| alive(pid)) {
                 if h.phase == Phase::Installed {
                     // What the program did since the last look is said too.
-                    look_at_monitoring(pid, h, true, sink);
+                    look_at_monitoring(pid, h, true, guardian.as_deref_mut(), sink);
                     if let Some(slots) = h.silenced.take() {
                         if slots.free_silenced(&mut h.mem, &h.walker) {
                             sink(TraceEvent::Detail(format!(

@@ -277,8 +277,12 @@ impl EventSource for HookBook {
         }
     }
 
-    fn watch(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Vec<i32> {
-        self.watch_status(sink)
+    fn watch(
+        &mut self,
+        guardian: Option<&mut Guardian>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Vec<i32> {
+        self.watch_status(guardian, sink)
     }
 
     fn watch_stopped(

@@ -15,6 +15,7 @@
 //! that turned pyprobe's events off (`set_events(4, 0)`).
 
 use pyprobe_sdt::process::memory::ProcessMemory;
+use pyprobe_sdt::tracer::guardian::Guardian;
 
 use crate::hook::{ST_CALLBACKS, TOOL_ID};
 use crate::python::walker::Walker;
@@ -156,7 +157,7 @@ impl ToolSlots {
             Some((name, table)) if held.len() == events.len() => FirstLook::Held(ToolSlots {
                 name,
                 callbacks: held.into_iter().map(|(_, slot, f)| (slot, f)).collect(),
-                monitors: monitors_at(mem, table, events),
+                monitors: monitors_at(mem, table, events, ungrouped_events(walker)),
             }),
             Some(_) => FirstLook::Lost(ToolLost::Replaced),
             // Callbacks in place, no slot naming the tool "pyprobe": the id was
@@ -189,6 +190,21 @@ impl ToolSlots {
             .then_some(ToolLost::EventsOff)
     }
 
+    /// Tells the guardian the words that hold the tool, when its events are off:
+    /// should pyprobe die, the guardian frees it (see [`ToolSlots::free_silenced`]).
+    pub(super) fn tell_guardian(&self, pid: i32, guardian: &mut Guardian) -> std::io::Result<()> {
+        let Some((at, _)) = &self.monitors else {
+            return Ok(());
+        };
+        let words: Vec<(u64, u64)> = self
+            .callbacks
+            .iter()
+            .copied()
+            .chain(std::iter::once(self.name))
+            .collect();
+        guardian.tell_tool_silenced(pid, *at, (TOOL_ID as u8, MONITORS_READ as u8), &words)
+    }
+
     /// Gives the tool id back from outside (every thread stopped) when the
     /// program turned every event of it off while pyprobe still holds it, with
     /// its callbacks: the hook gives the id back from a callback, which then never
@@ -214,16 +230,47 @@ impl ToolSlots {
 }
 
 /// `monitors.tools` of the interpreter whose callback table starts at `table`, if
-/// it reads as one: tool 4 wanting each of `events` (just registered), and the two
-/// thread counts after it plausible.
-fn monitors_at(mem: &ProcessMemory, table: u64, events: &[u32]) -> Option<(u64, Vec<u32>)> {
+/// it reads as one: the two thread counts after it plausible, and tool 4 wanting
+/// each of `events` (just registered), or, the program having turned them off
+/// before this first look, none at all, the table's shape then checked instead:
+/// `ungrouped` event bytes, the two `bool`s after them, zero padding to 24 bytes.
+fn monitors_at(
+    mem: &ProcessMemory,
+    table: u64,
+    events: &[u32],
+    ungrouped: usize,
+) -> Option<(u64, Vec<u32>)> {
     let at = table.checked_sub(MONITORS_BEFORE_CALLABLES)?;
     let wanted = read_monitors(mem, at)?;
     let counts_sane = [24, 32]
         .iter()
         .all(|&off| mem.read_u64(at + off).is_ok_and(|n| n < MOST_THREADS));
     let all_wanted = events.iter().all(|&ev| wants(&wanted, ev));
-    (counts_sane && all_wanted).then(|| (at, events.to_vec()))
+    (counts_sane && (all_wanted || silenced_table(mem, at, ungrouped)))
+        .then(|| (at, events.to_vec()))
+}
+
+/// Whether the 24 bytes at `at` read as a `monitors` table in which tool 4 wants
+/// no event: `ungrouped` bytes of tool masks (bit 4 clear in each), two `bool`s,
+/// then zeros.
+fn silenced_table(mem: &ProcessMemory, at: u64, ungrouped: usize) -> bool {
+    let mut bytes = [0u8; 24];
+    if ungrouped + 2 > bytes.len() || mem.read(at, &mut bytes).is_err() {
+        return false;
+    }
+    let (masks, rest) = bytes.split_at(ungrouped);
+    masks.iter().all(|&m| m & (1 << TOOL_ID) == 0)
+        && rest[..2].iter().all(|&b| b <= 1)
+        && rest[2..].iter().all(|&b| b == 0)
+}
+
+/// `_PY_MONITORING_UNGROUPED_EVENTS`: 15 on 3.12 and 3.13, 16 on 3.14.
+fn ungrouped_events(walker: &Walker) -> usize {
+    if walker.version().minor >= 14 {
+        16
+    } else {
+        15
+    }
 }
 
 fn read_monitors(mem: &ProcessMemory, at: u64) -> Option<[u8; MONITORS_READ]> {

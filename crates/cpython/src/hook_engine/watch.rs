@@ -35,6 +35,7 @@ pub(super) fn look_at_monitoring(
     pid: i32,
     h: &mut HookProc,
     now_or_due: bool,
+    guardian: Option<&mut Guardian>,
     sink: &mut dyn FnMut(TraceEvent),
 ) {
     let now = Instant::now();
@@ -78,8 +79,10 @@ pub(super) fn look_at_monitoring(
         };
         match look {
             FirstLook::Held(slots) => {
+                // The program may have acted before this first look already.
+                let lost = slots.lost(&h.mem, &h.walker);
                 h.tool = Some(slots);
-                None
+                lost
             }
             FirstLook::Lost(lost) => Some(lost),
             FirstLook::Unknown => {
@@ -97,6 +100,16 @@ pub(super) fn look_at_monitoring(
     if let Some(lost) = lost.filter(|_| !gone_by_itself(h)) {
         let slots = h.tool.take();
         if lost == ToolLost::EventsOff {
+            // Should pyprobe die before it leaves, the guardian frees the tool.
+            if let (Some(slots), Some(g)) = (&slots, guardian) {
+                if let Err(e) = slots.tell_guardian(pid, g) {
+                    sink(TraceEvent::Notice(format!(
+                        "hook engine in process {pid}: cannot tell the guardian about \
+                         sys.monitoring tool {TOOL_ID}: {e}; should pyprobe be killed, the \
+                         program gets it back only by freeing it"
+                    )));
+                }
+            }
             h.silenced = slots;
         }
         sink(TraceEvent::Caveat {
@@ -114,7 +127,11 @@ impl HookBook {
     /// Hooks waiting for their installer: done, failed, or due to raise the
     /// breaker again (the pids returned, whose threads must be stopped to put the
     /// entry back or raise the breaker).
-    pub(super) fn watch_status(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Vec<i32> {
+    pub(super) fn watch_status(
+        &mut self,
+        mut guardian: Option<&mut Guardian>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Vec<i32> {
         for (&pid, h) in self.procs.iter_mut() {
             if h.phase != Phase::Installed {
                 continue;
@@ -131,7 +148,7 @@ impl HookBook {
                 });
                 continue;
             }
-            look_at_monitoring(pid, h, false, sink);
+            look_at_monitoring(pid, h, false, guardian.as_deref_mut(), sink);
         }
         let mut stop_for = Vec::new();
         for (&pid, h) in self.procs.iter_mut() {

@@ -95,8 +95,13 @@ pub trait EventSource {
     /// Process `pid` has more than one task from now on.
     fn many_producers(&self, pid: i32);
     /// Reads what it needs while the target runs: the pids whose threads must be
-    /// stopped for [`EventSource::watch_stopped`].
-    fn watch(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Vec<i32>;
+    /// stopped for [`EventSource::watch_stopped`]. What it finds the guardian must
+    /// undo should pyprobe die, it tells `guardian`.
+    fn watch(
+        &mut self,
+        guardian: Option<&mut Guardian>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Vec<i32>;
     fn watch_stopped(
         &mut self,
         pid: i32,
@@ -362,7 +367,7 @@ impl Engine {
         let due = self
             .source
             .as_mut()
-            .map(|s| s.watch(sink))
+            .map(|s| s.watch(self.guardian.as_mut(), sink))
             .unwrap_or_default();
         for pid in due {
             if let Err(e) = self.stop_all_running(sink) {

@@ -59,6 +59,12 @@ const RING_PAYLOAD: usize = 1 + 2 * SITE_BYTES;
 /// How long the guardian waits for the dead tracer's ptrace link to go and for
 /// the target's threads to stop, before it leaves the ring jumps in place.
 pub(super) const HOLD_LIMIT: Duration = Duration::from_secs(2);
+/// Most words a [`Op::ToolSilenced`] message names (a callback per event, and the
+/// tool's name).
+pub(super) const TOOL_WORDS: usize = 24;
+/// Its payload: how many words, the tool's bit, the bytes of `monitors` checked,
+/// then each word's address and the value it must still hold.
+pub(super) const TOOL_PAYLOAD: usize = 3 + 16 * TOOL_WORDS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -88,6 +94,41 @@ pub enum Op {
     /// the tracer die, the guardian writes 0 there first, so that producers waiting
     /// for room in the ring stop waiting at once.
     RingServed = 10,
+    /// The program turned off every event of pyprobe's `sys.monitoring` tool,
+    /// leaving its callbacks: `addr` is the interpreter's `monitors` table; the
+    /// message goes on with the words that hold the tool (see
+    /// [`Guardian::tell_tool_silenced`]). Should the tracer die, the guardian frees
+    /// the tool as pyprobe would when it leaves: the hook, never called again, cannot.
+    ToolSilenced = 11,
+}
+
+/// The [`Op::ToolSilenced`] message (see [`Guardian::tell_tool_silenced`]).
+pub(super) fn tool_silenced_message(
+    pid: i32,
+    monitors: u64,
+    (tool, checked): (u8, u8),
+    words: &[(u64, u64)],
+) -> std::io::Result<[u8; MSG_LEN + TOOL_PAYLOAD]> {
+    if words.is_empty() || words.len() > TOOL_WORDS || tool > 7 {
+        return Err(std::io::Error::other(format!(
+            "process {pid}: {} words of sys.monitoring tool {tool} do not fit the guardian's \
+             message",
+            words.len()
+        )));
+    }
+    let mut msg = [0u8; MSG_LEN + TOOL_PAYLOAD];
+    msg[0] = Op::ToolSilenced as u8;
+    msg[1..5].copy_from_slice(&pid.to_le_bytes());
+    msg[5..13].copy_from_slice(&monitors.to_le_bytes());
+    msg[13] = words.len() as u8;
+    msg[14] = tool;
+    msg[15] = checked;
+    for (k, &(addr, value)) in words.iter().enumerate() {
+        let at = MSG_LEN + 3 + 16 * k;
+        msg[at..at + 8].copy_from_slice(&addr.to_le_bytes());
+        msg[at + 8..at + 16].copy_from_slice(&value.to_le_bytes());
+    }
+    Ok(msg)
 }
 
 /// The tracer's end of the link.
@@ -181,6 +222,24 @@ impl Guardian {
         msg[13] = len as u8;
         msg[14..14 + len].copy_from_slice(original);
         msg[14 + SITE_BYTES..14 + SITE_BYTES + len].copy_from_slice(patch);
+        // One write of less than PIPE_BUF: the guardian reads it whole or not at all.
+        self.pipe.write_all(&msg)
+    }
+
+    /// Tells the guardian that the program turned off every event of `sys.monitoring`
+    /// tool `tool` in process `pid`, whose `monitors` table (a byte per event, a bit
+    /// per tool) starts at `monitors`; `checked` of its bytes are read. `words` are
+    /// the callback and name slots that hold the tool, each with the value it holds
+    /// now: should pyprobe die, the guardian clears them, as `free_tool_id` does,
+    /// if the events are still off and every word still holds its value.
+    pub fn tell_tool_silenced(
+        &mut self,
+        pid: i32,
+        monitors: u64,
+        tool: (u8, u8),
+        words: &[(u64, u64)],
+    ) -> std::io::Result<()> {
+        let msg = tool_silenced_message(pid, monitors, tool, words)?;
         // One write of less than PIPE_BUF: the guardian reads it whole or not at all.
         self.pipe.write_all(&msg)
     }

@@ -2,7 +2,7 @@
 
 use std::io::Read;
 
-use super::undo::{ring_fix, RingSite};
+use super::undo::{ring_fix, RingSite, SilencedTool};
 
 use super::*;
 
@@ -52,4 +52,31 @@ fn a_ring_site_message_holds_both_byte_strings() {
     assert_eq!(msg[13], 12);
     assert_eq!(&msg[14..26], &original);
     assert_eq!(&msg[14 + SITE_BYTES..26 + SITE_BYTES], &patch);
+}
+
+#[test]
+fn a_silenced_tool_message_reads_back_as_told_and_refuses_what_does_not_fit() {
+    let words = [
+        (0x7000_0020, 0xaaaa),
+        (0x7000_0028, 0xbbbb),
+        (0x7000_0400, 0xcccc),
+    ];
+    let msg = tool_silenced_message(42, 0x7000_0000, (4, 16), &words).expect("fits");
+    assert_eq!(msg[0], Op::ToolSilenced as u8);
+    assert_eq!(&msg[1..5], &42i32.to_le_bytes());
+    let addr = u64::from_le_bytes(msg[5..13].try_into().unwrap());
+    let payload: &[u8; TOOL_PAYLOAD] = msg[MSG_LEN..].try_into().unwrap();
+    let tool = SilencedTool::from_payload(addr, payload).expect("reads back");
+    assert_eq!(tool, SilencedTool::new(4, 0x7000_0000, 16, words.to_vec()));
+    // No word, too many, or no such tool: refused, so never told.
+    assert!(tool_silenced_message(42, 0, (4, 16), &[]).is_err());
+    assert!(tool_silenced_message(42, 0, (4, 16), &[(8, 8); TOOL_WORDS + 1]).is_err());
+    assert!(tool_silenced_message(42, 0, (8, 16), &words).is_err());
+    // A payload that makes no sense is dropped, not trusted.
+    let mut bad = *payload;
+    bad[0] = 0;
+    assert_eq!(SilencedTool::from_payload(addr, &bad), None);
+    bad = *payload;
+    bad[2] = 0;
+    assert_eq!(SilencedTool::from_payload(addr, &bad), None);
 }

@@ -13,7 +13,7 @@ use nix::unistd::Pid;
 use crate::process::status::start_time;
 use crate::tracer::patch::{INT3, NOP};
 
-use super::HOLD_LIMIT;
+use super::{HOLD_LIMIT, TOOL_PAYLOAD, TOOL_WORDS};
 use crate::process::hold::hold;
 
 /// A ring site: the bytes to put back, and the jump that replaced them.
@@ -35,6 +35,93 @@ pub(super) struct Undo {
     /// The process's start time when `mem` was opened, so that the guardian never
     /// stops another process that got the same pid since.
     pub(super) started: Option<u64>,
+    /// pyprobe's `sys.monitoring` tool, its events turned off by the program.
+    pub(super) tool: Option<SilencedTool>,
+}
+
+/// What [`Op::ToolSilenced`](super::Op::ToolSilenced) told: where the tool's
+/// events are wanted, and the words that hold it, with their values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SilencedTool {
+    pub(super) tool: u8,
+    monitors: u64,
+    checked: usize,
+    words: Vec<(u64, u64)>,
+}
+
+impl SilencedTool {
+    #[cfg(test)]
+    pub(super) fn new(tool: u8, monitors: u64, checked: usize, words: Vec<(u64, u64)>) -> Self {
+        SilencedTool {
+            tool,
+            monitors,
+            checked,
+            words,
+        }
+    }
+
+    /// Reads the message's payload; `None` when it does not make sense.
+    pub(crate) fn from_payload(monitors: u64, payload: &[u8; TOOL_PAYLOAD]) -> Option<Self> {
+        let count = usize::from(payload[0]);
+        let tool = payload[1];
+        let checked = usize::from(payload[2]);
+        if count == 0 || count > TOOL_WORDS || tool > 7 || checked == 0 || checked > 64 {
+            return None;
+        }
+        let word = |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().unwrap_or([0; 8]));
+        let words = (0..count)
+            .map(|k| (word(3 + 16 * k), word(3 + 16 * k + 8)))
+            .collect();
+        Some(SilencedTool {
+            tool,
+            monitors,
+            checked,
+            words,
+        })
+    }
+
+    /// Frees the tool in `pid`, every thread stopped, if its events are still off
+    /// and every word still holds what it held (else the program has done
+    /// something since: left alone). Their references are left, as pyprobe does,
+    /// so a few small objects leak. Returns whether it did.
+    pub(super) fn free(&self, pid: i32, undo: &Undo) -> Result<bool, String> {
+        use std::os::unix::fs::FileExt;
+        let (Some(mem), Some(started)) = (&undo.mem, undo.started) else {
+            return Err("its memory could not be opened".into());
+        };
+        if start_time(pid) != Some(started) {
+            return Ok(false); // exited
+        }
+        let held = hold(pid, Instant::now() + HOLD_LIMIT)
+            .map_err(|why| format!("its threads could not be stopped: {why}"))?;
+        let mut wanted = vec![0u8; self.checked];
+        if mem.read_exact_at(&mut wanted, self.monitors).is_err() {
+            return Err(format!(
+                "its events table at {:#x} cannot be read",
+                self.monitors
+            ));
+        }
+        if wanted.iter().any(|&mask| mask & (1 << self.tool) != 0) {
+            return Ok(false); // the program turned events on again
+        }
+        let holds = self.words.iter().all(|&(addr, value)| {
+            let mut now = [0u8; 8];
+            mem.read_exact_at(&mut now, addr).is_ok() && u64::from_le_bytes(now) == value
+        });
+        if !holds {
+            return Ok(false);
+        }
+        let cleared = self
+            .words
+            .iter()
+            .all(|&(addr, _)| mem.write_all_at(&0u64.to_le_bytes(), addr).is_ok());
+        drop(held);
+        if cleared {
+            Ok(true)
+        } else {
+            Err("its words could not be written".into())
+        }
+    }
 }
 
 impl Undo {

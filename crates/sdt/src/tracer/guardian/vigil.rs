@@ -15,9 +15,9 @@ use crate::ring::format::{H_ALIVE, H_SOLO};
 use super::injection::{
     finish_injection, regs_from_bytes, Injection, BORROWED_BYTES, INJECTION_PAYLOAD, REGS_BYTES,
 };
-use super::undo::{restore_ring, RingSite, Undo};
+use super::undo::{restore_ring, RingSite, SilencedTool, Undo};
 use super::watch::{self, Control, Verdict, Watch};
-use super::{Op, MSG_LEN, RING_PAYLOAD, SITE_BYTES};
+use super::{Op, MSG_LEN, RING_PAYLOAD, SITE_BYTES, TOOL_PAYLOAD};
 
 /// What the guardian's next look at its pipe found.
 enum Heard {
@@ -149,6 +149,13 @@ pub(super) fn run_guardian(mut pipe: File, control: &Control, mut watch: Watch) 
                     },
                 );
             }
+            x if x == Op::ToolSilenced as u8 => {
+                let mut payload = [0u8; TOOL_PAYLOAD];
+                if pipe.read_exact(&mut payload).is_err() {
+                    break;
+                }
+                undo.tool = SilencedTool::from_payload(addr, &payload);
+            }
             x if x == Op::RingServed as u8 => {
                 undo.served.insert(addr);
             }
@@ -223,6 +230,24 @@ pub(super) fn run_guardian(mut pipe: File, control: &Control, mut watch: Watch) 
             ring_left.push((pid, left, why));
         }
     }
+    // A tool the program silenced is freed last: nothing waits on it.
+    let mut tool_notes = Vec::new();
+    for (&pid, undo) in &state {
+        let Some(tool) = &undo.tool else { continue };
+        tool_notes.push(match tool.free(pid, undo) {
+            Ok(true) => format!(
+                "pyprobe guardian: process {pid}: gave sys.monitoring tool {} back (the program \
+                 had turned its events off, so pyprobe's hook could not)",
+                tool.tool
+            ),
+            Ok(false) => continue,
+            Err(why) => format!(
+                "pyprobe guardian: process {pid}: sys.monitoring tool {} stays held by \
+                 \"pyprobe\" ({why}); `sys.monitoring.free_tool_id({})` in the program frees it",
+                tool.tool, tool.tool
+            ),
+        });
+    }
     let took = crate::tracer::clock::monotonic_ns().saturating_sub(start);
     if !state
         .values()
@@ -237,7 +262,7 @@ pub(super) fn run_guardian(mut pipe: File, control: &Control, mut watch: Watch) 
             took / 1000
         );
     }
-    for note in injection_notes {
+    for note in injection_notes.into_iter().chain(tool_notes) {
         eprintln!("{note}");
     }
     for (pid, left, why) in ring_left {
