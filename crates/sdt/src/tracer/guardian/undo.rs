@@ -14,7 +14,7 @@ use crate::process::status::start_time;
 use crate::tracer::patch::{INT3, NOP};
 
 use super::{HOLD_LIMIT, TOOL_PAYLOAD, TOOL_WORDS};
-use crate::process::hold::hold;
+use crate::process::hold::{hold, Held};
 
 /// A ring site: the bytes to put back, and the jump that replaced them.
 pub(super) struct RingSite {
@@ -86,14 +86,9 @@ impl SilencedTool {
     /// so a few small objects leak. Returns whether it did.
     pub(super) fn free(&self, pid: i32, undo: &Undo) -> Result<bool, String> {
         use std::os::unix::fs::FileExt;
-        let (Some(mem), Some(started)) = (&undo.mem, undo.started) else {
-            return Err("its memory could not be opened".into());
-        };
-        if start_time(pid) != Some(started) {
+        let Some((mem, held)) = undo.hold_same(pid)? else {
             return Ok(false); // exited
-        }
-        let held = hold(pid, Instant::now() + HOLD_LIMIT)
-            .map_err(|why| format!("its threads could not be stopped: {why}"))?;
+        };
         let mut wanted = vec![0u8; self.checked];
         if mem.read_exact_at(&mut wanted, self.monitors).is_err() {
             return Err(format!(
@@ -125,6 +120,23 @@ impl SilencedTool {
 }
 
 impl Undo {
+    /// Its memory, and every thread of it held, if `pid` is still the process the
+    /// guardian was told about (`None`: it exited); else why not.
+    fn hold_same(&self, pid: i32) -> Result<Option<(&File, Held)>, String> {
+        let Some(mem) = &self.mem else {
+            return Err("its memory could not be opened".into());
+        };
+        let Some(started) = self.started else {
+            return Err("its start time could not be read".into());
+        };
+        if start_time(pid) != Some(started) {
+            return Ok(None);
+        }
+        let held = hold(pid, Instant::now() + HOLD_LIMIT)
+            .map_err(|why| format!("its threads could not be stopped: {why}"))?;
+        Ok(Some((mem, held)))
+    }
+
     pub(super) fn open(&mut self, pid: i32) {
         if self.mem.is_none() {
             self.mem = std::fs::OpenOptions::new()
@@ -197,23 +209,10 @@ pub(super) fn ring_fix<'a>(now: &[u8], site: &'a RingSite) -> Option<&'a [u8]> {
 pub(super) fn restore_ring(pid: i32, undo: &Undo) -> (usize, Option<(usize, String)>) {
     use std::os::unix::fs::FileExt;
     let all = undo.ring.len();
-    let Some(mem) = &undo.mem else {
-        return (0, Some((all, "its memory could not be opened".into())));
-    };
-    let Some(started) = undo.started else {
-        return (0, Some((all, "its start time could not be read".into())));
-    };
-    if start_time(pid) != Some(started) {
-        return (0, None); // exited: nothing left to restore
-    }
-    let held = match hold(pid, Instant::now() + HOLD_LIMIT) {
-        Ok(held) => held,
-        Err(why) => {
-            return (
-                0,
-                Some((all, format!("its threads could not be stopped: {why}"))),
-            )
-        }
+    let (mem, held) = match undo.hold_same(pid) {
+        Ok(Some(held)) => held,
+        Ok(None) => return (0, None), // exited: nothing left to restore
+        Err(why) => return (0, Some((all, why))),
     };
     let mut rips = Vec::new();
     for &(tid, _) in &held.threads {
