@@ -294,12 +294,7 @@ fn starved(stderr: &str) -> bool {
 
 /// (by name, counted in bulk) audit events of `builtins.id` and of any name.
 fn audit_counts(report: &serde_json::Value) -> (u64, u64) {
-    let named = report["audit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["event"] == "builtins.id")
-        .map_or(0, |a| a["count"].as_u64().unwrap());
+    let named = audit_count(report, "builtins.id");
     let counted = report["thinned"]["audits_counted"].as_u64().unwrap_or(0);
     (named, counted)
 }

@@ -457,13 +457,7 @@ fn short_detaches_where_the_hook_and_the_ring_both_serve_lose_nothing() {
             let stderr = String::from_utf8_lossy(&run.stderr);
             assert!(run.status.success(), "{tag}: {stderr}");
             let report = report_json(out.path());
-            let audits: u64 = report["audit"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|a| a["event"] == "builtins.id")
-                .filter_map(|a| a["count"].as_u64())
-                .sum();
+            let audits = audit_count(&report, "builtins.id");
             assert!(audits > 0, "{tag}: audit events recorded:\n{stderr}");
             let lost = report["lost_events"].as_u64();
             assert!(lost.is_some_and(|n| n <= 1), "{tag}: {stderr}");

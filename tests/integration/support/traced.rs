@@ -187,6 +187,17 @@ pub fn report_json(path: &str) -> Value {
     json_of(&out)
 }
 
+/// How many `event` audit events a JSON report recorded with their name (0 when
+/// it has no row for it).
+pub fn audit_count(report: &Value, event: &str) -> u64 {
+    report["audit"]
+        .as_array()
+        .expect("the report's audit list")
+        .iter()
+        .find(|a| a["event"] == event)
+        .map_or(0, |a| a["count"].as_u64().expect("an audit row's count"))
+}
+
 /// Calls per function name of files ending in `file_suffix`, summed over rows.
 pub fn calls_in_file(report: &Value, file_suffix: &str) -> std::collections::BTreeMap<String, u64> {
     let mut calls = std::collections::BTreeMap::new();
