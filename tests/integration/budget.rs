@@ -157,7 +157,7 @@ fn light_target_stays_exact_and_its_counts_match_its_own() {
     let (status, stderr) = tracer.wait(Duration::from_secs(30));
     assert!(status.success(), "{stderr}");
     let report = report_json(out.path());
-    let calls = calls_in_file(&report, "paced_calls.py");
+    let calls = entries_in_file(&report, "paced_calls.py");
     assert!(calls["tick"] > 50, "{calls:?}");
     assert_eq!(Some(calls["tick"]), own["tick"].as_u64(), "{report}");
     assert_eq!(

@@ -127,7 +127,7 @@ fn ask(t: &mut Target, command: &str, prefix: &str) -> String {
 }
 
 fn fib_calls(report: &serde_json::Value) -> u64 {
-    calls_in_file(report, "faults.py")
+    entries_in_file(report, "faults.py")
         .get("fib")
         .copied()
         .unwrap_or(0)
@@ -237,7 +237,7 @@ fn target_execs_another_python_while_traced() {
             run.stderr
         );
         let report = report_json(run.recording.path());
-        let calls = calls_in_file(&report, "faults.py");
+        let calls = entries_in_file(&report, "faults.py");
         assert_eq!(
             calls.get("exec_child"),
             Some(&1),
@@ -293,7 +293,7 @@ fn forked_children_are_cleaned_or_traced_exactly() {
         assert_eq!(out.stdout, untraced.stdout, "{extra:?}: output as untraced");
         assert_eq!(out.status.code(), Some(0));
         let report = report_json(recording.path());
-        let calls = calls_in_file(&report, "faults.py");
+        let calls = entries_in_file(&report, "faults.py");
         assert_eq!(
             (
                 calls.get("child_work").copied().unwrap_or(0),
@@ -319,7 +319,7 @@ fn two_hundred_short_threads_while_traced() {
             threads > 200,
             "{version}: every short thread seen: {threads}"
         );
-        let calls = calls_in_file(&report, "faults.py");
+        let calls = entries_in_file(&report, "faults.py");
         assert_eq!(
             calls.get("short_thread"),
             Some(&200),
@@ -482,7 +482,7 @@ fn check_launched_script(version: &'static str, extra: &[&str]) {
     );
     assert_eq!(out.status.code(), Some(5), "{version}: exit status passes");
     let report = report_json(recording.path());
-    let calls = calls_in_file(&report, "faults.py");
+    let calls = entries_in_file(&report, "faults.py");
     assert_eq!(calls.get("short_thread"), Some(&200), "{calls:?}");
     assert_eq!(calls.get("exec_child"), Some(&1), "{calls:?}");
     assert_eq!(calls.get("on_signal"), Some(&4), "{calls:?}");

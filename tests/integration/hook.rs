@@ -122,7 +122,7 @@ fn launched_counts_match_the_programs_own() {
         assert!(stderr.contains("engine hook"), "{minor}: {stderr}");
         let own = json_line(&stdout);
         let report = report_json(out.path());
-        let traced = calls_in_file(&report, "count_calls.py");
+        let traced = entries_in_file(&report, "count_calls.py");
         if minor.starts_with("Debian") {
             // The probes still give the other events.
             let imports = report["imports"].as_array().map_or(0, Vec::len);
@@ -175,7 +175,7 @@ fn attached_traces_new_threads_and_raises_exactly_then_unhooks() {
         // Told to go on detach: the target's next call (this very question) unhooks.
         assert_eq!(wait_tool(&mut target, "None", Duration::from_secs(5)), 1);
         assert_eq!(at_exit_functions(&mut target), "atexit 0", "3.{minor}");
-        let calls = calls_in_file(&report_json(out.path()), "hook_calls.py");
+        let calls = entries_in_file(&report_json(out.path()), "hook_calls.py");
         assert_eq!(calls.get("f"), Some(&300), "3.{minor}: {calls:?}");
         assert_eq!(calls.get("g"), Some(&900), "3.{minor}: {calls:?}");
         assert_eq!(calls.get("worker"), Some(&3), "3.{minor}: {calls:?}");
@@ -308,7 +308,7 @@ fn a_forked_child_unhooks_itself_and_writes_nothing_to_the_parents_ring() {
         tracer.signal(libc::SIGINT);
         let (status, stderr) = tracer.wait(Duration::from_secs(30));
         assert!(status.success(), "3.{minor}: {stderr}");
-        let calls = calls_in_file(&report_json(out.path()), "hook_fork.py");
+        let calls = entries_in_file(&report_json(out.path()), "hook_fork.py");
         assert_eq!(calls.get("f"), Some(&1000), "3.{minor}: {calls:?}");
         let (_, status) = target.finish();
         assert!(status.success());
@@ -359,7 +359,7 @@ fn the_targets_own_cprofile_counts_the_same_traced_or_not() {
         let py_s = py.display().to_string();
         let (stdout, stderr) = trace_launched(&format!("3.{minor}"), &out, &[&py_s, "-c", script]);
         assert_eq!(stdout, own, "3.{minor}");
-        let calls = calls_in_file(&report_json(out.path()), "<string>");
+        let calls = entries_in_file(&report_json(out.path()), "<string>");
         let (want, said) = if minor >= 12 {
             (2 * 1973, 0)
         } else {
@@ -401,7 +401,7 @@ fn an_exec_is_hooked_afresh_and_every_call_counts() {
         let out = TempFile::new("hook-exec.pyprobe");
         let (stdout, _) = trace_fixture(&minor, &py, &out, "faults.py", &["script", "0"]);
         assert!(stdout.contains("exec-child fib 233"), "{minor}: {stdout}");
-        let calls = calls_in_file(&report_json(out.path()), "faults.py");
+        let calls = entries_in_file(&report_json(out.path()), "faults.py");
         // Before the exec: fib(16), and fib(5) in 200 threads and once more; after
         // it, fib(13). The forked child unhooks itself and counts nothing.
         let fib = |n: u64| {
@@ -479,7 +479,7 @@ fn the_hook_and_the_function_probes_count_the_same_calls() {
         let says_hook = stderr.contains("engine hook for calls: profile function");
         assert_eq!(says_hook, engine == "hook", "{engine}: {stderr}");
         let own = json_line(&String::from_utf8_lossy(&run.stdout));
-        let traced = calls_in_file(&report_json(out.path()), "count_calls.py");
+        let traced = entries_in_file(&report_json(out.path()), "count_calls.py");
         for (name, n) in own.as_object().expect("object") {
             assert_eq!(traced.get(name).copied(), n.as_u64(), "{engine}: {name}");
         }
@@ -502,7 +502,7 @@ fn code_objects_made_from_one_template_at_one_address_keep_their_own_names() {
         assert!(stderr.contains("engine hook"), "{minor}: {stderr}");
         let own = json_line(&stdout);
         reused_somewhere |= own["reused"].as_u64().unwrap_or(0) > 0;
-        let traced = calls_in_file(&report_json(out.path()), "<template>");
+        let traced = entries_in_file(&report_json(out.path()), "<template>");
         for (body, n) in own["bodies"].as_object().expect("bodies") {
             assert_eq!(
                 traced.get(body).copied(),
@@ -551,7 +551,7 @@ fn a_program_calling_the_hooks_callback_with_odd_arguments_runs_on() {
             "{label}: {stderr}"
         );
         let report = report_json(path.to_str().unwrap());
-        let calls = calls_in_file(&report, "borrow_callback.py");
+        let calls = entries_in_file(&report, "borrow_callback.py");
         assert_eq!(calls.get("work"), Some(&1000), "{label}: {calls:?}");
         // The callback put back at once: the trace is whole.
         assert_eq!(report["caveats"], serde_json::json!([]), "{label}");

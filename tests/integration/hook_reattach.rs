@@ -40,7 +40,7 @@ fn reattach_cycles(label: &str, py: &std::path::Path, cycles: usize) {
         tracer.signal(libc::SIGINT);
         let (status, stderr) = tracer.wait(Duration::from_secs(30));
         assert!(status.success(), "{tag}: {stderr}");
-        let calls = calls_in_file(&report_json(out.path()), "hook_calls.py");
+        let calls = entries_in_file(&report_json(out.path()), "hook_calls.py");
         assert_eq!(
             (calls.get("f"), calls.get("g"), calls.get("worker")),
             (Some(&200), Some(&200), Some(&1)),

@@ -38,7 +38,7 @@ fn truncate(version: &'static str, which: &str, extra: &[&str]) {
         out.status
     );
     let report = report_json(path.to_str().unwrap());
-    let calls = calls_in_file(&report, "truncate_ring.py");
+    let calls = entries_in_file(&report, "truncate_ring.py");
     assert!(
         report["events"].as_u64().unwrap_or(0) > 0,
         "{version} {which}: the recording reads back"

@@ -69,7 +69,7 @@ fn finish(mut child: std::process::Child) -> (Value, String) {
 /// recording says nothing was lost.
 fn assert_exact(what: &str, out: &TempFile, counts: &Value, stderr: &str) {
     let report = report_json(out.path());
-    let calls = calls_in_file(&report, FIXTURE);
+    let calls = entries_in_file(&report, FIXTURE);
     for (function, want) in counts.as_object().expect("counts") {
         assert_eq!(
             calls.get(function).copied(),
@@ -175,7 +175,7 @@ fn assert_paused(what: &str, out: &TempFile, counts: &Value, stderr: &str) {
         (1_500_000_000..3_000_000_000).contains(&ns),
         "{what}: a pause of {ns} ns for a stop of 2 s\n{stderr}"
     );
-    let calls = calls_in_file(&report, FIXTURE);
+    let calls = entries_in_file(&report, FIXTURE);
     for (function, want) in counts.as_object().expect("counts") {
         let got = calls.get(function).copied().unwrap_or(0);
         let want = want.as_u64().unwrap_or(0);
@@ -422,7 +422,7 @@ fn hook_a_program_ending_while_pyprobe_is_stopped_keeps_its_names() {
             "{minor}: {stderr}"
         );
         let report = report_json(out.path());
-        let calls = calls_in_file(&report, "hook_calls.py");
+        let calls = entries_in_file(&report, "hook_calls.py");
         assert_eq!(calls.get("f"), Some(&2000), "{minor}: {calls:?}\n{stderr}");
     }
 }

@@ -110,7 +110,7 @@ fn pstats_calls_are_the_programs_the_reports_and_cprofiles() {
                         .is_some_and(|p| p.ends_with("count_calls.py"))
                         && f["function"].as_str() == Some(name)
                 })
-                .map(|f| f["calls"].as_u64().unwrap_or(0))
+                .map(entries)
                 .sum();
             assert_eq!(reported, *count, "python {version}: the report's {name}");
         }

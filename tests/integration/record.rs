@@ -69,7 +69,7 @@ fn check_exact_counts(version: &'static str) {
         "{version}: output identical to untraced"
     );
     let truth: BTreeMap<String, u64> = serde_json::from_str(stdout.trim()).unwrap();
-    let got = calls_in_file(&report, "count_calls.py");
+    let got = entries_in_file(&report, "count_calls.py");
     for (function, &expected) in &truth {
         let counted = got.get(function).copied().unwrap_or(0);
         assert_eq!(
@@ -221,7 +221,7 @@ fn attach_record_detach_leaves_the_target_as_it_was() {
             "--format",
             "json",
         ]));
-        let fib = calls_in_file(&report, "forever.py")
+        let fib = entries_in_file(&report, "forever.py")
             .get("fib")
             .copied()
             .unwrap_or(0);
@@ -422,7 +422,7 @@ fn launch_finds_probes_in_libpython_mapped_after_exec() {
         "--format",
         "json",
     ]));
-    let got = calls_in_file(&report, "count_calls.py");
+    let got = entries_in_file(&report, "count_calls.py");
     for (function, expected) in &truth {
         assert_eq!(
             got.get(function),
@@ -454,7 +454,7 @@ fn start_at_keeps_only_what_runs_inside_that_function() {
         .map(|s| s.to_string())
         .collect();
     assert_eq!(functions, expected);
-    assert_eq!(calls_in_file(&report, "count_calls.py")["thrower"], 15);
+    assert_eq!(entries_in_file(&report, "count_calls.py")["thrower"], 15);
 }
 
 #[test]

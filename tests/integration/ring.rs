@@ -95,7 +95,7 @@ fn same_events_as_int3(version: &'static str) {
             );
         }
     }
-    let got = calls_in_file(&ring, "count_calls.py");
+    let got = entries_in_file(&ring, "count_calls.py");
     for (function, expected) in truth.as_object().unwrap() {
         let expected = expected.as_u64().unwrap();
         let counted = got.get(function).copied().unwrap_or(0);
@@ -211,7 +211,11 @@ fn a_call_heavy_program_loses_nothing_the_target_waits_instead() {
     assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "17711");
     let report = report_json(out.path());
     assert_eq!(report["lost_events"], 0, "{stderr}");
-    assert_eq!(calls_in_file(&report, "fib.py")["fib"], 57_313, "{stderr}");
+    assert_eq!(
+        entries_in_file(&report, "fib.py")["fib"],
+        57_313,
+        "{stderr}"
+    );
 }
 
 /// A target that dies of SIGKILL right after its calls: what it published to the
@@ -229,7 +233,7 @@ fn a_killed_target_loses_none_of_its_last_events() {
             assert_no_panic("killed target", &result.stderr);
             assert_eq!(result.status.code(), Some(128 + libc::SIGKILL));
             assert_eq!(String::from_utf8_lossy(&result.stdout).trim(), "calls 8361");
-            let calls = calls_in_file(&report_json(out.path()), "killed_after_calls.py");
+            let calls = entries_in_file(&report_json(out.path()), "killed_after_calls.py");
             assert_eq!(calls.get("fib"), Some(&8361), "{version} run {run}");
         }
     }

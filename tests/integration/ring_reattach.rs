@@ -115,7 +115,10 @@ fn session_in(
     } else {
         "calls_on_demand.py"
     };
-    let calls = calls_in_file(&report, file).get("f").copied().unwrap_or(0);
+    let calls = entries_in_file(&report, file)
+        .get("f")
+        .copied()
+        .unwrap_or(0);
     let lost = report["lost_events"].as_u64().unwrap_or(u64::MAX);
     (said, calls, lost, stderr)
 }
@@ -269,7 +272,7 @@ fn a_forked_child_gets_a_ring_of_its_own_when_both_are_attached() {
     let calls = |out: &TempFile| {
         let report = report_json(out.path());
         assert_eq!(report["lost_events"], 0);
-        calls_in_file(&report, "fork_on_demand.py")
+        entries_in_file(&report, "fork_on_demand.py")
             .get("f")
             .copied()
             .unwrap_or(0)

@@ -227,7 +227,7 @@ fn record_again(py: &Python, mut target: Target, tag: &str) -> (u64, String) {
         py.version
     );
     assert!(status.success(), "{}: target {status:?}", py.version);
-    let calls = calls_in_file(&report_json(out.path()), "calls_on_demand.py");
+    let calls = entries_in_file(&report_json(out.path()), "calls_on_demand.py");
     (calls.get("f").copied().unwrap_or(0), said)
 }
 

@@ -502,7 +502,7 @@ fn stopped_case(version: &'static str, mode: Option<&[&str]>, kind: &str, action
             "{what}: the report of the recording lists functions: {report}"
         );
         if mode == Some(TRACE) {
-            let calls = calls_in_file(&report, "load_server.py");
+            let calls = entries_in_file(&report, "load_server.py");
             assert!(
                 calls.get("step").copied().unwrap_or(0) > 0,
                 "{what}: the traced recording counts the server's calls of step: {calls:?}"

@@ -44,7 +44,7 @@ fn the_hook_stays_in_the_main_interpreter_and_subinterpreters_are_named_untraced
                 "{label} attach {attach}: said under the closing line: {stderr}"
             );
             let report = report_json(path.to_str().unwrap());
-            let calls = calls_in_file(&report, "subinterpreters.py");
+            let calls = entries_in_file(&report, "subinterpreters.py");
             // The main thread calls `tick` every 2 ms: about 700 in 1.5 s.
             assert!(
                 calls.get("tick").copied().unwrap_or(0) > 100,

@@ -150,7 +150,7 @@ fn unprivileged_user_records_its_own_child() {
     let truth: std::collections::BTreeMap<String, u64> =
         serde_json::from_slice(&out.stdout).expect("the script's JSON output");
     let report = report_json(&recording);
-    let calls = calls_in_file(&report, "count_calls.py");
+    let calls = entries_in_file(&report, "count_calls.py");
     assert_eq!(calls.get("fib"), truth.get("fib"), "{calls:?}");
     assert_eq!(calls.get("thrower"), truth.get("thrower"), "{calls:?}");
     let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&recording).unwrap());
@@ -199,7 +199,7 @@ fn unprivileged_user_attaches_to_its_own_process() {
             assert!(out.status.success());
             let report = report_json(&recording);
             assert!(
-                calls_in_file(&report, "faults.py")
+                entries_in_file(&report, "faults.py")
                     .get("fib")
                     .copied()
                     .unwrap_or(0)
@@ -354,7 +354,7 @@ fn target_in_other_pid_and_mount_namespace() {
     assert_restored(pid, &sites, &sems);
     let report = report_json(recording.path());
     assert!(
-        calls_in_file(&report, "faults.py")
+        entries_in_file(&report, "faults.py")
             .get("fib")
             .copied()
             .unwrap_or(0)

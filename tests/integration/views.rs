@@ -595,6 +595,66 @@ fn calls_text_golden() {
     );
 }
 
+/// A coroutine entered twice, a call then a resume: the flow marks the resume,
+/// the report counts it apart (a column of its own), the flame graph counts both
+/// entries, as cProfile would.
+#[test]
+fn a_resume_is_marked_in_the_flow_and_counted_apart_in_the_report() {
+    let path = tmp("resumes.pyprobe");
+    let mut r = Rec::new(&path, header("trace", 0));
+    r.call(100, 0.0, "main", 1);
+    r.call(100, 1.0, "co", 30);
+    r.ret(100, 2.0, "co", 31);
+    let co = r.frame(APP, "co", 31);
+    r.at(100, 3.0, EventKind::Resume { frame: co });
+    r.ret(100, 4.5, "co", 32);
+    r.ret(100, 5.0, "main", 2);
+    r.finish(6);
+    let f = path.to_str().unwrap();
+    let flow = stdout_of(&["calls", f]);
+    assert!(
+        flow.contains("    -> src/main.py:co:30\n")
+            && flow.contains("    -> src/main.py:co:31  (resumes)\n"),
+        "{flow}"
+    );
+    let json = stdout_of(&["calls", f, "--format", "json"]);
+    assert_eq!(json.matches("\"resume\":true").count(), 1, "{json}");
+    let table = stdout_of(&["report", f]);
+    assert!(
+        table.contains("     calls     resumes  inclusive"),
+        "{table}"
+    );
+    let row = table.lines().find(|l| l.contains(" co ")).unwrap();
+    assert!(
+        row.starts_with("         1           1    2.50 µs"),
+        "{row}"
+    );
+    let report = crate::support::report_json(f);
+    let co = report["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["function"] == "co")
+        .unwrap();
+    assert_eq!((&co["calls"], &co["resumes"]), (&1.into(), &1.into()));
+    let collapsed = stdout_of(&[
+        "flame",
+        f,
+        "--format",
+        "collapsed",
+        "--by",
+        "calls",
+        "-o",
+        "-",
+    ]);
+    assert!(
+        collapsed
+            .lines()
+            .any(|l| l.ends_with(";co (src/main.py:30) 2")),
+        "{collapsed}"
+    );
+}
+
 #[test]
 fn calls_filters() {
     let t = trace_recording("calls-filters.pyprobe");
@@ -797,7 +857,7 @@ fn every_view_of_a_real_recording() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|x| x["calls"].as_u64().unwrap_or(0))
+        .map(crate::support::entries)
         .sum();
     let folded_calls: u64 = collapsed.lines().map(|l| leaf_of(l).1).sum();
     assert_eq!(folded_calls, report_calls);

@@ -267,6 +267,7 @@ fn remap_strings(kind: &mut EventKind, mut f: impl FnMut(StrId) -> StrId) {
     };
     match kind {
         EventKind::Call { frame: fr }
+        | EventKind::Resume { frame: fr }
         | EventKind::Return { frame: fr, .. }
         | EventKind::Line { frame: fr } => frame(fr),
         EventKind::Sample { frames, .. }

@@ -27,17 +27,19 @@ enum Repeated {
     /// Nothing written (the file is filtered out).
     Nothing,
     Call(FrameRef),
+    Resume(FrameRef),
     Return(FrameRef, u32),
     Line(FrameRef),
 }
 
 impl Repeats {
     /// The token of `kind` (`None`: an event that writes nothing), if it can
-    /// have one: a call, a return or a line, while tokens last.
+    /// have one: a call, a resume, a return or a line, while tokens last.
     pub fn token(&mut self, kind: Option<&EventKind>) -> Option<u32> {
         let repeated = match kind {
             None => Repeated::Nothing,
             Some(EventKind::Call { frame }) => Repeated::Call(*frame),
+            Some(EventKind::Resume { frame }) => Repeated::Resume(*frame),
             Some(EventKind::Line { frame }) => Repeated::Line(*frame),
             Some(EventKind::Return { frame, first_line }) => Repeated::Return(*frame, *first_line),
             Some(_) => return None,
@@ -75,6 +77,7 @@ impl Repeats {
     pub fn kind(&self, token: u32) -> Option<EventKind> {
         match self.events.get(token as usize)? {
             Repeated::Call(frame) => Some(EventKind::Call { frame: *frame }),
+            Repeated::Resume(frame) => Some(EventKind::Resume { frame: *frame }),
             Repeated::Return(frame, first_line) => Some(EventKind::Return {
                 frame: *frame,
                 first_line: *first_line,

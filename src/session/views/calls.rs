@@ -43,7 +43,7 @@ pub fn calls(request: &CallsRequest) -> Result<ExitCode> {
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
     };
     note_cut_short(&reader, file);
-    if summary.calls + summary.returns == 0 {
+    if summary.calls + summary.resumes + summary.returns == 0 {
         if summary.samples > 0 {
             eprintln!(
                 "pyprobe: note: {} holds samples, not calls: there is no call flow (see `pyprobe flame` and `pyprobe report`)",

@@ -198,14 +198,24 @@ pub fn audit_count(report: &Value, event: &str) -> u64 {
         .map_or(0, |a| a["count"].as_u64().expect("an audit row's count"))
 }
 
-/// Calls per function name of files ending in `file_suffix`, summed over rows.
-pub fn calls_in_file(report: &Value, file_suffix: &str) -> std::collections::BTreeMap<String, u64> {
+/// A report row's entries: its calls and its resumes (a generator's or
+/// coroutine's later runs), which is what cProfile and the flame graph count.
+pub fn entries(row: &Value) -> u64 {
+    row["calls"].as_u64().unwrap_or(0) + row["resumes"].as_u64().unwrap_or(0)
+}
+
+/// Entries ([`entries`]) per function name of files ending in `file_suffix`,
+/// summed over rows.
+pub fn entries_in_file(
+    report: &Value,
+    file_suffix: &str,
+) -> std::collections::BTreeMap<String, u64> {
     let mut calls = std::collections::BTreeMap::new();
     for f in report["functions"].as_array().unwrap() {
         if f["file"].as_str().unwrap().ends_with(file_suffix) {
             *calls
                 .entry(f["function"].as_str().unwrap().to_owned())
-                .or_insert(0) += f["calls"].as_u64().unwrap_or(0);
+                .or_insert(0) += entries(f);
         }
     }
     calls

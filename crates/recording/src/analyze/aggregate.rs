@@ -22,6 +22,7 @@ use crate::recording::{Event, EventKind, FrameRef, Header, Qualnames, StrId, Wal
 #[derive(Default, Clone, Copy)]
 struct FuncAcc {
     calls: u64,
+    resumes: u64,
     inclusive_ns: u64,
     exclusive_ns: u64,
 }
@@ -46,8 +47,10 @@ fn book(functions: &mut HashMap<FrameRef, FuncAcc>, step: &Step) {
     match *step {
         Step::Exit(e) => {
             let acc = functions.entry(e.code).or_default();
-            if e.is_call() {
-                acc.calls += 1;
+            match (e.is_call(), e.resumed) {
+                (true, false) => acc.calls += 1,
+                (true, true) => acc.resumes += 1,
+                _ => {}
             }
             acc.exclusive_ns = acc.exclusive_ns.saturating_add(e.exclusive_ns);
             if e.outermost {
@@ -57,6 +60,33 @@ fn book(functions: &mut HashMap<FrameRef, FuncAcc>, step: &Step) {
         Step::Untimed { code, .. } => functions.entry(code).or_default().calls += 1,
         Step::Enter { .. } => {}
     }
+}
+
+/// `functions` with the entries of generator functions whose creations the
+/// recording saw (CPython 3.15 fires its entry probe at a creation, and at the
+/// first run and every resume alike) split into first runs, counted as calls,
+/// and resumes: each creation makes one entry of its function's a call, the rest
+/// are resumes. The rows of one name take them in order of first line.
+fn with_creations(
+    functions: &HashMap<FrameRef, FuncAcc>,
+    creations: &HashMap<(StrId, StrId), u64>,
+) -> Vec<(FrameRef, FuncAcc)> {
+    let mut rows: Vec<(FrameRef, FuncAcc)> = functions.iter().map(|(f, t)| (*f, *t)).collect();
+    if creations.is_empty() {
+        return rows;
+    }
+    rows.sort_by_key(|(f, _)| (f.file, f.function, f.line));
+    let mut left = creations.clone();
+    for (frame, t) in &mut rows {
+        let Some(n) = left.get_mut(&(frame.file, frame.function)) else {
+            continue;
+        };
+        let first_runs = t.calls.min(*n);
+        *n -= first_runs;
+        t.resumes += t.calls - first_runs;
+        t.calls = first_runs;
+    }
+    rows
 }
 
 /// How function rows are made from exact and sampled times.
@@ -100,6 +130,7 @@ impl RowRules {
             file,
             line: frame.line,
             calls: self.has_calls.then_some(t.calls),
+            resumes: self.has_calls.then_some(t.resumes),
             inclusive_ns,
             exclusive_ns,
             samples: leaf,
@@ -113,15 +144,16 @@ impl RowRules {
         names: &mut Names<'_, F>,
         functions: &HashMap<FrameRef, FuncAcc>,
         mut samples: HashMap<FrameRef, SampleAcc>,
+        creations: &HashMap<(StrId, StrId), u64>,
     ) -> Vec<FunctionStats> {
         let mut rows = Vec::new();
-        for (frame, t) in functions {
-            let s = samples.remove(frame).unwrap_or_default();
+        for (frame, t) in with_creations(functions, creations) {
+            let s = samples.remove(&frame).unwrap_or_default();
             rows.push(self.row(
-                (names.get(frame.function), names.shown(frame)),
+                (names.get(frame.function), names.shown(&frame)),
                 names.get(frame.file),
-                *frame,
-                *t,
+                frame,
+                t,
                 s,
             ));
         }
@@ -335,6 +367,7 @@ impl Aggregator {
                 total,
             } => self.return_types.record(tid, *function, *returned, *total),
             EventKind::Call { .. }
+            | EventKind::Resume { .. }
             | EventKind::Return { .. }
             | EventKind::Line { .. }
             | EventKind::Running { .. }
@@ -424,7 +457,16 @@ impl Aggregator {
             has_calls,
             interval,
         };
-        let functions = rules.rows(&mut names, &self.functions, self.samples.finish());
+        let mut all_creations: HashMap<(StrId, StrId), u64> = HashMap::new();
+        for (&(_, name), &n) in replay.creations() {
+            *all_creations.entry(name).or_insert(0) += n;
+        }
+        let functions = rules.rows(
+            &mut names,
+            &self.functions,
+            self.samples.finish(),
+            &all_creations,
+        );
         let mut processes = Vec::new();
         let root = self.target.pid;
         let map = &replay.plan().processes;
@@ -435,7 +477,13 @@ impl Aggregator {
         for pid in order {
             let acc = self.processes.remove(&pid).unwrap_or_default();
             let samples = acc.samples.samples;
-            let rows = rules.rows(&mut names, &acc.functions, acc.samples.finish());
+            let creations: HashMap<(StrId, StrId), u64> = replay
+                .creations()
+                .iter()
+                .filter(|((p, _), _)| *p == pid)
+                .map(|(&(_, name), &n)| (name, n))
+                .collect();
+            let rows = rules.rows(&mut names, &acc.functions, acc.samples.finish(), &creations);
             let info = map.get(pid);
             processes.push(ProcessStats {
                 pid,

@@ -40,8 +40,14 @@ pub struct FunctionStats {
     pub file: String,
     /// First line of the function (smallest sampled line when only sampled).
     pub line: u32,
-    /// Finished calls; `None` when only sampled.
+    /// Finished calls: first entries (a generator's or coroutine's first run);
+    /// `None` when only sampled.
     pub calls: Option<u64>,
+    /// Finished resumes of a generator or coroutine entered again (after a
+    /// `yield`, an `await`, or a `throw()`); `calls + resumes` is cProfile's
+    /// count. 0 where the recording cannot tell a resume from a call (see the
+    /// caveats); `None` when only sampled.
+    pub resumes: Option<u64>,
     /// Time on the stack; a recursive function counts once per outermost activation.
     pub inclusive_ns: u64,
     /// Time in the function itself, callees excluded.

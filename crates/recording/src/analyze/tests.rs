@@ -57,6 +57,13 @@ impl Script {
         self.ret_from(ts, name, line, 0)
     }
 
+    /// A generator or coroutine entered again (the hook engine's, or an entry
+    /// whose `f_lasti` says so).
+    fn resume(&mut self, ts: u64, name: &str, line: u32) -> &mut Self {
+        let frame = self.frame(name, line);
+        self.push(ts, EventKind::Resume { frame })
+    }
+
     /// A return naming its function's first line (CPython 3.11+, read from the
     /// code object).
     fn ret_from(&mut self, ts: u64, name: &str, line: u32, first_line: u32) -> &mut Self {
@@ -156,7 +163,7 @@ fn recursion_counts_inclusive_once() {
 }
 
 #[test]
-fn generator_resumes_are_calls() {
+fn generator_entries_that_do_not_say_they_resume_are_calls() {
     let mut s = Script::new();
     s.call(0, "main", 1);
     for i in 0..3u64 {
@@ -361,6 +368,48 @@ fn cpython_311_returns_naming_their_first_line_keep_same_named_functions_apart()
 }
 
 #[test]
+fn resumes_are_timed_as_calls_and_counted_apart() {
+    // main runs a coroutine `co` (first line 5) three times: a call, two resumes.
+    let mut s = Script::new();
+    s.call(0, "main", 1)
+        .call(10, "co", 5)
+        .ret(20, "co", 6)
+        .resume(30, "co", 6)
+        .ret(45, "co", 7)
+        .resume(50, "co", 7)
+        .ret(80, "co", 8)
+        .ret(100, "main", 2);
+    let r = s.report_with(&header_of("3.13.1"), None);
+    let co = func(&r, "co");
+    assert_eq!((co.line, co.calls, co.resumes), (5, Some(1), Some(2)));
+    assert_eq!((co.inclusive_ns, co.exclusive_ns), (55, 55));
+    let main = func(&r, "main");
+    assert_eq!((main.calls, main.resumes), (Some(1), Some(0)));
+    assert_eq!((main.inclusive_ns, main.exclusive_ns), (100, 45));
+}
+
+#[test]
+fn cpython_315_creations_make_calls_of_first_runs_only() {
+    // Two generators created, one run three times, one never: two calls counted
+    // (the creations), one resume; calls and resumes still add up to the runs.
+    let mut s = Script::new();
+    s.call(0, "main", 1)
+        .call(10, "gen", u32::MAX)
+        .call(12, "gen", u32::MAX)
+        .call(20, "gen", 5)
+        .ret(25, "gen", 6)
+        .call(30, "gen", 6)
+        .ret(35, "gen", 6)
+        .call(40, "gen", 6)
+        .ret(45, "gen", 7)
+        .ret(100, "main", 2);
+    let r = s.report_with(&header_of("3.15.2"), None);
+    let gen = func(&r, "gen");
+    assert_eq!((gen.calls, gen.resumes), (Some(2), Some(1)));
+    assert_eq!(gen.inclusive_ns, 15);
+}
+
+#[test]
 fn cpython_315_generator_creations_are_left_out() {
     let mut s = Script::new();
     // main creates gen (an entry without return), calls work, consumes gen (an
@@ -389,7 +438,8 @@ fn cpython_315_generator_creations_are_left_out() {
     .ret(100, "main", 1);
     let r = s.report_with(&header_of("3.15.2"), None);
     let gen = func(&r, "gen");
-    assert_eq!((gen.line, gen.calls), (5, Some(2)), "a resume is a call");
+    // The creation makes the first run the call, the second a resume.
+    assert_eq!((gen.line, gen.calls, gen.resumes), (5, Some(1), Some(1)));
     assert_eq!((gen.inclusive_ns, gen.exclusive_ns), (15, 15));
     assert_eq!(
         r.functions.iter().filter(|f| f.function == "gen").count(),

@@ -47,6 +47,8 @@ pub struct CallsSummary {
     pub(crate) lines: u64,
     /// Call events in the recording.
     pub calls: u64,
+    /// Resume events in the recording (generators and coroutines entered again).
+    pub resumes: u64,
     /// Return events in the recording.
     pub returns: u64,
     /// Sample events in the recording (a sampled recording has no call flow).
@@ -89,6 +91,8 @@ enum Note {
     Popped(usize),
     Running,
     Creation,
+    /// A generator or coroutine entered again.
+    Resume,
 }
 
 /// One line of the flow.
@@ -150,8 +154,13 @@ pub fn write_calls<R: Read + Seek, W: Write>(
             }
         }
         match &event.kind {
-            EventKind::Call { frame } => {
-                summary.calls += 1;
+            EventKind::Call { frame } | EventKind::Resume { frame } => {
+                let resume = matches!(event.kind, EventKind::Resume { .. });
+                if resume {
+                    summary.resumes += 1;
+                } else {
+                    summary.calls += 1;
+                }
                 let entered = steps.iter().find_map(|s| match *s {
                     Step::Enter {
                         depth,
@@ -163,8 +172,10 @@ pub fn write_calls<R: Read + Seek, W: Write>(
                 let created = replay.counters().generator_creations > creations;
                 creations = replay.counters().generator_creations;
                 let (depth, note) = match entered {
+                    Some(d) if resume => (d, Note::Resume),
                     Some(d) => (d, Note::None),
                     None if created => (replay.depth(tid), Note::Creation),
+                    None if resume => (replay.depth(tid), Note::Resume),
                     None => (replay.depth(tid), Note::None),
                 };
                 lines.push(Line {
@@ -296,6 +307,7 @@ fn write_line(
             }
             Note::Running => text.push_str(",\"running_when_tracing_began\":true"),
             Note::Creation => text.push_str(",\"generator_creation\":true"),
+            Note::Resume => text.push_str(",\"resume\":true"),
         }
         if let Some((inclusive, exclusive)) = l.took {
             let _ = write!(
@@ -328,6 +340,7 @@ fn write_line(
             }
             Note::Running => text.push_str("  (running when tracing began)"),
             Note::Creation => text.push_str("  (creates a generator: runs nothing yet)"),
+            Note::Resume => text.push_str("  (resumes)"),
         }
         text.push('\n');
     }

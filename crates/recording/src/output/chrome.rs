@@ -288,6 +288,7 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
         w.slices(&names, steps)?;
         match &event.kind {
             EventKind::Call { .. }
+            | EventKind::Resume { .. }
             | EventKind::Return { .. }
             | EventKind::Running { .. }
             | EventKind::ReturnType { .. } => {}

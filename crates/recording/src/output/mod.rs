@@ -95,7 +95,7 @@ impl<'a> Counter<'a> {
         self.census.events += 1;
         let len = |id: StrId| strings.get(id.0 as usize).map_or(0, |s| s.len() as u64);
         match &event.kind {
-            EventKind::Call { frame } => {
+            EventKind::Call { frame } | EventKind::Resume { frame } => {
                 let filter = self.filter;
                 let kept = *self.files.entry(frame.file).or_insert_with(|| {
                     let file = strings

@@ -11,7 +11,8 @@
 //! return, first line) spells it out (`CALL_NEW`, `RETURN_NEW`) and so numbers it
 //! 0, 1, 2, ...; later ones give only the number, inside the tag byte itself for
 //! the first [`COMPACT_FRAMES`] (`COMPACT`: one byte besides the timestamp), else
-//! as a varint (`CALL_AT`, `RETURN_AT`). Kinds 0 to `0x3f` are event kinds, room
+//! as a varint (`CALL_AT`, `RETURN_AT`). Resumes (format 10) share the calls'
+//! numbers and always give theirs as a varint (`RESUME_NEW`, `RESUME_AT`). Kinds 0 to `0x3f` are event kinds, room
 //! for new ones; `0x40` to `0x7f` are the compact calls and returns.
 //!
 //! What both directions share, the tag byte and the chunk's state, is here; the
@@ -76,6 +77,11 @@ mod tag {
     pub(crate) const CALL_AT: u8 = 34;
     /// Format 6: a return of a numbered frame, the number as a varint.
     pub(crate) const RETURN_AT: u8 = 35;
+    /// Format 10: a resume spelling out its frame, which gets the chunk's next
+    /// frame number (numbered as a call's: a call and a resume of one frame share it).
+    pub(crate) const RESUME_NEW: u8 = 36;
+    /// Format 10: a resume of a numbered frame, the number as a varint.
+    pub(crate) const RESUME_AT: u8 = 37;
     /// Format 6, from here to `0x7f`: a call (bit 0 clear) or return (set) of frame
     /// number `(kind >> 1) & 0x1f`.
     pub(crate) const COMPACT: u8 = 0x40;

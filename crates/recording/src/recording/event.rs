@@ -48,8 +48,16 @@ pub struct SampleState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum EventKind {
-    /// A Python function was entered (`function__entry`).
+    /// A Python function was entered (`function__entry`): a call, or, where the
+    /// recording cannot tell them apart, a call or a resume.
     Call {
+        frame: FrameRef,
+    },
+    /// A generator or coroutine that had run before was entered again (resumed
+    /// after a `yield` or an `await`, or thrown into), format 10: its frame is
+    /// pushed as at a call, and the report counts it apart from calls. `frame` as
+    /// for `call`.
+    Resume {
         frame: FrameRef,
     },
     /// A Python function returned or unwound (`function__return`).

@@ -42,6 +42,10 @@ fn every_kind(w: &mut RecordingWriter<impl Write>) -> Vec<Event> {
         },
         EventKind::Exec { command },
         EventKind::Call { frame },
+        EventKind::Resume { frame },
+        EventKind::Resume {
+            frame: FrameRef { line: 9, ..frame },
+        },
         EventKind::Line {
             frame: FrameRef { line: 4, ..frame },
         },
@@ -328,7 +332,7 @@ fn hinted_writes_are_byte_for_byte_the_plain_ones() {
     let (mut plain, mut hinted) = (Vec::new(), Vec::new());
     let mut p = RecordingWriter::new(&mut plain, &header()).unwrap();
     let mut h = RecordingWriter::new(&mut hinted, &header()).unwrap();
-    let mut hints: std::collections::HashMap<(u32, u32, bool), FrameNumberHint> =
+    let mut hints: std::collections::HashMap<(u32, u32, u8), FrameNumberHint> =
         std::collections::HashMap::new();
     let file = (p.intern("/app/deep.py"), h.intern("/app/deep.py"));
     let n = 300_000u64;
@@ -352,6 +356,13 @@ fn hinted_writes_are_byte_for_byte_the_plain_ones() {
                 first_line: if which % 3 == 0 { 0 } else { which + 1 },
             },
             _ if i % 1000 == 4 => EventKind::GcStart { generation: 2 },
+            _ if i % 10 == 9 => EventKind::Resume {
+                frame: FrameRef {
+                    file: file.0,
+                    function: file.0,
+                    line: which,
+                },
+            },
             _ => EventKind::Call {
                 frame: FrameRef {
                     file: file.0,
@@ -367,8 +378,9 @@ fn hinted_writes_are_byte_for_byte_the_plain_ones() {
         };
         p.write(&event).unwrap();
         let key = match &event.kind {
-            EventKind::Call { frame } => Some((frame.line, 0, false)),
-            EventKind::Return { frame, first_line } => Some((frame.line, *first_line, true)),
+            EventKind::Call { frame } => Some((frame.line, 0, 0)),
+            EventKind::Resume { frame } => Some((frame.line, 0, 2)),
+            EventKind::Return { frame, first_line } => Some((frame.line, *first_line, 1)),
             _ => None,
         };
         match key {
@@ -820,12 +832,13 @@ fn numbered_frames_round_trip_across_chunks() {
             function,
             line: (i % 3) as u32,
         };
-        let kind = match i % 3 {
+        let kind = match i % 4 {
             0 => EventKind::Call { frame },
             1 => EventKind::Return {
                 frame,
                 first_line: 0,
             },
+            2 => EventKind::Resume { frame },
             _ => EventKind::Return {
                 frame,
                 first_line: 9,

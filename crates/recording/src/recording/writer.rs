@@ -234,6 +234,7 @@ impl<W: Write> RecordingWriter<W> {
         let ok_frame = |f: &FrameRef| f.file.0 < n && f.function.0 < n;
         let ok = match kind {
             EventKind::Call { frame }
+            | EventKind::Resume { frame }
             | EventKind::Return { frame, .. }
             | EventKind::Line { frame } => ok_frame(frame),
             EventKind::ImportStart { module } | EventKind::ImportDone { module, .. } => {

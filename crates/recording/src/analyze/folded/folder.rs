@@ -131,7 +131,7 @@ impl Folder {
         c.first_ts = Some(c.first_ts.map_or(ts, |t| t.min(ts)));
         c.last_ts = Some(c.last_ts.map_or(ts, |t| t.max(ts)));
         match &event.kind {
-            EventKind::Call { .. } => self.counts.calls += 1,
+            EventKind::Call { .. } | EventKind::Resume { .. } => self.counts.calls += 1,
             EventKind::Return { .. } => self.counts.returns += 1,
             _ => {}
         }

@@ -325,7 +325,7 @@ impl Planner {
         let tid = event.tid;
         self.plan.processes.push(event);
         match &event.kind {
-            EventKind::Call { frame } => {
+            EventKind::Call { frame } | EventKind::Resume { frame } => {
                 self.plan.calls += 1;
                 let name = (frame.file, frame.function);
                 if (frame.line == 0 || frame.line == NO_LINE) && !self.plan.modules.contains(&name)

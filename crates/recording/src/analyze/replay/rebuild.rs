@@ -16,7 +16,18 @@ struct OpenFrame {
     name: Name,
     start: u64,
     child: u64,
-    seeded: bool,
+    entered: Entered,
+}
+
+/// How a frame came onto the stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entered {
+    /// Its entry: a call.
+    Called,
+    /// Its entry: a generator or coroutine entered again.
+    Resumed,
+    /// Running when tracing began: its entry was not seen.
+    Seeded,
 }
 
 #[derive(Default)]
@@ -46,6 +57,9 @@ pub struct Replay {
     counters: ReplayCounters,
     /// The processes as the events so far say.
     processes: ProcessMap,
+    /// Generators and coroutines created (CPython 3.15's entries at creation),
+    /// by process and function name.
+    creations: FxHashMap<(u32, Name), u64>,
 }
 
 impl Replay {
@@ -58,7 +72,14 @@ impl Replay {
             header_start: header.start_ns,
             counters: ReplayCounters::default(),
             processes: ProcessMap::new(header),
+            creations: FxHashMap::default(),
         }
+    }
+
+    /// Generators and coroutines created, by process and function name, as far as
+    /// the recording says (CPython 3.15's creation entries; none elsewhere).
+    pub(crate) fn creations(&self) -> &FxHashMap<(u32, Name), u64> {
+        &self.creations
     }
 
     /// The process of thread `tid` at the event being replayed.
@@ -154,7 +175,11 @@ impl Replay {
         t.clock = t.clock.max(event.ts_ns);
         let ts = t.clock;
         match &event.kind {
-            EventKind::Call { frame } => {
+            EventKind::Call { frame } | EventKind::Resume { frame } => {
+                let entered = match event.kind {
+                    EventKind::Resume { .. } => Entered::Resumed,
+                    _ => Entered::Called,
+                };
                 let index = t.calls;
                 t.calls += 1;
                 if returns_only {
@@ -162,6 +187,11 @@ impl Replay {
                 }
                 if self.plan.is_creation(tid, index, &mut t.creation_cursor) {
                     self.counters.generator_creations += 1;
+                    let pid = self.processes.pid_of(tid);
+                    *self
+                        .creations
+                        .entry((pid, (frame.file, frame.function)))
+                        .or_insert(0) += 1;
                     return ts;
                 }
                 self.seed(tid, ts, out);
@@ -180,7 +210,7 @@ impl Replay {
                     Some(line) => FrameRef { line, ..*frame },
                     None => self.plan.entry_code(frame),
                 };
-                push_frame(t, tid, code, (frame.file, frame.function), ts, false, out);
+                push_frame(t, tid, code, (frame.file, frame.function), ts, entered, out);
             }
             EventKind::Return { frame, first_line } => {
                 if self.plan.is_shim(frame) {
@@ -254,7 +284,15 @@ impl Replay {
                     }
                     self.counters.open_at_start += 1;
                     let code = self.plan.walked_code(w);
-                    push_frame(t, tid, code, (w.code.file, w.code.function), ts, true, out);
+                    push_frame(
+                        t,
+                        tid,
+                        code,
+                        (w.code.file, w.code.function),
+                        ts,
+                        Entered::Seeded,
+                        out,
+                    );
                 }
             }
             EventKind::Lost { .. } | EventKind::Window { .. } | EventKind::Paused { .. } => {
@@ -301,7 +339,15 @@ impl Replay {
             }
             self.counters.open_at_start += 1;
             let code = self.plan.return_code(f, *first_line);
-            push_frame(t, tid, code, (f.file, f.function), start, true, out);
+            push_frame(
+                t,
+                tid,
+                code,
+                (f.file, f.function),
+                start,
+                Entered::Seeded,
+                out,
+            );
         }
     }
 
@@ -337,16 +383,17 @@ fn push_frame(
     code: FrameRef,
     name: Name,
     ts: u64,
-    seeded: bool,
+    entered: Entered,
     out: &mut Vec<Step>,
 ) {
     let depth = t.frames.len();
+    let seeded = entered == Entered::Seeded;
     t.frames.push(OpenFrame {
         code,
         name,
         start: ts,
         child: 0,
-        seeded,
+        entered,
     });
     *t.active.entry(code).or_insert(0) += 1;
     if t.time.first_ns.is_none() {
@@ -391,6 +438,7 @@ fn pop_frame(t: &mut ReplayThread, tid: u32, ts: u64, kind: EndKind, out: &mut V
         exclusive_ns,
         outermost,
         kind,
-        seeded: f.seeded,
+        seeded: f.entered == Entered::Seeded,
+        resumed: f.entered == Entered::Resumed,
     }));
 }

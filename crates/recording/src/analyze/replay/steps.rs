@@ -64,6 +64,9 @@ pub struct Exit {
     pub kind: EndKind,
     /// It was running when tracing began: its entry was not seen.
     pub(crate) seeded: bool,
+    /// Its entry was a resume (a generator or coroutine entered again), not a
+    /// call.
+    pub resumed: bool,
 }
 
 impl Exit {
@@ -72,7 +75,7 @@ impl Exit {
         self.ts.saturating_sub(self.inclusive_ns)
     }
 
-    /// Whether it counts as a call.
+    /// Whether it counts as an entry: a call, or a resume when `resumed`.
     pub(crate) fn is_call(&self) -> bool {
         matches!(self.kind, EndKind::Returned | EndKind::Unpaired)
     }

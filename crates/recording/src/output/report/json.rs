@@ -164,6 +164,8 @@ struct JsonFunction<'a> {
     file: &'a str,
     line: u32,
     calls: Option<u64>,
+    /// Generator and coroutine resumes: `calls + resumes` is cProfile's count.
+    resumes: Option<u64>,
     inclusive_ns: u64,
     exclusive_ns: u64,
     samples: u64,
@@ -272,6 +274,7 @@ fn json_function(f: &FunctionStats) -> JsonFunction<'_> {
         file: &f.file,
         line: f.line,
         calls: f.calls,
+        resumes: f.resumes,
         inclusive_ns: f.inclusive_ns,
         exclusive_ns: f.exclusive_ns,
         samples: f.samples,

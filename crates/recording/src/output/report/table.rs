@@ -332,16 +332,21 @@ fn function_rows(
     width: usize,
 ) {
     let sampled = r.source == FunctionSource::Sampled;
+    // Resumes get a column when a listed generator or coroutine was entered again.
+    let resumes = !sampled && functions.iter().any(|f| f.resumes.unwrap_or(0) > 0);
     let _ = writeln!(
         out,
-        "{:>10}  {:>9}  {:>9}  {:>6}  function  file:line",
+        "{:>10}  {}{:>9}  {:>9}  {:>6}  function  file:line",
         if sampled { "samples" } else { "calls" },
+        if resumes { "   resumes  " } else { "" },
         "inclusive",
         "exclusive",
         "self%"
     );
-    // Fixed columns take 44 characters; names and places share the rest.
-    let room = width.saturating_sub(44).max(30);
+    // Fixed columns take 44 characters (56 with resumes); names and places
+    // share the rest.
+    let fixed = if resumes { 56 } else { 44 };
+    let room = width.saturating_sub(fixed).max(30);
     let name_width = functions
         .iter()
         .map(|f| f.qualname.chars().count())
@@ -366,9 +371,14 @@ fn function_rows(
             "-".to_string()
         };
         let place = fit_left(&format!("{}:{}", f.file, f.line), place_width);
+        let resumed = if resumes {
+            format!("{:>10}  ", f.resumes.unwrap_or(0))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "{count:>10}  {:>9}  {:>9}  {share:>6}  {}  {place}",
+            "{count:>10}  {resumed}{:>9}  {:>9}  {share:>6}  {}  {place}",
             format_ns(f.inclusive_ns),
             format_ns(f.exclusive_ns),
             pad(&fit_right(&f.qualname, name_width), name_width),

@@ -16,6 +16,7 @@ fn function(name: &str, file: &str, calls: Option<u64>, incl: u64, excl: u64) ->
         file: file.into(),
         line: 3,
         calls,
+        resumes: calls.map(|_| 0),
         inclusive_ns: incl,
         exclusive_ns: excl,
         samples: 0,

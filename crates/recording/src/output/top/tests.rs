@@ -61,6 +61,7 @@ fn rates_over_the_window_between_two_reports() {
         file: "/a/b.py".into(),
         line: 1,
         calls: Some(calls),
+        resumes: Some(0),
         inclusive_ns: excl,
         exclusive_ns: excl,
         samples: 0,

@@ -28,18 +28,23 @@ impl EventDecoder {
         self.frames.clear();
     }
 
+    /// The frame numbered `n` in this chunk.
+    fn frame_numbered(&self, n: u32, at: u64) -> Result<FrameKey, RecordError> {
+        self.frames
+            .get(n as usize)
+            .copied()
+            .ok_or_else(|| RecordError::Corrupt {
+                offset: at,
+                what: format!(
+                    "frame number {n}, but the chunk numbered {} frames so far",
+                    self.frames.len()
+                ),
+            })
+    }
+
     /// A numbered frame's call (`ret` false) or return.
     fn numbered(&self, n: u32, ret: bool, at: u64) -> Result<EventKind, RecordError> {
-        let &(frame, first_line) =
-            self.frames
-                .get(n as usize)
-                .ok_or_else(|| RecordError::Corrupt {
-                    offset: at,
-                    what: format!(
-                        "frame number {n}, but the chunk numbered {} frames so far",
-                        self.frames.len()
-                    ),
-                })?;
+        let (frame, first_line) = self.frame_numbered(n, at)?;
         Ok(if ret {
             EventKind::Return { frame, first_line }
         } else {
@@ -79,6 +84,18 @@ impl EventDecoder {
                 let first_line = c.u32v("first line")?;
                 self.frames.push((frame, first_line));
                 EventKind::Return { frame, first_line }
+            }
+            tag::RESUME_NEW => {
+                let frame = get_frame(c)?;
+                self.frames.push((frame, 0));
+                EventKind::Resume { frame }
+            }
+            tag::RESUME_AT => {
+                let at = c.offset();
+                let n = c.u32v("frame number")?;
+                EventKind::Resume {
+                    frame: self.frame_numbered(n, at)?.0,
+                }
             }
             tag::CALL_AT | tag::RETURN_AT => {
                 let at = c.offset();

@@ -19,6 +19,16 @@ pub struct FrameNumberHint {
     /// The event's tag: see [`numbered_tag`].
     tag: u8,
     number: u32,
+    /// Whether the number follows the tag as a varint (not inside the tag).
+    spelled: bool,
+}
+
+/// Which of the numbered events one is: they share the chunk's frame numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Numbering {
+    Call,
+    Return,
+    Resume,
 }
 
 /// Encodes events into an events-chunk payload.
@@ -89,16 +99,18 @@ impl EventEncoder {
     ) {
         if hint.chunk == Some(self.chunk) {
             self.put_head(buf, hint.tag, event);
-            if hint.number >= COMPACT_FRAMES {
+            if hint.spelled {
                 put_uvarint(buf, u64::from(hint.number));
             }
             return;
         }
-        if let Some((number, is_return)) = self.encode_numbering(buf, event, max_frames) {
+        if let Some((number, numbering)) = self.encode_numbering(buf, event, max_frames) {
+            let (tag, spelled) = numbered_tag(number, numbering);
             *hint = FrameNumberHint {
                 chunk: Some(self.chunk),
-                tag: numbered_tag(number, is_return),
+                tag,
                 number,
+                spelled,
             };
         }
     }
@@ -160,43 +172,46 @@ impl EventEncoder {
         self.encode_numbering(buf, event, max_frames);
     }
 
-    /// [`encode`](Self::encode), giving a call's or return's frame number in
-    /// the chunk and whether it is a return.
+    /// [`encode`](Self::encode), giving a call's, resume's or return's frame
+    /// number in the chunk and which of them it is.
     fn encode_numbering(
         &mut self,
         buf: &mut Vec<u8>,
         event: &Event,
         max_frames: usize,
-    ) -> Option<(u32, bool)> {
+    ) -> Option<(u32, Numbering)> {
         let numbered = match &event.kind {
-            EventKind::Call { frame } => Some((self.number((*frame, 0)), false)),
+            EventKind::Call { frame } => Some((self.number((*frame, 0)), Numbering::Call)),
+            EventKind::Resume { frame } => Some((self.number((*frame, 0)), Numbering::Resume)),
             EventKind::Return { frame, first_line } => {
-                Some((self.number((*frame, *first_line)), true))
+                Some((self.number((*frame, *first_line)), Numbering::Return))
             }
             _ => None,
         };
         let kind = match &numbered {
             None => kind_tag(&event.kind),
-            Some((Numbered::New(_), false)) => tag::CALL_NEW,
-            Some((Numbered::New(_), true)) => tag::RETURN_NEW,
-            Some((Numbered::At(n), ret)) => numbered_tag(*n, *ret),
+            Some((Numbered::New(_), Numbering::Call)) => tag::CALL_NEW,
+            Some((Numbered::New(_), Numbering::Resume)) => tag::RESUME_NEW,
+            Some((Numbered::New(_), Numbering::Return)) => tag::RETURN_NEW,
+            Some((Numbered::At(n), numbering)) => numbered_tag(*n, *numbering).0,
         };
         self.put_head(buf, kind, event);
         match (numbered, &event.kind) {
-            (Some((Numbered::At(n), ret)), _) => {
-                if n >= COMPACT_FRAMES {
+            (Some((Numbered::At(n), numbering)), _) => {
+                if numbered_tag(n, numbering).1 {
                     put_uvarint(buf, u64::from(n));
                 }
-                return Some((n, ret));
+                return Some((n, numbering));
             }
-            (Some((Numbered::New(n), false)), EventKind::Call { frame }) => {
+            (Some((Numbered::New(n), numbering)), EventKind::Call { frame })
+            | (Some((Numbered::New(n), numbering)), EventKind::Resume { frame }) => {
                 put_frame(buf, frame);
-                return Some((n, false));
+                return Some((n, numbering));
             }
-            (Some((Numbered::New(n), true)), EventKind::Return { frame, first_line }) => {
+            (Some((Numbered::New(n), _)), EventKind::Return { frame, first_line }) => {
                 put_frame(buf, frame);
                 put_uvarint(buf, u64::from(*first_line));
-                return Some((n, true));
+                return Some((n, Numbering::Return));
             }
             _ => {}
         }
@@ -207,7 +222,9 @@ impl EventEncoder {
                     put_uvarint(buf, u64::from(*first_line));
                 }
             }
-            EventKind::Call { frame } | EventKind::Line { frame } => put_frame(buf, frame),
+            EventKind::Call { frame } | EventKind::Resume { frame } | EventKind::Line { frame } => {
+                put_frame(buf, frame)
+            }
             EventKind::GcStart { generation } => put_uvarint(buf, zigzag(i64::from(*generation))),
             EventKind::GcDone { collected } => put_uvarint(buf, zigzag(*collected)),
             EventKind::ImportStart { module } => put_uvarint(buf, u64::from(module.0)),
@@ -252,14 +269,16 @@ impl EventEncoder {
     }
 }
 
-/// The tag of a call (`is_return` false) or return of frame number `n`, numbered
-/// earlier in the chunk: compact for the first [`COMPACT_FRAMES`], else followed
-/// by the number as a varint.
-fn numbered_tag(n: u32, is_return: bool) -> u8 {
-    match (n < COMPACT_FRAMES, is_return) {
-        (true, _) => tag::COMPACT | (n as u8) << 1 | u8::from(is_return),
-        (false, false) => tag::CALL_AT,
-        (false, true) => tag::RETURN_AT,
+/// The tag of a call, resume or return of frame number `n`, numbered earlier in
+/// the chunk, and whether the number follows it as a varint: calls and returns
+/// are compact for the first [`COMPACT_FRAMES`]; a resume always spells it.
+fn numbered_tag(n: u32, numbering: Numbering) -> (u8, bool) {
+    match (n < COMPACT_FRAMES, numbering) {
+        (_, Numbering::Resume) => (tag::RESUME_AT, true),
+        (true, Numbering::Call) => (tag::COMPACT | (n as u8) << 1, false),
+        (true, Numbering::Return) => (tag::COMPACT | (n as u8) << 1 | 1, false),
+        (false, Numbering::Call) => (tag::CALL_AT, true),
+        (false, Numbering::Return) => (tag::RETURN_AT, true),
     }
 }
 
@@ -287,6 +306,8 @@ fn state_byte(state: SampleState) -> u8 {
 fn kind_tag(kind: &EventKind) -> u8 {
     match kind {
         EventKind::Call { .. } => tag::CALL,
+        // Always numbered: never written with this tag.
+        EventKind::Resume { .. } => tag::RESUME_AT,
         EventKind::Return { first_line: 0, .. } => tag::RETURN,
         EventKind::Return { .. } => tag::RETURN_FROM,
         EventKind::Line { .. } => tag::LINE,
