@@ -201,9 +201,12 @@ fn check_shapes(version: &'static str) {
     // functions with cells (super()): their row shows a line of their own.
     // The hook names code objects: their first lines.
     let exact_line = version != "3.15";
+    // A generator's or coroutine's first run is its call, each later run a resume.
     for (name, calls) in truth["calls"].as_object().unwrap() {
         let row = shapes_row(&report, &truth, name, exact_line);
+        let resumes = truth["resumes"].get(name).map_or(0, u);
         assert_eq!(row["calls"], *calls, "{version}: calls of {name}");
+        assert_eq!(u(&row["resumes"]), resumes, "{version}: resumes of {name}");
     }
     // Times against the functions' own clocks: a same-named callee gets its
     // whole time (it is not recursion), its caller's includes it.
@@ -261,10 +264,13 @@ fn shapes_on_3_11_through_the_return_probes_counts_exact_times_sampled() {
     }
     // Rows are functions, not return lines: at the walker's first line where
     // sampled, else one per name at a line of its own.
+    // Returns cannot tell a resume from a call: each return or yield is one.
     let sampled = ["Base.__init__", "Derived.__init__", "main", "spin"];
     for (name, calls) in truth["calls"].as_object().unwrap() {
         let row = shapes_row(&report, &truth, name, sampled.contains(&name.as_str()));
-        assert_eq!(row["calls"], *calls, "calls of {name}");
+        let entries = u(calls) + truth["resumes"].get(name).map_or(0, u);
+        assert_eq!(u(&row["calls"]), entries, "calls of {name}");
+        assert_eq!(u(&row["resumes"]), 0, "resumes of {name}");
     }
     // Sampled times: statistically close to the functions' own clocks.
     for name in ["Base.__init__", "Derived.__init__", "main"] {
@@ -585,7 +591,7 @@ fn check_real_program(
         );
         assert_eq!(
             calls.get(&frame).copied().unwrap_or(0),
-            u(&f["calls"]),
+            entries(f),
             "{version} {name}: flame calls of {frame}"
         );
         checked += 1;
@@ -594,7 +600,8 @@ fn check_real_program(
     assert!(depth < 200, "{version} {name}: stacks {depth} deep");
     check_chrome_nests(&path);
 
-    // cProfile counts a generator's every resume, as pyprobe does.
+    // cProfile counts a generator's every resume as a call: pyprobe's calls and
+    // resumes together.
     let package = site.join(name);
     let truth = cprofile_counts(&py, &site, args, &package);
     assert!(truth.len() > 100, "{} cProfile rows", truth.len());
@@ -607,7 +614,7 @@ fn check_real_program(
                 u(&f["line"]),
                 f["function"].as_str().unwrap().to_owned(),
             );
-            *ours.entry(key).or_default() += u(&f["calls"]);
+            *ours.entry(key).or_default() += entries(f);
         }
     }
     if version == "3.9" || (version == "3.11" && !sampled) {

@@ -3,7 +3,7 @@
 use rustc_hash::FxHashMap;
 use std::path::{Path, PathBuf};
 
-use pyprobe_cpython::python::probe_catalog::{ProbeKind, PythonProbe};
+use pyprobe_cpython::python::probe_catalog::{ProbeKind, PythonProbe, LASTI_ARG};
 use pyprobe_cpython::python::tracing::FRAME_ARG;
 use pyprobe_recording::analyze::FileFilter;
 use pyprobe_recording::output::file::{Existing, Output};
@@ -511,8 +511,12 @@ impl EventBuilder {
     ) {
         let arg = |i: usize| hit.args.get(i).copied().unwrap_or(0);
         let kind = match meaning.kind {
-            ProbeKind::FunctionEntry | ProbeKind::FunctionReturn | ProbeKind::Line => {
-                let is_call = meaning.kind == ProbeKind::FunctionEntry;
+            ProbeKind::FunctionEntry
+            | ProbeKind::FunctionEntryWithLasti
+            | ProbeKind::FunctionResume
+            | ProbeKind::FunctionReturn
+            | ProbeKind::Line => {
+                let is_call = !matches!(meaning.kind, ProbeKind::FunctionReturn | ProbeKind::Line);
                 let is_return = meaning.kind == ProbeKind::FunctionReturn;
                 if !self.in_window(hit.tid, hit.string(1).unwrap_or(""), is_call, is_return) {
                     return;
@@ -528,7 +532,16 @@ impl EventBuilder {
                     self.name_code(hit.pid, frame, names, hit.string(2));
                 }
                 match meaning.kind {
-                    ProbeKind::FunctionEntry => EventKind::Call { frame },
+                    ProbeKind::FunctionResume => EventKind::Resume { frame },
+                    // A frame that ran before (`f_lasti` past -1) resumes.
+                    ProbeKind::FunctionEntryWithLasti
+                        if hit.args.get(LASTI_ARG).is_some_and(|&l| l as i32 != -1) =>
+                    {
+                        EventKind::Resume { frame }
+                    }
+                    ProbeKind::FunctionEntry | ProbeKind::FunctionEntryWithLasti => {
+                        EventKind::Call { frame }
+                    }
                     ProbeKind::FunctionReturn => EventKind::Return {
                         frame,
                         first_line: name_return(&ReturnHit {

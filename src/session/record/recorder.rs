@@ -245,6 +245,11 @@ impl<'a> Recorder<'a> {
                 for line in refusal_lines(pid, &self.chosen, verbose) {
                     eprintln!("{line}");
                 }
+                let untold = self.chosen.borrow().resumes_untold(pid);
+                if let Some(text) = untold {
+                    eprintln!("pyprobe: {text}");
+                    self.caveats.write(builder, pid, monotonic_ns(), text);
+                }
             }
             TraceEvent::Notice(text) => eprintln!("pyprobe: {text}"),
             TraceEvent::Caveat { pid, ts_ns, text } => {

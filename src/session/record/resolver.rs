@@ -69,6 +69,24 @@ pub struct Chosen {
 }
 
 impl Chosen {
+    /// Why the recording of `pid` cannot tell a generator's or coroutine's resumes
+    /// from its calls, if it cannot: its entries come from `function__entry`
+    /// sites of CPython 3.7 to 3.10 that do not show the frame's `f_lasti`
+    /// (3.10's, or a build compiled otherwise than pyprobe knows).
+    pub fn resumes_untold(&self, pid: i32) -> Option<String> {
+        let before_311 = self.version.is_some_and(|v| !v.at_least(3, 11));
+        let plain_entries = self
+            .meanings
+            .get(&pid)?
+            .iter()
+            .any(|m| m.kind == ProbeKind::FunctionEntry);
+        (before_311 && plain_entries && !self.hook).then(|| {
+            "this interpreter's function__entry probe does not show where a frame stands, \
+             so the resumes of generators and coroutines are counted as calls"
+                .to_string()
+        })
+    }
+
     /// The meanings of the probe set just installed in `pid`.
     pub fn set_meanings(&mut self, pid: i32, meanings: Vec<&'static PythonProbe>) {
         self.meanings.insert(pid, meanings);
@@ -342,6 +360,8 @@ impl PythonResolver {
             let frame_args = FrameArgs {
                 frame,
                 code: frame.then(|| frame_code_layout(pid)).flatten(),
+                lasti: version.is_some_and(|v| !v.at_least(3, 11))
+                    && groups.contains(&ProbeGroup::Function),
             };
             let (mut set, meanings) = probe_set(&object, &groups, frame_args)?;
             let refusals = refusals(&object, &set, pid);

@@ -115,6 +115,20 @@ pub struct ProfileLayout {
     pub frame_code: i32,
     /// `offsetof(PyCodeObject, co_flags)`.
     pub(crate) code_flags: i32,
+    /// How a call event tells a generator's or coroutine's resume from a call.
+    pub(crate) resume: ResumeTest,
+}
+
+/// How the profile function tells, at a call event, that the frame ran before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeTest {
+    /// 3.7 to 3.10: `offsetof(PyFrameObject, f_lasti)`, an `int` that is -1 until
+    /// the frame first runs.
+    Lasti(i32),
+    /// 3.11: `offsetof(_PyInterpreterFrame, prev_instr)` (in the frame
+    /// `frame_via` leads to): a first entry stands at `RESUME 0` (or its
+    /// quickened form); a resume at the `YIELD_VALUE` or `SEND` it left by.
+    PrevInstr(i32),
 }
 
 /// Everything [`build_hook`] needs.

@@ -125,7 +125,7 @@ mod tests_exec;
 
 pub use codegen::{
     build_detour, build_hook, Detour, DetourCalls, HookCode, HookError, HookParams, HookSymbols,
-    ProfileLayout, Route,
+    ProfileLayout, ResumeTest, Route,
 };
 
 /// The first bytes of every hook page, followed by the addresses of its state page
@@ -145,6 +145,14 @@ pub(crate) const KIND_CALL: u32 = 0;
 pub(crate) const KIND_RETURN: u32 = 1;
 /// The frame was left by an exception (`args[1]` is 0).
 pub(crate) const KIND_RAISE: u32 = 2;
+/// A generator or coroutine entered again: resumed after a `yield` or an
+/// `await`, or thrown into (a call is its first entry).
+pub(crate) const KIND_RESUME: u32 = 3;
+
+/// Whether records of `kind` enter a frame (a call or a resume).
+pub(crate) fn enters(kind: u32) -> bool {
+    matches!(kind, KIND_CALL | KIND_RESUME)
+}
 
 /// State page words.
 pub(crate) const ST_ON: usize = 0;
@@ -197,23 +205,23 @@ pub(crate) fn failed_step(status: u64) -> Option<&'static str> {
 /// event numbers of CPython 3.12 and 3.13 (`sys.monitoring.events`; the 3.14 numbers
 /// were checked against its `sys.monitoring.events`, as these against theirs).
 pub(crate) const EVENTS_312: [(u32, u32); 6] = [
-    (0, KIND_CALL),   // PY_START
-    (1, KIND_CALL),   // PY_RESUME
-    (13, KIND_CALL),  // PY_THROW
-    (2, KIND_RETURN), // PY_RETURN
-    (3, KIND_RETURN), // PY_YIELD
-    (12, KIND_RAISE), // PY_UNWIND
+    (0, KIND_CALL),    // PY_START
+    (1, KIND_RESUME),  // PY_RESUME
+    (13, KIND_RESUME), // PY_THROW
+    (2, KIND_RETURN),  // PY_RETURN
+    (3, KIND_RETURN),  // PY_YIELD
+    (12, KIND_RAISE),  // PY_UNWIND
 ];
 
 /// The same for CPython 3.14, whose `BRANCH_LEFT` and `BRANCH_RIGHT` (8 and 9)
 /// moved `PY_UNWIND` and `PY_THROW` up by one.
 pub(crate) const EVENTS_314: [(u32, u32); 6] = [
-    (0, KIND_CALL),   // PY_START
-    (1, KIND_CALL),   // PY_RESUME
-    (14, KIND_CALL),  // PY_THROW
-    (2, KIND_RETURN), // PY_RETURN
-    (3, KIND_RETURN), // PY_YIELD
-    (13, KIND_RAISE), // PY_UNWIND
+    (0, KIND_CALL),    // PY_START
+    (1, KIND_RESUME),  // PY_RESUME
+    (14, KIND_RESUME), // PY_THROW
+    (2, KIND_RETURN),  // PY_RETURN
+    (3, KIND_RETURN),  // PY_YIELD
+    (13, KIND_RAISE),  // PY_UNWIND
 ];
 
 /// The monitoring events of CPython 3.`minor` (3.12 to 3.14), `None` for others.

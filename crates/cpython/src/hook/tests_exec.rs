@@ -1031,13 +1031,18 @@ fn the_exit_callback_waits_for_pyprobe_to_read_what_was_written() {
 
 /// The profile route's layout of the tests: c_profilefunc at 64 of the fake thread
 /// state, the code object at +32 of the frame (3.7 to 3.10) or of the interpreter
-/// frame at +24 (3.11).
+/// frame at +24 (3.11); `f_lasti` at +16 of the frame, `prev_instr` at +8 of the
+/// interpreter frame.
 fn profile_setup(via: Option<i32>) -> Setup {
     Setup::with_route(Route::Profile(ProfileLayout {
         profile_func: 64,
         frame_via: via,
         frame_code: 32,
         code_flags: 40,
+        resume: match via {
+            None => ResumeTest::Lasti(16),
+            Some(_) => ResumeTest::PrevInstr(8),
+        },
     }))
 }
 
@@ -1062,11 +1067,12 @@ fn the_profile_function_records_calls_returns_and_raises_and_nothing_else() {
         assert_eq!(s.hook.callbacks.len(), 1);
         s.set(ST_ON, 1);
         let code = fake_code(7);
-        // The frame: f_code at +32, or f_frame at +24 pointing at an interpreter
-        // frame whose f_code is at +32.
-        let iframe = [0, 0, 0, 0, code.as_ptr() as u64];
+        // The frame: f_code at +32 (f_lasti -1), or f_frame at +24 pointing at an
+        // interpreter frame whose f_code is at +32 (standing at `RESUME 0`).
+        let resume_0 = [151u16];
+        let iframe = [0, resume_0.as_ptr() as u64, 0, 0, code.as_ptr() as u64];
         let frame: [u64; 5] = match via {
-            None => [0, 0, 0, 0, code.as_ptr() as u64],
+            None => [0, 0, u64::from(u32::MAX), 0, code.as_ptr() as u64],
             Some(_) => [0, 0, 0, iframe.as_ptr() as u64, 0],
         };
         let f = frame.as_ptr() as u64;
@@ -1090,6 +1096,45 @@ fn the_profile_function_records_calls_returns_and_raises_and_nothing_else() {
             ],
             "{via:?}"
         );
+    }
+}
+
+#[test]
+fn the_profile_function_tells_a_resume_from_a_call_by_where_the_frame_stands() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let code = fake_code(7);
+    let c = code.as_ptr() as u64;
+    // 3.7 to 3.10: f_lasti (at +16) -1 before the frame first ran.
+    let mut s = profile_setup(None);
+    s.set(ST_ON, 1);
+    for (lasti, kind) in [(-1i32, KIND_CALL), (0, KIND_RESUME), (24, KIND_RESUME)] {
+        let frame: [u64; 5] = [0, 0, u64::from(lasti as u32), 0, c];
+        assert_eq!(s.profile(frame.as_ptr() as u64, 0, none_addr()), 0);
+        let mut got = Vec::new();
+        s.reader().drain(10, |r| got.push((r.probe, r.args[0])));
+        assert_eq!(got, [(kind, c)], "f_lasti {lasti}");
+    }
+    // 3.11: the code unit at prev_instr (+8 of the interpreter frame): RESUME 0
+    // and RESUME_QUICK 0 start the frame; YIELD_VALUE (86), SEND (123), RESUME 1
+    // and RETURN_GENERATOR (75: a throw into a generator not started) do not.
+    let mut s = profile_setup(Some(24));
+    s.set(ST_ON, 1);
+    let units: [(u16, u32); 6] = [
+        (151, KIND_CALL),
+        (150, KIND_CALL),
+        (86, KIND_RESUME),
+        (123, KIND_RESUME),
+        (151 | 1 << 8, KIND_RESUME),
+        (75, KIND_RESUME),
+    ];
+    for (unit, kind) in units {
+        let at = [unit];
+        let iframe = [0, at.as_ptr() as u64, 0, 0, c];
+        let frame: [u64; 5] = [0, 0, 0, iframe.as_ptr() as u64, 0];
+        assert_eq!(s.profile(frame.as_ptr() as u64, 0, none_addr()), 0);
+        let mut got = Vec::new();
+        s.reader().drain(10, |r| got.push((r.probe, r.args[0])));
+        assert_eq!(got, [(kind, c)], "code unit {unit:#x}");
     }
 }
 

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::hook::codegen::{STR_HASH, STR_LENGTH};
-use crate::hook::{KIND_CALL, KIND_RAISE, KIND_RETURN};
+use crate::hook::{enters, KIND_CALL, KIND_RAISE, KIND_RESUME, KIND_RETURN};
 use crate::python::walker::{PyFrame, Walker};
 use pyprobe_sdt::process::memory::ProcessMemory;
 use pyprobe_sdt::ring::DrainStop;
@@ -100,11 +100,11 @@ impl HookProc {
         self.recheck_named(&records);
         for r in &records {
             let (kind, thread, parts, ty, stamp) = (r.kind, r.thread, r.parts, r.ty, r.stamp);
-            if !matches!(kind, KIND_CALL | KIND_RETURN | KIND_RAISE) {
+            if !matches!(kind, KIND_CALL | KIND_RESUME | KIND_RETURN | KIND_RAISE) {
                 continue;
             }
             let frame = self.name(kind, thread, parts, r.body_name.as_deref());
-            if kind != KIND_CALL {
+            if !enters(kind) {
                 let returned = match kind {
                     KIND_RAISE => None,
                     _ if self.image_gone => Some(self.types.cached(ty)),
@@ -154,8 +154,8 @@ impl HookProc {
         // like the one before it costs a compare, not a hash.
         let mut previous = None;
         for r in records {
-            if !matches!(r.kind, KIND_CALL | KIND_RETURN | KIND_RAISE) || previous == Some(r.parts)
-            {
+            let known = matches!(r.kind, KIND_CALL | KIND_RESUME | KIND_RETURN | KIND_RAISE);
+            if !known || previous == Some(r.parts) {
                 continue;
             }
             previous = Some(r.parts);
@@ -184,7 +184,7 @@ impl HookProc {
         body_name: Option<&str>,
     ) -> Arc<PyFrame> {
         let code = parts[0];
-        if kind != KIND_CALL {
+        if !enters(kind) {
             let shadow = self.shadow.entry(thread).or_default();
             let at = shadow
                 .iter()
@@ -220,7 +220,7 @@ impl HookProc {
             }
             None => self.cached_name(parts, body_name),
         };
-        if kind == KIND_CALL {
+        if enters(kind) {
             let shadow = self.shadow.entry(thread).or_default();
             if shadow.len() >= MAX_SHADOW {
                 shadow.drain(..MAX_SHADOW / 2);
@@ -286,7 +286,7 @@ impl HookProc {
             passed += 1;
             // The same frame (the same `Arc`, held in the key's entry) entered or
             // left again: the event the sink named the first time.
-            let key = (r.kind == KIND_CALL, Arc::as_ptr(&r.frame) as usize);
+            let key = (r.kind, Arc::as_ptr(&r.frame) as usize);
             if let Some(&(token, _)) = self.repeats.get(&key) {
                 sink(TraceEvent::Repeat {
                     pid,
@@ -307,6 +307,7 @@ impl HookProc {
             );
             let (probe, name) = match r.kind {
                 KIND_CALL => (usize::MAX - 1, "function__entry"),
+                KIND_RESUME => (usize::MAX - 2, "function__resume"),
                 _ => (usize::MAX, "function__return"),
             };
             let slot = RepeatSlot::default();

@@ -180,10 +180,10 @@ struct HookProc {
     types: TypeNames,
     /// Per thread: the code objects entered and not yet left, with their names.
     shadow: FxHashMap<u64, Vec<(u64, Arc<PyFrame>)>>,
-    /// The token the sink gave the entry (`true`) or return of a frame, by the
-    /// frame's address (its `Arc` kept here, so the address is not reused):
-    /// later ones pass as `TraceEvent::Repeat`.
-    repeats: FxHashMap<(bool, usize), (u32, Arc<PyFrame>)>,
+    /// The token the sink gave each kind of record (call, resume, return, raise)
+    /// of a frame, by the kind and the frame's address (its `Arc` kept here, so
+    /// the address is not reused): later ones pass as `TraceEvent::Repeat`.
+    repeats: FxHashMap<(u32, usize), (u32, Arc<PyFrame>)>,
     /// The frame of every code object that could not be named: one, so its
     /// records repeat like any other frame's.
     unknown: Arc<PyFrame>,

@@ -19,7 +19,7 @@
 
 use anyhow::{bail, Result};
 
-use crate::hook::{ProfileLayout, HOOK_MAGIC};
+use crate::hook::{ProfileLayout, ResumeTest, HOOK_MAGIC};
 use pyprobe_sdt::process::memory::ProcessMemory;
 
 /// Where a thread state's `use_tracing` flag is.
@@ -55,6 +55,11 @@ pub(crate) fn profile_target(minor: u32) -> Option<ProfileTarget> {
         8..=10 => 36,
         _ => 48,
     };
+    let resume = match minor {
+        7..=9 => ResumeTest::Lasti(104),
+        10 => ResumeTest::Lasti(96),
+        _ => ResumeTest::PrevInstr(56),
+    };
     let (profile_func, flag, frame_via) = match minor {
         7..=9 => (56, Flag::InThreadState(48), None),
         10 => (
@@ -83,6 +88,7 @@ pub(crate) fn profile_target(minor: u32) -> Option<ProfileTarget> {
             frame_via,
             frame_code: 32,
             code_flags,
+            resume,
         },
         flag,
         tracing: 44,

@@ -59,7 +59,13 @@ impl ProbeGroup {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProbeKind {
+    /// An entry that may be a call or a resume: the probe does not tell.
     FunctionEntry,
+    /// An entry whose site passes the frame's last instruction too (see
+    /// [`ENTRY_WITH_LASTI`]): -1, a call; else a resume.
+    FunctionEntryWithLasti,
+    /// A generator or coroutine entered again (the hook engine's resumes).
+    FunctionResume,
     FunctionReturn,
     Line,
     GcStart,
@@ -100,6 +106,15 @@ pub const PROBES: &[PythonProbe] = &[
     PythonProbe {
         name: "function__entry",
         kind: ProbeKind::FunctionEntry,
+        group: ProbeGroup::Function,
+        args: &[("filename", Str), ("funcname", Str), ("lineno", Integer)],
+    },
+    // Not a CPython probe: the name the hook engine gives the entries that
+    // resume a generator or coroutine (sys.monitoring's PY_RESUME and PY_THROW,
+    // a profile function's call into a frame that ran before).
+    PythonProbe {
+        name: "function__resume",
+        kind: ProbeKind::FunctionResume,
         group: ProbeGroup::Function,
         args: &[("filename", Str), ("funcname", Str), ("lineno", Integer)],
     },
@@ -146,6 +161,25 @@ pub const PROBES: &[PythonProbe] = &[
         args: &[("event", Str), ("args", Pointer)],
     },
 ];
+
+/// `function__entry` at a site that also passes the frame's `f_lasti` (CPython 3.7 to
+/// 3.9, whose entry computes its line from it; see
+/// [`tracing::probe_set`](crate::python::tracing::probe_set)): -1 before the frame
+/// first ran, so the entry is a call; else the generator or coroutine resumes.
+pub static ENTRY_WITH_LASTI: PythonProbe = PythonProbe {
+    name: "function__entry",
+    kind: ProbeKind::FunctionEntryWithLasti,
+    group: ProbeGroup::Function,
+    args: &[
+        ("filename", Str),
+        ("funcname", Str),
+        ("lineno", Integer),
+        ("lasti", Integer),
+    ],
+};
+
+/// Where [`ENTRY_WITH_LASTI`] passes the frame's last instruction.
+pub const LASTI_ARG: usize = 3;
 
 /// The meaning of a `python` probe, if pyprobe knows it.
 pub fn lookup(name: &str) -> Option<&'static PythonProbe> {

@@ -4,7 +4,10 @@ use std::collections::BTreeSet;
 
 use anyhow::{bail, Result};
 
-use super::probe_catalog::{lookup, ArgKind, ProbeGroup, PythonProbe, PROVIDER};
+use super::entry_lasti::lasti_operand;
+use super::probe_catalog::{
+    lookup, ArgKind, ProbeGroup, PythonProbe, ENTRY_WITH_LASTI, LASTI_ARG, PROVIDER,
+};
 use super::version::PyVersion;
 use super::walker::FrameCodeLayout;
 use pyprobe_sdt::elf::FirstArgProof;
@@ -121,6 +124,10 @@ pub struct FrameArgs {
     /// ([`CODE_ARG`]) and its first line ([`FIRST_LINE_ARG`]) where the site's
     /// code proves them readable.
     pub code: Option<FrameCodeLayout>,
+    /// Before 3.11: add the frame's `f_lasti` to `function__entry`
+    /// ([`ENTRY_WITH_LASTI`]) where the site's code shows where it is, so that
+    /// resumes are told from calls (see [`entry_lasti`](super::entry_lasti)).
+    pub lasti: bool,
 }
 
 /// Whether `probe` (by name) gets the frame argument at its sites.
@@ -187,9 +194,24 @@ pub fn probe_set(
             continue;
         }
         let mut sites = Vec::new();
+        let mut with_lasti = false;
+        let addr2line = (frame_args.lasti && probe.name == "function__entry")
+            .then(|| object.elf.symbols.address("PyCode_Addr2Line"))
+            .flatten();
         for site in usable {
             let mut args = sdt::parse_args(&site.args)?;
             let mut guarded = None;
+            let lasti = addr2line
+                .filter(|_| args.len() == LASTI_ARG)
+                .and_then(|a| lasti_operand(&site.lead_in, site.address, a));
+            if let Some(lasti) = lasti {
+                args.extend(sdt::parse_args(&lasti.spec)?);
+                guarded = Some(GuardedArgs {
+                    from: LASTI_ARG,
+                    function_start: object.runtime(lasti.load_at),
+                });
+                with_lasti = true;
+            }
             let frame_register = site
                 .first_arg
                 .filter(|_| frame_args.frame && takes_frame_arg(&probe.name));
@@ -246,7 +268,12 @@ pub fn probe_set(
                 .map(|(_, k)| *k == ArgKind::String)
                 .collect(),
         });
-        meanings.push(meaning);
+        // Sites without it pass three arguments: their entries stay calls.
+        meanings.push(if with_lasti {
+            &ENTRY_WITH_LASTI
+        } else {
+            meaning
+        });
     }
     Ok((set, meanings))
 }

@@ -47,6 +47,12 @@ pub struct SdtSite {
     /// which words through it were read (so exist) on every way to the site.
     #[serde(skip)]
     pub first_arg_proof: Option<FirstArgProof>,
+    /// The instructions just before the site (at most 24, link-time addresses),
+    /// as decoded from its function's start on the way to it: exact boundaries,
+    /// for a caller that reads what the code computed the probe's arguments from.
+    /// Empty for a refused site.
+    #[serde(skip)]
+    pub lead_in: Vec<iced_x86::Instruction>,
 }
 
 /// What a site's function proves, in its own code, of its first argument: from
@@ -125,6 +131,7 @@ fn add_site(probes: &mut Vec<SdtProbe>, note: SdtNote) {
         refused: None,
         first_arg: None,
         first_arg_proof: None,
+        lead_in: Vec::new(),
     };
     let semaphore = (note.semaphore != 0).then_some(note.semaphore);
     match probes

@@ -14,15 +14,21 @@ use pyprobe_sdt::ring::format::{
 };
 
 use super::c_calls::call;
-use super::{HookError, HookParams, ProfileLayout, Route, STR_HASH, STR_LENGTH};
+use super::{HookError, HookParams, ProfileLayout, ResumeTest, Route, STR_HASH, STR_LENGTH};
 use crate::hook::{
-    AT_EXIT_WAIT_MS, KIND_CALL, KIND_RAISE, KIND_RETURN, ST_AT_EXIT_RETRY, ST_GONE, ST_ON,
+    AT_EXIT_WAIT_MS, KIND_CALL, KIND_RAISE, KIND_RESUME, KIND_RETURN, ST_AT_EXIT_RETRY, ST_GONE,
+    ST_ON,
 };
 
 /// `offsetof(PyASCIIObject, state)` (see [`STR_LENGTH`]).
 const STR_STATE: i32 = 32;
 /// `PyTrace_RETURN` (`PyTrace_CALL` is 0).
 const PY_TRACE_RETURN: u32 = 3;
+/// CPython 3.11's `RESUME 0` as a code unit (opcode 151, oparg 0): where a frame
+/// stands when it first runs.
+const RESUME_311: u32 = 151;
+/// The same, quickened (`RESUME_QUICK`, 150).
+const RESUME_QUICK_311: u32 = 150;
 /// `SYS_nanosleep`.
 const SYS_NANOSLEEP: u32 = 35;
 
@@ -93,6 +99,27 @@ pub(super) fn emit_callbacks(
             a.ret()?;
             a.set_label(&mut is_call)?;
             a.mov(r8d, KIND_CALL)?;
+            let mut called = a.create_label();
+            match (layout.resume, layout.frame_via) {
+                (ResumeTest::Lasti(lasti), _) => {
+                    a.cmp(dword_ptr(rsi + lasti), -1)?;
+                    a.je(called)?;
+                }
+                (ResumeTest::PrevInstr(prev_instr), Some(via)) => {
+                    // The code unit the frame stands at: opcode, then oparg.
+                    a.mov(rax, qword_ptr(rsi + via))?;
+                    a.mov(rax, qword_ptr(rax + prev_instr))?;
+                    a.movzx(eax, word_ptr(rax))?;
+                    a.cmp(eax, RESUME_311)?;
+                    a.je(called)?;
+                    a.cmp(eax, RESUME_QUICK_311)?;
+                    a.je(called)?;
+                }
+                // No interpreter frame to look in: every entry a call.
+                (ResumeTest::PrevInstr(_), None) => a.jmp(called)?,
+            }
+            a.mov(r8d, KIND_RESUME)?;
+            a.set_label(&mut called)?;
             a.xor(ecx, ecx)?;
             a.jmp(common)?;
             a.set_label(&mut is_return)?;

@@ -20,14 +20,32 @@ mod first_arg;
 use eh_frame::eh_frame_hdr_starts;
 use first_arg::{straight_to_ret, FirstArg};
 
-/// What the checks say of one site: `Err(why)` when it must not be written, and
-/// the register its function keeps its first argument in there, if one surely
-/// does, with what its code proves of it (see [`first_arg`]).
-type SiteVerdict = (
-    Result<(), String>,
-    Option<&'static str>,
-    Option<FirstArgProof>,
-);
+/// What the checks say of one site.
+#[derive(Clone)]
+pub(super) struct SiteVerdict {
+    /// `Err(why)` when it must not be written.
+    verdict: Result<(), String>,
+    /// The register its function keeps its first argument in there, if one surely
+    /// does, with what its code proves of it (see [`first_arg`]).
+    first_arg: Option<&'static str>,
+    proof: Option<FirstArgProof>,
+    /// The instructions just before it (see [`crate::elf::SdtSite::lead_in`]).
+    lead_in: Vec<Instruction>,
+}
+
+impl SiteVerdict {
+    fn refused(why: String) -> SiteVerdict {
+        SiteVerdict {
+            verdict: Err(why),
+            first_arg: None,
+            proof: None,
+            lead_in: Vec::new(),
+        }
+    }
+}
+
+/// Instructions kept before each site (see [`crate::elf::SdtSite::lead_in`]).
+const LEAD_IN: usize = 24;
 
 /// Bytes decoded past a site to find its function's `ret`.
 const SUFFIX_BYTES: u64 = 512;
@@ -136,13 +154,19 @@ impl<'a> Verifier<'a> {
     /// that must not be written, and where its function's first argument is. Sites
     /// of one function are checked in one decoding pass.
     pub(super) fn check_sites(&self, pcs: &[u64]) -> Vec<SiteVerdict> {
-        let mut verdicts: Vec<SiteVerdict> = vec![(Ok(()), None, None); pcs.len()];
+        let fine = SiteVerdict {
+            verdict: Ok(()),
+            first_arg: None,
+            proof: None,
+            lead_in: Vec::new(),
+        };
+        let mut verdicts: Vec<SiteVerdict> = vec![fine; pcs.len()];
         // (function start, site, index in pcs) of the sites worth decoding.
         let mut todo = Vec::new();
         for (i, &pc) in pcs.iter().enumerate() {
             match self.locate(pc) {
                 Ok((start, from, end)) => todo.push((start, pc, i, from, end)),
-                Err(why) => verdicts[i] = (Err(why), None, None),
+                Err(why) => verdicts[i] = SiteVerdict::refused(why),
             }
         }
         todo.sort_unstable();
@@ -202,8 +226,9 @@ impl<'a> Verifier<'a> {
             return sites
                 .iter()
                 .map(|pc| {
-                    let why = format!("site {pc:#x} refused: the file does not hold its code");
-                    (Err(why), None, None)
+                    SiteVerdict::refused(format!(
+                        "site {pc:#x} refused: the file does not hold its code"
+                    ))
                 })
                 .collect();
         };
@@ -211,6 +236,8 @@ impl<'a> Verifier<'a> {
         let mut instr = Instruction::default();
         let mut undecodable = None;
         let mut first_arg = FirstArg::new();
+        let mut recent: std::collections::VecDeque<Instruction> =
+            std::collections::VecDeque::with_capacity(LEAD_IN);
         sites
             .iter()
             .map(|&pc| {
@@ -220,6 +247,10 @@ impl<'a> Verifier<'a> {
                     if instr.is_invalid() {
                         undecodable = Some(instr.ip());
                     }
+                    if recent.len() == LEAD_IN {
+                        recent.pop_front();
+                    }
+                    recent.push_back(instr);
                 }
                 let verdict =
                     self.site_verdict(&decoder, &instr, undecodable, bytes, start, from, pc);
@@ -235,7 +266,17 @@ impl<'a> Verifier<'a> {
                         loaded: first_arg.loaded().to_vec(),
                         read_through: first_arg.read_through().to_vec(),
                     });
-                (verdict, holder, proof)
+                let lead_in = if verdict.is_ok() {
+                    recent.iter().copied().collect()
+                } else {
+                    Vec::new()
+                };
+                SiteVerdict {
+                    verdict,
+                    first_arg: holder,
+                    proof,
+                    lead_in,
+                }
             })
             .collect()
     }
@@ -299,10 +340,11 @@ pub(super) fn verify_probes(
             }
         }
         let pcs: Vec<u64> = probe.sites.iter().map(|s| s.address).collect();
-        for (site, (verdict, first_arg, proof)) in probe.sites.iter_mut().zip(v.check_sites(&pcs)) {
-            site.refused = verdict.err();
-            site.first_arg = first_arg;
-            site.first_arg_proof = proof;
+        for (site, v) in probe.sites.iter_mut().zip(v.check_sites(&pcs)) {
+            site.refused = v.verdict.err();
+            site.first_arg = v.first_arg;
+            site.first_arg_proof = v.proof;
+            site.lead_in = v.lead_in;
         }
     }
 }
