@@ -226,6 +226,47 @@ fn check_shapes(version: &'static str) {
     let _ = std::fs::remove_file(path);
 }
 
+/// The calls and resumes of `shapes.py`'s generator and coroutines against the
+/// program's own counts, on the interpreters `check_shapes` does not trace:
+/// Debian's 3.13 and 3.14 (the hook through `sys.monitoring`) and the pyenv-style
+/// builds this machine has (3.7 to 3.11 through the hook's profile function).
+#[test]
+fn calls_and_resumes_are_the_programs_own_through_the_hook_everywhere() {
+    let _serial = crate::support::serial();
+    let script = fixture_script("shapes.py");
+    let mut pythons: Vec<Python> = ["3.13", "3.14"].into_iter().filter_map(python).collect();
+    for (version, exe) in pyenv_builds() {
+        // The frame walker, and so pyprobe, starts at 3.7.
+        let minor: u32 = version
+            .split('.')
+            .nth(1)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        if version.starts_with("3.") && minor >= 7 {
+            pythons.push(Python {
+                version: Box::leak(format!("pyenv-{version}").into_boxed_str()),
+                launcher: exe.clone(),
+                binary: exe,
+            });
+        }
+    }
+    for py in &pythons {
+        let (path, stdout) = record(py, "resumes", &[&script, "2", "1"], &[], None);
+        let truth: Value = serde_json::from_str(stdout.trim()).expect("shapes.py printed");
+        let report = report_json(path.to_str().unwrap());
+        for name in ["numbers", "leaf", "gather_leaves", "main"] {
+            let row = shapes_row(&report, &truth, name, true);
+            let want = (
+                u(&truth["calls"][name]),
+                truth["resumes"].get(name).map_or(0, u),
+            );
+            let got = (u(&row["calls"]), u(&row["resumes"]));
+            assert_eq!(got, want, "{}: calls and resumes of {name}", py.version);
+        }
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 #[test]
 fn shapes_on_3_9_counts_rows_and_times() {
     check_shapes("3.9");
