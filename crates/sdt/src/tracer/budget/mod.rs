@@ -179,6 +179,13 @@ impl Budget {
             .is_some_and(|ns| ns as f64 >= interval_ns.max(1) as f64 * self.max * RESUME_AT)
     }
 
+    /// Whether a blocking sample predicted to cost `ns` would be too costly at
+    /// every `interval_ns`, as [`samples_too_costly`](Self::samples_too_costly)
+    /// judges a measured cost.
+    pub(crate) fn stop_too_costly(&self, ns: u64, interval_ns: u64) -> bool {
+        ns as f64 >= interval_ns.max(1) as f64 * self.max * RESUME_AT
+    }
+
     /// The steady cost of a blocking sample, once past the warm-up.
     pub(crate) fn steady_sample_ns(&self) -> Option<u64> {
         self.stop_costs.steady_ns()

@@ -19,12 +19,30 @@ pub(crate) const WARM_UP_STOPS: u64 = 20;
 /// The recent stops whose median is the steady cost.
 const WINDOW: usize = 32;
 /// Stops after which a cost no warm-up explains decides at once: when every one
-/// of them took at least [`EARLY_FLOOR_NS`] (a process with thousands of threads
-/// takes 25 ms to stop per 2,000), waiting for [`WARM_UP_STOPS`] would hold the
-/// target for seconds. A first reads' one-off work costs a few ms, and not three
-/// times.
+/// of them took at least [`EARLY_FLOOR_NS`] (a process with hundreds of threads
+/// takes 7 ms to stop per 300), waiting for [`WARM_UP_STOPS`] would hold the
+/// target for a tenth of a second or more. A first reads' one-off work costs a
+/// few ms, and not three times.
 const EARLY_STOPS: u64 = 3;
-const EARLY_FLOOR_NS: u64 = 20_000_000;
+const EARLY_FLOOR_NS: u64 = 5_000_000;
+/// What stopping a process costs per thread, at the least: each thread is
+/// interrupted, woken and waited for (14 to 25 µs measured, 2,000 to 10,000 idle
+/// threads). Below it no prediction is made from the thread count.
+pub(crate) const STOP_NS_PER_THREAD_FLOOR: u64 = 10_000;
+
+/// Least predicted cost that decides before any stop (500 threads): well above
+/// what a few threads' stop and reads cost (about 0.2 ms), so only the thread
+/// count, never a program's stacks, makes the prediction.
+const PREDICTED_FLOOR_NS: u64 = 5_000_000;
+
+/// What a stop of a process with `threads` threads costs at the least, when that
+/// is [`PREDICTED_FLOOR_NS`] or more: then the warm-up stops that would measure it
+/// (see [`WARM_UP_STOPS`], [`EARLY_STOPS`]) would alone break a budget, and need
+/// not be tried.
+pub(crate) fn predicted_stop_ns(threads: usize) -> Option<u64> {
+    let ns = (threads as u64).saturating_mul(STOP_NS_PER_THREAD_FLOOR);
+    (ns >= PREDICTED_FLOOR_NS).then_some(ns)
+}
 
 /// The costs of the recent stops.
 #[derive(Debug, Clone)]
@@ -154,6 +172,14 @@ mod tests {
             costs.push(cost);
         }
         assert_eq!(costs.steady_ns(), None);
+    }
+
+    #[test]
+    fn hundreds_of_threads_decide_before_any_stop_and_a_few_never() {
+        assert_eq!(predicted_stop_ns(4), None);
+        assert_eq!(predicted_stop_ns(499), None);
+        assert_eq!(predicted_stop_ns(500), Some(5_000_000));
+        assert_eq!(predicted_stop_ns(10_000), Some(100_000_000));
     }
 
     #[test]

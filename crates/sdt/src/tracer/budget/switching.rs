@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::calibrate;
-use super::stop_cost::OwnSchedule;
+use super::stop_cost::{predicted_stop_ns, OwnSchedule};
 use super::{Budget, KernelCost, StormMeter, Toggle};
 use crate::tracer::clock::monotonic_ns;
 use crate::tracer::engine::ThinLevel;
@@ -391,6 +391,43 @@ impl Engine {
             ts_ns: now,
             exact: toggle == Toggle::On,
         });
+    }
+
+    /// Before the first blocking sample: a process with thousands of threads takes
+    /// tens of ms to stop, so the three stops that would measure it would alone break
+    /// the budget (2,000 idle threads: 50 ms each, 8 % of a 2 s run). Predicted from
+    /// the largest process's thread count (see [`predicted_stop_ns`]): samples go
+    /// on without stopping it from the start, as [`Self::unblock_costly_samples`]
+    /// decides later on measured stops.
+    pub(in crate::tracer) fn unblock_samples_of_many_threads(
+        &mut self,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) {
+        let interval = self.options.sample_interval_ns.unwrap_or(1).max(1);
+        let Some(b) = self.budget.meter.as_ref() else {
+            return;
+        };
+        if self.options.keep_sample_stops || b.sample_cost().0 > 0 {
+            return;
+        }
+        let mut per_process: HashMap<i32, usize> = HashMap::new();
+        for t in self.threads.values() {
+            *per_process.entry(t.tgid).or_insert(0) += 1;
+        }
+        let threads = per_process.values().copied().max().unwrap_or(0);
+        let Some(ns) = predicted_stop_ns(threads) else {
+            return;
+        };
+        if !b.stop_too_costly(ns, interval) {
+            return;
+        }
+        self.budget.samples_unblocked = true;
+        sink(TraceEvent::Notice(format!(
+            "overhead budget: stopping {threads} threads for a sample would hold the \
+             target at least {} ms each time, more than the budget allows at this rate; \
+             sampling without stopping it (as --nonblocking; stacks may mix moments)",
+            ns / 1_000_000
+        )));
     }
 
     /// Blocking samples alone would hold the target above the budget's resume line:

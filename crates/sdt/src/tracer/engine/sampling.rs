@@ -32,6 +32,9 @@ impl Engine {
             self.poll_budget(sink);
             return Ok(());
         }
+        if self.options.blocking_samples && !self.budget.samples_unblocked {
+            self.unblock_samples_of_many_threads(sink);
+        }
         let blocking = self.options.blocking_samples && !self.budget.samples_unblocked;
         // Each process is sampled on its own: stopped only while its own stacks are
         // read, never while another process's are. One still starting (its
