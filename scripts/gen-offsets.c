@@ -135,6 +135,15 @@ int main(void) {
     D(code_object.localsplusnames);
     D(code_object.localspluskinds);
     D(tuple_object.ob_item);
+#if PY_VERSION_HEX >= 0x030E0000
+    /* asyncio tasks (--async, dump --async): a coroutine's own frame, and the set a
+       task's awaiters are kept in when it has several. */
+    D(gen_object.size);
+    D(gen_object.gi_iframe);
+    D(set_object.size);
+    D(set_object.table);
+    D(set_object.mask);
+#endif
 #undef D
     CLOSE();
     OBJ("unicode_object");

@@ -133,6 +133,17 @@ pub struct RecordArgs {
     /// counts the samples that kept their Python stack alone and says why.
     #[arg(long, conflicts_with = "nonblocking")]
     pub native: bool,
+    /// Show asyncio programs as they see themselves: a sample of a thread running
+    /// a task is drawn as the task's logical stack, the tasks that await it above
+    /// it (outermost first), each marked by a frame `[task NAME]` and its
+    /// coroutine, then its own marker and the coroutines it runs; the event loop's
+    /// frames leave the stack. A task awaited by several (a shared future) hangs
+    /// under the one at the lowest address, its marker saying how many await it.
+    /// CPython 3.14+, which publish asyncio's task layout; on older versions the
+    /// stacks stay as the threads run them, and pyprobe says so. Sampled stacks
+    /// only: not with --mode trace.
+    #[arg(long = "async")]
+    pub async_tasks: bool,
     /// For a view written directly (-o x.svg, .json, .txt, .pb.gz) and the
     /// profiles of --every; the recording keeps every sample and its thread's
     /// state.
@@ -196,6 +207,7 @@ impl RecordArgs {
             rate: self.rate,
             nonblocking: self.nonblocking,
             native: self.native,
+            async_tasks: self.async_tasks,
             max_overhead: self.max_overhead,
             ring: self.engine.into(),
             hook: match self.engine {

@@ -4,6 +4,7 @@
 
 mod support;
 
+mod async_tasks;
 mod bad_input;
 mod budget;
 mod dump_locals;

@@ -132,6 +132,7 @@ impl<'a> Recorder<'a> {
         let mut sampler = attaching.sampler;
         sampler.verbose = request.verbose;
         sampler.native = request.native;
+        sampler.async_tasks = request.async_tasks;
         let start = StartLine {
             mode: settings.mode,
             request,

@@ -51,6 +51,8 @@ pub struct RecordRequest {
     pub nonblocking: bool,
     /// Join each sample's native frames (C, C++, Rust) with its Python frames.
     pub native: bool,
+    /// Draw a thread running an asyncio task as the task's logical stack.
+    pub async_tasks: bool,
     /// `--max-overhead` as given, in percent (`None`: the default for the mode).
     pub max_overhead: Option<f64>,
     /// `--engine`: whether probe sites move to the ring (no stop per hit).

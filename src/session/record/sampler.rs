@@ -36,6 +36,9 @@ pub struct Sampler {
     pub verbose: bool,
     /// Join native frames with the Python frames of each sample (`--native`).
     pub native: bool,
+    /// Draw each thread running an asyncio task as the task's logical stack
+    /// (`--async`).
+    pub async_tasks: bool,
     /// Samples of running threads whose stack changed under the walk, recorded
     /// as [`TORN`] alone.
     pub torn: u64,
@@ -140,6 +143,14 @@ impl Sampler {
                     if self.verbose && !std::mem::replace(&mut self.described, true) {
                         eprintln!("pyprobe: frame walker: {}", w.describe());
                     }
+                    if self.async_tasks && !w.version().at_least(3, 14) {
+                        eprintln!(
+                            "pyprobe: --async: process {pid} runs CPython {}; asyncio \
+                             publishes its tasks' layout from 3.14 on, so its stacks stay as \
+                             its threads run them",
+                            w.version()
+                        );
+                    }
                     slot.walker = Some(w);
                     slot.failures = 0;
                     self.last_error = None;
@@ -212,13 +223,14 @@ impl Sampler {
         builder: &mut EventBuilder,
     ) {
         self.ticks += 1;
+        let async_tasks = self.async_tasks;
         let Some(walker) = self.walker(pid, ts_ns) else {
             return;
         };
-        let read = if stopped {
-            walker.stacks()
-        } else {
-            walker.stacks_of_running()
+        let read = match (async_tasks, stopped) {
+            (true, _) => walker.async_stacks(!stopped),
+            (false, true) => walker.stacks(),
+            (false, false) => walker.stacks_of_running(),
         };
         let stacks = match read {
             Ok(s) => s,

@@ -87,6 +87,12 @@ impl Settings<'_> {
         if request.native && mode == Mode::Trace {
             bail!("`--native` adds native frames to sampled stacks: use it with `--mode auto` or `--mode sample`");
         }
+        if request.async_tasks && mode == Mode::Trace {
+            bail!(
+                "`--async` draws sampled stacks as asyncio tasks see them; `--mode trace` records \
+                 calls, not samples: use it with `--mode auto` or `--mode sample`"
+            );
+        }
         if mode == Mode::Sample && requested.is_some() {
             bail!("`--probes` needs probes: use it with `--mode trace` or `--mode auto`");
         }

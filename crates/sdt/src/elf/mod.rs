@@ -53,6 +53,10 @@ pub struct ElfInfo {
     pub py_runtime: Option<u64>,
     /// Link-time address and size of the `.PyRuntime` section (3.12+ builds).
     pub py_runtime_section: Option<(u64, u64)>,
+    /// Link-time address and size of the `.AsyncioDebug` section: the layout of
+    /// asyncio's C tasks, in the object that defines them (3.14+: the interpreter,
+    /// or the `_asyncio` extension module).
+    pub asyncio_debug_section: Option<(u64, u64)>,
     /// Link-time address of the `Py_Version` symbol (3.11+).
     pub py_version_symbol: Option<u64>,
     /// Every defined symbol with an address, for `sym(%rip)` argument operands.
@@ -120,6 +124,7 @@ impl ElfInfo {
             build_id: notes::build_id(&elf, data),
             py_runtime: symbols.address("_PyRuntime"),
             py_runtime_section: section(".PyRuntime"),
+            asyncio_debug_section: section(".AsyncioDebug"),
             py_version_symbol: symbols.address("Py_Version"),
             symbols,
             executable_tls_size: segments::executable_tls_size(&elf),

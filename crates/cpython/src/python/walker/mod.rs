@@ -67,8 +67,11 @@ mod locals;
 mod locate;
 mod objects;
 mod stacks;
+mod tasks;
 mod threads;
 mod values;
+
+pub use tasks::{task_marker, TaskInfo, TASK_FILE};
 
 #[cfg(test)]
 mod tests;
@@ -146,6 +149,9 @@ pub struct ThreadStack {
     pub holds_gil: Option<bool>,
 }
 
+/// The (frame, code object) addresses of one thread's frames, outermost first.
+type FrameAddresses = Vec<(u64, u64)>;
+
 /// Reads the Python stacks of one process. See the module documentation.
 pub struct Walker {
     pid: i32,
@@ -157,6 +163,10 @@ pub struct Walker {
     tids: Tids,
     /// Where the target's threads find their own thread state, or why not.
     current: std::result::Result<pyprobe_sdt::ring::CurrentThreadState, String>,
+    /// asyncio's task layout (3.14+), once found.
+    tasks: Option<tasks::TaskLayout>,
+    /// When it was last looked for (asyncio may be imported later).
+    tasks_looked_for: Option<std::time::Instant>,
 }
 
 impl Walker {
@@ -215,6 +225,8 @@ impl Walker {
             reader,
             tids: Tids::new(pid, status.inner_pid().is_some()),
             current,
+            tasks: None,
+            tasks_looked_for: None,
         })
     }
 
@@ -276,6 +288,28 @@ impl Walker {
     /// together. Empty lists when this version's layout does not say where locals are
     /// ([`Self::reads_locals`]).
     pub fn stacks_with_locals(&mut self) -> Result<Vec<(ThreadStack, Vec<Vec<Local>>)>> {
+        let (stacks, frames) = self.walk_keeping_frames(false)?;
+        let mut names = locals::LocalNamesCache::new();
+        let reader = &self.reader;
+        Ok(stacks
+            .into_iter()
+            .zip(frames)
+            .map(|(stack, frames)| {
+                let locals = frames
+                    .iter()
+                    .map(|&(frame, code)| reader.frame_locals(frame, code, &mut names))
+                    .collect();
+                (stack, locals)
+            })
+            .collect())
+    }
+
+    /// As [`Self::stacks`] (`running`: [`Self::stacks_of_running`]), with the
+    /// address of each frame and of its code object, outermost first as the frames.
+    fn walk_keeping_frames(
+        &mut self,
+        running: bool,
+    ) -> Result<(Vec<ThreadStack>, Vec<FrameAddresses>)> {
         let tstates = self
             .reader
             .thread_states()
@@ -283,31 +317,18 @@ impl Walker {
         let holders = self.reader.gil_holders();
         self.reader.frame_addresses = Some(Vec::new());
         let mut raws = Vec::with_capacity(tstates.len());
-        let mut locals = Vec::with_capacity(tstates.len());
-        let mut names = locals::LocalNamesCache::new();
+        let mut frames = Vec::with_capacity(tstates.len());
         for (t, buf) in &tstates {
             // A thread without a frame walks none: no addresses left from the last.
             if let Some(kept) = self.reader.frame_addresses.as_mut() {
                 kept.clear();
             }
-            let raw = self.reader.thread(*t, buf, false);
+            raws.push(self.reader.thread(*t, buf, running));
             // One address pair per frame the walk returned, in the same order.
-            let reader = &self.reader;
-            let frames: Vec<Vec<Local>> = reader
-                .frame_addresses
-                .iter()
-                .flatten()
-                .map(|&(frame, code)| reader.frame_locals(frame, code, &mut names))
-                .collect();
-            raws.push(raw);
-            locals.push(frames);
+            frames.push(self.reader.frame_addresses.clone().unwrap_or_default());
         }
         self.reader.frame_addresses = None;
-        Ok(self
-            .resolve(raws, holders.as_deref())
-            .into_iter()
-            .zip(locals)
-            .collect())
+        Ok((self.resolve(raws, holders.as_deref()), frames))
     }
 
     /// Whether this version's layout says where a frame's local variables are.

@@ -258,6 +258,25 @@ pub(super) fn parse_debug_offsets(
     })()
     .ok()
     .filter(locals_plausible);
+    // 3.14+: what asyncio's tasks need; absent before, or when implausible.
+    let objects = (|| -> Result<AsyncioObjects> {
+        let gen = within(
+            "gen_object.size",
+            MAX_SMALL_STRUCT,
+            &["gen_object.gi_iframe"],
+        )?;
+        let set = within(
+            "set_object.size",
+            MAX_SMALL_STRUCT,
+            &["set_object.table", "set_object.mask"],
+        )?;
+        Ok(AsyncioObjects {
+            gen_iframe: gen[0],
+            set_table: set[0],
+            set_mask: set[1],
+        })
+    })()
+    .ok();
     let layout = Layout {
         runtime_interpreters_head: rt[0],
         interp_next: is[0],
@@ -297,6 +316,7 @@ pub(super) fn parse_debug_offsets(
         },
         gil,
         locals,
+        objects,
     };
     check_spans(&layout)?;
     Ok((

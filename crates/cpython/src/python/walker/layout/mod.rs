@@ -182,6 +182,20 @@ pub(crate) struct Layout {
     pub(crate) gil: Option<GilLayout>,
     /// Where local variables are; `None` when this version's offsets do not say.
     pub(crate) locals: Option<LocalsLayout>,
+    /// The objects asyncio's tasks are made of (3.14+); `None` when this version's
+    /// offsets do not say.
+    pub(crate) objects: Option<AsyncioObjects>,
+}
+
+/// Where a coroutine keeps its frame, and a set its entries (3.14+'s
+/// `_Py_DebugOffsets`): what reading asyncio's tasks needs besides their own layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AsyncioObjects {
+    /// `offsetof(PyGenObject, gi_iframe)`: the coroutine's `_PyInterpreterFrame`.
+    pub(crate) gen_iframe: u64,
+    /// `offsetof(PySetObject, table)`, `offsetof(PySetObject, mask)`.
+    pub(crate) set_table: u64,
+    pub(crate) set_mask: u64,
 }
 
 impl Layout {

@@ -259,6 +259,7 @@ fn layout_of_file(f: &OffsetsFile, version: PyVersion) -> Result<Layout> {
             .locals
             .as_ref()
             .and_then(|l| l.layout(f.pyobject.ob_type + 8, version.at_least(3, 12))),
+        objects: None,
     };
     check_spans(&layout)?;
     Ok(layout)

@@ -1,0 +1,373 @@
+//! asyncio's tasks as the program sees them, read from its memory: which task each
+//! thread runs, and the tasks that await it, so that a sample shows the task's
+//! logical stack (`[task Task-1]`, `main`, `[task worker-3]`, `worker`, `fetch`)
+//! rather than the event loop's frames.
+//!
+//! CPython 3.14+ publish the layout of asyncio's C tasks in the `.AsyncioDebug`
+//! section of the object that defines them (the interpreter, or the `_asyncio`
+//! extension module once imported), as they publish the interpreter's in
+//! `_Py_DebugOffsets`: a task's name, coroutine and awaiters (`task_awaited_by`: one
+//! future, or a set of them), and in each thread state the task it runs. A task
+//! awaited through a future that is not a task (`gather`'s) is awaited by what
+//! awaits that future. Where several await one task, the one at the lowest address
+//! is its parent, and the marker says how many there are.
+//!
+//! Every read is bounded and checked: a chain of awaiters longer than
+//! [`MAX_ANCESTORS`] or a loop in it ends the chain, never the sample.
+
+use super::layout::AsyncioObjects;
+use super::objects::{plausible_pointer, read_u64};
+use super::values::ValueReader;
+use super::{PyFrame, ThreadStack, Walker};
+use pyprobe_sdt::process::memory::ProcessMemory;
+use pyprobe_sdt::process::objects::{mapped_files, open_object};
+use pyprobe_sdt::process::read_maps;
+use pyprobe_sdt::sdt::MemoryReader;
+
+/// Words of `_Py_AsyncioModuleDebugOffsets`: the task object's seven, the
+/// interpreter state's two, the thread state's four.
+const SECTION_WORDS: usize = 13;
+/// Largest plausible task object and thread state.
+const MAX_TASK_SIZE: u64 = 4096;
+const MAX_TSTATE_SIZE: u64 = 1 << 20;
+/// Most awaiting tasks followed above a running one.
+pub(crate) const MAX_ANCESTORS: usize = 64;
+/// Most futures that are not tasks followed between two tasks.
+const MAX_FUTURE_HOPS: usize = 8;
+/// Most entries of an awaiters' set looked at.
+const MAX_SET_ENTRIES: u64 = 1 << 16;
+/// How long to wait before looking for asyncio's layout again (a program imports
+/// asyncio some time after it starts; the look reads the process's maps).
+const LOOK_AGAIN: std::time::Duration = std::time::Duration::from_millis(100);
+/// The file shown for a task's marker frame.
+pub const TASK_FILE: &str = "<asyncio>";
+
+/// Where asyncio keeps what a logical stack needs (3.14+).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TaskLayout {
+    name: u64,
+    awaited_by: u64,
+    is_task: u64,
+    awaited_by_is_set: u64,
+    coro: u64,
+    /// In a thread state: the task it runs now (0: none).
+    running_task: u64,
+}
+
+impl TaskLayout {
+    /// The layout from the section's bytes, if every offset lies inside its
+    /// structure of a plausible size.
+    pub(crate) fn parse(bytes: &[u8]) -> Option<TaskLayout> {
+        let words: Vec<u64> = bytes
+            .chunks_exact(8)
+            .take(SECTION_WORDS)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+            .collect();
+        if words.len() < SECTION_WORDS {
+            return None;
+        }
+        let task_size = words[0];
+        let tstate_size = words[9];
+        let in_task = words[1..7].iter().all(|&o| o < task_size);
+        let in_tstate = words[10..13].iter().all(|&o| o < tstate_size);
+        let plausible = (1..=MAX_TASK_SIZE).contains(&task_size)
+            && (1..=MAX_TSTATE_SIZE).contains(&tstate_size)
+            && in_task
+            && in_tstate;
+        plausible.then_some(TaskLayout {
+            name: words[1],
+            awaited_by: words[2],
+            is_task: words[3],
+            awaited_by_is_set: words[4],
+            coro: words[5],
+            running_task: words[11],
+        })
+    }
+}
+
+/// The task layout of process `pid`, from the first mapped object (the
+/// interpreter, `_asyncio`'s module) that carries `.AsyncioDebug`, read from its
+/// memory; `None` before asyncio's C module is loaded, or on versions without it.
+pub(crate) fn find_task_layout(pid: i32, mem: &ProcessMemory) -> Option<TaskLayout> {
+    let maps = read_maps(pid).ok()?;
+    for entries in mapped_files(&maps) {
+        let name = entries[0].path.rsplit('/').next().unwrap_or_default();
+        if !(name.contains("python") || name.starts_with("_asyncio")) {
+            continue;
+        }
+        let Some(object) = open_object(pid, &entries) else {
+            continue;
+        };
+        let Some((address, size)) = object.elf.asyncio_debug_section else {
+            continue;
+        };
+        let mut bytes = [0u8; SECTION_WORDS * 8];
+        if size < bytes.len() as u64 {
+            continue;
+        }
+        if mem.read_exact(object.runtime(address), &mut bytes).is_ok() {
+            return TaskLayout::parse(&bytes);
+        }
+    }
+    None
+}
+
+/// What a task is, as a logical stack shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskInfo {
+    pub address: u64,
+    /// Its name (`Task-7` when the program gave none).
+    pub name: String,
+    /// Its coroutine's frame.
+    coro_frame: Option<u64>,
+    /// How many await it (0 for the outermost).
+    pub awaiters: usize,
+}
+
+/// The marker frame of a task in a logical stack: `[task NAME]`, or with several
+/// awaiters `[task NAME (awaited by N)]`.
+pub fn task_marker(task: &TaskInfo) -> PyFrame {
+    let text = if task.awaiters > 1 {
+        format!("[task {} (awaited by {})]", task.name, task.awaiters)
+    } else {
+        format!("[task {}]", task.name)
+    };
+    let text: std::sync::Arc<str> = text.into();
+    PyFrame {
+        file: TASK_FILE.into(),
+        function: text.clone(),
+        name: text,
+        first_line: 0,
+        line: 0,
+    }
+}
+
+impl Walker {
+    /// As [`Walker::stacks`] (`running`: [`Walker::stacks_of_running`]), each
+    /// thread that runs an asyncio task shown as the task's logical stack: the tasks
+    /// awaiting it, outermost first, each a marker frame and its coroutine's frame,
+    /// then its own marker and the frames from its coroutine in. Threads that run
+    /// no task, and every thread where the version does not publish asyncio's
+    /// layout (before 3.14) or asyncio is not loaded, come back as they are.
+    pub fn async_stacks(&mut self, running: bool) -> anyhow::Result<Vec<ThreadStack>> {
+        let (mut stacks, frames) = self.walk_keeping_frames(running)?;
+        let Some(objects) = self.reader.layout.objects else {
+            return Ok(stacks);
+        };
+        // Looked for again now and then until found: asyncio may be imported later.
+        let due = self
+            .tasks_looked_for
+            .is_none_or(|at| at.elapsed() >= LOOK_AGAIN);
+        if self.tasks.is_none() && due {
+            self.tasks_looked_for = Some(std::time::Instant::now());
+            self.tasks = find_task_layout(self.pid, &self.reader.mem);
+        }
+        let Some(tasks) = self.tasks else {
+            return Ok(stacks);
+        };
+        for (stack, frames) in stacks.iter_mut().zip(&frames) {
+            let frames: Vec<u64> = frames.iter().map(|&(frame, _)| frame).collect();
+            if let Some(logical) = self.logical_stack(tasks, objects, stack, &frames) {
+                stack.frames = logical;
+            }
+        }
+        Ok(stacks)
+    }
+
+    /// The logical stack of `stack` (whose frames are at `frames`, outermost
+    /// first), if its thread runs a task whose coroutine is on it.
+    fn logical_stack(
+        &mut self,
+        tasks: TaskLayout,
+        objects: AsyncioObjects,
+        stack: &ThreadStack,
+        frames: &[u64],
+    ) -> Option<Vec<PyFrame>> {
+        let mem = &self.reader.mem;
+        let task = read_u64(mem, stack.thread_state.checked_add(tasks.running_task)?).ok()?;
+        let running = self.task_info(tasks, objects, task)?;
+        let from = frames
+            .iter()
+            .position(|&f| Some(f) == running.coro_frame)
+            .filter(|&i| i < stack.frames.len())?;
+        let mut chain = vec![running];
+        let mut seen = vec![task];
+        while chain.len() <= MAX_ANCESTORS {
+            let Some(last) = chain.last() else { break };
+            let Some((parent, _)) = self.awaiter(tasks, last.address) else {
+                break;
+            };
+            if seen.contains(&parent) {
+                break;
+            }
+            seen.push(parent);
+            let Some(info) = self.task_info(tasks, objects, parent) else {
+                break;
+            };
+            chain.push(info);
+        }
+        let mut logical = Vec::new();
+        let (running, ancestors) = chain.split_first()?;
+        for task in ancestors.iter().rev() {
+            logical.push(task_marker(task));
+            // A suspended coroutine's frame has no caller link: its walk is itself.
+            if let Some(frame) = task.coro_frame {
+                let (walked, _) = self.reader.frames(frame);
+                logical.extend(walked.into_iter().take(1));
+            }
+        }
+        logical.push(task_marker(running));
+        logical.extend(stack.frames[from..].iter().cloned());
+        Some(logical)
+    }
+
+    /// The task at `task`: its name, its coroutine's frame, how many await it.
+    fn task_info(
+        &mut self,
+        tasks: TaskLayout,
+        objects: AsyncioObjects,
+        task: u64,
+    ) -> Option<TaskInfo> {
+        if !plausible_pointer(task) {
+            return None;
+        }
+        let mem = &self.reader.mem;
+        let name_object = read_u64(mem, task.checked_add(tasks.name)?).ok()?;
+        let coro = read_u64(mem, task.checked_add(tasks.coro)?).ok()?;
+        let coro_frame = plausible_pointer(coro)
+            .then(|| coro.checked_add(objects.gen_iframe))
+            .flatten();
+        let awaiters = self.awaiters(tasks, objects, task).len();
+        Some(TaskInfo {
+            address: task,
+            name: self.task_name(name_object),
+            coro_frame,
+            awaiters,
+        })
+    }
+
+    /// A task's name as the program would print it: a `str`, or the number a task
+    /// created without a name keeps until asked (`Task-N`).
+    fn task_name(&self, object: u64) -> String {
+        let Some(locals) = self.reader.layout.locals else {
+            return format!("<task name at {object:#x}>");
+        };
+        let shown = ValueReader::new(&self.reader.mem, &self.reader.layout, locals).show(object);
+        if shown.len() >= 2 && (shown.starts_with('\'') || shown.starts_with('"')) {
+            shown[1..shown.len() - 1].to_string()
+        } else if !shown.is_empty() && shown.bytes().all(|b| b.is_ascii_digit()) {
+            format!("Task-{shown}")
+        } else {
+            shown
+        }
+    }
+
+    /// The objects that await `future` (a task or a future): its `awaited_by`, one
+    /// object or a set's entries.
+    fn awaiters(&self, tasks: TaskLayout, objects: AsyncioObjects, future: u64) -> Vec<u64> {
+        let mem = &self.reader.mem;
+        let Some(at) = future.checked_add(tasks.awaited_by) else {
+            return Vec::new();
+        };
+        let Ok(by) = read_u64(mem, at) else {
+            return Vec::new();
+        };
+        if !plausible_pointer(by) {
+            return Vec::new();
+        }
+        let is_set = future
+            .checked_add(tasks.awaited_by_is_set)
+            .and_then(|a| read_byte(mem, a))
+            .unwrap_or(0)
+            != 0;
+        if !is_set {
+            return vec![by];
+        }
+        set_entries(mem, objects, by)
+    }
+
+    /// The task awaiting `task` (through futures that are not tasks, as `gather`'s),
+    /// the one at the lowest address where several do, with how many do.
+    fn awaiter(&self, tasks: TaskLayout, task: u64) -> Option<(u64, usize)> {
+        let objects = self.reader.layout.objects?;
+        let mut current = task;
+        for _ in 0..MAX_FUTURE_HOPS {
+            let awaiters = self.awaiters(tasks, objects, current);
+            let first = awaiters.iter().copied().min()?;
+            let is_task = first
+                .checked_add(tasks.is_task)
+                .and_then(|a| read_byte(&self.reader.mem, a))?
+                != 0;
+            if is_task {
+                return Some((first, awaiters.len()));
+            }
+            current = first;
+        }
+        None
+    }
+}
+
+fn read_byte(mem: &ProcessMemory, at: u64) -> Option<u8> {
+    let mut b = [0u8; 1];
+    mem.read_exact(at, &mut b).ok().map(|()| b[0])
+}
+
+/// The keys of the set at `set` (`PySetObject`: `mask + 1` entries of key and
+/// hash at `table`), without the empty and deleted ones (a deleted entry's hash is
+/// -1).
+fn set_entries(mem: &ProcessMemory, objects: AsyncioObjects, set: u64) -> Vec<u64> {
+    let (Some(table_at), Some(mask_at)) = (
+        set.checked_add(objects.set_table),
+        set.checked_add(objects.set_mask),
+    ) else {
+        return Vec::new();
+    };
+    let (Ok(table), Ok(mask)) = (read_u64(mem, table_at), read_u64(mem, mask_at)) else {
+        return Vec::new();
+    };
+    let slots = mask.saturating_add(1);
+    if !plausible_pointer(table) || slots > MAX_SET_ENTRIES || !slots.is_power_of_two() {
+        return Vec::new();
+    }
+    let mut bytes = vec![0u8; (slots * 16) as usize];
+    if mem.read_exact(table, &mut bytes).is_err() {
+        return Vec::new();
+    }
+    bytes
+        .chunks_exact(16)
+        .filter_map(|entry| {
+            let key = u64::from_le_bytes(entry[..8].try_into().ok()?);
+            let hash = i64::from_le_bytes(entry[8..].try_into().ok()?);
+            (key != 0 && hash != -1 && plausible_pointer(key)).then_some(key)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(words: [u64; SECTION_WORDS]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn debian_314s_section_parses_and_implausible_ones_do_not() {
+        // `.AsyncioDebug` of Debian's 3.14 `_asyncio` module.
+        let words = [
+            168, 136, 96, 108, 109, 128, 152, 225864, 10880, 936, 864, 872, 880,
+        ];
+        let layout = TaskLayout::parse(&section(words)).unwrap();
+        assert_eq!(
+            (layout.name, layout.coro, layout.running_task),
+            (136, 128, 872)
+        );
+        assert_eq!(TaskLayout::parse(&section(words)[..96]), None);
+        let mut outside = words;
+        outside[1] = 168;
+        assert_eq!(TaskLayout::parse(&section(outside)), None);
+        let mut huge = words;
+        huge[9] = u64::MAX;
+        assert_eq!(TaskLayout::parse(&section(huge)), None);
+    }
+}

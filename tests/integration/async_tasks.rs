@@ -1,0 +1,187 @@
+//! `record --async`: a thread running an asyncio task sampled as the task's
+//! logical stack, against the chains `fixtures/python/async_tasks.py` records
+//! itself (tasks awaiting tasks through `gather` and `create_task`): on CPython
+//! 3.14 and 3.15, which publish asyncio's layout; on 3.13 the stacks stay as the
+//! threads run them, and pyprobe says so.
+
+use std::collections::BTreeMap;
+
+use crate::support::*;
+use serde_json::Value;
+
+/// Frames that belong to the event loop, never to a task's logical stack.
+const LOOP_FRAMES: [&str; 4] = ["_run_once", "run_forever", "Handle._run", "_run "];
+
+/// What a run gave: pyprobe's stderr, the program's truth, the collapsed stacks
+/// (stack, count).
+struct Run {
+    stderr: String,
+    truth: Value,
+    stacks: Vec<(String, u64)>,
+}
+
+/// Records `async_tasks.py` (3 workers, 2 s) with `--async`.
+fn record_async(version: &'static str) -> Option<Run> {
+    let py = python(version)?;
+    let path = tmp_path(&format!("async-tasks-{version}.pyprobe"));
+    let out = pyprobe()
+        .args([
+            "record", "--async", "--mode", "sample", "-r", "200", "--force", "-o",
+        ])
+        .arg(&path)
+        .arg("--")
+        .arg(&py.launcher)
+        .arg(fixture_script("async_tasks.py"))
+        .args(["3", "2"])
+        .output()
+        .expect("run pyprobe record");
+    assert_no_panic("record --async", &out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{version}: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let truth: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{version}: the program's truth ({e}): {stdout}"));
+    let folded = run_pyprobe(&[
+        "flame",
+        path.to_str().unwrap(),
+        "--format",
+        "collapsed",
+        "-o",
+        "-",
+    ]);
+    let stacks = String::from_utf8_lossy(&folded.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (stack, count) = l.rsplit_once(' ')?;
+            Some((stack.to_owned(), count.parse().ok()?))
+        })
+        .collect();
+    let _ = std::fs::remove_file(&path);
+    Some(Run {
+        stderr,
+        truth,
+        stacks,
+    })
+}
+
+/// The frame names of a collapsed stack (`name (file:line)` each).
+fn names(stack: &str) -> Vec<&str> {
+    stack
+        .split(';')
+        .map(|f| f.rsplit_once(" (").map_or(f, |(name, _)| name))
+        .collect()
+}
+
+fn check_logical_stacks(version: &'static str) {
+    let _serial = serial();
+    let Some(Run {
+        stderr,
+        truth,
+        stacks,
+    }) = record_async(version)
+    else {
+        return;
+    };
+    // The chains the program recorded: fetch-K under worker-K under main's task.
+    let expected: Vec<Vec<String>> = truth["chains"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|chain| {
+            let tasks: Vec<&str> = chain
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap())
+                .collect();
+            vec![
+                format!("[task {}]", tasks[0]),
+                "main".into(),
+                format!("[task {}]", tasks[1]),
+                "worker".into(),
+                format!("[task {}]", tasks[2]),
+                "fetch".into(),
+                "crunch".into(),
+            ]
+        })
+        .collect();
+    assert_eq!(expected.len(), 3, "{version}: {truth}");
+    let mut by_chain: BTreeMap<usize, u64> = BTreeMap::new();
+    let (mut crunching, mut whole) = (0u64, 0u64);
+    for (stack, count) in &stacks {
+        let frames = names(stack);
+        if frames.iter().any(|f| f.starts_with("[task ")) {
+            assert!(
+                !LOOP_FRAMES.iter().any(|l| stack.contains(l)),
+                "{version}: the loop's frames in a task's stack: {stack}"
+            );
+        }
+        if frames.last() != Some(&"crunch") {
+            continue;
+        }
+        crunching += count;
+        if let Some(i) = expected.iter().position(|e| frames == *e) {
+            whole += count;
+            *by_chain.entry(i).or_default() += count;
+        }
+    }
+    assert!(
+        crunching > 100,
+        "{version}: {crunching} samples in crunch: {stderr}"
+    );
+    assert!(
+        whole * 100 >= crunching * 95,
+        "{version}: {whole} of {crunching} samples in crunch carry their task's whole chain: \
+         {:?}",
+        stacks
+            .iter()
+            .filter(|(s, _)| s.contains("crunch ("))
+            .collect::<Vec<_>>()
+    );
+    // Each task's work is seen under its own chain.
+    assert_eq!(by_chain.len(), 3, "{version}: {by_chain:?}");
+    eprintln!("{version}: {whole} of {crunching} samples in crunch with the whole chain");
+}
+
+#[test]
+fn logical_stacks_of_tasks_awaiting_tasks_on_3_14() {
+    check_logical_stacks("3.14");
+}
+
+#[test]
+fn logical_stacks_of_tasks_awaiting_tasks_on_3_15() {
+    check_logical_stacks("3.15");
+}
+
+#[test]
+fn before_3_14_the_stacks_stay_as_they_run_and_pyprobe_says_so() {
+    let _serial = serial();
+    let Some(Run { stderr, stacks, .. }) = record_async("3.13") else {
+        return;
+    };
+    assert!(
+        stderr.contains("--async: process") && stderr.contains("from 3.14 on"),
+        "{stderr}"
+    );
+    assert!(
+        stacks.iter().all(|(s, _)| !s.contains("[task ")),
+        "{stacks:?}"
+    );
+    assert!(
+        stacks
+            .iter()
+            .any(|(s, _)| s.ends_with("crunch") || s.contains(";crunch (")),
+        "{stacks:?}"
+    );
+}
+
+#[test]
+fn async_with_trace_mode_is_refused_in_one_sentence() {
+    let out = run_pyprobe(&["record", "--async", "--mode", "trace", "--", "true"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("`--async` draws sampled stacks"),
+        "{stderr}"
+    );
+}
