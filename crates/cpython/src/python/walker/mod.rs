@@ -167,6 +167,8 @@ pub struct Walker {
     tasks: Option<tasks::TaskLayout>,
     /// When it was last looked for (asyncio may be imported later).
     tasks_looked_for: Option<std::time::Instant>,
+    /// Task names read, by task and name object.
+    task_names: std::collections::HashMap<(u64, u64), String>,
 }
 
 impl Walker {
@@ -227,6 +229,7 @@ impl Walker {
             current,
             tasks: None,
             tasks_looked_for: None,
+            task_names: std::collections::HashMap::new(),
         })
     }
 

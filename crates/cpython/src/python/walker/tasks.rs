@@ -34,6 +34,8 @@ const MAX_TSTATE_SIZE: u64 = 1 << 20;
 pub(crate) const MAX_ANCESTORS: usize = 64;
 /// Most futures that are not tasks followed between two tasks.
 const MAX_FUTURE_HOPS: usize = 8;
+/// Most task names kept.
+const MAX_NAMES: usize = 4096;
 /// Most entries of an awaiters' set looked at.
 const MAX_SET_ENTRIES: u64 = 1 << 16;
 /// How long to wait before looking for asyncio's layout again (a program imports
@@ -228,88 +230,118 @@ impl Walker {
         objects: AsyncioObjects,
         task: u64,
     ) -> Option<TaskInfo> {
-        if !plausible_pointer(task) {
-            return None;
-        }
-        let mem = &self.reader.mem;
-        let name_object = read_u64(mem, task.checked_add(tasks.name)?).ok()?;
-        let coro = read_u64(mem, task.checked_add(tasks.coro)?).ok()?;
+        let fields = read_fields(&self.reader.mem, tasks, task)?;
+        let (name_object, coro) = fields.task?;
         let coro_frame = plausible_pointer(coro)
             .then(|| coro.checked_add(objects.gen_iframe))
             .flatten();
-        let awaiters = self.awaiters(tasks, objects, task).len();
+        let awaiters = awaiters(&self.reader.mem, objects, &fields).len();
         Some(TaskInfo {
             address: task,
-            name: self.task_name(name_object),
+            name: self.task_name(task, name_object),
             coro_frame,
             awaiters,
         })
     }
 
     /// A task's name as the program would print it: a `str`, or the number a task
-    /// created without a name keeps until asked (`Task-N`).
-    fn task_name(&self, object: u64) -> String {
+    /// created without a name keeps until asked (`Task-N`). Kept by task and name
+    /// object: a task renamed gets a new name object.
+    fn task_name(&mut self, task: u64, object: u64) -> String {
+        if let Some(name) = self.task_names.get(&(task, object)) {
+            return name.clone();
+        }
         let Some(locals) = self.reader.layout.locals else {
             return format!("<task name at {object:#x}>");
         };
         let shown = ValueReader::new(&self.reader.mem, &self.reader.layout, locals).show(object);
-        if shown.len() >= 2 && (shown.starts_with('\'') || shown.starts_with('"')) {
+        let name = if shown.len() >= 2 && (shown.starts_with('\'') || shown.starts_with('"')) {
             shown[1..shown.len() - 1].to_string()
         } else if !shown.is_empty() && shown.bytes().all(|b| b.is_ascii_digit()) {
             format!("Task-{shown}")
         } else {
             shown
-        }
-    }
-
-    /// The objects that await `future` (a task or a future): its `awaited_by`, one
-    /// object or a set's entries.
-    fn awaiters(&self, tasks: TaskLayout, objects: AsyncioObjects, future: u64) -> Vec<u64> {
-        let mem = &self.reader.mem;
-        let Some(at) = future.checked_add(tasks.awaited_by) else {
-            return Vec::new();
         };
-        let Ok(by) = read_u64(mem, at) else {
-            return Vec::new();
-        };
-        if !plausible_pointer(by) {
-            return Vec::new();
+        if self.task_names.len() >= MAX_NAMES {
+            self.task_names.clear();
         }
-        let is_set = future
-            .checked_add(tasks.awaited_by_is_set)
-            .and_then(|a| read_byte(mem, a))
-            .unwrap_or(0)
-            != 0;
-        if !is_set {
-            return vec![by];
-        }
-        set_entries(mem, objects, by)
+        self.task_names.insert((task, object), name.clone());
+        name
     }
 
     /// The task awaiting `task` (through futures that are not tasks, as `gather`'s),
     /// the one at the lowest address where several do, with how many do.
     fn awaiter(&self, tasks: TaskLayout, task: u64) -> Option<(u64, usize)> {
         let objects = self.reader.layout.objects?;
-        let mut current = task;
+        let mem = &self.reader.mem;
+        let mut fields = read_fields(mem, tasks, task)?;
         for _ in 0..MAX_FUTURE_HOPS {
-            let awaiters = self.awaiters(tasks, objects, current);
+            let awaiters = awaiters(mem, objects, &fields);
             let first = awaiters.iter().copied().min()?;
-            let is_task = first
-                .checked_add(tasks.is_task)
-                .and_then(|a| read_byte(&self.reader.mem, a))?
-                != 0;
-            if is_task {
+            fields = read_fields(mem, tasks, first)?;
+            if fields.task.is_some() {
                 return Some((first, awaiters.len()));
             }
-            current = first;
         }
         None
     }
 }
 
-fn read_byte(mem: &ProcessMemory, at: u64) -> Option<u8> {
-    let mut b = [0u8; 1];
-    mem.read_exact(at, &mut b).ok().map(|()| b[0])
+/// What the chain needs of a task or a future, read at once.
+struct Fields {
+    awaited_by: u64,
+    awaited_by_is_set: bool,
+    /// A task's name object and coroutine; `None` for a future that is not a task.
+    task: Option<(u64, u64)>,
+}
+
+/// The fields of the task or future at `at`: its head first (a future is smaller
+/// than a task, so the task's own fields are read only past it where they exist).
+fn read_fields(mem: &ProcessMemory, tasks: TaskLayout, at: u64) -> Option<Fields> {
+    if !plausible_pointer(at) {
+        return None;
+    }
+    let head_end = (tasks.awaited_by + 8)
+        .max(tasks.is_task + 1)
+        .max(tasks.awaited_by_is_set + 1) as usize;
+    let task_end = (head_end as u64).max(tasks.name + 8).max(tasks.coro + 8) as usize;
+    let mut buf = vec![0u8; task_end];
+    if mem.read_exact(at, &mut buf).is_err() {
+        // A future whose object ends before a task's fields, at a mapping's end.
+        buf.truncate(head_end);
+        mem.read_exact(at, &mut buf).ok()?;
+    }
+    let word = |o: u64| {
+        buf.get(o as usize..o as usize + 8)
+            .and_then(|w| w.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let byte = |o: u64| buf.get(o as usize).copied();
+    let is_task = byte(tasks.is_task)? != 0;
+    let task = if is_task {
+        Some((word(tasks.name)?, word(tasks.coro)?))
+    } else {
+        None
+    };
+    Some(Fields {
+        awaited_by: word(tasks.awaited_by)?,
+        awaited_by_is_set: byte(tasks.awaited_by_is_set)? != 0,
+        task,
+    })
+}
+
+/// The objects that await a task or future: its `awaited_by`, one object or a
+/// set's entries.
+fn awaiters(mem: &ProcessMemory, objects: AsyncioObjects, fields: &Fields) -> Vec<u64> {
+    let by = fields.awaited_by;
+    if !plausible_pointer(by) {
+        return Vec::new();
+    }
+    if fields.awaited_by_is_set {
+        set_entries(mem, objects, by)
+    } else {
+        vec![by]
+    }
 }
 
 /// The keys of the set at `set` (`PySetObject`: `mask + 1` entries of key and
