@@ -135,9 +135,9 @@ pub struct RecordArgs {
     pub native: bool,
     /// Show asyncio programs as they see themselves: a sample of a thread running
     /// a task is drawn as the task's logical stack, the tasks that await it above
-    /// it (outermost first), each marked by a frame `[task NAME]` and its
-    /// coroutine, then its own marker and the coroutines it runs; the event loop's
-    /// frames leave the stack. A task awaited by several (a shared future) hangs
+    /// it (outermost first), each marked by a frame `[task NAME]` (`[task]` when
+    /// the program gave it no name) and its coroutine, then its own marker and the
+    /// coroutines it runs; the event loop's frames leave the stack. A task awaited by several (a shared future) hangs
     /// under the one at the lowest address, its marker saying how many await it.
     /// CPython 3.14+, which publish asyncio's task layout; on older versions the
     /// stacks stay as the threads run them, and pyprobe says so. Sampled stacks

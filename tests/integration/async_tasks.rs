@@ -94,8 +94,11 @@ fn check_logical_stacks(version: &'static str) {
                 .iter()
                 .map(|t| t.as_str().unwrap())
                 .collect();
+            // asyncio's own `Task-N` names are left out of the markers, so that
+            // the samples of many unnamed tasks add up.
+            assert!(tasks[0].starts_with("Task-"), "{version}: {chain}");
             vec![
-                format!("[task {}]", tasks[0]),
+                "[task]".into(),
                 "main".into(),
                 format!("[task {}]", tasks[1]),
                 "worker".into(),
@@ -184,4 +187,97 @@ fn async_with_trace_mode_is_refused_in_one_sentence() {
         stderr.contains("`--async` draws sampled stacks"),
         "{stderr}"
     );
+}
+
+/// An aiohttp server (pure-Python wheels) attached with `-p` while a client loads
+/// it: no request fails, and the handlers' samples stand under their request
+/// tasks, not under the event loop.
+fn check_aiohttp_server(version: &'static str) {
+    let _serial = serial();
+    let Some(py) = python(version) else { return };
+    let site = pypi_pure_with_deps("aiohttp", "3.14.5");
+    let mut server = std::process::Command::new(&py.launcher)
+        .arg(fixture_script("aiohttp_server.py"))
+        .arg("8")
+        .env("PYTHONPATH", &site)
+        .env("AIOHTTP_NO_EXTENSIONS", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(server.stdout.take().unwrap()));
+    let ready = lines.next().and_then(Result::ok).unwrap_or_default();
+    let port = ready
+        .strip_prefix("ready ")
+        .unwrap_or_else(|| panic!("{ready:?}"));
+    let load = std::process::Command::new(&py.launcher)
+        .arg(fixture_script("http_load.py"))
+        .args([port, "5", "4", "/items", "/slow"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the load");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let path = tmp_path(&format!("aiohttp-{version}.pyprobe"));
+    let pid = server.id().to_string();
+    let out = pyprobe()
+        .args(["record", "-p", &pid, "--async", "-d", "2", "--force", "-o"])
+        .arg(&path)
+        .output()
+        .expect("run pyprobe");
+    assert_no_panic("record -p --async", &out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{version}: {stderr}");
+    let load = load.wait_with_output().expect("the load's end");
+    let counts = String::from_utf8_lossy(&load.stdout);
+    assert!(
+        counts.starts_with("ok ") && counts.trim_end().ends_with(" failed 0"),
+        "{version}: {counts}"
+    );
+    assert!(server.wait().expect("the server's end").success());
+    let folded = run_pyprobe(&[
+        "flame",
+        path.to_str().unwrap(),
+        "--format",
+        "collapsed",
+        "-o",
+        "-",
+    ]);
+    let folded = String::from_utf8_lossy(&folded.stdout);
+    let (mut handling, mut under_tasks) = (0u64, 0u64);
+    for line in folded.lines() {
+        let Some((stack, count)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let count: u64 = count.parse().unwrap_or(0);
+        if stack.contains(";items (") || stack.contains(";slow (") {
+            handling += count;
+            if stack.starts_with("[task] (<asyncio>);RequestHandler.") {
+                under_tasks += count;
+            }
+        }
+        if stack.contains("[task") {
+            assert!(
+                !LOOP_FRAMES.iter().any(|l| stack.contains(l)),
+                "{version}: the loop's frames in a task's stack: {stack}"
+            );
+        }
+    }
+    assert!(
+        handling > 20,
+        "{version}: {handling} samples in the handlers: {folded}"
+    );
+    assert!(
+        under_tasks * 100 >= handling * 95,
+        "{version}: {under_tasks} of {handling} handler samples under their task: {folded}"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn an_aiohttp_server_under_load_shows_its_handlers_under_their_tasks_3_14() {
+    check_aiohttp_server("3.14");
+}
+
+#[test]
+fn an_aiohttp_server_under_load_shows_its_handlers_under_their_tasks_3_15() {
+    check_aiohttp_server("3.15");
 }

@@ -334,6 +334,24 @@ fn pypi_install(name: &str, version: &str, pip_args: &[&str]) -> PathBuf {
     pypi_install_in(&format!("{name}-{version}"), name, version, pip_args)
 }
 
+/// As [`pypi_pure`], with the pure-Python wheels of its dependencies too (their
+/// newest), for a program that needs them (aiohttp: multidict, yarl, ...).
+pub fn pypi_pure_with_deps(name: &str, version: &str) -> PathBuf {
+    pypi_install_in(
+        &format!("{name}-{version}-with-deps"),
+        name,
+        version,
+        &[
+            "--with-deps",
+            "--only-binary=:all:",
+            "--platform",
+            "any",
+            "--implementation",
+            "py",
+        ],
+    )
+}
+
 fn pypi_install_in(folder: &str, name: &str, version: &str, pip_args: &[&str]) -> PathBuf {
     let dir = repo().join("target/pypi").join(folder);
     if dir.join(".complete").exists() {
@@ -346,9 +364,12 @@ fn pypi_install_in(folder: &str, name: &str, version: &str, pip_args: &[&str]) -
         .join("target/pypi")
         .join(format!(".{name}-{version}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&partial);
+    // `--with-deps` is ours: pip is told `--no-deps` unless it is given.
+    let with_deps = pip_args.contains(&"--with-deps");
     let out = Command::new("python3.11")
-        .args(["-m", "pip", "install", "--quiet", "--no-deps"])
-        .args(pip_args)
+        .args(["-m", "pip", "install", "--quiet"])
+        .args((!with_deps).then_some("--no-deps"))
+        .args(pip_args.iter().filter(|a| **a != "--with-deps"))
         .arg("--target")
         .arg(&partial)
         .arg(format!("{name}=={version}"))

@@ -167,8 +167,8 @@ pub struct Walker {
     tasks: Option<tasks::TaskLayout>,
     /// When it was last looked for (asyncio may be imported later).
     tasks_looked_for: Option<std::time::Instant>,
-    /// Task names read, by task and name object.
-    task_names: std::collections::HashMap<(u64, u64), String>,
+    /// Task names read (`None`: asyncio's own), by task and name object.
+    task_names: std::collections::HashMap<(u64, u64), Option<String>>,
 }
 
 impl Walker {

@@ -118,21 +118,28 @@ pub(crate) fn find_task_layout(pid: i32, mem: &ProcessMemory) -> Option<TaskLayo
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskInfo {
     pub address: u64,
-    /// Its name (`Task-7` when the program gave none).
-    pub name: String,
+    /// The name the program gave it; `None` for the `Task-N` asyncio gives a task
+    /// created without one.
+    pub name: Option<String>,
     /// Its coroutine's frame.
     coro_frame: Option<u64>,
     /// How many await it (0 for the outermost).
     pub awaiters: usize,
 }
 
-/// The marker frame of a task in a logical stack: `[task NAME]`, or with several
-/// awaiters `[task NAME (awaited by N)]`.
+/// The marker frame of a task in a logical stack: `[task NAME]`, `[task]` for a
+/// task the program did not name (so that the samples of a server's thousands of
+/// request tasks add up), and with several awaiters `(awaited by N)` after it.
 pub fn task_marker(task: &TaskInfo) -> PyFrame {
+    let name = task
+        .name
+        .as_ref()
+        .map(|n| format!(" {n}"))
+        .unwrap_or_default();
     let text = if task.awaiters > 1 {
-        format!("[task {} (awaited by {})]", task.name, task.awaiters)
+        format!("[task{name} (awaited by {})]", task.awaiters)
     } else {
-        format!("[task {}]", task.name)
+        format!("[task{name}]")
     };
     let text: std::sync::Arc<str> = text.into();
     PyFrame {
@@ -244,23 +251,21 @@ impl Walker {
         })
     }
 
-    /// A task's name as the program would print it: a `str`, or the number a task
-    /// created without a name keeps until asked (`Task-N`). Kept by task and name
-    /// object: a task renamed gets a new name object.
-    fn task_name(&mut self, task: u64, object: u64) -> String {
+    /// The name the program gave a task; `None` for asyncio's own: the number a task
+    /// created without a name keeps until asked, or the `Task-N` made of it then.
+    /// Kept by task and name object: a task renamed gets a new name object.
+    fn task_name(&mut self, task: u64, object: u64) -> Option<String> {
         if let Some(name) = self.task_names.get(&(task, object)) {
             return name.clone();
         }
-        let Some(locals) = self.reader.layout.locals else {
-            return format!("<task name at {object:#x}>");
-        };
+        let locals = self.reader.layout.locals?;
         let shown = ValueReader::new(&self.reader.mem, &self.reader.layout, locals).show(object);
         let name = if shown.len() >= 2 && (shown.starts_with('\'') || shown.starts_with('"')) {
-            shown[1..shown.len() - 1].to_string()
+            Some(shown[1..shown.len() - 1].to_string()).filter(|n| !is_asyncio_name(n))
         } else if !shown.is_empty() && shown.bytes().all(|b| b.is_ascii_digit()) {
-            format!("Task-{shown}")
+            None
         } else {
-            shown
+            Some(shown)
         };
         if self.task_names.len() >= MAX_NAMES {
             self.task_names.clear();
@@ -285,6 +290,12 @@ impl Walker {
         }
         None
     }
+}
+
+/// Whether `name` is one asyncio gives a task created without a name: `Task-N`.
+fn is_asyncio_name(name: &str) -> bool {
+    name.strip_prefix("Task-")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// What the chain needs of a task or a future, read at once.
@@ -381,6 +392,31 @@ mod tests {
 
     fn section(words: [u64; SECTION_WORDS]) -> Vec<u8> {
         words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn asyncio_names_its_tasks_task_n_and_a_program_names_them_otherwise() {
+        assert!(is_asyncio_name("Task-1"));
+        assert!(is_asyncio_name("Task-9977"));
+        assert!(!is_asyncio_name("Task-"));
+        assert!(!is_asyncio_name("Task-1a"));
+        assert!(!is_asyncio_name("worker-2"));
+        let unnamed = TaskInfo {
+            address: 1,
+            name: None,
+            coro_frame: None,
+            awaiters: 1,
+        };
+        assert_eq!(&*task_marker(&unnamed).function, "[task]");
+        let shared = TaskInfo {
+            name: Some("fetch".into()),
+            awaiters: 2,
+            ..unnamed
+        };
+        assert_eq!(
+            &*task_marker(&shared).function,
+            "[task fetch (awaited by 2)]"
+        );
     }
 
     #[test]
