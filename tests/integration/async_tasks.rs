@@ -41,6 +41,17 @@ fn record_async(version: &'static str) -> Option<Run> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let truth: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
         .unwrap_or_else(|e| panic!("{version}: the program's truth ({e}): {stdout}"));
+    let stacks = collapsed(&path);
+    let _ = std::fs::remove_file(&path);
+    Some(Run {
+        stderr,
+        truth,
+        stacks,
+    })
+}
+
+/// The collapsed stacks of the recording at `path`: (stack, count).
+fn collapsed(path: &std::path::Path) -> Vec<(String, u64)> {
     let folded = run_pyprobe(&[
         "flame",
         path.to_str().unwrap(),
@@ -49,19 +60,13 @@ fn record_async(version: &'static str) -> Option<Run> {
         "-o",
         "-",
     ]);
-    let stacks = String::from_utf8_lossy(&folded.stdout)
+    String::from_utf8_lossy(&folded.stdout)
         .lines()
         .filter_map(|l| {
             let (stack, count) = l.rsplit_once(' ')?;
             Some((stack.to_owned(), count.parse().ok()?))
         })
-        .collect();
-    let _ = std::fs::remove_file(&path);
-    Some(Run {
-        stderr,
-        truth,
-        stacks,
-    })
+        .collect()
 }
 
 /// The frame names of a collapsed stack (`name (file:line)` each).
@@ -233,21 +238,10 @@ fn check_aiohttp_server(version: &'static str) {
         "{version}: {counts}"
     );
     assert!(server.wait().expect("the server's end").success());
-    let folded = run_pyprobe(&[
-        "flame",
-        path.to_str().unwrap(),
-        "--format",
-        "collapsed",
-        "-o",
-        "-",
-    ]);
-    let folded = String::from_utf8_lossy(&folded.stdout);
+    let stacks = collapsed(&path);
     let (mut handling, mut under_tasks) = (0u64, 0u64);
-    for line in folded.lines() {
-        let Some((stack, count)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let count: u64 = count.parse().unwrap_or(0);
+    for (stack, count) in &stacks {
+        let count = *count;
         if stack.contains(";items (") || stack.contains(";slow (") {
             handling += count;
             if stack.starts_with("[task] (<asyncio>);RequestHandler.") {
@@ -263,11 +257,11 @@ fn check_aiohttp_server(version: &'static str) {
     }
     assert!(
         handling > 20,
-        "{version}: {handling} samples in the handlers: {folded}"
+        "{version}: {handling} samples in the handlers: {stacks:?}"
     );
     assert!(
         under_tasks * 100 >= handling * 95,
-        "{version}: {under_tasks} of {handling} handler samples under their task: {folded}"
+        "{version}: {under_tasks} of {handling} handler samples under their task: {stacks:?}"
     );
     let _ = std::fs::remove_file(&path);
 }
