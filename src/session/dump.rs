@@ -2,7 +2,8 @@
 //! stack, once, read with the frame walker, each thread with its system name and
 //! whether it is the main thread. Stacks alone are read without stopping the target;
 //! with `--locals`, each frame's local variables too, its threads held meanwhile so
-//! that the values belong together.
+//! that the values belong together. With `--async`, threads running asyncio tasks
+//! as their tasks' logical stacks, then every task (`dump_async`).
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde_json::json;
 
-use pyprobe_cpython::python::walker::{Local, ThreadStack, Walker};
+use pyprobe_cpython::python::walker::{Local, ThreadStack, Walker, TASK_FILE};
 use pyprobe_recording::output::names::short_path;
 use pyprobe_recording::output::terminal::escaped;
 use pyprobe_sdt::process::hold::hold;
@@ -24,6 +25,9 @@ pub struct DumpRequest {
     pub verbose: bool,
     /// Each frame's local variables too.
     pub locals: bool,
+    /// Threads running asyncio tasks as their tasks' logical stacks, and every
+    /// task as a tree.
+    pub async_tasks: bool,
 }
 
 /// How long `--locals` waits for the target's threads to stop.
@@ -34,16 +38,34 @@ pub fn run(request: &DumpRequest) -> Result<ExitCode> {
     if request.verbose {
         eprintln!("pyprobe: {}", walker.describe());
     }
-    let (stacks, locals) = if request.locals {
-        read_with_locals(&mut walker, request)?
+    let (stacks, tasks, locals) = if request.locals {
+        let (stacks, locals) = read_with_locals(&mut walker, request)?;
+        (stacks, None, locals)
+    } else if request.async_tasks {
+        let (stacks, tasks) = while_held(request, "asyncio tasks", || {
+            let stacks = walker.async_stacks(false)?;
+            anyhow::Ok((stacks, walker.async_tasks()?))
+        })?;
+        (stacks, tasks, None)
     } else {
-        (walker.stacks()?, None)
+        (walker.stacks()?, None, None)
     };
+    if request.async_tasks && tasks.is_none() {
+        super::dump_async::why_no_tasks(&walker);
+    }
     let names = SystemThreadNames::read(request.pid, &stacks);
     let text = if request.json {
-        render_json(&walker, &stacks, locals.as_deref(), &names) + "\n"
+        let mut value = render_json(&walker, &stacks, locals.as_deref(), &names);
+        if let Some(tasks) = &tasks {
+            value["asyncio_tasks"] = super::dump_async::json(tasks);
+        }
+        serde_json::to_string_pretty(&value).unwrap_or_default() + "\n"
     } else {
-        render_text(&stacks, locals.as_deref(), &names, request.full_paths)
+        let mut text = render_text(&stacks, locals.as_deref(), &names, request.full_paths);
+        if let Some(tasks) = &tasks {
+            text.push_str(&super::dump_async::render_text(tasks, request.full_paths));
+        }
+        text
     };
     std::io::stdout()
         .write_all(text.as_bytes())
@@ -69,6 +91,15 @@ fn read_with_locals(
         );
         return Ok((walker.stacks()?, None));
     }
+    let read = while_held(request, "locals", || walker.stacks_with_locals());
+    let (stacks, locals) = read?.into_iter().unzip();
+    Ok((stacks, Some(locals)))
+}
+
+/// `read`, run with every thread of the target held (or, when it cannot be held,
+/// running, which the user is told: `what` may then not belong together).
+fn while_held<T>(request: &DumpRequest, what: &str, read: impl FnOnce() -> T) -> T {
+    let pid = request.pid;
     let started = Instant::now();
     // Another tracer (a pyprobe recording it, a debugger) keeps its hold: no wait
     // for it to let go.
@@ -80,25 +111,24 @@ fn read_with_locals(
         Ok(held) => Some(held),
         Err(why) => {
             eprintln!(
-                "pyprobe: process {pid}: its threads could not be held ({why}): locals read \
-                 while it runs, so values may not belong together"
+                "pyprobe: process {pid}: its threads could not be held ({why}): {what} read \
+                 while it runs, so they may not belong together"
             );
             None
         }
     };
-    let read = walker.stacks_with_locals();
+    let read = read();
     let threads = held.as_ref().map_or(0, |h| h.threads.len());
     // Let go before anything else: the target waits only for the read.
     drop(held);
     if request.verbose && threads > 0 {
         eprintln!(
-            "pyprobe: process {pid}: {threads} thread{} held {:.1} ms to read stacks and locals",
+            "pyprobe: process {pid}: {threads} thread{} held {:.1} ms to read stacks and {what}",
             if threads == 1 { "" } else { "s" },
             started.elapsed().as_secs_f64() * 1e3
         );
     }
-    let (stacks, locals) = read?.into_iter().unzip();
-    Ok((stacks, Some(locals)))
+    read
 }
 
 /// What the system calls each thread: `/proc/PID/task/TID/comm` (Python 3.14+
@@ -182,6 +212,11 @@ pub fn render_text(
         }
         let thread_locals = locals.and_then(|l| l.get(i));
         for (j, f) in thread.frames.iter().enumerate() {
+            if &*f.file == TASK_FILE {
+                // `--async`: the task the frames below run in.
+                out.push_str(&format!("  {}\n", escaped(&f.function)));
+                continue;
+            }
             let file = if full_paths {
                 &f.file
             } else {
@@ -213,7 +248,7 @@ pub fn render_json(
     stacks: &[ThreadStack],
     locals: Option<&[ThreadLocals]>,
     names: &SystemThreadNames,
-) -> String {
+) -> serde_json::Value {
     let threads: Vec<_> = stacks
         .iter()
         .enumerate()
@@ -242,13 +277,12 @@ pub fn render_json(
             })
         })
         .collect();
-    let value = json!({
+    json!({
         "pid": walker.pid(),
         "python": walker.version().to_string(),
         "interpreter": walker.interpreter_path(),
         "layout": walker.layout_source().to_string(),
         "frames_order": "outermost first",
         "threads": threads,
-    });
-    serde_json::to_string_pretty(&value).unwrap_or_default()
+    })
 }

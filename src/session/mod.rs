@@ -2,6 +2,7 @@
 //! result to a view.
 
 pub mod dump;
+mod dump_async;
 pub mod probes;
 pub mod record;
 pub mod report;

@@ -275,3 +275,74 @@ fn an_aiohttp_server_under_load_shows_its_handlers_under_their_tasks_3_14() {
 fn an_aiohttp_server_under_load_shows_its_handlers_under_their_tasks_3_15() {
     check_aiohttp_server("3.15");
 }
+
+/// `dump --async` of `async_tasks.py` while it runs: its seven tasks, each under
+/// the task that awaits it (through `gather`'s future for the workers), at most
+/// one running, the waiting ones at the line they await on.
+fn check_dump_async(version: &'static str) {
+    let _serial = serial();
+    let Some(py) = python(version) else { return };
+    let mut target = std::process::Command::new(&py.launcher)
+        .arg(fixture_script("async_tasks.py"))
+        .args(["3", "4"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the target");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(target.stdout.take().unwrap()));
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("ready"));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let pid = target.id().to_string();
+    let out = run_pyprobe(&["dump", "-p", &pid, "--async", "--format", "json"]);
+    let text = run_pyprobe(&["dump", "-p", &pid, "--async"]);
+    let _ = target.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dump: Value = serde_json::from_slice(&out.stdout).expect("dump's JSON");
+    let tasks = dump["asyncio_tasks"].as_array().expect("asyncio_tasks");
+    assert_eq!(tasks.len(), 7, "{version}: {tasks:?}");
+    let by_name: BTreeMap<&str, &Value> = tasks
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap(), t))
+        .collect();
+    let address = |name: &str| by_name[name]["address"].clone();
+    let main = tasks
+        .iter()
+        .find(|t| t["named_by_program"] == false)
+        .expect("main's task, named by asyncio");
+    assert!(main["awaited_by"].is_null(), "{main}");
+    for k in 0..3 {
+        let (worker, fetch) = (format!("worker-{k}"), format!("fetch-{k}"));
+        assert_eq!(
+            by_name[worker.as_str()]["awaited_by"],
+            main["address"],
+            "{worker}"
+        );
+        assert_eq!(
+            by_name[fetch.as_str()]["awaited_by"],
+            address(&worker),
+            "{fetch}"
+        );
+        let frames = by_name[fetch.as_str()]["frames"].as_array().unwrap();
+        assert_eq!(frames[0]["function"], "fetch", "{fetch}: {frames:?}");
+    }
+    let running = tasks.iter().filter(|t| t["running"] == true).count();
+    assert!(running <= 1, "{version}: {running} running");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("\n    worker-0 (") && text.contains("\n      fetch-0 ("),
+        "{version}: {text}"
+    );
+}
+
+#[test]
+fn dump_async_lists_every_task_under_its_awaiter_on_3_14() {
+    check_dump_async("3.14");
+}
+
+#[test]
+fn dump_async_lists_every_task_under_its_awaiter_on_3_15() {
+    check_dump_async("3.15");
+}

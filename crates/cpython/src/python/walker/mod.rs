@@ -71,7 +71,7 @@ mod tasks;
 mod threads;
 mod values;
 
-pub use tasks::{task_marker, TaskInfo, TASK_FILE};
+pub use tasks::{task_marker, AsyncTask, TaskInfo, MAX_TASKS, TASK_FILE};
 
 #[cfg(test)]
 mod tests;
@@ -167,8 +167,8 @@ pub struct Walker {
     tasks: Option<tasks::TaskLayout>,
     /// When it was last looked for (asyncio may be imported later).
     tasks_looked_for: Option<std::time::Instant>,
-    /// Task names read (`None`: asyncio's own), by task and name object.
-    task_names: std::collections::HashMap<(u64, u64), Option<String>>,
+    /// Task names read (and whether the program gave them), by task and name object.
+    task_names: std::collections::HashMap<(u64, u64), (String, bool)>,
 }
 
 impl Walker {

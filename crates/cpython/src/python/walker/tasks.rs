@@ -30,6 +30,9 @@ const SECTION_WORDS: usize = 13;
 /// Largest plausible task object and thread state.
 const MAX_TASK_SIZE: u64 = 4096;
 const MAX_TSTATE_SIZE: u64 = 1 << 20;
+const MAX_INTERP_SIZE: u64 = 64 << 20;
+/// Most tasks listed (`dump --async`).
+pub const MAX_TASKS: usize = 100_000;
 /// Most awaiting tasks followed above a running one.
 pub(crate) const MAX_ANCESTORS: usize = 64;
 /// Most futures that are not tasks followed between two tasks.
@@ -52,6 +55,12 @@ pub(crate) struct TaskLayout {
     is_task: u64,
     awaited_by_is_set: u64,
     coro: u64,
+    /// A task's node in its thread's list of tasks (`struct llist_node`: next, prev).
+    node: u64,
+    /// The head of the list of tasks of the interpreter (tasks of threads that
+    /// ended), and of each thread state.
+    interpreter_tasks: u64,
+    thread_tasks: u64,
     /// In a thread state: the task it runs now (0: none).
     running_task: u64,
 }
@@ -71,10 +80,12 @@ impl TaskLayout {
         let task_size = words[0];
         let tstate_size = words[9];
         let in_task = words[1..7].iter().all(|&o| o < task_size);
+        let in_interpreter = words[8] < words[7] && words[7] <= MAX_INTERP_SIZE;
         let in_tstate = words[10..13].iter().all(|&o| o < tstate_size);
         let plausible = (1..=MAX_TASK_SIZE).contains(&task_size)
             && (1..=MAX_TSTATE_SIZE).contains(&tstate_size)
             && in_task
+            && in_interpreter
             && in_tstate;
         plausible.then_some(TaskLayout {
             name: words[1],
@@ -82,6 +93,9 @@ impl TaskLayout {
             is_task: words[3],
             awaited_by_is_set: words[4],
             coro: words[5],
+            node: words[6],
+            interpreter_tasks: words[8],
+            thread_tasks: words[12],
             running_task: words[11],
         })
     }
@@ -118,9 +132,10 @@ pub(crate) fn find_task_layout(pid: i32, mem: &ProcessMemory) -> Option<TaskLayo
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskInfo {
     pub address: u64,
-    /// The name the program gave it; `None` for the `Task-N` asyncio gives a task
-    /// created without one.
-    pub name: Option<String>,
+    /// Its name (`Task-N` when the program gave none).
+    pub name: String,
+    /// Whether the program gave that name (else asyncio did).
+    pub named: bool,
     /// Its coroutine's frame.
     coro_frame: Option<u64>,
     /// How many await it (0 for the outermost).
@@ -131,11 +146,11 @@ pub struct TaskInfo {
 /// task the program did not name (so that the samples of a server's thousands of
 /// request tasks add up), and with several awaiters `(awaited by N)` after it.
 pub fn task_marker(task: &TaskInfo) -> PyFrame {
-    let name = task
-        .name
-        .as_ref()
-        .map(|n| format!(" {n}"))
-        .unwrap_or_default();
+    let name = if task.named {
+        format!(" {}", task.name)
+    } else {
+        String::new()
+    };
     let text = if task.awaiters > 1 {
         format!("[task{name} (awaited by {})]", task.awaiters)
     } else {
@@ -230,6 +245,72 @@ impl Walker {
         Some(logical)
     }
 
+    /// Every asyncio task of the process (its C tasks, in the lists asyncio keeps per
+    /// thread and for the interpreter), at most [`MAX_TASKS`]: each with what awaits
+    /// it, whether a thread runs it, and its frames (a running task's from its
+    /// coroutine in, on its thread's stack; a waiting one's coroutine where it
+    /// awaits). `None` where the version publishes no task layout (before 3.14) or
+    /// asyncio is not loaded.
+    pub fn async_tasks(&mut self) -> anyhow::Result<Option<Vec<AsyncTask>>> {
+        let (stacks, frames) = self.walk_keeping_frames(false)?;
+        let Some(objects) = self.reader.layout.objects else {
+            return Ok(None);
+        };
+        let tasks = match self.tasks {
+            Some(t) => t,
+            None => match find_task_layout(self.pid, &self.reader.mem) {
+                Some(t) => {
+                    self.tasks = Some(t);
+                    t
+                }
+                None => return Ok(None),
+            },
+        };
+        let mut heads: Vec<u64> = stacks
+            .iter()
+            .filter_map(|s| s.thread_state.checked_add(tasks.thread_tasks))
+            .collect();
+        if let Some(interp) = self.main_interpreter() {
+            heads.extend(interp.checked_add(tasks.interpreter_tasks));
+        }
+        let mut found = Vec::new();
+        for head in heads {
+            list_tasks(&self.reader.mem, tasks, head, &mut found);
+        }
+        found.sort_unstable();
+        found.dedup();
+        let mut listed = Vec::new();
+        for task in found {
+            let Some(info) = self.task_info(tasks, objects, task) else {
+                continue;
+            };
+            let parent = self.awaiter(tasks, task).map(|(p, _)| p);
+            let running = stacks.iter().zip(&frames).find(|(s, _)| {
+                s.thread_state
+                    .checked_add(tasks.running_task)
+                    .and_then(|a| read_u64(&self.reader.mem, a).ok())
+                    == Some(task)
+            });
+            let frames = match (running, info.coro_frame) {
+                (Some((stack, addresses)), Some(coro)) => addresses
+                    .iter()
+                    .position(|&(f, _)| f == coro)
+                    .map(|i| stack.frames[i.min(stack.frames.len())..].to_vec())
+                    .unwrap_or_default(),
+                (None, Some(coro)) => self.reader.frames(coro).0.into_iter().take(1).collect(),
+                (_, None) => Vec::new(),
+            };
+            listed.push(AsyncTask {
+                running_on: running.and_then(|(s, _)| s.native_tid),
+                running: running.is_some(),
+                info,
+                parent,
+                frames,
+            });
+        }
+        Ok(Some(listed))
+    }
+
     /// The task at `task`: its name, its coroutine's frame, how many await it.
     fn task_info(
         &mut self,
@@ -243,29 +324,36 @@ impl Walker {
             .then(|| coro.checked_add(objects.gen_iframe))
             .flatten();
         let awaiters = awaiters(&self.reader.mem, objects, &fields).len();
+        let (name, named) = self.task_name(task, name_object);
         Some(TaskInfo {
             address: task,
-            name: self.task_name(task, name_object),
+            name,
+            named,
             coro_frame,
             awaiters,
         })
     }
 
-    /// The name the program gave a task; `None` for asyncio's own: the number a task
-    /// created without a name keeps until asked, or the `Task-N` made of it then.
-    /// Kept by task and name object: a task renamed gets a new name object.
-    fn task_name(&mut self, task: u64, object: u64) -> Option<String> {
+    /// A task's name as the program would print it, and whether the program gave it:
+    /// asyncio names a task created without a name by a number it keeps until asked
+    /// (`Task-N` then). Kept by task and name object: a task renamed gets a new name
+    /// object.
+    fn task_name(&mut self, task: u64, object: u64) -> (String, bool) {
         if let Some(name) = self.task_names.get(&(task, object)) {
             return name.clone();
         }
-        let locals = self.reader.layout.locals?;
+        let Some(locals) = self.reader.layout.locals else {
+            return (format!("<task at {task:#x}>"), false);
+        };
         let shown = ValueReader::new(&self.reader.mem, &self.reader.layout, locals).show(object);
         let name = if shown.len() >= 2 && (shown.starts_with('\'') || shown.starts_with('"')) {
-            Some(shown[1..shown.len() - 1].to_string()).filter(|n| !is_asyncio_name(n))
+            let text = shown[1..shown.len() - 1].to_string();
+            let named = !is_asyncio_name(&text);
+            (text, named)
         } else if !shown.is_empty() && shown.bytes().all(|b| b.is_ascii_digit()) {
-            None
+            (format!("Task-{shown}"), false)
         } else {
-            Some(shown)
+            (shown, true)
         };
         if self.task_names.len() >= MAX_NAMES {
             self.task_names.clear();
@@ -289,6 +377,41 @@ impl Walker {
             }
         }
         None
+    }
+}
+
+/// An asyncio task, as `dump --async` lists it.
+#[derive(Debug, Clone)]
+pub struct AsyncTask {
+    pub info: TaskInfo,
+    /// The task awaiting it (the one at the lowest address where several do).
+    pub parent: Option<u64>,
+    /// A thread runs it now.
+    pub running: bool,
+    /// That thread's kernel tid, where known.
+    pub running_on: Option<i32>,
+    /// Running: its thread's frames from its coroutine in; waiting: its coroutine's
+    /// frame, at the line it awaits on.
+    pub frames: Vec<PyFrame>,
+}
+
+/// Adds the tasks of the list whose head (a `struct llist_node`) is at `head` to
+/// `found`, at most [`MAX_TASKS`] in all; a broken or looping list ends early.
+fn list_tasks(mem: &ProcessMemory, tasks: TaskLayout, head: u64, found: &mut Vec<u64>) {
+    let mut node = match read_u64(mem, head) {
+        Ok(n) => n,
+        Err(_) => return,
+    };
+    let mut steps = 0;
+    while node != head && plausible_pointer(node) && found.len() < MAX_TASKS && steps < MAX_TASKS {
+        steps += 1;
+        if let Some(task) = node.checked_sub(tasks.node) {
+            found.push(task);
+        }
+        node = match read_u64(mem, node) {
+            Ok(n) => n,
+            Err(_) => return,
+        };
     }
 }
 
@@ -403,13 +526,15 @@ mod tests {
         assert!(!is_asyncio_name("worker-2"));
         let unnamed = TaskInfo {
             address: 1,
-            name: None,
+            name: "Task-3".into(),
+            named: false,
             coro_frame: None,
             awaiters: 1,
         };
         assert_eq!(&*task_marker(&unnamed).function, "[task]");
         let shared = TaskInfo {
-            name: Some("fetch".into()),
+            name: "fetch".into(),
+            named: true,
             awaiters: 2,
             ..unnamed
         };
