@@ -485,8 +485,9 @@ impl EventBuilder {
     /// Names `kind` (`None`: nothing written) for the records equal to `hit`'s,
     /// when they all have that event: no `--start-at` window (it depends on
     /// what came before), the writer's ids, a return whose first line is
-    /// settled (known, or not asked for: no frame argument).
-    fn name_repeats(&mut self, hit: &Hit, kind: Option<&EventKind>) {
+    /// settled (known, or not asked for: no frame argument). With `lasti`, an
+    /// entry's `f_lasti` (which makes it a call or a resume) is part of its event.
+    fn name_repeats(&mut self, hit: &Hit, kind: Option<&EventKind>, lasti: bool) {
         if !hit.may_repeat() || self.start_at.is_some() || self.writer.is_none() {
             return;
         }
@@ -497,7 +498,11 @@ impl EventBuilder {
             _ => true,
         };
         if let Some(token) = settled.then(|| self.repeats.token(kind)).flatten() {
-            hit.repeats_as(token);
+            if lasti {
+                hit.repeats_as_keyed(token, LASTI_ARG + 1);
+            } else {
+                hit.repeats_as(token);
+            }
         }
     }
 
@@ -522,7 +527,7 @@ impl EventBuilder {
                     return;
                 }
                 let Some(frame) = self.frame(hit) else {
-                    self.name_repeats(hit, None);
+                    self.name_repeats(hit, None, false);
                     return;
                 };
                 // The hook passes a function's qualified name as a third string
@@ -573,8 +578,9 @@ impl EventBuilder {
                 event: self.intern(hit.string(0).unwrap_or("")),
             },
         };
-        // Only calls, returns and lines get a token (`Repeats::token`).
-        self.name_repeats(hit, Some(&kind));
+        // Only calls, resumes, returns and lines get a token (`Repeats::token`).
+        let lasti = meaning.kind == ProbeKind::FunctionEntryWithLasti;
+        self.name_repeats(hit, Some(&kind), lasti);
         self.write(hit.tid, hit.ts_ns, kind);
     }
 }

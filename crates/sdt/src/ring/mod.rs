@@ -87,7 +87,7 @@ pub use codegen::{
 };
 pub use consumer::{
     DrainStop, Drained, Drawn, KnownRecord, KnownRecords, RingReader, RingRecord, RingStack,
-    RingString,
+    RingString, Token, KEY_ARGS,
 };
 pub use format::{init_ring, init_zeroed_ring, ring_bytes, RingError};
 pub use lost::{LostCounter, LostReading};

@@ -2,6 +2,7 @@
 //! the ring, or recognised in place as records kept before; and reading a
 //! stack record's continuation slots.
 
+use super::Token;
 use std::sync::atomic::Ordering;
 
 use super::{
@@ -51,7 +52,7 @@ impl RingReader {
         mut f: F,
     ) -> Drained
     where
-        F: FnMut(Drawn<'_>) -> Option<u32>,
+        F: FnMut(Drawn<'_>) -> Option<Token>,
     {
         let (head, budget, mut copies) = self.begin_drain(max);
         let mut records = 0;

@@ -9,8 +9,9 @@
 //! Equal means the same words where the kept record had them: the probe and
 //! tag, the first [`KEY_ARGS`] arguments, the argument count with the string,
 //! cut and NULL masks and the stack word, and each string's bytes up to and
-//! including its NUL. Arguments past [`KEY_ARGS`] do not count: the consumer
-//! gives a token only to events they cannot change. Records carrying a stack,
+//! including its NUL. Arguments past [`KEY_ARGS`] count only where the consumer
+//! says they change the event ([`Token::key_args`]): an equal record must have
+//! them word for word. Records carrying a stack,
 //! or a string cut short (completed from the target's memory, which may
 //! change), are never kept.
 //!
@@ -25,6 +26,24 @@ use super::RingRecord;
 /// Arguments that take part in a record's key: file, function and line for
 /// CPython's function probes.
 pub const KEY_ARGS: usize = 3;
+
+/// How a consumer names a record's event for good: its token, and how many of its
+/// first arguments an equal record must share (at least [`KEY_ARGS`]: more where a
+/// later argument changes the event, as an entry's `f_lasti` makes it a resume).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token {
+    pub token: u32,
+    pub key_args: usize,
+}
+
+impl From<u32> for Token {
+    fn from(token: u32) -> Token {
+        Token {
+            token,
+            key_args: KEY_ARGS,
+        }
+    }
+}
 /// Places in the table: the functions a program calls most fit many times over.
 const PLACES: usize = 4096;
 /// Slot words a key is made of: the probe word and the first arguments.
@@ -70,12 +89,17 @@ impl KnownRecords {
     }
 
     /// Keeps `record` (when [`keepable`](Self::keepable)) under `token`.
-    pub(crate) fn keep(&mut self, record: &RingRecord<'_>, token: u32) {
+    pub(crate) fn keep(&mut self, record: &RingRecord<'_>, token: Token) {
         if !Self::keepable(record) {
             return;
         }
         let key = KEY_WORDS.map(|o| record.slot_word(o));
         let mut checks = vec![(S_NARGS, u64::MAX, record.slot_word(S_NARGS))];
+        for i in KEY_ARGS..token.key_args.min(record.nargs) {
+            let at = S_ARGS + 8 * i;
+            checks.push((at, u64::MAX, record.slot_word(at)));
+        }
+        let token = token.token;
         for i in 0..record.nargs {
             let Some((start, len)) = record.string_span(i) else {
                 continue;
@@ -162,7 +186,7 @@ mod tests {
     #[test]
     fn a_record_equal_where_it_counts_is_found_with_its_token() {
         let mut known = KnownRecords::default();
-        known.keep(&decode(0, &slot(0, b"app.py", b"fib", 5, 0x7000)), 7);
+        known.keep(&decode(0, &slot(0, b"app.py", b"fib", 5, 0x7000)), 7.into());
         // Another frame, time, thread and index, other bytes past the NULs.
         let mut again = slot(0, b"app.py", b"fib", 5, 0x7100);
         again[S_TSC] = 9;
@@ -174,9 +198,30 @@ mod tests {
     }
 
     #[test]
+    fn an_argument_past_the_key_counts_where_the_consumer_says_it_names_the_event() {
+        // An entry whose fourth argument (f_lasti) makes it a call (-1) or a resume.
+        let call = slot(0, b"app.py", b"gen", 5, u64::MAX);
+        let resume = slot(0, b"app.py", b"gen", 5, 12);
+        let mut known = KnownRecords::default();
+        known.keep(
+            &decode(0, &call),
+            Token {
+                token: 1,
+                key_args: 4,
+            },
+        );
+        assert_eq!(find(&mut known, &resume), None);
+        assert_eq!(find(&mut known, &call), Some(1));
+        // Not said: the fourth argument does not count.
+        let mut known = KnownRecords::default();
+        known.keep(&decode(0, &call), 2.into());
+        assert_eq!(find(&mut known, &resume), Some(2));
+    }
+
+    #[test]
     fn any_difference_in_probe_tag_line_text_or_masks_is_not_found() {
         let mut known = KnownRecords::default();
-        known.keep(&decode(0, &slot(0, b"app.py", b"fib", 5, 0)), 1);
+        known.keep(&decode(0, &slot(0, b"app.py", b"fib", 5, 0)), 1.into());
         let mut others = vec![
             slot(1, b"app.py", b"fib", 5, 0),
             slot(0, b"app.py", b"fib", 6, 0),
@@ -206,7 +251,7 @@ mod tests {
         let long = vec![b'x'; 200];
         let cut = slot(0, &long, b"fib", 5, 0);
         assert!(!KnownRecords::keepable(&decode(0, &cut)));
-        known.keep(&decode(0, &cut), 3);
+        known.keep(&decode(0, &cut), 3.into());
         assert_eq!(find(&mut known, &cut), None);
         let mut flagged = slot(0, b"app.py", b"fib", 5, 0);
         flagged[S_TRUNCATED] = 0b01;
@@ -217,8 +262,8 @@ mod tests {
     fn keeping_a_record_replaces_the_one_in_its_place() {
         let mut known = KnownRecords::default();
         let first = slot(0, b"app.py", b"fib", 5, 0);
-        known.keep(&decode(0, &first), 1);
-        known.keep(&decode(1, &first), 2);
+        known.keep(&decode(0, &first), 1.into());
+        known.keep(&decode(1, &first), 2.into());
         assert_eq!(find(&mut known, &first), Some(2));
     }
 }

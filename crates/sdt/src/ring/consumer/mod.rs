@@ -22,9 +22,7 @@ mod drain;
 mod known;
 mod record;
 
-pub use known::KnownRecords;
-#[cfg(test)]
-use known::KEY_ARGS;
+pub use known::{KnownRecords, Token, KEY_ARGS};
 #[cfg(test)]
 use record::decode;
 use record::StringSpan;

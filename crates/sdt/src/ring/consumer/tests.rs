@@ -510,7 +510,7 @@ proptest! {
             Drawn::Record(r) => {
                 drawn.push(said(r));
                 kept.push(said(r));
-                Some(kept.len() as u32 - 1)
+                Some((kept.len() as u32 - 1).into())
             }
         });
         prop_assert_eq!(&drawn, &plain);

@@ -5,6 +5,7 @@ use anyhow::Result;
 use nix::sys::signal::Signal;
 
 use crate::probe_set::ProbeSet;
+use crate::ring::{Token, KEY_ARGS};
 use crate::tracer::decode::HitBuffers;
 use crate::tracer::ring_engine::RingUse;
 use crate::tracer::signals::StopReason;
@@ -58,10 +59,15 @@ pub struct Hit<'a> {
 
 /// The token a sink gives a hit whose event any equal record would have too.
 #[derive(Debug, Default)]
-pub struct RepeatSlot(std::cell::Cell<Option<u32>>);
+pub struct RepeatSlot(std::cell::Cell<Option<Token>>);
 
 impl RepeatSlot {
     pub fn token(&self) -> Option<u32> {
+        self.0.get().map(|t| t.token)
+    }
+
+    /// The token with how many first arguments an equal record must share.
+    pub(in crate::tracer) fn kept(&self) -> Option<Token> {
         self.0.get()
     }
 }
@@ -120,8 +126,18 @@ impl<'a> Hit<'a> {
     /// with that token from now on. Only for events those later arguments
     /// cannot change.
     pub fn repeats_as(&self, token: u32) {
+        self.repeats_as_keyed(token, KEY_ARGS);
+    }
+
+    /// As [`repeats_as`](Self::repeats_as), for an event the first `key_args`
+    /// arguments name (more than three: a later one changes it, as an entry's
+    /// `f_lasti` makes it a resume): an equal record has those too.
+    pub fn repeats_as_keyed(&self, token: u32, key_args: usize) {
         if let Some(slot) = self.repeat {
-            slot.0.set(Some(token));
+            slot.0.set(Some(Token {
+                token,
+                key_args: key_args.max(KEY_ARGS),
+            }));
         }
     }
 

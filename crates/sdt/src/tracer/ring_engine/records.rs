@@ -99,7 +99,7 @@ pub fn drain_hits(
             stopped: false,
             repeat: KnownRecords::keepable(record).then_some(&slot),
         }));
-        slot.token()
+        slot.kept()
     });
     DrainedHits {
         drained,
