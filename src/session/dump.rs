@@ -42,10 +42,8 @@ pub fn run(request: &DumpRequest) -> Result<ExitCode> {
         let (stacks, locals) = read_with_locals(&mut walker, request)?;
         (stacks, None, locals)
     } else if request.async_tasks {
-        let (stacks, tasks) = while_held(request, "asyncio tasks", || {
-            let stacks = walker.async_stacks(false)?;
-            anyhow::Ok((stacks, walker.async_tasks()?))
-        })?;
+        let (stacks, tasks) =
+            while_held(request, "asyncio tasks", || walker.async_stacks_and_tasks())?;
         (stacks, tasks, None)
     } else {
         (walker.stacks()?, None, None)

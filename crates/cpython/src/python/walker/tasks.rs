@@ -18,7 +18,7 @@
 use super::layout::AsyncioObjects;
 use super::objects::{plausible_pointer, read_u64};
 use super::values::ValueReader;
-use super::{PyFrame, ThreadStack, Walker};
+use super::{FrameAddresses, PyFrame, ThreadStack, Walker};
 use pyprobe_sdt::process::memory::ProcessMemory;
 use pyprobe_sdt::process::objects::{mapped_files, open_object};
 use pyprobe_sdt::process::read_maps;
@@ -140,6 +140,8 @@ pub struct TaskInfo {
     coro_frame: Option<u64>,
     /// How many await it (0 for the outermost).
     pub awaiters: usize,
+    /// The tasks and futures that await it.
+    awaited_by: Vec<u64>,
 }
 
 /// The marker frame of a task in a logical stack: `[task NAME]`, `[task]` for a
@@ -175,10 +177,36 @@ impl Walker {
     /// layout (before 3.14) or asyncio is not loaded, come back as they are.
     pub fn async_stacks(&mut self, running: bool) -> anyhow::Result<Vec<ThreadStack>> {
         let (mut stacks, frames) = self.walk_keeping_frames(running)?;
-        let Some(objects) = self.reader.layout.objects else {
-            return Ok(stacks);
+        if let Some(layout) = self.task_layout() {
+            self.make_logical(layout, &mut stacks, &frames);
+        }
+        Ok(stacks)
+    }
+
+    /// As [`Self::async_stacks`] of held threads, with every asyncio task of the
+    /// process (its C tasks, in the lists asyncio keeps per thread and for the
+    /// interpreter), at most [`MAX_TASKS`]: each with what awaits it, whether a
+    /// thread runs it, and its frames (a running task's from its coroutine in, on
+    /// its thread's stack; a waiting one's coroutine where it awaits). The tasks are
+    /// `None` where the version publishes no task layout (before 3.14) or asyncio is
+    /// not loaded. One walk serves both.
+    pub fn async_stacks_and_tasks(
+        &mut self,
+    ) -> anyhow::Result<(Vec<ThreadStack>, Option<Vec<AsyncTask>>)> {
+        let (mut stacks, frames) = self.walk_keeping_frames(false)?;
+        let Some(layout) = self.task_layout() else {
+            return Ok((stacks, None));
         };
-        // Looked for again now and then until found: asyncio may be imported later.
+        let tasks = self.list(layout, &stacks, &frames);
+        self.make_logical(layout, &mut stacks, &frames);
+        Ok((stacks, Some(tasks)))
+    }
+
+    /// asyncio's task layout and the objects it needs, looked for again now and
+    /// then until found (asyncio may be imported later); `None` until then, and on
+    /// versions that publish none.
+    fn task_layout(&mut self) -> Option<(TaskLayout, AsyncioObjects)> {
+        let objects = self.reader.layout.objects?;
         let due = self
             .tasks_looked_for
             .is_none_or(|at| at.elapsed() >= LOOK_AGAIN);
@@ -186,46 +214,51 @@ impl Walker {
             self.tasks_looked_for = Some(std::time::Instant::now());
             self.tasks = find_task_layout(self.pid, &self.reader.mem);
         }
-        let Some(tasks) = self.tasks else {
-            return Ok(stacks);
-        };
-        for (stack, frames) in stacks.iter_mut().zip(&frames) {
-            let frames: Vec<u64> = frames.iter().map(|&(frame, _)| frame).collect();
-            if let Some(logical) = self.logical_stack(tasks, objects, stack, &frames) {
+        Some((self.tasks?, objects))
+    }
+
+    /// Makes the stack of each thread that runs a task its logical stack.
+    fn make_logical(
+        &mut self,
+        layout: (TaskLayout, AsyncioObjects),
+        stacks: &mut [ThreadStack],
+        frames: &[FrameAddresses],
+    ) {
+        for (stack, frames) in stacks.iter_mut().zip(frames) {
+            if let Some(logical) = self.logical_stack(layout, stack, frames) {
                 stack.frames = logical;
             }
         }
-        Ok(stacks)
     }
 
     /// The logical stack of `stack` (whose frames are at `frames`, outermost
     /// first), if its thread runs a task whose coroutine is on it.
     fn logical_stack(
         &mut self,
-        tasks: TaskLayout,
-        objects: AsyncioObjects,
+        (tasks, objects): (TaskLayout, AsyncioObjects),
         stack: &ThreadStack,
-        frames: &[u64],
+        frames: &FrameAddresses,
     ) -> Option<Vec<PyFrame>> {
         let mem = &self.reader.mem;
         let task = read_u64(mem, stack.thread_state.checked_add(tasks.running_task)?).ok()?;
-        let running = self.task_info(tasks, objects, task)?;
+        let fields = read_fields(mem, tasks, task)?;
+        let running = self.task_info(objects, task, &fields)?;
         let from = frames
             .iter()
-            .position(|&f| Some(f) == running.coro_frame)
+            .position(|&(f, _)| Some(f) == running.coro_frame)
             .filter(|&i| i < stack.frames.len())?;
         let mut chain = vec![running];
         let mut seen = vec![task];
         while chain.len() <= MAX_ANCESTORS {
             let Some(last) = chain.last() else { break };
-            let Some((parent, _)) = self.awaiter(tasks, last.address) else {
+            let Some((parent, fields)) = self.parent(tasks, objects, &last.awaited_by) else {
                 break;
             };
             if seen.contains(&parent) {
                 break;
             }
             seen.push(parent);
-            let Some(info) = self.task_info(tasks, objects, parent) else {
+            let Some(info) = self.task_info(objects, parent, &fields) else {
                 break;
             };
             chain.push(info);
@@ -245,27 +278,14 @@ impl Walker {
         Some(logical)
     }
 
-    /// Every asyncio task of the process (its C tasks, in the lists asyncio keeps per
-    /// thread and for the interpreter), at most [`MAX_TASKS`]: each with what awaits
-    /// it, whether a thread runs it, and its frames (a running task's from its
-    /// coroutine in, on its thread's stack; a waiting one's coroutine where it
-    /// awaits). `None` where the version publishes no task layout (before 3.14) or
-    /// asyncio is not loaded.
-    pub fn async_tasks(&mut self) -> anyhow::Result<Option<Vec<AsyncTask>>> {
-        let (stacks, frames) = self.walk_keeping_frames(false)?;
-        let Some(objects) = self.reader.layout.objects else {
-            return Ok(None);
-        };
-        let tasks = match self.tasks {
-            Some(t) => t,
-            None => match find_task_layout(self.pid, &self.reader.mem) {
-                Some(t) => {
-                    self.tasks = Some(t);
-                    t
-                }
-                None => return Ok(None),
-            },
-        };
+    /// Every task in the lists of the threads of `stacks` and of the interpreter
+    /// (see [`Self::async_stacks_and_tasks`]).
+    fn list(
+        &mut self,
+        (tasks, objects): (TaskLayout, AsyncioObjects),
+        stacks: &[ThreadStack],
+        frames: &[FrameAddresses],
+    ) -> Vec<AsyncTask> {
         let mut heads: Vec<u64> = stacks
             .iter()
             .filter_map(|s| s.thread_state.checked_add(tasks.thread_tasks))
@@ -279,58 +299,69 @@ impl Walker {
         }
         found.sort_unstable();
         found.dedup();
+        // The task each thread runs, read once: (task, index of its thread).
+        let mem = &self.reader.mem;
+        let running: Vec<(u64, usize)> = stacks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let at = s.thread_state.checked_add(tasks.running_task)?;
+                Some((read_u64(mem, at).ok()?, i))
+            })
+            .collect();
         let mut listed = Vec::new();
         for task in found {
-            let Some(info) = self.task_info(tasks, objects, task) else {
+            let Some(fields) = read_fields(&self.reader.mem, tasks, task) else {
                 continue;
             };
-            let parent = self.awaiter(tasks, task).map(|(p, _)| p);
-            let running = stacks.iter().zip(&frames).find(|(s, _)| {
-                s.thread_state
-                    .checked_add(tasks.running_task)
-                    .and_then(|a| read_u64(&self.reader.mem, a).ok())
-                    == Some(task)
-            });
-            let frames = match (running, info.coro_frame) {
-                (Some((stack, addresses)), Some(coro)) => addresses
+            let Some(info) = self.task_info(objects, task, &fields) else {
+                continue;
+            };
+            let parent = self
+                .parent(tasks, objects, &info.awaited_by)
+                .map(|(p, _)| p);
+            let thread = running.iter().find(|(t, _)| *t == task).map(|&(_, i)| i);
+            let frames = match (thread, info.coro_frame) {
+                (Some(i), Some(coro)) => frames[i]
                     .iter()
                     .position(|&(f, _)| f == coro)
-                    .map(|i| stack.frames[i.min(stack.frames.len())..].to_vec())
+                    .map(|at| stacks[i].frames[at.min(stacks[i].frames.len())..].to_vec())
                     .unwrap_or_default(),
                 (None, Some(coro)) => self.reader.frames(coro).0.into_iter().take(1).collect(),
                 (_, None) => Vec::new(),
             };
             listed.push(AsyncTask {
-                running_on: running.and_then(|(s, _)| s.native_tid),
-                running: running.is_some(),
+                running_on: thread.and_then(|i| stacks[i].native_tid),
+                running: thread.is_some(),
                 info,
                 parent,
                 frames,
             });
         }
-        Ok(Some(listed))
+        listed
     }
 
-    /// The task at `task`: its name, its coroutine's frame, how many await it.
+    /// The task at `task`, whose fields are `fields`: its name, its coroutine's
+    /// frame, what awaits it.
     fn task_info(
         &mut self,
-        tasks: TaskLayout,
         objects: AsyncioObjects,
         task: u64,
+        fields: &Fields,
     ) -> Option<TaskInfo> {
-        let fields = read_fields(&self.reader.mem, tasks, task)?;
         let (name_object, coro) = fields.task?;
         let coro_frame = plausible_pointer(coro)
             .then(|| coro.checked_add(objects.gen_iframe))
             .flatten();
-        let awaiters = awaiters(&self.reader.mem, objects, &fields).len();
+        let awaited_by = awaiters(&self.reader.mem, objects, fields);
         let (name, named) = self.task_name(task, name_object);
         Some(TaskInfo {
             address: task,
             name,
             named,
             coro_frame,
-            awaiters,
+            awaiters: awaited_by.len(),
+            awaited_by,
         })
     }
 
@@ -362,19 +393,23 @@ impl Walker {
         name
     }
 
-    /// The task awaiting `task` (through futures that are not tasks, as `gather`'s),
-    /// the one at the lowest address where several do, with how many do.
-    fn awaiter(&self, tasks: TaskLayout, task: u64) -> Option<(u64, usize)> {
-        let objects = self.reader.layout.objects?;
+    /// The task awaiting a task whose awaiters are `awaited_by` (through futures
+    /// that are not tasks, as `gather`'s; the one at the lowest address where
+    /// several do), with its fields.
+    fn parent(
+        &self,
+        tasks: TaskLayout,
+        objects: AsyncioObjects,
+        awaited_by: &[u64],
+    ) -> Option<(u64, Fields)> {
         let mem = &self.reader.mem;
-        let mut fields = read_fields(mem, tasks, task)?;
+        let mut first = awaited_by.iter().copied().min()?;
         for _ in 0..MAX_FUTURE_HOPS {
-            let awaiters = awaiters(mem, objects, &fields);
-            let first = awaiters.iter().copied().min()?;
-            fields = read_fields(mem, tasks, first)?;
+            let fields = read_fields(mem, tasks, first)?;
             if fields.task.is_some() {
-                return Some((first, awaiters.len()));
+                return Some((first, fields));
             }
+            first = awaiters(mem, objects, &fields).into_iter().min()?;
         }
         None
     }
@@ -530,6 +565,7 @@ mod tests {
             named: false,
             coro_frame: None,
             awaiters: 1,
+            awaited_by: vec![2],
         };
         assert_eq!(&*task_marker(&unnamed).function, "[task]");
         let shared = TaskInfo {
