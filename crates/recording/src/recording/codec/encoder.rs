@@ -188,17 +188,18 @@ impl EventEncoder {
             }
             _ => None,
         };
-        let kind = match &numbered {
-            None => kind_tag(&event.kind),
-            Some((Numbered::New(_), Numbering::Call)) => tag::CALL_NEW,
-            Some((Numbered::New(_), Numbering::Resume)) => tag::RESUME_NEW,
-            Some((Numbered::New(_), Numbering::Return)) => tag::RETURN_NEW,
-            Some((Numbered::At(n), numbering)) => numbered_tag(*n, *numbering).0,
+        // The tag, and whether a numbered frame's number follows it.
+        let (kind, spelled) = match &numbered {
+            None => (kind_tag(&event.kind), false),
+            Some((Numbered::New(_), Numbering::Call)) => (tag::CALL_NEW, false),
+            Some((Numbered::New(_), Numbering::Resume)) => (tag::RESUME_NEW, false),
+            Some((Numbered::New(_), Numbering::Return)) => (tag::RETURN_NEW, false),
+            Some((Numbered::At(n), numbering)) => numbered_tag(*n, *numbering),
         };
         self.put_head(buf, kind, event);
         match (numbered, &event.kind) {
             (Some((Numbered::At(n), numbering)), _) => {
-                if numbered_tag(n, numbering).1 {
+                if spelled {
                     put_uvarint(buf, u64::from(n));
                 }
                 return Some((n, numbering));
