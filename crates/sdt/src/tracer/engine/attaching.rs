@@ -47,6 +47,9 @@ impl Engine {
         } else {
             Vec::new()
         };
+        engine.prepared = Some((pid, engine.resolver.resolve(pid)));
+        engine.prescan_ring_code(pid);
+        engine.note_busy_threads();
         engine.stop_all(sink)?;
         if engine.threads.values().all(|t| {
             matches!(
@@ -77,8 +80,10 @@ impl Engine {
             }
             return Err(e.context(format!("cannot install probes in process {pid}")));
         }
+        engine.ring_book.prescanned.clear();
         engine.install_existing_children(children, sink);
         engine.resume_all();
+        engine.busy.clear();
         Ok(engine)
     }
 

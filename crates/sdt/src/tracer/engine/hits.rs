@@ -62,6 +62,7 @@ impl Engine {
         if proc.net_pending {
             if let Some(proc) = self.procs.get_mut(&tgid) {
                 Self::install_net(proc, tgid, tid, self.guardian.as_ref(), sink);
+                self.sigtrap_blockers_due.push(tgid);
             }
         }
         self.ring_at_hit(tgid, tid, sink);
@@ -100,7 +101,14 @@ impl Engine {
         starting: bool,
         sink: &mut dyn FnMut(TraceEvent),
     ) -> Result<bool> {
-        let Some(set) = self.resolver.resolve(pid)? else {
+        let resolved = match self.prepared.take() {
+            Some((prepared_for, resolved)) if prepared_for == pid => resolved,
+            other => {
+                self.prepared = other;
+                self.resolver.resolve(pid)
+            }
+        };
+        let Some(set) = resolved? else {
             return Ok(false);
         };
         // A thread where system calls can be injected, found before any `int3` is
@@ -121,7 +129,10 @@ impl Engine {
         proc.awaiting_object = false;
         if proc.net.is_none() && proc.patches.installed_sites() > 0 {
             match clean {
-                Some(tid) => Self::install_net(proc, pid, tid, self.guardian.as_ref(), sink),
+                Some(tid) => {
+                    Self::install_net(proc, pid, tid, self.guardian.as_ref(), sink);
+                    self.sigtrap_blockers_due.push(pid);
+                }
                 None => proc.net_pending = true,
             }
         }
@@ -147,12 +158,19 @@ impl Engine {
                  probe site before the guardian restores it would die"
             ))),
         }
-        let blocking = safety_net::threads_blocking_sigtrap(pid);
-        if !blocking.is_empty() {
-            sink(TraceEvent::Notice(format!(
-                "process {pid}: threads {blocking:?} block SIGTRAP; a probe hit there makes the kernel \
-                 unblock it and reset it to its default"
-            )));
+    }
+    /// Says which threads of the processes whose safety net was just installed
+    /// block SIGTRAP. Done once the target runs again: reading every thread's
+    /// status took 200 ms of a 10,000-thread process's attach, all of it held.
+    pub(in crate::tracer) fn say_sigtrap_blockers(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
+        for pid in std::mem::take(&mut self.sigtrap_blockers_due) {
+            let blocking = safety_net::threads_blocking_sigtrap(pid);
+            if !blocking.is_empty() {
+                sink(TraceEvent::Notice(format!(
+                    "process {pid}: threads {blocking:?} block SIGTRAP; a probe hit there makes the \
+                     kernel unblock it and reset it to its default"
+                )));
+            }
         }
     }
     /// In a process that is starting up: once its maps changed, look for the probes.

@@ -33,6 +33,7 @@ impl Engine {
         if let Some(said) = self.cpu.yield_summary() {
             sink(TraceEvent::Detail(said));
         }
+        self.note_busy_threads();
         if let Err(e) = self.stop_all(sink) {
             sink(TraceEvent::Notice(format!(
                 "while stopping the target to detach: {e:#}"
@@ -82,7 +83,9 @@ impl Engine {
                 )));
             }
         }
-        let threads: Vec<(i32, Thread)> = self.threads.drain().collect();
+        let mut threads: Vec<(i32, Thread)> = self.threads.drain().collect();
+        // The busy threads first (see `note_busy_threads`).
+        threads.sort_unstable_by_key(|(tid, _)| (!self.busy.contains(tid), *tid));
         for (tid, thread) in threads {
             let pending = match thread.state {
                 ThreadState::Stopped { pending, .. } => pending,
@@ -92,6 +95,7 @@ impl Engine {
                 let_go_late(tid, thread.tgid, sink);
             }
         }
+        self.busy.clear();
     }
 }
 

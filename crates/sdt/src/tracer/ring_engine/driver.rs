@@ -32,9 +32,37 @@ pub(in crate::tracer) struct RingBook {
     busy_until_ns: u64,
     /// Sites said to stay on `int3`, with why.
     said: std::collections::HashSet<(u64, String)>,
+    /// The code holding the probe sites, scanned before the target was stopped.
+    pub(in crate::tracer) prescanned: Vec<ring_setup::ScannedCode>,
 }
 
 impl Engine {
+    /// Scans the code holding the sites of the probes prepared for `pid`, while
+    /// its threads still run (see `ScannedCode`). Nothing when it cannot: the
+    /// setup scans it then.
+    pub(in crate::tracer) fn prescan_ring_code(&mut self, pid: i32) {
+        let Some((prepared_for, Ok(Some(set)))) = &self.prepared else {
+            return;
+        };
+        if *prepared_for != pid || self.options.ring == RingUse::Off {
+            return;
+        }
+        let Ok(maps) = crate::process::maps::read_maps(pid) else {
+            return;
+        };
+        let mem = crate::process::memory::ProcessMemory::new(pid);
+        let sites: Vec<u64> = set
+            .probes
+            .iter()
+            .flat_map(|p| p.sites.iter().map(|s| s.address))
+            .collect();
+        self.ring_book.prescanned = maps
+            .iter()
+            .filter(|m| m.executable && sites.iter().any(|a| (m.start..m.end).contains(a)))
+            .filter_map(|m| ring_setup::ScannedCode::read(&mem, m).ok())
+            .collect();
+    }
+
     /// Whether any process is served by a ring (the event loop then polls).
     pub(in crate::tracer) fn ring_active(&self) -> bool {
         self.procs.values().any(|p| p.ring.is_some())
@@ -187,6 +215,7 @@ impl Engine {
             &mut proc.patches,
             &rips,
             &fs_bases,
+            &std::mem::take(&mut self.ring_book.prescanned),
             self.guardian.as_mut(),
         )?;
         let ring_sites = setup.ring.sites.len();

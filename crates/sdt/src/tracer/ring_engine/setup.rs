@@ -34,6 +34,7 @@ mod memfd;
 mod trampolines;
 
 pub use memfd::map_ring;
+pub(in crate::tracer) use trampolines::ScannedCode;
 use trampolines::{patch_segment, Placed};
 
 pub use super::CAPACITY;
@@ -97,14 +98,17 @@ pub struct Setup {
 
 /// Sets up the ring in `pid` (every thread stopped; `tid` at a clean stop) for the
 /// `int3` sites of `patches`, and hands the sites it patched over from `patches`.
-/// `rips` are the threads' instruction pointers.
-pub fn setup(
+/// `rips` are the threads' instruction pointers; `prescanned`, code scanned before
+/// the threads were stopped.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::tracer) fn setup(
     pid: i32,
     tid: i32,
     mem: &mut ProcessMemory,
     patches: &mut Patches,
     rips: &[(i32, u64)],
     fs_bases: &[(i32, u64)],
+    prescanned: &[ScannedCode],
     mut guard: Option<&mut Guardian>,
 ) -> Result<Setup> {
     let inj = Injector::find(pid, tid, mem)?.guarded(guard.as_deref(), mem);
@@ -198,6 +202,7 @@ pub fn setup(
             &inj,
             (ring_addr, bytes),
             segment,
+            prescanned,
             &maps,
             &sites,
             mem,

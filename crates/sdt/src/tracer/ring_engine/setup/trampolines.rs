@@ -35,22 +35,33 @@ pub(super) enum Placed {
     New(u64),
 }
 
-/// Qualifies, builds and patches the sites of one executable segment.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn patch_segment(
-    inj: &Injector,
-    (ring_addr, ring_len): (u64, u64),
+/// An executable segment's code, each of pyprobe's int3s read as the nop it
+/// replaces, and the branch targets in it. Decoding a 4.5 MB libpython takes
+/// 25 ms: where it can, pyprobe does it before the target is stopped, and the
+/// setup uses it if the code is still the same, byte for byte.
+pub(in crate::tracer) struct ScannedCode {
+    start: u64,
+    text: Vec<u8>,
+    targets: BranchTargets,
+}
+
+impl ScannedCode {
+    pub(in crate::tracer) fn read(mem: &ProcessMemory, segment: &MapEntry) -> Result<ScannedCode> {
+        let text = read_code(mem, segment, std::iter::empty())?;
+        Ok(ScannedCode {
+            start: segment.start,
+            targets: BranchTargets::scan(&text, segment.start),
+            text,
+        })
+    }
+}
+
+/// The code of `segment`, with pyprobe's `int3s` read as the nops they replace.
+fn read_code(
+    mem: &ProcessMemory,
     segment: &MapEntry,
-    maps: &[MapEntry],
-    sites: &[u64],
-    mem: &mut ProcessMemory,
-    patches: &mut Patches,
-    rips: &[(i32, u64)],
-    ring: &mut RingProc,
-    refused: &mut Vec<(u64, String)>,
-    earlier: &[(u64, RegionHeader)],
-    mut guard: Option<&mut Guardian>,
-) -> Result<Placed> {
+    int3s: impl Iterator<Item = u64>,
+) -> Result<Vec<u8>> {
     let len = (segment.end - segment.start) as usize;
     if len > 256 << 20 {
         bail!(
@@ -61,16 +72,46 @@ pub(super) fn patch_segment(
     let mut text = vec![0u8; len];
     mem.read(segment.start, &mut text)
         .with_context(|| format!("reading code at {:#x}", segment.start))?;
-    // Our own int3s read as the nops they replace.
-    for &addr in patches.sites.keys() {
+    for addr in int3s {
         if (segment.start..segment.end).contains(&addr) {
             text[(addr - segment.start) as usize] = 0x90;
         }
     }
-    let targets = BranchTargets::scan(&text, segment.start);
+    Ok(text)
+}
+
+/// Qualifies, builds and patches the sites of one executable segment.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn patch_segment(
+    inj: &Injector,
+    (ring_addr, ring_len): (u64, u64),
+    segment: &MapEntry,
+    prescanned: &[ScannedCode],
+    maps: &[MapEntry],
+    sites: &[u64],
+    mem: &mut ProcessMemory,
+    patches: &mut Patches,
+    rips: &[(i32, u64)],
+    ring: &mut RingProc,
+    refused: &mut Vec<(u64, String)>,
+    earlier: &[(u64, RegionHeader)],
+    mut guard: Option<&mut Guardian>,
+) -> Result<Placed> {
+    let text = read_code(mem, segment, patches.sites.keys().copied())?;
+    let fresh;
+    let targets = match prescanned
+        .iter()
+        .find(|p| p.start == segment.start && p.text == text)
+    {
+        Some(p) => &p.targets,
+        None => {
+            fresh = BranchTargets::scan(&text, segment.start);
+            &fresh
+        }
+    };
     let mut plans: Vec<SitePlan> = Vec::new();
     for &addr in sites {
-        match qualify_site(&text, segment.start, addr, &targets) {
+        match qualify_site(&text, segment.start, addr, targets) {
             Ok(plan) if plans.iter().any(|p| plans_overlap(p, &plan)) => {
                 refused.push((addr, "overlaps another patched site".into()))
             }
