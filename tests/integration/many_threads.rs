@@ -1,7 +1,7 @@
 //! A process with 10,000 threads: attaching works in every mode (stopping them all
 //! once cost pyprobe N² system calls, past its 10 s limit: "the target's threads did
-//! not stop within 10 s"), pyprobe leaves when asked, and the program runs to its
-//! end with its own output.
+//! not stop within 10 s"), pyprobe leaves when asked, the program runs to its
+//! end with its own output, and its one working thread is in the recording.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -72,6 +72,22 @@ fn attach_to_threads(version: &'static str, mode: &str, threads: &str) -> String
     assert!(
         report["events"].as_u64().unwrap_or(0) > 0,
         "{version} {mode}"
+    );
+    // The one thread that works is the main thread, the oldest: it is last in
+    // the interpreter's thread list, which the walker once cut at 4,096 threads.
+    let seen_working = report["functions"].as_array().is_some_and(|rows| {
+        rows.iter().any(|row| {
+            row["file"]
+                .as_str()
+                .is_some_and(|f| f.ends_with("many_threads.py"))
+                && (row["samples"].as_u64().unwrap_or(0) > 0
+                    || row["calls"].as_u64().unwrap_or(0) > 0)
+        })
+    });
+    assert!(
+        seen_working,
+        "{version} {mode} with {threads} threads: no sample or call of the main thread's work \
+         in {report}"
     );
     let _ = std::fs::remove_file(&path);
     stderr.into_owned()

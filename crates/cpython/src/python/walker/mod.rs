@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! # fn main() -> anyhow::Result<()> {
-//! use pyprobe::python::walker::Walker;
+//! use pyprobe_cpython::python::walker::Walker;
 //! let mut walker = Walker::attach(1234)?;
 //! eprintln!("{}", walker.describe());
 //! for thread in walker.stacks()? {
@@ -45,7 +45,7 @@
 //!
 //! Safety against a corrupt or hostile target: every read has a size fixed by the layout
 //! or capped (strings at 1024 code points, line tables at 1 MiB), stacks at 1024
-//! frames, 4096 thread states in all, 256 interpreters, with cycle detection on every
+//! frames, 65,536 thread states in all, 256 interpreters, with cycle detection on every
 //! chain; nothing here panics on what it reads. A walk cut short is flagged
 //! ([`ThreadStack::truncated`]) rather than failed.
 //!

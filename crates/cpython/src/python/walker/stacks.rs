@@ -24,7 +24,7 @@ use pyprobe_sdt::sdt::MemoryReader;
 /// Deepest stack walked (frames, shims included); deeper stacks are cut and flagged.
 pub(crate) const MAX_DEPTH: usize = 1024;
 /// Most thread states read, over all interpreters.
-pub(crate) const MAX_THREADS: usize = 4096;
+pub(crate) const MAX_THREADS: usize = 65_536;
 /// Most interpreters read.
 pub(crate) const MAX_INTERPRETERS: usize = 256;
 
