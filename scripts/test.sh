@@ -22,6 +22,8 @@ export PYPROBE_REQUIRE_PYTHONS=1
 # Every test runs even after a failure, so one run shows every failure.
 failed=0
 cargo test --release --workspace --features test-switches --lib --bins --benches --no-fail-fast || failed=1
+# The examples in the API documentation compile and run as written.
+cargo test --release --workspace --doc || failed=1
 # Signals and the timer, in a process of its own with one thread.
 cargo test --release --features test-switches --test tick || failed=1
 # The pip/pipx wheel, for the integration test that installs it into fresh environments.

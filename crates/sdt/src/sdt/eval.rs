@@ -63,9 +63,9 @@ pub enum EvalError {
 /// `symbols` maps a symbol name to its runtime address (load bias applied).
 ///
 /// ```
-/// use pyprobe::sdt::{evaluate, parse_args, RegFamily};
+/// use pyprobe_sdt::sdt::{evaluate, parse_args, RegFamily};
 /// # struct NoMemory;
-/// # impl pyprobe::sdt::MemoryReader for NoMemory {
+/// # impl pyprobe_sdt::sdt::MemoryReader for NoMemory {
 /// #     fn read_exact(&self, _: u64, _: &mut [u8]) -> std::io::Result<()> {
 /// #         Err(std::io::ErrorKind::Unsupported.into())
 /// #     }

@@ -30,7 +30,7 @@ pub use error::{ParseError, ParseErrorKind};
 /// its arguments, in order. Empty or all-whitespace text gives no arguments.
 ///
 /// ```
-/// use pyprobe::sdt::parse_args;
+/// use pyprobe_sdt::sdt::parse_args;
 /// let args = parse_args("8@%rbp -4@112(%rsp)").unwrap();
 /// assert_eq!(args.len(), 2);
 /// assert_eq!(args[1].to_string(), "-4@112(%rsp)");
