@@ -431,9 +431,10 @@ fn hook_a_program_ending_while_pyprobe_is_stopped_keeps_its_names() {
 /// audit events through the SDT ring): at each detach the SDT ring is read up to
 /// the hook records read, a batch at a time, until both are empty. Reading stopped
 /// at the first batch of the hook's backlog, so the SDT records newer than it were
-/// counted lost ("N more lost: the ring was full") in most short detaches. What
-/// may still be lost is the one record its thread was writing when stopped for the
-/// detach (inside a trampoline), counted as one event, not as its slots.
+/// counted lost ("N more lost: the ring was full") in most short detaches. Then
+/// the record a thread was writing when stopped for the detach (inside a
+/// trampoline capturing the audit event's stack) was lost at nearly every one on
+/// 3.13 and 3.14: that thread now finishes the trampoline first.
 #[test]
 fn short_detaches_where_the_hook_and_the_ring_both_serve_lose_nothing() {
     for minor in ["3.11", "3.13", "3.14"] {
@@ -459,8 +460,7 @@ fn short_detaches_where_the_hook_and_the_ring_both_serve_lose_nothing() {
             let report = report_json(out.path());
             let audits = audit_count(&report, "builtins.id");
             assert!(audits > 0, "{tag}: audit events recorded:\n{stderr}");
-            let lost = report["lost_events"].as_u64();
-            assert!(lost.is_some_and(|n| n <= 1), "{tag}: {stderr}");
+            assert_eq!(report["lost_events"].as_u64(), Some(0), "{tag}: {stderr}");
         }
     }
 }

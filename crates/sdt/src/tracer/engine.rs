@@ -42,6 +42,7 @@ mod leaving;
 mod pausing;
 mod sampling;
 pub mod source;
+mod step_out;
 mod threads;
 mod yielding;
 

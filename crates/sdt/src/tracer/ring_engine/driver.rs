@@ -518,7 +518,7 @@ impl Engine {
             .filter(|(_, p)| p.ring.is_some())
             .map(|(&pid, _)| pid)
             .collect();
-        for pid in pids {
+        for &pid in &pids {
             let Some(proc) = self.procs.get_mut(&pid) else {
                 continue;
             };
@@ -527,7 +527,7 @@ impl Engine {
                 ring.reader.set_solo(false);
                 // A thread inside a trampoline finishes it and jumps back to an
                 // instruction boundary of the original code: restoring is safe
-                // under it. Its record, if unpublished, is counted lost.
+                // under it.
                 if let Err(e) = ring_setup::restore(&mut proc.mem, ring, self.guardian.as_mut()) {
                     sink(TraceEvent::Notice(format!(
                         "ring engine in process {pid}: restoring probe sites: {e}"
@@ -536,13 +536,26 @@ impl Engine {
             }
         }
         while self.drain_rings(sink) > 0 {}
+        // With room in the rings now, the threads held inside a trampoline finish
+        // it: their records are published, not lost.
+        for &pid in &pids {
+            let code = self
+                .procs
+                .get(&pid)
+                .and_then(|p| p.ring.as_ref())
+                .map(|r| r.trampolines())
+                .unwrap_or_default();
+            self.step_out_of(pid, &code, sink);
+        }
+        while self.drain_rings(sink) > 0 {}
         for (&pid, proc) in self.procs.iter_mut() {
             if let Some(ring) = proc.ring.take() {
                 // Producers stop waiting for room: nobody reads the ring any more.
                 ring.reader.leave();
-                // Slots reserved, not published: records of threads stopped inside
-                // a trampoline, one each at most (a record with its stack takes
-                // several slots). Bounded: `head` is the target's to write.
+                // Slots reserved, not published: records of threads the steps
+                // could not bring out of a trampoline (a signal came first), one
+                // each at most (a record with its stack takes several slots).
+                // Bounded: `head` is the target's to write.
                 let pending_slots = ring
                     .reader
                     .head()

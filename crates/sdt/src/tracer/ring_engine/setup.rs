@@ -78,6 +78,17 @@ pub struct RingProc {
     pub lost: crate::ring::LostCounter,
 }
 
+impl RingProc {
+    /// The code of its sites' trampolines (each in its own stride of the region).
+    pub(in crate::tracer) fn trampolines(&self) -> Vec<std::ops::Range<u64>> {
+        self.sites
+            .iter()
+            .filter_map(|(&site, s)| crate::ring::region::jump_target(site, &s.patch))
+            .map(|start| start..start.saturating_add(trampolines::STRIDE))
+            .collect()
+    }
+}
+
 impl std::fmt::Debug for RingProc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RingProc")

@@ -22,7 +22,7 @@ use super::{RingProc, RingSite, CAPACITY, PAGE, PROT_RW};
 
 /// Bytes of trampoline space per site (200-500 bytes; a stack probe's, which walks
 /// the frame chain, up to about 1200).
-const STRIDE: u64 = 2048;
+pub(super) const STRIDE: u64 = 2048;
 const PROT_RX: i32 = libc::PROT_READ | libc::PROT_EXEC;
 
 /// Where the trampolines of one segment went.
