@@ -274,6 +274,8 @@ impl Walker {
     }
 
     fn read_stacks(&mut self, running: bool) -> Result<Vec<ThreadStack>> {
+        // One moment's walk: each code object is checked once in it.
+        self.reader.new_naming_batch();
         let tstates = self
             .reader
             .thread_states()
@@ -313,6 +315,8 @@ impl Walker {
         &mut self,
         running: bool,
     ) -> Result<(Vec<ThreadStack>, Vec<FrameAddresses>)> {
+        // One moment's walk: each code object is checked once in it.
+        self.reader.new_naming_batch();
         let tstates = self
             .reader
             .thread_states()
@@ -342,6 +346,8 @@ impl Walker {
     /// The Python stack of the thread with kernel tid `native_tid` (as pyprobe sees it),
     /// reading only that thread's frames; `None` when no thread state has that tid.
     pub fn thread_stack(&mut self, native_tid: i32) -> Result<Option<ThreadStack>> {
+        // One moment's walk: each code object is checked once in it.
+        self.reader.new_naming_batch();
         let tstates = self
             .reader
             .thread_states()

@@ -60,6 +60,9 @@ pub(crate) struct StackReader<M> {
     last_rootless: bool,
     /// Naming batch of [`Self::name_captured`]: see [`Self::new_naming_batch`].
     batch: u64,
+    /// Code object headers read in this batch, by address: a sample of 300 threads
+    /// waiting in the same five functions reads five headers, not 1,500.
+    batch_headers: HashMap<u64, Box<[u8]>>,
     /// When kept (`Some`, emptied by the caller before a walk): the (frame, code
     /// object) addresses of the walk's Python frames, outermost first, one per frame
     /// it returns, for reading their locals.
@@ -113,6 +116,64 @@ impl Memory for ProcessMemory {
     }
 }
 
+/// Most code object headers kept per batch.
+const MAX_BATCH_HEADERS: usize = 4096;
+
+/// Blocks of a thread's stacks read at once (3.11+): a frame and the rest of its
+/// page below it, where the frames of its callers are. A thread's chain goes back
+/// and forth between its data stack (Python frames) and its C stack (the shim each
+/// call of the eval loop pushes), so the last few blocks are kept; a later frame
+/// inside one is taken from it rather than read again.
+#[derive(Default)]
+struct FrameWindow {
+    /// (start, bytes), the newest last.
+    blocks: Vec<(u64, Vec<u8>)>,
+}
+
+impl FrameWindow {
+    /// Blocks kept: a data stack, a C stack, and a frame elsewhere.
+    const KEPT: usize = 3;
+
+    /// Copies the `out.len()` bytes at `addr` from a block, if one holds them all.
+    fn copy(&self, addr: u64, out: &mut [u8]) -> bool {
+        self.blocks.iter().rev().any(|(start, bytes)| {
+            let held = addr.checked_sub(*start).and_then(|offset| {
+                bytes.get(offset as usize..(offset as usize).checked_add(out.len())?)
+            });
+            held.map(|held| out.copy_from_slice(held)).is_some()
+        })
+    }
+
+    /// After a read of the newest block (`read`: whether it succeeded), the frame
+    /// at `addr` from it; a block that could not be read is forgotten.
+    fn read_into(&mut self, read: bool, addr: u64, out: &mut [u8]) -> bool {
+        if !read {
+            self.blocks.pop();
+            return false;
+        }
+        self.copy(addr, out)
+    }
+
+    /// A new block for a frame of `span` bytes at `addr`, from the start of its
+    /// page: where it begins, and the buffer to read it into.
+    fn block_for(&mut self, addr: u64, span: usize) -> (u64, &mut [u8]) {
+        if self.blocks.len() >= Self::KEPT {
+            self.blocks.remove(0);
+        }
+        let start = addr & !(PAGE - 1);
+        self.blocks
+            .push((start, vec![0u8; (addr - start) as usize + span]));
+        let bytes = self
+            .blocks
+            .last_mut()
+            .map_or(&mut [][..], |(_, b)| &mut b[..]);
+        (start, bytes)
+    }
+}
+
+/// The page size the windows keep to (a read never reaches below a frame's page).
+const PAGE: u64 = 4096;
+
 /// Where a frame is in its code.
 #[derive(Clone, Copy)]
 enum Position {
@@ -152,6 +213,7 @@ impl<M: Memory> StackReader<M> {
             last_eval_calls: None,
             last_rootless: false,
             batch: 1,
+            batch_headers: HashMap::new(),
             frame_addresses: None,
         }
     }
@@ -164,6 +226,7 @@ impl<M: Memory> StackReader<M> {
     /// another allocated at its address is seen at the next batch.
     pub fn new_naming_batch(&mut self) {
         self.batch += 1;
+        self.batch_headers.clear();
     }
 
     /// A thread state and its stack; with `running`, the thread may run while it
@@ -185,8 +248,11 @@ impl<M: Memory> StackReader<M> {
     }
 
     /// Walks the frame chain from the innermost frame; returns the frames outermost
-    /// first, and whether the walk was cut short. One read per frame: each frame's code
-    /// object is read together with the next frame.
+    /// first, and whether the walk was cut short. At most one read per frame: each
+    /// frame's code object is read together with the next frame, a code object only
+    /// once per batch (see [`Self::new_naming_batch`]), and from 3.11 a frame with
+    /// the rest of its page below it, where its callers' frames are in the thread's
+    /// data stack (see [`FrameWindow`]).
     pub fn frames(&mut self, innermost: u64) -> (Vec<PyFrame>, bool) {
         let mut out = Vec::new();
         // Python frames per eval-loop call, innermost first, while shims show them.
@@ -203,7 +269,18 @@ impl<M: Memory> StackReader<M> {
         let span = self.layout.frame_span() as usize;
         let (mut frame, mut next_frame) = (vec![0u8; span], vec![0u8; span]);
         let mut code_buf = vec![0u8; self.layout.code_span() as usize];
-        if !plausible_pointer(innermost) || self.mem.read_exact(innermost, &mut frame).is_err() {
+        let contiguous = matches!(self.layout.frame, FrameLayout::Interpreter { .. });
+        let mut window = FrameWindow::default();
+        let first_read = plausible_pointer(innermost)
+            && if contiguous {
+                let (start, block) = window.block_for(innermost, span);
+                let read = self.mem.read_exact(start, block).is_ok();
+                window.read_into(read, innermost, &mut frame)
+                    || self.mem.read_exact(innermost, &mut frame).is_ok()
+            } else {
+                self.mem.read_exact(innermost, &mut frame).is_ok()
+            };
+        if !first_read {
             return (out, true);
         }
         seen.insert(innermost);
@@ -217,12 +294,40 @@ impl<M: Memory> StackReader<M> {
             let follow =
                 next != 0 && plausible_pointer(next) && seen.len() < MAX_DEPTH && seen.insert(next);
             let code = raw.code.filter(|&c| plausible_pointer(c));
-            let (code_ok, next_ok) = match (code, follow) {
-                (Some(c), true) => self.mem.read_pair(c, &mut code_buf, next, &mut next_frame),
-                (Some(c), false) => (self.mem.read_exact(c, &mut code_buf).is_ok(), false),
-                (None, true) => (false, self.mem.read_exact(next, &mut next_frame).is_ok()),
-                (None, false) => (false, false),
+            let code_known = code
+                .and_then(|c| self.batch_headers.get(&c))
+                .filter(|h| h.len() == code_buf.len())
+                .map(|h| code_buf.copy_from_slice(h))
+                .is_some();
+            let next_known = follow && window.copy(next, &mut next_frame);
+            let code_read = code.filter(|_| !code_known);
+            let next_read = (follow && !next_known).then_some(next);
+            let (code_ok, next_ok) = match (code_read, next_read) {
+                (Some(c), Some(n)) if contiguous => {
+                    let (start, buffer) = window.block_for(n, span);
+                    let (code_ok, window_ok) = self.mem.read_pair(c, &mut code_buf, start, buffer);
+                    let next_ok = window.read_into(window_ok, n, &mut next_frame)
+                        || self.mem.read_exact(n, &mut next_frame).is_ok();
+                    (code_ok, next_ok)
+                }
+                (Some(c), Some(n)) => self.mem.read_pair(c, &mut code_buf, n, &mut next_frame),
+                (Some(c), None) => (self.mem.read_exact(c, &mut code_buf).is_ok(), next_known),
+                (None, Some(n)) if contiguous => {
+                    let (start, buffer) = window.block_for(n, span);
+                    let window_ok = self.mem.read_exact(start, buffer).is_ok();
+                    let next_ok = window.read_into(window_ok, n, &mut next_frame)
+                        || self.mem.read_exact(n, &mut next_frame).is_ok();
+                    (code_known, next_ok)
+                }
+                (None, Some(n)) => (code_known, self.mem.read_exact(n, &mut next_frame).is_ok()),
+                (None, None) => (code_known, next_known),
             };
+            if let (Some(c), true, false) = (code, code_ok, code_known) {
+                if self.batch_headers.len() < MAX_BATCH_HEADERS {
+                    self.batch_headers
+                        .insert(c, code_buf.clone().into_boxed_slice());
+                }
+            }
             let result = match code {
                 // A shim, or no code object (e.g. None): not Python code.
                 None => Err(FrameError::Skip),
