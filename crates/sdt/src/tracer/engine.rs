@@ -143,6 +143,8 @@ pub struct Engine {
     /// its maps and ELF files took 50 ms of a 10,000-thread attach, all of it held.
     /// The object carrying them stays mapped for the process's life.
     pub(super) prepared: Option<(i32, Result<Option<ProbeSet>>)>,
+    /// The threads' `stat` files, read at every sample.
+    pub(super) task_states: crate::process::status::KeptTaskStates,
 }
 
 /// Sampling ticks over a run.
@@ -194,6 +196,7 @@ impl Engine {
             sigtrap_blockers_due: Vec::new(),
             busy: Default::default(),
             prepared: None,
+            task_states: Default::default(),
         }
     }
 

@@ -168,12 +168,15 @@ impl Engine {
     /// the kernel's scheduler state. A thread in a ptrace-stop of pyprobe's own (a
     /// probe hit, an interrupt) was caught running; one in a group-stop (SIGSTOP) or a
     /// vfork wait was not.
-    pub(in crate::tracer) fn cpu_states(&self, pid: i32) -> Vec<(i32, bool)> {
-        self.threads
+    pub(in crate::tracer) fn cpu_states(&mut self, pid: i32) -> Vec<(i32, bool)> {
+        let threads = &self.threads;
+        self.task_states.keep_only(|tid| threads.contains_key(&tid));
+        let states = &mut self.task_states;
+        threads
             .iter()
             .filter(|(_, t)| t.tgid == pid)
             .filter_map(|(&tid, t)| {
-                let on_cpu = match crate::process::status::task_state(pid, tid)? {
+                let on_cpu = match states.state(pid, tid)? {
                     'R' => true,
                     't' => !matches!(
                         t.state,
