@@ -20,7 +20,7 @@ use super::events::{EventBuilder, NamedKind};
 use super::lines::{armed_line, budget_line, missed_ticks_line, refusal_lines, StartLine};
 use super::periods::Periods;
 use super::request::Target;
-use super::resolver::{needs_context_stacks, returns_only, Chosen, MeaningCache, Mode};
+use super::resolver::{needs_context_stacks, samples_used, Chosen, MeaningCache, Mode};
 use super::return_types::write_return_types;
 use super::sampler::Sampler;
 use super::settings::{default_output, recording_in, Settings};
@@ -379,10 +379,7 @@ impl<'a> Recorder<'a> {
 
     /// An engine tick: every thread's stack, when sampling now.
     fn on_tick(&mut self, pid: i32, ts_ns: u64, on_cpu: &[(i32, bool)], stopped: bool) {
-        let sampling = !self.settings.alongside || {
-            let now = self.chosen.borrow();
-            returns_only(now.version, &now.groups, now.hook)
-        };
+        let sampling = samples_used(self.settings.alongside, &self.chosen.borrow());
         if sampling && (self.announced || !self.launched) && !self.exact_window {
             self.sampler
                 .sample(pid, ts_ns, on_cpu, stopped, &mut self.builder);

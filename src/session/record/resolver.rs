@@ -173,6 +173,12 @@ pub fn returns_only(version: Option<PyVersion>, groups: &BTreeSet<ProbeGroup>, h
     !hook && version.is_some_and(|v| v.is(3, 11)) && groups.contains(&ProbeGroup::Function)
 }
 
+/// Whether the stacks sampled at a tick are recorded: always, but beside an
+/// exact trace (`alongside`), only where its probes give returns only.
+pub fn samples_used(alongside: bool, chosen: &Chosen) -> bool {
+    !alongside || returns_only(chosen.version, &chosen.groups, chosen.hook)
+}
+
 pub struct PythonResolver {
     pub mode: Mode,
     /// GC, import and audit hits may go through the ring with their stacks captured
@@ -244,6 +250,13 @@ impl Resolver for PythonResolver {
         &mut self,
     ) -> Option<Box<dyn pyprobe_sdt::tracer::engine::source::EventSource>> {
         Some(Box::new(pyprobe_cpython::hook_engine::HookBook::default()))
+    }
+
+    fn samples_used(&self, _pid: i32) -> bool {
+        samples_used(
+            self.mode == Mode::Trace && !self.budgeted,
+            &self.chosen.borrow(),
+        )
     }
 
     fn resolve(&mut self, pid: i32) -> Result<Option<ProbeSet>> {

@@ -22,6 +22,13 @@ pub trait Resolver {
     fn event_source(&mut self) -> Option<Box<dyn super::source::EventSource>> {
         None
     }
+
+    /// Whether the stacks of a tick that does not stop `pid` are read: where they
+    /// are not, the tick reads no thread's state either (in a process with 10,000
+    /// threads that took 60 ms of every tick, and the rings went unread meanwhile).
+    fn samples_used(&self, _pid: i32) -> bool {
+        true
+    }
 }
 
 /// How the budgeted probes' events (GC, import and audit: those with stacks) are

@@ -52,6 +52,9 @@ impl Engine {
             // Running on: what each published before its read is recorded first
             // (up to what was there then; it may publish faster than it is read).
             for pid in pids {
+                if !self.resolver.samples_used(pid) {
+                    continue;
+                }
                 self.drain_ring_of(pid, sink);
                 let on_cpu = self.cpu_states(pid);
                 sink(TraceEvent::Tick {
