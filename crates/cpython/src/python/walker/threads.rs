@@ -34,23 +34,28 @@ pub(crate) struct Tids {
 }
 
 /// `/proc/PID/task`: (tid as pyprobe sees it, tid in the target's own namespace).
-fn read_tasks(pid: i32) -> Vec<(i32, i32)> {
+/// Each task's status is read only when they differ (`namespaced`): with 10,000
+/// threads, reading them all took 200 ms, with the target stopped.
+fn read_tasks(pid: i32, namespaced: bool) -> Vec<(i32, i32)> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .map(|tid| {
-            let inner = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
-                .ok()
-                .and_then(|s| {
-                    s.lines()
-                        .find_map(|l| l.strip_prefix("NSpid:"))
-                        .and_then(|ids| ids.split_whitespace().last()?.parse().ok())
-                })
-                .unwrap_or(tid);
-            (tid, inner)
-        })
-        .collect()
+    let tids = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok());
+    if !namespaced {
+        return tids.map(|tid| (tid, tid)).collect();
+    }
+    tids.map(|tid| {
+        let inner = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .and_then(|ids| ids.split_whitespace().last()?.parse().ok())
+            })
+            .unwrap_or(tid);
+        (tid, inner)
+    })
+    .collect()
 }
 
 impl Tids {
@@ -70,7 +75,7 @@ impl Tids {
 
     fn refresh(&mut self) {
         self.refreshed = true;
-        self.inner_to_outer = read_tasks(self.pid)
+        self.inner_to_outer = read_tasks(self.pid, self.namespaced)
             .into_iter()
             .map(|(o, i)| (i, o))
             .collect();
