@@ -35,11 +35,15 @@ pub(super) struct Attaching {
 
 impl Attaching {
     pub fn new(attached: Option<i32>, chosen: Rc<RefCell<Chosen>>, verbose: bool) -> Attaching {
+        let mut sampler = Sampler::default();
+        if let Some(pid) = attached {
+            sampler.prepare(pid);
+        }
         Attaching {
             attached,
             chosen,
             verbose,
-            sampler: Sampler::default(),
+            sampler,
             lines: Vec::new(),
             window: None,
             running: None,
