@@ -61,6 +61,38 @@ impl ProcessMemory {
         }
     }
 
+    /// Reads `len` bytes at each of `addrs` into consecutive `len`-byte pieces of
+    /// `out` (which holds `addrs.len() * len` bytes), with one `process_vm_readv`
+    /// per [`WORDS_PER_READ`] blocks; returns how many leading blocks were read
+    /// whole (the kernel stops at the first it cannot read).
+    pub fn read_blocks(&self, addrs: &[u64], len: usize, out: &mut [u8]) -> usize {
+        if len == 0 || out.len() < addrs.len().saturating_mul(len) {
+            return 0;
+        }
+        let mut done = 0;
+        for (addrs, out) in addrs
+            .chunks(WORDS_PER_READ)
+            .zip(out.chunks_mut(WORDS_PER_READ * len))
+        {
+            let remote: Vec<RemoteIoVec> = addrs
+                .iter()
+                .map(|&a| RemoteIoVec {
+                    base: a as usize,
+                    len,
+                })
+                .collect();
+            let mut local: Vec<io::IoSliceMut<'_>> =
+                out.chunks_mut(len).map(io::IoSliceMut::new).collect();
+            let got = process_vm_readv(Pid::from_raw(self.pid), &mut local, &remote).unwrap_or(0);
+            let whole = (got / len).min(addrs.len());
+            done += whole;
+            if whole < addrs.len() {
+                break;
+            }
+        }
+        done
+    }
+
     /// Reads the 64-bit word at each of `addrs` into `out` (`None` where it
     /// cannot be read), with one `process_vm_readv` per [`WORDS_PER_READ`] words
     /// when all can be read: for checking many objects at once, where a read

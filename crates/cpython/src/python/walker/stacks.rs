@@ -60,6 +60,9 @@ pub(crate) struct StackReader<M> {
     last_rootless: bool,
     /// Naming batch of [`Self::name_captured`]: see [`Self::new_naming_batch`].
     batch: u64,
+    /// The thread states read last time, per list head, in list order: read in
+    /// one go next time and kept while each link still leads to the next.
+    last_chains: std::cell::RefCell<HashMap<u64, Vec<u64>>>,
     /// Code object headers read in this batch, by address: a sample of 300 threads
     /// waiting in the same five functions reads five headers, not 1,500.
     batch_headers: HashMap<u64, Box<[u8]>>,
@@ -80,6 +83,20 @@ enum FrameError {
 /// Target memory as the walker reads it: a [`MemoryReader`] that can also read two
 /// places in one go (a frame's code object and the next frame).
 pub(crate) trait Memory: MemoryReader {
+    /// Reads `len` bytes at each of `addrs` into consecutive pieces of `out`;
+    /// returns how many leading blocks were read whole. The default reads them one
+    /// by one; [`ProcessMemory`] reads many with each `process_vm_readv`.
+    fn read_blocks(&self, addrs: &[u64], len: usize, out: &mut [u8]) -> usize {
+        let mut read = 0;
+        for (&a, block) in addrs.iter().zip(out.chunks_mut(len.max(1))) {
+            if block.len() != len || self.read_exact(a, block).is_err() {
+                break;
+            }
+            read += 1;
+        }
+        read
+    }
+
     /// Reads all of `abuf` at `a` and all of `bbuf` at `b`; says which succeeded. The
     /// default makes two reads; [`ProcessMemory`] makes one `process_vm_readv`.
     fn read_pair(&self, a: u64, abuf: &mut [u8], b: u64, bbuf: &mut [u8]) -> (bool, bool) {
@@ -91,6 +108,10 @@ pub(crate) trait Memory: MemoryReader {
 }
 
 impl Memory for ProcessMemory {
+    fn read_blocks(&self, addrs: &[u64], len: usize, out: &mut [u8]) -> usize {
+        ProcessMemory::read_blocks(self, addrs, len, out)
+    }
+
     fn read_pair(&self, a: u64, abuf: &mut [u8], b: u64, bbuf: &mut [u8]) -> (bool, bool) {
         let (alen, blen) = (abuf.len(), bbuf.len());
         let remote = [
@@ -214,6 +235,7 @@ impl<M: Memory> StackReader<M> {
             last_rootless: false,
             batch: 1,
             batch_headers: HashMap::new(),
+            last_chains: Default::default(),
             frame_addresses: None,
         }
     }

@@ -619,3 +619,37 @@ fn locals_of_random_memory_never_panic_nor_hang() {
         }
     }
 }
+
+#[test]
+fn a_thread_list_read_again_follows_its_links_as_they_are_now() {
+    let (layout, _) = layout::from_offsets_file(v(12)).unwrap();
+    let mut img = Image::new();
+    let code = img.code(&layout, "/a.py", "f", 1, &[]);
+    let frames: Vec<u64> = (0..3).map(|_| img.frame(&layout, code, 0, 0)).collect();
+    let (runtime, t) = img.runtime(&layout, &frames);
+    let mut reader = StackReader::new(img, layout.clone(), runtime, Some(CODE_TYPE));
+    let addrs = |r: &StackReader<Image>| -> Vec<u64> {
+        r.thread_states()
+            .unwrap()
+            .into_iter()
+            .map(|(a, _)| a)
+            .collect()
+    };
+    assert_eq!(addrs(&reader), vec![t[0], t[1], t[2]]);
+    // The middle thread ends: the newest now leads to the oldest.
+    reader.mem.u64(t[2] + layout.tstate_next, t[0]);
+    assert_eq!(addrs(&reader), vec![t[0], t[2]]);
+    // Its state is read afresh each time, not kept.
+    let native = layout
+        .tstate_native_thread_id
+        .unwrap_or(layout.tstate_thread_id);
+    reader.mem.u64(t[0] + native, 4242);
+    let (_, oldest) = reader.thread_states().unwrap().swap_remove(0);
+    assert_eq!(
+        oldest[native as usize..native as usize + 8],
+        4242u64.to_le_bytes()
+    );
+    // A loop in the list read last time ends the list, as on a first read.
+    reader.mem.u64(t[0] + layout.tstate_next, t[2]);
+    assert_eq!(addrs(&reader), vec![t[0], t[2]]);
+}

@@ -2,7 +2,7 @@
 //! starts. Apart from the frame walk: these lists are read once per sample,
 //! before any frame chain is followed.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 
 use super::{Memory, RawThread, StackReader, MAX_INTERPRETERS, MAX_THREADS};
@@ -39,11 +39,33 @@ impl<M: Memory> StackReader<M> {
     /// `_PyRuntime` itself cannot be read.
     pub(crate) fn thread_states(&self) -> io::Result<Vec<(u64, Vec<u8>)>> {
         let l = &self.layout;
+        let span = l.tstate_span() as usize;
         let mut out = Vec::new();
+        let mut chains = HashMap::new();
+        let last_chains = std::mem::take(&mut *self.last_chains.borrow_mut());
         for (_, head) in self.interpreters()?.0 {
             let mut threads = Vec::new();
             let mut tstate = head;
             let mut seen_threads = HashSet::new();
+            // The list as it was last time, read at once (a thread state each
+            // read apart cost a system call each): taken while each state is the
+            // one the list leads to now, then read on one by one.
+            if let Some(guess) = last_chains.get(&head) {
+                let guess = &guess[..guess.len().min(MAX_THREADS.saturating_sub(out.len()))];
+                let mut bytes = vec![0u8; span * guess.len()];
+                let read = self.mem.read_blocks(guess, span, &mut bytes);
+                for (&addr, buf) in guess[..read].iter().zip(bytes.chunks(span)) {
+                    if addr != tstate || !plausible_pointer(tstate) || !seen_threads.insert(tstate)
+                    {
+                        break;
+                    }
+                    let Ok(next) = field_u64(buf, l.tstate_next) else {
+                        break;
+                    };
+                    threads.push((tstate, buf.to_vec()));
+                    tstate = next;
+                }
+            }
             while plausible_pointer(tstate)
                 && out.len() + threads.len() < MAX_THREADS
                 && seen_threads.insert(tstate)
@@ -58,9 +80,11 @@ impl<M: Memory> StackReader<M> {
                 threads.push((tstate, buf));
                 tstate = next;
             }
+            chains.insert(head, threads.iter().map(|(t, _)| *t).collect());
             // New thread states are pushed at the head: reverse for oldest first.
             out.extend(threads.into_iter().rev());
         }
+        *self.last_chains.borrow_mut() = chains;
         Ok(out)
     }
 
