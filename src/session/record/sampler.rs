@@ -167,8 +167,6 @@ impl Sampler {
         slot.walker.as_mut()
     }
 
-    /// The walker of `pid` for reading at a probe hit, attached now if it can be
-    /// (failed attaches are retried with the usual back-off).
     /// Makes the walker of `pid` now, while its threads still run: finding the
     /// interpreter reads its maps and ELF files, which a stop would otherwise hold
     /// (with 10,000 threads, the stacks read at attach took 400 ms). A failure here
@@ -182,6 +180,8 @@ impl Sampler {
         }
     }
 
+    /// The walker of `pid` for reading at a probe hit, attached now if it can be
+    /// (failed attaches are retried with the usual back-off).
     pub fn walker_at(&mut self, pid: i32) -> Option<&mut Walker> {
         self.walker(pid, pyprobe_sdt::tracer::signals::monotonic_ns())
     }
