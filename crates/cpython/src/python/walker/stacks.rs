@@ -166,13 +166,22 @@ impl FrameWindow {
     }
 
     /// After a read of the newest block (`read`: whether it succeeded), the frame
-    /// at `addr` from it; a block that could not be read is forgotten.
-    fn read_into(&mut self, read: bool, addr: u64, out: &mut [u8]) -> bool {
+    /// at `addr` from it; a block that could not be read is forgotten, and the
+    /// frame alone is read from `mem` instead.
+    fn read_into(
+        &mut self,
+        read: bool,
+        addr: u64,
+        out: &mut [u8],
+        mem: &(impl MemoryReader + ?Sized),
+    ) -> bool {
+        if read && self.copy(addr, out) {
+            return true;
+        }
         if !read {
             self.blocks.pop();
-            return false;
         }
-        self.copy(addr, out)
+        mem.read_exact(addr, out).is_ok()
     }
 
     /// A new block for a frame of `span` bytes at `addr`, from the start of its
@@ -297,8 +306,7 @@ impl<M: Memory> StackReader<M> {
             && if contiguous {
                 let (start, block) = window.block_for(innermost, span);
                 let read = self.mem.read_exact(start, block).is_ok();
-                window.read_into(read, innermost, &mut frame)
-                    || self.mem.read_exact(innermost, &mut frame).is_ok()
+                window.read_into(read, innermost, &mut frame, &self.mem)
             } else {
                 self.mem.read_exact(innermost, &mut frame).is_ok()
             };
@@ -328,8 +336,7 @@ impl<M: Memory> StackReader<M> {
                 (Some(c), Some(n)) if contiguous => {
                     let (start, buffer) = window.block_for(n, span);
                     let (code_ok, window_ok) = self.mem.read_pair(c, &mut code_buf, start, buffer);
-                    let next_ok = window.read_into(window_ok, n, &mut next_frame)
-                        || self.mem.read_exact(n, &mut next_frame).is_ok();
+                    let next_ok = window.read_into(window_ok, n, &mut next_frame, &self.mem);
                     (code_ok, next_ok)
                 }
                 (Some(c), Some(n)) => self.mem.read_pair(c, &mut code_buf, n, &mut next_frame),
@@ -337,8 +344,7 @@ impl<M: Memory> StackReader<M> {
                 (None, Some(n)) if contiguous => {
                     let (start, buffer) = window.block_for(n, span);
                     let window_ok = self.mem.read_exact(start, buffer).is_ok();
-                    let next_ok = window.read_into(window_ok, n, &mut next_frame)
-                        || self.mem.read_exact(n, &mut next_frame).is_ok();
+                    let next_ok = window.read_into(window_ok, n, &mut next_frame, &self.mem);
                     (code_known, next_ok)
                 }
                 (None, Some(n)) => (code_known, self.mem.read_exact(n, &mut next_frame).is_ok()),
