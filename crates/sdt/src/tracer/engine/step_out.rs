@@ -22,14 +22,13 @@ use super::{Engine, StopKind, ThreadState, TraceEvent};
 const MAX_STEPS: u32 = 50_000;
 
 impl Engine {
-    /// Steps each held thread of `pid` that stands inside `code` out of it; returns
-    /// how many were stepped out.
+    /// Steps each held thread of `pid` that stands inside `code` out of it.
     pub(in crate::tracer) fn step_out_of(
         &mut self,
         pid: i32,
         code: &[Range<u64>],
         sink: &mut dyn FnMut(TraceEvent),
-    ) -> usize {
+    ) {
         let inside = |rip: u64| code.iter().any(|r| r.contains(&rip));
         let held: Vec<i32> = self
             .threads
@@ -47,7 +46,6 @@ impl Engine {
             .map(|(&tid, _)| tid)
             .collect();
         let mut steps_left = MAX_STEPS;
-        let mut stepped_out = 0;
         for tid in held {
             let thread = Pid::from_raw(tid);
             if !ptrace::getregs(thread).is_ok_and(|regs| inside(regs.rip)) {
@@ -77,16 +75,10 @@ impl Engine {
                     }
                     Err(_) => break,
                 }
-                match ptrace::getregs(thread) {
-                    Ok(regs) if !inside(regs.rip) => {
-                        stepped_out += 1;
-                        break;
-                    }
-                    Ok(_) => {}
-                    Err(_) => break,
+                if !ptrace::getregs(thread).is_ok_and(|regs| inside(regs.rip)) {
+                    break;
                 }
             }
         }
-        stepped_out
     }
 }
