@@ -489,10 +489,12 @@ impl Engine {
     /// and a busy thread stopped last and resumed first is held only for the work
     /// done while all are stopped. Idle threads stopped meanwhile were waiting anyway.
     pub(in crate::tracer) fn note_busy_threads(&mut self) {
-        self.busy = self
-            .threads
+        let threads = &self.threads;
+        self.task_states.keep_only(|tid| threads.contains_key(&tid));
+        let states = &mut self.task_states;
+        self.busy = threads
             .iter()
-            .filter(|(&tid, t)| crate::process::status::task_state(t.tgid, tid) == Some('R'))
+            .filter(|(&tid, t)| states.state(t.tgid, tid) == Some('R'))
             .map(|(&tid, _)| tid)
             .collect();
     }
