@@ -2,8 +2,9 @@
 # Makes a fresh Debian machine ready for the tests, doing only what is missing:
 # the Debian packages the tests build and run with (a C compiler, <sys/sdt.h>,
 # the system CPython 3.11 with its headers, setpriv, Go's `go tool pprof` that
-# reads pyprobe's pprof profiles back), and the unprivileged user
-# `pyprobe-test` that the tests run pyprobe as. Says in one line what it installs.
+# reads pyprobe's pprof profiles back, Chromium that loads the HTML report
+# headless), and the unprivileged user `pyprobe-test` that the tests run pyprobe
+# as. Says in one line what it installs.
 # As root it installs; otherwise it prints the command to run and fails.
 set -euo pipefail
 
@@ -23,6 +24,7 @@ declare -A NEED=(
     [python3-pip]=/usr/lib/python3/dist-packages/pip
     [python3.11-venv]=/usr/lib/python3.11/ensurepip/__main__.py
     [golang-go]=/usr/bin/go
+    [chromium]=/usr/bin/chromium
 )
 missing=()
 for pkg in "${!NEED[@]}"; do

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use cli::{Cli, Command};
+use cli::{Cli, Command, ReportAction};
 use pyprobe::session;
 
 fn main() -> ExitCode {
@@ -16,7 +16,10 @@ fn main() -> ExitCode {
         Command::Flame(args) => args
             .request()
             .and_then(|request| session::views::flame(&request)),
-        Command::Report(args) => session::report::run(&args.request()),
+        Command::Report(args) => args.action().and_then(|action| match action {
+            ReportAction::Print(request) => session::report::run(&request),
+            ReportAction::Page(request) => session::views::flame(&request),
+        }),
         Command::Calls(args) => session::views::calls(&args.request()),
         Command::Top(args) => session::top::top(&args.request()),
         Command::Dump(args) => session::dump::run(&args.request()),

@@ -18,6 +18,7 @@ mod view_args;
 use inspect_args::{DumpArgs, ProbesArgs, TopArgs};
 use record_args::RecordArgs;
 use shell_args::{CompletionsArgs, ManArgs};
+pub use view_args::ReportAction;
 use view_args::{CallsArgs, FlameArgs, ReportArgs};
 
 #[derive(Debug, Parser)]

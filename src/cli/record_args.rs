@@ -35,7 +35,8 @@ pub struct RecordArgs {
     pub target: TargetArgs,
     /// Output: a recording (`.pyprobe`), or a view chosen by extension
     /// (`.svg` flame graph, `.json` speedscope, `.txt` collapsed stacks, `.pb.gz`
-    /// pprof, `.prof` pstats; the recording is kept beside it, x.svg → x.pyprobe). Any other name is refused
+    /// pprof, `.prof` pstats, `.html` report page; the recording is kept beside it,
+    /// x.svg → x.pyprobe). Any other name is refused
     /// before the target is touched (a FIFO takes the recording). An existing
     /// file is refused unless --force is given. Default: the flame graph
     /// pyprobe-PID.svg with the recording beside it (pyprobe-PID.pyprobe), or

@@ -28,6 +28,10 @@ pub enum FlameFormat {
     /// calls, primitive calls, own and cumulative time and callers of each function
     /// (exact from a traced recording; estimated times, no calls, from a sampled one).
     Pstats,
+    /// One self-contained HTML page (as `report --format html`): an interactive
+    /// flame graph with the hot spots, GC, imports, audit events, return types
+    /// and a per-line heatmap of the hottest files.
+    Html,
 }
 
 #[derive(Debug, Args)]
@@ -36,11 +40,11 @@ pub struct FlameArgs {
     pub file: PathBuf,
     /// Where to write (`-` for standard output). Its extension must fit the
     /// format (.svg; .txt or .folded for collapsed; .json for speedscope and
-    /// chrome; .pb.gz or .pprof for pprof; .prof for pstats), else pyprobe refuses; without
-    /// --format, it chooses the format (.json: speedscope). An existing file is
-    /// refused unless --force is given. Default: beside the recording (FILE.svg,
-    /// .folded.txt, .speedscope.json, .trace.json, .pb.gz, .prof), or FILE.1.svg, .2, ...
-    /// when that exists.
+    /// chrome; .pb.gz or .pprof for pprof; .prof for pstats; .html for html), else pyprobe
+    /// refuses; without --format, it chooses the format (.json: speedscope). An existing
+    /// file is refused unless --force is given. Default: beside the recording (FILE.svg,
+    /// .folded.txt, .speedscope.json, .trace.json, .pb.gz, .prof, .html), or FILE.1.svg,
+    /// .2, ... when that exists.
     #[arg(short, long, value_name = "OUT")]
     pub output: Option<PathBuf>,
     /// What to write (default: from OUT's extension, else svg).
@@ -95,6 +99,12 @@ pub enum FlameBy {
 pub enum ReportFormat {
     Table,
     Json,
+    /// One self-contained page, written to a file (-o, default beside the
+    /// recording): an interactive flame graph (zoom, search by name or
+    /// file.py:42, inverted, per thread or process), the hot spots, GC pauses
+    /// and their triggers, imports, audit events, return types, and a per-line
+    /// heatmap of the hottest files. Nothing is fetched when it is opened.
+    Html,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -108,8 +118,9 @@ pub enum SortKey {
 pub struct ReportArgs {
     /// A recording made by `pyprobe record`.
     pub file: PathBuf,
-    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
-    pub format: ReportFormat,
+    /// What to print or write (default: table; html when -o names a .html file).
+    #[arg(long, value_enum)]
+    pub format: Option<ReportFormat>,
     /// Order of the functions (default: inclusive time; calls when the recording
     /// has exact counts but no times, as on CPython 3.11 traced through its
     /// probes with --engine ring or int3).
@@ -137,6 +148,19 @@ pub struct ReportArgs {
     /// `sympy/core/mul.py`; JSON always has them whole).
     #[arg(long)]
     pub full_paths: bool,
+    /// With --format html: where to write the page (`-` for standard output).
+    /// Default: beside the recording (FILE.html, or FILE.1.html when that exists).
+    #[arg(short, long, value_name = "OUT")]
+    pub output: Option<PathBuf>,
+    /// With --format html: replace an existing OUT.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// What `pyprobe report` does: print the report, or write the HTML page.
+pub enum ReportAction {
+    Print(ReportRequest),
+    Page(FlameRequest),
 }
 
 #[derive(Debug, Args)]
@@ -168,6 +192,7 @@ impl From<FlameFormat> for views::FlameFormat {
             FlameFormat::Chrome => views::FlameFormat::Chrome,
             FlameFormat::Pprof => views::FlameFormat::Pprof,
             FlameFormat::Pstats => views::FlameFormat::Pstats,
+            FlameFormat::Html => views::FlameFormat::Html,
         }
     }
 }
@@ -220,8 +245,48 @@ impl FlameArgs {
 }
 
 impl ReportArgs {
-    pub fn request(self) -> ReportRequest {
-        let table = self.format == ReportFormat::Table;
+    pub fn action(mut self) -> anyhow::Result<ReportAction> {
+        let page = |p: &PathBuf| {
+            p.extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"))
+        };
+        if self.format.is_none() && self.output.as_ref().is_some_and(page) {
+            self.format = Some(ReportFormat::Html);
+        }
+        if self.format == Some(ReportFormat::Html) {
+            if self.lines.is_some() {
+                anyhow::bail!(
+                    "--lines prints one file's annotated source as text; the HTML page \
+                     (--format html) has the hottest files' already"
+                );
+            }
+            if !self.include.is_empty() || !self.exclude.is_empty() || self.sort.is_some() {
+                anyhow::bail!(
+                    "--include, --exclude and --sort shape the table; the HTML page \
+                     holds every function (filter it with its search box)"
+                );
+            }
+            return Ok(ReportAction::Page(FlameRequest {
+                file: self.file,
+                output: self.output,
+                format: Some(views::FlameFormat::Html),
+                full_paths: self.full_paths,
+                force: self.force,
+                samples: self.samples.into(),
+                ..FlameRequest::default()
+            }));
+        }
+        if self.output.is_some() || self.force {
+            anyhow::bail!(
+                "-o and --force name the file of the HTML page (--format html, or -o \
+                 FILE.html); the table and the JSON go to standard output (redirect it)"
+            );
+        }
+        Ok(ReportAction::Print(self.request()))
+    }
+
+    fn request(self) -> ReportRequest {
+        let table = self.format.unwrap_or(ReportFormat::Table) == ReportFormat::Table;
         ReportRequest {
             file: self.file,
             json: !table,

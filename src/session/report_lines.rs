@@ -43,16 +43,17 @@ fn choose_file(names: &[(StrId, &str)], wanted: &Path) -> Result<StrId, Vec<Stri
     }
 }
 
-/// The text of `path`, line by line, or why it cannot be read.
-fn read_source(path: &Path) -> std::io::Result<Vec<String>> {
+/// The text of `path`, line by line, or why it cannot be read (it is larger
+/// than `max_bytes`, among others).
+pub(crate) fn read_source(path: &Path, max_bytes: u64) -> std::io::Result<Vec<String>> {
     let mut bytes = Vec::new();
     std::fs::File::open(path)?
-        .take(MAX_SOURCE_BYTES + 1)
+        .take(max_bytes + 1)
         .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_SOURCE_BYTES {
+    if bytes.len() as u64 > max_bytes {
         return Err(std::io::Error::other(format!(
-            "larger than {} MiB",
-            MAX_SOURCE_BYTES >> 20
+            "larger than {} KiB",
+            max_bytes >> 10
         )));
     }
     Ok(String::from_utf8_lossy(&bytes)
@@ -95,7 +96,7 @@ pub fn report_lines(recording: &Path, file: &Path, samples: SampleFilter) -> Res
             )
         }
     };
-    let source = match read_source(file) {
+    let source = match read_source(file, MAX_SOURCE_BYTES) {
         Ok(lines) => Some(lines),
         Err(e) => {
             eprintln!(

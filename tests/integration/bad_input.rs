@@ -311,7 +311,7 @@ fn record_refuses_an_output_it_cannot_write_before_starting_the_command() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("marker");
     let code = format!("open({:?}, 'w')", marker.to_str().unwrap());
-    for name in ["x.html", "x", "x.pyprobe.gz", "x.svgz"] {
+    for name in ["x.pdf", "x", "x.pyprobe.gz", "x.svgz"] {
         let out = dir.path().join(name);
         let args = ["record", "-o", out.to_str().unwrap(), "--"];
         let run = pyprobe()
@@ -355,7 +355,7 @@ fn record_refuses_an_output_it_cannot_write_before_attaching() {
     target.wait_for_line("ready");
     let pid = target.pid().to_string();
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("profile.html");
+    let out = dir.path().join("profile.pdf");
     let e = assert_refused(
         &[
             "record",
@@ -366,7 +366,7 @@ fn record_refuses_an_output_it_cannot_write_before_attaching() {
             "-o",
             out.to_str().unwrap(),
         ],
-        &["profile.html", ".pyprobe"],
+        &["profile.pdf", ".pyprobe"],
     );
     assert_one_sentence(&e);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -405,10 +405,7 @@ fn flame_refuses_an_output_named_for_another_format() {
         assert_one_sentence(&e);
         assert!(!dir.path().join(name).exists(), "{format} {name}");
     }
-    let e = assert_refused(
-        &["flame", rec, "-o", &at("x.html")],
-        &["x.html", "--format"],
-    );
+    let e = assert_refused(&["flame", rec, "-o", &at("x.pdf")], &["x.pdf", "--format"]);
     assert_one_sentence(&e);
     // The extension chooses: .json is speedscope, .txt collapsed stacks.
     let out = run_pyprobe(&["flame", rec, "-o", &at("chosen.json")]);

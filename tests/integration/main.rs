@@ -16,6 +16,7 @@ mod honest;
 mod hook;
 mod hook_reattach;
 mod hostile_target;
+mod html_report;
 mod lines;
 mod many_threads;
 mod native;

@@ -292,7 +292,7 @@ fn check_outputs(output: &Path, existing: Existing) -> Result<Option<FlameFormat
         }
         None => bail!(
             "pyprobe record cannot write {}: name the output .pyprobe (a recording), .svg \
-             (flame graph), .json (speedscope), .txt (collapsed stacks), .pb.gz (pprof) or .prof (pstats)",
+             (flame graph), .json (speedscope), .txt (collapsed stacks), .pb.gz (pprof), .prof (pstats) or .html (report page)",
             output.display()
         ),
     };

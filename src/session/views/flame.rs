@@ -39,6 +39,9 @@ pub enum FlameFormat {
     Pprof,
     /// cProfile's `.prof` (pstats, snakeviz, tuna, gprof2dot).
     Pstats,
+    /// One self-contained HTML page: flame graph, hot spots, GC, imports, audit
+    /// events, return types and the hottest files' source.
+    Html,
 }
 
 impl FlameFormat {
@@ -51,6 +54,7 @@ impl FlameFormat {
             FlameFormat::Chrome => ".trace.json",
             FlameFormat::Pprof => ".pb.gz",
             FlameFormat::Pstats => ".prof",
+            FlameFormat::Html => ".html",
         }
     }
 
@@ -63,6 +67,7 @@ impl FlameFormat {
             FlameFormat::Speedscope | FlameFormat::Chrome => &["json"],
             FlameFormat::Pprof => &["pb.gz", "pprof"],
             FlameFormat::Pstats => &["prof", "pstats"],
+            FlameFormat::Html => &["html", "htm"],
         }
     }
 
@@ -89,6 +94,7 @@ impl FlameFormat {
             Some("txt" | "folded") => Some(FlameFormat::Collapsed),
             Some("json") => Some(FlameFormat::Speedscope),
             Some("prof" | "pstats") => Some(FlameFormat::Pstats),
+            Some("html" | "htm") => Some(FlameFormat::Html),
             _ => None,
         }
     }
@@ -102,6 +108,7 @@ impl FlameFormat {
             FlameFormat::Chrome => "Chrome trace (JSON)",
             FlameFormat::Pprof => "pprof profile (gzipped protobuf)",
             FlameFormat::Pstats => "pstats profile (cProfile's .prof)",
+            FlameFormat::Html => "report page (HTML)",
         }
     }
 
@@ -114,6 +121,7 @@ impl FlameFormat {
             FlameFormat::Chrome => "chrome",
             FlameFormat::Pprof => "pprof",
             FlameFormat::Pstats => "pstats",
+            FlameFormat::Html => "html",
         }
     }
 
@@ -127,6 +135,7 @@ impl FlameFormat {
             FlameFormat::Pstats => {
                 "pstats profile (python -m pstats, snakeviz, tuna and gprof2dot read it)"
             }
+            FlameFormat::Html => "HTML report (open it in a browser; it needs nothing else)",
         }
     }
 }
@@ -219,9 +228,11 @@ fn warn_if_large(format: FlameFormat, census: &Census, filtered: bool) {
     let bytes = match format {
         FlameFormat::Chrome => census.chrome_bytes(),
         FlameFormat::Speedscope => census.speedscope_bytes(),
-        FlameFormat::Svg | FlameFormat::Collapsed | FlameFormat::Pprof | FlameFormat::Pstats => {
-            return
-        }
+        FlameFormat::Svg
+        | FlameFormat::Collapsed
+        | FlameFormat::Pprof
+        | FlameFormat::Pstats
+        | FlameFormat::Html => return,
     };
     if bytes <= large_view_bytes() {
         return;
@@ -335,6 +346,9 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
             write_pstats(&stats, &mut *out)?;
             folded.tally
         }
+        FlameFormat::Html => {
+            super::html::render_html(file, request.samples, request.title.as_deref(), &mut *out)?
+        }
         FlameFormat::Speedscope => {
             let options = SpeedscopeOptions {
                 full_paths: request.full_paths,
@@ -431,7 +445,7 @@ fn flame_format(request: &FlameRequest) -> Result<FlameFormat> {
             anyhow::anyhow!(
                 "pyprobe flame cannot tell what to write to {} from its extension: name it \
                  .svg (flame graph), .txt (collapsed stacks), .json (speedscope; a Chrome trace \
-                 with --format chrome), .pb.gz (pprof) or .prof (pstats), or give --format",
+                 with --format chrome), .pb.gz (pprof), .prof (pstats) or .html (report page), or give --format",
                 out.display()
             )
         }),
@@ -451,7 +465,10 @@ pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
         );
     }
     if request.grain == FrameGrain::Lines
-        && matches!(format, FlameFormat::Chrome | FlameFormat::Speedscope)
+        && matches!(
+            format,
+            FlameFormat::Chrome | FlameFormat::Speedscope | FlameFormat::Html
+        )
     {
         bail!(
             "--lines splits the frames of a flame graph, collapsed stacks or pprof profile by \

@@ -2,6 +2,7 @@
 
 mod calls;
 mod flame;
+mod html;
 mod reading;
 
 pub use calls::{calls, CallsRequest};

@@ -5,6 +5,7 @@ pub mod calls;
 pub mod chrome;
 pub mod file;
 pub mod flame;
+pub mod html;
 pub mod names;
 pub mod pprof;
 pub mod probes;

@@ -1,0 +1,100 @@
+//! The HTML report: the recording read three times (the report, the stacks by
+//! thread, the per-line counts) and the hottest files' source read from disk,
+//! written as one page.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use pyprobe_recording::analyze::line_counts::count_lines;
+use pyprobe_recording::analyze::SampleFilter;
+use pyprobe_recording::analyze::SampleTally;
+use pyprobe_recording::output::flame::{
+    choose_measure, default_title, read_folded_by_thread, subtitle, By, FrameGrain, FrameNames,
+};
+use pyprobe_recording::output::html::{write_html, HtmlPage, SourceFile};
+use pyprobe_recording::output::report::{
+    build_report_filtered, render_json, ReportOptions, SortKey,
+};
+
+use super::reading::{note_cut_short, open};
+use crate::session::report_lines::read_source;
+
+/// Files whose source the heatmap shows, busiest first.
+const HEATMAP_FILES: usize = 6;
+/// Largest source file put in the page.
+const MAX_SOURCE_BYTES: u64 = 1 << 20;
+/// Functions the page's tables can list (by own time): the rest only in the
+/// flame graph.
+const MAX_FUNCTIONS: usize = 1000;
+
+/// The source of `file` for the page, or why it is left out. Only Python
+/// source is read: a recording names the files, and a page must not carry
+/// any other file of this machine.
+fn page_source(file: &str) -> Result<Vec<String>, String> {
+    if !file.ends_with(".py") {
+        return Err("not a .py file".into());
+    }
+    read_source(Path::new(file), MAX_SOURCE_BYTES).map_err(|e| format!("cannot read it now: {e}"))
+}
+
+/// The per-line counts and source of the busiest files.
+fn heatmap(file: &Path, samples: SampleFilter) -> Result<Vec<SourceFile>> {
+    let mut reader = open(file)?;
+    let (counts, _) = count_lines(&mut reader, samples)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    let strings = reader.strings();
+    Ok(counts
+        .files()
+        .into_iter()
+        .filter(|&(_, own, hits)| own + hits > 0)
+        .take(HEATMAP_FILES)
+        .map(|(id, ..)| {
+            let name = strings.get(id.0 as usize).cloned().unwrap_or_default();
+            let text = page_source(&name);
+            SourceFile::new(name, &counts.of_file(id), text)
+        })
+        .collect())
+}
+
+/// Writes the HTML report of `file` to `out`; returns which samples it counted.
+pub(super) fn render_html(
+    file: &Path,
+    samples: SampleFilter,
+    title: Option<&str>,
+    out: &mut dyn Write,
+) -> Result<SampleTally> {
+    let mut reader = open(file)?;
+    let report = build_report_filtered(&mut reader, samples)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    let options = ReportOptions {
+        sort: SortKey::Exclusive,
+        limit: Some(MAX_FUNCTIONS),
+        include: Vec::new(),
+        exclude: Vec::new(),
+    };
+    let view = options.apply(&report).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let report_json = render_json(&view);
+
+    let mut reader = open(file)?;
+    let (folded, info) = read_folded_by_thread(&mut reader, samples, FrameGrain::Functions)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    note_cut_short(&reader, file);
+    let (measure, _) = choose_measure(&folded, &info.header, By::Time);
+    let names = FrameNames::new(reader.strings(), true)
+        .with_header(&info.header)
+        .with_qualnames(&info.qualnames);
+    let sources = heatmap(file, samples)?;
+    let title = title.map_or_else(|| default_title(&info.header), str::to_owned);
+    let subtitle = subtitle(&folded, &info, measure);
+    let page = HtmlPage {
+        title: &title,
+        subtitle: &subtitle,
+        report_json: &report_json,
+        sample_interval_ns: info.header.sample_interval_ns,
+        sources: &sources,
+    };
+    write_html(&folded, measure, &names, &page, &mut *out)?;
+    Ok(folded.tally)
+}
