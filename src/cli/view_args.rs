@@ -55,10 +55,17 @@ pub struct FlameArgs {
     pub force: bool,
     /// Chrome trace and speedscope only: drop calls (and GC pauses, imports,
     /// sampled slices) shorter than this, e.g. 50us, 1ms. A call dropped takes
-    /// its callees with it (they are shorter still). An export estimated above
-    /// 200 MB is announced on stderr, with these filters, before it is written.
+    /// its callees with it (they are shorter still). Without it, an export of
+    /// every call estimated above 200 MB keeps only the calls long enough to fit
+    /// (see --all); with it, such an export is announced on stderr.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub min_duration: Option<u64>,
+    /// Chrome trace and speedscope only: keep every call however large the file.
+    /// Without it (or --min-duration), an export of every call estimated above
+    /// 200 MB keeps only the calls long enough to fit (the shortest kept is a power
+    /// of two of nanoseconds, said on stderr).
+    #[arg(long, conflicts_with = "min_duration")]
+    pub all: bool,
     /// Chrome trace and speedscope only: keep only functions whose file matches
     /// this glob (repeatable); GC, import and audit events stay.
     #[arg(long, value_name = "GLOB")]
@@ -240,6 +247,7 @@ impl FlameArgs {
                 files,
                 min_duration_ns: self.min_duration.unwrap_or(0),
             },
+            all: self.all,
         })
     }
 }

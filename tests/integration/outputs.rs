@@ -718,12 +718,13 @@ fn min_duration_include_and_exclude_drop_calls_from_trace_exports() {
     );
 }
 
-/// A Chrome trace (or speedscope file) estimated above the threshold (200 MB;
-/// `PYPROBE_LARGE_VIEW_BYTES` in tests) is announced, with its size and events
-/// and the filters that shrink it, before it is written; the estimate follows the
-/// filters given.
+/// A Chrome trace (or speedscope file) of every call estimated above the
+/// threshold (200 MB; `PYPROBE_LARGE_VIEW_BYTES` in tests) keeps only the calls
+/// long enough to fit, and says which; with `--all` it keeps them all and is
+/// announced, with its size and events and the filters that shrink it, before it
+/// is written; the estimate follows the filters given.
 #[test]
-fn a_large_trace_export_is_announced_with_the_filters_that_shrink_it() {
+fn a_large_trace_export_keeps_the_longer_calls_or_is_announced_with_all() {
     let dir = tempdir();
     let input = dir.path().join("calls.pyprobe");
     many_calls(&input, 20_000);
@@ -755,7 +756,41 @@ fn a_large_trace_export_is_announced_with_the_filters_that_shrink_it() {
     assert!(!stderr.contains("warning"), "{stderr}");
     assert!(chrome_size > 2_000_000, "{chrome_size}");
 
-    let (stderr, _) = export("chrome", Some("1000000"), &[]);
+    // Past the threshold, the longest calls that fit: every slice kept at
+    // least as long as the cut said, the file within the threshold.
+    let (stderr, size) = export("chrome", Some("1000000"), &[]);
+    let note = stderr
+        .lines()
+        .find(|l| l.starts_with("pyprobe: note: a Chrome trace of every call would be about"))
+        .unwrap_or_else(|| panic!("a note: {stderr}"));
+    assert!(
+        note.contains("(of 20,001)") && note.contains("--all"),
+        "{note}"
+    );
+    let cut = note.split(" calls of ").nth(1).unwrap();
+    let (value, unit) = {
+        let mut words = cut.split(' ');
+        (
+            words.next().unwrap().parse::<f64>().unwrap(),
+            words.next().unwrap(),
+        )
+    };
+    let cut_us = match unit {
+        "ns" => value / 1e3,
+        "µs" => value,
+        "ms" => value * 1e3,
+        other => panic!("a duration unit, not {other:?}: {note}"),
+    };
+    let kept = chrome_calls(&std::fs::read(dir.path().join("chrome.json")).unwrap());
+    assert!(!kept.is_empty() && kept.len() < 20_001, "{}", kept.len());
+    assert!(
+        kept.iter()
+            .all(|e| e["dur"].as_f64().unwrap() >= cut_us * 0.999),
+        "every slice at least {cut_us} µs"
+    );
+    assert!(size <= 1_000_000, "{size} bytes");
+
+    let (stderr, _) = export("chrome", Some("1000000"), &["--all"]);
     let warning = stderr
         .lines()
         .find(|l| l.starts_with("pyprobe: warning: the Chrome trace will be about"))
@@ -797,11 +832,17 @@ fn a_large_trace_export_is_announced_with_the_filters_that_shrink_it() {
     assert!(!stderr.contains("warning"), "{stderr}");
 
     // Speedscope alike.
-    let (stderr, size) = export("speedscope", Some("100000"), &[]);
+    let (stderr, size) = export("speedscope", Some("100000"), &["--all"]);
     assert!(
         stderr.contains("pyprobe: warning: the speedscope file will be about"),
         "{stderr}"
     );
+    let (stderr, cut_size) = export("speedscope", Some("100000"), &[]);
+    assert!(
+        stderr.contains("pyprobe: note: a speedscope file of every call would be about"),
+        "{stderr}"
+    );
+    assert!(cut_size < size, "{cut_size} of {size} bytes");
     let (stderr, _) = export("speedscope", Some(&(size * 3).to_string()), &[]);
     assert!(!stderr.contains("warning"), "{stderr}");
 }

@@ -320,7 +320,7 @@ fn speedscope_spilled_to_disk_is_identical() {
             spool_limit: limit,
             ..SpeedscopeOptions::default()
         };
-        write_speedscope(&mut reader, &options, |_| {}, &mut out).unwrap();
+        write_speedscope(&mut reader, &options, |_| None, &mut out).unwrap();
         String::from_utf8(out).unwrap()
     };
     assert_eq!(render(16), render(1 << 20));

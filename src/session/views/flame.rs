@@ -13,13 +13,13 @@ use pyprobe_recording::analyze::{SampleFilter, SliceFilter};
 use pyprobe_recording::output::chrome::{write_chrome, ChromeOptions};
 use pyprobe_recording::output::file::{check, first_free, numbered, Existing, Output, Stdout};
 use pyprobe_recording::output::flame::{
-    choose_measure, read_folded_by_thread, read_folded_filtered, write_collapsed, write_svg, By,
-    FrameGrain, FrameNames, SvgOptions,
+    choose_measure, read_folded_by_thread, read_folded_filtered, thousands, write_collapsed,
+    write_svg, By, FrameGrain, FrameNames, SvgOptions,
 };
 use pyprobe_recording::output::pprof::{build_profile, write_gzipped};
 use pyprobe_recording::output::pstats::{build_stats, write_pstats};
 use pyprobe_recording::output::speedscope::{write_speedscope, SpeedscopeOptions};
-use pyprobe_recording::output::Census;
+use pyprobe_recording::output::{Census, TraceExport};
 
 use super::reading::{is_broken_pipe, note_cut_short, note_samples, open};
 
@@ -196,6 +196,8 @@ pub struct FlameRequest {
     pub force: bool,
     /// What the trace exports keep (`--include`, `--exclude`, `--min-duration`).
     pub filter: SliceFilter,
+    /// Trace exports keep every call, however large (`--all`).
+    pub all: bool,
 }
 
 /// Exports estimated larger than this many bytes are announced before they are
@@ -222,25 +224,40 @@ fn human_bytes(bytes: u64) -> String {
     }
 }
 
-/// Says on stderr, before it is written, that an export will be large, and how
-/// to make it smaller.
-fn warn_if_large(format: FlameFormat, census: &Census, filtered: bool) {
-    let bytes = match format {
-        FlameFormat::Chrome => census.chrome_bytes(),
-        FlameFormat::Speedscope => census.speedscope_bytes(),
-        FlameFormat::Svg
-        | FlameFormat::Collapsed
-        | FlameFormat::Pprof
-        | FlameFormat::Pstats
-        | FlameFormat::Html => return,
+/// Sizes a trace export before it is written. Past the threshold, with no
+/// `--min-duration` or `--all` given, it keeps only the calls long enough for
+/// the export to fit, and says so; returns that shortest call. Otherwise it
+/// warns of a large export, with the filters that shrink it.
+fn size_export(request: &FlameRequest, format: FlameFormat, census: &Census) -> Option<u64> {
+    let (export, bytes, what) = match format {
+        FlameFormat::Chrome => (TraceExport::Chrome, census.chrome_bytes(), "Chrome trace"),
+        FlameFormat::Speedscope => (
+            TraceExport::Speedscope,
+            census.speedscope_bytes(),
+            "speedscope file",
+        ),
+        _ => return None,
     };
-    if bytes <= large_view_bytes() {
-        return;
+    let limit = large_view_bytes();
+    if bytes <= limit {
+        return None;
     }
-    let what = match format {
-        FlameFormat::Chrome => "Chrome trace",
-        _ => "speedscope file",
-    };
+    let chosen = request.filter.min_duration_ns == 0 && !request.all;
+    if let Some((min_ns, calls, kept_bytes)) =
+        census.min_duration_within(export, limit).filter(|_| chosen)
+    {
+        eprintln!(
+            "pyprobe: note: a {what} of every call would be about {}; it keeps the {} calls of \
+             {} or longer (of {}), about {}: --min-duration chooses the cut, --all keeps every \
+             call",
+            human_bytes(bytes),
+            thousands(calls),
+            format_duration(min_ns),
+            thousands(census.calls),
+            human_bytes(kept_bytes),
+        );
+        return Some(min_ns);
+    }
     eprintln!(
         "pyprobe: warning: the {what} will be about {} ({} calls and {} samples of the \
          recording's {} events{}); viewers slow down past a few hundred MB: --min-duration \
@@ -250,12 +267,23 @@ fn warn_if_large(format: FlameFormat, census: &Census, filtered: bool) {
         census.calls,
         census.samples,
         census.events,
-        if filtered {
-            ", with the filters given"
-        } else {
+        if request.filter.is_empty() {
             ""
+        } else {
+            ", with the filters given"
         },
     );
+    None
+}
+
+/// A power-of-two count of nanoseconds as people read it: `16.4 µs`, `1.05 ms`.
+fn format_duration(ns: u64) -> String {
+    match ns {
+        n if n >= 1_000_000_000 => format!("{:.3} s", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.3} ms", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.3} µs", n as f64 / 1e3),
+        n => format!("{n} ns"),
+    }
 }
 
 /// Says that `--lines` changed nothing where no frame was sampled: traced
@@ -274,7 +302,6 @@ fn note_lines_unsampled(grain: FrameGrain, folded: &Folded) {
 fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> Result<()> {
     let file = &request.file;
     let mut reader = open(file)?;
-    let filtered = !request.filter.is_empty();
     let tally = match format {
         FlameFormat::Svg | FlameFormat::Collapsed => {
             let (mut folded, mut info) =
@@ -356,7 +383,7 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
                 filter: request.filter.clone(),
                 ..SpeedscopeOptions::default()
             };
-            let before = |c: &Census| warn_if_large(format, c, filtered);
+            let before = |c: &Census| size_export(request, format, c);
             let tally = write_speedscope(&mut reader, &options, before, &mut *out)
                 .with_context(|| format!("cannot convert {}", file.display()))?;
             note_cut_short(&reader, file);
@@ -368,7 +395,7 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
                 samples: request.samples,
                 filter: request.filter.clone(),
             };
-            let before = |c: &Census| warn_if_large(format, c, filtered);
+            let before = |c: &Census| size_export(request, format, c);
             let tally = write_chrome(&mut reader, &options, before, &mut *out)
                 .with_context(|| format!("cannot convert {}", file.display()))?;
             note_cut_short(&reader, file);
@@ -455,12 +482,12 @@ fn flame_format(request: &FlameRequest) -> Result<FlameFormat> {
 /// `pyprobe flame FILE`.
 pub fn flame(request: &FlameRequest) -> Result<ExitCode> {
     let format = flame_format(request)?;
-    if !request.filter.is_empty()
+    if (!request.filter.is_empty() || request.all)
         && !matches!(format, FlameFormat::Chrome | FlameFormat::Speedscope)
     {
         bail!(
-            "--include, --exclude and --min-duration filter the trace exports (--format chrome \
-             or speedscope), not a {}",
+            "--include, --exclude, --min-duration and --all filter the trace exports (--format \
+             chrome or speedscope), not a {}",
             format.short()
         );
     }

@@ -205,17 +205,18 @@ impl<W: Write> Writer<W> {
 
 /// Reads the whole recording and writes it as a Chrome trace to `out`. `before`
 /// gets the recording's [`Census`] (under the options' filter) once it is read
-/// and before anything is written: what the trace will hold.
+/// and before anything is written: what the trace will hold; it returns the
+/// shortest call to keep when it chose one (else the options' filter holds).
 pub fn write_chrome<R: Read + Seek, W: Write>(
     reader: &mut RecordingReader<R>,
     options: &ChromeOptions,
-    before: impl FnOnce(&Census),
+    before: impl FnOnce(&Census) -> Option<u64>,
     out: W,
 ) -> Result<SampleTally, ViewError> {
     let header = reader.header().clone();
     let mut tally = SampleTally::new(options.samples, &header);
     let (plan, census) = plan_recording(reader, &options.filter)?;
-    before(&census);
+    let chosen_min = before(&census);
     let mut w = Writer {
         out,
         root: header.pid,
@@ -224,7 +225,10 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
         first: true,
         names: HashMap::new(),
         sampled_names: HashMap::new(),
-        filter: options.filter.clone(),
+        filter: SliceFilter {
+            min_duration_ns: chosen_min.unwrap_or(options.filter.min_duration_ns),
+            ..options.filter.clone()
+        },
         kept_files: HashMap::new(),
     };
     // A sampled frame lasts at least one interval after the last sample showing it.

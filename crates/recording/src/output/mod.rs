@@ -24,8 +24,8 @@ use crate::recording::{Event, EventKind, RecordError, RecordingReader, StrId};
 
 /// What a recording holds, counted while its replay is planned, with the trace
 /// exports' filter applied: enough to estimate an export's size before a byte of
-/// it is written.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// it is written, and to choose the shortest call it keeps so that it fits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Census {
     /// Every event of the recording.
     pub events: u64,
@@ -39,6 +39,26 @@ pub struct Census {
     pub(crate) sample_frames: u64,
     /// GC, import, audit, lost-event and window events.
     pub(crate) others: u64,
+    /// The calls the file filter keeps, by duration: bucket `b` holds those of
+    /// 2^b ns up to 2^(b+1) (the last also the calls never seen to end), as
+    /// (calls, bytes of their names).
+    pub(crate) durations: [(u64, u64); DURATION_BUCKETS],
+}
+
+const DURATION_BUCKETS: usize = 64;
+
+impl Default for Census {
+    fn default() -> Self {
+        Census {
+            events: 0,
+            calls: 0,
+            call_name_bytes: 0,
+            samples: 0,
+            sample_frames: 0,
+            others: 0,
+            durations: [(0, 0); DURATION_BUCKETS],
+        }
+    }
 }
 
 /// Bytes of a Chrome trace slice besides its names (JSON keys, times, ids).
@@ -51,28 +71,82 @@ const SPEEDSCOPE_EVENT_BYTES: u64 = 40;
 const SPEEDSCOPE_FRAME_BYTES: u64 = 5;
 const SPEEDSCOPE_SAMPLE_BYTES: u64 = 16;
 
+/// The trace exports whose size follows the calls they keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceExport {
+    Chrome,
+    Speedscope,
+}
+
 impl Census {
     /// About how large the Chrome trace of the recording is: a slice per call
     /// kept, at most one per sample (a sampled slice ends when its frame leaves
     /// the sampled stack), one per GC pause, import or instant.
     pub fn chrome_bytes(&self) -> u64 {
-        self.calls * CHROME_SLICE_BYTES
-            + self.call_name_bytes
-            + self.samples * (CHROME_SLICE_BYTES + CHROME_SAMPLED_NAME_BYTES)
-            + self.others * CHROME_SLICE_BYTES
+        self.bytes(TraceExport::Chrome, self.calls, self.call_name_bytes)
     }
 
     /// About how large the speedscope file is: an open and a close event per call
     /// kept, and each sample's frame indices.
     pub fn speedscope_bytes(&self) -> u64 {
-        self.calls * 2 * SPEEDSCOPE_EVENT_BYTES
-            + self.samples * SPEEDSCOPE_SAMPLE_BYTES
-            + self.sample_frames * SPEEDSCOPE_FRAME_BYTES
+        self.bytes(TraceExport::Speedscope, self.calls, self.call_name_bytes)
+    }
+
+    /// About how large `export` is with `calls` calls whose names take
+    /// `name_bytes`.
+    fn bytes(&self, export: TraceExport, calls: u64, name_bytes: u64) -> u64 {
+        match export {
+            TraceExport::Chrome => {
+                calls * CHROME_SLICE_BYTES
+                    + name_bytes
+                    + self.samples * (CHROME_SLICE_BYTES + CHROME_SAMPLED_NAME_BYTES)
+                    + self.others * CHROME_SLICE_BYTES
+            }
+            TraceExport::Speedscope => {
+                calls * 2 * SPEEDSCOPE_EVENT_BYTES
+                    + self.samples * SPEEDSCOPE_SAMPLE_BYTES
+                    + self.sample_frames * SPEEDSCOPE_FRAME_BYTES
+            }
+        }
+    }
+
+    /// The calls of `min_ns` or longer (the file filter applied), and the bytes
+    /// of their names: counted by whole buckets, so exact at a power of two.
+    fn calls_from(&self, min_ns: u64) -> (u64, u64) {
+        let first = if min_ns == 0 {
+            0
+        } else {
+            (63 - min_ns.leading_zeros()) as usize
+        };
+        self.durations[first..]
+            .iter()
+            .fold((0, 0), |(c, b), &(n, bytes)| (c + n, b + bytes))
+    }
+
+    /// The shortest call `export` should keep to stay within `max_bytes` (a
+    /// power of two of nanoseconds), with the calls and bytes that leaves; `None`
+    /// when every call fits, or when no cut makes it fit (samples and other
+    /// events alone are larger).
+    pub fn min_duration_within(
+        &self,
+        export: TraceExport,
+        max_bytes: u64,
+    ) -> Option<(u64, u64, u64)> {
+        let (all, all_names) = self.calls_from(0);
+        if self.bytes(export, all, all_names) <= max_bytes {
+            return None;
+        }
+        (1..DURATION_BUCKETS as u32).find_map(|b| {
+            let min = 1u64 << b;
+            let (calls, names) = self.calls_from(min);
+            let bytes = self.bytes(export, calls, names);
+            (bytes <= max_bytes && calls > 0).then_some((min, calls, bytes))
+        })
     }
 }
 
 /// Counts a recording for its [`Census`]. Calls are paired with returns per
-/// thread (by function) only when a minimum duration is asked for.
+/// thread (by function) to know their durations.
 struct Counter<'a> {
     filter: &'a SliceFilter,
     census: Census,
@@ -92,6 +166,22 @@ impl<'a> Counter<'a> {
         }
     }
 
+    /// A call the file filter kept, `ns` long (`None`: never seen to end).
+    fn kept_call(&mut self, ns: Option<u64>, name_bytes: u64) {
+        let bucket = match ns {
+            Some(0) => 0,
+            Some(ns) => (63 - ns.leading_zeros()) as usize,
+            None => DURATION_BUCKETS - 1,
+        };
+        let d = &mut self.census.durations[bucket];
+        d.0 += 1;
+        d.1 += name_bytes;
+        if ns.is_none_or(|ns| self.filter.long_enough(ns)) {
+            self.census.calls += 1;
+            self.census.call_name_bytes += name_bytes;
+        }
+    }
+
     fn push(&mut self, event: &Event, strings: &[String]) {
         self.census.events += 1;
         let len = |id: StrId| strings.get(id.0 as usize).map_or(0, |s| s.len() as u64);
@@ -105,30 +195,25 @@ impl<'a> Counter<'a> {
                     filter.files.matches(file)
                 });
                 let names = kept.then(|| 2 * len(frame.function) + 2 * len(frame.file));
-                if self.filter.min_duration_ns == 0 {
-                    if let Some(bytes) = names {
-                        self.census.calls += 1;
-                        self.census.call_name_bytes += bytes;
-                    }
-                } else {
-                    let stack = self.open.entry(event.tid).or_default();
-                    if stack.len() < crate::analyze::MAX_DEPTH {
-                        stack.push((frame.function, event.ts_ns, names));
-                    }
+                let stack = self.open.entry(event.tid).or_default();
+                if stack.len() < crate::analyze::MAX_DEPTH {
+                    stack.push((frame.function, event.ts_ns, names));
+                } else if let Some(bytes) = names {
+                    self.kept_call(None, bytes);
                 }
             }
-            EventKind::Return { frame, .. } if self.filter.min_duration_ns > 0 => {
+            EventKind::Return { frame, .. } => {
                 let Some(stack) = self.open.get_mut(&event.tid) else {
                     return;
                 };
                 let Some(i) = stack.iter().rposition(|(f, ..)| *f == frame.function) else {
                     return;
                 };
-                let ended = stack.drain(i..).next();
-                if let Some((_, start, Some(bytes))) = ended {
-                    if self.filter.long_enough(event.ts_ns.saturating_sub(start)) {
-                        self.census.calls += 1;
-                        self.census.call_name_bytes += bytes;
+                // Frames above it never returned: they end with it.
+                let ended: Vec<_> = stack.drain(i..).collect();
+                for (_, start, names) in ended {
+                    if let Some(bytes) = names {
+                        self.kept_call(Some(event.ts_ns.saturating_sub(start)), bytes);
                     }
                 }
             }
@@ -147,13 +232,14 @@ impl<'a> Counter<'a> {
 
     /// Calls still open at the end last until then: counted.
     fn finish(mut self) -> Census {
-        for stack in self.open.values() {
-            for (_, _, names) in stack {
-                if let Some(bytes) = names {
-                    self.census.calls += 1;
-                    self.census.call_name_bytes += bytes;
-                }
-            }
+        let open: Vec<u64> = self
+            .open
+            .values()
+            .flatten()
+            .filter_map(|&(_, _, names)| names)
+            .collect();
+        for bytes in open {
+            self.kept_call(None, bytes);
         }
         self.census
     }
@@ -175,4 +261,37 @@ pub(crate) fn plan_recording<R: Read + Seek>(
     }
     reader.rewind()?;
     Ok((planner.finish(), counter.finish()))
+}
+
+#[cfg(test)]
+mod census_tests {
+    use super::*;
+
+    #[test]
+    fn the_cut_is_the_shortest_power_of_two_that_fits() {
+        let mut census = Census::default();
+        // 1,000 calls of about 1 µs (bucket 9: 512 to 1023 ns), 10 of 1 ms, 1 open.
+        census.durations[9] = (1000, 10_000);
+        census.durations[19] = (10, 100);
+        census.durations[63] = (1, 10);
+        census.calls = 1011;
+        census.call_name_bytes = 10_110;
+        let all = census.chrome_bytes();
+        assert_eq!(all, 1011 * CHROME_SLICE_BYTES + 10_110);
+        assert_eq!(census.min_duration_within(TraceExport::Chrome, all), None);
+        // Room for the 11 long ones only: cut at 2^10 ns, the first bucket past 9.
+        let room = 11 * CHROME_SLICE_BYTES + 110;
+        assert_eq!(
+            census.min_duration_within(TraceExport::Chrome, room),
+            Some((1 << 10, 11, room))
+        );
+        // Room for the open call alone: cut past the 1 ms calls.
+        let (min, calls, _) = census
+            .min_duration_within(TraceExport::Chrome, CHROME_SLICE_BYTES + 10)
+            .unwrap();
+        assert_eq!((min, calls), (1 << 20, 1));
+        // Samples alone larger than the room: no cut helps.
+        census.samples = 1000;
+        assert_eq!(census.min_duration_within(TraceExport::Chrome, room), None);
+    }
 }

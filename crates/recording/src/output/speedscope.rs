@@ -212,17 +212,18 @@ impl Pruner {
 
 /// Reads the whole recording and writes it as a speedscope file to `out`.
 /// `before` gets the recording's [`Census`] (under the options' filter) once it is
-/// read and before anything is written: what the file will hold.
+/// read and before anything is written: what the file will hold; it returns the
+/// shortest call to keep when it chose one (else the options' filter holds).
 pub fn write_speedscope<R: Read + Seek, W: Write>(
     reader: &mut RecordingReader<R>,
     options: &SpeedscopeOptions,
-    before: impl FnOnce(&Census),
+    before: impl FnOnce(&Census) -> Option<u64>,
     mut out: W,
 ) -> Result<SampleTally, ViewError> {
     let header = reader.header().clone();
     let mut tally = SampleTally::new(options.samples, &header);
     let (plan, census) = plan_recording(reader, &options.filter)?;
-    before(&census);
+    let chosen_min = before(&census);
     let mut spool: Spool<(u32, Kind)> = Spool::new(options.spool_limit);
     let mut frames = FrameTable::default();
     // Per thread: the last `at` written, so times never go backwards.
@@ -231,7 +232,10 @@ pub fn write_speedscope<R: Read + Seek, W: Write>(
     let mut last_ts: Option<u64> = None;
     let mut item = Vec::with_capacity(128);
     let mut pruner = Pruner {
-        filter: options.filter.clone(),
+        filter: SliceFilter {
+            min_duration_ns: chosen_min.unwrap_or(options.filter.min_duration_ns),
+            ..options.filter.clone()
+        },
         files: HashMap::new(),
         stacks: HashMap::new(),
     };

@@ -12,7 +12,7 @@ pub use folded_stacks::{
     choose_measure, collapsed_lines, is_sampled, read_folded, read_folded_by_thread,
     read_folded_filtered, write_collapsed, By, FrameGrain, ViewError, ViewInfo,
 };
-pub use svg::{default_title, subtitle, write_svg, SvgOptions};
+pub use svg::{default_title, subtitle, thousands, write_svg, SvgOptions};
 
 #[cfg(test)]
 mod tests;

@@ -30,7 +30,8 @@ pub fn default_title(header: &Header) -> String {
     format!("pyprobe: {what}")
 }
 
-pub(super) fn thousands(n: u64) -> String {
+/// `1234567` as `1,234,567`.
+pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
