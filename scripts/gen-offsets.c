@@ -140,6 +140,10 @@ int main(void) {
        task's awaiters are kept in when it has several. */
     D(gen_object.size);
     D(gen_object.gi_iframe);
+    /* What a suspended coroutine awaits: its state (suspended in an await) and
+       the top of its frame's value stack, where the awaited object is. */
+    D(gen_object.gi_frame_state);
+    D(interpreter_frame.stackpointer);
     D(set_object.size);
     D(set_object.table);
     D(set_object.mask);
@@ -157,6 +161,13 @@ int main(void) {
 #if PY_VERSION_HEX >= 0x030E0000
     /* _PyStackRef tag bits to mask off f_executable. */
     FIELD("tag_mask", 3);
+    /* gi_frame_state (a byte) of a coroutine suspended in an await. */
+    FIELD("yield_from_state", (unsigned char)FRAME_SUSPENDED_YIELD_FROM);
+#if PY_VERSION_HEX >= 0x030F0000
+    FIELD("yield_from_locked_state", (unsigned char)FRAME_SUSPENDED_YIELD_FROM_LOCKED);
+#else
+    FIELD("yield_from_locked_state", (unsigned char)FRAME_SUSPENDED_YIELD_FROM);
+#endif
 #else
     FIELD("tag_mask", 0);
 #endif

@@ -102,11 +102,15 @@ fn check_logical_stacks(version: &'static str) {
             // asyncio's own `Task-N` names are left out of the markers, so that
             // the samples of many unnamed tasks add up.
             assert!(tasks[0].starts_with("Task-"), "{version}: {chain}");
+            // An awaiting task stands in each coroutine down to the await on
+            // the next task: main in gather_workers, worker in wait_for.
             vec![
                 "[task]".into(),
                 "main".into(),
+                "gather_workers".into(),
                 format!("[task {}]", tasks[1]),
                 "worker".into(),
+                "wait_for".into(),
                 format!("[task {}]", tasks[2]),
                 "fetch".into(),
                 "crunch".into(),
@@ -279,6 +283,16 @@ fn an_aiohttp_server_under_load_shows_its_handlers_under_their_tasks_3_15() {
 /// `dump --async` of `async_tasks.py` while it runs: its seven tasks, each under
 /// the task that awaits it (through `gather`'s future for the workers), at most
 /// one running, the waiting ones at the line they await on.
+/// The functions of a task's frames in a `dump --async` JSON, outermost first.
+fn functions(task: &Value) -> Vec<&str> {
+    task["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["function"].as_str().unwrap())
+        .collect()
+}
+
 fn check_dump_async(version: &'static str) {
     let _serial = serial();
     let Some(py) = python(version) else { return };
@@ -327,7 +341,14 @@ fn check_dump_async(version: &'static str) {
         );
         let frames = by_name[fetch.as_str()]["frames"].as_array().unwrap();
         assert_eq!(frames[0]["function"], "fetch", "{fetch}: {frames:?}");
+        // A waiting task stands in each coroutine it awaits through.
+        assert_eq!(
+            functions(by_name[worker.as_str()]),
+            ["worker", "wait_for"],
+            "{worker}"
+        );
     }
+    assert_eq!(functions(main), ["main", "gather_workers"], "{main}");
     let running = tasks.iter().filter(|t| t["running"] == true).count();
     assert!(running <= 1, "{version}: {running} running");
     let text = String::from_utf8_lossy(&text.stdout);

@@ -39,6 +39,11 @@ pub(crate) const MAX_ANCESTORS: usize = 64;
 const MAX_FUTURE_HOPS: usize = 8;
 /// Most task names kept.
 const MAX_NAMES: usize = 4096;
+/// Most coroutines followed down from a waiting task's own (see
+/// [`Walker::awaited_frames`]).
+const MAX_AWAIT_DEPTH: usize = 64;
+/// Largest plausible distance from a frame to the top of its value stack.
+const MAX_FRAME_SPAN: u64 = 1 << 20;
 /// Most entries of an awaiters' set looked at.
 const MAX_SET_ENTRIES: u64 = 1 << 16;
 /// How long to wait before looking for asyncio's layout again (a program imports
@@ -171,7 +176,8 @@ pub fn task_marker(task: &TaskInfo) -> PyFrame {
 impl Walker {
     /// As [`Walker::stacks`] (`running`: [`Walker::stacks_of_running`]), each
     /// thread that runs an asyncio task shown as the task's logical stack: the tasks
-    /// awaiting it, outermost first, each a marker frame and its coroutine's frame,
+    /// awaiting it, outermost first, each a marker frame and the frames of the
+    /// coroutines it stands in (see [`Self::awaited_frames`]),
     /// then its own marker and the frames from its coroutine in. Threads that run
     /// no task, and every thread where the version does not publish asyncio's
     /// layout (before 3.14) or asyncio is not loaded, come back as they are.
@@ -187,7 +193,7 @@ impl Walker {
     /// process (its C tasks, in the lists asyncio keeps per thread and for the
     /// interpreter), at most [`MAX_TASKS`]: each with what awaits it, whether a
     /// thread runs it, and its frames (a running task's from its coroutine in, on
-    /// its thread's stack; a waiting one's coroutine where it awaits). The tasks are
+    /// its thread's stack; a waiting one's coroutines down to what it awaits). The tasks are
     /// `None` where the version publishes no task layout (before 3.14) or asyncio is
     /// not loaded. One walk serves both.
     pub fn async_stacks_and_tasks(
@@ -267,10 +273,8 @@ impl Walker {
         let (running, ancestors) = chain.split_first()?;
         for task in ancestors.iter().rev() {
             logical.push(task_marker(task));
-            // A suspended coroutine's frame has no caller link: its walk is itself.
             if let Some(frame) = task.coro_frame {
-                let (walked, _) = self.reader.frames(frame);
-                logical.extend(walked.into_iter().take(1));
+                logical.extend(self.awaited_frames(objects, frame));
             }
         }
         logical.push(task_marker(running));
@@ -327,7 +331,7 @@ impl Walker {
                     .position(|&(f, _)| f == coro)
                     .map(|at| stacks[i].frames[at.min(stacks[i].frames.len())..].to_vec())
                     .unwrap_or_default(),
-                (None, Some(coro)) => self.reader.frames(coro).0.into_iter().take(1).collect(),
+                (None, Some(coro)) => self.awaited_frames(objects, coro),
                 (_, None) => Vec::new(),
             };
             listed.push(AsyncTask {
@@ -339,6 +343,77 @@ impl Walker {
             });
         }
         listed
+    }
+
+    /// Where a waiting task stands: the frame of its suspended coroutine (at
+    /// `frame`), then that of the coroutine it awaits, and so on, outermost first
+    /// (`main`, `gather_workers`). A suspended coroutine's frame has no caller
+    /// link; what it awaits is the top of its value stack (below a NULL on 3.15)
+    /// while its state says it is suspended in an `await`. The chain ends at an awaited object of another
+    /// type than the task's own coroutine (a future, a task, a generator), at
+    /// [`MAX_AWAIT_DEPTH`], or at the first read that fails; without the layout
+    /// for it (before 3.14) it is the task's own frame alone.
+    fn awaited_frames(&mut self, objects: AsyncioObjects, frame: u64) -> Vec<PyFrame> {
+        let mut out = Vec::new();
+        let mut frame = frame;
+        let mut coroutine_type = None;
+        for _ in 0..MAX_AWAIT_DEPTH {
+            let (walked, _) = self.reader.frames(frame);
+            let Some(top) = walked.into_iter().next() else {
+                break;
+            };
+            out.push(top);
+            match self.awaited_coroutine(objects, frame, &mut coroutine_type) {
+                Some(next) => frame = next,
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// The frame of the coroutine the suspended coroutine whose frame is at
+    /// `frame` awaits, if it awaits one of `coroutine_type` (the first
+    /// coroutine's type, set on the first call).
+    fn awaited_coroutine(
+        &self,
+        objects: AsyncioObjects,
+        frame: u64,
+        coroutine_type: &mut Option<u64>,
+    ) -> Option<u64> {
+        let awaits = objects.awaits?;
+        let mem = &self.reader.mem;
+        let ob_type = self.reader.layout.ob_type;
+        let coroutine = frame.checked_sub(objects.gen_iframe)?;
+        let own_type = read_u64(mem, coroutine.checked_add(ob_type)?).ok()?;
+        let wanted = *coroutine_type.get_or_insert(own_type);
+        let mut state = [0u8; 1];
+        mem.read_exact(coroutine.checked_add(awaits.gen_frame_state)?, &mut state)
+            .ok()?;
+        if !awaits.awaiting_states.contains(&state[0]) {
+            return None;
+        }
+        let top = read_u64(mem, frame.checked_add(awaits.frame_stackpointer)?).ok()?;
+        if top <= frame || top - frame > MAX_FRAME_SPAN || top % 8 != 0 {
+            return None;
+        }
+        // The awaited object is the top entry of the stack; 3.15 keeps a NULL
+        // (tag bits alone) above it while suspended.
+        let mut two = [0u8; 16];
+        mem.read_exact(top.checked_sub(16)?, &mut two).ok()?;
+        let entry = |i: usize| {
+            let bytes: [u8; 8] = two[i * 8..i * 8 + 8].try_into().unwrap_or_default();
+            u64::from_le_bytes(bytes) & !awaits.tag_mask
+        };
+        let awaited = match entry(1) {
+            0 => entry(0),
+            top_entry => top_entry,
+        };
+        if !plausible_pointer(awaited)
+            || read_u64(mem, awaited.checked_add(ob_type)?).ok()? != wanted
+        {
+            return None;
+        }
+        awaited.checked_add(objects.gen_iframe)
     }
 
     /// The task at `task`, whose fields are `fields`: its name, its coroutine's

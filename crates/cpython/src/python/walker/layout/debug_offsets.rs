@@ -29,6 +29,11 @@ struct DebugUnicode {
 struct DebugFrame {
     first_shim_owner: u8,
     tag_mask: u64,
+    /// `gi_frame_state` of a coroutine suspended in an `await` (3.14+).
+    #[serde(default)]
+    yield_from_state: Option<u8>,
+    #[serde(default)]
+    yield_from_locked_state: Option<u8>,
 }
 
 /// The GIL's offsets from `_Py_DebugOffsets` (3.13+): the interpreter's `ceval.gil`
@@ -270,10 +275,35 @@ pub(super) fn parse_debug_offsets(
             MAX_SMALL_STRUCT,
             &["set_object.table", "set_object.mask"],
         )?;
+        // Optional: without them a waiting coroutine is shown alone.
+        let awaits = (|| -> Result<AwaitLayout> {
+            let state = within(
+                "gen_object.size",
+                MAX_SMALL_STRUCT,
+                &["gen_object.gi_frame_state"],
+            )?;
+            let sp = within(
+                "interpreter_frame.size",
+                MAX_SMALL_STRUCT,
+                &["interpreter_frame.stackpointer"],
+            )?;
+            let first = f
+                .frame
+                .yield_from_state
+                .ok_or_else(|| anyhow!("no yield_from_state"))?;
+            Ok(AwaitLayout {
+                gen_frame_state: state[0],
+                frame_stackpointer: sp[0],
+                awaiting_states: [first, f.frame.yield_from_locked_state.unwrap_or(first)],
+                tag_mask: f.frame.tag_mask,
+            })
+        })()
+        .ok();
         Ok(AsyncioObjects {
             gen_iframe: gen[0],
             set_table: set[0],
             set_mask: set[1],
+            awaits,
         })
     })()
     .ok();

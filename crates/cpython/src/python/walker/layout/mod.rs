@@ -196,6 +196,24 @@ pub(crate) struct AsyncioObjects {
     /// `offsetof(PySetObject, table)`, `offsetof(PySetObject, mask)`.
     pub(crate) set_table: u64,
     pub(crate) set_mask: u64,
+    /// What a suspended coroutine awaits; `None` when the offsets do not say.
+    pub(crate) awaits: Option<AwaitLayout>,
+}
+
+/// Where a suspended coroutine's awaited object is: `gi_frame_state` (a byte)
+/// says it is suspended in an `await`, and then the top of its frame's value
+/// stack (`stackpointer[-1]`, a tagged `_PyStackRef`) is what it awaits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AwaitLayout {
+    /// `offsetof(PyGenObject, gi_frame_state)`.
+    pub(crate) gen_frame_state: u64,
+    /// `offsetof(_PyInterpreterFrame, stackpointer)`.
+    pub(crate) frame_stackpointer: u64,
+    /// The states of a coroutine suspended in an `await` (3.15 has a second,
+    /// while another thread is looking at it).
+    pub(crate) awaiting_states: [u8; 2],
+    /// `_PyStackRef` tag bits.
+    pub(crate) tag_mask: u64,
 }
 
 impl Layout {
