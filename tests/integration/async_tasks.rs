@@ -20,21 +20,40 @@ struct Run {
     stacks: Vec<(String, u64)>,
 }
 
+/// The event loop the fixture runs its tasks on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Loop {
+    Asyncio,
+    /// uvloop, its compiled wheel for the version on `PYTHONPATH`.
+    Uvloop,
+}
+
 /// Records `async_tasks.py` (3 workers, 2 s) with `--async`.
 fn record_async(version: &'static str) -> Option<Run> {
+    record_async_on(version, Loop::Asyncio)
+}
+
+fn record_async_on(version: &'static str, event_loop: Loop) -> Option<Run> {
     let py = python(version)?;
-    let path = tmp_path(&format!("async-tasks-{version}.pyprobe"));
-    let out = pyprobe()
-        .args([
-            "record", "--async", "--mode", "sample", "-r", "200", "--force", "-o",
-        ])
-        .arg(&path)
-        .arg("--")
-        .arg(&py.launcher)
-        .arg(fixture_script("async_tasks.py"))
-        .args(["3", "2"])
-        .output()
-        .expect("run pyprobe record");
+    let name = match event_loop {
+        Loop::Asyncio => "asyncio",
+        Loop::Uvloop => "uvloop",
+    };
+    let path = tmp_path(&format!("async-tasks-{version}-{name}.pyprobe"));
+    let mut cmd = pyprobe();
+    cmd.args([
+        "record", "--async", "--mode", "sample", "-r", "200", "--force", "-o",
+    ])
+    .arg(&path)
+    .arg("--")
+    .arg(&py.launcher)
+    .arg(fixture_script("async_tasks.py"))
+    .args(["3", "2"]);
+    if event_loop == Loop::Uvloop {
+        cmd.arg("uvloop")
+            .env("PYTHONPATH", pypi_compiled("uvloop", UVLOOP, version));
+    }
+    let out = cmd.output().expect("run pyprobe record");
     assert_no_panic("record --async", &out.stderr);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{version}: {stderr}");
@@ -77,13 +96,20 @@ fn names(stack: &str) -> Vec<&str> {
         .collect()
 }
 
+/// uvloop's release with wheels for 3.14 (none for 3.15 yet).
+const UVLOOP: &str = "0.23.0";
+
 fn check_logical_stacks(version: &'static str) {
+    check_logical_stacks_on(version, Loop::Asyncio);
+}
+
+fn check_logical_stacks_on(version: &'static str, event_loop: Loop) {
     let _serial = serial();
     let Some(Run {
         stderr,
         truth,
         stacks,
-    }) = record_async(version)
+    }) = record_async_on(version, event_loop)
     else {
         return;
     };
@@ -163,6 +189,12 @@ fn logical_stacks_of_tasks_awaiting_tasks_on_3_14() {
 #[test]
 fn logical_stacks_of_tasks_awaiting_tasks_on_3_15() {
     check_logical_stacks("3.15");
+}
+
+/// uvloop runs asyncio's own C tasks on a Cython loop: the same chains.
+#[test]
+fn logical_stacks_of_tasks_on_uvloop_3_14() {
+    check_logical_stacks_on("3.14", Loop::Uvloop);
 }
 
 #[test]
