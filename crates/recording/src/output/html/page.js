@@ -140,6 +140,11 @@
         : 'finished calls';
 
   function frameName(f) { return f < 0 ? 'all' : F.name[f]; }
+  // A module's code is named by its file: every module body is `<module>`.
+  function label(f) {
+    if (f < 0) return 'all';
+    return F.name[f] === '<module>' && F.file[f] ? '<module> ' + shortPath(F.file[f]) : F.name[f];
+  }
   function matcher(q) {
     q = q.trim();
     if (!q) return null;
@@ -181,7 +186,7 @@
       b.style.top = depth * ROW + 'px';
       b.style.setProperty('--h', hue(frameName(f)));
       b.dataset.node = node;
-      if (w > 24) b.textContent = f < 0 ? 'all (' + value(t.total[0]) + ')' : F.name[f];
+      if (w > 24) b.textContent = f < 0 ? 'all (' + value(t.total[0]) + ')' : label(f);
       frag.append(b);
       boxes++;
       if (depth > maxDepth) maxDepth = depth;
@@ -249,7 +254,7 @@
   function describe(node) {
     const t = state.tree;
     const f = t.frame[node];
-    const parts = [el('b', { text: frameName(f) })];
+    const parts = [el('b', { text: label(f) })];
     if (f >= 0 && F.file[f]) parts.push(el('div', { text: where(F.file[f], F.line[f]) }));
     const total = t.total[0];
     parts.push(el('div', { text: 'total ' + value(t.total[node]) + ' (' + pct(t.total[node], total) + ')' }));
