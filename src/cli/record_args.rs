@@ -10,6 +10,15 @@ use pyprobe_sdt::tracer::RingUse;
 
 use super::{SampleArgs, TargetArgs};
 
+/// Which asyncio tasks `--async` samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AsyncTasks {
+    /// The tasks threads run.
+    Running,
+    /// Those, and every task that waits.
+    All,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
     /// Sample function stacks; GC, import and audit exact through their probes.
@@ -142,9 +151,19 @@ pub struct RecordArgs {
     /// under the one at the lowest address, its marker saying how many await it.
     /// CPython 3.14+, which publish asyncio's task layout; on older versions the
     /// stacks stay as the threads run them, and pyprobe says so. Sampled stacks
-    /// only: not with --mode trace.
-    #[arg(long = "async")]
-    pub async_tasks: bool,
+    /// only: not with --mode trace. `--async=all` also samples every task that
+    /// waits (at most 1,000 a tick), as its logical stack ending in what it awaits
+    /// (`[awaiting Future]`), marked off-CPU: views show them with --idle (the
+    /// wall-clock view, which the view record writes itself uses).
+    #[arg(
+        long = "async",
+        value_name = "WHICH",
+        value_enum,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "running"
+    )]
+    pub async_tasks: Option<AsyncTasks>,
     /// For a view written directly (-o x.svg, .json, .txt, .pb.gz) and the
     /// profiles of --every; the recording keeps every sample and its thread's
     /// state.
@@ -208,7 +227,8 @@ impl RecordArgs {
             rate: self.rate,
             nonblocking: self.nonblocking,
             native: self.native,
-            async_tasks: self.async_tasks,
+            async_tasks: self.async_tasks.is_some(),
+            async_waiting: self.async_tasks == Some(AsyncTasks::All),
             max_overhead: self.max_overhead,
             ring: self.engine.into(),
             hook: match self.engine {

@@ -399,3 +399,129 @@ fn dump_async_lists_every_task_under_its_awaiter_on_3_14() {
 fn dump_async_lists_every_task_under_its_awaiter_on_3_15() {
     check_dump_async("3.15");
 }
+
+/// `--async=all` on the fixture: at each tick, besides the thread running a task,
+/// every task that waits is a sample of its own, off-CPU, ending in what it awaits:
+/// main in `gather_workers` on gather's future, each worker in `wait_for` on its
+/// fetch task, each fetch (between rounds) in `asyncio.sleep`. The chains are the
+/// ones the program recorded; the default (on-CPU) view leaves them out.
+fn check_async_all(version: &'static str) {
+    let _serial = serial();
+    let Some(py) = python(version) else { return };
+    let path = tmp_path(&format!("async-all-{version}.pyprobe"));
+    let out = pyprobe()
+        .args([
+            "record",
+            "--async=all",
+            "--mode",
+            "sample",
+            "-r",
+            "200",
+            "--force",
+            "-o",
+        ])
+        .arg(&path)
+        .arg("--")
+        .arg(&py.launcher)
+        .arg(fixture_script("async_tasks.py"))
+        .args(["3", "2"])
+        .output()
+        .expect("run pyprobe record");
+    assert_no_panic("record --async=all", &out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{version}: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let truth: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{version}: the program's truth ({e}): {stdout}"));
+    let wall = run_pyprobe(&[
+        "flame",
+        path.to_str().unwrap(),
+        "--idle",
+        "--format",
+        "collapsed",
+        "-o",
+        "-",
+    ]);
+    let on_cpu = collapsed(&path);
+    let _ = std::fs::remove_file(&path);
+    let stacks: Vec<(String, u64)> = String::from_utf8_lossy(&wall.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (stack, count) = l.rsplit_once(' ')?;
+            Some((stack.to_owned(), count.parse().ok()?))
+        })
+        .collect();
+    let count = |expected: &[String]| -> u64 {
+        stacks
+            .iter()
+            .filter(|(s, _)| names(s) == expected)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let main_waits = count(&strings(&[
+        "[task]",
+        "main",
+        "gather_workers",
+        "[awaiting _GatheringFuture]",
+    ]));
+    assert!(
+        main_waits > 100,
+        "{version}: main waited in {main_waits} samples: {stacks:?}"
+    );
+    for chain in truth["chains"].as_object().unwrap().values() {
+        let (worker, fetch) = (chain[1].as_str().unwrap(), chain[2].as_str().unwrap());
+        let head = [
+            "[task]".to_string(),
+            "main".into(),
+            "gather_workers".into(),
+            format!("[task {worker}]"),
+            "worker".into(),
+            "wait_for".into(),
+        ];
+        let mut waits = head.to_vec();
+        waits.push("[awaiting Task]".into());
+        let worker_waits = count(&waits);
+        // Each worker waits as long as main does, less the ticks before it began.
+        assert!(
+            worker_waits * 100 >= main_waits * 90 && worker_waits <= main_waits,
+            "{version}: {worker} waited in {worker_waits} samples, main in {main_waits}"
+        );
+        let mut sleeps = head.to_vec();
+        sleeps.extend(strings(&[
+            &format!("[task {fetch}]"),
+            "fetch",
+            "sleep",
+            "[sleep]",
+        ]));
+        assert!(
+            count(&sleeps) > 0,
+            "{version}: {fetch} never seen between rounds: {stacks:?}"
+        );
+    }
+    for (stack, _) in &stacks {
+        if stack.contains("[awaiting") || stack.contains("[sleep]") {
+            assert!(
+                !LOOP_FRAMES.iter().any(|l| stack.contains(l)),
+                "{version}: the loop's frames in a waiting task's stack: {stack}"
+            );
+        }
+    }
+    // Off-CPU: the default view has none of them.
+    assert!(
+        on_cpu
+            .iter()
+            .all(|(s, _)| !s.contains("[awaiting") && !s.contains("[sleep]")),
+        "{on_cpu:?}"
+    );
+}
+
+#[test]
+fn async_all_samples_every_waiting_task_on_3_14() {
+    check_async_all("3.14");
+}
+
+#[test]
+fn async_all_samples_every_waiting_task_on_3_15() {
+    check_async_all("3.15");
+}

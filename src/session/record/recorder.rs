@@ -133,6 +133,7 @@ impl<'a> Recorder<'a> {
         sampler.verbose = request.verbose;
         sampler.native = request.native;
         sampler.async_tasks = request.async_tasks;
+        sampler.async_waiting = request.async_waiting;
         let start = StartLine {
             mode: settings.mode,
             request,
@@ -500,6 +501,13 @@ impl<'a> Recorder<'a> {
                 super::sampler::TORN
             ));
         }
+        if sampler.waiting_left_out > 0 {
+            what.push_str(&format!(
+                " ({} samples of waiting asyncio tasks left out: past {} tasks a tick)",
+                sampler.waiting_left_out,
+                super::sampler::MAX_WAITING_TASKS
+            ));
+        }
         if summary.lost_events > 0 {
             what.push_str(&format!(
                 " ({} more lost: the ring was full)",
@@ -560,10 +568,16 @@ fn write_view(
     output: &std::path::Path,
     settings: &Settings,
 ) -> Result<()> {
+    // --async=all's waiting tasks are off-CPU samples: its view is the
+    // wall-clock one, where they show.
+    let samples = pyprobe_recording::analyze::SampleFilter {
+        idle: settings.request.samples.idle || settings.request.async_waiting,
+        ..settings.request.samples
+    };
     crate::session::views::write_view_for_extension(
         recording_path,
         output,
-        settings.request.samples,
+        samples,
         settings.existing,
     )
     .with_context(|| format!("cannot write {}", output.display()))?;

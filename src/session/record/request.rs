@@ -53,6 +53,8 @@ pub struct RecordRequest {
     pub native: bool,
     /// Draw a thread running an asyncio task as the task's logical stack.
     pub async_tasks: bool,
+    /// Also sample every asyncio task that waits (`--async=all`).
+    pub async_waiting: bool,
     /// `--max-overhead` as given, in percent (`None`: the default for the mode).
     pub max_overhead: Option<f64>,
     /// `--engine`: whether probe sites move to the ring (no stop per hit).

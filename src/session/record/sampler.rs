@@ -39,6 +39,10 @@ pub struct Sampler {
     /// Draw each thread running an asyncio task as the task's logical stack
     /// (`--async`).
     pub async_tasks: bool,
+    /// Also sample every task that waits (`--async=all`).
+    pub async_waiting: bool,
+    /// Waiting tasks left out of a tick past [`MAX_WAITING_TASKS`], in all.
+    pub waiting_left_out: u64,
     /// Samples of running threads whose stack changed under the walk, recorded
     /// as [`TORN`] alone.
     pub torn: u64,
@@ -127,6 +131,10 @@ struct Slot {
 
 /// Longest wait between two attempts to attach the walker.
 const MAX_RETRY_NS: u64 = 50_000_000;
+
+/// Most waiting asyncio tasks sampled at one tick (`--async=all`): a server's
+/// thousands of idle connections would otherwise take the sampler's budget.
+pub const MAX_WAITING_TASKS: usize = 1000;
 
 impl Sampler {
     /// The walker of `pid`, attached on first use at `now` (it fails while the
@@ -236,16 +244,19 @@ impl Sampler {
         builder: &mut EventBuilder,
     ) {
         self.ticks += 1;
-        let async_tasks = self.async_tasks;
+        let (async_tasks, async_waiting) = (self.async_tasks, self.async_waiting);
         let Some(walker) = self.walker(pid, ts_ns) else {
             return;
         };
         let read = match (async_tasks, stopped) {
-            (true, _) => walker.async_stacks(!stopped),
-            (false, true) => walker.stacks(),
-            (false, false) => walker.stacks_of_running(),
+            _ if async_waiting => walker
+                .async_stacks_and_waiting(!stopped, MAX_WAITING_TASKS)
+                .map(|(s, w)| (s, Some(w))),
+            (true, _) => walker.async_stacks(!stopped).map(|s| (s, None)),
+            (false, true) => walker.stacks().map(|s| (s, None)),
+            (false, false) => walker.stacks_of_running().map(|s| (s, None)),
         };
-        let stacks = match read {
+        let (stacks, waiting) = match read {
             Ok(s) => s,
             Err(e) => {
                 self.last_error = Some(format!("{e:#}"));
@@ -300,6 +311,20 @@ impl Sampler {
         }
         if let Some(unwinder) = native {
             self.put_native(pid, unwinder);
+        }
+        if let Some(waiting) = waiting {
+            self.waiting_left_out += waiting.left_out as u64;
+            for stack in waiting.stacks {
+                let frames = Self::frames(builder, pid, &stack.frames);
+                // A task that waits runs on no CPU and holds no GIL.
+                let state = SampleState {
+                    on_cpu: Some(false),
+                    holds_gil: Some(false),
+                };
+                let tid = stack.native_tid.unwrap_or(pid);
+                builder.write(tid, ts_ns, EventKind::Sample { frames, state });
+                self.samples += 1;
+            }
         }
     }
 

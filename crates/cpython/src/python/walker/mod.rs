@@ -70,8 +70,10 @@ mod stacks;
 mod tasks;
 mod threads;
 mod values;
+mod waiting;
 
 pub use tasks::{task_marker, AsyncTask, TaskInfo, MAX_TASKS, TASK_FILE};
+pub use waiting::WaitingTasks;
 
 #[cfg(test)]
 mod tests;

@@ -64,10 +64,10 @@ pub(crate) struct TaskLayout {
     node: u64,
     /// The head of the list of tasks of the interpreter (tasks of threads that
     /// ended), and of each thread state.
-    interpreter_tasks: u64,
-    thread_tasks: u64,
+    pub(super) interpreter_tasks: u64,
+    pub(super) thread_tasks: u64,
     /// In a thread state: the task it runs now (0: none).
-    running_task: u64,
+    pub(super) running_task: u64,
 }
 
 impl TaskLayout {
@@ -149,6 +149,13 @@ pub struct TaskInfo {
     awaited_by: Vec<u64>,
 }
 
+impl TaskInfo {
+    /// Its coroutine's frame.
+    pub(super) fn coro_frame(&self) -> Option<u64> {
+        self.coro_frame
+    }
+}
+
 /// The marker frame of a task in a logical stack: `[task NAME]`, `[task]` for a
 /// task the program did not name (so that the samples of a server's thousands of
 /// request tasks add up), and with several awaiters `(awaited by N)` after it.
@@ -163,6 +170,12 @@ pub fn task_marker(task: &TaskInfo) -> PyFrame {
     } else {
         format!("[task{name}]")
     };
+    marker_frame(&text)
+}
+
+/// A frame of a logical stack that is no Python code: a task's marker, what a
+/// waiting task awaits. Its file is [`TASK_FILE`].
+pub(super) fn marker_frame(text: &str) -> PyFrame {
     let text: std::sync::Arc<str> = text.into();
     PyFrame {
         file: TASK_FILE.into(),
@@ -211,7 +224,7 @@ impl Walker {
     /// asyncio's task layout and the objects it needs, looked for again now and
     /// then until found (asyncio may be imported later); `None` until then, and on
     /// versions that publish none.
-    fn task_layout(&mut self) -> Option<(TaskLayout, AsyncioObjects)> {
+    pub(super) fn task_layout(&mut self) -> Option<(TaskLayout, AsyncioObjects)> {
         let objects = self.reader.layout.objects?;
         let due = self
             .tasks_looked_for
@@ -224,7 +237,7 @@ impl Walker {
     }
 
     /// Makes the stack of each thread that runs a task its logical stack.
-    fn make_logical(
+    pub(super) fn make_logical(
         &mut self,
         layout: (TaskLayout, AsyncioObjects),
         stacks: &mut [ThreadStack],
@@ -253,11 +266,26 @@ impl Walker {
             .iter()
             .position(|&(f, _)| Some(f) == running.coro_frame)
             .filter(|&i| i < stack.frames.len())?;
-        let mut chain = vec![running];
-        let mut seen = vec![task];
-        while chain.len() <= MAX_ANCESTORS {
-            let Some(last) = chain.last() else { break };
-            let Some((parent, fields)) = self.parent(tasks, objects, &last.awaited_by) else {
+        let mut logical = self.awaiting_prefix((tasks, objects), task, &running);
+        logical.push(task_marker(&running));
+        logical.extend(stack.frames[from..].iter().cloned());
+        Some(logical)
+    }
+
+    /// The tasks awaiting `first` (the task at `address`), outermost first, each
+    /// its marker frame and the frames of the coroutines it stands in: what comes
+    /// above `first`'s own marker in a logical stack.
+    pub(super) fn awaiting_prefix(
+        &mut self,
+        (tasks, objects): (TaskLayout, AsyncioObjects),
+        address: u64,
+        first: &TaskInfo,
+    ) -> Vec<PyFrame> {
+        let mut chain: Vec<TaskInfo> = Vec::new();
+        let mut seen = vec![address];
+        let mut awaited_by = first.awaited_by.clone();
+        while chain.len() < MAX_ANCESTORS {
+            let Some((parent, fields)) = self.parent(tasks, objects, &awaited_by) else {
                 break;
             };
             if seen.contains(&parent) {
@@ -267,19 +295,17 @@ impl Walker {
             let Some(info) = self.task_info(objects, parent, &fields) else {
                 break;
             };
+            awaited_by = info.awaited_by.clone();
             chain.push(info);
         }
-        let mut logical = Vec::new();
-        let (running, ancestors) = chain.split_first()?;
-        for task in ancestors.iter().rev() {
-            logical.push(task_marker(task));
+        let mut prefix = Vec::new();
+        for task in chain.iter().rev() {
+            prefix.push(task_marker(task));
             if let Some(frame) = task.coro_frame {
-                logical.extend(self.awaited_frames(objects, frame));
+                prefix.extend(self.awaited_frames(objects, frame));
             }
         }
-        logical.push(task_marker(running));
-        logical.extend(stack.frames[from..].iter().cloned());
-        Some(logical)
+        prefix
     }
 
     /// Every task in the lists of the threads of `stacks` and of the interpreter
@@ -354,27 +380,64 @@ impl Walker {
     /// [`MAX_AWAIT_DEPTH`], or at the first read that fails; without the layout
     /// for it (before 3.14) it is the task's own frame alone.
     fn awaited_frames(&mut self, objects: AsyncioObjects, frame: u64) -> Vec<PyFrame> {
+        self.awaited_end(objects, frame).0
+    }
+
+    /// As [`Self::awaited_frames`], with the object the last coroutine awaits
+    /// when it is not a coroutine (a future, a task): what the task waits on.
+    pub(super) fn awaited_end(
+        &mut self,
+        objects: AsyncioObjects,
+        frame: u64,
+    ) -> (Vec<PyFrame>, Option<u64>) {
         let mut out = Vec::new();
         let mut frame = frame;
         let mut coroutine_type = None;
         for _ in 0..MAX_AWAIT_DEPTH {
-            let (walked, _) = self.reader.frames(frame);
-            let Some(top) = walked.into_iter().next() else {
+            // A suspended coroutine's frame links to no caller: one that does is
+            // on a thread's stack, running, whatever its state byte says.
+            let (mut walked, _) = self.reader.frames(frame);
+            if walked.len() != 1 {
+                break;
+            }
+            let Some(top) = walked.pop() else { break };
+            out.push(top);
+            let Some(awaited) = self.awaited_object(objects, frame, &mut coroutine_type) else {
                 break;
             };
-            out.push(top);
-            match self.awaited_coroutine(objects, frame, &mut coroutine_type) {
-                Some(next) => frame = next,
-                None => break,
+            let ob_type = self.reader.layout.ob_type;
+            let is_coroutine = awaited
+                .checked_add(ob_type)
+                .and_then(|at| read_u64(&self.reader.mem, at).ok())
+                .is_some_and(|t| Some(t) == coroutine_type);
+            match awaited.checked_add(objects.gen_iframe) {
+                Some(next) if is_coroutine => frame = next,
+                _ => return (out, Some(awaited)),
             }
         }
-        out
+        (out, None)
     }
 
-    /// The frame of the coroutine the suspended coroutine whose frame is at
-    /// `frame` awaits, if it awaits one of `coroutine_type` (the first
-    /// coroutine's type, set on the first call).
-    fn awaited_coroutine(
+    /// Whether the coroutine whose frame is at `frame` is suspended in an
+    /// `await` (not running, not finished, not yet started).
+    pub(super) fn is_awaiting(&self, objects: AsyncioObjects, frame: u64) -> bool {
+        let Some(awaits) = objects.awaits else {
+            return false;
+        };
+        let mut state = [0u8; 1];
+        frame
+            .checked_sub(objects.gen_iframe)
+            .and_then(|c| c.checked_add(awaits.gen_frame_state))
+            .is_some_and(|at| {
+                self.reader.mem.read_exact(at, &mut state).is_ok()
+                    && awaits.awaiting_states.contains(&state[0])
+            })
+    }
+
+    /// The object the suspended coroutine whose frame is at `frame` awaits, if
+    /// it is suspended in an `await`; sets `coroutine_type` to that coroutine's
+    /// type on the first call.
+    fn awaited_object(
         &self,
         objects: AsyncioObjects,
         frame: u64,
@@ -384,12 +447,10 @@ impl Walker {
         let mem = &self.reader.mem;
         let ob_type = self.reader.layout.ob_type;
         let coroutine = frame.checked_sub(objects.gen_iframe)?;
-        let own_type = read_u64(mem, coroutine.checked_add(ob_type)?).ok()?;
-        let wanted = *coroutine_type.get_or_insert(own_type);
-        let mut state = [0u8; 1];
-        mem.read_exact(coroutine.checked_add(awaits.gen_frame_state)?, &mut state)
-            .ok()?;
-        if !awaits.awaiting_states.contains(&state[0]) {
+        if coroutine_type.is_none() {
+            *coroutine_type = Some(read_u64(mem, coroutine.checked_add(ob_type)?).ok()?);
+        }
+        if !self.is_awaiting(objects, frame) {
             return None;
         }
         let top = read_u64(mem, frame.checked_add(awaits.frame_stackpointer)?).ok()?;
@@ -408,17 +469,12 @@ impl Walker {
             0 => entry(0),
             top_entry => top_entry,
         };
-        if !plausible_pointer(awaited)
-            || read_u64(mem, awaited.checked_add(ob_type)?).ok()? != wanted
-        {
-            return None;
-        }
-        awaited.checked_add(objects.gen_iframe)
+        plausible_pointer(awaited).then_some(awaited)
     }
 
     /// The task at `task`, whose fields are `fields`: its name, its coroutine's
     /// frame, what awaits it.
-    fn task_info(
+    pub(super) fn task_info(
         &mut self,
         objects: AsyncioObjects,
         task: u64,
@@ -471,7 +527,7 @@ impl Walker {
     /// The task awaiting a task whose awaiters are `awaited_by` (through futures
     /// that are not tasks, as `gather`'s; the one at the lowest address where
     /// several do), with its fields.
-    fn parent(
+    pub(super) fn parent(
         &self,
         tasks: TaskLayout,
         objects: AsyncioObjects,
@@ -507,7 +563,7 @@ pub struct AsyncTask {
 
 /// Adds the tasks of the list whose head (a `struct llist_node`) is at `head` to
 /// `found`, at most [`MAX_TASKS`] in all; a broken or looping list ends early.
-fn list_tasks(mem: &ProcessMemory, tasks: TaskLayout, head: u64, found: &mut Vec<u64>) {
+pub(super) fn list_tasks(mem: &ProcessMemory, tasks: TaskLayout, head: u64, found: &mut Vec<u64>) {
     let mut node = match read_u64(mem, head) {
         Ok(n) => n,
         Err(_) => return,
@@ -532,7 +588,7 @@ fn is_asyncio_name(name: &str) -> bool {
 }
 
 /// What the chain needs of a task or a future, read at once.
-struct Fields {
+pub(super) struct Fields {
     awaited_by: u64,
     awaited_by_is_set: bool,
     /// A task's name object and coroutine; `None` for a future that is not a task.
@@ -541,7 +597,7 @@ struct Fields {
 
 /// The fields of the task or future at `at`: its head first (a future is smaller
 /// than a task, so the task's own fields are read only past it where they exist).
-fn read_fields(mem: &ProcessMemory, tasks: TaskLayout, at: u64) -> Option<Fields> {
+pub(super) fn read_fields(mem: &ProcessMemory, tasks: TaskLayout, at: u64) -> Option<Fields> {
     if !plausible_pointer(at) {
         return None;
     }

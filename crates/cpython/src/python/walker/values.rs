@@ -84,6 +84,14 @@ impl<'a, M: MemoryReader + ?Sized> ValueReader<'a, M> {
         info
     }
 
+    /// The name of the type of the object at `addr`.
+    pub(crate) fn type_name(&mut self, addr: u64) -> Option<String> {
+        if !plausible_pointer(addr) {
+            return None;
+        }
+        self.type_of(addr).map(|t| t.name)
+    }
+
     /// Whether the object at `addr` is a cell (which a cell or free variable's slot
     /// holds once the frame has made it).
     pub(crate) fn is_cell(&mut self, addr: u64) -> bool {

@@ -1,0 +1,147 @@
+//! `record --async=all`: besides each thread's stack, the logical stack of every
+//! asyncio task that waits, so that a wall-clock view shows what the program
+//! waits on: the tasks awaiting it (as for a running task), its own marker, the
+//! coroutines it stands in, and a last marker naming what it awaits
+//! (`[awaiting Future]`, `[awaiting Task]`, `[awaiting _GatheringFuture]`).
+
+use super::layout::AsyncioObjects;
+use super::objects::read_u64;
+use super::tasks::{list_tasks, marker_frame, read_fields, task_marker, TaskLayout};
+use super::values::ValueReader;
+use super::{ThreadStack, Walker};
+
+/// The waiting tasks of one sample, and how many were left out.
+#[derive(Debug, Default)]
+pub struct WaitingTasks {
+    /// One stack per waiting task, on the thread whose list holds it (`None`:
+    /// the interpreter's list, of threads that ended): no GIL, off any CPU.
+    pub stacks: Vec<ThreadStack>,
+    /// Waiting tasks past the most asked for.
+    pub left_out: usize,
+}
+
+impl Walker {
+    /// As [`Walker::async_stacks`], with the logical stacks of at most
+    /// `max_waiting` tasks that no thread runs (the lowest addresses first, so
+    /// that the same tasks are kept from one sample to the next). No waiting
+    /// task where the version publishes no task layout (before 3.14) or asyncio
+    /// is not loaded.
+    pub fn async_stacks_and_waiting(
+        &mut self,
+        running: bool,
+        max_waiting: usize,
+    ) -> anyhow::Result<(Vec<ThreadStack>, WaitingTasks)> {
+        let (mut stacks, frames) = self.walk_keeping_frames(running)?;
+        let Some(layout) = self.task_layout() else {
+            return Ok((stacks, WaitingTasks::default()));
+        };
+        // The running tasks first: their frames' addresses are this walk's.
+        self.make_logical(layout, &mut stacks, &frames);
+        let waiting = self.waiting_tasks(layout, &stacks, max_waiting);
+        Ok((stacks, waiting))
+    }
+
+    fn waiting_tasks(
+        &mut self,
+        layout: (TaskLayout, AsyncioObjects),
+        stacks: &[ThreadStack],
+        max_waiting: usize,
+    ) -> WaitingTasks {
+        let (tasks, objects) = layout;
+        // Each task with the thread whose list holds it.
+        let mut found: Vec<(u64, Option<usize>)> = Vec::new();
+        let mut heads: Vec<(u64, Option<usize>)> = stacks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((s.thread_state.checked_add(tasks.thread_tasks)?, Some(i))))
+            .collect();
+        if let Some(interp) = self.main_interpreter() {
+            heads.extend(
+                interp
+                    .checked_add(tasks.interpreter_tasks)
+                    .map(|h| (h, None)),
+            );
+        }
+        for (head, thread) in heads {
+            let mut listed = Vec::new();
+            list_tasks(&self.reader.mem, tasks, head, &mut listed);
+            found.extend(listed.into_iter().map(|t| (t, thread)));
+        }
+        found.sort_unstable();
+        found.dedup_by_key(|(t, _)| *t);
+        let running: Vec<u64> = stacks
+            .iter()
+            .filter_map(|s| {
+                let at = s.thread_state.checked_add(tasks.running_task)?;
+                read_u64(&self.reader.mem, at).ok()
+            })
+            .collect();
+        let mut out = WaitingTasks::default();
+        for (task, thread) in found {
+            if running.contains(&task) {
+                continue;
+            }
+            if out.stacks.len() >= max_waiting {
+                out.left_out += 1;
+                continue;
+            }
+            let Some(fields) = read_fields(&self.reader.mem, tasks, task) else {
+                continue;
+            };
+            let Some(info) = self.task_info(objects, task, &fields) else {
+                continue;
+            };
+            // A task that waits has its coroutine suspended in an await: one
+            // not started yet is ready to run, one finished is done.
+            let Some(coro) = info.coro_frame().filter(|&f| self.is_awaiting(objects, f)) else {
+                continue;
+            };
+            let mut frames = self.awaiting_prefix(layout, task, &info);
+            frames.push(task_marker(&info));
+            let (own, awaited) = self.awaited_end(objects, coro);
+            if own.is_empty() {
+                continue;
+            }
+            let sleeping = own
+                .last()
+                .is_some_and(|f| &*f.name == "sleep" && f.file.ends_with("asyncio/tasks.py"));
+            frames.extend(own);
+            frames.push(if sleeping {
+                marker_frame("[sleep]")
+            } else {
+                let what = awaited.and_then(|a| self.awaited_name(a));
+                marker_frame(&match what {
+                    Some(name) => format!("[awaiting {name}]"),
+                    None => "[awaiting]".to_string(),
+                })
+            });
+            let on = thread.and_then(|i| stacks.get(i));
+            out.stacks.push(ThreadStack {
+                native_tid: on.and_then(|s| s.native_tid),
+                thread_id: on.map_or(0, |s| s.thread_id),
+                thread_state: on.map_or(0, |s| s.thread_state),
+                frames,
+                truncated: false,
+                torn: false,
+                eval_calls: None,
+                holds_gil: Some(false),
+            });
+        }
+        out
+    }
+
+    /// What a task awaits, by the type of the object at `addr`, as the program
+    /// names it (`Future`, `Task`, `_GatheringFuture`): through the iterator
+    /// `await future` makes (`_asyncio.FutureIter`, whose first field is its
+    /// future), without the C module's prefix.
+    fn awaited_name(&mut self, addr: u64) -> Option<String> {
+        let locals = self.reader.layout.locals?;
+        let mut values = ValueReader::new(&self.reader.mem, &self.reader.layout, locals);
+        let mut name = values.type_name(addr)?;
+        if name == "_asyncio.FutureIter" {
+            let future = read_u64(&self.reader.mem, addr.checked_add(locals.object_head)?).ok()?;
+            name = values.type_name(future)?;
+        }
+        Some(name.strip_prefix("_asyncio.").unwrap_or(&name).to_owned())
+    }
+}
