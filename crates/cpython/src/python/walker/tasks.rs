@@ -154,6 +154,11 @@ impl TaskInfo {
     pub(super) fn coro_frame(&self) -> Option<u64> {
         self.coro_frame
     }
+
+    /// The tasks and futures that await it.
+    pub(super) fn awaited_by(&self) -> &[u64] {
+        &self.awaited_by
+    }
 }
 
 /// The marker frame of a task in a logical stack: `[task NAME]`, `[task]` for a
