@@ -25,6 +25,7 @@ declare -A NEED=(
     [python3.11-venv]=/usr/lib/python3.11/ensurepip/__main__.py
     [golang-go]=/usr/bin/go
     [chromium]=/usr/bin/chromium
+    [fonts-liberation]=/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf
 )
 missing=()
 for pkg in "${!NEED[@]}"; do
