@@ -234,6 +234,10 @@ fn async_with_trace_mode_is_refused_in_one_sentence() {
 /// it: no request fails, and the handlers' samples stand under their request
 /// tasks, not under the event loop.
 fn check_aiohttp_server(version: &'static str) {
+    check_aiohttp_server_with(version, "--async");
+}
+
+fn check_aiohttp_server_with(version: &'static str, flag: &str) {
     let _serial = serial();
     let Some(py) = python(version) else { return };
     let site = pypi_pure_with_deps("aiohttp", "3.14.5");
@@ -260,7 +264,7 @@ fn check_aiohttp_server(version: &'static str) {
     let path = tmp_path(&format!("aiohttp-{version}.pyprobe"));
     let pid = server.id().to_string();
     let out = pyprobe()
-        .args(["record", "-p", &pid, "--async", "-d", "2", "--force", "-o"])
+        .args(["record", "-p", &pid, flag, "-d", "2", "--force", "-o"])
         .arg(&path)
         .output()
         .expect("run pyprobe");
@@ -299,12 +303,45 @@ fn check_aiohttp_server(version: &'static str) {
         under_tasks * 100 >= handling * 95,
         "{version}: {under_tasks} of {handling} handler samples under their task: {stacks:?}"
     );
+    if flag == "--async=all" {
+        // What the server waits on: the slow handler's task, in its pause.
+        let wall = run_pyprobe(&[
+            "flame",
+            path.to_str().unwrap(),
+            "--idle",
+            "--format",
+            "collapsed",
+            "-o",
+            "-",
+        ]);
+        let wall = String::from_utf8_lossy(&wall.stdout);
+        let pausing = wall
+            .lines()
+            .filter(|l| {
+                let frames: Vec<&str> = names(l.rsplit_once(' ').map_or(*l, |(s, _)| s));
+                frames.starts_with(&["[task]", "RequestHandler.start"])
+                    && frames.contains(&"slow")
+                    && frames.ends_with(&["sleep", "[sleep]"])
+            })
+            .count();
+        assert!(
+            pausing > 0,
+            "{version}: no slow handler seen waiting: {wall}"
+        );
+    }
     let _ = std::fs::remove_file(&path);
 }
 
 #[test]
 fn an_aiohttp_server_under_load_shows_its_handlers_under_their_tasks_3_14() {
     check_aiohttp_server("3.14");
+}
+
+/// `--async=all` on a server under load: no failed request, and the handlers
+/// waiting are seen, each under the connection's task.
+#[test]
+fn an_aiohttp_server_under_load_with_async_all_shows_what_it_waits_on_3_14() {
+    check_aiohttp_server_with("3.14", "--async=all");
 }
 
 #[test]
