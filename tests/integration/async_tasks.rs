@@ -71,14 +71,21 @@ fn record_async_on(version: &'static str, event_loop: Loop) -> Option<Run> {
 
 /// The collapsed stacks of the recording at `path`: (stack, count).
 fn collapsed(path: &std::path::Path) -> Vec<(String, u64)> {
-    let folded = run_pyprobe(&[
+    collapsed_with(path, &[])
+}
+
+/// As [`collapsed`], with `extra` arguments to `flame` (`--idle`).
+fn collapsed_with(path: &std::path::Path, extra: &[&str]) -> Vec<(String, u64)> {
+    let mut args = vec![
         "flame",
         path.to_str().unwrap(),
         "--format",
         "collapsed",
         "-o",
         "-",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let folded = run_pyprobe(&args);
     String::from_utf8_lossy(&folded.stdout)
         .lines()
         .filter_map(|l| {
@@ -305,20 +312,11 @@ fn check_aiohttp_server_with(version: &'static str, flag: &str) {
     );
     if flag == "--async=all" {
         // What the server waits on: the slow handler's task, in its pause.
-        let wall = run_pyprobe(&[
-            "flame",
-            path.to_str().unwrap(),
-            "--idle",
-            "--format",
-            "collapsed",
-            "-o",
-            "-",
-        ]);
-        let wall = String::from_utf8_lossy(&wall.stdout);
+        let wall = collapsed_with(&path, &["--idle"]);
         let pausing = wall
-            .lines()
-            .filter(|l| {
-                let frames: Vec<&str> = names(l.rsplit_once(' ').map_or(*l, |(s, _)| s));
+            .iter()
+            .filter(|(stack, _)| {
+                let frames = names(stack);
                 frames.starts_with(&["[task]", "RequestHandler.start"])
                     && frames.contains(&"slow")
                     && frames.ends_with(&["sleep", "[sleep]"])
@@ -326,7 +324,7 @@ fn check_aiohttp_server_with(version: &'static str, flag: &str) {
             .count();
         assert!(
             pausing > 0,
-            "{version}: no slow handler seen waiting: {wall}"
+            "{version}: no slow handler seen waiting: {wall:?}"
         );
     }
     let _ = std::fs::remove_file(&path);
@@ -470,24 +468,9 @@ fn check_async_all(version: &'static str) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let truth: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
         .unwrap_or_else(|e| panic!("{version}: the program's truth ({e}): {stdout}"));
-    let wall = run_pyprobe(&[
-        "flame",
-        path.to_str().unwrap(),
-        "--idle",
-        "--format",
-        "collapsed",
-        "-o",
-        "-",
-    ]);
+    let stacks = collapsed_with(&path, &["--idle"]);
     let on_cpu = collapsed(&path);
     let _ = std::fs::remove_file(&path);
-    let stacks: Vec<(String, u64)> = String::from_utf8_lossy(&wall.stdout)
-        .lines()
-        .filter_map(|l| {
-            let (stack, count) = l.rsplit_once(' ')?;
-            Some((stack.to_owned(), count.parse().ok()?))
-        })
-        .collect();
     let count = |expected: &[String]| -> u64 {
         stacks
             .iter()
