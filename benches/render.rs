@@ -13,10 +13,13 @@ use std::io::{self, BufWriter};
 use std::path::Path;
 
 use criterion::{criterion_group, Criterion, Throughput};
+use pyprobe_recording::analyze::SampleFilter;
 use pyprobe_recording::output::flame::{
-    choose_measure, read_folded, write_svg, By, FrameNames, SvgOptions,
+    choose_measure, read_folded, read_folded_by_thread, write_svg, By, FrameGrain, FrameNames,
+    SvgOptions,
 };
-use pyprobe_recording::output::report::{build_report, render_table};
+use pyprobe_recording::output::html::{write_html, HtmlPage};
+use pyprobe_recording::output::report::{build_report, render_json, render_table};
 use pyprobe_recording::recording::{
     Event, EventKind, FrameRef, Header, RecordingReader, RecordingWriter,
 };
@@ -194,6 +197,26 @@ fn render_report(path: &Path) {
     assert!(!text.is_empty());
 }
 
+/// The HTML page without its source heatmap: the report, the stacks by thread,
+/// the page.
+fn render_html(path: &Path) {
+    let mut reader = RecordingReader::open(path).unwrap();
+    let report = render_json(&build_report(&mut reader).unwrap());
+    let mut reader = RecordingReader::open(path).unwrap();
+    let (folded, info) =
+        read_folded_by_thread(&mut reader, SampleFilter::default(), FrameGrain::Functions).unwrap();
+    let (measure, _) = choose_measure(&folded, &info.header, By::Time);
+    let names = FrameNames::new(reader.strings(), true);
+    let page = HtmlPage {
+        title: "bench",
+        subtitle: "",
+        report_json: &report,
+        sample_interval_ns: info.header.sample_interval_ns,
+        sources: &[],
+    };
+    write_html(&folded, measure, &names, &page, BufWriter::new(io::sink())).unwrap();
+}
+
 fn bench_render(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bench-1m.pyprobe");
@@ -204,6 +227,7 @@ fn bench_render(c: &mut Criterion) {
     group.throughput(Throughput::Elements(events));
     group.bench_function("flame_svg", |b| b.iter(|| render_svg(&path)));
     group.bench_function("report_table", |b| b.iter(|| render_report(&path)));
+    group.bench_function("html_page", |b| b.iter(|| render_html(&path)));
     group.finish();
 }
 
