@@ -891,6 +891,46 @@ fn record_draws_a_run_that_only_waited() {
     );
     let idle = run_pyprobe(&["flame", s(&recording), "--idle", "-o", "-"]);
     assert!(idle.status.success());
+
+    // The HTML page alike: its graph holds the waiting samples, and says so.
+    let page = dir.path().join("idle-page.html");
+    let out = run_pyprobe(&[
+        "record",
+        "--mode",
+        "sample",
+        "-p",
+        &pid,
+        "-d",
+        "0.5",
+        "-o",
+        s(&page),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("found its thread waiting"), "{stderr}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    let data = html
+        .split_once("id=\"pyprobe-data\">")
+        .and_then(|(_, rest)| rest.split_once("</script>"))
+        .map(|(json, _)| json)
+        .expect("the page's data");
+    let data: serde_json::Value = serde_json::from_str(data).unwrap();
+    let counted: u64 = data["nodes"]["value"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert!(counted > 0, "the page draws the waiting samples");
+    assert!(
+        data["frames"]["name"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == "<module>"),
+        "{}",
+        data["frames"]
+    );
 }
 
 /// The target replaces the recording's `.partial` while it is written (it can

@@ -373,9 +373,13 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
             write_pstats(&stats, &mut *out)?;
             folded.tally
         }
-        FlameFormat::Html => {
-            super::html::render_html(file, request.samples, request.title.as_deref(), &mut *out)?
-        }
+        FlameFormat::Html => super::html::render_html(
+            file,
+            request.samples,
+            request.idle_if_all_waiting,
+            request.title.as_deref(),
+            &mut *out,
+        )?,
         FlameFormat::Speedscope => {
             let options = SpeedscopeOptions {
                 full_paths: request.full_paths,

@@ -59,12 +59,34 @@ fn heatmap(file: &Path, samples: SampleFilter) -> Result<Vec<SourceFile>> {
 }
 
 /// Writes the HTML report of `file` to `out`; returns which samples it counted.
+/// With `idle_if_all_waiting`, a recording whose every sample found its thread
+/// waiting is drawn with them all (as `--idle`), and said so.
 pub(super) fn render_html(
     file: &Path,
-    samples: SampleFilter,
+    mut samples: SampleFilter,
+    idle_if_all_waiting: bool,
     title: Option<&str>,
     out: &mut dyn Write,
 ) -> Result<SampleTally> {
+    let mut reader = open(file)?;
+    let (mut folded, mut info) = read_folded_by_thread(&mut reader, samples, FrameGrain::Functions)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    let t = folded.tally;
+    if idle_if_all_waiting && !samples.idle && t.kept == 0 && t.left_out() > 0 {
+        eprintln!(
+            "pyprobe: note: every one of the {} samples found its thread waiting: the report \
+             counts them, as --idle does",
+            t.samples
+        );
+        samples.idle = true;
+        reader = open(file)?;
+        (folded, info) = read_folded_by_thread(&mut reader, samples, FrameGrain::Functions)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+    }
+    note_cut_short(&reader, file);
+    // Its string table names the frames.
+    let folded_reader = reader;
+
     let mut reader = open(file)?;
     let report = build_report_filtered(&mut reader, samples)
         .with_context(|| format!("cannot read {}", file.display()))?;
@@ -77,12 +99,8 @@ pub(super) fn render_html(
     let view = options.apply(&report).map_err(|e| anyhow::anyhow!("{e}"))?;
     let report_json = render_json(&view);
 
-    let mut reader = open(file)?;
-    let (folded, info) = read_folded_by_thread(&mut reader, samples, FrameGrain::Functions)
-        .with_context(|| format!("cannot read {}", file.display()))?;
-    note_cut_short(&reader, file);
     let (measure, _) = choose_measure(&folded, &info.header, By::Time);
-    let names = FrameNames::new(reader.strings(), true)
+    let names = FrameNames::new(folded_reader.strings(), true)
         .with_header(&info.header)
         .with_qualnames(&info.qualnames);
     let sources = heatmap(file, samples)?;
