@@ -864,20 +864,24 @@ fn record_draws_a_run_that_only_waited() {
     let dir = tempdir();
     let svg = dir.path().join("idle.svg");
     let pid = target.pid().to_string();
-    let out = run_pyprobe(&[
-        "record",
-        "--mode",
-        "sample",
-        "-p",
-        &pid,
-        "-d",
-        "0.5",
-        "-o",
-        s(&svg),
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("found its thread waiting"), "{stderr}");
+    // Records half a second to `out`; the view says it counted the waiting.
+    let record_to = |out: &std::path::Path| {
+        let run = run_pyprobe(&[
+            "record",
+            "--mode",
+            "sample",
+            "-p",
+            &pid,
+            "-d",
+            "0.5",
+            "-o",
+            s(out),
+        ]);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{stderr}");
+        assert!(stderr.contains("found its thread waiting"), "{stderr}");
+    };
+    record_to(&svg);
     let drawn = std::fs::read_to_string(&svg).unwrap();
     assert!(
         drawn.starts_with("<?xml") && drawn.contains("sleep"),
@@ -894,20 +898,7 @@ fn record_draws_a_run_that_only_waited() {
 
     // The HTML page alike: its graph holds the waiting samples, and says so.
     let page = dir.path().join("idle-page.html");
-    let out = run_pyprobe(&[
-        "record",
-        "--mode",
-        "sample",
-        "-p",
-        &pid,
-        "-d",
-        "0.5",
-        "-o",
-        s(&page),
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("found its thread waiting"), "{stderr}");
+    record_to(&page);
     let html = std::fs::read_to_string(&page).unwrap();
     let data = html
         .split_once("id=\"pyprobe-data\">")
