@@ -178,7 +178,8 @@
     let maxDepth = 0;
     function box(node, x, w, depth, extra) {
       const f = t.frame[node];
-      const kind = f < 0 ? 'root' : F.kind[f];
+      // asyncio's markers (`[task NAME]`, `[awaiting Task]`) come from `<asyncio>`.
+      const kind = f < 0 ? 'root' : F.file[f] === '<asyncio>' ? 'task' : F.kind[f];
       const b = document.createElement('div');
       b.className = 'f k-' + kind + (extra || '') + (match && match(f) ? ' hit' : '');
       b.style.left = x + 'px';
