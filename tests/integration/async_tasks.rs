@@ -465,6 +465,10 @@ fn check_async_all(version: &'static str) {
     assert_no_panic("record --async=all", &out.stderr);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{version}: {stderr}");
+    assert!(
+        stderr.contains("off-CPU samples") && stderr.contains("--idle"),
+        "{version}: how to see them is said: {stderr}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let truth: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
         .unwrap_or_else(|e| panic!("{version}: the program's truth ({e}): {stdout}"));

@@ -538,6 +538,12 @@ impl<'a> Recorder<'a> {
         for text in &caveats.0 {
             eprintln!("pyprobe: caveat: {text}");
         }
+        if request.async_waiting && sampler.samples > 0 {
+            eprintln!(
+                "pyprobe: note: the waiting asyncio tasks are off-CPU samples: report, flame and \
+                 top --from show them with --idle"
+            );
+        }
         if let (Some(max), Some(b)) = (settings.budget, budget_summary) {
             // Said when the budget changed what was recorded, or was exceeded.
             let acted = b.traced_functions || b.exact_fraction < 1.0 || b.slowdown > max;
