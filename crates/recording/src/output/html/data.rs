@@ -130,6 +130,9 @@ fn min_total_for(totals: &[u64], max: usize) -> u64 {
     if totals.len() <= max {
         return 0;
     }
+    if max == 0 {
+        return u64::MAX;
+    }
     let mut sorted: Vec<u64> = totals.to_vec();
     let cut = sorted.len() - max;
     let (below, &mut nth, _) = sorted.select_nth_unstable(cut);
