@@ -2,7 +2,8 @@
 //! asyncio task that waits, so that a wall-clock view shows what the program
 //! waits on: the tasks awaiting it (as for a running task), its own marker, the
 //! coroutines it stands in, and a last marker naming what it awaits
-//! (`[awaiting Future]`, `[awaiting Task]`, `[awaiting _GatheringFuture]`).
+//! (`[awaiting Future]`, `[awaiting Task]`, `[awaiting _GatheringFuture]`;
+//! `[sleep]` in `asyncio.sleep`).
 
 use std::collections::HashMap;
 
@@ -45,6 +46,9 @@ impl Walker {
         Ok((stacks, waiting))
     }
 
+    /// The logical stacks of the tasks in the lists of the threads of `stacks`
+    /// and of the interpreter whose coroutine is suspended in an await, at most
+    /// `max_waiting`.
     fn waiting_tasks(
         &mut self,
         layout: (TaskLayout, AsyncioObjects),
