@@ -152,9 +152,10 @@ pub struct RecordArgs {
     /// CPython 3.14+, which publish asyncio's task layout; on older versions the
     /// stacks stay as the threads run them, and pyprobe says so. Sampled stacks
     /// only: not with --mode trace. `--async=all` also samples every task that
-    /// waits (at most 1,000 a tick), as its logical stack ending in what it awaits
-    /// (`[awaiting Future]`), marked off-CPU: views show them with --idle (the
-    /// wall-clock view, which the view record writes itself uses).
+    /// waits, as its logical stack ending in what it awaits (`[awaiting Future]`),
+    /// marked off-CPU: views show them with --idle (the wall-clock view, which the
+    /// view record writes itself uses). A tick reads at most 1,000 of them within
+    /// 1 ms (the rest at the next ticks, in turn).
     #[arg(
         long = "async",
         value_name = "WHICH",

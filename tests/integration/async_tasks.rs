@@ -506,9 +506,11 @@ fn check_async_all(version: &'static str) {
         let mut waits = head.to_vec();
         waits.push("[awaiting Task]".into());
         let worker_waits = count(&waits);
-        // Each worker waits as long as main does, less the ticks before it began.
+        // Each worker waits as long as main does, less the ticks before it began
+        // (a tick cut short by its time budget takes the next tasks first at the
+        // next tick: a few either way).
         assert!(
-            worker_waits * 100 >= main_waits * 90 && worker_waits <= main_waits,
+            worker_waits * 100 >= main_waits * 90 && worker_waits * 100 <= main_waits * 110,
             "{version}: {worker} waited in {worker_waits} samples, main in {main_waits}"
         );
         let mut sleeps = head.to_vec();

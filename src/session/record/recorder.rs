@@ -134,6 +134,11 @@ impl<'a> Recorder<'a> {
         sampler.native = request.native;
         sampler.async_tasks = request.async_tasks;
         sampler.async_waiting = request.async_waiting;
+        sampler.waiting_budget = super::sampler::MAX_WAITING_BUDGET.min(
+            std::time::Duration::from_secs(1)
+                / request.rate.max(1)
+                / super::sampler::WAITING_SHARE_OF_INTERVAL,
+        );
         let start = StartLine {
             mode: settings.mode,
             request,
@@ -501,11 +506,13 @@ impl<'a> Recorder<'a> {
                 super::sampler::TORN
             ));
         }
-        if sampler.waiting_left_out > 0 {
+        if sampler.waiting_cut_ticks > 0 {
             what.push_str(&format!(
-                " ({} samples of waiting asyncio tasks left out: past {} tasks a tick)",
-                sampler.waiting_left_out,
-                super::sampler::MAX_WAITING_TASKS
+                " ({} ticks read only some of the waiting asyncio tasks, within {} tasks and \
+                 {} µs a tick; the others came at the next ticks, in turn)",
+                sampler.waiting_cut_ticks,
+                super::sampler::MAX_WAITING_TASKS,
+                sampler.waiting_budget.as_micros()
             ));
         }
         if summary.lost_events > 0 {

@@ -11,7 +11,7 @@
 use rustc_hash::FxHashMap;
 
 use pyprobe_cpython::native::{join, EvalCalls, Joined, NativeUnwinder, NotJoined};
-use pyprobe_cpython::python::walker::{PyFrame, Walker};
+use pyprobe_cpython::python::walker::{PyFrame, WaitingLimits, Walker};
 use pyprobe_recording::recording::{EventKind, FrameRef, SampleState, WalkedFrame};
 use pyprobe_sdt::ring::RingStack;
 
@@ -41,8 +41,12 @@ pub struct Sampler {
     pub async_tasks: bool,
     /// Also sample every task that waits (`--async=all`).
     pub async_waiting: bool,
-    /// Waiting tasks left out of a tick past [`MAX_WAITING_TASKS`], in all.
-    pub waiting_left_out: u64,
+    /// How long a tick may spend on the waiting tasks (the threads held).
+    pub waiting_budget: std::time::Duration,
+    /// Where the next tick begins in the list of tasks.
+    pub waiting_next: usize,
+    /// Ticks that could not look at every task within their limits.
+    pub waiting_cut_ticks: u64,
     /// Samples of running threads whose stack changed under the walk, recorded
     /// as [`TORN`] alone.
     pub torn: u64,
@@ -135,6 +139,11 @@ const MAX_RETRY_NS: u64 = 50_000_000;
 /// Most waiting asyncio tasks sampled at one tick (`--async=all`): a server's
 /// thousands of idle connections would otherwise take the sampler's budget.
 pub const MAX_WAITING_TASKS: usize = 1000;
+
+/// Longest a tick spends reading waiting tasks (`--async=all`), and at most this
+/// share of the sampling interval: the threads are held meanwhile.
+pub const MAX_WAITING_BUDGET: std::time::Duration = std::time::Duration::from_millis(1);
+pub const WAITING_SHARE_OF_INTERVAL: u32 = 20;
 
 impl Sampler {
     /// The walker of `pid`, attached on first use at `now` (it fails while the
@@ -245,12 +254,17 @@ impl Sampler {
     ) {
         self.ticks += 1;
         let (async_tasks, async_waiting) = (self.async_tasks, self.async_waiting);
+        let limits = WaitingLimits {
+            max: MAX_WAITING_TASKS,
+            budget: self.waiting_budget,
+            start: self.waiting_next,
+        };
         let Some(walker) = self.walker(pid, ts_ns) else {
             return;
         };
         let read = match (async_tasks, stopped) {
             _ if async_waiting => walker
-                .async_stacks_and_waiting(!stopped, MAX_WAITING_TASKS)
+                .async_stacks_and_waiting(!stopped, limits)
                 .map(|(s, w)| (s, Some(w))),
             (true, _) => walker.async_stacks(!stopped).map(|s| (s, None)),
             (false, true) => walker.stacks().map(|s| (s, None)),
@@ -313,7 +327,10 @@ impl Sampler {
             self.put_native(pid, unwinder);
         }
         if let Some(waiting) = waiting {
-            self.waiting_left_out += waiting.left_out as u64;
+            self.waiting_next = waiting.next;
+            if waiting.deferred > 0 {
+                self.waiting_cut_ticks += 1;
+            }
             for stack in waiting.stacks {
                 let frames = Self::frames(builder, pid, &stack.frames);
                 // A task that waits runs on no CPU and holds no GIL.

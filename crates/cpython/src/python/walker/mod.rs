@@ -73,7 +73,7 @@ mod values;
 mod waiting;
 
 pub use tasks::{task_marker, AsyncTask, TaskInfo, MAX_TASKS, TASK_FILE};
-pub use waiting::WaitingTasks;
+pub use waiting::{WaitingLimits, WaitingTasks};
 
 #[cfg(test)]
 mod tests;

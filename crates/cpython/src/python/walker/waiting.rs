@@ -15,26 +15,40 @@ use super::tasks::{
 use super::values::ValueReader;
 use super::{PyFrame, ThreadStack, Walker};
 
-/// The waiting tasks of one sample, and how many were left out.
+/// How much of a sample the waiting tasks may take.
+#[derive(Debug, Clone, Copy)]
+pub struct WaitingLimits {
+    /// Most waiting tasks sampled.
+    pub max: usize,
+    /// Longest time spent reading them (the threads are held meanwhile).
+    pub budget: std::time::Duration,
+    /// Where in the list of tasks (by address) to begin: the previous sample's
+    /// `next`, so that tasks past a limit are read at later samples, in turn.
+    pub start: usize,
+}
+
+/// The waiting tasks of one sample, and how many were not looked at.
 #[derive(Debug, Default)]
 pub struct WaitingTasks {
     /// One stack per waiting task, on the thread whose list holds it (`None`:
     /// the interpreter's list, of threads that ended): no GIL, off any CPU.
     pub stacks: Vec<ThreadStack>,
-    /// Waiting tasks past the most asked for.
-    pub left_out: usize,
+    /// Tasks not looked at, past a limit: the next samples begin with them.
+    pub deferred: usize,
+    /// Where the next sample should begin ([`WaitingLimits::start`]).
+    pub next: usize,
 }
 
 impl Walker {
-    /// As [`Walker::async_stacks`], with the logical stacks of at most
-    /// `max_waiting` tasks that no thread runs (the lowest addresses first, so
-    /// that the same tasks are kept from one sample to the next). No waiting
-    /// task where the version publishes no task layout (before 3.14) or asyncio
-    /// is not loaded.
+    /// As [`Walker::async_stacks`], with the logical stacks of the tasks that no
+    /// thread runs, within `limits`: the tasks are taken in address order from
+    /// `limits.start`, round the list, so that past a limit the others come at
+    /// the next samples. No waiting task where the version publishes no task
+    /// layout (before 3.14) or asyncio is not loaded.
     pub fn async_stacks_and_waiting(
         &mut self,
         running: bool,
-        max_waiting: usize,
+        limits: WaitingLimits,
     ) -> anyhow::Result<(Vec<ThreadStack>, WaitingTasks)> {
         let (mut stacks, frames) = self.walk_keeping_frames(running)?;
         let Some(layout) = self.task_layout() else {
@@ -42,18 +56,18 @@ impl Walker {
         };
         // The running tasks first: their frames' addresses are this walk's.
         self.make_logical(layout, &mut stacks, &frames);
-        let waiting = self.waiting_tasks(layout, &stacks, max_waiting);
+        let waiting = self.waiting_tasks(layout, &stacks, limits);
         Ok((stacks, waiting))
     }
 
     /// The logical stacks of the tasks in the lists of the threads of `stacks`
-    /// and of the interpreter whose coroutine is suspended in an await, at most
-    /// `max_waiting`.
+    /// and of the interpreter whose coroutine is suspended in an await, within
+    /// `limits`.
     fn waiting_tasks(
         &mut self,
         layout: (TaskLayout, AsyncioObjects),
         stacks: &[ThreadStack],
-        max_waiting: usize,
+        limits: WaitingLimits,
     ) -> WaitingTasks {
         let (tasks, objects) = layout;
         // Each task with the thread whose list holds it.
@@ -88,12 +102,20 @@ impl Walker {
         // Per task: where its awaiters and it stand, read once a tick (a server's
         // tasks share their awaiters).
         let mut standing: HashMap<u64, Vec<PyFrame>> = HashMap::new();
-        for (task, thread) in found {
-            if running.contains(&task) {
-                continue;
+        // The budget is for reading the tasks: the lists themselves are walked
+        // whole (a linked list has no other way in), about 2 µs a task.
+        let deadline = std::time::Instant::now() + limits.budget;
+        let count = found.len();
+        let first = if count == 0 { 0 } else { limits.start % count };
+        out.next = first;
+        for k in 0..count {
+            if out.stacks.len() >= limits.max || std::time::Instant::now() >= deadline {
+                out.deferred = count - k;
+                break;
             }
-            if out.stacks.len() >= max_waiting {
-                out.left_out += 1;
+            let (task, thread) = found[(first + k) % count];
+            out.next = (first + k + 1) % count;
+            if running.contains(&task) {
                 continue;
             }
             let Some(fields) = read_fields(&self.reader.mem, tasks, task) else {
