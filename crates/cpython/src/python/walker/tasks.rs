@@ -61,7 +61,7 @@ pub(crate) struct TaskLayout {
     awaited_by_is_set: u64,
     coro: u64,
     /// A task's node in its thread's list of tasks (`struct llist_node`: next, prev).
-    node: u64,
+    pub(super) node: u64,
     /// The head of the list of tasks of the interpreter (tasks of threads that
     /// ended), and of each thread state.
     pub(super) interpreter_tasks: u64,
@@ -569,16 +569,45 @@ pub struct AsyncTask {
 /// Adds the tasks of the list whose head (a `struct llist_node`) is at `head` to
 /// `found`, at most [`MAX_TASKS`] in all; a broken or looping list ends early.
 pub(super) fn list_tasks(mem: &ProcessMemory, tasks: TaskLayout, head: u64, found: &mut Vec<u64>) {
-    let mut node = match read_u64(mem, head) {
-        Ok(n) => n,
-        Err(_) => return,
+    let mut nodes = Vec::new();
+    list_nodes(
+        mem,
+        head,
+        &[],
+        MAX_TASKS.saturating_sub(found.len()),
+        &mut nodes,
+    );
+    found.extend(nodes.iter().filter_map(|n| n.checked_sub(tasks.node)));
+}
+
+/// The nodes of the list at `head`, in order, into `nodes`: the ones `known`
+/// (the list at the last look) read in one go and taken while each still links
+/// to the next, then the rest one by one. At most `max`.
+pub(super) fn list_nodes(
+    mem: &ProcessMemory,
+    head: u64,
+    known: &[u64],
+    max: usize,
+    nodes: &mut Vec<u64>,
+) {
+    let Ok(mut node) = read_u64(mem, head) else {
+        return;
     };
-    let mut steps = 0;
-    while node != head && plausible_pointer(node) && found.len() < MAX_TASKS && steps < MAX_TASKS {
-        steps += 1;
-        if let Some(task) = node.checked_sub(tasks.node) {
-            found.push(task);
+    let known = &known[..known.len().min(max)];
+    if known.first() == Some(&node) {
+        let mut next = vec![0u8; known.len() * 8];
+        let read = mem.read_blocks(known, 8, &mut next);
+        for (i, &at) in known[..read].iter().enumerate() {
+            if at != node || !plausible_pointer(at) {
+                break;
+            }
+            nodes.push(at);
+            let word: [u8; 8] = next[i * 8..i * 8 + 8].try_into().unwrap_or_default();
+            node = u64::from_le_bytes(word);
         }
+    }
+    while node != head && plausible_pointer(node) && nodes.len() < max {
+        nodes.push(node);
         node = match read_u64(mem, node) {
             Ok(n) => n,
             Err(_) => return,

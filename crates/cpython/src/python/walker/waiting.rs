@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use super::layout::AsyncioObjects;
 use super::objects::read_u64;
 use super::tasks::{
-    list_tasks, marker_frame, read_fields, task_marker, TaskInfo, TaskLayout, MAX_ANCESTORS,
+    list_nodes, marker_frame, read_fields, task_marker, TaskInfo, TaskLayout, MAX_ANCESTORS,
+    MAX_TASKS,
 };
 use super::values::ValueReader;
 use super::{PyFrame, ThreadStack, Walker};
@@ -84,11 +85,22 @@ impl Walker {
                     .map(|h| (h, None)),
             );
         }
+        let mut lists = HashMap::new();
         for (head, thread) in heads {
-            let mut listed = Vec::new();
-            list_tasks(&self.reader.mem, tasks, head, &mut listed);
-            found.extend(listed.into_iter().map(|t| (t, thread)));
+            let mut nodes = Vec::new();
+            let known = self.task_lists.get(&head).map_or(&[][..], Vec::as_slice);
+            let room = MAX_TASKS.saturating_sub(found.len());
+            list_nodes(&self.reader.mem, head, known, room, &mut nodes);
+            found.extend(
+                nodes
+                    .iter()
+                    .filter_map(|n| n.checked_sub(tasks.node))
+                    .map(|t| (t, thread)),
+            );
+            lists.insert(head, nodes);
         }
+        // The lists of threads that ended go with them.
+        self.task_lists = lists;
         found.sort_unstable();
         found.dedup_by_key(|(t, _)| *t);
         let running: Vec<u64> = stacks
