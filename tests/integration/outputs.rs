@@ -853,19 +853,21 @@ fn a_large_trace_export_keeps_the_longer_calls_or_is_announced_with_all() {
 #[test]
 fn record_draws_a_run_that_only_waited() {
     let Some(py) = python("3.11") else { return };
-    let mut target = Target::spawn(
-        &py.launcher,
-        &[
-            "-c",
-            "import time; print('ready', flush=True); time.sleep(60)",
-        ],
-    );
-    target.wait_for_line("ready");
     let dir = tempdir();
     let svg = dir.path().join("idle.svg");
-    let pid = target.pid().to_string();
-    // Records half a second to `out`; the view says it counted the waiting.
+    // Records half a second of a process that only sleeps to `out`; the view says
+    // it counted the waiting. A process of its own each time: one attached
+    // before may be caught on a CPU, waking from the detach.
     let record_to = |out: &std::path::Path| {
+        let mut target = Target::spawn(
+            &py.launcher,
+            &[
+                "-c",
+                "import time; print('ready', flush=True); time.sleep(60)",
+            ],
+        );
+        target.wait_for_line("ready");
+        let pid = target.pid().to_string();
         let run = run_pyprobe(&[
             "record",
             "--mode",
