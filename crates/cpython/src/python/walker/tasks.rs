@@ -15,6 +15,8 @@
 //! Every read is bounded and checked: a chain of awaiters longer than
 //! [`MAX_ANCESTORS`] or a loop in it ends the chain, never the sample.
 
+use std::collections::HashMap;
+
 use super::layout::AsyncioObjects;
 use super::objects::{plausible_pointer, read_u64};
 use super::values::ValueReader;
@@ -154,11 +156,6 @@ impl TaskInfo {
     pub(super) fn coro_frame(&self) -> Option<u64> {
         self.coro_frame
     }
-
-    /// The tasks and futures that await it.
-    pub(super) fn awaited_by(&self) -> &[u64] {
-        &self.awaited_by
-    }
 }
 
 /// The marker frame of a task in a logical stack: `[task NAME]`, `[task]` for a
@@ -271,46 +268,55 @@ impl Walker {
             .iter()
             .position(|&(f, _)| Some(f) == running.coro_frame)
             .filter(|&i| i < stack.frames.len())?;
-        let mut logical = self.awaiting_prefix((tasks, objects), task, &running);
+        let mut logical = self.awaiting_prefix((tasks, objects), &running, &mut HashMap::new());
         logical.push(task_marker(&running));
         logical.extend(stack.frames[from..].iter().cloned());
         Some(logical)
     }
 
-    /// The tasks awaiting `first` (the task at `address`), outermost first, each
-    /// its marker frame and the frames of the coroutines it stands in: what comes
-    /// above `first`'s own marker in a logical stack.
+    /// The tasks awaiting `first`, outermost first, each its marker frame and
+    /// the frames of the coroutines it stands in: what comes above `first`'s own
+    /// marker in a logical stack. `standing` keeps, per awaiting task, its own
+    /// part and all above it, so that the tasks of one sample that share their
+    /// awaiters read them once. At most [`MAX_ANCESTORS`]; a loop in the awaiters
+    /// ends the chain.
     pub(super) fn awaiting_prefix(
         &mut self,
-        (tasks, objects): (TaskLayout, AsyncioObjects),
-        address: u64,
+        layout: (TaskLayout, AsyncioObjects),
         first: &TaskInfo,
+        standing: &mut HashMap<u64, Vec<PyFrame>>,
     ) -> Vec<PyFrame> {
-        let mut chain: Vec<TaskInfo> = Vec::new();
-        let mut seen = vec![address];
-        let mut awaited_by = first.awaited_by.clone();
-        while chain.len() < MAX_ANCESTORS {
-            let Some((parent, fields)) = self.parent(tasks, objects, &awaited_by) else {
-                break;
-            };
-            if seen.contains(&parent) {
-                break;
-            }
-            seen.push(parent);
-            let Some(info) = self.task_info(objects, parent, &fields) else {
-                break;
-            };
-            awaited_by = info.awaited_by.clone();
-            chain.push(info);
+        let mut seen = vec![first.address];
+        self.standing_above(layout, first, standing, &mut seen)
+    }
+
+    fn standing_above(
+        &mut self,
+        (tasks, objects): (TaskLayout, AsyncioObjects),
+        task: &TaskInfo,
+        standing: &mut HashMap<u64, Vec<PyFrame>>,
+        seen: &mut Vec<u64>,
+    ) -> Vec<PyFrame> {
+        let Some((parent, fields)) = self.parent(tasks, objects, &task.awaited_by) else {
+            return Vec::new();
+        };
+        if let Some(known) = standing.get(&parent) {
+            return known.clone();
         }
-        let mut prefix = Vec::new();
-        for task in chain.iter().rev() {
-            prefix.push(task_marker(task));
-            if let Some(frame) = task.coro_frame {
-                prefix.extend(self.awaited_frames(objects, frame));
-            }
+        if seen.contains(&parent) || seen.len() > MAX_ANCESTORS {
+            return Vec::new();
         }
-        prefix
+        seen.push(parent);
+        let Some(info) = self.task_info(objects, parent, &fields) else {
+            return Vec::new();
+        };
+        let mut frames = self.standing_above((tasks, objects), &info, standing, seen);
+        frames.push(task_marker(&info));
+        if let Some(frame) = info.coro_frame {
+            frames.extend(self.awaited_frames(objects, frame));
+        }
+        standing.insert(parent, frames.clone());
+        frames
     }
 
     /// Every task in the lists of the threads of `stacks` and of the interpreter

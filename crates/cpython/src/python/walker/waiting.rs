@@ -9,10 +9,7 @@ use std::collections::HashMap;
 
 use super::layout::AsyncioObjects;
 use super::objects::read_u64;
-use super::tasks::{
-    list_nodes, marker_frame, read_fields, task_marker, TaskInfo, TaskLayout, MAX_ANCESTORS,
-    MAX_TASKS,
-};
+use super::tasks::{list_nodes, marker_frame, read_fields, task_marker, TaskLayout, MAX_TASKS};
 use super::values::ValueReader;
 use super::{PyFrame, ThreadStack, Walker};
 
@@ -141,7 +138,7 @@ impl Walker {
             let Some(coro) = info.coro_frame().filter(|&f| self.is_awaiting(objects, f)) else {
                 continue;
             };
-            let mut frames = self.standing_of_parent(layout, &info, &mut standing, 0);
+            let mut frames = self.awaiting_prefix(layout, &info, &mut standing);
             frames.push(task_marker(&info));
             let (own, awaited) = self.awaited_end(objects, coro);
             if own.is_empty() {
@@ -173,39 +170,6 @@ impl Walker {
             });
         }
         out
-    }
-
-    /// Where the tasks awaiting `info`'s task stand, outermost first (its logical
-    /// stack above its own marker): its parent's, read once per `standing`.
-    fn standing_of_parent(
-        &mut self,
-        layout: (TaskLayout, AsyncioObjects),
-        info: &TaskInfo,
-        standing: &mut HashMap<u64, Vec<PyFrame>>,
-        depth: usize,
-    ) -> Vec<PyFrame> {
-        let (tasks, objects) = layout;
-        let Some((parent, fields)) = self.parent(tasks, objects, info.awaited_by()) else {
-            return Vec::new();
-        };
-        if let Some(known) = standing.get(&parent) {
-            return known.clone();
-        }
-        let Some(parent_info) = self.task_info(objects, parent, &fields) else {
-            return Vec::new();
-        };
-        // A loop in the awaiters ends the chain, as in a running task's.
-        let mut frames = if depth < MAX_ANCESTORS && parent != info.address {
-            self.standing_of_parent(layout, &parent_info, standing, depth + 1)
-        } else {
-            Vec::new()
-        };
-        frames.push(task_marker(&parent_info));
-        if let Some(coro) = parent_info.coro_frame() {
-            frames.extend(self.awaited_end(objects, coro).0);
-        }
-        standing.insert(parent, frames.clone());
-        frames
     }
 
     /// What a task awaits, by the type of the object at `addr`, as the program
