@@ -21,7 +21,9 @@ use pyprobe_recording::output::pstats::{build_stats, write_pstats};
 use pyprobe_recording::output::speedscope::{write_speedscope, SpeedscopeOptions};
 use pyprobe_recording::output::{Census, TraceExport};
 
-use super::reading::{is_broken_pipe, note_cut_short, note_samples, open};
+use super::reading::{
+    fold_counting_waiting, is_broken_pipe, note_cut_short, note_samples, open, FoldedRecording,
+};
 
 /// Output formats of `pyprobe flame`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -304,31 +306,18 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
     let mut reader = open(file)?;
     let tally = match format {
         FlameFormat::Svg | FlameFormat::Collapsed => {
-            let (mut folded, mut info) =
-                read_folded_filtered(&mut reader, request.samples, request.grain)
-                    .with_context(|| format!("cannot read {}", file.display()))?;
-            let t = folded.tally;
-            if request.idle_if_all_waiting
-                && !request.samples.idle
-                && t.kept == 0
-                && t.left_out() > 0
-            {
-                // A run too short to catch its thread on a CPU still gets a graph.
-                eprintln!(
-                    "pyprobe: note: every one of the {} samples found its thread waiting \
-                     (asleep, blocked on I/O, a lock or the GIL): the flame graph counts them, \
-                     as --idle does",
-                    t.samples
-                );
-                reader = open(file)?;
-                let idle = SampleFilter {
-                    idle: true,
-                    ..request.samples
-                };
-                (folded, info) = read_folded_filtered(&mut reader, idle, request.grain)
-                    .with_context(|| format!("cannot read {}", file.display()))?;
-            }
-            note_cut_short(&reader, file);
+            let FoldedRecording {
+                folded,
+                info,
+                reader,
+                ..
+            } = fold_counting_waiting(
+                file,
+                request.samples,
+                request.idle_if_all_waiting,
+                "flame graph",
+                |reader, samples| read_folded_filtered(reader, samples, request.grain),
+            )?;
             note_lines_unsampled(request.grain, &folded);
             let (measure, note) = choose_measure(&folded, &info.header, request.by);
             if let Some(note) = note {

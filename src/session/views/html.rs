@@ -18,7 +18,7 @@ use pyprobe_recording::output::report::{
     build_report_filtered, render_json, ReportOptions, SortKey,
 };
 
-use super::reading::{note_cut_short, open};
+use super::reading::{fold_counting_waiting, open, FoldedRecording};
 use crate::session::report_lines::read_source;
 
 /// Files whose source the heatmap shows, busiest first.
@@ -63,29 +63,23 @@ fn heatmap(file: &Path, samples: SampleFilter) -> Result<Vec<SourceFile>> {
 /// waiting is drawn with them all (as `--idle`), and said so.
 pub(super) fn render_html(
     file: &Path,
-    mut samples: SampleFilter,
+    samples: SampleFilter,
     idle_if_all_waiting: bool,
     title: Option<&str>,
     out: &mut dyn Write,
 ) -> Result<SampleTally> {
-    let mut reader = open(file)?;
-    let (mut folded, mut info) = read_folded_by_thread(&mut reader, samples, FrameGrain::Functions)
-        .with_context(|| format!("cannot read {}", file.display()))?;
-    let t = folded.tally;
-    if idle_if_all_waiting && !samples.idle && t.kept == 0 && t.left_out() > 0 {
-        eprintln!(
-            "pyprobe: note: every one of the {} samples found its thread waiting: the report \
-             counts them, as --idle does",
-            t.samples
-        );
-        samples.idle = true;
-        reader = open(file)?;
-        (folded, info) = read_folded_by_thread(&mut reader, samples, FrameGrain::Functions)
-            .with_context(|| format!("cannot read {}", file.display()))?;
-    }
-    note_cut_short(&reader, file);
-    // Its string table names the frames.
-    let folded_reader = reader;
+    let FoldedRecording {
+        folded,
+        info,
+        reader: folded_reader,
+        samples,
+    } = fold_counting_waiting(
+        file,
+        samples,
+        idle_if_all_waiting,
+        "report",
+        |reader, samples| read_folded_by_thread(reader, samples, FrameGrain::Functions),
+    )?;
 
     let mut reader = open(file)?;
     let report = build_report_filtered(&mut reader, samples)

@@ -6,9 +6,10 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use pyprobe_recording::analyze::folded::Folded;
 use pyprobe_recording::analyze::{SampleFilter, SampleTally};
-use pyprobe_recording::output::flame::ViewError;
-use pyprobe_recording::recording::{Completion, RecordingReader};
+use pyprobe_recording::output::flame::{ViewError, ViewInfo};
+use pyprobe_recording::recording::{Completion, RecordError, RecordingReader};
 
 pub(crate) fn open(file: &Path) -> Result<RecordingReader<io::BufReader<File>>> {
     RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))
@@ -21,6 +22,55 @@ pub(crate) fn note_cut_short<R: io::Read>(reader: &RecordingReader<R>, file: &Pa
             file.display()
         );
     }
+}
+
+/// A recording read into folded stacks, with the samples `samples` keeps (see
+/// [`fold_counting_waiting`]).
+pub(crate) struct FoldedRecording {
+    pub folded: Folded,
+    pub info: ViewInfo,
+    /// The reader, read to the end: its string table names the frames.
+    pub reader: RecordingReader<io::BufReader<File>>,
+    /// The samples counted: `samples`, or every one when all were waiting.
+    pub samples: SampleFilter,
+}
+
+/// Folds `file` with `fold` and the samples `samples` keeps. With
+/// `idle_if_all_waiting`, a run too short to catch its thread on a CPU (every
+/// sample found it waiting, none kept) is folded again with them all, as
+/// `--idle` does, and `view` says so.
+pub(crate) fn fold_counting_waiting(
+    file: &Path,
+    mut samples: SampleFilter,
+    idle_if_all_waiting: bool,
+    view: &str,
+    fold: impl Fn(
+        &mut RecordingReader<io::BufReader<File>>,
+        SampleFilter,
+    ) -> Result<(Folded, ViewInfo), RecordError>,
+) -> Result<FoldedRecording> {
+    let mut reader = open(file)?;
+    let (mut folded, mut info) =
+        fold(&mut reader, samples).with_context(|| format!("cannot read {}", file.display()))?;
+    let t = folded.tally;
+    if idle_if_all_waiting && !samples.idle && t.kept == 0 && t.left_out() > 0 {
+        eprintln!(
+            "pyprobe: note: every one of the {} samples found its thread waiting (asleep, \
+             blocked on I/O, a lock or the GIL): the {view} counts them, as --idle does",
+            t.samples
+        );
+        samples.idle = true;
+        reader = open(file)?;
+        (folded, info) = fold(&mut reader, samples)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+    }
+    note_cut_short(&reader, file);
+    Ok(FoldedRecording {
+        folded,
+        info,
+        reader,
+        samples,
+    })
 }
 
 /// Whether an error is the reader of our output going away (`| head`).
