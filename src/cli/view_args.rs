@@ -254,10 +254,8 @@ impl FlameArgs {
 
 impl ReportArgs {
     pub fn action(mut self) -> anyhow::Result<ReportAction> {
-        let page = |p: &PathBuf| {
-            p.extension()
-                .is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"))
-        };
+        let page =
+            |p: &PathBuf| views::FlameFormat::for_extension(p) == Some(views::FlameFormat::Html);
         if self.format.is_none() && self.output.as_ref().is_some_and(page) {
             self.format = Some(ReportFormat::Html);
         }
