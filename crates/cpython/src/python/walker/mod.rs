@@ -170,7 +170,7 @@ pub struct Walker {
     /// When it was last looked for (asyncio may be imported later).
     tasks_looked_for: Option<std::time::Instant>,
     /// The nodes of each list of asyncio tasks (by its head) at the last look,
-    /// read again in one go next time (`--async=all`).
+    /// read again in one go next time.
     task_lists: std::collections::HashMap<u64, Vec<u64>>,
     /// Task names read (and whether the program gave them), by task and name object.
     task_names: std::collections::HashMap<(u64, u64), (String, bool)>,

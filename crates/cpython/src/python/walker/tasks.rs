@@ -327,31 +327,10 @@ impl Walker {
         stacks: &[ThreadStack],
         frames: &[FrameAddresses],
     ) -> Vec<AsyncTask> {
-        let mut heads: Vec<u64> = stacks
-            .iter()
-            .filter_map(|s| s.thread_state.checked_add(tasks.thread_tasks))
-            .collect();
-        if let Some(interp) = self.main_interpreter() {
-            heads.extend(interp.checked_add(tasks.interpreter_tasks));
-        }
-        let mut found = Vec::new();
-        for head in heads {
-            list_tasks(&self.reader.mem, tasks, head, &mut found);
-        }
-        found.sort_unstable();
-        found.dedup();
-        // The task each thread runs, read once: (task, index of its thread).
-        let mem = &self.reader.mem;
-        let running: Vec<(u64, usize)> = stacks
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                let at = s.thread_state.checked_add(tasks.running_task)?;
-                Some((read_u64(mem, at).ok()?, i))
-            })
-            .collect();
+        let found = self.all_tasks(tasks, stacks);
+        let running = self.running_tasks(tasks, stacks);
         let mut listed = Vec::new();
-        for task in found {
+        for (task, _) in found {
             let Some(fields) = read_fields(&self.reader.mem, tasks, task) else {
                 continue;
             };
@@ -380,6 +359,67 @@ impl Walker {
             });
         }
         listed
+    }
+
+    /// Every task in the lists asyncio keeps (each thread's of `stacks`, and
+    /// the interpreter's, of threads that ended), in address order, each with
+    /// the index in `stacks` of the thread whose list holds it (`None`: the
+    /// interpreter's); at most [`MAX_TASKS`]. Each list's nodes are kept and read
+    /// again in one go at the next look (see [`list_nodes`]).
+    pub(super) fn all_tasks(
+        &mut self,
+        tasks: TaskLayout,
+        stacks: &[ThreadStack],
+    ) -> Vec<(u64, Option<usize>)> {
+        let mut heads: Vec<(u64, Option<usize>)> = stacks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((s.thread_state.checked_add(tasks.thread_tasks)?, Some(i))))
+            .collect();
+        if let Some(interp) = self.main_interpreter() {
+            heads.extend(
+                interp
+                    .checked_add(tasks.interpreter_tasks)
+                    .map(|h| (h, None)),
+            );
+        }
+        let mut found = Vec::new();
+        let mut lists = HashMap::new();
+        for (head, thread) in heads {
+            let mut nodes = Vec::new();
+            let known = self.task_lists.get(&head).map_or(&[][..], Vec::as_slice);
+            let room = MAX_TASKS.saturating_sub(found.len());
+            list_nodes(&self.reader.mem, head, known, room, &mut nodes);
+            found.extend(
+                nodes
+                    .iter()
+                    .filter_map(|n| n.checked_sub(tasks.node))
+                    .map(|t| (t, thread)),
+            );
+            lists.insert(head, nodes);
+        }
+        // The lists of threads that ended go with them.
+        self.task_lists = lists;
+        found.sort_unstable();
+        found.dedup_by_key(|(t, _)| *t);
+        found
+    }
+
+    /// The task each thread of `stacks` runs, read once: (task, index of its
+    /// thread).
+    pub(super) fn running_tasks(
+        &self,
+        tasks: TaskLayout,
+        stacks: &[ThreadStack],
+    ) -> Vec<(u64, usize)> {
+        stacks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let at = s.thread_state.checked_add(tasks.running_task)?;
+                Some((read_u64(&self.reader.mem, at).ok()?, i))
+            })
+            .collect()
     }
 
     /// Where a waiting task stands: the frame of its suspended coroutine (at
@@ -572,30 +612,10 @@ pub struct AsyncTask {
     pub frames: Vec<PyFrame>,
 }
 
-/// Adds the tasks of the list whose head (a `struct llist_node`) is at `head` to
-/// `found`, at most [`MAX_TASKS`] in all; a broken or looping list ends early.
-pub(super) fn list_tasks(mem: &ProcessMemory, tasks: TaskLayout, head: u64, found: &mut Vec<u64>) {
-    let mut nodes = Vec::new();
-    list_nodes(
-        mem,
-        head,
-        &[],
-        MAX_TASKS.saturating_sub(found.len()),
-        &mut nodes,
-    );
-    found.extend(nodes.iter().filter_map(|n| n.checked_sub(tasks.node)));
-}
-
 /// The nodes of the list at `head`, in order, into `nodes`: the ones `known`
 /// (the list at the last look) read in one go and taken while each still links
 /// to the next, then the rest one by one. At most `max`.
-pub(super) fn list_nodes(
-    mem: &ProcessMemory,
-    head: u64,
-    known: &[u64],
-    max: usize,
-    nodes: &mut Vec<u64>,
-) {
+fn list_nodes(mem: &ProcessMemory, head: u64, known: &[u64], max: usize, nodes: &mut Vec<u64>) {
     let Ok(mut node) = read_u64(mem, head) else {
         return;
     };

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use super::layout::AsyncioObjects;
 use super::objects::read_u64;
-use super::tasks::{list_nodes, marker_frame, read_fields, task_marker, TaskLayout, MAX_TASKS};
+use super::tasks::{marker_frame, read_fields, task_marker, TaskLayout};
 use super::values::ValueReader;
 use super::{PyFrame, ThreadStack, Walker};
 
@@ -68,45 +68,8 @@ impl Walker {
         limits: WaitingLimits,
     ) -> WaitingTasks {
         let (tasks, objects) = layout;
-        // Each task with the thread whose list holds it.
-        let mut found: Vec<(u64, Option<usize>)> = Vec::new();
-        let mut heads: Vec<(u64, Option<usize>)> = stacks
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| Some((s.thread_state.checked_add(tasks.thread_tasks)?, Some(i))))
-            .collect();
-        if let Some(interp) = self.main_interpreter() {
-            heads.extend(
-                interp
-                    .checked_add(tasks.interpreter_tasks)
-                    .map(|h| (h, None)),
-            );
-        }
-        let mut lists = HashMap::new();
-        for (head, thread) in heads {
-            let mut nodes = Vec::new();
-            let known = self.task_lists.get(&head).map_or(&[][..], Vec::as_slice);
-            let room = MAX_TASKS.saturating_sub(found.len());
-            list_nodes(&self.reader.mem, head, known, room, &mut nodes);
-            found.extend(
-                nodes
-                    .iter()
-                    .filter_map(|n| n.checked_sub(tasks.node))
-                    .map(|t| (t, thread)),
-            );
-            lists.insert(head, nodes);
-        }
-        // The lists of threads that ended go with them.
-        self.task_lists = lists;
-        found.sort_unstable();
-        found.dedup_by_key(|(t, _)| *t);
-        let running: Vec<u64> = stacks
-            .iter()
-            .filter_map(|s| {
-                let at = s.thread_state.checked_add(tasks.running_task)?;
-                read_u64(&self.reader.mem, at).ok()
-            })
-            .collect();
+        let found = self.all_tasks(tasks, stacks);
+        let running = self.running_tasks(tasks, stacks);
         let mut out = WaitingTasks::default();
         // Per task: where its awaiters and it stand, read once a tick (a server's
         // tasks share their awaiters).
@@ -124,7 +87,7 @@ impl Walker {
             }
             let (task, thread) = found[(first + k) % count];
             out.next = (first + k + 1) % count;
-            if running.contains(&task) {
+            if running.iter().any(|&(t, _)| t == task) {
                 continue;
             }
             let Some(fields) = read_fields(&self.reader.mem, tasks, task) else {
