@@ -520,6 +520,8 @@ impl Aggregator {
                 b.count
                     .cmp(&a.count)
                     .then_with(|| a.function.cmp(&b.function))
+                    .then_with(|| a.file.cmp(&b.file))
+                    .then(a.line.cmp(&b.line))
             });
             triggers.truncate(MAX_TRIGGERS);
             stats.triggers = triggers;
