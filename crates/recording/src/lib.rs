@@ -7,3 +7,4 @@
 pub mod analyze;
 pub mod output;
 pub mod recording;
+pub mod stored;

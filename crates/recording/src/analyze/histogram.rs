@@ -2,7 +2,8 @@
 
 /// Counts durations in power-of-two buckets: bucket `i` holds durations in
 /// `[2^i, 2^(i+1))` ns, except bucket 0, which also holds 0.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "Vec<u64>", try_from = "Vec<u64>")]
 pub struct Histogram {
     buckets: [u64; 64],
 }
@@ -10,6 +11,24 @@ pub struct Histogram {
 impl Default for Histogram {
     fn default() -> Self {
         Histogram { buckets: [0; 64] }
+    }
+}
+
+impl From<Histogram> for Vec<u64> {
+    fn from(h: Histogram) -> Self {
+        h.buckets.to_vec()
+    }
+}
+
+impl TryFrom<Vec<u64>> for Histogram {
+    type Error = String;
+
+    fn try_from(buckets: Vec<u64>) -> Result<Self, Self::Error> {
+        let n = buckets.len();
+        let buckets = buckets
+            .try_into()
+            .map_err(|_| format!("a histogram has 64 buckets, not {n}"))?;
+        Ok(Histogram { buckets })
     }
 }
 

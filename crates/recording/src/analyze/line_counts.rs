@@ -16,7 +16,7 @@ use crate::recording::{EventKind, Header, RecordError, RecordingReader, StrId};
 pub const MAX_LINES: usize = 1 << 20;
 
 /// What one line was seen doing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LineCount {
     /// Samples whose innermost frame was on this line.
     pub(crate) own: u64,
@@ -27,7 +27,7 @@ pub struct LineCount {
 }
 
 /// The per-line counts of a whole recording.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct LineCounts {
     /// By file (the recording's string id) and line.
     pub(crate) lines: HashMap<(StrId, u32), LineCount>,
@@ -78,6 +78,15 @@ impl LineCounts {
     }
 
     /// Adds one event.
+    /// No counts yet, for the recording `header` describes, counting the
+    /// samples `filter` keeps.
+    pub fn for_recording(header: &Header, filter: SampleFilter) -> Self {
+        LineCounts {
+            tally: SampleTally::new(filter, header),
+            ..LineCounts::default()
+        }
+    }
+
     pub fn push(&mut self, kind: &EventKind) {
         match kind {
             EventKind::Sample { frames, state } => {
@@ -121,10 +130,7 @@ pub fn count_lines<R: Read>(
     filter: SampleFilter,
 ) -> Result<(LineCounts, Header), RecordError> {
     let header = reader.header().clone();
-    let mut counts = LineCounts {
-        tally: SampleTally::new(filter, &header),
-        ..LineCounts::default()
-    };
+    let mut counts = LineCounts::for_recording(&header, filter);
     while let Some(event) = reader.next_event() {
         counts.push(&event?.kind);
     }

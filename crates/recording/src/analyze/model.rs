@@ -5,7 +5,7 @@ use super::replay::ReplayCounters;
 use super::states::SampleTally;
 
 /// The traced process.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Target {
     /// Process id.
     pub pid: u32,
@@ -16,7 +16,7 @@ pub struct Target {
 }
 
 /// Where function counts and times come from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FunctionSource {
     /// Entry and return probes: exact counts and times.
     #[default]
@@ -29,7 +29,7 @@ pub enum FunctionSource {
 }
 
 /// One Python function.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FunctionStats {
     /// Function name (`co_name`).
     pub function: String,
@@ -57,7 +57,7 @@ pub struct FunctionStats {
 }
 
 /// One GC generation.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GcStats {
     /// GC generation (0 youngest).
     pub generation: i32,
@@ -80,7 +80,7 @@ pub struct GcStats {
 pub(crate) const MAX_TRIGGERS: usize = 5;
 
 /// A function that was running when an event happened, and how often.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Trigger {
     pub function: String,
     pub file: String,
@@ -89,7 +89,7 @@ pub struct Trigger {
 }
 
 /// One imported module.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ImportStats {
     /// Module name.
     pub module: String,
@@ -106,7 +106,7 @@ pub struct ImportStats {
 }
 
 /// Occurrences of one audit event name.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AuditCount {
     /// Audit event name.
     pub event: String,
@@ -118,7 +118,7 @@ pub struct AuditCount {
 }
 
 /// One Python stack and how often it raised an event.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RaisingStack {
     /// `function (file:line)`, outermost first.
     pub frames: Vec<String>,
@@ -126,7 +126,7 @@ pub struct RaisingStack {
 }
 
 /// Events seen on one thread.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ThreadStats {
     /// Native thread id.
     pub tid: u32,
@@ -144,7 +144,7 @@ pub struct ThreadStats {
 
 /// One process of the recording: its own, or a child traced with it
 /// (`--subprocesses`), with its functions on their own.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProcessStats {
     pub pid: u32,
     /// The traced process it was forked from; `None` for the recording's own.
@@ -167,7 +167,7 @@ pub struct ProcessStats {
 
 /// Irregularities met while rebuilding stacks and pairing events; the report
 /// mentions the non-zero ones so a reader knows how far to trust the numbers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Anomalies {
     /// What the replay met while pairing calls and returns.
     pub(crate) replay: ReplayCounters,
@@ -178,7 +178,7 @@ pub struct Anomalies {
 }
 
 /// Everything `pyprobe report` shows.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Report {
     /// The traced process.
     pub target: Target,
@@ -230,7 +230,7 @@ pub struct Report {
 }
 
 /// Something that makes a recording incomplete, as pyprobe said it while recording.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Caveat {
     /// When it was said, from the recording's start.
     pub at_ns: u64,
@@ -241,7 +241,7 @@ pub struct Caveat {
 
 /// What one function returned: each type's count, and the frames left by an
 /// exception apart.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReturnTypes {
     pub file: String,
     pub function: String,
@@ -264,7 +264,7 @@ impl ReturnTypes {
 }
 
 /// How often a function returned objects of one type.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TypeCount {
     /// The type's name (`tp_name`; for types defined in C, its last dotted part).
     pub type_name: String,
@@ -273,7 +273,7 @@ pub struct TypeCount {
 
 /// GC, import and audit events recorded without their stacks (counted exactly,
 /// but not attributed to the code that raised them), to stay within the budget.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Thinned {
     /// Events recorded without their stack.
     pub events: u64,
@@ -287,7 +287,7 @@ pub struct Thinned {
 }
 
 /// A time pyprobe let go of the target (it was stopped: Ctrl-Z, SIGSTOP).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Pause {
     /// When it began, from the recording's start.
     pub(crate) at_ns: u64,
@@ -296,7 +296,7 @@ pub struct Pause {
 }
 
 /// How much of a budget-limited recording was traced exactly.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ExactWindows {
     /// Total time with function tracing on.
     pub exact_ns: u64,

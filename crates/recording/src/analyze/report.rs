@@ -9,6 +9,7 @@ use super::aggregate::Aggregator;
 use super::filter::{FileFilter, FilterError};
 use super::model::{FunctionSource, FunctionStats, Report};
 use super::recording::replay_recording;
+use super::replay::Replay;
 use super::states::SampleFilter;
 use crate::recording::{Completion, RecordError, RecordingReader};
 
@@ -41,6 +42,16 @@ pub fn build_thread_report<R: Read + Seek>(
         agg.push(event, ts, steps, replay);
         Ok::<(), RecordError>(())
     })?;
+    Ok(finish_report(agg, replay, reader))
+}
+
+/// The report `agg` made of every event of `reader` (read to the end), replayed
+/// by `replay`: ended at the trailer's end, names resolved.
+pub(crate) fn finish_report<R: Read>(
+    agg: Aggregator,
+    replay: Replay,
+    reader: &RecordingReader<R>,
+) -> Report {
     let (end, lost, truncated_at) = match reader.completion() {
         Completion::Complete(t) => (Some(t.end_ns), t.lost_events, None),
         Completion::Truncated { offset } => (None, 0, Some(offset)),
@@ -54,7 +65,7 @@ pub fn build_thread_report<R: Read + Seek>(
     );
     report.lost_events = report.lost_events.max(lost);
     report.truncated_at = truncated_at;
-    Ok(report)
+    report
 }
 
 /// Order of the functions table.

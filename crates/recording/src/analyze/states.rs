@@ -15,7 +15,7 @@
 use crate::recording::{Header, SampleState};
 
 /// `--idle` and `--gil`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SampleFilter {
     /// Count the samples of waiting threads too.
     pub idle: bool,
@@ -36,7 +36,7 @@ impl SampleFilter {
 }
 
 /// What a [`SampleFilter`] did over a recording.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SampleTally {
     pub filter: SampleFilter,
     /// Whether the filter applied: not to a trace-mode recording, whose samples time

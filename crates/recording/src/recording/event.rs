@@ -7,11 +7,13 @@
 use serde::Serialize;
 
 /// Index into a recording's string table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
 pub struct StrId(pub u32);
 
 /// One Python frame: where a call is (used by `call`/`return`/`line`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub struct FrameRef {
     pub file: StrId,
     pub function: StrId,

@@ -28,7 +28,7 @@ const MAX_HEADER_STR: usize = 4096;
 const MAX_HEADER_LIST: usize = 4096;
 
 /// Describes one recording. Written once, first, by the writer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Header {
     /// Format version found in (or written to) the file prefix.
     pub format_version: u32,

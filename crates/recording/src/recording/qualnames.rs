@@ -32,7 +32,7 @@ pub fn or_unnamed(name: &str) -> &str {
 pub const MAX_QUALNAMES: usize = 1 << 22;
 
 /// The qualified names a recording holds.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Qualnames {
     exact: HashMap<FrameRef, StrId>,
     /// By file and name alone, for a frame whose line is not its first (a

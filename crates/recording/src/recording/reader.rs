@@ -154,6 +154,11 @@ impl<R: Read> RecordingReader<R> {
         &self.strings
     }
 
+    /// The string table read so far, the reader done with.
+    pub fn into_strings(self) -> Vec<String> {
+        self.strings
+    }
+
     /// The qualified names of functions read so far (all of them, once the
     /// events are read to the end).
     pub fn qualnames(&self) -> &Qualnames {

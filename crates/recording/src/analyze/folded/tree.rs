@@ -6,7 +6,7 @@ use crate::recording::{FrameRef, StrId};
 use rustc_hash::FxHashMap;
 
 /// One frame of a folded stack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum FoldFrame {
     /// A Python function: file, name, first line.
     Python(FrameRef),
@@ -53,14 +53,17 @@ pub enum Measure {
 /// Id of a stack: a node of the tree. [`StackTree::ROOT`] is the empty stack.
 pub type NodeId = u32;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 struct Node {
     parent: NodeId,
     frame: Option<FoldFrame>,
 }
 
 /// Stacks interned as a tree: a node is a frame and its parent's stack.
-#[derive(Debug, Clone)]
+/// Stored as its nodes alone; the index is rebuilt, and the nodes checked, on
+/// reading.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(into = "Vec<Node>", try_from = "Vec<Node>")]
 pub struct StackTree {
     nodes: Vec<Node>,
     // Fx: the keys are the recording's own small ids, one lookup per call.
@@ -76,6 +79,36 @@ impl Default for StackTree {
             }],
             index: FxHashMap::default(),
         }
+    }
+}
+
+impl From<StackTree> for Vec<Node> {
+    fn from(tree: StackTree) -> Self {
+        tree.nodes
+    }
+}
+
+impl TryFrom<Vec<Node>> for StackTree {
+    type Error = String;
+
+    /// The tree of `nodes`, which must be one: the root first, then each node
+    /// after its parent, no frame twice under one parent.
+    fn try_from(nodes: Vec<Node>) -> Result<Self, Self::Error> {
+        match nodes.first() {
+            Some(root) if root.frame.is_none() && root.parent == Self::ROOT => {}
+            _ => return Err("a stack tree starts with its root".into()),
+        }
+        let mut index = FxHashMap::default();
+        index.reserve(nodes.len() - 1);
+        for (i, node) in nodes.iter().enumerate().skip(1) {
+            let (Some(frame), true) = (node.frame, (node.parent as usize) < i) else {
+                return Err(format!("stack {i} is not above an earlier stack"));
+            };
+            if index.insert((node.parent, frame), i as NodeId).is_some() {
+                return Err(format!("stack {i} is another's twin"));
+            }
+        }
+        Ok(StackTree { nodes, index })
     }
 }
 
@@ -134,7 +167,7 @@ impl StackTree {
 }
 
 /// The folded stacks of a whole recording.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Folded {
     /// The stacks.
     pub tree: StackTree,
@@ -262,6 +295,46 @@ impl Folded {
         }
     }
 
+    /// The same stacks with the threads' frames taken out, the stacks of every
+    /// thread merged: what a fold without [`by_thread`](super::Folder::by_thread)
+    /// gives, node for node (a stack's first sight is in whichever thread ran
+    /// it first, and nodes are visited in that order).
+    pub fn without_threads(&self) -> Folded {
+        let mut tree = StackTree::default();
+        let n = self.tree.len();
+        let mut map: Vec<NodeId> = Vec::with_capacity(n);
+        map.push(StackTree::ROOT);
+        for node in &self.tree.nodes[1..] {
+            let parent = map[node.parent as usize];
+            map.push(match node.frame {
+                Some(FoldFrame::Thread { .. }) | None => parent,
+                Some(frame) => tree.child(parent, frame),
+            });
+        }
+        let m = tree.len();
+        let mut values = [vec![0u64; m], vec![0u64; m], vec![0u64; m]];
+        for (old, &new) in map.iter().enumerate() {
+            let new = new as usize;
+            for (to, from) in values
+                .iter_mut()
+                .zip([&self.time, &self.calls, &self.samples])
+            {
+                let v = from.get(old).copied().unwrap_or(0);
+                to[new] = to[new].wrapping_add(v);
+            }
+        }
+        let [time, calls, samples] = values;
+        Folded {
+            tree,
+            time,
+            calls,
+            samples,
+            counts: self.counts,
+            counters: self.counters,
+            tally: self.tally,
+        }
+    }
+
     /// Calls `f` with each stack (outermost first) whose value is not zero, in
     /// node order (first seen first).
     pub fn for_each_stack(&self, measure: Measure, mut f: impl FnMut(&[FoldFrame], u64)) {
@@ -277,7 +350,7 @@ impl Folded {
 }
 
 /// Event counts seen while folding.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FoldCounts {
     /// Events read.
     pub events: u64,

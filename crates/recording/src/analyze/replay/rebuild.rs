@@ -11,6 +11,7 @@ use super::steps::{
 use crate::analyze::processes::ProcessMap;
 use crate::recording::{Event, EventKind, FrameRef, Header, WalkedFrame};
 
+#[derive(Clone)]
 struct OpenFrame {
     code: FrameRef,
     name: Name,
@@ -30,7 +31,7 @@ enum Entered {
     Seeded,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct ReplayThread {
     frames: Vec<OpenFrame>,
     /// Activations of each function (code object) on the stack.
@@ -49,6 +50,7 @@ struct ReplayThread {
 }
 
 /// The second pass; see the module documentation.
+#[derive(Clone)]
 pub struct Replay {
     plan: Plan,
     threads: FxHashMap<u32, ReplayThread>,

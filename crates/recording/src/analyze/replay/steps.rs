@@ -106,7 +106,7 @@ pub enum Step {
 }
 
 /// Irregularities met while pairing events.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReplayCounters {
     /// Returns that matched a frame below the top: the frames above were popped.
     pub(crate) resyncs: u64,

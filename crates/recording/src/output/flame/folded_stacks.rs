@@ -30,7 +30,7 @@ pub enum By {
 }
 
 /// What a view needs to know about the recording besides its events.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ViewInfo {
     /// The recording's header.
     pub header: Header,

@@ -1,0 +1,274 @@
+//! What the views of a recording need, computed in one pass over its events and
+//! kept beside it (`run.pyprobe` → `run.pyprobe.views`): the report, and every
+//! stack by thread. A view reads it instead of the events when it belongs to the
+//! recording as the recording is now (same size, modification time and
+//! trailer, written by this pyprobe), so a large recording opens at once after
+//! its first view.
+//!
+//! The file is as hostile as a recording: its payload is checksummed, its size
+//! bounded, and what it holds checked as it is read (a stack tree must be one).
+//! Any doubt and it is rebuilt from the events, which stay the truth.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use serde::{Deserialize, Serialize};
+
+use crate::analyze::aggregate::Aggregator;
+use crate::analyze::folded::{Folded, Folder};
+use crate::analyze::line_counts::LineCounts;
+use crate::analyze::recording::replay_recording;
+use crate::analyze::report::finish_report;
+use crate::analyze::{Report, SampleFilter};
+use crate::output::flame::ViewInfo;
+use crate::recording::{Completion, RecordError, RecordingReader};
+
+#[cfg(test)]
+mod tests;
+
+/// Added to the recording's file name.
+pub const SUFFIX: &str = ".views";
+const MAGIC: [u8; 8] = *b"PYPVIEWS";
+/// Bumped whenever what is stored changes: any stored type's fields included.
+const STORE_VERSION: u32 = 1;
+/// Magic, version, checksum and payload length.
+const PREFIX_LEN: usize = 8 + 4 + 4 + 8;
+/// Largest views file read: far above what a tree bounded by the views' own
+/// limits takes.
+const MAX_BYTES: u64 = 1 << 30;
+
+/// The state of a recording's file: its size and modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileState {
+    len: u64,
+    modified: (u64, u32),
+}
+
+impl FileState {
+    /// The state of the file at `path` now.
+    pub fn of(path: &Path) -> io::Result<FileState> {
+        let meta = fs::metadata(path)?;
+        let modified = meta
+            .modified()?
+            .duration_since(UNIX_EPOCH)
+            .map(|d| (d.as_secs(), d.subsec_nanos()))
+            .unwrap_or((0, 0));
+        Ok(FileState {
+            len: meta.len(),
+            modified,
+        })
+    }
+
+    /// The file's size.
+    pub fn bytes(&self) -> u64 {
+        self.len
+    }
+}
+
+/// What ties stored views to one state of one recording.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Identity {
+    /// The pyprobe that built them: another may fold differently.
+    built_by: String,
+    file: FileState,
+    /// The trailer's end, lost events and events.
+    trailer: (u64, u64, u64),
+}
+
+impl Identity {
+    fn new(file: FileState, trailer: (u64, u64, u64)) -> Identity {
+        Identity {
+            built_by: env!("CARGO_PKG_VERSION").into(),
+            file,
+            trailer,
+        }
+    }
+}
+
+/// The views of one recording, with the default sample filter (threads on a
+/// CPU) and functions as frames.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StoredViews {
+    /// The recording's string table, read to the end.
+    pub strings: Vec<String>,
+    /// Its header, end and qualified names.
+    pub info: ViewInfo,
+    /// Every stack, under its thread's frame.
+    pub stacks: Folded,
+    /// The report of every thread.
+    pub report: Report,
+    /// Samples and hits per source line, for heatmaps.
+    pub lines: LineCounts,
+}
+
+impl StoredViews {
+    /// Reads every event of `reader` once into the report and the stacks by thread.
+    pub fn build<R: Read + Seek>(
+        reader: &mut RecordingReader<R>,
+    ) -> Result<StoredViews, RecordError> {
+        let filter = SampleFilter::default();
+        let mut agg = Aggregator::with_filter(reader.header(), filter);
+        let mut folder = Folder::for_recording(reader.header(), filter).by_thread();
+        let mut lines = LineCounts::for_recording(reader.header(), filter);
+        let replay = replay_recording(reader, |_, event, ts, steps, replay| {
+            agg.push(event, ts, steps, replay);
+            folder.push(event, ts, steps, replay);
+            lines.push(&event.kind);
+            Ok::<(), RecordError>(())
+        })?;
+        let info = ViewInfo::of(reader);
+        let stacks = folder.finish(replay.clone(), info.end_ns);
+        let report = finish_report(agg, replay, reader);
+        Ok(StoredViews {
+            strings: reader.strings().to_vec(),
+            info,
+            stacks,
+            report,
+            lines,
+        })
+    }
+
+    /// The stacks of every thread merged, as a flame graph shows them.
+    pub fn merged_stacks(&self) -> Folded {
+        self.stacks.without_threads()
+    }
+}
+
+/// Where the views of the recording at `recording` are kept.
+pub fn path_for(recording: &Path) -> PathBuf {
+    let mut name = recording.as_os_str().to_owned();
+    name.push(SUFFIX);
+    PathBuf::from(name)
+}
+
+/// What was found beside a recording.
+#[derive(Debug)]
+pub enum Lookup {
+    /// Views of the recording as it is now.
+    Fresh(Box<StoredViews>),
+    /// None kept.
+    Missing,
+    /// Views of another state of the recording, or of another pyprobe.
+    Stale,
+    /// A file that is not views this pyprobe can read, and why.
+    Unreadable(String),
+}
+
+/// The views kept beside the recording at `recording`, if they belong to it as
+/// it is now. Only a finished recording's views are kept.
+pub fn load(recording: &Path) -> Lookup {
+    let path = path_for(recording);
+    let mut file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Lookup::Missing,
+        Err(e) => return Lookup::Unreadable(e.to_string()),
+    };
+    let mut bytes = Vec::new();
+    if let Err(e) = (&mut file).take(MAX_BYTES + 1).read_to_end(&mut bytes) {
+        return Lookup::Unreadable(e.to_string());
+    }
+    match decode(&bytes) {
+        Ok((identity, views)) => match FileState::of(recording) {
+            Ok(now) if Identity::new(now, identity.trailer) == identity => {
+                Lookup::Fresh(Box::new(views))
+            }
+            _ => Lookup::Stale,
+        },
+        Err(Why::Stale) => Lookup::Stale,
+        Err(Why::Bad(why)) => Lookup::Unreadable(why),
+    }
+}
+
+enum Why {
+    /// Written by another version of the store.
+    Stale,
+    Bad(String),
+}
+
+fn decode(bytes: &[u8]) -> Result<(Identity, StoredViews), Why> {
+    if bytes.len() as u64 > MAX_BYTES {
+        return Err(Why::Bad(format!("larger than {MAX_BYTES} bytes")));
+    }
+    if bytes.len() < PREFIX_LEN || bytes[..8] != MAGIC {
+        return Err(Why::Bad("not a pyprobe views file".into()));
+    }
+    let word =
+        |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+    if word(8) != STORE_VERSION {
+        return Err(Why::Stale);
+    }
+    let checksum = word(12);
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&bytes[16..24]);
+    let payload = &bytes[PREFIX_LEN..];
+    if u64::from_le_bytes(len) != payload.len() as u64 {
+        return Err(Why::Bad(format!(
+            "cut short: {} bytes of payload, {} announced",
+            payload.len(),
+            u64::from_le_bytes(len)
+        )));
+    }
+    if crc32fast::hash(payload) != checksum {
+        return Err(Why::Bad("its checksum does not match its contents".into()));
+    }
+    postcard::from_bytes(payload).map_err(|e| Why::Bad(format!("cannot decode it: {e}")))
+}
+
+fn encode(identity: &Identity, views: &StoredViews) -> Result<Vec<u8>, postcard::Error> {
+    let payload = postcard::to_stdvec(&(identity, views))?;
+    let mut bytes = Vec::with_capacity(PREFIX_LEN + payload.len());
+    bytes.extend_from_slice(&MAGIC);
+    bytes.extend_from_slice(&STORE_VERSION.to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&payload);
+    Ok(bytes)
+}
+
+/// Why views were not kept.
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    /// The recording has no trailer: it may still grow.
+    #[error("the recording is not finished (it has no end marker)")]
+    Unfinished,
+    /// The recording changed while it was read.
+    #[error("the recording changed while it was read")]
+    Changed,
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error("cannot encode them: {0}")]
+    Encode(#[from] postcard::Error),
+}
+
+/// Keeps `views`, read from `reader` (read to the end), beside the recording at
+/// `recording`, which was in state `before` when `reader` opened it; returns
+/// where, and how many bytes. Written whole or not at all (a temporary file
+/// renamed), and only if the recording is as it was.
+pub fn save<R: Read>(
+    recording: &Path,
+    before: FileState,
+    reader: &RecordingReader<R>,
+    views: &StoredViews,
+) -> Result<(PathBuf, u64), SaveError> {
+    let Completion::Complete(t) = reader.completion() else {
+        return Err(SaveError::Unfinished);
+    };
+    let identity = Identity::new(before, (t.end_ns, t.lost_events, t.events));
+    let bytes = encode(&identity, views)?;
+    let path = path_for(recording);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".pyprobe-views")
+        .tempfile_in(&dir)?;
+    tmp.write_all(&bytes)?;
+    if FileState::of(recording)? != before {
+        return Err(SaveError::Changed);
+    }
+    tmp.persist(&path).map_err(|e| e.error)?;
+    Ok((path, bytes.len() as u64))
+}
