@@ -10,7 +10,9 @@ use pyprobe_recording::analyze::{FunctionSource, SampleFilter};
 use pyprobe_recording::output::report::{
     build_report_filtered, render_json, render_table_paths, ReportOptions, SortKey,
 };
-use pyprobe_recording::recording::{Completion, RecordingReader};
+use pyprobe_recording::recording::RecordingReader;
+
+use crate::session::views::{note_cut_short, usable_views};
 
 /// What `pyprobe report` was asked to do. `--sort` left open picks what the
 /// recording can sort by.
@@ -39,16 +41,17 @@ pub fn run(request: &ReportRequest) -> Result<ExitCode> {
         }
         return crate::session::report_lines::report_lines(file, source, request.samples);
     }
-    let mut reader =
-        RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let report = build_report_filtered(&mut reader, request.samples)
-        .with_context(|| format!("cannot read {}", file.display()))?;
-    if let Completion::Truncated { offset } = reader.completion() {
-        eprintln!(
-            "pyprobe: note: {} was cut short (no end marker): read every whole chunk before offset {offset}",
-            file.display()
-        );
-    }
+    let report = match usable_views(file, request.samples, false)? {
+        Some(views) => views.report,
+        None => {
+            let mut reader = RecordingReader::open(file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let report = build_report_filtered(&mut reader, request.samples)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            note_cut_short(&reader, file);
+            report
+        }
+    };
     let default_sort = match report.source {
         FunctionSource::ReturnsOnly => SortKey::Calls,
         _ => SortKey::Inclusive,

@@ -40,6 +40,7 @@ mod sdt_decode;
 mod shell;
 mod sigkill;
 mod stopped;
+mod stored_views;
 mod subinterpreters;
 mod thread_state;
 mod top_all;

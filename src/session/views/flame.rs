@@ -24,6 +24,7 @@ use pyprobe_recording::output::{Census, TraceExport};
 use super::reading::{
     fold_counting_waiting, is_broken_pipe, note_cut_short, note_samples, open, FoldedRecording,
 };
+use super::stored::usable_views;
 
 /// Output formats of `pyprobe flame`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -306,24 +307,29 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
     let mut reader = open(file)?;
     let tally = match format {
         FlameFormat::Svg | FlameFormat::Collapsed => {
+            let stored = usable_views(file, request.samples, request.idle_if_all_waiting)?
+                .filter(|_| request.grain == FrameGrain::Functions);
             let FoldedRecording {
                 folded,
                 info,
-                reader,
+                strings,
                 ..
-            } = fold_counting_waiting(
-                file,
-                request.samples,
-                request.idle_if_all_waiting,
-                "flame graph",
-                |reader, samples| read_folded_filtered(reader, samples, request.grain),
-            )?;
+            } = match stored {
+                Some(views) => FoldedRecording::stored(views, false).0,
+                None => fold_counting_waiting(
+                    file,
+                    request.samples,
+                    request.idle_if_all_waiting,
+                    "flame graph",
+                    |reader, samples| read_folded_filtered(reader, samples, request.grain),
+                )?,
+            };
             note_lines_unsampled(request.grain, &folded);
             let (measure, note) = choose_measure(&folded, &info.header, request.by);
             if let Some(note) = note {
                 eprintln!("pyprobe: note: {note}");
             }
-            let names = FrameNames::new(reader.strings(), request.full_paths)
+            let names = FrameNames::new(&strings, request.full_paths)
                 .with_header(&info.header)
                 .with_qualnames(&info.qualnames);
             if format == FlameFormat::Svg {
@@ -337,21 +343,35 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
             folded.tally
         }
         FlameFormat::Pprof => {
-            let (folded, info) = read_folded_by_thread(&mut reader, request.samples, request.grain)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            note_cut_short(&reader, file);
+            let stored = usable_views(file, request.samples, false)?
+                .filter(|_| request.grain == FrameGrain::Functions);
+            let (folded, info, strings) = match stored {
+                Some(views) => (views.stacks, views.info, views.strings),
+                None => {
+                    let (folded, info) =
+                        read_folded_by_thread(&mut reader, request.samples, request.grain)
+                            .with_context(|| format!("cannot read {}", file.display()))?;
+                    note_cut_short(&reader, file);
+                    (folded, info, reader.strings().to_vec())
+                }
+            };
             note_lines_unsampled(request.grain, &folded);
-            let (profile, _) =
-                build_profile(&folded, &info, reader.strings(), request.samples.idle);
+            let (profile, _) = build_profile(&folded, &info, &strings, request.samples.idle);
             write_gzipped(&profile, &mut *out)?;
             folded.tally
         }
         FlameFormat::Pstats => {
-            let (folded, info) =
-                read_folded_filtered(&mut reader, request.samples, FrameGrain::Functions)
-                    .with_context(|| format!("cannot read {}", file.display()))?;
-            note_cut_short(&reader, file);
-            let stats = build_stats(&folded, &info, reader.strings());
+            let (folded, info, strings) = match usable_views(file, request.samples, false)? {
+                Some(views) => (views.stacks.without_threads(), views.info, views.strings),
+                None => {
+                    let (folded, info) =
+                        read_folded_filtered(&mut reader, request.samples, FrameGrain::Functions)
+                            .with_context(|| format!("cannot read {}", file.display()))?;
+                    note_cut_short(&reader, file);
+                    (folded, info, reader.strings().to_vec())
+                }
+            };
+            let stats = build_stats(&folded, &info, &strings);
             if stats.sampled {
                 eprintln!(
                     "pyprobe: note: a sampled recording: the pstats times are estimates (samples \

@@ -1,13 +1,13 @@
-//! The HTML report: the recording read three times (the report, the stacks by
-//! thread, the per-line counts) and the hottest files' source read from disk,
-//! written as one page.
+//! The HTML report: the recording's report, stacks by thread and per-line
+//! counts (its stored views, or read from its events three times) and the
+//! hottest files' source read from disk, written as one page.
 
 use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use pyprobe_recording::analyze::line_counts::count_lines;
+use pyprobe_recording::analyze::line_counts::{count_lines, LineCounts};
 use pyprobe_recording::analyze::SampleFilter;
 use pyprobe_recording::analyze::SampleTally;
 use pyprobe_recording::output::flame::{
@@ -19,6 +19,7 @@ use pyprobe_recording::output::report::{
 };
 
 use super::reading::{fold_counting_waiting, open, FoldedRecording};
+use super::stored::usable_views;
 use crate::session::report_lines::read_source;
 
 /// Files whose source the heatmap shows, busiest first.
@@ -40,12 +41,8 @@ fn page_source(file: &str) -> Result<Vec<String>, String> {
 }
 
 /// The per-line counts and source of the busiest files.
-fn heatmap(file: &Path, samples: SampleFilter) -> Result<Vec<SourceFile>> {
-    let mut reader = open(file)?;
-    let (counts, _) = count_lines(&mut reader, samples)
-        .with_context(|| format!("cannot read {}", file.display()))?;
-    let strings = reader.strings();
-    Ok(counts
+fn heatmap(counts: &LineCounts, strings: &[String]) -> Vec<SourceFile> {
+    counts
         .files()
         .into_iter()
         .filter(|&(_, own, hits)| own + hits > 0)
@@ -55,7 +52,7 @@ fn heatmap(file: &Path, samples: SampleFilter) -> Result<Vec<SourceFile>> {
             let text = page_source(&name);
             SourceFile::new(name, &counts.of_file(id), text)
         })
-        .collect())
+        .collect()
 }
 
 /// Writes the HTML report of `file` to `out`; returns which samples it counted.
@@ -68,22 +65,35 @@ pub(super) fn render_html(
     title: Option<&str>,
     out: &mut dyn Write,
 ) -> Result<SampleTally> {
+    let stored = match usable_views(file, samples, idle_if_all_waiting)? {
+        Some(views) => {
+            let (recording, report, lines) = FoldedRecording::stored(views, true);
+            Some((recording, report, lines))
+        }
+        None => None,
+    };
+    let (recording, report, lines) = match stored {
+        Some((recording, report, lines)) => (recording, report, Some(lines)),
+        None => {
+            let recording = fold_counting_waiting(
+                file,
+                samples,
+                idle_if_all_waiting,
+                "report",
+                |reader, samples| read_folded_by_thread(reader, samples, FrameGrain::Functions),
+            )?;
+            let mut reader = open(file)?;
+            let report = build_report_filtered(&mut reader, recording.samples)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            (recording, report, None)
+        }
+    };
     let FoldedRecording {
         folded,
         info,
-        reader: folded_reader,
+        strings,
         samples,
-    } = fold_counting_waiting(
-        file,
-        samples,
-        idle_if_all_waiting,
-        "report",
-        |reader, samples| read_folded_by_thread(reader, samples, FrameGrain::Functions),
-    )?;
-
-    let mut reader = open(file)?;
-    let report = build_report_filtered(&mut reader, samples)
-        .with_context(|| format!("cannot read {}", file.display()))?;
+    } = recording;
     let options = ReportOptions {
         sort: SortKey::Exclusive,
         limit: Some(MAX_FUNCTIONS),
@@ -94,10 +104,19 @@ pub(super) fn render_html(
     let report_json = render_json(&view);
 
     let (measure, _) = choose_measure(&folded, &info.header, By::Time);
-    let names = FrameNames::new(folded_reader.strings(), true)
+    let names = FrameNames::new(&strings, true)
         .with_header(&info.header)
         .with_qualnames(&info.qualnames);
-    let sources = heatmap(file, samples)?;
+    let lines = match lines {
+        Some(lines) => lines,
+        None => {
+            let mut reader = open(file)?;
+            count_lines(&mut reader, samples)
+                .with_context(|| format!("cannot read {}", file.display()))?
+                .0
+        }
+    };
+    let sources = heatmap(&lines, &strings);
     let title = title.map_or_else(|| default_title(&info.header), str::to_owned);
     let subtitle = subtitle(&folded, &info, measure);
     let page = HtmlPage {

@@ -4,6 +4,7 @@ mod calls;
 mod flame;
 mod html;
 mod reading;
+mod stored;
 
 pub use calls::{calls, CallsRequest};
 pub use flame::{
@@ -11,3 +12,4 @@ pub use flame::{
     FlameRequest,
 };
 pub(crate) use reading::{note_cut_short, open};
+pub(crate) use stored::usable_views;

@@ -7,9 +7,12 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use pyprobe_recording::analyze::folded::Folded;
+use pyprobe_recording::analyze::line_counts::LineCounts;
+use pyprobe_recording::analyze::Report;
 use pyprobe_recording::analyze::{SampleFilter, SampleTally};
 use pyprobe_recording::output::flame::{ViewError, ViewInfo};
 use pyprobe_recording::recording::{Completion, RecordError, RecordingReader};
+use pyprobe_recording::stored::StoredViews;
 
 pub(crate) fn open(file: &Path) -> Result<RecordingReader<io::BufReader<File>>> {
     RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))
@@ -29,10 +32,28 @@ pub(crate) fn note_cut_short<R: io::Read>(reader: &RecordingReader<R>, file: &Pa
 pub(crate) struct FoldedRecording {
     pub folded: Folded,
     pub info: ViewInfo,
-    /// The reader, read to the end: its string table names the frames.
-    pub reader: RecordingReader<io::BufReader<File>>,
+    /// The recording's string table, read to the end: it names the frames.
+    pub strings: Vec<String>,
     /// The samples counted: `samples`, or every one when all were waiting.
     pub samples: SampleFilter,
+}
+
+impl FoldedRecording {
+    /// The stacks `views` keep: by thread, or merged.
+    pub(crate) fn stored(views: StoredViews, by_thread: bool) -> (Self, Report, LineCounts) {
+        let folded = if by_thread {
+            views.stacks
+        } else {
+            views.stacks.without_threads()
+        };
+        let recording = FoldedRecording {
+            samples: folded.tally.filter,
+            folded,
+            info: views.info,
+            strings: views.strings,
+        };
+        (recording, views.report, views.lines)
+    }
 }
 
 /// Folds `file` with `fold` and the samples `samples` keeps. With
@@ -68,7 +89,7 @@ pub(crate) fn fold_counting_waiting(
     Ok(FoldedRecording {
         folded,
         info,
-        reader,
+        strings: reader.into_strings(),
         samples,
     })
 }

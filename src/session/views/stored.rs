@@ -1,0 +1,92 @@
+//! The views kept beside a large recording (`run.pyprobe.views`): read when they
+//! belong to it, else built from its events once and kept, so every later
+//! `report` and `flame` of it opens at once.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use pyprobe_recording::analyze::SampleFilter;
+use pyprobe_recording::stored::{self, FileState, Lookup, SaveError, StoredViews};
+
+use super::reading::open;
+
+/// Recordings from this size on get their views kept: below it, reading every
+/// event takes about a second. `PYPROBE_STORE_VIEWS_BYTES` overrides it (tests).
+const STORE_FROM_BYTES: u64 = 16 << 20;
+
+fn store_from_bytes() -> u64 {
+    std::env::var("PYPROBE_STORE_VIEWS_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(STORE_FROM_BYTES)
+}
+
+/// The views of `file` for a view counting the samples `samples` keeps, when
+/// they can serve it: the default filter, a recording large enough to keep
+/// them, and, with `idle_if_all_waiting`, some sample kept (a run whose every
+/// sample waited is folded again with them all, from its events).
+pub(crate) fn usable_views(
+    file: &Path,
+    samples: SampleFilter,
+    idle_if_all_waiting: bool,
+) -> Result<Option<StoredViews>> {
+    if samples != SampleFilter::default() {
+        return Ok(None);
+    }
+    let Some(views) = views_of(file)? else {
+        return Ok(None);
+    };
+    let t = views.stacks.tally;
+    if idle_if_all_waiting && t.kept == 0 && t.left_out() > 0 {
+        return Ok(None);
+    }
+    Ok(Some(views))
+}
+
+/// The views kept beside `file`, or built and kept now; `None` for a small
+/// recording.
+fn views_of(file: &Path) -> Result<Option<StoredViews>> {
+    let before = FileState::of(file).with_context(|| format!("cannot read {}", file.display()))?;
+    if before.bytes() < store_from_bytes() {
+        return Ok(None);
+    }
+    let kept = stored::path_for(file);
+    match stored::load(file) {
+        Lookup::Fresh(views) => return Ok(Some(*views)),
+        Lookup::Missing => eprintln!(
+            "pyprobe: reading the {} MB of {} once for every view: they are kept in {}, and \
+             the next report or flame graph of it opens at once",
+            before.bytes() / 1_000_000,
+            file.display(),
+            kept.display()
+        ),
+        Lookup::Stale => eprintln!(
+            "pyprobe: {} describes another state of {} (or another pyprobe's reading): \
+             reading its events again",
+            kept.display(),
+            file.display()
+        ),
+        Lookup::Unreadable(why) => eprintln!(
+            "pyprobe: note: {} is unreadable ({why}): reading the events of {} again",
+            kept.display(),
+            file.display()
+        ),
+    }
+    let mut reader = open(file)?;
+    let views = StoredViews::build(&mut reader)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    match stored::save(file, before, &reader, &views) {
+        Ok(_) => {}
+        Err(SaveError::Unfinished) => eprintln!(
+            "pyprobe: note: {} has no end marker (cut short, or still being written): its \
+             views are not kept",
+            file.display()
+        ),
+        Err(e) => eprintln!(
+            "pyprobe: note: cannot keep the views beside {} ({e}): each view reads every event",
+            file.display()
+        ),
+    }
+    Ok(Some(views))
+}

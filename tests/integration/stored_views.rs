@@ -1,0 +1,210 @@
+//! The views kept beside a recording (`run.pyprobe.views`): every view read from
+//! them is the view read from the events, byte for byte; they are read, not
+//! rebuilt, while the recording is unchanged; and a recording replaced, or views
+//! damaged, are noticed and read from the events again.
+
+use std::path::Path;
+use std::process::Output;
+
+use crate::support::*;
+
+/// Every view of a recording that stored views serve, as (name, arguments);
+/// `OUT` is replaced by an output path.
+const VIEWS: &[(&str, &[&str])] = &[
+    ("report.txt", &["report", "REC"]),
+    ("report.json", &["report", "REC", "--format", "json"]),
+    (
+        "report-calls.txt",
+        &["report", "REC", "--sort", "calls", "--limit", "5"],
+    ),
+    ("stacks.txt", &["flame", "REC", "-o", "OUT", "--force"]),
+    ("flame.svg", &["flame", "REC", "-o", "OUT", "--force"]),
+    ("page.html", &["flame", "REC", "-o", "OUT", "--force"]),
+    ("run.prof", &["flame", "REC", "-o", "OUT", "--force"]),
+    ("run.pb.gz", &["flame", "REC", "-o", "OUT", "--force"]),
+];
+
+/// Runs `args` with views kept from `store_from` bytes on (`None`: never).
+fn pyprobe_storing(store_from: Option<u64>, args: &[String]) -> Output {
+    let limit = store_from.map_or_else(|| u64::MAX.to_string(), |b| b.to_string());
+    let out = pyprobe()
+        .env("PYPROBE_STORE_VIEWS_BYTES", limit)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pyprobe {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Every view of `recording`, its bytes and what was said on stderr.
+fn views(recording: &Path, store_from: Option<u64>, dir: &Path) -> Vec<(Vec<u8>, String)> {
+    VIEWS
+        .iter()
+        .map(|(name, args)| {
+            let out_path = dir.join(name);
+            let args: Vec<String> = args
+                .iter()
+                .map(|a| match *a {
+                    "REC" => recording.display().to_string(),
+                    "OUT" => out_path.display().to_string(),
+                    a => a.to_string(),
+                })
+                .collect();
+            let out = pyprobe_storing(store_from, &args);
+            let bytes = if args.contains(&"-o".to_string()) {
+                std::fs::read(&out_path).unwrap()
+            } else {
+                out.stdout
+            };
+            // The page's run date is the recording's: it is the same in both.
+            (bytes, String::from_utf8_lossy(&out.stderr).into_owned())
+        })
+        .collect()
+}
+
+fn assert_same_views(recording: &Path, what: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let kept = dir_of(recording).join(format!(
+        "{}.views",
+        recording.file_name().unwrap().to_string_lossy()
+    ));
+    let _ = std::fs::remove_file(&kept);
+    let direct = views(recording, None, dir.path());
+    assert!(!kept.exists(), "views kept for a recording below the size");
+
+    let building = views(recording, Some(0), dir.path());
+    assert!(kept.exists(), "{what}: no views kept at {}", kept.display());
+    assert!(
+        building[0].1.contains("once for every view"),
+        "{what}: the first view does not say it keeps the views: {}",
+        building[0].1
+    );
+    let reading = views(recording, Some(0), dir.path());
+    for (i, (name, _)) in VIEWS.iter().enumerate() {
+        assert!(
+            direct[i].0 == building[i].0 && direct[i].0 == reading[i].0,
+            "{what}: {name} read from the kept views differs from {name} read from the events"
+        );
+        assert!(
+            !reading[i].1.contains("reading"),
+            "{what}: {name} read the events again: {}",
+            reading[i].1
+        );
+    }
+    assert!(!direct[0].0.is_empty());
+}
+
+fn dir_of(path: &Path) -> &Path {
+    path.parent().unwrap()
+}
+
+#[test]
+fn kept_views_are_the_views_of_the_events_traced_and_sampled() {
+    let dir = tempfile::tempdir().unwrap();
+    for (version, mode) in [("3.13", "trace"), ("3.9", "trace"), ("3.14", "sample")] {
+        let Some(py) = python(version) else { continue };
+        let recording = dir.path().join(format!("demo-{version}-{mode}.pyprobe"));
+        record_script_into(
+            &py,
+            &["--mode", mode],
+            &recording,
+            "../demo.py",
+            &["--seconds", "1"],
+        );
+        assert_same_views(&recording, &format!("{mode} on {version}"));
+    }
+}
+
+#[test]
+fn kept_views_of_a_replaced_recording_or_damaged_are_not_used() {
+    let Some(py) = python("3.13") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let recording = dir.path().join("run.pyprobe");
+    let kept = dir.path().join("run.pyprobe.views");
+    let report = |store: Option<u64>| {
+        let args = [
+            "report".to_string(),
+            recording.display().to_string(),
+            "--format".into(),
+            "json".into(),
+        ];
+        let out = pyprobe_storing(store, &args);
+        (
+            out.stdout,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    record_script_into(
+        &py,
+        &["--mode", "trace"],
+        &recording,
+        "../demo.py",
+        &["--seconds", "0.5"],
+    );
+    report(Some(0));
+    assert!(kept.exists());
+
+    // Another run recorded over it.
+    std::fs::remove_file(&recording).unwrap();
+    record_script_into(
+        &py,
+        &["--mode", "trace"],
+        &recording,
+        "../demo.py",
+        &["--seconds", "0.7"],
+    );
+    let (stored, said) = report(Some(0));
+    assert!(
+        said.contains("another state"),
+        "a replaced recording not noticed: {said}"
+    );
+    assert_eq!(
+        stored,
+        report(None).0,
+        "the views of the old recording were used"
+    );
+    let (again, said) = report(Some(0));
+    assert_eq!(again, stored);
+    assert!(!said.contains("reading"), "rebuilt views not kept: {said}");
+
+    // Damaged views: said, and the events read.
+    let mut bytes = std::fs::read(&kept).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x5a;
+    std::fs::write(&kept, &bytes).unwrap();
+    let (damaged, said) = report(Some(0));
+    assert!(
+        said.contains("unreadable") && said.contains("checksum"),
+        "{said}"
+    );
+    assert_eq!(damaged, stored);
+
+    // Views that cannot be kept (the directory read-only) are said, not fatal.
+    std::fs::remove_file(&kept).unwrap();
+    let ro = tempfile::tempdir().unwrap();
+    let moved = ro.path().join("run.pyprobe");
+    std::fs::copy(&recording, &moved).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(ro.path(), std::fs::Permissions::from_mode(0o555)).unwrap();
+    let out = pyprobe_storing(
+        Some(0),
+        &[
+            "report".into(),
+            moved.display().to_string(),
+            "--format".into(),
+            "json".into(),
+        ],
+    );
+    std::fs::set_permissions(ro.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    // Root writes anywhere: only a user the mode binds sees the refusal.
+    if !ro.path().join("run.pyprobe.views").exists() {
+        assert!(said.contains("cannot keep the views"), "{said}");
+    }
+    assert_eq!(out.stdout, stored);
+}
