@@ -5,6 +5,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use rustc_hash::FxHashMap;
+
 use super::budget::{ThinningTracker, WindowTracker};
 use super::gc::GcTracker;
 use super::imports::ImportTracker;
@@ -30,7 +32,7 @@ struct FuncAcc {
 /// What one process's threads did.
 #[derive(Default)]
 struct ProcAcc {
-    functions: HashMap<FrameRef, FuncAcc>,
+    functions: FxHashMap<FrameRef, FuncAcc>,
     samples: SampleTracker,
     first_ts: Option<u64>,
     last_ts: u64,
@@ -43,7 +45,7 @@ impl ProcAcc {
 }
 
 /// Books one step of the replay into `functions`.
-fn book(functions: &mut HashMap<FrameRef, FuncAcc>, step: &Step) {
+fn book(functions: &mut FxHashMap<FrameRef, FuncAcc>, step: &Step) {
     match *step {
         Step::Exit(e) => {
             let acc = functions.entry(e.code).or_default();
@@ -68,7 +70,7 @@ fn book(functions: &mut HashMap<FrameRef, FuncAcc>, step: &Step) {
 /// and resumes: each creation makes one entry of its function's a call, the rest
 /// are resumes. The rows of one name take them in order of first line.
 fn with_creations(
-    functions: &HashMap<FrameRef, FuncAcc>,
+    functions: &FxHashMap<FrameRef, FuncAcc>,
     creations: &HashMap<(StrId, StrId), u64>,
 ) -> Vec<(FrameRef, FuncAcc)> {
     let mut rows: Vec<(FrameRef, FuncAcc)> = functions.iter().map(|(f, t)| (*f, *t)).collect();
@@ -142,8 +144,8 @@ impl RowRules {
     fn rows<F: Fn(StrId) -> String>(
         &self,
         names: &mut Names<'_, F>,
-        functions: &HashMap<FrameRef, FuncAcc>,
-        mut samples: HashMap<FrameRef, SampleAcc>,
+        functions: &FxHashMap<FrameRef, FuncAcc>,
+        mut samples: FxHashMap<FrameRef, SampleAcc>,
         creations: &HashMap<(StrId, StrId), u64>,
     ) -> Vec<FunctionStats> {
         let mut rows = Vec::new();
@@ -189,7 +191,7 @@ pub struct Aggregator {
     command: String,
     start_ns: u64,
     sample_interval_ns: u64,
-    functions: HashMap<FrameRef, FuncAcc>,
+    functions: FxHashMap<FrameRef, FuncAcc>,
     samples: SampleTracker,
     gc: GcTracker,
     imports: ImportTracker,
@@ -203,7 +205,7 @@ pub struct Aggregator {
     audit_stacks: HashMap<(StrId, Vec<(FrameRef, u32)>), u64>,
     threads: BTreeMap<u32, u64>,
     /// The process of each thread (as of its last event).
-    thread_pids: HashMap<u32, u32>,
+    thread_pids: FxHashMap<u32, u32>,
     processes: BTreeMap<u32, ProcAcc>,
     events: u64,
     lost: u64,
@@ -252,7 +254,7 @@ impl Aggregator {
             command: header.command_line.join(" "),
             start_ns: header.start_ns,
             sample_interval_ns: header.sample_interval_ns,
-            functions: HashMap::new(),
+            functions: FxHashMap::default(),
             samples: SampleTracker::default(),
             gc: GcTracker::default(),
             imports: ImportTracker::default(),
@@ -261,7 +263,7 @@ impl Aggregator {
             gc_triggers: HashMap::new(),
             audit_stacks: HashMap::new(),
             threads: BTreeMap::new(),
-            thread_pids: HashMap::new(),
+            thread_pids: FxHashMap::default(),
             processes: BTreeMap::new(),
             events: 0,
             lost: 0,

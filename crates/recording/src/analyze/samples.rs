@@ -1,6 +1,6 @@
 //! Counts sampled stacks per function (code object: file, name, first line).
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::recording::FrameRef;
 
@@ -18,8 +18,8 @@ pub(crate) struct SampleAcc {
 
 #[derive(Default)]
 pub(crate) struct SampleTracker {
-    acc: HashMap<FrameRef, SampleAcc>,
-    seen: HashSet<FrameRef>,
+    acc: FxHashMap<FrameRef, SampleAcc>,
+    seen: FxHashSet<FrameRef>,
     pub samples: u64,
 }
 
@@ -44,7 +44,7 @@ impl SampleTracker {
     }
 
     /// Per-function counts.
-    pub fn finish(self) -> HashMap<FrameRef, SampleAcc> {
+    pub fn finish(self) -> FxHashMap<FrameRef, SampleAcc> {
         self.acc
     }
 }
