@@ -50,13 +50,15 @@ pub enum Command {
     /// Render a recording as a flame graph or an export for other tools.
     ///
     /// A recording of 16 MB or more is read once for every view: what the views need is
-    /// kept beside it (RUN.pyprobe.views), and later views open at once.
+    /// kept beside it (RUN.pyprobe.views), and later views (report, flame, top --from) open at
+    /// once.
     Flame(FlameArgs),
     /// Summarise a recording: functions, GC pauses, imports, audit events, threads, and
     /// (traced by the hook engine) the types functions returned.
     ///
     /// A recording of 16 MB or more is read once for every view: what the views need is
-    /// kept beside it (RUN.pyprobe.views), and later views open at once.
+    /// kept beside it (RUN.pyprobe.views), and later views (report, flame, top --from) open at
+    /// once.
     Report(ReportArgs),
     /// Show the call flow of a recording, one line per call and return.
     Calls(CallsArgs),

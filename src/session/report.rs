@@ -12,7 +12,7 @@ use pyprobe_recording::output::report::{
 };
 use pyprobe_recording::recording::RecordingReader;
 
-use crate::session::views::{note_cut_short, usable_views};
+use crate::session::views::{note_cut_short, usable_views, Notes};
 
 /// What `pyprobe report` was asked to do. `--sort` left open picks what the
 /// recording can sort by.
@@ -41,7 +41,7 @@ pub fn run(request: &ReportRequest) -> Result<ExitCode> {
         }
         return crate::session::report_lines::report_lines(file, source, request.samples);
     }
-    let report = match usable_views(file, request.samples, false)? {
+    let report = match usable_views(file, request.samples, false, Notes::Say)? {
         Some(views) => views.report,
         None => {
             let mut reader = RecordingReader::open(file)

@@ -22,6 +22,7 @@ const VIEWS: &[(&str, &[&str])] = &[
     ("page.html", &["flame", "REC", "-o", "OUT", "--force"]),
     ("run.prof", &["flame", "REC", "-o", "OUT", "--force"]),
     ("run.pb.gz", &["flame", "REC", "-o", "OUT", "--force"]),
+    ("top.txt", &["top", "--from", "REC", "--once"]),
 ];
 
 /// Runs `args` with views kept from `store_from` bytes on (`None`: never).

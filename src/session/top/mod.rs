@@ -18,7 +18,9 @@ use pyprobe_sdt::tracer::RingUse;
 
 use live::{all_top, live_top};
 pub use snapshots::TOP_SAMPLE_RATE;
-use snapshots::{open_live, print_snapshot, recording_source};
+use snapshots::{print_snapshot, recording_source, report_of};
+
+use crate::session::views::Notes;
 use terminal::run_tui;
 
 mod live;
@@ -55,10 +57,7 @@ pub fn top(request: &TopRequest) -> Result<ExitCode> {
     let limit = request.limit.max(1);
     if let Some(file) = &request.from {
         if once {
-            let mut reader =
-                open_live(file).with_context(|| format!("cannot read {}", file.display()))?;
-            let report = build_report_filtered(&mut reader, request.samples)
-                .with_context(|| format!("cannot read {}", file.display()))?;
+            let report = report_of(file, request.samples, None, Notes::Say)?;
             let snapshot = snapshot_between(None, &report);
             print_snapshot(&snapshot, limit)?;
             return Ok(ExitCode::SUCCESS);

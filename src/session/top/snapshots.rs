@@ -14,6 +14,8 @@ use pyprobe_recording::output::report::build_thread_report;
 use pyprobe_recording::output::top::{render_text, snapshot_between, Snapshot, TopSort};
 use pyprobe_recording::recording::RecordingReader;
 
+use crate::session::views::{usable_views, Notes};
+
 /// Opens a recording that may still be written: its `.partial` while the recorder
 /// runs, the recording itself once it has ended.
 pub(super) fn open_live(
@@ -29,6 +31,25 @@ pub(super) fn open_live(
     }
 }
 
+/// The report of `file` (possibly still being written), of thread `thread`
+/// (`None`: every thread): a finished recording's report of every thread is
+/// its stored views'.
+pub(super) fn report_of(
+    file: &Path,
+    samples: SampleFilter,
+    thread: Option<u32>,
+    notes: Notes,
+) -> Result<Report> {
+    if thread.is_none() && !partial_path(file).exists() {
+        if let Some(views) = usable_views(file, samples, false, notes)? {
+            return Ok(views.report);
+        }
+    }
+    let mut reader = open_live(file).with_context(|| format!("cannot read {}", file.display()))?;
+    build_thread_report(&mut reader, samples, thread)
+        .with_context(|| format!("cannot read {}", file.display()))
+}
+
 /// A data source reading a recording again at each refresh: the numbers cover
 /// what was added since the previous one, of every thread or of the one asked for.
 pub(super) fn recording_source(
@@ -37,11 +58,7 @@ pub(super) fn recording_source(
 ) -> impl FnMut(Option<u32>) -> Snapshot {
     let mut previous: Option<(Option<u32>, Report)> = None;
     move |thread| {
-        let report = open_live(&file)
-            .map_err(anyhow::Error::from)
-            .and_then(|mut r| {
-                build_thread_report(&mut r, samples, thread).map_err(anyhow::Error::from)
-            });
+        let report = report_of(&file, samples, thread, Notes::Quiet);
         let report = match report {
             Ok(report) => report,
             Err(e) => {

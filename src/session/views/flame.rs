@@ -24,7 +24,7 @@ use pyprobe_recording::output::{Census, TraceExport};
 use super::reading::{
     fold_counting_waiting, is_broken_pipe, note_cut_short, note_samples, open, FoldedRecording,
 };
-use super::stored::usable_views;
+use super::stored::{usable_views, Notes};
 
 /// Output formats of `pyprobe flame`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -307,8 +307,13 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
     let mut reader = open(file)?;
     let tally = match format {
         FlameFormat::Svg | FlameFormat::Collapsed => {
-            let stored = usable_views(file, request.samples, request.idle_if_all_waiting)?
-                .filter(|_| request.grain == FrameGrain::Functions);
+            let stored = usable_views(
+                file,
+                request.samples,
+                request.idle_if_all_waiting,
+                Notes::Say,
+            )?
+            .filter(|_| request.grain == FrameGrain::Functions);
             let FoldedRecording {
                 folded,
                 info,
@@ -343,7 +348,7 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
             folded.tally
         }
         FlameFormat::Pprof => {
-            let stored = usable_views(file, request.samples, false)?
+            let stored = usable_views(file, request.samples, false, Notes::Say)?
                 .filter(|_| request.grain == FrameGrain::Functions);
             let (folded, info, strings) = match stored {
                 Some(views) => (views.stacks, views.info, views.strings),
@@ -361,16 +366,20 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
             folded.tally
         }
         FlameFormat::Pstats => {
-            let (folded, info, strings) = match usable_views(file, request.samples, false)? {
-                Some(views) => (views.stacks.without_threads(), views.info, views.strings),
-                None => {
-                    let (folded, info) =
-                        read_folded_filtered(&mut reader, request.samples, FrameGrain::Functions)
-                            .with_context(|| format!("cannot read {}", file.display()))?;
-                    note_cut_short(&reader, file);
-                    (folded, info, reader.strings().to_vec())
-                }
-            };
+            let (folded, info, strings) =
+                match usable_views(file, request.samples, false, Notes::Say)? {
+                    Some(views) => (views.stacks.without_threads(), views.info, views.strings),
+                    None => {
+                        let (folded, info) = read_folded_filtered(
+                            &mut reader,
+                            request.samples,
+                            FrameGrain::Functions,
+                        )
+                        .with_context(|| format!("cannot read {}", file.display()))?;
+                        note_cut_short(&reader, file);
+                        (folded, info, reader.strings().to_vec())
+                    }
+                };
             let stats = build_stats(&folded, &info, &strings);
             if stats.sampled {
                 eprintln!(

@@ -19,7 +19,7 @@ use pyprobe_recording::output::report::{
 };
 
 use super::reading::{fold_counting_waiting, open, FoldedRecording};
-use super::stored::usable_views;
+use super::stored::{usable_views, Notes};
 use crate::session::report_lines::read_source;
 
 /// Files whose source the heatmap shows, busiest first.
@@ -65,7 +65,7 @@ pub(super) fn render_html(
     title: Option<&str>,
     out: &mut dyn Write,
 ) -> Result<SampleTally> {
-    let stored = match usable_views(file, samples, idle_if_all_waiting)? {
+    let stored = match usable_views(file, samples, idle_if_all_waiting, Notes::Say)? {
         Some(views) => {
             let (recording, report, lines) = FoldedRecording::stored(views, true);
             Some((recording, report, lines))

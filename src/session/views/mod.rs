@@ -12,4 +12,4 @@ pub use flame::{
     FlameRequest,
 };
 pub(crate) use reading::{note_cut_short, open};
-pub(crate) use stored::usable_views;
+pub(crate) use stored::{usable_views, Notes};

@@ -1,6 +1,6 @@
 //! The views kept beside a large recording (`run.pyprobe.views`): read when they
 //! belong to it, else built from its events once and kept, so every later
-//! `report` and `flame` of it opens at once.
+//! `report`, `flame` and `top --from` of it opens at once.
 
 use std::path::Path;
 
@@ -22,6 +22,14 @@ fn store_from_bytes() -> u64 {
         .unwrap_or(STORE_FROM_BYTES)
 }
 
+/// Whether what the views file is (built, stale, unreadable) is said on stderr:
+/// not under a full-screen view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Notes {
+    Say,
+    Quiet,
+}
+
 /// The views of `file` for a view counting the samples `samples` keeps, when
 /// they can serve it: the default filter, a recording large enough to keep
 /// them, and, with `idle_if_all_waiting`, some sample kept (a run whose every
@@ -30,11 +38,12 @@ pub(crate) fn usable_views(
     file: &Path,
     samples: SampleFilter,
     idle_if_all_waiting: bool,
+    notes: Notes,
 ) -> Result<Option<StoredViews>> {
     if samples != SampleFilter::default() {
         return Ok(None);
     }
-    let Some(views) = views_of(file)? else {
+    let Some(views) = views_of(file, notes)? else {
         return Ok(None);
     };
     let t = views.stacks.tally;
@@ -46,7 +55,12 @@ pub(crate) fn usable_views(
 
 /// The views kept beside `file`, or built and kept now; `None` for a small
 /// recording.
-fn views_of(file: &Path) -> Result<Option<StoredViews>> {
+fn views_of(file: &Path, notes: Notes) -> Result<Option<StoredViews>> {
+    let say = |line: String| {
+        if notes == Notes::Say {
+            eprintln!("{line}");
+        }
+    };
     let before = FileState::of(file).with_context(|| format!("cannot read {}", file.display()))?;
     if before.bytes() < store_from_bytes() {
         return Ok(None);
@@ -54,39 +68,39 @@ fn views_of(file: &Path) -> Result<Option<StoredViews>> {
     let kept = stored::path_for(file);
     match stored::load(file) {
         Lookup::Fresh(views) => return Ok(Some(*views)),
-        Lookup::Missing => eprintln!(
-            "pyprobe: reading the {} MB of {} once for every view: they are kept in {}, and \
-             the next report or flame graph of it opens at once",
+        Lookup::Missing => say(format!(
+            "pyprobe: reading the {} MB of {} once for every view: what they need is kept in \
+             {}, and its next report, flame graph or top opens at once",
             before.bytes() / 1_000_000,
             file.display(),
             kept.display()
-        ),
-        Lookup::Stale => eprintln!(
+        )),
+        Lookup::Stale => say(format!(
             "pyprobe: {} describes another state of {} (or another pyprobe's reading): \
              reading its events again",
             kept.display(),
             file.display()
-        ),
-        Lookup::Unreadable(why) => eprintln!(
+        )),
+        Lookup::Unreadable(why) => say(format!(
             "pyprobe: note: {} is unreadable ({why}): reading the events of {} again",
             kept.display(),
             file.display()
-        ),
+        )),
     }
     let mut reader = open(file)?;
     let views = StoredViews::build(&mut reader)
         .with_context(|| format!("cannot read {}", file.display()))?;
     match stored::save(file, before, &reader, &views) {
         Ok(_) => {}
-        Err(SaveError::Unfinished) => eprintln!(
+        Err(SaveError::Unfinished) => say(format!(
             "pyprobe: note: {} has no end marker (cut short, or still being written): its \
              views are not kept",
             file.display()
-        ),
-        Err(e) => eprintln!(
+        )),
+        Err(e) => say(format!(
             "pyprobe: note: cannot keep the views beside {} ({e}): each view reads every event",
             file.display()
-        ),
+        )),
     }
     Ok(Some(views))
 }
