@@ -1,8 +1,9 @@
 //! `record --async`: a thread running an asyncio task sampled as the task's
 //! logical stack, against the chains `fixtures/python/async_tasks.py` records
 //! itself (tasks awaiting tasks through `gather` and `create_task`): on CPython
-//! 3.14 and 3.15, which publish asyncio's layout; on 3.13 the stacks stay as the
-//! threads run them, and pyprobe says so.
+//! 3.14 and 3.15, which publish asyncio's layout, and on 3.8 to 3.13 (Debian's 3.9,
+//! 3.11 and 3.13, and the pyenv builds this machine has), read from asyncio's own
+//! objects.
 
 use std::collections::BTreeMap;
 
@@ -20,24 +21,23 @@ struct Run {
     stacks: Vec<(String, u64)>,
 }
 
-/// The event loop the fixture runs its tasks on.
+/// The event loop the fixture runs its tasks on, and how it starts them.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Loop {
     Asyncio,
     /// uvloop, its compiled wheel for the version on `PYTHONPATH`.
     Uvloop,
+    /// asyncio, the workers started in a `TaskGroup` (3.11+) instead of gathered.
+    TaskGroup,
 }
 
-/// Records `async_tasks.py` (3 workers, 2 s) with `--async`.
-fn record_async(version: &'static str) -> Option<Run> {
-    record_async_on(version, Loop::Asyncio)
-}
-
-fn record_async_on(version: &'static str, event_loop: Loop) -> Option<Run> {
-    let py = python(version)?;
+/// Records `async_tasks.py` (3 workers, 2 s) with `--async`, on `event_loop`.
+fn record_async_with(py: &Python, event_loop: Loop) -> Run {
+    let version = py.version;
     let name = match event_loop {
         Loop::Asyncio => "asyncio",
         Loop::Uvloop => "uvloop",
+        Loop::TaskGroup => "taskgroup",
     };
     let path = tmp_path(&format!("async-tasks-{version}-{name}.pyprobe"));
     let mut cmd = pyprobe();
@@ -49,9 +49,15 @@ fn record_async_on(version: &'static str, event_loop: Loop) -> Option<Run> {
     .arg(&py.launcher)
     .arg(fixture_script("async_tasks.py"))
     .args(["3", "2"]);
-    if event_loop == Loop::Uvloop {
-        cmd.arg("uvloop")
-            .env("PYTHONPATH", pypi_compiled("uvloop", UVLOOP, version));
+    match event_loop {
+        Loop::Uvloop => {
+            cmd.arg("uvloop")
+                .env("PYTHONPATH", pypi_compiled("uvloop", UVLOOP, version));
+        }
+        Loop::TaskGroup => {
+            cmd.arg("taskgroup");
+        }
+        Loop::Asyncio => {}
     }
     let out = cmd.output().expect("run pyprobe record");
     assert_no_panic("record --async", &out.stderr);
@@ -62,11 +68,11 @@ fn record_async_on(version: &'static str, event_loop: Loop) -> Option<Run> {
         .unwrap_or_else(|e| panic!("{version}: the program's truth ({e}): {stdout}"));
     let stacks = collapsed(&path);
     let _ = std::fs::remove_file(&path);
-    Some(Run {
+    Run {
         stderr,
         truth,
         stacks,
-    })
+    }
 }
 
 /// The collapsed stacks of the recording at `path`: (stack, count).
@@ -111,15 +117,18 @@ fn check_logical_stacks(version: &'static str) {
 }
 
 fn check_logical_stacks_on(version: &'static str, event_loop: Loop) {
+    let Some(py) = python(version) else { return };
+    check_logical_stacks_with(&py, event_loop);
+}
+
+fn check_logical_stacks_with(py: &Python, event_loop: Loop) {
     let _serial = serial();
-    let Some(Run {
+    let version = py.version;
+    let Run {
         stderr,
         truth,
         stacks,
-    }) = record_async_on(version, event_loop)
-    else {
-        return;
-    };
+    } = record_async_with(py, event_loop);
     // The chains the program recorded: fetch-K under worker-K under main's task.
     let expected: Vec<Vec<String>> = truth["chains"]
         .as_object()
@@ -154,7 +163,16 @@ fn check_logical_stacks_on(version: &'static str, event_loop: Loop) {
     let mut by_chain: BTreeMap<usize, u64> = BTreeMap::new();
     let (mut crunching, mut whole) = (0u64, 0u64);
     for (stack, count) in &stacks {
-        let frames = names(stack);
+        let mut frames = names(stack);
+        // The group's own frames between `gather_workers` and the workers
+        // (`TaskGroup.__aexit__`, and `TaskGroup._aexit` from 3.13) stand where
+        // `gather` has none: a whole chain has them.
+        let group_shown = frames.contains(&"TaskGroup.__aexit__");
+        if event_loop == Loop::TaskGroup {
+            frames.retain(|f| !f.starts_with("TaskGroup."));
+        }
+        let whole_chain =
+            |e: &Vec<String>| frames == *e && (event_loop != Loop::TaskGroup || group_shown);
         if frames.iter().any(|f| f.starts_with("[task ")) {
             assert!(
                 !LOOP_FRAMES.iter().any(|l| stack.contains(l)),
@@ -165,7 +183,7 @@ fn check_logical_stacks_on(version: &'static str, event_loop: Loop) {
             continue;
         }
         crunching += count;
-        if let Some(i) = expected.iter().position(|e| frames == *e) {
+        if let Some(i) = expected.iter().position(whole_chain) {
             whole += count;
             *by_chain.entry(i).or_default() += count;
         }
@@ -198,6 +216,14 @@ fn logical_stacks_of_tasks_awaiting_tasks_on_3_15() {
     check_logical_stacks("3.15");
 }
 
+/// Workers started in a `TaskGroup`: each stands under the group's parent task.
+#[test]
+fn logical_stacks_of_tasks_in_a_task_group_on_3_11_3_13_and_3_14() {
+    for version in ["3.11", "3.13", "3.14"] {
+        check_logical_stacks_on(version, Loop::TaskGroup);
+    }
+}
+
 /// uvloop runs asyncio's own C tasks on a Cython loop: the same chains.
 #[test]
 fn logical_stacks_of_tasks_on_uvloop_3_14() {
@@ -205,25 +231,38 @@ fn logical_stacks_of_tasks_on_uvloop_3_14() {
 }
 
 #[test]
-fn before_3_14_the_stacks_stay_as_they_run_and_pyprobe_says_so() {
-    let _serial = serial();
-    let Some(Run { stderr, stacks, .. }) = record_async("3.13") else {
-        return;
-    };
-    assert!(
-        stderr.contains("--async: process") && stderr.contains("from 3.14 on"),
-        "{stderr}"
-    );
-    assert!(
-        stacks.iter().all(|(s, _)| !s.contains("[task ")),
-        "{stacks:?}"
-    );
-    assert!(
-        stacks
-            .iter()
-            .any(|(s, _)| s.ends_with("crunch") || s.contains(";crunch (")),
-        "{stacks:?}"
-    );
+fn logical_stacks_of_tasks_awaiting_tasks_on_3_13() {
+    check_logical_stacks("3.13");
+}
+
+#[test]
+fn logical_stacks_of_tasks_awaiting_tasks_on_3_11() {
+    check_logical_stacks("3.11");
+}
+
+#[test]
+fn logical_stacks_of_tasks_awaiting_tasks_on_3_9() {
+    check_logical_stacks("3.9");
+}
+
+/// The pyenv builds this machine has (3.8, 3.10, 3.12: the minor versions
+/// Debian's do not cover).
+#[test]
+fn logical_stacks_of_tasks_awaiting_tasks_on_pyenv_builds() {
+    for (version, exe) in pyenv_builds() {
+        if !["3.8", "3.10", "3.12"].contains(&version.as_str()) {
+            continue;
+        }
+        let py = Python {
+            version: Box::leak(format!("pyenv-{version}").into_boxed_str()),
+            launcher: exe.clone(),
+            binary: exe,
+        };
+        check_logical_stacks_with(&py, Loop::Asyncio);
+        if version == "3.12" {
+            check_logical_stacks_with(&py, Loop::TaskGroup);
+        }
+    }
 }
 
 #[test]
@@ -340,6 +379,17 @@ fn an_aiohttp_server_under_load_shows_its_handlers_under_their_tasks_3_14() {
 #[test]
 fn an_aiohttp_server_under_load_with_async_all_shows_what_it_waits_on_3_14() {
     check_aiohttp_server_with("3.14", "--async=all");
+}
+
+/// Before 3.14 the running tasks are read from asyncio's own objects.
+#[test]
+fn an_aiohttp_server_under_load_shows_its_handlers_under_their_tasks_3_13() {
+    check_aiohttp_server("3.13");
+}
+
+#[test]
+fn an_aiohttp_server_under_load_shows_its_handlers_under_their_tasks_3_11() {
+    check_aiohttp_server("3.11");
 }
 
 #[test]

@@ -160,11 +160,18 @@ impl Sampler {
                     if self.verbose && !std::mem::replace(&mut self.described, true) {
                         eprintln!("pyprobe: frame walker: {}", w.describe());
                     }
-                    if self.async_tasks && !w.version().at_least(3, 14) {
+                    if self.async_tasks && !w.version().at_least(3, 8) {
                         eprintln!(
-                            "pyprobe: --async: process {pid} runs CPython {}; asyncio \
-                             publishes its tasks' layout from 3.14 on, so its stacks stay as \
-                             its threads run them",
+                            "pyprobe: --async: process {pid} runs CPython {}; pyprobe reads \
+                             asyncio's tasks from 3.8 on, so its stacks stay as its threads \
+                             run them",
+                            w.version()
+                        );
+                    } else if self.async_waiting && !w.version().at_least(3, 14) {
+                        eprintln!(
+                            "pyprobe: --async=all: process {pid} runs CPython {}; its running \
+                             tasks are shown as their logical stacks, but the tasks that wait \
+                             are listed by asyncio from 3.14 on only: none of them is sampled",
                             w.version()
                         );
                     }

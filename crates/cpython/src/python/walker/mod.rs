@@ -62,6 +62,7 @@
 
 pub(crate) mod current;
 pub(crate) mod layout;
+mod legacy_tasks;
 pub mod lines;
 mod locals;
 mod locate;
@@ -174,6 +175,11 @@ pub struct Walker {
     task_lists: std::collections::HashMap<u64, Vec<u64>>,
     /// Task names read (and whether the program gave them), by task and name object.
     task_names: std::collections::HashMap<(u64, u64), (String, bool)>,
+    /// Where asyncio's C task keeps its coroutine and awaiters before 3.14.
+    legacy_tasks: Option<legacy_tasks::LegacyTasks>,
+    /// Where a coroutine's frame lies inside it (3.11 to 3.13), as a running
+    /// task's showed.
+    legacy_gen_iframe: Option<u64>,
 }
 
 impl Walker {
@@ -236,6 +242,10 @@ impl Walker {
             tasks_looked_for: None,
             task_lists: std::collections::HashMap::new(),
             task_names: std::collections::HashMap::new(),
+            legacy_tasks: (version.major == 3)
+                .then(|| legacy_tasks::LegacyTasks::of(version.minor))
+                .flatten(),
+            legacy_gen_iframe: None,
         })
     }
 

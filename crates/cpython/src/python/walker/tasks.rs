@@ -144,11 +144,11 @@ pub struct TaskInfo {
     /// Whether the program gave that name (else asyncio did).
     pub named: bool,
     /// Its coroutine's frame.
-    coro_frame: Option<u64>,
+    pub(super) coro_frame: Option<u64>,
     /// How many await it (0 for the outermost).
     pub awaiters: usize,
     /// The tasks and futures that await it.
-    awaited_by: Vec<u64>,
+    pub(super) awaited_by: Vec<u64>,
 }
 
 impl TaskInfo {
@@ -193,13 +193,16 @@ impl Walker {
     /// thread that runs an asyncio task shown as the task's logical stack: the tasks
     /// awaiting it, outermost first, each a marker frame and the frames of the
     /// coroutines it stands in (see [`Self::awaited_frames`]),
-    /// then its own marker and the frames from its coroutine in. Threads that run
-    /// no task, and every thread where the version does not publish asyncio's
-    /// layout (before 3.14) or asyncio is not loaded, come back as they are.
+    /// then its own marker and the frames from its coroutine in. Before 3.14, which
+    /// publishes no layout of asyncio's tasks, the tasks are found from asyncio's
+    /// own objects (see `legacy_tasks`), 3.8 to 3.13. Threads that run no task,
+    /// and every thread where asyncio is not loaded, come back as they are.
     pub fn async_stacks(&mut self, running: bool) -> anyhow::Result<Vec<ThreadStack>> {
         let (mut stacks, frames) = self.walk_keeping_frames(running)?;
         if let Some(layout) = self.task_layout() {
             self.make_logical(layout, &mut stacks, &frames);
+        } else if let Some(legacy) = self.legacy_tasks {
+            self.make_logical_legacy(legacy, &mut stacks, &frames);
         }
         Ok(stacks)
     }
@@ -209,13 +212,16 @@ impl Walker {
     /// interpreter), at most [`MAX_TASKS`]: each with what awaits it, whether a
     /// thread runs it, and its frames (a running task's from its coroutine in, on
     /// its thread's stack; a waiting one's coroutines down to what it awaits). The tasks are
-    /// `None` where the version publishes no task layout (before 3.14) or asyncio is
-    /// not loaded. One walk serves both.
+    /// `None` where the version publishes no task layout (before 3.14: the running
+    /// ones' stacks are still logical) or asyncio is not loaded. One walk serves both.
     pub fn async_stacks_and_tasks(
         &mut self,
     ) -> anyhow::Result<(Vec<ThreadStack>, Option<Vec<AsyncTask>>)> {
         let (mut stacks, frames) = self.walk_keeping_frames(false)?;
         let Some(layout) = self.task_layout() else {
+            if let Some(legacy) = self.legacy_tasks {
+                self.make_logical_legacy(legacy, &mut stacks, &frames);
+            }
             return Ok((stacks, None));
         };
         let tasks = self.list(layout, &stacks, &frames);
@@ -551,7 +557,7 @@ impl Walker {
     /// asyncio names a task created without a name by a number it keeps until asked
     /// (`Task-N` then). Kept by task and name object: a task renamed gets a new name
     /// object.
-    fn task_name(&mut self, task: u64, object: u64) -> (String, bool) {
+    pub(super) fn task_name(&mut self, task: u64, object: u64) -> (String, bool) {
         if let Some(name) = self.task_names.get(&(task, object)) {
             return name.clone();
         }

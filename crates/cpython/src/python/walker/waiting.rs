@@ -42,7 +42,8 @@ impl Walker {
     /// thread runs, within `limits`: the tasks are taken in address order from
     /// `limits.start`, round the list, so that past a limit the others come at
     /// the next samples. No waiting task where the version publishes no task
-    /// layout (before 3.14) or asyncio is not loaded.
+    /// layout (before 3.14: the running ones' stacks are still logical) or
+    /// asyncio is not loaded.
     pub fn async_stacks_and_waiting(
         &mut self,
         running: bool,
@@ -50,6 +51,9 @@ impl Walker {
     ) -> anyhow::Result<(Vec<ThreadStack>, WaitingTasks)> {
         let (mut stacks, frames) = self.walk_keeping_frames(running)?;
         let Some(layout) = self.task_layout() else {
+            if let Some(legacy) = self.legacy_tasks {
+                self.make_logical_legacy(legacy, &mut stacks, &frames);
+            }
             return Ok((stacks, WaitingTasks::default()));
         };
         // The running tasks first: their frames' addresses are this walk's.

@@ -1,0 +1,603 @@
+//! asyncio's running tasks before CPython 3.14, which publishes no layout of them:
+//! the task a thread runs, and the tasks awaiting it, found from what asyncio's
+//! own objects hold.
+//!
+//! * **The running task.** A task runs inside the event loop's `Handle._run`,
+//!   whose `self` (its first local) is the handle, whose `_callback` (a slot) is
+//!   what steps the task: a `TaskStepMethWrapper` (its task the first field), or
+//!   the wakeup of a task whose awaited future finished (`TaskWakeupMethWrapper`
+//!   up to 3.9, the built-in method `task_wakeup` bound to the task from 3.10).
+//!   The task's coroutine must be the next coroutine frame of the stack, or the
+//!   stack is left as it is.
+//! * **Its awaiters.** A task awaiting another added its wakeup to the other's
+//!   done-callbacks (`fut_callback0`, then the list `fut_callbacks` of
+//!   (callback, context) pairs). `gather` adds its `_done_callback` instead, whose
+//!   closure holds the `_GatheringFuture` the awaiting task's wakeup waits on; and
+//!   `wait_for` up to 3.11 a `functools.partial` holding the future it waits on.
+//!   Both are followed, at most [`MAX_FUTURE_HOPS`] deep. A `TaskGroup` (3.11+)
+//!   adds its `_on_task_done`, bound to the group, whose `_parent_task` (the only
+//!   task among its attributes' values) awaits its tasks.
+//!
+//! * **Where a waiting task stands.** A suspended coroutine awaits the object on
+//!   top of its frame's value stack: followed while it is a coroutine, as 3.14's
+//!   layout allows.
+//!
+//! The offsets are asyncio's C structures' (`TaskObj`, `FutureObj`) and the
+//! interpreter's, the same on every build of a minor version, measured on each
+//! (with `ctypes`, against objects whose addresses Python gives) and checked by
+//! the logical-stack tests of `tests/integration/async_tasks.rs` on every version
+//! this machine has. Every read is bounded; a read that fails, or an object of
+//! another type than expected, ends the chain there.
+
+use super::objects::{plausible_pointer, read_u64};
+use super::tasks::{task_marker, TaskInfo, MAX_ANCESTORS};
+use super::values::ValueReader;
+use super::{FrameAddresses, PyFrame, ThreadStack, Walker};
+use pyprobe_sdt::process::memory::read_c_string;
+use pyprobe_sdt::sdt::MemoryReader;
+
+/// `FutureObj`: its first done-callback, and the list of the others.
+const FUT_CALLBACK0: u64 = 24;
+const FUT_CALLBACKS: u64 = 40;
+/// `Handle._callback`: the second slot of `asyncio.events.Handle`.
+const HANDLE_CALLBACK: u64 = 24;
+/// `TaskStepMethWrapper.sw_task`, `TaskWakeupMethWrapper.ww_task`.
+const WRAPPER_TASK: u64 = 16;
+/// `PyCFunctionObject.m_ml` and `m_self`.
+const CFUNCTION_ML: u64 = 16;
+const CFUNCTION_SELF: u64 = 24;
+/// `partial.args`.
+const PARTIAL_ARGS: u64 = 24;
+/// `PyCellObject.ob_ref`.
+const CELL_REF: u64 = 16;
+/// `PyVarObject.ob_size`; where a tuple's items are, and a list's item array.
+const VAR_SIZE: u64 = 16;
+const TUPLE_ITEMS: u64 = 24;
+const LIST_ITEMS: u64 = 24;
+/// `PyGenObject.gi_frame` (up to 3.10: the frame object).
+const GEN_FRAME_OBJECT: u64 = 16;
+/// Farthest a coroutine's own frame lies inside it (3.11+).
+const MAX_IFRAME_OFFSET: u64 = 512;
+/// Most done-callbacks and closure cells looked at per future.
+const MAX_CALLBACKS: u64 = 64;
+/// Most futures that are not tasks followed between two tasks.
+const MAX_FUTURE_HOPS: usize = 8;
+/// Longest method name read.
+const MAX_METHOD_NAME: usize = 64;
+
+/// `PyFrameObject.f_valuestack` (3.8 to 3.10).
+const FRAME_VALUESTACK: u64 = 64;
+/// Most coroutines followed down from an awaiting task's own.
+const MAX_AWAIT_DEPTH: usize = 64;
+/// Deepest value stack believed.
+const MAX_STACK_DEPTH: u64 = 4096;
+/// `gi_frame_state` of a coroutine suspended in an `await` (3.11 to 3.13).
+const SUSPENDED_IN_AWAIT: u8 = 0xff;
+
+/// Where a suspended frame's value stack ends: its top is what an `await`
+/// waits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StackTop {
+    /// `PyFrameObject.f_stacktop`, a pointer past the top (3.8, 3.9).
+    Pointer(u64),
+    /// `PyFrameObject.f_stackdepth`, an int (3.10).
+    Depth(u64),
+    /// `_PyInterpreterFrame.stacktop`, an int counting from `localsplus`, just
+    /// before it (3.11 to 3.13).
+    Index,
+}
+
+/// Where an instance of a Python class keeps its attributes' values while it has
+/// no dictionary of its own (3.11 to 3.13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InstanceValues {
+    /// None to read (up to 3.10: every instance has a dictionary).
+    Dictionary,
+    /// A pointer to the values, four words before the object (3.11).
+    Before,
+    /// A pointer to them less one (odd: the low bit says values, not a
+    /// dictionary), three words before (3.12).
+    TaggedBefore,
+    /// Inline, after the object's own `tp_basicsize` bytes, behind a header of
+    /// capacity, size, embedded and valid bytes (3.13).
+    Inline,
+}
+
+/// `PyMethodObject.im_self`.
+const METHOD_SELF: u64 = 24;
+/// `PyTypeObject.tp_basicsize`.
+const TYPE_BASICSIZE: u64 = 32;
+/// Most attribute values of an instance looked at.
+const MAX_VALUES: u64 = 16;
+
+/// Where asyncio's C task keeps what a logical stack needs, on one version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LegacyTasks {
+    /// `offsetof(TaskObj, task_coro)`; `task_name` is the next field.
+    task_coro: u64,
+    /// `offsetof(PyFunctionObject, func_closure)`.
+    function_closure: u64,
+    /// Up to 3.10 a coroutine's frame is an object of its own (`gi_frame`);
+    /// from 3.11 it lies inside the coroutine.
+    frame_object: bool,
+    stack_top: StackTop,
+    values: InstanceValues,
+}
+
+impl LegacyTasks {
+    /// The layout of CPython 3.`minor`, for 3.8 to 3.13.
+    pub(crate) fn of(minor: u8) -> Option<LegacyTasks> {
+        let (task_coro, function_closure) = match minor {
+            8 => (112, 48),
+            9 => (152, 48),
+            10 => (160, 72),
+            11 | 12 => (136, 72),
+            13 => (120, 72),
+            _ => return None,
+        };
+        let stack_top = match minor {
+            8 | 9 => StackTop::Pointer(72),
+            10 => StackTop::Depth(80),
+            _ => StackTop::Index,
+        };
+        let values = match minor {
+            11 => InstanceValues::Before,
+            12 => InstanceValues::TaggedBefore,
+            13 => InstanceValues::Inline,
+            _ => InstanceValues::Dictionary,
+        };
+        Some(LegacyTasks {
+            task_coro,
+            function_closure,
+            frame_object: minor <= 10,
+            stack_top,
+            values,
+        })
+    }
+}
+
+/// The last part of a type's name: `TaskStepMethWrapper` of
+/// `_asyncio.TaskStepMethWrapper`.
+fn short(name: &str) -> &str {
+    name.rsplit('.').next().unwrap_or(name)
+}
+
+/// Whether `frame` is the event loop's `Handle._run`.
+fn is_handle_run(frame: &PyFrame) -> bool {
+    &*frame.name == "_run"
+        && (frame.file.ends_with("asyncio/events.py") || frame.file.ends_with("asyncio\\events.py"))
+}
+
+impl Walker {
+    /// Makes the stack of each thread that runs a task its logical stack (see the
+    /// module documentation).
+    pub(super) fn make_logical_legacy(
+        &mut self,
+        legacy: LegacyTasks,
+        stacks: &mut [ThreadStack],
+        frames: &[FrameAddresses],
+    ) {
+        for (stack, frames) in stacks.iter_mut().zip(frames) {
+            if let Some(logical) = self.legacy_logical_stack(legacy, stack, frames) {
+                stack.frames = logical;
+            }
+        }
+    }
+
+    fn legacy_logical_stack(
+        &mut self,
+        legacy: LegacyTasks,
+        stack: &ThreadStack,
+        frames: &FrameAddresses,
+    ) -> Option<Vec<PyFrame>> {
+        let locals = self.reader.layout.locals?;
+        let end = frames.len().min(stack.frames.len());
+        let at = stack.frames[..end].iter().rposition(is_handle_run)?;
+        let mem = &self.reader.mem;
+        let handle = read_u64(mem, frames[at].0.checked_add(locals.frame_localsplus)?).ok()?;
+        let callback = read_u64(mem, handle.checked_add(HANDLE_CALLBACK)?).ok()?;
+        let task = self.stepped_task(callback)?;
+        let coro = self.task_coroutine(legacy, task)?;
+        // The task's coroutine runs right above the handle (C calls between).
+        let from = at + 1;
+        if from >= end || !self.is_frame_of(legacy, coro, frames[from].0) {
+            return None;
+        }
+        if !legacy.frame_object {
+            self.legacy_gen_iframe = Some(frames[from].0 - coro);
+        }
+        let running = self.legacy_task_info(legacy, task, coro)?;
+        let mut logical = self.legacy_prefix(legacy, &running);
+        logical.push(task_marker(&running));
+        logical.extend(stack.frames[from..].iter().cloned());
+        Some(logical)
+    }
+
+    /// The short name of the type of the object at `addr`.
+    fn short_type_name(&self, addr: u64) -> Option<String> {
+        let locals = self.reader.layout.locals?;
+        let name =
+            ValueReader::new(&self.reader.mem, &self.reader.layout, locals).type_name(addr)?;
+        Some(short(&name).to_string())
+    }
+
+    /// The task a handle's callback steps or wakes, if it is one of asyncio's.
+    fn stepped_task(&self, callback: u64) -> Option<u64> {
+        let kind = self.short_type_name(callback)?;
+        self.task_of_callback(callback, &kind, true)
+    }
+
+    /// The task a callback of type `kind` belongs to: a step (when `steps`) or
+    /// wakeup wrapper's, or the task `task_wakeup` is bound to.
+    fn task_of_callback(&self, callback: u64, kind: &str, steps: bool) -> Option<u64> {
+        let mem = &self.reader.mem;
+        let task = match kind {
+            "TaskStepMethWrapper" if steps => read_u64(mem, callback + WRAPPER_TASK).ok()?,
+            "TaskWakeupMethWrapper" => read_u64(mem, callback + WRAPPER_TASK).ok()?,
+            "builtin_function_or_method" => {
+                let ml = read_u64(mem, callback + CFUNCTION_ML).ok()?;
+                let name_at = read_u64(mem, ml).ok().filter(|&p| p != 0 && p < 1 << 47)?;
+                let name = read_c_string(mem, name_at, MAX_METHOD_NAME).ok()?;
+                if name != "task_wakeup" {
+                    return None;
+                }
+                read_u64(mem, callback + CFUNCTION_SELF).ok()?
+            }
+            _ => return None,
+        };
+        plausible_pointer(task).then_some(task)
+    }
+
+    /// The coroutine of the task at `task`, if it holds one.
+    fn task_coroutine(&self, legacy: LegacyTasks, task: u64) -> Option<u64> {
+        let coro = read_u64(&self.reader.mem, task.checked_add(legacy.task_coro)?).ok()?;
+        (self.short_type_name(coro)? == "coroutine").then_some(coro)
+    }
+
+    /// Whether the frame at `frame` is the coroutine `coro`'s own: its
+    /// `gi_frame` (up to 3.10), or inside it where every coroutine's is (3.11+;
+    /// before the first is seen, near its start).
+    fn is_frame_of(&self, legacy: LegacyTasks, coro: u64, frame: u64) -> bool {
+        if legacy.frame_object {
+            return read_u64(&self.reader.mem, coro + GEN_FRAME_OBJECT).is_ok_and(|f| f == frame);
+        }
+        match self.legacy_gen_iframe {
+            Some(offset) => coro.checked_add(offset) == Some(frame),
+            None => frame > coro && frame - coro < MAX_IFRAME_OFFSET,
+        }
+    }
+
+    /// The frame of the coroutine `coro` (not running): `gi_frame` up to 3.10,
+    /// inside it from 3.11 (where, the running coroutines have shown).
+    fn coroutine_frame(&self, legacy: LegacyTasks, coro: u64) -> Option<u64> {
+        if legacy.frame_object {
+            let frame = read_u64(&self.reader.mem, coro + GEN_FRAME_OBJECT).ok()?;
+            plausible_pointer(frame).then_some(frame)
+        } else {
+            coro.checked_add(self.legacy_gen_iframe?)
+        }
+    }
+
+    /// The task at `task` (its coroutine `coro`): its name, its coroutine's
+    /// frame, what awaits it.
+    fn legacy_task_info(&mut self, legacy: LegacyTasks, task: u64, coro: u64) -> Option<TaskInfo> {
+        let name_object =
+            read_u64(&self.reader.mem, task.checked_add(legacy.task_coro + 8)?).ok()?;
+        let (name, named) = self.task_name(task, name_object);
+        let mut awaited_by = Vec::new();
+        self.legacy_awaiters(legacy, task, 0, &mut awaited_by);
+        awaited_by.sort_unstable();
+        awaited_by.dedup();
+        Some(TaskInfo {
+            address: task,
+            name,
+            named,
+            coro_frame: self.coroutine_frame(legacy, coro),
+            awaiters: awaited_by.len(),
+            awaited_by,
+        })
+    }
+
+    /// The tasks whose wakeups wait on the future (or task) at `future`, into
+    /// `out`: directly, or through the futures `gather` and `wait_for` put between.
+    fn legacy_awaiters(&self, legacy: LegacyTasks, future: u64, hops: usize, out: &mut Vec<u64>) {
+        for callback in self.done_callbacks(future) {
+            let Some(kind) = self.short_type_name(callback) else {
+                continue;
+            };
+            if let Some(task) = self.task_of_callback(callback, &kind, false) {
+                out.push(task);
+                continue;
+            }
+            // A TaskGroup's `_on_task_done`: the group's `_parent_task` awaits
+            // its tasks (the only task among its attributes).
+            if kind == "method" {
+                let group = read_u64(&self.reader.mem, callback + METHOD_SELF).unwrap_or(0);
+                if self.short_type_name(group).as_deref() == Some("TaskGroup") {
+                    let parent = self
+                        .instance_values(legacy, group)
+                        .into_iter()
+                        .find(|&v| self.short_type_name(v).as_deref() == Some("Task"));
+                    out.extend(parent);
+                }
+                continue;
+            }
+            if hops >= MAX_FUTURE_HOPS {
+                continue;
+            }
+            let held = match kind.as_str() {
+                // gather's `_done_callback`: its cells.
+                "function" => self
+                    .tuple_items(
+                        read_u64(&self.reader.mem, callback + legacy.function_closure).ok(),
+                    )
+                    .into_iter()
+                    .filter_map(|cell| read_u64(&self.reader.mem, cell + CELL_REF).ok())
+                    .collect(),
+                // wait_for's `partial(_release_waiter, waiter)`: its arguments.
+                "partial" => {
+                    self.tuple_items(read_u64(&self.reader.mem, callback + PARTIAL_ARGS).ok())
+                }
+                _ => Vec::new(),
+            };
+            for object in held {
+                let is_future = self
+                    .short_type_name(object)
+                    .is_some_and(|t| t == "_GatheringFuture" || t == "Future");
+                if is_future {
+                    self.legacy_awaiters(legacy, object, hops + 1, out);
+                }
+            }
+        }
+    }
+
+    /// The done-callbacks of the future at `future`: the first, then each of the
+    /// list's (callback, context) pairs'.
+    fn done_callbacks(&self, future: u64) -> Vec<u64> {
+        let mem = &self.reader.mem;
+        let mut out = Vec::new();
+        if let Ok(first) = read_u64(mem, future + FUT_CALLBACK0) {
+            if plausible_pointer(first) {
+                out.push(first);
+            }
+        }
+        let list = read_u64(mem, future + FUT_CALLBACKS).unwrap_or(0);
+        if !plausible_pointer(list) {
+            return out;
+        }
+        let (Ok(size), Ok(items)) = (
+            read_u64(mem, list + VAR_SIZE),
+            read_u64(mem, list + LIST_ITEMS),
+        ) else {
+            return out;
+        };
+        if size > MAX_CALLBACKS || !plausible_pointer(items) {
+            return out;
+        }
+        let mut pairs = vec![0u8; size as usize * 8];
+        if mem.read_exact(items, &mut pairs).is_err() {
+            return out;
+        }
+        for pair in pairs.chunks_exact(8) {
+            let pair = u64::from_le_bytes(pair.try_into().unwrap_or_default());
+            if plausible_pointer(pair) {
+                if let Ok(callback) = read_u64(mem, pair + TUPLE_ITEMS) {
+                    if plausible_pointer(callback) {
+                        out.push(callback);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The attribute values of the instance at `object` of a Python class, while
+    /// it has no dictionary of its own, at most [`MAX_VALUES`], up to the first
+    /// unset one.
+    fn instance_values(&self, legacy: LegacyTasks, object: u64) -> Vec<u64> {
+        let mem = &self.reader.mem;
+        let (values, count) = match legacy.values {
+            InstanceValues::Dictionary => return Vec::new(),
+            InstanceValues::Before => {
+                let Some(at) = object.checked_sub(32) else {
+                    return Vec::new();
+                };
+                (read_u64(mem, at).unwrap_or(0), MAX_VALUES)
+            }
+            InstanceValues::TaggedBefore => {
+                let Some(at) = object.checked_sub(24) else {
+                    return Vec::new();
+                };
+                match read_u64(mem, at) {
+                    Ok(tagged) if tagged & 1 == 1 => (tagged.wrapping_add(1), MAX_VALUES),
+                    _ => return Vec::new(),
+                }
+            }
+            InstanceValues::Inline => {
+                let ty = read_u64(mem, object + self.reader.layout.ob_type).unwrap_or(0);
+                let Some(size) = plausible_pointer(ty)
+                    .then(|| read_u64(mem, ty + TYPE_BASICSIZE).ok())
+                    .flatten()
+                    .filter(|&s| (16..=4096).contains(&s))
+                else {
+                    return Vec::new();
+                };
+                // capacity, size, embedded, valid: values not valid (a
+                // dictionary made) are not read.
+                let mut head = [0u8; 4];
+                if mem.read_exact(object + size, &mut head).is_err() || head[3] == 0 {
+                    return Vec::new();
+                }
+                (object + size + 8, u64::from(head[1]).min(MAX_VALUES))
+            }
+        };
+        if !plausible_pointer(values) {
+            return Vec::new();
+        }
+        let mut bytes = vec![0u8; count as usize * 8];
+        if mem.read_exact(values, &mut bytes).is_err() {
+            return Vec::new();
+        }
+        bytes
+            .chunks_exact(8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+            .take_while(|&v| v != 0)
+            .filter(|&v| plausible_pointer(v))
+            .collect()
+    }
+
+    /// The items of the tuple at `tuple`, at most [`MAX_CALLBACKS`].
+    fn tuple_items(&self, tuple: Option<u64>) -> Vec<u64> {
+        let mem = &self.reader.mem;
+        let Some(tuple) = tuple.filter(|&t| plausible_pointer(t)) else {
+            return Vec::new();
+        };
+        let size = read_u64(mem, tuple + VAR_SIZE).unwrap_or(0);
+        if size > MAX_CALLBACKS {
+            return Vec::new();
+        }
+        let mut bytes = vec![0u8; size as usize * 8];
+        if mem.read_exact(tuple + TUPLE_ITEMS, &mut bytes).is_err() {
+            return Vec::new();
+        }
+        bytes
+            .chunks_exact(8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+            .filter(|&p| plausible_pointer(p))
+            .collect()
+    }
+
+    /// The tasks awaiting `first`, outermost first, each its marker frame and its
+    /// coroutine's frame (where it awaits): what comes above `first`'s own marker.
+    /// Where several await one task, the one at the lowest address is followed. At
+    /// most [`MAX_ANCESTORS`]; a loop ends the chain.
+    fn legacy_prefix(&mut self, legacy: LegacyTasks, first: &TaskInfo) -> Vec<PyFrame> {
+        let mut chain: Vec<TaskInfo> = Vec::new();
+        let mut seen = vec![first.address];
+        let mut parent = first.awaited_by.first().copied();
+        while let Some(task) = parent {
+            if seen.contains(&task) || seen.len() > MAX_ANCESTORS {
+                break;
+            }
+            seen.push(task);
+            let Some(coro) = self.task_coroutine(legacy, task) else {
+                break;
+            };
+            let Some(info) = self.legacy_task_info(legacy, task, coro) else {
+                break;
+            };
+            parent = info.awaited_by.first().copied();
+            chain.push(info);
+        }
+        let mut frames = Vec::new();
+        for info in chain.iter().rev() {
+            frames.push(task_marker(info));
+            if let Some(coro) = self.task_coroutine(legacy, info.address) {
+                frames.extend(self.awaiting_coroutines(legacy, coro));
+            }
+        }
+        frames
+    }
+
+    /// Where a waiting task stands: its coroutine's frame, then that of the
+    /// coroutine it awaits, and so on (`main`, `gather_workers`), while each
+    /// awaits a coroutine; at most [`MAX_AWAIT_DEPTH`].
+    fn awaiting_coroutines(&mut self, legacy: LegacyTasks, coro: u64) -> Vec<PyFrame> {
+        let mut out = Vec::new();
+        let mut coro = coro;
+        for _ in 0..MAX_AWAIT_DEPTH {
+            let Some(frame) = self.coroutine_frame(legacy, coro) else {
+                break;
+            };
+            // A suspended coroutine's frame links to no caller.
+            let (mut walked, _) = self.reader.frames(frame);
+            if walked.len() != 1 {
+                break;
+            }
+            out.append(&mut walked);
+            match self.awaited_by_frame(legacy, coro, frame) {
+                Some(next) if self.short_type_name(next).as_deref() == Some("coroutine") => {
+                    coro = next
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+
+    /// What the suspended coroutine `coro`, whose frame is at `frame`, awaits:
+    /// the top of its frame's value stack, once it has started (3.8 to 3.10)
+    /// or while its state says it awaits (3.11 to 3.13).
+    fn awaited_by_frame(&self, legacy: LegacyTasks, coro: u64, frame: u64) -> Option<u64> {
+        let mem = &self.reader.mem;
+        let int = |at: u64| -> Option<i64> {
+            let mut b = [0u8; 4];
+            mem.read_exact(at, &mut b).ok()?;
+            Some(i64::from(i32::from_le_bytes(b)))
+        };
+        let slot = match legacy.stack_top {
+            StackTop::Pointer(_) | StackTop::Depth(_) => {
+                let super::layout::FrameLayout::Object { lasti, .. } = self.reader.layout.frame
+                else {
+                    return None;
+                };
+                if int(frame + lasti)? < 0 {
+                    return None;
+                }
+                let valuestack = read_u64(mem, frame + FRAME_VALUESTACK).ok()?;
+                let depth = match legacy.stack_top {
+                    StackTop::Pointer(at) => {
+                        let top = read_u64(mem, frame + at).ok()?;
+                        top.checked_sub(valuestack)? / 8
+                    }
+                    StackTop::Depth(at) => u64::try_from(int(frame + at)?).ok()?,
+                    StackTop::Index => return None,
+                };
+                if depth == 0 || depth > MAX_STACK_DEPTH {
+                    return None;
+                }
+                valuestack.checked_add((depth - 1) * 8)?
+            }
+            StackTop::Index => {
+                let state_at = coro.checked_add(self.legacy_gen_iframe?)?.checked_sub(5)?;
+                let mut state = [0u8; 1];
+                mem.read_exact(state_at, &mut state).ok()?;
+                if state[0] != SUSPENDED_IN_AWAIT {
+                    return None;
+                }
+                let localsplus = self.reader.layout.locals?.frame_localsplus;
+                let index =
+                    u64::try_from(int(frame.checked_add(localsplus)?.checked_sub(8)?)?).ok()?;
+                if index == 0 || index > MAX_STACK_DEPTH {
+                    return None;
+                }
+                frame.checked_add(localsplus + (index - 1) * 8)?
+            }
+        };
+        let awaited = read_u64(mem, slot).ok()?;
+        plausible_pointer(awaited).then_some(awaited)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_versions_without_a_published_layout_have_one_here() {
+        assert!(LegacyTasks::of(7).is_none());
+        assert!(LegacyTasks::of(14).is_none());
+        for minor in 8..=13 {
+            let l = LegacyTasks::of(minor).unwrap();
+            assert_eq!(l.frame_object, minor <= 10, "3.{minor}");
+            assert_eq!(
+                l.values == InstanceValues::Dictionary,
+                minor <= 10,
+                "3.{minor}"
+            );
+        }
+        assert_eq!(short("_asyncio.TaskStepMethWrapper"), "TaskStepMethWrapper");
+        assert_eq!(short("functools.partial"), "partial");
+        assert_eq!(short("coroutine"), "coroutine");
+    }
+}
