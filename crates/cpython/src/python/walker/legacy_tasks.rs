@@ -64,6 +64,8 @@ const MAX_CALLBACKS: u64 = 64;
 const MAX_FUTURE_HOPS: usize = 8;
 /// Longest method name read.
 const MAX_METHOD_NAME: usize = 64;
+/// Most type names kept.
+const MAX_TYPE_NAMES: usize = 1024;
 
 /// `PyFrameObject.f_valuestack` (3.8 to 3.10).
 const FRAME_VALUESTACK: u64 = 64;
@@ -213,12 +215,26 @@ impl Walker {
         Some(logical)
     }
 
-    /// The short name of the type of the object at `addr`.
+    /// The short name of the type of the object at `addr`; each type's name is
+    /// read once (a sample asks for a dozen).
     fn short_type_name(&self, addr: u64) -> Option<String> {
+        if !plausible_pointer(addr) {
+            return None;
+        }
+        let ty = read_u64(&self.reader.mem, addr + self.reader.layout.ob_type).ok()?;
+        if let Some(known) = self.legacy_type_names.borrow().get(&ty) {
+            return known.clone();
+        }
         let locals = self.reader.layout.locals?;
-        let name =
-            ValueReader::new(&self.reader.mem, &self.reader.layout, locals).type_name(addr)?;
-        Some(short(&name).to_string())
+        let name = ValueReader::new(&self.reader.mem, &self.reader.layout, locals)
+            .type_name(addr)
+            .map(|n| short(&n).to_string());
+        let mut names = self.legacy_type_names.borrow_mut();
+        if names.len() >= MAX_TYPE_NAMES {
+            names.clear();
+        }
+        names.insert(ty, name.clone());
+        name
     }
 
     /// The task a handle's callback steps or wakes, if it is one of asyncio's.
@@ -231,21 +247,51 @@ impl Walker {
     /// wakeup wrapper's, or the task `task_wakeup` is bound to.
     fn task_of_callback(&self, callback: u64, kind: &str, steps: bool) -> Option<u64> {
         let mem = &self.reader.mem;
+        // The wrappers' task, or the method's definition and self, at once.
+        let mut head = [0u8; 32];
+        let word = |head: &[u8; 32], at: u64| {
+            u64::from_le_bytes(
+                head[at as usize..at as usize + 8]
+                    .try_into()
+                    .unwrap_or_default(),
+            )
+        };
         let task = match kind {
             "TaskStepMethWrapper" if steps => read_u64(mem, callback + WRAPPER_TASK).ok()?,
             "TaskWakeupMethWrapper" => read_u64(mem, callback + WRAPPER_TASK).ok()?,
             "builtin_function_or_method" => {
-                let ml = read_u64(mem, callback + CFUNCTION_ML).ok()?;
-                let name_at = read_u64(mem, ml).ok().filter(|&p| p != 0 && p < 1 << 47)?;
-                let name = read_c_string(mem, name_at, MAX_METHOD_NAME).ok()?;
-                if name != "task_wakeup" {
+                mem.read_exact(callback, &mut head).ok()?;
+                if !self.is_task_wakeup(word(&head, CFUNCTION_ML)) {
                     return None;
                 }
-                read_u64(mem, callback + CFUNCTION_SELF).ok()?
+                word(&head, CFUNCTION_SELF)
             }
             _ => return None,
         };
         plausible_pointer(task).then_some(task)
+    }
+
+    /// Whether the method definition at `ml` is asyncio's `task_wakeup`; each
+    /// definition's name is read once (they are static).
+    fn is_task_wakeup(&self, ml: u64) -> bool {
+        if !plausible_pointer(ml) {
+            return false;
+        }
+        if let Some(&known) = self.legacy_wakeups.borrow().get(&ml) {
+            return known;
+        }
+        let mem = &self.reader.mem;
+        let is = read_u64(mem, ml)
+            .ok()
+            .filter(|&p| p != 0 && p < 1 << 47)
+            .and_then(|at| read_c_string(mem, at, MAX_METHOD_NAME).ok())
+            .is_some_and(|name| name == "task_wakeup");
+        let mut known = self.legacy_wakeups.borrow_mut();
+        if known.len() >= MAX_TYPE_NAMES {
+            known.clear();
+        }
+        known.insert(ml, is);
+        is
     }
 
     /// The coroutine of the task at `task`, if it holds one.
@@ -356,21 +402,27 @@ impl Walker {
     fn done_callbacks(&self, future: u64) -> Vec<u64> {
         let mem = &self.reader.mem;
         let mut out = Vec::new();
-        if let Ok(first) = read_u64(mem, future + FUT_CALLBACK0) {
-            if plausible_pointer(first) {
-                out.push(first);
-            }
-        }
-        let list = read_u64(mem, future + FUT_CALLBACKS).unwrap_or(0);
-        if !plausible_pointer(list) {
-            return out;
-        }
-        let (Ok(size), Ok(items)) = (
-            read_u64(mem, list + VAR_SIZE),
-            read_u64(mem, list + LIST_ITEMS),
-        ) else {
-            return out;
+        let word = |bytes: &[u8], at: u64| {
+            u64::from_le_bytes(
+                bytes[at as usize..at as usize + 8]
+                    .try_into()
+                    .unwrap_or_default(),
+            )
         };
+        let mut head = [0u8; FUT_CALLBACKS as usize + 8];
+        if mem.read_exact(future, &mut head).is_err() {
+            return out;
+        }
+        let first = word(&head, FUT_CALLBACK0);
+        if plausible_pointer(first) {
+            out.push(first);
+        }
+        let list = word(&head, FUT_CALLBACKS);
+        let mut list_head = [0u8; LIST_ITEMS as usize + 8];
+        if !plausible_pointer(list) || mem.read_exact(list, &mut list_head).is_err() {
+            return out;
+        }
+        let (size, items) = (word(&list_head, VAR_SIZE), word(&list_head, LIST_ITEMS));
         if size > MAX_CALLBACKS || !plausible_pointer(items) {
             return out;
         }

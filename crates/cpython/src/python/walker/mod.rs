@@ -180,6 +180,10 @@ pub struct Walker {
     /// Where a coroutine's frame lies inside it (3.11 to 3.13), as a running
     /// task's showed.
     legacy_gen_iframe: Option<u64>,
+    /// The short names of the types `legacy_tasks` met, by type address.
+    legacy_type_names: std::cell::RefCell<std::collections::HashMap<u64, Option<String>>>,
+    /// Whether each method definition `legacy_tasks` met is `task_wakeup`.
+    legacy_wakeups: std::cell::RefCell<std::collections::HashMap<u64, bool>>,
 }
 
 impl Walker {
@@ -246,6 +250,8 @@ impl Walker {
                 .then(|| legacy_tasks::LegacyTasks::of(version.minor))
                 .flatten(),
             legacy_gen_iframe: None,
+            legacy_type_names: Default::default(),
+            legacy_wakeups: Default::default(),
         })
     }
 
