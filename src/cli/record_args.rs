@@ -149,10 +149,9 @@ pub struct RecordArgs {
     /// the program gave it no name) and its coroutine, then its own marker and the
     /// coroutines it runs; the event loop's frames leave the stack. A task awaited by several (a shared future) hangs
     /// under the one at the lowest address, its marker saying how many await it.
-    /// CPython 3.8+ (3.14+ publish asyncio's task layout; before, the running task
+    /// CPython 3.7+ (3.14+ publish asyncio's task layout; before, the running task
     /// is found from the event loop's frame and its awaiters from its
-    /// done-callbacks); on 3.7 the stacks stay as the threads run them, and pyprobe
-    /// says so. Sampled stacks only: not with --mode trace. `--async=all` (3.14+)
+    /// done-callbacks). Sampled stacks only: not with --mode trace. `--async=all` (3.14+)
     /// also samples every task that waits, as its logical stack ending in what it awaits (`[awaiting Future]`),
     /// marked off-CPU: views show them with --idle (the wall-clock view, which the
     /// view record writes itself uses). A tick reads at most 1,000 of them within

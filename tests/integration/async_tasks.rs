@@ -1,7 +1,7 @@
 //! `record --async`: a thread running an asyncio task sampled as the task's
 //! logical stack, against the chains `fixtures/python/async_tasks.py` records
 //! itself (tasks awaiting tasks through `gather` and `create_task`): on CPython
-//! 3.14 and 3.15, which publish asyncio's layout, and on 3.8 to 3.13 (Debian's 3.9,
+//! 3.14 and 3.15, which publish asyncio's layout, and on 3.7 to 3.13 (Debian's 3.9,
 //! 3.11 and 3.13, and the pyenv builds this machine has), read from asyncio's own
 //! objects.
 
@@ -146,14 +146,19 @@ fn check_logical_stacks_with(py: &Python, event_loop: Loop) {
             assert!(tasks[0].starts_with("Task-"), "{version}: {chain}");
             // An awaiting task stands in each coroutine down to the await on
             // the next task: main in gather_workers, worker in wait_for.
+            // CPython 3.7's tasks have no names: every marker is `[task]`.
+            let marker = |name: &str| match version.ends_with("3.7") {
+                true => "[task]".to_string(),
+                false => format!("[task {name}]"),
+            };
             vec![
                 "[task]".into(),
                 "main".into(),
                 "gather_workers".into(),
-                format!("[task {}]", tasks[1]),
+                marker(tasks[1]),
                 "worker".into(),
                 "wait_for".into(),
-                format!("[task {}]", tasks[2]),
+                marker(tasks[2]),
                 "fetch".into(),
                 "crunch".into(),
             ]
@@ -201,8 +206,9 @@ fn check_logical_stacks_with(py: &Python, event_loop: Loop) {
             .filter(|(s, _)| s.contains("crunch ("))
             .collect::<Vec<_>>()
     );
-    // Each task's work is seen under its own chain.
-    assert_eq!(by_chain.len(), 3, "{version}: {by_chain:?}");
+    // Each task's work is seen under its own chain (3.7's three chains read alike).
+    let chains = if version.ends_with("3.7") { 1 } else { 3 };
+    assert_eq!(by_chain.len(), chains, "{version}: {by_chain:?}");
     eprintln!("{version}: {whole} of {crunching} samples in crunch with the whole chain");
 }
 
@@ -245,12 +251,12 @@ fn logical_stacks_of_tasks_awaiting_tasks_on_3_9() {
     check_logical_stacks("3.9");
 }
 
-/// The pyenv builds this machine has (3.8, 3.10, 3.12: the minor versions
+/// The pyenv builds this machine has (3.7, 3.8, 3.10, 3.12: the minor versions
 /// Debian's do not cover).
 #[test]
 fn logical_stacks_of_tasks_awaiting_tasks_on_pyenv_builds() {
     for (version, exe) in pyenv_builds() {
-        if !["3.8", "3.10", "3.12"].contains(&version.as_str()) {
+        if !["3.7", "3.8", "3.10", "3.12"].contains(&version.as_str()) {
             continue;
         }
         let py = Python {

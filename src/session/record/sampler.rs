@@ -160,10 +160,10 @@ impl Sampler {
                     if self.verbose && !std::mem::replace(&mut self.described, true) {
                         eprintln!("pyprobe: frame walker: {}", w.describe());
                     }
-                    if self.async_tasks && !w.version().at_least(3, 8) {
+                    if self.async_tasks && !w.version().at_least(3, 7) {
                         eprintln!(
                             "pyprobe: --async: process {pid} runs CPython {}; pyprobe reads \
-                             asyncio's tasks from 3.8 on, so its stacks stay as its threads \
+                             asyncio's tasks from 3.7 on, so its stacks stay as its threads \
                              run them",
                             w.version()
                         );

@@ -1,4 +1,4 @@
-//! asyncio's running tasks before CPython 3.14, which publishes no layout of them:
+//! asyncio's running tasks on CPython 3.7 to 3.13, which publish no layout of them:
 //! the task a thread runs, and the tasks awaiting it, found from what asyncio's
 //! own objects hold.
 //!
@@ -115,8 +115,10 @@ const MAX_VALUES: u64 = 16;
 /// Where asyncio's C task keeps what a logical stack needs, on one version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LegacyTasks {
-    /// `offsetof(TaskObj, task_coro)`; `task_name` is the next field.
+    /// `offsetof(TaskObj, task_coro)`; `task_name` is the next field from 3.8.
     task_coro: u64,
+    /// Tasks have names (3.8+).
+    named: bool,
     /// `offsetof(PyFunctionObject, func_closure)`.
     function_closure: u64,
     /// Up to 3.10 a coroutine's frame is an object of its own (`gi_frame`);
@@ -127,10 +129,10 @@ pub(crate) struct LegacyTasks {
 }
 
 impl LegacyTasks {
-    /// The layout of CPython 3.`minor`, for 3.8 to 3.13.
+    /// The layout of CPython 3.`minor`, for 3.7 to 3.13.
     pub(crate) fn of(minor: u8) -> Option<LegacyTasks> {
         let (task_coro, function_closure) = match minor {
-            8 => (112, 48),
+            7 | 8 => (112, 48),
             9 => (152, 48),
             10 => (160, 72),
             11 | 12 => (136, 72),
@@ -138,7 +140,7 @@ impl LegacyTasks {
             _ => return None,
         };
         let stack_top = match minor {
-            8 | 9 => StackTop::Pointer(72),
+            7..=9 => StackTop::Pointer(72),
             10 => StackTop::Depth(80),
             _ => StackTop::Index,
         };
@@ -150,6 +152,7 @@ impl LegacyTasks {
         };
         Some(LegacyTasks {
             task_coro,
+            named: minor >= 8,
             function_closure,
             frame_object: minor <= 10,
             stack_top,
@@ -327,9 +330,14 @@ impl Walker {
     /// The task at `task` (its coroutine `coro`): its name, its coroutine's
     /// frame, what awaits it.
     fn legacy_task_info(&mut self, legacy: LegacyTasks, task: u64, coro: u64) -> Option<TaskInfo> {
-        let name_object =
-            read_u64(&self.reader.mem, task.checked_add(legacy.task_coro + 8)?).ok()?;
-        let (name, named) = self.task_name(task, name_object);
+        let (name, named) = if legacy.named {
+            let name_object =
+                read_u64(&self.reader.mem, task.checked_add(legacy.task_coro + 8)?).ok()?;
+            self.task_name(task, name_object)
+        } else {
+            // 3.7's tasks have no name: each is `[task]`.
+            ("Task".to_string(), false)
+        };
         let mut awaited_by = Vec::new();
         self.legacy_awaiters(legacy, task, 0, &mut awaited_by);
         awaited_by.sort_unstable();
@@ -637,9 +645,10 @@ mod tests {
 
     #[test]
     fn the_versions_without_a_published_layout_have_one_here() {
-        assert!(LegacyTasks::of(7).is_none());
+        assert!(LegacyTasks::of(6).is_none());
         assert!(LegacyTasks::of(14).is_none());
-        for minor in 8..=13 {
+        assert!(!LegacyTasks::of(7).unwrap().named);
+        for minor in 7..=13 {
             let l = LegacyTasks::of(minor).unwrap();
             assert_eq!(l.frame_object, minor <= 10, "3.{minor}");
             assert_eq!(
