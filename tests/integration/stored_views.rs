@@ -1,5 +1,6 @@
 //! The views kept beside a recording (`run.pyprobe.views`): every view read from
-//! them is the view read from the events, byte for byte; they are read, not
+//! them (or replayed with the plan they keep) is the view read from the events,
+//! byte for byte; they are read, not
 //! rebuilt, while the recording is unchanged; and a recording replaced, or views
 //! damaged, are noticed and read from the events again.
 
@@ -23,6 +24,11 @@ const VIEWS: &[(&str, &[&str])] = &[
     ("run.prof", &["flame", "REC", "-o", "OUT", "--force"]),
     ("run.pb.gz", &["flame", "REC", "-o", "OUT", "--force"]),
     ("top.txt", &["top", "--from", "REC", "--once"]),
+    ("calls.txt", &["calls", "REC"]),
+    (
+        "calls-fib.json",
+        &["calls", "REC", "--start-at", "fib", "--format", "json"],
+    ),
 ];
 
 /// Runs `args` with views kept from `store_from` bytes on (`None`: never).

@@ -6,10 +6,11 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use pyprobe_recording::output::calls::{write_calls, CallsOptions};
+use pyprobe_recording::output::calls::{write_calls_with_plan, CallsOptions};
 use pyprobe_recording::output::flame::ViewError;
 
 use super::reading::{note_cut_short, open};
+use super::stored::kept_plan;
 
 /// What `pyprobe calls` was asked to do.
 #[derive(Debug, Clone, Default)]
@@ -35,7 +36,9 @@ pub fn calls(request: &CallsRequest) -> Result<ExitCode> {
     };
     let stdout = io::stdout();
     let out = BufWriter::new(stdout.lock());
-    let summary = match write_calls(&mut reader, &options, out) {
+    // A large recording's plan, kept with its views: the flow starts at once.
+    let plan = kept_plan(file);
+    let summary = match write_calls_with_plan(&mut reader, plan, &options, out) {
         Ok(s) => s,
         Err(ViewError::Io(e)) if e.kind() == io::ErrorKind::BrokenPipe => {
             return Ok(ExitCode::SUCCESS)

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use pyprobe_recording::analyze::SampleFilter;
+use pyprobe_recording::analyze::{Plan, SampleFilter};
 use pyprobe_recording::stored::{self, FileState, Lookup, SaveError, StoredViews};
 
 use super::reading::open;
@@ -51,6 +51,19 @@ pub(crate) fn usable_views(
         return Ok(None);
     }
     Ok(Some(views))
+}
+
+/// The replay's plan kept beside `file`, if its views are kept and belong to it;
+/// nothing is built, nor said.
+pub(crate) fn kept_plan(file: &Path) -> Option<Plan> {
+    let size = FileState::of(file).ok()?.bytes();
+    if size < store_from_bytes() {
+        return None;
+    }
+    match stored::load(file) {
+        Lookup::Fresh(views) => Some(views.plan),
+        _ => None,
+    }
 }
 
 /// The views kept beside `file`, or built and kept now; `None` for a small

@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 use crate::recording::{Event, EventKind, Header, StrId};
 
 /// One process of a recording.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct ProcessInfo {
     pub pid: u32,
     /// The traced process it was forked from; `None` for the recording's own.
@@ -20,7 +20,7 @@ pub(crate) struct ProcessInfo {
 }
 
 /// Threads to processes, as the events so far say.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ProcessMap {
     root: u32,
     of_thread: FxHashMap<u32, u32>,

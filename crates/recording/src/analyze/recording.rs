@@ -27,6 +27,33 @@ pub(crate) fn replay_planned<R: Read + Seek, E: From<RecordError>>(
     Ok(replay)
 }
 
+/// Replays every event of `reader` with `plan` when one is known (kept beside
+/// the recording), else plans it first as [`replay_recording`] does.
+pub(crate) fn replay_with_plan<R: Read + Seek, E: From<RecordError>>(
+    reader: &mut RecordingReader<R>,
+    plan: Option<Plan>,
+    f: impl FnMut(&RecordingReader<R>, &Event, u64, &[Step], &Replay) -> Result<(), E>,
+) -> Result<Replay, E> {
+    match plan {
+        Some(plan) => replay_planned(reader, plan, f),
+        None => replay_recording(reader, f),
+    }
+}
+
+/// The first pass alone: the plan of `reader`'s replay. Leaves the reader at the
+/// first event again.
+pub(crate) fn plan_recording<R: Read + Seek>(
+    reader: &mut RecordingReader<R>,
+) -> Result<Plan, RecordError> {
+    let header = reader.header().clone();
+    let mut planner = Planner::new(&header);
+    while let Some(event) = reader.next_event() {
+        planner.push(&event?, reader.strings());
+    }
+    reader.rewind()?;
+    Ok(planner.finish())
+}
+
 /// Reads every event of `reader` to plan the replay, then goes back to the first
 /// event and replays them: `f` gets the reader (for its strings), each event, its
 /// thread's monotonic time, the steps it caused and the replay. The replay is
@@ -35,11 +62,6 @@ pub(crate) fn replay_recording<R: Read + Seek, E: From<RecordError>>(
     reader: &mut RecordingReader<R>,
     f: impl FnMut(&RecordingReader<R>, &Event, u64, &[Step], &Replay) -> Result<(), E>,
 ) -> Result<Replay, E> {
-    let header = reader.header().clone();
-    let mut planner = Planner::new(&header);
-    while let Some(event) = reader.next_event() {
-        planner.push(&event?, reader.strings());
-    }
-    reader.rewind()?;
-    replay_planned(reader, planner.finish(), f)
+    let plan = plan_recording(reader)?;
+    replay_planned(reader, plan, f)
 }

@@ -12,8 +12,8 @@
 use std::collections::HashMap;
 use std::io::{Read, Seek, Write};
 
-use crate::analyze::recording::replay_recording;
-use crate::analyze::{EndKind, Step};
+use crate::analyze::recording::replay_with_plan;
+use crate::analyze::{EndKind, Plan, Step};
 use crate::output::flame::ViewError;
 use crate::output::names::FrameNames;
 use crate::output::speedscope::json_str;
@@ -112,6 +112,17 @@ struct Line {
 pub fn write_calls<R: Read + Seek, W: Write>(
     reader: &mut RecordingReader<R>,
     options: &CallsOptions,
+    out: W,
+) -> Result<CallsSummary, ViewError> {
+    write_calls_with_plan(reader, None, options, out)
+}
+
+/// As [`write_calls`], with the replay's `plan` when one is kept (the first
+/// pass, reading every event before the first line, is then skipped).
+pub fn write_calls_with_plan<R: Read + Seek, W: Write>(
+    reader: &mut RecordingReader<R>,
+    plan: Option<Plan>,
+    options: &CallsOptions,
     mut out: W,
 ) -> Result<CallsSummary, ViewError> {
     let header = reader.header().clone();
@@ -129,7 +140,7 @@ pub fn write_calls<R: Read + Seek, W: Write>(
     } else {
         writeln!(out, "{:>14} {:>8}  FLOW", "TIME(µs)", "TID")?;
     }
-    replay_recording(reader, |reader, event, ts, steps, replay| {
+    replay_with_plan(reader, plan, |reader, event, ts, steps, replay| {
         let tid = event.tid;
         let start = *base.get_or_insert(ts);
         lines.clear();

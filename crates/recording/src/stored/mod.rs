@@ -19,9 +19,9 @@ use serde::{Deserialize, Serialize};
 use crate::analyze::aggregate::Aggregator;
 use crate::analyze::folded::{Folded, Folder};
 use crate::analyze::line_counts::LineCounts;
-use crate::analyze::recording::replay_recording;
+use crate::analyze::recording::{plan_recording, replay_planned};
 use crate::analyze::report::finish_report;
-use crate::analyze::{Report, SampleFilter};
+use crate::analyze::{Plan, Report, SampleFilter};
 use crate::output::flame::ViewInfo;
 use crate::recording::{Completion, RecordError, RecordingReader};
 
@@ -32,7 +32,7 @@ mod tests;
 pub const SUFFIX: &str = ".views";
 const MAGIC: [u8; 8] = *b"PYPVIEWS";
 /// Bumped whenever what is stored changes: any stored type's fields included.
-const STORE_VERSION: u32 = 1;
+const STORE_VERSION: u32 = 2;
 /// Magic, version, checksum and payload length.
 const PREFIX_LEN: usize = 8 + 4 + 4 + 8;
 /// Largest views file read: far above what a tree bounded by the views' own
@@ -101,6 +101,9 @@ pub struct StoredViews {
     pub report: Report,
     /// Samples and hits per source line, for heatmaps.
     pub lines: LineCounts,
+    /// The replay's plan (its first pass), for the views that replay the events
+    /// in order (`calls`).
+    pub plan: Plan,
 }
 
 impl StoredViews {
@@ -112,7 +115,9 @@ impl StoredViews {
         let mut agg = Aggregator::with_filter(reader.header(), filter);
         let mut folder = Folder::for_recording(reader.header(), filter).by_thread();
         let mut lines = LineCounts::for_recording(reader.header(), filter);
-        let replay = replay_recording(reader, |_, event, ts, steps, replay| {
+        let plan = plan_recording(reader)?;
+        let kept_plan = plan.clone();
+        let replay = replay_planned(reader, plan, |_, event, ts, steps, replay| {
             agg.push(event, ts, steps, replay);
             folder.push(event, ts, steps, replay);
             lines.push(&event.kind);
@@ -127,6 +132,7 @@ impl StoredViews {
             stacks,
             report,
             lines,
+            plan: kept_plan,
         })
     }
 

@@ -9,7 +9,7 @@ use crate::analyze::processes::ProcessMap;
 use crate::recording::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
 
 /// What the first pass found; see the module documentation.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Plan {
     pub(super) pairing: Pairing,
     /// Per thread: indices (among the thread's call events) of generator creations.

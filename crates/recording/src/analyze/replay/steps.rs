@@ -17,7 +17,7 @@ pub(super) const NO_LINE: u32 = u32::MAX;
 pub(super) const MAX_CHAIN: usize = 64;
 
 /// How a recording's function events pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Pairing {
     /// Every entry has its return (CPython 3.6 – 3.10).
     #[default]
