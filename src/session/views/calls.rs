@@ -10,7 +10,7 @@ use pyprobe_recording::output::calls::{write_calls_with_plan, CallsOptions};
 use pyprobe_recording::output::flame::ViewError;
 
 use super::reading::{note_cut_short, open};
-use super::stored::kept_plan;
+use super::stored::kept_planned;
 
 /// What `pyprobe calls` was asked to do.
 #[derive(Debug, Clone, Default)]
@@ -37,7 +37,7 @@ pub fn calls(request: &CallsRequest) -> Result<ExitCode> {
     let stdout = io::stdout();
     let out = BufWriter::new(stdout.lock());
     // A large recording's plan, kept with its views: the flow starts at once.
-    let plan = kept_plan(file);
+    let plan = kept_planned(file).map(|p| p.plan);
     let summary = match write_calls_with_plan(&mut reader, plan, &options, out) {
         Ok(s) => s,
         Err(ViewError::Io(e)) if e.kind() == io::ErrorKind::BrokenPipe => {

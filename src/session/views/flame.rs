@@ -24,7 +24,7 @@ use pyprobe_recording::output::{Census, TraceExport};
 use super::reading::{
     fold_counting_waiting, is_broken_pipe, note_cut_short, note_samples, open, FoldedRecording,
 };
-use super::stored::{usable_views, Notes};
+use super::stored::{kept_planned, usable_views, Notes};
 
 /// Output formats of `pyprobe flame`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -403,6 +403,7 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
                 full_paths: request.full_paths,
                 samples: request.samples,
                 filter: request.filter.clone(),
+                planned: kept_planned(file),
                 ..SpeedscopeOptions::default()
             };
             let before = |c: &Census| size_export(request, format, c);
@@ -416,6 +417,7 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
                 full_paths: request.full_paths,
                 samples: request.samples,
                 filter: request.filter.clone(),
+                planned: kept_planned(file),
             };
             let before = |c: &Census| size_export(request, format, c);
             let tally = write_chrome(&mut reader, &options, before, &mut *out)

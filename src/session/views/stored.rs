@@ -6,7 +6,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use pyprobe_recording::analyze::{Plan, SampleFilter};
+use pyprobe_recording::analyze::SampleFilter;
+use pyprobe_recording::output::Planned;
 use pyprobe_recording::stored::{self, FileState, Lookup, SaveError, StoredViews};
 
 use super::reading::open;
@@ -53,15 +54,15 @@ pub(crate) fn usable_views(
     Ok(Some(views))
 }
 
-/// The replay's plan kept beside `file`, if its views are kept and belong to it;
-/// nothing is built, nor said.
-pub(crate) fn kept_plan(file: &Path) -> Option<Plan> {
+/// The first pass (the replay's plan, the census of every call) kept beside
+/// `file`, if its views are kept and belong to it; nothing is built, nor said.
+pub(crate) fn kept_planned(file: &Path) -> Option<Planned> {
     let size = FileState::of(file).ok()?.bytes();
     if size < store_from_bytes() {
         return None;
     }
     match stored::load(file) {
-        Lookup::Fresh(views) => Some(views.plan),
+        Lookup::Fresh(views) => Some(views.planned),
         _ => None,
     }
 }

@@ -23,7 +23,7 @@ use crate::analyze::{EndKind, Exit, SampleFilter, SampleTally, SliceFilter, Step
 use crate::output::flame::{ViewError, ViewInfo};
 use crate::output::names::{short_command, FrameNames};
 use crate::output::speedscope::json_str;
-use crate::output::{plan_recording, Census};
+use crate::output::{plan_export, Census, Planned};
 use crate::recording::{EventKind, FrameRef, RecordingReader, StrId, ThinLevel};
 
 /// Sampled stacks of thread `tid` go on the track `SAMPLED_TRACK | tid` (Linux
@@ -42,6 +42,8 @@ pub struct ChromeOptions {
     pub samples: SampleFilter,
     /// Which functions (by file) and which slices (by duration) to keep.
     pub filter: SliceFilter,
+    /// The first pass, done before (a large recording's views keep it).
+    pub planned: Option<Planned>,
 }
 
 /// `ns` as microseconds with three decimals, exactly.
@@ -215,7 +217,7 @@ pub fn write_chrome<R: Read + Seek, W: Write>(
 ) -> Result<SampleTally, ViewError> {
     let header = reader.header().clone();
     let mut tally = SampleTally::new(options.samples, &header);
-    let (plan, census) = plan_recording(reader, &options.filter)?;
+    let (plan, census) = plan_export(reader, &options.filter, options.planned.as_ref())?;
     let chosen_min = before(&census);
     let mut w = Writer {
         out,

@@ -22,10 +22,18 @@ use std::io::{Read, Seek};
 use crate::analyze::{Plan, Planner, SliceFilter};
 use crate::recording::{Event, EventKind, RecordError, RecordingReader, StrId};
 
+/// A recording's first pass done before: the replay's plan and the census of
+/// every call (no filter), as its views file keeps them.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Planned {
+    pub plan: Plan,
+    pub census: Census,
+}
+
 /// What a recording holds, counted while its replay is planned, with the trace
 /// exports' filter applied: enough to estimate an export's size before a byte of
 /// it is written, and to choose the shortest call it keeps so that it fits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Census {
     /// Every event of the recording.
     pub events: u64,
@@ -42,7 +50,31 @@ pub struct Census {
     /// The calls the file filter keeps, by duration: bucket `b` holds those of
     /// 2^b ns up to 2^(b+1) (the last also the calls never seen to end), as
     /// (calls, bytes of their names).
+    #[serde(with = "duration_buckets")]
     pub(crate) durations: [(u64, u64); DURATION_BUCKETS],
+}
+
+/// The census's buckets stored as a list (serde stores arrays of up to 32).
+mod duration_buckets {
+    use super::DURATION_BUCKETS;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        buckets: &[(u64, u64); DURATION_BUCKETS],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        buckets.to_vec().serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<[(u64, u64); DURATION_BUCKETS], D::Error> {
+        let list = Vec::<(u64, u64)>::deserialize(d)?;
+        let n = list.len();
+        list.try_into().map_err(|_| {
+            serde::de::Error::custom(format!("a census has {DURATION_BUCKETS} buckets, not {n}"))
+        })
+    }
 }
 
 const DURATION_BUCKETS: usize = 64;
@@ -242,6 +274,19 @@ impl<'a> Counter<'a> {
             self.kept_call(None, bytes);
         }
         self.census
+    }
+}
+
+/// The first pass over `reader` for an export under `filter`: `planned` when
+/// it was done before and the filter keeps every call, else done now.
+pub(crate) fn plan_export<R: Read + Seek>(
+    reader: &mut RecordingReader<R>,
+    filter: &SliceFilter,
+    planned: Option<&Planned>,
+) -> Result<(Plan, Census), RecordError> {
+    match planned {
+        Some(p) if filter.is_empty() => Ok((p.plan.clone(), p.census)),
+        _ => plan_recording(reader, filter),
     }
 }
 

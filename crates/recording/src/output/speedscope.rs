@@ -21,7 +21,7 @@ use crate::analyze::recording::replay_planned;
 use crate::analyze::{SampleFilter, SampleTally, SliceFilter, Step};
 use crate::output::flame::{ViewError, ViewInfo};
 use crate::output::names::{thread_name, FrameNames};
-use crate::output::{plan_recording, Census};
+use crate::output::{plan_export, Census, Planned};
 use crate::recording::{EventKind, FrameRef, RecordingReader, StrId};
 
 /// Bytes of rendered events kept in memory before spilling to a temporary file.
@@ -161,6 +161,8 @@ pub struct SpeedscopeOptions {
     /// Which functions (by file) and which calls (by duration) to keep. Sampled
     /// stacks lose the frames of files it drops; they have no durations.
     pub filter: SliceFilter,
+    /// The first pass, done before (a large recording's views keep it).
+    pub planned: Option<Planned>,
 }
 
 impl Default for SpeedscopeOptions {
@@ -170,6 +172,7 @@ impl Default for SpeedscopeOptions {
             samples: SampleFilter::default(),
             spool_limit: DEFAULT_SPOOL_LIMIT,
             filter: SliceFilter::default(),
+            planned: None,
         }
     }
 }
@@ -222,7 +225,7 @@ pub fn write_speedscope<R: Read + Seek, W: Write>(
 ) -> Result<SampleTally, ViewError> {
     let header = reader.header().clone();
     let mut tally = SampleTally::new(options.samples, &header);
-    let (plan, census) = plan_recording(reader, &options.filter)?;
+    let (plan, census) = plan_export(reader, &options.filter, options.planned.as_ref())?;
     let chosen_min = before(&census);
     let mut spool: Spool<(u32, Kind)> = Spool::new(options.spool_limit);
     let mut frames = FrameTable::default();

@@ -19,10 +19,11 @@ use serde::{Deserialize, Serialize};
 use crate::analyze::aggregate::Aggregator;
 use crate::analyze::folded::{Folded, Folder};
 use crate::analyze::line_counts::LineCounts;
-use crate::analyze::recording::{plan_recording, replay_planned};
+use crate::analyze::recording::replay_planned;
 use crate::analyze::report::finish_report;
-use crate::analyze::{Plan, Report, SampleFilter};
+use crate::analyze::{Report, SampleFilter, SliceFilter};
 use crate::output::flame::ViewInfo;
+use crate::output::{plan_recording, Planned};
 use crate::recording::{Completion, RecordError, RecordingReader};
 
 #[cfg(test)]
@@ -32,7 +33,7 @@ mod tests;
 pub const SUFFIX: &str = ".views";
 const MAGIC: [u8; 8] = *b"PYPVIEWS";
 /// Bumped whenever what is stored changes: any stored type's fields included.
-const STORE_VERSION: u32 = 2;
+const STORE_VERSION: u32 = 3;
 /// Magic, version, checksum and payload length.
 const PREFIX_LEN: usize = 8 + 4 + 4 + 8;
 /// Largest views file read: far above what a tree bounded by the views' own
@@ -101,9 +102,9 @@ pub struct StoredViews {
     pub report: Report,
     /// Samples and hits per source line, for heatmaps.
     pub lines: LineCounts,
-    /// The replay's plan (its first pass), for the views that replay the events
-    /// in order (`calls`).
-    pub plan: Plan,
+    /// The replay's plan and the census of every call (its first pass), for the
+    /// views that replay the events in order (`calls`, the trace exports).
+    pub planned: Planned,
 }
 
 impl StoredViews {
@@ -115,8 +116,11 @@ impl StoredViews {
         let mut agg = Aggregator::with_filter(reader.header(), filter);
         let mut folder = Folder::for_recording(reader.header(), filter).by_thread();
         let mut lines = LineCounts::for_recording(reader.header(), filter);
-        let plan = plan_recording(reader)?;
-        let kept_plan = plan.clone();
+        let (plan, census) = plan_recording(reader, &SliceFilter::default())?;
+        let planned = Planned {
+            plan: plan.clone(),
+            census,
+        };
         let replay = replay_planned(reader, plan, |_, event, ts, steps, replay| {
             agg.push(event, ts, steps, replay);
             folder.push(event, ts, steps, replay);
@@ -132,7 +136,7 @@ impl StoredViews {
             stacks,
             report,
             lines,
-            plan: kept_plan,
+            planned,
         })
     }
 
