@@ -4,7 +4,10 @@
 
 use std::path::Path;
 
+use std::io::IsTerminal;
+
 use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use pyprobe_recording::analyze::SampleFilter;
 use pyprobe_recording::output::Planned;
@@ -102,8 +105,28 @@ fn views_of(file: &Path, notes: Notes) -> Result<Option<StoredViews>> {
         )),
     }
     let mut reader = open(file)?;
-    let views = StoredViews::build(&mut reader)
-        .with_context(|| format!("cannot read {}", file.display()))?;
+    let bar = (notes == Notes::Say && std::io::stderr().is_terminal()).then(|| {
+        let bar = ProgressBar::with_draw_target(
+            Some(before.bytes().saturating_mul(2)),
+            ProgressDrawTarget::stderr_with_hz(4),
+        );
+        bar.set_style(
+            ProgressStyle::with_template("{msg} [{bar:30}] {percent}% ({eta} left)")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar.set_message(format!("pyprobe: reading {}", file.display()));
+        bar
+    });
+    let views = StoredViews::build_reporting(&mut reader, &mut |pass, read| {
+        if let Some(bar) = &bar {
+            bar.set_position(u64::from(pass) * before.bytes() + read);
+        }
+    })
+    .with_context(|| format!("cannot read {}", file.display()));
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let views = views?;
     match stored::save(file, before, &reader, &views) {
         Ok(_) => {}
         Err(SaveError::Unfinished) => say(format!(

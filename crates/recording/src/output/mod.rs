@@ -296,13 +296,30 @@ pub(crate) fn plan_recording<R: Read + Seek>(
     reader: &mut RecordingReader<R>,
     filter: &SliceFilter,
 ) -> Result<(Plan, Census), RecordError> {
+    plan_recording_reporting(reader, filter, &mut |_| {})
+}
+
+/// Events between two calls of a pass's progress callback.
+pub(crate) const PROGRESS_EVENTS: u64 = 1 << 20;
+
+/// As [`plan_recording`], calling `progress` with the bytes read now and then.
+pub(crate) fn plan_recording_reporting<R: Read + Seek>(
+    reader: &mut RecordingReader<R>,
+    filter: &SliceFilter,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(Plan, Census), RecordError> {
     let header = reader.header().clone();
     let mut planner = Planner::new(&header);
     let mut counter = Counter::new(filter);
+    let mut events = 0u64;
     while let Some(event) = reader.next_event() {
         let event = event?;
         planner.push(&event, reader.strings());
         counter.push(&event, reader.strings());
+        events += 1;
+        if events % PROGRESS_EVENTS == 0 {
+            progress(reader.bytes_read());
+        }
     }
     reader.rewind()?;
     Ok((planner.finish(), counter.finish()))

@@ -154,6 +154,11 @@ impl<R: Read> RecordingReader<R> {
         &self.strings
     }
 
+    /// How far into the file reading has come: the offset of the next chunk.
+    pub fn bytes_read(&self) -> u64 {
+        self.offset
+    }
+
     /// The string table read so far, the reader done with.
     pub fn into_strings(self) -> Vec<String> {
         self.strings

@@ -23,7 +23,7 @@ use crate::analyze::recording::replay_planned;
 use crate::analyze::report::finish_report;
 use crate::analyze::{Report, SampleFilter, SliceFilter};
 use crate::output::flame::ViewInfo;
-use crate::output::{plan_recording, Planned};
+use crate::output::{plan_recording_reporting, Planned, PROGRESS_EVENTS};
 use crate::recording::{Completion, RecordError, RecordingReader};
 
 #[cfg(test)]
@@ -112,16 +112,33 @@ impl StoredViews {
     pub fn build<R: Read + Seek>(
         reader: &mut RecordingReader<R>,
     ) -> Result<StoredViews, RecordError> {
+        Self::build_reporting(reader, &mut |_, _| {})
+    }
+
+    /// As [`build`](Self::build), calling `progress` now and then with the pass
+    /// (0: the plan, 1: the replay) and how far into the file it has read.
+    pub fn build_reporting<R: Read + Seek>(
+        reader: &mut RecordingReader<R>,
+        progress: &mut dyn FnMut(u32, u64),
+    ) -> Result<StoredViews, RecordError> {
         let filter = SampleFilter::default();
         let mut agg = Aggregator::with_filter(reader.header(), filter);
         let mut folder = Folder::for_recording(reader.header(), filter).by_thread();
         let mut lines = LineCounts::for_recording(reader.header(), filter);
-        let (plan, census) = plan_recording(reader, &SliceFilter::default())?;
+        let (plan, census) =
+            plan_recording_reporting(reader, &SliceFilter::default(), &mut |read| {
+                progress(0, read)
+            })?;
         let planned = Planned {
             plan: plan.clone(),
             census,
         };
-        let replay = replay_planned(reader, plan, |_, event, ts, steps, replay| {
+        let mut events = 0u64;
+        let replay = replay_planned(reader, plan, |reader, event, ts, steps, replay| {
+            events += 1;
+            if events % PROGRESS_EVENTS == 0 {
+                progress(1, reader.bytes_read());
+            }
             agg.push(event, ts, steps, replay);
             folder.push(event, ts, steps, replay);
             lines.push(&event.kind);
