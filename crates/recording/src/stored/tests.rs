@@ -252,3 +252,40 @@ fn a_stack_tree_must_be_a_tree() {
         assert!(postcard::from_bytes::<crate::analyze::folded::StackTree>(&bytes).is_err());
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// A views file damaged where its checksum cannot tell (the checksum made
+    /// again over the damage) is refused or read, never a panic, and what is
+    /// read draws.
+    #[test]
+    fn views_damaged_under_a_good_checksum_never_panic(
+        flips in proptest::collection::vec((proptest::prelude::any::<u32>(), 1u8..=255), 1..8)
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.pyprobe");
+        write_recording(&path);
+        let before = FileState::of(&path).unwrap();
+        let mut reader = RecordingReader::open(&path).unwrap();
+        let views = StoredViews::build(&mut reader).unwrap();
+        let (kept, _) = save(&path, before, &reader, &views).unwrap();
+        let mut bytes = fs::read(&kept).unwrap();
+        let payload_len = bytes.len() - PREFIX_LEN;
+        for (at, xor) in flips {
+            bytes[PREFIX_LEN + at as usize % payload_len] ^= xor;
+        }
+        let crc = crc32fast::hash(&bytes[PREFIX_LEN..]);
+        bytes[12..16].copy_from_slice(&crc.to_le_bytes());
+        fs::write(&kept, &bytes).unwrap();
+        if let Lookup::Fresh(views) = load(&path) {
+            let merged = views.merged_stacks();
+            let names = crate::output::names::FrameNames::new(&views.strings, false);
+            let mut out = Vec::new();
+            let _ = crate::output::flame::write_collapsed(&merged, Measure::Time, &names, &mut out);
+            let _ = crate::output::report::render_json(&views.report);
+            let _ = crate::output::report::render_table_paths(&views.report, 120, false);
+            let _ = crate::output::top::snapshot_between(None, &views.report);
+        }
+    }
+}
