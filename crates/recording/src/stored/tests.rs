@@ -206,15 +206,22 @@ fn saved_views_load_while_the_recording_is_unchanged() {
     assert!(matches!(load(&path), Lookup::Stale));
 }
 
-#[test]
-fn a_damaged_views_file_is_unreadable_and_never_trusted() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("run.pyprobe");
+/// A recording in `dir` with its views kept: the recording's path and the views
+/// file's.
+fn recording_with_views(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let path = dir.join("run.pyprobe");
     write_recording(&path);
     let before = FileState::of(&path).unwrap();
     let mut reader = RecordingReader::open(&path).unwrap();
     let views = StoredViews::build(&mut reader).unwrap();
     let (kept, _) = save(&path, before, &reader, &views).unwrap();
+    (path, kept)
+}
+
+#[test]
+fn a_damaged_views_file_is_unreadable_and_never_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, kept) = recording_with_views(dir.path());
     let good = fs::read(&kept).unwrap();
 
     let mut flipped = good.clone();
@@ -264,12 +271,7 @@ proptest::proptest! {
         flips in proptest::collection::vec((proptest::prelude::any::<u32>(), 1u8..=255), 1..8)
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("run.pyprobe");
-        write_recording(&path);
-        let before = FileState::of(&path).unwrap();
-        let mut reader = RecordingReader::open(&path).unwrap();
-        let views = StoredViews::build(&mut reader).unwrap();
-        let (kept, _) = save(&path, before, &reader, &views).unwrap();
+        let (path, kept) = recording_with_views(dir.path());
         let mut bytes = fs::read(&kept).unwrap();
         let payload_len = bytes.len() - PREFIX_LEN;
         for (at, xor) in flips {
