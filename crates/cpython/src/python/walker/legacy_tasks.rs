@@ -29,7 +29,7 @@
 //! this machine has. Every read is bounded; a read that fails, or an object of
 //! another type than expected, ends the chain there.
 
-use super::objects::{plausible_pointer, read_u64};
+use super::objects::{field_u64, plausible_pointer, read_u64};
 use super::tasks::{task_marker, TaskInfo, MAX_ANCESTORS};
 use super::values::ValueReader;
 use super::{FrameAddresses, PyFrame, ThreadStack, Walker};
@@ -167,6 +167,21 @@ fn short(name: &str) -> &str {
     name.rsplit('.').next().unwrap_or(name)
 }
 
+/// Keeps `value` for `key` in a cache of at most [`MAX_TYPE_NAMES`] entries
+/// (emptied when full: the entries are read again as needed).
+fn remember<V: Clone>(
+    cache: &std::cell::RefCell<std::collections::HashMap<u64, V>>,
+    key: u64,
+    value: V,
+) -> V {
+    let mut cache = cache.borrow_mut();
+    if cache.len() >= MAX_TYPE_NAMES {
+        cache.clear();
+    }
+    cache.insert(key, value.clone());
+    value
+}
+
 /// Whether `frame` is the event loop's `Handle._run`.
 fn is_handle_run(frame: &PyFrame) -> bool {
     &*frame.name == "_run"
@@ -232,12 +247,7 @@ impl Walker {
         let name = ValueReader::new(&self.reader.mem, &self.reader.layout, locals)
             .type_name(addr)
             .map(|n| short(&n).to_string());
-        let mut names = self.legacy_type_names.borrow_mut();
-        if names.len() >= MAX_TYPE_NAMES {
-            names.clear();
-        }
-        names.insert(ty, name.clone());
-        name
+        remember(&self.legacy_type_names, ty, name)
     }
 
     /// The task a handle's callback steps or wakes, if it is one of asyncio's.
@@ -250,24 +260,17 @@ impl Walker {
     /// wakeup wrapper's, or the task `task_wakeup` is bound to.
     fn task_of_callback(&self, callback: u64, kind: &str, steps: bool) -> Option<u64> {
         let mem = &self.reader.mem;
-        // The wrappers' task, or the method's definition and self, at once.
-        let mut head = [0u8; 32];
-        let word = |head: &[u8; 32], at: u64| {
-            u64::from_le_bytes(
-                head[at as usize..at as usize + 8]
-                    .try_into()
-                    .unwrap_or_default(),
-            )
-        };
         let task = match kind {
             "TaskStepMethWrapper" if steps => read_u64(mem, callback + WRAPPER_TASK).ok()?,
             "TaskWakeupMethWrapper" => read_u64(mem, callback + WRAPPER_TASK).ok()?,
             "builtin_function_or_method" => {
+                // The method's definition and self, at once.
+                let mut head = [0u8; CFUNCTION_SELF as usize + 8];
                 mem.read_exact(callback, &mut head).ok()?;
-                if !self.is_task_wakeup(word(&head, CFUNCTION_ML)) {
+                if !self.is_task_wakeup(field_u64(&head, CFUNCTION_ML).ok()?) {
                     return None;
                 }
-                word(&head, CFUNCTION_SELF)
+                field_u64(&head, CFUNCTION_SELF).ok()?
             }
             _ => return None,
         };
@@ -289,12 +292,7 @@ impl Walker {
             .filter(|&p| p != 0 && p < 1 << 47)
             .and_then(|at| read_c_string(mem, at, MAX_METHOD_NAME).ok())
             .is_some_and(|name| name == "task_wakeup");
-        let mut known = self.legacy_wakeups.borrow_mut();
-        if known.len() >= MAX_TYPE_NAMES {
-            known.clear();
-        }
-        known.insert(ml, is);
-        is
+        remember(&self.legacy_wakeups, ml, is)
     }
 
     /// The coroutine of the task at `task`, if it holds one.
@@ -380,14 +378,12 @@ impl Walker {
                 continue;
             }
             let held = match kind.as_str() {
-                // gather's `_done_callback`: its cells.
-                "function" => self
-                    .tuple_items(
-                        read_u64(&self.reader.mem, callback + legacy.function_closure).ok(),
-                    )
-                    .into_iter()
-                    .filter_map(|cell| read_u64(&self.reader.mem, cell + CELL_REF).ok())
-                    .collect(),
+                // gather's `_done_callback`: what its cells hold.
+                "function" => {
+                    let closure =
+                        read_u64(&self.reader.mem, callback + legacy.function_closure).ok();
+                    self.fields_of(&self.tuple_items(closure), CELL_REF)
+                }
                 // wait_for's `partial(_release_waiter, waiter)`: its arguments.
                 "partial" => {
                     self.tuple_items(read_u64(&self.reader.mem, callback + PARTIAL_ARGS).ok())
@@ -409,46 +405,60 @@ impl Walker {
     /// list's (callback, context) pairs'.
     fn done_callbacks(&self, future: u64) -> Vec<u64> {
         let mem = &self.reader.mem;
-        let mut out = Vec::new();
-        let word = |bytes: &[u8], at: u64| {
-            u64::from_le_bytes(
-                bytes[at as usize..at as usize + 8]
-                    .try_into()
-                    .unwrap_or_default(),
-            )
-        };
         let mut head = [0u8; FUT_CALLBACKS as usize + 8];
         if mem.read_exact(future, &mut head).is_err() {
-            return out;
+            return Vec::new();
         }
-        let first = word(&head, FUT_CALLBACK0);
-        if plausible_pointer(first) {
-            out.push(first);
-        }
-        let list = word(&head, FUT_CALLBACKS);
+        let (first, list) = (
+            field_u64(&head, FUT_CALLBACK0).unwrap_or(0),
+            field_u64(&head, FUT_CALLBACKS).unwrap_or(0),
+        );
+        let mut out: Vec<u64> = [first]
+            .into_iter()
+            .filter(|&p| plausible_pointer(p))
+            .collect();
         let mut list_head = [0u8; LIST_ITEMS as usize + 8];
         if !plausible_pointer(list) || mem.read_exact(list, &mut list_head).is_err() {
             return out;
         }
-        let (size, items) = (word(&list_head, VAR_SIZE), word(&list_head, LIST_ITEMS));
-        if size > MAX_CALLBACKS || !plausible_pointer(items) {
+        let size = field_u64(&list_head, VAR_SIZE).unwrap_or(u64::MAX);
+        let items = field_u64(&list_head, LIST_ITEMS).unwrap_or(0);
+        if size > MAX_CALLBACKS {
             return out;
         }
-        let mut pairs = vec![0u8; size as usize * 8];
-        if mem.read_exact(items, &mut pairs).is_err() {
-            return out;
-        }
-        for pair in pairs.chunks_exact(8) {
-            let pair = u64::from_le_bytes(pair.try_into().unwrap_or_default());
-            if plausible_pointer(pair) {
-                if let Ok(callback) = read_u64(mem, pair + TUPLE_ITEMS) {
-                    if plausible_pointer(callback) {
-                        out.push(callback);
-                    }
-                }
-            }
-        }
+        let pairs = self.words_at(items, size);
+        out.extend(self.fields_of(&pairs, TUPLE_ITEMS));
         out
+    }
+
+    /// The `count` words of the array at `at`, in one read (none when they
+    /// cannot be read).
+    fn words_at(&self, at: u64, count: u64) -> Vec<u64> {
+        let mut bytes = vec![0u8; count.min(MAX_CALLBACKS.max(MAX_VALUES)) as usize * 8];
+        if !plausible_pointer(at) || self.reader.mem.read_exact(at, &mut bytes).is_err() {
+            return Vec::new();
+        }
+        bytes
+            .chunks_exact(8)
+            .filter_map(|w| field_u64(w, 0).ok())
+            .collect()
+    }
+
+    /// The word at `offset` in each of the objects at `objects` (those that can
+    /// be objects), read together, those that can be object pointers.
+    fn fields_of(&self, objects: &[u64], offset: u64) -> Vec<u64> {
+        let addrs: Vec<u64> = objects
+            .iter()
+            .filter(|&&o| plausible_pointer(o))
+            .filter_map(|o| o.checked_add(offset))
+            .collect();
+        let mut words = Vec::new();
+        self.reader.mem.read_words(&addrs, &mut words);
+        words
+            .into_iter()
+            .flatten()
+            .filter(|&p| plausible_pointer(p))
+            .collect()
     }
 
     /// The attribute values of the instance at `object` of a Python class, while
@@ -491,16 +501,8 @@ impl Walker {
                 (object + size + 8, u64::from(head[1]).min(MAX_VALUES))
             }
         };
-        if !plausible_pointer(values) {
-            return Vec::new();
-        }
-        let mut bytes = vec![0u8; count as usize * 8];
-        if mem.read_exact(values, &mut bytes).is_err() {
-            return Vec::new();
-        }
-        bytes
-            .chunks_exact(8)
-            .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+        self.words_at(values, count)
+            .into_iter()
             .take_while(|&v| v != 0)
             .filter(|&v| plausible_pointer(v))
             .collect()
@@ -516,13 +518,8 @@ impl Walker {
         if size > MAX_CALLBACKS {
             return Vec::new();
         }
-        let mut bytes = vec![0u8; size as usize * 8];
-        if mem.read_exact(tuple + TUPLE_ITEMS, &mut bytes).is_err() {
-            return Vec::new();
-        }
-        bytes
-            .chunks_exact(8)
-            .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+        self.words_at(tuple + TUPLE_ITEMS, size)
+            .into_iter()
             .filter(|&p| plausible_pointer(p))
             .collect()
     }
@@ -532,7 +529,7 @@ impl Walker {
     /// Where several await one task, the one at the lowest address is followed. At
     /// most [`MAX_ANCESTORS`]; a loop ends the chain.
     fn legacy_prefix(&mut self, legacy: LegacyTasks, first: &TaskInfo) -> Vec<PyFrame> {
-        let mut chain: Vec<TaskInfo> = Vec::new();
+        let mut chain: Vec<(TaskInfo, u64)> = Vec::new();
         let mut seen = vec![first.address];
         let mut parent = first.awaited_by.first().copied();
         while let Some(task) = parent {
@@ -547,14 +544,12 @@ impl Walker {
                 break;
             };
             parent = info.awaited_by.first().copied();
-            chain.push(info);
+            chain.push((info, coro));
         }
         let mut frames = Vec::new();
-        for info in chain.iter().rev() {
+        for (info, coro) in chain.iter().rev() {
             frames.push(task_marker(info));
-            if let Some(coro) = self.task_coroutine(legacy, info.address) {
-                frames.extend(self.awaiting_coroutines(legacy, coro));
-            }
+            frames.extend(self.awaiting_coroutines(legacy, *coro));
         }
         frames
     }
