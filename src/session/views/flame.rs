@@ -13,8 +13,7 @@ use pyprobe_recording::analyze::{SampleFilter, SliceFilter};
 use pyprobe_recording::output::chrome::{write_chrome, ChromeOptions};
 use pyprobe_recording::output::file::{check, first_free, numbered, Existing, Output, Stdout};
 use pyprobe_recording::output::flame::{
-    choose_measure, read_folded_by_thread, read_folded_filtered, thousands, write_collapsed,
-    write_svg, By, FrameGrain, FrameNames, SvgOptions,
+    choose_measure, thousands, write_collapsed, write_svg, By, FrameGrain, FrameNames, SvgOptions,
 };
 use pyprobe_recording::output::pprof::{build_profile, write_gzipped};
 use pyprobe_recording::output::pstats::{build_stats, write_pstats};
@@ -22,9 +21,9 @@ use pyprobe_recording::output::speedscope::{write_speedscope, SpeedscopeOptions}
 use pyprobe_recording::output::{Census, TraceExport};
 
 use super::reading::{
-    fold_counting_waiting, is_broken_pipe, note_cut_short, note_samples, open, FoldedRecording,
+    is_broken_pipe, note_cut_short, note_samples, open, stacks_of, FoldedRecording, Threads,
 };
-use super::stored::{kept_planned, usable_views, Notes};
+use super::stored::kept_planned;
 
 /// Output formats of `pyprobe flame`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -307,28 +306,19 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
     let mut reader = open(file)?;
     let tally = match format {
         FlameFormat::Svg | FlameFormat::Collapsed => {
-            let stored = usable_views(
-                file,
-                request.samples,
-                request.idle_if_all_waiting,
-                Notes::Say,
-            )?
-            .filter(|_| request.grain == FrameGrain::Functions);
             let FoldedRecording {
                 folded,
                 info,
                 strings,
                 ..
-            } = match stored {
-                Some(views) => FoldedRecording::stored(views, false).0,
-                None => fold_counting_waiting(
-                    file,
-                    request.samples,
-                    request.idle_if_all_waiting,
-                    "flame graph",
-                    |reader, samples| read_folded_filtered(reader, samples, request.grain),
-                )?,
-            };
+            } = stacks_of(
+                file,
+                request.samples,
+                request.idle_if_all_waiting,
+                request.grain,
+                Threads::Merged,
+                "flame graph",
+            )?;
             note_lines_unsampled(request.grain, &folded);
             let (measure, note) = choose_measure(&folded, &info.header, request.by);
             if let Some(note) = note {
@@ -348,39 +338,29 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
             folded.tally
         }
         FlameFormat::Pprof => {
-            let stored = usable_views(file, request.samples, false, Notes::Say)?
-                .filter(|_| request.grain == FrameGrain::Functions);
-            let (folded, info, strings) = match stored {
-                Some(views) => (views.stacks, views.info, views.strings),
-                None => {
-                    let (folded, info) =
-                        read_folded_by_thread(&mut reader, request.samples, request.grain)
-                            .with_context(|| format!("cannot read {}", file.display()))?;
-                    note_cut_short(&reader, file);
-                    (folded, info, reader.strings().to_vec())
-                }
-            };
-            note_lines_unsampled(request.grain, &folded);
-            let (profile, _) = build_profile(&folded, &info, &strings, request.samples.idle);
+            let stacks = stacks_of(
+                file,
+                request.samples,
+                false,
+                request.grain,
+                Threads::Apart,
+                "",
+            )?;
+            note_lines_unsampled(request.grain, &stacks.folded);
+            let (profile, _) = build_profile(
+                &stacks.folded,
+                &stacks.info,
+                &stacks.strings,
+                request.samples.idle,
+            );
             write_gzipped(&profile, &mut *out)?;
-            folded.tally
+            stacks.folded.tally
         }
         FlameFormat::Pstats => {
-            let (folded, info, strings) =
-                match usable_views(file, request.samples, false, Notes::Say)? {
-                    Some(views) => (views.stacks.without_threads(), views.info, views.strings),
-                    None => {
-                        let (folded, info) = read_folded_filtered(
-                            &mut reader,
-                            request.samples,
-                            FrameGrain::Functions,
-                        )
-                        .with_context(|| format!("cannot read {}", file.display()))?;
-                        note_cut_short(&reader, file);
-                        (folded, info, reader.strings().to_vec())
-                    }
-                };
-            let stats = build_stats(&folded, &info, &strings);
+            let grain = FrameGrain::Functions;
+            let stacks = stacks_of(file, request.samples, false, grain, Threads::Merged, "")?;
+            let folded = &stacks.folded;
+            let stats = build_stats(folded, &stacks.info, &stacks.strings);
             if stats.sampled {
                 eprintln!(
                     "pyprobe: note: a sampled recording: the pstats times are estimates (samples \

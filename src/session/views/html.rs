@@ -65,34 +65,31 @@ pub(super) fn render_html(
     title: Option<&str>,
     out: &mut dyn Write,
 ) -> Result<SampleTally> {
-    let stored = match usable_views(file, samples, idle_if_all_waiting, Notes::Say)? {
-        Some(views) => {
-            let (recording, report, lines) = FoldedRecording::stored(views, true);
-            Some((recording, report, lines))
-        }
-        None => None,
-    };
-    let (recording, report, lines) = match stored {
-        Some((recording, report, lines)) => (recording, report, Some(lines)),
-        None => {
-            let recording = fold_counting_waiting(
-                file,
-                samples,
-                idle_if_all_waiting,
-                "report",
-                |reader, samples| read_folded_by_thread(reader, samples, FrameGrain::Functions),
-            )?;
-            let mut reader = open(file)?;
-            let report = build_report_filtered(&mut reader, recording.samples)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            (recording, report, None)
-        }
-    };
+    let (recording, report, lines) =
+        match usable_views(file, samples, idle_if_all_waiting, Notes::Say)? {
+            Some(views) => FoldedRecording::stored(views, true),
+            None => {
+                let recording = fold_counting_waiting(
+                    file,
+                    samples,
+                    idle_if_all_waiting,
+                    "report",
+                    |reader, samples| read_folded_by_thread(reader, samples, FrameGrain::Functions),
+                )?;
+                let mut reader = open(file)?;
+                let report = build_report_filtered(&mut reader, recording.samples)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+                let mut reader = open(file)?;
+                let (lines, _) = count_lines(&mut reader, recording.samples)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+                (recording, report, lines)
+            }
+        };
     let FoldedRecording {
         folded,
         info,
         strings,
-        samples,
+        ..
     } = recording;
     let options = ReportOptions {
         sort: SortKey::Exclusive,
@@ -107,15 +104,6 @@ pub(super) fn render_html(
     let names = FrameNames::new(&strings, true)
         .with_header(&info.header)
         .with_qualnames(&info.qualnames);
-    let lines = match lines {
-        Some(lines) => lines,
-        None => {
-            let mut reader = open(file)?;
-            count_lines(&mut reader, samples)
-                .with_context(|| format!("cannot read {}", file.display()))?
-                .0
-        }
-    };
     let sources = heatmap(&lines, &strings);
     let title = title.map_or_else(|| default_title(&info.header), str::to_owned);
     let subtitle = subtitle(&folded, &info, measure);

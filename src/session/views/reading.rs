@@ -10,9 +10,13 @@ use pyprobe_recording::analyze::folded::Folded;
 use pyprobe_recording::analyze::line_counts::LineCounts;
 use pyprobe_recording::analyze::Report;
 use pyprobe_recording::analyze::{SampleFilter, SampleTally};
-use pyprobe_recording::output::flame::{ViewError, ViewInfo};
+use pyprobe_recording::output::flame::{
+    read_folded_by_thread, read_folded_filtered, FrameGrain, ViewError, ViewInfo,
+};
 use pyprobe_recording::recording::{Completion, RecordError, RecordingReader};
 use pyprobe_recording::stored::StoredViews;
+
+use super::stored::{usable_views, Notes};
 
 pub(crate) fn open(file: &Path) -> Result<RecordingReader<io::BufReader<File>>> {
     RecordingReader::open(file).with_context(|| format!("cannot read {}", file.display()))
@@ -53,6 +57,45 @@ impl FoldedRecording {
             strings: views.strings,
         };
         (recording, views.report, views.lines)
+    }
+}
+
+/// Whether a view's stacks keep their threads apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Threads {
+    /// Each stack under its thread's frame (pprof, the HTML page).
+    Apart,
+    /// The threads' stacks merged (the flame graph, pstats).
+    Merged,
+}
+
+/// The stacks of `file` for a view counting the samples `samples` keeps, its
+/// frames as `grain` says: from its kept views when they can serve it (see
+/// [`usable_views`]), else folded from its events as
+/// [`fold_counting_waiting`] does (`view` names the view in its note, said
+/// only with `idle_if_all_waiting`).
+pub(crate) fn stacks_of(
+    file: &Path,
+    samples: SampleFilter,
+    idle_if_all_waiting: bool,
+    grain: FrameGrain,
+    threads: Threads,
+    view: &str,
+) -> Result<FoldedRecording> {
+    let stored = usable_views(file, samples, idle_if_all_waiting, Notes::Say)?
+        .filter(|_| grain == FrameGrain::Functions);
+    match stored {
+        Some(views) => Ok(FoldedRecording::stored(views, threads == Threads::Apart).0),
+        None => fold_counting_waiting(
+            file,
+            samples,
+            idle_if_all_waiting,
+            view,
+            |reader, samples| match threads {
+                Threads::Apart => read_folded_by_thread(reader, samples, grain),
+                Threads::Merged => read_folded_filtered(reader, samples, grain),
+            },
+        ),
     }
 }
 

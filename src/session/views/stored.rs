@@ -2,9 +2,8 @@
 //! belong to it, else built from its events once and kept, so every later
 //! `report`, `flame` and `top --from` of it opens at once.
 
-use std::path::Path;
-
 use std::io::IsTerminal;
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
