@@ -303,6 +303,17 @@ int main(void) {
     FIELD("tuple_items", offsetof(PyTupleObject, ob_item));
     CLOSE();
 #endif
+#if PY_VERSION_HEX < 0x030E0000
+    /* sys.modules: before 3.14, asyncio's tasks are found from its module
+       (`asyncio.tasks._all_tasks`, `_scheduled_tasks`, `_current_tasks`). */
+    OBJ("imports");
+#if PY_VERSION_HEX >= 0x030C0000
+    FIELD("interpreter_modules", offsetof(PyInterpreterState, imports.modules));
+#else
+    FIELD("interpreter_modules", offsetof(PyInterpreterState, modules));
+#endif
+    CLOSE();
+#endif
     printf("\n}\n");
     return 0;
 }

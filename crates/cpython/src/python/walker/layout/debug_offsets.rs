@@ -15,6 +15,9 @@ pub(super) struct DebugFile {
     pub(super) debug_offsets: BTreeMap<String, u64>,
     unicode_object: DebugUnicode,
     frame: DebugFrame,
+    /// Not in `_Py_DebugOffsets` (3.13): `sys.modules`.
+    #[serde(default)]
+    imports: Option<super::offsets_file::Imports>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -347,6 +350,11 @@ pub(super) fn parse_debug_offsets(
         gil,
         locals,
         objects,
+        interp_modules: f
+            .imports
+            .as_ref()
+            .map(|i| i.interpreter_modules)
+            .filter(|&m| pos("interpreter_state.size").is_ok_and(|size| m + 8 <= size)),
     };
     check_spans(&layout)?;
     Ok((

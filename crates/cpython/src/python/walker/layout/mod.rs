@@ -185,6 +185,10 @@ pub(crate) struct Layout {
     /// The objects asyncio's tasks are made of (3.14+); `None` when this version's
     /// offsets do not say.
     pub(crate) objects: Option<AsyncioObjects>,
+    /// `offsetof(PyInterpreterState, modules)` (`imports.modules` from 3.12):
+    /// `sys.modules`, where asyncio's tasks are found before 3.14; `None` when
+    /// this version's offsets do not say.
+    pub(crate) interp_modules: Option<u64>,
 }
 
 /// Where a coroutine keeps its frame, and a set its entries (3.14+'s

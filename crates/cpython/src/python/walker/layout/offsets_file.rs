@@ -24,6 +24,14 @@ struct OffsetsFile {
     unicode_object: UnicodeObject,
     #[serde(default)]
     locals: Option<Locals>,
+    #[serde(default)]
+    imports: Option<Imports>,
+}
+
+/// `sys.modules` (asyncio's tasks before 3.14).
+#[derive(Debug, Deserialize)]
+pub(super) struct Imports {
+    pub(super) interpreter_modules: u64,
 }
 
 /// Where local variables are: up to 3.10 in a frame object, named by `co_varnames`,
@@ -260,6 +268,7 @@ fn layout_of_file(f: &OffsetsFile, version: PyVersion) -> Result<Layout> {
             .as_ref()
             .and_then(|l| l.layout(f.pyobject.ob_type + 8, version.at_least(3, 12))),
         objects: None,
+        interp_modules: f.imports.as_ref().map(|i| i.interpreter_modules),
     };
     check_spans(&layout)?;
     Ok(layout)
