@@ -84,7 +84,7 @@ pub struct DumpArgs {
     /// target's threads are held while they are read (about a millisecond).
     #[arg(long)]
     pub locals: bool,
-    /// asyncio as the program sees it (CPython 3.14+): a thread running a task
+    /// asyncio as the program sees it (CPython 3.7+): a thread running a task
     /// shown as the task's logical stack (as `record --async` draws it), then every
     /// task as a tree, each under the task that awaits it, running (on which
     /// thread) or waiting, and where its coroutine stands.

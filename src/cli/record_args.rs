@@ -150,8 +150,9 @@ pub struct RecordArgs {
     /// coroutines it runs; the event loop's frames leave the stack. A task awaited by several (a shared future) hangs
     /// under the one at the lowest address, its marker saying how many await it.
     /// CPython 3.7+ (3.14+ publish asyncio's task layout; before, the running task
-    /// is found from the event loop's frame and its awaiters from its
-    /// done-callbacks). Sampled stacks only: not with --mode trace. `--async=all` (3.14+)
+    /// is found from the event loop's frame or asyncio's current tasks, its
+    /// awaiters from its done-callbacks, and every task from asyncio's registry).
+    /// Sampled stacks only: not with --mode trace. `--async=all`
     /// also samples every task that waits, as its logical stack ending in what it awaits (`[awaiting Future]`),
     /// marked off-CPU: views show them with --idle (the wall-clock view, which the
     /// view record writes itself uses). A tick reads at most 1,000 of them within

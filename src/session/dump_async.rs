@@ -14,9 +14,11 @@ use pyprobe_recording::output::terminal::escaped;
 pub fn why_no_tasks(walker: &Walker) {
     let why = if walker.version().at_least(3, 14) {
         "asyncio's C module is not loaded (no task has been made)".to_string()
+    } else if walker.version().at_least(3, 7) {
+        "asyncio is not imported, or its C module is not loaded".to_string()
     } else {
         format!(
-            "CPython {}: asyncio publishes its tasks' layout from 3.14 on",
+            "CPython {}: pyprobe reads asyncio's tasks from 3.7 on",
             walker.version()
         )
     };

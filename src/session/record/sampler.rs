@@ -167,13 +167,6 @@ impl Sampler {
                              run them",
                             w.version()
                         );
-                    } else if self.async_waiting && !w.version().at_least(3, 14) {
-                        eprintln!(
-                            "pyprobe: --async=all: process {pid} runs CPython {}; its running \
-                             tasks are shown as their logical stacks, but the tasks that wait \
-                             are listed by asyncio from 3.14 on only: none of them is sampled",
-                            w.version()
-                        );
                     }
                     slot.walker = Some(w);
                     slot.failures = 0;

@@ -29,6 +29,8 @@
 //! this machine has. Every read is bounded; a read that fails, or an object of
 //! another type than expected, ends the chain there.
 
+use std::collections::HashMap;
+
 use super::objects::{field_u64, plausible_pointer, read_u64};
 use super::tasks::{task_marker, TaskInfo, MAX_ANCESTORS};
 use super::values::ValueReader;
@@ -56,8 +58,6 @@ const TUPLE_ITEMS: u64 = 24;
 const LIST_ITEMS: u64 = 24;
 /// `PyGenObject.gi_frame` (up to 3.10: the frame object).
 const GEN_FRAME_OBJECT: u64 = 16;
-/// Farthest a coroutine's own frame lies inside it (3.11+).
-const MAX_IFRAME_OFFSET: u64 = 512;
 /// Most done-callbacks and closure cells looked at per future.
 const MAX_CALLBACKS: u64 = 64;
 /// Most futures that are not tasks followed between two tasks.
@@ -116,14 +116,15 @@ const MAX_VALUES: u64 = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LegacyTasks {
     /// `offsetof(TaskObj, task_coro)`; `task_name` is the next field from 3.8.
-    task_coro: u64,
+    pub(super) task_coro: u64,
     /// Tasks have names (3.8+).
     named: bool,
     /// `offsetof(PyFunctionObject, func_closure)`.
     function_closure: u64,
     /// Up to 3.10 a coroutine's frame is an object of its own (`gi_frame`);
-    /// from 3.11 it lies inside the coroutine.
+    /// from 3.11 it lies inside the coroutine, this far in (`gi_iframe`).
     frame_object: bool,
+    gen_iframe: u64,
     stack_top: StackTop,
     values: InstanceValues,
 }
@@ -150,8 +151,16 @@ impl LegacyTasks {
             13 => InstanceValues::Inline,
             _ => InstanceValues::Dictionary,
         };
+        // `gi_iframe` follows the generator's head: 3.11 has `gi_code` and a
+        // two-word exception state more than 3.12 and 3.13.
+        let gen_iframe = match minor {
+            11 => 80,
+            12 | 13 => 72,
+            _ => 0,
+        };
         Some(LegacyTasks {
             task_coro,
+            gen_iframe,
             named: minor >= 8,
             function_closure,
             frame_object: minor <= 10,
@@ -210,32 +219,46 @@ impl Walker {
         stack: &ThreadStack,
         frames: &FrameAddresses,
     ) -> Option<Vec<PyFrame>> {
-        let locals = self.reader.layout.locals?;
         let end = frames.len().min(stack.frames.len());
-        let at = stack.frames[..end].iter().rposition(is_handle_run)?;
-        let mem = &self.reader.mem;
-        let handle = read_u64(mem, frames[at].0.checked_add(locals.frame_localsplus)?).ok()?;
-        let callback = read_u64(mem, handle.checked_add(HANDLE_CALLBACK)?).ok()?;
-        let task = self.stepped_task(callback)?;
-        let coro = self.task_coroutine(legacy, task)?;
-        // The task's coroutine runs right above the handle (C calls between).
-        let from = at + 1;
-        if from >= end || !self.is_frame_of(legacy, coro, frames[from].0) {
-            return None;
-        }
-        if !legacy.frame_object {
-            self.legacy_gen_iframe = Some(frames[from].0 - coro);
-        }
+        let (task, coro, from) = match self.handle_task(legacy, stack, &frames[..end]) {
+            Some(found) => found,
+            // No `Handle._run` (uvloop's loop is compiled): the task asyncio
+            // says a loop runs, if its coroutine is on this stack.
+            None => self.current_task_on(legacy, &frames[..end])?,
+        };
         let running = self.legacy_task_info(legacy, task, coro)?;
-        let mut logical = self.legacy_prefix(legacy, &running);
+        let mut logical = self.legacy_prefix(legacy, &running, &mut Default::default());
         logical.push(task_marker(&running));
         logical.extend(stack.frames[from..].iter().cloned());
         Some(logical)
     }
 
+    /// The task the innermost `Handle._run` of `stack` steps, its coroutine and
+    /// the index of that coroutine's frame, right above the handle's (C calls
+    /// between).
+    fn handle_task(
+        &self,
+        legacy: LegacyTasks,
+        stack: &ThreadStack,
+        frames: &[(u64, u64)],
+    ) -> Option<(u64, u64, usize)> {
+        let locals = self.reader.layout.locals?;
+        let at = stack.frames[..frames.len()]
+            .iter()
+            .rposition(is_handle_run)?;
+        let mem = &self.reader.mem;
+        let handle = read_u64(mem, frames[at].0.checked_add(locals.frame_localsplus)?).ok()?;
+        let callback = read_u64(mem, handle.checked_add(HANDLE_CALLBACK)?).ok()?;
+        let task = self.stepped_task(callback)?;
+        let coro = self.task_coroutine(legacy, task)?;
+        let from = at + 1;
+        (from < frames.len() && self.is_frame_of(legacy, coro, frames[from].0))
+            .then_some((task, coro, from))
+    }
+
     /// The short name of the type of the object at `addr`; each type's name is
     /// read once (a sample asks for a dozen).
-    fn short_type_name(&self, addr: u64) -> Option<String> {
+    pub(super) fn short_type_name(&self, addr: u64) -> Option<String> {
         if !plausible_pointer(addr) {
             return None;
         }
@@ -248,6 +271,34 @@ impl Walker {
             .type_name(addr)
             .map(|n| short(&n).to_string());
         remember(&self.legacy_type_names, ty, name)
+    }
+
+    /// The short type names of the objects at `objects`, as
+    /// [`Self::short_type_name`], their types read in one go.
+    pub(super) fn short_type_names(&self, objects: &[u64]) -> Vec<Option<String>> {
+        let at: Vec<u64> = objects
+            .iter()
+            .map(|&o| {
+                if plausible_pointer(o) {
+                    o + self.reader.layout.ob_type
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let mut types = Vec::new();
+        self.reader.mem.read_words(&at, &mut types);
+        objects
+            .iter()
+            .zip(types)
+            .map(|(&object, ty)| {
+                let ty = ty.filter(|_| plausible_pointer(object))?;
+                if let Some(known) = self.legacy_type_names.borrow().get(&ty) {
+                    return known.clone();
+                }
+                self.short_type_name(object)
+            })
+            .collect()
     }
 
     /// The task a handle's callback steps or wakes, if it is one of asyncio's.
@@ -296,38 +347,53 @@ impl Walker {
     }
 
     /// The coroutine of the task at `task`, if it holds one.
-    fn task_coroutine(&self, legacy: LegacyTasks, task: u64) -> Option<u64> {
+    pub(super) fn task_coroutine(&self, legacy: LegacyTasks, task: u64) -> Option<u64> {
         let coro = read_u64(&self.reader.mem, task.checked_add(legacy.task_coro)?).ok()?;
         (self.short_type_name(coro)? == "coroutine").then_some(coro)
     }
 
-    /// Whether the frame at `frame` is the coroutine `coro`'s own: its
-    /// `gi_frame` (up to 3.10), or inside it where every coroutine's is (3.11+;
-    /// before the first is seen, near its start).
+    /// Whether the frame at `frame` is the coroutine `coro`'s own.
     fn is_frame_of(&self, legacy: LegacyTasks, coro: u64, frame: u64) -> bool {
-        if legacy.frame_object {
-            return read_u64(&self.reader.mem, coro + GEN_FRAME_OBJECT).is_ok_and(|f| f == frame);
-        }
-        match self.legacy_gen_iframe {
-            Some(offset) => coro.checked_add(offset) == Some(frame),
-            None => frame > coro && frame - coro < MAX_IFRAME_OFFSET,
-        }
+        self.coroutine_frame(legacy, coro) == Some(frame)
     }
 
-    /// The frame of the coroutine `coro` (not running): `gi_frame` up to 3.10,
-    /// inside it from 3.11 (where, the running coroutines have shown).
-    fn coroutine_frame(&self, legacy: LegacyTasks, coro: u64) -> Option<u64> {
+    /// The frame of the coroutine `coro`: `gi_frame` up to 3.10, inside it from
+    /// 3.11.
+    pub(super) fn coroutine_frame(&self, legacy: LegacyTasks, coro: u64) -> Option<u64> {
         if legacy.frame_object {
             let frame = read_u64(&self.reader.mem, coro + GEN_FRAME_OBJECT).ok()?;
             plausible_pointer(frame).then_some(frame)
         } else {
-            coro.checked_add(self.legacy_gen_iframe?)
+            coro.checked_add(legacy.gen_iframe)
         }
+    }
+
+    /// The frames of the coroutines `coros`, as [`Self::coroutine_frame`], read
+    /// in one go.
+    pub(super) fn coroutine_frames(&self, legacy: LegacyTasks, coros: &[u64]) -> Vec<Option<u64>> {
+        if !legacy.frame_object {
+            return coros
+                .iter()
+                .map(|c| c.checked_add(legacy.gen_iframe))
+                .collect();
+        }
+        let at: Vec<u64> = coros.iter().map(|c| c + GEN_FRAME_OBJECT).collect();
+        let mut frames = Vec::new();
+        self.reader.mem.read_words(&at, &mut frames);
+        frames
+            .into_iter()
+            .map(|f| f.filter(|&f| plausible_pointer(f)))
+            .collect()
     }
 
     /// The task at `task` (its coroutine `coro`): its name, its coroutine's
     /// frame, what awaits it.
-    fn legacy_task_info(&mut self, legacy: LegacyTasks, task: u64, coro: u64) -> Option<TaskInfo> {
+    pub(super) fn legacy_task_info(
+        &mut self,
+        legacy: LegacyTasks,
+        task: u64,
+        coro: u64,
+    ) -> Option<TaskInfo> {
         let (name, named) = if legacy.named {
             let name_object =
                 read_u64(&self.reader.mem, task.checked_add(legacy.task_coro + 8)?).ok()?;
@@ -464,7 +530,7 @@ impl Walker {
     /// The attribute values of the instance at `object` of a Python class, while
     /// it has no dictionary of its own, at most [`MAX_VALUES`], up to the first
     /// unset one.
-    fn instance_values(&self, legacy: LegacyTasks, object: u64) -> Vec<u64> {
+    pub(super) fn instance_values(&self, legacy: LegacyTasks, object: u64) -> Vec<u64> {
         let mem = &self.reader.mem;
         let (values, count) = match legacy.values {
             InstanceValues::Dictionary => return Vec::new(),
@@ -528,7 +594,20 @@ impl Walker {
     /// coroutine's frame (where it awaits): what comes above `first`'s own marker.
     /// Where several await one task, the one at the lowest address is followed. At
     /// most [`MAX_ANCESTORS`]; a loop ends the chain.
-    fn legacy_prefix(&mut self, legacy: LegacyTasks, first: &TaskInfo) -> Vec<PyFrame> {
+    /// `standing` keeps, by the task awaiting `first`, what is found: the tasks
+    /// of one sample that share their awaiters read them once.
+    pub(super) fn legacy_prefix(
+        &mut self,
+        legacy: LegacyTasks,
+        first: &TaskInfo,
+        standing: &mut HashMap<u64, Vec<PyFrame>>,
+    ) -> Vec<PyFrame> {
+        let Some(&above) = first.awaited_by.first() else {
+            return Vec::new();
+        };
+        if let Some(known) = standing.get(&above) {
+            return known.clone();
+        }
         let mut chain: Vec<(TaskInfo, u64)> = Vec::new();
         let mut seen = vec![first.address];
         let mut parent = first.awaited_by.first().copied();
@@ -549,15 +628,22 @@ impl Walker {
         let mut frames = Vec::new();
         for (info, coro) in chain.iter().rev() {
             frames.push(task_marker(info));
-            frames.extend(self.awaiting_coroutines(legacy, *coro));
+            frames.extend(self.awaiting_coroutines(legacy, *coro).0);
         }
+        standing.insert(above, frames.clone());
         frames
     }
 
     /// Where a waiting task stands: its coroutine's frame, then that of the
     /// coroutine it awaits, and so on (`main`, `gather_workers`), while each
-    /// awaits a coroutine; at most [`MAX_AWAIT_DEPTH`].
-    fn awaiting_coroutines(&mut self, legacy: LegacyTasks, coro: u64) -> Vec<PyFrame> {
+    /// awaits a coroutine; at most [`MAX_AWAIT_DEPTH`]. With the object the last
+    /// one awaits when it is not a coroutine (a future, a task): what the task
+    /// waits on.
+    pub(super) fn awaiting_coroutines(
+        &mut self,
+        legacy: LegacyTasks,
+        coro: u64,
+    ) -> (Vec<PyFrame>, Option<u64>) {
         let mut out = Vec::new();
         let mut coro = coro;
         for _ in 0..MAX_AWAIT_DEPTH {
@@ -574,16 +660,21 @@ impl Walker {
                 Some(next) if self.short_type_name(next).as_deref() == Some("coroutine") => {
                     coro = next
                 }
-                _ => break,
+                awaited => return (out, awaited),
             }
         }
-        out
+        (out, None)
     }
 
     /// What the suspended coroutine `coro`, whose frame is at `frame`, awaits:
     /// the top of its frame's value stack, once it has started (3.8 to 3.10)
     /// or while its state says it awaits (3.11 to 3.13).
-    fn awaited_by_frame(&self, legacy: LegacyTasks, coro: u64, frame: u64) -> Option<u64> {
+    pub(super) fn awaited_by_frame(
+        &self,
+        legacy: LegacyTasks,
+        coro: u64,
+        frame: u64,
+    ) -> Option<u64> {
         let mem = &self.reader.mem;
         let int = |at: u64| -> Option<i64> {
             let mut b = [0u8; 4];
@@ -614,7 +705,7 @@ impl Walker {
                 valuestack.checked_add((depth - 1) * 8)?
             }
             StackTop::Index => {
-                let state_at = coro.checked_add(self.legacy_gen_iframe?)?.checked_sub(5)?;
+                let state_at = coro.checked_add(legacy.gen_iframe)?.checked_sub(5)?;
                 let mut state = [0u8; 1];
                 mem.read_exact(state_at, &mut state).ok()?;
                 if state[0] != SUSPENDED_IN_AWAIT {

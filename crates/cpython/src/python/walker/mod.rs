@@ -61,7 +61,10 @@
 //! [`Walker`] is `Send`: it can live on a sampling thread.
 
 pub(crate) mod current;
+mod dicts;
 pub(crate) mod layout;
+mod legacy_listing;
+mod legacy_registry;
 mod legacy_tasks;
 pub mod lines;
 mod locals;
@@ -177,9 +180,10 @@ pub struct Walker {
     task_names: std::collections::HashMap<(u64, u64), (String, bool)>,
     /// Where asyncio's C task keeps its coroutine and awaiters before 3.14.
     legacy_tasks: Option<legacy_tasks::LegacyTasks>,
-    /// Where a coroutine's frame lies inside it (3.11 to 3.13), as a running
-    /// task's showed.
-    legacy_gen_iframe: Option<u64>,
+    /// asyncio's registry of tasks before 3.14, once found, and when it was
+    /// last looked for.
+    legacy_registry: Option<legacy_registry::LegacyRegistry>,
+    legacy_registry_looked_for: Option<std::time::Instant>,
     /// The short names of the types `legacy_tasks` met, by type address.
     legacy_type_names: std::cell::RefCell<std::collections::HashMap<u64, Option<String>>>,
     /// Whether each method definition `legacy_tasks` met is `task_wakeup`.
@@ -249,7 +253,8 @@ impl Walker {
             legacy_tasks: (version.major == 3)
                 .then(|| legacy_tasks::LegacyTasks::of(version.minor))
                 .flatten(),
-            legacy_gen_iframe: None,
+            legacy_registry: None,
+            legacy_registry_looked_for: None,
             legacy_type_names: Default::default(),
             legacy_wakeups: Default::default(),
         })

@@ -211,18 +211,21 @@ impl Walker {
     /// process (its C tasks, in the lists asyncio keeps per thread and for the
     /// interpreter), at most [`MAX_TASKS`]: each with what awaits it, whether a
     /// thread runs it, and its frames (a running task's from its coroutine in, on
-    /// its thread's stack; a waiting one's coroutines down to what it awaits). The tasks are
-    /// `None` where the version publishes no task layout (before 3.14: the running
-    /// ones' stacks are still logical) or asyncio is not loaded. One walk serves both.
+    /// its thread's stack; a waiting one's coroutines down to what it awaits).
+    /// Before 3.14 the tasks are those of asyncio's own registry (see
+    /// `legacy_listing`). The tasks are `None` before asyncio is loaded, and
+    /// before 3.7. One walk serves both.
     pub fn async_stacks_and_tasks(
         &mut self,
     ) -> anyhow::Result<(Vec<ThreadStack>, Option<Vec<AsyncTask>>)> {
         let (mut stacks, frames) = self.walk_keeping_frames(false)?;
         let Some(layout) = self.task_layout() else {
-            if let Some(legacy) = self.legacy_tasks {
-                self.make_logical_legacy(legacy, &mut stacks, &frames);
-            }
-            return Ok((stacks, None));
+            let Some(legacy) = self.legacy_tasks else {
+                return Ok((stacks, None));
+            };
+            let tasks = self.legacy_list(legacy, &stacks, &frames);
+            self.make_logical_legacy(legacy, &mut stacks, &frames);
+            return Ok((stacks, tasks));
         };
         let tasks = self.list(layout, &stacks, &frames);
         self.make_logical(layout, &mut stacks, &frames);
@@ -710,21 +713,33 @@ fn awaiters(mem: &ProcessMemory, objects: AsyncioObjects, fields: &Fields) -> Ve
     }
 }
 
+/// The keys of the set at `set`, whose table and mask are at these offsets.
+fn set_entries(mem: &ProcessMemory, objects: AsyncioObjects, set: u64) -> Vec<u64> {
+    set_keys(
+        mem,
+        set,
+        (objects.set_table, objects.set_mask),
+        MAX_SET_ENTRIES,
+    )
+}
+
 /// The keys of the set at `set` (`PySetObject`: `mask + 1` entries of key and
 /// hash at `table`), without the empty and deleted ones (a deleted entry's hash is
-/// -1).
-fn set_entries(mem: &ProcessMemory, objects: AsyncioObjects, set: u64) -> Vec<u64> {
-    let (Some(table_at), Some(mask_at)) = (
-        set.checked_add(objects.set_table),
-        set.checked_add(objects.set_mask),
-    ) else {
+/// -1); none past `max_slots` entries.
+pub(super) fn set_keys(
+    mem: &ProcessMemory,
+    set: u64,
+    (table, mask): (u64, u64),
+    max_slots: u64,
+) -> Vec<u64> {
+    let (Some(table_at), Some(mask_at)) = (set.checked_add(table), set.checked_add(mask)) else {
         return Vec::new();
     };
     let (Ok(table), Ok(mask)) = (read_u64(mem, table_at), read_u64(mem, mask_at)) else {
         return Vec::new();
     };
     let slots = mask.saturating_add(1);
-    if !plausible_pointer(table) || slots > MAX_SET_ENTRIES || !slots.is_power_of_two() {
+    if !plausible_pointer(table) || slots > max_slots || !slots.is_power_of_two() {
         return Vec::new();
     }
     let mut bytes = vec![0u8; (slots * 16) as usize];

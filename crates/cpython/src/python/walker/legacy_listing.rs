@@ -1,0 +1,140 @@
+//! Every asyncio task of a process before 3.14, from asyncio's registry (see
+//! `legacy_registry`): each with what awaits it, whether a thread runs it and
+//! where it stands (`dump --async`); the logical stack of each task that waits
+//! (`record --async=all`); and the task a thread runs where no `Handle._run`
+//! shows it (uvloop's compiled loop).
+//!
+//! A task runs on a thread when its coroutine's frame is on that thread's stack;
+//! it waits when its coroutine, and each it awaits in turn, is suspended in an
+//! `await`, the last on something that is no coroutine (a future, a task).
+
+use std::collections::HashMap;
+
+use super::legacy_tasks::LegacyTasks;
+use super::tasks::{task_marker, AsyncTask, MAX_TASKS};
+use super::waiting::{waiting_stack, WaitingLimits, WaitingTasks};
+use super::{FrameAddresses, PyFrame, ThreadStack, Walker};
+
+/// Where each frame of `frames` is: (index of its thread, index in its stack).
+fn frames_on_stacks(frames: &[FrameAddresses]) -> HashMap<u64, (usize, usize)> {
+    frames
+        .iter()
+        .enumerate()
+        .flat_map(|(t, stack)| {
+            stack
+                .iter()
+                .enumerate()
+                .map(move |(i, &(f, _))| (f, (t, i)))
+        })
+        .collect()
+}
+
+/// Whether `frame` is the event loop's `BaseEventLoop._run_once`.
+fn is_run_once(frame: &PyFrame) -> bool {
+    &*frame.name == "_run_once" && frame.file.ends_with("base_events.py")
+}
+
+impl Walker {
+    /// The task `_current_tasks` says a loop runs whose coroutine's frame is on
+    /// the stack at `frames`, its coroutine and that frame's index.
+    pub(super) fn current_task_on(
+        &mut self,
+        legacy: LegacyTasks,
+        frames: &[(u64, u64)],
+    ) -> Option<(u64, u64, usize)> {
+        let registry = self.legacy_registry()?;
+        self.current_tasks(&registry).into_iter().find_map(|task| {
+            let coro = self.task_coroutine(legacy, task)?;
+            let frame = self.coroutine_frame(legacy, coro)?;
+            let at = frames.iter().position(|&(f, _)| f == frame)?;
+            Some((task, coro, at))
+        })
+    }
+
+    /// Every task of the process (at most [`MAX_TASKS`]), as
+    /// `Walker::async_stacks_and_tasks` lists them, from the threads' stacks as
+    /// walked (`stacks`, their frames at `frames`); `None` until asyncio's
+    /// registry is found.
+    pub(super) fn legacy_list(
+        &mut self,
+        legacy: LegacyTasks,
+        stacks: &[ThreadStack],
+        frames: &[FrameAddresses],
+    ) -> Option<Vec<AsyncTask>> {
+        let registry = self.legacy_registry()?;
+        let on_stack = frames_on_stacks(frames);
+        let mut listed = Vec::new();
+        for (task, coro) in self.registered_tasks(legacy, &registry, MAX_TASKS) {
+            let Some(info) = self.legacy_task_info(legacy, task, coro) else {
+                continue;
+            };
+            let running = info.coro_frame.and_then(|f| on_stack.get(&f).copied());
+            let on = running.and_then(|(t, at)| Some((stacks.get(t)?, at)));
+            let frames = match on {
+                Some((stack, at)) => stack.frames.get(at..).unwrap_or_default().to_vec(),
+                None => self.awaiting_coroutines(legacy, coro).0,
+            };
+            listed.push(AsyncTask {
+                parent: info.awaited_by.first().copied(),
+                running: on.is_some(),
+                running_on: on.and_then(|(stack, _)| stack.native_tid),
+                info,
+                frames,
+            });
+        }
+        Some(listed)
+    }
+
+    /// The logical stacks of the tasks that wait, within `limits`, as
+    /// `Walker::async_stacks_and_waiting` gives them, from the threads' stacks as
+    /// walked. Each is put on the thread that runs the event loop, when one
+    /// alone does.
+    pub(super) fn legacy_waiting(
+        &mut self,
+        legacy: LegacyTasks,
+        stacks: &[ThreadStack],
+        frames: &[FrameAddresses],
+        limits: WaitingLimits,
+    ) -> WaitingTasks {
+        let Some(registry) = self.legacy_registry() else {
+            return WaitingTasks::default();
+        };
+        let tasks = self.registered_tasks(legacy, &registry, MAX_TASKS);
+        let on_stack = frames_on_stacks(frames);
+        let coros: Vec<u64> = tasks.iter().map(|&(_, coro)| coro).collect();
+        let running: Vec<Option<usize>> = self
+            .coroutine_frames(legacy, &coros)
+            .into_iter()
+            .map(|frame| on_stack.get(&frame?).map(|&(t, _)| t))
+            .collect();
+        let mut loops: Vec<usize> = stacks
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.frames.iter().any(is_run_once))
+            .map(|(t, _)| t)
+            .chain(running.iter().flatten().copied())
+            .collect();
+        loops.sort_unstable();
+        loops.dedup();
+        let on = match loops.as_slice() {
+            [t] => stacks.get(*t),
+            _ => None,
+        };
+        let mut standing = HashMap::new();
+        self.in_turn(tasks.len(), limits, |walker, i| {
+            if running[i].is_some() {
+                return None;
+            }
+            let (task, coro) = tasks[i];
+            let (own, awaited) = walker.awaiting_coroutines(legacy, coro);
+            let awaited = awaited.filter(|_| !own.is_empty())?;
+            let info = walker.legacy_task_info(legacy, task, coro)?;
+            let mut frames = walker.legacy_prefix(legacy, &info, &mut standing);
+            frames.push(task_marker(&info));
+            let end = walker.awaited_marker(&own, Some(awaited));
+            frames.extend(own);
+            frames.push(end);
+            Some(waiting_stack(on, frames))
+        })
+    }
+}
