@@ -220,6 +220,29 @@ mod tests {
         assert_ne!(other, [(0x2000, 0x3000), (0x2008, 0x3008)]);
     }
 
+    proptest::proptest! {
+        /// Whatever the dict, its keys and values hold, reading them ends
+        /// without a panic, within the bound, with plausible pointers only.
+        #[test]
+        fn any_bytes_read_as_a_dict_end_in_bounded_items(
+            keys in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+            values in proptest::collection::vec(proptest::num::u8::ANY, 0..256),
+            with_values in proptest::bool::ANY,
+            minor in 7u8..=13,
+        ) {
+            let mem = Blocks(vec![
+                dict(0x4000, if with_values { 0x8000 } else { 0 }),
+                (0x4000, keys),
+                (0x8000, values),
+            ]);
+            let items = dict_items(&mem, DictKeys::of(minor).unwrap(), 0x1000);
+            proptest::prop_assert!(items.len() as u64 <= MAX_ENTRIES);
+            proptest::prop_assert!(items
+                .iter()
+                .all(|&(k, v)| plausible_pointer(k) && plausible_pointer(v)));
+        }
+    }
+
     #[test]
     fn implausible_tables_are_refused() {
         // A size that is no power of two, and more entries used than the size.
