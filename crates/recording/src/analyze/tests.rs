@@ -205,7 +205,9 @@ fn exception_unwinding_returns_each_frame() {
 fn attach_mid_call_seeds_the_frames_running() {
     let mut s = Script::new();
     // Attached inside outer -> inner: their returns come with an empty stack,
-    // innermost first. They were running from the start (5).
+    // innermost first. They count from when tracing began, the first call (10),
+    // not from the recording's start (5): the engine was being installed
+    // meanwhile, its target often stopped.
     s.call(10, "leaf", 7)
         .ret(20, "leaf", 7)
         .ret(30, "inner", 4)
@@ -221,12 +223,12 @@ fn attach_mid_call_seeds_the_frames_running() {
     let inner = func(&r, "inner");
     assert_eq!(
         (inner.calls, inner.inclusive_ns, inner.exclusive_ns),
-        (Some(1), 25, 15)
+        (Some(1), 20, 10)
     );
     let outer = func(&r, "outer");
     assert_eq!(
         (outer.calls, outer.inclusive_ns, outer.exclusive_ns),
-        (Some(1), 35, 10)
+        (Some(1), 30, 10)
     );
     assert_eq!(r.anomalies.replay.orphan_returns, 0);
     assert_eq!(r.anomalies.replay.open_at_start, 2);

@@ -21,6 +21,9 @@ pub struct Plan {
     pub(super) seeds: FxHashMap<(u32, u32), Vec<(FrameRef, u32)>>,
     /// Start of each segment after the first (a cut: lost events, a window).
     pub(super) segment_starts: Vec<u64>,
+    /// Per process: its first call or return, when its calls began to be traced
+    /// (the engine installed; the recording began earlier).
+    pub(super) traced_from: FxHashMap<u32, u64>,
     /// (file, name, line) → the entry line of a frame that returned at that line.
     pub(super) resumes: FxHashMap<(StrId, StrId, u32), u32>,
     /// (file, name, entry line) → the first line of the function, named by the
@@ -324,6 +327,12 @@ impl Planner {
     pub fn push(&mut self, event: &Event, strings: &[String]) {
         let tid = event.tid;
         self.plan.processes.push(event);
+        if let EventKind::Call { .. } | EventKind::Resume { .. } | EventKind::Return { .. } =
+            &event.kind
+        {
+            let pid = self.plan.processes.pid_of(tid);
+            self.plan.traced_from.entry(pid).or_insert(event.ts_ns);
+        }
         match &event.kind {
             EventKind::Call { frame } | EventKind::Resume { frame } => {
                 self.plan.calls += 1;

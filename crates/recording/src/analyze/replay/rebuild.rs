@@ -321,11 +321,21 @@ impl Replay {
         let Some(seeds) = self.plan.seeds.get(&(tid, segment)) else {
             return;
         };
+        // Frames running when tracing began count from then: the thread's start
+        // if it began later, else its process's first traced call or return (the
+        // recording begins before the engine is installed, its target often
+        // stopped meanwhile).
+        let traced_from = self
+            .plan
+            .traced_from
+            .get(&self.processes.pid_of(tid))
+            .copied();
         let start = match segment {
-            0 => match t.started {
-                Some(started) => started.min(ts),
-                None if self.header_start != 0 => self.header_start.min(ts),
-                None => ts,
+            0 => match (t.started, traced_from) {
+                (Some(started), _) => started.min(ts),
+                (None, Some(from)) => from.max(self.header_start).min(ts),
+                (None, None) if self.header_start != 0 => self.header_start.min(ts),
+                (None, None) => ts,
             },
             s => self
                 .plan

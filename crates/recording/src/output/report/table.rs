@@ -262,9 +262,12 @@ fn functions_section(out: &mut String, r: &Report, width: usize) {
     if r.processes.len() <= 1 {
         if !r.functions.is_empty() {
             let _ = writeln!(out, "\nFunctions");
+            // Traced: of the time the frames account for (the process's own
+            // time), as with several processes, not of the recording's length,
+            // which begins before tracing does.
             let whole = Whole {
                 samples: r.samples.kept,
-                ns: r.duration_ns,
+                ns: r.processes.first().map_or(r.duration_ns, |p| p.own_ns),
             };
             function_rows(out, r, &r.functions, whole, width);
         }
