@@ -699,3 +699,62 @@ fn async_all_samples_every_waiting_task_on_3_15() {
 fn async_all_samples_every_waiting_task_before_3_14() {
     before_3_14(check_async_all_with);
 }
+
+/// `dump --async` of a process with 30,001 tasks: the threads are held for a
+/// bounded time, the tasks past it read with the process running, and every
+/// task is listed under its awaiter (each leaf under its parent, through
+/// `gather`'s future).
+fn check_dump_async_of_many_tasks(version: &'static str) {
+    let _serial = serial();
+    let Some(py) = python(version) else { return };
+    let parents = 10_000;
+    let mut target = std::process::Command::new(&py.launcher)
+        .arg(fixture_script("many_tasks.py"))
+        .arg(parents.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the target");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(target.stdout.take().unwrap()));
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("ready"));
+    let pid = target.id().to_string();
+    let out = run_pyprobe(&["dump", "-p", &pid, "--async", "--format", "json"]);
+    let _ = target.kill();
+    let _ = target.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{version}: {stderr}");
+    assert!(
+        stderr.contains("asyncio tasks read while its threads were held")
+            && stderr.contains("with it running"),
+        "{version}: the hold is bounded and says so: {stderr}"
+    );
+    let dump: Value = serde_json::from_slice(&out.stdout).expect("dump's JSON");
+    let tasks = dump["asyncio_tasks"].as_array().expect("asyncio_tasks");
+    assert_eq!(tasks.len(), parents * 3 + 1, "{version}");
+    let children: BTreeMap<String, usize> =
+        tasks.iter().fold(BTreeMap::new(), |mut by_parent, t| {
+            *by_parent.entry(t["awaited_by"].to_string()).or_default() += 1;
+            by_parent
+        });
+    // main's task awaits the parents; each parent its two leaves; none awaits main.
+    let main = tasks
+        .iter()
+        .find(|t| functions(t).first() == Some(&"main"))
+        .expect("main's task");
+    assert_eq!(children[&main["address"].to_string()], parents, "{version}");
+    assert_eq!(children["null"], 1, "{version}");
+    let leaves_placed = tasks
+        .iter()
+        .filter(|t| functions(t).first() == Some(&"parent"))
+        .all(|p| children.get(&p["address"].to_string()) == Some(&2));
+    assert!(
+        leaves_placed,
+        "{version}: every parent awaits its two leaves"
+    );
+}
+
+#[test]
+fn dump_async_of_30_001_tasks_holds_the_threads_briefly_and_lists_them_all() {
+    for version in ["3.13", "3.14"] {
+        check_dump_async_of_many_tasks(version);
+    }
+}

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 
 use super::legacy_tasks::LegacyTasks;
+use super::task_listing::TaskListing;
 use super::tasks::{task_marker, AsyncTask, MAX_TASKS};
 use super::waiting::{waiting_stack, WaitingLimits, WaitingTasks};
 use super::{FrameAddresses, PyFrame, ThreadStack, Walker};
@@ -52,37 +53,60 @@ impl Walker {
     }
 
     /// Every task of the process (at most [`MAX_TASKS`]), as
-    /// `Walker::async_stacks_and_tasks` lists them, from the threads' stacks as
-    /// walked (`stacks`, their frames at `frames`); `None` until asyncio's
-    /// registry is found.
+    /// `Walker::async_stacks_and_tasks` lists them (the running ones first, the
+    /// others until `deadline`), from the threads' stacks as walked (`stacks`,
+    /// their frames at `frames`); `None` until asyncio's registry is found.
     pub(super) fn legacy_list(
         &mut self,
         legacy: LegacyTasks,
         stacks: &[ThreadStack],
         frames: &[FrameAddresses],
-    ) -> Option<Vec<AsyncTask>> {
+        deadline: std::time::Instant,
+    ) -> Option<TaskListing> {
         let registry = self.legacy_registry()?;
         let on_stack = frames_on_stacks(frames);
-        let mut listed = Vec::new();
-        for (task, coro) in self.registered_tasks(legacy, &registry, MAX_TASKS) {
-            let Some(info) = self.legacy_task_info(legacy, task, coro) else {
-                continue;
-            };
-            let running = info.coro_frame.and_then(|f| on_stack.get(&f).copied());
-            let on = running.and_then(|(t, at)| Some((stacks.get(t)?, at)));
-            let frames = match on {
-                Some((stack, at)) => stack.frames.get(at..).unwrap_or_default().to_vec(),
-                None => self.awaiting_coroutines(legacy, coro).0,
-            };
-            listed.push(AsyncTask {
-                parent: info.awaited_by.first().copied(),
-                running: on.is_some(),
-                running_on: on.and_then(|(stack, _)| stack.native_tid),
-                info,
-                frames,
-            });
-        }
-        Some(listed)
+        let tasks = self.registered_tasks(legacy, &registry, MAX_TASKS);
+        let coros: Vec<u64> = tasks.iter().map(|&(_, coro)| coro).collect();
+        let running: HashMap<u64, (usize, usize)> = tasks
+            .iter()
+            .zip(self.coroutine_frames(legacy, &coros))
+            .filter_map(|(&(task, _), frame)| Some((task, *on_stack.get(&frame?)?)))
+            .collect();
+        Some(self.in_order(
+            &tasks,
+            deadline,
+            |(task, _)| running.contains_key(&task),
+            |walker, (task, coro)| {
+                let at = running.get(&task).copied();
+                walker.legacy_task(legacy, task, coro, at, stacks)
+            },
+        ))
+    }
+
+    /// The task at `task` (its coroutine `coro`), running at `at` (the index
+    /// of its thread in `stacks`, and of its coroutine's frame there), or
+    /// waiting.
+    pub(super) fn legacy_task(
+        &mut self,
+        legacy: LegacyTasks,
+        task: u64,
+        coro: u64,
+        at: Option<(usize, usize)>,
+        stacks: &[ThreadStack],
+    ) -> Option<AsyncTask> {
+        let info = self.legacy_task_info(legacy, task, coro)?;
+        let on = at.and_then(|(t, i)| Some((stacks.get(t)?, i)));
+        let frames = match on {
+            Some((stack, i)) => stack.frames.get(i..).unwrap_or_default().to_vec(),
+            None => self.awaiting_coroutines(legacy, coro).0,
+        };
+        Some(AsyncTask {
+            parent: info.awaited_by.first().copied(),
+            running: on.is_some(),
+            running_on: on.and_then(|(stack, _)| stack.native_tid),
+            info,
+            frames,
+        })
     }
 
     /// The logical stacks of the tasks that wait, within `limits`, as

@@ -71,11 +71,13 @@ mod locals;
 mod locate;
 mod objects;
 mod stacks;
+mod task_listing;
 mod tasks;
 mod threads;
 mod values;
 mod waiting;
 
+pub use task_listing::TaskListing;
 pub use tasks::{task_marker, AsyncTask, TaskInfo, MAX_TASKS, TASK_FILE};
 pub use waiting::{WaitingLimits, WaitingTasks};
 

@@ -207,31 +207,6 @@ impl Walker {
         Ok(stacks)
     }
 
-    /// As [`Self::async_stacks`] of held threads, with every asyncio task of the
-    /// process (its C tasks, in the lists asyncio keeps per thread and for the
-    /// interpreter), at most [`MAX_TASKS`]: each with what awaits it, whether a
-    /// thread runs it, and its frames (a running task's from its coroutine in, on
-    /// its thread's stack; a waiting one's coroutines down to what it awaits).
-    /// Before 3.14 the tasks are those of asyncio's own registry (see
-    /// `legacy_listing`). The tasks are `None` before asyncio is loaded, and
-    /// before 3.7. One walk serves both.
-    pub fn async_stacks_and_tasks(
-        &mut self,
-    ) -> anyhow::Result<(Vec<ThreadStack>, Option<Vec<AsyncTask>>)> {
-        let (mut stacks, frames) = self.walk_keeping_frames(false)?;
-        let Some(layout) = self.task_layout() else {
-            let Some(legacy) = self.legacy_tasks else {
-                return Ok((stacks, None));
-            };
-            let tasks = self.legacy_list(legacy, &stacks, &frames);
-            self.make_logical_legacy(legacy, &mut stacks, &frames);
-            return Ok((stacks, tasks));
-        };
-        let tasks = self.list(layout, &stacks, &frames);
-        self.make_logical(layout, &mut stacks, &frames);
-        Ok((stacks, Some(tasks)))
-    }
-
     /// asyncio's task layout and the objects it needs, looked for again now and
     /// then until found (asyncio may be imported later); `None` until then, and on
     /// versions that publish none.
@@ -328,48 +303,6 @@ impl Walker {
         frames
     }
 
-    /// Every task in the lists of the threads of `stacks` and of the interpreter
-    /// (see [`Self::async_stacks_and_tasks`]).
-    fn list(
-        &mut self,
-        (tasks, objects): (TaskLayout, AsyncioObjects),
-        stacks: &[ThreadStack],
-        frames: &[FrameAddresses],
-    ) -> Vec<AsyncTask> {
-        let found = self.all_tasks(tasks, stacks);
-        let running = self.running_tasks(tasks, stacks);
-        let mut listed = Vec::new();
-        for (task, _) in found {
-            let Some(fields) = read_fields(&self.reader.mem, tasks, task) else {
-                continue;
-            };
-            let Some(info) = self.task_info(objects, task, &fields) else {
-                continue;
-            };
-            let parent = self
-                .parent(tasks, objects, &info.awaited_by)
-                .map(|(p, _)| p);
-            let thread = running.iter().find(|(t, _)| *t == task).map(|&(_, i)| i);
-            let frames = match (thread, info.coro_frame) {
-                (Some(i), Some(coro)) => frames[i]
-                    .iter()
-                    .position(|&(f, _)| f == coro)
-                    .map(|at| stacks[i].frames[at.min(stacks[i].frames.len())..].to_vec())
-                    .unwrap_or_default(),
-                (None, Some(coro)) => self.awaited_frames(objects, coro),
-                (_, None) => Vec::new(),
-            };
-            listed.push(AsyncTask {
-                running_on: thread.and_then(|i| stacks[i].native_tid),
-                running: thread.is_some(),
-                info,
-                parent,
-                frames,
-            });
-        }
-        listed
-    }
-
     /// Every task in the lists asyncio keeps (each thread's of `stacks`, and
     /// the interpreter's, of threads that ended), in address order, each with
     /// the index in `stacks` of the thread whose list holds it (`None`: the
@@ -439,7 +372,7 @@ impl Walker {
     /// type than the task's own coroutine (a future, a task, a generator), at
     /// [`MAX_AWAIT_DEPTH`], or at the first read that fails; without the layout
     /// for it (before 3.14) it is the task's own frame alone.
-    fn awaited_frames(&mut self, objects: AsyncioObjects, frame: u64) -> Vec<PyFrame> {
+    pub(super) fn awaited_frames(&mut self, objects: AsyncioObjects, frame: u64) -> Vec<PyFrame> {
         self.awaited_end(objects, frame).0
     }
 
