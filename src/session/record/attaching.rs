@@ -98,6 +98,7 @@ impl Attaching {
             | TraceEvent::ProcessStart { .. }
             | TraceEvent::Exec { .. }
             | TraceEvent::Tick { .. }
+            | TraceEvent::TickDone { .. }
             | TraceEvent::ReturnTypes { .. }
             // Pauses are made by the event loop, once the recording is open.
             | TraceEvent::Paused { .. }

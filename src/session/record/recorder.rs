@@ -313,6 +313,7 @@ impl<'a> Recorder<'a> {
                 on_cpu,
                 stopped,
             } => self.on_tick(pid, ts_ns, &on_cpu, stopped),
+            TraceEvent::TickDone { pid } => self.sampler.after_tick(pid, &mut self.builder),
             TraceEvent::Paused { .. } => {
                 // What the target did before the pause is on disk before pyprobe
                 // stops: should it never run again, the recording holds it.

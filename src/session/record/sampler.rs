@@ -11,7 +11,7 @@
 use rustc_hash::FxHashMap;
 
 use pyprobe_cpython::native::{join, EvalCalls, Joined, NativeUnwinder, NotJoined};
-use pyprobe_cpython::python::walker::{PyFrame, WaitingLimits, Walker};
+use pyprobe_cpython::python::walker::{PyFrame, WaitingLimits, WaitingPlan, WaitingTasks, Walker};
 use pyprobe_recording::recording::{EventKind, FrameRef, SampleState, WalkedFrame};
 use pyprobe_sdt::ring::RingStack;
 
@@ -41,10 +41,13 @@ pub struct Sampler {
     pub async_tasks: bool,
     /// Also sample every task that waits (`--async=all`).
     pub async_waiting: bool,
-    /// How long a tick may spend on the waiting tasks (the threads held).
+    /// How long a tick may spend on the waiting tasks.
     pub waiting_budget: std::time::Duration,
     /// Where the next tick begins in the list of tasks.
     pub waiting_next: usize,
+    /// What the waiting tasks of the last tick that held the threads are read
+    /// from once they run again: its process, its time and the plan.
+    pub waiting_plan: Option<(i32, u64, WaitingPlan)>,
     /// Ticks that could not look at every task within their limits.
     pub waiting_cut_ticks: u64,
     /// Samples of running threads whose stack changed under the walk, recorded
@@ -141,7 +144,8 @@ const MAX_RETRY_NS: u64 = 50_000_000;
 pub const MAX_WAITING_TASKS: usize = 1000;
 
 /// Longest a tick spends reading waiting tasks (`--async=all`), and at most this
-/// share of the sampling interval: the threads are held meanwhile.
+/// share of the sampling interval: pyprobe's own time (the threads are let go
+/// first when the tick held them), which a busy server shares a CPU with.
 pub const MAX_WAITING_BUDGET: std::time::Duration = std::time::Duration::from_millis(1);
 pub const WAITING_SHARE_OF_INTERVAL: u32 = 20;
 
@@ -254,23 +258,24 @@ impl Sampler {
     ) {
         self.ticks += 1;
         let (async_tasks, async_waiting) = (self.async_tasks, self.async_waiting);
-        let limits = WaitingLimits {
-            max: MAX_WAITING_TASKS,
-            budget: self.waiting_budget,
-            start: self.waiting_next,
-        };
+        let limits = self.waiting_limits();
         let Some(walker) = self.walker(pid, ts_ns) else {
             return;
         };
         let read = match (async_tasks, stopped) {
+            // Held: the waiting tasks are read once the threads run again
+            // (`after_tick`), off the target's time.
+            _ if async_waiting && stopped => walker
+                .async_stacks_and_waiting_plan(false)
+                .map(|(s, plan)| (s, None, Some(plan))),
             _ if async_waiting => walker
-                .async_stacks_and_waiting(!stopped, limits)
-                .map(|(s, w)| (s, Some(w))),
-            (true, _) => walker.async_stacks(!stopped).map(|s| (s, None)),
-            (false, true) => walker.stacks().map(|s| (s, None)),
-            (false, false) => walker.stacks_of_running().map(|s| (s, None)),
+                .async_stacks_and_waiting(true, limits)
+                .map(|(s, w)| (s, Some(w), None)),
+            (true, _) => walker.async_stacks(!stopped).map(|s| (s, None, None)),
+            (false, true) => walker.stacks().map(|s| (s, None, None)),
+            (false, false) => walker.stacks_of_running().map(|s| (s, None, None)),
         };
-        let (stacks, waiting) = match read {
+        let (stacks, waiting, plan) = match read {
             Ok(s) => s,
             Err(e) => {
                 self.last_error = Some(format!("{e:#}"));
@@ -278,6 +283,7 @@ impl Sampler {
             }
         };
         let one_per_frame = !walker.version().at_least(3, 11);
+        self.waiting_plan = plan.map(|plan| (pid, ts_ns, plan));
         // Taken out of its slot while the stacks are joined, put back after.
         let mut native = if self.native {
             self.take_native(pid)
@@ -327,21 +333,61 @@ impl Sampler {
             self.put_native(pid, unwinder);
         }
         if let Some(waiting) = waiting {
-            self.waiting_next = waiting.next;
-            if waiting.deferred > 0 {
-                self.waiting_cut_ticks += 1;
-            }
-            for stack in waiting.stacks {
-                let frames = Self::frames(builder, pid, &stack.frames);
-                // A task that waits runs on no CPU and holds no GIL.
-                let state = SampleState {
-                    on_cpu: Some(false),
-                    holds_gil: Some(false),
-                };
-                let tid = stack.native_tid.unwrap_or(pid);
-                builder.write(tid, ts_ns, EventKind::Sample { frames, state });
-                self.samples += 1;
-            }
+            self.write_waiting(pid, ts_ns, waiting, builder);
+        }
+    }
+
+    /// The threads of `pid`, held for the last tick, run again: its waiting
+    /// asyncio tasks are read now (`--async=all`), as samples of that tick.
+    pub fn after_tick(&mut self, pid: i32, builder: &mut EventBuilder) {
+        if self
+            .waiting_plan
+            .as_ref()
+            .is_none_or(|(at, _, _)| *at != pid)
+        {
+            return;
+        }
+        let Some((_, ts_ns, mut plan)) = self.waiting_plan.take() else {
+            return;
+        };
+        let limits = self.waiting_limits();
+        let Some(walker) = self.walkers.get_mut(&pid).and_then(|s| s.walker.as_mut()) else {
+            return;
+        };
+        let waiting = walker.waiting_of(&mut plan, limits);
+        self.write_waiting(pid, ts_ns, waiting, builder);
+    }
+
+    fn waiting_limits(&self) -> WaitingLimits {
+        WaitingLimits {
+            max: MAX_WAITING_TASKS,
+            budget: self.waiting_budget,
+            start: self.waiting_next,
+        }
+    }
+
+    /// Writes the samples of the waiting tasks of one tick of `pid`.
+    fn write_waiting(
+        &mut self,
+        pid: i32,
+        ts_ns: u64,
+        waiting: WaitingTasks,
+        builder: &mut EventBuilder,
+    ) {
+        self.waiting_next = waiting.next;
+        if waiting.deferred > 0 {
+            self.waiting_cut_ticks += 1;
+        }
+        for stack in waiting.stacks {
+            let frames = Self::frames(builder, pid, &stack.frames);
+            // A task that waits runs on no CPU and holds no GIL.
+            let state = SampleState {
+                on_cpu: Some(false),
+                holds_gil: Some(false),
+            };
+            let tid = stack.native_tid.unwrap_or(pid);
+            builder.write(tid, ts_ns, EventKind::Sample { frames, state });
+            self.samples += 1;
         }
     }
 

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use super::legacy_tasks::LegacyTasks;
 use super::task_listing::TaskListing;
 use super::tasks::{task_marker, AsyncTask, MAX_TASKS};
-use super::waiting::{waiting_stack, WaitingLimits, WaitingTasks};
+use super::waiting::WaitingPlan;
 use super::{FrameAddresses, PyFrame, ThreadStack, Walker};
 
 /// Where each frame of `frames` is: (index of its thread, index in its stack).
@@ -109,56 +109,88 @@ impl Walker {
         })
     }
 
-    /// The logical stacks of the tasks that wait, within `limits`, as
-    /// `Walker::async_stacks_and_waiting` gives them, from the threads' stacks as
-    /// walked. Each is put on the thread that runs the event loop, when one
-    /// alone does.
-    pub(super) fn legacy_waiting(
+    /// What the tasks that wait are read from (see `WaitingPlan`), from the
+    /// threads' stacks as walked: their frames and the threads running the event
+    /// loop. The tasks themselves are read once the threads run again
+    /// ([`Self::legacy_plan_tasks`]): a coroutine's frame stays where it is.
+    pub(super) fn legacy_waiting_plan(
         &mut self,
-        legacy: LegacyTasks,
         stacks: &[ThreadStack],
         frames: &[FrameAddresses],
-        limits: WaitingLimits,
-    ) -> WaitingTasks {
-        let Some(registry) = self.legacy_registry() else {
-            return WaitingTasks::default();
-        };
-        let tasks = self.registered_tasks(legacy, &registry, MAX_TASKS);
-        let on_stack = frames_on_stacks(frames);
-        let coros: Vec<u64> = tasks.iter().map(|&(_, coro)| coro).collect();
-        let running: Vec<Option<usize>> = self
-            .coroutine_frames(legacy, &coros)
+    ) -> WaitingPlan {
+        let mut plan = WaitingPlan::new(stacks, true);
+        plan.frames = frames_on_stacks(frames)
             .into_iter()
-            .map(|frame| on_stack.get(&frame?).map(|&(t, _)| t))
+            .map(|(frame, (thread, _))| (frame, thread))
             .collect();
-        let mut loops: Vec<usize> = stacks
+        plan.loops = stacks
             .iter()
             .enumerate()
             .filter(|(_, s)| s.frames.iter().any(is_run_once))
             .map(|(t, _)| t)
-            .chain(running.iter().flatten().copied())
+            .collect();
+        plan
+    }
+
+    /// Every task of asyncio's registry into `plan`, once: those whose
+    /// coroutine's frame was on a stack ran, the others are put on the thread
+    /// that runs the event loop, when one alone does.
+    pub(super) fn legacy_plan_tasks(&mut self, legacy: LegacyTasks, plan: &mut WaitingPlan) {
+        if !plan.tasks.is_empty() {
+            return;
+        }
+        let Some(registry) = self.legacy_registry() else {
+            return;
+        };
+        let tasks = self.registered_tasks(legacy, &registry, MAX_TASKS);
+        let coros: Vec<u64> = tasks.iter().map(|&(_, coro)| coro).collect();
+        let running: Vec<Option<usize>> = self
+            .coroutine_frames(legacy, &coros)
+            .into_iter()
+            .map(|frame| plan.frames.get(&frame?).copied())
+            .collect();
+        let mut loops: Vec<usize> = plan
+            .loops
+            .iter()
+            .chain(running.iter().flatten())
+            .copied()
             .collect();
         loops.sort_unstable();
         loops.dedup();
         let on = match loops.as_slice() {
-            [t] => stacks.get(*t),
+            [t] => Some(*t),
             _ => None,
         };
-        let mut standing = HashMap::new();
-        self.in_turn(tasks.len(), limits, |walker, i| {
-            if running[i].is_some() {
-                return None;
-            }
-            let (task, coro) = tasks[i];
-            let (own, awaited) = walker.awaiting_coroutines(legacy, coro);
-            let awaited = awaited.filter(|_| !own.is_empty())?;
-            let info = walker.legacy_task_info(legacy, task, coro)?;
-            let mut frames = walker.legacy_prefix(legacy, &info, &mut standing);
-            frames.push(task_marker(&info));
-            let end = walker.awaited_marker(&own, Some(awaited));
-            frames.extend(own);
-            frames.push(end);
-            Some(waiting_stack(on, frames))
-        })
+        plan.running = tasks
+            .iter()
+            .zip(&running)
+            .filter(|(_, r)| r.is_some())
+            .map(|(&(task, _), _)| task)
+            .collect();
+        plan.tasks = tasks
+            .into_iter()
+            .map(|(task, coro)| (task, coro, on))
+            .collect();
+    }
+
+    /// The logical stack of the task at `task` (its coroutine `coro`), if it
+    /// waits: its coroutines each suspended in an await, the last on something
+    /// that is no coroutine.
+    pub(super) fn legacy_waiting_task(
+        &mut self,
+        legacy: LegacyTasks,
+        task: u64,
+        coro: u64,
+        standing: &mut HashMap<u64, Vec<PyFrame>>,
+    ) -> Option<Vec<PyFrame>> {
+        let (own, awaited) = self.awaiting_coroutines(legacy, coro);
+        let awaited = awaited.filter(|_| !own.is_empty())?;
+        let info = self.legacy_task_info(legacy, task, coro)?;
+        let mut frames = self.legacy_prefix(legacy, &info, standing);
+        frames.push(task_marker(&info));
+        let end = self.awaited_marker(&own, Some(awaited));
+        frames.extend(own);
+        frames.push(end);
+        Some(frames)
     }
 }

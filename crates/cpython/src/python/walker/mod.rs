@@ -79,7 +79,7 @@ mod waiting;
 
 pub use task_listing::TaskListing;
 pub use tasks::{task_marker, AsyncTask, TaskInfo, MAX_TASKS, TASK_FILE};
-pub use waiting::{WaitingLimits, WaitingTasks};
+pub use waiting::{WaitingLimits, WaitingPlan, WaitingTasks};
 
 #[cfg(test)]
 mod tests;

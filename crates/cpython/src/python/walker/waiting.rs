@@ -5,7 +5,7 @@
 //! (`[awaiting Future]`, `[awaiting Task]`, `[awaiting _GatheringFuture]`;
 //! `[sleep]` in `asyncio.sleep`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::layout::AsyncioObjects;
 use super::objects::read_u64;
@@ -18,7 +18,7 @@ use super::{PyFrame, ThreadStack, Walker};
 pub struct WaitingLimits {
     /// Most waiting tasks sampled.
     pub max: usize,
-    /// Longest time spent reading them (the threads are held meanwhile).
+    /// Longest time spent reading them.
     pub budget: std::time::Duration,
     /// Where in the list of tasks (by address) to begin: the previous sample's
     /// `next`, so that tasks past a limit are read at later samples, in turn.
@@ -52,74 +52,141 @@ pub(super) fn waiting_stack(on: Option<&ThreadStack>, frames: Vec<PyFrame>) -> T
     }
 }
 
+/// What a tick's waiting tasks are read from, found while its threads were held:
+/// every task, which of them ran then (a task that ran is that thread's sample,
+/// not a waiting one), and the threads they are put on. Read with
+/// [`Walker::waiting_of`], once the threads are let go: a waiting task's
+/// objects change only when it runs.
+#[derive(Debug, Default)]
+pub struct WaitingPlan {
+    /// In address order: (task, its coroutine before 3.14 else 0, the index in
+    /// `threads` of the thread it is put on).
+    pub(super) tasks: Vec<(u64, u64, Option<usize>)>,
+    pub(super) running: HashSet<u64>,
+    /// The threads of the tick, frames left out.
+    threads: Vec<ThreadStack>,
+    /// Before 3.14, where the tasks are read after the hold: the frames of the
+    /// threads' stacks (frame → thread index), and the threads running the
+    /// event loop's `_run_once`.
+    pub(super) frames: HashMap<u64, usize>,
+    pub(super) loops: Vec<usize>,
+    /// Before 3.14 (the tasks from asyncio's registry).
+    legacy: bool,
+}
+
+impl WaitingPlan {
+    pub(super) fn new(stacks: &[ThreadStack], legacy: bool) -> WaitingPlan {
+        let threads = stacks
+            .iter()
+            .map(|s| waiting_stack(Some(s), Vec::new()))
+            .collect();
+        WaitingPlan {
+            threads,
+            legacy,
+            ..WaitingPlan::default()
+        }
+    }
+}
+
 impl Walker {
     /// As [`Walker::async_stacks`], with the logical stacks of the tasks that no
-    /// thread runs, within `limits`: the tasks are taken in address order from
-    /// `limits.start`, round the list, so that past a limit the others come at
-    /// the next samples. Before 3.14 the tasks are those of asyncio's own
-    /// registry (see `legacy_listing`). No waiting task before asyncio is loaded.
+    /// thread runs, within `limits` (see [`Walker::waiting_of`]).
     pub fn async_stacks_and_waiting(
         &mut self,
         running: bool,
         limits: WaitingLimits,
     ) -> anyhow::Result<(Vec<ThreadStack>, WaitingTasks)> {
-        let (mut stacks, frames) = self.walk_keeping_frames(running)?;
-        let Some(layout) = self.task_layout() else {
-            let Some(legacy) = self.legacy_tasks else {
-                return Ok((stacks, WaitingTasks::default()));
-            };
-            // The waiting tasks first: they are told from the threads' own stacks.
-            let waiting = self.legacy_waiting(legacy, &stacks, &frames, limits);
-            self.make_logical_legacy(legacy, &mut stacks, &frames);
-            return Ok((stacks, waiting));
-        };
-        // The running tasks first: their frames' addresses are this walk's.
-        self.make_logical(layout, &mut stacks, &frames);
-        let waiting = self.waiting_tasks(layout, &stacks, limits);
+        let (stacks, mut plan) = self.async_stacks_and_waiting_plan(running)?;
+        let waiting = self.waiting_of(&mut plan, limits);
         Ok((stacks, waiting))
     }
 
-    /// The logical stacks of the tasks in the lists of the threads of `stacks`
-    /// and of the interpreter whose coroutine is suspended in an await, within
-    /// `limits`.
-    fn waiting_tasks(
+    /// As [`Walker::async_stacks`], with what the tasks that wait are read from
+    /// ([`Walker::waiting_of`]): of held threads, the part that needs them held.
+    /// Before 3.14 the tasks are those of asyncio's own registry (see
+    /// `legacy_listing`). No task before asyncio is loaded.
+    pub fn async_stacks_and_waiting_plan(
         &mut self,
-        layout: (TaskLayout, AsyncioObjects),
-        stacks: &[ThreadStack],
-        limits: WaitingLimits,
-    ) -> WaitingTasks {
-        let (tasks, objects) = layout;
-        let found = self.all_tasks(tasks, stacks);
-        let running = self.running_tasks(tasks, stacks);
+        running: bool,
+    ) -> anyhow::Result<(Vec<ThreadStack>, WaitingPlan)> {
+        let (mut stacks, frames) = self.walk_keeping_frames(running)?;
+        let Some(layout) = self.task_layout() else {
+            let Some(legacy) = self.legacy_tasks else {
+                return Ok((stacks, WaitingPlan::default()));
+            };
+            // The plan first: it is told from the threads' own stacks.
+            let plan = self.legacy_waiting_plan(&stacks, &frames);
+            self.make_logical_legacy(legacy, &mut stacks, &frames);
+            return Ok((stacks, plan));
+        };
+        let mut plan = WaitingPlan::new(&stacks, false);
+        plan.tasks = self
+            .all_tasks(layout.0, &stacks)
+            .into_iter()
+            .map(|(task, thread)| (task, 0, thread))
+            .collect();
+        plan.running = self
+            .running_tasks(layout.0, &stacks)
+            .into_iter()
+            .map(|(task, _)| task)
+            .collect();
+        // The running tasks' stacks: their frames' addresses are this walk's.
+        self.make_logical(layout, &mut stacks, &frames);
+        Ok((stacks, plan))
+    }
+
+    /// The logical stacks of the tasks of `plan` that did not run, within
+    /// `limits`: taken in address order from `limits.start`, round the list, so
+    /// that past a limit the others come at the next samples.
+    pub fn waiting_of(&mut self, plan: &mut WaitingPlan, limits: WaitingLimits) -> WaitingTasks {
+        let layout = self.task_layout();
+        let legacy = self.legacy_tasks.filter(|_| plan.legacy);
+        if let Some(legacy) = legacy {
+            self.legacy_plan_tasks(legacy, plan);
+        }
         // Per task: where its awaiters and it stand, read once a tick (a server's
         // tasks share their awaiters).
         let mut standing: HashMap<u64, Vec<PyFrame>> = HashMap::new();
-        // The budget is for reading the tasks: the lists themselves are walked
-        // whole (a linked list has no other way in), about 2 µs a task.
-        self.in_turn(found.len(), limits, |walker, i| {
-            let (task, thread) = found[i];
-            if running.iter().any(|&(t, _)| t == task) {
+        self.in_turn(plan.tasks.len(), limits, |walker, i| {
+            let (task, coro, thread) = plan.tasks[i];
+            if plan.running.contains(&task) {
                 return None;
             }
-            let fields = read_fields(&walker.reader.mem, tasks, task)?;
-            let info = walker.task_info(objects, task, &fields)?;
-            // A task that waits has its coroutine suspended in an await: one
-            // not started yet is ready to run, one finished is done.
-            let coro = info
-                .coro_frame()
-                .filter(|&f| walker.is_awaiting(objects, f))?;
-            let mut frames = walker.awaiting_prefix(layout, &info, &mut standing);
-            frames.push(task_marker(&info));
-            let (own, awaited) = walker.awaited_end(objects, coro);
-            if own.is_empty() {
-                return None;
-            }
-            let end = walker.awaited_marker(&own, awaited);
-            frames.extend(own);
-            frames.push(end);
-            let on = thread.and_then(|i| stacks.get(i));
+            let frames = match (legacy, layout) {
+                (Some(legacy), _) => walker.legacy_waiting_task(legacy, task, coro, &mut standing),
+                (None, Some(layout)) => walker.waiting_task(layout, task, &mut standing),
+                (None, None) => None,
+            }?;
+            let on = thread.and_then(|i| plan.threads.get(i));
             Some(waiting_stack(on, frames))
         })
+    }
+
+    /// The logical stack of the task at `task` (3.14+), if it waits: its
+    /// coroutine suspended in an await (one not started yet is ready to run, one
+    /// finished is done).
+    fn waiting_task(
+        &mut self,
+        layout: (TaskLayout, AsyncioObjects),
+        task: u64,
+        standing: &mut HashMap<u64, Vec<PyFrame>>,
+    ) -> Option<Vec<PyFrame>> {
+        let (tasks, objects) = layout;
+        let fields = read_fields(&self.reader.mem, tasks, task)?;
+        let info = self.task_info(objects, task, &fields)?;
+        let coro = info
+            .coro_frame()
+            .filter(|&f| self.is_awaiting(objects, f))?;
+        let mut frames = self.awaiting_prefix(layout, &info, standing);
+        frames.push(task_marker(&info));
+        let (own, awaited) = self.awaited_end(objects, coro);
+        if own.is_empty() {
+            return None;
+        }
+        let end = self.awaited_marker(&own, awaited);
+        frames.extend(own);
+        frames.push(end);
+        Some(frames)
     }
 
     /// Reads the waiting tasks `0..count` in turn with `read` (a task's stack, or

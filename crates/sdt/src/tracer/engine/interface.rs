@@ -272,6 +272,12 @@ pub enum TraceEvent<'a> {
         stopped: bool,
         on_cpu: Vec<(i32, bool)>,
     },
+    /// The threads of process `pid`, held for its [`TraceEvent::Tick`], run again:
+    /// what a sample may read with them running (asyncio's waiting tasks) is
+    /// read now, off the target's time.
+    TickDone {
+        pid: i32,
+    },
     /// The overhead budget turned the budgeted probes on (`exact`) or off, in every
     /// traced process.
     Window {

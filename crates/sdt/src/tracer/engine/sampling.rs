@@ -133,6 +133,7 @@ impl Engine {
                         b.sampled(cost);
                     }
                 }
+                sink(TraceEvent::TickDone { pid });
             }
             if left.is_empty() {
                 return Ok(());
