@@ -51,8 +51,10 @@ fn record_async_with(py: &Python, event_loop: Loop) -> Run {
     .args(["3", "2"]);
     match event_loop {
         Loop::Uvloop => {
-            cmd.arg("uvloop")
-                .env("PYTHONPATH", pypi_compiled("uvloop", UVLOOP, version));
+            cmd.arg("uvloop").env(
+                "PYTHONPATH",
+                pypi_compiled("uvloop", UVLOOP, version.trim_start_matches("pyenv-")),
+            );
         }
         Loop::TaskGroup => {
             cmd.arg("taskgroup");
@@ -109,7 +111,7 @@ fn names(stack: &str) -> Vec<&str> {
         .collect()
 }
 
-/// uvloop's release with wheels for 3.8 to 3.14 (none for 3.15 yet).
+/// uvloop's release with wheels for 3.9 to 3.14 (none for 3.15 yet).
 const UVLOOP: &str = "0.23.0";
 
 fn check_logical_stacks(version: &'static str) {
@@ -234,9 +236,14 @@ fn logical_stacks_of_tasks_in_a_task_group_on_3_11_3_13_and_3_14() {
 /// 3.14, no `Handle._run` frame shows the running task: asyncio's current tasks
 /// do).
 #[test]
-fn logical_stacks_of_tasks_on_uvloop_3_11_3_13_and_3_14() {
-    for version in ["3.11", "3.13", "3.14"] {
+fn logical_stacks_of_tasks_on_uvloop_3_9_to_3_14() {
+    for version in ["3.9", "3.11", "3.13", "3.14"] {
         check_logical_stacks_on(version, Loop::Uvloop);
+    }
+    for py in legacy_pyenv_builds() {
+        if ["3.10", "3.12"].iter().any(|v| py.version.ends_with(v)) {
+            check_logical_stacks_with(&py, Loop::Uvloop);
+        }
     }
 }
 
