@@ -110,67 +110,54 @@ impl Walker {
     }
 
     /// What the tasks that wait are read from (see `WaitingPlan`), from the
-    /// threads' stacks as walked: their frames and the threads running the event
-    /// loop. The tasks themselves are read once the threads run again
-    /// ([`Self::legacy_plan_tasks`]): a coroutine's frame stays where it is.
+    /// threads' stacks as walked: the tasks the loops run (`_current_tasks`),
+    /// and the thread the others are put on, the one running the event loop
+    /// (`_run_once`, or a running task), when one alone does. The tasks
+    /// themselves are read once the threads run again
+    /// ([`Self::legacy_plan_tasks`]).
     pub(super) fn legacy_waiting_plan(
         &mut self,
+        legacy: LegacyTasks,
         stacks: &[ThreadStack],
         frames: &[FrameAddresses],
     ) -> WaitingPlan {
         let mut plan = WaitingPlan::new(stacks, true);
-        plan.frames = frames_on_stacks(frames)
-            .into_iter()
-            .map(|(frame, (thread, _))| (frame, thread))
-            .collect();
-        plan.loops = stacks
+        let Some(registry) = self.legacy_registry() else {
+            return plan;
+        };
+        let on_stack = frames_on_stacks(frames);
+        let mut loops: Vec<usize> = stacks
             .iter()
             .enumerate()
             .filter(|(_, s)| s.frames.iter().any(is_run_once))
             .map(|(t, _)| t)
             .collect();
-        plan
-    }
-
-    /// Every task of asyncio's registry into `plan`, once: those whose
-    /// coroutine's frame was on a stack ran, the others are put on the thread
-    /// that runs the event loop, when one alone does.
-    pub(super) fn legacy_plan_tasks(&mut self, legacy: LegacyTasks, plan: &mut WaitingPlan) {
-        if !plan.tasks.is_empty() {
-            return;
+        for task in self.current_tasks(&registry) {
+            plan.running.insert(task);
+            let frame = self
+                .task_coroutine(legacy, task)
+                .and_then(|coro| self.coroutine_frame(legacy, coro));
+            loops.extend(frame.and_then(|f| on_stack.get(&f)).map(|&(t, _)| t));
         }
-        let Some(registry) = self.legacy_registry() else {
-            return;
-        };
-        let tasks = self.registered_tasks(legacy, &registry, MAX_TASKS);
-        let coros: Vec<u64> = tasks.iter().map(|&(_, coro)| coro).collect();
-        let running: Vec<Option<usize>> = self
-            .coroutine_frames(legacy, &coros)
-            .into_iter()
-            .map(|frame| plan.frames.get(&frame?).copied())
-            .collect();
-        let mut loops: Vec<usize> = plan
-            .loops
-            .iter()
-            .chain(running.iter().flatten())
-            .copied()
-            .collect();
         loops.sort_unstable();
         loops.dedup();
-        let on = match loops.as_slice() {
+        plan.on = match loops.as_slice() {
             [t] => Some(*t),
             _ => None,
         };
-        plan.running = tasks
-            .iter()
-            .zip(&running)
-            .filter(|(_, r)| r.is_some())
-            .map(|(&(task, _), _)| task)
-            .collect();
-        plan.tasks = tasks
-            .into_iter()
-            .map(|(task, coro)| (task, coro, on))
-            .collect();
+        plan
+    }
+
+    /// The members of asyncio's registry into `plan`, once: each read as its
+    /// turn comes ([`Self::member_task`]), so that a tick of a server with
+    /// 30,000 tasks reads its sets' tables, not every task.
+    pub(super) fn legacy_plan_tasks(&mut self, plan: &mut WaitingPlan) {
+        if !plan.members.is_empty() {
+            return;
+        }
+        if let Some(registry) = self.legacy_registry() {
+            plan.members = self.registry_members(&registry);
+        }
     }
 
     /// The logical stack of the task at `task` (its coroutine `coro`), if it

@@ -42,6 +42,14 @@ const LOOK_AGAIN: std::time::Duration = std::time::Duration::from_millis(20);
 /// Longest module name compared.
 const MAX_KEY_CHARS: usize = 64;
 
+/// A member of one of the registry's sets: a weak reference to a task, or a
+/// task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Member {
+    pub(super) at: u64,
+    pub(super) weak: bool,
+}
+
 /// asyncio's registry of tasks in one process (see the module documentation).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct LegacyRegistry {
@@ -172,18 +180,20 @@ impl Walker {
         max: usize,
     ) -> Vec<(u64, u64)> {
         let mem = &self.reader.mem;
-        let mut tasks = Vec::new();
-        for &(set, weak) in &registry.sets {
-            let members = set_keys(mem, set, (SET_TABLE, SET_MASK), MAX_SET_SLOTS);
-            if weak {
-                let at: Vec<u64> = members.iter().map(|r| r + WEAKREF_OBJECT).collect();
-                let mut words = Vec::new();
-                mem.read_words(&at, &mut words);
-                tasks.extend(words.into_iter().flatten());
-            } else {
-                tasks.extend(members);
-            }
-        }
+        let members = self.registry_members(registry);
+        let weak: Vec<u64> = members
+            .iter()
+            .filter(|m| m.weak)
+            .map(|m| m.at + WEAKREF_OBJECT)
+            .collect();
+        let mut words = Vec::new();
+        mem.read_words(&weak, &mut words);
+        let mut tasks: Vec<u64> = members
+            .iter()
+            .filter(|m| !m.weak)
+            .map(|m| m.at)
+            .chain(words.into_iter().flatten())
+            .collect();
         tasks.retain(|&t| plausible_pointer(t));
         tasks.sort_unstable();
         tasks.dedup();
@@ -201,6 +211,36 @@ impl Walker {
             .map(|(pair, _)| pair)
             .take(max)
             .collect()
+    }
+
+    /// The members of the registry's sets, in address order, one read a set: the
+    /// weak references to tasks, and the tasks of `_eager_tasks`.
+    pub(super) fn registry_members(&self, registry: &LegacyRegistry) -> Vec<Member> {
+        let mut members: Vec<Member> = registry
+            .sets
+            .iter()
+            .flat_map(|&(set, weak)| {
+                set_keys(&self.reader.mem, set, (SET_TABLE, SET_MASK), MAX_SET_SLOTS)
+                    .into_iter()
+                    .map(move |at| Member { at, weak })
+            })
+            .collect();
+        members.sort_unstable_by_key(|m| m.at);
+        members
+    }
+
+    /// The task a member stands for, with its coroutine: a weak reference's
+    /// referent (none once it died), a task still running a coroutine.
+    pub(super) fn member_task(&self, legacy: LegacyTasks, member: Member) -> Option<(u64, u64)> {
+        let task = if member.weak {
+            read_u64(&self.reader.mem, member.at + WEAKREF_OBJECT).ok()?
+        } else {
+            member.at
+        };
+        if !plausible_pointer(task) {
+            return None;
+        }
+        Some((task, self.task_coroutine(legacy, task)?))
     }
 
     /// The tasks the running loops run now (`_current_tasks`' values).

@@ -8,6 +8,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::layout::AsyncioObjects;
+use super::legacy_registry::Member;
 use super::objects::read_u64;
 use super::tasks::{marker_frame, read_fields, task_marker, TaskLayout};
 use super::values::ValueReader;
@@ -59,17 +60,16 @@ pub(super) fn waiting_stack(on: Option<&ThreadStack>, frames: Vec<PyFrame>) -> T
 /// objects change only when it runs.
 #[derive(Debug, Default)]
 pub struct WaitingPlan {
-    /// In address order: (task, its coroutine before 3.14 else 0, the index in
-    /// `threads` of the thread it is put on).
-    pub(super) tasks: Vec<(u64, u64, Option<usize>)>,
+    /// 3.14+, in address order: (task, the index in `threads` of the thread
+    /// whose list holds it).
+    pub(super) tasks: Vec<(u64, Option<usize>)>,
     pub(super) running: HashSet<u64>,
     /// The threads of the tick, frames left out.
     threads: Vec<ThreadStack>,
-    /// Before 3.14, where the tasks are read after the hold: the frames of the
-    /// threads' stacks (frame → thread index), and the threads running the
-    /// event loop's `_run_once`.
-    pub(super) frames: HashMap<u64, usize>,
-    pub(super) loops: Vec<usize>,
+    /// Before 3.14: the members of asyncio's registry, read after the hold, and
+    /// the index in `threads` of the thread the waiting tasks are put on.
+    pub(super) members: Vec<Member>,
+    pub(super) on: Option<usize>,
     /// Before 3.14 (the tasks from asyncio's registry).
     legacy: bool,
 }
@@ -115,16 +115,12 @@ impl Walker {
                 return Ok((stacks, WaitingPlan::default()));
             };
             // The plan first: it is told from the threads' own stacks.
-            let plan = self.legacy_waiting_plan(&stacks, &frames);
+            let plan = self.legacy_waiting_plan(legacy, &stacks, &frames);
             self.make_logical_legacy(legacy, &mut stacks, &frames);
             return Ok((stacks, plan));
         };
         let mut plan = WaitingPlan::new(&stacks, false);
-        plan.tasks = self
-            .all_tasks(layout.0, &stacks)
-            .into_iter()
-            .map(|(task, thread)| (task, 0, thread))
-            .collect();
+        plan.tasks = self.all_tasks(layout.0, &stacks);
         plan.running = self
             .running_tasks(layout.0, &stacks)
             .into_iter()
@@ -141,14 +137,27 @@ impl Walker {
     pub fn waiting_of(&mut self, plan: &mut WaitingPlan, limits: WaitingLimits) -> WaitingTasks {
         let layout = self.task_layout();
         let legacy = self.legacy_tasks.filter(|_| plan.legacy);
-        if let Some(legacy) = legacy {
-            self.legacy_plan_tasks(legacy, plan);
+        if legacy.is_some() {
+            self.legacy_plan_tasks(plan);
         }
+        let count = match legacy {
+            Some(_) => plan.members.len(),
+            None => plan.tasks.len(),
+        };
         // Per task: where its awaiters and it stand, read once a tick (a server's
         // tasks share their awaiters).
         let mut standing: HashMap<u64, Vec<PyFrame>> = HashMap::new();
-        self.in_turn(plan.tasks.len(), limits, |walker, i| {
-            let (task, coro, thread) = plan.tasks[i];
+        self.in_turn(count, limits, |walker, i| {
+            let (task, coro, thread) = match legacy {
+                Some(legacy) => {
+                    let (task, coro) = walker.member_task(legacy, *plan.members.get(i)?)?;
+                    (task, coro, plan.on)
+                }
+                None => {
+                    let (task, thread) = *plan.tasks.get(i)?;
+                    (task, 0, thread)
+                }
+            };
             if plan.running.contains(&task) {
                 return None;
             }
