@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 
 use super::layout::AsyncioObjects;
-use super::objects::{plausible_pointer, read_u64};
+use super::objects::{field_u64, plausible_pointer, read_u64};
 use super::values::ValueReader;
 use super::{FrameAddresses, PyFrame, ThreadStack, Walker};
 use pyprobe_sdt::process::memory::ProcessMemory;
@@ -556,30 +556,36 @@ pub struct AsyncTask {
 
 /// The nodes of the list at `head`, in order, into `nodes`: the ones `known`
 /// (the list at the last look) read in one go and taken while each still links
-/// to the next, then the rest one by one. At most `max`.
+/// to the next, then the rest one by one. At most `max`. Each node (`struct
+/// llist_node`: next, prev) must link back to the one before it: the list is
+/// read while the program runs, and a task that ends meanwhile cuts it there.
 fn list_nodes(mem: &ProcessMemory, head: u64, known: &[u64], max: usize, nodes: &mut Vec<u64>) {
     let Ok(mut node) = read_u64(mem, head) else {
         return;
     };
+    let mut before = head;
+    let word = |links: &[u8], at: usize| field_u64(links, at as u64).unwrap_or(0);
     let known = &known[..known.len().min(max)];
     if known.first() == Some(&node) {
-        let mut next = vec![0u8; known.len() * 8];
-        let read = mem.read_blocks(known, 8, &mut next);
+        let mut links = vec![0u8; known.len() * 16];
+        let read = mem.read_blocks(known, 16, &mut links);
         for (i, &at) in known[..read].iter().enumerate() {
-            if at != node || !plausible_pointer(at) {
+            if at != node || !plausible_pointer(at) || word(&links, i * 16 + 8) != before {
                 break;
             }
             nodes.push(at);
-            let word: [u8; 8] = next[i * 8..i * 8 + 8].try_into().unwrap_or_default();
-            node = u64::from_le_bytes(word);
+            before = at;
+            node = word(&links, i * 16);
         }
     }
     while node != head && plausible_pointer(node) && nodes.len() < max {
+        let mut link = [0u8; 16];
+        if mem.read_exact(node, &mut link).is_err() || word(&link, 8) != before {
+            return;
+        }
         nodes.push(node);
-        node = match read_u64(mem, node) {
-            Ok(n) => n,
-            Err(_) => return,
-        };
+        before = node;
+        node = word(&link, 0);
     }
 }
 

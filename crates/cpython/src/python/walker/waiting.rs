@@ -54,9 +54,10 @@ pub(super) fn waiting_stack(on: Option<&ThreadStack>, frames: Vec<PyFrame>) -> T
 }
 
 /// What a tick's waiting tasks are read from, found while its threads were held:
-/// every task, which of them ran then (a task that ran is that thread's sample,
-/// not a waiting one), and the threads they are put on. Read with
-/// [`Walker::waiting_of`], once the threads are let go: a waiting task's
+/// which tasks ran then (a task that ran is that thread's sample, not a waiting
+/// one) and the threads. Read with [`Walker::waiting_of`], once the threads are
+/// let go, which lists the tasks (3.14+: asyncio's lists, each link checked;
+/// before: asyncio's registry) and reads each waiting one: a waiting task's
 /// objects change only when it runs.
 #[derive(Debug, Default)]
 pub struct WaitingPlan {
@@ -120,7 +121,6 @@ impl Walker {
             return Ok((stacks, plan));
         };
         let mut plan = WaitingPlan::new(&stacks, false);
-        plan.tasks = self.all_tasks(layout.0, &stacks);
         plan.running = self
             .running_tasks(layout.0, &stacks)
             .into_iter()
@@ -137,8 +137,15 @@ impl Walker {
     pub fn waiting_of(&mut self, plan: &mut WaitingPlan, limits: WaitingLimits) -> WaitingTasks {
         let layout = self.task_layout();
         let legacy = self.legacy_tasks.filter(|_| plan.legacy);
-        if legacy.is_some() {
-            self.legacy_plan_tasks(plan);
+        match (legacy, layout) {
+            (Some(_), _) => self.legacy_plan_tasks(plan),
+            // asyncio's lists are walked now, the threads running: each link is
+            // checked as it is followed, and a list cut by a task that ended
+            // meanwhile ends there for this tick.
+            (None, Some(layout)) if plan.tasks.is_empty() => {
+                plan.tasks = self.all_tasks(layout.0, &plan.threads);
+            }
+            _ => {}
         }
         let count = match legacy {
             Some(_) => plan.members.len(),
