@@ -340,14 +340,7 @@ impl Sampler {
     /// The threads of `pid`, held for the last tick, run again: its waiting
     /// asyncio tasks are read now (`--async=all`), as samples of that tick.
     pub fn after_tick(&mut self, pid: i32, builder: &mut EventBuilder) {
-        if self
-            .waiting_plan
-            .as_ref()
-            .is_none_or(|(at, _, _)| *at != pid)
-        {
-            return;
-        }
-        let Some((_, ts_ns, mut plan)) = self.waiting_plan.take() else {
+        let Some((_, ts_ns, mut plan)) = self.waiting_plan.take_if(|(at, _, _)| *at == pid) else {
             return;
         };
         let limits = self.waiting_limits();

@@ -36,20 +36,19 @@ fn is_run_once(frame: &PyFrame) -> bool {
 }
 
 impl Walker {
-    /// The task `_current_tasks` says a loop runs whose coroutine's frame is on
-    /// the stack at `frames`, its coroutine and that frame's index.
-    pub(super) fn current_task_on(
-        &mut self,
-        legacy: LegacyTasks,
-        frames: &[(u64, u64)],
-    ) -> Option<(u64, u64, usize)> {
-        let registry = self.legacy_registry()?;
-        self.current_tasks(&registry).into_iter().find_map(|task| {
-            let coro = self.task_coroutine(legacy, task)?;
-            let frame = self.coroutine_frame(legacy, coro)?;
-            let at = frames.iter().position(|&(f, _)| f == frame)?;
-            Some((task, coro, at))
-        })
+    /// The tasks `_current_tasks` says the loops run, each with its coroutine
+    /// and that coroutine's frame.
+    pub(super) fn current_task_frames(&mut self, legacy: LegacyTasks) -> Vec<(u64, u64, u64)> {
+        let Some(registry) = self.legacy_registry() else {
+            return Vec::new();
+        };
+        self.current_tasks(&registry)
+            .into_iter()
+            .filter_map(|task| {
+                let coro = self.task_coroutine(legacy, task)?;
+                Some((task, coro, self.coroutine_frame(legacy, coro)?))
+            })
+            .collect()
     }
 
     /// Every task of the process (at most [`MAX_TASKS`]), as
@@ -122,9 +121,6 @@ impl Walker {
         frames: &[FrameAddresses],
     ) -> WaitingPlan {
         let mut plan = WaitingPlan::new(stacks, true);
-        let Some(registry) = self.legacy_registry() else {
-            return plan;
-        };
         let on_stack = frames_on_stacks(frames);
         let mut loops: Vec<usize> = stacks
             .iter()
@@ -132,12 +128,9 @@ impl Walker {
             .filter(|(_, s)| s.frames.iter().any(is_run_once))
             .map(|(t, _)| t)
             .collect();
-        for task in self.current_tasks(&registry) {
+        for (task, _, frame) in self.current_task_frames(legacy) {
             plan.running.insert(task);
-            let frame = self
-                .task_coroutine(legacy, task)
-                .and_then(|coro| self.coroutine_frame(legacy, coro));
-            loops.extend(frame.and_then(|f| on_stack.get(&f)).map(|&(t, _)| t));
+            loops.extend(on_stack.get(&frame).map(|&(t, _)| t));
         }
         loops.sort_unstable();
         loops.dedup();

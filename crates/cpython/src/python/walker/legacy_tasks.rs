@@ -206,8 +206,10 @@ impl Walker {
         stacks: &mut [ThreadStack],
         frames: &[FrameAddresses],
     ) {
+        // The tasks the loops run, read once for the threads that need them.
+        let mut current = None;
         for (stack, frames) in stacks.iter_mut().zip(frames) {
-            if let Some(logical) = self.legacy_logical_stack(legacy, stack, frames) {
+            if let Some(logical) = self.legacy_logical_stack(legacy, stack, frames, &mut current) {
                 stack.frames = logical;
             }
         }
@@ -218,13 +220,22 @@ impl Walker {
         legacy: LegacyTasks,
         stack: &ThreadStack,
         frames: &FrameAddresses,
+        current: &mut Option<Vec<(u64, u64, u64)>>,
     ) -> Option<Vec<PyFrame>> {
         let end = frames.len().min(stack.frames.len());
         let (task, coro, from) = match self.handle_task(legacy, stack, &frames[..end]) {
             Some(found) => found,
             // No `Handle._run` (uvloop's loop is compiled): the task asyncio
             // says a loop runs, if its coroutine is on this stack.
-            None => self.current_task_on(legacy, &frames[..end])?,
+            None => {
+                if current.is_none() {
+                    *current = Some(self.current_task_frames(legacy));
+                }
+                current.iter().flatten().find_map(|&(task, coro, frame)| {
+                    let at = frames[..end].iter().position(|&(f, _)| f == frame)?;
+                    Some((task, coro, at))
+                })?
+            }
         };
         let running = self.legacy_task_info(legacy, task, coro)?;
         let mut logical = self.legacy_prefix(legacy, &running, &mut Default::default());
