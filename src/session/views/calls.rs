@@ -10,7 +10,7 @@ use pyprobe_recording::output::calls::{write_calls_with_plan, CallsOptions};
 use pyprobe_recording::output::flame::ViewError;
 
 use super::reading::{note_cut_short, open};
-use super::stored::kept_planned;
+use super::stored::kept_replay;
 
 /// What `pyprobe calls` was asked to do.
 #[derive(Debug, Clone, Default)]
@@ -36,9 +36,10 @@ pub fn calls(request: &CallsRequest) -> Result<ExitCode> {
     };
     let stdout = io::stdout();
     let out = BufWriter::new(stdout.lock());
-    // A large recording's plan, kept with its views: the flow starts at once.
-    let plan = kept_planned(file).map(|p| p.plan);
-    let summary = match write_calls_with_plan(&mut reader, plan, &options, out) {
+    // A large recording's replay, kept with its views: the flow starts at
+    // once, and after one function reads only the parts holding its calls.
+    let kept = kept_replay(file);
+    let summary = match write_calls_with_plan(&mut reader, kept, &options, out) {
         Ok(s) => s,
         Err(ViewError::Io(e)) if e.kind() == io::ErrorKind::BrokenPipe => {
             return Ok(ExitCode::SUCCESS)
@@ -46,7 +47,7 @@ pub fn calls(request: &CallsRequest) -> Result<ExitCode> {
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
     };
     note_cut_short(&reader, file);
-    if summary.calls + summary.resumes + summary.returns == 0 {
+    if summary.entries + summary.returns == 0 {
         if summary.samples > 0 {
             eprintln!(
                 "pyprobe: note: {} holds samples, not calls: there is no call flow (see `pyprobe flame` and `pyprobe report`)",

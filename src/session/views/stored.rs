@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use pyprobe_recording::analyze::SampleFilter;
+use pyprobe_recording::output::calls::KeptReplay;
 use pyprobe_recording::output::Planned;
 use pyprobe_recording::stored::{self, FileState, Lookup, SaveError, StoredViews};
 
@@ -59,12 +60,28 @@ pub(crate) fn usable_views(
 /// The first pass (the replay's plan, the census of every call) kept beside
 /// `file`, if its views are kept and belong to it; nothing is built, nor said.
 pub(crate) fn kept_planned(file: &Path) -> Option<Planned> {
+    kept_views(file).map(|views| views.planned)
+}
+
+/// The replay kept beside `file` (its plan, where it can be taken up, the
+/// recording's names), if its views are kept and belong to it; nothing is
+/// built, nor said.
+pub(crate) fn kept_replay(file: &Path) -> Option<KeptReplay> {
+    kept_views(file).map(|views| KeptReplay {
+        plan: views.planned.plan,
+        checkpoints: views.checkpoints,
+        strings: views.strings,
+        qualnames: views.info.qualnames,
+    })
+}
+
+fn kept_views(file: &Path) -> Option<StoredViews> {
     let size = FileState::of(file).ok()?.bytes();
     if size < store_from_bytes() {
         return None;
     }
     match stored::load(file) {
-        Lookup::Fresh(views) => Some(views.planned),
+        Lookup::Fresh(views) => Some(*views),
         _ => None,
     }
 }

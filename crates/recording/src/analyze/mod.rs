@@ -4,6 +4,7 @@
 
 pub(crate) mod aggregate;
 mod budget;
+pub mod checkpoints;
 pub mod filter;
 pub mod folded;
 mod gc;

@@ -10,16 +10,19 @@
 //! The recording is streamed; memory is bounded by the threads and stack depth.
 
 use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use std::io::{Read, Seek, Write};
 
+use crate::analyze::checkpoints::{entered, replay_wanted, Checkpoints};
 use crate::analyze::recording::replay_with_plan;
-use crate::analyze::{EndKind, Plan, Step};
+use crate::analyze::{EndKind, Plan, Replay, Step};
 use crate::output::flame::ViewError;
 use crate::output::names::FrameNames;
 use crate::output::speedscope::json_str;
 use crate::output::terminal::escaped;
 use crate::output::units::format_ns;
-use crate::recording::{EventKind, FrameRef, RecordingReader};
+use crate::recording::{Event, EventKind, FrameRef, Qualnames, RecordingReader};
 
 /// Indentation stops growing past this depth (the depth is still printed in JSON).
 const MAX_INDENT: usize = 100;
@@ -45,16 +48,28 @@ pub struct CallsOptions {
 pub struct CallsSummary {
     /// Lines (or JSON objects) written.
     pub(crate) lines: u64,
-    /// Call events in the recording.
-    pub calls: u64,
-    /// Resume events in the recording (generators and coroutines entered again).
-    pub resumes: u64,
+    /// Call and resume events in the recording.
+    pub entries: u64,
     /// Return events in the recording.
     pub returns: u64,
     /// Sample events in the recording (a sampled recording has no call flow).
     pub samples: u64,
     /// Calls of the `start_at` function seen.
     pub start_at_calls: u64,
+}
+
+/// What an earlier reading of a large recording kept with its views, so the
+/// flow starts at once and, after one function's calls, reads only the parts
+/// of the file that hold them.
+#[derive(Debug, Clone)]
+pub struct KeptReplay {
+    /// The replay's plan (its first pass).
+    pub plan: Plan,
+    /// Where the replay can be taken up.
+    pub checkpoints: Checkpoints,
+    /// The recording's whole string table and qualified names.
+    pub strings: Vec<String>,
+    pub qualnames: Qualnames,
 }
 
 struct Matcher {
@@ -117,32 +132,161 @@ pub fn write_calls<R: Read + Seek, W: Write>(
     write_calls_with_plan(reader, None, options, out)
 }
 
-/// As [`write_calls`], with the replay's `plan` when one is kept (the first
-/// pass, reading every event before the first line, is then skipped).
+/// As [`write_calls`], with what an earlier reading kept when there is some:
+/// the first pass, reading every event before the first line, is then
+/// skipped, and with `start_at` only the parts of the file entering that
+/// function (and those its calls last into) are read.
 pub fn write_calls_with_plan<R: Read + Seek, W: Write>(
     reader: &mut RecordingReader<R>,
-    plan: Option<Plan>,
+    kept: Option<KeptReplay>,
     options: &CallsOptions,
     mut out: W,
 ) -> Result<CallsSummary, ViewError> {
     let header = reader.header().clone();
-    let matcher = options.start_at.as_deref().map(Matcher::new);
-    let mut summary = CallsSummary::default();
-    // Per thread inside a `start_at` window: the depth of that call.
-    let mut windows: HashMap<u32, usize> = HashMap::new();
-    let mut base: Option<u64> = (header.start_ns != 0).then_some(header.start_ns);
-    let mut text = String::with_capacity(256);
-    let mut creations = 0u64;
-    let mut lines: Vec<Line> = Vec::new();
-
+    let mut flow = Flow {
+        matcher: options.start_at.as_deref().map(Matcher::new),
+        options,
+        summary: CallsSummary::default(),
+        windows: HashMap::new(),
+        matching: FxHashMap::default(),
+        base: (header.start_ns != 0).then_some(header.start_ns),
+        text: String::with_capacity(256),
+        lines: Vec::new(),
+    };
     if options.json {
         out.write_all(b"[")?;
     } else {
         writeln!(out, "{:>14} {:>8}  FLOW", "TIME(µs)", "TID")?;
     }
-    replay_with_plan(reader, plan, |reader, event, ts, steps, replay| {
+    match kept {
+        Some(kept) if flow.matcher.is_some() => {
+            let KeptReplay {
+                plan,
+                checkpoints,
+                strings,
+                qualnames,
+            } = kept;
+            // Only part of the events are read: the counts come from the plan.
+            let counted = CallsSummary {
+                entries: plan.calls,
+                returns: plan.returns,
+                samples: plan.samples,
+                ..CallsSummary::default()
+            };
+            reader.know_names(strings, qualnames);
+            let wanted = {
+                let names =
+                    FrameNames::new(reader.strings(), true).with_qualnames(reader.qualnames());
+                let matcher = flow.matcher.as_ref();
+                checkpoints.intervals_entering(|f| matcher.is_some_and(|m| m.matches(&names, f)))
+            };
+            if flow.base.is_none() {
+                flow.base = checkpoints.first_ts();
+            }
+            replay_wanted(
+                reader,
+                plan,
+                &checkpoints,
+                &wanted,
+                |reader, event, ts, steps, replay| {
+                    flow.push(reader, event, ts, steps, replay, &mut out)?;
+                    Ok::<bool, ViewError>(!flow.windows.is_empty())
+                },
+            )?;
+            flow.summary = CallsSummary {
+                lines: flow.summary.lines,
+                start_at_calls: flow.summary.start_at_calls,
+                ..counted
+            };
+        }
+        kept => {
+            let plan = kept.map(|k| {
+                reader.know_names(k.strings, k.qualnames);
+                k.plan
+            });
+            replay_with_plan(reader, plan, |reader, event, ts, steps, replay| {
+                flow.count(event);
+                flow.push(reader, event, ts, steps, replay, &mut out)
+            })?;
+        }
+    }
+    if options.json {
+        out.write_all(if flow.summary.lines == 0 {
+            b"]\n"
+        } else {
+            b"\n]\n"
+        })?;
+    }
+    out.flush()?;
+    Ok(flow.summary)
+}
+
+/// The call flow being written, one event at a time.
+struct Flow<'o> {
+    matcher: Option<Matcher>,
+    options: &'o CallsOptions,
+    summary: CallsSummary,
+    /// Per thread inside a `start_at` window: the depth of that call.
+    windows: HashMap<u32, usize>,
+    /// Whether each function met is the `start_at` one.
+    matching: FxHashMap<FrameRef, bool>,
+    /// Time 0 of the lines.
+    base: Option<u64>,
+    text: String,
+    lines: Vec<Line>,
+}
+
+impl Flow<'_> {
+    /// Counts what the recording holds.
+    fn count(&mut self, event: &Event) {
+        match event.kind {
+            EventKind::Call { .. } | EventKind::Resume { .. } => self.summary.entries += 1,
+            EventKind::Return { .. } => self.summary.returns += 1,
+            EventKind::Sample { .. } => self.summary.samples += 1,
+            _ => {}
+        }
+    }
+
+    /// Whether `event` (or a frame seeded before it) enters the `start_at`
+    /// function.
+    fn may_open<R: Read>(
+        &mut self,
+        reader: &RecordingReader<R>,
+        event: &Event,
+        steps: &[Step],
+    ) -> bool {
+        let Some(matcher) = &self.matcher else {
+            return true;
+        };
+        let names = FrameNames::new(reader.strings(), true).with_qualnames(reader.qualnames());
+        entered(event, steps).any(|f| {
+            *self
+                .matching
+                .entry(f)
+                .or_insert_with(|| matcher.matches(&names, &f))
+        })
+    }
+
+    /// Writes the lines of one replayed event.
+    fn push<R: Read, W: Write>(
+        &mut self,
+        reader: &RecordingReader<R>,
+        event: &Event,
+        ts: u64,
+        steps: &[Step],
+        replay: &Replay,
+        out: &mut W,
+    ) -> Result<(), ViewError> {
         let tid = event.tid;
-        let start = *base.get_or_insert(ts);
+        let start = *self.base.get_or_insert(ts);
+        if self.matcher.is_some()
+            && !self.windows.contains_key(&tid)
+            && !self.may_open(reader, event, steps)
+        {
+            // Outside `start_at`'s calls nothing is written.
+            return Ok(());
+        }
+        let lines = &mut self.lines;
         lines.clear();
         // Frames running when tracing began, seeded before this event.
         for step in steps {
@@ -167,11 +311,6 @@ pub fn write_calls_with_plan<R: Read + Seek, W: Write>(
         match &event.kind {
             EventKind::Call { frame } | EventKind::Resume { frame } => {
                 let resume = matches!(event.kind, EventKind::Resume { .. });
-                if resume {
-                    summary.resumes += 1;
-                } else {
-                    summary.calls += 1;
-                }
                 let entered = steps.iter().find_map(|s| match *s {
                     Step::Enter {
                         depth,
@@ -180,12 +319,10 @@ pub fn write_calls_with_plan<R: Read + Seek, W: Write>(
                     } => Some(depth),
                     _ => None,
                 });
-                let created = replay.counters().generator_creations > creations;
-                creations = replay.counters().generator_creations;
                 let (depth, note) = match entered {
                     Some(d) if resume => (d, Note::Resume),
                     Some(d) => (d, Note::None),
-                    None if created => (replay.depth(tid), Note::Creation),
+                    None if replay.just_created() => (replay.depth(tid), Note::Creation),
                     None if resume => (replay.depth(tid), Note::Resume),
                     None => (replay.depth(tid), Note::None),
                 };
@@ -200,7 +337,6 @@ pub fn write_calls_with_plan<R: Read + Seek, W: Write>(
                 });
             }
             EventKind::Return { frame, .. } => {
-                summary.returns += 1;
                 let mut popped = 0usize;
                 let mut returned = None;
                 let mut took = None;
@@ -234,27 +370,30 @@ pub fn write_calls_with_plan<R: Read + Seek, W: Write>(
                 });
             }
             EventKind::ThreadExit => {
-                windows.remove(&tid);
+                self.windows.remove(&tid);
             }
-            EventKind::Sample { .. } => summary.samples += 1,
             _ => {}
         }
+        if self.lines.is_empty() {
+            return Ok(());
+        }
+        let options = self.options;
         let names = FrameNames::new(reader.strings(), options.full_paths)
             .with_qualnames(reader.qualnames());
         let full = FrameNames::new(reader.strings(), true).with_qualnames(reader.qualnames());
-        for l in lines.drain(..) {
+        for l in self.lines.drain(..) {
             // The `start_at` window: from that function's call to its return.
-            if let Some(m) = &matcher {
+            if let Some(m) = &self.matcher {
                 if l.is_call && m.matches(&names, &l.frame) && !matches!(l.note, Note::Creation) {
-                    summary.start_at_calls += 1;
-                    windows.entry(l.tid).or_insert(l.depth);
+                    self.summary.start_at_calls += 1;
+                    self.windows.entry(l.tid).or_insert(l.depth);
                 }
             }
-            let level = match (&matcher, windows.get(&l.tid).copied()) {
+            let level = match (&self.matcher, self.windows.get(&l.tid).copied()) {
                 (None, _) => l.depth,
                 (Some(_), Some(b)) => {
                     if !l.is_call && l.depth <= b && !matches!(l.note, Note::NoEntry) {
-                        windows.remove(&l.tid);
+                        self.windows.remove(&l.tid);
                     }
                     l.depth.saturating_sub(b)
                 }
@@ -267,18 +406,20 @@ pub fn write_calls_with_plan<R: Read + Seek, W: Write>(
                 continue;
             }
             write_line(
-                &mut text, &l, level, start, &names, &full, options, &summary,
+                &mut self.text,
+                &l,
+                level,
+                start,
+                &names,
+                &full,
+                options,
+                &self.summary,
             );
-            out.write_all(text.as_bytes())?;
-            summary.lines += 1;
+            out.write_all(self.text.as_bytes())?;
+            self.summary.lines += 1;
         }
-        Ok::<(), ViewError>(())
-    })?;
-    if options.json {
-        out.write_all(if summary.lines == 0 { b"]\n" } else { b"\n]\n" })?;
+        Ok(())
     }
-    out.flush()?;
-    Ok(summary)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -8,7 +8,7 @@
 //! per function its file, name and first line (string ids, a line), and the
 //! qualified name's string id.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use super::wire::{put_uvarint, Cursor};
 use super::{FrameRef, RecordError, StrId};
@@ -34,11 +34,11 @@ pub const MAX_QUALNAMES: usize = 1 << 22;
 /// The qualified names a recording holds.
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Qualnames {
-    exact: HashMap<FrameRef, StrId>,
+    exact: FxHashMap<FrameRef, StrId>,
     /// By file and name alone, for a frame whose line is not its first (a
     /// generator resumed, on 3.9): `None` when two functions of one name in one
     /// file have different qualified names.
-    by_name: HashMap<(StrId, StrId), Option<StrId>>,
+    by_name: FxHashMap<(StrId, StrId), Option<StrId>>,
 }
 
 impl Qualnames {

@@ -159,6 +159,13 @@ impl<R: Read> RecordingReader<R> {
         self.offset
     }
 
+    /// Whether the events chunk being read has no event left: the next event
+    /// comes from the chunk at [`bytes_read`](Self::bytes_read), so a reader
+    /// [positioned](Self::seek_to_chunk) there takes up from here.
+    pub(crate) fn at_chunk_end(&self) -> bool {
+        self.pos >= self.chunk.len()
+    }
+
     /// The string table read so far, the reader done with.
     pub fn into_strings(self) -> Vec<String> {
         self.strings
@@ -343,6 +350,52 @@ impl<R: Read + Seek> RecordingReader<R> {
         self.completion = Completion::Reading;
         self.reread = true;
         Ok(())
+    }
+}
+
+impl<R: Read + Seek> RecordingReader<R> {
+    /// Goes to the chunk at `offset`, where `events_before` events have gone
+    /// before, to read on from there: a place kept by an earlier reading of
+    /// this recording (at a chunk boundary, [`at_chunk_end`](Self::at_chunk_end)).
+    /// The strings and qualified names the events there use must already be
+    /// known: see [`know_names`](Self::know_names).
+    pub(crate) fn seek_to_chunk(
+        &mut self,
+        offset: u64,
+        events_before: u64,
+    ) -> Result<(), RecordError> {
+        if offset < self.events_start {
+            return Err(RecordError::Corrupt {
+                offset,
+                what: format!(
+                    "a kept place before the first event ({})",
+                    self.events_start
+                ),
+            });
+        }
+        self.input
+            .seek(SeekFrom::Start(offset))
+            .map_err(|error| RecordError::Io { offset, error })?;
+        self.offset = offset;
+        self.chunk.clear();
+        self.pos = 0;
+        self.chunk_base = 0;
+        self.decoder.reset();
+        self.events_read = events_before;
+        self.completion = Completion::Reading;
+        self.reread = true;
+        Ok(())
+    }
+
+    /// Takes the whole string table and qualified names of the recording, read
+    /// before (kept with its views), so the reader can start anywhere; the
+    /// chunks that define them are then read again without adding to them.
+    pub(crate) fn know_names(&mut self, strings: Vec<String>, qualnames: Qualnames) {
+        if strings.len() >= self.strings.len() {
+            self.strings = strings;
+            self.qualnames = qualnames;
+            self.reread = true;
+        }
     }
 }
 

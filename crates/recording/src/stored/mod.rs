@@ -17,6 +17,7 @@ use std::time::UNIX_EPOCH;
 use serde::{Deserialize, Serialize};
 
 use crate::analyze::aggregate::Aggregator;
+use crate::analyze::checkpoints::{CheckpointBuilder, Checkpoints};
 use crate::analyze::folded::{Folded, Folder};
 use crate::analyze::line_counts::LineCounts;
 use crate::analyze::recording::replay_planned;
@@ -33,7 +34,7 @@ mod tests;
 pub const SUFFIX: &str = ".views";
 const MAGIC: [u8; 8] = *b"PYPVIEWS";
 /// Bumped whenever what is stored changes: any stored type's fields included.
-const STORE_VERSION: u32 = 4;
+const STORE_VERSION: u32 = 5;
 /// Magic, version, checksum and payload length.
 const PREFIX_LEN: usize = 8 + 4 + 4 + 8;
 /// Largest views file read: far above what a tree bounded by the views' own
@@ -105,6 +106,8 @@ pub struct StoredViews {
     /// The replay's plan and the census of every call (its first pass), for the
     /// views that replay the events in order (`calls`, the trace exports).
     pub planned: Planned,
+    /// Where that replay can be taken up, and where each function is entered.
+    pub checkpoints: Checkpoints,
 }
 
 impl StoredViews {
@@ -121,6 +124,14 @@ impl StoredViews {
         reader: &mut RecordingReader<R>,
         progress: &mut dyn FnMut(u32, u64),
     ) -> Result<StoredViews, RecordError> {
+        Self::build_checkpointed(reader, progress, CheckpointBuilder::default())
+    }
+
+    fn build_checkpointed<R: Read + Seek>(
+        reader: &mut RecordingReader<R>,
+        progress: &mut dyn FnMut(u32, u64),
+        mut checkpoints: CheckpointBuilder,
+    ) -> Result<StoredViews, RecordError> {
         let filter = SampleFilter::default();
         let mut agg = Aggregator::with_filter(reader.header(), filter);
         let mut folder = Folder::for_recording(reader.header(), filter).by_thread();
@@ -135,6 +146,7 @@ impl StoredViews {
         };
         let mut events = 0u64;
         let replay = replay_planned(reader, plan, |reader, event, ts, steps, replay| {
+            checkpoints.push(reader, event, ts, steps, replay);
             events += 1;
             if events % PROGRESS_EVENTS == 0 {
                 progress(1, reader.bytes_read());
@@ -154,6 +166,7 @@ impl StoredViews {
             report,
             lines,
             planned,
+            checkpoints: checkpoints.finish(),
         })
     }
 

@@ -291,3 +291,184 @@ proptest::proptest! {
         }
     }
 }
+
+/// A recording of many chunks on two threads: a frame running when tracing
+/// began (returned from at the end), a hot loop everywhere, and `rare` entered
+/// in a few places, once for longer than a chunk. CPython 3.15: `rare` makes
+/// a generator (an entry that never returns), which only the count of each
+/// thread's entries so far tells from a call.
+fn write_long_recording(path: &Path) {
+    let header = Header {
+        python_version: "3.15.0".into(),
+        ..header()
+    };
+    let mut w = RecordingWriter::create(path, &header).unwrap();
+    let file = w.intern("/app/long.py");
+    let frame = |w: &mut RecordingWriter<_>, name: &str, line| FrameRef {
+        file,
+        function: w.intern(name),
+        line,
+    };
+    let (outer, main, work, leaf, rare, made) = (
+        frame(&mut w, "outer", 1),
+        frame(&mut w, "main", 5),
+        frame(&mut w, "work", 10),
+        frame(&mut w, "leaf", 20),
+        frame(&mut w, "rare", 30),
+        frame(&mut w, "made", 40),
+    );
+    let mut ts = 2_000;
+    let mut event = |w: &mut RecordingWriter<_>, tid, kind| {
+        ts += 97;
+        w.write(&Event {
+            tid,
+            ts_ns: ts,
+            kind,
+        })
+        .unwrap();
+    };
+    let ret = |frame: FrameRef| EventKind::Return {
+        frame,
+        first_line: frame.line,
+    };
+    for tid in [7, 8] {
+        event(&mut w, tid, EventKind::Call { frame: main });
+    }
+    for round in 0..300_000u32 {
+        let tid = if (round / 1000) % 2 == 0 { 7 } else { 8 };
+        if [40_000, 170_000, 290_000].contains(&round) {
+            event(&mut w, tid, EventKind::Call { frame: rare });
+            event(&mut w, tid, EventKind::Call { frame: rare });
+            event(&mut w, tid, EventKind::Call { frame: made });
+            event(
+                &mut w,
+                tid,
+                EventKind::Return {
+                    frame: rare,
+                    first_line: 30,
+                },
+            );
+            event(&mut w, tid, ret(rare));
+        }
+        // A call of `rare` on thread 9 open across many chunks.
+        if round == 100_000 {
+            event(&mut w, 9, EventKind::Call { frame: rare });
+        }
+        if (100_000..160_000).contains(&round) && round % 500 == 0 {
+            event(&mut w, 9, EventKind::Call { frame: leaf });
+            event(&mut w, 9, ret(leaf));
+        }
+        if round == 160_000 {
+            event(&mut w, 9, ret(rare));
+        }
+        event(&mut w, tid, EventKind::Call { frame: work });
+        event(&mut w, tid, EventKind::Call { frame: leaf });
+        event(&mut w, tid, ret(leaf));
+        event(&mut w, tid, ret(work));
+    }
+    for tid in [7, 8] {
+        event(&mut w, tid, ret(main));
+    }
+    event(&mut w, 8, ret(outer));
+    w.finish(ts + 10).unwrap();
+}
+
+/// A file that counts the bytes read from it.
+struct Counting {
+    file: std::fs::File,
+    read: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl std::io::Read for Counting {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.read.set(self.read.get() + n as u64);
+        Ok(n)
+    }
+}
+
+impl std::io::Seek for Counting {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        self.file.seek(to)
+    }
+}
+
+#[test]
+fn the_call_flow_from_checkpoints_is_the_flow_of_every_event() {
+    use crate::output::calls::{write_calls, write_calls_with_plan, CallsOptions, KeptReplay};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("long.pyprobe");
+    write_long_recording(&path);
+    let size = std::fs::metadata(&path).unwrap().len();
+    let views = StoredViews::build_checkpointed(
+        &mut RecordingReader::open(&path).unwrap(),
+        &mut |_, _| {},
+        CheckpointBuilder::every(1),
+    )
+    .unwrap();
+    assert!(
+        views.checkpoints.intervals() > 8,
+        "{} intervals in {size} bytes",
+        views.checkpoints.intervals()
+    );
+    let cases = [
+        ("rare", None, None, false),
+        ("long.py:rare", Some(9), None, false),
+        ("rare", None, Some(1), true),
+        ("outer", None, None, false),
+        ("main", Some(7), Some(2), false),
+        ("nowhere", None, None, false),
+    ];
+    for (start_at, thread, max_depth, json) in cases {
+        let options = CallsOptions {
+            start_at: Some(start_at.into()),
+            thread,
+            max_depth,
+            json,
+            full_paths: false,
+        };
+        let mut every = Vec::new();
+        let full = write_calls(
+            &mut RecordingReader::open(&path).unwrap(),
+            &options,
+            &mut every,
+        )
+        .unwrap();
+        let read = std::rc::Rc::new(std::cell::Cell::new(0));
+        let input = Counting {
+            file: std::fs::File::open(&path).unwrap(),
+            read: read.clone(),
+        };
+        let kept = KeptReplay {
+            plan: views.planned.plan.clone(),
+            checkpoints: views.checkpoints.clone(),
+            strings: views.strings.clone(),
+            qualnames: views.info.qualnames.clone(),
+        };
+        let mut from_kept = Vec::new();
+        let part = write_calls_with_plan(
+            &mut RecordingReader::from_reader(input).unwrap(),
+            Some(kept),
+            &options,
+            &mut from_kept,
+        )
+        .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&every),
+            String::from_utf8_lossy(&from_kept),
+            "--start-at {start_at}"
+        );
+        assert_eq!(full, part, "--start-at {start_at}");
+        if start_at == "rare" && max_depth.is_none() {
+            let text = String::from_utf8_lossy(&every);
+            assert_eq!(text.matches("(creates a generator").count(), 3, "{text}");
+        }
+        if start_at.ends_with("rare") || start_at == "nowhere" {
+            assert!(
+                read.get() < size / 2,
+                "--start-at {start_at} read {} of {size} bytes",
+                read.get()
+            );
+        }
+    }
+}

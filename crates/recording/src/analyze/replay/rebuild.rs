@@ -11,7 +11,7 @@ use super::steps::{
 use crate::analyze::processes::ProcessMap;
 use crate::recording::{Event, EventKind, FrameRef, Header, WalkedFrame};
 
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 struct OpenFrame {
     code: FrameRef,
     name: Name,
@@ -21,7 +21,7 @@ struct OpenFrame {
 }
 
 /// How a frame came onto the stack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Entered {
     /// Its entry: a call.
     Called,
@@ -31,7 +31,7 @@ enum Entered {
     Seeded,
 }
 
-#[derive(Default, Clone)]
+#[derive(Default, Clone, serde::Serialize, serde::Deserialize)]
 struct ReplayThread {
     frames: Vec<OpenFrame>,
     /// Activations of each function (code object) on the stack.
@@ -49,9 +49,12 @@ struct ReplayThread {
     time: ThreadTime,
 }
 
-/// The second pass; see the module documentation.
-#[derive(Clone)]
+/// The second pass; see the module documentation. What it has replayed so far
+/// can be kept (serialized without its plan) and taken up again with
+/// [`Replay::resume`].
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub struct Replay {
+    #[serde(skip)]
     plan: Plan,
     threads: FxHashMap<u32, ReplayThread>,
     segment: u32,
@@ -62,6 +65,9 @@ pub struct Replay {
     /// Generators and coroutines created (CPython 3.15's entries at creation),
     /// by process and function name.
     creations: FxHashMap<(u32, Name), u64>,
+    /// Whether the last event pushed was such a creation.
+    #[serde(skip)]
+    created: bool,
 }
 
 impl Replay {
@@ -75,7 +81,23 @@ impl Replay {
             counters: ReplayCounters::default(),
             processes: ProcessMap::new(header),
             creations: FxHashMap::default(),
+            created: false,
         }
+    }
+
+    /// Goes on from `kept`, a replay of the same recording serialized at some
+    /// event (its plan is not kept): this replay's plan goes to it.
+    pub(crate) fn take_up(&mut self, kept: Replay) {
+        let plan = std::mem::take(&mut self.plan);
+        *self = kept;
+        self.plan = plan;
+        self.created = false;
+    }
+
+    /// Whether the event just pushed was an entry at a generator's or
+    /// coroutine's creation (CPython 3.15), left out of the stacks.
+    pub(crate) fn just_created(&self) -> bool {
+        self.created
     }
 
     /// Generators and coroutines created, by process and function name, as far as
@@ -147,6 +169,7 @@ impl Replay {
     /// on its thread's monotonic clock.
     pub fn push(&mut self, event: &Event, out: &mut Vec<Step>) -> u64 {
         let tid = event.tid;
+        self.created = false;
         self.processes.push(event);
         let returns_only = self.plan.pairing == Pairing::ReturnsOnly;
         let t = self.threads.entry(tid).or_default();
@@ -188,6 +211,7 @@ impl Replay {
                     return ts;
                 }
                 if self.plan.is_creation(tid, index, &mut t.creation_cursor) {
+                    self.created = true;
                     self.counters.generator_creations += 1;
                     let pid = self.processes.pid_of(tid);
                     *self

@@ -139,7 +139,7 @@ pub struct ReplayCounters {
 pub(crate) const OUT_OF_ORDER_NS: u64 = 5_000;
 
 /// Per-thread totals of the replay.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ThreadTime {
     /// When its first frame started and its last frame ended (monotonic time):
     /// the traced wall time is `last - first`.
