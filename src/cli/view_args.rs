@@ -66,6 +66,14 @@ pub struct FlameArgs {
     /// of two of nanoseconds, said on stderr).
     #[arg(long, conflicts_with = "min_duration")]
     pub all: bool,
+    /// speedscope only: every call where it happened (evented profiles, as large
+    /// as the calls; --all, --min-duration, --include and --exclude imply it).
+    /// Without it, a traced recording's speedscope file holds each thread's
+    /// stacks weighted by their own time (or calls, --by calls): written at
+    /// once, as small as the flame graph, for speedscope's left-heavy and
+    /// sandwich views.
+    #[arg(long)]
+    pub timeline: bool,
     /// Chrome trace and speedscope only: keep only functions whose file matches
     /// this glob (repeatable); GC, import and audit events stay.
     #[arg(long, value_name = "GLOB")]
@@ -248,6 +256,7 @@ impl FlameArgs {
                 min_duration_ns: self.min_duration.unwrap_or(0),
             },
             all: self.all,
+            timeline: self.timeline,
         })
     }
 }

@@ -669,6 +669,61 @@ fn speedscope_opens(json: &[u8]) -> usize {
     opens
 }
 
+/// A traced recording's speedscope file, by default: each thread's stacks
+/// weighted by their own time (or calls), the report's numbers, whatever the
+/// number of calls.
+#[test]
+fn a_traced_speedscope_file_holds_the_reports_stacks() {
+    let dir = tempdir();
+    let input = dir.path().join("calls.pyprobe");
+    many_calls(&input, 1000);
+    let export = |extra: &[&str]| {
+        let mut args = vec!["flame", s(&input), "-o", "-", "--format", "speedscope"];
+        args.extend_from_slice(extra);
+        let o = run_pyprobe(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("--timeline writes every call"),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let report: serde_json::Value =
+        serde_json::from_slice(&run_pyprobe(&["report", s(&input), "--format", "json"]).stdout)
+            .unwrap();
+    // Own time and calls per function, by the innermost frame of each stack.
+    let per_leaf = |doc: &serde_json::Value| {
+        let frames = doc["shared"]["frames"].as_array().unwrap();
+        let mut by_leaf: std::collections::BTreeMap<String, u64> = Default::default();
+        let profiles = doc["profiles"].as_array().unwrap();
+        assert_eq!(profiles.len(), 1, "one thread");
+        let p = &profiles[0];
+        assert_eq!(p["type"], "sampled");
+        let weights = p["weights"].as_array().unwrap();
+        for (stack, w) in p["samples"].as_array().unwrap().iter().zip(weights) {
+            let leaf = stack.as_array().unwrap().last().unwrap().as_u64().unwrap();
+            let name = frames[leaf as usize]["name"].as_str().unwrap();
+            let function = name.split(' ').next().unwrap().to_string();
+            *by_leaf.entry(function).or_default() += w.as_u64().unwrap();
+        }
+        let total: u64 = by_leaf.values().sum();
+        assert_eq!(p["endValue"].as_u64(), Some(total));
+        by_leaf
+    };
+    let timed = export(&[]);
+    assert_eq!(timed["profiles"][0]["unit"], "nanoseconds");
+    let counted = export(&["--by", "calls"]);
+    assert_eq!(counted["profiles"][0]["unit"], "none");
+    let (own, calls) = (per_leaf(&timed), per_leaf(&counted));
+    for f in report["functions"].as_array().unwrap() {
+        let name = f["function"].as_str().unwrap();
+        assert_eq!(own.get(name).copied(), f["exclusive_ns"].as_u64(), "{name}");
+        assert_eq!(calls.get(name).copied(), f["calls"].as_u64(), "{name}");
+    }
+    assert_eq!(calls.values().sum::<u64>(), 1001);
+}
+
 #[test]
 fn min_duration_include_and_exclude_drop_calls_from_trace_exports() {
     let dir = tempdir();
@@ -684,7 +739,10 @@ fn min_duration_include_and_exclude_drop_calls_from_trace_exports() {
     // Everything: main and its 1000 calls.
     let all = chrome_calls(&export("chrome", &[]));
     assert_eq!(all.len(), 1001);
-    assert_eq!(speedscope_opens(&export("speedscope", &[])), 1001);
+    assert_eq!(
+        speedscope_opens(&export("speedscope", &["--timeline"])),
+        1001
+    );
     // 1 ms: main and the two long calls.
     let long = chrome_calls(&export("chrome", &["--min-duration", "1ms"]));
     assert_eq!(long.len(), 3, "{long:?}");
@@ -837,13 +895,13 @@ fn a_large_trace_export_keeps_the_longer_calls_or_is_announced_with_all() {
         stderr.contains("pyprobe: warning: the speedscope file will be about"),
         "{stderr}"
     );
-    let (stderr, cut_size) = export("speedscope", Some("100000"), &[]);
+    let (stderr, cut_size) = export("speedscope", Some("100000"), &["--timeline"]);
     assert!(
         stderr.contains("pyprobe: note: a speedscope file of every call would be about"),
         "{stderr}"
     );
     assert!(cut_size < size, "{cut_size} of {size} bytes");
-    let (stderr, _) = export("speedscope", Some(&(size * 3).to_string()), &[]);
+    let (stderr, _) = export("speedscope", Some(&(size * 3).to_string()), &["--timeline"]);
     assert!(!stderr.contains("warning"), "{stderr}");
 }
 

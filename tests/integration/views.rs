@@ -274,7 +274,7 @@ run (src/main.py:48) 2
 fn speedscope_evented_golden() {
     let t = trace_recording("speedscope-trace.pyprobe");
     assert_eq!(
-        unversioned(&flame(&t, &["--format", "speedscope"])),
+        unversioned(&flame(&t, &["--format", "speedscope", "--timeline"])),
         r#"{"$schema":"https://www.speedscope.app/file-format-schema.json","exporter":"pyprobe VERSION","name":"pyprobe: python3 main.py","activeProfileIndex":0,"profiles":[
 {"type":"evented","name":"main thread (100)","unit":"nanoseconds","startValue":0,"endValue":10000,"events":[{"type":"O","frame":0,"at":0},{"type":"O","frame":1,"at":1000},{"type":"O","frame":2,"at":2000},{"type":"C","frame":2,"at":4000},{"type":"C","frame":1,"at":6000},{"type":"O","frame":3,"at":7000},{"type":"C","frame":3,"at":8000},{"type":"O","frame":4,"at":9100},{"type":"O","frame":5,"at":9200},{"type":"C","frame":5,"at":9300},{"type":"C","frame":4,"at":9300},{"type":"C","frame":0,"at":10000}]},
 {"type":"evented","name":"thread 101","unit":"nanoseconds","startValue":0,"endValue":10000,"events":[{"type":"O","frame":1,"at":3000},{"type":"C","frame":1,"at":3000},{"type":"O","frame":2,"at":3500},{"type":"C","frame":2,"at":3700}]}
@@ -282,6 +282,29 @@ fn speedscope_evented_golden() {
 {"name":"main (src/main.py:1)","file":"/app/src/main.py","line":1},
 {"name":"work (src/main.py:10)","file":"/app/src/main.py","line":10},
 {"name":"leaf (src/main.py:20)","file":"/app/src/main.py","line":20},
+{"name":"dumps (json/__init__.py:5)","file":"/usr/lib/python3.9/json/__init__.py","line":5},
+{"name":"helper (src/main.py:40)","file":"/app/src/main.py","line":40},
+{"name":"gen (src/main.py:30)","file":"/app/src/main.py","line":30}
+]}}
+"#
+    );
+}
+
+/// A trace's speedscope file by default: each thread's stacks with their own
+/// time, the flame graph's numbers.
+#[test]
+fn speedscope_stacks_golden() {
+    let t = trace_recording("speedscope-stacks.pyprobe");
+    assert_eq!(
+        unversioned(&flame(&t, &["--format", "speedscope"])),
+        r#"{"$schema":"https://www.speedscope.app/file-format-schema.json","exporter":"pyprobe VERSION","name":"pyprobe: python3 main.py","activeProfileIndex":0,"profiles":[
+{"type":"sampled","name":"main thread (100)","unit":"nanoseconds","startValue":0,"endValue":10000,"samples":[[0],[0,1],[0,1,2],[0,1,3],[0,4],[0,5],[0,5,6]],"weights":[3800,2500,2000,500,1000,100,100]},
+{"type":"sampled","name":"thread 101","unit":"nanoseconds","startValue":0,"endValue":200,"samples":[[2]],"weights":[200]}
+],"shared":{"frames":[
+{"name":"main (src/main.py:1)","file":"/app/src/main.py","line":1},
+{"name":"work (src/main.py:10)","file":"/app/src/main.py","line":10},
+{"name":"leaf (src/main.py:20)","file":"/app/src/main.py","line":20},
+{"name":"[gc gen 0]"},
 {"name":"dumps (json/__init__.py:5)","file":"/usr/lib/python3.9/json/__init__.py","line":5},
 {"name":"helper (src/main.py:40)","file":"/app/src/main.py","line":40},
 {"name":"gen (src/main.py:30)","file":"/app/src/main.py","line":30}
@@ -504,7 +527,8 @@ fn view_chosen_by_extension() {
     assert!(write_view_for_extension(&t, &json, SampleFilter::default(), Existing::Keep).unwrap());
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(doc["profiles"][0]["type"], "evented");
+    // A trace's speedscope file: each thread's stacks (--timeline: its calls).
+    assert_eq!(doc["profiles"][0]["type"], "sampled");
     let txt = tmp("by-extension.txt");
     assert!(write_view_for_extension(&t, &txt, SampleFilter::default(), Existing::Keep).unwrap());
     assert_eq!(

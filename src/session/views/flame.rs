@@ -2,23 +2,29 @@
 //! other tools (speedscope, Chrome trace), written to a file the user names or
 //! beside the recording.
 
-use std::io::{self, BufWriter, Write};
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
 use pyprobe_recording::analyze::folded::Folded;
+use pyprobe_recording::analyze::folded::Measure;
+use pyprobe_recording::analyze::SampleTally;
 use pyprobe_recording::analyze::{SampleFilter, SliceFilter};
 use pyprobe_recording::output::chrome::{write_chrome, ChromeOptions};
 use pyprobe_recording::output::file::{check, first_free, numbered, Existing, Output, Stdout};
 use pyprobe_recording::output::flame::{
-    choose_measure, thousands, write_collapsed, write_svg, By, FrameGrain, FrameNames, SvgOptions,
+    choose_measure, default_title, thousands, write_collapsed, write_svg, By, FrameGrain,
+    FrameNames, SvgOptions,
 };
 use pyprobe_recording::output::pprof::{build_profile, write_gzipped};
 use pyprobe_recording::output::pstats::{build_stats, write_pstats};
 use pyprobe_recording::output::speedscope::{write_speedscope, SpeedscopeOptions};
+use pyprobe_recording::output::speedscope_stacks::write_speedscope_stacks;
 use pyprobe_recording::output::{Census, TraceExport};
+use pyprobe_recording::recording::RecordingReader;
 
 use super::reading::{
     is_broken_pipe, note_cut_short, note_samples, open, stacks_of, FoldedRecording, Threads,
@@ -200,6 +206,24 @@ pub struct FlameRequest {
     pub filter: SliceFilter,
     /// Trace exports keep every call, however large (`--all`).
     pub all: bool,
+    /// speedscope: every call where it happened, not each thread's stacks
+    /// (`--timeline`).
+    pub timeline: bool,
+}
+
+impl FlameRequest {
+    /// Whether a speedscope file must be the timeline of the calls: asked for,
+    /// or by what only the timeline has (a cut by duration, every call, calls
+    /// kept by file).
+    fn wants_timeline(&self) -> bool {
+        self.timeline || self.all || !self.filter.is_empty()
+    }
+
+    /// Whether the stacks can be folded for this request (functions, not lines,
+    /// under the default sample filter or any other).
+    fn by_stacks_possible(&self) -> bool {
+        self.grain == FrameGrain::Functions
+    }
 }
 
 /// Exports estimated larger than this many bytes are announced before they are
@@ -338,14 +362,7 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
             folded.tally
         }
         FlameFormat::Pprof => {
-            let stacks = stacks_of(
-                file,
-                request.samples,
-                false,
-                request.grain,
-                Threads::Apart,
-                "",
-            )?;
+            let stacks = stacks_by_thread(request)?;
             note_lines_unsampled(request.grain, &stacks.folded);
             let (profile, _) = build_profile(
                 &stacks.folded,
@@ -378,20 +395,13 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
             request.title.as_deref(),
             &mut *out,
         )?,
-        FlameFormat::Speedscope => {
-            let options = SpeedscopeOptions {
-                full_paths: request.full_paths,
-                samples: request.samples,
-                filter: request.filter.clone(),
-                planned: kept_planned(file),
-                ..SpeedscopeOptions::default()
-            };
-            let before = |c: &Census| size_export(request, format, c);
-            let tally = write_speedscope(&mut reader, &options, before, &mut *out)
-                .with_context(|| format!("cannot convert {}", file.display()))?;
-            note_cut_short(&reader, file);
-            tally
+        FlameFormat::Speedscope if !request.wants_timeline() && request.by_stacks_possible() => {
+            match speedscope_of_stacks(request, &mut *out)? {
+                Some(tally) => tally,
+                None => speedscope_timeline(request, &mut reader, format, &mut *out)?,
+            }
         }
+        FlameFormat::Speedscope => speedscope_timeline(request, &mut reader, format, &mut *out)?,
         FlameFormat::Chrome => {
             let options = ChromeOptions {
                 full_paths: request.full_paths,
@@ -409,6 +419,82 @@ fn render(request: &FlameRequest, format: FlameFormat, out: &mut dyn Write) -> R
     note_samples(&tally);
     out.flush()?;
     Ok(())
+}
+
+/// The stacks of `request`'s recording, each thread's apart.
+fn stacks_by_thread(request: &FlameRequest) -> Result<FoldedRecording> {
+    stacks_of(
+        &request.file,
+        request.samples,
+        false,
+        request.grain,
+        Threads::Apart,
+        "",
+    )
+}
+
+/// The speedscope file of every call where it happened (evented profiles), as
+/// large as the calls (cut to about 200 MB unless `--all`).
+fn speedscope_timeline(
+    request: &FlameRequest,
+    reader: &mut RecordingReader<BufReader<File>>,
+    format: FlameFormat,
+    out: &mut dyn Write,
+) -> Result<SampleTally> {
+    let file = &request.file;
+    let options = SpeedscopeOptions {
+        full_paths: request.full_paths,
+        samples: request.samples,
+        filter: request.filter.clone(),
+        planned: kept_planned(file),
+        ..SpeedscopeOptions::default()
+    };
+    let before = |c: &Census| size_export(request, format, c);
+    let tally = write_speedscope(reader, &options, before, out)
+        .with_context(|| format!("cannot convert {}", file.display()))?;
+    note_cut_short(reader, file);
+    Ok(tally)
+}
+
+/// The speedscope file of a traced recording's stacks (sampled profiles, one
+/// per thread, weighted by own time or calls), from the stacks every view
+/// shares; `None` when the recording's stacks are samples (its timeline is
+/// as small as its samples).
+fn speedscope_of_stacks(
+    request: &FlameRequest,
+    out: &mut dyn Write,
+) -> Result<Option<SampleTally>> {
+    let FoldedRecording {
+        folded,
+        info,
+        strings,
+        ..
+    } = stacks_by_thread(request)?;
+    let (measure, note) = choose_measure(&folded, &info.header, request.by);
+    if measure == Measure::Samples {
+        return Ok(None);
+    }
+    if let Some(note) = note {
+        eprintln!("pyprobe: note: {note}");
+    }
+    let names = FrameNames::new(&strings, request.full_paths)
+        .with_header(&info.header)
+        .with_qualnames(&info.qualnames);
+    let title = request
+        .title
+        .clone()
+        .unwrap_or_else(|| default_title(&info.header));
+    write_speedscope_stacks(&folded, measure, &names, &title, out)?;
+    eprintln!(
+        "pyprobe: note: the speedscope file holds each thread's stacks with their {} (its \
+         left-heavy and sandwich views); --timeline writes every call where it happened",
+        if measure == Measure::Calls {
+            "calls"
+        } else {
+            "own time"
+        }
+    );
+    Ok(Some(folded.tally))
 }
 
 /// Writes the view to `path` (a FIFO, or a new file renamed over `path` once the

@@ -12,6 +12,7 @@ pub mod probes;
 pub mod pstats;
 pub mod report;
 pub mod speedscope;
+pub mod speedscope_stacks;
 pub mod terminal;
 pub mod top;
 pub(crate) mod units;
