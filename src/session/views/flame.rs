@@ -9,10 +9,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
-use pyprobe_recording::analyze::folded::Folded;
-use pyprobe_recording::analyze::folded::Measure;
-use pyprobe_recording::analyze::SampleTally;
-use pyprobe_recording::analyze::{SampleFilter, SliceFilter};
+use pyprobe_recording::analyze::folded::{Folded, Measure};
+use pyprobe_recording::analyze::{SampleFilter, SampleTally, SliceFilter};
 use pyprobe_recording::output::chrome::{write_chrome, ChromeOptions};
 use pyprobe_recording::output::file::{check, first_free, numbered, Existing, Output, Stdout};
 use pyprobe_recording::output::flame::{

@@ -175,6 +175,7 @@ pub(crate) fn entered<'a>(
 
 /// Replays the events of `reader` (at its first event, the recording's names
 /// known: [`RecordingReader::know_names`]) with `plan`, reading only the
+/// intervals that `wanted` marks (see [`Checkpoints::intervals_entering`]) and
 /// those `f` asks for. `f` gets what [`super::recording::replay_planned`]'s
 /// does, and says whether something it follows is still open: at an interval's
 /// end, while it is, the next interval is read too; else the reader goes on at
@@ -191,11 +192,8 @@ pub(crate) fn replay_wanted<R: Read + Seek, E: From<RecordError>>(
     let kept = &checkpoints.checkpoints;
     let mut interval = 0usize;
     if !wanted.first().copied().unwrap_or(false) {
-        match next_wanted(wanted, 0) {
-            Some(next) => {
-                take_up(reader, &mut replay, &kept[next - 1])?;
-                interval = next;
-            }
+        match go_to_next_wanted(reader, &mut replay, checkpoints, wanted, 0)? {
+            Some(next) => interval = next,
             None => return Ok(()),
         }
     }
@@ -215,20 +213,32 @@ pub(crate) fn replay_wanted<R: Read + Seek, E: From<RecordError>>(
         if wanted.get(interval).copied().unwrap_or(false) || busy {
             continue;
         }
-        match next_wanted(wanted, interval) {
-            Some(next) => {
-                take_up(reader, &mut replay, &kept[next - 1])?;
-                interval = next;
-            }
+        match go_to_next_wanted(reader, &mut replay, checkpoints, wanted, interval)? {
+            Some(next) => interval = next,
             None => break,
         }
     }
     Ok(())
 }
 
-/// The first wanted interval after `interval` (never 0: it has no checkpoint).
-fn next_wanted(wanted: &[bool], interval: usize) -> Option<usize> {
-    (interval + 1..wanted.len()).find(|&i| wanted[i])
+/// Puts `reader` and `replay` at the start of the first wanted interval after
+/// `interval` (never 0: it has no checkpoint), and returns it; `None` if no
+/// interval after it is wanted.
+fn go_to_next_wanted<R: Read + Seek>(
+    reader: &mut RecordingReader<R>,
+    replay: &mut Replay,
+    checkpoints: &Checkpoints,
+    wanted: &[bool],
+    interval: usize,
+) -> Result<Option<usize>, RecordError> {
+    let Some(next) = (interval + 1..wanted.len()).find(|&i| wanted[i]) else {
+        return Ok(None);
+    };
+    let Some(checkpoint) = checkpoints.checkpoints.get(next - 1) else {
+        return Ok(None);
+    };
+    take_up(reader, replay, checkpoint)?;
+    Ok(Some(next))
 }
 
 /// Puts `reader` and `replay` where `checkpoint` was kept.

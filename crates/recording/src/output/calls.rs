@@ -10,9 +10,9 @@
 //! The recording is streamed; memory is bounded by the threads and stack depth.
 
 use std::collections::HashMap;
+use std::io::{Read, Seek, Write};
 
 use rustc_hash::FxHashMap;
-use std::io::{Read, Seek, Write};
 
 use crate::analyze::checkpoints::{entered, replay_wanted, Checkpoints};
 use crate::analyze::recording::replay_with_plan;
@@ -178,7 +178,13 @@ pub fn write_calls_with_plan<R: Read + Seek, W: Write>(
                 let names =
                     FrameNames::new(reader.strings(), true).with_qualnames(reader.qualnames());
                 let matcher = flow.matcher.as_ref();
-                checkpoints.intervals_entering(|f| matcher.is_some_and(|m| m.matches(&names, f)))
+                let matching = &mut flow.matching;
+                // Each function entered is matched once, here, for the flow too.
+                checkpoints.intervals_entering(|f| {
+                    let hit = matcher.is_some_and(|m| m.matches(&names, f));
+                    matching.insert(*f, hit);
+                    hit
+                })
             };
             if flow.base.is_none() {
                 flow.base = checkpoints.first_ts();

@@ -51,7 +51,7 @@ struct ReplayThread {
 
 /// The second pass; see the module documentation. What it has replayed so far
 /// can be kept (serialized without its plan) and taken up again with
-/// [`Replay::resume`].
+/// [`Replay::take_up`].
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub struct Replay {
     #[serde(skip)]
