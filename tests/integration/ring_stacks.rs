@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::support::*;
+use pyprobe_cpython::python::walker::GONE_CODE;
 use pyprobe_recording::recording::{EventKind, RecordingReader};
 
 const CALLS: usize = 3000;
@@ -17,23 +18,37 @@ fn tmp_recording(name: &str) -> PathBuf {
     ))
 }
 
-/// Records the audit fixture with `extra` options; returns pyprobe's stderr, the
-/// fixture's stdout and the function names of the stack before each `builtins.id`
-/// audit event (empty when there was none).
+/// What a recording of a fixture holds.
+struct Recorded {
+    /// pyprobe's stderr.
+    stderr: String,
+    /// The fixture's stdout.
+    stdout: String,
+    /// The function names of the stack before each `builtins.id` audit event
+    /// (empty when there was none).
+    stacks: Vec<Vec<String>>,
+    /// Stacks holding frames drawn as gone, and those frames.
+    gone: (u64, u64),
+}
+
+/// Records the audit fixture with `extra` options.
 fn record(py: &Python, extra: &[&str], name: &str) -> (String, String, Vec<Vec<String>>) {
     let calls = CALLS.to_string();
-    record_script(py, extra, name, "audit_stacks.py", &[&calls])
+    let r = record_script(py, extra, &[], name, "audit_stacks.py", &[&calls]);
+    (r.stderr, r.stdout, r.stacks)
 }
 
 fn record_script(
     py: &Python,
     extra: &[&str],
+    env: &[(&str, &str)],
     name: &str,
     script: &str,
     args: &[&str],
-) -> (String, String, Vec<Vec<String>>) {
+) -> Recorded {
     let path = tmp_recording(&format!("{}-{name}", py.version));
     let out = pyprobe()
+        .envs(env.iter().copied())
         .args(["record", "-o", path.to_str().unwrap()])
         .args(extra)
         .arg("--")
@@ -48,14 +63,19 @@ fn record_script(
     let mut reader = RecordingReader::open(&path).expect("open recording");
     let mut last_stack: HashMap<u32, Vec<String>> = HashMap::new();
     let mut stacks = Vec::new();
+    let mut gone = (0, 0);
     let events: Vec<_> = reader.events().map(|e| e.expect("event")).collect();
     for e in events {
         match e.kind {
             EventKind::Stack { frames } => {
-                let names = frames
+                let names: Vec<String> = frames
                     .iter()
                     .map(|f| reader.string(f.code.function).into_owned())
                     .collect();
+                let gone_here = names.iter().filter(|n| *n == GONE_CODE).count() as u64;
+                if gone_here > 0 {
+                    gone = (gone.0 + 1, gone.1 + gone_here);
+                }
                 last_stack.insert(e.tid, names);
             }
             EventKind::Audit { event } => {
@@ -68,11 +88,12 @@ fn record_script(
         }
     }
     let _ = std::fs::remove_file(&path);
-    (
+    Recorded {
         stderr,
-        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stacks,
-    )
+        gone,
+    }
 }
 
 fn check(version: &'static str) {
@@ -98,9 +119,19 @@ fn check(version: &'static str) {
     );
     assert_eq!(stopped.len(), CALLS, "{version}: audit events through int3");
     let want = ["<module>", "outer", "middle", "leaf"];
+    // A pyprobe not given a CPU while the program ran reads the ring after the
+    // main module's code object is freed: that frame keeps its place, drawn as
+    // gone, and pyprobe says so. Nothing else may differ.
+    let said_gone = stderr.contains("were freed before pyprobe read them");
     for (i, (r, s)) in ring.iter().zip(&stopped).enumerate() {
-        assert_eq!(r, s, "{version}: stack of audit event {i}");
-        assert_eq!(r, &want, "{version}: stack of audit event {i}");
+        assert_eq!(s, &want, "{version}: stack of audit event {i} through int3");
+        assert_eq!(r.len(), want.len(), "{version}: depth of audit event {i}");
+        for (got, wanted) in r.iter().zip(want) {
+            assert!(
+                got == wanted || (said_gone && got == GONE_CODE),
+                "{version}: stack of audit event {i}: {r:?}"
+            );
+        }
     }
 }
 
@@ -129,6 +160,66 @@ fn audit_stacks_through_the_ring_3_15() {
     check("3.15");
 }
 
+/// A pyprobe that reads the ring only once the program has ended (held by a test
+/// switch, as when it is given no CPU meanwhile) finds the main module's code
+/// object freed: that frame keeps its place in every stack, drawn as gone, the
+/// others are named, and the closing caveat counts exactly the stacks and frames
+/// drawn so.
+fn names_read_late(version: &'static str) {
+    let Some(py) = python(version) else { return };
+    let calls = CALLS.to_string();
+    let r = record_script(
+        &py,
+        // Sampled once a second: a sample would name `<module>` while it runs.
+        &["--max-overhead", "0", "-r", "1"],
+        &[("PYPROBE_TEST_HOLD_RINGS", "1")],
+        "late",
+        "audit_stacks.py",
+        &[&calls],
+    );
+    assert_eq!(r.stdout.trim(), calls, "{version}: {}", r.stderr);
+    assert_eq!(r.stacks.len(), CALLS, "{version}: audit events");
+    for (i, stack) in r.stacks.iter().enumerate() {
+        assert_eq!(
+            stack,
+            &[GONE_CODE, "outer", "middle", "leaf"],
+            "{version}: stack of audit event {i}"
+        );
+    }
+    let (stacks, frames) = r.gone;
+    assert!(
+        stacks >= CALLS as u64,
+        "{version}: {stacks} stacks with gone frames"
+    );
+    let caveat = format!(
+        "caveat: {stacks} stacks captured with events held {frames} frames whose code objects \
+         were freed before pyprobe read them"
+    );
+    assert!(
+        r.stderr.contains(&caveat),
+        "{version}: {caveat}: {}",
+        r.stderr
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "test-switches"),
+    ignore = "pyprobe must be built with --features test-switches"
+)]
+fn names_read_after_their_code_is_freed_are_drawn_as_gone_3_14() {
+    names_read_late("3.14");
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "test-switches"),
+    ignore = "pyprobe must be built with --features test-switches"
+)]
+fn names_read_after_their_code_is_freed_are_drawn_as_gone_3_15() {
+    names_read_late("3.15");
+}
+
 /// A frame whose link to its caller holds garbage (an unmapped address) while it
 /// runs: the interpreter never follows that link before the frame returns, and the
 /// program runs fine untraced. The stacks captured in the target for its audit
@@ -152,9 +243,15 @@ fn garbage_link(version: &'static str) {
     );
     assert_eq!(String::from_utf8_lossy(&untraced.stdout).trim(), expected);
     // Without a budget, so that every audit event gets its stack.
-    let (stderr, stdout, stacks) = record_script(
+    let Recorded {
+        stderr,
+        stdout,
+        stacks,
+        ..
+    } = record_script(
         &py,
         &["--max-overhead", "0"],
+        &[],
         "bad-link",
         "bad_link.py",
         &args,

@@ -213,6 +213,22 @@ pub(super) fn missed_ticks_line(
     ))
 }
 
+/// The caveat of stacks captured in the target (GC, import and audit events through
+/// the ring) with frames pyprobe could not name: their code objects were freed
+/// before it read the records, which happens when it is not given a CPU in time.
+pub(super) fn gone_frames_line(stacks: u64, frames: u64) -> Option<String> {
+    (stacks > 0).then(|| {
+        format!(
+            "{stacks} stack{} captured with events held {frames} frame{} whose code objects \
+             were freed before pyprobe read them (pyprobe was not given a CPU in time): each is \
+             drawn as `{}`",
+            if stacks == 1 { "" } else { "s" },
+            if frames == 1 { "" } else { "s" },
+            pyprobe_cpython::python::walker::GONE_CODE
+        )
+    })
+}
+
 /// The closing line of an overhead budget: what it cost the target, and what it
 /// left out to hold.
 pub(super) fn budget_line(max: f64, b: &pyprobe_sdt::tracer::BudgetSummary) -> String {

@@ -17,7 +17,9 @@ use pyprobe_sdt::tracer::{Engine, Hit, Outcome, TraceEvent};
 use super::attaching::Attaching;
 use super::codes::{FirstLines, ReturnHit};
 use super::events::{EventBuilder, NamedKind};
-use super::lines::{armed_line, budget_line, missed_ticks_line, refusal_lines, StartLine};
+use super::lines::{
+    armed_line, budget_line, gone_frames_line, missed_ticks_line, refusal_lines, StartLine,
+};
 use super::periods::Periods;
 use super::request::Target;
 use super::resolver::{needs_context_stacks, samples_used, Chosen, MeaningCache, Mode};
@@ -436,6 +438,9 @@ impl<'a> Recorder<'a> {
         // samples were taken: a trace's ticks that sample nothing miss nothing.
         let line = missed_ticks_line(ticks, settings.interval_ns).filter(|_| sampler.samples > 0);
         if let Some(line) = line {
+            caveats.write(&mut builder, pid, end_ns, line);
+        }
+        if let Some(line) = gone_frames_line(sampler.gone_stacks, sampler.gone_frames) {
             caveats.write(&mut builder, pid, end_ns, line);
         }
         let events = builder.events();

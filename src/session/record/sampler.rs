@@ -53,6 +53,10 @@ pub struct Sampler {
     /// Samples of running threads whose stack changed under the walk, recorded
     /// as [`TORN`] alone.
     pub torn: u64,
+    /// Stacks captured in the target with frames whose code objects were freed
+    /// before pyprobe read them, and those frames.
+    pub gone_stacks: u64,
+    pub gone_frames: u64,
     pub native_counts: NativeCounts,
 }
 
@@ -508,7 +512,17 @@ impl Sampler {
         let Some(walker) = self.walker(pid, ts_ns) else {
             return;
         };
-        let (frames, _dropped) = walker.name_captured(&stack.frames);
+        let named = walker.name_captured(&stack.frames);
+        let gone = named.iter().filter(|f| f.is_none()).count() as u64;
+        if gone > 0 {
+            self.gone_stacks += 1;
+            self.gone_frames += gone;
+        }
+        // A frame pyprobe cannot name keeps its place, so the stack keeps its shape.
+        let frames: Vec<PyFrame> = named
+            .into_iter()
+            .map(|f| f.unwrap_or_else(PyFrame::gone))
+            .collect();
         if !frames.is_empty() {
             let frames = Self::frames(builder, pid, &frames);
             builder.write(tid, ts_ns, EventKind::Stack { frames });

@@ -410,8 +410,7 @@ fn name_code(
             .map(|v| v as u32 as i32 as i64 as u64)
             == Some(first_line);
     if same {
-        let (frames, _) = walker.name_captured(&[(code, 0)]);
-        if let Some(frame) = frames.into_iter().next() {
+        if let Some(frame) = walker.name_captured(&[(code, 0)]).pop().flatten() {
             if qualname_fits(&frame.function, &frame.name) {
                 return Some(frame);
             }

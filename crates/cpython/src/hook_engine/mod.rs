@@ -107,7 +107,7 @@ const SWEEP_EVERY: Duration = Duration::from_millis(100);
 /// Records taken per drain.
 const BATCH: usize = 1024;
 /// The name of a code object freed before pyprobe could read it.
-pub(crate) const UNKNOWN: &str = "<code object gone before pyprobe read it>";
+pub(crate) use crate::python::walker::GONE_CODE as UNKNOWN;
 /// Code objects' names kept across drains (see `HookProc::named`) at most.
 const MAX_NAMED: usize = 1 << 16;
 /// Frames whose entry or return tokens are kept (see `HookProc::repeats`) at most.

@@ -18,7 +18,7 @@ use pyprobe_sdt::tracer::ring_engine::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
 
 use super::returns::{ReturnTable, TypeNames};
 use super::watch::say_taken;
-use super::{drain, setup, HookBook, HookProc, Phase, BATCH, SWEEP_EVERY, UNKNOWN};
+use super::{drain, setup, HookBook, HookProc, Phase, BATCH, SWEEP_EVERY};
 
 impl HookBook {
     /// Installs the hook (with the walker that saw a launched interpreter ready,
@@ -106,13 +106,7 @@ impl HookBook {
                 types: TypeNames::default(),
                 shadow: FxHashMap::default(),
                 repeats: FxHashMap::default(),
-                unknown: Arc::new(PyFrame {
-                    file: UNKNOWN.into(),
-                    function: UNKNOWN.into(),
-                    name: UNKNOWN.into(),
-                    first_line: 0,
-                    line: 0,
-                }),
+                unknown: Arc::new(PyFrame::gone()),
                 returns: ReturnTable::default(),
                 lost,
                 pending: std::collections::VecDeque::new(),

@@ -13,6 +13,7 @@ pub(crate) mod regs;
 pub mod ring_engine;
 pub(crate) mod safety_net;
 pub mod signals;
+pub(crate) mod test_switches;
 
 pub use engine::{
     BudgetSummary, Engine, EngineOptions, Hit, NotTraceable, Outcome, PauseCause, RepeatSlot,

@@ -99,6 +99,9 @@ use pyprobe_sdt::ring::{StackCapture, StackFrame, StackRoot};
 use stacks::{RawThread, StackReader};
 use threads::Tids;
 
+/// The name of a frame whose code object was freed before pyprobe could read it.
+pub const GONE_CODE: &str = "<code object gone before pyprobe read it>";
+
 /// One Python frame.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PyFrame {
@@ -114,6 +117,20 @@ pub struct PyFrame {
     /// The line being executed (the call, in an outer frame); the first line when the
     /// frame has not started or its line table has no line for the instruction.
     pub line: u32,
+}
+
+impl PyFrame {
+    /// A frame known to have run a code object that pyprobe cannot name ([`GONE_CODE`]):
+    /// drawn so that the stack keeps its depth and says what is missing.
+    pub fn gone() -> Self {
+        PyFrame {
+            file: GONE_CODE.into(),
+            function: GONE_CODE.into(),
+            name: GONE_CODE.into(),
+            first_line: 0,
+            line: 0,
+        }
+    }
 }
 
 /// Where a `_PyInterpreterFrame` (3.11+) keeps its code object, and the code
@@ -477,8 +494,9 @@ impl Walker {
     }
 
     /// Names a stack captured in the target by a ring trampoline (see
-    /// [`StackReader::name_captured`]): outermost first, and whether frames were dropped.
-    pub fn name_captured(&mut self, captured: &[(u64, u64)]) -> (Vec<PyFrame>, bool) {
+    /// [`StackReader::name_captured`]): outermost first, `None` for a frame whose
+    /// code object pyprobe never read before it was freed.
+    pub fn name_captured(&mut self, captured: &[(u64, u64)]) -> Vec<Option<PyFrame>> {
         self.reader.name_captured(captured)
     }
 

@@ -129,6 +129,7 @@ impl Engine {
                 // The process's memory is still there: what its ring holds is read
                 // and named now, not after the process is gone (stacks captured in
                 // the target are named by reading their code objects).
+                crate::tracer::test_switches::release_rings();
                 while self.drain_rings(sink) > 0 {}
                 let tgid = self.threads.get(&tid).map_or(tid, |t| t.tgid);
                 while self.drain_source_of(tgid, sink) > 0 {}

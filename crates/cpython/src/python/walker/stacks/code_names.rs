@@ -60,17 +60,18 @@ impl CodeInfo {
 impl<M: Memory> StackReader<M> {
     /// Names frames captured elsewhere (by a ring trampoline), innermost first, as
     /// (code pointer, position): `f_lasti` up to 3.10, the instruction pointer
-    /// from 3.11. Returns them outermost first, and whether any was dropped. Each
-    /// code object's header is read again and checked against the cache's key, so
-    /// an address reused by another code object since the capture is named afresh;
-    /// one that holds no code object any more keeps the name it had when last read.
-    pub fn name_captured(&mut self, captured: &[(u64, u64)]) -> (Vec<PyFrame>, bool) {
+    /// from 3.11. Returns them outermost first, `None` where a frame cannot be
+    /// named: its code object was freed (or the target is gone) before pyprobe ever
+    /// read it. Each code object's header is read again and checked against the
+    /// cache's key, so an address reused by another code object since the capture
+    /// is named afresh; one that holds no code object any more keeps the name it had
+    /// when last read.
+    pub fn name_captured(&mut self, captured: &[(u64, u64)]) -> Vec<Option<PyFrame>> {
         let mut out = Vec::new();
-        let mut dropped = false;
         let mut header = vec![0u8; self.layout.code_span() as usize];
         for &(code, position) in captured.iter().take(MAX_DEPTH) {
             if !plausible_pointer(code) {
-                dropped = true;
+                out.push(None);
                 continue;
             }
             let position = match self.layout.frame {
@@ -105,13 +106,10 @@ impl<M: Memory> StackReader<M> {
                 // name this address last had, validated when it was read.
                 self.cached_frame(code, position)
             };
-            match frame {
-                Some(f) => out.push(f),
-                None => dropped = true,
-            }
+            out.push(frame);
         }
         out.reverse();
-        (out, dropped)
+        out
     }
 
     /// The code object a `_PyInterpreterFrame` at `frame` runs (3.11+), and its
