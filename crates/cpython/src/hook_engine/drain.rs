@@ -398,25 +398,18 @@ fn name_code(
             line: first_line as u32,
         });
     }
-    if !holds(&identities(mem, name, data)?) {
+    let name_holds = || identities(mem, name, data).is_some_and(|ids| holds(&ids));
+    if !name_holds() {
         return None;
     }
-    let [o_name, o_file, o_line] = walker.code_field_offsets();
-    let same = mem.read_u64(code + o_name).ok() == Some(name)
-        && mem.read_u64(code + o_file).ok() == Some(filename)
-        && mem
-            .read_u64(code + o_line)
-            .ok()
-            .map(|v| v as u32 as i32 as i64 as u64)
-            == Some(first_line);
-    if same {
-        if let Some(frame) = walker.name_captured(&[(code, 0)]).pop().flatten() {
-            if qualname_fits(&frame.function, &frame.name) {
-                return Some(frame);
-            }
-        }
-    }
-    walker.name_code_parts(name, filename, first_line as u32)
+    let frame = walker
+        .code_named_as(code, [name, filename, first_line])
+        .filter(|frame| qualname_fits(&frame.function, &frame.name))
+        .or_else(|| walker.name_code_parts(name, filename, first_line as u32))?;
+    // The target ran while the texts were read: the strings may have been freed
+    // and made again under them. Still the ones the hook saw after the reads,
+    // the texts read are theirs.
+    name_holds().then_some(frame)
 }
 
 /// Whether `qualname` can be the qualified name of a function called `name`: it

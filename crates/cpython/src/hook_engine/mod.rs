@@ -37,7 +37,10 @@
 //!   reused) is named from them instead (interned names are immortal on 3.12+), or
 //!   from the name these parts had when last read (the target exited with records
 //!   still in its ring: its memory is gone); one named in none of these ways is
-//!   named [`UNKNOWN`], and still counted.
+//!   named [`UNKNOWN`], and still counted. The target runs while pyprobe reads:
+//!   the code object is read afresh (a code object and its strings can be made
+//!   again at the very addresses a cache knows), and a name stands only if its
+//!   `str` still has the identity the hook saw after its text was read.
 //! * **Leaving**: `on` is cleared (the next callback, in any thread, unregisters the
 //!   hook from inside, with the GIL: `set_events(4, 0)`, callbacks set to `None`,
 //!   `free_tool_id(4)`); the entry's bytes go back if still patched; the ring is

@@ -99,6 +99,25 @@ use pyprobe_sdt::ring::{StackCapture, StackFrame, StackRoot};
 use stacks::{RawThread, StackReader};
 use threads::Tids;
 
+/// Whether `name` can be a code object's `co_name`: an identifier, or one of the
+/// compiler's bracketed names (`<module>`, `<lambda>`, `<genexpr>` ...).
+fn plausible_code_name(name: &str) -> bool {
+    let bracketed = name
+        .strip_prefix('<')
+        .and_then(|n| n.strip_suffix('>'))
+        .is_some_and(|n| {
+            !n.is_empty()
+                && n.chars()
+                    .all(|c| c.is_alphanumeric() || c == '_' || c == '.')
+        });
+    let identifier = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_alphanumeric() || c == '_');
+    bracketed || identifier
+}
+
 /// The name of a frame whose code object was freed before pyprobe could read it.
 pub const GONE_CODE: &str = "<code object gone before pyprobe read it>";
 
@@ -441,15 +460,19 @@ impl Walker {
 
     /// A frame named from a code object's parts read when it ran (its `co_name` and
     /// `co_filename` str objects and first line), for a code object that may be gone
-    /// since; `None` when they are not readable strs.
+    /// since; `None` when they are not readable strs, or hold what no code object's
+    /// name or file holds (freed memory partly written over since: its header can
+    /// still match what the hook saw while its text does not).
     pub(crate) fn name_code_parts(
         &self,
         name: u64,
         filename: u64,
         first_line: u32,
     ) -> Option<PyFrame> {
-        let name = self.read_str(name)?;
-        let file = self.read_str(filename)?;
+        let name = self.read_str(name).filter(|n| plausible_code_name(n))?;
+        let file = self
+            .read_str(filename)
+            .filter(|f| !f.is_empty() && !f.chars().any(char::is_control))?;
         Some(PyFrame {
             file,
             function: name.clone(),
@@ -513,6 +536,13 @@ impl Walker {
     pub fn code_of_word(&mut self, word: u64) -> Option<(u64, PyFrame)> {
         let (_, tag_mask) = self.reader.frame_code_word()?;
         self.reader.code_named(word & !tag_mask)
+    }
+
+    /// The code object at `code` named from one read, if it still has the
+    /// `co_name` and `co_filename` pointers and first line a record saw (see
+    /// [`StackReader::code_named_as`]).
+    pub(crate) fn code_named_as(&mut self, code: u64, parts: [u64; 3]) -> Option<PyFrame> {
+        self.reader.code_named_as(code, parts)
     }
 
     /// Where an interpreter frame (3.11+) keeps its code word: its offset in the

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::layout::{self, FrameLayout, FrameRoot, GilLayout, Layout};
 use super::objects::MAX_CHARS;
+use super::plausible_code_name;
 use super::stacks::{Memory, StackReader, MAX_DEPTH, MAX_THREADS};
 use crate::python::version::PyVersion;
 use pyprobe_sdt::sdt::MemoryReader;
@@ -652,4 +653,31 @@ fn a_thread_list_read_again_follows_its_links_as_they_are_now() {
     // A loop in the list read last time ends the list, as on a first read.
     reader.mem.u64(t[0] + layout.tstate_next, t[2]);
     assert_eq!(addrs(&reader), vec![t[0], t[2]]);
+}
+
+#[test]
+fn only_what_a_code_object_can_be_called_passes_for_its_name() {
+    for name in [
+        "gen3",
+        "_private",
+        "Local",
+        "<module>",
+        "<lambda>",
+        "<genexpr>",
+        "héllo",
+    ] {
+        assert!(plausible_code_name(name), "{name}");
+    }
+    // Freed memory partly written over: a name's bytes with other bytes in them.
+    for name in [
+        "",
+        "\0en5\0ltins__",
+        "3abc",
+        "a b",
+        "<>",
+        "<mod\0ule>",
+        "x\u{1}",
+    ] {
+        assert!(!plausible_code_name(name), "{name:?}");
+    }
 }

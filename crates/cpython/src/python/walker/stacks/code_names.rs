@@ -160,6 +160,34 @@ impl<M: Memory> StackReader<M> {
         Some((code, frame))
     }
 
+    /// The code object at `code` named, if it still has the `co_name` and
+    /// `co_filename` pointers and first line (sign-extended) that a record saw when
+    /// it ran: one read of its header, checked and named from those same bytes.
+    /// The target runs meanwhile: an address freed and reused by another code
+    /// object between two reads must not give the one's checks and the other's name.
+    pub(crate) fn code_named_as(&mut self, code: u64, parts: [u64; 3]) -> Option<PyFrame> {
+        if !plausible_pointer(code) {
+            return None;
+        }
+        let mut header = vec![0u8; self.layout.code_span() as usize];
+        self.mem.read_exact(code, &mut header).ok()?;
+        let l = &self.layout;
+        let seen = [
+            field_u64(&header, l.code_name).ok()?,
+            field_u64(&header, l.code_filename).ok()?,
+            field_i32(&header, l.code_firstlineno).ok()? as i64 as u64,
+        ];
+        if seen != parts {
+            return None;
+        }
+        // Read afresh: a code object and all its strings can be freed and made
+        // again at the very addresses the cache knows (a function made by `exec`
+        // in a loop), under another name. The record's check vouches for the name
+        // string as it is now, not for the cache.
+        self.codes.remove(&code);
+        self.py_frame(code, &header, Position::Offset(-1)).ok()
+    }
+
     /// Whether code object `code` (named by [`Self::frame_code`] just before, so
     /// cached) has an instruction at `line`; `None` when that cannot be told (no
     /// line table read, a format before 3.11's).
