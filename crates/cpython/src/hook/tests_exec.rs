@@ -1263,3 +1263,81 @@ fn a_body_s_record_carries_its_name_and_file_and_a_function_s_does_not() {
     let identity = ("/srv/app/unhashed.py".len() as u64) ^ head;
     assert_eq!(got[4], (None, 0x1234 ^ identity.rotate_left(1)));
 }
+
+#[test]
+fn a_function_s_call_carries_its_name_the_first_time_its_parts_are_met() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = profile_setup(None);
+    s.set(ST_ON, 1);
+    let gen1 = fake_ascii("gen1", 0x1111);
+    let gen2 = fake_ascii("gen2", 0x2222);
+    let file = fake_ascii("<churn>", 0x5678);
+    let code = |name: &Vec<u64>| [0, 0, name.as_ptr() as u64, file.as_ptr() as u64, 2, 1];
+    // Three code objects in table entries of their own (the hook's index).
+    let entry = |c: &[u64; 6]| {
+        let a = c.as_ptr() as u64;
+        ((a >> 4) ^ (a >> 10)) & (SENT_ENTRIES as u64 - 1)
+    };
+    let pool: Vec<[u64; 6]> = (0..64)
+        .map(|i| code(if i % 2 == 0 { &gen1 } else { &gen2 }))
+        .collect();
+    let first = &pool[0];
+    let again_elsewhere = pool
+        .iter()
+        .step_by(2)
+        .find(|c| entry(c) != entry(first))
+        .expect("another entry");
+    let renamed = pool
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .find(|c| entry(c) != entry(first) && entry(c) != entry(again_elsewhere))
+        .expect("a third entry");
+    // (code object, what, f_lasti): a call, its return, a resume, calls again.
+    let events: [(&[u64; 6], i32, i32); 7] = [
+        (first, 0, -1),
+        (first, 3, 0),
+        (first, 0, 10),
+        (first, 0, -1),
+        (again_elsewhere, 0, -1),
+        (renamed, 0, -1),
+        (first, 0, -1),
+    ];
+    let run = |s: &mut Setup, events: &[(&[u64; 6], i32, i32)]| {
+        let mut got = Vec::new();
+        for &(c, what, lasti) in events {
+            let frame = [0, 0, u64::from(lasti as u32), 0, c.as_ptr() as u64];
+            let arg = [1u64, 0x7777_0000];
+            s.profile(frame.as_ptr() as u64, what, arg.as_ptr() as u64);
+        }
+        s.reader().drain(10, |r| {
+            let text = r
+                .string(3)
+                .map(|t| String::from_utf8_lossy(t.bytes).into_owned());
+            got.push((r.probe, text));
+        });
+        got
+    };
+    let got = run(&mut s, &events);
+    let carried = Some("gen1\x01<churn>".to_string());
+    assert_eq!(
+        got,
+        [
+            (KIND_CALL, carried.clone()),
+            (KIND_RETURN, None),
+            (KIND_RESUME, None),
+            // The same parts again: named already.
+            (KIND_CALL, None),
+            // Another code object (address), with the same name: its parts differ.
+            (KIND_CALL, carried.clone()),
+            // Another name.
+            (KIND_CALL, Some("gen2\x01<churn>".to_string())),
+            (KIND_CALL, None),
+        ]
+    );
+    // A new pyprobe empties the table: it has been sent nothing.
+    for word in (ST_SENT..ST_SENT + (SENT_ENTRIES << SENT_ENTRY_SHIFT)).step_by(8) {
+        s.set(word, 0);
+    }
+    assert_eq!(run(&mut s, &events[..1]), [(KIND_CALL, carried)]);
+}

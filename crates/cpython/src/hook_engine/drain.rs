@@ -30,7 +30,8 @@ pub(super) struct Recheck {
 
 /// A record as the ring holds it: kind, `%fs` base, the code object's parts
 /// (address, name and file pointers, first line, the strings' hash check), the
-/// returned type, the counter stamp, a body's copied name.
+/// returned type, the counter stamp, a body's copied name, a function call's
+/// copied name.
 pub(super) struct RawRecord {
     kind: u32,
     thread: u64,
@@ -38,6 +39,7 @@ pub(super) struct RawRecord {
     ty: u64,
     stamp: u64,
     body_name: Option<String>,
+    function_name: Option<String>,
 }
 
 /// A record read and named, not yet passed on.
@@ -75,6 +77,11 @@ impl HookProc {
                     .string(2)
                     .filter(|s| !s.truncated)
                     .map(|s| String::from_utf8_lossy(s.bytes).into_owned()),
+                // A function's name and file, copied at its first call met.
+                function_name: r
+                    .string(3)
+                    .filter(|s| !s.truncated)
+                    .map(|s| String::from_utf8_lossy(s.bytes).into_owned()),
             });
         });
         self.read_to = match (drained.stop, records.last()) {
@@ -103,7 +110,10 @@ impl HookProc {
             if !matches!(kind, KIND_CALL | KIND_RESUME | KIND_RETURN | KIND_RAISE) {
                 continue;
             }
-            let frame = self.name(kind, thread, parts, r.body_name.as_deref());
+            let frame = match r.function_name.as_deref() {
+                Some(copy) if kind == KIND_CALL => self.name_from_copy(thread, parts, copy),
+                _ => self.name(kind, thread, parts, r.body_name.as_deref()),
+            };
             if !enters(kind) {
                 let returned = match kind {
                     KIND_RAISE => None,
@@ -221,13 +231,52 @@ impl HookProc {
             None => self.cached_name(parts, body_name),
         };
         if enters(kind) {
-            let shadow = self.shadow.entry(thread).or_default();
-            if shadow.len() >= MAX_SHADOW {
-                shadow.drain(..MAX_SHADOW / 2);
-            }
-            shadow.push((code, frame.clone()));
+            self.push_shadow(thread, code, frame.clone());
         }
         frame
+    }
+
+    /// The name of a function's call that carried its name and file as text: the
+    /// target's own (with its qualified name) while its code object still holds
+    /// that name and file, else the copied text. Kept for its parts' later
+    /// records, which carry no text.
+    fn name_from_copy(&mut self, thread: u64, parts: [u64; 5], copy: &str) -> Arc<PyFrame> {
+        let (name, file) = match copy.split_once('\x01') {
+            Some((n, f)) => (n, Some(f)),
+            None => (copy, None),
+        };
+        let first_line = parts[3] as u32;
+        // Named as any record is (this drain's names, those named before, the
+        // target's memory), if that agrees with the text.
+        let known = self.cached_name(parts, None);
+        let frame = if &*known.name == name && file.is_none_or(|file| &*known.file == file) {
+            known
+        } else {
+            let frame = Arc::new(PyFrame {
+                file: file.unwrap_or(UNKNOWN).into(),
+                function: name.into(),
+                name: name.into(),
+                first_line,
+                line: first_line,
+            });
+            self.names.insert(parts, Some(frame.clone()));
+            frame
+        };
+        if self.copied.len() >= MAX_NAMED {
+            self.copied.clear();
+        }
+        self.copied.insert(parts, frame.clone());
+        self.push_shadow(thread, parts[0], frame.clone());
+        frame
+    }
+
+    /// An entry on `thread`'s shadow stack, which its return is named from.
+    fn push_shadow(&mut self, thread: u64, code: u64, frame: Arc<PyFrame>) {
+        let shadow = self.shadow.entry(thread).or_default();
+        if shadow.len() >= MAX_SHADOW {
+            shadow.drain(..MAX_SHADOW / 2);
+        }
+        shadow.push((code, frame));
     }
 
     /// The name of a code object from this drain's names, from those named
@@ -236,6 +285,7 @@ impl HookProc {
         let walker = &mut self.walker;
         let mem = &self.mem;
         let named = &mut self.named;
+        let copied = &self.copied;
         let image_gone = self.image_gone;
         self.names
             .entry(parts)
@@ -247,10 +297,15 @@ impl HookProc {
                 if let Some((known, _)) = named.get(&parts) {
                     return Some(known.clone());
                 }
-                let frame = (!image_gone)
+                let read = (!image_gone)
                     .then(|| name_code(walker, mem, parts, body_name))
                     .flatten()
                     .map(Arc::new);
+                if read.is_none() {
+                    // Gone from memory: the text a call of the same parts carried.
+                    return copied.get(&parts).cloned();
+                }
+                let frame = read;
                 if let Some(f) = &frame {
                     if named.len() >= MAX_NAMED {
                         named.clear();

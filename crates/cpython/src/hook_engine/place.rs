@@ -102,6 +102,7 @@ impl HookBook {
                 buffers: HitBuffers::default(),
                 names: FxHashMap::default(),
                 named: FxHashMap::default(),
+                copied: FxHashMap::default(),
                 recheck: drain::Recheck::default(),
                 types: TypeNames::default(),
                 shadow: FxHashMap::default(),

@@ -12,7 +12,8 @@ use memmap2::MmapMut;
 use crate::hook::codegen::JMP_LEN;
 use crate::hook::{
     build_detour, build_hook, events_of, Detour, DetourCalls, HookCode, HookParams, HookSymbols,
-    Route, STATUS_OK, ST_ARMED, ST_AT_EXIT_RETRY, ST_ON, ST_STATUS,
+    Route, SENT_ENTRIES, SENT_ENTRY_SHIFT, STATUS_OK, ST_ARMED, ST_AT_EXIT_RETRY, ST_ON, ST_SENT,
+    ST_STATUS,
 };
 use crate::python::version::PyVersion;
 use crate::python::walker::{find_interpreter_object, Walker};
@@ -303,6 +304,12 @@ pub(crate) fn install(
             if e.resume == Resume::Afresh {
                 mem.write(e.state_addr, &[0u8; NAME_AT as usize])?;
             }
+            // This pyprobe has been sent no name yet (every thread is stopped,
+            // none inside the page).
+            mem.write(
+                e.state_addr + ST_SENT as u64,
+                &[0u8; SENT_ENTRIES << SENT_ENTRY_SHIFT],
+            )?;
             notes.push(format!(
                 "the hook page ({:#x}), state page and ring of an earlier pyprobe are used again \
                  ({}; the ring replaced by a new one where it stood)",

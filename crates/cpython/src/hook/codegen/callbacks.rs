@@ -16,8 +16,8 @@ use pyprobe_sdt::ring::format::{
 use super::c_calls::call;
 use super::{HookError, HookParams, ProfileLayout, ResumeTest, Route, STR_HASH, STR_LENGTH};
 use crate::hook::{
-    AT_EXIT_WAIT_MS, KIND_CALL, KIND_RAISE, KIND_RESUME, KIND_RETURN, ST_AT_EXIT_RETRY, ST_GONE,
-    ST_ON,
+    AT_EXIT_WAIT_MS, KIND_CALL, KIND_RAISE, KIND_RESUME, KIND_RETURN, SENT_ENTRIES,
+    SENT_ENTRY_SHIFT, ST_AT_EXIT_RETRY, ST_GONE, ST_ON, ST_SENT,
 };
 
 /// `offsetof(PyASCIIObject, state)` (see [`STR_LENGTH`]).
@@ -189,7 +189,7 @@ pub(super) fn emit_callbacks(
     a.mov(dword_ptr(r8 + S_NARGS as i32 + 4), 0)?;
     const _: () = assert!(S_STRING_MASK == S_NARGS + 1 && S_TRUNCATED == S_NARGS + 2);
     if let Route::Profile(layout) = &p.route {
-        emit_copy_body_name(a, p, layout)?;
+        emit_copy_names(a, p, layout)?;
     }
     // Publish last.
     a.lea(rax, ptr(r10 + 1))?;
@@ -337,23 +337,87 @@ fn emit_str_identity(
     Ok(())
 }
 
-/// Before 3.12 a module or class body's code object (no `CO_OPTIMIZED`) is freed as
-/// soon as the body has run, and with it, often, its `co_name` (`<module>` is not
-/// immortal then) and its file name: its record carries their text (compact ASCII
-/// `str`s), as argument 2's string, "NAME\x01FILE" (the file left out when both do
-/// not fit, the name too when it alone does not), and in argument 5 the file name's
-/// identity alone. r8 = the slot, r12 = the code object; clobbers rax, rcx, rdx, rsi,
-/// rdi.
-fn emit_copy_body_name(
+/// Before 3.12 a code object, and often its strings with it, may be freed before
+/// pyprobe reads its records (a module or class body, no `CO_OPTIMIZED`, as soon as
+/// it has run; a function made in a loop), and its memory reused by others under
+/// other names. Two kinds of records carry the text of `co_name` and `co_filename`
+/// (compact ASCII `str`s) as one string, "NAME\x01FILE" (the file left out when
+/// both do not fit, the name too when it alone does not):
+///
+/// * a body's record, every time, as argument 2's string, with the file name's
+///   identity alone in argument 5 (two bodies made from one template at one
+///   address share every other part);
+/// * a function's call record, as argument 3's string, the first time its parts
+///   (code object, name pointer, identity check, first line) are met since the
+///   last miss in the state page's table of [`SENT_ENTRIES`] parts (direct
+///   mapped by code address, emptied by pyprobe at each attach): the same parts
+///   mean the same name and file texts, which pyprobe keeps.
+///
+/// r8 = the slot (its arguments written), r12 = the code object, ebx = the kind;
+/// clobbers rax, rcx, rdx, rsi, rdi.
+fn emit_copy_names(
     a: &mut CodeAssembler,
     p: &HookParams,
     layout: &ProfileLayout,
 ) -> Result<(), IcedError> {
     const CO_OPTIMIZED: i32 = 1;
+    let mut done = a.create_label();
+    let mut function = a.create_label();
+    a.test(dword_ptr(r12 + layout.code_flags), CO_OPTIMIZED)?;
+    a.jnz(function)?;
+    emit_copy_texts(a, p, 2, done)?;
+    let [_, filename, _] = p.code_fields;
+    a.mov(rax, qword_ptr(r12 + filename))?;
+    emit_str_identity(a, rax, rcx, p.str_ascii_data)?;
+    a.rol(rcx, 1)?;
+    a.mov(qword_ptr(r8 + S_ARGS as i32 + 40), rcx)?;
+    a.jmp(done)?;
+    // A function: at its calls only (a resume or a return is named after its
+    // call), when the table does not hold its parts.
+    a.set_label(&mut function)?;
+    a.cmp(ebx, KIND_CALL)?;
+    a.jne(done)?;
+    let mut miss = a.create_label();
+    // rax = the entry: code objects are 16-byte aligned, and a few apart.
+    a.mov(rax, r12)?;
+    a.shr(rax, 4)?;
+    a.mov(rdx, r12)?;
+    a.shr(rdx, 10)?;
+    a.xor(rax, rdx)?;
+    a.and(eax, (SENT_ENTRIES - 1) as u32)?;
+    a.shl(eax, SENT_ENTRY_SHIFT)?;
+    a.mov(rdx, p.state_addr + ST_SENT as u64)?;
+    a.add(rax, rdx)?;
+    // Entry words: code, identity check, name pointer, first line (the args'
+    // 0, 5, 2 and 4).
+    for (word, arg) in [(0, 0), (8, 5), (16, 2), (24, 4)] {
+        a.mov(rdx, qword_ptr(r8 + S_ARGS as i32 + 8 * arg))?;
+        a.cmp(qword_ptr(rax + word), rdx)?;
+        a.jne(miss)?;
+    }
+    a.jmp(done)?;
+    a.set_label(&mut miss)?;
+    for (word, arg) in [(0, 0), (8, 5), (16, 2), (24, 4)] {
+        a.mov(rdx, qword_ptr(r8 + S_ARGS as i32 + 8 * arg))?;
+        a.mov(qword_ptr(rax + word), rdx)?;
+    }
+    emit_copy_texts(a, p, 3, done)?;
+    a.set_label(&mut done)?;
+    Ok(())
+}
+
+/// Copies "NAME\x01FILE" of the code object at r12 into the slot at r8 as the
+/// string of argument `arg` (see [`emit_copy_names`]); to `skip` when the name is
+/// not a compact ASCII `str` that fits. Clobbers rax, rcx, rdx, rsi, rdi.
+fn emit_copy_texts(
+    a: &mut CodeAssembler,
+    p: &HookParams,
+    arg: u8,
+    skip: CodeLabel,
+) -> Result<(), IcedError> {
     const COMPACT_ASCII: i32 = 0x60;
     let [name, filename, _] = p.code_fields;
     let max = (STRINGS_LEN - 1) as i32;
-    let mut done = a.create_label();
     let mut finish = a.create_label();
     let compact_ascii = |a: &mut CodeAssembler, to: CodeLabel| -> Result<(), IcedError> {
         a.movzx(eax, byte_ptr(rsi + STR_STATE))?;
@@ -361,13 +425,11 @@ fn emit_copy_body_name(
         a.cmp(eax, COMPACT_ASCII)?;
         a.jne(to)
     };
-    a.test(dword_ptr(r12 + layout.code_flags), CO_OPTIMIZED)?;
-    a.jnz(done)?;
     a.mov(rsi, qword_ptr(r12 + name))?;
-    compact_ascii(a, done)?;
+    compact_ascii(a, skip)?;
     a.mov(rcx, qword_ptr(rsi + STR_LENGTH))?;
     a.cmp(rcx, max)?;
-    a.ja(done)?;
+    a.ja(skip)?;
     a.mov(rdx, rcx)?;
     a.lea(rsi, ptr(rsi + p.str_ascii_data))?;
     a.lea(rdi, ptr(r8 + S_STRINGS as i32))?;
@@ -385,12 +447,7 @@ fn emit_copy_body_name(
     a.rep().movsb()?;
     a.set_label(&mut finish)?;
     a.mov(byte_ptr(rdi), 0)?;
-    a.mov(byte_ptr(r8 + S_STRING_MASK as i32), 1 << 2)?;
-    a.mov(rax, qword_ptr(r12 + filename))?;
-    emit_str_identity(a, rax, rcx, p.str_ascii_data)?;
-    a.rol(rcx, 1)?;
-    a.mov(qword_ptr(r8 + S_ARGS as i32 + 40), rcx)?;
-    a.set_label(&mut done)?;
+    a.mov(byte_ptr(r8 + S_STRING_MASK as i32), 1u32 << arg)?;
     Ok(())
 }
 
