@@ -915,7 +915,10 @@ fn record_draws_a_run_that_only_waited() {
     let svg = dir.path().join("idle.svg");
     // Records half a second of a process that only sleeps to `out`; the view says
     // it counted the waiting. A process of its own each time: one attached
-    // before may be caught on a CPU, waking from the detach.
+    // before may be caught on a CPU, waking from the detach. Without stopping
+    // the thread: each stop wakes a sleeper, which on a loaded machine can still
+    // wait for a CPU to go back to sleep at the next tick, and be seen runnable.
+    // (The view's note is what this test is about, not the stops.)
     let record_to = |out: &std::path::Path| {
         let mut target = Target::spawn(
             &py.launcher,
@@ -930,6 +933,7 @@ fn record_draws_a_run_that_only_waited() {
             "record",
             "--mode",
             "sample",
+            "--nonblocking",
             "-p",
             &pid,
             "-d",
