@@ -550,10 +550,9 @@ fn churn_counts(report: &serde_json::Value) -> (BTreeMap<String, u64>, u64) {
 /// object and the strings under it are freed and made again, often at the very
 /// same addresses, before pyprobe reads the records. No call may be counted under
 /// another function: each function's calls are at most the program's own, and
-/// what is missing is counted under the gone name. Where the records carry the
-/// names (the SDT ring on 3.9 and 3.15; the profile function, 3.7 to 3.11, at the
-/// first call of each code object's parts), every call keeps its own, however
-/// late pyprobe reads.
+/// what is missing is counted under the gone name. And since the records carry
+/// the names (the SDT ring's always, the hook's at the first call of each code
+/// object's parts), every call keeps its own, however late pyprobe reads.
 ///
 /// Before the fix, 3.12 counted `<module>` bodies as `Local` or `make` in every
 /// run tried, and 3.11 one function's calls under another in some: the code cache
@@ -587,19 +586,8 @@ fn code_objects_made_and_dropped_in_a_loop_are_never_counted_under_another_name(
                 sum_traced + gone >= sum_own,
                 "{label} run {round}: {sum_traced} named and {gone} gone of {sum_own} calls"
             );
-            // Records carry the names themselves: the SDT ring's, and the profile
-            // function's (3.7 to 3.11) the first time their parts are met.
-            let minor: u32 = label
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix("3.")?.parse().ok())
-                .unwrap_or(0);
-            if label.contains("ring") || minor <= 11 {
-                assert_eq!(traced, own, "{label} run {round}");
-            }
-            eprintln!(
-                "{label} run {round}: {} of {sum_own} calls gone",
-                sum_own - sum_traced
-            );
+            // None missing either: the records carry the names.
+            assert_eq!(traced, own, "{label} run {round}: {gone} gone");
         }
     }
 }

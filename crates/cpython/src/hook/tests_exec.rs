@@ -1341,3 +1341,45 @@ fn a_function_s_call_carries_its_name_the_first_time_its_parts_are_met() {
     }
     assert_eq!(run(&mut s, &events[..1]), [(KIND_CALL, carried)]);
 }
+
+#[test]
+fn through_sys_monitoring_a_call_carries_its_name_the_first_time_its_parts_are_met() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = Setup::new();
+    s.set(ST_ON, 1);
+    let name = fake_ascii("<module>", 0x1111);
+    let file = fake_ascii("<frozen getpath>", 0x5678);
+    let code = [
+        0,
+        code_type_addr(),
+        name.as_ptr() as u64,
+        file.as_ptr() as u64,
+        1,
+    ];
+    let c = code.as_ptr() as u64;
+    // PY_START, PY_RESUME, PY_RETURN, PY_START again: a body as any code object
+    // (its qualified name is read from the target's memory while it lives).
+    for k in [0, 1, 3, 0] {
+        s.callback(k, &[c, 0, none_addr()]);
+    }
+    let mut got = Vec::new();
+    s.reader().drain(10, |r| {
+        let text = r
+            .string(3)
+            .map(|t| String::from_utf8_lossy(t.bytes).into_owned());
+        got.push((r.probe, text, r.string(2).is_some()));
+    });
+    assert_eq!(
+        got,
+        [
+            (
+                KIND_CALL,
+                Some("<module>\x01<frozen getpath>".into()),
+                false
+            ),
+            (KIND_RESUME, None, false),
+            (KIND_RETURN, None, false),
+            (KIND_CALL, None, false),
+        ]
+    );
+}

@@ -30,7 +30,7 @@ pub(super) struct Recheck {
 
 /// A record as the ring holds it: kind, `%fs` base, the code object's parts
 /// (address, name and file pointers, first line, the strings' hash check), the
-/// returned type, the counter stamp, a body's copied name, a function call's
+/// returned type, the counter stamp, a body's copied name, a call.s
 /// copied name.
 pub(super) struct RawRecord {
     kind: u32,
@@ -77,7 +77,7 @@ impl HookProc {
                     .string(2)
                     .filter(|s| !s.truncated)
                     .map(|s| String::from_utf8_lossy(s.bytes).into_owned()),
-                // A function's name and file, copied at its first call met.
+                // A call's name and file, copied the first time its parts were met.
                 function_name: r
                     .string(3)
                     .filter(|s| !s.truncated)
@@ -236,7 +236,7 @@ impl HookProc {
         frame
     }
 
-    /// The name of a function's call that carried its name and file as text: the
+    /// The name of a call that carried its name and file as text: the
     /// target's own (with its qualified name) while its code object still holds
     /// that name and file, else the copied text. Kept for its parts' later
     /// records, which carry no text.
@@ -455,6 +455,9 @@ fn name_code(
     }
     let name_holds = || identities(mem, name, data).is_some_and(|ids| holds(&ids));
     if !name_holds() {
+        if std::env::var_os("PYPROBE_DEBUG_NAMES").is_some() {
+            eprintln!("DBG nohold code={code:x} name={name:x} file={filename:x} line={first_line} check={check:x} ids={:x?} files={:x?} str={:?} fstr={:?}", identities(mem, name, data), file_ids, walker.read_str(name), walker.read_str(filename));
+        }
         return None;
     }
     let frame = walker

@@ -177,9 +177,9 @@ struct HookProc {
     /// template): the pointer tells those apart. The records still in the ring
     /// when the target exits are named from here after its memory is gone.
     named: FxHashMap<[u64; 5], (Arc<PyFrame>, u64)>,
-    /// The profile route: the names function calls carried as text, by their
-    /// parts (the hook sends them once per parts; the same parts mean the same
-    /// name and file texts). Used where the target's memory no longer names them.
+    /// The names calls carried as text, by their parts (the hook sends them once
+    /// per parts; the same parts mean the same name and file texts). Used where
+    /// the target's memory no longer names them.
     copied: FxHashMap<[u64; 5], Arc<PyFrame>>,
     /// [`HookProc::recheck_named`]'s reused room.
     recheck: drain::Recheck,

@@ -153,6 +153,14 @@ pub(crate) fn install(
     if let Some(why) = refusal(version) {
         return Err(NotTraceable(why).into());
     }
+    if walker.free_threaded() {
+        // The hook reads `str` objects by the default build's layout.
+        return Err(NotTraceable(format!(
+            "CPython {version} is a free-threaded build, which the hook engine is not built \
+             for; the default mode samples its stacks"
+        ))
+        .into());
+    }
     let object = find_interpreter_object(pid)?;
     let sym = |name: &str| {
         object

@@ -14,7 +14,7 @@ use pyprobe_sdt::ring::format::{
 };
 
 use super::c_calls::call;
-use super::{HookError, HookParams, ProfileLayout, ResumeTest, Route, STR_HASH, STR_LENGTH};
+use super::{HookError, HookParams, ResumeTest, Route, STR_HASH, STR_LENGTH};
 use crate::hook::{
     AT_EXIT_WAIT_MS, KIND_CALL, KIND_RAISE, KIND_RESUME, KIND_RETURN, SENT_ENTRIES,
     SENT_ENTRY_SHIFT, ST_AT_EXIT_RETRY, ST_GONE, ST_ON, ST_SENT,
@@ -188,9 +188,11 @@ pub(super) fn emit_callbacks(
     a.mov(dword_ptr(r8 + S_NARGS as i32), 6)?;
     a.mov(dword_ptr(r8 + S_NARGS as i32 + 4), 0)?;
     const _: () = assert!(S_STRING_MASK == S_NARGS + 1 && S_TRUNCATED == S_NARGS + 2);
-    if let Route::Profile(layout) = &p.route {
-        emit_copy_names(a, p, layout)?;
-    }
+    let body_flags = match &p.route {
+        Route::Profile(layout) => Some(layout.code_flags),
+        Route::Monitoring { .. } => None,
+    };
+    emit_copy_names(a, p, body_flags)?;
     // Publish last.
     a.lea(rax, ptr(r10 + 1))?;
     a.mov(qword_ptr(r8 + S_SEQ as i32), rax)?;
@@ -337,17 +339,18 @@ fn emit_str_identity(
     Ok(())
 }
 
-/// Before 3.12 a code object, and often its strings with it, may be freed before
-/// pyprobe reads its records (a module or class body, no `CO_OPTIMIZED`, as soon as
-/// it has run; a function made in a loop), and its memory reused by others under
-/// other names. Two kinds of records carry the text of `co_name` and `co_filename`
-/// (compact ASCII `str`s) as one string, "NAME\x01FILE" (the file left out when
-/// both do not fit, the name too when it alone does not):
+/// A code object, and its strings with it, may be freed before pyprobe reads its
+/// records (a module or class body, as soon as it has run; code that runs once
+/// while the interpreter starts; a function made in a loop), and its memory reused
+/// by others under other names. Two kinds of records carry the text of `co_name`
+/// and `co_filename` (compact ASCII `str`s) as one string, "NAME\x01FILE" (the
+/// file left out when both do not fit, the name too when it alone does not):
 ///
-/// * a body's record, every time, as argument 2's string, with the file name's
-///   identity alone in argument 5 (two bodies made from one template at one
-///   address share every other part);
-/// * a function's call record, as argument 3's string, the first time its parts
+/// * through the profile function (before 3.12, `body_flags`: where `co_flags`
+///   is), a body's record (no `CO_OPTIMIZED`), every time, as argument 2's
+///   string, with the file name's identity alone in argument 5 (two bodies made
+///   from one template at one address share every other part);
+/// * any other call's record, as argument 3's string, the first time its parts
 ///   (code object, name pointer, identity check, first line) are met since the
 ///   last miss in the state page's table of [`SENT_ENTRIES`] parts (direct
 ///   mapped by code address, emptied by pyprobe at each attach): the same parts
@@ -358,12 +361,15 @@ fn emit_str_identity(
 fn emit_copy_names(
     a: &mut CodeAssembler,
     p: &HookParams,
-    layout: &ProfileLayout,
+    body_flags: Option<i32>,
 ) -> Result<(), IcedError> {
     const CO_OPTIMIZED: i32 = 1;
-    let mut done = a.create_label();
+    let done = a.create_label();
+    let Some(code_flags) = body_flags else {
+        return emit_copy_once(a, p, done);
+    };
     let mut function = a.create_label();
-    a.test(dword_ptr(r12 + layout.code_flags), CO_OPTIMIZED)?;
+    a.test(dword_ptr(r12 + code_flags), CO_OPTIMIZED)?;
     a.jnz(function)?;
     emit_copy_texts(a, p, 2, done)?;
     let [_, filename, _] = p.code_fields;
@@ -372,9 +378,18 @@ fn emit_copy_names(
     a.rol(rcx, 1)?;
     a.mov(qword_ptr(r8 + S_ARGS as i32 + 40), rcx)?;
     a.jmp(done)?;
-    // A function: at its calls only (a resume or a return is named after its
-    // call), when the table does not hold its parts.
     a.set_label(&mut function)?;
+    emit_copy_once(a, p, done)
+}
+
+/// The second kind of [`emit_copy_names`]: at a call only (a resume or a return
+/// is named after its call), when the table does not hold its parts; ends at
+/// `done`, which it binds.
+fn emit_copy_once(
+    a: &mut CodeAssembler,
+    p: &HookParams,
+    mut done: CodeLabel,
+) -> Result<(), IcedError> {
     a.cmp(ebx, KIND_CALL)?;
     a.jne(done)?;
     let mut miss = a.create_label();

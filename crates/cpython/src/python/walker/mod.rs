@@ -538,6 +538,15 @@ impl Walker {
         self.reader.code_named(word & !tag_mask)
     }
 
+    /// Whether the interpreter is a free-threaded build (3.14+: frames index
+    /// per-thread copies of the bytecode).
+    pub(crate) fn free_threaded(&self) -> bool {
+        matches!(
+            self.reader.layout.frame,
+            FrameLayout::Interpreter { tlbc: Some(_), .. }
+        )
+    }
+
     /// The code object at `code` named from one read, if it still has the
     /// `co_name` and `co_filename` pointers and first line a record saw (see
     /// [`StackReader::code_named_as`]).
