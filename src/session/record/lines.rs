@@ -215,18 +215,21 @@ pub(super) fn missed_ticks_line(
 
 /// The caveat of stacks captured in the target (GC, import and audit events through
 /// the ring) with frames pyprobe could not name: their code objects were freed
-/// before it read the records, which happens when it is not given a CPU in time.
-pub(super) fn gone_frames_line(stacks: u64, frames: u64) -> Option<String> {
-    (stacks > 0).then(|| {
-        format!(
-            "{stacks} stack{} captured with events held {frames} frame{} whose code objects \
-             were freed before pyprobe read them (pyprobe was not given a CPU in time): each is \
-             drawn as `{}`",
-            if stacks == 1 { "" } else { "s" },
-            if frames == 1 { "" } else { "s" },
-            pyprobe_cpython::python::walker::GONE_CODE
-        )
-    })
+/// before it read the records. Said, as missed ticks are, when it is 10 stacks or
+/// more and at least 5 % of those captured: code that runs once (a line a `.pth`
+/// file runs at start, a module body) is often freed before the next read, and a
+/// few such frames, each drawn as gone where it stood, need no warning.
+pub(super) fn gone_frames_line(captured: u64, stacks: u64, frames: u64) -> Option<String> {
+    if stacks < 10 || stacks * 20 < captured {
+        return None;
+    }
+    Some(format!(
+        "{stacks} of the {captured} stacks captured with events held {frames} frame{} whose \
+         code objects were freed before pyprobe read them (code that ran once, or pyprobe \
+         not given a CPU in time): each is drawn as `{}`",
+        if frames == 1 { "" } else { "s" },
+        pyprobe_cpython::python::walker::GONE_CODE
+    ))
 }
 
 /// The closing line of an overhead budget: what it cost the target, and what it

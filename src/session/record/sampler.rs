@@ -53,8 +53,9 @@ pub struct Sampler {
     /// Samples of running threads whose stack changed under the walk, recorded
     /// as [`TORN`] alone.
     pub torn: u64,
-    /// Stacks captured in the target with frames whose code objects were freed
-    /// before pyprobe read them, and those frames.
+    /// Stacks captured in the target; those with frames whose code objects were
+    /// freed before pyprobe read them, and those frames.
+    pub captured_stacks: u64,
     pub gone_stacks: u64,
     pub gone_frames: u64,
     pub native_counts: NativeCounts,
@@ -509,6 +510,7 @@ impl Sampler {
         stack: &RingStack,
         builder: &mut EventBuilder,
     ) {
+        self.captured_stacks += 1;
         let Some(walker) = self.walker(pid, ts_ns) else {
             return;
         };
