@@ -181,10 +181,25 @@ fn sampled_time_is_the_time_the_program_ran() {
             .map(|f| f["inclusive_ns"].as_u64().unwrap())
             .sum();
         let shown = main_ns as f64 / 1e9;
-        eprintln!("{version} {mode}: main() shown as {shown:.2} s of 3");
+        // Ticks pyprobe says it missed for want of a CPU (a loaded machine) are
+        // time it could not see; its own scheduling must lose nothing else.
+        let missed = missed_ticks(&report) as f64 / 1000.0;
+        eprintln!("{version} {mode}: main() shown as {shown:.2} s of 3, {missed:.2} s missed");
         assert!(
-            (2.7..=3.3).contains(&shown),
-            "{version} {mode}: main() ran 3 s, shown as {shown:.2} s"
+            (2.7..=3.3).contains(&(shown + missed)) && shown >= 2.0,
+            "{version} {mode}: main() ran 3 s, shown as {shown:.2} s, {missed:.2} s said missed"
         );
     }
+}
+
+/// The ticks a report's caveat says were not taken ("fell behind: N of the M
+/// samples due ..."), 0 without one.
+fn missed_ticks(report: &Value) -> u64 {
+    report["caveats"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["text"].as_str()?.strip_prefix("fell behind: "))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
 }
