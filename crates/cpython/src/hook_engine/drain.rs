@@ -30,8 +30,8 @@ pub(super) struct Recheck {
 
 /// A record as the ring holds it: kind, `%fs` base, the code object's parts
 /// (address, name and file pointers, first line, the strings' hash check), the
-/// returned type, the counter stamp, a body's copied name, a call.s
-/// copied name.
+/// returned type, the counter stamp, a body's copied name, a call's copied
+/// name.
 pub(super) struct RawRecord {
     kind: u32,
     thread: u64,
@@ -455,9 +455,6 @@ fn name_code(
     }
     let name_holds = || identities(mem, name, data).is_some_and(|ids| holds(&ids));
     if !name_holds() {
-        if std::env::var_os("PYPROBE_DEBUG_NAMES").is_some() {
-            eprintln!("DBG nohold code={code:x} name={name:x} file={filename:x} line={first_line} check={check:x} ids={:x?} files={:x?} str={:?} fstr={:?}", identities(mem, name, data), file_ids, walker.read_str(name), walker.read_str(filename));
-        }
         return None;
     }
     let frame = walker
