@@ -144,12 +144,19 @@ impl Walker {
             .map(|(p, _)| p);
         let stack = thread.and_then(|t| Some((stacks.get(t)?, frames.get(t)?)));
         let frames = match (stack, info.coro_frame()) {
-            (Some((stack, walked)), Some(coro)) => walked
-                .iter()
-                .position(|&(f, _)| f == coro)
-                .and_then(|at| stack.frames.get(at..))
-                .unwrap_or_default()
-                .to_vec(),
+            (Some((stack, walked)), Some(coro)) => {
+                match walked
+                    .iter()
+                    .position(|&(f, _)| f == coro)
+                    .and_then(|at| stack.frames.get(at..))
+                {
+                    Some(running) => running.to_vec(),
+                    // The loop's current task, caught between its step's start
+                    // and its coroutine's resume (or after it yielded): the
+                    // coroutine is suspended, and read as a waiting one is.
+                    None => self.awaited_frames(objects, coro),
+                }
+            }
             (None, Some(coro)) => self.awaited_frames(objects, coro),
             (_, None) => Vec::new(),
         };
