@@ -174,10 +174,10 @@ pub(crate) const ST_AT_EXIT_TRIES: usize = 56;
 /// can tell from outside whether the interpreter still holds them. (Bytes 64 to
 /// 77 hold the name that marks the page as pyprobe's.)
 pub(crate) const ST_CALLBACKS: usize = 128;
-/// The profile route's table of the parts whose names a call record carried
-/// (see `codegen::callbacks::emit_copy_names`): [`SENT_ENTRIES`] entries of 32
-/// bytes (code object, identity check, name pointer, first line), in the upper
-/// half of the state page. pyprobe empties it at each attach: a new pyprobe has
+/// Both routes' table of the parts whose names a call record carried (see
+/// `codegen::callbacks::emit_copy_names`): [`SENT_ENTRIES`] entries of 32 bytes
+/// (code object, identity check, name pointer, first line), in the upper half of
+/// the state page. pyprobe empties it at each attach: a new pyprobe has
 /// been sent no name.
 pub(crate) const ST_SENT: usize = 2048;
 pub(crate) const SENT_ENTRIES: usize = 64;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::hook::codegen::{STR_HASH, STR_LENGTH};
 use crate::hook::{enters, KIND_CALL, KIND_RAISE, KIND_RESUME, KIND_RETURN};
-use crate::python::walker::{PyFrame, Walker};
+use crate::python::walker::{PyFrame, Walker, GONE_CODE};
 use pyprobe_sdt::process::memory::ProcessMemory;
 use pyprobe_sdt::ring::DrainStop;
 use pyprobe_sdt::tracer::clock::monotonic_ns;
@@ -17,7 +17,7 @@ use pyprobe_sdt::tracer::engine::{Hit, RepeatSlot, TraceEvent};
 use pyprobe_sdt::tracer::ring_engine::tsc::{read_tsc, TscClock};
 
 use super::setup::ascii_data;
-use super::{HookProc, BATCH, MAX_NAMED, MAX_REPEATS, MAX_SHADOW, UNKNOWN};
+use super::{HookProc, BATCH, MAX_NAMED, MAX_REPEATS, MAX_SHADOW};
 
 /// [`HookProc::recheck_named`]'s room, kept between drains.
 #[derive(Default)]
@@ -253,7 +253,7 @@ impl HookProc {
             known
         } else {
             let frame = Arc::new(PyFrame {
-                file: file.unwrap_or(UNKNOWN).into(),
+                file: file.unwrap_or(GONE_CODE).into(),
                 function: name.into(),
                 name: name.into(),
                 first_line,
@@ -299,24 +299,20 @@ impl HookProc {
                 }
                 let read = (!image_gone)
                     .then(|| name_code(walker, mem, parts, body_name))
-                    .flatten()
-                    .map(Arc::new);
-                if read.is_none() {
+                    .flatten();
+                let Some(frame) = read.map(Arc::new) else {
                     // Gone from memory: the text a call of the same parts carried.
                     return copied.get(&parts).cloned();
+                };
+                if named.len() >= MAX_NAMED {
+                    named.clear();
                 }
-                let frame = read;
-                if let Some(f) = &frame {
-                    if named.len() >= MAX_NAMED {
-                        named.clear();
-                    }
-                    let qualname = walker
-                        .code_qualname_offset()
-                        .and_then(|o| mem.read_u64(parts[0].wrapping_add(o)).ok())
-                        .unwrap_or(0);
-                    named.insert(parts, (f.clone(), qualname));
-                }
-                frame
+                let qualname = walker
+                    .code_qualname_offset()
+                    .and_then(|o| mem.read_u64(parts[0].wrapping_add(o)).ok())
+                    .unwrap_or(0);
+                named.insert(parts, (frame.clone(), qualname));
+                Some(frame)
             })
             .clone()
             .unwrap_or_else(|| self.unknown.clone())
@@ -442,7 +438,7 @@ fn name_code(
             None => holds(&[0])
                 .then(|| walker.read_str(filename))
                 .flatten()
-                .unwrap_or_else(|| UNKNOWN.into()),
+                .unwrap_or_else(|| GONE_CODE.into()),
         };
         let name: Arc<str> = body_name.into();
         return Some(PyFrame {

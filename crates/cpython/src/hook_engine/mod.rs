@@ -37,7 +37,7 @@
 //!   reused) is named from them instead (interned names are immortal on 3.12+), or
 //!   from the name these parts had when last read (the target exited with records
 //!   still in its ring: its memory is gone); one named in none of these ways is
-//!   named [`UNKNOWN`], and still counted. The target runs while pyprobe reads:
+//!   named [`GONE_CODE`](crate::python::walker::GONE_CODE), and still counted. The target runs while pyprobe reads:
 //!   the code object is read afresh (a code object and its strings can be made
 //!   again at the very addresses a cache knows), and a name stands only if its
 //!   `str` still has the identity the hook saw after its text was read.
@@ -109,8 +109,6 @@ const SLOW_AFTER: Duration = Duration::from_secs(2);
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 /// Records taken per drain.
 const BATCH: usize = 1024;
-/// The name of a code object freed before pyprobe could read it.
-pub(crate) use crate::python::walker::GONE_CODE as UNKNOWN;
 /// Code objects' names kept across drains (see `HookProc::named`) at most.
 const MAX_NAMED: usize = 1 << 16;
 /// Frames whose entry or return tokens are kept (see `HookProc::repeats`) at most.

@@ -382,6 +382,10 @@ fn emit_copy_names(
     emit_copy_once(a, p, done)
 }
 
+/// A table entry's words, each with the record argument it holds: code object,
+/// identity check, name pointer, first line.
+const SENT_ENTRY_WORDS: [(i32, i32); 4] = [(0, 0), (8, 5), (16, 2), (24, 4)];
+
 /// The second kind of [`emit_copy_names`]: at a call only (a resume or a return
 /// is named after its call), when the table does not hold its parts; ends at
 /// `done`, which it binds.
@@ -403,16 +407,14 @@ fn emit_copy_once(
     a.shl(eax, SENT_ENTRY_SHIFT)?;
     a.mov(rdx, p.state_addr + ST_SENT as u64)?;
     a.add(rax, rdx)?;
-    // Entry words: code, identity check, name pointer, first line (the args'
-    // 0, 5, 2 and 4).
-    for (word, arg) in [(0, 0), (8, 5), (16, 2), (24, 4)] {
+    for (word, arg) in SENT_ENTRY_WORDS {
         a.mov(rdx, qword_ptr(r8 + S_ARGS as i32 + 8 * arg))?;
         a.cmp(qword_ptr(rax + word), rdx)?;
         a.jne(miss)?;
     }
     a.jmp(done)?;
     a.set_label(&mut miss)?;
-    for (word, arg) in [(0, 0), (8, 5), (16, 2), (24, 4)] {
+    for (word, arg) in SENT_ENTRY_WORDS {
         a.mov(rdx, qword_ptr(r8 + S_ARGS as i32 + 8 * arg))?;
         a.mov(qword_ptr(rax + word), rdx)?;
     }
