@@ -200,7 +200,7 @@ pub(super) fn missed_ticks_line(
     interval_ns: u64,
 ) -> Option<String> {
     let due = ticks.taken + ticks.missed;
-    if ticks.missed < 10 || ticks.missed * 20 < due {
+    if !worth_a_caveat(ticks.missed, due) {
         return None;
     }
     let hz = 1e9 / interval_ns.max(1) as f64;
@@ -213,6 +213,12 @@ pub(super) fn missed_ticks_line(
     ))
 }
 
+/// Whether `part` of `whole` (ticks missed, stacks with gone frames) is worth a
+/// caveat: 10 or more, and at least 5 %.
+fn worth_a_caveat(part: u64, whole: u64) -> bool {
+    part >= 10 && part * 20 >= whole
+}
+
 /// The caveat of stacks captured in the target (GC, import and audit events through
 /// the ring) with frames pyprobe could not name: their code objects were freed
 /// before it read the records. Said, as missed ticks are, when it is 10 stacks or
@@ -220,7 +226,7 @@ pub(super) fn missed_ticks_line(
 /// file runs at start, a module body) is often freed before the next read, and a
 /// few such frames, each drawn as gone where it stood, need no warning.
 pub(super) fn gone_frames_line(captured: u64, stacks: u64, frames: u64) -> Option<String> {
-    if stacks < 10 || stacks * 20 < captured {
+    if !worth_a_caveat(stacks, captured) {
         return None;
     }
     Some(format!(

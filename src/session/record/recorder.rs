@@ -440,12 +440,12 @@ impl<'a> Recorder<'a> {
         if let Some(line) = line {
             caveats.write(&mut builder, pid, end_ns, line);
         }
-        let gone = (
+        let gone = gone_frames_line(
             sampler.captured_stacks,
             sampler.gone_stacks,
             sampler.gone_frames,
         );
-        if let Some(line) = gone_frames_line(gone.0, gone.1, gone.2) {
+        if let Some(line) = gone {
             caveats.write(&mut builder, pid, end_ns, line);
         }
         let events = builder.events();

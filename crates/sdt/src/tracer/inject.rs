@@ -307,7 +307,7 @@ fn run_one(
     regs.r8 = args[4];
     regs.r9 = args[5];
     ptrace::setregs(pid, regs).map_err(|e| ptrace_error(tid, "setting registers", e))?;
-    die_here_if_asked();
+    crate::tracer::test_switches::die_here_if_asked();
     let outcome = drive(tid, insn, held);
     // Back at a stop in the signal path (or ended): the thread's own registers.
     let restored = ptrace::setregs(pid, *saved);
@@ -315,29 +315,6 @@ fn run_one(
     restored.map_err(|e| ptrace_error(tid, "restoring registers", e))?;
     Ok(result)
 }
-
-/// For the tests of the guardian (built in only with the `test-switches` feature):
-/// `PYPROBE_TEST_DIE_IN_INJECTED_CALL=N` makes pyprobe kill itself (SIGKILL) once
-/// the Nth injected call has the thread's registers set, the moment a user's
-/// `kill -9` is most dangerous.
-#[cfg(feature = "test-switches")]
-fn die_here_if_asked() {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static CALLS: AtomicU64 = AtomicU64::new(0);
-    let Some(n) = std::env::var("PYPROBE_TEST_DIE_IN_INJECTED_CALL")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    else {
-        return;
-    };
-    if CALLS.fetch_add(1, Ordering::Relaxed) + 1 == n {
-        // SAFETY: kill(2) on this very process.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-    }
-}
-
-#[cfg(not(feature = "test-switches"))]
-fn die_here_if_asked() {}
 
 /// Where the injected call is.
 #[derive(PartialEq)]
