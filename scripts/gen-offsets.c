@@ -103,6 +103,10 @@ int main(void) {
     D(thread_state.next);
     D(thread_state.interp);
     D(thread_state.current_frame);
+#if PY_VERSION_HEX >= 0x030F0000
+    /* The frame every whole stack ends at: a walk ending elsewhere was torn. */
+    D(thread_state.base_frame);
+#endif
     D(thread_state.thread_id);
     D(thread_state.native_thread_id);
     D(interpreter_frame.size);

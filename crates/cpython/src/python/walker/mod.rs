@@ -96,7 +96,7 @@ use crate::python::version::PyVersion;
 use layout::{FrameLayout, FrameRoot, Layout};
 use pyprobe_sdt::process::memory::ProcessMemory;
 use pyprobe_sdt::ring::{StackCapture, StackFrame, StackRoot};
-use stacks::{RawThread, StackReader};
+use stacks::{RawThread, RootShim, StackReader};
 use threads::Tids;
 
 /// Whether `name` can be a code object's `co_name`: an identifier, or one of the
@@ -261,14 +261,27 @@ impl Walker {
         } else {
             layout::from_offsets_file(version)?
         };
-        let code_type = found
-            .object
-            .elf
-            .symbols
-            .address("PyCode_Type")
-            .map(|a| found.object.runtime(a));
+        let symbol = |name| {
+            found
+                .object
+                .elf
+                .symbols
+                .address(name)
+                .map(|a| found.object.runtime(a))
+        };
+        let code_type = symbol("PyCode_Type");
         let current = current::current_thread_state(&found.object, &mem);
-        let reader = StackReader::new(mem, layout, found.runtime, code_type);
+        // The shim each call of the eval loop pushes holds `None` as its code from
+        // 3.13, the interpreter's trampoline code object on 3.12.
+        let root_shim = if version.at_least(3, 13) {
+            symbol("_Py_NoneStruct").map_or(RootShim::Unchecked, RootShim::Object)
+        } else if version.at_least(3, 12) {
+            RootShim::CodeObject
+        } else {
+            RootShim::Unchecked
+        };
+        let mut reader = StackReader::new(mem, layout, found.runtime, code_type);
+        reader.set_root_shim(root_shim);
         reader.thread_states().with_context(|| {
             format!(
                 "cannot read the thread states of process {pid} (_PyRuntime at {:#x})",

@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 
 use super::layout::{FrameLayout, Layout};
-use super::objects::{field_i32, field_u64, field_u8, plausible_pointer};
+use super::objects::{field_i32, field_u64, field_u8, plausible_pointer, read_u64};
 use super::PyFrame;
 use code_names::CodeInfo;
 use nix::sys::uio::{process_vm_readv, RemoteIoVec};
@@ -58,6 +58,12 @@ pub(crate) struct StackReader<M> {
     /// The last walk ended, uncut, on a frame that begins no call of the eval
     /// loop: the chain was left while its frames changed.
     last_rootless: bool,
+    /// Where the last walk ended, when it ended on a frame with no caller.
+    last_root: Option<u64>,
+    /// What the shim a thread's stack ends on holds as its code (3.12+).
+    root_shim: RootShim,
+    /// Objects found to be code objects, as a root shim's code (3.12's trampoline).
+    shim_codes: HashSet<u64>,
     /// Naming batch of [`Self::name_captured`]: see [`Self::new_naming_batch`].
     batch: u64,
     /// The thread states read last time, per list head, in list order: read in
@@ -71,6 +77,22 @@ pub(crate) struct StackReader<M> {
     /// it returns, for reading their locals.
     pub(crate) frame_addresses: Option<Vec<(u64, u64)>>,
 }
+
+/// What the shim a whole stack ends on (3.12+) holds where a frame's code is: a
+/// stale shim read from reused C stack while the thread ran holds anything, and a
+/// stack ending on one was torn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RootShim {
+    /// Not checked (before 3.12, or where the object is not known).
+    Unchecked,
+    /// This object: `None` (3.13+).
+    Object(u64),
+    /// A code object: the interpreter's trampoline (3.12).
+    CodeObject,
+}
+
+/// Most objects remembered as a root shim's code object (one per interpreter).
+const MAX_SHIM_CODES: usize = 64;
 
 /// Why a frame could not be used.
 enum FrameError {
@@ -226,6 +248,8 @@ struct RawFrame {
     /// caller link is cleared when it is suspended, or a frame that has returned
     /// and left its data to a frame object. Never a thread's outermost frame.
     not_thread_owned: bool,
+    /// A shim's code field (3.12+, tag bits cleared).
+    shim_executable: Option<u64>,
     position: Position,
 }
 
@@ -242,6 +266,9 @@ impl<M: Memory> StackReader<M> {
             codes: HashMap::new(),
             last_eval_calls: None,
             last_rootless: false,
+            last_root: None,
+            root_shim: RootShim::Unchecked,
+            shim_codes: HashSet::new(),
             batch: 1,
             batch_headers: HashMap::new(),
             last_chains: Default::default(),
@@ -267,9 +294,45 @@ impl<M: Memory> StackReader<M> {
         if let Some(frame) = frame {
             (raw.frames, raw.truncated) = self.frames(frame);
             raw.eval_calls = self.last_eval_calls();
-            raw.torn = running && (raw.truncated || self.last_rootless);
+            // 3.15+: every whole stack ends at the thread's base frame.
+            let off_base = self
+                .layout
+                .tstate_base_frame
+                .and_then(|o| field_u64(buf, o).ok())
+                .filter(|&base| base != 0)
+                .is_some_and(|base| !raw.frames.is_empty() && self.last_root != Some(base));
+            raw.torn = running && (raw.truncated || self.last_rootless || off_base);
         }
         raw
+    }
+
+    /// Says what a thread's outermost shim holds as its code (see [`RootShim`]).
+    pub(crate) fn set_root_shim(&mut self, root_shim: RootShim) {
+        self.root_shim = root_shim;
+    }
+
+    /// Whether a shim with no caller, holding `executable` as its code, can be
+    /// where a thread's stack ends.
+    fn root_shim_holds(&mut self, executable: u64) -> bool {
+        match self.root_shim {
+            RootShim::Unchecked => true,
+            RootShim::Object(object) => executable == object,
+            RootShim::CodeObject => {
+                let Some(code_type) = self.code_type else {
+                    return true;
+                };
+                if self.shim_codes.contains(&executable) {
+                    return true;
+                }
+                let is_code = plausible_pointer(executable)
+                    && read_u64(&self.mem, executable + self.layout.ob_type)
+                        .is_ok_and(|t| t == code_type);
+                if is_code && self.shim_codes.len() < MAX_SHIM_CODES {
+                    self.shim_codes.insert(executable);
+                }
+                is_code
+            }
+        }
     }
 
     /// How the frames of the last [`Self::frames`] walk divide between eval-loop
@@ -293,6 +356,7 @@ impl<M: Memory> StackReader<M> {
         let mut ends_on_root = false;
         self.last_eval_calls = None;
         self.last_rootless = false;
+        self.last_root = None;
         if innermost == 0 {
             return (out, false);
         }
@@ -380,8 +444,12 @@ impl<M: Memory> StackReader<M> {
             }
             if next == 0 {
                 // A shim, or (3.11) a Python frame its thread owns that begins a call.
-                ends_on_root =
-                    raw.code.is_none() || (python && raw.entry_shim && !raw.not_thread_owned);
+                let shim = raw.code.is_none()
+                    && raw
+                        .shim_executable
+                        .is_none_or(|executable| self.root_shim_holds(executable));
+                ends_on_root = shim || (python && raw.entry_shim && !raw.not_thread_owned);
+                self.last_root = Some(address);
                 break false;
             }
             if !(follow && next_ok) {
@@ -427,6 +495,7 @@ impl<M: Memory> StackReader<M> {
                 code: Some(field_u64(buf, code).ok()?),
                 entry_shim: false,
                 not_thread_owned: false,
+                shim_executable: None,
                 position: Position::Offset(
                     i64::from(field_i32(buf, lasti).ok()?) * lasti_unit as i64,
                 ),
@@ -446,17 +515,15 @@ impl<M: Memory> StackReader<M> {
                     first_shim_owner.is_some_and(|first| owner.is_none_or(|owner| owner >= first));
                 // 3.11: the frame itself says it is the first of its call.
                 let entry = entry_flag.is_some_and(|at| field_u8(buf, at).is_ok_and(|b| b != 0));
+                let executable = field_u64(buf, executable).ok()? & !tag_mask;
                 Some(RawFrame {
                     // The first shim owner is FRAME_OWNED_BY_CSTACK; the one after it
                     // (3.14+) owns the interpreter's base frame, no call's.
                     entry_shim: entry || (shim && owner.is_some() && owner == first_shim_owner),
                     not_thread_owned: owner.is_some_and(|o| o != FRAME_OWNED_BY_THREAD),
                     next: field_u64(buf, previous).ok()?,
-                    code: if shim {
-                        None
-                    } else {
-                        Some(field_u64(buf, executable).ok()? & !tag_mask)
-                    },
+                    code: (!shim).then_some(executable),
+                    shim_executable: shim.then_some(executable),
                     position: Position::Pointer {
                         ip: field_u64(buf, instr_ptr).ok()?,
                         tlbc_index: tlbc.and_then(|(i, _)| field_i32(buf, i).ok()),

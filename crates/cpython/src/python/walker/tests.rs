@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::layout::{self, FrameLayout, FrameRoot, GilLayout, Layout};
 use super::objects::MAX_CHARS;
 use super::plausible_code_name;
-use super::stacks::{Memory, StackReader, MAX_DEPTH, MAX_THREADS};
+use super::stacks::{Memory, RootShim, StackReader, MAX_DEPTH, MAX_THREADS};
 use crate::python::version::PyVersion;
 use pyprobe_sdt::sdt::MemoryReader;
 
@@ -369,6 +369,72 @@ fn a_walk_that_ends_off_its_root_is_torn_when_read_running() {
     assert_eq!(torn_when_running(11, &not_an_entry_3_11), (false, true));
     let coroutine_3_11 = [(true, GENERATOR, true), (true, THREAD, false)];
     assert_eq!(torn_when_running(11, &coroutine_3_11), (false, true));
+}
+
+/// What the shim at the root of a stack holds as its code, in [`torn_at_root`].
+#[derive(Clone, Copy)]
+enum ShimHolds {
+    Code,
+    TheObject,
+    Else,
+}
+
+/// Whether the stack `[shim, f]` of a thread (3.12's layout) read running is torn:
+/// the shim holding `holds`, the reader checking roots as `root_shim`, and with
+/// `base_is_shim`, the thread's base frame (3.15+) being the shim or another frame.
+fn torn_at_root(holds: ShimHolds, root_shim: RootShim, base_is_shim: Option<bool>) -> bool {
+    const CSTACK: u8 = 3;
+    const NONE: u64 = 0x7800_0000;
+    let (mut layout, _) = layout::from_offsets_file(v(12)).unwrap();
+    let base_at = layout.tstate_span();
+    layout.tstate_base_frame = base_is_shim.map(|_| base_at);
+    let FrameLayout::Interpreter { owner, .. } = layout.frame else {
+        unreachable!()
+    };
+    let mut img = Image::new();
+    let table = locations(&[(8, 0)]);
+    let code = img.code(&layout, "/a.py", "f", 5, &table);
+    let trampoline = img.code(&layout, "/t.py", "<trampoline>", 1, &table);
+    let not_code = img.alloc(64);
+    let held = match (holds, root_shim) {
+        (ShimHolds::Code, _) => trampoline,
+        (ShimHolds::TheObject, RootShim::Object(object)) => object,
+        (ShimHolds::TheObject, _) => NONE,
+        (ShimHolds::Else, _) => not_code,
+    };
+    let shim = img.frame(&layout, held, 0, 0);
+    img.put(shim + owner, &[CSTACK]);
+    let f = img.frame(&layout, code, 0, shim);
+    let (runtime, tstates) = img.runtime(&layout, &[f]);
+    if let Some(is_shim) = base_is_shim {
+        img.u64(tstates[0] + base_at, if is_shim { shim } else { f });
+    }
+    let mut reader = StackReader::new(img, layout, runtime, Some(CODE_TYPE));
+    reader.set_root_shim(root_shim);
+    let threads = reader.thread_states().unwrap();
+    let stopped = reader.thread(threads[0].0, &threads[0].1, false);
+    let running = reader.thread(threads[0].0, &threads[0].1, true);
+    assert_eq!(stopped.frames.len(), 1);
+    assert!(!stopped.torn);
+    running.torn
+}
+
+/// A thread read while it runs can be followed into C stack its eval loop has
+/// left: a stale shim whose caller link reads as 0 looks like the thread's root.
+/// The root shim must hold what the interpreter puts there (`None` from 3.13,
+/// the trampoline code object on 3.12), and from 3.15 be the thread's base frame.
+#[test]
+fn a_walk_ending_on_a_stale_shim_or_off_the_base_frame_is_torn_when_read_running() {
+    use ShimHolds::{Code, Else, TheObject};
+    let none = RootShim::Object(0x7800_0000);
+    assert!(!torn_at_root(Else, RootShim::Unchecked, None));
+    assert!(!torn_at_root(Code, RootShim::CodeObject, None));
+    assert!(torn_at_root(Else, RootShim::CodeObject, None));
+    assert!(torn_at_root(TheObject, RootShim::CodeObject, None));
+    assert!(!torn_at_root(TheObject, none, None));
+    assert!(torn_at_root(Code, none, None));
+    assert!(!torn_at_root(TheObject, none, Some(true)));
+    assert!(torn_at_root(TheObject, none, Some(false)));
 }
 
 #[test]

@@ -318,6 +318,14 @@ pub(super) fn parse_debug_offsets(
         tstate_thread_id: ts[2],
         tstate_native_thread_id: Some(ts[3]),
         tstate_frame: FrameRoot::Direct(ts[1]),
+        // Optional (3.15+): without it a walk's end is checked as before 3.15.
+        tstate_base_frame: within(
+            "thread_state.size",
+            MAX_TSTATE_SIZE,
+            &["thread_state.base_frame"],
+        )
+        .ok()
+        .map(|b| b[0]),
         frame: FrameLayout::Interpreter {
             previous: fr[0],
             executable: fr[1],

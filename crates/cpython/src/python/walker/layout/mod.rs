@@ -164,6 +164,9 @@ pub(crate) struct Layout {
     pub(crate) tstate_thread_id: u64,
     pub(crate) tstate_native_thread_id: Option<u64>,
     pub(crate) tstate_frame: FrameRoot,
+    /// `offsetof(PyThreadState, base_frame)` (3.15+): a pointer to the frame every
+    /// whole stack of the thread ends at.
+    pub(crate) tstate_base_frame: Option<u64>,
     pub frame: FrameLayout,
     pub(crate) code_filename: u64,
     pub(crate) code_name: u64,
@@ -231,6 +234,7 @@ impl Layout {
             self.tstate_next,
             self.tstate_thread_id,
             self.tstate_native_thread_id.unwrap_or(0),
+            self.tstate_base_frame.unwrap_or(0),
             root,
         ]
         .into_iter()
