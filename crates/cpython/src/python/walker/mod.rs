@@ -551,13 +551,10 @@ impl Walker {
         self.reader.code_named(word & !tag_mask)
     }
 
-    /// Whether the interpreter is a free-threaded build (3.14+: frames index
-    /// per-thread copies of the bytecode).
+    /// Whether the interpreter is a free-threaded build (3.13+, as its
+    /// `_Py_DebugOffsets` says).
     pub(crate) fn free_threaded(&self) -> bool {
-        matches!(
-            self.reader.layout.frame,
-            FrameLayout::Interpreter { tlbc: Some(_), .. }
-        )
+        self.reader.layout.free_threaded
     }
 
     /// The code object at `code` named from one read, if it still has the

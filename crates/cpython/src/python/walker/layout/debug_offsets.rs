@@ -318,6 +318,7 @@ pub(super) fn parse_debug_offsets(
         tstate_thread_id: ts[2],
         tstate_native_thread_id: Some(ts[3]),
         tstate_frame: FrameRoot::Direct(ts[1]),
+        free_threaded,
         // Optional (3.15+): without it a walk's end is checked as before 3.15.
         tstate_base_frame: within(
             "thread_state.size",

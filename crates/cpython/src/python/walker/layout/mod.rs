@@ -164,6 +164,9 @@ pub(crate) struct Layout {
     pub(crate) tstate_thread_id: u64,
     pub(crate) tstate_native_thread_id: Option<u64>,
     pub(crate) tstate_frame: FrameRoot,
+    /// A free-threaded build (3.13+'s `_Py_DebugOffsets.free_threaded`): no GIL,
+    /// objects laid out and shared otherwise.
+    pub(crate) free_threaded: bool,
     /// `offsetof(PyThreadState, base_frame)` (3.15+): a pointer to the frame every
     /// whole stack of the thread ends at.
     pub(crate) tstate_base_frame: Option<u64>,

@@ -241,6 +241,7 @@ fn layout_of_file(f: &OffsetsFile, version: PyVersion) -> Result<Layout> {
         tstate_thread_id: t.thread_id,
         tstate_native_thread_id: t.native_thread_id,
         tstate_frame,
+        free_threaded: false,
         tstate_base_frame: None,
         frame,
         code_filename: f.code_object.filename,

@@ -175,6 +175,9 @@ fn debug_offsets_are_read_and_checked() {
     }))
     .unwrap();
     assert_eq!(free_threaded.gil, None);
+    // 3.13t has no per-thread bytecode to say so: the hook refuses it from this.
+    assert!(free_threaded.free_threaded);
+    assert!(!parse_313(&block_313(|_| {})).unwrap().free_threaded);
 
     let mut bad_cookie = block_313(|_| {});
     bad_cookie[0] = b'y';
