@@ -371,3 +371,46 @@ fn the_walker_sees_which_thread_holds_the_gil() {
         );
     }
 }
+
+/// A stopped sample wakes a thread asleep in a system call (the interrupt cuts
+/// the call short, and it is restarted when the thread runs on): until it runs
+/// and sleeps again the kernel shows it runnable, which on a loaded machine can
+/// last to the next tick. Such a thread is stopped out of its wait, its
+/// registers say so, and it is counted waiting: with every CPU busy, threads
+/// that sleep for the whole run (`deep_sleepers.py`) are never counted on a CPU.
+#[test]
+fn sleepers_woken_by_the_last_sample_are_not_counted_on_a_cpu_under_load() {
+    const SLEEPERS: [&str; 4] = ["wait_on_event", "sleep_long", "select_on_pipe", "read_pipe"];
+    let _one = serial();
+    for version in ["3.11", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        let out = TempFile::new(&format!("deep-sleepers-{version}.pyprobe"));
+        let busy = Contention::start(&py);
+        record(&py.launcher, "deep_sleepers.py", &["3"], &[], &out);
+        drop(busy);
+        let (mut sleeping, mut working, mut total) = (0, 0, 0);
+        for (frames, count) in collapsed_stacks(out.path()) {
+            let has = |name: &str| frames.iter().any(|f| f.starts_with(&format!("{name} (")));
+            total += count;
+            if SLEEPERS.iter().any(|s| has(s)) {
+                sleeping += count;
+            } else if has("work") {
+                working += count;
+            }
+        }
+        let filter = &report(out.path(), &[])["sample_filter"];
+        eprintln!(
+            "{version}: on a CPU: {working} in work, {sleeping} asleep, of {total}; {filter}"
+        );
+        assert!(working >= 100, "{version}: {working} samples in work");
+        assert!(
+            filter["idle_left_out"].as_u64().unwrap() >= working,
+            "{version}: the sleepers' samples are left out as idle: {filter}"
+        );
+        // Their start, before they sleep, may be caught: a sample or two.
+        assert!(
+            sleeping * 100 <= total,
+            "{version}: {sleeping} of {total} on-CPU samples in threads asleep all along"
+        );
+    }
+}

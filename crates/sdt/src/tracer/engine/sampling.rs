@@ -10,6 +10,7 @@ use nix::unistd::Pid;
 
 use crate::process::status::tgid_of;
 
+use crate::sdt::MemoryReader;
 use crate::tracer::clock::monotonic_ns;
 
 use super::threads::WaitingForStops;
@@ -120,11 +121,15 @@ impl Engine {
                 let budgeted = self.budget.meter.is_some();
                 let hold = budgeted.then(|| self.budget.own_schedule.begin());
                 self.drain_ring_of(pid, sink);
+                let mut cpu = on_cpu.remove(&pid).unwrap_or_default();
+                for (tid, on) in &mut cpu {
+                    *on = *on && !self.stopped_in_a_blocking_call(pid, *tid);
+                }
                 sink(TraceEvent::Tick {
                     pid,
                     ts_ns: monotonic_ns(),
                     stopped: true,
-                    on_cpu: on_cpu.remove(&pid).unwrap_or_default(),
+                    on_cpu: cpu,
                 });
                 self.resume_process(pid);
                 if let Some(hold) = hold {
@@ -168,6 +173,41 @@ impl Engine {
             }
         }
     }
+    /// Whether thread `tid` of process `pid`, held at pyprobe's interrupt, was
+    /// stopped out of a system call that waited: its registers hold the call's
+    /// restart code, or the call is set to run again (`rax` its number, `rip` on
+    /// the `syscall` instruction). An interrupt wakes a waiting thread, and the
+    /// kernel shows it runnable until it runs and goes back to sleep: on a loaded
+    /// machine, at the next tick still. Its stack is the wait's: counted waiting.
+    fn stopped_in_a_blocking_call(&self, pid: i32, tid: i32) -> bool {
+        let ours = self.threads.get(&tid).is_some_and(|t| {
+            matches!(
+                t.state,
+                ThreadState::Stopped {
+                    kind: StopKind::Interrupt,
+                    ..
+                }
+            )
+        });
+        let Some(regs) = ours
+            .then(|| ptrace::getregs(Pid::from_raw(tid)).ok())
+            .flatten()
+        else {
+            return false;
+        };
+        if cut_short_to_restart(regs.orig_rax, regs.rax) {
+            return true;
+        }
+        let mut at = [0u8; 2];
+        regs.orig_rax == regs.rax
+            && (regs.orig_rax as i64) >= 0
+            && self
+                .procs
+                .get(&pid)
+                .is_some_and(|p| p.mem.read_exact(regs.rip, &mut at).is_ok())
+            && at == SYSCALL
+    }
+
     /// Whether each thread of process `pid` is on a CPU (running or runnable), from
     /// the kernel's scheduler state. A thread in a ptrace-stop of pyprobe's own (a
     /// probe hit, an interrupt) was caught running; one in a group-stop (SIGSTOP) or a
@@ -195,5 +235,35 @@ impl Engine {
                 Some((tid, on_cpu))
             })
             .collect()
+    }
+}
+
+/// Whether registers at a stop in the signal path show a system call (`orig_rax`,
+/// not -1) cut short to be restarted when the thread runs on: it was waiting in it.
+/// `-ERESTARTSYS`, `-ERESTARTNOINTR`, `-ERESTARTNOHAND`, `-ERESTART_RESTARTBLOCK`:
+/// what futex, poll, select, epoll_wait, nanosleep and blocking reads return to a
+/// ptrace interrupt.
+/// x86-64's `syscall` instruction.
+const SYSCALL: [u8; 2] = [0x0f, 0x05];
+
+fn cut_short_to_restart(orig_rax: u64, rax: u64) -> bool {
+    const RESTART_CODES: [i64; 4] = [-512, -513, -514, -516];
+    (orig_rax as i64) >= 0 && RESTART_CODES.contains(&(rax as i64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut_short_to_restart;
+
+    #[test]
+    fn only_a_call_cut_short_to_restart_is_a_wait() {
+        let neg = |e: i64| e as u64;
+        // futex (202) cut short: -ERESTARTSYS; nanosleep (35): -ERESTART_RESTARTBLOCK.
+        assert!(cut_short_to_restart(202, neg(-512)));
+        assert!(cut_short_to_restart(35, neg(-516)));
+        // A call that returned (a result, or -EINTR to a handler), or no call at all.
+        assert!(!cut_short_to_restart(0, 4096));
+        assert!(!cut_short_to_restart(202, neg(-4)));
+        assert!(!cut_short_to_restart(u64::MAX, neg(-512)));
     }
 }
