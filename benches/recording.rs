@@ -89,7 +89,8 @@ fn bench_recording(c: &mut Criterion) {
     let path = dir.path().join("bench-1m.pyprobe");
     let summary = common::write_recording(&path, &trace).unwrap();
     let file_len = std::fs::metadata(&path).unwrap().len();
-    assert_eq!(summary.bytes, file_len);
+    // Events chunks are stored compressed where that is smaller.
+    assert!(file_len <= summary.bytes, "{file_len} > {}", summary.bytes);
     assert_eq!(read_all(&path), EVENTS as u64);
     let (calls, returns, other) = trace.mix();
     eprintln!(

@@ -149,9 +149,9 @@ impl EventBuilder {
         self.events
     }
 
-    /// Bytes written to the recording so far.
+    /// Bytes written to the recording so far, as stored.
     pub fn bytes(&self) -> u64 {
-        self.writer.as_ref().map_or(0, |w| w.summary().bytes)
+        self.writer.as_ref().map_or(0, |w| w.stored_bytes())
     }
 
     /// Flushes buffered events at most every half second, so a recording being

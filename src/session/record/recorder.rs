@@ -540,10 +540,12 @@ impl<'a> Recorder<'a> {
                 paused.1 as f64 / 1e9
             ));
         }
+        // As stored: events chunks are compressed on the way to the file.
+        let stored = std::fs::metadata(&recording_path).map_or(summary.bytes, |m| m.len());
         eprintln!(
             "pyprobe: {what}, {events} events written to {} ({} bytes){}",
             recording_path.display(),
-            summary.bytes,
+            stored,
             match outcome {
                 Outcome::Detached(StopReason::Duration) =>
                     "; duration reached, detached".to_string(),

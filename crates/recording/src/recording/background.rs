@@ -3,13 +3,18 @@
 //! milliseconds) then delays the recording, not the draining of a ring or the
 //! resumption of a stopped target.
 //!
+//! A recording's writer compresses its events chunks there too (see `compress`).
+//!
 //! Errors come back on a later call: the first `write`, `flush` or drop after the
 //! failure. `flush` waits until everything handed over so far is written.
 
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+
+use super::compress::ChunkCompressor;
 
 /// Bytes gathered before they are handed to the writer thread.
 const HANDOFF_BYTES: usize = 256 * 1024;
@@ -32,21 +37,46 @@ pub struct BackgroundWriter {
     jobs: Option<SyncSender<Job>>,
     worker: Option<JoinHandle<()>>,
     failure: Failure,
+    /// Bytes the thread has written to `out`.
+    written: Arc<AtomicU64>,
 }
 
 impl BackgroundWriter {
-    /// Starts the writer thread over `out`.
+    /// Starts the writer thread of a recording over `out`: what is written must
+    /// be a recording's bytes, whose events chunks the thread compresses.
     pub fn new<W: Write + Send + 'static>(out: W) -> io::Result<BackgroundWriter> {
+        Self::start(out, Some(ChunkCompressor::new()))
+    }
+
+    /// Starts a writer thread that writes the bytes as they are.
+    pub fn plain<W: Write + Send + 'static>(out: W) -> io::Result<BackgroundWriter> {
+        Self::start(out, None)
+    }
+
+    fn start<W: Write + Send + 'static>(
+        out: W,
+        compressor: Option<ChunkCompressor>,
+    ) -> io::Result<BackgroundWriter> {
         let (jobs, queue) = sync_channel(QUEUE_DEPTH);
         let failure = Failure::default();
-        let seen = Arc::clone(&failure);
-        let worker = spawn_without_signals("pyprobe-writer", move || write_jobs(out, queue, seen))?;
+        let written = Arc::new(AtomicU64::new(0));
+        let (seen, count) = (Arc::clone(&failure), Arc::clone(&written));
+        let worker = spawn_without_signals("pyprobe-writer", move || {
+            write_jobs(out, queue, compressor, seen, &count)
+        })?;
         Ok(BackgroundWriter {
             pending: Vec::with_capacity(HANDOFF_BYTES),
             jobs: Some(jobs),
             worker: Some(worker),
             failure,
+            written,
         })
+    }
+
+    /// Bytes written to the output so far (after compression): those handed
+    /// over and not written yet are not counted.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
     }
 
     fn check(&self) -> io::Result<()> {
@@ -74,19 +104,43 @@ impl BackgroundWriter {
     }
 }
 
-fn write_jobs<W: Write>(mut out: W, queue: Receiver<Job>, failure: Failure) {
+fn write_jobs<W: Write>(
+    mut out: W,
+    queue: Receiver<Job>,
+    mut compressor: Option<ChunkCompressor>,
+    failure: Failure,
+    written: &AtomicU64,
+) {
     let mut failed = false;
+    let mut packed = Vec::new();
     for job in queue {
         match job {
             Job::Write(buf) if !failed => {
-                if let Err(e) = out.write_all(&buf).and_then(|()| out.flush()) {
-                    failed = true;
-                    *failure.lock().unwrap_or_else(|e| e.into_inner()) =
-                        Some((e.kind(), e.to_string()));
+                let bytes = match compressor.as_mut() {
+                    Some(c) => {
+                        packed.clear();
+                        c.feed(&buf, &mut packed);
+                        &packed
+                    }
+                    None => &buf,
+                };
+                match out.write_all(bytes).and_then(|()| out.flush()) {
+                    Ok(()) => {
+                        written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        failed = true;
+                        *failure.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some((e.kind(), e.to_string()));
+                    }
                 }
             }
             Job::Write(_) => {}
             Job::Sync(done) => {
+                debug_assert!(
+                    compressor.as_ref().is_none_or(|c| !c.holds_part()),
+                    "a recording's writer hands whole chunks over before a flush"
+                );
                 let _ = done.send(());
             }
         }
@@ -178,7 +232,7 @@ mod tests {
     #[test]
     fn everything_written_arrives_in_order_by_flush_and_by_drop() {
         let d = disk(usize::MAX);
-        let mut w = BackgroundWriter::new(d.clone()).unwrap();
+        let mut w = BackgroundWriter::plain(d.clone()).unwrap();
         let expected: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
         for part in expected.chunks(7_919) {
             w.write_all(part).unwrap();
@@ -193,7 +247,7 @@ mod tests {
     #[test]
     fn a_failed_write_is_reported_on_later_calls() {
         let d = disk(1000);
-        let mut w = BackgroundWriter::new(d.clone()).unwrap();
+        let mut w = BackgroundWriter::plain(d.clone()).unwrap();
         w.write_all(&[7u8; 4000]).unwrap();
         let err = w.flush().unwrap_err();
         assert!(err.to_string().contains("No space left"), "{err}");

@@ -16,10 +16,10 @@ pub const MAGIC: [u8; 8] = *b"PYPROBE\0";
 /// the times pyprobe let go of the target while it was stopped (`paused`); version
 /// 8 the qualified names of functions (a chunk of their own); version 9 caveats;
 /// version 10 the resumes of generators and coroutines apart from calls
-/// (`resume`). Versions 1 to 9 are still read (the states of samples of 1 and 2 unknown, every thread of
+/// (`resume`); version 11 events chunks compressed (zstd). Versions 1 to 10 are still read (the states of samples of 1 and 2 unknown, every thread of
 /// 1 to 3 in the recording's own process, no first line on any return of 1 to 4,
 /// no return types before 6, no qualified names before 8).
-pub const FORMAT_VERSION: u32 = 10;
+pub const FORMAT_VERSION: u32 = 11;
 /// The oldest format version this crate reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 

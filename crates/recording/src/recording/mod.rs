@@ -5,10 +5,12 @@
 //! length, the `u32` CRC-32 of the payload, and the payload. The first chunk is the
 //! [`Header`]; then come string-table chunks, event chunks, and finally a trailer
 //! whose absence means the recording was cut short. All integers inside payloads
-//! are LEB128 varints (zigzag for signed values).
+//! are LEB128 varints (zigzag for signed values). From format 11 an events chunk
+//! may be stored compressed (a zstd frame, see `compress`).
 
 mod background;
 mod codec;
+mod compress;
 mod error;
 pub mod event;
 mod header;
@@ -39,6 +41,8 @@ pub mod kind {
     pub(crate) const TRAILER: u8 = 4;
     /// Qualified names of functions (format 8).
     pub(crate) const QUALNAMES: u8 = 5;
+    /// An events chunk's payload as one zstd frame that says its size (format 11).
+    pub(crate) const EVENTS_ZSTD: u8 = 6;
 }
 
 /// Bytes before a chunk's payload: kind, length, checksum.

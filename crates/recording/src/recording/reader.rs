@@ -6,6 +6,7 @@ use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use super::codec::EventDecoder;
+use super::compress::decompress_events;
 use super::qualnames::{self, Qualnames};
 use super::wire::Cursor;
 use super::{
@@ -58,6 +59,10 @@ pub struct RecordingReader<R: Read> {
     pos: usize,
     chunk_base: u64,
     decoder: EventDecoder,
+    /// For compressed events chunks: made at the first, kept.
+    decompressor: Option<zstd::bulk::Decompressor<'static>>,
+    /// A compressed chunk's payload, while it is decompressed into `chunk`.
+    packed: Vec<u8>,
     events_read: u64,
     completion: Completion,
     /// The events are being read again (after [`rewind`](Self::rewind)).
@@ -96,6 +101,8 @@ impl<R: Read> RecordingReader<R> {
             pos: 0,
             chunk_base: 0,
             decoder: EventDecoder::default(),
+            decompressor: None,
+            packed: Vec::new(),
             events_read: 0,
             completion: Completion::Reading,
             reread: false,
@@ -226,6 +233,18 @@ impl<R: Read> RecordingReader<R> {
                 }
                 Chunk::Whole(kind::EVENTS) => {
                     self.pos = 0;
+                    self.chunk_base = at + CHUNK_HEADER_LEN;
+                    self.decoder.reset();
+                }
+                Chunk::Whole(kind::EVENTS_ZSTD) => {
+                    std::mem::swap(&mut self.chunk, &mut self.packed);
+                    decompress_events(&mut self.decompressor, &self.packed, &mut self.chunk)
+                        .map_err(|why| RecordError::Corrupt {
+                            offset: at,
+                            what: format!("the compressed events chunk {why}"),
+                        })?;
+                    self.pos = 0;
+                    // Offsets within it count its decompressed bytes from its payload.
                     self.chunk_base = at + CHUNK_HEADER_LEN;
                     self.decoder.reset();
                 }

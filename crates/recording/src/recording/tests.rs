@@ -875,20 +875,7 @@ fn repeated_calls_take_two_bytes_each() {
     w.flush().unwrap();
     let before = w.summary().bytes;
     for i in 0..10_000u64 {
-        let kind = if i % 2 == 0 {
-            EventKind::Call { frame }
-        } else {
-            EventKind::Return {
-                frame,
-                first_line: 6,
-            }
-        };
-        w.write(&Event {
-            tid: 1,
-            ts_ns: i * 50,
-            kind,
-        })
-        .unwrap();
+        w.write(&call_or_return(frame, i, 1, i * 50)).unwrap();
     }
     w.flush().unwrap();
     let bytes = w.summary().bytes - before;
@@ -1005,4 +992,65 @@ fn a_qualified_name_naming_an_undefined_string_is_corruption() {
     }
     let e = err_message(&with_chunk(kind::QUALNAMES, &payload, None));
     assert!(e.contains("qualified name refers to a string"), "{e}");
+}
+
+/// A recording written through its background writer stores its events chunks
+/// compressed (format 11) and reads back the same events; a compressed chunk
+/// that is no zstd frame, or lies about its size, is named corrupt at its offset.
+#[test]
+fn compressed_events_chunks_read_back_and_bad_ones_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fib.pyprobe");
+    let mut w = RecordingWriter::create(&path, &header()).unwrap();
+    let frame = FrameRef {
+        file: w.intern("/app/fib.py"),
+        function: w.intern("fib"),
+        line: 3,
+    };
+    let mut written = Vec::new();
+    for i in 0..200_000u64 {
+        let event = call_or_return(frame, i, 7, 1_000 + i * 150 + i % 3);
+        w.write(&event).unwrap();
+        written.push(event);
+    }
+    let summary = w.finish(1_000 + 200_000 * 150).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    // About a byte an event stored, from nearly three handed over.
+    assert!(
+        bytes.len() as u64 * 2 < summary.bytes,
+        "{} of {}",
+        bytes.len(),
+        summary.bytes
+    );
+    let (_, read) = read_all(&bytes).unwrap();
+    assert_eq!(read, written);
+
+    let base = with_chunk(kind::EVENTS_ZSTD, &[], None).len() as u64 - 9;
+    let err = read_all(&with_chunk(kind::EVENTS_ZSTD, b"no zstd frame", None))
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&err, RecordError::Corrupt { offset, what } if *offset == base && what.contains("no zstd frame")),
+        "{err}"
+    );
+    let mut lying = zstd::bulk::compress(&[0u8; 64], 1).unwrap();
+    // A frame this small says its size in one byte, after the magic and the
+    // descriptor: claiming 200 bytes fails, never reads past the 64 it holds.
+    assert_eq!(lying[5], 64);
+    lying[5] = 200;
+    assert!(read_all(&with_chunk(kind::EVENTS_ZSTD, &lying, None)).is_err());
+}
+
+/// The `i`-th event of a fib-like trace of `frame` on thread `tid`: calls at even
+/// `i`, returns (at the function's first line) at odd.
+fn call_or_return(frame: FrameRef, i: u64, tid: u32, ts_ns: u64) -> Event {
+    let kind = if i % 2 == 0 {
+        EventKind::Call { frame }
+    } else {
+        EventKind::Return {
+            frame,
+            first_line: frame.line,
+        }
+    };
+    Event { tid, ts_ns, kind }
 }

@@ -39,7 +39,9 @@ pub struct Summary {
     pub(crate) truncated_samples: u64,
     /// Chunks written, header and trailer included.
     pub(crate) chunks: u64,
-    /// Size of the recording in bytes.
+    /// Bytes handed to the output: the recording's size, but where a
+    /// [`BackgroundWriter`] stores its events chunks compressed (see
+    /// [`RecordingWriter::stored_bytes`]).
     pub bytes: u64,
 }
 
@@ -82,6 +84,12 @@ pub struct RecordingWriter<W: Write> {
 }
 
 impl RecordingWriter<BackgroundWriter> {
+    /// Bytes in the file so far, compressed chunks as stored: those handed to the
+    /// writer thread and not written yet are not counted.
+    pub fn stored_bytes(&self) -> u64 {
+        self.out.written()
+    }
+
     /// Creates (or truncates) the file at `path` (mode 0600 when new) and writes the
     /// header. The file is written by a thread of its own (see [`BackgroundWriter`]).
     /// For callers that own `path` (tests, tools): pyprobe's commands write through
