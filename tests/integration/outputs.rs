@@ -490,10 +490,16 @@ fn record_says_one_line_at_start() {
     assert!(o.status.success(), "{stderr}");
     // On a busy machine a stop for a sample lasts long enough (pyprobe waits for
     // a CPU while the target is stopped) that a 0.2 s run may exceed the budget:
-    // the budget's own closing line may follow, and nothing else.
+    // the budget's own closing line may follow. And pyprobe, given no CPU in
+    // time, may read the stacks of start-up's events after the code that ran
+    // once is freed (`site`'s `.pth` lines): that caveat may follow. Nothing else.
     let lines: Vec<&str> = stderr
         .lines()
         .filter(|l| !l.starts_with("pyprobe: overhead budget 5% exceeded: "))
+        .filter(|l| {
+            !(l.starts_with("pyprobe: caveat: ")
+                && l.contains("code objects were freed before pyprobe read them"))
+        })
         .collect();
     assert_eq!(lines.len(), 2, "a start line and a summary:\n{stderr}");
     let start = lines[0];
