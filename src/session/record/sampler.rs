@@ -510,11 +510,12 @@ impl Sampler {
         stack: &RingStack,
         builder: &mut EventBuilder,
     ) {
-        self.captured_stacks += 1;
         let Some(walker) = self.walker(pid, ts_ns) else {
             return;
         };
         let named = walker.name_captured(&stack.frames);
+        // The gone-frames share is of stacks named: one with no walker is not written.
+        self.captured_stacks += 1;
         let gone = named.iter().filter(|f| f.is_none()).count() as u64;
         if gone > 0 {
             self.gone_stacks += 1;

@@ -62,7 +62,8 @@ pub(crate) struct StackReader<M> {
     last_root: Option<u64>,
     /// What the shim a thread's stack ends on holds as its code (3.12+).
     root_shim: RootShim,
-    /// Objects found to be code objects, as a root shim's code (3.12's trampoline).
+    /// Objects found to be code objects in this naming batch, as a root shim's code
+    /// (3.12's trampoline).
     shim_codes: HashSet<u64>,
     /// Naming batch of [`Self::name_captured`]: see [`Self::new_naming_batch`].
     batch: u64,
@@ -285,6 +286,8 @@ impl<M: Memory> StackReader<M> {
     pub fn new_naming_batch(&mut self) {
         self.batch += 1;
         self.batch_headers.clear();
+        // A trampoline dies with its interpreter: its address is checked again.
+        self.shim_codes.clear();
     }
 
     /// A thread state and its stack; with `running`, the thread may run while it
@@ -311,6 +314,12 @@ impl<M: Memory> StackReader<M> {
         self.root_shim = root_shim;
     }
 
+    /// Whether an object whose type word is `ob_type` is a code object (yes when
+    /// the interpreter's code type is not known).
+    pub(super) fn has_code_type(&self, ob_type: u64) -> bool {
+        self.code_type.is_none_or(|code_type| ob_type == code_type)
+    }
+
     /// Whether a shim with no caller, holding `executable` as its code, can be
     /// where a thread's stack ends.
     fn root_shim_holds(&mut self, executable: u64) -> bool {
@@ -318,15 +327,12 @@ impl<M: Memory> StackReader<M> {
             RootShim::Unchecked => true,
             RootShim::Object(object) => executable == object,
             RootShim::CodeObject => {
-                let Some(code_type) = self.code_type else {
-                    return true;
-                };
-                if self.shim_codes.contains(&executable) {
+                if self.code_type.is_none() || self.shim_codes.contains(&executable) {
                     return true;
                 }
                 let is_code = plausible_pointer(executable)
                     && read_u64(&self.mem, executable + self.layout.ob_type)
-                        .is_ok_and(|t| t == code_type);
+                        .is_ok_and(|t| self.has_code_type(t));
                 if is_code && self.shim_codes.len() < MAX_SHIM_CODES {
                     self.shim_codes.insert(executable);
                 }

@@ -262,10 +262,8 @@ impl<M: Memory> StackReader<M> {
     ) -> Result<PyFrame, FrameError> {
         let l = &self.layout;
         let get = |o: u64| field_u64(header, o).map_err(|_| FrameError::Broken);
-        if let Some(code_type) = self.code_type {
-            if get(l.ob_type)? != code_type {
-                return Err(FrameError::Skip);
-            }
+        if !self.has_code_type(get(l.ob_type)?) {
+            return Err(FrameError::Skip);
         }
         let addr = match position {
             Position::Offset(addr) => addr,
