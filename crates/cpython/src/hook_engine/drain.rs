@@ -16,14 +16,15 @@ use pyprobe_sdt::tracer::clock::monotonic_ns;
 use pyprobe_sdt::tracer::engine::{Hit, RepeatSlot, TraceEvent};
 use pyprobe_sdt::tracer::ring_engine::tsc::{read_tsc, TscClock};
 
+use super::parts::CodeParts;
 use super::setup::ascii_data;
 use super::{HookProc, BATCH, MAX_NAMED, MAX_REPEATS, MAX_SHADOW};
 
 /// [`HookProc::recheck_named`]'s room, kept between drains.
 #[derive(Default)]
 pub(super) struct Recheck {
-    seen: rustc_hash::FxHashSet<[u64; 5]>,
-    parts: Vec<[u64; 5]>,
+    seen: rustc_hash::FxHashSet<CodeParts>,
+    parts: Vec<CodeParts>,
     addrs: Vec<u64>,
     words: Vec<Option<u64>>,
 }
@@ -35,7 +36,7 @@ pub(super) struct Recheck {
 pub(super) struct RawRecord {
     kind: u32,
     thread: u64,
-    parts: [u64; 5],
+    parts: CodeParts,
     ty: u64,
     stamp: u64,
     body_name: Option<String>,
@@ -68,7 +69,7 @@ impl HookProc {
             records.push(RawRecord {
                 kind: r.probe,
                 thread: r.thread,
-                parts: [r.args[0], r.args[2], r.args[3], r.args[4], r.args[5]],
+                parts: CodeParts([r.args[0], r.args[2], r.args[3], r.args[4], r.args[5]]),
                 ty: r.args[1],
                 stamp: r.tsc,
                 // A module or class body's name and file, copied by the hook
@@ -103,6 +104,7 @@ impl HookProc {
         }
         self.walker.new_naming_batch();
         self.names.clear();
+        self.last_named = None;
         self.types.new_batch();
         self.recheck_named(&records);
         for r in &records {
@@ -115,18 +117,23 @@ impl HookProc {
                 _ => self.name(kind, thread, parts, r.body_name.as_deref()),
             };
             if !enters(kind) {
-                let returned = match kind {
-                    KIND_RAISE => None,
-                    _ if self.image_gone => Some(self.types.cached(ty)),
-                    _ => Some(self.types.name(&self.mem, ty)),
-                };
-                self.returns
-                    .count(&frame.file, &frame.name, frame.first_line, returned);
+                let (file, name, line) = (&frame.file, &frame.name, frame.first_line);
+                match kind {
+                    KIND_RAISE => self.returns.count(file, name, line, None),
+                    _ if self.image_gone => {
+                        let returned = self.types.cached(ty);
+                        self.returns.count(file, name, line, Some(&returned))
+                    }
+                    _ => {
+                        let returned = self.types.name(&self.mem, ty);
+                        self.returns.count(file, name, line, Some(returned))
+                    }
+                }
             }
             self.pending.push_back(HookRecord {
                 kind,
                 tid: self.fs_tids.get(&thread).copied().unwrap_or(pid),
-                code: parts[0],
+                code: parts.code(),
                 frame,
                 ts_ns: tsc.map_or_else(monotonic_ns, |c| c.to_ns(stamp)),
             });
@@ -171,7 +178,7 @@ impl HookProc {
             previous = Some(r.parts);
             if seen.insert(r.parts) && self.named.contains_key(&r.parts) {
                 parts.push(r.parts);
-                addrs.push(r.parts[0].wrapping_add(offset));
+                addrs.push(r.parts.code().wrapping_add(offset));
             }
         }
         self.mem.read_words(addrs, words);
@@ -190,10 +197,10 @@ impl HookProc {
         &mut self,
         kind: u32,
         thread: u64,
-        parts: [u64; 5],
+        parts: CodeParts,
         body_name: Option<&str>,
     ) -> Arc<PyFrame> {
-        let code = parts[0];
+        let code = parts.code();
         if !enters(kind) {
             let shadow = self.shadow.entry(thread).or_default();
             let at = shadow
@@ -240,12 +247,12 @@ impl HookProc {
     /// target's own (with its qualified name) while its code object still holds
     /// that name and file, else the copied text. Kept for its parts' later
     /// records, which carry no text.
-    fn name_from_copy(&mut self, thread: u64, parts: [u64; 5], copy: &str) -> Arc<PyFrame> {
+    fn name_from_copy(&mut self, thread: u64, parts: CodeParts, copy: &str) -> Arc<PyFrame> {
         let (name, file) = match copy.split_once('\x01') {
             Some((n, f)) => (n, Some(f)),
             None => (copy, None),
         };
-        let first_line = parts[3] as u32;
+        let first_line = parts.0[3] as u32;
         // Named as any record is (this drain's names, those named before, the
         // target's memory), if that agrees with the text.
         let known = self.cached_name(parts, None);
@@ -260,13 +267,14 @@ impl HookProc {
                 line: first_line,
             });
             self.names.insert(parts, Some(frame.clone()));
+            self.last_named = None;
             frame
         };
         if self.copied.len() >= MAX_NAMED {
             self.copied.clear();
         }
         self.copied.insert(parts, frame.clone());
-        self.push_shadow(thread, parts[0], frame.clone());
+        self.push_shadow(thread, parts.code(), frame.clone());
         frame
     }
 
@@ -281,7 +289,19 @@ impl HookProc {
 
     /// The name of a code object from this drain's names, from those named
     /// before, or read now.
-    fn cached_name(&mut self, parts: [u64; 5], body_name: Option<&str>) -> Arc<PyFrame> {
+    fn cached_name(&mut self, parts: CodeParts, body_name: Option<&str>) -> Arc<PyFrame> {
+        if let Some((last, frame)) = &self.last_named {
+            if *last == parts {
+                return frame.clone();
+            }
+        }
+        let frame = self.named_in_drain(parts, body_name);
+        self.last_named = Some((parts, frame.clone()));
+        frame
+    }
+
+    /// [`Self::cached_name`], through this drain's table.
+    fn named_in_drain(&mut self, parts: CodeParts, body_name: Option<&str>) -> Arc<PyFrame> {
         let walker = &mut self.walker;
         let mem = &self.mem;
         let named = &mut self.named;
@@ -309,7 +329,7 @@ impl HookProc {
                 }
                 let qualname = walker
                     .code_qualname_offset()
-                    .and_then(|o| mem.read_u64(parts[0].wrapping_add(o)).ok())
+                    .and_then(|o| mem.read_u64(parts.code().wrapping_add(o)).ok())
                     .unwrap_or(0);
                 named.insert(parts, (frame.clone(), qualname));
                 Some(frame)
@@ -338,7 +358,13 @@ impl HookProc {
             // The same frame (the same `Arc`, held in the key's entry) entered or
             // left again: the event the sink named the first time.
             let key = (r.kind, Arc::as_ptr(&r.frame) as usize);
-            if let Some(&(token, _)) = self.repeats.get(&key) {
+            let last = &mut self.last_repeats[(r.kind & 3) as usize];
+            let known = match *last {
+                (address, token) if address == key.1 => Some(token),
+                _ => self.repeats.get(&key).map(|&(token, _)| token),
+            };
+            if let Some(token) = known {
+                *last = (key.1, token);
                 sink(TraceEvent::Repeat {
                     pid,
                     tid: r.tid,
@@ -371,6 +397,7 @@ impl HookProc {
             if let Some(token) = slot.token() {
                 if self.repeats.len() >= MAX_REPEATS {
                     self.repeats.clear();
+                    self.last_repeats = [(0, 0); 4];
                 }
                 self.repeats.insert(key, (token, r.frame));
             }
@@ -415,10 +442,10 @@ fn identities(mem: &ProcessMemory, s: u64, data: u64) -> Option<[u64; 2]> {
 fn name_code(
     walker: &mut Walker,
     mem: &ProcessMemory,
-    parts: [u64; 5],
+    parts: CodeParts,
     body: Option<&str>,
 ) -> Option<PyFrame> {
-    let [code, name, filename, first_line, check] = parts;
+    let [code, name, filename, first_line, check] = parts.0;
     let data = ascii_data(u32::from(walker.version().minor)) as u64;
     let file_ids = identities(mem, filename, data);
     let holds = |names: &[u64]| {

@@ -62,6 +62,7 @@
 mod drain;
 mod launched;
 mod leave;
+mod parts;
 mod place;
 mod profile;
 mod returns;
@@ -92,6 +93,7 @@ use pyprobe_sdt::tracer::guardian::Guardian;
 use pyprobe_sdt::tracer::ring_engine::tsc::TscClock;
 
 use launched::Awaiting;
+use parts::CodeParts;
 use profile::ProfileTarget;
 use returns::{ReturnTable, TypeNames};
 pub use setup::refusal;
@@ -163,7 +165,10 @@ struct HookProc {
     buffers: HitBuffers,
     /// Per drain: (code object, `co_name`, `co_filename`, first line) → its frame
     /// (or `None`: not readable).
-    names: FxHashMap<[u64; 5], Option<Arc<PyFrame>>>,
+    names: FxHashMap<CodeParts, Option<Arc<PyFrame>>>,
+    /// The parts named last in this drain and their frame: a loop or a recursion
+    /// enters one code object run after run, named with no hashing.
+    last_named: Option<(CodeParts, Arc<PyFrame>)>,
     /// The same parts once named, kept across drains, with the `co_qualname`
     /// pointer the code object had then (3.11+; 0 before): parts met again are
     /// named from here, not read again, once [`HookProc::recheck_named`] found
@@ -174,11 +179,11 @@ struct HookProc {
     /// a copy of its source with another qualified name (a class made from a
     /// template): the pointer tells those apart. The records still in the ring
     /// when the target exits are named from here after its memory is gone.
-    named: FxHashMap<[u64; 5], (Arc<PyFrame>, u64)>,
+    named: FxHashMap<CodeParts, (Arc<PyFrame>, u64)>,
     /// The names calls carried as text, by their parts (the hook sends them once
     /// per parts; the same parts mean the same name and file texts). Used where
     /// the target's memory no longer names them.
-    copied: FxHashMap<[u64; 5], Arc<PyFrame>>,
+    copied: FxHashMap<CodeParts, Arc<PyFrame>>,
     /// [`HookProc::recheck_named`]'s reused room.
     recheck: drain::Recheck,
     /// Type objects' names.
@@ -189,6 +194,10 @@ struct HookProc {
     /// of a frame, by the kind and the frame's address (its `Arc` kept here, so
     /// the address is not reused): later ones pass as `TraceEvent::Repeat`.
     repeats: FxHashMap<(u32, usize), (u32, Arc<PyFrame>)>,
+    /// Per kind, the frame address and token last found in `repeats` (0: none):
+    /// a loop or a recursion repeats one frame run after run, found with no
+    /// hashing. Emptied with `repeats`, whose entries keep the addresses taken.
+    last_repeats: [(usize, u32); 4],
     /// The frame of every code object that could not be named: one, so its
     /// records repeat like any other frame's.
     unknown: Arc<PyFrame>,

@@ -106,6 +106,8 @@ impl HookBook {
                 recheck: drain::Recheck::default(),
                 types: TypeNames::default(),
                 shadow: FxHashMap::default(),
+                last_named: None,
+                last_repeats: [(0, 0); 4],
                 repeats: FxHashMap::default(),
                 unknown: Arc::new(PyFrame::gone()),
                 returns: ReturnTable::default(),

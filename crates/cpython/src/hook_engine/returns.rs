@@ -33,12 +33,16 @@ pub(super) struct TypeNames {
     known: FxHashMap<u64, (u64, Arc<str>)>,
     /// Addresses checked in this drain.
     checked: FxHashSet<u64>,
+    /// The type named last in this drain, and its name: a function returns one
+    /// type run after run, looked up with no hashing.
+    last: Option<(u64, Arc<str>)>,
 }
 
 impl TypeNames {
     /// A new drain: every cached name is checked again before its next use.
     pub(super) fn new_batch(&mut self) {
         self.checked.clear();
+        self.last = None;
     }
 
     /// The name last read for type object `ty`, without reading ("?" when none
@@ -50,7 +54,19 @@ impl TypeNames {
     }
 
     /// The name of type object `ty` ("?" when it cannot be read).
-    pub(super) fn name(&mut self, mem: &ProcessMemory, ty: u64) -> Arc<str> {
+    pub(super) fn name(&mut self, mem: &ProcessMemory, ty: u64) -> &Arc<str> {
+        if self.last.as_ref().is_none_or(|(last, _)| *last != ty) {
+            let name = self.read_name(mem, ty);
+            self.last = Some((ty, name));
+        }
+        match &self.last {
+            Some((_, name)) => name,
+            None => unreachable!("set just above"),
+        }
+    }
+
+    /// [`Self::name`], from the cache (checked once per drain) or the target.
+    fn read_name(&mut self, mem: &ProcessMemory, ty: u64) -> Arc<str> {
         if self.checked.contains(&ty) {
             if let Some((_, name)) = self.known.get(&ty) {
                 return name.clone();
@@ -116,6 +132,8 @@ struct Row {
 /// fast entry holds its names, so an address cannot name other text while it stands.
 pub(super) struct ReturnTable {
     fast: FxHashMap<FastKey, (usize, Key)>,
+    /// The key counted last and its row (its names held by its `fast` entry).
+    last: Option<(FastKey, usize)>,
     by_text: FxHashMap<Key, usize>,
     rows: Vec<Row>,
     changed: Vec<usize>,
@@ -126,6 +144,7 @@ impl Default for ReturnTable {
     fn default() -> Self {
         ReturnTable {
             fast: FxHashMap::default(),
+            last: None,
             by_text: FxHashMap::default(),
             rows: Vec::new(),
             changed: Vec::new(),
@@ -145,18 +164,28 @@ impl ReturnTable {
         file: &Arc<str>,
         function: &Arc<str>,
         first_line: u32,
-        returned: Option<Arc<str>>,
+        returned: Option<&Arc<str>>,
     ) {
         let fast_key = (
             address(file),
             address(function),
             first_line,
-            returned.as_ref().map_or(0, address),
+            returned.map_or(0, address),
         );
-        let row = match self.fast.get(&fast_key) {
-            Some(&(row, _)) => row,
+        let fast = match self.last {
+            // A function returning one type run after run: no hashing.
+            Some((last, row)) if last == fast_key => Some(row),
+            _ => self.fast.get(&fast_key).map(|&(row, _)| row),
+        };
+        let row = match fast {
+            Some(row) => row,
             None => {
-                let key = (file.clone(), function.clone(), first_line, returned);
+                let key = (
+                    file.clone(),
+                    function.clone(),
+                    first_line,
+                    returned.cloned(),
+                );
                 let rows = &mut self.rows;
                 let row = *self.by_text.entry(key.clone()).or_insert_with(|| {
                     rows.push(Row {
@@ -168,11 +197,13 @@ impl ReturnTable {
                 });
                 if self.fast.len() >= MAX_FAST {
                     self.fast.clear();
+                    self.last = None;
                 }
                 self.fast.insert(fast_key, (row, key));
                 row
             }
         };
+        self.last = Some((fast_key, row));
         let r = &mut self.rows[row];
         r.total += 1;
         if !r.changed {
@@ -241,14 +272,14 @@ mod tests {
         let (file, f) = (s("a.py"), s("f"));
         let (list, tuple) = (s("list"), s("tuple"));
         for _ in 0..3 {
-            t.count(&file, &f, 1, Some(list.clone()));
+            t.count(&file, &f, 1, Some(&list));
         }
         // Other copies of the same names: the same row.
-        t.count(&s("a.py"), &s("f"), 1, Some(s("list")));
-        t.count(&file, &f, 1, Some(tuple.clone()));
+        t.count(&s("a.py"), &s("f"), 1, Some(&s("list")));
+        t.count(&file, &f, 1, Some(&tuple));
         t.count(&file, &f, 1, None);
         // Another first line is another function.
-        t.count(&file, &f, 9, Some(list.clone()));
+        t.count(&file, &f, 9, Some(&list));
         let rows: Vec<(u32, Option<String>, u64)> = t
             .take_changed()
             .into_iter()
@@ -264,7 +295,7 @@ mod tests {
             ]
         );
         assert!(t.take_changed().is_empty(), "nothing changed since");
-        t.count(&file, &f, 1, Some(list));
+        t.count(&file, &f, 1, Some(&list));
         let rows = t.take_changed();
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].total, 5, "a running total");
