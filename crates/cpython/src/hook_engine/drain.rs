@@ -5,6 +5,7 @@
 //! never reaches the recording after a later event of the other ring, which would
 //! put that event inside the wrong call.
 
+use std::rc::Rc;
 use std::sync::Arc;
 
 use crate::hook::codegen::{STR_HASH, STR_LENGTH};
@@ -31,16 +32,30 @@ pub(super) struct Recheck {
 
 /// A record as the ring holds it: kind, `%fs` base, the code object's parts
 /// (address, name and file pointers, first line, the strings' hash check), the
-/// returned type, the counter stamp, a body's copied name, a call's copied
-/// name.
+/// returned type, the counter stamp, and where its texts are kept (few records
+/// carry any: a batch of records stays small in the cache).
 pub(super) struct RawRecord {
     kind: u32,
+    /// 1 + its index in [`RawBatch::texts`]; 0: no text.
+    texts: u32,
     thread: u64,
     parts: CodeParts,
     ty: u64,
     stamp: u64,
+}
+
+/// The texts a record carried: a body's copied name, a call's copied name.
+#[derive(Default)]
+pub(super) struct RecordTexts {
     body_name: Option<String>,
     function_name: Option<String>,
+}
+
+/// The records of one drain and the texts some of them carried, kept across drains.
+#[derive(Default)]
+pub(super) struct RawBatch {
+    records: Vec<RawRecord>,
+    texts: Vec<RecordTexts>,
 }
 
 /// A record read and named, not yet passed on.
@@ -48,7 +63,7 @@ pub(super) struct HookRecord {
     kind: u32,
     tid: i32,
     code: u64,
-    frame: Arc<PyFrame>,
+    frame: Rc<PyFrame>,
     ts_ns: u64,
 }
 
@@ -63,26 +78,36 @@ impl HookProc {
         sink: &mut dyn FnMut(TraceEvent),
     ) -> usize {
         let start = read_tsc();
-        let mut records = std::mem::take(&mut self.raw);
+        let RawBatch {
+            mut records,
+            mut texts,
+        } = std::mem::take(&mut self.raw);
         records.clear();
+        texts.clear();
         let drained = self.reader.drain(BATCH, |r| {
+            let text = |i: usize| {
+                r.string(i)
+                    .filter(|s| !s.truncated)
+                    .map(|s| String::from_utf8_lossy(s.bytes).into_owned())
+            };
+            // A module or class body's name and file, copied by the hook (before
+            // 3.12); a call's name and file, copied the first time its parts
+            // were met.
+            let (body_name, function_name) = (text(2), text(3));
+            let carried = body_name.is_some() || function_name.is_some();
+            if carried {
+                texts.push(RecordTexts {
+                    body_name,
+                    function_name,
+                });
+            }
             records.push(RawRecord {
                 kind: r.probe,
+                texts: if carried { texts.len() as u32 } else { 0 },
                 thread: r.thread,
                 parts: CodeParts([r.args[0], r.args[2], r.args[3], r.args[4], r.args[5]]),
                 ty: r.args[1],
                 stamp: r.tsc,
-                // A module or class body's name and file, copied by the hook
-                // (before 3.12).
-                body_name: r
-                    .string(2)
-                    .filter(|s| !s.truncated)
-                    .map(|s| String::from_utf8_lossy(s.bytes).into_owned()),
-                // A call's name and file, copied the first time its parts were met.
-                function_name: r
-                    .string(3)
-                    .filter(|s| !s.truncated)
-                    .map(|s| String::from_utf8_lossy(s.bytes).into_owned()),
             });
         });
         self.read_to = match (drained.stop, records.last()) {
@@ -99,7 +124,7 @@ impl HookProc {
             sink,
         );
         if records.is_empty() {
-            self.raw = records;
+            self.raw = RawBatch { records, texts };
             return 0;
         }
         self.walker.new_naming_batch();
@@ -112,9 +137,14 @@ impl HookProc {
             if !matches!(kind, KIND_CALL | KIND_RESUME | KIND_RETURN | KIND_RAISE) {
                 continue;
             }
-            let frame = match r.function_name.as_deref() {
+            let carried = (r.texts as usize).checked_sub(1).and_then(|i| texts.get(i));
+            let (body_name, function_name) = match carried {
+                Some(t) => (t.body_name.as_deref(), t.function_name.as_deref()),
+                None => (None, None),
+            };
+            let frame = match function_name {
                 Some(copy) if kind == KIND_CALL => self.name_from_copy(thread, parts, copy),
-                _ => self.name(kind, thread, parts, r.body_name.as_deref()),
+                _ => self.name(kind, thread, parts, body_name),
             };
             if !enters(kind) {
                 let (file, name, line) = (&frame.file, &frame.name, frame.first_line);
@@ -141,7 +171,7 @@ impl HookProc {
         // Named: an ending target's exit callback may let finalization free them now.
         self.reader.mark_finished();
         let read = records.len();
-        self.raw = records;
+        self.raw = RawBatch { records, texts };
         read
     }
 
@@ -199,7 +229,7 @@ impl HookProc {
         thread: u64,
         parts: CodeParts,
         body_name: Option<&str>,
-    ) -> Arc<PyFrame> {
+    ) -> Rc<PyFrame> {
         let code = parts.code();
         if !enters(kind) {
             let shadow = self.shadow.entry(thread).or_default();
@@ -225,7 +255,7 @@ impl HookProc {
         let body = body_name
             .filter(|_| !image_gone)
             .and_then(|b| name_code(walker, mem, parts, Some(b)))
-            .map(Arc::new);
+            .map(Rc::new);
         let frame = match body {
             Some(frame) => {
                 // Kept for records read after the image is gone, as any name.
@@ -247,7 +277,7 @@ impl HookProc {
     /// target's own (with its qualified name) while its code object still holds
     /// that name and file, else the copied text. Kept for its parts' later
     /// records, which carry no text.
-    fn name_from_copy(&mut self, thread: u64, parts: CodeParts, copy: &str) -> Arc<PyFrame> {
+    fn name_from_copy(&mut self, thread: u64, parts: CodeParts, copy: &str) -> Rc<PyFrame> {
         let (name, file) = match copy.split_once('\x01') {
             Some((n, f)) => (n, Some(f)),
             None => (copy, None),
@@ -259,7 +289,7 @@ impl HookProc {
         let frame = if &*known.name == name && file.is_none_or(|file| &*known.file == file) {
             known
         } else {
-            let frame = Arc::new(PyFrame {
+            let frame = Rc::new(PyFrame {
                 file: file.unwrap_or(GONE_CODE).into(),
                 function: name.into(),
                 name: name.into(),
@@ -279,7 +309,7 @@ impl HookProc {
     }
 
     /// An entry on `thread`'s shadow stack, which its return is named from.
-    fn push_shadow(&mut self, thread: u64, code: u64, frame: Arc<PyFrame>) {
+    fn push_shadow(&mut self, thread: u64, code: u64, frame: Rc<PyFrame>) {
         let shadow = self.shadow.entry(thread).or_default();
         if shadow.len() >= MAX_SHADOW {
             shadow.drain(..MAX_SHADOW / 2);
@@ -289,7 +319,7 @@ impl HookProc {
 
     /// The name of a code object from this drain's names, from those named
     /// before, or read now.
-    fn cached_name(&mut self, parts: CodeParts, body_name: Option<&str>) -> Arc<PyFrame> {
+    fn cached_name(&mut self, parts: CodeParts, body_name: Option<&str>) -> Rc<PyFrame> {
         if let Some((last, frame)) = &self.last_named {
             if *last == parts {
                 return frame.clone();
@@ -301,7 +331,7 @@ impl HookProc {
     }
 
     /// [`Self::cached_name`], through this drain's table.
-    fn named_in_drain(&mut self, parts: CodeParts, body_name: Option<&str>) -> Arc<PyFrame> {
+    fn named_in_drain(&mut self, parts: CodeParts, body_name: Option<&str>) -> Rc<PyFrame> {
         let walker = &mut self.walker;
         let mem = &self.mem;
         let named = &mut self.named;
@@ -320,7 +350,7 @@ impl HookProc {
                 let read = (!image_gone)
                     .then(|| name_code(walker, mem, parts, body_name))
                     .flatten();
-                let Some(frame) = read.map(Arc::new) else {
+                let Some(frame) = read.map(Rc::new) else {
                     // Gone from memory: the text a call of the same parts carried.
                     return copied.get(&parts).cloned();
                 };
@@ -355,9 +385,9 @@ impl HookProc {
             };
             *hits += 1;
             passed += 1;
-            // The same frame (the same `Arc`, held in the key's entry) entered or
+            // The same frame (the same `Rc`, held in the key's entry) entered or
             // left again: the event the sink named the first time.
-            let key = (r.kind, Arc::as_ptr(&r.frame) as usize);
+            let key = (r.kind, Rc::as_ptr(&r.frame) as usize);
             let last = &mut self.last_repeats[(r.kind & 3) as usize];
             let known = match *last {
                 (address, token) if address == key.1 => Some(token),

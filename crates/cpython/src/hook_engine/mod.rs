@@ -72,7 +72,7 @@ mod tool;
 mod watch;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
@@ -125,7 +125,9 @@ enum Phase {
     Failed,
 }
 
-/// The hook in one process.
+/// The hook in one process. Its frames are `Rc`s: the engine runs on one thread,
+/// and every record clones or drops a few (an atomic count cost more than the
+/// rest of naming a record).
 struct HookProc {
     mem: ProcessMemory,
     reader: RingReader,
@@ -165,10 +167,10 @@ struct HookProc {
     buffers: HitBuffers,
     /// Per drain: (code object, `co_name`, `co_filename`, first line) → its frame
     /// (or `None`: not readable).
-    names: FxHashMap<CodeParts, Option<Arc<PyFrame>>>,
+    names: FxHashMap<CodeParts, Option<Rc<PyFrame>>>,
     /// The parts named last in this drain and their frame: a loop or a recursion
     /// enters one code object run after run, named with no hashing.
-    last_named: Option<(CodeParts, Arc<PyFrame>)>,
+    last_named: Option<(CodeParts, Rc<PyFrame>)>,
     /// The same parts once named, kept across drains, with the `co_qualname`
     /// pointer the code object had then (3.11+; 0 before): parts met again are
     /// named from here, not read again, once [`HookProc::recheck_named`] found
@@ -179,28 +181,28 @@ struct HookProc {
     /// a copy of its source with another qualified name (a class made from a
     /// template): the pointer tells those apart. The records still in the ring
     /// when the target exits are named from here after its memory is gone.
-    named: FxHashMap<CodeParts, (Arc<PyFrame>, u64)>,
+    named: FxHashMap<CodeParts, (Rc<PyFrame>, u64)>,
     /// The names calls carried as text, by their parts (the hook sends them once
     /// per parts; the same parts mean the same name and file texts). Used where
     /// the target's memory no longer names them.
-    copied: FxHashMap<CodeParts, Arc<PyFrame>>,
+    copied: FxHashMap<CodeParts, Rc<PyFrame>>,
     /// [`HookProc::recheck_named`]'s reused room.
     recheck: drain::Recheck,
     /// Type objects' names.
     types: TypeNames,
     /// Per thread: the code objects entered and not yet left, with their names.
-    shadow: FxHashMap<u64, Vec<(u64, Arc<PyFrame>)>>,
+    shadow: FxHashMap<u64, Vec<(u64, Rc<PyFrame>)>>,
     /// The token the sink gave each kind of record (call, resume, return, raise)
-    /// of a frame, by the kind and the frame's address (its `Arc` kept here, so
+    /// of a frame, by the kind and the frame's address (its `Rc` kept here, so
     /// the address is not reused): later ones pass as `TraceEvent::Repeat`.
-    repeats: FxHashMap<(u32, usize), (u32, Arc<PyFrame>)>,
+    repeats: FxHashMap<(u32, usize), (u32, Rc<PyFrame>)>,
     /// Per kind, the frame address and token last found in `repeats` (0: none):
     /// a loop or a recursion repeats one frame run after run, found with no
     /// hashing. Emptied with `repeats`, whose entries keep the addresses taken.
     last_repeats: [(usize, u32); 4],
     /// The frame of every code object that could not be named: one, so its
     /// records repeat like any other frame's.
-    unknown: Arc<PyFrame>,
+    unknown: Rc<PyFrame>,
     /// What functions returned, by type.
     returns: ReturnTable,
     /// The producers' losses reported so far.
@@ -208,7 +210,7 @@ struct HookProc {
     /// Records read from the ring, not yet named and passed on (see `drain`).
     pending: std::collections::VecDeque<drain::HookRecord>,
     /// The buffer records are read into, kept across drains.
-    raw: Vec<drain::RawRecord>,
+    raw: drain::RawBatch,
     /// Every record stamped before this counter value has been read.
     read_to: u64,
     /// The process's memory is no longer the image its records point into (it

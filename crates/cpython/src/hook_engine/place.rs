@@ -2,7 +2,7 @@
 //! `setup`'s; here the ring is served, what was done is said, and the process's
 //! [`HookProc`] starts. Apart from the engine's face: the longest of its steps.
 
-use std::sync::Arc;
+use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -18,7 +18,7 @@ use pyprobe_sdt::tracer::ring_engine::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
 
 use super::returns::{ReturnTable, TypeNames};
 use super::watch::say_taken;
-use super::{drain, setup, HookBook, HookProc, Phase, BATCH, SWEEP_EVERY};
+use super::{drain, setup, HookBook, HookProc, Phase, SWEEP_EVERY};
 
 impl HookBook {
     /// Installs the hook (with the walker that saw a launched interpreter ready,
@@ -109,11 +109,11 @@ impl HookBook {
                 last_named: None,
                 last_repeats: [(0, 0); 4],
                 repeats: FxHashMap::default(),
-                unknown: Arc::new(PyFrame::gone()),
+                unknown: Rc::new(PyFrame::gone()),
                 returns: ReturnTable::default(),
                 lost,
                 pending: std::collections::VecDeque::new(),
-                raw: Vec::with_capacity(BATCH),
+                raw: Default::default(),
                 read_to: 0,
                 image_gone: false,
             },
