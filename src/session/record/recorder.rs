@@ -505,12 +505,10 @@ impl<'a> Recorder<'a> {
         let summary = summary?;
         file.commit()
             .with_context(|| format!("cannot finish {}", recording_path.display()))?;
-        let mut what = match settings.mode {
-            Mode::Trace if sampler.samples == 0 => format!("{hits} probe hits"),
-            _ => format!("{} samples, {hits} probe hits", sampler.samples),
-        };
+        // What a sample count says of its samples stays beside it, before the hits.
+        let mut samples = format!("{} samples", sampler.samples);
         if sampler.torn > 0 {
-            what.push_str(&format!(
+            samples.push_str(&format!(
                 " ({} of them torn: read while their thread ran and changed its stack, \
                  recorded as `{}` alone)",
                 sampler.torn,
@@ -518,7 +516,7 @@ impl<'a> Recorder<'a> {
             ));
         }
         if sampler.waiting_cut_ticks > 0 {
-            what.push_str(&format!(
+            samples.push_str(&format!(
                 " ({} ticks read only some of the waiting asyncio tasks, within {} tasks and \
                  {} µs a tick; the others came at the next ticks, in turn)",
                 sampler.waiting_cut_ticks,
@@ -526,6 +524,10 @@ impl<'a> Recorder<'a> {
                 sampler.waiting_budget.as_micros()
             ));
         }
+        let mut what = match settings.mode {
+            Mode::Trace if sampler.samples == 0 => format!("{hits} probe hits"),
+            _ => format!("{samples}, {hits} probe hits"),
+        };
         if summary.lost_events > 0 {
             what.push_str(&format!(
                 " ({} more lost: the ring was full)",
