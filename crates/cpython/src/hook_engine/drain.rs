@@ -12,7 +12,7 @@ use crate::hook::codegen::{STR_HASH, STR_LENGTH};
 use crate::hook::{enters, KIND_CALL, KIND_RAISE, KIND_RESUME, KIND_RETURN};
 use crate::python::walker::{PyFrame, Walker, GONE_CODE};
 use pyprobe_sdt::process::memory::ProcessMemory;
-use pyprobe_sdt::ring::DrainStop;
+use pyprobe_sdt::ring::{DrainStop, Plain};
 use pyprobe_sdt::tracer::clock::monotonic_ns;
 use pyprobe_sdt::tracer::engine::{Hit, RepeatSlot, TraceEvent};
 use pyprobe_sdt::tracer::ring_engine::tsc::{read_tsc, TscClock};
@@ -84,7 +84,22 @@ impl HookProc {
         } = std::mem::take(&mut self.raw);
         records.clear();
         texts.clear();
-        let drained = self.reader.drain(BATCH, |r| {
+        let drained = self.reader.drain_fixed(BATCH, |plain| {
+            let r = match plain {
+                // Most records: no text, read in place.
+                Plain::Fixed(r) => {
+                    records.push(RawRecord {
+                        kind: r.probe,
+                        texts: 0,
+                        thread: r.thread,
+                        parts: CodeParts([r.args[0], r.args[2], r.args[3], r.args[4], r.args[5]]),
+                        ty: r.args[1],
+                        stamp: r.tsc,
+                    });
+                    return;
+                }
+                Plain::Copied(r) => r,
+            };
             let text = |i: usize| {
                 r.string(i)
                     .filter(|s| !s.truncated)

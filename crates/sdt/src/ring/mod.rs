@@ -86,8 +86,8 @@ pub use codegen::{
     build_trampoline, CodegenError, FlagSave, ThreadIdSource, Trampoline, TrampolineParams,
 };
 pub use consumer::{
-    DrainStop, Drained, Drawn, KnownRecord, KnownRecords, RingReader, RingRecord, RingStack,
-    RingString, Token, KEY_ARGS,
+    DrainStop, Drained, Drawn, FixedRecord, KnownRecord, KnownRecords, Plain, RingReader,
+    RingRecord, RingStack, RingString, Token, KEY_ARGS,
 };
 pub use format::{init_ring, init_zeroed_ring, ring_bytes, RingError};
 pub use lost::{LostCounter, LostReading};

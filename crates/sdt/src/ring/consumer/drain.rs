@@ -6,7 +6,8 @@ use super::Token;
 use std::sync::atomic::Ordering;
 
 use super::{
-    Copied, DrainStop, Drained, Drawn, KnownRecord, KnownRecords, RingReader, RingRecord, RingStack,
+    Copied, DrainStop, Drained, Drawn, FixedRecord, KnownRecord, KnownRecords, Plain, RingReader,
+    RingRecord, RingStack,
 };
 use crate::ring::format::*;
 use crate::ring::stack::*;
@@ -16,6 +17,10 @@ use crate::ring::stack::*;
 const COPY_CHUNK: usize = 32;
 /// How many slots ahead of the one being copied the reader asks for its lines.
 const PREFETCH_AHEAD: u64 = 8;
+/// The bits of the word at [`S_NARGS`] a record with no string and no stack has
+/// clear: the string mask (its second byte) and the stack word (its upper half).
+const PLAIN_MASK: u64 = 0xffff_ffff_0000_ff00;
+const _: () = assert!(S_STRING_MASK == S_NARGS + 1 && S_STACK_SLOTS == S_NARGS + 4);
 
 impl RingReader {
     /// Reads up to `max` published records in order, calling `f` for each.
@@ -54,40 +59,9 @@ impl RingReader {
     where
         F: FnMut(Drawn<'_>) -> Option<Token>,
     {
-        let (head, budget, mut copies) = self.begin_drain(max);
-        let mut records = 0;
-        let mut stop = None;
-        while records < budget {
-            let index = self.tail;
-            if index >= head {
-                stop = Some(DrainStop::Empty);
-                break;
-            }
-            let ahead = index.wrapping_add(PREFETCH_AHEAD);
-            if ahead.wrapping_add(PREFETCH_AHEAD) < head {
-                self.prefetch(ahead);
-            }
-            let slot = self.slot_offset(index);
-            let want = index.wrapping_add(1);
-            if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
-                stop = Some(DrainStop::Pending { index });
-                break;
-            }
-            let tsc = self.word(slot + S_TSC).load(Ordering::Relaxed);
-            if self.tsc_bound != u64::MAX && tsc > self.tsc_bound {
-                stop = Some(DrainStop::Later);
-                break;
-            }
-            if let Some(token) = known.find(|o| self.word(slot + o).load(Ordering::Relaxed)) {
-                let probe_word = self.word(slot + S_PROBE).load(Ordering::Relaxed);
-                let thread = self.word(slot + S_THREAD).load(Ordering::Relaxed);
-                // Rewritten meanwhile (only after a skip): as if not published.
-                if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
-                    stop = Some(DrainStop::Pending { index });
-                    break;
-                }
-                self.tail = want;
-                records += 1;
+        self.drain_in_place(max, |reader, (index, slot, tsc), head, copies| {
+            if let Some(token) = known.find(|o| reader.word(slot + o).load(Ordering::Relaxed)) {
+                let (probe_word, thread) = reader.take_in_place(index, slot)?;
                 f(Drawn::Known(KnownRecord {
                     index,
                     tsc,
@@ -95,20 +69,126 @@ impl RingReader {
                     thread,
                     token,
                 }));
-                continue;
+                return Ok(1);
             }
-            let (n, why) = self.copy_out(&mut copies[..1], 1, head);
-            if let Some(why) = why {
-                stop = Some(why);
-                break;
-            }
-            records += n;
+            let n = reader.copy_one(copies, head)?;
             let record = copies[0].record();
             if let Some(token) = f(Drawn::Record(&record)) {
                 known.keep(&record, token);
             }
+            Ok(n)
+        })
+    }
+
+    /// As [`drain`](Self::drain), but a record with no string argument and no
+    /// stack (the flags word says so) comes as [`Plain::Fixed`], read from the
+    /// slot in place: its fixed words only, nothing copied into a slot buffer or
+    /// decoded. The others come as [`Plain::Copied`], as `drain` gives them.
+    pub fn drain_fixed<F: FnMut(Plain<'_, '_>)>(&mut self, max: usize, mut f: F) -> Drained {
+        self.drain_in_place(max, |reader, (index, slot, tsc), head, copies| {
+            // The word of `nargs`: the string mask is its second byte, the stack
+            // word its upper half.
+            let flags = reader.word(slot + S_NARGS).load(Ordering::Relaxed);
+            if flags & PLAIN_MASK != 0 {
+                let n = reader.copy_one(copies, head)?;
+                f(Plain::Copied(&copies[0].record()));
+                return Ok(n);
+            }
+            let nargs = ((flags & 0xff) as usize).min(MAX_ARGS);
+            let mut args = [0u64; MAX_ARGS];
+            for (i, a) in args.iter_mut().enumerate().take(nargs) {
+                *a = reader.word(slot + S_ARGS + 8 * i).load(Ordering::Relaxed);
+            }
+            let (probe_word, thread) = reader.take_in_place(index, slot)?;
+            f(Plain::Fixed(&FixedRecord {
+                index,
+                tsc,
+                probe: probe_word as u32,
+                tag: (probe_word >> 32) as u32,
+                thread,
+                nargs,
+                args,
+            }));
+            Ok(1)
+        })
+    }
+
+    /// The loop of the drains that read records in place: `step` is given the
+    /// record at `tail` (index, slot offset, time) once it is published, reads
+    /// it, moves `tail` past it and says how many records it took, or why the
+    /// drain stops there.
+    fn drain_in_place<S>(&mut self, max: usize, mut step: S) -> Drained
+    where
+        S: FnMut(
+            &mut RingReader,
+            (u64, usize, u64),
+            u64,
+            &mut [Copied],
+        ) -> Result<usize, DrainStop>,
+    {
+        let (head, budget, mut copies) = self.begin_drain(max);
+        let mut records = 0;
+        let mut stop = None;
+        while records < budget {
+            let taken = self
+                .next_in_place(head)
+                .and_then(|next| step(self, next, head, &mut copies));
+            match taken {
+                Ok(n) => records += n,
+                Err(why) => {
+                    stop = Some(why);
+                    break;
+                }
+            }
         }
         self.end_drain(copies, records, stop, head)
+    }
+
+    /// The probe word and thread of the record read in place at `index`, whose
+    /// slot is at `slot`, and `tail` moved past it: if it is still published
+    /// (else it was rewritten meanwhile, only after a skip: as if not published).
+    fn take_in_place(&mut self, index: u64, slot: usize) -> Result<(u64, u64), DrainStop> {
+        let probe_word = self.word(slot + S_PROBE).load(Ordering::Relaxed);
+        let thread = self.word(slot + S_THREAD).load(Ordering::Relaxed);
+        let want = index.wrapping_add(1);
+        if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
+            return Err(DrainStop::Pending { index });
+        }
+        self.tail = want;
+        Ok((probe_word, thread))
+    }
+
+    /// The record at `tail` copied into `copies[0]` (and `tail` moved past it and
+    /// its stack's slots): how many records that is, or why it could not be.
+    fn copy_one(&mut self, copies: &mut [Copied], head: u64) -> Result<usize, DrainStop> {
+        match self.copy_out(&mut copies[..1], 1, head) {
+            (_, Some(why)) => Err(why),
+            (n, None) => Ok(n),
+        }
+    }
+
+    /// The record at `tail`, to be read in place: its index, its slot's offset
+    /// and its time, once it is published and not stamped past the bound (else
+    /// why the drain stops there). Asks for the lines of a slot further on.
+    #[inline]
+    fn next_in_place(&self, head: u64) -> Result<(u64, usize, u64), DrainStop> {
+        let index = self.tail;
+        if index >= head {
+            return Err(DrainStop::Empty);
+        }
+        let ahead = index.wrapping_add(PREFETCH_AHEAD);
+        if ahead.wrapping_add(PREFETCH_AHEAD) < head {
+            self.prefetch(ahead);
+        }
+        let slot = self.slot_offset(index);
+        if self.word(slot + S_SEQ).load(Ordering::Acquire) != index.wrapping_add(1) {
+            return Err(DrainStop::Pending { index });
+        }
+        let tsc = self.word(slot + S_TSC).load(Ordering::Relaxed);
+        if self.tsc_bound != u64::MAX && tsc > self.tsc_bound {
+            return Err(DrainStop::Later);
+        }
+        Ok((index, slot, tsc))
     }
 
     /// A drain's start: says the consumer looks, and gives the head read now, how

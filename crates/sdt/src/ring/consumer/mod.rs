@@ -51,6 +51,30 @@ pub enum Drawn<'a> {
     Record(&'a RingRecord<'a>),
 }
 
+/// A record as [`RingReader::drain_fixed`] hands it on.
+#[derive(Debug)]
+pub enum Plain<'r, 'a> {
+    /// No string and no stack: its fixed words, read in place.
+    Fixed(&'r FixedRecord),
+    /// Any other: copied out and decoded as [`RingReader::drain`] does.
+    Copied(&'r RingRecord<'a>),
+}
+
+/// A record with no string argument and no stack, read from its slot's fixed
+/// words: what [`RingRecord`] would say of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedRecord {
+    pub index: u64,
+    pub tsc: u64,
+    pub probe: u32,
+    pub tag: u32,
+    /// The thread's `%fs` base.
+    pub thread: u64,
+    /// Meaningful entries of `args` (clamped to [`MAX_ARGS`]); the rest are 0.
+    pub nargs: usize,
+    pub args: [u64; MAX_ARGS],
+}
+
 /// What of a known record differs from the one kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KnownRecord {

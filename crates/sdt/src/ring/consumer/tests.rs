@@ -522,3 +522,97 @@ proptest! {
         }
     }
 }
+
+/// What a record says, whole: index, time, probe, tag, thread, every argument,
+/// every string.
+type SaidWhole = (u64, u64, u32, u32, u64, Vec<u64>, Vec<Option<Vec<u8>>>);
+
+fn said_whole(r: &RingRecord<'_>) -> SaidWhole {
+    let strings = (0..MAX_ARGS)
+        .map(|i| r.string(i).map(|s| s.bytes.to_vec()))
+        .collect();
+    (
+        r.index,
+        r.tsc,
+        r.probe,
+        r.tag,
+        r.thread,
+        r.args.to_vec(),
+        strings,
+    )
+}
+
+proptest! {
+    /// Draining plain records in place hands on what a plain drain does: the
+    /// same records, in order, those without strings read from their words.
+    #[test]
+    fn fixed_records_say_what_a_plain_drain_says(
+        shapes in proptest::collection::vec((0u32..4, 0usize..7, any::<bool>(), any::<u64>()), 1..200),
+    ) {
+        let fill = |ring: &mut TestRing| {
+            for &(probe, nargs, with_string, value) in &shapes {
+                let args: Vec<u64> = (0..nargs as u64).map(|i| value.rotate_left(i as u32 * 9)).collect();
+                let strings: Vec<Option<&[u8]>> = match (with_string, nargs) {
+                    (true, 1..) => vec![Some(b"fib".as_slice())],
+                    _ => vec![],
+                };
+                assert!(ring.produce(probe, &args, &strings));
+            }
+        };
+        let mut ring = TestRing::new(256);
+        fill(&mut ring);
+        let mut plain = Vec::new();
+        let mut reader = ring.reader().expect("reader");
+        reader.drain(usize::MAX, |r| plain.push(said_whole(r)));
+        let mut again = TestRing::new(256);
+        fill(&mut again);
+        let mut reader = again.reader().expect("reader");
+        let (mut drawn, mut fixed) = (Vec::new(), 0);
+        let drained = reader.drain_fixed(usize::MAX, |p| match p {
+            Plain::Fixed(r) => {
+                fixed += 1;
+                drawn.push((r.index, r.tsc, r.probe, r.tag, r.thread, r.args.to_vec(), vec![None; MAX_ARGS]));
+            }
+            Plain::Copied(r) => drawn.push(said_whole(r)),
+        });
+        prop_assert_eq!(&drawn, &plain);
+        prop_assert_eq!(drained.records, shapes.len());
+        prop_assert_eq!(drained.stop, DrainStop::Empty);
+        let without = shapes.iter().filter(|s| !s.2 || s.1 == 0).count();
+        prop_assert_eq!(fixed, without, "every record without a string is read in place");
+        prop_assert_eq!(reader.tail(), shapes.len() as u64);
+    }
+}
+
+#[test]
+fn a_fixed_drain_stops_at_an_unpublished_slot_and_copies_stack_records() {
+    let mut ring = TestRing::new(8);
+    assert!(ring.produce(1, &[10, 20], &[]));
+    assert!(ring.produce(2, &[30], &[]));
+    // Slot 1 reserved but not published: the drain stops before it.
+    put_slot(&mut ring, 1, 0, &[]);
+    let mut reader = ring.reader().expect("reader");
+    let mut seen = Vec::new();
+    let drained = reader.drain_fixed(usize::MAX, |p| {
+        if let Plain::Fixed(r) = p {
+            seen.push((r.index, r.probe, r.nargs, r.args[0], r.args[1]));
+        }
+    });
+    assert_eq!(seen, [(0, 1, 2, 10, 20)]);
+    assert_eq!(drained.stop, DrainStop::Pending { index: 1 });
+    // A record claiming a stack is never read in place.
+    let mut ring = TestRing::new(8);
+    stack_head(&mut ring, 0, 1, 2);
+    continuation(&mut ring, 1, 0, &[(0x1000, 7), (0x2000, 9)]);
+    set_head(&mut ring, 2);
+    let mut reader = ring.reader().expect("reader");
+    let (mut copied, mut fixed) = (0, 0);
+    reader.drain_fixed(usize::MAX, |p| match p {
+        Plain::Fixed(_) => fixed += 1,
+        Plain::Copied(r) => {
+            copied += 1;
+            assert_eq!(r.stack.as_ref().map(|s| s.frames.len()), Some(2));
+        }
+    });
+    assert_eq!((copied, fixed), (1, 0));
+}
