@@ -571,6 +571,43 @@ fn record_verbose_says_the_sites() {
     }
 }
 
+/// `-v` says, for each engine's ring, how long the target waited for room in it:
+/// a time within the run (the ring engine on 3.9, the hook on 3.13).
+#[test]
+fn record_verbose_says_how_long_the_target_waited_for_the_ring() {
+    for (version, engine) in [("3.9", "ring"), ("3.13", "hook")] {
+        let Some(py) = python(version) else { continue };
+        let dir = tempdir();
+        let out = dir.path().join("run.pyprobe");
+        let started = std::time::Instant::now();
+        let o = pyprobe()
+            .args(["record", "-v", "--mode", "trace", "-o", s(&out), "--"])
+            .arg(&py.launcher)
+            .arg(repo().join("benches/workloads/fib.py"))
+            .arg("22")
+            .output()
+            .unwrap();
+        let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{version}: {stderr}");
+        let said = format!("{engine} engine in process ");
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(&said) && l.contains("the target waited"))
+            .unwrap_or_else(|| panic!("{version}: no waited line for the {engine}:\n{stderr}"));
+        let ms: f64 = line
+            .split("waited ")
+            .nth(1)
+            .and_then(|rest| rest.split(" ms").next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{version}: no time in {line:?}"));
+        assert!(
+            (0.0..=wall_ms).contains(&ms),
+            "{version}: {ms} ms of a {wall_ms:.0} ms run"
+        );
+    }
+}
+
 /// A trace recording of `calls` short calls (10 µs each) and two long ones
 /// (2 ms each) under `main`, in files `/app/main.py` (main, long) and
 /// `/usr/lib/python3.9/json/encoder.py` (the short ones).

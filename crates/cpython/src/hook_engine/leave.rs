@@ -106,11 +106,9 @@ fn say_waited(pid: i32, h: &HookProc, tsc: Option<&TscClock>, sink: &mut dyn FnM
         return;
     };
     let waited_ns = tsc.ticks_to_ns(h.reader.waited_cycles());
-    sink(TraceEvent::Detail(format!(
-        "hook engine in process {pid}: the target waited {:.1} ms in all for room in the ring \
-         (pyprobe reading more slowly than it wrote)",
-        waited_ns as f64 / 1e6
-    )));
+    sink(pyprobe_sdt::tracer::ring_engine::waited_detail(
+        "hook", pid, waited_ns,
+    ));
 }
 
 /// The last return-type totals of a hook that is done with.

@@ -181,6 +181,7 @@ impl Engine {
                     )));
                 }
             }
+            self.say_ring_waited(tid, sink);
             self.procs.remove(&tid);
             self.source_image_gone(tid, sink);
             if let Some(g) = self.guardian.as_mut() {

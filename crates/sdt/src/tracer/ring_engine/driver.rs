@@ -511,6 +511,16 @@ impl Engine {
 
     /// Leaving (every thread stopped, semaphores not yet lowered): the original
     /// bytes go back at every ring site, and the last records are read.
+    /// For `-v`: how long process `pid` waited for room in its ring (said as it
+    /// leaves: detached or gone).
+    pub(in crate::tracer) fn say_ring_waited(&self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+        let ring = self.procs.get(&pid).and_then(|p| p.ring.as_ref());
+        if let (Some(ring), Some(tsc)) = (ring, self.ring_book.tsc.as_ref()) {
+            let waited_ns = tsc.ticks_to_ns(ring.reader.waited_cycles());
+            sink(super::waited_detail("ring", pid, waited_ns));
+        }
+    }
+
     pub(in crate::tracer) fn ring_detach(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         let pids: Vec<i32> = self
             .procs
@@ -548,6 +558,9 @@ impl Engine {
             self.step_out_of(pid, &code, sink);
         }
         while self.drain_rings(sink) > 0 {}
+        for &pid in &pids {
+            self.say_ring_waited(pid, sink);
+        }
         for (&pid, proc) in self.procs.iter_mut() {
             if let Some(ring) = proc.ring.take() {
                 // Producers stop waiting for room: nobody reads the ring any more.

@@ -81,6 +81,17 @@ pub const CONSUMER_STALE_NS: u64 = 300_000_000;
 /// enough that the budget, which charges the wait, can react.
 pub const BUDGETED_PATIENCE_NS: u64 = 10_000_000;
 
+/// For `-v`: how long the target waited in all for room in a ring of `engine`
+/// ("ring" or "hook") in process `pid`, i.e. was held because pyprobe read more
+/// slowly than it wrote.
+pub fn waited_detail(engine: &str, pid: i32, waited_ns: u64) -> TraceEvent<'static> {
+    TraceEvent::Detail(format!(
+        "{engine} engine in process {pid}: the target waited {:.1} ms in all for room in the \
+         ring (pyprobe reading more slowly than it wrote)",
+        waited_ns as f64 / 1e6
+    ))
+}
+
 /// Says what a new reading `value` of a ring's `lost` counter (the ring of
 /// `engine`, "ring" or "hook", of process `pid`) tells: new losses, or once, that
 /// the counter cannot be trusted.
