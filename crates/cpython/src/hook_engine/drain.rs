@@ -12,7 +12,7 @@ use crate::hook::codegen::{STR_HASH, STR_LENGTH};
 use crate::hook::{enters, KIND_CALL, KIND_RAISE, KIND_RESUME, KIND_RETURN};
 use crate::python::walker::{PyFrame, Walker, GONE_CODE};
 use pyprobe_sdt::process::memory::ProcessMemory;
-use pyprobe_sdt::ring::{DrainStop, Plain};
+use pyprobe_sdt::ring::{DrainStop, Plain, RingRecord};
 use pyprobe_sdt::tracer::clock::monotonic_ns;
 use pyprobe_sdt::tracer::engine::{Hit, RepeatSlot, TraceEvent};
 use pyprobe_sdt::tracer::ring_engine::tsc::{read_tsc, TscClock};
@@ -58,6 +58,22 @@ pub(super) struct RawBatch {
     texts: Vec<RecordTexts>,
 }
 
+/// The texts a copied record carried, if any: a module or class body's name and
+/// file, copied by the hook (before 3.12), in argument 2; a call's name and file,
+/// copied the first time its parts were met, in argument 3.
+fn record_texts(r: &RingRecord<'_>) -> Option<RecordTexts> {
+    let text = |i: usize| {
+        r.string(i)
+            .filter(|s| !s.truncated)
+            .map(|s| String::from_utf8_lossy(s.bytes).into_owned())
+    };
+    let (body_name, function_name) = (text(2), text(3));
+    (body_name.is_some() || function_name.is_some()).then_some(RecordTexts {
+        body_name,
+        function_name,
+    })
+}
+
 /// A record read and named, not yet passed on.
 pub(super) struct HookRecord {
     kind: u32,
@@ -85,40 +101,21 @@ impl HookProc {
         records.clear();
         texts.clear();
         let drained = self.reader.drain_fixed(BATCH, |plain| {
-            let r = match plain {
-                // Most records: no text, read in place.
-                Plain::Fixed(r) => {
-                    records.push(RawRecord {
-                        kind: r.probe,
-                        texts: 0,
-                        thread: r.thread,
-                        parts: CodeParts([r.args[0], r.args[2], r.args[3], r.args[4], r.args[5]]),
-                        ty: r.args[1],
-                        stamp: r.tsc,
-                    });
-                    return;
+            // Most records carry no text and are read in place.
+            let (r, carried) = match plain {
+                Plain::Fixed(r) => (r, None),
+                Plain::Copied(r) => (&**r, record_texts(r)),
+            };
+            let text_index = match carried {
+                Some(t) => {
+                    texts.push(t);
+                    texts.len() as u32
                 }
-                Plain::Copied(r) => r,
+                None => 0,
             };
-            let text = |i: usize| {
-                r.string(i)
-                    .filter(|s| !s.truncated)
-                    .map(|s| String::from_utf8_lossy(s.bytes).into_owned())
-            };
-            // A module or class body's name and file, copied by the hook (before
-            // 3.12); a call's name and file, copied the first time its parts
-            // were met.
-            let (body_name, function_name) = (text(2), text(3));
-            let carried = body_name.is_some() || function_name.is_some();
-            if carried {
-                texts.push(RecordTexts {
-                    body_name,
-                    function_name,
-                });
-            }
             records.push(RawRecord {
                 kind: r.probe,
-                texts: if carried { texts.len() as u32 } else { 0 },
+                texts: text_index,
                 thread: r.thread,
                 parts: CodeParts([r.args[0], r.args[2], r.args[3], r.args[4], r.args[5]]),
                 ty: r.args[1],

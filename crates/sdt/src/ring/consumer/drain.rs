@@ -61,7 +61,9 @@ impl RingReader {
     {
         self.drain_in_place(max, |reader, (index, slot, tsc), head, copies| {
             if let Some(token) = known.find(|o| reader.word(slot + o).load(Ordering::Relaxed)) {
-                let (probe_word, thread) = reader.take_in_place(index, slot)?;
+                let probe_word = reader.word(slot + S_PROBE).load(Ordering::Relaxed);
+                let thread = reader.word(slot + S_THREAD).load(Ordering::Relaxed);
+                reader.take_in_place(index, slot)?;
                 f(Drawn::Known(KnownRecord {
                     index,
                     tsc,
@@ -94,21 +96,11 @@ impl RingReader {
                 f(Plain::Copied(&copies[0].record()));
                 return Ok(n);
             }
-            let nargs = ((flags & 0xff) as usize).min(MAX_ARGS);
-            let mut args = [0u64; MAX_ARGS];
-            for (i, a) in args.iter_mut().enumerate().take(nargs) {
-                *a = reader.word(slot + S_ARGS + 8 * i).load(Ordering::Relaxed);
-            }
-            let (probe_word, thread) = reader.take_in_place(index, slot)?;
-            f(Plain::Fixed(&FixedRecord {
-                index,
-                tsc,
-                probe: probe_word as u32,
-                tag: (probe_word >> 32) as u32,
-                thread,
-                nargs,
-                args,
-            }));
+            let fixed = FixedRecord::from_words(index, tsc, flags, |o| {
+                reader.word(slot + o).load(Ordering::Relaxed)
+            });
+            reader.take_in_place(index, slot)?;
+            f(Plain::Fixed(&fixed));
             Ok(1)
         })
     }
@@ -144,18 +136,16 @@ impl RingReader {
         self.end_drain(copies, records, stop, head)
     }
 
-    /// The probe word and thread of the record read in place at `index`, whose
-    /// slot is at `slot`, and `tail` moved past it: if it is still published
-    /// (else it was rewritten meanwhile, only after a skip: as if not published).
-    fn take_in_place(&mut self, index: u64, slot: usize) -> Result<(u64, u64), DrainStop> {
-        let probe_word = self.word(slot + S_PROBE).load(Ordering::Relaxed);
-        let thread = self.word(slot + S_THREAD).load(Ordering::Relaxed);
+    /// Moves `tail` past the record at `index` (its slot at `slot`), read in
+    /// place, if it is still published; else it was rewritten while read (only
+    /// after a skip), and counts as not published.
+    fn take_in_place(&mut self, index: u64, slot: usize) -> Result<(), DrainStop> {
         let want = index.wrapping_add(1);
         if self.word(slot + S_SEQ).load(Ordering::Acquire) != want {
             return Err(DrainStop::Pending { index });
         }
         self.tail = want;
-        Ok((probe_word, thread))
+        Ok(())
     }
 
     /// The record at `tail` copied into `copies[0]` (and `tail` moved past it and

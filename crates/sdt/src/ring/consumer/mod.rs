@@ -26,7 +26,7 @@ pub use known::{KnownRecords, Token, KEY_ARGS};
 #[cfg(test)]
 use record::decode;
 use record::StringSpan;
-pub use record::{RingRecord, RingStack, RingString};
+pub use record::{FixedRecord, RingRecord, RingStack, RingString};
 
 /// Why [`RingReader::drain`] stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,21 +58,6 @@ pub enum Plain<'r, 'a> {
     Fixed(&'r FixedRecord),
     /// Any other: copied out and decoded as [`RingReader::drain`] does.
     Copied(&'r RingRecord<'a>),
-}
-
-/// A record with no string argument and no stack, read from its slot's fixed
-/// words: what [`RingRecord`] would say of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FixedRecord {
-    pub index: u64,
-    pub tsc: u64,
-    pub probe: u32,
-    pub tag: u32,
-    /// The thread's `%fs` base.
-    pub thread: u64,
-    /// Meaningful entries of `args` (clamped to [`MAX_ARGS`]); the rest are 0.
-    pub nargs: usize,
-    pub args: [u64; MAX_ARGS],
 }
 
 /// What of a known record differs from the one kept.

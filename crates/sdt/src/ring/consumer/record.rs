@@ -2,12 +2,15 @@
 //! arguments and the prefixes of its string arguments, never trusting the slot's
 //! counts or masks.
 
+use std::ops::Deref;
+
 use crate::ring::format::*;
 
-/// A decoded record. Strings borrow from a private copy of the slot, so the
-/// callback may keep nothing past its return; copy what you need.
-#[derive(Clone)]
-pub struct RingRecord<'a> {
+/// What a record's fixed words say: all of a record with no string and no stack
+/// (as [`RingReader::drain_fixed`](super::RingReader::drain_fixed) reads it in
+/// place), and the start of every [`RingRecord`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedRecord {
     /// Ring index of the slot (0, 1, 2, ... in reservation order).
     pub index: u64,
     pub tsc: u64,
@@ -15,9 +18,47 @@ pub struct RingRecord<'a> {
     pub tag: u32,
     /// The thread's `%fs` base; map it to a tid on the engine side.
     pub thread: u64,
-    /// Number of meaningful entries in `args` (clamped to [`MAX_ARGS`]).
+    /// Number of meaningful entries in `args` (clamped to [`MAX_ARGS`]); the rest are 0.
     pub nargs: usize,
     pub args: [u64; MAX_ARGS],
+}
+
+impl FixedRecord {
+    /// The record at `index` whose slot's words `word` reads (8-aligned
+    /// offsets), its time and its flags word (at [`S_NARGS`]) read already;
+    /// trusts no count.
+    #[inline]
+    pub(super) fn from_words(
+        index: u64,
+        tsc: u64,
+        flags: u64,
+        word: impl Fn(usize) -> u64,
+    ) -> FixedRecord {
+        let nargs = ((flags & 0xff) as usize).min(MAX_ARGS);
+        let mut args = [0u64; MAX_ARGS];
+        for (i, a) in args.iter_mut().enumerate().take(nargs) {
+            *a = word(S_ARGS + 8 * i);
+        }
+        let probe_word = word(S_PROBE);
+        FixedRecord {
+            index,
+            tsc,
+            probe: probe_word as u32,
+            tag: (probe_word >> 32) as u32,
+            thread: word(S_THREAD),
+            nargs,
+            args,
+        }
+    }
+}
+
+/// A decoded record: its fixed words (through `Deref`: `record.tsc`,
+/// `record.args`), its stack and its strings. Strings borrow from a private copy
+/// of the slot, so the callback may keep nothing past its return; copy what you
+/// need.
+#[derive(Clone)]
+pub struct RingRecord<'a> {
+    fixed: FixedRecord,
     /// The Python stack the trampoline captured, for a stack probe's record.
     pub stack: Option<RingStack>,
     /// The copy of the slot the strings are read from.
@@ -45,20 +86,8 @@ impl<'a> RingRecord<'a> {
         stack: Option<RingStack>,
     ) -> RingRecord<'a> {
         let word = |o: usize| u64::from_le_bytes(slot[o..o + 8].try_into().unwrap_or([0; 8]));
-        let nargs = usize::from(slot[S_NARGS]).min(MAX_ARGS);
-        let mut args = [0u64; MAX_ARGS];
-        for (i, a) in args.iter_mut().enumerate().take(nargs) {
-            *a = word(S_ARGS + 8 * i);
-        }
-        let probe_word = word(S_PROBE);
         RingRecord {
-            index,
-            tsc: word(S_TSC),
-            probe: probe_word as u32,
-            tag: (probe_word >> 32) as u32,
-            thread: word(S_THREAD),
-            nargs,
-            args,
+            fixed: FixedRecord::from_words(index, word(S_TSC), word(S_NARGS), word),
             stack,
             slot,
             spans,
@@ -97,28 +126,19 @@ impl<'a> RingRecord<'a> {
     }
 }
 
+impl Deref for RingRecord<'_> {
+    type Target = FixedRecord;
+
+    fn deref(&self) -> &FixedRecord {
+        &self.fixed
+    }
+}
+
 impl PartialEq for RingRecord<'_> {
     /// Equal when everything read through the record is: the bytes of the slot
     /// no string covers do not count.
     fn eq(&self, other: &Self) -> bool {
-        (
-            self.index,
-            self.tsc,
-            self.probe,
-            self.tag,
-            self.thread,
-            self.nargs,
-            self.args,
-        ) == (
-            other.index,
-            other.tsc,
-            other.probe,
-            other.tag,
-            other.thread,
-            other.nargs,
-            other.args,
-        ) && self.stack == other.stack
-            && self.strings() == other.strings()
+        self.fixed == other.fixed && self.stack == other.stack && self.strings() == other.strings()
     }
 }
 

@@ -509,8 +509,6 @@ impl Engine {
         total + progress
     }
 
-    /// Leaving (every thread stopped, semaphores not yet lowered): the original
-    /// bytes go back at every ring site, and the last records are read.
     /// For `-v`: how long process `pid` waited for room in its ring (said as it
     /// leaves: detached or gone).
     pub(in crate::tracer) fn say_ring_waited(&self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
@@ -521,6 +519,8 @@ impl Engine {
         }
     }
 
+    /// Leaving (every thread stopped, semaphores not yet lowered): the original
+    /// bytes go back at every ring site, and the last records are read.
     pub(in crate::tracer) fn ring_detach(&mut self, sink: &mut dyn FnMut(TraceEvent)) {
         let pids: Vec<i32> = self
             .procs
