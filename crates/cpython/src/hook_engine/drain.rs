@@ -18,14 +18,17 @@ use pyprobe_sdt::tracer::engine::{Hit, RepeatSlot, TraceEvent};
 use pyprobe_sdt::tracer::ring_engine::tsc::{read_tsc, TscClock};
 
 use super::parts::CodeParts;
+use super::returns::TypeNames;
 use super::setup::ascii_data;
 use super::{HookProc, BATCH, MAX_NAMED, MAX_REPEATS, MAX_SHADOW};
 
-/// [`HookProc::recheck_named`]'s room, kept between drains.
+/// [`HookProc::recheck`]'s room, kept between drains.
 #[derive(Default)]
 pub(super) struct Recheck {
     seen: rustc_hash::FxHashSet<CodeParts>,
     parts: Vec<CodeParts>,
+    seen_types: rustc_hash::FxHashSet<u64>,
+    types: Vec<u64>,
     addrs: Vec<u64>,
     words: Vec<Option<u64>>,
 }
@@ -143,7 +146,7 @@ impl HookProc {
         self.names.clear();
         self.last_named = None;
         self.types.new_batch();
-        self.recheck_named(&records);
+        self.recheck(&records);
         for r in &records {
             let (kind, thread, parts, ty, stamp) = (r.kind, r.thread, r.parts, r.ty, r.stamp);
             if !matches!(kind, KIND_CALL | KIND_RESUME | KIND_RETURN | KIND_RAISE) {
@@ -187,34 +190,54 @@ impl HookProc {
         read
     }
 
-    /// Before a drain's records are named: the parts among them named before
-    /// keep that name only if their code object's `co_qualname` pointer is the
-    /// one it had then, all read with one system call; the others are
-    /// forgotten, to be named afresh. Nothing is read when the image is gone
-    /// (what was named is all there is) or before 3.11 (no qualified name: the
-    /// parts are the whole name).
-    fn recheck_named(&mut self, records: &[RawRecord]) {
-        let Some(offset) = self.walker.code_qualname_offset() else {
-            return;
-        };
-        if self.image_gone || self.named.is_empty() {
+    /// Before a drain's records are named, with one system call for the drain
+    /// (a drain of a program that keeps pyprobe's pace holds a few dozen records,
+    /// and a read each cost more than the rest of their naming):
+    /// * the parts among them named before keep that name only if their code
+    ///   object's `co_qualname` pointer is the one it had then; the others are
+    ///   forgotten, to be named afresh. Not before 3.11 (no qualified name: the
+    ///   parts are the whole name);
+    /// * the types they returned have their `tp_name` pointers read, which
+    ///   [`TypeNames`](super::returns::TypeNames) checks its names against.
+    ///
+    /// Nothing is read when the image is gone: what was named is all there is.
+    fn recheck(&mut self, records: &[RawRecord]) {
+        if self.image_gone {
             return;
         }
+        let offset = self
+            .walker
+            .code_qualname_offset()
+            .filter(|_| !self.named.is_empty());
         let Recheck {
             seen,
             parts,
+            seen_types,
+            types,
             addrs,
             words,
         } = &mut self.recheck;
         seen.clear();
         parts.clear();
+        seen_types.clear();
+        types.clear();
         addrs.clear();
-        // Runs of one code object are the rule (a loop, a recursion): a record
-        // like the one before it costs a compare, not a hash.
-        let mut previous = None;
+        // Runs of one code object and of one returned type are the rule (a
+        // loop, a recursion): a record like the one before it costs a compare,
+        // not a hash.
+        let (mut previous, mut previous_type) = (None, None);
         for r in records {
-            let known = matches!(r.kind, KIND_CALL | KIND_RESUME | KIND_RETURN | KIND_RAISE);
-            if !known || previous == Some(r.parts) {
+            if !matches!(r.kind, KIND_CALL | KIND_RESUME | KIND_RETURN | KIND_RAISE) {
+                continue;
+            }
+            if r.kind == KIND_RETURN && previous_type != Some(r.ty) {
+                previous_type = Some(r.ty);
+                if seen_types.insert(r.ty) {
+                    types.push(r.ty);
+                }
+            }
+            let Some(offset) = offset else { continue };
+            if previous == Some(r.parts) {
                 continue;
             }
             previous = Some(r.parts);
@@ -223,12 +246,15 @@ impl HookProc {
                 addrs.push(r.parts.code().wrapping_add(offset));
             }
         }
+        addrs.extend(types.iter().map(|&ty| TypeNames::name_pointer_at(ty)));
         self.mem.read_words(addrs, words);
-        for (p, now) in parts.iter().zip(words.iter()) {
+        let (code_words, type_words) = words.split_at(parts.len());
+        for (p, now) in parts.iter().zip(code_words) {
             if self.named.get(p).map(|(_, q)| Some(*q)) != Some(*now) {
                 self.named.remove(p);
             }
         }
+        self.types.recheck(types, type_words);
     }
 
     /// The name of a record's code object: a return takes the name of the entry it

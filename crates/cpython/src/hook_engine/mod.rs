@@ -173,7 +173,7 @@ struct HookProc {
     last_named: Option<(CodeParts, Rc<PyFrame>)>,
     /// The same parts once named, kept across drains, with the `co_qualname`
     /// pointer the code object had then (3.11+; 0 before): parts met again are
-    /// named from here, not read again, once [`HookProc::recheck_named`] found
+    /// named from here, not read again, once [`HookProc::recheck`] found
     /// the pointer unchanged in this drain. The parts are what the hook read from
     /// the code object when it ran, so a code object freed and another put at its
     /// address has other parts (its own name and file pointers, first line, the
@@ -186,7 +186,7 @@ struct HookProc {
     /// per parts; the same parts mean the same name and file texts). Used where
     /// the target's memory no longer names them.
     copied: FxHashMap<CodeParts, Rc<PyFrame>>,
-    /// [`HookProc::recheck_named`]'s reused room.
+    /// [`HookProc::recheck`]'s reused room.
     recheck: drain::Recheck,
     /// Type objects' names.
     types: TypeNames,

@@ -26,7 +26,8 @@ type Key = (Arc<str>, Arc<str>, u32, Option<Arc<str>>);
 
 /// Names of type objects, cached by address. A type may be freed and another
 /// put at its address: each entry is checked once per drain (its `tp_name`
-/// pointer read again) before it is trusted.
+/// pointer read again, for all the drain's types at once by
+/// [`recheck`](Self::recheck)) before it is trusted.
 #[derive(Default)]
 pub(super) struct TypeNames {
     /// type address → (`tp_name` pointer, name).
@@ -43,6 +44,24 @@ impl TypeNames {
     pub(super) fn new_batch(&mut self) {
         self.checked.clear();
         self.last = None;
+    }
+
+    /// Where type object `ty` keeps its `tp_name` pointer.
+    pub(super) fn name_pointer_at(ty: u64) -> u64 {
+        ty.wrapping_add(TP_NAME)
+    }
+
+    /// The `tp_name` pointers of this drain's `types`, read just now (`None`:
+    /// unreadable): a cached name whose pointer changed is forgotten, and each
+    /// type read counts as checked for this drain.
+    pub(super) fn recheck(&mut self, types: &[u64], pointers: &[Option<u64>]) {
+        for (&ty, &now) in types.iter().zip(pointers) {
+            let Some(p) = now else { continue };
+            if self.known.get(&ty).is_some_and(|(known, _)| *known != p) {
+                self.known.remove(&ty);
+            }
+            self.checked.insert(ty);
+        }
     }
 
     /// The name last read for type object `ty`, without reading ("?" when none
@@ -73,13 +92,13 @@ impl TypeNames {
             }
         }
         let pointer = mem
-            .read_u64(ty + TP_NAME)
+            .read_u64(Self::name_pointer_at(ty))
             .ok()
             .filter(|&p| p > 0xffff && p < 1 << 47);
-        self.checked.insert(ty);
         let Some(p) = pointer else {
             return "?".into();
         };
+        self.checked.insert(ty);
         if let Some((known, name)) = self.known.get(&ty) {
             if *known == p {
                 return name.clone();
@@ -264,6 +283,46 @@ mod tests {
 
     fn s(text: &str) -> Arc<str> {
         text.into()
+    }
+
+    /// A type object's header in this process's memory: its `tp_name` points at
+    /// `name`.
+    fn type_object(name: &std::ffi::CStr) -> Box<[u64; 4]> {
+        Box::new([1, 0, 0, name.as_ptr() as u64])
+    }
+
+    #[test]
+    fn a_drains_read_pointers_decide_which_cached_type_names_are_kept() {
+        let mem = ProcessMemory::new(std::process::id() as i32);
+        // A process that does not exist: any read of it fails.
+        let unreadable = ProcessMemory::new(i32::MAX);
+        let mut names = TypeNames::default();
+        let mut ty = type_object(c"Point");
+        let at = ty.as_ptr() as u64;
+        names.new_batch();
+        assert_eq!(&**names.name(&mem, at), "Point");
+
+        // A new drain: a name is not trusted before it is checked, and nothing
+        // can be read to check it.
+        names.new_batch();
+        assert_eq!(&**names.name(&unreadable, at), "?");
+
+        // The drain's pointers, read together, check it: the same `tp_name`
+        // pointer, the cached name, with no read of its own.
+        names.new_batch();
+        names.recheck(&[at], &[Some(ty[3])]);
+        assert_eq!(&**names.name(&unreadable, at), "Point");
+
+        // Another type at the same address (another `tp_name`): read afresh.
+        ty[3] = c"Fresh".as_ptr() as u64;
+        let pointer = std::hint::black_box(ty[3]);
+        names.new_batch();
+        names.recheck(&[at], &[Some(pointer)]);
+        assert_eq!(&**names.name(&unreadable, at), "?");
+        names.new_batch();
+        names.recheck(&[at], &[Some(pointer)]);
+        assert_eq!(&**names.name(&mem, at), "Fresh");
+        drop(ty);
     }
 
     #[test]
