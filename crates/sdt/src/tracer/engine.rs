@@ -299,6 +299,10 @@ impl Engine {
                             super::signals::nap(RING_POLL_US);
                         }
                     }
+                    // A few records: let a batch gather (see `CALM_BELOW`).
+                    Waited::Nothing if self.rings_calm(drained) => {
+                        super::signals::nap(RING_POLL_US)
+                    }
                     Waited::NoChildren => return Ok(()),
                     Waited::Nothing | Waited::Handled | Waited::Interrupted => {}
                 }

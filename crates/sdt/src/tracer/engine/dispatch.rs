@@ -43,6 +43,7 @@ impl Engine {
         match waitpid(None, Some(flags)) {
             Ok(WaitStatus::StillAlive) if poll => Ok(Waited::Nothing),
             Ok(status) => {
+                self.note_stop();
                 if self.budget.meter.is_some() {
                     self.budget.last_wait_ns = monotonic_ns();
                 }

@@ -10,8 +10,8 @@ use super::records::{drain_hits, DrainedHits, RecordSource};
 use super::setup as ring_setup;
 use super::tsc::{read_tsc, TscClock};
 use super::{
-    RingUse, BUDGETED_PATIENCE_NS, BUSY_NS, CONSUMER_STALE_NS, DRAIN_BATCH, HIGH_WATER,
-    RING_COUNT_NS, RING_EVENT_NS, RING_FRAME_NS, RING_STACK_NS, STUCK_NS,
+    RingUse, BUDGETED_PATIENCE_NS, BUSY_NS, CALM_BELOW, CONSUMER_STALE_NS, DRAIN_BATCH, HIGH_WATER,
+    RING_COUNT_NS, RING_EVENT_NS, RING_FRAME_NS, RING_STACK_NS, STOPPED_LATELY_NS, STUCK_NS,
 };
 use crate::process::memory::ProcessMemory;
 use crate::ring::format::H_ALIVE;
@@ -30,10 +30,19 @@ pub(in crate::tracer) struct RingBook {
     pub(in crate::tracer) stuck: std::collections::HashMap<i32, (u64, u64)>,
     /// Until when a ring counts as busy (see [`BUSY_NS`]).
     busy_until_ns: u64,
+    /// When the event loop last handled a tracee stop (see [`STOPPED_LATELY_NS`]).
+    stopped_at_ns: u64,
     /// Sites said to stay on `int3`, with why.
     said: std::collections::HashSet<(u64, String)>,
     /// The code holding the probe sites, scanned before the target was stopped.
     pub(in crate::tracer) prescanned: Vec<ring_setup::ScannedCode>,
+}
+
+/// [`Engine::rings_calm`] at time `now`.
+fn calm(drained: usize, now: u64, book: &RingBook) -> bool {
+    drained < CALM_BELOW
+        && now >= book.busy_until_ns
+        && now.saturating_sub(book.stopped_at_ns) > STOPPED_LATELY_NS
 }
 
 impl Engine {
@@ -325,6 +334,18 @@ impl Engine {
         monotonic_ns() < self.ring_book.busy_until_ns
     }
 
+    /// A tracee stop was handled just now.
+    pub(in crate::tracer) fn note_stop(&mut self) {
+        self.ring_book.stopped_at_ns = monotonic_ns();
+    }
+
+    /// Whether the event loop may nap after a drain that read `drained` records
+    /// (see [`CALM_BELOW`]): few were waiting, no ring was busy a moment ago, and
+    /// no tracee stopped lately (its next stop would wait out the nap).
+    pub(in crate::tracer) fn rings_calm(&self, drained: usize) -> bool {
+        calm(drained, monotonic_ns(), &self.ring_book)
+    }
+
     /// Turns every published ring record into a hit; returns how many, plus the
     /// records the source beside the rings read meanwhile (both zero: nothing
     /// more can be read now, which loops draining to the end wait for).
@@ -605,5 +626,37 @@ impl Engine {
         };
         ring_setup::clean_child(&mut ProcessMemory::new(child), ring)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_loop_naps_only_after_a_small_drain_with_no_ring_busy_and_no_stop_lately() {
+        let now = 10 * STOPPED_LATELY_NS;
+        let quiet = RingBook::default();
+        assert!(calm(0, now, &quiet));
+        assert!(calm(CALM_BELOW - 1, now, &quiet));
+        // A batch worth its costs: drain again at once.
+        assert!(!calm(CALM_BELOW, now, &quiet));
+        // A ring was busy a moment ago (a full batch, a backlog): keep up.
+        let busy = RingBook {
+            busy_until_ns: now + 1,
+            ..RingBook::default()
+        };
+        assert!(!calm(1, now, &busy));
+        // A tracee stopped lately: its next stop must not wait out a nap.
+        let stopped = RingBook {
+            stopped_at_ns: now - STOPPED_LATELY_NS,
+            ..RingBook::default()
+        };
+        assert!(!calm(1, now, &stopped));
+        let long_ago = RingBook {
+            stopped_at_ns: now - STOPPED_LATELY_NS - 1,
+            ..RingBook::default()
+        };
+        assert!(calm(1, now, &long_ago));
     }
 }
