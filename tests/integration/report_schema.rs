@@ -73,6 +73,7 @@ fn full_report() -> Report {
             events: 100,
             traced_ns: 1_000,
             exclusive_ns: 900,
+            tracing_cost_ns: 50,
         }],
         processes: vec![
             ProcessStats {
@@ -92,6 +93,8 @@ fn full_report() -> Report {
                 samples: 2,
                 duration_ns: 1_000,
                 own_ns: 400,
+                event_cost_ns: 50,
+                tracing_cost_ns: 150,
                 functions: vec![FunctionStats {
                     function: "work".into(),
                     qualname: "Job.work".into(),

@@ -129,9 +129,9 @@ fn u(v: &Value) -> u64 {
 }
 
 /// Checks that hold for every trace: inclusive ≥ exclusive on every row, and on
-/// each thread the exclusive times add up to its traced wall time (from its first
-/// frame to its last) less the moments it ran outside any Python frame (see
-/// [`outside_frames_tolerance`]).
+/// each thread the exclusive times and the tracing cost left out of them add up
+/// to its traced wall time (from its first frame to its last) less the moments it
+/// ran outside any Python frame (see [`outside_frames_tolerance`]).
 fn check_times_add_up(version: &str, report: &Value) {
     let tolerance = outside_frames_tolerance(version, report);
     for f in rows(report) {
@@ -141,7 +141,10 @@ fn check_times_add_up(version: &str, report: &Value) {
         );
     }
     for t in report["threads"].as_array().unwrap() {
-        let (traced, excl) = (u(&t["traced_ns"]), u(&t["exclusive_ns"]));
+        let (traced, excl) = (
+            u(&t["traced_ns"]),
+            u(&t["exclusive_ns"]) + u(&t["tracing_cost_ns"]),
+        );
         if traced > 0 {
             let gap = traced.abs_diff(excl) as f64 / traced as f64;
             assert!(

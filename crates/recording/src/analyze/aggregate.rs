@@ -501,6 +501,12 @@ impl Aggregator {
                     .iter()
                     .map(|f| f.exclusive_ns)
                     .fold(0u64, u64::saturating_add),
+                event_cost_ns: plan.event_cost(pid),
+                tracing_cost_ns: times
+                    .iter()
+                    .filter(|(tid, _)| self.thread_pids.get(tid).copied().unwrap_or(root) == pid)
+                    .map(|(_, t)| t.cost_ns)
+                    .fold(0u64, u64::saturating_add),
                 functions: rows,
             });
         }
@@ -606,6 +612,7 @@ impl Aggregator {
                         events,
                         traced_ns: t.wall_ns(),
                         exclusive_ns: t.exclusive_ns,
+                        tracing_cost_ns: t.cost_ns,
                     }
                 })
                 .collect(),

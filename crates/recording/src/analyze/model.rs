@@ -138,8 +138,10 @@ pub struct ThreadStats {
     /// wall time its frames cover (0 without traced frames).
     pub traced_ns: u64,
     /// Sum of the exclusive times of its traced frames: `traced_ns` less the
-    /// moments it ran outside any Python frame.
+    /// moments it ran outside any Python frame and `tracing_cost_ns`.
     pub exclusive_ns: u64,
+    /// Tracing's cost per event, left out of its frames' times.
+    pub tracing_cost_ns: u64,
 }
 
 /// One process of the recording: its own, or a child traced with it
@@ -161,6 +163,11 @@ pub struct ProcessStats {
     /// exclusive times (each sample standing for its thread's time between
     /// samples, when sampled).
     pub own_ns: u64,
+    /// What tracing cost its threads per call or return event, measured from the
+    /// gaps between them (0: not measured; sampled, too few events).
+    pub event_cost_ns: u64,
+    /// That cost, left out of its functions' traced times.
+    pub tracing_cost_ns: u64,
     /// Its functions, as [`Report::functions`] (sorted the same way).
     pub functions: Vec<FunctionStats>,
 }

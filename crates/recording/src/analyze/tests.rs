@@ -131,6 +131,57 @@ fn func<'a>(r: &'a Report, name: &str) -> &'a FunctionStats {
 }
 
 #[test]
+fn tracing_cost_per_event_leaves_the_times_and_totals_still_add_up() {
+    // main calls leaf 2000 times: 100 ns from a call to leaf to its return, 300
+    // ns from that return to the next call; leaf's 20 first gaps are 40 ns.
+    let mut s = Script::new();
+    s.call(0, "main", 1);
+    let mut ts = 300;
+    for i in 0..2000 {
+        let inside = if i < 20 { 40 } else { 100 };
+        s.call(ts, "leaf", 10).ret(ts + inside, "leaf", 10);
+        ts += inside + 300;
+    }
+    s.ret(ts, "main", 1);
+    let r = s.report();
+    // 4001 gaps, 20 of them 40 ns: the gap 1 % of them are shorter than is 100.
+    let p = &r.processes[0];
+    assert_eq!(p.event_cost_ns, 100);
+    let (main, leaf) = (func(&r, "main"), func(&r, "leaf"));
+    // Each leaf call ended one gap: 100 ns left out of each (all of the 40 ns ones).
+    assert_eq!(leaf.exclusive_ns, 0);
+    // main was on top for 2001 gaps of 300 ns: 100 ns of each left out.
+    assert_eq!(main.exclusive_ns, 2001 * 200);
+    assert_eq!(main.inclusive_ns, main.exclusive_ns + leaf.inclusive_ns);
+    let raw = ts;
+    assert_eq!(p.tracing_cost_ns, 20 * 40 + 1980 * 100 + 2001 * 100);
+    assert_eq!(main.inclusive_ns + p.tracing_cost_ns, raw);
+    assert_eq!(p.own_ns, main.exclusive_ns + leaf.exclusive_ns);
+    assert_eq!(r.threads[0].exclusive_ns, p.own_ns);
+    assert_eq!(r.threads[0].tracing_cost_ns, p.tracing_cost_ns);
+    assert_eq!(
+        r.threads[0].exclusive_ns + r.threads[0].tracing_cost_ns,
+        raw
+    );
+}
+
+#[test]
+fn too_few_gaps_leave_traced_times_as_they_are() {
+    let mut s = Script::new();
+    s.call(0, "main", 1);
+    for i in 0..100 {
+        s.call(1000 * i + 300, "leaf", 10)
+            .ret(1000 * i + 400, "leaf", 10);
+    }
+    s.ret(100_000, "main", 1);
+    let r = s.report();
+    assert_eq!(r.processes[0].event_cost_ns, 0);
+    assert_eq!(r.processes[0].tracing_cost_ns, 0);
+    assert_eq!(func(&r, "leaf").exclusive_ns, 100 * 100);
+    assert_eq!(func(&r, "main").inclusive_ns, 100_000);
+}
+
+#[test]
 fn recursion_counts_inclusive_once() {
     // fib(3) -> fib(2) -> {fib(1), fib(0)}; fib(1), all under main.
     let mut s = Script::new();

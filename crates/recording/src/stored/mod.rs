@@ -34,7 +34,7 @@ mod tests;
 pub const SUFFIX: &str = ".views";
 const MAGIC: [u8; 8] = *b"PYPVIEWS";
 /// Bumped whenever what is stored changes: any stored type's fields included.
-const STORE_VERSION: u32 = 5;
+const STORE_VERSION: u32 = 6;
 /// Magic, version, checksum and payload length.
 const PREFIX_LEN: usize = 8 + 4 + 4 + 8;
 /// Largest views file read: far above what a tree bounded by the views' own

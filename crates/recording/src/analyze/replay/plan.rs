@@ -4,6 +4,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::cost::CostMeter;
 use super::steps::{Name, Pairing, MAX_CHAIN, MAX_DEPTH, NO_LINE};
 use crate::analyze::processes::ProcessMap;
 use crate::recording::{Event, EventKind, FrameRef, Header, StrId, WalkedFrame};
@@ -60,9 +61,18 @@ pub struct Plan {
     pub samples: u64,
     /// Every process of the recording, as its last event left them.
     pub processes: ProcessMap,
+    /// Per process: what tracing cost a thread per call or return event (see
+    /// [`cost`](super::cost)), where the gaps between them tell it.
+    pub(super) event_costs: FxHashMap<u32, u64>,
 }
 
 impl Plan {
+    /// What tracing cost a thread of process `pid` per call or return event
+    /// (0: not known).
+    pub(crate) fn event_cost(&self, pid: u32) -> u64 {
+        self.event_costs.get(&pid).copied().unwrap_or(0)
+    }
+
     /// How the recording's function events pair.
     pub(crate) fn pairing(&self) -> Pairing {
         self.pairing
@@ -274,6 +284,7 @@ pub struct Planner {
     threads: FxHashMap<u32, PlanThread>,
     segment: u32,
     entry_lines: FxHashSet<(StrId, StrId, u32)>,
+    costs: CostMeter,
     plan: Plan,
 }
 
@@ -287,6 +298,7 @@ impl Planner {
             threads: FxHashMap::default(),
             segment: 0,
             entry_lines: FxHashSet::default(),
+            costs: CostMeter::default(),
             plan: Plan {
                 processes: ProcessMap::new(header),
                 ..Plan::default()
@@ -332,6 +344,7 @@ impl Planner {
         {
             let pid = self.plan.processes.pid_of(tid);
             self.plan.traced_from.entry(pid).or_insert(event.ts_ns);
+            self.costs.event(pid, tid, event.ts_ns);
         }
         match &event.kind {
             EventKind::Call { frame } | EventKind::Resume { frame } => {
@@ -477,6 +490,7 @@ impl Planner {
                 }
                 self.segment += 1;
                 self.plan.segment_starts.push(event.ts_ns);
+                self.costs.cut();
             }
             _ => {}
         }
@@ -520,6 +534,9 @@ impl Planner {
             }
         }
         plan.first_lines = first_lines;
+        if plan.pairing != Pairing::ReturnsOnly {
+            plan.event_costs = self.costs.finish();
+        }
         self.plan
     }
 }

@@ -16,7 +16,13 @@ struct OpenFrame {
     code: FrameRef,
     name: Name,
     start: u64,
+    /// The inclusive times of its callees, as the clock counts them.
     child: u64,
+    /// Calls and returns that ended a gap while it was on top: each cost its
+    /// thread one event of tracing (see [`cost`](super::cost)).
+    own_events: u64,
+    /// The tracing cost left out of its callees' times.
+    child_cost: u64,
     entered: Entered,
 }
 
@@ -46,6 +52,8 @@ struct ReplayThread {
     started: Option<u64>,
     /// Its monotonic clock.
     clock: u64,
+    /// What tracing cost it per call or return (its process's), once known.
+    event_cost: Option<u64>,
     time: ThreadTime,
 }
 
@@ -199,6 +207,18 @@ impl Replay {
         }
         t.clock = t.clock.max(event.ts_ns);
         let ts = t.clock;
+        if matches!(
+            event.kind,
+            EventKind::Call { .. } | EventKind::Resume { .. } | EventKind::Return { .. }
+        ) {
+            if t.event_cost.is_none() {
+                t.event_cost = Some(self.plan.event_cost(self.processes.pid_of(tid)));
+            }
+            // The gap this event ends was the top frame's.
+            if let Some(top) = t.frames.last_mut() {
+                top.own_events += 1;
+            }
+        }
         match &event.kind {
             EventKind::Call { frame } | EventKind::Resume { frame } => {
                 let entered = match event.kind {
@@ -429,6 +449,8 @@ fn push_frame(
         name,
         start: ts,
         child: 0,
+        own_events: 0,
+        child_cost: 0,
         entered,
     });
     *t.active.entry(code).or_insert(0) += 1;
@@ -448,8 +470,14 @@ fn pop_frame(t: &mut ReplayThread, tid: u32, ts: u64, kind: EndKind, out: &mut V
     let Some(f) = t.frames.pop() else {
         return;
     };
-    let inclusive_ns = ts.saturating_sub(f.start);
-    let exclusive_ns = inclusive_ns.saturating_sub(f.child);
+    let elapsed = ts.saturating_sub(f.start);
+    // Tracing's cost per event leaves its own time (never below zero), and its
+    // callees' costs its inclusive time with theirs.
+    let own_elapsed = elapsed.saturating_sub(f.child);
+    let own_cost = own_elapsed.min(f.own_events.saturating_mul(t.event_cost.unwrap_or(0)));
+    let exclusive_ns = own_elapsed - own_cost;
+    let cost = own_cost.saturating_add(f.child_cost);
+    let inclusive_ns = elapsed.saturating_sub(cost);
     let outermost = match t.active.get_mut(&f.code) {
         Some(n) if *n > 1 => {
             *n -= 1;
@@ -461,13 +489,16 @@ fn pop_frame(t: &mut ReplayThread, tid: u32, ts: u64, kind: EndKind, out: &mut V
         }
     };
     if let Some(parent) = t.frames.last_mut() {
-        parent.child = parent.child.saturating_add(inclusive_ns);
+        parent.child = parent.child.saturating_add(elapsed);
+        parent.child_cost = parent.child_cost.saturating_add(cost);
     }
     t.time.exclusive_ns = t.time.exclusive_ns.saturating_add(exclusive_ns);
+    t.time.cost_ns = t.time.cost_ns.saturating_add(own_cost);
     t.time.last_ns = t.time.last_ns.max(ts);
     out.push(Step::Exit(Exit {
         tid,
         ts,
+        start: f.start,
         code: f.code,
         depth: t.frames.len(),
         inclusive_ns,

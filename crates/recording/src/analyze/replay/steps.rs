@@ -50,13 +50,18 @@ pub struct Exit {
     pub tid: u32,
     /// When it left (the thread's monotonic time).
     pub(crate) ts: u64,
+    /// When it entered, or tracing began if `seeded` (the same clock). Its
+    /// inclusive time is less when tracing's cost was left out of it.
+    pub(crate) start: u64,
     /// The function: file, name, first line.
     pub code: FrameRef,
     /// Its position on the stack, 0 outermost.
     pub(crate) depth: usize,
-    /// From its entry (or from when tracing began, if `seeded`) to `ts`.
+    /// From its entry (or from when tracing began, if `seeded`) to `ts`, less
+    /// tracing's cost per call and return within (see `cost`).
     pub inclusive_ns: u64,
-    /// `inclusive_ns` minus the time of its callees.
+    /// `inclusive_ns` minus the time of its callees, less tracing's cost per
+    /// call and return that ended a gap while it was on top (never below 0).
     pub exclusive_ns: u64,
     /// No other activation of the same function is below it: add `inclusive_ns`
     /// to the function's total only for these.
@@ -72,7 +77,7 @@ pub struct Exit {
 impl Exit {
     /// When it entered (or tracing began).
     pub fn start_ns(&self) -> u64 {
-        self.ts.saturating_sub(self.inclusive_ns)
+        self.start
     }
 
     /// Whether it counts as an entry: a call, or a resume when `resumed`.
@@ -147,6 +152,8 @@ pub struct ThreadTime {
     pub(crate) last_ns: u64,
     /// Sum of the exclusive times of its frames.
     pub exclusive_ns: u64,
+    /// Tracing's cost left out of them.
+    pub cost_ns: u64,
 }
 
 impl ThreadTime {

@@ -136,6 +136,10 @@ struct JsonProcess<'a> {
     duration_ns: u64,
     /// The sum of its functions' exclusive times.
     own_ns: u64,
+    /// What tracing cost its threads per call or return, and in all: left out
+    /// of the traced times.
+    event_cost_ns: u64,
+    tracing_cost_ns: u64,
     functions: Vec<JsonProcessFunction<'a>>,
 }
 
@@ -234,6 +238,8 @@ struct JsonThread {
     traced_ns: u64,
     /// Sum of its traced frames' exclusive times.
     exclusive_ns: u64,
+    /// Tracing's cost left out of them.
+    tracing_cost_ns: u64,
 }
 
 #[derive(Serialize)]
@@ -363,6 +369,7 @@ pub fn render_json(report: &Report) -> String {
                 events: t.events,
                 traced_ns: t.traced_ns,
                 exclusive_ns: t.exclusive_ns,
+                tracing_cost_ns: t.tracing_cost_ns,
             })
             .collect(),
         events: report.events,
@@ -399,6 +406,8 @@ pub fn render_json(report: &Report) -> String {
                 samples: p.samples,
                 duration_ns: p.duration_ns,
                 own_ns: p.own_ns,
+                event_cost_ns: p.event_cost_ns,
+                tracing_cost_ns: p.tracing_cost_ns,
                 functions: p
                     .functions
                     .iter()

@@ -201,6 +201,19 @@ fn header_section(out: &mut String, r: &Report) {
     for line in r.samples.notes() {
         let _ = writeln!(out, "{line}");
     }
+    for p in r.processes.iter().filter(|p| p.tracing_cost_ns > 0) {
+        let whose = match r.processes.len() {
+            1 => String::new(),
+            _ => format!("process {}: ", p.pid),
+        };
+        let _ = writeln!(
+            out,
+            "note: {whose}traced times leave out tracing's cost, {} per call or return \
+             (1 % of the gaps between them are shorter): {} in all",
+            format_ns(p.event_cost_ns),
+            format_ns(p.tracing_cost_ns)
+        );
+    }
     let a = r.anomalies;
     if a.replay.resyncs > 0 || (a.replay.orphan_returns > 0 && r.source == FunctionSource::Traced) {
         let _ = writeln!(
