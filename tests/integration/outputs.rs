@@ -573,6 +573,17 @@ fn record_verbose_says_the_sites() {
 
 /// `-v` says, for each engine's ring, how long the target waited for room in it:
 /// a time within the run (the ring engine on 3.9, the hook on 3.13).
+/// `record -v --mode trace` of fib(22) on `py` into `out`.
+fn record_fib_verbose(py: &Python, out: &Path) -> std::process::Output {
+    pyprobe()
+        .args(["record", "-v", "--mode", "trace", "-o", s(out), "--"])
+        .arg(&py.launcher)
+        .arg(repo().join("benches/workloads/fib.py"))
+        .arg("22")
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn record_verbose_says_how_long_the_target_waited_for_the_ring() {
     for (version, engine) in [("3.9", "ring"), ("3.13", "hook")] {
@@ -580,13 +591,7 @@ fn record_verbose_says_how_long_the_target_waited_for_the_ring() {
         let dir = tempdir();
         let out = dir.path().join("run.pyprobe");
         let started = std::time::Instant::now();
-        let o = pyprobe()
-            .args(["record", "-v", "--mode", "trace", "-o", s(&out), "--"])
-            .arg(&py.launcher)
-            .arg(repo().join("benches/workloads/fib.py"))
-            .arg("22")
-            .output()
-            .unwrap();
+        let o = record_fib_verbose(&py, &out);
         let wall_ms = started.elapsed().as_secs_f64() * 1e3;
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{version}: {stderr}");
@@ -606,6 +611,61 @@ fn record_verbose_says_how_long_the_target_waited_for_the_ring() {
             "{version}: {ms} ms of a {wall_ms:.0} ms run"
         );
     }
+}
+
+#[test]
+fn record_verbose_says_what_pyprobe_itself_used() {
+    let Some(py) = ["3.13", "3.11", "3.9"].into_iter().find_map(python) else {
+        return;
+    };
+    let children_cpu = || {
+        let u =
+            nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).unwrap();
+        let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+        secs(u.user_time()) + secs(u.system_time())
+    };
+    let dir = tempdir();
+    let out = dir.path().join("run.pyprobe");
+    let before = children_cpu();
+    let o = record_fib_verbose(&py, &out);
+    // pyprobe and the target it waited for, and whatever other tests ran meanwhile.
+    let at_most = children_cpu() - before;
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("pyprobe itself used"))
+        .unwrap_or_else(|| panic!("no line of pyprobe's own CPU:\n{stderr}"));
+    let number_after = |text: &str, after: &str| -> f64 {
+        text.split(after)
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no number after {after:?} in {text:?}"))
+    };
+    let cpu = number_after(line, "used ");
+    assert!(
+        cpu > 0.0 && cpu <= at_most + 0.01,
+        "{cpu} s of at most {at_most} s: {line}"
+    );
+    let events = stderr
+        .lines()
+        .find_map(|l| {
+            l.split(" events written")
+                .next()
+                .filter(|_| l.contains(" events written"))
+        })
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no events written in:\n{stderr}"));
+    let per_event = number_after(line, "s of CPU (attach and recording, all its threads), ");
+    // The per-event figure is the total over the events (the total is rounded
+    // to 10 ms as said).
+    let implied = cpu * 1e9 / events;
+    assert!(
+        (per_event - implied).abs() <= 0.006e9 / events + 1.0,
+        "{per_event} ns per event against {implied}: {line}"
+    );
 }
 
 /// A trace recording of `calls` short calls (10 µs each) and two long ones

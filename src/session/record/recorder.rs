@@ -573,6 +573,11 @@ impl<'a> Recorder<'a> {
                 eprintln!("pyprobe: {}", budget_line(max, &b));
             }
         }
+        if request.verbose {
+            if let Some(line) = own_cpu_line(events) {
+                eprintln!("pyprobe: {line}");
+            }
+        }
         if settings.view.is_some() {
             match write_view(&recording_path, &output, &settings) {
                 // The flame graph was pyprobe's choice, not the user's: the
@@ -646,4 +651,21 @@ fn wait_for_child(pid: i32) -> i32 {
             Err(_) => return 1,
         }
     }
+}
+
+/// What pyprobe's own threads took of the machine while recording (`-v`): its
+/// CPU time, and per event written. The target's is not in it.
+fn own_cpu_line(events: u64) -> Option<String> {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let usage = getrusage(UsageWho::RUSAGE_SELF).ok()?;
+    let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+    let cpu_ns = (micros(usage.user_time()) + micros(usage.system_time())) * 1000;
+    let per_event = match events {
+        0 => String::new(),
+        n => format!(", {} ns per event written", cpu_ns / n),
+    };
+    Some(format!(
+        "pyprobe itself used {:.2} s of CPU (attach and recording, all its threads){per_event}",
+        cpu_ns as f64 / 1e9
+    ))
 }
