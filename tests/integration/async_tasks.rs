@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 use crate::support::*;
 use serde_json::Value;
 
-/// Frames that belong to the event loop, never to a task's logical stack.
-const LOOP_FRAMES: [&str; 4] = ["_run_once", "run_forever", "Handle._run", "_run "];
+/// Frames that belong to the event loop (and the pure-Python task's own
+/// `__step`, `__step_run_and_handle_result`), never to a task's logical stack.
+const LOOP_FRAMES: [&str; 5] = ["_run_once", "run_forever", "Handle._run", "_run ", "__step"];
 
 /// What a run gave: pyprobe's stderr, the program's truth, the collapsed stacks
 /// (stack, count).
@@ -29,6 +30,8 @@ enum Loop {
     Uvloop,
     /// asyncio, the workers started in a `TaskGroup` (3.11+) instead of gathered.
     TaskGroup,
+    /// asyncio, every task of its pure-Python class (`asyncio.tasks._PyTask`).
+    PyTask,
 }
 
 /// Records `async_tasks.py` (3 workers, 2 s) with `--async`, on `event_loop`.
@@ -38,6 +41,7 @@ fn record_async_with(py: &Python, event_loop: Loop) -> Run {
         Loop::Asyncio => "asyncio",
         Loop::Uvloop => "uvloop",
         Loop::TaskGroup => "taskgroup",
+        Loop::PyTask => "pytask",
     };
     let path = tmp_path(&format!("async-tasks-{version}-{name}.pyprobe"));
     let mut cmd = pyprobe();
@@ -56,8 +60,8 @@ fn record_async_with(py: &Python, event_loop: Loop) -> Run {
                 pypi_compiled("uvloop", UVLOOP, version.trim_start_matches("pyenv-")),
             );
         }
-        Loop::TaskGroup => {
-            cmd.arg("taskgroup");
+        Loop::TaskGroup | Loop::PyTask => {
+            cmd.arg(name);
         }
         Loop::Asyncio => {}
     }
@@ -244,6 +248,18 @@ fn logical_stacks_of_tasks_on_uvloop_3_9_to_3_14() {
         if ["3.10", "3.12"].iter().any(|v| py.version.ends_with(v)) {
             check_logical_stacks_with(&py, Loop::Uvloop);
         }
+    }
+}
+
+/// Every task of asyncio's pure-Python class, made by a task factory: the
+/// same chains, read from the tasks' attributes, without their `__step` frames.
+#[test]
+fn logical_stacks_of_pure_python_tasks_on_3_7_to_3_13() {
+    for version in ["3.9", "3.11", "3.13"] {
+        check_logical_stacks_on(version, Loop::PyTask);
+    }
+    for py in legacy_pyenv_builds() {
+        check_logical_stacks_with(&py, Loop::PyTask);
     }
 }
 
@@ -435,11 +451,22 @@ fn check_dump_async(version: &'static str) {
 }
 
 fn check_dump_async_with(py: &Python) {
+    check_dump_async_of(py, &[]);
+}
+
+/// As [`check_dump_async_with`], every task of asyncio's pure-Python class.
+fn check_dump_async_of_pure_python_tasks(py: &Python) {
+    check_dump_async_of(py, &["pytask"]);
+}
+
+/// `dump --async` of the fixture run with `extra` arguments.
+fn check_dump_async_of(py: &Python, extra: &[&str]) {
     let _serial = serial();
     let version = py.version;
     let mut target = std::process::Command::new(&py.launcher)
         .arg(fixture_script("async_tasks.py"))
         .args(["3", "4"])
+        .args(extra)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start the target");
@@ -536,6 +563,12 @@ fn dump_async_lists_every_task_under_its_awaiter_before_3_14() {
     before_3_14(check_dump_async_with);
 }
 
+/// The pure-Python tasks, read from their attributes, before 3.14.
+#[test]
+fn dump_async_lists_every_pure_python_task_under_its_awaiter_before_3_14() {
+    before_3_14(check_dump_async_of_pure_python_tasks);
+}
+
 /// Runs `check` with Debian's 3.9, 3.11 and 3.13 and the pyenv builds of the
 /// versions they do not cover.
 fn before_3_14(check: fn(&Python)) {
@@ -583,6 +616,18 @@ fn check_async_all(version: &'static str) {
 }
 
 fn check_async_all_with(py: &Python) {
+    check_async_all_of(py, &[]);
+}
+
+/// As [`check_async_all_with`], every task of asyncio's pure-Python class (a
+/// worker awaits its fetch task through the generator of the task's
+/// `__await__`: still `[awaiting Task]`).
+fn check_async_all_of_pure_python_tasks(py: &Python) {
+    check_async_all_of(py, &["pytask"]);
+}
+
+/// `record --async=all` of the fixture run with `extra` arguments.
+fn check_async_all_of(py: &Python, extra: &[&str]) {
     let _serial = serial();
     let version = py.version;
     // 3.7's tasks have no names: every marker is `[task]`.
@@ -590,7 +635,7 @@ fn check_async_all_with(py: &Python) {
         true => "[task]".to_string(),
         false => format!("[task {name}]"),
     };
-    let path = tmp_path(&format!("async-all-{version}.pyprobe"));
+    let path = tmp_path(&format!("async-all-{version}{}.pyprobe", extra.concat()));
     let out = pyprobe()
         .args([
             "record",
@@ -607,6 +652,7 @@ fn check_async_all_with(py: &Python) {
         .arg(&py.launcher)
         .arg(fixture_script("async_tasks.py"))
         .args(["3", "2"])
+        .args(extra)
         .output()
         .expect("run pyprobe record");
     assert_no_panic("record --async=all", &out.stderr);
@@ -703,6 +749,11 @@ fn async_all_samples_every_waiting_task_on_3_15() {
 #[test]
 fn async_all_samples_every_waiting_task_before_3_14() {
     before_3_14(check_async_all_with);
+}
+
+#[test]
+fn async_all_samples_every_waiting_pure_python_task_before_3_14() {
+    before_3_14(check_async_all_of_pure_python_tasks);
 }
 
 /// `dump --async` of a process with 30,001 tasks: the threads are held for a

@@ -125,6 +125,28 @@ fn dict_items_checked<M: MemoryReader + ?Sized>(
         field_u64(&head, MA_KEYS).ok()?,
         field_u64(&head, MA_VALUES).ok()?,
     );
+    keys_items_checked(mem, layout, keys, values)
+}
+
+/// The (key, value) of each live entry of the keys object at `keys`, in
+/// insertion order: its values in its entries (`values` 0), or the array at
+/// `values` (as a split dict's `ma_values`, an instance's own values); none
+/// when it cannot be read or is not plausible.
+pub(crate) fn keys_items<M: MemoryReader + ?Sized>(
+    mem: &M,
+    layout: DictKeys,
+    keys: u64,
+    values: u64,
+) -> Vec<(u64, u64)> {
+    keys_items_checked(mem, layout, keys, values).unwrap_or_default()
+}
+
+fn keys_items_checked<M: MemoryReader + ?Sized>(
+    mem: &M,
+    layout: DictKeys,
+    keys: u64,
+    values: u64,
+) -> Option<Vec<(u64, u64)>> {
     if !plausible_pointer(keys) {
         return None;
     }

@@ -22,12 +22,6 @@ use super::Walker;
 /// `PyModuleObject.md_dict`: the first field past the object's head (the
 /// structure is private up to 3.10).
 const MODULE_DICT: u64 = 16;
-/// `PyTypeObject.tp_dictoffset`: where an instance keeps its `__dict__`
-/// pointer (up to 3.10).
-const TYPE_DICTOFFSET: u64 = 288;
-/// Where 3.11 to 3.13 keep a materialised instance dictionary: the word three
-/// before the object (3.12 tags it: an odd word holds values instead).
-const MANAGED_DICT: u64 = 24;
 /// `PyWeakReference.wr_object` (`None` once the referent died).
 const WEAKREF_OBJECT: u64 = 16;
 /// `PySetObject.mask` and `table`.
@@ -90,7 +84,8 @@ impl Walker {
     }
 
     fn find_legacy_registry(&mut self) -> Option<LegacyRegistry> {
-        let legacy = self.legacy_tasks?;
+        // Only where the C task's layout is known.
+        self.legacy_tasks?;
         let keys = DictKeys::of(self.version.minor)?;
         let modules_at = self.reader.layout.interp_modules?;
         let interp = self.main_interpreter()?;
@@ -110,7 +105,7 @@ impl Walker {
                 ("_all_tasks" | "_scheduled_tasks", Some("WeakSet")) => {
                     registry
                         .sets
-                        .extend(self.weakset_data(legacy, keys, value).map(|d| (d, true)));
+                        .extend(self.weakset_data(value).map(|d| (d, true)));
                 }
                 ("_eager_tasks", Some("set")) => registry.sets.push((value, false)),
                 ("_current_tasks", Some("dict")) => registry.current = Some(value),
@@ -143,31 +138,10 @@ impl Walker {
         (text.chars().count() <= MAX_KEY_CHARS).then(|| text.to_string())
     }
 
-    /// The `data` set of the `WeakSet` at `weakset`: from its `__dict__` (up to
-    /// 3.10), or its first attribute value (3.11 to 3.13, the values kept
-    /// without a dictionary; `__init__` sets `data` first), or its materialised
-    /// dictionary.
-    fn weakset_data(&self, legacy: LegacyTasks, keys: DictKeys, weakset: u64) -> Option<u64> {
-        let mem = &self.reader.mem;
-        let is_set = |at: &u64| self.short_type_name(*at).as_deref() == Some("set");
-        let dict = if self.version.minor <= 10 {
-            let ty = read_u64(mem, weakset + self.reader.layout.ob_type).ok()?;
-            let offset = read_u64(mem, ty.checked_add(TYPE_DICTOFFSET)?).ok()?;
-            if offset == 0 || offset > 4096 {
-                return None;
-            }
-            read_u64(mem, weakset + offset).ok()?
-        } else {
-            let first = self.instance_values(legacy, weakset).first().copied();
-            if let Some(data) = first.filter(is_set) {
-                return Some(data);
-            }
-            read_u64(mem, weakset.checked_sub(MANAGED_DICT)?).ok()?
-        };
-        if !plausible_pointer(dict) || self.short_type_name(dict).as_deref() != Some("dict") {
-            return None;
-        }
-        self.dict_lookup(keys, dict, "data").filter(is_set)
+    /// The `data` set of the `WeakSet` at `weakset`.
+    fn weakset_data(&self, weakset: u64) -> Option<u64> {
+        let [data] = self.attributes(weakset, ["data"]);
+        data.filter(|&d| self.short_type_name(d).as_deref() == Some("set"))
     }
 
     /// Every task in the registry's sets, with its coroutine, in address order:
@@ -197,11 +171,21 @@ impl Walker {
         tasks.retain(|&t| plausible_pointer(t));
         tasks.sort_unstable();
         tasks.dedup();
-        // Each task's coroutine, then each coroutine's type, in one read each.
+        // Each C task's coroutine, then each coroutine's type, in one read each;
+        // a pure-Python task's from its attributes.
+        let plain = self.plain_instances(&tasks);
         let at: Vec<u64> = tasks.iter().map(|t| t + legacy.task_coro).collect();
         let mut coros = Vec::new();
         mem.read_words(&at, &mut coros);
-        let coros: Vec<u64> = coros.into_iter().map(|c| c.unwrap_or(0)).collect();
+        let coros: Vec<u64> = coros
+            .into_iter()
+            .zip(&tasks)
+            .zip(plain)
+            .map(|((c, &task), plain)| match plain {
+                true => self.py_task(task).map_or(0, |t| t.coro),
+                false => c.unwrap_or(0),
+            })
+            .collect();
         let kinds = self.short_type_names(&coros);
         tasks
             .into_iter()

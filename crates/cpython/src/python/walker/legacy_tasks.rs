@@ -15,8 +15,9 @@
 //!   closure holds the `_GatheringFuture` the awaiting task's wakeup waits on; and
 //!   `wait_for` up to 3.11 a `functools.partial` holding the future it waits on.
 //!   Both are followed, at most [`MAX_FUTURE_HOPS`] deep. A `TaskGroup` (3.11+)
-//!   adds its `_on_task_done`, bound to the group, whose `_parent_task` (the only
-//!   task among its attributes' values) awaits its tasks.
+//!   adds its `_on_task_done`, bound to the group, whose `_parent_task` (read by
+//!   name, see `instances`) awaits its tasks. asyncio's pure-Python task (see
+//!   `py_tasks`) is read from its attributes instead, wherever a C task is.
 //!
 //! * **Where a waiting task stands.** A suspended coroutine awaits the object on
 //!   top of its frame's value stack: followed while it is a coroutine, as 3.14's
@@ -66,6 +67,10 @@ const MAX_FUTURE_HOPS: usize = 8;
 const MAX_METHOD_NAME: usize = 64;
 /// Most type names kept.
 const MAX_TYPE_NAMES: usize = 1024;
+/// Most frames of a task's own between the loop's handle and its coroutine
+/// (the C task has none; the pure-Python one `__step` and from 3.12
+/// `__step_run_and_handle_result`).
+const MAX_STEP_FRAMES: usize = 3;
 
 /// `PyFrameObject.f_valuestack` (3.8 to 3.10).
 const FRAME_VALUESTACK: u64 = 64;
@@ -89,28 +94,8 @@ enum StackTop {
     Index,
 }
 
-/// Where an instance of a Python class keeps its attributes' values while it has
-/// no dictionary of its own (3.11 to 3.13).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum InstanceValues {
-    /// None to read (up to 3.10: every instance has a dictionary).
-    Dictionary,
-    /// A pointer to the values, four words before the object (3.11).
-    Before,
-    /// A pointer to them less one (odd: the low bit says values, not a
-    /// dictionary), three words before (3.12).
-    TaggedBefore,
-    /// Inline, after the object's own `tp_basicsize` bytes, behind a header of
-    /// capacity, size, embedded and valid bytes (3.13).
-    Inline,
-}
-
 /// `PyMethodObject.im_self`.
 const METHOD_SELF: u64 = 24;
-/// `PyTypeObject.tp_basicsize`.
-const TYPE_BASICSIZE: u64 = 32;
-/// Most attribute values of an instance looked at.
-const MAX_VALUES: u64 = 16;
 
 /// Where asyncio's C task keeps what a logical stack needs, on one version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,7 +111,6 @@ pub(crate) struct LegacyTasks {
     frame_object: bool,
     gen_iframe: u64,
     stack_top: StackTop,
-    values: InstanceValues,
 }
 
 impl LegacyTasks {
@@ -145,12 +129,6 @@ impl LegacyTasks {
             10 => StackTop::Depth(80),
             _ => StackTop::Index,
         };
-        let values = match minor {
-            11 => InstanceValues::Before,
-            12 => InstanceValues::TaggedBefore,
-            13 => InstanceValues::Inline,
-            _ => InstanceValues::Dictionary,
-        };
         // `gi_iframe` follows the generator's head: 3.11 has `gi_code` and a
         // two-word exception state more than 3.12 and 3.13.
         let gen_iframe = match minor {
@@ -165,7 +143,6 @@ impl LegacyTasks {
             function_closure,
             frame_object: minor <= 10,
             stack_top,
-            values,
         })
     }
 }
@@ -178,7 +155,7 @@ fn short(name: &str) -> &str {
 
 /// Keeps `value` for `key` in a cache of at most [`MAX_TYPE_NAMES`] entries
 /// (emptied when full: the entries are read again as needed).
-fn remember<V: Clone>(
+pub(super) fn remember<V: Clone>(
     cache: &std::cell::RefCell<std::collections::HashMap<u64, V>>,
     key: u64,
     value: V,
@@ -262,9 +239,11 @@ impl Walker {
         let callback = read_u64(mem, handle.checked_add(HANDLE_CALLBACK)?).ok()?;
         let task = self.stepped_task(callback)?;
         let coro = self.task_coroutine(legacy, task)?;
-        let from = at + 1;
-        (from < frames.len() && self.is_frame_of(legacy, coro, frames[from].0))
-            .then_some((task, coro, from))
+        // A pure-Python task's `__step` (and from 3.12 the method it calls)
+        // stand between: they leave the stack with the loop's.
+        let own = frames.len().min(at + 1 + MAX_STEP_FRAMES);
+        let from = (at + 1..own).find(|&i| self.is_frame_of(legacy, coro, frames[i].0))?;
+        Some((task, coro, from))
     }
 
     /// The short name of the type of the object at `addr`; each type's name is
@@ -334,6 +313,12 @@ impl Walker {
                 }
                 field_u64(&head, CFUNCTION_SELF).ok()?
             }
+            // The pure-Python task's own `__step` or `__wakeup`, bound to it.
+            "method" => {
+                let task = read_u64(mem, callback + METHOD_SELF).ok()?;
+                self.py_task(task)?;
+                task
+            }
             _ => return None,
         };
         plausible_pointer(task).then_some(task)
@@ -359,6 +344,9 @@ impl Walker {
 
     /// The coroutine of the task at `task`, if it holds one.
     pub(super) fn task_coroutine(&self, legacy: LegacyTasks, task: u64) -> Option<u64> {
+        if self.is_plain_instance(task) {
+            return self.py_task(task).map(|t| t.coro);
+        }
         let coro = read_u64(&self.reader.mem, task.checked_add(legacy.task_coro)?).ok()?;
         (self.short_type_name(coro)? == "coroutine").then_some(coro)
     }
@@ -405,10 +393,12 @@ impl Walker {
         task: u64,
         coro: u64,
     ) -> Option<TaskInfo> {
+        let name_object = match self.py_task(task) {
+            Some(py) => py.name,
+            None => read_u64(&self.reader.mem, task.checked_add(legacy.task_coro + 8)?).ok(),
+        };
         let (name, named) = if legacy.named {
-            let name_object =
-                read_u64(&self.reader.mem, task.checked_add(legacy.task_coro + 8)?).ok()?;
-            self.task_name(task, name_object)
+            self.task_name(task, name_object?)
         } else {
             // 3.7's tasks have no name: each is `[task]`.
             ("Task".to_string(), false)
@@ -439,15 +429,12 @@ impl Walker {
                 continue;
             }
             // A TaskGroup's `_on_task_done`: the group's `_parent_task` awaits
-            // its tasks (the only task among its attributes).
+            // its tasks.
             if kind == "method" {
                 let group = read_u64(&self.reader.mem, callback + METHOD_SELF).unwrap_or(0);
                 if self.short_type_name(group).as_deref() == Some("TaskGroup") {
-                    let parent = self
-                        .instance_values(legacy, group)
-                        .into_iter()
-                        .find(|&v| self.short_type_name(v).as_deref() == Some("Task"));
-                    out.extend(parent);
+                    let [parent] = self.attributes(group, ["_parent_task"]);
+                    out.extend(parent.filter(|&p| plausible_pointer(p)));
                 }
                 continue;
             }
@@ -481,6 +468,11 @@ impl Walker {
     /// The done-callbacks of the future at `future`: the first, then each of the
     /// list's (callback, context) pairs'.
     fn done_callbacks(&self, future: u64) -> Vec<u64> {
+        if let Some(py) = self.py_task(future) {
+            return py
+                .callbacks
+                .map_or_else(Vec::new, |l| self.list_callbacks(l));
+        }
         let mem = &self.reader.mem;
         let mut head = [0u8; FUT_CALLBACKS as usize + 8];
         if mem.read_exact(future, &mut head).is_err() {
@@ -494,24 +486,29 @@ impl Walker {
             .into_iter()
             .filter(|&p| plausible_pointer(p))
             .collect();
+        out.extend(self.list_callbacks(list));
+        out
+    }
+
+    /// The callbacks of the list of (callback, context) pairs at `list`.
+    fn list_callbacks(&self, list: u64) -> Vec<u64> {
         let mut list_head = [0u8; LIST_ITEMS as usize + 8];
-        if !plausible_pointer(list) || mem.read_exact(list, &mut list_head).is_err() {
-            return out;
+        if !plausible_pointer(list) || self.reader.mem.read_exact(list, &mut list_head).is_err() {
+            return Vec::new();
         }
         let size = field_u64(&list_head, VAR_SIZE).unwrap_or(u64::MAX);
         let items = field_u64(&list_head, LIST_ITEMS).unwrap_or(0);
         if size > MAX_CALLBACKS {
-            return out;
+            return Vec::new();
         }
         let pairs = self.words_at(items, size);
-        out.extend(self.fields_of(&pairs, TUPLE_ITEMS));
-        out
+        self.fields_of(&pairs, TUPLE_ITEMS)
     }
 
     /// The `count` words of the array at `at`, in one read (none when they
     /// cannot be read).
     fn words_at(&self, at: u64, count: u64) -> Vec<u64> {
-        let mut bytes = vec![0u8; count.min(MAX_CALLBACKS.max(MAX_VALUES)) as usize * 8];
+        let mut bytes = vec![0u8; count.min(MAX_CALLBACKS) as usize * 8];
         if !plausible_pointer(at) || self.reader.mem.read_exact(at, &mut bytes).is_err() {
             return Vec::new();
         }
@@ -535,53 +532,6 @@ impl Walker {
             .into_iter()
             .flatten()
             .filter(|&p| plausible_pointer(p))
-            .collect()
-    }
-
-    /// The attribute values of the instance at `object` of a Python class, while
-    /// it has no dictionary of its own, at most [`MAX_VALUES`], up to the first
-    /// unset one.
-    pub(super) fn instance_values(&self, legacy: LegacyTasks, object: u64) -> Vec<u64> {
-        let mem = &self.reader.mem;
-        let (values, count) = match legacy.values {
-            InstanceValues::Dictionary => return Vec::new(),
-            InstanceValues::Before => {
-                let Some(at) = object.checked_sub(32) else {
-                    return Vec::new();
-                };
-                (read_u64(mem, at).unwrap_or(0), MAX_VALUES)
-            }
-            InstanceValues::TaggedBefore => {
-                let Some(at) = object.checked_sub(24) else {
-                    return Vec::new();
-                };
-                match read_u64(mem, at) {
-                    Ok(tagged) if tagged & 1 == 1 => (tagged.wrapping_add(1), MAX_VALUES),
-                    _ => return Vec::new(),
-                }
-            }
-            InstanceValues::Inline => {
-                let ty = read_u64(mem, object + self.reader.layout.ob_type).unwrap_or(0);
-                let Some(size) = plausible_pointer(ty)
-                    .then(|| read_u64(mem, ty + TYPE_BASICSIZE).ok())
-                    .flatten()
-                    .filter(|&s| (16..=4096).contains(&s))
-                else {
-                    return Vec::new();
-                };
-                // capacity, size, embedded, valid: values not valid (a
-                // dictionary made) are not read.
-                let mut head = [0u8; 4];
-                if mem.read_exact(object + size, &mut head).is_err() || head[3] == 0 {
-                    return Vec::new();
-                }
-                (object + size + 8, u64::from(head[1]).min(MAX_VALUES))
-            }
-        };
-        self.words_at(values, count)
-            .into_iter()
-            .take_while(|&v| v != 0)
-            .filter(|&v| plausible_pointer(v))
             .collect()
     }
 
@@ -748,11 +698,6 @@ mod tests {
         for minor in 7..=13 {
             let l = LegacyTasks::of(minor).unwrap();
             assert_eq!(l.frame_object, minor <= 10, "3.{minor}");
-            assert_eq!(
-                l.values == InstanceValues::Dictionary,
-                minor <= 10,
-                "3.{minor}"
-            );
         }
         assert_eq!(short("_asyncio.TaskStepMethWrapper"), "TaskStepMethWrapper");
         assert_eq!(short("functools.partial"), "partial");

@@ -62,6 +62,7 @@
 
 pub(crate) mod current;
 mod dicts;
+mod instances;
 pub(crate) mod layout;
 mod legacy_listing;
 mod legacy_registry;
@@ -70,6 +71,7 @@ pub mod lines;
 mod locals;
 mod locate;
 mod objects;
+mod py_tasks;
 mod stacks;
 mod task_listing;
 mod tasks;
@@ -226,6 +228,12 @@ pub struct Walker {
     legacy_type_names: std::cell::RefCell<std::collections::HashMap<u64, Option<String>>>,
     /// Whether each method definition `legacy_tasks` met is `task_wakeup`.
     legacy_wakeups: std::cell::RefCell<std::collections::HashMap<u64, bool>>,
+    /// Where instances of Python classes keep their attributes (3.7 to 3.13).
+    instances: Option<instances::InstanceLayout>,
+    /// The `tp_basicsize` and `tp_dictoffset` of the types `instances` met.
+    instance_types: std::cell::RefCell<std::collections::HashMap<u64, Option<(u64, u64)>>>,
+    /// The attribute names `instances` read, by address.
+    attribute_names: std::cell::RefCell<std::collections::HashMap<u64, Option<Arc<str>>>>,
 }
 
 impl Walker {
@@ -308,6 +316,11 @@ impl Walker {
             legacy_registry_looked_for: None,
             legacy_type_names: Default::default(),
             legacy_wakeups: Default::default(),
+            instances: (version.major == 3)
+                .then(|| instances::InstanceLayout::of(version.minor))
+                .flatten(),
+            instance_types: Default::default(),
+            attribute_names: Default::default(),
         })
     }
 

@@ -249,7 +249,8 @@ impl Walker {
     /// What a task awaits, by the type of the object at `addr`, as the program
     /// names it (`Future`, `Task`, `_GatheringFuture`): through the iterator
     /// `await future` makes (`_asyncio.FutureIter`, whose first field is its
-    /// future), without the C module's prefix.
+    /// future), or the generator the pure-Python future's `__await__` makes
+    /// (its first local, `self`, a future), without the C module's prefix.
     pub(super) fn awaited_name(&mut self, addr: u64) -> Option<String> {
         let locals = self.reader.layout.locals?;
         let mut values = ValueReader::new(&self.reader.mem, &self.reader.layout, locals);
@@ -257,6 +258,15 @@ impl Walker {
         if name == "_asyncio.FutureIter" {
             let future = read_u64(&self.reader.mem, addr.checked_add(locals.object_head)?).ok()?;
             name = values.type_name(future)?;
+        } else if let Some(legacy) = self.legacy_tasks.filter(|_| name == "generator") {
+            let future = self
+                .coroutine_frame(legacy, addr)
+                .and_then(|frame| frame.checked_add(locals.frame_localsplus))
+                .and_then(|at| read_u64(&self.reader.mem, at).ok());
+            let awaited = future.and_then(|f| values.type_name(f));
+            name = awaited
+                .filter(|n| n.ends_with("Task") || n.ends_with("Future"))
+                .unwrap_or(name);
         }
         Some(name.strip_prefix("_asyncio.").unwrap_or(&name).to_owned())
     }
