@@ -248,6 +248,7 @@ struct RawFrame {
     /// Not owned by the thread (3.11+): a generator's or coroutine's frame, whose
     /// caller link is cleared when it is suspended, or a frame that has returned
     /// and left its data to a frame object. Never a thread's outermost frame.
+    /// Up to 3.10: a frame that does not say it runs.
     not_thread_owned: bool,
     /// A shim's code field (3.12+, tag bits cleared).
     shim_executable: Option<u64>,
@@ -476,6 +477,13 @@ impl<M: Memory> StackReader<M> {
             && !truncated
             && !out.is_empty()
             && (!ends_on_root || in_call > 0 || outermost_not_thread_owned);
+        // Up to 3.10 nothing marks a call of the eval loop, but the frame a
+        // thread's stack begins with runs as long as the thread does: a chain
+        // that ends on a frame that does not (a suspended coroutine's, whose
+        // caller link is cleared; one of the freed frames CPython keeps for
+        // reuse, linked to each other) was left while the thread moved.
+        let objects = matches!(self.layout.frame, FrameLayout::Object { .. });
+        self.last_rootless |= objects && !truncated && outermost_not_thread_owned;
         if !calls.is_empty() && !truncated {
             // Frames below the outermost entry shim (none are expected) run in the
             // outermost call.
@@ -496,11 +504,12 @@ impl<M: Memory> StackReader<M> {
                 code,
                 lasti,
                 lasti_unit,
+                executing: (executing, runs),
             } => Some(RawFrame {
                 next: field_u64(buf, back).ok()?,
                 code: Some(field_u64(buf, code).ok()?),
                 entry_shim: false,
-                not_thread_owned: false,
+                not_thread_owned: field_u8(buf, executing).ok()? != runs,
                 shim_executable: None,
                 position: Position::Offset(
                     i64::from(field_i32(buf, lasti).ok()?) * lasti_unit as i64,

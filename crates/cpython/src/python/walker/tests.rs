@@ -126,9 +126,11 @@ impl Image {
                 code: c,
                 lasti,
                 lasti_unit,
+                executing: (at, runs),
             } => {
                 self.u64(addr + b, back);
                 self.u64(addr + c, code);
+                self.put(addr + at, &[runs]);
                 self.i32(addr + lasti, (unit * 2 / lasti_unit as i64) as i32);
             }
             FrameLayout::Interpreter {
@@ -369,6 +371,45 @@ fn a_walk_that_ends_off_its_root_is_torn_when_read_running() {
     assert_eq!(torn_when_running(11, &not_an_entry_3_11), (false, true));
     let coroutine_3_11 = [(true, GENERATOR, true), (true, THREAD, false)];
     assert_eq!(torn_when_running(11, &coroutine_3_11), (false, true));
+}
+
+/// Up to 3.10 a stack read while its thread runs is torn when it ends on a frame
+/// that does not say it runs (`f_executing`, `f_state`): a suspended
+/// coroutine's, or a freed one's. The innermost frame need not say so: a
+/// profile function sees it before it runs and as it returns.
+#[test]
+fn a_walk_that_ends_on_a_frame_that_does_not_run_is_torn_up_to_3_10() {
+    for minor in [7, 8, 9, 10] {
+        let (layout, _) = layout::from_offsets_file(v(minor)).unwrap();
+        let FrameLayout::Object {
+            executing: (at, runs),
+            ..
+        } = layout.frame
+        else {
+            unreachable!()
+        };
+        // (outermost runs, innermost runs) -> (torn stopped, torn running).
+        let torn = |outer_runs: bool, inner_runs: bool| {
+            let mut img = Image::new();
+            let table = locations(&[(8, 0)]);
+            let code = img.code(&layout, "/a.py", "f", 5, &table);
+            let mark = |r: bool| if r { runs } else { runs ^ 1 };
+            let root = img.frame(&layout, code, 0, 0);
+            img.put(root + at, &[mark(outer_runs)]);
+            let top = img.frame(&layout, code, 0, root);
+            img.put(top + at, &[mark(inner_runs)]);
+            let (runtime, _) = img.runtime(&layout, &[top]);
+            let mut reader = StackReader::new(img, layout.clone(), runtime, Some(CODE_TYPE));
+            let tstates = reader.thread_states().unwrap();
+            let stopped = reader.thread(tstates[0].0, &tstates[0].1, false);
+            let running = reader.thread(tstates[0].0, &tstates[0].1, true);
+            assert_eq!(running.frames.len(), 2, "3.{minor}");
+            (stopped.torn, running.torn)
+        };
+        assert_eq!(torn(true, true), (false, false), "3.{minor}");
+        assert_eq!(torn(true, false), (false, false), "3.{minor}: hooked");
+        assert_eq!(torn(false, true), (false, true), "3.{minor}");
+    }
 }
 
 /// What the shim at the root of a stack holds as its code, in [`torn_at_root`].

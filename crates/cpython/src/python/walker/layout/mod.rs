@@ -71,6 +71,11 @@ pub(crate) enum FrameLayout {
         lasti: u64,
         /// Bytes per unit of `f_lasti`: 1 up to 3.9, 2 (code units) in 3.10.
         lasti_unit: u64,
+        /// Where a frame says it runs, and what every frame of a thread's stack
+        /// holds there: `f_executing`, 1 (up to 3.9), or `f_state`,
+        /// `FRAME_EXECUTING`, 0 (3.10). A suspended generator's frame, or one that
+        /// returned (freed, or kept for reuse), holds another value.
+        executing: (u64, u8),
     },
     /// `_PyInterpreterFrame` (3.11+).
     Interpreter {
@@ -263,8 +268,12 @@ impl Layout {
     pub(crate) fn frame_span(&self) -> u64 {
         match self.frame {
             FrameLayout::Object {
-                back, code, lasti, ..
-            } => back.max(code).max(lasti) + 8,
+                back,
+                code,
+                lasti,
+                executing,
+                ..
+            } => back.max(code).max(lasti).max(executing.0) + 8,
             FrameLayout::Interpreter {
                 previous,
                 executable,

@@ -200,6 +200,13 @@ fn layout_of_file(f: &OffsetsFile, version: PyVersion) -> Result<Layout> {
             code: o.code,
             lasti: o.lasti,
             lasti_unit: f.lasti_unit,
+            // Measured on each version (a running frame, its caller, a
+            // suspended generator's); the frame object is private to CPython.
+            executing: if version.at_least(3, 10) {
+                (108, 0)
+            } else {
+                (116, 1)
+            },
         },
         (None, Some(i)) => FrameLayout::Interpreter {
             previous: i.previous,
