@@ -32,6 +32,9 @@ const MAX_BASICSIZE: u64 = 4096;
 const PLAIN_INSTANCE: u64 = 48;
 /// Longest attribute name compared.
 const MAX_NAME_CHARS: usize = 64;
+/// Most attributes of an instance looked at (asyncio's objects have a dozen;
+/// each name is read once, but an instance may have thousands).
+const MAX_ATTRIBUTES: usize = 64;
 
 /// Where an instance of a Python class keeps its attributes' values while it has
 /// no dictionary of its own (3.11 to 3.13).
@@ -92,7 +95,7 @@ impl Walker {
         names: [&str; N],
     ) -> [Option<u64>; N] {
         let mut found = [None; N];
-        for (key, value) in self.instance_items(object) {
+        for (key, value) in self.instance_items(object).into_iter().take(MAX_ATTRIBUTES) {
             let Some(text) = self.attribute_name(key) else {
                 continue;
             };
