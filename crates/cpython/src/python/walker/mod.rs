@@ -199,6 +199,9 @@ pub struct ThreadStack {
 type FrameAddresses = Vec<(u64, u64)>;
 
 /// Reads the Python stacks of one process. See the module documentation.
+/// How many times a torn walk is made again at once ([`Walker::stacks_of_running`]).
+const TORN_RETRIES: usize = 2;
+
 pub struct Walker {
     pid: i32,
     version: PyVersion,
@@ -374,9 +377,31 @@ impl Walker {
         let holders = self.reader.gil_holders();
         let raws: Vec<RawThread> = tstates
             .iter()
-            .map(|(t, buf)| self.reader.thread(*t, buf, running))
+            .map(|(t, buf)| self.thread_walked(*t, buf, running))
             .collect();
         Ok(self.resolve(raws, holders.as_deref()))
+    }
+
+    /// The thread at `tstate` (its state's bytes `buf`), walked; a walk torn while
+    /// it ran (not cut short) is made again from its state read anew, up to
+    /// [`TORN_RETRIES`] times. Up to 3.10, whose frames are read one at a time, a
+    /// deep recursion tears most first reads; dropped, those samples would leave
+    /// out the code that moves fastest.
+    fn thread_walked(&mut self, tstate: u64, buf: &[u8], running: bool) -> RawThread {
+        let mut raw = self.reader.thread(tstate, buf, running);
+        let mut fresh = vec![0u8; buf.len()];
+        for _ in 0..TORN_RETRIES {
+            if !raw.torn || raw.truncated {
+                break;
+            }
+            if pyprobe_sdt::sdt::MemoryReader::read_exact(&self.reader.mem, tstate, &mut fresh)
+                .is_err()
+            {
+                break;
+            }
+            raw = self.reader.thread(tstate, &fresh, running);
+        }
+        raw
     }
 
     /// As [`Self::stacks`], with each frame's local variables (outermost first, as
