@@ -393,7 +393,13 @@ impl Walker {
         task: u64,
         coro: u64,
     ) -> Option<TaskInfo> {
-        let name_object = match self.py_task(task) {
+        // A pure-Python task's attributes are read once for its name and its
+        // done-callbacks; an object of that size that is no such task, not at all.
+        let py = match self.is_plain_instance(task) {
+            true => Some(self.py_task(task)?),
+            false => None,
+        };
+        let name_object = match py {
             Some(py) => py.name,
             None => read_u64(&self.reader.mem, task.checked_add(legacy.task_coro + 8)?).ok(),
         };
@@ -403,8 +409,14 @@ impl Walker {
             // 3.7's tasks have no name: each is `[task]`.
             ("Task".to_string(), false)
         };
+        let callbacks = match py {
+            Some(py) => py
+                .callbacks
+                .map_or_else(Vec::new, |l| self.list_callbacks(l)),
+            None => self.done_callbacks(task),
+        };
         let mut awaited_by = Vec::new();
-        self.legacy_awaiters(legacy, task, 0, &mut awaited_by);
+        self.awaiters_of_callbacks(legacy, callbacks, 0, &mut awaited_by);
         awaited_by.sort_unstable();
         awaited_by.dedup();
         Some(TaskInfo {
@@ -420,7 +432,19 @@ impl Walker {
     /// The tasks whose wakeups wait on the future (or task) at `future`, into
     /// `out`: directly, or through the futures `gather` and `wait_for` put between.
     fn legacy_awaiters(&self, legacy: LegacyTasks, future: u64, hops: usize, out: &mut Vec<u64>) {
-        for callback in self.done_callbacks(future) {
+        self.awaiters_of_callbacks(legacy, self.done_callbacks(future), hops, out);
+    }
+
+    /// As [`Self::legacy_awaiters`], of a future whose done-callbacks are
+    /// `callbacks`.
+    fn awaiters_of_callbacks(
+        &self,
+        legacy: LegacyTasks,
+        callbacks: Vec<u64>,
+        hops: usize,
+        out: &mut Vec<u64>,
+    ) {
+        for callback in callbacks {
             let Some(kind) = self.short_type_name(callback) else {
                 continue;
             };

@@ -198,10 +198,10 @@ pub struct ThreadStack {
 /// The (frame, code object) addresses of one thread's frames, outermost first.
 type FrameAddresses = Vec<(u64, u64)>;
 
-/// Reads the Python stacks of one process. See the module documentation.
 /// How many times a torn walk is made again at once ([`Walker::stacks_of_running`]).
 const TORN_RETRIES: usize = 2;
 
+/// Reads the Python stacks of one process. See the module documentation.
 pub struct Walker {
     pid: i32,
     version: PyVersion,
