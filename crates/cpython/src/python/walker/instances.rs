@@ -39,7 +39,7 @@ const MAX_ATTRIBUTES: usize = 64;
 /// Where an instance of a Python class keeps its attributes' values while it has
 /// no dictionary of its own (3.11 to 3.13).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum InstanceValues {
+enum InstanceValues {
     /// None to read (up to 3.10: every instance has a dictionary).
     Dictionary,
     /// A pointer to the values, four words before the object (3.11).
@@ -56,7 +56,7 @@ pub(crate) enum InstanceValues {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct InstanceLayout {
     keys: DictKeys,
-    pub(super) values: InstanceValues,
+    values: InstanceValues,
     /// `offsetof(PyHeapTypeObject, ht_cached_keys)`, measured on each version
     /// (the word after `ht_qualname`, which Python gives).
     cached_keys: u64,
@@ -117,20 +117,11 @@ impl Walker {
     /// [`Self::is_plain_instance`] of each of `objects`, their types read in one
     /// go (a dump lists thousands of tasks).
     pub(super) fn plain_instances(&self, objects: &[u64]) -> Vec<bool> {
-        let at: Vec<u64> = objects
-            .iter()
-            .map(|&o| match plausible_pointer(o) {
-                true => o + self.reader.layout.ob_type,
-                false => 0,
-            })
-            .collect();
-        let mut types = Vec::new();
-        self.reader.mem.read_words(&at, &mut types);
         objects
             .iter()
-            .zip(types)
+            .zip(self.object_types(objects))
             .map(|(&object, ty)| match ty {
-                Some(ty) if plausible_pointer(object) => {
+                Some(ty) => {
                     let known = self.instance_types.borrow().get(&ty).copied();
                     match known {
                         Some(known) => known.is_some_and(|(size, _)| size <= PLAIN_INSTANCE),

@@ -182,7 +182,7 @@ impl Walker {
             .zip(&tasks)
             .zip(plain)
             .map(|((c, &task), plain)| match plain {
-                true => self.py_task(task).map_or(0, |t| t.coro),
+                true => self.plain_py_task(task).map_or(0, |t| t.coro),
                 false => c.unwrap_or(0),
             })
             .collect();

@@ -266,14 +266,27 @@ impl Walker {
     /// The short type names of the objects at `objects`, as
     /// [`Self::short_type_name`], their types read in one go.
     pub(super) fn short_type_names(&self, objects: &[u64]) -> Vec<Option<String>> {
+        objects
+            .iter()
+            .zip(self.object_types(objects))
+            .map(|(&object, ty)| {
+                let ty = ty?;
+                if let Some(known) = self.legacy_type_names.borrow().get(&ty) {
+                    return known.clone();
+                }
+                self.short_type_name(object)
+            })
+            .collect()
+    }
+
+    /// The type of each of the objects at `objects`, read in one go; `None`
+    /// where it is no object pointer or cannot be read.
+    pub(super) fn object_types(&self, objects: &[u64]) -> Vec<Option<u64>> {
         let at: Vec<u64> = objects
             .iter()
-            .map(|&o| {
-                if plausible_pointer(o) {
-                    o + self.reader.layout.ob_type
-                } else {
-                    0
-                }
+            .map(|&o| match plausible_pointer(o) {
+                true => o + self.reader.layout.ob_type,
+                false => 0,
             })
             .collect();
         let mut types = Vec::new();
@@ -281,13 +294,7 @@ impl Walker {
         objects
             .iter()
             .zip(types)
-            .map(|(&object, ty)| {
-                let ty = ty.filter(|_| plausible_pointer(object))?;
-                if let Some(known) = self.legacy_type_names.borrow().get(&ty) {
-                    return known.clone();
-                }
-                self.short_type_name(object)
-            })
+            .map(|(&object, ty)| ty.filter(|_| plausible_pointer(object)))
             .collect()
     }
 
@@ -345,7 +352,7 @@ impl Walker {
     /// The coroutine of the task at `task`, if it holds one.
     pub(super) fn task_coroutine(&self, legacy: LegacyTasks, task: u64) -> Option<u64> {
         if self.is_plain_instance(task) {
-            return self.py_task(task).map(|t| t.coro);
+            return self.plain_py_task(task).map(|t| t.coro);
         }
         let coro = read_u64(&self.reader.mem, task.checked_add(legacy.task_coro)?).ok()?;
         (self.short_type_name(coro)? == "coroutine").then_some(coro)
@@ -396,7 +403,7 @@ impl Walker {
         // A pure-Python task's attributes are read once for its name and its
         // done-callbacks; an object of that size that is no such task, not at all.
         let py = match self.is_plain_instance(task) {
-            true => Some(self.py_task(task)?),
+            true => Some(self.plain_py_task(task)?),
             false => None,
         };
         let name_object = match py {

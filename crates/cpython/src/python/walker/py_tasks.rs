@@ -27,9 +27,14 @@ pub(super) struct PyTask {
 impl Walker {
     /// The task at `task`, if it is a pure-Python one still running a coroutine.
     pub(super) fn py_task(&self, task: u64) -> Option<PyTask> {
-        if !self.is_plain_instance(task) {
-            return None;
-        }
+        self.is_plain_instance(task)
+            .then(|| self.plain_py_task(task))
+            .flatten()
+    }
+
+    /// As [`Self::py_task`], of an object already known to be a plain instance
+    /// ([`Self::is_plain_instance`]): its type is not read again.
+    pub(super) fn plain_py_task(&self, task: u64) -> Option<PyTask> {
         let [coro, name, callbacks] = self.attributes(task, ["_coro", "_name", "_callbacks"]);
         let coro = coro.filter(|&c| self.short_type_name(c).as_deref() == Some("coroutine"))?;
         Some(PyTask {
