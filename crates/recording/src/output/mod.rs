@@ -17,8 +17,9 @@ pub mod terminal;
 pub mod top;
 pub(crate) mod units;
 
-use std::collections::HashMap;
 use std::io::{Read, Seek};
+
+use rustc_hash::FxHashMap;
 
 use crate::analyze::{Plan, Planner, SliceFilter};
 use crate::recording::{Event, EventKind, RecordError, RecordingReader, StrId};
@@ -184,9 +185,9 @@ struct Counter<'a> {
     filter: &'a SliceFilter,
     census: Census,
     /// Whether each file passes the filter, by string id.
-    files: HashMap<StrId, bool>,
+    files: FxHashMap<StrId, bool>,
     /// Per thread: the open calls (function, entry time, name bytes if kept).
-    open: HashMap<u32, Vec<(StrId, u64, Option<u64>)>>,
+    open: FxHashMap<u32, Vec<(StrId, u64, Option<u64>)>>,
 }
 
 impl<'a> Counter<'a> {
@@ -194,25 +195,14 @@ impl<'a> Counter<'a> {
         Counter {
             filter,
             census: Census::default(),
-            files: HashMap::new(),
-            open: HashMap::new(),
+            files: FxHashMap::default(),
+            open: FxHashMap::default(),
         }
     }
 
     /// A call the file filter kept, `ns` long (`None`: never seen to end).
     fn kept_call(&mut self, ns: Option<u64>, name_bytes: u64) {
-        let bucket = match ns {
-            Some(0) => 0,
-            Some(ns) => (63 - ns.leading_zeros()) as usize,
-            None => DURATION_BUCKETS - 1,
-        };
-        let d = &mut self.census.durations[bucket];
-        d.0 += 1;
-        d.1 += name_bytes;
-        if ns.is_none_or(|ns| self.filter.long_enough(ns)) {
-            self.census.calls += 1;
-            self.census.call_name_bytes += name_bytes;
-        }
+        count_kept_call(&mut self.census, self.filter, ns, name_bytes);
     }
 
     fn push(&mut self, event: &Event, strings: &[String]) {
@@ -243,10 +233,10 @@ impl<'a> Counter<'a> {
                     return;
                 };
                 // Frames above it never returned: they end with it.
-                let ended: Vec<_> = stack.drain(i..).collect();
-                for (_, start, names) in ended {
+                for (_, start, names) in stack.drain(i..) {
                     if let Some(bytes) = names {
-                        self.kept_call(Some(event.ts_ns.saturating_sub(start)), bytes);
+                        let ns = Some(event.ts_ns.saturating_sub(start));
+                        count_kept_call(&mut self.census, self.filter, ns, bytes);
                     }
                 }
             }
@@ -275,6 +265,23 @@ impl<'a> Counter<'a> {
             self.kept_call(None, bytes);
         }
         self.census
+    }
+}
+
+/// Counts into `census` a call `filter`'s files kept, `ns` long (`None`: never
+/// seen to end), its names `name_bytes` long.
+fn count_kept_call(census: &mut Census, filter: &SliceFilter, ns: Option<u64>, name_bytes: u64) {
+    let bucket = match ns {
+        Some(0) => 0,
+        Some(ns) => (63 - ns.leading_zeros()) as usize,
+        None => DURATION_BUCKETS - 1,
+    };
+    let d = &mut census.durations[bucket];
+    d.0 += 1;
+    d.1 += name_bytes;
+    if ns.is_none_or(|ns| filter.long_enough(ns)) {
+        census.calls += 1;
+        census.call_name_bytes += name_bytes;
     }
 }
 

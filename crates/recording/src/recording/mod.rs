@@ -8,6 +8,7 @@
 //! are LEB128 varints (zigzag for signed values). From format 11 an events chunk
 //! may be stored compressed (a zstd frame, see `compress`).
 
+mod ahead;
 mod background;
 mod codec;
 mod compress;
@@ -21,6 +22,8 @@ mod writer;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_ahead;
 
 pub use codec::FrameNumberHint;
 pub use error::RecordError;

@@ -4,7 +4,9 @@ use std::borrow::Cow;
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
+use std::sync::Arc;
 
+use super::ahead::{Piece, ReadAhead};
 use super::codec::EventDecoder;
 use super::compress::decompress_events;
 use super::qualnames::{self, Qualnames};
@@ -67,18 +69,31 @@ pub struct RecordingReader<R: Read> {
     completion: Completion,
     /// The events are being read again (after [`rewind`](Self::rewind)).
     reread: bool,
+    /// The recording's file, for a thread that reads ahead (a reader of a file).
+    file: Option<Arc<File>>,
+    /// That thread, from the first event read on.
+    ahead: Option<ReadAhead>,
+    /// The batch of events it handed on, being returned; the error that ended
+    /// it; whether it ends its chunk.
+    batch: std::vec::IntoIter<Event>,
+    batch_error: Option<RecordError>,
+    batch_ends_chunk: bool,
 }
 
 impl RecordingReader<BufReader<File>> {
     /// Opens the recording at `path` and reads its header.
     pub fn open(path: &Path) -> Result<Self, RecordError> {
         let file = File::open(path).map_err(|error| RecordError::Io { offset: 0, error })?;
-        Self::from_reader(BufReader::with_capacity(256 * 1024, file))
+        // Without a second handle the events are decoded as they are read.
+        let ahead = file.try_clone().ok().map(Arc::new);
+        let mut reader = Self::from_reader(BufReader::with_capacity(256 * 1024, file))?;
+        reader.file = ahead;
+        Ok(reader)
     }
 }
 
 /// Outcome of reading one chunk.
-enum Chunk {
+pub(super) enum Chunk {
     /// A whole, checksummed chunk of this kind is in `self.chunk`.
     Whole(u8),
     /// The file ends cleanly at a chunk boundary.
@@ -106,6 +121,11 @@ impl<R: Read> RecordingReader<R> {
             events_read: 0,
             completion: Completion::Reading,
             reread: false,
+            file: None,
+            ahead: None,
+            batch: Vec::new().into_iter(),
+            batch_error: None,
+            batch_ends_chunk: true,
         };
         let mut prefix = [0u8; 12];
         let n = read_full(&mut r.input, &mut prefix, 0)?;
@@ -170,7 +190,9 @@ impl<R: Read> RecordingReader<R> {
     /// comes from the chunk at [`bytes_read`](Self::bytes_read), so a reader
     /// [positioned](Self::seek_to_chunk) there takes up from here.
     pub(crate) fn at_chunk_end(&self) -> bool {
-        self.pos >= self.chunk.len()
+        let batch_done =
+            self.batch.len() == 0 && self.batch_error.is_none() && self.batch_ends_chunk;
+        self.pos >= self.chunk.len() && batch_done
     }
 
     /// The string table read so far, the reader done with.
@@ -216,6 +238,9 @@ impl<R: Read> RecordingReader<R> {
     }
 
     fn advance(&mut self) -> Result<Option<Event>, RecordError> {
+        if self.file.is_some() {
+            return self.advance_ahead();
+        }
         loop {
             if self.completion != Completion::Reading {
                 return Ok(None);
@@ -231,47 +256,110 @@ impl<R: Read> RecordingReader<R> {
                 Chunk::Eof | Chunk::Partial => {
                     self.completion = Completion::Truncated { offset: at };
                 }
-                Chunk::Whole(kind::EVENTS) => {
+                Chunk::Whole(k @ (kind::EVENTS | kind::EVENTS_ZSTD)) => {
+                    unpack_events(
+                        k,
+                        at,
+                        &mut self.chunk,
+                        &mut self.packed,
+                        &mut self.decompressor,
+                    )?;
                     self.pos = 0;
+                    // Offsets within it count its (decompressed) bytes from its payload.
                     self.chunk_base = at + CHUNK_HEADER_LEN;
                     self.decoder.reset();
                 }
-                Chunk::Whole(kind::EVENTS_ZSTD) => {
-                    std::mem::swap(&mut self.chunk, &mut self.packed);
-                    decompress_events(&mut self.decompressor, &self.packed, &mut self.chunk)
-                        .map_err(|why| RecordError::Corrupt {
-                            offset: at,
-                            what: format!("the compressed events chunk {why}"),
-                        })?;
-                    self.pos = 0;
-                    // Offsets within it count its decompressed bytes from its payload.
-                    self.chunk_base = at + CHUNK_HEADER_LEN;
-                    self.decoder.reset();
+                Chunk::Whole(k) => self.other_chunk(k, at)?,
+            }
+        }
+    }
+
+    /// As [`advance`](Self::advance), the events decoded by the thread reading ahead.
+    fn advance_ahead(&mut self) -> Result<Option<Event>, RecordError> {
+        loop {
+            if let Some(event) = self.batch.next() {
+                return Ok(Some(event));
+            }
+            if let Some(e) = self.batch_error.take() {
+                // Left inside the chunk, as reading in place is.
+                self.batch_ends_chunk = false;
+                return Err(e);
+            }
+            if self.completion != Completion::Reading {
+                return Ok(None);
+            }
+            let piece = match (&self.ahead, &self.file) {
+                (Some(ahead), _) => ahead.next(self.offset),
+                (None, Some(file)) => {
+                    let started = ReadAhead::start(Arc::clone(file), self.offset);
+                    let ahead = started.map_err(|error| RecordError::Io {
+                        offset: self.offset,
+                        error,
+                    })?;
+                    self.ahead.insert(ahead).next(self.offset)
                 }
-                Chunk::Whole(kind::STRINGS) => self.read_strings(at + CHUNK_HEADER_LEN)?,
-                Chunk::Whole(kind::QUALNAMES) => {
-                    let mut c = Cursor::new(&self.chunk, 0, at + CHUNK_HEADER_LEN);
-                    qualnames::read_chunk(&mut c, self.strings.len(), &mut self.qualnames)?;
+                (None, None) => return Ok(None),
+            };
+            match piece {
+                Piece::Events {
+                    events,
+                    error,
+                    last,
+                    next,
+                } => {
+                    self.offset = next;
+                    self.batch = events.into_iter();
+                    self.batch_error = error;
+                    self.batch_ends_chunk = last;
+                }
+                Piece::Other {
+                    kind,
+                    payload,
+                    at,
+                    next,
+                } => {
+                    self.offset = next;
+                    self.chunk = payload;
+                    self.batch_ends_chunk = true;
+                    self.other_chunk(kind, at)?;
                     self.chunk.clear();
                     self.pos = 0;
                 }
-                Chunk::Whole(kind::TRAILER) => {
-                    let mut c = Cursor::new(&self.chunk, 0, at + CHUNK_HEADER_LEN);
-                    let trailer = Trailer {
-                        end_ns: c.uvarint()?,
-                        lost_events: c.uvarint()?,
-                        events: c.uvarint()?,
-                    };
-                    // Anything after the trailer is not part of the recording.
-                    self.completion = Completion::Complete(trailer);
+                Piece::End { at } => {
+                    self.offset = at;
+                    self.completion = Completion::Truncated { offset: at };
                 }
-                Chunk::Whole(k) => {
-                    return Err(RecordError::Corrupt {
-                        offset: at,
-                        what: format!("unexpected chunk kind {k}"),
-                    })
-                }
+                Piece::Failed(e) => return Err(e),
             }
+        }
+    }
+
+    /// Takes in the chunk of kind `k` at `at` (in `self.chunk`) that holds no events.
+    fn other_chunk(&mut self, k: u8, at: u64) -> Result<(), RecordError> {
+        match k {
+            kind::STRINGS => self.read_strings(at + CHUNK_HEADER_LEN),
+            kind::QUALNAMES => {
+                let mut c = Cursor::new(&self.chunk, 0, at + CHUNK_HEADER_LEN);
+                qualnames::read_chunk(&mut c, self.strings.len(), &mut self.qualnames)?;
+                self.chunk.clear();
+                self.pos = 0;
+                Ok(())
+            }
+            kind::TRAILER => {
+                let mut c = Cursor::new(&self.chunk, 0, at + CHUNK_HEADER_LEN);
+                let trailer = Trailer {
+                    end_ns: c.uvarint()?,
+                    lost_events: c.uvarint()?,
+                    events: c.uvarint()?,
+                };
+                // Anything after the trailer is not part of the recording.
+                self.completion = Completion::Complete(trailer);
+                Ok(())
+            }
+            k => Err(RecordError::Corrupt {
+                offset: at,
+                what: format!("unexpected chunk kind {k}"),
+            }),
         }
     }
 
@@ -308,46 +396,78 @@ impl<R: Read> RecordingReader<R> {
     /// checksum; advances `self.offset` past it when whole.
     fn read_chunk(&mut self) -> Result<Chunk, RecordError> {
         let at = self.offset;
-        self.chunk.clear();
         self.pos = 0;
-        let mut head = [0u8; CHUNK_HEADER_LEN as usize];
-        let n = read_full(&mut self.input, &mut head, at)?;
-        if n == 0 {
-            return Ok(Chunk::Eof);
+        let chunk = read_chunk(&mut self.input, at, &mut self.chunk)?;
+        if let Chunk::Whole(_) = chunk {
+            self.offset = at + CHUNK_HEADER_LEN + self.chunk.len() as u64;
         }
-        if n < head.len() {
-            return Ok(Chunk::Partial);
-        }
-        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
-        let stored = u32::from_le_bytes([head[5], head[6], head[7], head[8]]);
-        if len > MAX_CHUNK_LEN {
-            return Err(RecordError::ChunkTooLong { offset: at, len });
-        }
-        // `take` grows the buffer as bytes arrive: a lying length in a short file
-        // costs no more memory than the file holds.
-        (&mut self.input)
-            .take(u64::from(len))
-            .read_to_end(&mut self.chunk)
-            .map_err(|error| RecordError::Io {
-                offset: at + CHUNK_HEADER_LEN,
-                error,
-            })?;
-        if self.chunk.len() < len as usize {
-            self.chunk.clear();
-            return Ok(Chunk::Partial);
-        }
-        let computed = crc32fast::hash(&self.chunk);
-        if computed != stored {
-            self.chunk.clear();
-            return Err(RecordError::Checksum {
-                offset: at,
-                stored,
-                computed,
-            });
-        }
-        self.offset = at + CHUNK_HEADER_LEN + u64::from(len);
-        Ok(Chunk::Whole(head[0]))
+        Ok(chunk)
     }
+}
+
+/// Reads the chunk at offset `at` of `input` (which is there) into `chunk`,
+/// checking its length and checksum.
+pub(super) fn read_chunk(
+    input: &mut impl Read,
+    at: u64,
+    chunk: &mut Vec<u8>,
+) -> Result<Chunk, RecordError> {
+    chunk.clear();
+    let mut head = [0u8; CHUNK_HEADER_LEN as usize];
+    let n = read_full(input, &mut head, at)?;
+    if n == 0 {
+        return Ok(Chunk::Eof);
+    }
+    if n < head.len() {
+        return Ok(Chunk::Partial);
+    }
+    let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
+    let stored = u32::from_le_bytes([head[5], head[6], head[7], head[8]]);
+    if len > MAX_CHUNK_LEN {
+        return Err(RecordError::ChunkTooLong { offset: at, len });
+    }
+    // `take` grows the buffer as bytes arrive: a lying length in a short file
+    // costs no more memory than the file holds.
+    input
+        .take(u64::from(len))
+        .read_to_end(chunk)
+        .map_err(|error| RecordError::Io {
+            offset: at + CHUNK_HEADER_LEN,
+            error,
+        })?;
+    if chunk.len() < len as usize {
+        chunk.clear();
+        return Ok(Chunk::Partial);
+    }
+    let computed = crc32fast::hash(chunk);
+    if computed != stored {
+        chunk.clear();
+        return Err(RecordError::Checksum {
+            offset: at,
+            stored,
+            computed,
+        });
+    }
+    Ok(Chunk::Whole(head[0]))
+}
+
+/// Makes the events chunk of kind `k` at `at`, read into `chunk`, its events'
+/// bytes: a compressed one decompressed (through `packed`).
+pub(super) fn unpack_events(
+    k: u8,
+    at: u64,
+    chunk: &mut Vec<u8>,
+    packed: &mut Vec<u8>,
+    decompressor: &mut Option<zstd::bulk::Decompressor<'static>>,
+) -> Result<(), RecordError> {
+    if k == kind::EVENTS_ZSTD {
+        std::mem::swap(chunk, packed);
+        decompress_events(decompressor, packed, chunk).map_err(|why| RecordError::Corrupt {
+            offset: at,
+            what: format!("the compressed events chunk {why}"),
+        })?;
+    }
+    Ok(())
 }
 
 impl<R: Read + Seek> RecordingReader<R> {
@@ -368,6 +488,7 @@ impl<R: Read + Seek> RecordingReader<R> {
         self.events_read = 0;
         self.completion = Completion::Reading;
         self.reread = true;
+        self.forget_read_ahead();
         Ok(())
     }
 }
@@ -403,6 +524,7 @@ impl<R: Read + Seek> RecordingReader<R> {
         self.events_read = events_before;
         self.completion = Completion::Reading;
         self.reread = true;
+        self.forget_read_ahead();
         Ok(())
     }
 
@@ -415,6 +537,23 @@ impl<R: Read + Seek> RecordingReader<R> {
             self.qualnames = qualnames;
             self.reread = true;
         }
+    }
+}
+
+impl<R: Read> RecordingReader<R> {
+    /// Whether a thread decodes the events ahead of this reader.
+    #[cfg(test)]
+    pub(super) fn reads_ahead(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Stops the thread reading ahead, if any, and drops what it read: reading
+    /// goes on from `self.offset`.
+    fn forget_read_ahead(&mut self) {
+        self.ahead = None;
+        self.batch = Vec::new().into_iter();
+        self.batch_error = None;
+        self.batch_ends_chunk = true;
     }
 }
 

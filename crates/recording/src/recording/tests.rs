@@ -1043,7 +1043,7 @@ fn compressed_events_chunks_read_back_and_bad_ones_are_named() {
 
 /// The `i`-th event of a fib-like trace of `frame` on thread `tid`: calls at even
 /// `i`, returns (at the function's first line) at odd.
-fn call_or_return(frame: FrameRef, i: u64, tid: u32, ts_ns: u64) -> Event {
+pub(super) fn call_or_return(frame: FrameRef, i: u64, tid: u32, ts_ns: u64) -> Event {
     let kind = if i % 2 == 0 {
         EventKind::Call { frame }
     } else {
