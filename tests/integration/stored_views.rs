@@ -215,3 +215,57 @@ fn kept_views_of_a_replaced_recording_or_damaged_are_not_used() {
     }
     assert_eq!(out.stdout, stored);
 }
+
+/// `record -o run.svg` plans its recording while it is written: the flame graph
+/// it writes when the target exits takes that first pass instead of reading the
+/// events twice, and is the flame graph `flame` draws from the recording later,
+/// byte for byte: for a recording whose views are kept, and one below the size.
+#[test]
+fn the_view_written_at_the_end_takes_the_first_pass_made_while_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    for (version, store_from) in [("3.13", "0"), ("3.9", "0"), ("3.13", "none")] {
+        let Some(py) = python(version) else { continue };
+        let svg = dir.path().join(format!("run-{version}-{store_from}.svg"));
+        let limit = match store_from {
+            "none" => u64::MAX.to_string(),
+            n => n.to_string(),
+        };
+        let out = pyprobe()
+            .env("PYPROBE_STORE_VIEWS_BYTES", &limit)
+            .args(["record", "-v", "--mode", "trace", "-o"])
+            .arg(&svg)
+            .arg("--")
+            .arg(&py.launcher)
+            .arg(repo().join("fixtures/demo.py"))
+            .args(["--seconds", "1"])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{said}");
+        assert!(
+            said.contains("was made while they were written") && said.contains("the view took it"),
+            "{version}, views kept from {store_from} bytes: the first pass was not made while \
+             recording, or not taken: {said}"
+        );
+        let recording = dir
+            .path()
+            .join(format!("run-{version}-{store_from}.pyprobe"));
+        let _ = std::fs::remove_file(
+            dir.path()
+                .join(format!("run-{version}-{store_from}.pyprobe.views")),
+        );
+        let later = dir.path().join("later.svg");
+        let args = [
+            "flame".to_string(),
+            recording.display().to_string(),
+            "-o".into(),
+            later.display().to_string(),
+            "--force".into(),
+        ];
+        pyprobe_storing(None, &args);
+        assert!(
+            std::fs::read(&svg).unwrap() == std::fs::read(&later).unwrap(),
+            "{version}: the flame graph written at the end is not the one its events give"
+        );
+    }
+}

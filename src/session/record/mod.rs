@@ -24,6 +24,7 @@ mod codes;
 mod events;
 mod lines;
 mod periods;
+mod plan_ahead;
 mod qualnames;
 mod recorder;
 mod repeats;

@@ -9,6 +9,7 @@ use std::rc::Rc;
 use anyhow::{Context, Result};
 
 use pyprobe_cpython::python::probe_catalog::{ProbeGroup, ProbeKind};
+use pyprobe_recording::output::file::partial_path;
 use pyprobe_recording::recording::{EventKind, Header, ThinLevel};
 use pyprobe_sdt::process::status::cmdline;
 use pyprobe_sdt::tracer::signals::{monotonic_ns, StopReason};
@@ -21,6 +22,7 @@ use super::lines::{
     armed_line, budget_line, gone_frames_line, missed_ticks_line, refusal_lines, StartLine,
 };
 use super::periods::Periods;
+use super::plan_ahead::PlanAhead;
 use super::request::Target;
 use super::resolver::{needs_context_stacks, samples_used, Chosen, MeaningCache, Mode};
 use super::return_types::write_return_types;
@@ -58,6 +60,8 @@ pub(super) struct Recorder<'a> {
     /// Pauses so far (count, total ns), for the closing line.
     paused: (u32, u64),
     caveats: Caveats,
+    /// The first pass of the view written at the end, made meanwhile.
+    plan_ahead: Option<PlanAhead>,
 }
 
 /// The caveats said so far: each written to the recording, and each text said
@@ -170,7 +174,11 @@ impl<'a> Recorder<'a> {
         if let Some((ts, stacks)) = attaching.running.take() {
             Sampler::write_running(&mut builder, ts, stacks);
         }
+        let plan_ahead = (settings.view.is_some() && settings.periods.is_none())
+            .then(|| PlanAhead::start(partial_path(&recording_path)))
+            .flatten();
         Ok(Recorder {
+            plan_ahead,
             settings,
             chosen,
             builder,
@@ -416,6 +424,7 @@ impl<'a> Recorder<'a> {
             chosen,
             paused,
             mut caveats,
+            plan_ahead,
             ..
         } = self;
         let request = settings.request;
@@ -505,6 +514,7 @@ impl<'a> Recorder<'a> {
         let summary = summary?;
         file.commit()
             .with_context(|| format!("cannot finish {}", recording_path.display()))?;
+        let planned_ahead = plan_ahead.and_then(PlanAhead::finish);
         // What a sample count says of its samples stays beside it, before the hits.
         let mut samples = format!("{} samples", sampler.samples);
         if sampler.torn > 0 {
@@ -579,7 +589,21 @@ impl<'a> Recorder<'a> {
             }
         }
         if settings.view.is_some() {
-            match write_view(&recording_path, &output, &settings) {
+            let taken_before = pyprobe_recording::analyze::planned_ahead::times_taken();
+            let written = write_view(&recording_path, &output, &settings);
+            if let (Some((events, late)), true) = (planned_ahead, request.verbose) {
+                let taken = pyprobe_recording::analyze::planned_ahead::times_taken();
+                eprintln!(
+                    "pyprobe: the view's first pass over the {events} events was made while \
+                     they were written ({late} of them read after the recording ended){}",
+                    if taken > taken_before {
+                        ", and the view took it"
+                    } else {
+                        ", but the view did not take it"
+                    }
+                );
+            }
+            match written {
                 // The flame graph was pyprobe's choice, not the user's: the
                 // recording is what matters, and it is written.
                 Err(e) if settings.request.output.is_none() => eprintln!(

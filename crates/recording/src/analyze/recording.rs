@@ -40,11 +40,14 @@ pub(crate) fn replay_with_plan<R: Read + Seek, E: From<RecordError>>(
     }
 }
 
-/// The first pass alone: the plan of `reader`'s replay. Leaves the reader at the
-/// first event again.
+/// The first pass alone: the plan of `reader`'s replay (made before, when it
+/// was: see `planned_ahead`). Leaves the reader at the first event again.
 pub(crate) fn plan_recording<R: Read + Seek>(
     reader: &mut RecordingReader<R>,
 ) -> Result<Plan, RecordError> {
+    if let Some(known) = super::planned_ahead::known(reader) {
+        return Ok(known.plan);
+    }
     let header = reader.header().clone();
     let mut planner = Planner::new(&header);
     while let Some(event) = reader.next_event() {

@@ -16,6 +16,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use super::background::spawn_without_signals;
 use super::codec::EventDecoder;
 use super::wire::Cursor;
 use super::{kind, Event, RecordError, CHUNK_HEADER_LEN};
@@ -59,9 +60,8 @@ impl ReadAhead {
     /// Starts reading `file` at the chunk at `offset`.
     pub(super) fn start(file: Arc<File>, offset: u64) -> io::Result<ReadAhead> {
         let (sender, pieces) = sync_channel(QUEUED);
-        let thread = std::thread::Builder::new()
-            .name("pyprobe-read".into())
-            .spawn(move || read_ahead(&file, offset, &sender))?;
+        let thread =
+            spawn_without_signals("pyprobe-read", move || read_ahead(&file, offset, &sender))?;
         Ok(ReadAhead {
             pieces: Some(pieces),
             thread: Some(thread),

@@ -182,7 +182,7 @@ impl Drop for BackgroundWriter {
 /// Starts a thread that takes none of the process's signals (they are for the
 /// tracer's own thread): it inherits its creator's mask, so every signal is
 /// blocked around the spawn.
-fn spawn_without_signals<F>(name: &str, f: F) -> io::Result<JoinHandle<()>>
+pub(super) fn spawn_without_signals<F>(name: &str, f: F) -> io::Result<JoinHandle<()>>
 where
     F: FnOnce() + Send + 'static,
 {

@@ -30,7 +30,7 @@ pub use error::RecordError;
 pub use event::*;
 pub use header::{Header, FORMAT_VERSION, MAGIC, OLDEST_FORMAT_VERSION};
 pub use qualnames::{or_unnamed, Qualnames, MAX_QUALNAMES, UNNAMED};
-pub use reader::{Completion, Events, RecordingReader, Trailer};
+pub use reader::{Completion, Events, FileKey, RecordingReader, Trailer};
 pub use writer::{BackgroundWriter, RecordingWriter, Summary, MAX_SAMPLE_FRAMES, MAX_STRING_LEN};
 
 /// Largest chunk payload a reader accepts; anything longer is corruption.

@@ -69,8 +69,9 @@ pub struct RecordingReader<R: Read> {
     completion: Completion,
     /// The events are being read again (after [`rewind`](Self::rewind)).
     reread: bool,
-    /// The recording's file, for a thread that reads ahead (a reader of a file).
+    /// The recording's file (a reader of a file), and whether a thread reads it ahead.
     file: Option<Arc<File>>,
+    reads_ahead: bool,
     /// That thread, from the first event read on.
     ahead: Option<ReadAhead>,
     /// The batch of events it handed on, being returned; the error that ended
@@ -83,12 +84,47 @@ pub struct RecordingReader<R: Read> {
 impl RecordingReader<BufReader<File>> {
     /// Opens the recording at `path` and reads its header.
     pub fn open(path: &Path) -> Result<Self, RecordError> {
+        Self::open_reading_ahead(path, true)
+    }
+
+    /// As [`open`](Self::open), the events decoded as they are read, by the
+    /// thread that reads them (one that must not wait for another).
+    pub fn open_in_place(path: &Path) -> Result<Self, RecordError> {
+        Self::open_reading_ahead(path, false)
+    }
+
+    fn open_reading_ahead(path: &Path, ahead: bool) -> Result<Self, RecordError> {
         let file = File::open(path).map_err(|error| RecordError::Io { offset: 0, error })?;
         // Without a second handle the events are decoded as they are read.
-        let ahead = file.try_clone().ok().map(Arc::new);
+        let second = file.try_clone().ok().map(Arc::new);
         let mut reader = Self::from_reader(BufReader::with_capacity(256 * 1024, file))?;
-        reader.file = ahead;
+        reader.reads_ahead = ahead && second.is_some();
+        reader.file = second;
         Ok(reader)
+    }
+}
+
+/// What tells one state of one file from another: its device, inode, size and
+/// modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileKey {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    modified: (i64, i64),
+}
+
+impl FileKey {
+    /// The key of `file` as it is now.
+    pub fn of(file: &File) -> io::Result<FileKey> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = file.metadata()?;
+        Ok(FileKey {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            modified: (meta.mtime(), meta.mtime_nsec()),
+        })
     }
 }
 
@@ -122,6 +158,7 @@ impl<R: Read> RecordingReader<R> {
             completion: Completion::Reading,
             reread: false,
             file: None,
+            reads_ahead: false,
             ahead: None,
             batch: Vec::new().into_iter(),
             batch_error: None,
@@ -238,7 +275,7 @@ impl<R: Read> RecordingReader<R> {
     }
 
     fn advance(&mut self) -> Result<Option<Event>, RecordError> {
-        if self.file.is_some() {
+        if self.reads_ahead {
             return self.advance_ahead();
         }
         loop {
@@ -528,6 +565,17 @@ impl<R: Read + Seek> RecordingReader<R> {
         Ok(())
     }
 
+    /// Reads on where the file ended, when it did not end properly (a recording
+    /// still being written): from the chunk that was incomplete then. `false`
+    /// when reading had not stopped there.
+    pub fn resume(&mut self) -> Result<bool, RecordError> {
+        let Completion::Truncated { offset } = self.completion else {
+            return Ok(false);
+        };
+        self.seek_to_chunk(offset, self.events_read)?;
+        Ok(true)
+    }
+
     /// Takes the whole string table and qualified names of the recording, read
     /// before (kept with its views), so the reader can start anywhere; the
     /// chunks that define them are then read again without adding to them.
@@ -541,10 +589,15 @@ impl<R: Read + Seek> RecordingReader<R> {
 }
 
 impl<R: Read> RecordingReader<R> {
+    /// The key of the file read, as it is now (a reader of a file).
+    pub fn file_key(&self) -> Option<FileKey> {
+        self.file.as_deref().and_then(|f| FileKey::of(f).ok())
+    }
+
     /// Whether a thread decodes the events ahead of this reader.
     #[cfg(test)]
     pub(super) fn reads_ahead(&self) -> bool {
-        self.file.is_some()
+        self.reads_ahead
     }
 
     /// Stops the thread reading ahead, if any, and drops what it read: reading
