@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers of hostile input with cargo fuzz (libFuzzer): the SDT argument
 # parser and evaluator, the ELF/SDT note reader, and the recording reader with the
-# report behind it. Each target runs for SECONDS (default 60), starting from the
-# seed corpus in fuzz/seeds/TARGET; what libFuzzer adds goes to fuzz/corpus/TARGET
+# report behind it. The targets run side by side for SECONDS (default 60), each
+# starting from the seed corpus in fuzz/seeds/TARGET; what libFuzzer adds goes to fuzz/corpus/TARGET
 # (git-ignored). A crash fails the script and leaves the input in fuzz/artifacts/.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
@@ -37,23 +37,33 @@ esac
 echo "== cargo fuzz build ${build[*]} (${targets[*]})"
 cargo fuzz build "${build[@]}"
 
+# The targets run side by side: each is one process, and a bounded run in CI then
+# takes SECONDS, not SECONDS per target.
+echo "== fuzzing ${targets[*]} for ${seconds}s, side by side"
+declare -A pids logs
 for t in "${targets[@]}"; do
-    echo "== fuzzing $t for ${seconds}s"
     mkdir -p "corpus/$t"
-    log=$(mktemp)
-    status=0
+    logs[$t]=$(mktemp)
     cargo fuzz run "${build[@]}" "$t" "corpus/$t" "seeds/$t" -- \
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-        -print_final_stats=1 >"$log" 2>&1 || status=$?
+        -print_final_stats=1 >"${logs[$t]}" 2>&1 &
+    pids[$t]=$!
+done
+failed=0
+for t in "${targets[@]}"; do
+    log=${logs[$t]}
+    status=0
+    wait "${pids[$t]}" || status=$?
     if [ "$status" -ne 0 ]; then
         grep -v "^\s*\[" "$log" | tail -n 60 | cut -c1-300
         echo "fuzz target $t FAILED (exit $status); the input is in fuzz/artifacts/$t/"
-        rm -f "$log"
-        exit 1
+        failed=1
+    else
+        execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+        speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+        cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
+        echo "$t: ${execs:-?} executions (${speed:-?}/s), ${cov:-cov: ?}, corpus $(ls "corpus/$t" | wc -l) inputs, no crash"
     fi
-    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-    speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
-    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
-    echo "$t: ${execs:-?} executions (${speed:-?}/s), ${cov:-cov: ?}, corpus $(ls "corpus/$t" | wc -l) inputs, no crash"
     rm -f "$log"
 done
+exit $failed

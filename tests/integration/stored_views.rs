@@ -121,7 +121,7 @@ fn kept_views_are_the_views_of_the_events_traced_and_sampled() {
             &["--mode", mode],
             &recording,
             "../demo.py",
-            &["--seconds", "1"],
+            &["--seconds", "0.5"],
         );
         assert_same_views(&recording, &format!("{mode} on {version}"));
     }
@@ -237,7 +237,7 @@ fn the_view_written_at_the_end_takes_the_first_pass_made_while_recording() {
             .arg("--")
             .arg(&py.launcher)
             .arg(repo().join("fixtures/demo.py"))
-            .args(["--seconds", "1"])
+            .args(["--seconds", "0.5"])
             .output()
             .unwrap();
         let said = String::from_utf8_lossy(&out.stderr);
