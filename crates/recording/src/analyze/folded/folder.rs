@@ -5,13 +5,17 @@ use rustc_hash::FxHashMap;
 use super::tree::{FoldCounts, FoldFrame, Folded, NodeId, StackTree};
 use crate::analyze::replay::{plan_events, Pairing, Replay, Step};
 use crate::analyze::states::{SampleFilter, SampleTally};
-use crate::recording::{Event, EventKind, Header};
+use crate::recording::{Event, EventKind, FrameRef, Header};
 
 #[derive(Default)]
 struct ThreadFold {
     /// The node of each frame on the replay's stack, bottom first.
     nodes: Vec<NodeId>,
     gc: Option<OpenGc>,
+    /// Per depth, the last call entered there: its parent node, function and
+    /// node. A loop calls the same function from the same frame again and again,
+    /// and finds its node here without a lookup in the tree.
+    last_entered: Vec<(NodeId, FrameRef, NodeId)>,
 }
 
 struct OpenGc {
@@ -213,16 +217,36 @@ impl Folder {
                 Step::Enter {
                     tid, code, depth, ..
                 } => {
-                    let base = self.base(tid, replay);
                     let t = self.threads.entry(tid).or_default();
                     t.nodes.truncate(depth);
-                    let parent = match &t.gc {
-                        Some(gc) if gc.depth == depth => gc.node,
-                        _ => t.nodes.last().copied().unwrap_or(base),
+                    let known = match &t.gc {
+                        Some(gc) if gc.depth == depth => Some(gc.node),
+                        _ => t.nodes.last().copied(),
                     };
-                    let node = self.tree.child(parent, FoldFrame::Python(code));
-                    self.threads.entry(tid).or_default().nodes.push(node);
-                    self.grow();
+                    // The thread's base only under its outermost frame: a lookup less a call.
+                    let parent = match known {
+                        Some(node) => node,
+                        None => self.base(tid, replay),
+                    };
+                    let Some(t) = self.threads.get_mut(&tid) else {
+                        continue;
+                    };
+                    let node = match t.last_entered.get(depth) {
+                        Some(&(p, c, node)) if p == parent && c == code => node,
+                        _ => {
+                            let node = self.tree.child(parent, FoldFrame::Python(code));
+                            self.grow();
+                            let t = self.threads.entry(tid).or_default();
+                            if t.last_entered.len() <= depth {
+                                t.last_entered.resize(depth + 1, (NodeId::MAX, code, 0));
+                            }
+                            t.last_entered[depth] = (parent, code, node);
+                            node
+                        }
+                    };
+                    if let Some(t) = self.threads.get_mut(&tid) {
+                        t.nodes.push(node);
+                    }
                 }
                 Step::Exit(e) => {
                     let Some(t) = self.threads.get_mut(&e.tid) else {
