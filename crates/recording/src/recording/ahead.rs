@@ -150,7 +150,8 @@ fn read_ahead(file: &File, mut offset: u64, pieces: &SyncSender<Piece>) {
 }
 
 /// Decodes the events chunk at `at` (its payload `chunk`, the next chunk at
-/// `next`) into pieces; `Err` when the reader is gone.
+/// `next`) into pieces; `Err` when reading stops here: the reader is gone, or
+/// a decoding error was handed on.
 fn decode_events(
     decoder: &mut EventDecoder,
     chunk: &[u8],

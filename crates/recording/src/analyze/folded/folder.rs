@@ -224,19 +224,17 @@ impl Folder {
                         _ => t.nodes.last().copied(),
                     };
                     // The thread's base only under its outermost frame: a lookup less a call.
-                    let parent = match known {
-                        Some(node) => node,
-                        None => self.base(tid, replay),
-                    };
-                    let Some(t) = self.threads.get_mut(&tid) else {
-                        continue;
+                    let (parent, t) = match known {
+                        Some(node) => (node, t),
+                        None => {
+                            let base = self.base(tid, replay);
+                            (base, self.threads.entry(tid).or_default())
+                        }
                     };
                     let node = match t.last_entered.get(depth) {
                         Some(&(p, c, node)) if p == parent && c == code => node,
                         _ => {
                             let node = self.tree.child(parent, FoldFrame::Python(code));
-                            self.grow();
-                            let t = self.threads.entry(tid).or_default();
                             if t.last_entered.len() <= depth {
                                 t.last_entered.resize(depth + 1, (NodeId::MAX, code, 0));
                             }
@@ -244,9 +242,8 @@ impl Folder {
                             node
                         }
                     };
-                    if let Some(t) = self.threads.get_mut(&tid) {
-                        t.nodes.push(node);
-                    }
+                    t.nodes.push(node);
+                    self.grow();
                 }
                 Step::Exit(e) => {
                     let Some(t) = self.threads.get_mut(&e.tid) else {
