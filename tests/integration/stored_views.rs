@@ -4,7 +4,7 @@
 //! rebuilt, while the recording is unchanged; and a recording replaced, or views
 //! damaged, are noticed and read from the events again.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use crate::support::*;
@@ -216,6 +216,21 @@ fn kept_views_of_a_replaced_recording_or_damaged_are_not_used() {
     assert_eq!(out.stdout, stored);
 }
 
+/// The flame graph `pyprobe flame` draws later from `recording` (views kept from
+/// `store_from` bytes), beside it as `later.svg`.
+fn flame_later(recording: &Path, store_from: Option<u64>) -> PathBuf {
+    let later = recording.with_file_name("later.svg");
+    let args = [
+        "flame".to_string(),
+        recording.display().to_string(),
+        "-o".into(),
+        later.display().to_string(),
+        "--force".into(),
+    ];
+    pyprobe_storing(store_from, &args);
+    later
+}
+
 /// `record -o run.svg` plans its recording while it is written: the flame graph
 /// it writes when the target exits takes that first pass instead of reading the
 /// events twice, and is the flame graph `flame` draws from the recording later,
@@ -254,15 +269,50 @@ fn the_view_written_at_the_end_takes_the_first_pass_made_while_recording() {
             dir.path()
                 .join(format!("run-{version}-{store_from}.pyprobe.views")),
         );
-        let later = dir.path().join("later.svg");
-        let args = [
-            "flame".to_string(),
-            recording.display().to_string(),
-            "-o".into(),
-            later.display().to_string(),
-            "--force".into(),
-        ];
-        pyprobe_storing(None, &args);
+        let later = flame_later(&recording, None);
+        assert!(
+            std::fs::read(&svg).unwrap() == std::fs::read(&later).unwrap(),
+            "{version}: the flame graph written at the end is not the one its events give"
+        );
+    }
+}
+
+/// A traced recording long enough (millions of events) for `record` to replay
+/// it while it is written: the views kept beside it when the target exits are
+/// the ones built on the way, and they are byte for byte the views a reading of
+/// the finished file builds, as is the flame graph drawn from them.
+#[test]
+fn the_views_kept_at_the_end_were_replayed_while_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    for version in ["3.13", "3.9"] {
+        let Some(py) = python(version) else { continue };
+        let svg = dir.path().join(format!("hot-{version}.svg"));
+        let out = pyprobe()
+            .env("PYPROBE_STORE_VIEWS_BYTES", "0")
+            .args(["record", "-v", "--mode", "trace", "-o"])
+            .arg(&svg)
+            .arg("--")
+            .arg(&py.launcher)
+            .arg(repo().join("fixtures/python/hot_loop.py"))
+            .arg("1.5")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{said}");
+        assert!(
+            said.contains("its replay was made while they were written too")
+                && said.contains("after the recording ended), and the view took it"),
+            "{version}: the views were not replayed while recording, or not taken: {said}"
+        );
+        let recording = dir.path().join(format!("hot-{version}.pyprobe"));
+        let kept = dir.path().join(format!("hot-{version}.pyprobe.views"));
+        let built_ahead = std::fs::read(&kept).expect("the views kept");
+        std::fs::remove_file(&kept).unwrap();
+        let later = flame_later(&recording, Some(0));
+        assert!(
+            std::fs::read(&kept).unwrap() == built_ahead,
+            "{version}: the views built while recording are not those of its events"
+        );
         assert!(
             std::fs::read(&svg).unwrap() == std::fs::read(&later).unwrap(),
             "{version}: the flame graph written at the end is not the one its events give"

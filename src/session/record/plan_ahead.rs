@@ -21,6 +21,7 @@ use pyprobe_recording::analyze::first_pass::{FirstPass, Planned};
 use pyprobe_recording::analyze::planned_ahead;
 use pyprobe_recording::analyze::SliceFilter;
 use pyprobe_recording::recording::{Completion, RecordingReader};
+use pyprobe_recording::stored::{ViewsAhead, ViewsOutcome};
 use pyprobe_sdt::tracer::signals::spawn_helper;
 
 /// How often the thread looks for what was written since.
@@ -34,10 +35,38 @@ fn no_filter() -> &'static SliceFilter {
     NONE.get_or_init(SliceFilter::default)
 }
 
-/// The pass as far as it went.
+/// The pass as far as it went, and the views made with it.
 struct Progress {
     reader: RecordingReader<BufReader<File>>,
     pass: FirstPass<'static>,
+    views: Option<ViewsAhead>,
+    /// The thread's CPU time.
+    cpu_ns: u64,
+}
+
+/// What the thread did before the view was written, for `-v`.
+pub(super) struct Ahead {
+    /// Events of the recording.
+    pub(super) events: u64,
+    /// Of those, the ones the first pass read after the recording ended.
+    pub(super) planned_late: u64,
+    /// What became of the views built meanwhile, if any were begun.
+    pub(super) views: Option<ViewsOutcome>,
+    /// CPU time spent on them: in the thread, and at the end.
+    pub(super) cpu_ns: u64,
+}
+
+/// The CPU time of the calling thread.
+fn thread_cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } != 0 {
+        return 0;
+    }
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// The planning thread of one recording.
@@ -69,12 +98,15 @@ impl PlanAhead {
     }
 
     /// The recording is finished (its end marker written): reads what is left
-    /// here and keeps the pass for the views of the file, if it read it whole;
-    /// returns the events it planned then, and how many of them it read here.
-    pub(super) fn finish(mut self) -> Option<(u64, u64)> {
+    /// here and keeps the pass, and the views if they are the file's, for the
+    /// views of the file, if it read it whole.
+    pub(super) fn finish(mut self) -> Option<Ahead> {
+        let started = thread_cpu_ns();
         let Progress {
             mut reader,
             mut pass,
+            views,
+            cpu_ns,
         } = self.stop()?;
         let ahead = reader.events_read();
         // Resumed where the thread met the file's end, then read to the end marker.
@@ -90,8 +122,15 @@ impl PlanAhead {
         let strings = reader.strings().to_vec();
         let qualnames = reader.qualnames().clone();
         let events = reader.events_read();
-        planned_ahead::remember(key, Planned { plan, census }, strings, qualnames);
-        Some((events, events - ahead))
+        let planned = Planned { plan, census };
+        let views = views.map(|v| v.finish(&planned));
+        planned_ahead::remember(key, planned, strings, qualnames);
+        Some(Ahead {
+            events,
+            planned_late: events - ahead,
+            views,
+            cpu_ns: cpu_ns + thread_cpu_ns().saturating_sub(started),
+        })
     }
 
     fn stop(&mut self) -> Option<Progress> {
@@ -122,6 +161,9 @@ fn plan_while_written(partial: &std::path::Path, finished: &AtomicBool) -> Optio
         std::thread::park_timeout(POLL);
     };
     let mut pass = FirstPass::new(reader.header(), no_filter());
+    let mut views: Option<ViewsAhead> = None;
+    // Once the views cannot be the recording's, they are not begun again.
+    let mut views_refuted = false;
     loop {
         if !read_available(&mut reader, &mut pass, Some(finished)) {
             return None;
@@ -135,12 +177,30 @@ fn plan_while_written(partial: &std::path::Path, finished: &AtomicBool) -> Optio
         if finished.load(Ordering::Acquire) {
             break;
         }
+        let planned = reader.events_read();
+        if views.is_none() && !views_refuted {
+            views = ViewsAhead::start(partial, &pass, planned);
+        }
+        if let Some(v) = views.as_mut() {
+            if !v.advance(&pass, planned, finished) {
+                views = None;
+                views_refuted = true;
+            }
+        }
+        if finished.load(Ordering::Acquire) {
+            break;
+        }
         std::thread::park_timeout(POLL);
         if !reader.resume().is_ok_and(|resumed| resumed) {
             return None;
         }
     }
-    Some(Progress { reader, pass })
+    Some(Progress {
+        reader,
+        pass,
+        views,
+        cpu_ns: thread_cpu_ns(),
+    })
 }
 
 /// Reads every event there is into `pass`, or until `finished` is set (looked

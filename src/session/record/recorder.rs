@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use pyprobe_cpython::python::probe_catalog::{ProbeGroup, ProbeKind};
 use pyprobe_recording::output::file::partial_path;
 use pyprobe_recording::recording::{EventKind, Header, ThinLevel};
+use pyprobe_recording::stored::ViewsOutcome;
 use pyprobe_sdt::process::status::cmdline;
 use pyprobe_sdt::tracer::signals::{monotonic_ns, StopReason};
 use pyprobe_sdt::tracer::{Engine, Hit, Outcome, TraceEvent};
@@ -22,7 +23,7 @@ use super::lines::{
     armed_line, budget_line, gone_frames_line, missed_ticks_line, refusal_lines, StartLine,
 };
 use super::periods::Periods;
-use super::plan_ahead::PlanAhead;
+use super::plan_ahead::{self, PlanAhead};
 use super::request::Target;
 use super::resolver::{needs_context_stacks, samples_used, Chosen, MeaningCache, Mode};
 use super::return_types::write_return_types;
@@ -584,24 +585,33 @@ impl<'a> Recorder<'a> {
             }
         }
         if request.verbose {
-            if let Some(line) = own_cpu_line(events) {
+            let view_ns = planned_ahead.as_ref().map_or(0, |a| a.cpu_ns);
+            if let Some(line) = own_cpu_line(events, view_ns) {
                 eprintln!("pyprobe: {line}");
             }
         }
         if settings.view.is_some() {
             let taken_before = pyprobe_recording::analyze::planned_ahead::times_taken();
+            let views_taken_before = pyprobe_recording::stored::ahead::times_taken();
             let written = write_view(&recording_path, &output, &settings);
-            if let (Some((events, late)), true) = (planned_ahead, request.verbose) {
+            if let (Some(ahead), true) = (planned_ahead, request.verbose) {
                 let taken = pyprobe_recording::analyze::planned_ahead::times_taken();
+                let views_taken = pyprobe_recording::stored::ahead::times_taken();
+                let views_taken = views_taken > views_taken_before;
                 eprintln!(
-                    "pyprobe: the view's first pass over the {events} events was made while \
-                     they were written ({late} of them read after the recording ended){}",
-                    if taken > taken_before {
-                        ", and the view took it"
-                    } else {
-                        ", but the view did not take it"
+                    "pyprobe: the view's first pass over the {} events was made while \
+                     they were written ({} of them read after the recording ended){}",
+                    ahead.events,
+                    ahead.planned_late,
+                    match (taken > taken_before, views_taken) {
+                        (true, _) => ", and the view took it",
+                        (false, true) => "",
+                        (false, false) => ", but the view did not take it",
                     }
                 );
+                if let Some(line) = views_ahead_line(&ahead, views_taken) {
+                    eprintln!("pyprobe: {line}");
+                }
             }
             match written {
                 // The flame graph was pyprobe's choice, not the user's: the
@@ -616,6 +626,29 @@ impl<'a> Recorder<'a> {
         }
         Ok(exit_code(outcome, launched, pid))
     }
+}
+
+/// What became of the views replayed while the recording was written, for `-v`.
+fn views_ahead_line(ahead: &plan_ahead::Ahead, taken: bool) -> Option<String> {
+    let said = match ahead.views.as_ref()? {
+        ViewsOutcome::Kept { late } => format!(
+            "its replay was made while they were written too ({late} events replayed after \
+             the recording ended){}",
+            if taken {
+                ", and the view took it"
+            } else {
+                ", but the view did not take it"
+            }
+        ),
+        ViewsOutcome::Refuted => "its replay made while they were written was dropped: the plan \
+                             of the whole recording answered otherwise than the plans made \
+                             on the way"
+            .into(),
+        ViewsOutcome::Unread => "its replay made while they were written was dropped: the \
+                            recording could not be read to its end"
+            .into(),
+    };
+    Some(said)
 }
 
 /// The view `-o` named, beside which the recording stays, so other views can be
@@ -679,17 +712,28 @@ fn wait_for_child(pid: i32) -> i32 {
 
 /// What pyprobe's own threads took of the machine while recording (`-v`): its
 /// CPU time, and per event written. The target's is not in it.
-fn own_cpu_line(events: u64) -> Option<String> {
+/// pyprobe's CPU time for the recording, `view_ns` of it (the view's passes made
+/// while the events were written, at low priority) told apart.
+fn own_cpu_line(events: u64, view_ns: u64) -> Option<String> {
     use nix::sys::resource::{getrusage, UsageWho};
     let usage = getrusage(UsageWho::RUSAGE_SELF).ok()?;
     let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
-    let cpu_ns = (micros(usage.user_time()) + micros(usage.system_time())) * 1000;
+    let all_ns = (micros(usage.user_time()) + micros(usage.system_time())) * 1000;
+    let cpu_ns = all_ns.saturating_sub(view_ns);
     let per_event = match events {
         0 => String::new(),
         n => format!(", {} ns per event written", cpu_ns / n),
     };
+    let view = match view_ns {
+        0 => String::new(),
+        n => format!(
+            "; {:.2} s more making the view's passes while the events were written, at low \
+             priority",
+            n as f64 / 1e9
+        ),
+    };
     Some(format!(
-        "pyprobe itself used {:.2} s of CPU (attach and recording, all its threads){per_event}",
+        "pyprobe itself used {:.2} s of CPU (attach and recording, all its threads){per_event}{view}",
         cpu_ns as f64 / 1e9
     ))
 }

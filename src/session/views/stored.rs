@@ -99,9 +99,25 @@ fn views_of(file: &Path, notes: Notes) -> Result<Option<StoredViews>> {
         return Ok(None);
     }
     let kept = stored::path_for(file);
-    match stored::load(file) {
+    let lookup = match stored::load(file) {
         Lookup::Fresh(views) => return Ok(Some(*views)),
-        Lookup::Missing => say(format!(
+        other => other,
+    };
+    if let Some((views, completion)) = stored::ahead::take(file) {
+        // Built while the recording was written (`record`).
+        match stored::save(file, before, completion, &views) {
+            Ok((path, _)) => say(format!(
+                "pyprobe: what every view of {} needs was built while it was written: kept in \
+                 {}, and its next report, flame graph or top opens at once",
+                file.display(),
+                path.display()
+            )),
+            Err(e) => say(cannot_keep(file, &e)),
+        }
+        return Ok(Some(views));
+    }
+    match lookup {
+        Lookup::Fresh(_) | Lookup::Missing => say(format!(
             "pyprobe: reading the {} MB of {} once for every view: what they need is kept in \
              {}, and its next report, flame graph or top opens at once",
             before.bytes() / 1_000_000,
@@ -143,17 +159,23 @@ fn views_of(file: &Path, notes: Notes) -> Result<Option<StoredViews>> {
         bar.finish_and_clear();
     }
     let views = views?;
-    match stored::save(file, before, &reader, &views) {
-        Ok(_) => {}
-        Err(SaveError::Unfinished) => say(format!(
+    if let Err(e) = stored::save(file, before, reader.completion(), &views) {
+        say(cannot_keep(file, &e));
+    }
+    Ok(Some(views))
+}
+
+/// Why the views of `file` are not kept.
+fn cannot_keep(file: &Path, e: &SaveError) -> String {
+    match e {
+        SaveError::Unfinished => format!(
             "pyprobe: note: {} has no end marker (cut short, or still being written): its \
              views are not kept",
             file.display()
-        )),
-        Err(e) => say(format!(
+        ),
+        e => format!(
             "pyprobe: note: cannot keep the views beside {} ({e}): each view reads every event",
             file.display()
-        )),
+        ),
     }
-    Ok(Some(views))
 }

@@ -239,6 +239,15 @@ impl<'a> FirstPass<'a> {
         self.counter.push(event, strings);
     }
 
+    /// The plan of the events pushed so far, for a replay made while the
+    /// recording is written; `None` while it cannot be the whole recording's
+    /// yet (a process's cost per event not settled).
+    pub fn provisional_plan(&self) -> Option<Plan> {
+        self.planner
+            .costs_settled()
+            .then(|| self.planner.provisional())
+    }
+
     /// The plan and census of every event pushed.
     pub fn finish(self) -> (Plan, Census) {
         (self.planner.finish(), self.counter.finish())

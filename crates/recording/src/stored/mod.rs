@@ -16,19 +16,25 @@ use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
 
-use crate::analyze::aggregate::Aggregator;
 use crate::analyze::checkpoints::{CheckpointBuilder, Checkpoints};
-use crate::analyze::folded::{Folded, Folder};
+use crate::analyze::folded::Folded;
 use crate::analyze::line_counts::LineCounts;
-use crate::analyze::recording::replay_planned;
-use crate::analyze::report::finish_report;
-use crate::analyze::{Report, SampleFilter, SliceFilter};
+use crate::analyze::replay::Replay;
+use crate::analyze::{Report, SliceFilter};
 use crate::output::flame::ViewInfo;
 use crate::output::{plan_recording_reporting, Planned, PROGRESS_EVENTS};
 use crate::recording::{Completion, RecordError, RecordingReader};
 
+pub mod ahead;
+mod building;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_while_written;
+mod while_written;
+
+pub use building::ViewsBuilder;
+pub use while_written::{ViewsAhead, ViewsOutcome};
 
 /// Added to the recording's file name.
 pub const SUFFIX: &str = ".views";
@@ -130,12 +136,8 @@ impl StoredViews {
     fn build_checkpointed<R: Read + Seek>(
         reader: &mut RecordingReader<R>,
         progress: &mut dyn FnMut(u32, u64),
-        mut checkpoints: CheckpointBuilder,
+        checkpoints: CheckpointBuilder,
     ) -> Result<StoredViews, RecordError> {
-        let filter = SampleFilter::default();
-        let mut agg = Aggregator::with_filter(reader.header(), filter);
-        let mut folder = Folder::for_recording(reader.header(), filter).by_thread();
-        let mut lines = LineCounts::for_recording(reader.header(), filter);
         let (plan, census) =
             plan_recording_reporting(reader, &SliceFilter::default(), &mut |read| {
                 progress(0, read)
@@ -144,30 +146,15 @@ impl StoredViews {
             plan: plan.clone(),
             census,
         };
-        let mut events = 0u64;
-        let replay = replay_planned(reader, plan, |reader, event, ts, steps, replay| {
-            checkpoints.push(reader, event, ts, steps, replay);
-            events += 1;
-            if events % PROGRESS_EVENTS == 0 {
+        let header = reader.header().clone();
+        let mut views = ViewsBuilder::new(&header, Replay::new(&header, plan), checkpoints);
+        while let Some(event) = reader.next_event() {
+            views.push(reader, &event?);
+            if views.events() % PROGRESS_EVENTS == 0 {
                 progress(1, reader.bytes_read());
             }
-            agg.push(event, ts, steps, replay);
-            folder.push(event, ts, steps, replay);
-            lines.push(&event.kind);
-            Ok::<(), RecordError>(())
-        })?;
-        let info = ViewInfo::of(reader);
-        let stacks = folder.finish(replay.clone(), info.end_ns);
-        let report = finish_report(agg, replay, reader);
-        Ok(StoredViews {
-            strings: reader.strings().to_vec(),
-            info,
-            stacks,
-            report,
-            lines,
-            planned,
-            checkpoints: checkpoints.finish(),
-        })
+        }
+        Ok(views.finish(reader, planned))
     }
 
     /// The stacks of every thread merged, as a flame graph shows them.
@@ -282,17 +269,17 @@ pub enum SaveError {
     Encode(#[from] postcard::Error),
 }
 
-/// Keeps `views`, read from `reader` (read to the end), beside the recording at
-/// `recording`, which was in state `before` when `reader` opened it; returns
-/// where, and how many bytes. Written whole or not at all (a temporary file
-/// renamed), and only if the recording is as it was.
-pub fn save<R: Read>(
+/// Keeps `views`, read from a reader of the recording at `recording` that ended
+/// with `completion`, beside it; the recording was in state `before` when the
+/// reader opened it. Returns where, and how many bytes. Written whole or not at
+/// all (a temporary file renamed), and only if the recording is as it was.
+pub fn save(
     recording: &Path,
     before: FileState,
-    reader: &RecordingReader<R>,
+    completion: Completion,
     views: &StoredViews,
 ) -> Result<(PathBuf, u64), SaveError> {
-    let Completion::Complete(t) = reader.completion() else {
+    let Completion::Complete(t) = completion else {
         return Err(SaveError::Unfinished);
     };
     let identity = Identity::new(before, (t.end_ns, t.lost_events, t.events));

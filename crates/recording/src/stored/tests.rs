@@ -5,6 +5,7 @@ use std::path::Path;
 use super::*;
 use crate::analyze::folded::{FoldFrame, Measure};
 use crate::analyze::line_counts::count_lines;
+use crate::analyze::SampleFilter;
 use crate::output::flame::{read_folded_by_thread, read_folded_filtered, FrameGrain};
 use crate::output::report::build_report;
 use crate::recording::{
@@ -187,7 +188,7 @@ fn saved_views_load_while_the_recording_is_unchanged() {
     let before = FileState::of(&path).unwrap();
     let mut reader = RecordingReader::open(&path).unwrap();
     let views = StoredViews::build(&mut reader).unwrap();
-    let (kept, bytes) = save(&path, before, &reader, &views).unwrap();
+    let (kept, bytes) = save(&path, before, reader.completion(), &views).unwrap();
     assert_eq!(kept, path_for(&path));
     assert_eq!(fs::metadata(&kept).unwrap().len(), bytes);
 
@@ -214,7 +215,7 @@ fn recording_with_views(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) 
     let before = FileState::of(&path).unwrap();
     let mut reader = RecordingReader::open(&path).unwrap();
     let views = StoredViews::build(&mut reader).unwrap();
-    let (kept, _) = save(&path, before, &reader, &views).unwrap();
+    let (kept, _) = save(&path, before, reader.completion(), &views).unwrap();
     (path, kept)
 }
 

@@ -15,6 +15,12 @@
 //! percentile at most three quarters of the median): gaps mostly as short as the
 //! shortest are work of one size, and then nothing is subtracted.
 //!
+//! The percentile is taken over a process's first [`SETTLED_GAPS`] gaps: many
+//! more than it needs, and then it is known early, so a recording can be
+//! replayed as it is written (the replay needs the cost from the first event),
+//! and a view of part of a long recording times its events as a view of the
+//! whole does.
+//!
 //! The true cost is often higher (the hook's cache misses, the interpreter's
 //! own dispatch slowed by them), so this is a floor: what is left in the times
 //! is tracing's cost beyond it.
@@ -27,11 +33,15 @@ const BUCKETS: usize = 4096;
 pub(super) const MIN_GAPS: u64 = 1000;
 /// The share of a process's gaps at or below its cost per event.
 const FLOOR_PER_MILLE: u64 = 10;
+/// The gaps of a process its cost is measured on: its first.
+pub(super) const SETTLED_GAPS: u64 = 1 << 21;
 
 /// Gaps of one process, by length in nanoseconds.
+#[derive(Clone)]
 struct Gaps {
     counts: Vec<u64>,
     longer: u64,
+    total: u64,
 }
 
 impl Gaps {
@@ -39,10 +49,15 @@ impl Gaps {
         Gaps {
             counts: vec![0; BUCKETS],
             longer: 0,
+            total: 0,
         }
     }
 
     fn add(&mut self, gap_ns: u64) {
+        if self.total >= SETTLED_GAPS {
+            return;
+        }
+        self.total += 1;
         match self.counts.get_mut(gap_ns as usize) {
             Some(n) => *n += 1,
             None => self.longer += 1,
@@ -55,7 +70,7 @@ impl Gaps {
     /// tracing's cost beside almost no work but work of one size (or a
     /// recording made by hand), and nothing is subtracted.
     fn floor(&self) -> Option<u64> {
-        let total = self.counts.iter().sum::<u64>() + self.longer;
+        let total = self.total;
         if total < MIN_GAPS {
             return None;
         }
@@ -83,7 +98,7 @@ impl Gaps {
 }
 
 /// Follows each thread's call and return events through the first pass.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct CostMeter {
     /// Per thread: its last call or return in this segment.
     last: FxHashMap<u32, u64>,
@@ -102,6 +117,11 @@ impl CostMeter {
                     .add(ts - last);
             }
         }
+    }
+
+    /// Whether process `pid`'s cost is known for good: its gaps measured.
+    pub(super) fn settled(&self, pid: u32) -> bool {
+        self.gaps.get(&pid).is_some_and(|g| g.total >= SETTLED_GAPS)
     }
 
     /// Events were lost or not traced here: no gap spans it.
@@ -181,6 +201,26 @@ mod tests {
             ts += if i < 400 { 100 } else { 140 };
         }
         assert_eq!(m.finish().get(&1), Some(&100));
+    }
+
+    #[test]
+    fn the_cost_is_measured_on_a_process_first_gaps() {
+        let mut m = CostMeter::default();
+        let mut ts = 0;
+        // The first gaps: one in a hundred of 40 ns, the others of 300.
+        for i in 0..SETTLED_GAPS {
+            m.event(1, 1, ts);
+            ts += if i % 100 == 0 { 40 } else { 300 };
+        }
+        assert!(!m.settled(1));
+        m.event(1, 1, ts);
+        assert!(m.settled(1) && !m.settled(2));
+        // Later gaps, however short, change nothing.
+        for _ in 0..100_000 {
+            ts += 5;
+            m.event(1, 1, ts);
+        }
+        assert_eq!(m.finish().get(&1), Some(&40));
     }
 
     #[test]

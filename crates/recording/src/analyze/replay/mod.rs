@@ -36,6 +36,7 @@
 //! Memory is bounded by the distinct functions and lines, the threads, the stack
 //! depth cap, and the generator creations (one integer each).
 
+mod answers;
 mod cost;
 mod plan;
 mod rebuild;

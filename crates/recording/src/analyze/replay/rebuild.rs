@@ -3,6 +3,7 @@
 
 use rustc_hash::FxHashMap;
 
+use super::answers::Answers;
 use super::plan::Plan;
 use super::steps::{
     EndKind, Exit, Name, Pairing, ReplayCounters, Step, ThreadTime, MAX_DEPTH, NO_LINE,
@@ -102,6 +103,46 @@ impl Replay {
         self.created = false;
     }
 
+    /// Replays a recording still being written with `plan`, made from its
+    /// events so far: every answer the plan gives is kept, to be checked by
+    /// [`settle`](Self::settle).
+    pub(crate) fn provisional(header: &Header, mut plan: Plan) -> Self {
+        plan.keep_answers(Answers::default());
+        Replay::new(header, plan)
+    }
+
+    /// Goes on with `plan`, a provisional plan made from more events, keeping
+    /// the answers given so far. Returns `false` when a question has already been
+    /// answered two ways: the replay can no longer be the recording's.
+    pub(crate) fn replan(&mut self, mut plan: Plan) -> bool {
+        let answers = self.plan.take_answers().unwrap_or_default();
+        let consistent = !answers.contradicted();
+        plan.keep_answers(answers);
+        self.plan = plan;
+        consistent
+    }
+
+    /// Whether a question was answered two ways by the provisional plans.
+    pub(crate) fn contradicted(&self) -> bool {
+        self.plan.answers_contradicted()
+    }
+
+    /// Goes on with `plan`, the plan of the whole recording, if every answer the
+    /// provisional plans gave is its answer: then this replay is exactly the one
+    /// `plan` would have made. Returns `false` (and changes nothing) otherwise.
+    pub(crate) fn settle(&mut self, plan: Plan) -> bool {
+        let Some(answers) = self.plan.take_answers() else {
+            self.plan = plan;
+            return true;
+        };
+        if !answers.hold_for(&plan) {
+            self.plan.keep_answers(answers);
+            return false;
+        }
+        self.plan = plan;
+        true
+    }
+
     /// Whether the event just pushed was an entry at a generator's or
     /// coroutine's creation (CPython 3.15), left out of the stacks.
     pub(crate) fn just_created(&self) -> bool {
@@ -127,7 +168,7 @@ impl Replay {
     /// Whether the recording holds more than its own process (known from the
     /// first pass, so from the first event on).
     pub(crate) fn several_processes(&self) -> bool {
-        self.plan.processes.several()
+        self.plan.several_processes()
     }
 
     /// The plan it replays.
@@ -179,7 +220,7 @@ impl Replay {
         let tid = event.tid;
         self.created = false;
         self.processes.push(event);
-        let returns_only = self.plan.pairing == Pairing::ReturnsOnly;
+        let returns_only = self.plan.pairing() == Pairing::ReturnsOnly;
         let t = self.threads.entry(tid).or_default();
         if matches!(
             event.kind,
@@ -362,18 +403,14 @@ impl Replay {
             return;
         }
         t.seeded = Some(segment);
-        let Some(seeds) = self.plan.seeds.get(&(tid, segment)) else {
+        let Some(seeds) = self.plan.seeds_of(tid, segment) else {
             return;
         };
         // Frames running when tracing began count from then: the thread's start
         // if it began later, else its process's first traced call or return (the
         // recording begins before the engine is installed, its target often
         // stopped meanwhile).
-        let traced_from = self
-            .plan
-            .traced_from
-            .get(&self.processes.pid_of(tid))
-            .copied();
+        let traced_from = self.plan.traced_from(self.processes.pid_of(tid));
         let start = match segment {
             0 => match (t.started, traced_from) {
                 (Some(started), _) => started.min(ts),
@@ -383,9 +420,7 @@ impl Replay {
             },
             s => self
                 .plan
-                .segment_starts
-                .get(s as usize - 1)
-                .copied()
+                .segment_start(s as usize - 1)
                 .unwrap_or(ts)
                 .min(ts),
         };

@@ -1,0 +1,44 @@
+//! Views built before they are asked for. `pyprobe record` replays its
+//! recording while it is written, so the views it writes when the target exits
+//! need not read every event again. What it built is kept here for that file as
+//! it was then; the first view of the file, while it is still that, takes it.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use super::StoredViews;
+use crate::recording::{Completion, FileKey};
+
+/// At most one file's: the recording this process wrote last.
+static AHEAD: Mutex<Option<(FileKey, Box<StoredViews>, Completion)>> = Mutex::new(None);
+/// Times a view took them.
+static TAKEN: AtomicU64 = AtomicU64::new(0);
+
+/// Keeps `views`, the views of every event of the file whose key is `key`, read
+/// by a reader that ended with `completion`.
+pub fn remember(key: FileKey, views: StoredViews, completion: Completion) {
+    if let Ok(mut ahead) = AHEAD.lock() {
+        *ahead = Some((key, Box::new(views), completion));
+    }
+}
+
+/// The views of the recording at `path`, and how their reader ended, when they
+/// were built before and the file is as it was then; taken (asked again, they
+/// are not there).
+pub fn take(path: &Path) -> Option<(StoredViews, Completion)> {
+    let key = FileKey::of(&File::open(path).ok()?).ok()?;
+    let mut ahead = AHEAD.lock().ok()?;
+    if ahead.as_ref().is_none_or(|(k, _, _)| *k != key) {
+        return None;
+    }
+    let (_, views, completion) = ahead.take()?;
+    TAKEN.fetch_add(1, Ordering::Relaxed);
+    Some((*views, completion))
+}
+
+/// How many times a view took views built before instead of building them.
+pub fn times_taken() -> u64 {
+    TAKEN.load(Ordering::Relaxed)
+}
