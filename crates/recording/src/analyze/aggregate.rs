@@ -343,7 +343,7 @@ impl Aggregator {
                     return;
                 }
                 let codes: Vec<FrameRef> = frames.iter().map(|w| replay.walked_code(w)).collect();
-                let weight = replay.plan().sample_weight(tid, self.sample_interval_ns);
+                let weight = replay.sample_weight(tid, self.sample_interval_ns);
                 self.samples.record(&codes, weight);
                 if let Some(p) = self.processes.get_mut(&pid) {
                     p.samples.record(&codes, weight);

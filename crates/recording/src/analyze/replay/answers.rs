@@ -6,9 +6,9 @@
 //! that once the recording is finished; a question answered two ways on the way
 //! (two provisional plans disagreeing) settles it at once.
 
+use std::cell::RefCell;
 use std::collections::hash_map::Entry;
 use std::hash::Hash;
-use std::sync::Mutex;
 
 use rustc_hash::FxHashMap;
 
@@ -86,11 +86,11 @@ fn note_once<V: PartialEq>(kept: &mut Option<V>, answer: V, contradicted: &mut b
 }
 
 impl Answers {
-    pub(super) fn entry_code(&mut self, asked: FrameRef, answer: FrameRef) {
+    fn entry_code(&mut self, asked: FrameRef, answer: FrameRef) {
         note(&mut self.entry_codes, asked, answer, &mut self.contradicted);
     }
 
-    pub(super) fn return_code(&mut self, asked: (FrameRef, u32), answer: FrameRef) {
+    fn return_code(&mut self, asked: (FrameRef, u32), answer: FrameRef) {
         note(
             &mut self.return_codes,
             asked,
@@ -99,20 +99,20 @@ impl Answers {
         );
     }
 
-    pub(super) fn walked_code(&mut self, asked: &WalkedFrame, answer: FrameRef) {
+    fn walked_code(&mut self, asked: &WalkedFrame, answer: FrameRef) {
         let key = (asked.code, asked.line);
         note(&mut self.walked_codes, key, answer, &mut self.contradicted);
     }
 
-    pub(super) fn shim(&mut self, asked: FrameRef, answer: bool) {
+    fn shim(&mut self, asked: FrameRef, answer: bool) {
         note(&mut self.shims, asked, answer, &mut self.contradicted);
     }
 
-    pub(super) fn event_cost(&mut self, pid: u32, answer: u64) {
+    fn event_cost(&mut self, pid: u32, answer: u64) {
         note(&mut self.event_costs, pid, answer, &mut self.contradicted);
     }
 
-    pub(super) fn sample_weight(&mut self, asked: (u32, u64), answer: u64) {
+    fn sample_weight(&mut self, asked: (u32, u64), answer: u64) {
         note(
             &mut self.sample_weights,
             asked,
@@ -121,16 +121,16 @@ impl Answers {
         );
     }
 
-    pub(super) fn seeds(&mut self, asked: (u32, u32), answer: Option<&Vec<(FrameRef, u32)>>) {
+    fn seeds(&mut self, asked: (u32, u32), answer: Option<&Vec<(FrameRef, u32)>>) {
         let answer = answer.cloned();
         note(&mut self.seeds, asked, answer, &mut self.contradicted);
     }
 
-    pub(super) fn traced_from(&mut self, pid: u32, answer: Option<u64>) {
+    fn traced_from(&mut self, pid: u32, answer: Option<u64>) {
         note(&mut self.traced_from, pid, answer, &mut self.contradicted);
     }
 
-    pub(super) fn segment_start(&mut self, index: usize, answer: Option<u64>) {
+    fn segment_start(&mut self, index: usize, answer: Option<u64>) {
         note(
             &mut self.segment_starts,
             index,
@@ -139,33 +139,28 @@ impl Answers {
         );
     }
 
-    pub(super) fn pairing(&mut self, answer: Pairing) {
+    fn pairing(&mut self, answer: Pairing) {
         note_once(&mut self.pairing, answer, &mut self.contradicted);
     }
 
-    pub(super) fn several_processes(&mut self, answer: bool) {
+    fn several_processes(&mut self, answer: bool) {
         note_once(&mut self.several_processes, answer, &mut self.contradicted);
     }
 
-    pub(super) fn creation(&mut self, tid: u32, index: u64, answer: bool) {
+    fn creation(&mut self, tid: u32, index: u64, answer: bool) {
         let list = self.creations.entry(tid).or_default();
         list.note(index, answer.then_some(0));
     }
 
-    pub(super) fn entry_first(&mut self, tid: u32, index: u64, answer: Option<u32>) {
+    fn entry_first(&mut self, tid: u32, index: u64, answer: Option<u32>) {
         self.entry_firsts
             .entry(tid)
             .or_default()
             .note(index, answer);
     }
 
-    /// Whether a question was answered two ways.
-    pub(super) fn contradicted(&self) -> bool {
-        self.contradicted
-    }
-
     /// Whether `plan` (with no answers kept of its own) gives every answer kept.
-    pub(super) fn hold_for(&self, plan: &Plan) -> bool {
+    fn hold_for(&self, plan: &Plan) -> bool {
         if self.contradicted {
             return false;
         }
@@ -219,37 +214,139 @@ impl Answers {
     }
 }
 
-/// The answers a provisional plan keeps (none for a plan of a whole recording).
-/// Behind a lock because a plan is shared between threads, though only the one
-/// replaying asks it questions.
-#[derive(Debug, Default)]
-pub(super) struct KeptAnswers(Option<Box<Mutex<Answers>>>);
-
-impl KeptAnswers {
-    pub(super) fn new(answers: Answers) -> Self {
-        KeptAnswers(Some(Box::new(Mutex::new(answers))))
-    }
-
-    pub(super) fn take(&mut self) -> Option<Answers> {
-        let kept = self.0.take()?;
-        Some(kept.into_inner().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Calls `note` with the answers, when they are kept.
-    #[inline]
-    pub(super) fn note(&self, note: impl FnOnce(&mut Answers)) {
-        if let Some(kept) = &self.0 {
-            note(&mut kept.lock().unwrap_or_else(|e| e.into_inner()));
-        }
-    }
+/// A replay's plan, and, while it is provisional, the answers it gave: every
+/// question the replay asks its plan goes through here.
+#[derive(Clone, Default)]
+pub(super) struct AskedPlan {
+    plan: Plan,
+    /// `None` for the plan of a whole recording. A `RefCell` since views ask
+    /// through a shared replay; one thread asks.
+    answers: Option<Box<RefCell<Answers>>>,
 }
 
-impl Clone for KeptAnswers {
-    fn clone(&self) -> Self {
-        let copy = self.0.as_ref().map(|kept| {
-            let answers = kept.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            Box::new(Mutex::new(answers))
-        });
-        KeptAnswers(copy)
+impl AskedPlan {
+    /// The plan of a whole recording.
+    pub(super) fn whole(plan: Plan) -> Self {
+        AskedPlan {
+            plan,
+            answers: None,
+        }
+    }
+
+    /// A provisional plan, which keeps its answers.
+    pub(super) fn provisional(plan: Plan) -> Self {
+        let mut asked = AskedPlan::whole(plan);
+        asked.keep(Answers::default());
+        asked
+    }
+
+    /// Keeps `answers` and the answers every question of the replay gets from
+    /// this plan alike (asked at every event, they are noted once here).
+    fn keep(&mut self, mut answers: Answers) {
+        answers.pairing(self.plan.pairing());
+        answers.several_processes(self.plan.several_processes());
+        self.answers = Some(Box::new(RefCell::new(answers)));
+    }
+
+    fn take_answers(&mut self) -> Option<Answers> {
+        self.answers.take().map(|a| a.into_inner())
+    }
+
+    pub(super) fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Goes on with `plan`, a provisional plan of more events; `false` when a
+    /// question was already answered two ways.
+    pub(super) fn replan(&mut self, plan: Plan) -> bool {
+        let answers = self.take_answers().unwrap_or_default();
+        self.plan = plan;
+        self.keep(answers);
+        !self.contradicted()
+    }
+
+    /// Goes on with `plan`, the whole recording's, if it gives every answer
+    /// kept; `false` (and nothing changes) otherwise.
+    pub(super) fn settle(&mut self, plan: Plan) -> bool {
+        if let Some(answers) = self.take_answers() {
+            if !answers.hold_for(&plan) {
+                self.answers = Some(Box::new(RefCell::new(answers)));
+                return false;
+            }
+        }
+        *self = AskedPlan::whole(plan);
+        true
+    }
+
+    pub(super) fn contradicted(&self) -> bool {
+        self.answers
+            .as_ref()
+            .is_some_and(|a| a.try_borrow().map_or(true, |a| a.contradicted))
+    }
+
+    #[inline]
+    fn noted<T>(&self, answer: T, note: impl FnOnce(&mut Answers, &T)) -> T {
+        if let Some(kept) = &self.answers {
+            if let Ok(mut kept) = kept.try_borrow_mut() {
+                note(&mut kept, &answer);
+            }
+        }
+        answer
+    }
+
+    pub(super) fn event_cost(&self, pid: u32) -> u64 {
+        self.noted(self.plan.event_cost(pid), |a, &c| a.event_cost(pid, c))
+    }
+
+    pub(super) fn is_creation(&self, tid: u32, index: u64, cursor: &mut usize) -> bool {
+        let created = self.plan.is_creation(tid, index, cursor);
+        self.noted(created, |a, &c| a.creation(tid, index, c))
+    }
+
+    pub(super) fn entry_first(&self, tid: u32, index: u64, cursor: &mut usize) -> Option<u32> {
+        let first = self.plan.entry_first(tid, index, cursor);
+        self.noted(first, |a, &f| a.entry_first(tid, index, f))
+    }
+
+    pub(super) fn entry_code(&self, f: &FrameRef) -> FrameRef {
+        self.noted(self.plan.entry_code(f), |a, &c| a.entry_code(*f, c))
+    }
+
+    pub(super) fn return_code(&self, f: &FrameRef, first_line: u32) -> FrameRef {
+        let code = self.plan.return_code(f, first_line);
+        self.noted(code, |a, &c| a.return_code((*f, first_line), c))
+    }
+
+    pub(super) fn walked_code(&self, w: &WalkedFrame) -> FrameRef {
+        if w.code.line != 0 {
+            // The code object's own first line: nothing is asked of the plan.
+            return w.code;
+        }
+        self.noted(self.plan.walked_code(w), |a, &c| a.walked_code(w, c))
+    }
+
+    pub(super) fn is_shim(&self, f: &FrameRef) -> bool {
+        self.noted(self.plan.is_shim(f), |a, &s| a.shim(*f, s))
+    }
+
+    pub(super) fn sample_weight(&self, tid: u32, nominal: u64) -> u64 {
+        let weight = self.plan.sample_weight(tid, nominal);
+        self.noted(weight, |a, &w| a.sample_weight((tid, nominal), w))
+    }
+
+    pub(super) fn seeds_of(&self, tid: u32, segment: u32) -> Option<&Vec<(FrameRef, u32)>> {
+        self.noted(self.plan.seeds_of(tid, segment), |a, s| {
+            a.seeds((tid, segment), *s)
+        })
+    }
+
+    pub(super) fn traced_from(&self, pid: u32) -> Option<u64> {
+        self.noted(self.plan.traced_from(pid), |a, &t| a.traced_from(pid, t))
+    }
+
+    pub(super) fn segment_start(&self, index: usize) -> Option<u64> {
+        self.noted(self.plan.segment_start(index), |a, &s| {
+            a.segment_start(index, s)
+        })
     }
 }

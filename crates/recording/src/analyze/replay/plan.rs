@@ -4,7 +4,6 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::answers::{Answers, KeptAnswers};
 use super::cost::CostMeter;
 use super::steps::{Name, Pairing, MAX_CHAIN, MAX_DEPTH, NO_LINE};
 use crate::analyze::processes::ProcessMap;
@@ -65,75 +64,38 @@ pub struct Plan {
     /// Per process: what tracing cost a thread per call or return event (see
     /// [`cost`](super::cost)), where the gaps between them tell it.
     pub(super) event_costs: FxHashMap<u32, u64>,
-    /// The answers given, kept while the plan is provisional (see
-    /// [`answers`](super::answers)).
-    #[serde(skip)]
-    answers: KeptAnswers,
 }
 
 impl Plan {
-    /// Keeps every answer this plan gives from now on in `answers` (a plan made
-    /// before the recording ended).
-    pub(crate) fn keep_answers(&mut self, answers: Answers) {
-        self.answers = KeptAnswers::new(answers);
-    }
-
-    /// The answers kept, no longer kept.
-    pub(crate) fn take_answers(&mut self) -> Option<Answers> {
-        self.answers.take()
-    }
-
-    /// Whether the answers kept hold a question answered two ways.
-    pub(crate) fn answers_contradicted(&self) -> bool {
-        let mut contradicted = false;
-        self.answers.note(|a| contradicted = a.contradicted());
-        contradicted
-    }
-
-    fn answered(&self, note: impl FnOnce(&mut Answers)) {
-        self.answers.note(note);
-    }
-
     /// What tracing cost a thread of process `pid` per call or return event
     /// (0: not known).
     pub(crate) fn event_cost(&self, pid: u32) -> u64 {
-        let cost = self.event_costs.get(&pid).copied().unwrap_or(0);
-        self.answered(|a| a.event_cost(pid, cost));
-        cost
+        self.event_costs.get(&pid).copied().unwrap_or(0)
     }
 
     /// How the recording's function events pair.
     pub(crate) fn pairing(&self) -> Pairing {
-        self.answered(|a| a.pairing(self.pairing));
         self.pairing
     }
 
     /// Whether the recording holds more than its own process.
     pub(crate) fn several_processes(&self) -> bool {
-        let several = self.processes.several();
-        self.answered(|a| a.several_processes(several));
-        several
+        self.processes.several()
     }
 
     /// The frames found running on thread `tid` when segment `segment` began.
     pub(super) fn seeds_of(&self, tid: u32, segment: u32) -> Option<&Vec<(FrameRef, u32)>> {
-        let seeds = self.seeds.get(&(tid, segment));
-        self.answered(|a| a.seeds((tid, segment), seeds));
-        seeds
+        self.seeds.get(&(tid, segment))
     }
 
     /// When the calls of process `pid` began to be traced.
     pub(super) fn traced_from(&self, pid: u32) -> Option<u64> {
-        let from = self.traced_from.get(&pid).copied();
-        self.answered(|a| a.traced_from(pid, from));
-        from
+        self.traced_from.get(&pid).copied()
     }
 
     /// When segment `index + 1` began.
     pub(super) fn segment_start(&self, index: usize) -> Option<u64> {
-        let start = self.segment_starts.get(index).copied();
-        self.answered(|a| a.segment_start(index, start));
-        start
+        self.segment_starts.get(index).copied()
     }
 
     /// Thread `tid`'s generator creations, by index among its call events.
@@ -151,9 +113,7 @@ impl Plan {
         while *cursor < list.len() && list[*cursor] < index {
             *cursor += 1;
         }
-        let created = list.get(*cursor) == Some(&index);
-        self.answered(|a| a.creation(tid, index, created));
-        created
+        list.get(*cursor) == Some(&index)
     }
 
     /// The first line the return of the entry with index `index` (among thread
@@ -164,12 +124,9 @@ impl Plan {
         while *cursor < list.len() && list[*cursor].0 < index {
             *cursor += 1;
         }
-        let first = list
-            .get(*cursor)
+        list.get(*cursor)
             .filter(|(i, _)| *i == index)
-            .map(|(_, first)| *first);
-        self.answered(|a| a.entry_first(tid, index, first));
-        first
+            .map(|(_, first)| *first)
     }
 
     /// The first line of the function an entry at `line` belongs to.
@@ -256,23 +213,19 @@ impl Plan {
 
     /// The function (file, name, first line) of an entry.
     pub(crate) fn entry_code(&self, f: &FrameRef) -> FrameRef {
-        let code = FrameRef {
+        FrameRef {
             line: self.entry_line(f.file, f.function, f.line),
             ..*f
-        };
-        self.answered(|a| a.entry_code(*f, code));
-        code
+        }
     }
 
     /// The function of a return whose entry was not seen; `first_line` is the
     /// one the return named (0: none).
     pub(crate) fn return_code(&self, f: &FrameRef, first_line: u32) -> FrameRef {
-        let code = FrameRef {
+        FrameRef {
             line: self.return_line(f.file, f.function, f.line, first_line),
             ..*f
-        };
-        self.answered(|a| a.return_code((*f, first_line), code));
-        code
+        }
     }
 
     /// The function of a frame the walker read.
@@ -289,30 +242,24 @@ impl Plan {
             .and_then(|lines| enclosing(lines, w.line))
             .or_else(|| self.walked_min.get(&name).copied())
             .unwrap_or(w.line);
-        let code = FrameRef { line, ..w.code };
-        self.answered(|a| a.walked_code(w, code));
-        code
+        FrameRef { line, ..w.code }
     }
 
     /// The time one sample of thread `tid` stands for: the time between its first
     /// and last sample over the samples taken in between (a busy tracer takes
     /// them late), else `nominal`.
     pub(crate) fn sample_weight(&self, tid: u32, nominal: u64) -> u64 {
-        let weight = match self.sampled.get(&tid) {
+        match self.sampled.get(&tid) {
             Some(&(first, last, n)) if n >= 3 && last > first => (last - first) / (n - 1),
             _ => nominal,
-        };
-        self.answered(|a| a.sample_weight((tid, nominal), weight));
-        weight
+        }
     }
 
     pub(super) fn is_shim(&self, f: &FrameRef) -> bool {
         if f.line != NO_LINE {
             return false;
         }
-        let shim = self.shims.contains(&(f.file, f.function));
-        self.answered(|a| a.shim(*f, shim));
-        shim
+        self.shims.contains(&(f.file, f.function))
     }
 }
 

@@ -3,7 +3,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::answers::Answers;
+use super::answers::AskedPlan;
 use super::plan::Plan;
 use super::steps::{
     EndKind, Exit, Name, Pairing, ReplayCounters, Step, ThreadTime, MAX_DEPTH, NO_LINE,
@@ -64,7 +64,7 @@ struct ReplayThread {
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub struct Replay {
     #[serde(skip)]
-    plan: Plan,
+    plan: AskedPlan,
     threads: FxHashMap<u32, ReplayThread>,
     segment: u32,
     header_start: u64,
@@ -83,7 +83,7 @@ impl Replay {
     /// Replays a recording described by `header` with the first pass's `plan`.
     pub fn new(header: &Header, plan: Plan) -> Self {
         Replay {
-            plan,
+            plan: AskedPlan::whole(plan),
             threads: FxHashMap::default(),
             segment: 0,
             header_start: header.start_ns,
@@ -106,41 +106,29 @@ impl Replay {
     /// Replays a recording still being written with `plan`, made from its
     /// events so far: every answer the plan gives is kept, to be checked by
     /// [`settle`](Self::settle).
-    pub(crate) fn provisional(header: &Header, mut plan: Plan) -> Self {
-        plan.keep_answers(Answers::default());
-        Replay::new(header, plan)
+    pub(crate) fn provisional(header: &Header, plan: Plan) -> Self {
+        let mut replay = Replay::new(header, Plan::default());
+        replay.plan = AskedPlan::provisional(plan);
+        replay
     }
 
     /// Goes on with `plan`, a provisional plan made from more events, keeping
     /// the answers given so far. Returns `false` when a question has already been
     /// answered two ways: the replay can no longer be the recording's.
-    pub(crate) fn replan(&mut self, mut plan: Plan) -> bool {
-        let answers = self.plan.take_answers().unwrap_or_default();
-        let consistent = !answers.contradicted();
-        plan.keep_answers(answers);
-        self.plan = plan;
-        consistent
+    pub(crate) fn replan(&mut self, plan: Plan) -> bool {
+        self.plan.replan(plan)
     }
 
     /// Whether a question was answered two ways by the provisional plans.
     pub(crate) fn contradicted(&self) -> bool {
-        self.plan.answers_contradicted()
+        self.plan.contradicted()
     }
 
     /// Goes on with `plan`, the plan of the whole recording, if every answer the
     /// provisional plans gave is its answer: then this replay is exactly the one
     /// `plan` would have made. Returns `false` (and changes nothing) otherwise.
     pub(crate) fn settle(&mut self, plan: Plan) -> bool {
-        let Some(answers) = self.plan.take_answers() else {
-            self.plan = plan;
-            return true;
-        };
-        if !answers.hold_for(&plan) {
-            self.plan.keep_answers(answers);
-            return false;
-        }
-        self.plan = plan;
-        true
+        self.plan.settle(plan)
     }
 
     /// Whether the event just pushed was an entry at a generator's or
@@ -168,12 +156,18 @@ impl Replay {
     /// Whether the recording holds more than its own process (known from the
     /// first pass, so from the first event on).
     pub(crate) fn several_processes(&self) -> bool {
-        self.plan.several_processes()
+        self.plan.plan().several_processes()
     }
 
     /// The plan it replays.
     pub(crate) fn plan(&self) -> &Plan {
-        &self.plan
+        self.plan.plan()
+    }
+
+    /// The time one sample of thread `tid` stands for (see
+    /// [`Plan::sample_weight`]).
+    pub(crate) fn sample_weight(&self, tid: u32, nominal: u64) -> u64 {
+        self.plan.sample_weight(tid, nominal)
     }
 
     /// Pairing irregularities so far.
@@ -220,7 +214,7 @@ impl Replay {
         let tid = event.tid;
         self.created = false;
         self.processes.push(event);
-        let returns_only = self.plan.pairing() == Pairing::ReturnsOnly;
+        let returns_only = self.plan.plan().pairing() == Pairing::ReturnsOnly;
         let t = self.threads.entry(tid).or_default();
         if matches!(
             event.kind,
