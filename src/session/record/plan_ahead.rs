@@ -123,7 +123,7 @@ impl PlanAhead {
         let qualnames = reader.qualnames().clone();
         let events = reader.events_read();
         let planned = Planned { plan, census };
-        let views = views.map(|v| v.finish(&planned));
+        let views = views.map(|v| v.finish(&planned, &strings, &qualnames));
         planned_ahead::remember(key, planned, strings, qualnames);
         Some(Ahead {
             events,

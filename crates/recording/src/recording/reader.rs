@@ -95,11 +95,41 @@ impl RecordingReader<BufReader<File>> {
 
     fn open_reading_ahead(path: &Path, ahead: bool) -> Result<Self, RecordError> {
         let file = File::open(path).map_err(|error| RecordError::Io { offset: 0, error })?;
+        Self::of_file(file, ahead)
+    }
+
+    fn of_file(file: File, ahead: bool) -> Result<Self, RecordError> {
         // Without a second handle the events are decoded as they are read.
         let second = file.try_clone().ok().map(Arc::new);
         let mut reader = Self::from_reader(BufReader::with_capacity(256 * 1024, file))?;
         reader.reads_ahead = ahead && second.is_some();
         reader.file = second;
+        Ok(reader)
+    }
+
+    /// A reader of the same file (even renamed since) that decodes ahead in a
+    /// thread, going on where this one is, at a chunk end
+    /// ([`at_chunk_end`](Self::at_chunk_end)); `strings` and `qualnames` are the
+    /// whole recording's (read by another reader). This one is not to be read
+    /// again: the two share the file's offset.
+    pub(crate) fn go_on_reading_ahead(
+        &self,
+        strings: Vec<String>,
+        qualnames: Qualnames,
+    ) -> Result<Self, RecordError> {
+        let offset = self.bytes_read();
+        let io = |error| RecordError::Io { offset, error };
+        let mut file = self
+            .file
+            .as_deref()
+            .ok_or_else(|| io(io::Error::other("the file is no longer open")))?
+            .try_clone()
+            .map_err(io)?;
+        file.seek(SeekFrom::Start(0))
+            .map_err(|error| RecordError::Io { offset: 0, error })?;
+        let mut reader = Self::of_file(file, true)?;
+        reader.know_names(strings, qualnames);
+        reader.seek_to_chunk(offset, self.events_read())?;
         Ok(reader)
     }
 }

@@ -168,3 +168,49 @@ fn read_ahead_starts_again_after_a_rewind_and_a_seek() {
     assert_eq!(rest[..], all[before as usize..]);
     assert!(matches!(r.completion(), Completion::Complete(_)));
 }
+
+/// A reader in place that goes on reading ahead from a chunk end, knowing the
+/// whole recording's names, returns what it would have returned itself: the
+/// events, where each leaves it, and how the file ends.
+#[test]
+fn going_on_reading_ahead_from_a_chunk_end_reads_what_reading_in_place_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.pyprobe");
+    let mut w = RecordingWriter::create(&path, &header()).unwrap();
+    write_trace(&mut w, 300_000);
+    w.finish(1_000 + 300_000 * 90).unwrap();
+    let whole = what_is_read(&mut RecordingReader::open_in_place(&path).unwrap());
+    let mut names = RecordingReader::open(&path).unwrap();
+    while names.next_event().is_some() {}
+
+    let mut switched = 0;
+    for stop_after in [1, 12_345, 150_000, 299_999] {
+        let mut r = RecordingReader::open_in_place(&path).unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..stop_after {
+            r.next_event().unwrap().unwrap();
+        }
+        // Up to the chunk's end in place, as `record`'s views do.
+        while !r.at_chunk_end() {
+            r.next_event().unwrap().unwrap();
+        }
+        let read = r.events_read() as usize;
+        if r.completion() == Completion::Reading {
+            let mut ahead = r
+                .go_on_reading_ahead(names.strings().to_vec(), names.qualnames().clone())
+                .unwrap();
+            assert!(ahead.reads_ahead());
+            seen.extend(what_is_read(&mut ahead));
+            switched += 1;
+        } else {
+            seen.extend(what_is_read(&mut r));
+        }
+        // The lines after the switch, but for the strings read so far, which
+        // the reader ahead knows from the start.
+        let strip = |l: &String| l.split(" strings ").next().unwrap().to_owned();
+        let expected: Vec<String> = whole[read..].iter().map(strip).collect();
+        let got: Vec<String> = seen.iter().map(strip).collect();
+        assert_eq!(got, expected, "went on after {read} events");
+    }
+    assert!(switched >= 3, "{switched}");
+}

@@ -130,7 +130,8 @@ fn build_while_written(path: &Path) -> (Option<ViewsOutcome>, bool) {
     }
     assert!(matches!(reader.completion(), Completion::Complete(_)));
     let (plan, census) = pass.finish();
-    let outcome = views.map(|v| v.finish(&Planned { plan, census }));
+    let planned = Planned { plan, census };
+    let outcome = views.map(|v| v.finish(&planned, reader.strings(), reader.qualnames()));
     (outcome, dropped)
 }
 

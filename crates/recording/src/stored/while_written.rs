@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{ahead, ViewsBuilder};
 use crate::analyze::first_pass::{FirstPass, Planned};
-use crate::recording::{Completion, RecordingReader};
+use crate::recording::{Completion, Qualnames, RecordingReader};
 
 /// Events the replay stays behind the first pass: what the plan learns of an
 /// event from later ones (a function's first line, from its first return)
@@ -108,9 +108,15 @@ impl ViewsAhead {
         }
     }
 
-    /// The recording is finished, and `planned` its first pass: keeps the views
-    /// for the file if they are its views, reading the events left.
-    pub fn finish(mut self, planned: &Planned) -> ViewsOutcome {
+    /// The recording is finished, and `planned` its first pass, `strings` and
+    /// `qualnames` its names (read to the end): keeps the views for the file if
+    /// they are its views, reading the events left.
+    pub fn finish(
+        mut self,
+        planned: &Planned,
+        strings: &[String],
+        qualnames: &Qualnames,
+    ) -> ViewsOutcome {
         if !self.views.settle(planned.plan.clone()) {
             return ViewsOutcome::Refuted;
         }
@@ -118,21 +124,42 @@ impl ViewsAhead {
         if self.reader.resume().is_err() {
             return ViewsOutcome::Unread;
         }
-        while let Some(event) = self.reader.events().next() {
+        // The chunk being read, in place; the rest decoded ahead by a thread,
+        // now that the recording is finished and a CPU may be free.
+        while !self.reader.at_chunk_end() {
+            match self.reader.events().next() {
+                Some(Ok(event)) => self.views.push(&self.reader, &event),
+                Some(Err(_)) => return ViewsOutcome::Unread,
+                None => break,
+            }
+        }
+        let mut reader = match self.reader.completion() {
+            Completion::Reading => {
+                match self
+                    .reader
+                    .go_on_reading_ahead(strings.to_vec(), qualnames.clone())
+                {
+                    Ok(reader) => reader,
+                    Err(_) => return ViewsOutcome::Unread,
+                }
+            }
+            _ => self.reader,
+        };
+        while let Some(event) = reader.events().next() {
             match event {
-                Ok(event) => self.views.push(&self.reader, &event),
+                Ok(event) => self.views.push(&reader, &event),
                 Err(_) => return ViewsOutcome::Unread,
             }
         }
-        let Completion::Complete(_) = self.reader.completion() else {
+        let Completion::Complete(_) = reader.completion() else {
             return ViewsOutcome::Unread;
         };
-        let Some(key) = self.reader.file_key() else {
+        let Some(key) = reader.file_key() else {
             return ViewsOutcome::Unread;
         };
         let late = self.views.events() - before;
-        let completion = self.reader.completion();
-        let views = self.views.finish(&self.reader, planned.clone());
+        let completion = reader.completion();
+        let views = self.views.finish(&reader, planned.clone());
         ahead::remember(key, views, completion);
         ViewsOutcome::Kept { late }
     }
