@@ -32,10 +32,12 @@ scripts/build-wheel.sh >/dev/null || failed=1
 scripts/check-architecture.sh || failed=1
 # The integration tests run two at a time, except those whose subject is timing
 # (sampling shares and rates, the overhead budget, pyprobe keeping up with the ring, 50 kills
-# of pyprobe, a server kept serving while pyprobe is stopped, 10,000 threads): those run alone
-# afterwards, as on a machine with nothing else to do.
+# of pyprobe, a server kept serving while pyprobe is stopped, 10,000 threads, the views
+# replayed on an idle CPU while recording): those run alone afterwards, as on a machine with
+# nothing else to do.
 ALONE=(budget:: sample_accuracy:: sigkill:: ring:: nothing_lost:: native:: stopped:: many_threads::
-       top_live::top_samples_at_the_rate_asked_for)
+       top_live::top_samples_at_the_rate_asked_for
+       stored_views::the_views_kept_at_the_end_were_replayed_while_recording)
 skip=()
 for m in "${ALONE[@]}"; do skip+=(--skip "$m"); done
 # Built with the switches that let tests make pyprobe fail on purpose.

@@ -80,6 +80,26 @@ impl Checkpoints {
     }
 }
 
+/// The place after the last event of an events chunk: where a reader can be
+/// put to read on ([`RecordingReader::seek_to_chunk`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChunkEnd {
+    /// File offset of the next chunk.
+    pub(crate) offset: u64,
+    /// Events before it.
+    pub(crate) events: u64,
+}
+
+impl ChunkEnd {
+    /// Where `reader` is, if at the end of a chunk.
+    pub(crate) fn of<R: Read>(reader: &RecordingReader<R>) -> Option<ChunkEnd> {
+        reader.at_chunk_end().then(|| ChunkEnd {
+            offset: reader.bytes_read(),
+            events: reader.events_read(),
+        })
+    }
+}
+
 /// Builds [`Checkpoints`] as the replay goes, one event at a time.
 #[derive(Debug)]
 pub(crate) struct CheckpointBuilder {
@@ -110,10 +130,11 @@ impl CheckpointBuilder {
         }
     }
 
-    /// Notes `event`, just replayed into `replay` with `steps`, read from `reader`.
-    pub(crate) fn push<R: Read>(
+    /// Notes `event`, just replayed into `replay` with `steps`; `chunk_end`: the
+    /// place after it, when it was the last of its chunk.
+    pub(crate) fn push(
         &mut self,
-        reader: &RecordingReader<R>,
+        chunk_end: Option<ChunkEnd>,
         event: &Event,
         ts: u64,
         steps: &[Step],
@@ -126,14 +147,15 @@ impl CheckpointBuilder {
         }
         let last = *self.last_offset.get_or_insert(0);
         let gap = self.every.max(self.last_state.saturating_mul(SPACING));
-        if reader.at_chunk_end() && reader.bytes_read() >= last.saturating_add(gap) {
+        let Some(end) = chunk_end else { return };
+        if end.offset >= last.saturating_add(gap) {
             // A state that cannot be encoded is not kept: the intervals merge.
             if let Ok(state) = postcard::to_stdvec(replay) {
                 self.last_state = state.len() as u64;
-                self.last_offset = Some(reader.bytes_read());
+                self.last_offset = Some(end.offset);
                 self.built.checkpoints.push(Checkpoint {
-                    offset: reader.bytes_read(),
-                    events: reader.events_read(),
+                    offset: end.offset,
+                    events: end.events,
                     state,
                 });
             }

@@ -7,7 +7,7 @@ use std::io::Read;
 
 use super::StoredViews;
 use crate::analyze::aggregate::Aggregator;
-use crate::analyze::checkpoints::CheckpointBuilder;
+use crate::analyze::checkpoints::{CheckpointBuilder, ChunkEnd};
 use crate::analyze::folded::Folder;
 use crate::analyze::line_counts::LineCounts;
 use crate::analyze::replay::{Plan, Replay, Step};
@@ -55,11 +55,17 @@ impl ViewsBuilder {
 
     /// Takes in `event`, the next event read from `reader`.
     pub fn push<R: Read>(&mut self, reader: &RecordingReader<R>, event: &Event) {
+        self.push_at(ChunkEnd::of(reader), event);
+    }
+
+    /// Takes in `event`, the next event, read before; `chunk_end`: the place
+    /// after it, when it was the last of its chunk.
+    pub(crate) fn push_at(&mut self, chunk_end: Option<ChunkEnd>, event: &Event) {
         self.steps.clear();
         let ts = self.replay.push(event, &mut self.steps);
         let steps = &self.steps[..];
         self.checkpoints
-            .push(reader, event, ts, steps, &self.replay);
+            .push(chunk_end, event, ts, steps, &self.replay);
         self.agg.push(event, ts, steps, &self.replay);
         self.folder.push(event, ts, steps, &self.replay);
         self.lines.push(&event.kind);

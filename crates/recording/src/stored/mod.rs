@@ -34,7 +34,7 @@ mod tests_while_written;
 mod while_written;
 
 pub use building::ViewsBuilder;
-pub use while_written::{ViewsAhead, ViewsOutcome};
+pub use while_written::{Finished, Looked, ViewsOutcome, WhileWritten};
 
 /// Added to the recording's file name.
 pub const SUFFIX: &str = ".views";

@@ -5,13 +5,12 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use super::*;
-use crate::analyze::first_pass::FirstPass;
 use crate::recording::{Event, EventKind, FrameRef, Header, RecordingWriter};
 
 /// Rounds of the hot loop: some 2.8 M events, more than a process's cost per
 /// event needs to be settled (the views begin only then).
 const ROUNDS: u32 = 700_000;
-/// Events the first pass reads between two looks of the views.
+/// Events written between two looks at the file.
 const STEP: u64 = 300_000;
 
 /// When the first call of the decorated function `deco` (entered at its `def`
@@ -29,8 +28,9 @@ enum FirstReturn {
 
 /// A traced CPython 3.13 recording: two threads in a hot loop under `main`,
 /// with gaps of two lengths (the cost per event a replay takes away), and
-/// thread 9 calling `deco`.
-fn write_traced(path: &Path, first_return: FirstReturn) {
+/// thread 9 calling `deco`. `written` is called each [`STEP`] events, the file
+/// flushed: what `record`'s planning thread sees of a recording as it grows.
+fn write_traced(path: &Path, first_return: FirstReturn, mut written: impl FnMut()) {
     let header = Header {
         python_version: "3.13.5".into(),
         mode: "trace".into(),
@@ -61,6 +61,10 @@ fn write_traced(path: &Path, first_return: FirstReturn) {
             kind,
         })
         .unwrap();
+        if n % STEP == 0 {
+            w.flush().unwrap();
+            written();
+        }
     };
     let ret = |frame: FrameRef, first_line| EventKind::Return { frame, first_line };
     for tid in [7, 8] {
@@ -95,60 +99,65 @@ fn write_traced(path: &Path, first_return: FirstReturn) {
     w.finish(ts + 10).unwrap();
 }
 
-/// What `record`'s planning thread does, with the file growing by [`STEP`]
-/// events between two looks: the views it builds, what became of them, and
-/// whether they were dropped on the way.
-fn build_while_written(path: &Path) -> (Option<ViewsOutcome>, bool) {
-    let mut reader = RecordingReader::open_in_place(path).unwrap();
-    let filter = SliceFilter::default();
-    let mut pass = FirstPass::new(reader.header(), &filter);
+/// What `record`'s planning thread does with the recording written at `path`
+/// (a look at it each [`STEP`] events, and, with `last_look`, one after its end
+/// marker), then the session when it ends.
+fn read_while_written(path: &Path, first_return: FirstReturn, last_look: bool) -> Finished {
     let finished = AtomicBool::new(false);
-    let mut views: Option<ViewsAhead> = None;
-    let mut dropped = false;
-    loop {
-        let mut read = 0;
-        while read < STEP {
-            let Some(event) = reader.events().next() else {
-                break;
-            };
-            pass.push(&event.unwrap(), reader.strings());
-            read += 1;
-        }
-        if read < STEP {
-            break;
-        }
-        let planned = reader.events_read();
-        if views.is_none() && !dropped {
-            views = ViewsAhead::start(path, &pass, planned).map(|v| v.with_lag(100_000));
-        }
-        if let Some(v) = views.as_mut() {
-            if !v.advance(&pass, planned, &finished) {
-                views = None;
-                dropped = true;
-            }
-        }
+    let mut ww: Option<WhileWritten> = None;
+    let mut looks = 0;
+    write_traced(path, first_return, || {
+        let ww = ww.get_or_insert_with(|| {
+            let reader = RecordingReader::open_in_place(path).unwrap();
+            WhileWritten::new(path.to_path_buf(), reader).with_lag(50_000)
+        });
+        while ww.look(&finished).unwrap() == Looked::Again {}
+        looks += 1;
+    });
+    assert!(looks > 5, "{looks} looks");
+    let mut ww = ww.unwrap();
+    if last_look {
+        assert_eq!(ww.look(&finished).unwrap(), Looked::Finished);
     }
-    assert!(matches!(reader.completion(), Completion::Complete(_)));
-    let (plan, census) = pass.finish();
-    let planned = Planned { plan, census };
-    let outcome = views.map(|v| v.finish(&planned, reader.strings(), reader.qualnames()));
-    (outcome, dropped)
+    if first_return == FirstReturn::Soon {
+        assert!(
+            ww.reads_once(),
+            "the views never caught up with the first pass"
+        );
+    }
+    ww.finish().expect("read to its end")
 }
 
 #[test]
 fn views_built_while_the_recording_grew_are_byte_for_byte_the_views_of_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.pyprobe");
-    write_traced(&path, FirstReturn::Soon);
-    let (outcome, dropped) = build_while_written(&path);
-    let Some(ViewsOutcome::Kept { late }) = outcome else {
-        panic!("not kept (dropped on the way: {dropped})");
+    // The thread's last look read to the end marker before the recording was
+    // said finished: nothing is left to plan, and the views are the file's.
+    let done = read_while_written(&path, FirstReturn::Soon, true);
+    assert!(matches!(done.views, Some(ViewsOutcome::Kept { .. })));
+    assert_eq!(done.planned_late, 0);
+    let (ahead, _) = ahead::take(&path).expect("kept for the file");
+    let whole = StoredViews::build(&mut RecordingReader::open(&path).unwrap()).unwrap();
+    assert_eq!(
+        postcard::to_stdvec(&ahead).unwrap(),
+        postcard::to_stdvec(&whole).unwrap()
+    );
+
+    let done = read_while_written(&path, FirstReturn::Soon, false);
+    let Some(ViewsOutcome::Kept { late }) = done.views else {
+        panic!("not kept");
     };
-    // Replayed as the file grew: what was left at the end is the lag and the
-    // last step.
+    // Replayed as the file grew: what was left at the end is twice the lag and
+    // the last step.
     assert!(
-        late <= 100_000 + 2 * STEP,
+        late <= 2 * 50_000 + STEP,
         "{late} events replayed at the end"
+    );
+    assert!(
+        done.planned_late <= STEP,
+        "{} planned at the end",
+        done.planned_late
     );
     let (ahead, completion) = ahead::take(&path).expect("kept for the file");
     assert!(ahead::take(&path).is_none(), "taken once");
@@ -176,13 +185,12 @@ fn views_are_dropped_when_a_later_plan_answers_otherwise() {
     // `deco` entered again after its row's first line was learned: the first
     // plan's answer (line 12) is contradicted on the way.
     let path = dir.path().join("later.pyprobe");
-    write_traced(&path, FirstReturn::Later);
-    let (outcome, dropped) = build_while_written(&path);
-    assert!(dropped && outcome.is_none());
+    assert!(read_while_written(&path, FirstReturn::Later, false)
+        .views
+        .is_none());
     // Learned only at the end: the whole recording's plan refutes them.
     let path = dir.path().join("end.pyprobe");
-    write_traced(&path, FirstReturn::AtTheEnd);
-    let (outcome, dropped) = build_while_written(&path);
-    assert!(!dropped && matches!(outcome, Some(ViewsOutcome::Refuted)));
+    let done = read_while_written(&path, FirstReturn::AtTheEnd, true);
+    assert!(matches!(done.views, Some(ViewsOutcome::Refuted)));
     assert!(ahead::take(&path).is_none());
 }

@@ -1,36 +1,108 @@
-//! The views of a recording, built while it is written: `pyprobe record`'s
-//! planning thread, which makes the first pass as the file grows, also replays
-//! the events, a little behind that pass, with the plan of the events so far.
+//! A recording read while it is written: `pyprobe record`'s planning thread
+//! makes the first pass as the file grows and, once the recording holds enough
+//! to plan with (every traced process's cost per event settled), replays the
+//! events into its views, [`lag`](LAG_EVENTS) events behind that pass, with
+//! the plan of the events so far.
+//!
+//! The views' reader first catches up with the first pass's; from then on it
+//! reads for both, and the events it read wait until the replay is far enough
+//! behind (each event is decoded once).
+//!
 //! When the recording is finished, the views are kept for the file
 //! ([`ahead`](super::ahead)) only if the whole recording's plan gives every
 //! answer those provisional plans gave: then they are exactly the views a
 //! replay of the finished file makes. Else they are dropped, and the view
 //! reads the events as before.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::BufReader;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 use super::{ahead, ViewsBuilder};
+use crate::analyze::checkpoints::ChunkEnd;
 use crate::analyze::first_pass::{FirstPass, Planned};
-use crate::recording::{Completion, Qualnames, RecordingReader};
+use crate::analyze::SliceFilter;
+use crate::recording::{Completion, Event, FileKey, Qualnames, RecordError, RecordingReader};
 
-/// Events the replay stays behind the first pass: what the plan learns of an
-/// event from later ones (a function's first line, from its first return)
-/// comes mostly within them.
-const LAG_EVENTS: u64 = 1 << 20;
+/// Events the replay stays at least behind the first pass: what the plan
+/// learns of an event from later ones (a function's first line, from its first
+/// return; on CPython 3.15, which entries were generator creations) comes
+/// mostly within them.
+const LAG_EVENTS: u64 = 1 << 17;
 /// Events looked at between two looks at whether the recording is finished.
 const EVENTS_BETWEEN_LOOKS: u32 = 4096;
 
-/// The views so far.
-pub struct ViewsAhead {
-    reader: RecordingReader<BufReader<File>>,
-    views: ViewsBuilder,
-    /// Events the first pass had read when the current plan was made.
-    planned_at: u64,
-    /// Events the replay stays behind the first pass.
+type Reader = RecordingReader<BufReader<File>>;
+
+/// The session's flag that the recording is finished, looked at once every
+/// [`EVENTS_BETWEEN_LOOKS`] events.
+struct Flag<'a> {
+    flag: &'a AtomicBool,
+    events: u32,
+}
+
+impl<'a> Flag<'a> {
+    fn new(flag: &'a AtomicBool) -> Self {
+        Flag { flag, events: 0 }
+    }
+
+    /// Counts an event; whether the flag was found set.
+    fn now(&mut self) -> bool {
+        self.events += 1;
+        if self.events < EVENTS_BETWEEN_LOOKS {
+            return false;
+        }
+        self.events = 0;
+        self.flag.load(Ordering::Acquire)
+    }
+}
+
+/// The first pass's filter: none (every call counted).
+fn no_filter() -> &'static SliceFilter {
+    static NONE: OnceLock<SliceFilter> = OnceLock::new();
+    NONE.get_or_init(SliceFilter::default)
+}
+
+/// See the module documentation.
+pub struct WhileWritten {
+    /// The recording, as it is written.
+    path: PathBuf,
+    /// The first pass's reader, until the views' reader reads for both.
+    planner: Reader,
+    pass: FirstPass<'static>,
+    /// Events in the pass.
+    planned: u64,
+    views: Option<Views>,
+    /// The views were dropped: they are not begun again.
+    views_dropped: bool,
+    /// Events the replay stays behind the pass.
     lag: u64,
+}
+
+/// The views so far.
+struct Views {
+    reader: Reader,
+    builder: ViewsBuilder,
+    /// Events in the pass when the current plan was made.
+    planned_at: u64,
+    /// Once the views' reader caught up: the events it read, and where each
+    /// chunk ended, not replayed yet.
+    waiting: Option<VecDeque<(Event, Option<ChunkEnd>)>>,
+}
+
+/// What a look at the file came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Looked {
+    /// Everything written so far was read: look again later.
+    Later,
+    /// More was written than this look read: look again at once.
+    Again,
+    /// Stopped: the recording is finished (the session says so, or the end
+    /// marker was read).
+    Finished,
 }
 
 /// What became of the views when the recording was finished.
@@ -43,124 +115,388 @@ pub enum ViewsOutcome {
     Unread,
 }
 
-impl ViewsAhead {
-    /// Starts the views of the recording at `partial` when its first pass can
-    /// plan them (`pass` has read `planned` events); `None` until then.
-    pub fn start(partial: &Path, pass: &FirstPass, planned: u64) -> Option<ViewsAhead> {
-        let plan = pass.provisional_plan()?;
-        let reader = RecordingReader::open_in_place(partial).ok()?;
-        let views = ViewsBuilder::provisional(reader.header(), plan);
-        Some(ViewsAhead {
-            reader,
-            views,
-            planned_at: planned,
+/// The first pass of the whole recording and its names, and the views.
+pub struct Finished {
+    pub key: FileKey,
+    pub planned: Planned,
+    pub strings: Vec<String>,
+    pub qualnames: Qualnames,
+    /// Events of the recording.
+    pub events: u64,
+    /// Of those, the ones the first pass read after the recording ended.
+    pub planned_late: u64,
+    /// What became of the views, if they were begun.
+    pub views: Option<ViewsOutcome>,
+}
+
+impl WhileWritten {
+    /// Reads the recording being written at `path`, which `planner` reads
+    /// (opened in place, at its first event).
+    pub fn new(path: PathBuf, planner: Reader) -> Self {
+        let pass = FirstPass::new(planner.header(), no_filter());
+        WhileWritten {
+            path,
+            planner,
+            pass,
+            planned: 0,
+            views: None,
+            views_dropped: false,
             lag: LAG_EVENTS,
-        })
+        }
     }
 
     /// Stays `lag` events behind the first pass instead of [`LAG_EVENTS`].
     #[cfg(test)]
     pub(super) fn with_lag(self, lag: u64) -> Self {
-        ViewsAhead { lag, ..self }
+        WhileWritten { lag, ..self }
     }
 
-    /// Replays the events up to [`LAG_EVENTS`] behind the first pass (`pass`,
-    /// which has read `planned` events), with plans made from it as it goes, or
-    /// until `finished` is set. `false` when the views can no longer be the
-    /// recording's, or the file cannot be read.
-    pub fn advance(&mut self, pass: &FirstPass, planned: u64, finished: &AtomicBool) -> bool {
-        let mut since_look = 0u32;
+    /// Whether the views' reader reads for both (each event decoded once).
+    #[cfg(test)]
+    pub(super) fn reads_once(&self) -> bool {
+        self.views.as_ref().is_some_and(|v| v.waiting.is_some())
+    }
+
+    /// Reads what was written since the last look, until it is all read or
+    /// `finished` is set (looked at now and then).
+    pub fn look(&mut self, finished: &AtomicBool) -> Result<Looked, RecordError> {
+        let finished = &mut Flag::new(finished);
+        if self.views.as_ref().is_some_and(|v| v.waiting.is_some()) {
+            return self.look_together(finished);
+        }
+        self.planner.resume()?;
+        let planning = plan_some(&mut self.planner, &mut self.pass, finished)?;
+        self.planned = self.planner.events_read();
+        match planning {
+            Planning::Stopped => return Ok(Looked::Finished),
+            Planning::AllRead => match self.planner.completion() {
+                Completion::Truncated { .. } => {}
+                _ => return Ok(Looked::Finished),
+            },
+            Planning::MoreToRead => {}
+        }
+        if self.views.is_none() && !self.views_dropped {
+            self.views = self.begin_views();
+        }
+        match self.catch_up(finished)? {
+            Looked::Later if planning == Planning::MoreToRead => Ok(Looked::Again),
+            looked => Ok(looked),
+        }
+    }
+
+    /// The views, when the pass can plan them.
+    fn begin_views(&self) -> Option<Views> {
+        let plan = self.pass.provisional_plan()?;
+        // A file description of its own: readers of one share its offset.
+        let reader = RecordingReader::open_in_place(&self.path).ok()?;
+        let builder = ViewsBuilder::provisional(reader.header(), plan);
+        Some(Views {
+            reader,
+            builder,
+            planned_at: self.planned,
+            waiting: None,
+        })
+    }
+
+    /// Replays up to the lag behind the pass, with plans made from it as it
+    /// goes; reads for both once there.
+    fn catch_up(&mut self, finished: &mut Flag) -> Result<Looked, RecordError> {
+        let lag = self.lag;
         loop {
-            if self.reader.events_read() + self.lag >= self.planned_at {
-                if planned < self.planned_at + self.lag {
-                    // The pass has not read far enough ahead for a new plan.
-                    return !self.views.contradicted();
-                }
-                let Some(plan) = pass.provisional_plan() else {
-                    return !self.views.contradicted();
-                };
-                if !self.views.replan(plan) {
-                    return false;
-                }
-                self.planned_at = planned;
+            let Some(v) = self.views.as_mut() else {
+                return Ok(Looked::Later);
+            };
+            if v.reader.events_read() + lag >= self.planned {
+                // Caught up: the views' reader reads for both from here.
+                v.waiting = Some(VecDeque::new());
+                return self.look_together(finished);
             }
-            since_look += 1;
-            if since_look == EVENTS_BETWEEN_LOOKS {
-                since_look = 0;
-                if finished.load(Ordering::Acquire) {
-                    return !self.views.contradicted();
-                }
+            if v.reader.events_read() + lag >= v.planned_at && !self.replan() {
+                return Ok(Looked::Later);
             }
-            match self.reader.events().next() {
-                Some(Ok(event)) => self.views.push(&self.reader, &event),
-                Some(Err(_)) => return false,
-                // Caught up with the writer (or read the whole file): later.
+            if finished.now() {
+                return Ok(Looked::Finished);
+            }
+            let Some(v) = self.views.as_mut() else {
+                return Ok(Looked::Later);
+            };
+            match v.reader.events().next() {
+                Some(Ok(event)) => v.builder.push(&v.reader, &event),
+                Some(Err(e)) => return Err(e),
+                // Behind the pass: never at the end of what was written.
+                None => return Ok(Looked::Later),
+            }
+        }
+    }
+
+    /// A plan made from the pass as it is now, for the views; `false` when the
+    /// views were dropped (a question already answered two ways).
+    fn replan(&mut self) -> bool {
+        let Some(v) = self.views.as_mut() else {
+            return false;
+        };
+        let Some(plan) = self.pass.provisional_plan() else {
+            return true;
+        };
+        v.planned_at = self.planned;
+        if v.builder.replan(plan) {
+            return true;
+        }
+        self.drop_views();
+        false
+    }
+
+    fn drop_views(&mut self) {
+        self.views = None;
+        self.views_dropped = true;
+    }
+
+    /// The views' reader reads for the pass and the views: each event into the
+    /// pass (unless it was planned before), then waits until the replay is
+    /// twice the lag behind the newest, so that each is replayed with a plan
+    /// that saw at least the lag of events after it.
+    fn look_together(&mut self, finished: &mut Flag) -> Result<Looked, RecordError> {
+        let lag = self.lag;
+        loop {
+            if finished.now() {
+                return Ok(Looked::Finished);
+            }
+            let Some(v) = self.views.as_mut() else {
+                return Ok(Looked::Later);
+            };
+            let event = match v.reader.events().next() {
+                Some(Ok(event)) => event,
+                Some(Err(e)) => return Err(e),
                 None => {
-                    return match self.reader.completion() {
+                    return match v.reader.completion() {
                         Completion::Truncated { .. } => {
-                            self.reader.resume().is_ok() && !self.views.contradicted()
+                            v.reader.resume()?;
+                            Ok(Looked::Later)
                         }
-                        Completion::Complete(_) => !self.views.contradicted(),
-                        Completion::Reading | Completion::Failed { .. } => false,
+                        _ => Ok(Looked::Finished),
                     };
                 }
+            };
+            let read = v.reader.events_read();
+            if read > self.planned {
+                self.pass.push(&event, v.reader.strings());
+                self.planned = read;
+            }
+            let end = ChunkEnd::of(&v.reader);
+            let Some(waiting) = v.waiting.as_mut() else {
+                return Ok(Looked::Later);
+            };
+            waiting.push_back((event, end));
+            while waiting.len() as u64 > 2 * lag {
+                if let Some((event, end)) = waiting.pop_front() {
+                    v.builder.push_at(end, &event);
+                }
+            }
+            if self.planned >= v.planned_at + lag && !self.replan() {
+                return Ok(Looked::Later);
             }
         }
     }
 
-    /// The recording is finished, and `planned` its first pass, `strings` and
-    /// `qualnames` its names (read to the end): keeps the views for the file if
-    /// they are its views, reading the events left.
-    pub fn finish(
-        mut self,
-        planned: &Planned,
-        strings: &[String],
-        qualnames: &Qualnames,
-    ) -> ViewsOutcome {
-        if !self.views.settle(planned.plan.clone()) {
-            return ViewsOutcome::Refuted;
-        }
-        let before = self.views.events();
-        if self.reader.resume().is_err() {
-            return ViewsOutcome::Unread;
-        }
-        // The chunk being read, in place; the rest decoded ahead by a thread,
-        // now that the recording is finished and a CPU may be free.
-        while !self.reader.at_chunk_end() {
-            match self.reader.events().next() {
-                Some(Ok(event)) => self.views.push(&self.reader, &event),
-                Some(Err(_)) => return ViewsOutcome::Unread,
-                None => break,
+    /// The recording is finished (its end marker written): reads the rest, the
+    /// first pass first, then the views' replay if every answer of their plans
+    /// holds, each decoded ahead by a thread of its own now that a CPU may be
+    /// free. `None` when the file cannot be read to its end marker.
+    pub fn finish(self) -> Option<Finished> {
+        let WhileWritten {
+            mut planner,
+            mut pass,
+            planned,
+            views,
+            ..
+        } = self;
+        let (names, pending) = match views {
+            // The views' reader reads for both: the rest into the pass, and what
+            // it reads in place into the events waiting.
+            Some(Views {
+                mut reader,
+                builder,
+                waiting: Some(mut waiting),
+                ..
+            }) => {
+                let names = read_tail(&mut reader, &mut pass, planned, Some(&mut waiting))?;
+                (names, Some((builder, waiting, reader)))
             }
-        }
-        let mut reader = match self.reader.completion() {
-            Completion::Reading => {
-                match self
-                    .reader
-                    .go_on_reading_ahead(strings.to_vec(), qualnames.clone())
-                {
-                    Ok(reader) => reader,
-                    Err(_) => return ViewsOutcome::Unread,
-                }
+            Some(Views {
+                reader, builder, ..
+            }) => {
+                let names = read_tail(&mut planner, &mut pass, planned, None)?;
+                (names, Some((builder, VecDeque::new(), reader)))
             }
-            _ => self.reader,
+            None => (read_tail(&mut planner, &mut pass, planned, None)?, None),
         };
-        while let Some(event) = reader.events().next() {
-            match event {
-                Ok(event) => self.views.push(&reader, &event),
+        let (plan, census) = pass.finish();
+        let planned_whole = Planned { plan, census };
+        let views = pending.map(|(builder, waiting, reader)| {
+            replay_rest(builder, waiting, reader, &planned_whole, &names)
+        });
+        Some(Finished {
+            key: names.key,
+            planned: planned_whole,
+            events: names.events,
+            planned_late: names.events.saturating_sub(planned),
+            strings: names.strings,
+            qualnames: names.qualnames,
+            views,
+        })
+    }
+}
+
+/// What the reader that read a recording to its end marker knows.
+struct Names {
+    key: FileKey,
+    strings: Vec<String>,
+    qualnames: Qualnames,
+    events: u64,
+}
+
+impl Names {
+    fn of(reader: &Reader) -> Option<Names> {
+        Some(Names {
+            key: reader.file_key()?,
+            strings: reader.strings().to_vec(),
+            qualnames: reader.qualnames().clone(),
+            events: reader.events_read(),
+        })
+    }
+}
+
+/// Reads every event of `reader` from where it is, into `pass` those after the
+/// first `planned`: in place to the end of its chunk (into `waiting` too, when
+/// given), then ahead by a thread. `None` unless it reads to the end marker.
+fn read_tail(
+    reader: &mut Reader,
+    pass: &mut FirstPass<'static>,
+    planned: u64,
+    mut waiting: Option<&mut VecDeque<(Event, Option<ChunkEnd>)>>,
+) -> Option<Names> {
+    reader.resume().ok()?;
+    while !reader.at_chunk_end() {
+        // None: the end marker was read (the thread read to it before it
+        // stopped).
+        let Some(event) = reader.events().next() else {
+            break;
+        };
+        let event = event.ok()?;
+        if reader.events_read() > planned {
+            pass.push(&event, reader.strings());
+        }
+        if let Some(w) = waiting.as_mut() {
+            w.push_back((event, ChunkEnd::of(reader)));
+        }
+    }
+    match reader.completion() {
+        Completion::Reading => {}
+        Completion::Complete(_) => return Names::of(reader),
+        _ => return None,
+    }
+    let mut tail = reader
+        .go_on_reading_ahead(reader.strings().to_vec(), reader.qualnames().clone())
+        .ok()?;
+    while let Some(event) = tail.events().next() {
+        let event = event.ok()?;
+        if tail.events_read() > planned {
+            pass.push(&event, tail.strings());
+        }
+    }
+    match tail.completion() {
+        Completion::Complete(_) => Names::of(&tail),
+        _ => None,
+    }
+}
+
+/// Settles the views with the whole recording's plan and, if they hold,
+/// replays the events waiting, then the rest from `reader`'s place (a chunk
+/// end, or in place up to one), and keeps them for the file.
+fn replay_rest(
+    mut builder: ViewsBuilder,
+    waiting: VecDeque<(Event, Option<ChunkEnd>)>,
+    mut reader: Reader,
+    planned: &Planned,
+    names: &Names,
+) -> ViewsOutcome {
+    if !builder.settle(planned.plan.clone()) {
+        return ViewsOutcome::Refuted;
+    }
+    let before = builder.events();
+    for (event, end) in &waiting {
+        builder.push_at(*end, event);
+    }
+    if reader.resume().is_err() {
+        return ViewsOutcome::Unread;
+    }
+    // Events already waiting were read in place up to a chunk end; a reader
+    // still catching up may be inside one.
+    while !reader.at_chunk_end() {
+        match reader.events().next() {
+            Some(Ok(event)) => builder.push(&reader, &event),
+            Some(Err(_)) => return ViewsOutcome::Unread,
+            None => break,
+        }
+    }
+    let mut rest = match reader.completion() {
+        Completion::Reading => {
+            match reader.go_on_reading_ahead(names.strings.clone(), names.qualnames.clone()) {
+                Ok(rest) => rest,
                 Err(_) => return ViewsOutcome::Unread,
             }
         }
-        let Completion::Complete(_) = reader.completion() else {
-            return ViewsOutcome::Unread;
-        };
-        let Some(key) = reader.file_key() else {
-            return ViewsOutcome::Unread;
-        };
-        let late = self.views.events() - before;
-        let completion = reader.completion();
-        let views = self.views.finish(&reader, planned.clone());
-        ahead::remember(key, views, completion);
-        ViewsOutcome::Kept { late }
+        _ => reader,
+    };
+    while let Some(event) = rest.events().next() {
+        match event {
+            Ok(event) => builder.push(&rest, &event),
+            Err(_) => return ViewsOutcome::Unread,
+        }
     }
+    let Completion::Complete(_) = rest.completion() else {
+        return ViewsOutcome::Unread;
+    };
+    let Some(key) = rest.file_key() else {
+        return ViewsOutcome::Unread;
+    };
+    let late = builder.events() - before;
+    let completion = rest.completion();
+    ahead::remember(key, builder.finish(&rest, planned.clone()), completion);
+    ViewsOutcome::Kept { late }
+}
+
+/// How far a look's first pass went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Planning {
+    /// Every event written so far is in the pass.
+    AllRead,
+    /// [`PLANNED_PER_LOOK`] events were read, and more were written: the views
+    /// get their turn before the pass reads on.
+    MoreToRead,
+    /// `finished` was set.
+    Stopped,
+}
+
+/// Events a look reads into the pass before the views' turn.
+const PLANNED_PER_LOOK: u64 = 1 << 20;
+
+/// Reads the events there are into `pass`, at most [`PLANNED_PER_LOOK`], or
+/// until `finished` is set (looked at now and then).
+fn plan_some(
+    reader: &mut Reader,
+    pass: &mut FirstPass<'static>,
+    finished: &mut Flag,
+) -> Result<Planning, RecordError> {
+    for _ in 0..PLANNED_PER_LOOK {
+        if finished.now() {
+            return Ok(Planning::Stopped);
+        }
+        match reader.events().next() {
+            Some(Ok(event)) => pass.push(&event, reader.strings()),
+            Some(Err(e)) => return Err(e),
+            None => return Ok(Planning::AllRead),
+        }
+    }
+    Ok(Planning::MoreToRead)
 }

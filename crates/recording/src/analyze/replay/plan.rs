@@ -535,14 +535,12 @@ impl Planner {
         self.clone().finish()
     }
 
-    /// Whether every process with calls traced so far has its cost per event
-    /// settled ([`cost`](super::cost)): until then, a provisional plan's cannot
-    /// be the recording's.
+    /// Whether calls were traced, and every process with calls traced so far
+    /// has its cost per event settled ([`cost`](super::cost)): until then, a
+    /// provisional plan's cannot be the recording's.
     pub fn costs_settled(&self) -> bool {
-        self.plan
-            .traced_from
-            .keys()
-            .all(|&pid| self.costs.settled(pid))
+        let traced = &self.plan.traced_from;
+        !traced.is_empty() && traced.keys().all(|&pid| self.costs.settled(pid))
     }
 
     /// The plan.
