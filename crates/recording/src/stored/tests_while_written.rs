@@ -99,52 +99,69 @@ fn write_traced(path: &Path, first_return: FirstReturn, mut written: impl FnMut(
     w.finish(ts + 10).unwrap();
 }
 
-/// What `record`'s planning thread does with the recording written at `path`
-/// (a look at it each [`STEP`] events, and, with `last_look`, one after its end
-/// marker), then the session when it ends.
-fn read_while_written(path: &Path, first_return: FirstReturn, last_look: bool) -> Finished {
+/// How the planning thread reads.
+#[derive(Clone, Copy, PartialEq)]
+enum Reading {
+    /// A look at the file each [`STEP`] events.
+    AsItGrows,
+    /// The same, and one more after its end marker.
+    ToTheEnd,
+    /// Each look replays a tenth of what was written since the last: the
+    /// views are still catching up when the recording ends.
+    Slowly,
+}
+
+/// What `record`'s planning thread does with the recording written at `path`,
+/// reading it as `reading` says, then the session when it ends.
+fn read_while_written(path: &Path, first_return: FirstReturn, reading: Reading) -> Finished {
     let finished = AtomicBool::new(false);
     let mut ww: Option<WhileWritten> = None;
     let mut looks = 0;
     write_traced(path, first_return, || {
         let ww = ww.get_or_insert_with(|| {
             let reader = RecordingReader::open_in_place(path).unwrap();
-            WhileWritten::new(path.to_path_buf(), reader).with_lag(50_000)
+            let ww = WhileWritten::new(path.to_path_buf(), reader).with_lag(50_000);
+            match reading {
+                Reading::Slowly => ww.with_catch_up_per_look(STEP / 10),
+                _ => ww,
+            }
         });
-        while ww.look(&finished).unwrap() == Looked::Again {}
+        if reading == Reading::Slowly {
+            ww.look(&finished).unwrap();
+        } else {
+            while ww.look(&finished).unwrap() == Looked::Again {}
+        }
         looks += 1;
     });
     assert!(looks > 5, "{looks} looks");
     let mut ww = ww.unwrap();
-    if last_look {
-        assert_eq!(ww.look(&finished).unwrap(), Looked::Finished);
+    if reading == Reading::ToTheEnd {
+        while ww.look(&finished).unwrap() == Looked::Again {}
     }
     if first_return == FirstReturn::Soon {
-        assert!(
+        assert_eq!(
             ww.reads_once(),
-            "the views never caught up with the first pass"
+            reading != Reading::Slowly,
+            "whether the views caught up with the first pass"
         );
     }
     ww.finish().expect("read to its end")
+}
+
+/// The views kept for the file at `path`, and the views of its events.
+fn kept_and_built(path: &Path) -> (Vec<u8>, StoredViews) {
+    let (ahead, completion) = ahead::take(path).expect("kept for the file");
+    assert!(ahead::take(path).is_none(), "taken once");
+    assert!(matches!(completion, Completion::Complete(_)));
+    let whole = StoredViews::build(&mut RecordingReader::open(path).unwrap()).unwrap();
+    (postcard::to_stdvec(&ahead).unwrap(), whole)
 }
 
 #[test]
 fn views_built_while_the_recording_grew_are_byte_for_byte_the_views_of_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.pyprobe");
-    // The thread's last look read to the end marker before the recording was
-    // said finished: nothing is left to plan, and the views are the file's.
-    let done = read_while_written(&path, FirstReturn::Soon, true);
-    assert!(matches!(done.views, Some(ViewsOutcome::Kept { .. })));
-    assert_eq!(done.planned_late, 0);
-    let (ahead, _) = ahead::take(&path).expect("kept for the file");
-    let whole = StoredViews::build(&mut RecordingReader::open(&path).unwrap()).unwrap();
-    assert_eq!(
-        postcard::to_stdvec(&ahead).unwrap(),
-        postcard::to_stdvec(&whole).unwrap()
-    );
-
-    let done = read_while_written(&path, FirstReturn::Soon, false);
+    let done = read_while_written(&path, FirstReturn::Soon, Reading::AsItGrows);
     let Some(ViewsOutcome::Kept { late }) = done.views else {
         panic!("not kept");
     };
@@ -159,11 +176,7 @@ fn views_built_while_the_recording_grew_are_byte_for_byte_the_views_of_the_file(
         "{} planned at the end",
         done.planned_late
     );
-    let (ahead, completion) = ahead::take(&path).expect("kept for the file");
-    assert!(ahead::take(&path).is_none(), "taken once");
-    assert!(matches!(completion, Completion::Complete(_)));
-
-    let whole = StoredViews::build(&mut RecordingReader::open(&path).unwrap()).unwrap();
+    let (ahead, whole) = kept_and_built(&path);
     // The cost per event was measured and taken away.
     assert!(whole.report.processes.iter().any(|p| p.event_cost_ns == 31));
     let deco = whole
@@ -173,10 +186,28 @@ fn views_built_while_the_recording_grew_are_byte_for_byte_the_views_of_the_file(
         .find(|f| f.function.ends_with("deco"))
         .expect("deco's row");
     assert_eq!((deco.line, deco.calls), (11, Some(2)));
-    assert_eq!(
-        postcard::to_stdvec(&ahead).unwrap(),
-        postcard::to_stdvec(&whole).unwrap()
-    );
+    assert_eq!(ahead, postcard::to_stdvec(&whole).unwrap());
+
+    // The thread's last look read to the end marker before the recording was
+    // said finished: nothing is left to plan.
+    let done = read_while_written(&path, FirstReturn::Soon, Reading::ToTheEnd);
+    assert!(matches!(done.views, Some(ViewsOutcome::Kept { .. })));
+    assert_eq!(done.planned_late, 0);
+    let (ahead, whole) = kept_and_built(&path);
+    assert_eq!(ahead, postcard::to_stdvec(&whole).unwrap());
+
+    // Still catching up at the end: the pass and the views read on from their
+    // own readers.
+    let done = read_while_written(&path, FirstReturn::Soon, Reading::Slowly);
+    let Some(ViewsOutcome::Kept { late }) = done.views else {
+        panic!(
+            "not kept: {:?}",
+            done.views.map(|v| matches!(v, ViewsOutcome::Refuted))
+        );
+    };
+    assert!(late > STEP, "{late}");
+    let (ahead, whole) = kept_and_built(&path);
+    assert_eq!(ahead, postcard::to_stdvec(&whole).unwrap());
 }
 
 #[test]
@@ -185,12 +216,12 @@ fn views_are_dropped_when_a_later_plan_answers_otherwise() {
     // `deco` entered again after its row's first line was learned: the first
     // plan's answer (line 12) is contradicted on the way.
     let path = dir.path().join("later.pyprobe");
-    assert!(read_while_written(&path, FirstReturn::Later, false)
-        .views
-        .is_none());
+    let done = read_while_written(&path, FirstReturn::Later, Reading::AsItGrows);
+    assert!(!matches!(done.views, Some(ViewsOutcome::Kept { .. })));
+    assert!(ahead::take(&path).is_none());
     // Learned only at the end: the whole recording's plan refutes them.
     let path = dir.path().join("end.pyprobe");
-    let done = read_while_written(&path, FirstReturn::AtTheEnd, true);
+    let done = read_while_written(&path, FirstReturn::AtTheEnd, Reading::ToTheEnd);
     assert!(matches!(done.views, Some(ViewsOutcome::Refuted)));
     assert!(ahead::take(&path).is_none());
 }

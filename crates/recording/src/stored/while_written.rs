@@ -32,6 +32,9 @@ use crate::recording::{Completion, Event, FileKey, Qualnames, RecordError, Recor
 /// return; on CPython 3.15, which entries were generator creations) comes
 /// mostly within them.
 const LAG_EVENTS: u64 = 1 << 17;
+/// Events one look reads into the first pass, and replays while the views
+/// catch up, before the other gets its turn.
+const PER_LOOK: u64 = 1 << 20;
 /// Events looked at between two looks at whether the recording is finished.
 const EVENTS_BETWEEN_LOOKS: u32 = 4096;
 
@@ -80,6 +83,8 @@ pub struct WhileWritten {
     views_dropped: bool,
     /// Events the replay stays behind the pass.
     lag: u64,
+    /// Events one look replays while the views catch up.
+    catch_up_per_look: u64,
 }
 
 /// The views so far.
@@ -142,6 +147,7 @@ impl WhileWritten {
             views: None,
             views_dropped: false,
             lag: LAG_EVENTS,
+            catch_up_per_look: PER_LOOK,
         }
     }
 
@@ -149,6 +155,16 @@ impl WhileWritten {
     #[cfg(test)]
     pub(super) fn with_lag(self, lag: u64) -> Self {
         WhileWritten { lag, ..self }
+    }
+
+    /// Replays at most `events` a look while catching up, instead of
+    /// [`PER_LOOK`].
+    #[cfg(test)]
+    pub(super) fn with_catch_up_per_look(self, events: u64) -> Self {
+        WhileWritten {
+            catch_up_per_look: events,
+            ..self
+        }
     }
 
     /// Whether the views' reader reads for both (each event decoded once).
@@ -165,7 +181,7 @@ impl WhileWritten {
             return self.look_together(finished);
         }
         self.planner.resume()?;
-        let planning = plan_some(&mut self.planner, &mut self.pass, finished)?;
+        let planning = plan_some(&mut self.planner, &mut self.pass, PER_LOOK, finished)?;
         self.planned = self.planner.events_read();
         match planning {
             Planning::Stopped => return Ok(Looked::Finished),
@@ -202,7 +218,7 @@ impl WhileWritten {
     /// goes; reads for both once there.
     fn catch_up(&mut self, finished: &mut Flag) -> Result<Looked, RecordError> {
         let lag = self.lag;
-        loop {
+        for _ in 0..self.catch_up_per_look {
             let Some(v) = self.views.as_mut() else {
                 return Ok(Looked::Later);
             };
@@ -227,6 +243,8 @@ impl WhileWritten {
                 None => return Ok(Looked::Later),
             }
         }
+        // The pass's turn.
+        Ok(Looked::Later)
     }
 
     /// A plan made from the pass as it is now, for the views; `false` when the
@@ -471,24 +489,22 @@ fn replay_rest(
 enum Planning {
     /// Every event written so far is in the pass.
     AllRead,
-    /// [`PLANNED_PER_LOOK`] events were read, and more were written: the views
-    /// get their turn before the pass reads on.
+    /// A look's events were read, and more were written: the views get their
+    /// turn before the pass reads on.
     MoreToRead,
     /// `finished` was set.
     Stopped,
 }
 
-/// Events a look reads into the pass before the views' turn.
-const PLANNED_PER_LOOK: u64 = 1 << 20;
-
-/// Reads the events there are into `pass`, at most [`PLANNED_PER_LOOK`], or
-/// until `finished` is set (looked at now and then).
+/// Reads the events there are into `pass`, at most `per_look`, or until
+/// `finished` is set (looked at now and then).
 fn plan_some(
     reader: &mut Reader,
     pass: &mut FirstPass<'static>,
+    per_look: u64,
     finished: &mut Flag,
 ) -> Result<Planning, RecordError> {
-    for _ in 0..PLANNED_PER_LOOK {
+    for _ in 0..per_look {
         if finished.now() {
             return Ok(Planning::Stopped);
         }
