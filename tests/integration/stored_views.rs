@@ -286,11 +286,15 @@ fn the_view_written_at_the_end_takes_the_first_pass_made_while_recording() {
 #[test]
 fn the_views_kept_at_the_end_were_replayed_while_recording() {
     let dir = tempfile::tempdir().unwrap();
-    for version in ["3.13", "3.9"] {
+    // Views kept from 0 bytes, and never: a recording below the size gets no
+    // views file, but the views built while recording still draw its graph.
+    for (version, store_from) in [("3.13", Some(0)), ("3.9", Some(0)), ("3.13", None)] {
         let Some(py) = python(version) else { continue };
-        let svg = dir.path().join(format!("hot-{version}.svg"));
+        let name = format!("hot-{version}-{}", store_from.is_some());
+        let svg = dir.path().join(format!("{name}.svg"));
+        let limit = store_from.unwrap_or(u64::MAX).to_string();
         let out = pyprobe()
-            .env("PYPROBE_STORE_VIEWS_BYTES", "0")
+            .env("PYPROBE_STORE_VIEWS_BYTES", &limit)
             .args(["record", "-v", "--mode", "trace", "-o"])
             .arg(&svg)
             .arg("--")
@@ -304,20 +308,29 @@ fn the_views_kept_at_the_end_were_replayed_while_recording() {
         assert!(
             said.contains("its replay was made while they were written too")
                 && said.contains("after the recording ended), and the view took it"),
-            "{version}: the views were not replayed while recording, or not taken: {said}"
+            "{name}: the views were not replayed while recording, or not taken: {said}"
         );
-        let recording = dir.path().join(format!("hot-{version}.pyprobe"));
-        let kept = dir.path().join(format!("hot-{version}.pyprobe.views"));
-        let built_ahead = std::fs::read(&kept).expect("the views kept");
-        std::fs::remove_file(&kept).unwrap();
-        let later = flame_later(&recording, Some(0));
-        assert!(
-            std::fs::read(&kept).unwrap() == built_ahead,
-            "{version}: the views built while recording are not those of its events"
-        );
+        let recording = dir.path().join(format!("{name}.pyprobe"));
+        let kept = dir.path().join(format!("{name}.pyprobe.views"));
+        if store_from.is_some() {
+            let built_ahead = std::fs::read(&kept).expect("the views kept");
+            std::fs::remove_file(&kept).unwrap();
+            flame_later(&recording, store_from);
+            assert!(
+                std::fs::read(&kept).unwrap() == built_ahead,
+                "{name}: the views built while recording are not those of its events"
+            );
+        } else {
+            assert!(
+                !kept.exists(),
+                "{name}: views kept beside a small recording"
+            );
+        }
+        // Drawn from the events alone (no views kept).
+        let later = flame_later(&recording, None);
         assert!(
             std::fs::read(&svg).unwrap() == std::fs::read(&later).unwrap(),
-            "{version}: the flame graph written at the end is not the one its events give"
+            "{name}: the flame graph written at the end is not the one its events give"
         );
     }
 }

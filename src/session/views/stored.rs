@@ -86,8 +86,8 @@ fn kept_views(file: &Path) -> Option<StoredViews> {
     }
 }
 
-/// The views kept beside `file`, or built and kept now; `None` for a small
-/// recording.
+/// The views kept beside `file`, or built and kept now; for a small recording,
+/// only those `record` built while writing it (else `None`).
 fn views_of(file: &Path, notes: Notes) -> Result<Option<StoredViews>> {
     let say = |line: String| {
         if notes == Notes::Say {
@@ -96,7 +96,9 @@ fn views_of(file: &Path, notes: Notes) -> Result<Option<StoredViews>> {
     };
     let before = FileState::of(file).with_context(|| format!("cannot read {}", file.display()))?;
     if before.bytes() < store_from_bytes() {
-        return Ok(None);
+        // None is kept beside a small recording; those `record` built while
+        // writing it serve its first view all the same.
+        return Ok(stored::ahead::take(file).map(|(views, _)| views));
     }
     let kept = stored::path_for(file);
     let lookup = match stored::load(file) {
