@@ -711,9 +711,9 @@ fn wait_for_child(pid: i32) -> i32 {
 }
 
 /// What pyprobe's own threads took of the machine while recording (`-v`): its
-/// CPU time, and per event written. The target's is not in it.
-/// pyprobe's CPU time for the recording, `view_ns` of it (the view's passes made
-/// while the events were written, at low priority) told apart.
+/// CPU time, and per event written. The target's is not in it, and the view's
+/// passes (`view_ns`: made while the events were written, then the rest) are
+/// told apart.
 fn own_cpu_line(events: u64, view_ns: u64) -> Option<String> {
     use nix::sys::resource::{getrusage, UsageWho};
     let usage = getrusage(UsageWho::RUSAGE_SELF).ok()?;
@@ -727,8 +727,8 @@ fn own_cpu_line(events: u64, view_ns: u64) -> Option<String> {
     let view = match view_ns {
         0 => String::new(),
         n => format!(
-            "; {:.2} s more making the view's passes while the events were written, at low \
-             priority",
+            "; {:.2} s more on the view's passes (on idle CPU while the events were \
+             written, then the rest)",
             n as f64 / 1e9
         ),
     };
