@@ -1314,3 +1314,52 @@ fn a_function_without_a_name_is_named_alike_in_the_report_and_the_flame_graph() 
         format!("{} (/app/main.py:3)", row.qualname)
     );
 }
+
+/// A replay made while the recording is written needs the cost per event from
+/// its first call: the costs are settled only once calls were traced, and each
+/// process that made them has its gaps measured.
+#[test]
+fn the_costs_are_settled_only_once_calls_were_traced_and_measured() {
+    use super::replay::Planner;
+    let mut planner = Planner::new(&header_of("3.13.5"));
+    // Nothing traced yet: not "every process of none".
+    assert!(!planner.costs_settled());
+    planner.push(
+        &Event {
+            tid: 1,
+            ts_ns: 10,
+            kind: EventKind::ThreadStart { pid: 0 },
+        },
+        &[],
+    );
+    assert!(!planner.costs_settled());
+    let frame = FrameRef {
+        file: StrId(0),
+        function: StrId(0),
+        line: 1,
+    };
+    let mut ts = 100;
+    for i in 0..(1u64 << 21) + 2 {
+        let kind = if i % 2 == 0 {
+            EventKind::Call { frame }
+        } else {
+            EventKind::Return {
+                frame,
+                first_line: 1,
+            }
+        };
+        planner.push(
+            &Event {
+                tid: 1,
+                ts_ns: ts,
+                kind,
+            },
+            &["f".to_owned()],
+        );
+        ts += if i % 50 == 0 { 30 } else { 90 };
+        if i == 10 {
+            assert!(!planner.costs_settled(), "settled after a few gaps");
+        }
+    }
+    assert!(planner.costs_settled());
+}
