@@ -18,6 +18,7 @@ use std::time::Duration;
 use pyprobe_recording::analyze::planned_ahead;
 use pyprobe_recording::recording::RecordingReader;
 use pyprobe_recording::stored::{Finished, Looked, ViewsOutcome, WhileWritten};
+use pyprobe_sdt::tracer::clock::{process_cpu_ns, thread_cpu_ns};
 use pyprobe_sdt::tracer::signals::spawn_helper;
 
 /// How often the thread looks for what was written since.
@@ -55,28 +56,6 @@ fn run_only_when_idle() {
             libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
         }
     }
-}
-
-/// The CPU time of the calling thread.
-fn thread_cpu_ns() -> u64 {
-    cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID)
-}
-
-/// The CPU time of pyprobe, every thread of it.
-fn process_cpu_ns() -> u64 {
-    cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID)
-}
-
-fn cpu_ns(clock: libc::clockid_t) -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    if unsafe { libc::clock_gettime(clock, &mut t) } != 0 {
-        return 0;
-    }
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// The planning thread of one recording.

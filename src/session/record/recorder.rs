@@ -586,9 +586,7 @@ impl<'a> Recorder<'a> {
         }
         if request.verbose {
             let view_ns = planned_ahead.as_ref().map_or(0, |a| a.cpu_ns);
-            if let Some(line) = own_cpu_line(events, view_ns) {
-                eprintln!("pyprobe: {line}");
-            }
+            eprintln!("pyprobe: {}", own_cpu_line(events, view_ns));
         }
         if settings.view.is_some() {
             let taken_before = pyprobe_recording::analyze::planned_ahead::times_taken();
@@ -714,12 +712,8 @@ fn wait_for_child(pid: i32) -> i32 {
 /// CPU time, and per event written. The target's is not in it, and the view's
 /// passes (`view_ns`: made while the events were written, then the rest) are
 /// told apart.
-fn own_cpu_line(events: u64, view_ns: u64) -> Option<String> {
-    use nix::sys::resource::{getrusage, UsageWho};
-    let usage = getrusage(UsageWho::RUSAGE_SELF).ok()?;
-    let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
-    let all_ns = (micros(usage.user_time()) + micros(usage.system_time())) * 1000;
-    let cpu_ns = all_ns.saturating_sub(view_ns);
+fn own_cpu_line(events: u64, view_ns: u64) -> String {
+    let cpu_ns = pyprobe_sdt::tracer::clock::process_cpu_ns().saturating_sub(view_ns);
     let per_event = match events {
         0 => String::new(),
         n => format!(", {} ns per event written", cpu_ns / n),
@@ -732,8 +726,8 @@ fn own_cpu_line(events: u64, view_ns: u64) -> Option<String> {
             n as f64 / 1e9
         ),
     };
-    Some(format!(
+    format!(
         "pyprobe itself used {:.2} s of CPU (attach and recording, all its threads){per_event}{view}",
         cpu_ns as f64 / 1e9
-    ))
+    )
 }
