@@ -393,39 +393,25 @@ fn read_tail(
     planned: u64,
     mut waiting: Option<&mut VecDeque<(Event, Option<ChunkEnd>)>>,
 ) -> Option<Names> {
-    reader.resume().ok()?;
-    while !reader.at_chunk_end() {
-        // None: the end marker was read (the thread read to it before it
-        // stopped).
-        let Some(event) = reader.events().next() else {
-            break;
-        };
-        let event = event.ok()?;
-        if reader.events_read() > planned {
-            pass.push(&event, reader.strings());
+    let mut plan = |r: &Reader, event: &Event| {
+        if r.events_read() > planned {
+            pass.push(event, r.strings());
         }
+    };
+    read_to_chunk_end(reader, |r, event| {
+        plan(r, &event);
         if let Some(w) = waiting.as_mut() {
-            w.push_back((event, ChunkEnd::of(reader)));
+            w.push_back((event, ChunkEnd::of(r)));
         }
-    }
+    })?;
     match reader.completion() {
         Completion::Reading => {}
         Completion::Complete(_) => return Names::of(reader),
         _ => return None,
     }
-    let mut tail = reader
-        .go_on_reading_ahead(reader.strings().to_vec(), reader.qualnames().clone())
-        .ok()?;
-    while let Some(event) = tail.events().next() {
-        let event = event.ok()?;
-        if tail.events_read() > planned {
-            pass.push(&event, tail.strings());
-        }
-    }
-    match tail.completion() {
-        Completion::Complete(_) => Names::of(&tail),
-        _ => None,
-    }
+    let (strings, qualnames) = (reader.strings().to_vec(), reader.qualnames().clone());
+    let tail = read_rest_ahead(reader, strings, qualnames, |r, event| plan(r, &event))?;
+    Names::of(&tail)
 }
 
 /// Settles the views with the whole recording's plan and, if they hold,
@@ -445,43 +431,62 @@ fn replay_rest(
     for (event, end) in &waiting {
         builder.push_at(*end, event);
     }
-    if reader.resume().is_err() {
-        return ViewsOutcome::Unread;
-    }
     // Events already waiting were read in place up to a chunk end; a reader
     // still catching up may be inside one.
-    while !reader.at_chunk_end() {
-        match reader.events().next() {
-            Some(Ok(event)) => builder.push(&reader, &event),
-            Some(Err(_)) => return ViewsOutcome::Unread,
-            None => break,
-        }
-    }
-    let mut rest = match reader.completion() {
-        Completion::Reading => {
-            match reader.go_on_reading_ahead(names.strings.clone(), names.qualnames.clone()) {
-                Ok(rest) => rest,
-                Err(_) => return ViewsOutcome::Unread,
-            }
-        }
-        _ => reader,
-    };
-    while let Some(event) = rest.events().next() {
-        match event {
-            Ok(event) => builder.push(&rest, &event),
-            Err(_) => return ViewsOutcome::Unread,
-        }
-    }
-    let Completion::Complete(_) = rest.completion() else {
+    if read_to_chunk_end(&mut reader, |r, event| builder.push(r, &event)).is_none() {
         return ViewsOutcome::Unread;
+    }
+    let rest = match reader.completion() {
+        Completion::Reading => read_rest_ahead(
+            &reader,
+            names.strings.clone(),
+            names.qualnames.clone(),
+            |r, event| builder.push(r, &event),
+        ),
+        Completion::Complete(_) => Some(reader),
+        _ => None,
     };
-    let Some(key) = rest.file_key() else {
+    let Some((rest, key)) = rest.and_then(|r| r.file_key().map(|key| (r, key))) else {
         return ViewsOutcome::Unread;
     };
     let late = builder.events() - before;
     let completion = rest.completion();
     ahead::remember(key, builder.finish(&rest, planned.clone()), completion);
     ViewsOutcome::Kept { late }
+}
+
+/// Reads `reader` in place (resumed where the file ended, if it did) to the
+/// end of the events chunk it is in, or to the end marker, giving `each` every
+/// event with the reader that read it; `None` at an error.
+fn read_to_chunk_end(reader: &mut Reader, mut each: impl FnMut(&Reader, Event)) -> Option<()> {
+    reader.resume().ok()?;
+    while !reader.at_chunk_end() {
+        // None: the end marker was read (the thread read to it before it
+        // stopped).
+        let Some(event) = reader.events().next() else {
+            break;
+        };
+        each(reader, event.ok()?);
+    }
+    Some(())
+}
+
+/// Reads the rest of the recording after `reader`'s place (a chunk end),
+/// decoded ahead by a thread that knows the names `strings` and `qualnames`
+/// (at least those defined before that place), giving `each` every event with
+/// the reader that read it. Returns that reader once it read the end marker;
+/// `None` at an error, or without it.
+fn read_rest_ahead(
+    reader: &Reader,
+    strings: Vec<String>,
+    qualnames: Qualnames,
+    mut each: impl FnMut(&Reader, Event),
+) -> Option<Reader> {
+    let mut rest = reader.go_on_reading_ahead(strings, qualnames).ok()?;
+    while let Some(event) = rest.events().next() {
+        each(&rest, event.ok()?);
+    }
+    matches!(rest.completion(), Completion::Complete(_)).then_some(rest)
 }
 
 /// How far a look's first pass went.
