@@ -4,42 +4,34 @@
 //! planned is kept here for that file as it was then: a reader of the file, at
 //! its first event, while the file is still that, takes it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::first_pass::Planned;
-use crate::recording::{FileKey, Qualnames, RecordingReader};
+use crate::recording::{FileKey, MadeAhead, Qualnames, RecordingReader};
 
 /// The first pass of one file, and the names it read to the end.
 struct PlannedFile {
-    key: FileKey,
     planned: Planned,
     strings: Vec<String>,
     qualnames: Qualnames,
 }
 
-/// At most one file's: the recording this process wrote last.
-static AHEAD: Mutex<Option<Arc<PlannedFile>>> = Mutex::new(None);
-/// Times a reader took it.
-static TAKEN: AtomicU64 = AtomicU64::new(0);
+static AHEAD: MadeAhead<Arc<PlannedFile>> = MadeAhead::new();
 
 /// How many times a view took a first pass made before instead of its own.
 pub fn times_taken() -> u64 {
-    TAKEN.load(Ordering::Relaxed)
+    AHEAD.times_used()
 }
 
 /// Keeps `planned`, the first pass of every event of the file whose key is `key`
 /// (read to its end), with the recording's `strings` and `qualnames`.
 pub fn remember(key: FileKey, planned: Planned, strings: Vec<String>, qualnames: Qualnames) {
     let file = PlannedFile {
-        key,
         planned,
         strings,
         qualnames,
     };
-    if let Ok(mut ahead) = AHEAD.lock() {
-        *ahead = Some(Arc::new(file));
-    }
+    AHEAD.remember(key, Arc::new(file));
 }
 
 /// The first pass of `reader`'s file, when it was made before and the file is
@@ -51,15 +43,8 @@ pub(crate) fn known<R: std::io::Read + std::io::Seek>(
     if reader.events_read() != 0 {
         return None;
     }
-    let key = reader.file_key()?;
-    let file = AHEAD
-        .lock()
-        .ok()?
-        .as_ref()
-        .filter(|f| f.key == key)
-        .cloned()?;
+    let file = AHEAD.copy_for(reader.file_key()?)?;
     reader.know_names(file.strings.clone(), file.qualnames.clone());
-    TAKEN.fetch_add(1, Ordering::Relaxed);
     Some(file.planned.clone())
 }
 

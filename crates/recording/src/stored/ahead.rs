@@ -5,23 +5,17 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
 use super::StoredViews;
-use crate::recording::{Completion, FileKey};
+use crate::recording::{Completion, FileKey, MadeAhead};
 
-/// At most one file's: the recording this process wrote last.
-static AHEAD: Mutex<Option<(FileKey, Box<StoredViews>, Completion)>> = Mutex::new(None);
-/// Times a view took them.
-static TAKEN: AtomicU64 = AtomicU64::new(0);
+/// The views, and how their reader ended.
+static AHEAD: MadeAhead<(Box<StoredViews>, Completion)> = MadeAhead::new();
 
 /// Keeps `views`, the views of every event of the file whose key is `key`, read
 /// by a reader that ended with `completion`.
 pub fn remember(key: FileKey, views: StoredViews, completion: Completion) {
-    if let Ok(mut ahead) = AHEAD.lock() {
-        *ahead = Some((key, Box::new(views), completion));
-    }
+    AHEAD.remember(key, (Box::new(views), completion));
 }
 
 /// The views of the recording at `path`, and how their reader ended, when they
@@ -29,16 +23,11 @@ pub fn remember(key: FileKey, views: StoredViews, completion: Completion) {
 /// are not there).
 pub fn take(path: &Path) -> Option<(StoredViews, Completion)> {
     let key = FileKey::of(&File::open(path).ok()?).ok()?;
-    let mut ahead = AHEAD.lock().ok()?;
-    if ahead.as_ref().is_none_or(|(k, _, _)| *k != key) {
-        return None;
-    }
-    let (_, views, completion) = ahead.take()?;
-    TAKEN.fetch_add(1, Ordering::Relaxed);
+    let (views, completion) = AHEAD.take_for(key)?;
     Some((*views, completion))
 }
 
 /// How many times a view took views built before instead of building them.
 pub fn times_taken() -> u64 {
-    TAKEN.load(Ordering::Relaxed)
+    AHEAD.times_used()
 }
