@@ -216,6 +216,28 @@ fn kept_views_of_a_replaced_recording_or_damaged_are_not_used() {
     assert_eq!(out.stdout, stored);
 }
 
+/// `pyprobe record -v --mode trace -o svg` of the fixture `script` (a path in
+/// the repository, then its arguments) under `python`, with views kept from
+/// `store_from` bytes (`None`: never); what it said, once it succeeded.
+fn record_svg(python: &Path, svg: &Path, store_from: Option<u64>, script: &[&str]) -> String {
+    let out = pyprobe()
+        .env(
+            "PYPROBE_STORE_VIEWS_BYTES",
+            store_from.unwrap_or(u64::MAX).to_string(),
+        )
+        .args(["record", "-v", "--mode", "trace", "-o"])
+        .arg(svg)
+        .arg("--")
+        .arg(python)
+        .arg(repo().join(script[0]))
+        .args(&script[1..])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
+    said
+}
+
 /// The flame graph `pyprobe flame` draws later from `recording` (views kept from
 /// `store_from` bytes), beside it as `later.svg`.
 fn flame_later(recording: &Path, store_from: Option<u64>) -> PathBuf {
@@ -241,22 +263,12 @@ fn the_view_written_at_the_end_takes_the_first_pass_made_while_recording() {
     for (version, store_from) in [("3.13", "0"), ("3.9", "0"), ("3.13", "none")] {
         let Some(py) = python(version) else { continue };
         let svg = dir.path().join(format!("run-{version}-{store_from}.svg"));
-        let limit = match store_from {
-            "none" => u64::MAX.to_string(),
-            n => n.to_string(),
-        };
-        let out = pyprobe()
-            .env("PYPROBE_STORE_VIEWS_BYTES", &limit)
-            .args(["record", "-v", "--mode", "trace", "-o"])
-            .arg(&svg)
-            .arg("--")
-            .arg(&py.launcher)
-            .arg(repo().join("fixtures/demo.py"))
-            .args(["--seconds", "0.5"])
-            .output()
-            .unwrap();
-        let said = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{said}");
+        let said = record_svg(
+            &py.launcher,
+            &svg,
+            store_from.parse().ok(),
+            &["fixtures/demo.py", "--seconds", "0.5"],
+        );
         assert!(
             said.contains("was made while they were written") && said.contains("the view took it"),
             "{version}, views kept from {store_from} bytes: the first pass was not made while \
@@ -292,19 +304,12 @@ fn the_views_kept_at_the_end_were_replayed_while_recording() {
         let Some(py) = python(version) else { continue };
         let name = format!("hot-{version}-{}", store_from.is_some());
         let svg = dir.path().join(format!("{name}.svg"));
-        let limit = store_from.unwrap_or(u64::MAX).to_string();
-        let out = pyprobe()
-            .env("PYPROBE_STORE_VIEWS_BYTES", &limit)
-            .args(["record", "-v", "--mode", "trace", "-o"])
-            .arg(&svg)
-            .arg("--")
-            .arg(&py.launcher)
-            .arg(repo().join("fixtures/python/burst_then_idle.py"))
-            .args(["1.0", "2.0"])
-            .output()
-            .unwrap();
-        let said = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{said}");
+        let said = record_svg(
+            &py.launcher,
+            &svg,
+            store_from,
+            &["fixtures/python/burst_then_idle.py", "1.0", "2.0"],
+        );
         assert!(
             said.contains("its replay was made while they were written too")
                 && said.contains("after the recording ended), and the view took it"),
