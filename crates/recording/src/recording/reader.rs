@@ -109,7 +109,8 @@ impl RecordingReader<BufReader<File>> {
 
     /// A reader of the same file (even renamed since) that decodes ahead in a
     /// thread, going on where this one is, at a chunk end
-    /// ([`at_chunk_end`](Self::at_chunk_end)); `strings` and `qualnames` are the
+    /// ([`at_chunk_end`](Self::at_chunk_end)), knowing `strings` and `qualnames`:
+    /// at least those defined before this place (this reader's), at most the
     /// whole recording's (read by another reader). This one is not to be read
     /// again: the two share the file's offset.
     pub(crate) fn go_on_reading_ahead(

@@ -231,7 +231,6 @@ impl Plan {
     /// The function of a frame the walker read.
     pub(crate) fn walked_code(&self, w: &WalkedFrame) -> FrameRef {
         if w.code.line != 0 {
-            // The code object's own first line: no question of the plan.
             return w.code;
         }
         // Format 1: no first line; the enclosing known one, else one row per name.
@@ -256,10 +255,7 @@ impl Plan {
     }
 
     pub(super) fn is_shim(&self, f: &FrameRef) -> bool {
-        if f.line != NO_LINE {
-            return false;
-        }
-        self.shims.contains(&(f.file, f.function))
+        f.line == NO_LINE && self.shims.contains(&(f.file, f.function))
     }
 }
 

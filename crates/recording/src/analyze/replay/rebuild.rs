@@ -82,8 +82,12 @@ pub struct Replay {
 impl Replay {
     /// Replays a recording described by `header` with the first pass's `plan`.
     pub fn new(header: &Header, plan: Plan) -> Self {
+        Self::asking(header, AskedPlan::whole(plan))
+    }
+
+    fn asking(header: &Header, plan: AskedPlan) -> Self {
         Replay {
-            plan: AskedPlan::whole(plan),
+            plan,
             threads: FxHashMap::default(),
             segment: 0,
             header_start: header.start_ns,
@@ -107,9 +111,7 @@ impl Replay {
     /// events so far: every answer the plan gives is kept, to be checked by
     /// [`settle`](Self::settle).
     pub(crate) fn provisional(header: &Header, plan: Plan) -> Self {
-        let mut replay = Replay::new(header, Plan::default());
-        replay.plan = AskedPlan::provisional(plan);
-        replay
+        Self::asking(header, AskedPlan::provisional(plan))
     }
 
     /// Goes on with `plan`, a provisional plan made from more events, keeping
