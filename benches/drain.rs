@@ -49,11 +49,11 @@ struct Ring {
 
 impl Ring {
     fn new(capacity: u64) -> Ring {
-        let len = ring_bytes(capacity).expect("ring size");
+        let len = ring_bytes(capacity, Slots::Records).expect("ring size");
         let mut ring = Ring {
             words: vec![0; len / 8],
         };
-        init_ring(ring.bytes(), capacity).expect("ring header");
+        init_ring(ring.bytes(), capacity, Slots::Records).expect("ring header");
         ring
     }
 

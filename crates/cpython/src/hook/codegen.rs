@@ -14,6 +14,7 @@ mod c_calls;
 mod callbacks;
 mod detour;
 mod install;
+mod record;
 
 pub use detour::{build_detour, Detour, DetourCalls, JMP_LEN};
 
@@ -138,9 +139,8 @@ pub struct HookParams {
     pub(crate) addr: u64,
     pub(crate) state_addr: u64,
     pub(crate) ring_addr: u64,
+    /// The ring's units.
     pub(crate) capacity: u64,
-    /// Written into each record's `tag`: the process id.
-    pub(crate) tag: u32,
     pub(crate) symbols: HookSymbols,
     pub(crate) route: Route,
     /// Offsets of `co_name`, `co_filename` and `co_firstlineno` (an int) in a code

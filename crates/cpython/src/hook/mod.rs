@@ -23,15 +23,17 @@
 //!   Each loads the state word `on`; when set, and when called as the interpreter
 //!   calls it (`n >= 2`, `args[0]` an object of type `PyCode_Type`: a program can
 //!   fetch the callback with `register_callback` and call it with anything, and
-//!   gets `None` then, nothing recorded), it reserves a slot with the ring's
+//!   gets `None` then, nothing recorded), it writes the event as compact units
+//!   ([`units`]: one unit of 16 bytes, {kind, `rdtsc`; the code object}, after
+//!   the thread's `%fs` base, the returned type and the code object's parts only
+//!   when they differ from what it sent last), each reserved with the ring's
 //!   producer protocol, the very code the SDT trampolines run
 //!   (`pyprobe_sdt::ring::codegen::emit_reserve`: a full ring is waited on while pyprobe
 //!   serves it, spinning then asleep in `futex` on `tail`, so the target runs at
 //!   pyprobe's pace rather than lose calls; without `lock` while the process has
-//!   one thread, as for the SDT ring), writes {`rdtsc`, kind, tag = pid, `%fs`
-//!   base, `args[0]` (the code object), on a return `Py_TYPE(args[2])`}, publishes
-//!   `seq` last, and returns `None` (immortal on 3.12+, so no reference is taken).
-//!   No string, no allocation, no C API call on this path; a system call only while
+//!   one thread, as for the SDT ring), publishes each by its first word, stored
+//!   last, and returns `None` (immortal on 3.12+, so no reference is taken).
+//!   No allocation, no C API call on this path; a system call only while
 //!   the ring is full.
 //! * The installer: `PySys_GetObject("monitoring")`, `use_tool_id(TOOL, "pyprobe")`,
 //!   (events are passed as their `sys.monitoring.events` bit, `1 << number`),
@@ -98,6 +100,8 @@
 //! | [`ST_AT_EXIT_RETRY`] | events until the next try to register the exit callback (0: none pending) |
 //! | [`ST_AT_EXIT_TRIES`] | failed tries to register it |
 //! | [`ST_CALLBACKS`] | the function objects registered, one per event (monitoring route) |
+//! | [`ST_SCRATCH`] | where a callback builds a parts or body group |
+//! | [`ST_LAST_THREAD`], [`ST_TYPES`], [`ST_SENT`] | what was sent to pyprobe ([`units`]): cleared at each attach |
 //!
 //! # The exit callback
 //!
@@ -119,6 +123,7 @@
 //! vanished pyprobe costs the target is one wait of `stale`, then nothing.
 
 pub(crate) mod codegen;
+pub(crate) mod units;
 
 #[cfg(test)]
 mod tests_exec;
@@ -174,16 +179,23 @@ pub(crate) const ST_AT_EXIT_TRIES: usize = 56;
 /// can tell from outside whether the interpreter still holds them. (Bytes 64 to
 /// 77 hold the name that marks the page as pyprobe's.)
 pub(crate) const ST_CALLBACKS: usize = 128;
-/// Both routes' table of the parts whose names a call record carried (see
-/// `codegen::callbacks::emit_copy_names`): [`SENT_ENTRIES`] entries of 32 bytes
-/// (code object, identity check, name pointer, first line), in the upper half of
-/// the state page. pyprobe empties it at each attach: a new pyprobe has
-/// been sent no name.
-pub(crate) const ST_SENT: usize = 2048;
-pub(crate) const SENT_ENTRIES: usize = 64;
-pub(crate) const SENT_ENTRY_SHIFT: u32 = 5;
-const _: () = assert!(ST_SENT + (SENT_ENTRIES << SENT_ENTRY_SHIFT) <= 4096);
-const _: () = assert!(SENT_ENTRIES.is_power_of_two());
+/// The scratch room a callback builds a parts or body group in (the callbacks
+/// run one at a time: with the GIL held) before copying it into the ring.
+pub(crate) const ST_SCRATCH: usize = 192;
+/// What the callbacks sent pyprobe, from here to the page's end (see
+/// [`units`]); pyprobe clears it at each attach, every thread stopped: a new
+/// pyprobe has been sent nothing. The thread of the last event.
+pub(crate) const ST_TABLES: usize = 448;
+pub(crate) const ST_LAST_THREAD: usize = ST_TABLES;
+/// The types table: [`units::TABLE_ENTRIES`] type objects.
+pub(crate) const ST_TYPES: usize = 512;
+/// The sent table: [`units::TABLE_ENTRIES`] entries of
+/// [`units::SENT_WORDS`] words (code object, name and file pointers, first line,
+/// identity check).
+pub(crate) const ST_SENT: usize = 1024;
+const _: () = assert!(ST_SCRATCH + units::GROUP_UNITS as usize * 16 <= ST_TABLES);
+const _: () = assert!(ST_TYPES + 8 * units::TABLE_ENTRIES <= ST_SENT);
+const _: () = assert!(ST_SENT + 8 * units::SENT_WORDS * units::TABLE_ENTRIES <= 4096);
 /// Events between two tries to register the exit callback.
 pub(crate) const AT_EXIT_RETRY_EVENTS: u32 = 256;
 /// Tries to register the exit callback before the hook gives up on it.

@@ -11,9 +11,10 @@ use iced_x86::code_asm::*;
 use super::codegen::{
     build_detour, build_hook, DetourCalls, HookCode, HookParams, HookSymbols, Route,
 };
+use super::units::{table_index, Decoded, UnitDecoder, GROUP_UNITS};
 use super::*;
 use pyprobe_sdt::ring::format::{init_ring, ring_bytes};
-use pyprobe_sdt::ring::{BranchTargets, RingReader};
+use pyprobe_sdt::ring::{BranchTargets, RingReader, Slots};
 
 /// The fakes below share global state: one test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -243,9 +244,16 @@ struct Setup {
     state: Box<[u64; 512]>,
     ring: Vec<u64>,
     hook: HookCode,
+    /// What the records sent so far, as pyprobe keeps it.
+    decoder: std::cell::RefCell<UnitDecoder>,
 }
 
-const CAP: u64 = 8;
+/// Units of the tests' ring.
+const CAP: u64 = 256;
+/// Units of a first event: its thread, its code object's parts, itself.
+const FIRST_UNITS: u64 = 1 + GROUP_UNITS + 1;
+/// Events of one code object that fit in the ring.
+const FIT: u64 = 1 + CAP - FIRST_UNITS;
 
 fn exec_map(len: usize) -> *mut u8 {
     // SAFETY: a fresh private anonymous mapping.
@@ -292,17 +300,16 @@ impl Setup {
         let len = 16 * 4096;
         let code = exec_map(len);
         let state = Box::new([0u64; 512]);
-        let bytes = ring_bytes(CAP).expect("ring size");
+        let bytes = ring_bytes(CAP, Slots::Units).expect("ring size");
         let mut ring = vec![0u64; bytes / 8];
         // SAFETY: the Vec's buffer viewed as bytes.
         let mem = unsafe { std::slice::from_raw_parts_mut(ring.as_mut_ptr().cast::<u8>(), bytes) };
-        init_ring(mem, CAP).expect("init");
+        init_ring(mem, CAP, Slots::Units).expect("init");
         let params = HookParams {
             addr: code as u64,
             state_addr: state.as_ptr() as u64,
             ring_addr: ring.as_ptr() as u64,
             capacity: CAP,
-            tag: 4242,
             symbols: symbols(),
             route,
             code_fields: [16, 24, 32],
@@ -318,6 +325,7 @@ impl Setup {
             state,
             ring,
             hook,
+            decoder: Default::default(),
         }
     }
 
@@ -352,6 +360,32 @@ impl Setup {
         // it through raw pointers as well.
         unsafe { RingReader::new(self.ring.as_ptr().cast_mut().cast(), self.ring.len() * 8) }
             .expect("reader")
+    }
+
+    /// The events recorded since the last look, read and decoded as pyprobe does.
+    fn records(&self) -> Vec<Decoded> {
+        decode_all(&mut self.reader(), &mut self.decoder.borrow_mut())
+    }
+}
+
+/// Every event `reader` finds, through `decoder`.
+fn decode_all(reader: &mut RingReader, decoder: &mut UnitDecoder) -> Vec<Decoded> {
+    let mut got = Vec::new();
+    // SAFETY: rdtsc has no preconditions on x86-64.
+    let now = unsafe { core::arch::x86_64::_rdtsc() };
+    reader.drain_units(usize::MAX, |_, words| {
+        got.extend(decoder.decode(words, now))
+    });
+    got
+}
+
+/// The text an event came with: a body's (`body`) or a call's.
+fn text(d: &Decoded, body: bool) -> Option<String> {
+    let t = d.texts.as_ref()?;
+    if body {
+        t.body.clone()
+    } else {
+        t.call.clone()
     }
 }
 
@@ -399,35 +433,36 @@ fn callbacks_write_one_record_each() {
     // PY_START with two arguments only.
     s.callback(0, &[code_of(6), 0]);
     let mut got = Vec::new();
-    let mut reader = s.reader();
-    reader.drain(100, |r| {
+    for r in s.records() {
         let k = names
             .iter()
-            .position(|n| n.as_ptr() as u64 == r.args[2])
+            .position(|n| n.as_ptr() as u64 == r.parts[1])
             .expect("a name");
-        assert_eq!(r.args[0], code_of(k));
-        assert_eq!(r.args[3], files[k].as_ptr() as u64);
-        let check = (0x1000 + k as u64) ^ (0x2000 + k as u64).rotate_left(1);
-        assert_eq!(r.args[5], check);
+        assert_eq!(r.parts[0], code_of(k));
+        assert_eq!(r.parts[2], files[k].as_ptr() as u64);
         // co_firstlineno is an int: sign-extended.
-        assert_eq!(r.args[4] as i64, -1 - k as i64);
-        got.push((
-            r.probe, r.tag, r.thread, r.nargs, r.args[0], r.args[1], r.tsc,
-        ))
-    });
-    assert_eq!(got.len(), EVENTS_312.len() + 1);
-    for (k, &(_, kind)) in EVENTS_312.iter().enumerate() {
-        let (probe, tag, thread, nargs, a0, a1, tsc) = got[k];
-        assert_eq!(probe, kind);
-        assert_eq!(tag, 4242);
-        assert_eq!(thread, fs_base());
-        assert_eq!(nargs, 6);
-        assert_eq!(a0, code_of(k));
-        let ty = if kind == KIND_RETURN { 0x7777_0000 } else { 0 };
-        assert_eq!(a1, ty, "event {k}");
-        assert!(tsc > 0);
+        assert_eq!(r.parts[3] as i64, -1 - k as i64);
+        let check = (0x1000 + k as u64) ^ (0x2000 + k as u64).rotate_left(1);
+        assert_eq!(r.parts[4], check);
+        got.push((r.kind, r.thread, r.parts[0], r.ty, r.stamp))
     }
-    assert_eq!(got[EVENTS_312.len()].4, code_of(6));
+    assert_eq!(got.len(), EVENTS_312.len() + 1);
+    // SAFETY: rdtsc has no preconditions on x86-64.
+    let now = unsafe { core::arch::x86_64::_rdtsc() };
+    for (k, &(_, kind)) in EVENTS_312.iter().enumerate() {
+        let (got_kind, thread, code, ty, stamp) = got[k];
+        assert_eq!(got_kind, kind);
+        assert_eq!(thread, fs_base());
+        assert_eq!(code, code_of(k));
+        let want_ty = if kind == KIND_RETURN { 0x7777_0000 } else { 0 };
+        assert_eq!(ty, want_ty, "event {k}");
+        assert!(stamp > 0 && stamp <= now, "event {k}");
+        assert!(k == 0 || stamp >= got[k - 1].4, "in order");
+    }
+    assert_eq!(got[EVENTS_312.len()].2, code_of(6));
+    // Each thread, type and code object was sent once, before its first event.
+    let units = 1 + 1 + 7 * GROUP_UNITS + EVENTS_312.len() as u64 + 1;
+    assert_eq!(s.reader().head(), units);
     assert!(calls().is_empty(), "the hot path calls nothing");
 }
 
@@ -452,13 +487,10 @@ fn callbacks_called_with_what_the_interpreter_never_passes_record_nothing() {
             assert_eq!(s.callback(k, args), none_addr(), "event {k}, {args:x?}");
         }
     }
-    let mut n = 0;
-    s.reader().drain(100, |_| n += 1);
-    assert_eq!(n, 0, "nothing recorded");
+    assert_eq!(s.reader().head(), 0, "nothing recorded");
     // Shaped as the interpreter's: recorded.
     assert_eq!(s.callback(0, &[code.as_ptr() as u64, 0]), none_addr());
-    s.reader().drain(100, |_| n += 1);
-    assert_eq!(n, 1);
+    assert_eq!(s.records().len(), 1);
     assert!(calls().is_empty(), "the hot path calls nothing");
 }
 
@@ -474,7 +506,7 @@ fn a_full_ring_nobody_serves_counts_the_loss_and_unhooks() {
     reset_monitoring(Some("pyprobe"));
     s.set(ST_ON, 1);
     let code = fake_code(0);
-    for _ in 0..CAP + 3 {
+    for _ in 0..FIT + 2 {
         assert_eq!(s.callback(0, &[code.as_ptr() as u64, 0]), none_addr());
     }
     // No consumer: the first event that does not fit is lost and clears `on`,
@@ -493,7 +525,9 @@ fn a_full_ring_is_waited_on_until_the_consumer_makes_room() {
     s.set(ST_ON, 1);
     let mut reader = s.reader();
     reader.serve(cycles(60_000), u64::MAX);
-    let codes: Vec<[u64; 6]> = (0..3 * CAP).map(fake_code).collect();
+    // Each code object's event takes its parts' units too: three laps of the ring.
+    let codes: Vec<[u64; 6]> = (0..3 * CAP / GROUP_UNITS).map(fake_code).collect();
+    let mut decoder = UnitDecoder::default();
     let done = std::sync::atomic::AtomicBool::new(false);
     let got = std::thread::scope(|scope| {
         let consumer = scope.spawn(|| {
@@ -501,7 +535,8 @@ fn a_full_ring_is_waited_on_until_the_consumer_makes_room() {
             loop {
                 let last = done.load(std::sync::atomic::Ordering::Acquire);
                 sleepers = sleepers.max(reader.sleepers());
-                reader.drain(usize::MAX, |r| got.push(r.args[4]));
+                let events = decode_all(&mut reader, &mut decoder);
+                got.extend(events.iter().map(|r| r.parts[3]));
                 if last {
                     return (got, sleepers, reader);
                 }
@@ -517,7 +552,7 @@ fn a_full_ring_is_waited_on_until_the_consumer_makes_room() {
     let (got, sleepers, reader) = got;
     assert_eq!(
         got,
-        (0..3 * CAP).collect::<Vec<u64>>(),
+        (0..3 * CAP / GROUP_UNITS).collect::<Vec<u64>>(),
         "every event, in order"
     );
     assert_eq!(reader.lost(), 0);
@@ -535,7 +570,7 @@ fn a_consumer_that_leaves_or_goes_silent_ends_the_wait_and_the_hook() {
     let mut s = Setup::new();
     s.set(ST_ON, 1);
     s.reader().serve(cycles(60_000), 1000);
-    for _ in 0..=CAP {
+    for _ in 0..=FIT {
         event(&s);
     }
     assert_eq!((s.reader().lost(), s.get(ST_ON)), (1, 1));
@@ -550,7 +585,7 @@ fn a_consumer_that_leaves_or_goes_silent_ends_the_wait_and_the_hook() {
     s.set(ST_ON, 1);
     let reader = s.reader();
     reader.serve(cycles(60_000), u64::MAX);
-    for _ in 0..CAP {
+    for _ in 0..FIT {
         event(&s);
     }
     let returned = std::sync::atomic::AtomicBool::new(false);
@@ -950,9 +985,11 @@ fn a_failed_exit_registration_is_tried_again_by_later_events_then_given_up() {
     assert_ne!(s.get(ST_AT_EXIT), 0);
     assert_eq!(s.get(ST_AT_EXIT_RETRY), 0);
     // Both events recorded whole: the try kept the callback's arguments.
-    let mut got = Vec::new();
-    s.reader()
-        .drain(10, |r| got.push((r.args[0], r.args[1], r.args[4])));
+    let got: Vec<_> = s
+        .records()
+        .iter()
+        .map(|r| (r.parts[0], r.ty, r.parts[3]))
+        .collect();
     assert_eq!(got, [(code_addr, 0x7777_0000, 12); 2]);
     s.callback(ret_k, &[code_addr, 10, obj.as_ptr() as u64]);
     assert!(calls().is_empty(), "registered: no more tries");
@@ -1013,8 +1050,9 @@ fn the_exit_callback_waits_for_pyprobe_to_read_what_was_written() {
         let read = &read;
         scope.spawn(move || {
             // Copied out is not done with: the names are read after.
-            let drained = reader.drain(100, |_| {});
-            assert_eq!(drained.records, 3);
+            let drained = reader.drain_units(100, |_, _| {});
+            // Its thread, its code object's parts, three events.
+            assert_eq!(drained.records, 5);
             std::thread::sleep(std::time::Duration::from_millis(100));
             read.store(true, std::sync::atomic::Ordering::Release);
             reader.mark_finished();
@@ -1083,9 +1121,11 @@ fn the_profile_function_records_calls_returns_and_raises_and_nothing_else() {
         assert_eq!(s.profile(f, 6, none), 0); // PyTrace_C_RETURN: not recorded
         assert_eq!(s.profile(f, 3, obj.as_ptr() as u64), 0); // PyTrace_RETURN
         assert_eq!(s.profile(f, 3, 0), 0); // left by an exception
-        let mut got = Vec::new();
-        s.reader()
-            .drain(10, |r| got.push((r.probe, r.args[0], r.args[1], r.args[4])));
+        let got: Vec<_> = s
+            .records()
+            .iter()
+            .map(|r| (r.kind, r.parts[0], r.ty, r.parts[3]))
+            .collect();
         let c = code.as_ptr() as u64;
         assert_eq!(
             got,
@@ -1110,8 +1150,7 @@ fn the_profile_function_tells_a_resume_from_a_call_by_where_the_frame_stands() {
     for (lasti, kind) in [(-1i32, KIND_CALL), (0, KIND_RESUME), (24, KIND_RESUME)] {
         let frame: [u64; 5] = [0, 0, u64::from(lasti as u32), 0, c];
         assert_eq!(s.profile(frame.as_ptr() as u64, 0, none_addr()), 0);
-        let mut got = Vec::new();
-        s.reader().drain(10, |r| got.push((r.probe, r.args[0])));
+        let got: Vec<_> = s.records().iter().map(|r| (r.kind, r.parts[0])).collect();
         assert_eq!(got, [(kind, c)], "f_lasti {lasti}");
     }
     // 3.11: the code unit at prev_instr (+8 of the interpreter frame): RESUME 0
@@ -1132,8 +1171,7 @@ fn the_profile_function_tells_a_resume_from_a_call_by_where_the_frame_stands() {
         let iframe = [0, at.as_ptr() as u64, 0, 0, c];
         let frame: [u64; 5] = [0, 0, 0, iframe.as_ptr() as u64, 0];
         assert_eq!(s.profile(frame.as_ptr() as u64, 0, none_addr()), 0);
-        let mut got = Vec::new();
-        s.reader().drain(10, |r| got.push((r.probe, r.args[0])));
+        let got: Vec<_> = s.records().iter().map(|r| (r.kind, r.parts[0])).collect();
         assert_eq!(got, [(kind, c)], "code unit {unit:#x}");
     }
 }
@@ -1182,7 +1220,11 @@ fn a_profile_function_told_to_go_drops_itself_in_each_thread_and_unregisters_onc
     s.profile(frame.as_ptr() as u64, 3, 0);
     assert_eq!(slot(None), 0);
     assert_eq!(calls(), ["PyThreadState_Get"]);
-    assert_eq!(s.reader().head(), 1, "only the first event was recorded");
+    assert_eq!(
+        s.reader().head(),
+        FIRST_UNITS,
+        "only the first event was recorded"
+    );
 }
 
 #[test]
@@ -1225,7 +1267,7 @@ fn a_body_s_record_carries_its_name_and_file_and_a_function_s_does_not() {
     let file = fake_ascii("/srv/app/mod.py", 0x5678);
     let long = "x".repeat(300);
     let long_name = fake_ascii(&long, 7);
-    let long_file = fake_ascii(&format!("/srv/{}.py", "y".repeat(170)), 0x9abc);
+    let long_file = fake_ascii(&format!("/srv/{}.py", "y".repeat(200)), 0x9abc);
     // A file name not hashed yet: its length and first 8 bytes identify it.
     let unhashed = fake_ascii("/srv/app/unhashed.py", u64::MAX);
     let code = |name: &Vec<u64>, file: &Vec<u64>, flags: u64| {
@@ -1242,13 +1284,11 @@ fn a_body_s_record_carries_its_name_and_file_and_a_function_s_does_not() {
         let frame = [0, 0, 0, 0, c.as_ptr() as u64];
         s.profile(frame.as_ptr() as u64, 0, 0);
     }
-    let mut got = Vec::new();
-    s.reader().drain(10, |r| {
-        let text = r
-            .string(2)
-            .map(|t| String::from_utf8_lossy(t.bytes).into_owned());
-        got.push((text, r.args[5]));
-    });
+    let got: Vec<_> = s
+        .records()
+        .iter()
+        .map(|r| (text(r, true), r.parts[4]))
+        .collect();
     let file_only = 0x5678u64.rotate_left(1);
     assert_eq!(
         got[0],
@@ -1276,7 +1316,7 @@ fn a_function_s_call_carries_its_name_the_first_time_its_parts_are_met() {
     // Three code objects in table entries of their own (the hook's index).
     let entry = |c: &[u64; 6]| {
         let a = c.as_ptr() as u64;
-        ((a >> 4) ^ (a >> 10)) & (SENT_ENTRIES as u64 - 1)
+        table_index(a)
     };
     let pool: Vec<[u64; 6]> = (0..64)
         .map(|i| code(if i % 2 == 0 { &gen1 } else { &gen2 }))
@@ -1310,12 +1350,7 @@ fn a_function_s_call_carries_its_name_the_first_time_its_parts_are_met() {
             let arg = [1u64, 0x7777_0000];
             s.profile(frame.as_ptr() as u64, what, arg.as_ptr() as u64);
         }
-        s.reader().drain(10, |r| {
-            let text = r
-                .string(3)
-                .map(|t| String::from_utf8_lossy(t.bytes).into_owned());
-            got.push((r.probe, text));
-        });
+        got.extend(s.records().iter().map(|r| (r.kind, text(r, false))));
         got
     };
     let got = run(&mut s, &events);
@@ -1336,9 +1371,10 @@ fn a_function_s_call_carries_its_name_the_first_time_its_parts_are_met() {
         ]
     );
     // A new pyprobe empties the table: it has been sent nothing.
-    for word in (ST_SENT..ST_SENT + (SENT_ENTRIES << SENT_ENTRY_SHIFT)).step_by(8) {
+    for word in (ST_TABLES..4096).step_by(8) {
         s.set(word, 0);
     }
+    *s.decoder.borrow_mut() = UnitDecoder::default();
     assert_eq!(run(&mut s, &events[..1]), [(KIND_CALL, carried)]);
 }
 
@@ -1362,13 +1398,11 @@ fn through_sys_monitoring_a_call_carries_its_name_the_first_time_its_parts_are_m
     for k in [0, 1, 3, 0] {
         s.callback(k, &[c, 0, none_addr()]);
     }
-    let mut got = Vec::new();
-    s.reader().drain(10, |r| {
-        let text = r
-            .string(3)
-            .map(|t| String::from_utf8_lossy(t.bytes).into_owned());
-        got.push((r.probe, text, r.string(2).is_some()));
-    });
+    let got: Vec<_> = s
+        .records()
+        .iter()
+        .map(|r| (r.kind, text(r, false), text(r, true).is_some()))
+        .collect();
     assert_eq!(
         got,
         [

@@ -12,7 +12,7 @@ use crate::hook::codegen::{STR_HASH, STR_LENGTH};
 use crate::hook::{enters, KIND_CALL, KIND_RAISE, KIND_RESUME, KIND_RETURN};
 use crate::python::walker::{PyFrame, Walker, GONE_CODE};
 use pyprobe_sdt::process::memory::ProcessMemory;
-use pyprobe_sdt::ring::{DrainStop, Plain, RingRecord};
+use pyprobe_sdt::ring::DrainStop;
 use pyprobe_sdt::tracer::clock::monotonic_ns;
 use pyprobe_sdt::tracer::engine::{Hit, RepeatSlot, TraceEvent};
 use pyprobe_sdt::tracer::ring_engine::tsc::{read_tsc, TscClock};
@@ -33,7 +33,7 @@ pub(super) struct Recheck {
     words: Vec<Option<u64>>,
 }
 
-/// A record as the ring holds it: kind, `%fs` base, the code object's parts
+/// A record as the ring's units say it: kind, `%fs` base, the code object's parts
 /// (address, name and file pointers, first line, the strings' hash check), the
 /// returned type, the counter stamp, and where its texts are kept (few records
 /// carry any: a batch of records stays small in the cache).
@@ -59,22 +59,6 @@ pub(super) struct RecordTexts {
 pub(super) struct RawBatch {
     records: Vec<RawRecord>,
     texts: Vec<RecordTexts>,
-}
-
-/// The texts a copied record carried, if any: a module or class body's name and
-/// file, copied by the hook (before 3.12), in argument 2; a call's name and file,
-/// copied the first time its parts were met, in argument 3.
-fn record_texts(r: &RingRecord<'_>) -> Option<RecordTexts> {
-    let text = |i: usize| {
-        r.string(i)
-            .filter(|s| !s.truncated)
-            .map(|s| String::from_utf8_lossy(s.bytes).into_owned())
-    };
-    let (body_name, function_name) = (text(2), text(3));
-    (body_name.is_some() || function_name.is_some()).then_some(RecordTexts {
-        body_name,
-        function_name,
-    })
 }
 
 /// A record read and named, not yet passed on.
@@ -103,26 +87,28 @@ impl HookProc {
         } = std::mem::take(&mut self.raw);
         records.clear();
         texts.clear();
-        let drained = self.reader.drain_fixed(BATCH, |plain| {
-            // Most records carry no text and are read in place.
-            let (r, carried) = match plain {
-                Plain::Fixed(r) => (r, None),
-                Plain::Copied(r) => (&**r, record_texts(r)),
+        let units = &mut self.units;
+        let drained = self.reader.drain_units(BATCH, |_, words| {
+            let Some(d) = units.decode(words, start) else {
+                return;
             };
-            let text_index = match carried {
+            let text_index = match d.texts {
                 Some(t) => {
-                    texts.push(t);
+                    texts.push(RecordTexts {
+                        body_name: t.body,
+                        function_name: t.call,
+                    });
                     texts.len() as u32
                 }
                 None => 0,
             };
             records.push(RawRecord {
-                kind: r.probe,
+                kind: d.kind,
                 texts: text_index,
-                thread: r.thread,
-                parts: CodeParts([r.args[0], r.args[2], r.args[3], r.args[4], r.args[5]]),
-                ty: r.args[1],
-                stamp: r.tsc,
+                thread: d.thread,
+                parts: CodeParts(d.parts),
+                ty: d.ty,
+                stamp: d.stamp,
             });
         });
         self.read_to = match (drained.stop, records.last()) {

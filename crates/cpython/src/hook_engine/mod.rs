@@ -211,6 +211,9 @@ struct HookProc {
     pending: std::collections::VecDeque<drain::HookRecord>,
     /// The buffer records are read into, kept across drains.
     raw: drain::RawBatch,
+    /// The ring's units turned back into records: the tables the hook keeps,
+    /// as it has sent them.
+    units: crate::hook::units::UnitDecoder,
     /// Every record stamped before this counter value has been read.
     read_to: u64,
     /// The process's memory is no longer the image its records point into (it

@@ -114,6 +114,7 @@ impl HookBook {
                 lost,
                 pending: std::collections::VecDeque::new(),
                 raw: Default::default(),
+                units: Default::default(),
                 read_to: 0,
                 image_gone: false,
             },

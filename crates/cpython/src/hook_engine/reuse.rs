@@ -34,9 +34,10 @@ use crate::hook::{
 };
 use pyprobe_sdt::process::maps::MapEntry;
 use pyprobe_sdt::process::memory::ProcessMemory;
+use pyprobe_sdt::ring::Slots;
 use pyprobe_sdt::tracer::ring_engine::reuse::{check_ring_mapping, is_marked_page, region_like};
 
-use super::setup::{CAPACITY, PAGE, REGION};
+use super::setup::{PAGE, REGION, UNITS};
 
 /// The ring memfd's name; also the marker of the state page, at
 /// [`NAME_AT`] there as in the SDT ring's tag word page.
@@ -178,7 +179,7 @@ fn check_state_page(mem: &ProcessMemory, maps: &[MapEntry], at: u64) -> Result<(
 /// The ring: a whole shared mapping of pyprobe's hook memfd, of the length this
 /// pyprobe's hook rings have, with a header this pyprobe formats.
 fn check_ring(mem: &ProcessMemory, maps: &[MapEntry], at: u64) -> Result<(), String> {
-    check_ring_mapping(mem, maps, at, RING_PATH, CAPACITY)
+    check_ring_mapping(mem, maps, at, RING_PATH, UNITS, Slots::Units)
 }
 
 #[cfg(test)]

@@ -12,15 +12,14 @@ use memmap2::MmapMut;
 use crate::hook::codegen::JMP_LEN;
 use crate::hook::{
     build_detour, build_hook, events_of, Detour, DetourCalls, HookCode, HookParams, HookSymbols,
-    Route, SENT_ENTRIES, SENT_ENTRY_SHIFT, STATUS_OK, ST_ARMED, ST_AT_EXIT_RETRY, ST_ON, ST_SENT,
-    ST_STATUS,
+    Route, STATUS_OK, ST_ARMED, ST_AT_EXIT_RETRY, ST_ON, ST_STATUS, ST_TABLES,
 };
 use crate::python::version::PyVersion;
 use crate::python::walker::{find_interpreter_object, Walker};
 use pyprobe_sdt::process::maps::read_maps;
 use pyprobe_sdt::process::memory::ProcessMemory;
 use pyprobe_sdt::ring::format::H_ALIVE;
-use pyprobe_sdt::ring::{BranchTargets, RingReader};
+use pyprobe_sdt::ring::{BranchTargets, RingReader, Slots};
 use pyprobe_sdt::tracer::guardian::{Guardian, Op};
 use pyprobe_sdt::tracer::inject::Injector;
 use pyprobe_sdt::tracer::near_map::{map_near, NearMap};
@@ -37,7 +36,9 @@ const _: () = assert!(crate::hook::ST_AT_EXIT_TRIES as u64 + 8 <= NAME_AT);
 pub use pyprobe_sdt::process::PAGE_SIZE as PAGE;
 /// Slots in a hook's ring: as many as in an SDT ring (it stays mapped after
 /// detaching).
-pub use pyprobe_sdt::tracer::ring_engine::CAPACITY;
+/// Units of the hook's ring: the 8 MiB of the SDT engine's ring of
+/// [`CAPACITY`](pyprobe_sdt::tracer::ring_engine::CAPACITY) records.
+pub(crate) const UNITS: u64 = 1 << 19;
 /// The hook page and the detour.
 pub(crate) const REGION: u64 = 4 * PAGE;
 /// Bytes of the safe point's function scanned for branches into its entry.
@@ -250,8 +251,7 @@ pub(crate) fn install(
                 addr,
                 state_addr,
                 ring_addr,
-                capacity: CAPACITY,
-                tag: pid as u32,
+                capacity: UNITS,
                 symbols,
                 route: route.clone(),
                 code_fields: walker.code_field_offsets().map(|o| o as u32),
@@ -312,11 +312,11 @@ pub(crate) fn install(
             if e.resume == Resume::Afresh {
                 mem.write(e.state_addr, &[0u8; NAME_AT as usize])?;
             }
-            // This pyprobe has been sent no name yet (every thread is stopped,
+            // This pyprobe has been sent nothing yet (every thread is stopped,
             // none inside the page).
             mem.write(
-                e.state_addr + ST_SENT as u64,
-                &[0u8; SENT_ENTRIES << SENT_ENTRY_SHIFT],
+                e.state_addr + ST_TABLES as u64,
+                &[0u8; PAGE as usize - ST_TABLES],
             )?;
             notes.push(format!(
                 "the hook page ({:#x}), state page and ring of an earlier pyprobe are used again \
@@ -453,7 +453,7 @@ fn hook_ring(
     state_addr: u64,
     over: Option<u64>,
 ) -> Result<(u64, MmapMut)> {
-    let (ring_addr, mapping) = map_ring(inj, pid, state_addr + NAME_AT, over, CAPACITY)?;
+    let (ring_addr, mapping) = map_ring(inj, pid, state_addr + NAME_AT, over, UNITS, Slots::Units)?;
     let bytes = mapping.len() as u64;
     inj.call(
         "madvise(MADV_DONTFORK)",

@@ -104,8 +104,13 @@ pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"PYPRRING");
 pub(crate) const VERSION: u32 = 4;
 /// The header occupies one page.
 pub const HEADER_SIZE: usize = 4096;
-/// Every slot has this size.
+/// The size of a record's slot in an SDT ring ([`Slots::Records`]).
 pub const SLOT_SIZE: usize = 256;
+/// The size of a unit in a ring of [`Slots::Units`].
+pub const UNIT_SIZE: usize = 16;
+/// Most units one group of a ring of [`Slots::Units`] spans (its length is a
+/// nibble of its first word).
+pub const MAX_GROUP_UNITS: usize = 16;
 /// Largest capacity accepted: keeps the index mask an imm32 in the
 /// trampoline and the ring at most 4 GiB.
 pub(crate) const MAX_CAPACITY: u64 = 1 << 24;
@@ -173,7 +178,44 @@ const _: () = assert!(H_THIN + THIN_PROBES as usize <= H_COUNTED);
 const _: () = assert!(H_COUNTED + 8 * THIN_PROBES as usize <= H_ALIVE);
 const _: () =
     assert!(H_ALIVE % 64 == 0 && H_NAP + 16 <= H_PATIENCE && H_PATIENCE + 8 <= HEADER_SIZE);
-const _: () = assert!(SLOT_SIZE.is_power_of_two());
+const _: () = assert!(SLOT_SIZE.is_power_of_two() && UNIT_SIZE.is_power_of_two());
+
+/// What a ring's slots hold: the header and the producer protocol are the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slots {
+    /// Records of [`SLOT_SIZE`] bytes, each published by its `seq` word (see the
+    /// slot table above): the SDT engines' rings.
+    Records,
+    /// Units of [`UNIT_SIZE`] bytes (two words), written in groups of 1 ..=
+    /// [`MAX_GROUP_UNITS`] reserved at once: the injected hook's compact records.
+    /// A group is published by its first word, stored last and never 0, whose
+    /// bits 4..8 say how many units the group spans less one; the other words
+    /// are the producer's own. The consumer stores 0 over the first word of every
+    /// unit it read before it moves `tail` past them, so a first word is not 0
+    /// only once published in this lap (the ring starts all zero).
+    Units,
+}
+
+impl Slots {
+    /// Bytes of one slot.
+    pub const fn size(self) -> usize {
+        match self {
+            Slots::Records => SLOT_SIZE,
+            Slots::Units => UNIT_SIZE,
+        }
+    }
+
+    /// log2 of [`size`](Self::size).
+    pub const fn shift(self) -> u32 {
+        self.size().trailing_zeros()
+    }
+
+    pub(crate) fn from_size(size: u32) -> Option<Slots> {
+        [Slots::Records, Slots::Units]
+            .into_iter()
+            .find(|s| s.size() == size as usize)
+    }
+}
 
 /// Why a ring could not be formatted or opened.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -194,7 +236,7 @@ pub enum RingError {
     BadMagic(u64),
     #[error("ring header has version {0}, this pyprobe reads version {VERSION}")]
     BadVersion(u32),
-    #[error("ring header has slot size {0}, expected {SLOT_SIZE}")]
+    #[error("ring header has slot size {0}, expected {SLOT_SIZE} or {UNIT_SIZE}")]
     BadSlotSize(u32),
     #[error("ring header has header size {0}, expected {HEADER_SIZE}")]
     BadHeaderSize(u32),
@@ -209,13 +251,13 @@ pub(crate) fn check_capacity(capacity: u64) -> Result<(), RingError> {
     }
 }
 
-/// Total mapping length for `capacity` slots.
-pub fn ring_bytes(capacity: u64) -> Result<usize, RingError> {
+/// Total mapping length for `capacity` slots of `slots`.
+pub fn ring_bytes(capacity: u64, slots: Slots) -> Result<usize, RingError> {
     check_capacity(capacity)?;
     // capacity <= 2^24, so this is at most 4 GiB + 4 KiB: fits usize on x86-64.
     usize::try_from(capacity)
         .ok()
-        .and_then(|c| c.checked_mul(SLOT_SIZE))
+        .and_then(|c| c.checked_mul(slots.size()))
         .and_then(|s| s.checked_add(HEADER_SIZE))
         .ok_or(RingError::BadCapacity(capacity))
 }
@@ -245,23 +287,23 @@ const AREA_LEN: [usize; MAX_ARGS + 1] = {
 /// Formats a fresh ring in `mem` (the whole mapping): header fields, zero
 /// indices and counters, and every slot's `seq` zeroed so no stale slot looks
 /// published. Call it before the mapping is shared with the target.
-pub fn init_ring(mem: &mut [u8], capacity: u64) -> Result<(), RingError> {
-    check_length(mem, capacity)?;
+pub fn init_ring(mem: &mut [u8], capacity: u64, slots: Slots) -> Result<(), RingError> {
+    check_length(mem, capacity, slots)?;
     mem.fill(0);
-    write_header(mem, capacity)
+    write_header(mem, capacity, slots)
 }
 
 /// [`init_ring`] for a mapping known to hold only zeros (a memfd just made and
 /// sized: the kernel zero-fills it): writes the header alone. The slots' pages are
 /// then first touched, and only allocated, when the target writes them: attaching
 /// does not zero 8 MiB twice, and a ring a quiet process barely uses stays small.
-pub fn init_zeroed_ring(mem: &mut [u8], capacity: u64) -> Result<(), RingError> {
-    check_length(mem, capacity)?;
-    write_header(mem, capacity)
+pub fn init_zeroed_ring(mem: &mut [u8], capacity: u64, slots: Slots) -> Result<(), RingError> {
+    check_length(mem, capacity, slots)?;
+    write_header(mem, capacity, slots)
 }
 
-fn check_length(mem: &[u8], capacity: u64) -> Result<(), RingError> {
-    let expected = ring_bytes(capacity)?;
+fn check_length(mem: &[u8], capacity: u64, slots: Slots) -> Result<(), RingError> {
+    let expected = ring_bytes(capacity, slots)?;
     if mem.len() != expected {
         return Err(RingError::LengthMismatch {
             capacity,
@@ -272,10 +314,10 @@ fn check_length(mem: &[u8], capacity: u64) -> Result<(), RingError> {
     Ok(())
 }
 
-fn write_header(mem: &mut [u8], capacity: u64) -> Result<(), RingError> {
+fn write_header(mem: &mut [u8], capacity: u64, slots: Slots) -> Result<(), RingError> {
     put(mem, H_MAGIC, &MAGIC.to_le_bytes());
     put(mem, H_VERSION, &VERSION.to_le_bytes());
-    put(mem, H_SLOT_SIZE, &(SLOT_SIZE as u32).to_le_bytes());
+    put(mem, H_SLOT_SIZE, &(slots.size() as u32).to_le_bytes());
     put(mem, H_CAPACITY, &capacity.to_le_bytes());
     put(mem, H_HEADER_SIZE, &(HEADER_SIZE as u32).to_le_bytes());
     // No consumer yet (`alive` 0): producers do not wait until one says so.
@@ -295,10 +337,17 @@ mod tests {
 
     #[test]
     fn sizes_and_areas() {
-        assert_eq!(ring_bytes(1), Ok(HEADER_SIZE + SLOT_SIZE));
-        assert_eq!(ring_bytes(4096), Ok(HEADER_SIZE + 4096 * SLOT_SIZE));
+        assert_eq!(ring_bytes(1, Slots::Records), Ok(HEADER_SIZE + SLOT_SIZE));
+        assert_eq!(
+            ring_bytes(4096, Slots::Records),
+            Ok(HEADER_SIZE + 4096 * SLOT_SIZE)
+        );
+        assert_eq!(ring_bytes(4096, Slots::Units), Ok(HEADER_SIZE + 4096 * 16));
         for bad in [0, 3, 6, MAX_CAPACITY * 2, u64::MAX] {
-            assert_eq!(ring_bytes(bad), Err(RingError::BadCapacity(bad)));
+            assert_eq!(
+                ring_bytes(bad, Slots::Records),
+                Err(RingError::BadCapacity(bad))
+            );
         }
         assert_eq!(string_area(0, 1), Some((88, 168)));
         assert_eq!(string_area(1, 2), Some((88 + 84, 84)));
@@ -315,8 +364,8 @@ mod tests {
 
     #[test]
     fn init_formats_header() {
-        let mut mem = vec![0xffu8; ring_bytes(4).expect("size")];
-        init_ring(&mut mem, 4).expect("init");
+        let mut mem = vec![0xffu8; ring_bytes(4, Slots::Records).expect("size")];
+        init_ring(&mut mem, 4, Slots::Records).expect("init");
         assert_eq!(&mem[0..8], b"PYPRRING");
         assert_eq!(mem[H_CAPACITY], 4);
         assert!(mem[H_HEAD..H_NAP].iter().all(|&b| b == 0));
@@ -326,11 +375,11 @@ mod tests {
         assert!(mem[H_PATIENCE..].iter().all(|&b| b == 0));
         // On zeros, formatting the header alone gives the same ring.
         let mut zeroed = vec![0u8; mem.len()];
-        init_zeroed_ring(&mut zeroed, 4).expect("init zeroed");
+        init_zeroed_ring(&mut zeroed, 4, Slots::Records).expect("init zeroed");
         assert_eq!(zeroed, mem);
         let mut short = vec![0u8; 100];
         assert!(matches!(
-            init_ring(&mut short, 4),
+            init_ring(&mut short, 4, Slots::Records),
             Err(RingError::LengthMismatch { .. })
         ));
     }

@@ -86,10 +86,10 @@ pub use codegen::{
     build_trampoline, CodegenError, FlagSave, ThreadIdSource, Trampoline, TrampolineParams,
 };
 pub use consumer::{
-    DrainStop, Drained, Drawn, FixedRecord, KnownRecord, KnownRecords, Plain, RingReader,
-    RingRecord, RingStack, RingString, Token, KEY_ARGS,
+    group_units, DrainStop, Drained, Drawn, FixedRecord, KnownRecord, KnownRecords, Plain,
+    RingReader, RingRecord, RingStack, RingString, Token, KEY_ARGS, MAX_GROUP_WORDS,
 };
-pub use format::{init_ring, init_zeroed_ring, ring_bytes, RingError};
+pub use format::{init_ring, init_zeroed_ring, ring_bytes, RingError, Slots};
 pub use lost::{LostCounter, LostReading};
 pub use region::{RegionError, RegionHeader, RegionSite};
 pub use site::{plans_overlap, qualify_site, thread_inside, SitePlan, SiteRefusal, Tail};

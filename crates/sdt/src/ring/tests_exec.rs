@@ -17,7 +17,7 @@ use super::codegen::{build_trampoline, FlagSave, ThreadIdSource, Trampoline, Tra
 use super::consumer::RingStack;
 use super::consumer::{DrainStop, RingReader};
 use super::format::{
-    init_ring, ring_bytes, string_area, H_HEAD, H_TAIL, THIN_COUNT, THIN_OFF, THIN_STACKLESS,
+    init_ring, ring_bytes, string_area, Slots, H_HEAD, H_TAIL, THIN_COUNT, THIN_OFF, THIN_STACKLESS,
 };
 use super::site::{qualify_site, SitePlan, Tail};
 use super::stack::{
@@ -174,7 +174,7 @@ unsafe impl Sync for Ring {}
 
 impl Ring {
     fn new(capacity: u64) -> Ring {
-        let len = ring_bytes(capacity).expect("capacity");
+        let len = ring_bytes(capacity, Slots::Records).expect("capacity");
         // SAFETY: a fresh shared anonymous mapping.
         let p = unsafe {
             libc::mmap(
@@ -189,7 +189,7 @@ impl Ring {
         assert_ne!(p, libc::MAP_FAILED);
         // SAFETY: the mapping is len bytes, not yet shared with anyone.
         let mem = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) };
-        init_ring(mem, capacity).expect("init");
+        init_ring(mem, capacity, Slots::Records).expect("init");
         Ring {
             base: p.cast(),
             len,

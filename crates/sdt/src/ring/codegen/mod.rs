@@ -51,7 +51,7 @@ mod reserve;
 use args::{emit_arg, emit_string_copy, gpr, slot_arg};
 pub use flags::FlagSave;
 use flags::{emit_restore_flags, emit_save_flags};
-pub use reserve::{emit_reserve, record_lines};
+pub use reserve::{emit_reserve, record_lines, Shape};
 #[cfg(test)]
 pub(crate) use reserve::{has_prefetchw, PREFETCH_AHEAD};
 
@@ -330,7 +330,9 @@ fn emit_record(
         p.ring_addr,
         p.capacity,
         extra,
-        record_lines(count > 0),
+        Shape::Records {
+            lines: record_lines(count > 0),
+        },
         restore,
     )?;
     emit_header(a, p, is_string)?;

@@ -10,22 +10,43 @@ use super::flags::extended_feature_ecx;
 use super::CodegenError;
 use crate::ring::format::*;
 
+/// What a ring's slots are, as a reservation sees them, and what it asks for ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Records of [`SLOT_SIZE`] bytes; the slot [`PREFETCH_AHEAD`] records on has
+    /// its first `lines` cache lines asked for.
+    Records { lines: u8 },
+    /// Units of [`UNIT_SIZE`] bytes ([`Slots::Units`]); the line
+    /// [`PREFETCH_UNITS_AHEAD`] units on is asked for.
+    Units,
+}
+
+impl Shape {
+    fn shift(self) -> u32 {
+        match self {
+            Shape::Records { .. } => Slots::Records.shift(),
+            Shape::Units => Slots::Units.shift(),
+        }
+    }
+}
+
 /// Reserves a slot, and `extra` more right after it in the same CAS (a stack
-/// record's continuation slots): on success r10 = index and r8 = slot address; on
+/// record's continuation slots, a group's units): on success r10 = index and r8 = slot address; on
 /// failure counts the event lost and jumps to `restore` (r9 = the ring on both
 /// paths). A full ring is waited on while its consumer lives (see the producer
 /// protocol in `format.rs`). Clobbers rax, rcx, rdx, rsi, rdi, r8-r11 and flags;
 /// uses no stack. Shared with the injected hook's callbacks (`pyprobe_cpython::hook`), so
 /// that every producer waits for room the same way.
 ///
-/// On success it also asks for the first `lines` cache lines of the slot
-/// [`PREFETCH_AHEAD`] records on, for writing (see [`emit_prefetch_ahead`]).
+/// On success it also asks for lines a few slots on, for writing (see [`Shape`]
+/// and [`emit_prefetch_ahead`]). The slots of a reservation that spans the
+/// ring's end wrap to its start: only r8's slot is at hand.
 pub fn emit_reserve(
     a: &mut CodeAssembler,
     ring_addr: u64,
     capacity: u64,
     extra: u32,
-    lines: u8,
+    shape: Shape,
     restore: &mut CodeLabel,
 ) -> Result<(), CodegenError> {
     check_capacity(capacity)?;
@@ -126,9 +147,29 @@ pub fn emit_reserve(
     a.mov(r10, rcx)?;
     a.mov(rax, rcx)?;
     a.and(rax, capacity - 1)?;
-    a.shl(rax, SLOT_SIZE.trailing_zeros())?;
+    a.shl(rax, shape.shift())?;
     a.lea(r8, ptr(r9 + rax + HEADER_SIZE as i32))?;
-    emit_prefetch_ahead(a, capacity, lines)?;
+    match shape {
+        Shape::Records { lines } => emit_prefetch_ahead(a, capacity, lines)?,
+        Shape::Units => emit_prefetch_units_ahead(a, capacity)?,
+    }
+    Ok(())
+}
+
+/// Units ahead of the one just reserved whose line a producer asks for: a few
+/// lines on, each written by four records of one unit.
+pub(crate) const PREFETCH_UNITS_AHEAD: i32 = 16;
+
+/// [`emit_prefetch_ahead`] for a ring of units: one line, [`PREFETCH_UNITS_AHEAD`]
+/// units on. Clobbers rax.
+fn emit_prefetch_units_ahead(a: &mut CodeAssembler, capacity: i32) -> Result<(), CodegenError> {
+    if !has_prefetchw() {
+        return Ok(());
+    }
+    a.lea(rax, ptr(r10 + PREFETCH_UNITS_AHEAD))?;
+    a.and(rax, capacity - 1)?;
+    a.shl(rax, Slots::Units.shift())?;
+    a.prefetchw(byte_ptr(r9 + rax + HEADER_SIZE as i32))?;
     Ok(())
 }
 

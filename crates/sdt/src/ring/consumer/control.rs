@@ -134,7 +134,8 @@ impl RingReader {
     /// write that slot later, possibly over a record of the next lap, which
     /// then decodes as a mix (or stays unpublished and is skipped in turn).
     pub(crate) fn skip_pending(&mut self) -> bool {
-        if self.tail >= self.head() || self.published(self.tail) {
+        // A unit ring's group length is in its unpublished first word: unknown.
+        if self.slots != Slots::Records || self.tail >= self.head() || self.published(self.tail) {
             return false;
         }
         self.word(H_LOST).fetch_add(1, Ordering::Relaxed);

@@ -11,7 +11,7 @@ use crate::ring::format::*;
 impl RingReader {
     /// Byte offset of the slot for `index` in the mapping.
     pub(super) fn slot_offset(&self, index: u64) -> usize {
-        HEADER_SIZE + ((index & (self.capacity - 1)) as usize) * SLOT_SIZE
+        HEADER_SIZE + (((index & (self.capacity - 1)) as usize) << self.slots.shift())
     }
 
     /// Asks for the first three cache lines of the slot for `index` (its fixed part

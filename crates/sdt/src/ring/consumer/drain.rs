@@ -186,6 +186,8 @@ impl RingReader {
     /// head cannot make it longer) and the copies' room.
     fn begin_drain(&mut self, max: usize) -> (u64, usize, Vec<Copied>) {
         self.heartbeat();
+        // A ring of units is read by `drain_units` only: its slots are no records.
+        let max = if self.slots == Slots::Records { max } else { 0 };
         let budget = max.min(usize::try_from(self.capacity).unwrap_or(usize::MAX));
         let mut copies = std::mem::take(&mut self.copies);
         copies.resize_with(COPY_CHUNK, Copied::default);

@@ -21,12 +21,14 @@ mod copying;
 mod drain;
 mod known;
 mod record;
+mod units;
 
 pub use known::{KnownRecords, Token, KEY_ARGS};
 #[cfg(test)]
 use record::decode;
 use record::StringSpan;
 pub use record::{FixedRecord, RingRecord, RingStack, RingString};
+pub use units::{group_units, MAX_GROUP_WORDS};
 
 /// Why [`RingReader::drain`] stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +88,8 @@ pub struct Drained {
 pub struct RingReader {
     base: *const u8,
     capacity: u64,
+    /// What its slots hold (the header says).
+    slots: Slots,
     tail: u64,
     skipped: u64,
     /// The records of the current drain, copied out of the ring (kept between
@@ -150,6 +154,7 @@ impl RingReader {
         let mut reader = RingReader {
             base: ptr,
             capacity: 0,
+            slots: Slots::Records,
             tail: 0,
             skipped: 0,
             copies: Vec::new(),
@@ -164,15 +169,15 @@ impl RingReader {
         if version != VERSION {
             return Err(RingError::BadVersion(version));
         }
-        if slot_size as usize != SLOT_SIZE {
+        let Some(slots) = Slots::from_size(slot_size) else {
             return Err(RingError::BadSlotSize(slot_size));
-        }
+        };
         let header_size = reader.load(H_HEADER_SIZE) as u32;
         if header_size as usize != HEADER_SIZE {
             return Err(RingError::BadHeaderSize(header_size));
         }
         let capacity = reader.load(H_CAPACITY);
-        let expected = ring_bytes(capacity)?;
+        let expected = ring_bytes(capacity, slots)?;
         if expected != len {
             return Err(RingError::LengthMismatch {
                 capacity,
@@ -181,6 +186,7 @@ impl RingReader {
             });
         }
         reader.capacity = capacity;
+        reader.slots = slots;
         reader.tail = reader.load(H_TAIL);
         Ok(reader)
     }
@@ -193,7 +199,7 @@ impl RingReader {
         debug_assert!(offset % 8 == 0);
         // SAFETY: callers pass 8-aligned offsets inside the mapping: header
         // fields (< HEADER_SIZE, checked in `new`) or slot words
-        // (< HEADER_SIZE + capacity * SLOT_SIZE == len, checked in `new`);
+        // (< HEADER_SIZE + capacity * slot size == len, checked in `new`);
         // `base` is 8-aligned and the mapping outlives `self` (contract of `new`).
         unsafe { AtomicU64::from_ptr(self.base.add(offset) as *mut u64) }
     }

@@ -12,11 +12,11 @@ struct TestRing {
 
 impl TestRing {
     fn new(capacity: u64) -> TestRing {
-        let len = ring_bytes(capacity).expect("size");
+        let len = ring_bytes(capacity, Slots::Records).expect("size");
         let mut ring = TestRing {
             words: vec![0; len / 8],
         };
-        init_ring(ring.bytes(), capacity).expect("init");
+        init_ring(ring.bytes(), capacity, Slots::Records).expect("init");
         ring
     }
 

@@ -114,12 +114,12 @@ mod tests {
 
     #[test]
     fn a_ring_is_beaten_while_its_ticket_lives_and_not_after() {
-        let len = crate::ring::format::ring_bytes(8).expect("size");
+        let len = crate::ring::format::ring_bytes(8, crate::ring::Slots::Records).expect("size");
         // u64s: the ring must be 8-aligned.
         let mut mem = vec![0u64; len / 8];
         // SAFETY: u64 to bytes, same allocation.
         let bytes = unsafe { std::slice::from_raw_parts_mut(mem.as_mut_ptr().cast::<u8>(), len) };
-        crate::ring::format::init_ring(bytes, 8).expect("init");
+        crate::ring::format::init_ring(bytes, 8, crate::ring::Slots::Records).expect("init");
         // SAFETY: the buffer outlives the reader and the ticket (both dropped below).
         let reader = unsafe { RingReader::new(mem.as_mut_ptr().cast(), len) }.expect("ring");
         let word = reader.heartbeat_address();

@@ -67,11 +67,10 @@ use std::collections::HashMap;
 use crate::process::maps::MapEntry;
 use crate::process::memory::ProcessMemory;
 use crate::ring::format::{
-    HEADER_SIZE, H_CAPACITY, H_HEADER_SIZE, H_MAGIC, H_SLOT_SIZE, H_VERSION, MAGIC, SLOT_SIZE,
-    VERSION,
+    HEADER_SIZE, H_CAPACITY, H_HEADER_SIZE, H_MAGIC, H_SLOT_SIZE, H_VERSION, MAGIC, VERSION,
 };
 use crate::ring::region::{self, RegionHeader};
-use crate::ring::ring_bytes;
+use crate::ring::{ring_bytes, Slots};
 
 use super::leftovers::read_header;
 use super::setup::{CAPACITY, PAGE};
@@ -196,7 +195,7 @@ pub fn region_like(m: &MapEntry) -> bool {
 /// The ring at `ring_addr`: a whole shared mapping of pyprobe's memfd, of the
 /// length this pyprobe's rings have, with a header this pyprobe formats.
 fn check_ring(mem: &ProcessMemory, maps: &[MapEntry], ring_addr: u64) -> Result<(), String> {
-    check_ring_mapping(mem, maps, ring_addr, RING_PATH, CAPACITY)
+    check_ring_mapping(mem, maps, ring_addr, RING_PATH, CAPACITY, Slots::Records)
 }
 
 /// Whether `at` starts a whole shared mapping of the memfd whose path in
@@ -208,8 +207,9 @@ pub fn check_ring_mapping(
     at: u64,
     path: &str,
     capacity: u64,
+    slots: Slots,
 ) -> Result<(), String> {
-    let bytes = ring_bytes(capacity).map_err(|e| e.to_string())? as u64;
+    let bytes = ring_bytes(capacity, slots).map_err(|e| e.to_string())? as u64;
     let m = maps
         .iter()
         .find(|m| m.start == at)
@@ -231,12 +231,12 @@ pub fn check_ring_mapping(
     let mut header = [0u8; 32];
     mem.read(at, &mut header)
         .map_err(|e| format!("reading the earlier ring: {e}"))?;
-    check_ring_header(&header, capacity)
+    check_ring_header(&header, capacity, slots)
 }
 
 /// Whether the first 32 bytes of a ring are the header of a ring of `capacity`
-/// slots that this pyprobe formats.
-pub(crate) fn check_ring_header(header: &[u8], capacity: u64) -> Result<(), String> {
+/// slots of `slots` that this pyprobe formats.
+pub(crate) fn check_ring_header(header: &[u8], capacity: u64, slots: Slots) -> Result<(), String> {
     let u32_at = |at: usize| {
         header
             .get(at..at + 4)
@@ -269,10 +269,11 @@ pub(crate) fn check_ring_header(header: &[u8], capacity: u64) -> Result<(), Stri
             "the earlier ring is of version {version}, this pyprobe's of {VERSION}"
         ));
     }
-    if slot as usize != SLOT_SIZE || head as usize != HEADER_SIZE || cap != capacity {
+    if slot as usize != slots.size() || head as usize != HEADER_SIZE || cap != capacity {
         return Err(format!(
             "the earlier ring has {cap} slots of {slot} bytes after {head}, this pyprobe's \
-             {capacity} of {SLOT_SIZE} after {HEADER_SIZE}"
+             {capacity} of {} after {HEADER_SIZE}",
+            slots.size()
         ));
     }
     Ok(())
@@ -332,15 +333,19 @@ mod tests {
 
     #[test]
     fn a_ring_header_is_checked_field_by_field() {
-        let mut ring = vec![0u8; ring_bytes(4).unwrap()];
-        init_ring(&mut ring, 4).unwrap();
-        assert_eq!(check_ring_header(&ring[..32], 4), Ok(()));
-        assert!(check_ring_header(&ring[..32], 8).is_err());
-        assert!(check_ring_header(&ring[..20], 4).is_err());
+        let mut ring = vec![0u8; ring_bytes(4, Slots::Records).unwrap()];
+        init_ring(&mut ring, 4, Slots::Records).unwrap();
+        assert_eq!(check_ring_header(&ring[..32], 4, Slots::Records), Ok(()));
+        assert!(check_ring_header(&ring[..32], 4, Slots::Units).is_err());
+        assert!(check_ring_header(&ring[..32], 8, Slots::Records).is_err());
+        assert!(check_ring_header(&ring[..20], 4, Slots::Records).is_err());
         for at in [H_MAGIC, H_VERSION, H_SLOT_SIZE, H_CAPACITY, H_HEADER_SIZE] {
             let mut bad = ring[..32].to_vec();
             bad[at] ^= 0x40;
-            assert!(check_ring_header(&bad, 4).is_err(), "field at {at}");
+            assert!(
+                check_ring_header(&bad, 4, Slots::Records).is_err(),
+                "field at {at}"
+            );
         }
     }
 
@@ -356,7 +361,7 @@ mod tests {
                     x as u8
                 })
                 .collect();
-            let _ = check_ring_header(&bytes, CAPACITY);
+            let _ = check_ring_header(&bytes, CAPACITY, Slots::Records);
         }
     }
 }

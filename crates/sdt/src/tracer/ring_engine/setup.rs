@@ -22,7 +22,7 @@ use super::heartbeat::{keep_beating, BeatTicket};
 
 use crate::process::maps::read_maps;
 use crate::process::memory::ProcessMemory;
-use crate::ring::{ring_bytes, RingReader};
+use crate::ring::{ring_bytes, RingReader, Slots};
 
 use crate::tracer::guardian::{Guardian, Op};
 use crate::tracer::inject::Injector;
@@ -123,7 +123,7 @@ pub(in crate::tracer) fn setup(
     mut guard: Option<&mut Guardian>,
 ) -> Result<Setup> {
     let inj = Injector::find(pid, tid, mem)?.guarded(guard.as_deref(), mem);
-    let bytes = ring_bytes(CAPACITY).map_err(|e| anyhow!("{e}"))? as u64;
+    let bytes = ring_bytes(CAPACITY, Slots::Records).map_err(|e| anyhow!("{e}"))? as u64;
     // What an earlier pyprobe left, used again where it can be (see `reuse`).
     let mut said = Vec::new();
     let earlier = match reuse::find(mem, &read_maps(pid)?, rips, patches.jump_refusals.len()) {
@@ -255,7 +255,14 @@ fn new_ring(inj: &Injector, mem: &mut ProcessMemory, pid: i32) -> Result<(u64, u
     let scratch = inj.mmap(0, PAGE, PROT_RW, MAP_PRIVATE_ANON, -1)?;
     mem.write(scratch, &(pid as u32).to_le_bytes())?;
     mem.write(scratch + reuse::NAME_AT, reuse::RING_NAME)?;
-    let (ring_addr, mapping) = map_ring(inj, pid, scratch + reuse::NAME_AT, None, CAPACITY)?;
+    let (ring_addr, mapping) = map_ring(
+        inj,
+        pid,
+        scratch + reuse::NAME_AT,
+        None,
+        CAPACITY,
+        Slots::Records,
+    )?;
     Ok((scratch, ring_addr, mapping))
 }
 
@@ -275,6 +282,7 @@ fn replace_ring(
         tag_addr + reuse::NAME_AT,
         Some(ring_addr),
         CAPACITY,
+        Slots::Records,
     )?;
     mem.write(tag_addr, &(pid as u32).to_le_bytes())?;
     Ok(mapping)

@@ -7,13 +7,13 @@ use std::fs::OpenOptions;
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::MmapMut;
 
-use crate::ring::{init_zeroed_ring, ring_bytes};
+use crate::ring::{init_zeroed_ring, ring_bytes, Slots};
 use crate::tracer::inject::Injector;
 
 use super::PROT_RW;
 
 /// A memfd made in the target (named by the string at `name_addr`), sized for
-/// `capacity` slots and sealed at that size, mapped and formatted by pyprobe, then
+/// `capacity` slots of `slots` and sealed at that size, mapped and formatted by pyprobe, then
 /// mapped `MAP_SHARED` in the target (at `over`, over what is there, or where the
 /// kernel chooses), its descriptor closed: the target never sees an unformatted
 /// ring, and keeps no descriptor of pyprobe's. Returns the ring's address in the
@@ -28,8 +28,9 @@ pub fn map_ring(
     name_addr: u64,
     over: Option<u64>,
     capacity: u64,
+    slots: Slots,
 ) -> Result<(u64, MmapMut)> {
-    let bytes = ring_bytes(capacity).map_err(|e| anyhow!("{e}"))? as u64;
+    let bytes = ring_bytes(capacity, slots).map_err(|e| anyhow!("{e}"))? as u64;
     let fd = inj.call(
         "memfd_create",
         libc::SYS_memfd_create,
@@ -60,7 +61,7 @@ pub fn map_ring(
             );
         }
         // A new memfd, zero-filled by the kernel: the header is all there is to write.
-        init_zeroed_ring(&mut mapping, capacity).map_err(|e| anyhow!("{e}"))?;
+        init_zeroed_ring(&mut mapping, capacity, slots).map_err(|e| anyhow!("{e}"))?;
         let ring_addr = match over {
             Some(addr) => {
                 let flags = libc::MAP_SHARED | libc::MAP_FIXED;
