@@ -466,6 +466,61 @@ fn callbacks_write_one_record_each() {
     assert!(calls().is_empty(), "the hot path calls nothing");
 }
 
+/// What is sent once goes again whenever it changed: code objects that share a
+/// table entry send their parts each time they take it back, and each thread its
+/// `%fs` base when the one before was another's; every event is named right.
+#[test]
+fn parts_and_threads_are_sent_again_whenever_they_changed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = Setup::new();
+    s.set(ST_ON, 1);
+    // Code objects from one pool until two share an entry.
+    let pool: Vec<[u64; 6]> = (0..256).map(fake_code).collect();
+    let a = &pool[0];
+    let b = pool[1..]
+        .iter()
+        .find(|c| table_index(c.as_ptr() as u64) == table_index(a.as_ptr() as u64))
+        .expect("two code objects in one entry");
+    let (a, b) = (a.as_ptr() as u64, b.as_ptr() as u64);
+    let before = s.reader().head();
+    for code in [a, b, a, a, b] {
+        s.callback(0, &[code, 0]);
+    }
+    let units = s.reader().head() - before;
+    // A thread unit, four parts groups (each change of the entry), five events.
+    assert_eq!(units, 1 + 4 * GROUP_UNITS + 5);
+    let got: Vec<_> = s
+        .records()
+        .iter()
+        .map(|r| (r.parts[0], r.parts[3]))
+        .collect();
+    let line = |c: u64| pool.iter().find(|p| p.as_ptr() as u64 == c).map(|p| p[4]);
+    let want: Vec<_> = [a, b, a, a, b]
+        .into_iter()
+        .map(|c| (c, line(c).expect("in the pool")))
+        .collect();
+    assert_eq!(got, want);
+    // Another thread's events, between this one's.
+    let here = fs_base();
+    let callback = s.hook.callbacks[0] as usize;
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            type Cb = unsafe extern "C" fn(u64, *const u64, isize) -> u64;
+            // SAFETY: as in `Setup::callback`: the hook's PY_START callback, alive
+            // for the scope, called with a valid array of its length.
+            unsafe {
+                let f: Cb = std::mem::transmute::<usize, Cb>(callback);
+                f(0, [a, 0].as_ptr(), 2)
+            }
+        });
+    });
+    s.callback(0, &[a, 0]);
+    let threads: Vec<u64> = s.records().iter().map(|r| r.thread).collect();
+    assert_eq!(threads.len(), 2);
+    assert_ne!(threads[0], here, "the other thread's");
+    assert_eq!(threads[1], here, "this one's again");
+}
+
 /// A program can fetch a callback (`register_callback` returns it) and call it with
 /// anything: only a call shaped as the interpreter's, a code object first, is
 /// recorded; the others return `None` and read nothing behind their arguments.
