@@ -125,6 +125,12 @@ impl HookProc {
             sink,
         );
         if records.is_empty() {
+            // Units with no event after them (a thread, a type, parts) point at
+            // nothing to read later: done with, or an ending target's exit
+            // callback would wait for them.
+            if drained.records > 0 {
+                self.reader.mark_finished();
+            }
             self.raw = RawBatch { records, texts };
             return 0;
         }
