@@ -10,7 +10,7 @@
 //! | --- | --- | --- |
 //! | 0   | u64 | `magic` = [`MAGIC`] (`"PYPRRING"`) |
 //! | 8   | u32 | `version` = [`VERSION`] |
-//! | 12  | u32 | `slot_size` = [`SLOT_SIZE`] |
+//! | 12  | u32 | `slot_size` = [`SLOT_SIZE`], or [`UNIT_SIZE`] for a ring of [`Slots::Units`] |
 //! | 16  | u64 | `capacity`: number of slots, a power of two, 1 ..= [`MAX_CAPACITY`] |
 //! | 24  | u32 | `header_size` = [`HEADER_SIZE`] |
 //! | 64  | u64 | `head`: next slot index to reserve (producers, `cmpxchg`: see `solo`) |
@@ -194,6 +194,20 @@ pub enum Slots {
     /// unit it read before it moves `tail` past them, so a first word is not 0
     /// only once published in this lap (the ring starts all zero).
     Units,
+}
+
+/// Where a group's length stands in its first word ([`Slots::Units`]).
+const GROUP_LEN_SHIFT: u32 = 4;
+
+/// The bits of a group's first word that say it spans `units` units (1 ..=
+/// [`MAX_GROUP_UNITS`]).
+pub const fn group_len_bits(units: u64) -> u64 {
+    (units - 1) << GROUP_LEN_SHIFT
+}
+
+/// How many units the group whose first word is `first` spans.
+pub(crate) fn group_units(first: u64) -> u64 {
+    1 + ((first >> GROUP_LEN_SHIFT) & 0xf)
 }
 
 impl Slots {

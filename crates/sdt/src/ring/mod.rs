@@ -86,8 +86,8 @@ pub use codegen::{
     build_trampoline, CodegenError, FlagSave, ThreadIdSource, Trampoline, TrampolineParams,
 };
 pub use consumer::{
-    group_units, DrainStop, Drained, Drawn, FixedRecord, KnownRecord, KnownRecords, Plain,
-    RingReader, RingRecord, RingStack, RingString, Token, KEY_ARGS, MAX_GROUP_WORDS,
+    DrainStop, Drained, Drawn, FixedRecord, KnownRecord, KnownRecords, Plain, RingReader,
+    RingRecord, RingStack, RingString, Token, KEY_ARGS,
 };
 pub use format::{init_ring, init_zeroed_ring, ring_bytes, RingError, Slots};
 pub use lost::{LostCounter, LostReading};

@@ -7,7 +7,7 @@ use iced_x86::code_asm::*;
 use iced_x86::IcedError;
 
 use pyprobe_sdt::ring::codegen::{emit_reserve, Shape};
-use pyprobe_sdt::ring::format::HEADER_SIZE;
+use pyprobe_sdt::ring::format::{group_len_bits, HEADER_SIZE};
 
 use super::{HookError, HookParams, STR_HASH, STR_LENGTH};
 use crate::hook::units::{
@@ -251,7 +251,7 @@ fn emit_group(
     a.jb(unit)?;
     a.mov(rax, qword_ptr(r11 + 8))?;
     a.mov(qword_ptr(r8 + 8), rax)?;
-    a.mov(qword_ptr(r8), (kind | (GROUP_UNITS - 1) << 4) as i32)?;
+    a.mov(qword_ptr(r8), (kind | group_len_bits(GROUP_UNITS)) as i32)?;
     Ok(())
 }
 

@@ -22,10 +22,18 @@ pub enum Shape {
 }
 
 impl Shape {
-    fn shift(self) -> u32 {
+    fn slots(self) -> Slots {
         match self {
-            Shape::Records { .. } => Slots::Records.shift(),
-            Shape::Units => Slots::Units.shift(),
+            Shape::Records { .. } => Slots::Records,
+            Shape::Units => Slots::Units,
+        }
+    }
+
+    /// How many slots on a producer asks for lines, and how many of that slot's.
+    fn prefetch(self) -> (i32, usize) {
+        match self {
+            Shape::Records { lines } => (PREFETCH_AHEAD, usize::from(lines).min(SLOT_SIZE / 64)),
+            Shape::Units => (PREFETCH_UNITS_AHEAD, 1),
         }
     }
 }
@@ -147,38 +155,22 @@ pub fn emit_reserve(
     a.mov(r10, rcx)?;
     a.mov(rax, rcx)?;
     a.and(rax, capacity - 1)?;
-    a.shl(rax, shape.shift())?;
+    a.shl(rax, shape.slots().shift())?;
     a.lea(r8, ptr(r9 + rax + HEADER_SIZE as i32))?;
-    match shape {
-        Shape::Records { lines } => emit_prefetch_ahead(a, capacity, lines)?,
-        Shape::Units => emit_prefetch_units_ahead(a, capacity)?,
-    }
-    Ok(())
-}
-
-/// Units ahead of the one just reserved whose line a producer asks for: a few
-/// lines on, each written by four records of one unit.
-pub(crate) const PREFETCH_UNITS_AHEAD: i32 = 16;
-
-/// [`emit_prefetch_ahead`] for a ring of units: one line, [`PREFETCH_UNITS_AHEAD`]
-/// units on. Clobbers rax.
-fn emit_prefetch_units_ahead(a: &mut CodeAssembler, capacity: i32) -> Result<(), CodegenError> {
-    if !has_prefetchw() {
-        return Ok(());
-    }
-    a.lea(rax, ptr(r10 + PREFETCH_UNITS_AHEAD))?;
-    a.and(rax, capacity - 1)?;
-    a.shl(rax, Slots::Units.shift())?;
-    a.prefetchw(byte_ptr(r9 + rax + HEADER_SIZE as i32))?;
+    emit_prefetch_ahead(a, capacity, shape)?;
     Ok(())
 }
 
 /// Records ahead of the one just reserved whose slot a producer asks for.
 pub(crate) const PREFETCH_AHEAD: i32 = 4;
+/// Units ahead of the one just reserved whose line a producer asks for: a few
+/// lines on, each written by four records of one unit.
+const PREFETCH_UNITS_AHEAD: i32 = 16;
 
 /// With r10 = the index just reserved and r9 = the ring: `prefetchw` of the first
-/// `lines` cache lines of slot `r10 + PREFETCH_AHEAD` (wrapped: always inside the
-/// ring). A slot's lines were last written a lap ago and read by pyprobe since,
+/// lines of the slot a few on ([`Shape::prefetch`]: the first `lines` of the
+/// record [`PREFETCH_AHEAD`] on; the line of the unit [`PREFETCH_UNITS_AHEAD`]
+/// on), wrapped: always inside the ring. A slot's lines were last written a lap ago and read by pyprobe since,
 /// so a store to them waits for the line to come back; asked for a few records
 /// early, the line is there when the record is written (fib on CPython 3.9, ring
 /// never full: 100 -> 65 ns per event). A prefetch never faults and changes no
@@ -186,15 +178,15 @@ pub(crate) const PREFETCH_AHEAD: i32 = 4;
 fn emit_prefetch_ahead(
     a: &mut CodeAssembler,
     capacity: i32,
-    lines: u8,
+    shape: Shape,
 ) -> Result<(), CodegenError> {
+    let (ahead, lines) = shape.prefetch();
     if lines == 0 || !has_prefetchw() {
         return Ok(());
     }
-    a.lea(rax, ptr(r10 + PREFETCH_AHEAD))?;
+    a.lea(rax, ptr(r10 + ahead))?;
     a.and(rax, capacity - 1)?;
-    a.shl(rax, SLOT_SIZE.trailing_zeros())?;
-    let lines = usize::from(lines).min(SLOT_SIZE / 64);
+    a.shl(rax, shape.slots().shift())?;
     for line in 0..lines {
         a.prefetchw(byte_ptr(r9 + rax + (HEADER_SIZE + 64 * line) as i32))?;
     }

@@ -181,23 +181,21 @@ impl RingReader {
         Ok((index, slot, tsc))
     }
 
-    /// A drain's start: says the consumer looks, and gives the head read now, how
-    /// many records it may read (bounded by `max` and by `capacity`: a hostile
-    /// head cannot make it longer) and the copies' room.
-    fn begin_drain(&mut self, max: usize) -> (u64, usize, Vec<Copied>) {
+    /// A drain's start, of a ring of either kind: says the consumer looks, and
+    /// gives the head read now and how many records (or groups) it may read:
+    /// bounded by `max` and by `capacity` (a hostile head cannot make it
+    /// longer), none from a ring whose slots are not `slots`.
+    pub(super) fn begin_reading(&mut self, max: usize, slots: Slots) -> (u64, usize) {
         self.heartbeat();
-        // A ring of units is read by `drain_units` only: its slots are no records.
-        let max = if self.slots == Slots::Records { max } else { 0 };
+        let max = if self.slots == slots { max } else { 0 };
         let budget = max.min(usize::try_from(self.capacity).unwrap_or(usize::MAX));
-        let mut copies = std::mem::take(&mut self.copies);
-        copies.resize_with(COPY_CHUNK, Copied::default);
-        (self.head(), budget, copies)
+        (self.head(), budget)
     }
 
-    /// A drain's end: frees the slots read, keeps the copies' room, says why it stopped.
-    fn end_drain(
+    /// A drain's end, of a ring of either kind: frees the slots read, says why it
+    /// stopped.
+    pub(super) fn end_reading(
         &mut self,
-        copies: Vec<Copied>,
         records: usize,
         stop: Option<DrainStop>,
         head: u64,
@@ -205,7 +203,6 @@ impl RingReader {
         if records > 0 {
             self.publish_tail();
         }
-        self.copies = copies;
         Drained {
             records,
             stop: stop.unwrap_or(if self.tail >= head {
@@ -214,6 +211,28 @@ impl RingReader {
                 DrainStop::Limit
             }),
         }
+    }
+
+    /// A records drain's start: [`begin_reading`](Self::begin_reading), and the
+    /// copies' room.
+    fn begin_drain(&mut self, max: usize) -> (u64, usize, Vec<Copied>) {
+        let (head, budget) = self.begin_reading(max, Slots::Records);
+        let mut copies = std::mem::take(&mut self.copies);
+        copies.resize_with(COPY_CHUNK, Copied::default);
+        (head, budget, copies)
+    }
+
+    /// A records drain's end: keeps the copies' room, then
+    /// [`end_reading`](Self::end_reading).
+    fn end_drain(
+        &mut self,
+        copies: Vec<Copied>,
+        records: usize,
+        stop: Option<DrainStop>,
+        head: u64,
+    ) -> Drained {
+        self.copies = copies;
+        self.end_reading(records, stop, head)
     }
 
     /// Copies up to `max` published records from `tail` on into `copies`, moving

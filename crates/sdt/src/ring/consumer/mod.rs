@@ -28,7 +28,6 @@ pub use known::{KnownRecords, Token, KEY_ARGS};
 use record::decode;
 use record::StringSpan;
 pub use record::{FixedRecord, RingRecord, RingStack, RingString};
-pub use units::{group_units, MAX_GROUP_WORDS};
 
 /// Why [`RingReader::drain`] stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

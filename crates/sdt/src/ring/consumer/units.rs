@@ -7,12 +7,7 @@ use super::{DrainStop, Drained, RingReader};
 use crate::ring::format::*;
 
 /// Words of the longest group.
-pub const MAX_GROUP_WORDS: usize = 2 * MAX_GROUP_UNITS;
-
-/// How many units the group whose first word is `first` spans (see [`Slots::Units`]).
-pub fn group_units(first: u64) -> u64 {
-    1 + ((first >> 4) & 0xf)
-}
+const MAX_GROUP_WORDS: usize = 2 * MAX_GROUP_UNITS;
 
 /// Units a group is read this many ahead of are asked for (four cache lines on).
 const PREFETCH_UNITS: u64 = 16;
@@ -26,15 +21,7 @@ impl RingReader {
     /// hostile or broken producer: it is left where it is, as unpublished).
     /// Reads nothing from a ring of records.
     pub fn drain_units<F: FnMut(u64, &[u64])>(&mut self, max: usize, mut f: F) -> Drained {
-        if self.slots != Slots::Units {
-            return Drained {
-                records: 0,
-                stop: DrainStop::Empty,
-            };
-        }
-        self.heartbeat();
-        let head = self.head();
-        let budget = max.min(usize::try_from(self.capacity).unwrap_or(usize::MAX));
+        let (head, budget) = self.begin_reading(max, Slots::Units);
         let mut words = [0u64; MAX_GROUP_WORDS];
         let mut groups = 0;
         let mut stop = None;
@@ -48,42 +35,27 @@ impl RingReader {
             if ahead < head {
                 self.prefetch_unit(ahead);
             }
-            let slot = self.slot_offset(index);
-            let first = self.word(slot).load(Ordering::Acquire);
+            let first = self.word(self.slot_offset(index)).load(Ordering::Acquire);
             let units = group_units(first);
             if first == 0 || head.wrapping_sub(index) < units {
                 stop = Some(DrainStop::Pending { index });
                 break;
             }
-            words[0] = first;
-            words[1] = self.word(slot + 8).load(Ordering::Relaxed);
-            for k in 1..units {
+            for k in 0..units {
                 let at = self.slot_offset(index.wrapping_add(k));
                 let w = 2 * k as usize;
                 words[w] = self.word(at).load(Ordering::Relaxed);
                 words[w + 1] = self.word(at + 8).load(Ordering::Relaxed);
-            }
-            // Zeroed before `tail` passes them: no first word left behind can
-            // look published a lap later.
-            for k in 0..units {
-                let at = self.slot_offset(index.wrapping_add(k));
+                // Zeroed before `tail` passes it: no first word left behind can
+                // look published a lap later.
                 self.word(at).store(0, Ordering::Relaxed);
             }
+            words[0] = first;
             self.tail = index.wrapping_add(units);
             groups += 1;
             f(index, &words[..2 * units as usize]);
         }
-        if groups > 0 {
-            self.publish_tail();
-        }
-        Drained {
-            records: groups,
-            stop: stop.unwrap_or(if self.tail >= head {
-                DrainStop::Empty
-            } else {
-                DrainStop::Limit
-            }),
-        }
+        self.end_reading(groups, stop, head)
     }
 
     /// Asks for the cache line of unit `index` ahead of its read.
@@ -139,7 +111,7 @@ mod tests {
                     // A continuation unit's first word is the producer's own.
                     self.words[at] = u64::MAX;
                 } else if publish {
-                    self.words[at] = 1 | (units - 1) << 4 | tag << 8;
+                    self.words[at] = 1 | group_len_bits(units) | tag << 8;
                 }
             }
             head
