@@ -62,6 +62,7 @@ pub(crate) fn table_index(addr: u64) -> usize {
 /// One event, as the reader rebuilds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Decoded {
+    /// A record kind: call, return, raise or resume, never another.
     pub(crate) kind: u32,
     /// The `%fs` base of its thread (0: none said yet).
     pub(crate) thread: u64,
@@ -86,18 +87,11 @@ pub(crate) struct Texts {
     pub(crate) call: Option<String>,
 }
 
-/// What a body group carried, for the event after it.
-#[derive(Debug, Clone)]
-struct Body {
-    parts: [u64; 5],
-    text: Option<String>,
-}
-
-/// An entry of the reader's sent table.
+/// What a parts or body group carried: an entry of the reader's sent table
+/// (its text kept until a call takes it), or a body's, for the event after it.
 #[derive(Debug, Clone, Default)]
 struct Sent {
     parts: [u64; 5],
-    /// The text sent with the parts, until a call takes it.
     text: Option<String>,
 }
 
@@ -107,7 +101,7 @@ pub(crate) struct UnitDecoder {
     thread: u64,
     types: [u64; TABLE_ENTRIES],
     sent: Vec<Sent>,
-    body: Option<Body>,
+    body: Option<Sent>,
 }
 
 impl Default for UnitDecoder {
@@ -180,12 +174,14 @@ impl UnitDecoder {
                 }
             }
             kind @ (U_PARTS | U_BODY) if words.len() == 2 * GROUP_UNITS as usize => {
-                let parts = [second, words[2], words[3], words[4], words[5]];
-                let text = group_text(words);
+                let sent = Sent {
+                    parts: [second, words[2], words[3], words[4], words[5]],
+                    text: group_text(words),
+                };
                 if kind == U_BODY {
-                    self.body = Some(Body { parts, text });
+                    self.body = Some(sent);
                 } else {
-                    self.sent[table_index(second)] = Sent { parts, text };
+                    self.sent[table_index(second)] = sent;
                 }
             }
             _ => {}
@@ -237,6 +233,7 @@ fn widen_stamp(low: u64, now: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::hook::KIND_RETURN;
+    use pyprobe_sdt::ring::format::group_len_bits;
 
     fn event(kind: u32, aux: u64, stamp: u64, code: u64) -> [u64; 2] {
         [
@@ -247,7 +244,7 @@ mod tests {
 
     fn group(kind: u64, parts: [u64; 5], text: &str) -> Vec<u64> {
         let mut bytes = vec![0u8; GROUP_UNITS as usize * 16];
-        bytes[..8].copy_from_slice(&(kind | (GROUP_UNITS - 1) << 4).to_le_bytes());
+        bytes[..8].copy_from_slice(&(kind | group_len_bits(GROUP_UNITS)).to_le_bytes());
         for (k, w) in parts.iter().enumerate() {
             bytes[8 + 8 * k..16 + 8 * k].copy_from_slice(&w.to_le_bytes());
         }

@@ -9,6 +9,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use crate::hook::codegen::{STR_HASH, STR_LENGTH};
+use crate::hook::units::Decoded;
 use crate::hook::{enters, KIND_CALL, KIND_RAISE, KIND_RESUME, KIND_RETURN};
 use crate::python::walker::{PyFrame, Walker, GONE_CODE};
 use pyprobe_sdt::process::memory::ProcessMemory;
@@ -33,34 +34,6 @@ pub(super) struct Recheck {
     words: Vec<Option<u64>>,
 }
 
-/// A record as the ring's units say it: kind, `%fs` base, the code object's parts
-/// (address, name and file pointers, first line, the strings' hash check), the
-/// returned type, the counter stamp, and where its texts are kept (few records
-/// carry any: a batch of records stays small in the cache).
-pub(super) struct RawRecord {
-    kind: u32,
-    /// 1 + its index in [`RawBatch::texts`]; 0: no text.
-    texts: u32,
-    thread: u64,
-    parts: CodeParts,
-    ty: u64,
-    stamp: u64,
-}
-
-/// The texts a record carried: a body's copied name, a call's copied name.
-#[derive(Default)]
-pub(super) struct RecordTexts {
-    body_name: Option<String>,
-    function_name: Option<String>,
-}
-
-/// The records of one drain and the texts some of them carried, kept across drains.
-#[derive(Default)]
-pub(super) struct RawBatch {
-    records: Vec<RawRecord>,
-    texts: Vec<RecordTexts>,
-}
-
 /// A record read and named, not yet passed on.
 pub(super) struct HookRecord {
     kind: u32,
@@ -81,35 +54,11 @@ impl HookProc {
         sink: &mut dyn FnMut(TraceEvent),
     ) -> usize {
         let start = read_tsc();
-        let RawBatch {
-            mut records,
-            mut texts,
-        } = std::mem::take(&mut self.raw);
+        let mut records = std::mem::take(&mut self.raw);
         records.clear();
-        texts.clear();
         let units = &mut self.units;
         let drained = self.reader.drain_units(BATCH, |_, words| {
-            let Some(d) = units.decode(words, start) else {
-                return;
-            };
-            let text_index = match d.texts {
-                Some(t) => {
-                    texts.push(RecordTexts {
-                        body_name: t.body,
-                        function_name: t.call,
-                    });
-                    texts.len() as u32
-                }
-                None => 0,
-            };
-            records.push(RawRecord {
-                kind: d.kind,
-                texts: text_index,
-                thread: d.thread,
-                parts: CodeParts(d.parts),
-                ty: d.ty,
-                stamp: d.stamp,
-            });
+            records.extend(units.decode(words, start));
         });
         self.read_to = match (drained.stop, records.last()) {
             (DrainStop::Empty, _) => start,
@@ -131,7 +80,7 @@ impl HookProc {
             if drained.records > 0 {
                 self.reader.mark_finished();
             }
-            self.raw = RawBatch { records, texts };
+            self.raw = records;
             return 0;
         }
         self.walker.new_naming_batch();
@@ -140,13 +89,10 @@ impl HookProc {
         self.types.new_batch();
         self.recheck(&records);
         for r in &records {
-            let (kind, thread, parts, ty, stamp) = (r.kind, r.thread, r.parts, r.ty, r.stamp);
-            if !matches!(kind, KIND_CALL | KIND_RESUME | KIND_RETURN | KIND_RAISE) {
-                continue;
-            }
-            let carried = (r.texts as usize).checked_sub(1).and_then(|i| texts.get(i));
-            let (body_name, function_name) = match carried {
-                Some(t) => (t.body_name.as_deref(), t.function_name.as_deref()),
+            let (kind, thread, ty, stamp) = (r.kind, r.thread, r.ty, r.stamp);
+            let parts = CodeParts(r.parts);
+            let (body_name, function_name) = match r.texts.as_deref() {
+                Some(t) => (t.body.as_deref(), t.call.as_deref()),
                 None => (None, None),
             };
             let frame = match function_name {
@@ -178,7 +124,7 @@ impl HookProc {
         // Named: an ending target's exit callback may let finalization free them now.
         self.reader.mark_finished();
         let read = records.len();
-        self.raw = RawBatch { records, texts };
+        self.raw = records;
         read
     }
 
@@ -193,7 +139,7 @@ impl HookProc {
     ///   [`TypeNames`](super::returns::TypeNames) checks its names against.
     ///
     /// Nothing is read when the image is gone: what was named is all there is.
-    fn recheck(&mut self, records: &[RawRecord]) {
+    fn recheck(&mut self, records: &[Decoded]) {
         if self.image_gone {
             return;
         }
@@ -219,9 +165,6 @@ impl HookProc {
         // not a hash.
         let (mut previous, mut previous_type) = (None, None);
         for r in records {
-            if !matches!(r.kind, KIND_CALL | KIND_RESUME | KIND_RETURN | KIND_RAISE) {
-                continue;
-            }
             if r.kind == KIND_RETURN && previous_type != Some(r.ty) {
                 previous_type = Some(r.ty);
                 if seen_types.insert(r.ty) {
@@ -229,13 +172,14 @@ impl HookProc {
                 }
             }
             let Some(offset) = offset else { continue };
-            if previous == Some(r.parts) {
+            let p = CodeParts(r.parts);
+            if previous == Some(p) {
                 continue;
             }
-            previous = Some(r.parts);
-            if seen.insert(r.parts) && self.named.contains_key(&r.parts) {
-                parts.push(r.parts);
-                addrs.push(r.parts.code().wrapping_add(offset));
+            previous = Some(p);
+            if seen.insert(p) && self.named.contains_key(&p) {
+                parts.push(p);
+                addrs.push(p.code().wrapping_add(offset));
             }
         }
         addrs.extend(types.iter().map(|&ty| TypeNames::name_pointer_at(ty)));

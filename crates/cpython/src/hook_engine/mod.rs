@@ -209,8 +209,9 @@ struct HookProc {
     lost: pyprobe_sdt::ring::LostCounter,
     /// Records read from the ring, not yet named and passed on (see `drain`).
     pending: std::collections::VecDeque<drain::HookRecord>,
-    /// The buffer records are read into, kept across drains.
-    raw: drain::RawBatch,
+    /// The buffer records are read into, kept across drains (few carry texts:
+    /// a batch of records stays small in the cache).
+    raw: Vec<crate::hook::units::Decoded>,
     /// The ring's units turned back into records: the tables the hook keeps,
     /// as it has sent them.
     units: crate::hook::units::UnitDecoder,
