@@ -30,7 +30,7 @@ use view_args::{CallsArgs, FlameArgs, ReportArgs};
         pyprobe needs no root, no eBPF, uprobes or perf_events, and nothing changed in the \
         target's code or command. It samples Python stacks with a frame walker, catches \
         CPython's SystemTap (SDT) probes where the build has them (through injected \
-        trampolines, else breakpoints), and traces every call on CPython 3.7 to 3.14 of any \
+        trampolines, else breakpoints), and traces every call on CPython 3.7 to 3.15 of any \
         build through a hook it injects.",
     after_help = "Examples:\n  \
         pyprobe record -p 1234 -d 30 -o flame.svg     profile a running service for 30 s\n  \

@@ -24,7 +24,7 @@ pub enum Mode {
     /// Sample function stacks; GC, import and audit exact through their probes.
     Auto,
     /// Every call and return exact, through the function probes or the injected
-    /// hook (CPython 3.7 to 3.14).
+    /// hook (CPython 3.7 to 3.15).
     Trace,
     /// Function stacks by sampling only.
     Sample,
@@ -104,10 +104,12 @@ pub struct RecordArgs {
     /// unused: a signal handler could still return into one. Attaching again with
     /// the same pyprobe uses them again rather than mapping more.
     /// `hook` (with `--mode trace`): calls and returns come from a hook pyprobe
-    /// injects and the interpreter calls (CPython 3.7 to 3.14): registered with
+    /// injects and the interpreter calls (CPython 3.7 to 3.15): registered with
     /// `sys.monitoring` at a safe point on 3.12+, each thread's C profile function
     /// before; no probes needed. `auto` uses it in `--mode trace` where the
-    /// interpreter's entry and return probes do not both fire.
+    /// interpreter's entry and return probes do not both fire, and on 3.12+ even
+    /// where they do (it costs less per call than their trampolines), unless
+    /// `--max-overhead`, `--subprocesses` or the `line` probe asks for the probes.
     #[arg(long, value_enum, default_value_t = Engine::Auto)]
     pub engine: Engine,
     /// Slow the target by at most this much: when the time it spends stopped for
@@ -119,7 +121,7 @@ pub struct RecordArgs {
     /// even counting cannot afford) not at all for a while; the report says so.
     /// The report says what share of the time was traced exactly. Default: 5 in
     /// `--mode auto`, none in `--mode trace`. 0 turns the budget off. Not with the
-    /// hook engine's calls (CPython 3.7 to 3.14 without function probes), which
+    /// hook engine's calls (CPython 3.7 to 3.15 without function probes), which
     /// cannot be paused: there `--mode trace` with a budget is refused.
     #[arg(long, value_name = "PERCENT")]
     pub max_overhead: Option<f64>,

@@ -46,14 +46,14 @@ pub(crate) fn pyenv(minor: u32) -> Option<PathBuf> {
 
 /// Every interpreter the hook engine serves here: pyenv 3.7 to 3.13 (no SDT
 /// notes), Debian's 3.11 (return probes only), 3.13 and 3.14 (SDT notes, no function
-/// probes): calls from the hook, GC, imports and audit events from the probes), each
-/// with a label.
+/// probes), and 3.15 (function probes, which `--engine hook` leaves off): calls from
+/// the hook, GC, imports and audit events from the probes), each with a label.
 pub(crate) fn hook_interpreters() -> Vec<(String, PathBuf)> {
     let mut pythons: Vec<(String, PathBuf)> = MINORS
         .iter()
         .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))
         .collect();
-    for minor in ["3.11", "3.13", "3.14"] {
+    for minor in ["3.11", "3.13", "3.14", "3.15"] {
         if let Some(debian) = python(minor) {
             pythons.push((format!("Debian {minor}"), debian.launcher));
         }
@@ -241,26 +241,6 @@ fn hook_engine_refuses_in_one_sentence_what_it_cannot_serve() {
         ],
         &["--mode trace"],
     );
-    // 3.15 has no hook route yet (its function probes serve it).
-    if let Some(py315) = python("3.15") {
-        let py_s = py315.launcher.display().to_string();
-        assert_refused(
-            &[
-                "record",
-                "--engine",
-                "hook",
-                "--mode",
-                "trace",
-                "-o",
-                out.path(),
-                "--",
-                &py_s,
-                "-c",
-                "pass",
-            ],
-            &["3.15", "3.7 to 3.14", "default mode"],
-        );
-    }
 }
 
 /// The hook cannot be paused, so no budget can limit its calls: a budgeted trace
@@ -452,42 +432,53 @@ fn report_shows_the_types_functions_returned_and_how_often_they_raised() {
     }
 }
 
-/// On Debian's 3.9 both engines serve: the hook (asked for) and the SDT function
-/// probes (the default there) count the program's calls the same, and as it does.
+/// Where both engines serve, they count the program's calls the same, and as it
+/// does: on Debian's 3.9 the hook (asked for) and the SDT function probes (the
+/// default there); on Debian's 3.15 the hook (the default there: a
+/// `sys.monitoring` tool costs less than the probes) and the probes (asked for).
 #[test]
 fn the_hook_and_the_function_probes_count_the_same_calls() {
-    let Some(py) = python("3.9") else { return };
-    let mut counted = Vec::new();
-    for engine in ["hook", "auto"] {
-        let out = TempFile::new("hook-vs-probes.pyprobe");
-        let script = fixture_script("count_calls.py");
-        let launcher = py.launcher.display().to_string();
-        let argv = [
-            "record",
-            "--mode",
-            "trace",
-            "--engine",
-            engine,
-            "-o",
-            out.path(),
-            "--",
-            &launcher,
-            &script,
-            "3",
-        ];
-        let run = run_pyprobe(&argv);
-        let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
-        assert!(run.status.success(), "{engine}: {stderr}");
-        let says_hook = stderr.contains("engine hook for calls: profile function");
-        assert_eq!(says_hook, engine == "hook", "{engine}: {stderr}");
-        let own = json_line(&String::from_utf8_lossy(&run.stdout));
-        let traced = entries_in_file(&report_json(out.path()), "count_calls.py");
-        for (name, n) in own.as_object().expect("object") {
-            assert_eq!(traced.get(name).copied(), n.as_u64(), "{engine}: {name}");
+    for (minor, engines, route) in [
+        ("3.9", ["hook", "auto"], "profile function"),
+        ("3.15", ["auto", "ring"], "sys.monitoring"),
+    ] {
+        let Some(py) = python(minor) else { continue };
+        let mut counted = Vec::new();
+        for (i, engine) in engines.into_iter().enumerate() {
+            let out = TempFile::new("hook-vs-probes.pyprobe");
+            let script = fixture_script("count_calls.py");
+            let launcher = py.launcher.display().to_string();
+            let argv = [
+                "record",
+                "--mode",
+                "trace",
+                "--engine",
+                engine,
+                "-o",
+                out.path(),
+                "--",
+                &launcher,
+                &script,
+                "3",
+            ];
+            let run = run_pyprobe(&argv);
+            let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+            assert!(run.status.success(), "{minor} {engine}: {stderr}");
+            let says_hook = stderr.contains(&format!("engine hook for calls ({route})"));
+            assert_eq!(says_hook, i == 0, "{minor} {engine}: {stderr}");
+            let own = json_line(&String::from_utf8_lossy(&run.stdout));
+            let traced = entries_in_file(&report_json(out.path()), "count_calls.py");
+            for (name, n) in own.as_object().expect("object") {
+                assert_eq!(
+                    traced.get(name).copied(),
+                    n.as_u64(),
+                    "{minor} {engine}: {name}"
+                );
+            }
+            counted.push(traced);
         }
-        counted.push(traced);
+        assert_eq!(counted[0], counted[1], "{minor}");
     }
-    assert_eq!(counted[0], counted[1]);
 }
 
 /// Class bodies and methods made from one template, each freed before the next
@@ -621,13 +612,13 @@ fn a_program_calling_the_hooks_callback_with_odd_arguments_runs_on() {
 }
 
 /// The interpreters whose hook is a `sys.monitoring` tool: pyenv 3.12 and 3.13,
-/// Debian's 3.13 and 3.14, each with a label.
+/// Debian's 3.13, 3.14 and 3.15, each with a label.
 pub(crate) fn monitoring_interpreters() -> Vec<(String, PathBuf)> {
     let mut pythons: Vec<(String, PathBuf)> = [12, 13]
         .iter()
         .filter_map(|&m| pyenv(m).map(|p| (format!("3.{m}"), p)))
         .collect();
-    for minor in ["3.13", "3.14"] {
+    for minor in ["3.13", "3.14", "3.15"] {
         if let Some(debian) = python(minor) {
             pythons.push((format!("Debian {minor}"), debian.launcher));
         }

@@ -202,14 +202,17 @@ fn target_after_killed_ring(py: &Python, death: Death, tag: &str) -> Left {
     }
 }
 
-/// Attaches a normal `pyprobe record -p` to `target`, which makes 5000 calls
+/// Attaches `pyprobe record -p --engine ring` to `target`, which makes 5000 calls
 /// meanwhile; returns the calls recorded and what pyprobe said. The target then
 /// ends, and must end well.
 fn record_again(py: &Python, mut target: Target, tag: &str) -> (u64, String) {
     let out = TempFile::new(&format!("takeover-second-{tag}.pyprobe"));
     let pid_arg = target.pid().to_string();
     // `-v`: each site refused, and why.
-    let mut second = Live::record(&out, &["-p", &pid_arg, "--mode", "trace", "-v"]);
+    let mut second = Live::record(
+        &out,
+        &["-p", &pid_arg, "--mode", "trace", "--engine", "ring", "-v"],
+    );
     // The start line comes once attaching is over: every site is armed by then.
     second.wait_line("mode trace");
     target.send_line("5000");

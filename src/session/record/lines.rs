@@ -81,9 +81,9 @@ impl StartLine<'_> {
         };
         let engine = match request.ring {
             _ if chosen.hook && groups.len() > 1 => {
-                format!("engine hook for calls: {hook_route}, no probes; the rest: ring, else int3")
+                format!("engine hook for calls ({hook_route}); the rest: ring, else int3")
             }
-            _ if chosen.hook => format!("engine hook: {hook_route}, no probes"),
+            _ if chosen.hook => format!("engine hook ({hook_route})"),
             RingUse::Auto => "engine auto: ring, else int3".into(),
             RingUse::Required => "engine ring".into(),
             RingUse::Off => "engine int3".into(),

@@ -190,6 +190,9 @@ pub struct PythonResolver {
     pub hook: super::HookUse,
     /// An overhead budget applies (`--max-overhead`, or the default mode's).
     pub budgeted: bool,
+    /// `--subprocesses`: forked children are traced too (the probes follow them
+    /// into a child; the hook does not).
+    pub follows_children: bool,
 }
 
 impl PythonResolver {
@@ -347,12 +350,28 @@ impl PythonResolver {
                 (Some(_), None) => Ok(true),
             },
             // The SDT probes where entries and returns both fire (3.11's entries
-            // do not), else the hook.
-            super::HookUse::Auto => Ok(version.is_some()
-                && served.is_none()
-                && (version.is_some_and(|v| v.is(3, 11))
-                    || !available_groups(object).contains(&ProbeGroup::Function))),
+            // do not), else the hook; and the hook where it is a `sys.monitoring`
+            // tool (3.15 with probes), which costs less per call than the probes'
+            // trampolines, unless only the probes give what was asked.
+            super::HookUse::Auto => Ok(version.is_some_and(|v| {
+                served.is_none()
+                    && (v.is(3, 11)
+                        || !available_groups(object).contains(&ProbeGroup::Function)
+                        || (v.at_least(3, 12) && !self.needs_function_probes()))
+            })),
         }
+    }
+
+    /// What only the function probes give: a budget can pause them (the hook
+    /// cannot be paused), they fire in forked children (the hook unhooks itself
+    /// there) and beside the `line` probe.
+    fn needs_function_probes(&self) -> bool {
+        self.budgeted
+            || self.follows_children
+            || self
+                .requested
+                .as_ref()
+                .is_some_and(|r| r.contains(&ProbeGroup::Line))
     }
 
     fn resolve_probes(

@@ -72,13 +72,13 @@
 //!
 //! # The safe point
 //!
-//! `_Py_HandlePending(tstate)` (CPython 3.12 to 3.14): the eval loop calls it, with
+//! `_Py_HandlePending(tstate)` (CPython 3.12 to 3.15): the eval loop calls it, with
 //! the GIL held and the frame's state saved, when the eval breaker is set; it runs
 //! signal handlers and pending calls there, i.e. arbitrary Python code. So at its entry
 //! any C API call is allowed, as in a pending call: no allocator or lock is half-taken
 //! by this thread. pyprobe (every thread stopped) rewrites its first instructions into
 //! a `jmp rel32` to the detour and raises the eval breaker (3.12: the interpreter's
-//! `ceval.eval_breaker`, recomputed by the handler; 3.13 and 3.14: the `_PY_CALLS_TO_DO` bit of
+//! `ceval.eval_breaker`, recomputed by the handler; 3.13 to 3.15: the `_PY_CALLS_TO_DO` bit of
 //! each thread state's `eval_breaker`, cleared by the handler when no call is queued);
 //! the next thread to check the breaker installs the hook. (3.12 recomputes its
 //! breaker whenever a thread takes the GIL: the interpreter's `pending.calls_to_do`
@@ -235,8 +235,9 @@ pub(crate) const EVENTS_312: [(u32, u32); 6] = [
     (12, KIND_RAISE),  // PY_UNWIND
 ];
 
-/// The same for CPython 3.14, whose `BRANCH_LEFT` and `BRANCH_RIGHT` (8 and 9)
-/// moved `PY_UNWIND` and `PY_THROW` up by one.
+/// The same for CPython 3.14 and 3.15, whose `BRANCH_LEFT` and `BRANCH_RIGHT` (8 and
+/// 9) moved `PY_UNWIND` and `PY_THROW` up by one (3.15's numbers checked against its
+/// `sys.monitoring.events` too).
 pub(crate) const EVENTS_314: [(u32, u32); 6] = [
     (0, KIND_CALL),    // PY_START
     (1, KIND_RESUME),  // PY_RESUME
@@ -246,11 +247,11 @@ pub(crate) const EVENTS_314: [(u32, u32); 6] = [
     (13, KIND_RAISE),  // PY_UNWIND
 ];
 
-/// The monitoring events of CPython 3.`minor` (3.12 to 3.14), `None` for others.
+/// The monitoring events of CPython 3.`minor` (3.12 to 3.15), `None` for others.
 pub(crate) fn events_of(minor: u32) -> Option<&'static [(u32, u32)]> {
     match minor {
         12 | 13 => Some(&EVENTS_312),
-        14 => Some(&EVENTS_314),
+        14 | 15 => Some(&EVENTS_314),
         _ => None,
     }
 }

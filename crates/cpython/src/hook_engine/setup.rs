@@ -56,7 +56,7 @@ pub(crate) enum Breaker {
     /// raised until a thread runs `_Py_HandlePending`, whose `make_pending_calls`
     /// clears it and finds the queue empty (the queue and its lock are not touched).
     Interpreter(u64, u64),
-    /// 3.13 and 3.14: `PyThreadState.eval_breaker` (a `uintptr_t`) at this offset; the
+    /// 3.13 to 3.15: `PyThreadState.eval_breaker` (a `uintptr_t`) at this offset; the
     /// `_PY_CALLS_TO_DO` bit is cleared by the handler when no call is queued.
     ThreadState(u64),
 }
@@ -69,10 +69,10 @@ const EVAL_BREAKER_312: u64 = 368;
 /// `offsetof(PyInterpreterState, ceval.pending.calls_to_do)` in 3.12, the same way.
 const CALLS_TO_DO_312: u64 = 416;
 const CEVAL_GIL_312: u64 = 384;
-/// `offsetof(PyThreadState, eval_breaker)` in 3.13 and 3.14 (public `struct _ts`).
+/// `offsetof(PyThreadState, eval_breaker)` in 3.13 to 3.15 (public `struct _ts`).
 const EVAL_BREAKER_313: u64 = 24;
 const CALLS_TO_DO_BIT: u64 = 1 << 2;
-/// `offsetof(PyThreadState, interp)` in 3.12 to 3.14 (public `struct _ts`).
+/// `offsetof(PyThreadState, interp)` in 3.12 to 3.15 (public `struct _ts`).
 const TSTATE_INTERP: u64 = 16;
 
 /// What [`install`] put into the process.
@@ -101,9 +101,9 @@ pub fn refusal(version: PyVersion) -> Option<String> {
         return None;
     }
     Some(format!(
-        "CPython {version}: the hook engine serves CPython 3.7 to 3.14; exact calls need \
-         function probes here (a --with-dtrace build of 3.6 or 3.15), else the default mode \
-         samples its stacks"
+        "CPython {version}: the hook engine serves CPython 3.7 to 3.15; exact calls need \
+         function probes here (a --with-dtrace build), else the default mode samples its \
+         stacks"
     ))
 }
 

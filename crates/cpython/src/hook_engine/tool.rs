@@ -3,7 +3,7 @@
 //! tool id or registers its own callback over pyprobe's stops the trace without a
 //! record lost. The recording must say so (a caveat), not look whole.
 //!
-//! CPython 3.12 to 3.14 keep, in each interpreter's state,
+//! CPython 3.12 to 3.15 keep, in each interpreter's state,
 //! `PyObject *monitoring_callables[8][EVENTS]` followed directly by
 //! `PyObject *monitoring_tool_names[8]`. Neither offset is published before 3.15,
 //! so the slots are found once the hook is in: the installer kept the function
@@ -20,19 +20,19 @@ use pyprobe_sdt::tracer::guardian::Guardian;
 use crate::hook::{ST_CALLBACKS, TOOL_ID};
 use crate::python::walker::Walker;
 
-/// Most bytes of an interpreter's state searched (3.12 to 3.14: well under
+/// Most bytes of an interpreter's state searched (3.12 to 3.15: well under
 /// 512 KiB, the main interpreter being part of `_PyRuntime`).
 const SEARCH: usize = 1 << 20;
 /// Bytes read at a time while searching.
 const CHUNK: usize = 64 << 10;
-/// The range of `_PY_MONITORING_EVENTS` tried (17 on 3.12 and 3.13, 19 on 3.14).
+/// The range of `_PY_MONITORING_EVENTS` tried (17 on 3.12 and 3.13, 19 on 3.14 and 3.15).
 const EVENT_COUNTS: std::ops::RangeInclusive<u64> = 15..=32;
-/// How far `monitors` lies before `monitoring_callables` on 3.12 to 3.14: its 15
+/// How far `monitors` lies before `monitoring_callables` on 3.12 to 3.15: its 15
 /// or 16 bytes and two one-byte flags, rounded up to 24, then two `Py_ssize_t`
 /// thread counts.
 const MONITORS_BEFORE_CALLABLES: u64 = 40;
 /// Bytes of `monitors` read: every ungrouped event (15 on 3.12 and 3.13, whose
-/// 16th byte is a `bool` flag that never has bit 4 set; 16 on 3.14).
+/// 16th byte is a `bool` flag that never has bit 4 set; 16 on 3.14 and 3.15).
 const MONITORS_READ: usize = 16;
 /// Most threads a sane `sys_profiling_threads` or `sys_tracing_threads` counts.
 const MOST_THREADS: u64 = 1 << 20;
@@ -264,7 +264,7 @@ fn silenced_table(mem: &ProcessMemory, at: u64, ungrouped: usize) -> bool {
         && rest[2..].iter().all(|&b| b == 0)
 }
 
-/// `_PY_MONITORING_UNGROUPED_EVENTS`: 15 on 3.12 and 3.13, 16 on 3.14.
+/// `_PY_MONITORING_UNGROUPED_EVENTS`: 15 on 3.12 and 3.13, 16 on 3.14 and 3.15.
 fn ungrouped_events(walker: &Walker) -> usize {
     if walker.version().minor >= 14 {
         16
