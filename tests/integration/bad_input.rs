@@ -18,6 +18,25 @@ fn assert_one_sentence(error: &str) {
     assert!(error.len() < 600, "short: {error}");
 }
 
+/// Launches `python -c "print(6 * 7)"` under `pyprobe` with `args` (ending in
+/// `--`): it must be refused in one sentence holding `words`, before the command
+/// printed anything (it does not run untraced behind the user's back).
+fn assert_launch_refused(args: &[&str], python: &Path, words: &[&str]) {
+    let out = pyprobe()
+        .args(args)
+        .arg(python)
+        .args(["-c", "print(6 * 7)"])
+        .output()
+        .unwrap();
+    let e = assert_refused_output(&out, args, words);
+    assert_one_sentence(&e);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "",
+        "the command did not run"
+    );
+}
+
 #[test]
 fn nonexistent_pid() {
     for args in [
@@ -114,22 +133,10 @@ fn python_without_probes_in_trace_mode() {
         recording.path(),
         "--",
     ];
-    let out = pyprobe()
-        .args(args)
-        .arg(python)
-        .args(["-c", "print(6 * 7)"])
-        .output()
-        .unwrap();
-    let e = assert_refused_output(
-        &out,
+    assert_launch_refused(
         &args,
+        python,
         &["no SDT probes", "--with-dtrace", "--mode sample"],
-    );
-    assert_one_sentence(&e);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "",
-        "the command did not run"
     );
 }
 
@@ -159,18 +166,7 @@ fn python_without_function_probes_in_trace_mode() {
         recording.path(),
         "--",
     ];
-    let out = pyprobe()
-        .args(args)
-        .arg(&py.launcher)
-        .args(["-c", "print(6 * 7)"])
-        .output()
-        .unwrap();
-    assert_refused_output(&out, &args, &["no function probes"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "",
-        "the command did not run"
-    );
+    assert_launch_refused(&args, &py.launcher, &["no function probes"]);
     let out = pyprobe()
         .args([
             "record",
@@ -192,6 +188,34 @@ fn python_without_function_probes_in_trace_mode() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n");
+}
+
+/// A probe group the interpreter has no probes for (3.15 has no `line` probe) is
+/// refused in one sentence naming what it has, and the launched command does not
+/// run untraced behind the refusal.
+#[test]
+fn probes_the_interpreter_lacks_are_refused_before_the_command_runs() {
+    let Some(py) = python("3.15") else { return };
+    let recording = TempFile::new("noline.pyprobe");
+    let args = [
+        "record",
+        "--mode",
+        "trace",
+        "--probes",
+        "function,line",
+        "-o",
+        recording.path(),
+        "--",
+    ];
+    assert_launch_refused(
+        &args,
+        &py.launcher,
+        &[
+            "no probes for: line",
+            "it has: function",
+            "leave it out of --probes",
+        ],
+    );
 }
 
 /// Whether an ELF file, or a libpython next to it, has `.note.stapsdt` (via readelf,

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::rc::Rc;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 use pyprobe_cpython::python::probe_catalog::{
     ProbeGroup, ProbeKind, PythonProbe, PROBES, PROVIDER,
@@ -205,16 +205,20 @@ impl PythonResolver {
         if let Some(requested) = &self.requested {
             let missing: Vec<&str> = requested.difference(&available).map(|g| g.name()).collect();
             if !missing.is_empty() {
-                bail!(
-                    "{} has no probes for: {} (it has: {})",
+                // Refused as untraceable: a launched command ends here, before it
+                // runs untraced.
+                return Err(NotTraceable(format!(
+                    "{} has no probes for: {} (it has: {}); leave {} out of --probes",
                     object.target_path,
                     missing.join(", "),
                     available
                         .iter()
                         .map(|g| g.name())
                         .collect::<Vec<_>>()
-                        .join(", ")
-                );
+                        .join(", "),
+                    if missing.len() == 1 { "it" } else { "them" }
+                ))
+                .into());
             }
             return Ok((requested.clone(), None));
         }
