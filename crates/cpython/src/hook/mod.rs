@@ -87,7 +87,7 @@
 //! pyprobe with every thread stopped as soon as the installer has run (threads inside
 //! the detour finish it: the page is never unmapped).
 //!
-//! # State page (private, `MADV_WIPEONFORK`)
+//! # State pages (private, `MADV_WIPEONFORK`; [`STATE_LEN`] bytes)
 //!
 //! | offset | field |
 //! | --- | --- |
@@ -182,20 +182,22 @@ pub(crate) const ST_CALLBACKS: usize = 128;
 /// The scratch room a callback builds a parts or body group in (the callbacks
 /// run one at a time: with the GIL held) before copying it into the ring.
 pub(crate) const ST_SCRATCH: usize = 192;
-/// What the callbacks sent pyprobe, from here to the page's end (see
+/// What the callbacks sent pyprobe, from here to the state's end (see
 /// [`units`]); pyprobe clears it at each attach, every thread stopped: a new
 /// pyprobe has been sent nothing. The thread of the last event.
 pub(crate) const ST_TABLES: usize = 448;
 pub(crate) const ST_LAST_THREAD: usize = ST_TABLES;
-/// The types table: [`units::TABLE_ENTRIES`] type objects.
+/// The types table: [`units::TYPE_ENTRIES`] type objects.
 pub(crate) const ST_TYPES: usize = 512;
-/// The sent table: [`units::TABLE_ENTRIES`] entries of
+/// The sent table, from the second page on: [`units::SENT_ENTRIES`] entries of
 /// [`units::SENT_WORDS`] words (code object, name and file pointers, first line,
 /// identity check).
-pub(crate) const ST_SENT: usize = 1024;
+pub(crate) const ST_SENT: usize = 4096;
+/// Bytes of the state: whole pages, up to the sent table's end.
+pub(crate) const STATE_LEN: usize = ST_SENT + 8 * units::SENT_WORDS * units::SENT_ENTRIES;
 const _: () = assert!(ST_SCRATCH + units::GROUP_UNITS as usize * 16 <= ST_TABLES);
-const _: () = assert!(ST_TYPES + 8 * units::TABLE_ENTRIES <= ST_SENT);
-const _: () = assert!(ST_SENT + 8 * units::SENT_WORDS * units::TABLE_ENTRIES <= 4096);
+const _: () = assert!(ST_TYPES + 8 * units::TYPE_ENTRIES <= ST_SENT);
+const _: () = assert!(STATE_LEN % 4096 == 0);
 /// Events between two tries to register the exit callback.
 pub(crate) const AT_EXIT_RETRY_EVENTS: u32 = 256;
 /// Tries to register the exit callback before the hook gives up on it.

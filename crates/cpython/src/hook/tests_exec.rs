@@ -11,7 +11,7 @@ use iced_x86::code_asm::*;
 use super::codegen::{
     build_detour, build_hook, DetourCalls, HookCode, HookParams, HookSymbols, Route,
 };
-use super::units::{table_index, Decoded, UnitDecoder, GROUP_UNITS};
+use super::units::{table_index, Decoded, UnitDecoder, GROUP_UNITS, SENT_ENTRIES};
 use super::*;
 use pyprobe_sdt::ring::format::{init_ring, ring_bytes};
 use pyprobe_sdt::ring::{BranchTargets, RingReader, Slots};
@@ -241,7 +241,7 @@ extern "C" fn fake_err_clear() {
 struct Setup {
     code: *mut u8,
     len: usize,
-    state: Box<[u64; 512]>,
+    state: Box<[u64]>,
     ring: Vec<u64>,
     hook: HookCode,
     /// What the records sent so far, as pyprobe keeps it.
@@ -299,7 +299,7 @@ impl Setup {
         reset_monitoring(None);
         let len = 16 * 4096;
         let code = exec_map(len);
-        let state = Box::new([0u64; 512]);
+        let state = vec![0u64; STATE_LEN / 8].into_boxed_slice();
         let bytes = ring_bytes(CAP, Slots::Units).expect("ring size");
         let mut ring = vec![0u64; bytes / 8];
         // SAFETY: the Vec's buffer viewed as bytes.
@@ -475,11 +475,12 @@ fn parts_and_threads_are_sent_again_whenever_they_changed() {
     let mut s = Setup::new();
     s.set(ST_ON, 1);
     // Code objects from one pool until two share an entry.
-    let pool: Vec<[u64; 6]> = (0..256).map(fake_code).collect();
+    let entry = |c: &[u64; 6]| table_index(c.as_ptr() as u64, SENT_ENTRIES);
+    let pool: Vec<[u64; 6]> = (0..4 * SENT_ENTRIES as u64).map(fake_code).collect();
     let a = &pool[0];
     let b = pool[1..]
         .iter()
-        .find(|c| table_index(c.as_ptr() as u64) == table_index(a.as_ptr() as u64))
+        .find(|c| entry(c) == entry(a))
         .expect("two code objects in one entry");
     let (a, b) = (a.as_ptr() as u64, b.as_ptr() as u64);
     let before = s.reader().head();
@@ -1369,10 +1370,7 @@ fn a_function_s_call_carries_its_name_the_first_time_its_parts_are_met() {
     let file = fake_ascii("<churn>", 0x5678);
     let code = |name: &Vec<u64>| [0, 0, name.as_ptr() as u64, file.as_ptr() as u64, 2, 1];
     // Three code objects in table entries of their own (the hook's index).
-    let entry = |c: &[u64; 6]| {
-        let a = c.as_ptr() as u64;
-        table_index(a)
-    };
+    let entry = |c: &[u64; 6]| table_index(c.as_ptr() as u64, SENT_ENTRIES);
     let pool: Vec<[u64; 6]> = (0..64)
         .map(|i| code(if i % 2 == 0 { &gen1 } else { &gen2 }))
         .collect();
@@ -1426,7 +1424,7 @@ fn a_function_s_call_carries_its_name_the_first_time_its_parts_are_met() {
         ]
     );
     // A new pyprobe empties the table: it has been sent nothing.
-    for word in (ST_TABLES..4096).step_by(8) {
+    for word in (ST_TABLES..STATE_LEN).step_by(8) {
         s.set(word, 0);
     }
     *s.decoder.borrow_mut() = UnitDecoder::default();

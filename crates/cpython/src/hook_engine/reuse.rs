@@ -29,7 +29,7 @@
 //! on a first attach, with the reason said under `-v`.
 
 use crate::hook::{
-    HEADER_RING, HEADER_STATE, HOOK_MAGIC, STATUS_FAILED, STATUS_OK, STATUS_REMOVED,
+    HEADER_RING, HEADER_STATE, HOOK_MAGIC, STATE_LEN, STATUS_FAILED, STATUS_OK, STATUS_REMOVED,
     STATUS_RUNNING, ST_AT_EXIT, ST_GONE, ST_ON, ST_STATUS,
 };
 use pyprobe_sdt::process::maps::MapEntry;
@@ -167,12 +167,17 @@ fn afresh(at_exit: u64) -> Result<Resume, String> {
     Ok(Resume::Afresh)
 }
 
-/// The state page: private anonymous writable memory marked with the ring's name.
+/// The state pages: private anonymous writable memory marked with the ring's name,
+/// mapped for the whole of [`STATE_LEN`] (the hook writes its tables up to there).
 fn check_state_page(mem: &ProcessMemory, maps: &[MapEntry], at: u64) -> Result<(), String> {
-    if is_marked_page(mem, maps, at, RING_NAME) {
+    let end = at.saturating_add(STATE_LEN as u64);
+    let whole = maps
+        .iter()
+        .any(|m| m.start <= at && end <= m.end && m.writable);
+    if is_marked_page(mem, maps, at, RING_NAME) && whole {
         Ok(())
     } else {
-        Err(format!("its state page at {at:#x} is not one of pyprobe's"))
+        Err(format!("its state pages at {at:#x} are not pyprobe's"))
     }
 }
 

@@ -12,7 +12,7 @@ use memmap2::MmapMut;
 use crate::hook::codegen::JMP_LEN;
 use crate::hook::{
     build_detour, build_hook, events_of, Detour, DetourCalls, HookCode, HookParams, HookSymbols,
-    Route, STATUS_OK, ST_ARMED, ST_AT_EXIT_RETRY, ST_ON, ST_STATUS, ST_TABLES,
+    Route, STATE_LEN, STATUS_OK, ST_ARMED, ST_AT_EXIT_RETRY, ST_ON, ST_STATUS, ST_TABLES,
 };
 use crate::python::version::PyVersion;
 use crate::python::walker::{find_interpreter_object, Walker};
@@ -316,7 +316,7 @@ pub(crate) fn install(
             // none inside the page).
             mem.write(
                 e.state_addr + ST_TABLES as u64,
-                &[0u8; PAGE as usize - ST_TABLES],
+                &vec![0u8; STATE_LEN - ST_TABLES],
             )?;
             notes.push(format!(
                 "the hook page ({:#x}), state page and ring of an earlier pyprobe are used again \
@@ -330,13 +330,13 @@ pub(crate) fn install(
             (e.state_addr, ring_addr, mapping, hook, detour, e.resume)
         }
         None => {
-            // The state page: a forked child sees it all zero, so its callbacks
-            // uninstall.
-            let state_addr = inj.mmap(0, PAGE, RW, ANON, -1)?;
+            // The state pages: a forked child sees them all zero, so its
+            // callbacks uninstall.
+            let state_addr = inj.mmap(0, STATE_LEN as u64, RW, ANON, -1)?;
             inj.call(
                 "madvise(MADV_WIPEONFORK)",
                 libc::SYS_madvise,
-                [state_addr, PAGE, MADV_WIPEONFORK, 0, 0, 0],
+                [state_addr, STATE_LEN as u64, MADV_WIPEONFORK, 0, 0, 0],
             )
             .context("the hook needs MADV_WIPEONFORK (Linux 4.14+) so that a forked child never writes into the parent's ring")?;
             mem.write(state_addr + NAME_AT, RING_NAME)?;

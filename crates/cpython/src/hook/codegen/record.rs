@@ -11,8 +11,8 @@ use pyprobe_sdt::ring::format::{group_len_bits, HEADER_SIZE};
 
 use super::{HookError, HookParams, STR_HASH, STR_LENGTH};
 use crate::hook::units::{
-    AUX_SHIFT, GROUP_UNITS, SENT_WORDS, STAMP_SHIFT, TEXT_AT, TEXT_MAX, U_BODY, U_PARTS, U_THREAD,
-    U_TYPE,
+    AUX_SHIFT, GROUP_UNITS, SENT_ENTRIES, SENT_WORDS, STAMP_SHIFT, TEXT_AT, TEXT_MAX, TYPE_ENTRIES,
+    U_BODY, U_PARTS, U_THREAD, U_TYPE,
 };
 use crate::hook::{ST_LAST_THREAD, ST_SCRATCH, ST_SENT, ST_TYPES};
 
@@ -57,7 +57,7 @@ pub(super) fn emit_record(
     a.xor(r14d, r14d)?;
     a.test(r13, r13)?;
     a.jz(typed)?;
-    emit_table_index(a, r13)?;
+    emit_table_index(a, r13, TYPE_ENTRIES)?;
     a.lea(r14, ptr(rax + 1))?;
     a.mov(rdx, p.state_addr + ST_TYPES as u64)?;
     a.cmp(qword_ptr(rdx + rax * 8), r13)?;
@@ -84,7 +84,7 @@ pub(super) fn emit_record(
         a.set_label(&mut function)?;
     }
     // r15 = the entry.
-    emit_table_index(a, r12)?;
+    emit_table_index(a, r12, SENT_ENTRIES)?;
     a.lea(rax, ptr(rax + rax * 2))?;
     a.shl(rax, 4)?;
     const _: () = assert!(SENT_WORDS * 8 == 48);
@@ -132,15 +132,19 @@ pub(super) fn emit_record(
     Ok(())
 }
 
-/// rax = the table entry of the object at `reg` (as
+/// rax = the entry of the object at `reg` in a table of `entries` (as
 /// [`table_index`](crate::hook::units::table_index)). Clobbers rdx.
-fn emit_table_index(a: &mut CodeAssembler, reg: AsmRegister64) -> Result<(), IcedError> {
+fn emit_table_index(
+    a: &mut CodeAssembler,
+    reg: AsmRegister64,
+    entries: usize,
+) -> Result<(), IcedError> {
     a.mov(rax, reg)?;
     a.shr(rax, 4)?;
     a.mov(rdx, reg)?;
     a.shr(rdx, 10)?;
     a.xor(rax, rdx)?;
-    a.and(eax, (crate::hook::units::TABLE_ENTRIES - 1) as u32)
+    a.and(eax, (entries - 1) as u32)
 }
 
 /// rcx = the identity check of the code object at r12's strings: its name's
