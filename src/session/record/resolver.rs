@@ -137,8 +137,12 @@ impl MeaningCache {
     }
 }
 
-/// Continuation slots of a stack record: up to 60 frames, innermost first.
-const STACK_SLOTS: u8 = pyprobe_sdt::ring::stack::MAX_STACK_SLOTS;
+/// Continuation slots of a stack record: one, up to 15 frames, innermost first.
+/// The views show a GC's innermost frame and an audit event's innermost 8, and
+/// each frame walked in the target costs (a page check, on generators a system
+/// call): black's `id()` audit events, 10 to 90 frames deep, cost 2.8 µs each
+/// walked whole.
+const STACK_SLOTS: u8 = 1;
 
 /// The offsets ring trampolines walk `pid`'s frames by (the frame walker's own).
 fn stack_capture(pid: i32) -> Result<pyprobe_sdt::ring::StackCapture, String> {

@@ -13,8 +13,11 @@
 //!    CPython stores there), or nothing is walked;
 //! 3. from that thread state's innermost frame ([`StackRoot`]), up to
 //!    [`MAX_WALK`] frames are followed through `back`/`previous`; frames owned by
-//!    the C stack (per `owner`, 3.12+) and frames without code are skipped; every
-//!    other frame is counted, and the first [`frames_for`]`(slots)` are written.
+//!    the C stack (per `owner`, 3.12+) and frames without code are skipped; the
+//!    first [`frames_for`]`(slots)` others are written, and one more ends the walk
+//!    (flagged truncated): what pyprobe shows of such a stack is its innermost
+//!    frames, and each frame walked costs the checks below (on a deep chain of
+//!    generators, whose frames lie on pages of their own, a system call each).
 //!    They are the thread's own frames, alive while it runs the probe.
 //!
 //! Every loop has a fixed bound, so a cycle or an over-long chain ends the walk
@@ -46,7 +49,7 @@
 //! A record with a stack takes `1 + slots` consecutive ring slots, reserved at once.
 //! In the first (the ordinary record), byte [`S_STACK_SLOTS`] holds `slots`, byte
 //! [`S_STACK_FLAGS`] the flags ([`STACK_CAPTURED`], [`STACK_FOUND`],
-//! [`STACK_TRUNCATED`], [`STACK_UNREADABLE`]) and the u16 at [`S_STACK_DEPTH`] the frames counted. Each
+//! [`STACK_TRUNCATED`], [`STACK_UNREADABLE`]) and the u16 at [`S_STACK_DEPTH`] the frames written. Each
 //! following slot `k` holds `seq` ([`continuation_seq`] of its index), at [`C_OWNER`] the first
 //! slot's index, and from [`C_PAIRS`] [`PAIRS_PER_SLOT`] pairs of u64: the code
 //! pointer (tag bits masked off) and the position (`f_lasti` sign-extended up to
@@ -62,7 +65,7 @@ use super::format::{HEADER_SIZE, SLOT_SIZE};
 pub(crate) const S_STACK_SLOTS: usize = 84;
 /// Byte of the first slot holding the stack flags.
 pub(crate) const S_STACK_FLAGS: usize = 85;
-/// u16 of the first slot holding the number of frames counted.
+/// u16 of the first slot holding the number of frames written.
 pub(crate) const S_STACK_DEPTH: usize = 86;
 /// The trampoline ran a stack capture (even if it found nothing).
 pub(crate) const STACK_CAPTURED: u8 = 1;
@@ -288,7 +291,6 @@ pub(super) fn emit_capture(
     let shift = SLOT_SIZE.trailing_zeros();
     let mut walk = a.create_label();
     let mut room = a.create_label();
-    let mut counted = a.create_label();
     let mut next_frame = a.create_label();
     let mut cut = a.create_label();
     let mut walked = a.create_label();
@@ -335,7 +337,7 @@ pub(super) fn emit_capture(
     a.lea(rax, ptr(rsi + (span - 1)))?;
     a.and(rax, PAGE_MASK)?;
     a.mov(qword_ptr(rsp + 8), rax)?;
-    // rsi = frame, edx = frames counted, ecx = walk budget, r9 = continuation slot
+    // rsi = frame, edx = frames written, ecx = walk budget, r9 = continuation slot
     // index, rdi = where the next pair goes, r11d = pairs left in that slot.
     a.xor(edx, edx)?;
     a.mov(r9, r10)?;
@@ -369,8 +371,9 @@ pub(super) fn emit_capture(
     a.mov(rax, qword_ptr(rsi + d(c.frame.code)))?;
     a.test(rax, rax)?;
     a.jz(next_frame)?;
+    // A frame past the slots' room: the stack is deeper than the record carries.
     a.cmp(edx, cap)?;
-    a.jae(counted)?;
+    a.jae(cut)?;
     a.test(r11d, r11d)?;
     a.jnz(room)?;
     a.inc(r9)?;
@@ -394,7 +397,6 @@ pub(super) fn emit_capture(
     a.mov(qword_ptr(rdi + 8), rax)?;
     a.add(rdi, 16)?;
     a.dec(r11d)?;
-    a.set_label(&mut counted)?;
     a.inc(edx)?;
     a.set_label(&mut next_frame)?;
     a.mov(rsi, qword_ptr(rsi + d(c.frame.back)))?;

@@ -21,7 +21,7 @@ use super::format::{
 };
 use super::site::{qualify_site, SitePlan, Tail};
 use super::stack::{
-    frames_for, CurrentThreadState, StackCapture, StackFrame, StackRoot, MAX_STACK_SLOTS, MAX_WALK,
+    frames_for, CurrentThreadState, StackCapture, StackFrame, StackRoot, MAX_STACK_SLOTS,
     PAIRS_PER_SLOT,
 };
 use super::BranchTargets;
@@ -1397,6 +1397,16 @@ fn stack_capture_walks_a_fake_interpreter() {
     let region = Region::new();
     let f = assemble_site_fn(&region, Variant::Load, FLAGS_Z);
     let ring = Ring::new(16);
+    // One capture from the thread state's `frame` root, with `slots` slots.
+    let capture_direct = |slots| {
+        capture_once(
+            &region,
+            &f,
+            &ring,
+            16,
+            &fake_capture(&region, StackRoot::Direct(32), slots),
+        )
+    };
     let me = fs_base();
     let code = |k: u64| 0x7000_0000_0000 + k * 0x100;
     // 0: code 1 -> 1: a shim (owner 3) -> 2: no code -> 3: tagged code 4 -> end.
@@ -1420,13 +1430,7 @@ fn stack_capture_walks_a_fake_interpreter() {
 
     // A NULL frame root: found, no frames. A NULL cframe: the same.
     put_threads(&region, me, 0);
-    let s = capture_once(
-        &region,
-        &f,
-        &ring,
-        16,
-        &fake_capture(&region, StackRoot::Direct(32), 1),
-    );
+    let s = capture_direct(1);
     assert!(
         s.found && s.frames.is_empty() && s.depth == 0 && !s.truncated,
         "{s:?}"
@@ -1441,23 +1445,11 @@ fn stack_capture_walks_a_fake_interpreter() {
 
     // The current thread state is another thread's: nothing is walked.
     put_threads(&region, me ^ 0x40, region.data(frame_at(0)));
-    let s = capture_once(
-        &region,
-        &f,
-        &ring,
-        16,
-        &fake_capture(&region, StackRoot::Direct(32), 1),
-    );
+    let s = capture_direct(1);
     assert!(!s.found && s.frames.is_empty() && s.depth == 0, "{s:?}");
     // No current thread state at all.
     put_u64(&region, FAKE_CURRENT, 0);
-    let s = capture_once(
-        &region,
-        &f,
-        &ring,
-        16,
-        &fake_capture(&region, StackRoot::Direct(32), 1),
-    );
+    let s = capture_direct(1);
     assert!(!s.found && s.frames.is_empty(), "{s:?}");
 
     // The thread state read from a thread-local of this (test) executable.
@@ -1477,19 +1469,13 @@ fn stack_capture_walks_a_fake_interpreter() {
     let s = capture_once(&region, &f, &ring, 16, &from_tls);
     assert!(!s.found && s.frames.is_empty(), "{s:?}");
 
-    // A cycle of two frames: the walk stops at its bound, flagged, with the slots full.
+    // A cycle of two frames: the walk stops once the slots are full, flagged.
     put_frame(&region, 0, region.data(frame_at(1)), code(1), 1, 0);
     put_frame(&region, 1, region.data(frame_at(0)), code(2), 2, 0);
     put_threads(&region, me, region.data(frame_at(0)));
-    let s = capture_once(
-        &region,
-        &f,
-        &ring,
-        16,
-        &fake_capture(&region, StackRoot::Direct(32), 2),
-    );
+    let s = capture_direct(2);
     assert!(s.found && s.truncated && !s.broken, "{s:?}");
-    assert_eq!(s.depth, MAX_WALK as usize - 1);
+    assert_eq!(s.depth, 2 * PAIRS_PER_SLOT);
     assert_eq!(s.frames.len(), 2 * PAIRS_PER_SLOT);
     assert!(s.frames.iter().enumerate().all(|(i, &(c, p))| {
         (c, p)
@@ -1500,8 +1486,16 @@ fn stack_capture_walks_a_fake_interpreter() {
             }
     }));
 
+    // A cycle of two frames without code (never written): the walk stops at its
+    // bound, flagged.
+    put_frame(&region, 0, region.data(frame_at(1)), 0, 1, 0);
+    put_frame(&region, 1, region.data(frame_at(0)), 0, 2, 0);
+    let s = capture_direct(2);
+    assert!(s.found && s.truncated && s.frames.is_empty(), "{s:?}");
+    assert_eq!(s.depth, 0);
+
     // An over-long chain (100 frames, room for 15 or 60): the innermost are kept,
-    // the depth says how many there were.
+    // and the walk goes no further than the frame after them.
     for k in 0..100 {
         let back = if k == 99 {
             0
@@ -1511,15 +1505,9 @@ fn stack_capture_walks_a_fake_interpreter() {
         put_frame(&region, k, back, code(k as u64), k as u64, 0);
     }
     for slots in [1, MAX_STACK_SLOTS] {
-        let s = capture_once(
-            &region,
-            &f,
-            &ring,
-            16,
-            &fake_capture(&region, StackRoot::Direct(32), slots),
-        );
+        let s = capture_direct(slots);
         let kept = frames_for(slots);
-        assert!(s.found && s.truncated && s.depth == 100, "{s:?}");
+        assert!(s.found && s.truncated && s.depth == kept, "{s:?}");
         assert_eq!(s.frames.len(), kept);
         assert!(s
             .frames
