@@ -1544,24 +1544,20 @@ fn stack_capture_walks_a_fake_interpreter() {
     }
 }
 
-/// A page mapped with `prot`, or unmapped again (`None`): its address.
-fn page_with(prot: Option<libc::c_int>) -> u64 {
+/// A page mapped with `prot`: its address.
+fn page_with(prot: libc::c_int) -> u64 {
     // SAFETY: a fresh private anonymous page; never dereferenced by the test.
     let page = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             4096,
-            prot.unwrap_or(libc::PROT_READ),
+            prot,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
             0,
         )
     };
     assert_ne!(page, libc::MAP_FAILED);
-    if prot.is_none() {
-        // SAFETY: the page just mapped.
-        unsafe { libc::munmap(page, 4096) };
-    }
     page as u64
 }
 
@@ -1579,9 +1575,9 @@ fn stack_capture_stops_at_links_that_are_not_readable_frames() {
     let code = |k: u64| 0x7000_0000_0000 + k * 0x100;
     // A frame on a page of its own (readable: the walk probes it), whose own
     // link is the bad one.
-    let elsewhere = page_with(Some(libc::PROT_READ | libc::PROT_WRITE));
-    let none = page_with(Some(libc::PROT_NONE));
-    let unmapped = page_with(None);
+    let elsewhere = page_with(libc::PROT_READ | libc::PROT_WRITE);
+    let none = page_with(libc::PROT_NONE);
+    let unmapped = page_before_a_hole() + 4096;
     for (what, bad) in [
         ("unmapped", unmapped + 64),
         ("inaccessible", none),
@@ -1622,7 +1618,49 @@ fn stack_capture_stops_at_links_that_are_not_readable_frames() {
     unsafe {
         libc::munmap(elsewhere as *mut libc::c_void, 4096);
         libc::munmap(none as *mut libc::c_void, 4096);
+        libc::munmap((unmapped - 4096) as *mut libc::c_void, 4096);
     }
+}
+
+/// A readable page whose next page stays unmapped while the test runs: far below
+/// where the kernel places mappings (a page unmapped in the usual place could be
+/// mapped again at once by a test running beside this one).
+fn page_before_a_hole() -> u64 {
+    for k in 0..64u64 {
+        let at = 0x4000_0000_0000 + (k << 30);
+        // SAFETY: a private anonymous page where nothing is mapped (the kernel
+        // refuses to replace a mapping: MAP_FIXED_NOREPLACE).
+        let page = unsafe {
+            libc::mmap(
+                at as *mut libc::c_void,
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if page == libc::MAP_FAILED {
+            continue;
+        }
+        // The next page must be unmapped (mincore fails there); nothing else asks
+        // for this range.
+        let mut resident = [0u8];
+        // SAFETY: mincore only reports on the pages.
+        let hole = unsafe {
+            libc::mincore(
+                (page as u64 + 4096) as *mut libc::c_void,
+                4096,
+                resident.as_mut_ptr(),
+            )
+        } != 0;
+        if hole {
+            return page as u64;
+        }
+        // SAFETY: the page just mapped.
+        unsafe { libc::munmap(page, 4096) };
+    }
+    panic!("no page with a hole after it");
 }
 
 #[test]
