@@ -100,6 +100,19 @@ impl Live {
         assert!(ended, "pyprobe did not end; it said:\n{}", self.seen);
         status
     }
+
+    /// Ends a pyprobe attached to a target that made 5000 calls meanwhile (asked
+    /// through `target`), as Ctrl-C does: it must end well; returns what it said.
+    fn after_calls_and_ctrl_c(&mut self, target: &mut Target, what: &str) -> String {
+        target.send_line("5000");
+        assert_eq!(target.wait_for_line("calls"), "calls 5000");
+        self.signal(libc::SIGINT);
+        let status = self.wait();
+        let said = self.rest().to_owned();
+        assert_no_panic(what, said.as_bytes());
+        assert!(status.success(), "{what}: {said}");
+        said
+    }
 }
 
 impl Drop for Live {
@@ -215,13 +228,8 @@ fn record_again(py: &Python, mut target: Target, tag: &str) -> (u64, String) {
     );
     // The start line comes once attaching is over: every site is armed by then.
     second.wait_line("mode trace");
-    target.send_line("5000");
-    assert_eq!(target.wait_for_line("calls"), "calls 5000");
-    second.signal(libc::SIGINT);
-    let status = second.wait();
-    let said = second.rest().to_owned();
-    assert_no_panic("second pyprobe", said.as_bytes());
-    assert!(status.success(), "{}: second pyprobe: {said}", py.version);
+    let said =
+        second.after_calls_and_ctrl_c(&mut target, &format!("{}: second pyprobe", py.version));
     let (rest, status) = target.finish();
     assert_eq!(
         rest.trim(),
@@ -314,6 +322,50 @@ fn a_reattach_takes_over_the_jumps_of_a_pyprobe_killed_with_its_guardian_3_9() {
 #[test]
 fn a_reattach_takes_over_the_jumps_of_a_pyprobe_killed_with_its_guardian_3_15() {
     takes_over_leftover_jumps("3.15");
+}
+
+/// A pyprobe that arms fewer probes than the killed one did (the default mode: GC,
+/// import and audit probes; trace mode through the hook) still puts back the jumps
+/// left at the sites it does not arm: once it has left, no site jumps anywhere.
+/// `mode`: its `--mode`.
+fn a_lesser_attach_puts_back_every_leftover_jump(version: &'static str, mode: &str) {
+    let _serial = serial();
+    let Some(py) = python(version) else { return };
+    let tag = format!("{version}-{mode}");
+    let Left {
+        mut target, sites, ..
+    } = target_after_killed_ring(&py, Death::WithGuardian, &tag);
+    let out = TempFile::new(&format!("takeover-lesser-{tag}.pyprobe"));
+    let pid_arg = target.pid().to_string();
+    let mut second = Live::record(&out, &["-p", &pid_arg, "--mode", mode, "-v"]);
+    second.wait_line(&format!("mode {mode}"));
+    let said = second.after_calls_and_ctrl_c(&mut target, &format!("{version}: second pyprobe"));
+    assert!(
+        said.contains("sites of probes not traced now held the ring jumps"),
+        "{version}: {said}"
+    );
+    let bytes = site_bytes(target.pid(), &sites);
+    assert!(
+        bytes.iter().all(|&b| b == 0x90),
+        "{version}: every site holds its nop again: {bytes:02x?}\n{said}"
+    );
+    let (rest, status) = target.finish();
+    assert_eq!(
+        rest.trim(),
+        "done True",
+        "{version}: the target's own check"
+    );
+    assert!(status.success(), "{version}: target {status:?}");
+}
+
+#[test]
+fn a_default_mode_attach_puts_back_the_jumps_of_a_killed_trace_3_9() {
+    a_lesser_attach_puts_back_every_leftover_jump("3.9", "auto");
+}
+
+#[test]
+fn a_hooked_trace_puts_back_the_jumps_of_a_killed_ring_trace_3_15() {
+    a_lesser_attach_puts_back_every_leftover_jump("3.15", "trace");
 }
 
 /// The page where the trampoline region holding `target_addr` starts: the

@@ -92,6 +92,10 @@ pub struct ProbeSet {
     /// Function calls and returns come from an event source (pyprobe's injected
     /// hook engine), not from probes.
     pub hook: bool,
+    /// Runtime addresses of the sites of the object's other probes, those not
+    /// asked for (their ELF checks passed): never armed, but a jump that a killed
+    /// pyprobe left at one is put back to the original code.
+    pub unarmed_sites: Vec<u64>,
 }
 
 /// A site or semaphore pyprobe leaves alone, and why.

@@ -187,6 +187,10 @@ pub fn probe_set(
             continue;
         };
         if !groups.contains(&meaning.group) {
+            // Not armed: what its checks refuse is nobody's concern here.
+            let usable = usable_sites(object, probe, &mut Vec::new());
+            let addresses = usable.iter().map(|s| object.runtime(s.address));
+            set.unarmed_sites.extend(addresses);
             continue;
         }
         let usable = usable_sites(object, probe, &mut set.refused);

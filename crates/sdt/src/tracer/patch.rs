@@ -58,6 +58,10 @@ pub struct Patches {
     /// Sites that held a jump left by a pyprobe that died, put back to their
     /// original code and armed.
     pub(crate) taken_over: Vec<u64>,
+    /// Sites of probes not armed that held such a jump, put back to their
+    /// original code (a pyprobe that traced what this one does not leaves the
+    /// target as it found it).
+    pub(crate) put_back: Vec<u64>,
 }
 
 impl Patches {
@@ -131,6 +135,16 @@ impl Patches {
                 }
                 self.written.push(site.address);
                 self.sites.insert(site.address, (pi, si));
+            }
+        }
+        for site in self.set.unarmed_sites.clone() {
+            let mut byte = [0u8];
+            // Anything but a jump pyprobe can vouch for is left as it is.
+            if mem.read(site, &mut byte).is_ok()
+                && byte[0] != NOP
+                && leftovers.take_over(mem, site, byte[0]).is_ok()
+            {
+                self.put_back.push(site);
             }
         }
         Ok(())

@@ -118,6 +118,13 @@ impl Engine {
                 patches.taken_over.len()
             )));
         }
+        if !patches.put_back.is_empty() {
+            sink(TraceEvent::Notice(format!(
+                "process {pid}: {} sites of probes not traced now held the ring jumps of a \
+                 pyprobe that was killed; their original code is back",
+                patches.put_back.len()
+            )));
+        }
         let refused = &patches.jump_refusals;
         if refused.is_empty() {
             return;
