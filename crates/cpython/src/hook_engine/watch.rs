@@ -38,6 +38,25 @@ pub(super) fn look_at_monitoring(
     guardian: Option<&mut Guardian>,
     sink: &mut dyn FnMut(TraceEvent),
 ) {
+    // Every turn, not every look: one read, and a subinterpreter that came and
+    // went between two looks counts as well. (The profile route hooks every
+    // interpreter's threads.)
+    if !h.said_subinterpreters && h.profile.is_none() {
+        if let Some(made) = h.walker.subinterpreters_made().filter(|&n| n > 0) {
+            h.said_subinterpreters = true;
+            sink(TraceEvent::Caveat {
+                pid,
+                ts_ns: monotonic_ns(),
+                text: format!(
+                    "the program runs subinterpreters ({made} made so far): calls made in them \
+                     are not traced (sys.monitoring, which the hook uses on this CPython, is per \
+                     interpreter, and pyprobe's hook is in the main one); `--mode sample` \
+                     samples every interpreter's threads, and `--engine ring` traces them where \
+                     the interpreter has function probes"
+                ),
+            });
+        }
+    }
     let now = Instant::now();
     match h.next_look {
         Some(_) if now_or_due => {}
@@ -45,22 +64,6 @@ pub(super) fn look_at_monitoring(
         _ => return,
     }
     h.next_look = Some(now + LOOK_EVERY);
-    if !h.said_subinterpreters {
-        if let Some(count) = h.walker.interpreter_count().filter(|&c| c > 1) {
-            h.said_subinterpreters = true;
-            sink(TraceEvent::Caveat {
-                pid,
-                ts_ns: monotonic_ns(),
-                text: format!(
-                    "the program runs subinterpreters ({} seen at once): calls made in them are \
-                     not traced (sys.monitoring, which the hook uses on this CPython, is per \
-                     interpreter, and pyprobe's hook is in the main one); `--mode sample` \
-                     samples every interpreter's threads",
-                    count - 1
-                ),
-            });
-        }
-    }
     let gone_by_itself =
         |h: &HookProc| h.mem.read_u64(h.state_addr + ST_GONE as u64).unwrap_or(0) != 0;
     let lost = if h.tool_looked {

@@ -541,10 +541,9 @@ impl Walker {
             .map(Arc::from)
     }
 
-    /// How many interpreters the process runs now (1: no subinterpreter);
-    /// `None` when the list cannot be read.
-    pub fn interpreter_count(&mut self) -> Option<usize> {
-        self.reader.interpreters().ok().map(|(i, _)| i.len())
+    /// How many subinterpreters the process has made since it started (one read).
+    pub(crate) fn subinterpreters_made(&self) -> Option<u64> {
+        self.reader.subinterpreters_made()
     }
 
     /// The address of the main interpreter's state (the first made, last in the
