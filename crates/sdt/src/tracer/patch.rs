@@ -137,7 +137,7 @@ impl Patches {
                 self.sites.insert(site.address, (pi, si));
             }
         }
-        for site in self.set.unarmed_sites.clone() {
+        for &site in &self.set.unarmed_sites {
             let mut byte = [0u8];
             // Anything but a jump pyprobe can vouch for is left as it is.
             if mem.read(site, &mut byte).is_ok()

@@ -10,10 +10,6 @@ use crate::python::walker::layout::{FrameRoot, GilLayout};
 use crate::python::walker::objects::{field_i32, field_u64, plausible_pointer, read_u64};
 
 impl<M: Memory> StackReader<M> {
-    /// The interpreters of the process, newest first (the main one, made first,
-    /// is the last), each with the head of its thread list; and whether the list
-    /// was read to its end (not cut by a read that failed, a loop or
-    /// `MAX_INTERPRETERS`). Fails only if `_PyRuntime` itself cannot be read.
     /// How many subinterpreters the process has made since it started, running or
     /// gone: `_PyRuntime.interpreters.next_id` less the main one. The field follows
     /// `head` and `main` in `struct pyinterpreters` on 3.7 to 3.15 (checked in live
@@ -25,6 +21,10 @@ impl<M: Memory> StackReader<M> {
         (1..=1 << 32).contains(&next_id).then(|| next_id - 1)
     }
 
+    /// The interpreters of the process, newest first (the main one, made first,
+    /// is the last), each with the head of its thread list; and whether the list
+    /// was read to its end (not cut by a read that failed, a loop or
+    /// `MAX_INTERPRETERS`). Fails only if `_PyRuntime` itself cannot be read.
     pub(crate) fn interpreters(&self) -> io::Result<(Vec<(u64, u64)>, bool)> {
         let l = &self.layout;
         let mut interp = read_u64(&self.mem, self.runtime + l.runtime_interpreters_head)?;
