@@ -288,7 +288,7 @@ fn takes_over_leftover_jumps(version: &'static str) {
     let Some(py) = python(version) else { return };
     let tag = format!("{version}-leftover");
     let Left {
-        target,
+        mut target,
         sites,
         served,
         said,
@@ -299,6 +299,24 @@ fn takes_over_leftover_jumps(version: &'static str) {
     assert!(
         jumps == served && bytes.iter().all(|&b| b == 0xe9 || b == 0x90),
         "{version}: {served} jumps left: {bytes:02x?}\n{said}"
+    );
+    // pyprobe silent for good: the next calls find its ring full and its heartbeat
+    // stale, and the target lowers pyprobe's semaphores itself, so that CPython
+    // stops reaching the sites instead of paying for every probe hit from now on.
+    let (_, sems) = sites_and_semaphores(target.pid());
+    std::thread::sleep(Duration::from_millis(400));
+    target.send_line("100000");
+    assert_eq!(target.wait_for_line("calls"), "calls 100000");
+    let held: Vec<[u8; 2]> = sems
+        .iter()
+        .map(|&s| {
+            let b = read_target_memory(target.pid(), s, 2);
+            [b[0], b[1]]
+        })
+        .collect();
+    assert!(
+        held.iter().all(|b| *b == [0, 0]),
+        "{version}: semaphores after pyprobe and its guardian died: {held:02x?}\n{said}"
     );
     let (calls, again) = record_again(&py, target, &tag);
     assert!(
@@ -421,4 +439,74 @@ fn a_jump_whose_header_is_damaged_is_refused_and_said_why() {
         "{line}"
     );
     assert_eq!(calls, 0, "{again}");
+}
+
+/// The semaphores of `sems` in `pid`, as the target holds them now.
+fn semaphore_values(pid: i32, sems: &[u64]) -> Vec<u16> {
+    sems.iter()
+        .map(|&s| {
+            let b = read_target_memory(pid, s, 2);
+            u16::from_le_bytes([b[0], b[1]])
+        })
+        .collect()
+}
+
+/// pyprobe silent past the producers' patience for a dead consumer (stopped with
+/// its guardian, so that nothing let go of the target for it): the target lowers
+/// pyprobe's semaphores itself; pyprobe, continued, raises them again, records
+/// the calls after, and keeps the gap as a caveat.
+#[test]
+fn a_pyprobe_silent_too_long_raises_again_what_the_target_let_go_3_9() {
+    let _serial = serial();
+    let Some(py) = python("3.9") else { return };
+    let mut target = Target::spawn(&py.launcher, &[&fixture_script("calls_on_demand.py")]);
+    target.wait_for_line("ready");
+    let pid = target.pid();
+    let (_, sems) = sites_and_semaphores(pid);
+    let out = TempFile::new("silent-too-long.pyprobe");
+    let pid_arg = pid.to_string();
+    let args = ["-p", &pid_arg, "--mode", "trace", "--engine", "ring", "-v"];
+    let mut live = Live::record(&out, &args);
+    live.wait_line("probe sites write to a ring");
+    target.send_line("1000");
+    assert_eq!(target.wait_for_line("calls"), "calls 1000");
+    let raised = semaphore_values(pid, &sems);
+    assert!(raised.iter().any(|&v| v > 0), "{raised:?}");
+    let guardians = children(live.pid());
+    assert_eq!(guardians.len(), 1, "one guardian: {guardians:?}");
+    // SAFETY: kill(2) on pyprobe's own child, then on pyprobe.
+    unsafe { libc::kill(guardians[0], libc::SIGSTOP) };
+    live.signal(libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(500));
+    target.send_line("200000");
+    assert_eq!(target.wait_for_line("calls"), "calls 200000");
+    let let_go = semaphore_values(pid, &sems);
+    assert!(let_go.iter().all(|&v| v == 0), "let go: {let_go:?}");
+    live.signal(libc::SIGCONT);
+    // SAFETY: as above.
+    unsafe { libc::kill(guardians[0], libc::SIGCONT) };
+    assert!(
+        wait_for(Duration::from_secs(5), || semaphore_values(pid, &sems)
+            == raised),
+        "not raised again: {:?}",
+        semaphore_values(pid, &sems)
+    );
+    let said = live.after_calls_and_ctrl_c(&mut target, "pyprobe continued");
+    let (rest, status) = target.finish();
+    assert_eq!(rest.trim(), "done True");
+    assert!(status.success());
+    let report = report_json(out.path());
+    let caveats = report["caveats"].as_array().expect("caveats");
+    assert!(
+        caveats.iter().any(|c| c["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("lowered pyprobe's probe semaphores itself"))),
+        "caveats: {caveats:?}\n{said}"
+    );
+    let calls = entries_in_file(&report, "calls_on_demand.py");
+    let f = calls.get("f").copied().unwrap_or(0);
+    assert!(
+        (6000..206_000).contains(&f),
+        "f counted {f} times: the 1000 and 5000 calls traced, not every one of the 200000\n{said}"
+    );
 }

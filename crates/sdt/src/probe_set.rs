@@ -146,6 +146,15 @@ impl ProbeSet {
             .map(|(_, a)| *a)
     }
 
+    /// The bytes the probes' semaphores (2 bytes each) span: what a producer
+    /// letting go of pyprobe's probes may lower (see the ring format's `held`).
+    pub(crate) fn semaphore_span(&self) -> Option<std::ops::Range<u64>> {
+        let sems = self.probes.iter().filter_map(|p| p.semaphore);
+        let lo = sems.clone().min()?;
+        let hi = sems.max()?;
+        Some(lo..hi.saturating_add(2))
+    }
+
     pub(crate) fn site_count(&self) -> usize {
         self.probes.iter().map(|p| p.sites.len()).sum()
     }

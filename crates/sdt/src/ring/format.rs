@@ -27,6 +27,10 @@
 //! | 1056 | 2 × i64 | `nap`: the `timespec` a sleeping producer's `futex` wait lasts at most |
 //! | 1072 | u64 | `patience`: TSC cycles an event waits for room at most (`u64::MAX`: as long as the consumer lives) |
 //! | 1080 | u64 | `finished`: every record below this index is done with, what it points at read too (written only by the consumer, after `tail`) |
+//! | 1088 | u64 | `owner`: the process whose semaphores `held` lists (its pid) |
+//! | 1096 | u64 | `let_go`: times a producer lowered semaphores of `held` itself (`lock inc`) |
+//! | 2048 | u64 | `held_count`: entries of `held` in use (0 ..= [`MAX_HELD`]) |
+//! | 2056 | [`MAX_HELD`] × (u64, u64) | `held`: each semaphore pyprobe raised in `owner` (its address) and whether that raise is still pyprobe's to undo (1) or was undone (0) |
 //!
 //! `head`, `tail` and `lost` each own a 64-byte cache line so producers
 //! bumping `head` do not bounce the consumer's `tail`. Indices grow forever
@@ -86,6 +90,18 @@
 //! 4. Write the payload of slot `head`, then store `seq = head + 1` last (an
 //!    x86 store is a release: the consumer sees the payload once it sees `seq`).
 //!
+//! A consumer silent past `stale` with `alive` still 1 is dead without anyone
+//! to undo its work (pyprobe and its guardian both killed): the producer that
+//! finds so, in the `owner` process, lets go of pyprobe's probes itself. For
+//! each `held` entry it swaps the flag to 0 (`xchg`), and if it was 1 lowers
+//! that semaphore by one (never below 0, `lock cmpxchg`), within the bounds its
+//! code was built with; then `lock inc let_go`. CPython stops reaching the
+//! sites: the target runs as fast as before pyprobe came, where it would else
+//! pay for every probe hit for good. Whoever else lowers a semaphore pyprobe
+//! raised (pyprobe leaving or pausing a probe, its guardian) swaps its flag to
+//! 0 first and lowers it only if the flag was 1, so each raise is undone once;
+//! whoever raises it again sets the flag back to 1 after raising.
+//!
 //! Nothing is lost while the consumer lives: a producer waits as long as it
 //! takes, and stops waiting once the consumer leaves (`alive` = 0, written by
 //! pyprobe when it detaches and by its guardian when it dies) or its heartbeat
@@ -101,7 +117,7 @@ use thiserror::Error;
 /// `"PYPRRING"` read as a little-endian u64.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"PYPRRING");
 /// Bumped on any incompatible change of this layout.
-pub(crate) const VERSION: u32 = 4;
+pub(crate) const VERSION: u32 = 5;
 /// The header occupies one page.
 pub const HEADER_SIZE: usize = 4096;
 /// The size of a record's slot in an SDT ring ([`Slots::Records`]).
@@ -144,6 +160,16 @@ pub(crate) const H_PATIENCE: usize = 1072;
 /// `tail` says a record was copied out; this says pyprobe also read what it
 /// points at (a code object's names): a target about to free those waits on it.
 pub const H_FINISHED: usize = 1080;
+/// The process whose semaphores `held` lists: only its producers let go of them.
+pub(crate) const H_OWNER: usize = 1088;
+/// Times a producer let go of pyprobe's semaphores itself (a dead consumer).
+pub(crate) const H_LET_GO: usize = 1096;
+/// Entries of `held` in use.
+pub(crate) const H_HELD_COUNT: usize = 2048;
+/// The semaphores pyprobe raised in `owner`: (address, still pyprobe's to undo).
+pub(crate) const H_HELD: usize = 2056;
+/// Most semaphores `held` lists (CPython's provider has about a dozen probes).
+pub const MAX_HELD: usize = 64;
 /// How long a sleeping producer's `futex` wait lasts at most before it looks
 /// at the ring (and the consumer's liveness) again.
 pub(crate) const NAP_NS: i64 = 1_000_000;
@@ -177,7 +203,8 @@ const _: () = assert!(S_ARGS + 8 * MAX_ARGS <= S_NARGS && S_NULL < S_STRINGS);
 const _: () = assert!(H_THIN + THIN_PROBES as usize <= H_COUNTED);
 const _: () = assert!(H_COUNTED + 8 * THIN_PROBES as usize <= H_ALIVE);
 const _: () =
-    assert!(H_ALIVE % 64 == 0 && H_NAP + 16 <= H_PATIENCE && H_PATIENCE + 8 <= HEADER_SIZE);
+    assert!(H_ALIVE % 64 == 0 && H_NAP + 16 <= H_PATIENCE && H_PATIENCE + 8 <= H_FINISHED);
+const _: () = assert!(H_LET_GO + 8 <= H_HELD_COUNT && H_HELD + 16 * MAX_HELD <= HEADER_SIZE);
 const _: () = assert!(SLOT_SIZE.is_power_of_two() && UNIT_SIZE.is_power_of_two());
 
 /// What a ring's slots hold: the header and the producer protocol are the same.

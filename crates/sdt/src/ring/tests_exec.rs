@@ -467,9 +467,10 @@ fn install(
     thread_id: ThreadIdSource,
 ) -> Trampoline {
     let flags = FlagSave::for_this_cpu();
-    install_with(region, plan, p, ring, capacity, thread_id, flags)
+    install_with(region, plan, p, ring, capacity, thread_id, flags, None)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn install_with(
     region: &Region,
     plan: &SitePlan,
@@ -478,10 +479,12 @@ fn install_with(
     capacity: u64,
     thread_id: ThreadIdSource,
     flags: FlagSave,
+    let_go: Option<std::ops::Range<u64>>,
 ) -> Trampoline {
     let symbols = symbols_for(region);
     let params = TrampolineParams {
         flags,
+        let_go,
         probe_id: 0x1234_5678,
         args: &p.args,
         string_args: &p.strings,
@@ -684,7 +687,7 @@ fn run_case_with(
     }
     let plan = plan_for(&region, &f);
     let ring = Ring::new(16);
-    let tramp = install_with(&region, &plan, p, &ring, 16, thread_id, flag_save);
+    let tramp = install_with(&region, &plan, p, &ring, 16, thread_id, flag_save, None);
     let want = expected_args(&region, &f, p, &before);
     let mut reader = ring.reader();
     for round in 0..3 {
@@ -904,6 +907,87 @@ fn a_consumer_that_leaves_or_goes_silent_ends_the_wait() {
     reader.serve(u64::MAX, 1000);
     call_identity(f.entry, 6);
     assert_eq!(reader.lost(), 3);
+    restore(&region, &plan);
+}
+
+/// Where the let-go test keeps its semaphores (in the data zone).
+const SEMS: usize = 0x2100;
+
+fn semaphore(region: &Region, k: usize) -> u16 {
+    // SAFETY: an aligned u16 inside the data zone.
+    unsafe { std::ptr::read_volatile((region.data(SEMS) as *const u16).add(k)) }
+}
+
+/// pyprobe and its guardian both dead (`alive` still 1, the heartbeat stale):
+/// the producer lowers each semaphore the ring lists as pyprobe's, once, never
+/// below 0, only within the bounds its code was built with and only in the
+/// owner process; not when a consumer left (`alive` 0: it lowers them itself).
+#[test]
+fn a_producer_lets_go_of_the_semaphores_of_a_dead_consumer() {
+    let region = Region::new();
+    let f = assemble_identity(&region);
+    let plan = plan_for(&region, &f);
+    let ring = Ring::new(4);
+    // Three semaphores: pyprobe's alone; pyprobe's and two other tracers';
+    // one outside the bounds (a listing a stray write of the program's made).
+    region.put(SEMS, &[1, 0, 3, 0, 0, 0, 0, 0, 1, 0]);
+    let sem = |k: usize| region.data(SEMS) + 2 * k as u64;
+    let bounds = sem(0)..sem(1) + 2;
+    install_with(
+        &region,
+        &plan,
+        &probe("8@%rdi", &[]),
+        &ring,
+        4,
+        ThreadIdSource::FsSelfPointer,
+        FlagSave::for_this_cpu(),
+        Some(bounds),
+    );
+    let reader = ring.reader();
+    let me = std::process::id();
+    reader.hold_semaphores(me, &[sem(0), sem(1), sem(4)]);
+    reader.serve(u64::MAX, u64::MAX);
+    for n in 0..4 {
+        call_identity(f.entry, n);
+    }
+    // A consumer that left: lost, nothing lowered.
+    reader.leave();
+    call_identity(f.entry, 4);
+    assert_eq!(reader.lost(), 1);
+    assert_eq!((semaphore(&region, 0), semaphore(&region, 1)), (1, 3));
+    assert_eq!(reader.let_go_count(), 0);
+    // Another process's listing: nothing lowered.
+    reader.hold_semaphores(me + 1, &[sem(0), sem(1), sem(4)]);
+    reader.serve(1000, u64::MAX);
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    call_identity(f.entry, 5);
+    assert_eq!((semaphore(&region, 0), semaphore(&region, 1)), (1, 3));
+    // Ours, the heartbeat stale: each listed raise undone once.
+    reader.hold_semaphores(me, &[sem(0), sem(1), sem(4)]);
+    reader.serve(1000, u64::MAX);
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    call_identity(f.entry, 6);
+    assert_eq!(
+        (
+            semaphore(&region, 0),
+            semaphore(&region, 1),
+            semaphore(&region, 4)
+        ),
+        (0, 2, 1),
+        "lowered once each, the one out of bounds left"
+    );
+    assert_eq!(reader.let_go_count(), 2);
+    assert_eq!(reader.is_held(sem(0)), Some(false));
+    assert_eq!(reader.take_held(sem(1)), Some(false));
+    call_identity(f.entry, 7);
+    assert_eq!((semaphore(&region, 0), semaphore(&region, 1)), (0, 2));
+    // Raised again by pyprobe and given back: lowered again, and never below 0.
+    region.put(SEMS, &[0, 0]);
+    reader.set_held(sem(0));
+    call_identity(f.entry, 8);
+    assert_eq!(semaphore(&region, 0), 0);
+    assert_eq!(reader.let_go_count(), 3);
+    assert_eq!(reader.lost(), 5);
     restore(&region, &plan);
 }
 
@@ -1350,6 +1434,7 @@ fn capture_runs(
     let symbols = symbols_for(region);
     let params = TrampolineParams {
         flags: FlagSave::for_this_cpu(),
+        let_go: None,
         probe_id: 0x1234_5678,
         args: &p.args,
         string_args: &p.strings,
@@ -1675,6 +1760,7 @@ fn stack_records_that_do_not_fit_are_lost_whole() {
     let capture = fake_capture(&region, StackRoot::Direct(32), 3);
     let params = TrampolineParams {
         flags: FlagSave::for_this_cpu(),
+        let_go: None,
         probe_id: 1,
         args: &p.args,
         string_args: &p.strings,
@@ -1722,6 +1808,7 @@ fn a_stack_record_waits_for_room_instead_of_being_lost() {
     let capture = fake_capture(&region, StackRoot::Direct(32), 1);
     let params = TrampolineParams {
         flags: FlagSave::for_this_cpu(),
+        let_go: None,
         probe_id: 1,
         args: &p.args,
         string_args: &p.strings,
@@ -1782,6 +1869,7 @@ fn a_thin_ring_records_stack_probes_without_their_stack() {
     let capture = fake_capture(&region, StackRoot::Direct(32), 2);
     let params = TrampolineParams {
         flags: FlagSave::for_this_cpu(),
+        let_go: None,
         probe_id: 9,
         args: &p.args,
         string_args: &p.strings,

@@ -33,6 +33,7 @@ fn params<'a>(
 ) -> TrampolineParams<'a> {
     TrampolineParams {
         flags: FlagSave::for_this_cpu(),
+        let_go: None,
         probe_id: 1,
         args,
         string_args: strings,

@@ -9,6 +9,7 @@ use crate::process::memory::ProcessMemory;
 use super::guardian::{Guardian, Op};
 use super::ring_engine::leftovers::Leftovers;
 use crate::probe_set::{ProbeSet, Refusal};
+use crate::ring::RingReader;
 
 /// Tells the guardian, if there is one. What it cannot be told must not be patched.
 fn tell(guard: &mut Option<&mut Guardian>, op: Op, pid: i32, addr: u64) -> io::Result<()> {
@@ -192,9 +193,10 @@ impl Patches {
         &mut self,
         mem: &mut ProcessMemory,
         guard: Option<&mut Guardian>,
+        ring: Option<&RingReader>,
     ) -> io::Result<usize> {
         let sems = self.semaphores_of(&self.set.budgeted);
-        self.pause_semaphores(mem, guard, sems)
+        self.pause_semaphores(mem, guard, ring, sems)
     }
 
     /// Lowers the semaphores of the probes an overhead budget thins to counts,
@@ -203,15 +205,17 @@ impl Patches {
         &mut self,
         mem: &mut ProcessMemory,
         guard: Option<&mut Guardian>,
+        ring: Option<&RingReader>,
     ) -> io::Result<usize> {
         let sems = self.semaphores_of(&self.set.count_when_thin);
-        self.pause_semaphores(mem, guard, sems)
+        self.pause_semaphores(mem, guard, ring, sems)
     }
 
     fn pause_semaphores(
         &mut self,
         mem: &mut ProcessMemory,
         mut guard: Option<&mut Guardian>,
+        ring: Option<&RingReader>,
         sems: Vec<u64>,
     ) -> io::Result<usize> {
         let pid = mem.pid();
@@ -220,7 +224,11 @@ impl Patches {
             let Some(i) = self.raised.iter().position(|&s| s == sem) else {
                 continue;
             };
-            adjust_semaphore(mem, sem, -1)?;
+            // Taken back from the ring's producers first: lowered once, by whoever
+            // took it (a producer that let go of it already did).
+            if ring.and_then(|r| r.take_held(sem)) != Some(false) {
+                adjust_semaphore(mem, sem, -1)?;
+            }
             self.raised.swap_remove(i);
             self.paused.push(sem);
             let _ = tell(&mut guard, Op::SemaphoreLowered, pid, sem);
@@ -235,29 +243,93 @@ impl Patches {
         &mut self,
         mem: &mut ProcessMemory,
         mut guard: Option<&mut Guardian>,
+        ring: Option<&RingReader>,
     ) -> io::Result<usize> {
         let pid = mem.pid();
         let mut resumed = 0;
         while let Some(sem) = self.paused.pop() {
-            let value = mem.read_u16(sem)?;
-            if let Err(reason) = check_semaphore(sem, value) {
-                // Changed since it was raised last: leave it, and its hits stop.
-                self.refusals.push(Refusal {
-                    address: sem,
-                    probe: String::new(),
-                    reason,
-                });
+            let Some(value) = self.value_to_raise_again(mem, sem)? else {
                 continue;
-            }
+            };
             tell(&mut guard, Op::SemaphoreRaised, pid, sem)?;
             if let Err(e) = mem.write(sem, &(value + 1).to_le_bytes()) {
                 let _ = tell(&mut guard, Op::SemaphoreLowered, pid, sem);
                 return Err(e);
             }
             self.raised.push(sem);
+            if let Some(ring) = ring {
+                ring.set_held(sem);
+            }
             resumed += 1;
         }
         Ok(resumed)
+    }
+
+    /// Takes every semaphore pyprobe raised back from `ring`'s producers (see
+    /// `held` in the ring format), before pyprobe lowers them as it leaves: those a
+    /// producer already lowered (it found pyprobe silent past `stale`) are not
+    /// lowered again. Returns how many a producer had lowered.
+    pub(crate) fn take_back(
+        &mut self,
+        ring: &RingReader,
+        pid: i32,
+        mut guard: Option<&mut Guardian>,
+    ) -> usize {
+        let before = self.raised.len();
+        self.raised.retain(|&sem| {
+            if ring.take_held(sem) == Some(false) {
+                let _ = tell(&mut guard, Op::SemaphoreLowered, pid, sem);
+                return false;
+            }
+            true
+        });
+        before - self.raised.len()
+    }
+
+    /// Raises again the semaphores `ring`'s producers lowered while pyprobe still
+    /// counts them raised (it was silent past `stale`: stopped or starved of
+    /// CPU), and gives them back to the producers. The guardian still counts
+    /// each raised once, as it is again. Returns how many.
+    pub(crate) fn raise_let_go(
+        &mut self,
+        ring: &RingReader,
+        mem: &mut ProcessMemory,
+    ) -> io::Result<usize> {
+        let mut raised = 0;
+        for sem in self.raised.clone() {
+            if ring.is_held(sem) != Some(false) {
+                continue;
+            }
+            let Some(value) = self.value_to_raise_again(mem, sem)? else {
+                continue;
+            };
+            mem.write(sem, &(value + 1).to_le_bytes())?;
+            ring.set_held(sem);
+            raised += 1;
+        }
+        Ok(raised)
+    }
+
+    /// The value of semaphore `sem`, pyprobe's raise of which was undone, if it
+    /// may be raised again; else (changed since: not a count of tracers) it is
+    /// left, its hits stop, and the refusal is kept.
+    fn value_to_raise_again(
+        &mut self,
+        mem: &mut ProcessMemory,
+        sem: u64,
+    ) -> io::Result<Option<u16>> {
+        let value = mem.read_u16(sem)?;
+        match check_semaphore(sem, value) {
+            Ok(()) => Ok(Some(value)),
+            Err(reason) => {
+                self.refusals.push(Refusal {
+                    address: sem,
+                    probe: String::new(),
+                    reason,
+                });
+                Ok(None)
+            }
+        }
     }
 
     fn semaphores_of(&self, probes: &[usize]) -> Vec<u64> {

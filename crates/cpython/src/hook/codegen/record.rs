@@ -35,7 +35,7 @@ pub(super) fn emit_record(
     done: CodeLabel,
 ) -> Result<(), HookError> {
     let reserve = |a: &mut CodeAssembler, extra: u32, lost: &mut CodeLabel| {
-        emit_reserve(a, p.ring_addr, p.capacity, extra, Shape::Units, lost)
+        emit_reserve(a, p.ring_addr, p.capacity, extra, Shape::Units, None, lost)
             .map_err(|e| HookError::Reserve(e.to_string()))
     };
     // The thread, when another's event was the last.
@@ -231,6 +231,8 @@ fn emit_group(
         p.capacity,
         (GROUP_UNITS - 1) as u32,
         Shape::Units,
+        // The hook raises no semaphore: it unhooks itself instead.
+        None,
         lost,
     )
     .map_err(|e| HookError::Reserve(e.to_string()))?;

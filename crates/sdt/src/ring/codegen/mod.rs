@@ -91,6 +91,9 @@ pub struct TrampolineParams<'a> {
     pub stack: Option<&'a StackCapture>,
     /// How the interrupted code's flags are kept ([`FlagSave::for_this_cpu`]).
     pub(crate) flags: FlagSave,
+    /// Where the semaphores pyprobe raised lie: a producer that finds pyprobe
+    /// dead lowers those its ring lists (see `held` in the ring format).
+    pub(crate) let_go: Option<Range<u64>>,
 }
 
 /// A trampoline ready to be written at `addr`, and the site patch.
@@ -333,6 +336,7 @@ fn emit_record(
         Shape::Records {
             lines: record_lines(count > 0),
         },
+        p.let_go.as_ref(),
         restore,
     )?;
     emit_header(a, p, is_string)?;

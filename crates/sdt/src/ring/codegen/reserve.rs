@@ -4,6 +4,8 @@
 //! Public, unlike the rest of the trampoline: the injected hook's callbacks
 //! (`pyprobe_cpython::hook`) reserve their slots with the same code.
 
+use std::ops::Range;
+
 use iced_x86::code_asm::*;
 
 use super::flags::extended_feature_ecx;
@@ -46,6 +48,11 @@ impl Shape {
 /// uses no stack. Shared with the injected hook's callbacks (`pyprobe_cpython::hook`), so
 /// that every producer waits for room the same way.
 ///
+/// With `let_go` (the addresses the semaphores pyprobe raised lie in), a
+/// producer that finds the consumer dead (`alive` still 1, its heartbeat stale)
+/// lowers the semaphores the header's `held` lists, within those bounds (see
+/// [`emit_let_go`]), before it counts its event lost.
+///
 /// On success it also asks for lines a few slots on, for writing (see [`Shape`]
 /// and [`emit_prefetch_ahead`]). The slots of a reservation that spans the
 /// ring's end wrap to its start: only r8's slot is at hand.
@@ -55,6 +62,7 @@ pub fn emit_reserve(
     capacity: u64,
     extra: u32,
     shape: Shape,
+    let_go: Option<&Range<u64>>,
     restore: &mut CodeLabel,
 ) -> Result<(), CodegenError> {
     check_capacity(capacity)?;
@@ -112,7 +120,8 @@ pub fn emit_reserve(
     a.mov(rdx, rax)?;
     a.sub(rdx, qword_ptr(r9 + H_HEARTBEAT as i32))?;
     a.cmp(rdx, qword_ptr(r9 + H_STALE as i32))?;
-    a.jg(full)?;
+    let mut stale = a.create_label();
+    a.jg(if let_go.is_some() { stale } else { full })?;
     a.mov(rdx, rax)?;
     a.sub(rdx, r8)?;
     a.cmp(rdx, qword_ptr(r9 + H_PATIENCE as i32))?;
@@ -145,6 +154,10 @@ pub fn emit_reserve(
     a.mov(ecx, RESERVE_ATTEMPTS)?;
     a.jmp(retry)?;
 
+    if let Some(bounds) = let_go {
+        a.set_label(&mut stale)?;
+        emit_let_go(a, bounds, full)?;
+    }
     a.set_label(&mut full)?;
     emit_add_waited(a)?;
     a.lock().inc(qword_ptr(r9 + H_LOST as i32))?;
@@ -158,6 +171,67 @@ pub fn emit_reserve(
     a.shl(rax, shape.slots().shift())?;
     a.lea(r8, ptr(r9 + rax + HEADER_SIZE as i32))?;
     emit_prefetch_ahead(a, capacity, shape)?;
+    Ok(())
+}
+
+/// With r9 = the ring, found unserved though `alive` says a consumer lives: in
+/// the process the header's `owner` names, swaps each `held` flag to 0, and
+/// lowers by one (never below 0) each semaphore whose flag was 1 and whose
+/// address lies in `bounds` (the header is pyprobe's memory, but a stray write of
+/// the program's must not become one of ours outside the semaphores); counts
+/// the letting go in `let_go`. After it CPython no longer reaches the sites.
+/// Clobbers rax, rcx, rdx, rsi, rdi, r10, r11 and flags; keeps r8 and r9.
+/// Goes on to `done`, which the caller places right after it.
+fn emit_let_go(
+    a: &mut CodeAssembler,
+    bounds: &Range<u64>,
+    done: CodeLabel,
+) -> Result<(), CodegenError> {
+    let mut counted = a.create_label();
+    let mut next = a.create_label();
+    let mut skip = a.create_label();
+    let mut lower = a.create_label();
+    let mut lowered = a.create_label();
+    a.mov(rsi, qword_ptr(r9 + H_HELD_COUNT as i32))?;
+    a.test(rsi, rsi)?;
+    a.jz(done)?;
+    a.cmp(rsi, MAX_HELD as i32)?;
+    a.jbe(counted)?;
+    a.mov(esi, MAX_HELD as u32)?;
+    a.set_label(&mut counted)?;
+    // Only the owner's: a forked child's semaphores are its own copies.
+    a.mov(eax, libc::SYS_getpid as u32)?;
+    a.syscall()?;
+    a.cmp(rax, qword_ptr(r9 + H_OWNER as i32))?;
+    a.jne(done)?;
+    a.lea(rdi, ptr(r9 + H_HELD as i32))?;
+    a.set_label(&mut next)?;
+    a.xor(eax, eax)?;
+    // `xchg` with memory is locked: one producer (or pyprobe) gets each 1.
+    a.xchg(qword_ptr(rdi + 8), rax)?;
+    a.test(rax, rax)?;
+    a.jz(skip)?;
+    a.mov(r10, qword_ptr(rdi))?;
+    a.mov(rax, bounds.start)?;
+    a.cmp(r10, rax)?;
+    a.jb(skip)?;
+    a.mov(rax, bounds.end.saturating_sub(2))?;
+    a.cmp(r10, rax)?;
+    a.ja(skip)?;
+    a.movzx(eax, word_ptr(r10))?;
+    a.set_label(&mut lower)?;
+    a.test(eax, eax)?;
+    a.jz(lowered)?;
+    a.lea(edx, ptr(rax - 1))?;
+    // On failure `ax` is the counter now (eax's upper half stays 0): again.
+    a.lock().cmpxchg(word_ptr(r10), dx)?;
+    a.jne(lower)?;
+    a.set_label(&mut lowered)?;
+    a.lock().inc(qword_ptr(r9 + H_LET_GO as i32))?;
+    a.set_label(&mut skip)?;
+    a.add(rdi, 16)?;
+    a.dec(rsi)?;
+    a.jnz(next)?;
     Ok(())
 }
 

@@ -19,6 +19,7 @@ use super::stack::*;
 mod control;
 mod copying;
 mod drain;
+mod held;
 mod known;
 mod record;
 mod units;

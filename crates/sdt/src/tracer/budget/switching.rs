@@ -117,9 +117,10 @@ impl Engine {
             }
             Some(b) if !b.exact() => {
                 if let Some(proc) = self.procs.get_mut(&pid).filter(|p| !p.shares_parent_memory) {
-                    if let Err(e) = proc
-                        .patches
-                        .pause_budgeted(&mut proc.mem, self.guardian.as_mut())
+                    let ring = proc.ring.as_ref().map(|r| &r.reader);
+                    if let Err(e) =
+                        proc.patches
+                            .pause_budgeted(&mut proc.mem, self.guardian.as_mut(), ring)
                     {
                         sink(TraceEvent::Notice(format!(
                             "process {pid}: cannot turn the function probes off for the overhead \
@@ -245,7 +246,8 @@ impl Engine {
                     continue; // switched with its parent's
                 }
                 let guard = self.guardian.as_mut();
-                if let Err(e) = proc.patches.resume_budgeted(&mut proc.mem, guard) {
+                let ring = proc.ring.as_ref().map(|r| &r.reader);
+                if let Err(e) = proc.patches.resume_budgeted(&mut proc.mem, guard, ring) {
                     sink(TraceEvent::Notice(format!(
                         "process {pid}: cannot turn the audit probe back on ({e})"
                     )));
@@ -328,7 +330,8 @@ impl Engine {
                 continue; // switched with its parent's
             }
             let guard = self.guardian.as_mut();
-            match proc.patches.pause_counted(&mut proc.mem, guard) {
+            let ring = proc.ring.as_ref().map(|r| &r.reader);
+            match proc.patches.pause_counted(&mut proc.mem, guard, ring) {
                 Ok(n) => paused += n,
                 Err(e) => sink(TraceEvent::Notice(format!(
                     "process {pid}: cannot turn the audit probe off for the overhead budget ({e})"
@@ -366,9 +369,10 @@ impl Engine {
                 continue; // switched with its parent's
             }
             let guard = self.guardian.as_mut();
+            let ring = proc.ring.as_ref().map(|r| &r.reader);
             let result = match toggle {
-                Toggle::Off => proc.patches.pause_budgeted(&mut proc.mem, guard),
-                Toggle::On => proc.patches.resume_budgeted(&mut proc.mem, guard),
+                Toggle::Off => proc.patches.pause_budgeted(&mut proc.mem, guard, ring),
+                Toggle::On => proc.patches.resume_budgeted(&mut proc.mem, guard, ring),
             };
             if let Err(e) = result {
                 sink(TraceEvent::Notice(format!(

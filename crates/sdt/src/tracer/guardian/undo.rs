@@ -11,6 +11,7 @@ use nix::sys::ptrace;
 use nix::unistd::Pid;
 
 use crate::process::status::start_time;
+use crate::ring::format::{H_ALIVE, H_HELD, H_HELD_COUNT, H_OWNER, MAX_HELD};
 use crate::tracer::patch::{INT3, NOP};
 
 use super::{HOLD_LIMIT, TOOL_PAYLOAD, TOOL_WORDS};
@@ -172,6 +173,51 @@ impl Undo {
             Some(fix) if fix.len() == 1 => mem.write_all_at(fix, site).is_ok(),
             _ => false,
         }
+    }
+
+    fn read_word(&self, addr: u64) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 8];
+        let mem = self.mem.as_ref()?;
+        mem.read_exact_at(&mut b, addr).ok()?;
+        Some(u64::from_le_bytes(b))
+    }
+
+    /// Takes pyprobe's semaphores back from the producers of every ring of
+    /// `pid` it owns (see `held` in the ring format), once their `alive` is 0: a
+    /// raise whose flag a producer already cleared (it found pyprobe silent and
+    /// lowered it) is one fewer to undo; a flag still set is cleared before the
+    /// guardian lowers its semaphore. Everything read is the target's: a
+    /// listing that does not make sense is ignored. Returns the raises the
+    /// target had undone.
+    pub(super) fn take_back_held(&mut self, pid: i32) -> usize {
+        let mut undone = 0;
+        for &alive in &self.served {
+            let base = alive.wrapping_sub(H_ALIVE as u64);
+            if self.read_word(base + H_OWNER as u64) != Some(pid as u64) {
+                continue;
+            }
+            let Some(count) = self.read_word(base + H_HELD_COUNT as u64) else {
+                continue;
+            };
+            for k in 0..(count as usize).min(MAX_HELD) {
+                let entry = base + (H_HELD + 16 * k) as u64;
+                let (Some(sem), Some(held)) = (self.read_word(entry), self.read_word(entry + 8))
+                else {
+                    continue;
+                };
+                let Some(raises) = self.semaphores.get(&sem).copied().filter(|&n| n > 0) else {
+                    continue;
+                };
+                if held == 0 {
+                    self.semaphores.insert(sem, raises - 1);
+                    undone += 1;
+                } else {
+                    self.write_word(entry + 8, 0);
+                }
+            }
+        }
+        undone
     }
 
     pub(super) fn write_word(&self, addr: u64, value: u64) -> bool {

@@ -178,6 +178,11 @@ pub(super) fn run_guardian(mut pipe: File, control: &Control, mut watch: Watch) 
     }
     let start = crate::tracer::clock::monotonic_ns();
     stop_waiting(&state);
+    // What the target undid itself is not undone again.
+    let mut let_go = 0;
+    for (&pid, undo) in state.iter_mut() {
+        let_go += undo.take_back_held(pid);
+    }
     let mut restored = (0usize, 0usize);
     // Semaphores of every process first: CPython checks them before reaching a site,
     // so lowering them closes the window fastest; then the bytes.
@@ -260,6 +265,12 @@ pub(super) fn run_guardian(mut pipe: File, control: &Control, mut watch: Watch) 
             restored.1,
             state.len(),
             took / 1000
+        );
+    }
+    if let_go > 0 {
+        eprintln!(
+            "pyprobe guardian: {let_go} semaphores had been lowered by the target itself \
+             (pyprobe was silent before it died)"
         );
     }
     for note in injection_notes.into_iter().chain(tool_notes) {

@@ -8,6 +8,7 @@ use nix::unistd::Pid;
 
 use super::records::{drain_hits, DrainedHits, RecordSource};
 use super::setup as ring_setup;
+use super::setup::RingProc;
 use super::tsc::{read_tsc, TscClock};
 use super::{
     RingUse, BUDGETED_PATIENCE_NS, BUSY_NS, CALM_BELOW, CONSUMER_STALE_NS, DRAIN_BATCH, HIGH_WATER,
@@ -523,6 +524,7 @@ impl Engine {
             }
             let now = monotonic_ns();
             super::report_lost(&mut ring.lost, ring.reader.lost(), now, "ring", pid, sink);
+            raise_let_go(pid, proc, &mut ring, now, sink);
             proc.ring = Some(ring);
         }
         self.budget.counted_since_thin += counted_total;
@@ -563,6 +565,19 @@ impl Engine {
             if let Some(ring) = &proc.ring {
                 // Nobody follows its threads from now on (see `ring_many_producers`).
                 ring.reader.set_solo(false);
+                // The semaphores are pyprobe's to lower from here, but for those a
+                // producer lowered already.
+                let let_go = proc
+                    .patches
+                    .take_back(&ring.reader, pid, self.guardian.as_mut());
+                if let_go > 0 {
+                    sink(TraceEvent::Notice(format!(
+                        "ring engine in process {pid}: the target had lowered {let_go} of \
+                         pyprobe's probe semaphores itself, having found pyprobe silent for \
+                         more than {} ms: events since then are missing",
+                        CONSUMER_STALE_NS / 1_000_000
+                    )));
+                }
                 // A thread inside a trampoline finishes it and jumps back to an
                 // instruction boundary of the original code: restoring is safe
                 // under it.
@@ -634,6 +649,38 @@ impl Engine {
         ring_setup::clean_child(&mut ProcessMemory::new(child), ring)?;
         Ok(())
     }
+}
+
+/// Producers of `proc`'s ring lowered pyprobe's semaphores, having found it
+/// silent past [`CONSUMER_STALE_NS`] (stopped or starved of CPU, its guardian
+/// not acting): they are raised again and the gap is kept as a caveat, since
+/// the events CPython made meanwhile reached no site and were not even counted.
+fn raise_let_go(
+    pid: i32,
+    proc: &mut Proc,
+    ring: &mut RingProc,
+    now: u64,
+    sink: &mut dyn FnMut(TraceEvent),
+) {
+    let let_go = ring.reader.let_go_count();
+    if let_go == ring.let_go_seen {
+        return;
+    }
+    ring.let_go_seen = let_go;
+    let silent = CONSUMER_STALE_NS / 1_000_000;
+    let again = match proc.patches.raise_let_go(&ring.reader, &mut proc.mem) {
+        Ok(n) => format!("{n} raised again"),
+        Err(e) => format!("they could not be raised again ({e}): the recording ends there"),
+    };
+    sink(TraceEvent::Caveat {
+        pid,
+        ts_ns: now,
+        text: format!(
+            "pyprobe was silent for more than {silent} ms (stopped, or starved of CPU), and the \
+             target lowered pyprobe's probe semaphores itself, as it does when pyprobe dies; \
+             {again}: the events in between are missing, not even counted as lost"
+        ),
+    });
 }
 
 #[cfg(test)]

@@ -76,6 +76,9 @@ pub struct RingProc {
     pub(crate) known: crate::ring::KnownRecords,
     /// The producers' losses reported so far.
     pub lost: crate::ring::LostCounter,
+    /// The ring's `let_go` count last seen (producers lowering pyprobe's
+    /// semaphores, having found it silent).
+    pub(crate) let_go_seen: u64,
 }
 
 impl RingProc {
@@ -163,6 +166,9 @@ pub(in crate::tracer) fn setup(
     let reader = unsafe { RingReader::new(mapping.as_mut_ptr(), mapping.len()) }
         .map_err(|e| anyhow!("{e}"))?;
 
+    // Before any site jumps to the ring: what its producers lower should pyprobe
+    // and its guardian both die.
+    reader.hold_semaphores(pid as u32, patches.undo_list().1);
     let maps = read_maps(pid)?;
     let reader_lost = reader.lost();
     let mut ring = RingProc {
@@ -177,6 +183,7 @@ pub(in crate::tracer) fn setup(
         waited_charged: 0,
         known: Default::default(),
         lost: crate::ring::LostCounter::new(reader_lost, crate::tracer::clock::monotonic_ns()),
+        let_go_seen: 0,
     };
     let mut refused = Vec::new();
     // Sites grouped by the executable mapping holding them.

@@ -1,0 +1,61 @@
+//! The semaphores pyprobe raised, listed in the ring's header for its producers:
+//! a producer that finds the consumer dead with nobody left to undo its work
+//! lowers them itself (see `held` in the ring format). Each raise is undone once,
+//! by whoever swaps its flag from 1 to 0 first.
+
+use std::sync::atomic::Ordering;
+
+use super::RingReader;
+use crate::ring::format::*;
+
+impl RingReader {
+    /// Lists `semaphores` (at most [`MAX_HELD`]; the rest are not listed: only
+    /// pyprobe or its guardian lowers those) as raised by pyprobe in process
+    /// `owner`. Before any producer of `owner` can find the ring unserved.
+    pub fn hold_semaphores(&self, owner: u32, semaphores: &[u64]) {
+        let listed = semaphores.len().min(MAX_HELD);
+        for (k, &sem) in semaphores[..listed].iter().enumerate() {
+            self.word(H_HELD + 16 * k).store(sem, Ordering::Relaxed);
+            self.word(H_HELD + 16 * k + 8).store(1, Ordering::Relaxed);
+        }
+        self.word(H_OWNER)
+            .store(u64::from(owner), Ordering::Relaxed);
+        self.word(H_HELD_COUNT)
+            .store(listed as u64, Ordering::Release);
+    }
+
+    /// The entry of semaphore `sem`, if listed.
+    fn held_entry(&self, sem: u64) -> Option<usize> {
+        let count = (self.load(H_HELD_COUNT) as usize).min(MAX_HELD);
+        (0..count).find(|&k| self.load(H_HELD + 16 * k) == sem)
+    }
+
+    /// Takes back pyprobe's raise of `sem` from the producers: `Some(true)` if it
+    /// is still to be undone (by the caller, now), `Some(false)` if a producer
+    /// already lowered it, `None` if it is not listed.
+    pub fn take_held(&self, sem: u64) -> Option<bool> {
+        let k = self.held_entry(sem)?;
+        Some(self.word(H_HELD + 16 * k + 8).swap(0, Ordering::AcqRel) != 0)
+    }
+
+    /// Says `sem`, just raised again by pyprobe, is pyprobe's to undo again
+    /// (a producer that lets go lowers it). Nothing if it is not listed.
+    pub fn set_held(&self, sem: u64) {
+        if let Some(k) = self.held_entry(sem) {
+            self.word(H_HELD + 16 * k + 8).store(1, Ordering::Release);
+        }
+    }
+
+    /// Whether pyprobe's raise of `sem` is still pyprobe's to undo (`None`: not
+    /// listed). `false` for one a producer lowered, or pyprobe took back.
+    pub fn is_held(&self, sem: u64) -> Option<bool> {
+        let k = self.held_entry(sem)?;
+        Some(self.load(H_HELD + 16 * k + 8) != 0)
+    }
+
+    /// Times a producer let go of the semaphores listed (the ring unserved past
+    /// `stale` while `alive` said a consumer lived).
+    pub fn let_go_count(&self) -> u64 {
+        self.load(H_LET_GO)
+    }
+}
