@@ -293,10 +293,12 @@ impl Engine {
                 self.poll_budget(sink);
                 match self.wait_one(true, sink)? {
                     Waited::Nothing if drained == 0 => {
-                        if self.ring_busy() {
-                            std::thread::yield_now();
-                        } else {
+                        // A thread stopped lately stops again soon (sites left on
+                        // `int3`): a nap would hold each of its stops that long.
+                        if self.rings_calm(0) {
                             super::signals::nap(RING_POLL_US);
+                        } else {
+                            std::thread::yield_now();
                         }
                     }
                     // A few records: let a batch gather (see `CALM_BELOW`).

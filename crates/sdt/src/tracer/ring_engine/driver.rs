@@ -261,6 +261,11 @@ impl Engine {
                 "ring engine in process {pid}: site {addr:#x} stays on int3: {why}"
             )));
         }
+        if ring_sites == 0 {
+            // Nothing writes to it: not polled, so that each `int3` stop is
+            // waited for as without a ring.
+            return Ok(());
+        }
         let tsc = self.ring_book.tsc.get_or_insert_with(TscClock::calibrate);
         // From now on the target waits for room rather than lose an event. The
         // guardian learns first, so that a pyprobe dying next ends the waits.
@@ -334,12 +339,6 @@ impl Engine {
         }
         self.thin_when_behind(sink);
         self.ring_book.busy_until_ns = monotonic_ns() + BUSY_NS;
-    }
-
-    /// Whether the event loop should poll again at once rather than sleep: a
-    /// ring was busy a moment ago.
-    pub(in crate::tracer) fn ring_busy(&self) -> bool {
-        monotonic_ns() < self.ring_book.busy_until_ns
     }
 
     /// A tracee stop was handled just now.
