@@ -379,6 +379,12 @@ impl Patches {
     pub(crate) fn undo_list(&self) -> (&[u64], &[u64]) {
         (&self.written, &self.raised)
     }
+
+    /// The semaphores raised, and those lowered for the overhead budget for now
+    /// (raised again when it allows).
+    pub(crate) fn semaphores(&self) -> (&[u64], &[u64]) {
+        (&self.raised, &self.paused)
+    }
 }
 
 /// Adds `delta` to a 2-byte semaphore counter: read, add, write back. Never an absolute

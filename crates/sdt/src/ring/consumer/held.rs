@@ -9,14 +9,22 @@ use super::RingReader;
 use crate::ring::format::*;
 
 impl RingReader {
-    /// Lists `semaphores` (at most [`MAX_HELD`]; the rest are not listed: only
-    /// pyprobe or its guardian lowers those) as raised by pyprobe in process
-    /// `owner`. Before any producer of `owner` can find the ring unserved.
-    pub fn hold_semaphores(&self, owner: u32, semaphores: &[u64]) {
-        let listed = semaphores.len().min(MAX_HELD);
-        for (k, &sem) in semaphores[..listed].iter().enumerate() {
+    /// Lists the semaphores pyprobe raised in process `owner` (`raised`), and
+    /// those it may raise again later (`not_now`, listed as not held), at most
+    /// [`MAX_HELD`] in all: the rest are not listed, and only pyprobe or its
+    /// guardian lowers those. Before any producer of `owner` can find the ring
+    /// unserved.
+    pub fn hold_semaphores(&self, owner: u32, raised: &[u64], not_now: &[u64]) {
+        let entries = raised
+            .iter()
+            .map(|&s| (s, 1))
+            .chain(not_now.iter().map(|&s| (s, 0)));
+        let mut listed = 0;
+        for (k, (sem, held)) in entries.take(MAX_HELD).enumerate() {
             self.word(H_HELD + 16 * k).store(sem, Ordering::Relaxed);
-            self.word(H_HELD + 16 * k + 8).store(1, Ordering::Relaxed);
+            self.word(H_HELD + 16 * k + 8)
+                .store(held, Ordering::Relaxed);
+            listed = k + 1;
         }
         self.word(H_OWNER)
             .store(u64::from(owner), Ordering::Relaxed);

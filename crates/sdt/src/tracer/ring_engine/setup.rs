@@ -168,7 +168,8 @@ pub(in crate::tracer) fn setup(
 
     // Before any site jumps to the ring: what its producers lower should pyprobe
     // and its guardian both die.
-    reader.hold_semaphores(pid as u32, patches.undo_list().1);
+    let (raised, paused) = patches.semaphores();
+    reader.hold_semaphores(pid as u32, raised, paused);
     let maps = read_maps(pid)?;
     let reader_lost = reader.lost();
     let mut ring = RingProc {
