@@ -136,14 +136,18 @@ fn python_without_probes_in_trace_mode() {
     assert_launch_refused(
         &args,
         python,
-        &["no SDT probes", "--with-dtrace", "--mode sample"],
+        &[
+            "no SDT probes",
+            "--with-dtrace",
+            "`--engine auto` (the default)",
+        ],
     );
 }
 
 /// CPython 3.14 has SDT probes but none for functions: with the probe engines only
 /// (`--engine ring`; the default uses the hook engine there, `hook.rs`), `--mode
-/// trace` is refused with what works instead, attached or launched; asking only for
-/// the probes it has works.
+/// trace` is refused, naming the engine that works instead, attached or launched;
+/// asking only for the probes it has works.
 #[test]
 fn python_without_function_probes_in_trace_mode() {
     let Some(py) = python("3.14") else { return };
@@ -152,7 +156,11 @@ fn python_without_function_probes_in_trace_mode() {
     let pid = target.pid().to_string();
     let e = assert_refused(
         &["record", "-p", &pid, "--mode", "trace", "--engine", "ring"],
-        &["CPython 3.14", "no function probes", "default mode"],
+        &[
+            "CPython 3.14",
+            "no function probes",
+            "`--engine auto` (the default)",
+        ],
     );
     assert_one_sentence(&e);
     let recording = TempFile::new("nofunction.pyprobe");

@@ -293,7 +293,11 @@ impl Resolver for PythonResolver {
         let version = version::detect(&object, &ProcessMemory::new(pid));
         let use_hook = self.use_hook(&object, version)?;
         if self.mode == Mode::Trace && !use_hook {
-            if let Some(why) = trace_refusal(&object, version, self.requested.as_ref()) {
+            // An engine of probes asked for where the hook would have served.
+            let hook_would = self.hook == super::HookUse::Never
+                && version.is_some_and(|v| pyprobe_cpython::hook_engine::refusal(v).is_none());
+            if let Some(why) = trace_refusal(&object, version, self.requested.as_ref(), hook_would)
+            {
                 return Err(NotTraceable(why).into());
             }
         }

@@ -42,13 +42,16 @@ pub fn default_groups(
     (groups, warning)
 }
 
-/// Why `--mode trace` cannot count the calls of this interpreter (it has no
-/// function probes), in one sentence naming what works instead; `None` when it can,
-/// or when the user chose probe groups without function probes.
+/// Why `--mode trace` through the probes cannot count the calls of this
+/// interpreter (it has no function probes), in one sentence naming what works
+/// instead (the hook engine, where `hook_would` says it serves this interpreter
+/// and only an engine of probes was asked for); `None` when it can, or when the
+/// user chose probe groups without function probes.
 pub fn trace_refusal(
     object: &LoadedObject,
     version: Option<PyVersion>,
     requested: Option<&BTreeSet<ProbeGroup>>,
+    hook_would: bool,
 ) -> Option<String> {
     if requested.is_some_and(|r| !r.contains(&ProbeGroup::Function)) {
         return None;
@@ -70,6 +73,12 @@ pub fn trace_refusal(
             groups.join(", ")
         )
     };
+    if hook_would {
+        return Some(format!(
+            "{name} {why}, so `--engine int3` and `--engine ring` cannot count its calls; \
+             the hook engine can: `--engine auto` (the default) or `--engine hook`"
+        ));
+    }
     let instead = if available.is_empty() {
         "the default mode (or --mode sample) samples its stacks".to_string()
     } else {
