@@ -561,21 +561,28 @@ impl Engine {
             let Some(proc) = self.procs.get_mut(&pid) else {
                 continue;
             };
-            if let Some(ring) = &proc.ring {
+            if let Some(ring) = proc.ring.as_mut() {
                 // Nobody follows its threads from now on (see `ring_many_producers`).
                 ring.reader.set_solo(false);
                 // The semaphores are pyprobe's to lower from here, but for those a
-                // producer lowered already.
+                // producer lowered already. Every letting go so far is settled
+                // here: the drains below must not raise again what is taken back.
+                ring.let_go_seen = ring.reader.let_go_count();
                 let let_go = proc
                     .patches
                     .take_back(&ring.reader, pid, self.guardian.as_mut());
                 if let_go > 0 {
-                    sink(TraceEvent::Notice(format!(
-                        "ring engine in process {pid}: the target had lowered {let_go} of \
-                         pyprobe's probe semaphores itself, having found pyprobe silent for \
-                         more than {} ms: events since then are missing",
-                        CONSUMER_STALE_NS / 1_000_000
-                    )));
+                    sink(TraceEvent::Caveat {
+                        pid,
+                        ts_ns: monotonic_ns(),
+                        text: format!(
+                            "pyprobe was silent for more than {} ms (stopped, or starved of \
+                             CPU), and the target lowered {let_go} of pyprobe's probe \
+                             semaphores itself, as it does when pyprobe dies: the events since \
+                             then are missing, not even counted as lost",
+                            CONSUMER_STALE_NS / 1_000_000
+                        ),
+                    });
                 }
                 // A thread inside a trampoline finishes it and jumps back to an
                 // instruction boundary of the original code: restoring is safe
