@@ -295,11 +295,11 @@ impl Patches {
         ring: &RingReader,
         mem: &mut ProcessMemory,
     ) -> io::Result<usize> {
+        let let_go: Vec<u64> = (self.raised.iter().copied())
+            .filter(|&sem| ring.is_held(sem) == Some(false))
+            .collect();
         let mut raised = 0;
-        for sem in self.raised.clone() {
-            if ring.is_held(sem) != Some(false) {
-                continue;
-            }
+        for sem in let_go {
             let Some(value) = self.value_to_raise_again(mem, sem)? else {
                 continue;
             };

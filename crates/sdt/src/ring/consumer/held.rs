@@ -3,7 +3,7 @@
 //! lowers them itself (see `held` in the ring format). Each raise is undone once,
 //! by whoever swaps its flag from 1 to 0 first.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::RingReader;
 use crate::ring::format::*;
@@ -32,33 +32,33 @@ impl RingReader {
             .store(listed as u64, Ordering::Release);
     }
 
-    /// The entry of semaphore `sem`, if listed.
-    fn held_entry(&self, sem: u64) -> Option<usize> {
+    /// The flag of semaphore `sem`'s entry, if listed.
+    fn held_flag(&self, sem: u64) -> Option<&AtomicU64> {
         let count = (self.load(H_HELD_COUNT) as usize).min(MAX_HELD);
-        (0..count).find(|&k| self.load(H_HELD + 16 * k) == sem)
+        (0..count)
+            .find(|&k| self.load(H_HELD + 16 * k) == sem)
+            .map(|k| self.word(H_HELD + 16 * k + 8))
     }
 
     /// Takes back pyprobe's raise of `sem` from the producers: `Some(true)` if it
     /// is still to be undone (by the caller, now), `Some(false)` if a producer
     /// already lowered it, `None` if it is not listed.
     pub fn take_held(&self, sem: u64) -> Option<bool> {
-        let k = self.held_entry(sem)?;
-        Some(self.word(H_HELD + 16 * k + 8).swap(0, Ordering::AcqRel) != 0)
+        Some(self.held_flag(sem)?.swap(0, Ordering::AcqRel) != 0)
     }
 
     /// Says `sem`, just raised again by pyprobe, is pyprobe's to undo again
     /// (a producer that lets go lowers it). Nothing if it is not listed.
     pub fn set_held(&self, sem: u64) {
-        if let Some(k) = self.held_entry(sem) {
-            self.word(H_HELD + 16 * k + 8).store(1, Ordering::Release);
+        if let Some(flag) = self.held_flag(sem) {
+            flag.store(1, Ordering::Release);
         }
     }
 
     /// Whether pyprobe's raise of `sem` is still pyprobe's to undo (`None`: not
     /// listed). `false` for one a producer lowered, or pyprobe took back.
     pub fn is_held(&self, sem: u64) -> Option<bool> {
-        let k = self.held_entry(sem)?;
-        Some(self.load(H_HELD + 16 * k + 8) != 0)
+        Some(self.held_flag(sem)?.load(Ordering::Acquire) != 0)
     }
 
     /// Times a producer let go of the semaphores listed (the ring unserved past
