@@ -162,6 +162,12 @@ struct Left {
 /// A calls_on_demand.py target served by the ring engine of a pyprobe that is then
 /// killed in the middle of a million calls.
 fn target_after_killed_ring(py: &Python, death: Death, tag: &str) -> Left {
+    target_after_killed_ring_in(py, death, tag, 1_000_000)
+}
+
+/// As [`target_after_killed_ring`], the target asked for `calls` calls (none: it
+/// waits, idle, while pyprobe is killed).
+fn target_after_killed_ring_in(py: &Python, death: Death, tag: &str, calls: u32) -> Left {
     let mut target = Target::spawn(&py.launcher, &[&fixture_script("calls_on_demand.py")]);
     target.wait_for_line("ready");
     let pid = target.pid();
@@ -184,7 +190,9 @@ fn target_after_killed_ring(py: &Python, death: Death, tag: &str) -> Left {
         "{}: every armed site on the ring: {serving}",
         py.version
     );
-    target.send_line("1000000");
+    if calls > 0 {
+        target.send_line(&calls.to_string());
+    }
     std::thread::sleep(Duration::from_millis(100));
     if death == Death::WithGuardian {
         let guardians = children(first.pid());
@@ -201,12 +209,14 @@ fn target_after_killed_ring(py: &Python, death: Death, tag: &str) -> Left {
     first.wait();
     let said = first.rest().to_owned();
     assert_no_panic("first pyprobe", said.as_bytes());
-    assert_eq!(
-        target.wait_for_line("calls"),
-        "calls 1000000",
-        "{}: the target's own count",
-        py.version
-    );
+    if calls > 0 {
+        assert_eq!(
+            target.wait_for_line("calls"),
+            format!("calls {calls}"),
+            "{}: the target's own count",
+            py.version
+        );
+    }
     Left {
         target,
         sites,
@@ -342,6 +352,27 @@ fn a_reattach_takes_over_the_jumps_of_a_pyprobe_killed_with_its_guardian_3_15() 
     takes_over_leftover_jumps("3.15");
 }
 
+/// A second pyprobe attached to `target` in `mode` (`-v`) while it makes 5000
+/// calls, then ended as by Ctrl-C; what it said.
+fn attach_in_mode(target: &mut Target, version: &str, mode: &str, tag: &str) -> String {
+    let out = TempFile::new(&format!("takeover-{tag}.pyprobe"));
+    let pid_arg = target.pid().to_string();
+    let mut second = Live::record(&out, &["-p", &pid_arg, "--mode", mode, "-v"]);
+    second.wait_line(&format!("mode {mode}"));
+    second.after_calls_and_ctrl_c(target, &format!("{version}: second pyprobe"))
+}
+
+/// The target, asked to end, ends well: its own check passes.
+fn ends_well(target: Target, version: &str) {
+    let (rest, status) = target.finish();
+    assert_eq!(
+        rest.trim(),
+        "done True",
+        "{version}: the target's own check"
+    );
+    assert!(status.success(), "{version}: target {status:?}");
+}
+
 /// A pyprobe that arms fewer probes than the killed one did (the default mode: GC,
 /// import and audit probes; trace mode through the hook) still puts back the jumps
 /// left at the sites it does not arm: once it has left, no site jumps anywhere.
@@ -353,11 +384,7 @@ fn a_lesser_attach_puts_back_every_leftover_jump(version: &'static str, mode: &s
     let Left {
         mut target, sites, ..
     } = target_after_killed_ring(&py, Death::WithGuardian, &tag);
-    let out = TempFile::new(&format!("takeover-lesser-{tag}.pyprobe"));
-    let pid_arg = target.pid().to_string();
-    let mut second = Live::record(&out, &["-p", &pid_arg, "--mode", mode, "-v"]);
-    second.wait_line(&format!("mode {mode}"));
-    let said = second.after_calls_and_ctrl_c(&mut target, &format!("{version}: second pyprobe"));
+    let said = attach_in_mode(&mut target, version, mode, &format!("lesser-{tag}"));
     assert!(
         said.contains("sites of probes not traced now held the ring jumps"),
         "{version}: {said}"
@@ -367,13 +394,7 @@ fn a_lesser_attach_puts_back_every_leftover_jump(version: &'static str, mode: &s
         bytes.iter().all(|&b| b == 0x90),
         "{version}: every site holds its nop again: {bytes:02x?}\n{said}"
     );
-    let (rest, status) = target.finish();
-    assert_eq!(
-        rest.trim(),
-        "done True",
-        "{version}: the target's own check"
-    );
-    assert!(status.success(), "{version}: target {status:?}");
+    ends_well(target, version);
 }
 
 #[test]
@@ -439,6 +460,52 @@ fn a_jump_whose_header_is_damaged_is_refused_and_said_why() {
         "{line}"
     );
     assert_eq!(calls, 0, "{again}");
+}
+
+/// A pyprobe killed with its guardian while the target was idle: no call found
+/// its ring full, so the target let go of nothing and the semaphores stay
+/// raised. The next pyprobe (of another mode: it raises fewer of them) lowers
+/// what the dead one left, says so, and when it leaves every semaphore is 0.
+fn a_later_pyprobe_lowers_what_a_dead_one_left_raised(version: &'static str, mode: &str) {
+    let _serial = serial();
+    let Some(py) = python(version) else { return };
+    let tag = format!("{version}-idle-{mode}");
+    let Left {
+        mut target, said, ..
+    } = target_after_killed_ring_in(&py, Death::WithGuardian, &tag, 0);
+    let (_, sems) = sites_and_semaphores(target.pid());
+    let left = semaphore_values(target.pid(), &sems);
+    let raised = left.iter().filter(|&&v| v == 1).count();
+    assert!(
+        raised >= 2 && left.iter().all(|&v| v <= 1),
+        "{version}: the dead pyprobe's raises: {left:?}\n{said}"
+    );
+    // Past the producers' patience: the ring's consumer is silent, as a dead one.
+    std::thread::sleep(Duration::from_millis(400));
+    let said = attach_in_mode(&mut target, version, mode, &format!("raises-{tag}"));
+    let after = semaphore_values(target.pid(), &sems);
+    assert!(
+        after.iter().all(|&v| v == 0),
+        "{version} --mode {mode}: semaphores after the second pyprobe left: {after:?}\n{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "{raised} probe semaphores were still raised by a pyprobe killed together with its \
+             guardian; lowered back"
+        )),
+        "{version}: {said}"
+    );
+    ends_well(target, version);
+}
+
+#[test]
+fn a_default_mode_attach_lowers_the_semaphores_a_killed_trace_left_3_9() {
+    a_later_pyprobe_lowers_what_a_dead_one_left_raised("3.9", "auto");
+}
+
+#[test]
+fn a_trace_lowers_the_semaphores_a_killed_trace_left_3_9() {
+    a_later_pyprobe_lowers_what_a_dead_one_left_raised("3.9", "trace");
 }
 
 /// The semaphores of `sems` in `pid`, as the target holds them now.

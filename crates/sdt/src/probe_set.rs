@@ -96,6 +96,9 @@ pub struct ProbeSet {
     /// asked for (their ELF checks passed): never armed, but a jump that a killed
     /// pyprobe left at one is put back to the original code.
     pub unarmed_sites: Vec<u64>,
+    /// Runtime addresses of those probes' semaphores: never raised, but a raise
+    /// that a pyprobe killed with its guardian left listed in its ring is undone.
+    pub unarmed_semaphores: Vec<u64>,
 }
 
 /// A site or semaphore pyprobe leaves alone, and why.
@@ -153,6 +156,15 @@ impl ProbeSet {
         let lo = sems.clone().min()?;
         let hi = sems.max()?;
         Some(lo..hi.saturating_add(2))
+    }
+
+    /// The semaphores of every probe of the object, armed or not.
+    pub(crate) fn all_semaphores(&self) -> Vec<u64> {
+        let mut sems: Vec<u64> = self.probes.iter().filter_map(|p| p.semaphore).collect();
+        sems.extend(&self.unarmed_semaphores);
+        sems.sort_unstable();
+        sems.dedup();
+        sems
     }
 
     pub(crate) fn site_count(&self) -> usize {

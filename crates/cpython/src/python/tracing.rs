@@ -200,10 +200,14 @@ pub fn probe_set(
             let usable = usable_sites(object, probe, &mut Vec::new());
             let addresses = usable.iter().map(|s| object.runtime(s.address));
             set.unarmed_sites.extend(addresses);
+            set.unarmed_semaphores
+                .extend(probe.semaphore.map(|s| object.runtime(s)));
             continue;
         }
         let usable = usable_sites(object, probe, &mut set.refused);
         if usable.is_empty() {
+            set.unarmed_semaphores
+                .extend(probe.semaphore.map(|s| object.runtime(s)));
             continue;
         }
         let mut sites = Vec::new();

@@ -7,6 +7,7 @@ use std::io;
 use crate::process::memory::ProcessMemory;
 
 use super::guardian::{Guardian, Op};
+use super::ring_engine::dead_raises::{undo_dead_raises, DeadRaises};
 use super::ring_engine::leftovers::Leftovers;
 use crate::probe_set::{ProbeSet, Refusal};
 use crate::ring::RingReader;
@@ -63,6 +64,9 @@ pub struct Patches {
     /// original code (a pyprobe that traced what this one does not leaves the
     /// target as it found it).
     pub(crate) put_back: Vec<u64>,
+    /// Raises of the object's semaphores that a pyprobe killed with its guardian
+    /// left listed in its ring, undone before this one raised any.
+    pub(crate) dead_raises: DeadRaises,
 }
 
 impl Patches {
@@ -96,6 +100,12 @@ impl Patches {
     ) -> io::Result<()> {
         let pid = mem.pid();
         let mut leftovers = Leftovers::default();
+        let ours = self.set.all_semaphores();
+        if !ours.is_empty() {
+            if let Ok(maps) = leftovers.maps(pid) {
+                self.dead_raises = undo_dead_raises(mem, maps, &ours);
+            }
+        }
         for (pi, probe) in self.set.probes.clone().iter().enumerate() {
             if let Some(sem) = probe.semaphore {
                 if !self.raised.contains(&sem) {

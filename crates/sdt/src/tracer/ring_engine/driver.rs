@@ -126,6 +126,17 @@ impl Engine {
                 patches.put_back.len()
             )));
         }
+        let dead = &patches.dead_raises;
+        if !dead.lowered.is_empty() {
+            sink(TraceEvent::Notice(format!(
+                "process {pid}: {} probe semaphores were still raised by a pyprobe killed \
+                 together with its guardian; lowered back",
+                dead.lowered.len()
+            )));
+        }
+        for why in &dead.failed {
+            sink(TraceEvent::Notice(format!("process {pid}: {why}")));
+        }
         let refused = &patches.jump_refusals;
         if refused.is_empty() {
             return;

@@ -99,15 +99,20 @@ impl Leftovers {
             .map_err(|e| format!("holds pyprobe's jump, but {e}"))
     }
 
+    /// The process's mappings, read once.
+    pub(crate) fn maps(&mut self, pid: i32) -> Result<&[MapEntry], String> {
+        if self.maps.is_none() {
+            self.maps = Some(read_maps(pid).map_err(|e| format!("{e:#}"))?);
+        }
+        Ok(self.maps.as_deref().unwrap_or_default())
+    }
+
     /// The header of the pyprobe trampoline region holding `target`: the nearest
     /// page start at or below it with the marker, in the same mapping.
     fn region(&mut self, mem: &ProcessMemory, target: u64) -> Result<(u64, RegionHeader), String> {
         let pid = mem.pid();
-        if self.maps.is_none() {
-            self.maps = Some(read_maps(pid).map_err(|e| format!("{e:#}"))?);
-        }
-        let maps = self.maps.as_deref().unwrap_or_default();
-        let m = maps
+        let m = self
+            .maps(pid)?
             .iter()
             .find(|m| m.start <= target && target < m.end)
             .ok_or("where nothing is mapped")?;

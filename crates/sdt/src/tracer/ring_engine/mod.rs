@@ -1,9 +1,11 @@
 //! The ring engine's driver in the tracer: setting the ring up in a stopped process
-//! (`setup`), undoing jumps left by a pyprobe that died (`leftovers`), mapping the
+//! (`setup`), undoing jumps left by a pyprobe that died (`leftovers`) and the
+//! semaphore raises it left listed in its ring (`dead_raises`), mapping the
 //! trampolines' `rdtsc` stamps to CLOCK_MONOTONIC (`tsc`), and the engine's side of
 //! it (`driver`: upgrading sites, draining, holding the target, forks, leaving).
 //! The pure core (formats, code generation, the consumer) is [`crate::ring`].
 
+pub(crate) mod dead_raises;
 mod driver;
 pub mod heartbeat;
 pub(crate) mod leftovers;

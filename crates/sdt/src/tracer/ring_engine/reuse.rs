@@ -80,7 +80,7 @@ pub(crate) const RING_NAME: &[u8] = b"pyprobe-ring\0";
 /// Where in the tag word's page the name lies.
 pub const NAME_AT: u64 = 64;
 /// The ring's path in `/proc/PID/maps`.
-const RING_PATH: &str = "/memfd:pyprobe-ring (deleted)";
+pub(crate) const RING_PATH: &str = "/memfd:pyprobe-ring (deleted)";
 /// Most marked regions looked at (each costs one read of a header).
 const MAX_REGIONS: usize = 64;
 
