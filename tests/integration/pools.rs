@@ -103,6 +103,17 @@ fn record(py: &Python, name: &str, args: &[&str], extra: &[&str], env: &[(&str, 
     }
 }
 
+/// The pids of the workers that ran the tasks, as the fixture prints them.
+fn workers(what: &str, run: &Run) -> Vec<u64> {
+    run.stdout
+        .trim()
+        .strip_prefix("workers ")
+        .unwrap_or_else(|| panic!("{what}: fixture output {:?}", run.stdout))
+        .split(' ')
+        .map(|p| p.parse().unwrap())
+        .collect()
+}
+
 /// The report's processes by pid.
 fn processes(report: &Value) -> BTreeMap<u64, &Value> {
     report["processes"]
@@ -183,14 +194,7 @@ fn check_pool(version: &'static str, method: &str) {
     let what = format!("{version} {method}");
     let script = fixture_script("pool.py");
     let run = record(&py, method, &[&script, method, "2", "2", "1"], &[], &[]);
-    let workers: Vec<u64> = run
-        .stdout
-        .trim()
-        .strip_prefix("workers ")
-        .unwrap_or_else(|| panic!("{what}: fixture output {:?}", run.stdout))
-        .split(' ')
-        .map(|p| p.parse().unwrap())
-        .collect();
+    let workers = workers(&what, &run);
     assert!(!workers.is_empty(), "{what}: workers ran the tasks");
     let report = &run.report;
     let root = report["target"]["pid"].as_u64().unwrap();
@@ -325,6 +329,51 @@ fn pool_workers_are_processes_of_their_own_3_13() {
     check_pool("3.13", "fork");
     check_pool("3.13", "spawn");
     check_pool("3.13", "forkserver");
+}
+
+/// The hook engine does not follow a fork (its state is wiped in the child, which
+/// must never write into its parent's ring): a pool's forked workers are
+/// processes of the recording whose calls are not traced, and each carries a
+/// caveat saying so, rather than silently counting nothing; spawned workers run
+/// a new program, are traced through the hook again, and carry none.
+#[test]
+fn a_hooked_traces_forked_workers_are_said_untraced_3_13() {
+    let Some(py) = python("3.13") else { return };
+    let script = fixture_script("pool.py");
+    for method in ["fork", "spawn"] {
+        let what = format!("3.13 trace {method}");
+        let run = record(
+            &py,
+            &format!("hook-{method}"),
+            &[&script, method, "2", "2", "0.2"],
+            &["--mode", "trace"],
+            &[],
+        );
+        let workers = workers(&what, &run);
+        let caveats = run.report["caveats"].as_array().expect("caveats");
+        let procs = processes(&run.report);
+        for w in &workers {
+            let said = caveats.iter().any(|c| {
+                c["pid"] == *w
+                    && c["text"]
+                        .as_str()
+                        .is_some_and(|t| t.contains("does not follow a fork"))
+            });
+            let funcs = procs.get(w).map(|p| functions(p)).unwrap_or_default();
+            let burn_ns = funcs.get("worker_burn").map_or(0, |&(_, ns)| ns);
+            if method == "fork" {
+                assert!(
+                    said,
+                    "{what}: worker {w} said untraced: {caveats:?}\n{}",
+                    run.stderr
+                );
+                assert_eq!(burn_ns, 0, "{what}: worker {w}: {funcs:?}");
+            } else {
+                assert!(!said, "{what}: worker {w}: {caveats:?}");
+                assert!(burn_ns > 0, "{what}: worker {w} traced: {funcs:?}");
+            }
+        }
+    }
 }
 
 /// Audit events per process of a recording: `builtins.id` events recorded, and

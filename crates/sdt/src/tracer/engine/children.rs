@@ -133,6 +133,13 @@ impl Engine {
             .unwrap_or_default();
         let parent_net = self.procs.get(&pending.parent).and_then(|p| p.net);
         if self.options.subprocesses {
+            // The hook's state is wiped in a forked child (it must never write into
+            // its parent's ring), and it is not put in again there.
+            let hooked = parent_patches.set.hook
+                && self
+                    .source
+                    .as_ref()
+                    .is_some_and(|s| s.serves(pending.parent));
             let mut proc = Proc::new(child);
             proc.patches = parent_patches;
             if pending.vfork {
@@ -161,6 +168,9 @@ impl Engine {
                 }
             }
             proc.net = parent_net;
+            if hooked && !pending.vfork {
+                proc.unhooked_since = Some(monotonic_ns());
+            }
             self.procs.insert(child, proc);
             self.threads.insert(
                 child,
@@ -286,5 +296,23 @@ impl Engine {
             };
             let _ = ptrace::detach(Pid::from_raw(tid), pending);
         }
+    }
+
+    /// A forked child whose calls went untraced (see `Proc::unhooked_since`) and
+    /// that never ran a new program, ending or left: kept as a caveat rather than
+    /// a process whose calls silently count nothing.
+    pub(in crate::tracer) fn say_unhooked(&self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
+        let Some(since) = self.procs.get(&pid).and_then(|p| p.unhooked_since) else {
+            return;
+        };
+        sink(TraceEvent::Caveat {
+            pid,
+            ts_ns: since,
+            text: format!(
+                "process {pid} was forked from a process traced through the hook engine, \
+                 which does not follow a fork: its Python calls are not traced (its GC, import \
+                 and audit events are; a child that runs a new program is traced again)"
+            ),
+        });
     }
 }

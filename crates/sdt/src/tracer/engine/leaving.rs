@@ -40,6 +40,16 @@ impl Engine {
             )));
         }
         self.take_pending_traps(sink);
+        let mut unhooked: Vec<i32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.unhooked_since.is_some())
+            .map(|(&pid, _)| pid)
+            .collect();
+        unhooked.sort_unstable();
+        for pid in unhooked {
+            self.say_unhooked(pid, sink);
+        }
         self.ring_detach(sink);
         self.source_detach(sink);
         let with_net: Vec<i32> = self

@@ -156,6 +156,9 @@ impl Engine {
             return;
         };
         self.budget.resumed_ns.remove(&tid);
+        if tid == thread.tgid {
+            self.say_unhooked(tid, sink);
+        }
         sink(TraceEvent::ThreadExit {
             pid: thread.tgid,
             tid,
