@@ -150,6 +150,10 @@ def configurations(pyprobe, floor, pyspy, sites, sems, elf, tmp):
     # The interpreter's own exact profiler, in the process: what exact tracing from
     # outside is measured against.
     configs["cProfile"] = lambda cmd: cmd[:1] + ["-m", "cProfile", "-o", os.path.join(tmp, "cprofile.out")] + cmd[1:]
+    # A hook that does nothing, set where the hook engine sets its own: what the
+    # interpreter spends calling it, the floor under any exact tracer inside it.
+    hook_floor = os.path.join(REPO, "benches", "hook_floor.py")
+    configs["hook floor"] = lambda cmd: cmd[:1] + [hook_floor] + cmd[1:]
     if sems:
         # The interpreter's own probes enabled, no tracer: what computing the probes'
         # arguments costs, the floor under every tracer of them.
@@ -238,7 +242,9 @@ def measure(args, version):
         for w in workloads:
             cmd = [binary, os.path.join(REPO, "benches", "workloads", WORKLOADS[w][0])] + WORKLOADS[w][1:]
             for name, make in configs.items():
-                if (w, name) in unavailable or (name.startswith("floor") and w == "threaded"):  # the floor follows no threads
+                # The floors follow no threads.
+                floor = name.startswith("floor") or name == "hook floor"
+                if (w, name) in unavailable or (floor and w == "threaded"):
                     continue
                 if name != "untraced" and (w, "untraced") in unavailable:
                     continue  # nothing to compare with
@@ -336,7 +342,7 @@ def measure(args, version):
 
 PER_EVENT = ("floor", "floor same-cpu", "floor same-cpu reads", "floor cross-cpu", "pyprobe trace", "pyprobe trace unpinned", "pyprobe ring")
 # Exact in the process, or no tracer at all: their cost per event by the workload's clock.
-OWN_ONLY = ("cProfile", "probes on", "pyprobe hook", "bpftrace")
+OWN_ONLY = ("cProfile", "probes on", "hook floor", "pyprobe hook", "bpftrace")
 COLUMNS = [("workload", "workload"), ("configuration", "config"), ("median", "median_s"),
            ("slowdown", "slowdown"), ("own slowdown", "own_slowdown"), ("ns/event", "ns_per_hit"), ("own ns/event", "own_ns_per_event"), ("vs floor", "vs_floor"),
            ("vs same-CPU", "vs_same_cpu"), ("vs same-CPU + reads", "vs_same_cpu_reads"),
@@ -488,7 +494,11 @@ def write_markdown(path, args, tables, load_before, load_after, drain=None):
         "`probes on` runs the workload with the interpreter's function probes enabled (their",
         "semaphores raised, `benches/probes_on.py`) and no tracer at all: what the interpreter",
         "itself spends computing the probes' arguments, the floor under any tracer of them (its",
-        "wall time includes the wrapper's own start-up: read its *own ns/event*); `bpftrace` counts",
+        "wall time includes the wrapper's own start-up: read its *own ns/event*); `hook floor` runs",
+        "it with a hook that does nothing where the hook engine puts its own (`benches/hook_floor.py`:",
+        "on 3.12+ `sys.monitoring` callbacks that return at once, before a C profile function of",
+        "three bytes) and no tracer: what the interpreter spends calling a hook per call and",
+        "return, the floor under the hook engine and cProfile alike; `bpftrace` counts",
         "the same probes through the kernel (eBPF uprobes, root; `benches/under_bpftrace.py`), its",
         "wall time including bpftrace's compiling its program; it runs where bpftrace is installed",
         "and the benchmark runs as root.",
