@@ -240,14 +240,7 @@ fn record_again(py: &Python, mut target: Target, tag: &str) -> (u64, String) {
     second.wait_line("mode trace");
     let said =
         second.after_calls_and_ctrl_c(&mut target, &format!("{}: second pyprobe", py.version));
-    let (rest, status) = target.finish();
-    assert_eq!(
-        rest.trim(),
-        "done True",
-        "{}: the target's own check",
-        py.version
-    );
-    assert!(status.success(), "{}: target {status:?}", py.version);
+    ends_well(target, py.version);
     let calls = entries_in_file(&report_json(out.path()), "calls_on_demand.py");
     (calls.get("f").copied().unwrap_or(0), said)
 }

@@ -133,8 +133,6 @@ impl Engine {
             .unwrap_or_default();
         let parent_net = self.procs.get(&pending.parent).and_then(|p| p.net);
         if self.options.subprocesses {
-            // The hook's state is wiped in a forked child (it must never write into
-            // its parent's ring), and it is not put in again there.
             let hooked = parent_patches.set.hook
                 && self
                     .source
@@ -157,6 +155,11 @@ impl Engine {
                 // exec: a hit is a clean stop to set it up from.
                 proc.ring_pending =
                     self.options.ring != RingUse::Off && proc.patches.installed_sites() > 0;
+                // The hook's state is wiped in it (it must never write into its
+                // parent's ring), and the hook is not put in again there.
+                if hooked {
+                    proc.unhooked_since = Some(monotonic_ns());
+                }
                 if let Some(g) = self.guardian.as_mut() {
                     let (written, raised) = proc.patches.undo_list();
                     for &sem in raised {
@@ -168,9 +171,6 @@ impl Engine {
                 }
             }
             proc.net = parent_net;
-            if hooked && !pending.vfork {
-                proc.unhooked_since = Some(monotonic_ns());
-            }
             self.procs.insert(child, proc);
             self.threads.insert(
                 child,

@@ -22,8 +22,9 @@ use crate::ring::format::{
 use crate::ring::Slots;
 
 use super::reuse::{check_ring_mapping, RING_PATH};
+use super::tsc::read_tsc;
 use super::CAPACITY;
-use crate::tracer::patch::MAX_SEMAPHORE;
+use crate::tracer::patch::check_semaphore;
 
 /// What undoing a dead pyprobe's raises came to.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -42,9 +43,6 @@ pub(crate) fn undo_dead_raises(
     ours: &[u64],
 ) -> DeadRaises {
     let mut done = DeadRaises::default();
-    if ours.is_empty() {
-        return done;
-    }
     let pid = mem.pid();
     for ring in maps.iter().filter(|m| m.path == RING_PATH) {
         let at = ring.start;
@@ -62,9 +60,7 @@ pub(crate) fn undo_dead_raises(
                 .map(u64::from_le_bytes)
                 .unwrap_or(0)
         };
-        // SAFETY: rdtsc has no preconditions on x86-64.
-        let now = unsafe { core::arch::x86_64::_rdtsc() };
-        let silent = now.checked_sub(word(H_HEARTBEAT));
+        let silent = read_tsc().checked_sub(word(H_HEARTBEAT));
         if word(H_OWNER) != pid as u64
             || word(H_ALIVE) != 1
             || silent.is_none_or(|s| s <= word(H_STALE))
@@ -82,8 +78,8 @@ pub(crate) fn undo_dead_raises(
                 Ok(true) => done.lowered.push(sem),
                 Ok(false) => {}
                 Err(why) => done.failed.push(format!(
-                    "semaphore {sem:#x}, raised by a pyprobe killed with its guardian (ring \
-                     at {at:#x}): {why}"
+                    "a raise left by a pyprobe killed with its guardian (ring at {at:#x}) is \
+                     not undone: {why}"
                 )),
             }
         }
@@ -94,21 +90,18 @@ pub(crate) fn undo_dead_raises(
 /// Clears the flag at `flag`, then lowers the semaphore `sem` by one unless it
 /// is 0 already (`Ok(false)`: nothing to undo) or holds more than a count.
 fn lower(mem: &mut ProcessMemory, flag: u64, sem: u64) -> Result<bool, String> {
-    mem.write(flag, &0u64.to_le_bytes())
-        .map_err(|e| format!("its flag at {flag:#x} could not be cleared: {e}"))?;
+    mem.write(flag, &0u64.to_le_bytes()).map_err(|e| {
+        format!("the flag at {flag:#x} of semaphore {sem:#x} could not be cleared: {e}")
+    })?;
     let value = mem
         .read_u16(sem)
-        .map_err(|e| format!("it could not be read: {e}"))?;
+        .map_err(|e| format!("semaphore {sem:#x} could not be read: {e}"))?;
     if value == 0 {
         return Ok(false);
     }
-    if value > MAX_SEMAPHORE {
-        return Err(format!(
-            "it holds {value}, not a count of tracers; left as it is"
-        ));
-    }
+    check_semaphore(sem, value)?;
     mem.write(sem, &(value - 1).to_le_bytes())
-        .map_err(|e| format!("it could not be lowered: {e}"))?;
+        .map_err(|e| format!("semaphore {sem:#x} could not be lowered: {e}"))?;
     Ok(true)
 }
 
@@ -167,8 +160,7 @@ mod tests {
         let undo =
             |mem: &mut ProcessMemory| undo_dead_raises(mem, &read_maps(pid).expect("maps"), &ours);
         // Another process's ring, a consumer that left, one that beats: untouched.
-        // SAFETY: rdtsc has no preconditions on x86-64.
-        let now = unsafe { core::arch::x86_64::_rdtsc() };
+        let now = read_tsc();
         for (owner, alive, beat) in [(pid + 1, 1, 0), (pid, 0, 0), (pid, 1, now)] {
             put(&mut map, H_OWNER, owner as u64);
             put(&mut map, H_ALIVE, alive);
