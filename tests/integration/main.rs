@@ -14,6 +14,7 @@ mod faults;
 mod forged;
 mod honest;
 mod hook;
+mod hook_forks;
 mod hook_reattach;
 mod hostile_target;
 mod html_report;

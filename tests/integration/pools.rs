@@ -331,47 +331,51 @@ fn pool_workers_are_processes_of_their_own_3_13() {
     check_pool("3.13", "forkserver");
 }
 
-/// The hook engine does not follow a fork (its state is wiped in the child, which
-/// must never write into its parent's ring): a pool's forked workers are
-/// processes of the recording whose calls are not traced, and each carries a
-/// caveat saying so, rather than silently counting nothing; spawned workers run
-/// a new program, are traced through the hook again, and carry none.
+/// The hook engine follows a fork (the child keeps the hook, with a ring of its
+/// own): a pool's forked workers are traced as its spawned ones are, which run a
+/// new program and are hooked again; none carries the caveat of an untraced
+/// child, and the tasks' calls are counted in the workers that ran them.
 #[test]
-fn a_hooked_traces_forked_workers_are_said_untraced_3_13() {
-    let Some(py) = python("3.13") else { return };
-    let script = fixture_script("pool.py");
-    for method in ["fork", "spawn"] {
-        let what = format!("3.13 trace {method}");
-        let run = record(
-            &py,
-            &format!("hook-{method}"),
-            &[&script, method, "2", "2", "0.2"],
-            &["--mode", "trace"],
-            &[],
-        );
-        let workers = workers(&what, &run);
-        let caveats = run.report["caveats"].as_array().expect("caveats");
-        let procs = processes(&run.report);
-        for w in &workers {
-            let said = caveats.iter().any(|c| {
-                c["pid"] == *w
-                    && c["text"]
-                        .as_str()
-                        .is_some_and(|t| t.contains("does not follow a fork"))
-            });
-            let funcs = procs.get(w).map(|p| functions(p)).unwrap_or_default();
-            let burn_ns = funcs.get("worker_burn").map_or(0, |&(_, ns)| ns);
-            if method == "fork" {
-                assert!(
-                    said,
-                    "{what}: worker {w} said untraced: {caveats:?}\n{}",
-                    run.stderr
-                );
-                assert_eq!(burn_ns, 0, "{what}: worker {w}: {funcs:?}");
-            } else {
-                assert!(!said, "{what}: worker {w}: {caveats:?}");
-                assert!(burn_ns > 0, "{what}: worker {w} traced: {funcs:?}");
+fn a_hooked_traces_forked_workers_are_traced_3_11_3_13() {
+    for version in ["3.11", "3.13"] {
+        let Some(py) = python(version) else { continue };
+        let script = fixture_script("pool.py");
+        let tasks = 4;
+        for method in ["fork", "spawn"] {
+            let what = format!("{version} trace {method}");
+            let run = record(
+                &py,
+                &format!("hook-{method}"),
+                &[&script, method, "2", &tasks.to_string(), "0.1"],
+                &["--mode", "trace"],
+                &[],
+            );
+            let workers = workers(&what, &run);
+            let caveats = run.report["caveats"].as_array().expect("caveats");
+            let procs = processes(&run.report);
+            let mut burns = 0;
+            for w in &workers {
+                let said = caveats.iter().any(|c| {
+                    c["pid"] == *w
+                        && c["text"]
+                            .as_str()
+                            .is_some_and(|t| t.contains("calls are not traced"))
+                });
+                assert!(!said, "{what}: worker {w}: {caveats:?}\n{}", run.stderr);
+                let rows = procs
+                    .get(w)
+                    .and_then(|p| p["functions"].as_array())
+                    .cloned()
+                    .unwrap_or_default();
+                let calls: u64 = rows
+                    .iter()
+                    .filter(|f| f["function"] == "worker_burn")
+                    .map(entries)
+                    .sum();
+                assert!(calls > 0, "{what}: worker {w} traced: {rows:?}");
+                burns += calls;
             }
+            assert_eq!(burns, tasks, "{what}: every task counted once");
         }
     }
 }

@@ -45,7 +45,6 @@ pub fn run(request: &RecordRequest) -> Result<ExitCode> {
         chosen: chosen.clone(),
         hook: request.hook,
         budgeted: settings.budget.is_some(),
-        follows_children: request.subprocesses,
     });
     let options = settings.engine_options();
     signals::install().context("cannot install signal handlers")?;

@@ -194,9 +194,6 @@ pub struct PythonResolver {
     pub hook: super::HookUse,
     /// An overhead budget applies (`--max-overhead`, or the default mode's).
     pub budgeted: bool,
-    /// `--subprocesses`: forked children are traced too (the probes follow them
-    /// into a child; the hook does not).
-    pub follows_children: bool,
 }
 
 impl PythonResolver {
@@ -375,11 +372,10 @@ impl PythonResolver {
     }
 
     /// What only the function probes give: a budget can pause them (the hook
-    /// cannot be paused), they fire in forked children (the hook unhooks itself
-    /// there) and beside the `line` probe.
+    /// cannot be paused), and they fire beside the `line` probe. (Forked children
+    /// keep the hook, with a ring of their own, as they keep the probes.)
     fn needs_function_probes(&self) -> bool {
         self.budgeted
-            || self.follows_children
             || self
                 .requested
                 .as_ref()

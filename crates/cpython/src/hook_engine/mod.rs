@@ -60,6 +60,7 @@
 //! states), `drain` (records into hits) and `leave` (detaching, an image gone).
 
 mod drain;
+mod fork;
 mod launched;
 mod leave;
 mod parts;
@@ -131,9 +132,11 @@ enum Phase {
 struct HookProc {
     mem: ProcessMemory,
     reader: RingReader,
-    /// The ring's heartbeat, beaten while the hook lives (before `_mapping`).
+    /// The ring's heartbeat, beaten while the hook lives (before `mapping`).
     _beat: pyprobe_sdt::tracer::ring_engine::heartbeat::BeatTicket,
-    _mapping: MmapMut,
+    mapping: MmapMut,
+    /// Where the ring is mapped in the target (the hook's code names it).
+    ring_addr: u64,
     state_addr: u64,
     hook: HookCode,
     /// The jump at the safe point, while it is there (monitoring route).
@@ -232,6 +235,9 @@ pub struct HookBook {
     /// Hook records read by `drain_rings` since `drain_hooks` last said how many
     /// it drained (the event loop idles when a turn drains nothing).
     read_with_rings: usize,
+    /// Forked children not yet at their first stop: their parent's state words
+    /// when it forked.
+    forked: HashMap<i32, fork::ForkedWords>,
 }
 
 impl EventSource for HookBook {
@@ -268,6 +274,19 @@ impl EventSource for HookBook {
 
     fn place(&mut self, at: Placement<'_>, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
         self.install_hook(at, sink)
+    }
+
+    fn forked(&mut self, parent: i32, child: i32) {
+        self.parent_forked(parent, child);
+    }
+
+    fn adopt(
+        &mut self,
+        parent: i32,
+        at: Placement<'_>,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<bool> {
+        self.adopt_child(parent, at, sink)
     }
 
     /// A new thread at its first stop: its `%fs` base names its records. On the

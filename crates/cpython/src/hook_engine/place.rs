@@ -2,21 +2,27 @@
 //! `setup`'s; here the ring is served, what was done is said, and the process's
 //! [`HookProc`] starts. Apart from the engine's face: the longest of its steps.
 
+use std::collections::HashSet;
 use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::Result;
+use memmap2::MmapMut;
 use rustc_hash::FxHashMap;
 
-use crate::python::walker::PyFrame;
+use crate::hook::{Detour, HookCode};
+use crate::python::walker::{PyFrame, Walker};
 use pyprobe_sdt::process::memory::ProcessMemory;
+use pyprobe_sdt::ring::RingReader;
 use pyprobe_sdt::tracer::clock::monotonic_ns;
 use pyprobe_sdt::tracer::decode::HitBuffers;
 use pyprobe_sdt::tracer::engine::source::Placement;
 use pyprobe_sdt::tracer::engine::TraceEvent;
 use pyprobe_sdt::tracer::ring_engine::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
 
+use super::profile::ProfileTarget;
 use super::returns::{ReturnTable, TypeNames};
+use super::setup::Breaker;
 use super::watch::say_taken;
 use super::{drain, setup, HookBook, HookProc, Phase, SWEEP_EVERY};
 
@@ -69,56 +75,95 @@ impl HookBook {
                 "hook engine in process {pid}: {note}"
             )));
         }
-        let mut said_taken = std::collections::HashSet::new();
+        let mut said_taken = HashSet::new();
         say_taken(pid, &installed.taken, &mut said_taken, sink);
-        let now = Instant::now();
-        let lost = pyprobe_sdt::ring::LostCounter::new(installed.reader.lost(), monotonic_ns());
-        self.procs.insert(
-            pid,
-            HookProc {
-                mem,
-                _beat: pyprobe_sdt::tracer::ring_engine::heartbeat::keep_beating(&installed.reader),
-                reader: installed.reader,
-                _mapping: installed.mapping,
-                state_addr: installed.state_addr,
-                hook: installed.hook,
-                detour: installed.detour,
-                breaker: installed.breaker,
-                profile: installed.profile,
-                next_sweep: now + SWEEP_EVERY,
-                sweep_now: false,
-                said_taken,
-                phase: Phase::Waiting,
-                since: now,
-                last_raise: now,
-                said_slow: false,
-                next_look: installed.profile.is_none().then_some(now),
-                said_subinterpreters: false,
-                tool: None,
-                tool_looked: false,
-                silenced: None,
-                walker: installed.walker,
-                fs_tids,
-                buffers: HitBuffers::default(),
-                names: FxHashMap::default(),
-                named: FxHashMap::default(),
-                copied: FxHashMap::default(),
-                recheck: drain::Recheck::default(),
-                types: TypeNames::default(),
-                shadow: FxHashMap::default(),
-                last_named: None,
-                last_repeats: [(0, 0); 4],
-                repeats: FxHashMap::default(),
-                unknown: Rc::new(PyFrame::gone()),
-                returns: ReturnTable::default(),
-                lost,
-                pending: std::collections::VecDeque::new(),
-                raw: Default::default(),
-                units: Default::default(),
-                read_to: 0,
-                image_gone: false,
-            },
-        );
+        let h = HookProc::new(Parts {
+            mem,
+            reader: installed.reader,
+            mapping: installed.mapping,
+            ring_addr: installed.ring_addr,
+            state_addr: installed.state_addr,
+            hook: installed.hook,
+            detour: installed.detour,
+            breaker: installed.breaker,
+            profile: installed.profile,
+            walker: installed.walker,
+            fs_tids,
+            said_taken,
+            phase: Phase::Waiting,
+        });
+        self.procs.insert(pid, h);
         Ok(())
+    }
+}
+
+/// What a [`HookProc`] starts from: the hook put in ([`setup::install`]) or
+/// kept by a forked child (`fork`).
+pub(super) struct Parts {
+    pub(super) mem: ProcessMemory,
+    pub(super) reader: RingReader,
+    pub(super) mapping: MmapMut,
+    pub(super) ring_addr: u64,
+    pub(super) state_addr: u64,
+    pub(super) hook: HookCode,
+    pub(super) detour: Option<Detour>,
+    pub(super) breaker: Option<Breaker>,
+    pub(super) profile: Option<ProfileTarget>,
+    pub(super) walker: Walker,
+    pub(super) fs_tids: FxHashMap<u64, i32>,
+    pub(super) said_taken: HashSet<u64>,
+    pub(super) phase: Phase,
+}
+
+impl HookProc {
+    /// A hooked process's state, its ring served (its heartbeat beaten), nothing
+    /// read or named yet.
+    pub(super) fn new(parts: Parts) -> HookProc {
+        let now = Instant::now();
+        let lost = pyprobe_sdt::ring::LostCounter::new(parts.reader.lost(), monotonic_ns());
+        HookProc {
+            mem: parts.mem,
+            _beat: pyprobe_sdt::tracer::ring_engine::heartbeat::keep_beating(&parts.reader),
+            reader: parts.reader,
+            mapping: parts.mapping,
+            ring_addr: parts.ring_addr,
+            state_addr: parts.state_addr,
+            hook: parts.hook,
+            detour: parts.detour,
+            breaker: parts.breaker,
+            profile: parts.profile,
+            next_sweep: now + SWEEP_EVERY,
+            sweep_now: false,
+            said_taken: parts.said_taken,
+            phase: parts.phase,
+            since: now,
+            last_raise: now,
+            said_slow: false,
+            next_look: parts.profile.is_none().then_some(now),
+            said_subinterpreters: false,
+            tool: None,
+            tool_looked: false,
+            silenced: None,
+            walker: parts.walker,
+            fs_tids: parts.fs_tids,
+            buffers: HitBuffers::default(),
+            names: FxHashMap::default(),
+            named: FxHashMap::default(),
+            copied: FxHashMap::default(),
+            recheck: drain::Recheck::default(),
+            types: TypeNames::default(),
+            shadow: FxHashMap::default(),
+            last_named: None,
+            last_repeats: [(0, 0); 4],
+            repeats: FxHashMap::default(),
+            unknown: Rc::new(PyFrame::gone()),
+            returns: ReturnTable::default(),
+            lost,
+            pending: std::collections::VecDeque::new(),
+            raw: Default::default(),
+            units: Default::default(),
+            read_to: 0,
+            image_gone: false,
+        }
     }
 }

@@ -79,6 +79,7 @@ const TSTATE_INTERP: u64 = 16;
 pub(crate) struct Installed {
     pub(crate) reader: RingReader,
     pub(crate) mapping: MmapMut,
+    pub(crate) ring_addr: u64,
     pub(crate) state_addr: u64,
     pub(crate) hook: HookCode,
     /// The jump at the safe point (monitoring route).
@@ -369,14 +370,7 @@ pub(crate) fn install(
     // puts the safe point's bytes back; first it clears the ring's `alive`, so
     // that a callback waiting for room goes on at once.
     if let Some(g) = guard {
-        g.tell(Op::RingServed, pid, ring_addr + H_ALIVE as u64)
-            .map_err(|e| anyhow!("telling the guardian about the hook's ring: {e}"))?;
-        g.tell_ring_site(
-            pid,
-            state_addr + ST_ON as u64,
-            &0u64.to_le_bytes(),
-            &1u64.to_le_bytes(),
-        )?;
+        tell_guardian(g, pid, ring_addr, state_addr)?;
         if let Some(d) = &detour {
             g.tell_ring_site(pid, d.site, &d.original, &d.patch)?;
         }
@@ -418,6 +412,7 @@ pub(crate) fn install(
     Ok(Installed {
         reader,
         mapping,
+        ring_addr,
         state_addr,
         hook,
         detour,
@@ -435,6 +430,26 @@ pub(crate) fn install(
     })
 }
 
+/// Tells the guardian, should pyprobe die, to clear the `alive` word of the hook's
+/// ring in `pid` (a callback waiting for room goes on at once), then its `on` word
+/// (the callbacks then uninstall).
+pub(super) fn tell_guardian(
+    g: &mut Guardian,
+    pid: i32,
+    ring_addr: u64,
+    state_addr: u64,
+) -> Result<()> {
+    g.tell(Op::RingServed, pid, ring_addr + H_ALIVE as u64)
+        .map_err(|e| anyhow!("telling the guardian about the hook's ring: {e}"))?;
+    g.tell_ring_site(
+        pid,
+        state_addr + ST_ON as u64,
+        &0u64.to_le_bytes(),
+        &1u64.to_le_bytes(),
+    )?;
+    Ok(())
+}
+
 /// Whether the process holds `hook` (and `detour`) byte for byte where they go.
 fn same_code(mem: &ProcessMemory, hook: &HookCode, detour: Option<&Detour>) -> bool {
     let holds = |at: u64, code: &[u8]| {
@@ -447,7 +462,7 @@ fn same_code(mem: &ProcessMemory, hook: &HookCode, detour: Option<&Detour>) -> b
 /// Makes the hook's ring in `pid` (see `tracer::ring_engine::setup::map_ring`), at
 /// `over` when given (an earlier ring of the same length), named by the state
 /// page's marker; a forked child does not get it.
-fn hook_ring(
+pub(super) fn hook_ring(
     pid: i32,
     inj: &Injector,
     state_addr: u64,

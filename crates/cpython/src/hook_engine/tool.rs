@@ -111,17 +111,33 @@ impl ToolSlots {
                     .ok()
             })
             .collect();
-        let Some(functions) = functions.filter(|f| !f.is_empty() && !f.contains(&0)) else {
+        match functions {
+            Some(functions) => Self::look_for(mem, walker, interp, &functions, events),
+            None => FirstLook::Unknown,
+        }
+    }
+
+    /// [`ToolSlots::look`] for the function objects `functions` the installer
+    /// registered, one per event of `events` (a forked child's state page holds
+    /// none: its parent's words tell them).
+    pub(super) fn look_for(
+        mem: &ProcessMemory,
+        walker: &Walker,
+        interp: u64,
+        functions: &[u64],
+        events: &[u32],
+    ) -> FirstLook {
+        if functions.is_empty() || functions.contains(&0) {
             return FirstLook::Unknown;
-        };
-        let Some(found) = search(mem, interp, &functions) else {
+        }
+        let Some(found) = search(mem, interp, functions) else {
             return FirstLook::Unknown;
         };
         // (event, slot, function) of each callback the interpreter still holds.
         let held: Vec<(u64, u64, u64)> = events
             .iter()
             .zip(&found)
-            .zip(&functions)
+            .zip(functions)
             .filter_map(|((&ev, slot), &f)| slot.map(|s| (u64::from(ev), s, f)))
             .collect();
         // None held: the program freed the tool (3.13+ clears its callbacks) or

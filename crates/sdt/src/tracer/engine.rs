@@ -78,10 +78,11 @@ pub(super) struct Proc {
     /// A vfork child before its exec: the memory is its parent's, and so are the
     /// patches in it (never written, budgeted or undone through this process).
     pub(super) shares_parent_memory: bool,
-    /// A forked child of a hooked process (`--subprocesses`): the hook's state is
-    /// wiped in it and not put in again, so its calls go untraced from this time
-    /// (CLOCK_MONOTONIC ns) until it runs a new program; said if it never does.
-    pub(super) unhooked_since: Option<u64>,
+    /// A forked child of a hooked process (`--subprocesses`) the hook could not go
+    /// on in (its state is wiped there), so its calls go untraced from this time
+    /// (CLOCK_MONOTONIC ns) until it runs a new program; said, with why, if it
+    /// never does.
+    pub(super) unhooked: Option<(u64, String)>,
 }
 
 impl Proc {
@@ -96,7 +97,7 @@ impl Proc {
             ring: None,
             ring_pending: false,
             shares_parent_memory: false,
-            unhooked_since: None,
+            unhooked: None,
         }
     }
 }

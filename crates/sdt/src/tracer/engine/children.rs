@@ -58,6 +58,10 @@ impl Engine {
                     vfork: event == VFORK,
                 };
                 self.pending_children.insert(new, pending);
+                if !pending.vfork && self.options.subprocesses {
+                    // Read while the parent stands at its event, as the child got it.
+                    self.source_forked(parent_tgid, new);
+                }
                 if let Some(i) = self.early_children.iter().position(|&c| c == new) {
                     self.early_children.remove(i);
                     self.adopt_child(new, pending, sink);
@@ -156,9 +160,17 @@ impl Engine {
                 proc.ring_pending =
                     self.options.ring != RingUse::Off && proc.patches.installed_sites() > 0;
                 // The hook's state is wiped in it (it must never write into its
-                // parent's ring), and the hook is not put in again there.
+                // parent's ring): it goes on with a ring of its own, or the child
+                // is said untraced.
                 if hooked {
-                    proc.unhooked_since = Some(monotonic_ns());
+                    let why = match self.source_adopt(pending.parent, child, sink) {
+                        Ok(true) => None,
+                        Ok(false) => {
+                            Some("the hook was not in its parent yet when it forked".into())
+                        }
+                        Err(e) => Some(format!("{e:#}")),
+                    };
+                    proc.unhooked = why.map(|why| (monotonic_ns(), why));
                 }
                 if let Some(g) = self.guardian.as_mut() {
                     let (written, raised) = proc.patches.undo_list();
@@ -298,20 +310,20 @@ impl Engine {
         }
     }
 
-    /// A forked child whose calls went untraced (see `Proc::unhooked_since`) and
+    /// A forked child whose calls went untraced (see `Proc::unhooked`) and
     /// that never ran a new program, ending or left: kept as a caveat rather than
     /// a process whose calls silently count nothing.
     pub(in crate::tracer) fn say_unhooked(&self, pid: i32, sink: &mut dyn FnMut(TraceEvent)) {
-        let Some(since) = self.procs.get(&pid).and_then(|p| p.unhooked_since) else {
+        let Some((since, why)) = self.procs.get(&pid).and_then(|p| p.unhooked.as_ref()) else {
             return;
         };
         sink(TraceEvent::Caveat {
             pid,
-            ts_ns: since,
+            ts_ns: *since,
             text: format!(
                 "process {pid} was forked from a process traced through the hook engine, \
-                 which does not follow a fork: its Python calls are not traced (its GC, import \
-                 and audit events are; a child that runs a new program is traced again)"
+                 which could not go on in it ({why}): its Python calls are not traced (its GC, \
+                 import and audit events are; a child that runs a new program is traced again)"
             ),
         });
     }

@@ -43,7 +43,7 @@ impl Engine {
         let mut unhooked: Vec<i32> = self
             .procs
             .iter()
-            .filter(|(_, p)| p.unhooked_since.is_some())
+            .filter(|(_, p)| p.unhooked.is_some())
             .map(|(&pid, _)| pid)
             .collect();
         unhooked.sort_unstable();

@@ -89,6 +89,21 @@ pub trait EventSource {
     fn stop_awaiting(&mut self, pid: i32);
     /// Goes into a process, every thread of it stopped.
     fn place(&mut self, at: Placement<'_>, sink: &mut dyn FnMut(TraceEvent)) -> Result<()>;
+    /// Process `parent` forked `child` and stands at its fork-event stop, the fork
+    /// done: what the source must know of the parent as the child got it is read
+    /// now.
+    fn forked(&mut self, _parent: i32, _child: i32) {}
+    /// Forked child `at.pid` of `parent` at its first stop, having run nothing:
+    /// the source goes on in it if it can. `Ok(false)`: nothing of the source's
+    /// was in the parent when it forked.
+    fn adopt(
+        &mut self,
+        _parent: i32,
+        _at: Placement<'_>,
+        _sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<bool> {
+        Ok(false)
+    }
     /// A new thread of `pid` at its first stop. Returns true to hold it until a
     /// sweep ([`EventSource::sweep`]) has run.
     fn thread_started(&mut self, pid: i32, tid: i32) -> bool;
@@ -244,6 +259,43 @@ impl Engine {
             budgeted: self.budget.meter.is_some(),
         };
         source.place(at, sink)
+    }
+
+    /// `parent`, at its fork-event stop, forked `child`.
+    pub(in crate::tracer) fn source_forked(&mut self, parent: i32, child: i32) {
+        if let Some(source) = self.source.as_mut() {
+            source.forked(parent, child);
+        }
+    }
+
+    /// Forked `child` of `parent` at its first stop: the source goes on in it if
+    /// it was in the parent when it forked (see [`EventSource::adopt`]).
+    pub(in crate::tracer) fn source_adopt(
+        &mut self,
+        parent: i32,
+        child: i32,
+        sink: &mut dyn FnMut(TraceEvent),
+    ) -> Result<bool> {
+        let regs = ptrace::getregs(Pid::from_raw(child))
+            .map_err(|e| anyhow::anyhow!("forked child {child} is not stopped: {e}"))?;
+        let threads = [StoppedThread {
+            tid: child,
+            rip: regs.rip,
+            fs_base: regs.fs_base,
+        }];
+        let Some(source) = self.source.as_mut() else {
+            return Ok(false);
+        };
+        let tsc = self.ring_book.tsc.get_or_insert_with(TscClock::calibrate);
+        let at = Placement {
+            pid: child,
+            tid: child,
+            threads: &threads,
+            guardian: self.guardian.as_mut(),
+            tsc,
+            budgeted: self.budget.meter.is_some(),
+        };
+        source.adopt(parent, at, sink)
     }
 
     /// Puts the source into `pid` (every thread of it held) through a thread at a
