@@ -633,3 +633,58 @@ fn attached_with_subprocesses_the_existing_workers_are_traced() {
         assert!(status.success(), "{version}: {status:?}");
     }
 }
+
+/// Existing workers with threads of their own (a threaded server's workers):
+/// with `-p` and `--subprocesses`, each thread running at attach is in its own
+/// process, as the fixture's children name them, not in the recording's; the
+/// parent, which only waits, has none of their work.
+#[test]
+fn attached_with_subprocesses_each_existing_thread_is_in_its_own_process() {
+    for version in ["3.9", "3.13"] {
+        let Some(py) = python(version) else { continue };
+        let script = fixture_script("threaded_children.py");
+        let mut target = Target::spawn(&py.launcher, &[&script, "2", "3", "4"]);
+        let mut truth: BTreeMap<u64, u64> = BTreeMap::new();
+        for _ in 0..2 {
+            let line = target.wait_for_line("child");
+            let ids: Vec<u64> = line
+                .split_whitespace()
+                .skip(1)
+                .map(|p| p.parse().unwrap())
+                .collect();
+            for &tid in &ids {
+                truth.insert(tid, ids[0]);
+            }
+        }
+        target.wait_for_line("ready");
+        let recording = TempFile::new(&format!("threaded-children-{version}.pyprobe"));
+        let tracer = Tracer::record(
+            recording.path(),
+            &["-p", &target.pid().to_string(), "--subprocesses", "-d", "1"],
+        );
+        let (status, stderr) = tracer.wait(Duration::from_secs(60));
+        assert!(status.success(), "{version}: {stderr}");
+        let report = report_json(recording.path());
+        let threads: BTreeMap<u64, u64> = report["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| (t["tid"].as_u64().unwrap(), t["pid"].as_u64().unwrap()))
+            .collect();
+        for (tid, pid) in &truth {
+            assert_eq!(
+                threads.get(tid),
+                Some(pid),
+                "{version}: thread {tid} of process {pid}: {threads:?}"
+            );
+        }
+        let root = processes(&report)[&(target.pid() as u64)];
+        assert!(
+            !functions(root).contains_key("child_burn"),
+            "{version}: the parent has its children's work: {root}"
+        );
+        let (rest, status) = target.finish();
+        assert!(rest.contains("done"), "{version}: {rest}");
+        assert!(status.success(), "{version}: {status:?}");
+    }
+}

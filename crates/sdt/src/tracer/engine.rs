@@ -242,6 +242,18 @@ impl Engine {
     pub fn run(&mut self, sink: &mut dyn FnMut(TraceEvent)) -> Result<Outcome> {
         for (pid, parent, ts_ns) in std::mem::take(&mut self.children_to_announce) {
             sink(TraceEvent::ProcessStart { pid, parent, ts_ns });
+            // Its other threads, running at attach: a thread the recording does not
+            // name belongs to the recording's own process.
+            let mut others: Vec<i32> = self
+                .threads
+                .iter()
+                .filter(|&(&tid, t)| t.tgid == pid && tid != pid)
+                .map(|(&tid, _)| tid)
+                .collect();
+            others.sort_unstable();
+            for tid in others {
+                sink(TraceEvent::ThreadStart { pid, tid, ts_ns });
+            }
         }
         let result = self.event_loop(sink);
         // What follows (detaching, then the views) needs no tick.
