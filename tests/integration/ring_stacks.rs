@@ -303,3 +303,68 @@ fn a_garbage_frame_link_ends_the_captured_stack_not_the_target_3_14() {
 fn a_garbage_frame_link_ends_the_captured_stack_not_the_target_3_15() {
     garbage_link("3.15");
 }
+
+/// In trace mode through the hook engine every call is traced, so the stack of a
+/// GC, import or audit event is the traced call stack, named from the calls
+/// themselves: nothing is captured in the target, and a pyprobe that reads the
+/// rings only once the program has ended (held by a test switch) still names the
+/// main module's frame, freed by then. On 3.11 the trampolines used to capture
+/// these stacks (its function probes trace returns only), and that frame was
+/// drawn as gone.
+#[test]
+#[cfg_attr(
+    not(feature = "test-switches"),
+    ignore = "pyprobe must be built with --features test-switches"
+)]
+fn trace_mode_event_stacks_are_the_traced_calls_3_11() {
+    // 3.12+ named them from the calls already; only the capture is gone there.
+    let version = "3.11";
+    let Some(py) = python(version) else { return };
+    let calls = CALLS.to_string();
+    let path = tmp_recording(&format!("{version}-traced-stacks"));
+    let script = repo().join("fixtures/python/audit_stacks.py");
+    let out = pyprobe()
+        .env("PYPROBE_TEST_HOLD_RINGS", "1")
+        .args([
+            "record",
+            "--mode",
+            "trace",
+            "-o",
+            path.to_str().unwrap(),
+            "--",
+        ])
+        .arg(&py.launcher)
+        .arg(&script)
+        .arg(&calls)
+        .output()
+        .expect("run pyprobe");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{version}: {stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        calls,
+        "{version}"
+    );
+    let report = report_json(path.to_str().unwrap());
+    let _ = std::fs::remove_file(&path);
+    let audit = report["audit"].as_array().expect("audit");
+    let ids = audit
+        .iter()
+        .find(|a| a["event"] == "builtins.id")
+        .unwrap_or_else(|| panic!("{version}: no builtins.id: {audit:?}"));
+    assert_eq!(ids["count"], CALLS as u64, "{version}");
+    let stacks = ids["stacks"].as_array().unwrap();
+    let want: Vec<String> = [("<module>", 1), ("outer", 18), ("middle", 14), ("leaf", 9)]
+        .iter()
+        .map(|(f, l)| format!("{f} ({}:{l})", script.display()))
+        .collect();
+    assert_eq!(stacks.len(), 1, "{version}: {stacks:?}");
+    assert_eq!(stacks[0]["frames"], serde_json::json!(want), "{version}");
+    let caveats = report["caveats"].as_array().unwrap();
+    assert!(
+        !caveats.iter().any(|c| c["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("were freed before pyprobe read them"))),
+        "{version}: {caveats:?}"
+    );
+}

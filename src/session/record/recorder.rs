@@ -366,7 +366,7 @@ impl<'a> Recorder<'a> {
         // unless every call is traced (then the rebuilt stack says it).
         let explains = meaning.kind.has_context() && {
             let now = self.chosen.borrow();
-            needs_context_stacks(self.settings.mode, now.version, &now.groups)
+            needs_context_stacks(self.settings.mode, now.version, &now.groups, now.hook)
         };
         match hit.stack {
             // Captured by the ring trampoline, in the target, at the hit.

@@ -158,16 +158,19 @@ fn frame_code_layout(pid: i32) -> Option<pyprobe_cpython::python::walker::FrameC
         .frame_code_layout()
 }
 
-/// Whether the stack at a GC/import/audit hit must come from the frame walker: yes,
-/// unless entries and returns are all traced (3.11 traces returns only).
+/// Whether the stack at a GC/import/audit hit must come from the frame walker (or
+/// the ring's capture): yes, unless entries and returns are all traced, by the
+/// function probes (3.11's trace returns only) or the hook (`hook`), whose calls
+/// rebuild it.
 pub fn needs_context_stacks(
     mode: Mode,
     version: Option<PyVersion>,
     groups: &BTreeSet<ProbeGroup>,
+    hook: bool,
 ) -> bool {
     mode != Mode::Trace
-        || version.is_some_and(|v| v.is(3, 11))
-        || !groups.contains(&ProbeGroup::Function)
+        || returns_only(version, groups, hook)
+        || !(hook || groups.contains(&ProbeGroup::Function))
 }
 
 /// Whether function calls are traced from return probes only (CPython 3.11 without
@@ -406,7 +409,7 @@ impl PythonResolver {
             let (mut set, meanings) = probe_set(&object, &groups, frame_args)?;
             let refusals = refusals(&object, &set, pid);
             self.chosen.borrow_mut().refusals.insert(pid, refusals);
-            if needs_context_stacks(self.mode, version, &groups) {
+            if needs_context_stacks(self.mode, version, &groups, use_hook) {
                 let context: Vec<usize> = meanings
                     .iter()
                     .enumerate()
