@@ -7,7 +7,7 @@
 //! hook's code names that address) and the state words its parent had when it
 //! forked: its callbacks then record into its own ring from its first event.
 //!
-//! The parent's words are read at its fork-event stop ([`HookBook::forked`]): the
+//! The parent's words are read at its fork-event stop ([`HookBook::parent_forked`]): the
 //! forking thread holds the GIL across `fork()`, and the callbacks, which change
 //! those words, run only with the GIL held, so what is read there is what the
 //! child got. The child's own memory must agree before anything is written: its
