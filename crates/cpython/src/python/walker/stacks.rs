@@ -27,6 +27,8 @@ pub(crate) const MAX_DEPTH: usize = 1024;
 pub(crate) const MAX_THREADS: usize = 65_536;
 /// Most interpreters read.
 pub(crate) const MAX_INTERPRETERS: usize = 256;
+/// Thread states whose stack's first frame is remembered (see `StackReader::roots`).
+const MAX_ROOTS: usize = MAX_THREADS;
 
 /// One thread state as read, before its native thread id is resolved.
 #[derive(Debug, Clone)]
@@ -60,6 +62,10 @@ pub(crate) struct StackReader<M> {
     last_rootless: bool,
     /// Where the last walk ended, when it ended on a frame with no caller.
     last_root: Option<u64>,
+    /// Up to 3.10, read running: the frame each thread state's stack was last
+    /// seen to begin with, and one seen once since that a second walk must
+    /// confirm (see [`StackReader::root_unconfirmed`]).
+    roots: HashMap<u64, (u64, Option<u64>)>,
     /// What the shim a thread's stack ends on holds as its code (3.12+).
     root_shim: RootShim,
     /// Objects found to be code objects in this naming batch, as a root shim's code
@@ -269,6 +275,7 @@ impl<M: Memory> StackReader<M> {
             last_eval_calls: None,
             last_rootless: false,
             last_root: None,
+            roots: HashMap::new(),
             root_shim: RootShim::Unchecked,
             shim_codes: HashSet::new(),
             batch: 1,
@@ -305,9 +312,46 @@ impl<M: Memory> StackReader<M> {
                 .and_then(|o| field_u64(buf, o).ok())
                 .filter(|&base| base != 0)
                 .is_some_and(|base| !raw.frames.is_empty() && self.last_root != Some(base));
-            raw.torn = running && (raw.truncated || self.last_rootless || off_base);
+            let unconfirmed = self.root_unconfirmed(tstate, raw.frames.is_empty(), running);
+            raw.torn = running && (raw.truncated || self.last_rootless || off_base || unconfirmed);
         }
         raw
+    }
+
+    /// Up to 3.10, whose frames are objects read one at a time: whether a running
+    /// walk (whole by every other test) ended on a frame this thread's stack was
+    /// not seen to begin with before. A frame read while the interpreter reuses it
+    /// can show its new `f_executing` beside the cleared caller link it had in the
+    /// free list, and pass for a root. Such a walk counts as torn (and is made
+    /// again) until a second walk ends on the same frame; the thread's stack
+    /// begins there from then on. A walk of a stopped thread (`running` false)
+    /// is whole: its first frame stands at once.
+    fn root_unconfirmed(&mut self, tstate: u64, empty: bool, running: bool) -> bool {
+        let whole = !self.last_rootless;
+        if !matches!(self.layout.frame, FrameLayout::Object { .. }) || empty || !whole {
+            return false;
+        }
+        let Some(root) = self.last_root else {
+            return false;
+        };
+        if self.roots.len() >= MAX_ROOTS && !self.roots.contains_key(&tstate) {
+            self.roots.clear();
+        }
+        let entry = self.roots.entry(tstate).or_insert((0, None));
+        if !running {
+            *entry = (root, None);
+            return false;
+        }
+        if entry.0 == root {
+            entry.1 = None;
+            return false;
+        }
+        if entry.1 == Some(root) {
+            *entry = (root, None);
+            return false;
+        }
+        entry.1 = Some(root);
+        true
     }
 
     /// Says what a thread's outermost shim holds as its code (see [`RootShim`]).

@@ -412,6 +412,52 @@ fn a_walk_that_ends_on_a_frame_that_does_not_run_is_torn_up_to_3_10() {
     }
 }
 
+/// Up to 3.10 a running walk that ends on a frame the thread's stack was not
+/// seen to begin with is torn until a second walk ends there too: a frame read
+/// while the interpreter reuses it can pass for a root (its new `f_executing`
+/// beside the cleared caller link it had in the free list), and a stack drawn
+/// from it would be rooted at an inner frame.
+#[test]
+fn a_running_walk_up_to_3_10_begins_only_where_a_walk_confirmed() {
+    for minor in [7, 9, 10] {
+        let (layout, _) = layout::from_offsets_file(v(minor)).unwrap();
+        let FrameLayout::Object { back, .. } = layout.frame else {
+            unreachable!()
+        };
+        let mut img = Image::new();
+        let table = locations(&[(8, 0)]);
+        let code = img.code(&layout, "/a.py", "f", 5, &table);
+        let root = img.frame(&layout, code, 0, 0);
+        let middle = img.frame(&layout, code, 0, root);
+        let top = img.frame(&layout, code, 0, middle);
+        // A frame that reads as running with no caller: a reused one.
+        let reused = img.frame(&layout, code, 0, 0);
+        let (runtime, _) = img.runtime(&layout, &[top]);
+        let mut reader = StackReader::new(img, layout.clone(), runtime, Some(CODE_TYPE));
+        let tstates = reader.thread_states().unwrap();
+        let (t, buf) = (tstates[0].0, tstates[0].1.clone());
+        let walk = |reader: &mut StackReader<Image>, running: bool| {
+            let raw = reader.thread(t, &buf, running);
+            (raw.frames.len(), raw.torn)
+        };
+        // A first look, stopped: the stack begins at `root`.
+        assert_eq!(walk(&mut reader, false), (3, false), "3.{minor}");
+        assert_eq!(walk(&mut reader, true), (3, false), "3.{minor}");
+        // The walk now ends on the reused frame: torn, then, seen twice, whole.
+        reader.mem.u64(middle + back, reused);
+        assert_eq!(walk(&mut reader, true), (3, true), "3.{minor}");
+        assert_eq!(walk(&mut reader, true), (3, false), "3.{minor}");
+        // Back to `root`: a new beginning again, confirmed the same way.
+        reader.mem.u64(middle + back, root);
+        assert_eq!(walk(&mut reader, true), (3, true), "3.{minor}");
+        assert_eq!(walk(&mut reader, true), (3, false), "3.{minor}");
+        // A stopped walk is whole at once.
+        reader.mem.u64(middle + back, reused);
+        assert_eq!(walk(&mut reader, false), (3, false), "3.{minor}");
+        assert_eq!(walk(&mut reader, true), (3, false), "3.{minor}");
+    }
+}
+
 /// What the shim at the root of a stack holds as its code, in [`torn_at_root`].
 #[derive(Clone, Copy)]
 enum ShimHolds {
