@@ -24,7 +24,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use rustc_hash::FxHashMap;
 
 use crate::hook::{
-    events_of, STATE_LEN, STATUS_OK, ST_AT_EXIT, ST_CALLBACKS, ST_GONE, ST_ON, ST_STATUS, ST_TABLES,
+    STATE_LEN, STATUS_OK, ST_AT_EXIT, ST_CALLBACKS, ST_GONE, ST_ON, ST_STATUS, ST_TABLES,
 };
 use crate::python::walker::Walker;
 use pyprobe_sdt::process::maps::read_maps;
@@ -33,13 +33,12 @@ use pyprobe_sdt::ring::RingReader;
 use pyprobe_sdt::tracer::engine::source::Placement;
 use pyprobe_sdt::tracer::engine::TraceEvent;
 use pyprobe_sdt::tracer::inject::Injector;
-use pyprobe_sdt::tracer::ring_engine::{BUDGETED_PATIENCE_NS, CONSUMER_STALE_NS};
 
-use super::place::Parts;
+use super::place::{serve_ring, Parts};
 use super::profile::Slot;
 use super::reuse::{NAME_AT, RING_NAME};
 use super::setup::{hook_ring, tell_guardian};
-use super::tool::{FirstLook, ToolSlots};
+use super::tool::{monitoring_events, FirstLook, ToolSlots};
 use super::{HookBook, HookProc, Phase};
 
 /// Forked children whose parent's words are kept, waiting for their first stop,
@@ -145,12 +144,7 @@ impl HookBook {
         // SAFETY: the mapping lives as long as the reader (both in the HookProc).
         let reader = unsafe { RingReader::new(mapping.as_mut_ptr(), mapping.len()) }
             .map_err(|e| anyhow!("{e}"))?;
-        let patience = match at.budgeted {
-            true => at.tsc.ns_to_ticks(BUDGETED_PATIENCE_NS),
-            false => u64::MAX,
-        };
-        reader.serve(at.tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
-        pyprobe_sdt::tracer::ring_engine::set_solo_if_alone(&reader, "hook", child, 1, sink);
+        serve_ring(&reader, &at, sink);
         // Every word but `on`; the tables empty, as the reader's are.
         mem.write(state_addr + 8, &forked.words[8..])?;
         mem.write(
@@ -209,12 +203,7 @@ fn check_child_holds_hook(
             }
         }
         None => {
-            let minor = u32::from(walker.version().minor);
-            let events: Vec<u32> = events_of(minor)
-                .unwrap_or_default()
-                .iter()
-                .map(|&(ev, _)| ev)
-                .collect();
+            let events = monitoring_events(walker);
             let functions: Vec<u64> = (0..events.len())
                 .map(|k| forked.word(ST_CALLBACKS + 8 * k))
                 .collect();

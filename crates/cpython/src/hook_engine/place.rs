@@ -31,7 +31,7 @@ impl HookBook {
     /// if any).
     pub(super) fn install_hook(
         &mut self,
-        at: Placement<'_>,
+        mut at: Placement<'_>,
         sink: &mut dyn FnMut(TraceEvent),
     ) -> Result<()> {
         let pid = at.pid;
@@ -39,25 +39,15 @@ impl HookBook {
         let rips: Vec<u64> = at.threads.iter().map(|t| t.rip).collect();
         let fs_tids: FxHashMap<u64, i32> = at.threads.iter().map(|t| (t.fs_base, t.tid)).collect();
         let mut mem = ProcessMemory::new(pid);
-        let installed = setup::install(pid, at.tid, &mut mem, &rips, walker, at.guardian)?;
-        let tsc = at.tsc;
-        // Served as the SDT rings are (every thread still stopped, so before any
-        // callback runs): a full ring is waited on while pyprobe lives, except that
-        // under a budget an event waits a little, then is counted lost.
-        let patience = match at.budgeted {
-            true => tsc.ns_to_ticks(BUDGETED_PATIENCE_NS),
-            false => u64::MAX,
-        };
-        installed
-            .reader
-            .serve(tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
-        pyprobe_sdt::tracer::ring_engine::set_solo_if_alone(
-            &installed.reader,
-            "hook",
+        let installed = setup::install(
             pid,
-            rips.len(),
-            sink,
-        );
+            at.tid,
+            &mut mem,
+            &rips,
+            walker,
+            at.guardian.as_deref_mut(),
+        )?;
+        serve_ring(&installed.reader, &at, sink);
         match &installed.detour {
             Some(d) => sink(TraceEvent::Detail(format!(
                 "hook engine in process {pid}: hook at {:#x}, detour at _Py_HandlePending ({:#x}); \
@@ -95,6 +85,29 @@ impl HookBook {
         self.procs.insert(pid, h);
         Ok(())
     }
+}
+
+/// Serves the hook's ring of process `at.pid` as the SDT rings are (every thread
+/// still stopped, so before any callback runs): a full ring is waited on while
+/// pyprobe lives, except that under a budget an event waits a little, then is
+/// counted lost; with one thread, its records reserve without `lock`.
+pub(super) fn serve_ring(
+    reader: &RingReader,
+    at: &Placement<'_>,
+    sink: &mut dyn FnMut(TraceEvent),
+) {
+    let patience = match at.budgeted {
+        true => at.tsc.ns_to_ticks(BUDGETED_PATIENCE_NS),
+        false => u64::MAX,
+    };
+    reader.serve(at.tsc.ns_to_ticks(CONSUMER_STALE_NS), patience);
+    pyprobe_sdt::tracer::ring_engine::set_solo_if_alone(
+        reader,
+        "hook",
+        at.pid,
+        at.threads.len(),
+        sink,
+    );
 }
 
 /// What a [`HookProc`] starts from: the hook put in ([`setup::install`]) or

@@ -17,7 +17,7 @@
 use pyprobe_sdt::process::memory::ProcessMemory;
 use pyprobe_sdt::tracer::guardian::Guardian;
 
-use crate::hook::{ST_CALLBACKS, TOOL_ID};
+use crate::hook::{events_of, ST_CALLBACKS, TOOL_ID};
 use crate::python::walker::Walker;
 
 /// Most bytes of an interpreter's state searched (3.12 to 3.15: well under
@@ -36,6 +36,16 @@ const MONITORS_BEFORE_CALLABLES: u64 = 40;
 const MONITORS_READ: usize = 16;
 /// Most threads a sane `sys_profiling_threads` or `sys_tracing_threads` counts.
 const MOST_THREADS: u64 = 1 << 20;
+
+/// The numbers of the events the hook's installer registers on the interpreter
+/// `walker` reads, in its order (none before 3.12).
+pub(super) fn monitoring_events(walker: &Walker) -> Vec<u32> {
+    events_of(u32::from(walker.version().minor))
+        .unwrap_or_default()
+        .iter()
+        .map(|&(ev, _)| ev)
+        .collect()
+}
 
 /// The slots of pyprobe's tool in an interpreter's state, and what they held.
 #[derive(Debug, Clone, PartialEq, Eq)]

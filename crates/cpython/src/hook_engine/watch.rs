@@ -9,7 +9,7 @@ use anyhow::Result;
 
 use crate::hook::failed_step;
 use crate::hook::{
-    events_of, STATUS_OK, STATUS_REMOVED, STATUS_RUNNING, ST_AT_EXIT, ST_GONE, ST_STATUS, TOOL_ID,
+    STATUS_OK, STATUS_REMOVED, STATUS_RUNNING, ST_AT_EXIT, ST_GONE, ST_STATUS, TOOL_ID,
 };
 use pyprobe_sdt::tracer::engine::source::SweepNeed;
 use pyprobe_sdt::tracer::engine::TraceEvent;
@@ -17,7 +17,7 @@ use pyprobe_sdt::tracer::guardian::{Guardian, Op};
 use pyprobe_sdt::tracer::signals::monotonic_ns;
 
 use super::profile::Slot;
-use super::tool::{FirstLook, ToolLost, ToolSlots};
+use super::tool::{monitoring_events, FirstLook, ToolLost, ToolSlots};
 use super::{setup, HookBook, HookProc, Phase, RAISE_EVERY, RAISE_SLOWLY, SLOW_AFTER, SWEEP_EVERY};
 
 /// How often the interpreters of a process traced through `sys.monitoring`, and
@@ -70,12 +70,7 @@ pub(super) fn look_at_monitoring(
         h.tool.as_ref().and_then(|t| t.lost(&h.mem, &h.walker))
     } else {
         h.tool_looked = true;
-        let minor = u32::from(h.walker.version().minor);
-        let events: Vec<u32> = events_of(minor)
-            .unwrap_or_default()
-            .iter()
-            .map(|&(ev, _)| ev)
-            .collect();
+        let events = monitoring_events(&h.walker);
         let look = match h.walker.main_interpreter() {
             Some(interp) => ToolSlots::look(&h.mem, &h.walker, interp, h.state_addr, &events),
             None => FirstLook::Unknown,
