@@ -233,32 +233,38 @@ impl Engine {
 
     /// Puts the source into `pid` through thread `tid` (every thread held).
     fn source_place(&mut self, pid: i32, tid: i32, sink: &mut dyn FnMut(TraceEvent)) -> Result<()> {
-        let mut threads = Vec::new();
-        for (&t, thread) in &self.threads {
-            if thread.tgid != pid {
-                continue;
-            }
-            let regs = ptrace::getregs(Pid::from_raw(t))
-                .map_err(|e| anyhow::anyhow!("thread {t} is not stopped: {e}"))?;
-            threads.push(StoppedThread {
-                tid: t,
-                rip: regs.rip,
-                fs_base: regs.fs_base,
-            });
-        }
+        let threads = self
+            .threads
+            .iter()
+            .filter(|(_, thread)| thread.tgid == pid)
+            .map(|(&t, _)| stopped_thread(t))
+            .collect::<Result<Vec<_>>>()?;
+        self.with_placement(pid, tid, &threads, |source, at| source.place(at, sink))
+            .map(|_| ())
+    }
+
+    /// Calls `f` with the source (if any) and what it is given to go into process
+    /// `pid` through thread `tid`, `threads` stopped: `None` without a source.
+    fn with_placement<R>(
+        &mut self,
+        pid: i32,
+        tid: i32,
+        threads: &[StoppedThread],
+        f: impl FnOnce(&mut dyn EventSource, Placement<'_>) -> Result<R>,
+    ) -> Result<Option<R>> {
         let Some(source) = self.source.as_mut() else {
-            return Ok(());
+            return Ok(None);
         };
         let tsc = self.ring_book.tsc.get_or_insert_with(TscClock::calibrate);
         let at = Placement {
             pid,
             tid,
-            threads: &threads,
+            threads,
             guardian: self.guardian.as_mut(),
             tsc,
             budgeted: self.budget.meter.is_some(),
         };
-        source.place(at, sink)
+        f(source.as_mut(), at).map(Some)
     }
 
     /// `parent`, at its fork-event stop, forked `child`.
@@ -276,26 +282,11 @@ impl Engine {
         child: i32,
         sink: &mut dyn FnMut(TraceEvent),
     ) -> Result<bool> {
-        let regs = ptrace::getregs(Pid::from_raw(child))
-            .map_err(|e| anyhow::anyhow!("forked child {child} is not stopped: {e}"))?;
-        let threads = [StoppedThread {
-            tid: child,
-            rip: regs.rip,
-            fs_base: regs.fs_base,
-        }];
-        let Some(source) = self.source.as_mut() else {
-            return Ok(false);
-        };
-        let tsc = self.ring_book.tsc.get_or_insert_with(TscClock::calibrate);
-        let at = Placement {
-            pid: child,
-            tid: child,
-            threads: &threads,
-            guardian: self.guardian.as_mut(),
-            tsc,
-            budgeted: self.budget.meter.is_some(),
-        };
-        source.adopt(parent, at, sink)
+        let threads = [stopped_thread(child)?];
+        self.with_placement(child, child, &threads, |source, at| {
+            source.adopt(parent, at, sink)
+        })
+        .map(|adopted| adopted.unwrap_or(false))
     }
 
     /// Puts the source into `pid` (every thread of it held) through a thread at a
@@ -500,4 +491,15 @@ impl Engine {
             source.image_gone(pid, self.ring_book.tsc.as_ref(), &mut self.hits, sink);
         }
     }
+}
+
+/// Thread `tid`, stopped: where it stands and its `%fs` base.
+fn stopped_thread(tid: i32) -> Result<StoppedThread> {
+    let regs = ptrace::getregs(Pid::from_raw(tid))
+        .map_err(|e| anyhow::anyhow!("thread {tid} is not stopped: {e}"))?;
+    Ok(StoppedThread {
+        tid,
+        rip: regs.rip,
+        fs_base: regs.fs_base,
+    })
 }
