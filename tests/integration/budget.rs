@@ -356,7 +356,8 @@ fn audit_storms_stay_within_the_default_budget(version: &'static str) {
     assert!(
         (calls..calls + 100).contains(&(named + counted + lost)),
         "{version}: every id() call counted: {named} by name + {counted} in bulk + {lost} \
-         lost, {calls} calls"
+         lost, {calls} calls; thinned {}:\n{stderr}",
+        report["thinned"]
     );
     assert_eq!(report["thinned"]["uncounted_ns"].as_u64().unwrap_or(0), 0);
 }
