@@ -501,6 +501,15 @@ fn stopped_case(version: &'static str, mode: Option<&[&str]>, kind: &str, action
             report["functions"].as_array().is_some(),
             "{what}: the report of the recording lists functions: {report}"
         );
+        // Where pyprobe did not let go (nothing of the target waited for it), the
+        // ticks of the stop were lost: said as such, not blamed on a rate too
+        // high for the machine.
+        if let Some(line) = pyprobe_stderr.lines().find(|l| l.contains("fell behind")) {
+            assert!(
+                line.contains("while pyprobe itself was stopped") && !line.contains("-r"),
+                "{what}: {line}"
+            );
+        }
         if mode == Some(TRACE) {
             let calls = entries_in_file(&report, "load_server.py");
             assert!(

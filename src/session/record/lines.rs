@@ -194,7 +194,9 @@ pub(super) fn refusal_lines(pid: i32, chosen: &RefCell<Chosen>, verbose: bool) -
 
 /// Said when pyprobe fell behind the sampling rate asked for (5 % of the ticks or
 /// more): views count time as samples × interval, so the time they show falls
-/// short by as much.
+/// short by as much. Ticks lost while pyprobe was stopped or starved for long are
+/// told apart from a rate too high for the machine: only the latter has a remedy
+/// in `-r`.
 pub(super) fn missed_ticks_line(
     ticks: pyprobe_sdt::tracer::TickCount,
     interval_ns: u64,
@@ -204,10 +206,20 @@ pub(super) fn missed_ticks_line(
         return None;
     }
     let hz = 1e9 / interval_ns.max(1) as f64;
+    let stall_ms = pyprobe_sdt::tracer::STALL_NS / 1_000_000;
+    let why = if ticks.stalled * 2 >= ticks.missed {
+        format!(
+            "{} of them while pyprobe itself was stopped (Ctrl-Z, SIGSTOP) or starved of \
+             CPU for {stall_ms} ms or more at a time; sampled times fall short by as much",
+            ticks.stalled
+        )
+    } else {
+        "pyprobe not being given a CPU in time; sampled times fall short by as much \
+         (a less busy machine, or a lower -r, keeps up)"
+            .to_string()
+    };
     Some(format!(
-        "fell behind: {} of the {due} samples due at {hz:.0} Hz were not taken ({:.0}%), \
-         pyprobe not being given a CPU in time; sampled times fall short by as much \
-         (a less busy machine, or a lower -r, keeps up)",
+        "fell behind: {} of the {due} samples due at {hz:.0} Hz were not taken ({:.0}%), {why}",
         ticks.missed,
         ticks.missed as f64 * 100.0 / due as f64
     ))
@@ -302,7 +314,17 @@ mod tests {
 
     #[test]
     fn a_shortfall_is_said_from_five_percent_of_the_ticks_due() {
-        let at = |taken, missed| missed_ticks_line(TickCount { taken, missed }, 2_500_000);
+        let at = |taken, missed| {
+            let stalled = 0;
+            missed_ticks_line(
+                TickCount {
+                    taken,
+                    missed,
+                    stalled,
+                },
+                2_500_000,
+            )
+        };
         assert_eq!(at(1000, 0), None);
         assert_eq!(at(1000, 52), None, "under 5 %");
         assert_eq!(at(100, 9), None, "too few to matter");
@@ -313,5 +335,24 @@ mod tests {
             ),
             "{line}"
         );
+        assert!(line.contains("a lower -r"), "{line}");
+    }
+
+    #[test]
+    fn ticks_lost_while_pyprobe_was_stopped_are_not_blamed_on_the_rate() {
+        let ticks = TickCount {
+            taken: 892,
+            missed: 503,
+            stalled: 500,
+        };
+        let line = missed_ticks_line(ticks, 10_000_000).expect("a third missed");
+        assert!(
+            line.starts_with(
+                "fell behind: 503 of the 1395 samples due at 100 Hz were not taken (36%), 500 \
+                 of them while pyprobe itself was stopped"
+            ),
+            "{line}"
+        );
+        assert!(!line.contains("-r"), "{line}");
     }
 }

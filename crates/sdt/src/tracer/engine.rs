@@ -160,7 +160,13 @@ pub struct TickCount {
     pub taken: u64,
     /// Ticks skipped: pyprobe came to them more than an interval late.
     pub missed: u64,
+    /// Of those, the ticks skipped in gaps of [`STALL_NS`] or more: pyprobe was
+    /// stopped (Ctrl-Z, SIGSTOP) or starved of CPU that long, not merely slow.
+    pub stalled: u64,
 }
+
+/// A gap between ticks this long is a stall of pyprobe's, not a slow sample.
+pub const STALL_NS: u64 = 300_000_000;
 
 /// How long the event loop sleeps when the rings and the waits are both empty.
 const RING_POLL_US: u64 = 200;
@@ -349,7 +355,11 @@ impl Engine {
             let mut due = self.next_tick_ns + jitter(interval, 50);
             if due.saturating_add(interval) < now {
                 if self.next_tick_ns != 0 {
-                    self.ticks.missed += (now - due) / interval;
+                    let missed = (now - due) / interval;
+                    self.ticks.missed += missed;
+                    if now - due >= STALL_NS {
+                        self.ticks.stalled += missed;
+                    }
                 }
                 due = now + jitter(interval, 50);
             }

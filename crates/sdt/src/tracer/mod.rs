@@ -17,7 +17,7 @@ pub(crate) mod test_switches;
 
 pub use engine::{
     BudgetSummary, Engine, EngineOptions, Hit, NotTraceable, Outcome, PauseCause, RepeatSlot,
-    Resolver, ReturnRow, RingUse, ThinLevel, TickCount, TraceEvent,
+    Resolver, ReturnRow, RingUse, ThinLevel, TickCount, TraceEvent, STALL_NS,
 };
 // What the engine is asked to trace, defined below it so its callers need not import it.
 pub use crate::probe_set::{usable_sites, Probe, ProbeSet, Refusal, Site};
