@@ -62,6 +62,18 @@ pub fn run(request: &DumpRequest) -> Result<ExitCode> {
             );
             walker.read_rest(listing);
         }
+        if let Some(running) = tasks
+            .as_ref()
+            .map(|l| l.pure_python_running)
+            .filter(|&n| n > 0)
+        {
+            eprintln!(
+                "pyprobe: process {}: asyncio's pure-Python tasks (asyncio.tasks._PyTask) are not \
+                 listed on CPython 3.14+: the set CPython keeps them in cannot be read from \
+                 outside; those running now ({running}) stand in their threads' stacks",
+                request.pid
+            );
+        }
         (stacks, tasks.map(|l| l.tasks), None)
     } else {
         (walker.stacks()?, None, None)

@@ -253,9 +253,11 @@ fn logical_stacks_of_tasks_on_uvloop_3_9_to_3_14() {
 
 /// Every task of asyncio's pure-Python class, made by a task factory: the
 /// same chains, read from the tasks' attributes, without their `__step` frames.
+/// From 3.14 such a task is not the thread state's current task, and its
+/// awaiters' done-callbacks are tuples with a cached hash before their items.
 #[test]
-fn logical_stacks_of_pure_python_tasks_on_3_7_to_3_13() {
-    for version in ["3.9", "3.11", "3.13"] {
+fn logical_stacks_of_pure_python_tasks_on_3_7_to_3_15() {
+    for version in ["3.9", "3.11", "3.13", "3.14", "3.15"] {
         check_logical_stacks_on(version, Loop::PyTask);
     }
     for py in legacy_pyenv_builds() {
@@ -457,6 +459,92 @@ fn check_dump_async_with(py: &Python) {
 /// As [`check_dump_async_with`], every task of asyncio's pure-Python class.
 fn check_dump_async_of_pure_python_tasks(py: &Python) {
     check_dump_async_of(py, &["pytask"]);
+}
+
+/// From 3.14 asyncio's pure-Python tasks are kept where pyprobe cannot list
+/// them: `dump --async` says so, and the running one stands with its whole
+/// chain in its thread's stack.
+#[test]
+fn dump_async_of_pure_python_tasks_on_3_14_and_3_15_says_they_are_not_listed() {
+    for version in ["3.14", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        let _serial = serial();
+        let mut target = std::process::Command::new(&py.launcher)
+            .arg(fixture_script("async_tasks.py"))
+            .args(["3", "3", "pytask"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the target");
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(target.stdout.take().unwrap()));
+        assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("ready"));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // The thread is between two tasks now and then (the loop's own work):
+        // a few dumps, until one finds a task running.
+        let mut found = None;
+        for _ in 0..5 {
+            let out = run_pyprobe(&["dump", "-p", &target.id().to_string(), "--async"]);
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(out.status.success(), "{version}: {stderr}");
+            if stderr.contains("pure-Python tasks (asyncio.tasks._PyTask) are not listed") {
+                found = Some((String::from_utf8_lossy(&out.stdout).into_owned(), stderr));
+                break;
+            }
+        }
+        let _ = target.wait();
+        let (stdout, stderr) = found.unwrap_or_else(|| panic!("{version}: no note in 5 dumps"));
+        assert!(
+            stderr.contains("those running now (1)"),
+            "{version}: {stderr}"
+        );
+        // The crunching fetch task under its worker under main's task.
+        let markers: Vec<&str> = stdout
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("[task"))
+            .collect();
+        assert!(
+            markers.len() == 3
+                && markers[0] == "[task]"
+                && markers[1].starts_with("[task worker-")
+                && markers[2].starts_with("[task fetch-"),
+            "{version}: {stdout}"
+        );
+    }
+}
+
+/// `--async=all` of pure-Python tasks on 3.14: the waiting ones cannot be
+/// listed, and the recording says so; with asyncio's C tasks it does not.
+#[test]
+fn async_all_of_pure_python_tasks_on_3_14_says_the_waiting_ones_are_missing() {
+    let Some(py) = python("3.14") else { return };
+    let _serial = serial();
+    for (extra, said) in [(&["pytask"][..], true), (&[][..], false)] {
+        let out = TempFile::new("async-all-pytask-3.14.pyprobe");
+        let run = pyprobe()
+            .args([
+                "record",
+                "--async=all",
+                "--mode",
+                "sample",
+                "-o",
+                out.path(),
+            ])
+            .arg("--")
+            .arg(&py.launcher)
+            .arg(fixture_script("async_tasks.py"))
+            .args(["3", "1"])
+            .args(extra)
+            .output()
+            .expect("run pyprobe");
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{extra:?}: {stderr}");
+        assert_eq!(
+            stderr.contains("the waiting ones cannot be listed"),
+            said,
+            "{extra:?}: {stderr}"
+        );
+    }
 }
 
 /// `dump --async` of the fixture run with `extra` arguments.

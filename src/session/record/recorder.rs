@@ -458,6 +458,12 @@ impl<'a> Recorder<'a> {
         if let Some(line) = gone {
             caveats.write(&mut builder, pid, end_ns, line);
         }
+        if sampler.unlisted_tasks {
+            let line = "--async=all: asyncio's pure-Python tasks (asyncio.tasks._PyTask) ran, and \
+                        on CPython 3.14+ the waiting ones cannot be listed (CPython keeps them in \
+                        its _asyncio module's private state): only their running samples are shown";
+            caveats.write(&mut builder, pid, end_ns, line.to_string());
+        }
         let events = builder.events();
         let (opened, write_error) = builder.into_parts();
         let outcome = match outcome {

@@ -59,6 +59,9 @@ pub struct Sampler {
     pub gone_stacks: u64,
     pub gone_frames: u64,
     pub native_counts: NativeCounts,
+    /// `--async=all` met asyncio's pure-Python tasks on 3.14+, whose waiting
+    /// ones it cannot list.
+    pub unlisted_tasks: bool,
 }
 
 /// The frame standing where an unwind stopped short of the outer Python frames'
@@ -288,6 +291,7 @@ impl Sampler {
             }
         };
         let one_per_frame = !walker.version().at_least(3, 11);
+        self.unlisted_tasks |= async_waiting && walker.unlisted_tasks_seen();
         self.waiting_plan = plan.map(|plan| (pid, ts_ns, plan));
         // Taken out of its slot while the stacks are joined, put back after.
         let mut native = if self.native {

@@ -1,4 +1,4 @@
-//! Python dicts read from memory, CPython 3.7 to 3.13: the key and value of each
+//! Python dicts read from memory, CPython 3.7 to 3.15: the key and value of each
 //! live entry. Enough for the few lookups that find asyncio's tasks before 3.14
 //! (`sys.modules`, a module's globals, a `WeakSet`'s attributes), not a general
 //! reader: no hash is computed (str hashes are salted per process), so a lookup
@@ -26,21 +26,21 @@ pub(crate) enum DictKeys {
     /// Up to 3.10: `dk_size` (at 8) and `dk_nentries` (at 32); the index table at
     /// 40, its entries as wide as the table needs; entries of hash, key, value.
     Sized,
-    /// 3.11 to 3.13: `dk_log2_size` (at 8), `dk_log2_index_bytes` (at 9), `dk_kind`
+    /// 3.11 to 3.15: `dk_log2_size` (at 8), `dk_log2_index_bytes` (at 9), `dk_kind`
     /// (at 10), `dk_nentries` (at 24); the index table at 32. Entries of key and
     /// value where every key is a str (`dk_kind` 1 or 2), else hash, key, value. A
-    /// split dict's values start `split_values` bytes into `ma_values` (3.13
-    /// puts four bytes of bookkeeping, padded to a word, before them).
+    /// split dict's values start `split_values` bytes into `ma_values` (3.13+
+    /// put four bytes of bookkeeping, padded to a word, before them).
     Log2 { split_values: u64 },
 }
 
 impl DictKeys {
-    /// The layout of CPython 3.`minor`, for 3.7 to 3.13.
+    /// The layout of CPython 3.`minor`, for 3.7 to 3.15.
     pub(crate) fn of(minor: u8) -> Option<DictKeys> {
         match minor {
             7..=10 => Some(DictKeys::Sized),
             11 | 12 => Some(DictKeys::Log2 { split_values: 0 }),
-            13 => Some(DictKeys::Log2 { split_values: 8 }),
+            13..=15 => Some(DictKeys::Log2 { split_values: 8 }),
             _ => None,
         }
     }
@@ -279,6 +279,6 @@ mod tests {
         huge.extend([0u8; 64]);
         let mem = Blocks(vec![dict(0x4000, 0), (0x4000, huge)]);
         assert!(dict_items(&mem, DictKeys::of(12).unwrap(), 0x1000).is_empty());
-        assert!(DictKeys::of(14).is_none() && DictKeys::of(6).is_none());
+        assert!(DictKeys::of(16).is_none() && DictKeys::of(6).is_none());
     }
 }

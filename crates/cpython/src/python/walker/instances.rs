@@ -1,5 +1,5 @@
 //! The attributes of instances of Python classes, read from memory by name
-//! (CPython 3.7 to 3.13): what asyncio keeps in its pure-Python objects (a
+//! (CPython 3.7 to 3.15): what asyncio keeps in its pure-Python objects (a
 //! `WeakSet`'s `data`, a `TaskGroup`'s parent task, the pure-Python `Task`'s
 //! coroutine, name and done-callbacks).
 //!
@@ -21,7 +21,7 @@ use pyprobe_sdt::sdt::MemoryReader;
 /// `PyTypeObject.tp_basicsize` and `tp_dictoffset`.
 const TYPE_BASICSIZE: u64 = 32;
 const TYPE_DICTOFFSET: u64 = 288;
-/// Where 3.11 to 3.13 keep a materialised instance dictionary: the word three
+/// Where 3.11 to 3.15 keep a materialised instance dictionary: the word three
 /// before the object (3.12 tags it: an odd word holds values instead).
 const MANAGED_DICT: u64 = 24;
 /// Largest instance head (`tp_basicsize`) and dictionary offset believed.
@@ -37,7 +37,7 @@ const MAX_NAME_CHARS: usize = 64;
 const MAX_ATTRIBUTES: usize = 64;
 
 /// Where an instance of a Python class keeps its attributes' values while it has
-/// no dictionary of its own (3.11 to 3.13).
+/// no dictionary of its own (3.11 to 3.15).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum InstanceValues {
     /// None to read (up to 3.10: every instance has a dictionary).
@@ -48,7 +48,7 @@ enum InstanceValues {
     /// dictionary), three words before (3.12).
     TaggedBefore,
     /// Inline, after the object's own `tp_basicsize` bytes, behind a header of
-    /// capacity, size, embedded and valid bytes (3.13).
+    /// capacity, size, embedded and valid bytes (3.13+).
     Inline,
 }
 
@@ -63,19 +63,20 @@ pub(crate) struct InstanceLayout {
 }
 
 impl InstanceLayout {
-    /// The layout of CPython 3.`minor`, for 3.7 to 3.13.
+    /// The layout of CPython 3.`minor`, for 3.7 to 3.15.
     pub(crate) fn of(minor: u8) -> Option<InstanceLayout> {
         let cached_keys = match minor {
             7 => 856,
             9 => 864,
             8 | 10 | 11 => 872,
-            12 | 13 => 880,
+            12..=14 => 880,
+            15 => 888,
             _ => return None,
         };
         let values = match minor {
             11 => InstanceValues::Before,
             12 => InstanceValues::TaggedBefore,
-            13 => InstanceValues::Inline,
+            13..=15 => InstanceValues::Inline,
             _ => InstanceValues::Dictionary,
         };
         Some(InstanceLayout {
@@ -219,10 +220,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_version_from_3_7_to_3_13_has_a_layout_and_no_other() {
+    fn every_version_from_3_7_to_3_15_has_a_layout_and_no_other() {
         assert!(InstanceLayout::of(6).is_none());
-        assert!(InstanceLayout::of(14).is_none());
-        for minor in 7..=13 {
+        assert!(InstanceLayout::of(16).is_none());
+        for minor in 7..=15 {
             let l = InstanceLayout::of(minor).unwrap();
             assert_eq!(
                 l.values == InstanceValues::Dictionary,

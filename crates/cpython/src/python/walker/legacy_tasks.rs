@@ -23,6 +23,14 @@
 //!   top of its frame's value stack: followed while it is a coroutine, as 3.14's
 //!   layout allows.
 //!
+//! From 3.14, asyncio's C tasks are read through the layout the interpreter
+//! publishes (see `tasks`), but its pure-Python task is not one of them: it
+//! keeps its own current task (`asyncio.tasks._current_tasks`), not the thread
+//! state's. Its running task is found the same way as before 3.14, from
+//! `Handle._run`, and its awaiters from its done-callbacks
+//! ([`LegacyTasks::pure_python`]); the coroutines a waiting task stands in are
+//! read through the published layout.
+//!
 //! The offsets are asyncio's C structures' (`TaskObj`, `FutureObj`) and the
 //! interpreter's, the same on every build of a minor version, measured on each
 //! (with `ctypes`, against objects whose addresses Python gives) and checked by
@@ -32,6 +40,7 @@
 
 use std::collections::HashMap;
 
+use super::layout::AsyncioObjects;
 use super::objects::{field_u64, plausible_pointer, read_u64};
 use super::tasks::{task_marker, TaskInfo, MAX_ANCESTORS};
 use super::values::ValueReader;
@@ -53,7 +62,8 @@ const CFUNCTION_SELF: u64 = 24;
 const PARTIAL_ARGS: u64 = 24;
 /// `PyCellObject.ob_ref`.
 const CELL_REF: u64 = 16;
-/// `PyVarObject.ob_size`; where a tuple's items are, and a list's item array.
+/// `PyVarObject.ob_size`; where a tuple's items are (up to 3.13: 3.14 put a
+/// cached hash before them, and the layout says where), and a list's item array.
 const VAR_SIZE: u64 = 16;
 const TUPLE_ITEMS: u64 = 24;
 const LIST_ITEMS: u64 = 24;
@@ -111,6 +121,9 @@ pub(crate) struct LegacyTasks {
     frame_object: bool,
     gen_iframe: u64,
     stack_top: StackTop,
+    /// 3.14+: only pure-Python tasks are read here (C tasks have the published
+    /// layout), and where a coroutine waits is read through these objects.
+    published: Option<AsyncioObjects>,
 }
 
 impl LegacyTasks {
@@ -143,7 +156,24 @@ impl LegacyTasks {
             function_closure,
             frame_object: minor <= 10,
             stack_top,
+            published: None,
         })
+    }
+
+    /// 3.14+: asyncio's pure-Python tasks (see the module documentation), with
+    /// the interpreter's published layout of coroutines.
+    pub(crate) fn pure_python(objects: AsyncioObjects) -> LegacyTasks {
+        LegacyTasks {
+            // A C task is never read through this layout.
+            task_coro: 0,
+            named: true,
+            // `PyFunctionObject.func_closure`, where it has been since 3.10.
+            function_closure: 72,
+            frame_object: false,
+            gen_iframe: objects.gen_iframe,
+            stack_top: StackTop::Index,
+            published: Some(objects),
+        }
     }
 }
 
@@ -176,20 +206,23 @@ fn is_handle_run(frame: &PyFrame) -> bool {
 
 impl Walker {
     /// Makes the stack of each thread that runs a task its logical stack (see the
-    /// module documentation).
+    /// module documentation); returns how many it made.
     pub(super) fn make_logical_legacy(
         &mut self,
         legacy: LegacyTasks,
         stacks: &mut [ThreadStack],
         frames: &[FrameAddresses],
-    ) {
+    ) -> usize {
         // The tasks the loops run, read once for the threads that need them.
         let mut current = None;
+        let mut made = 0;
         for (stack, frames) in stacks.iter_mut().zip(frames) {
             if let Some(logical) = self.legacy_logical_stack(legacy, stack, frames, &mut current) {
                 stack.frames = logical;
+                made += 1;
             }
         }
+        made
     }
 
     fn legacy_logical_stack(
@@ -203,7 +236,9 @@ impl Walker {
         let (task, coro, from) = match self.handle_task(legacy, stack, &frames[..end]) {
             Some(found) => found,
             // No `Handle._run` (uvloop's loop is compiled): the task asyncio
-            // says a loop runs, if its coroutine is on this stack.
+            // says a loop runs, if its coroutine is on this stack (before 3.14:
+            // after, a C task's, read through the published layout).
+            None if legacy.published.is_some() => return None,
             None => {
                 if current.is_none() {
                     *current = Some(self.current_task_frames(legacy));
@@ -235,7 +270,13 @@ impl Walker {
             .iter()
             .rposition(is_handle_run)?;
         let mem = &self.reader.mem;
-        let handle = read_u64(mem, frames[at].0.checked_add(locals.frame_localsplus)?).ok()?;
+        // From 3.14 a local is a tagged stack reference.
+        let tags = legacy
+            .published
+            .and_then(|o| o.awaits)
+            .map_or(0, |a| a.tag_mask);
+        let handle =
+            read_u64(mem, frames[at].0.checked_add(locals.frame_localsplus)?).ok()? & !tags;
         let callback = read_u64(mem, handle.checked_add(HANDLE_CALLBACK)?).ok()?;
         let task = self.stepped_task(callback)?;
         let coro = self.task_coroutine(legacy, task)?;
@@ -354,6 +395,9 @@ impl Walker {
         if self.is_plain_instance(task) {
             return self.plain_py_task(task).map(|t| t.coro);
         }
+        if legacy.published.is_some() {
+            return None;
+        }
         let coro = read_u64(&self.reader.mem, task.checked_add(legacy.task_coro)?).ok()?;
         (self.short_type_name(coro)? == "coroutine").then_some(coro)
     }
@@ -404,6 +448,7 @@ impl Walker {
         // done-callbacks; an object of that size that is no such task, not at all.
         let py = match self.is_plain_instance(task) {
             true => Some(self.plain_py_task(task)?),
+            false if legacy.published.is_some() => return None,
             false => None,
         };
         let name_object = match py {
@@ -533,7 +578,7 @@ impl Walker {
             return Vec::new();
         }
         let pairs = self.words_at(items, size);
-        self.fields_of(&pairs, TUPLE_ITEMS)
+        self.fields_of(&pairs, self.tuple_items_at())
     }
 
     /// The `count` words of the array at `at`, in one read (none when they
@@ -566,6 +611,14 @@ impl Walker {
             .collect()
     }
 
+    /// Where a tuple's items start.
+    fn tuple_items_at(&self) -> u64 {
+        self.reader
+            .layout
+            .locals
+            .map_or(TUPLE_ITEMS, |l| l.tuple_items)
+    }
+
     /// The items of the tuple at `tuple`, at most [`MAX_CALLBACKS`].
     fn tuple_items(&self, tuple: Option<u64>) -> Vec<u64> {
         let mem = &self.reader.mem;
@@ -576,7 +629,7 @@ impl Walker {
         if size > MAX_CALLBACKS {
             return Vec::new();
         }
-        self.words_at(tuple + TUPLE_ITEMS, size)
+        self.words_at(tuple + self.tuple_items_at(), size)
             .into_iter()
             .filter(|&p| plausible_pointer(p))
             .collect()
@@ -636,6 +689,12 @@ impl Walker {
         legacy: LegacyTasks,
         coro: u64,
     ) -> (Vec<PyFrame>, Option<u64>) {
+        if let Some(objects) = legacy.published {
+            return match self.coroutine_frame(legacy, coro) {
+                Some(frame) => self.awaited_end(objects, frame),
+                None => (Vec::new(), None),
+            };
+        }
         let mut out = Vec::new();
         let mut coro = coro;
         for _ in 0..MAX_AWAIT_DEPTH {

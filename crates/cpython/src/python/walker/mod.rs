@@ -231,8 +231,11 @@ pub struct Walker {
     legacy_type_names: std::cell::RefCell<std::collections::HashMap<u64, Option<String>>>,
     /// Whether each method definition `legacy_tasks` met is `task_wakeup`.
     legacy_wakeups: std::cell::RefCell<std::collections::HashMap<u64, bool>>,
-    /// Where instances of Python classes keep their attributes (3.7 to 3.13).
+    /// Where instances of Python classes keep their attributes (3.7 to 3.15).
     instances: Option<instances::InstanceLayout>,
+    /// 3.14+: a thread was seen running one of asyncio's pure-Python tasks,
+    /// which cannot be listed there.
+    pure_python_tasks_seen: bool,
     /// The `tp_basicsize` and `tp_dictoffset` of the types `instances` met.
     instance_types: std::cell::RefCell<std::collections::HashMap<u64, Option<(u64, u64)>>>,
     /// The attribute names `instances` read, by address.
@@ -319,6 +322,7 @@ impl Walker {
             legacy_registry_looked_for: None,
             legacy_type_names: Default::default(),
             legacy_wakeups: Default::default(),
+            pure_python_tasks_seen: false,
             instances: (version.major == 3)
                 .then(|| instances::InstanceLayout::of(version.minor))
                 .flatten(),

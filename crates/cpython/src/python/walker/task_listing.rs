@@ -24,6 +24,9 @@ pub struct TaskListing {
     /// Tasks not read by the deadline, none of them running then: (task, its
     /// coroutine before 3.14, else 0).
     rest: Vec<TaskAndCoroutine>,
+    /// 3.14+: asyncio's pure-Python tasks found running, not in `tasks`
+    /// (CPython keeps the set of them where pyprobe cannot read it).
+    pub pure_python_running: usize,
 }
 
 impl TaskListing {
@@ -48,14 +51,16 @@ impl Walker {
         let (mut stacks, frames) = self.walk_keeping_frames(false)?;
         let Some(layout) = self.task_layout() else {
             let Some(legacy) = self.legacy_tasks else {
+                self.make_logical_pure(&mut stacks, &frames);
                 return Ok((stacks, None));
             };
             let tasks = self.legacy_list(legacy, &stacks, &frames, deadline);
             self.make_logical_legacy(legacy, &mut stacks, &frames);
             return Ok((stacks, tasks));
         };
-        let tasks = self.list(layout, &stacks, &frames, deadline);
+        let mut tasks = self.list(layout, &stacks, &frames, deadline);
         self.make_logical(layout, &mut stacks, &frames);
+        tasks.pure_python_running = self.make_logical_pure(&mut stacks, &frames);
         Ok((stacks, Some(tasks)))
     }
 

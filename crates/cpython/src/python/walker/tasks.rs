@@ -195,8 +195,9 @@ impl Walker {
     /// coroutines it stands in (see [`Self::awaited_frames`]),
     /// then its own marker and the frames from its coroutine in. Before 3.14, which
     /// publishes no layout of asyncio's tasks, the tasks are found from asyncio's
-    /// own objects (see `legacy_tasks`), 3.8 to 3.13. Threads that run no task,
-    /// and every thread where asyncio is not loaded, come back as they are.
+    /// own objects (see `legacy_tasks`), 3.8 to 3.13; so are the pure-Python
+    /// tasks of 3.14+. Threads that run no task, and every thread where asyncio
+    /// is not loaded, come back as they are.
     pub fn async_stacks(&mut self, running: bool) -> anyhow::Result<Vec<ThreadStack>> {
         let (mut stacks, frames) = self.walk_keeping_frames(running)?;
         if let Some(layout) = self.task_layout() {
@@ -204,7 +205,36 @@ impl Walker {
         } else if let Some(legacy) = self.legacy_tasks {
             self.make_logical_legacy(legacy, &mut stacks, &frames);
         }
+        self.make_logical_pure(&mut stacks, &frames);
         Ok(stacks)
+    }
+
+    /// 3.14+: makes the stack of each thread that runs one of asyncio's
+    /// pure-Python tasks its logical stack (see `legacy_tasks`); returns how
+    /// many it made. A stack made logical already (a C task's) has no
+    /// `Handle._run` left: it stays.
+    pub(super) fn make_logical_pure(
+        &mut self,
+        stacks: &mut [ThreadStack],
+        frames: &[FrameAddresses],
+    ) -> usize {
+        if self.legacy_tasks.is_some() || self.instances.is_none() {
+            return 0;
+        }
+        let Some(objects) = self.reader.layout.objects else {
+            return 0;
+        };
+        let pure = super::legacy_tasks::LegacyTasks::pure_python(objects);
+        let made = self.make_logical_legacy(pure, stacks, frames);
+        self.pure_python_tasks_seen |= made > 0;
+        made
+    }
+
+    /// Whether a thread was seen running one of asyncio's pure-Python tasks on
+    /// 3.14+, where those cannot be listed: their waiting ones are missing from
+    /// `--async=all` and `dump --async`.
+    pub fn unlisted_tasks_seen(&self) -> bool {
+        self.pure_python_tasks_seen
     }
 
     /// asyncio's task layout and the objects it needs, looked for again now and

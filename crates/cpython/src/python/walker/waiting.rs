@@ -113,6 +113,7 @@ impl Walker {
         let (mut stacks, frames) = self.walk_keeping_frames(running)?;
         let Some(layout) = self.task_layout() else {
             let Some(legacy) = self.legacy_tasks else {
+                self.make_logical_pure(&mut stacks, &frames);
                 return Ok((stacks, WaitingPlan::default()));
             };
             // The plan first: it is told from the threads' own stacks.
@@ -128,6 +129,7 @@ impl Walker {
             .collect();
         // The running tasks' stacks: their frames' addresses are this walk's.
         self.make_logical(layout, &mut stacks, &frames);
+        self.make_logical_pure(&mut stacks, &frames);
         Ok((stacks, plan))
     }
 
