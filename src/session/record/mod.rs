@@ -22,6 +22,7 @@ pub use resolver::Mode;
 mod attaching;
 mod codes;
 mod events;
+mod finishing;
 mod lines;
 mod periods;
 mod plan_ahead;

@@ -10,7 +10,7 @@
 //! short, unreadable, replaced) and nothing is kept: the view then plans itself.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -84,11 +84,20 @@ impl PlanAhead {
 
     /// The recording is finished (its end marker written): reads what is left
     /// here and keeps the pass, and the views if they are the file's, for the
-    /// views of the file, if it read it whole.
-    pub(super) fn finish(mut self) -> Option<Ahead> {
+    /// views of the file, if it read it whole. `events`: the recording's, for
+    /// the progress shown when much is left (see `finishing`).
+    pub(super) fn finish(mut self, events: u64) -> Option<Ahead> {
         // The rest is read here, and by the threads that decode it ahead.
         let started = process_cpu_ns();
         let Progress { read, cpu_ns } = self.stop()?;
+        let left = read.left(events);
+        let (done, stop) = (AtomicU64::new(0), AtomicBool::new(false));
+        let finished = std::thread::scope(|scope| {
+            super::finishing::show(scope, events, left, &done, &stop);
+            let finished = read.finish(&done);
+            stop.store(true, Ordering::Release);
+            finished
+        });
         let Finished {
             key,
             planned,
@@ -97,7 +106,7 @@ impl PlanAhead {
             events,
             planned_late,
             views,
-        } = read.finish()?;
+        } = finished?;
         planned_ahead::remember(key, planned, strings, qualnames);
         Some(Ahead {
             events,

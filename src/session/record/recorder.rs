@@ -521,7 +521,7 @@ impl<'a> Recorder<'a> {
         let summary = summary?;
         file.commit()
             .with_context(|| format!("cannot finish {}", recording_path.display()))?;
-        let planned_ahead = plan_ahead.and_then(PlanAhead::finish);
+        let planned_ahead = plan_ahead.and_then(|p| p.finish(events));
         // What a sample count says of its samples stays beside it, before the hits.
         let mut samples = format!("{} samples", sampler.samples);
         if sampler.torn > 0 {

@@ -145,7 +145,18 @@ fn read_while_written(path: &Path, first_return: FirstReturn, reading: Reading) 
             "whether the views caught up with the first pass"
         );
     }
-    ww.finish().expect("read to its end")
+    // What is left to read and replay is what the count of work done reaches.
+    let events = RecordingReader::open(path).unwrap().events().count() as u64;
+    let left = ww.left(events);
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let finished = ww.finish(&done).expect("read to its end");
+    let done = done.into_inner();
+    assert_eq!(finished.events, events);
+    match finished.views {
+        Some(ViewsOutcome::Kept { .. }) => assert_eq!(done, left, "work done"),
+        _ => assert!(done <= left, "{done} of {left}"),
+    }
+    finished
 }
 
 /// The views kept for the file at `path`, and the views of its events.

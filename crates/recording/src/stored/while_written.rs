@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::{ahead, ViewsBuilder};
@@ -37,6 +37,35 @@ const LAG_EVENTS: u64 = 1 << 17;
 const PER_LOOK: u64 = 1 << 20;
 /// Events looked at between two looks at whether the recording is finished.
 const EVENTS_BETWEEN_LOOKS: u32 = 4096;
+/// Events [`WhileWritten::finish`] reads or replays between two additions to
+/// its count of work done.
+pub const DONE_EVERY: u64 = 1 << 16;
+
+/// Counts the events of a pass into a shared count, a batch at a time.
+struct Counted<'a> {
+    done: &'a AtomicU64,
+    batch: u64,
+}
+
+impl<'a> Counted<'a> {
+    fn new(done: &'a AtomicU64) -> Self {
+        Counted { done, batch: 0 }
+    }
+
+    fn one(&mut self) {
+        self.batch += 1;
+        if self.batch == DONE_EVERY {
+            self.done.fetch_add(DONE_EVERY, Ordering::Relaxed);
+            self.batch = 0;
+        }
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.done.fetch_add(self.batch, Ordering::Relaxed);
+    }
+}
 
 type Reader = RecordingReader<BufReader<File>>;
 
@@ -316,11 +345,20 @@ impl WhileWritten {
         }
     }
 
+    /// What [`Self::finish`] has left to do on a recording of `events` events:
+    /// events to read into the first pass, and to replay into the views.
+    pub fn left(&self, events: u64) -> u64 {
+        let replayed = self.views.as_ref().map(|v| v.builder.events());
+        events.saturating_sub(self.planned) + replayed.map_or(0, |r| events.saturating_sub(r))
+    }
+
     /// The recording is finished (its end marker written): reads the rest, the
     /// first pass first, then the views' replay if every answer of their plans
     /// holds, each decoded ahead by a thread of its own now that a CPU may be
-    /// free. `None` when the file cannot be read to its end marker.
-    pub fn finish(self) -> Option<Finished> {
+    /// free. Adds to `done` as it goes (every [`DONE_EVERY`] events read or
+    /// replayed), for a progress line. `None` when the file cannot be read to
+    /// its end marker.
+    pub fn finish(self, done: &AtomicU64) -> Option<Finished> {
         let WhileWritten {
             mut planner,
             mut pass,
@@ -337,21 +375,24 @@ impl WhileWritten {
                 waiting: Some(mut waiting),
                 ..
             }) => {
-                let names = read_tail(&mut reader, &mut pass, planned, Some(&mut waiting))?;
+                let names = read_tail(&mut reader, &mut pass, planned, Some(&mut waiting), done)?;
                 (names, Some((builder, waiting, reader)))
             }
             Some(Views {
                 reader, builder, ..
             }) => {
-                let names = read_tail(&mut planner, &mut pass, planned, None)?;
+                let names = read_tail(&mut planner, &mut pass, planned, None, done)?;
                 (names, Some((builder, VecDeque::new(), reader)))
             }
-            None => (read_tail(&mut planner, &mut pass, planned, None)?, None),
+            None => (
+                read_tail(&mut planner, &mut pass, planned, None, done)?,
+                None,
+            ),
         };
         let (plan, census) = pass.finish();
         let planned_whole = Planned { plan, census };
         let views = pending.map(|(builder, waiting, reader)| {
-            replay_rest(builder, waiting, reader, &planned_whole, &names)
+            replay_rest(builder, waiting, reader, &planned_whole, &names, done)
         });
         Some(Finished {
             key: names.key,
@@ -392,10 +433,13 @@ fn read_tail(
     pass: &mut FirstPass<'static>,
     planned: u64,
     mut waiting: Option<&mut VecDeque<(Event, Option<ChunkEnd>)>>,
+    done: &AtomicU64,
 ) -> Option<Names> {
+    let mut counted = Counted::new(done);
     let mut plan = |r: &Reader, event: &Event| {
         if r.events_read() > planned {
             pass.push(event, r.strings());
+            counted.one();
         }
     };
     read_to_chunk_end(reader, |r, event| {
@@ -423,17 +467,24 @@ fn replay_rest(
     mut reader: Reader,
     planned: &Planned,
     names: &Names,
+    done: &AtomicU64,
 ) -> ViewsOutcome {
     if !builder.settle(planned.plan.clone()) {
         return ViewsOutcome::Refuted;
     }
+    let mut counted = Counted::new(done);
     let before = builder.events();
     for (event, end) in &waiting {
         builder.push_at(*end, event);
+        counted.one();
     }
     // Events already waiting were read in place up to a chunk end; a reader
     // still catching up may be inside one.
-    if read_to_chunk_end(&mut reader, |r, event| builder.push(r, &event)).is_none() {
+    let in_place = read_to_chunk_end(&mut reader, |r, event| {
+        builder.push(r, &event);
+        counted.one();
+    });
+    if in_place.is_none() {
         return ViewsOutcome::Unread;
     }
     let rest = match reader.completion() {
@@ -441,7 +492,10 @@ fn replay_rest(
             &reader,
             names.strings.clone(),
             names.qualnames.clone(),
-            |r, event| builder.push(r, &event),
+            |r, event| {
+                builder.push(r, &event);
+                counted.one();
+            },
         ),
         Completion::Complete(_) => Some(reader),
         _ => None,

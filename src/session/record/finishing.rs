@@ -1,0 +1,63 @@
+//! Progress while the views are finished after the target ended. The pass that
+//! builds them while the recording is written runs only on idle CPU: where the
+//! target and the engine kept every CPU busy (a call-heavy program traced on a
+//! small machine), most of it is left for the end, tens of seconds on hundreds
+//! of millions of events. The user is told what pyprobe is doing then, and how
+//! far it is: a bar on a terminal, one line otherwise.
+
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::Scope;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// Below this much work left (events to read and replay), the end comes within
+/// about a second: nothing is said.
+const SAY_FROM: u64 = 8_000_000;
+/// How often the bar is redrawn.
+const TICK: Duration = Duration::from_millis(250);
+
+/// Shows the progress of `left` units of work (an event read or replayed, of a
+/// recording of `events`), counted in `done`, until `stop` is set; nothing when
+/// there is little left.
+pub(super) fn show<'scope>(
+    scope: &'scope Scope<'scope, '_>,
+    events: u64,
+    left: u64,
+    done: &'scope AtomicU64,
+    stop: &'scope AtomicBool,
+) {
+    if left < SAY_FROM {
+        return;
+    }
+    // Each event is read into the first pass, then replayed.
+    let share = left as f64 * 50.0 / events.max(1) as f64;
+    let what = format!(
+        "pyprobe: the target has ended; finishing the views of its {:.1} M events, {share:.0}% \
+         of the work left: it is done during the run only on idle CPU, and the target and \
+         pyprobe kept the CPUs busy",
+        events as f64 / 1e6
+    );
+    if !std::io::stderr().is_terminal() {
+        eprintln!("{what}");
+        return;
+    }
+    let bar = ProgressBar::with_draw_target(Some(left), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {percent}% ({eta} left)")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!(
+        "pyprobe: the target has ended; finishing the views of its {:.1} M events",
+        events as f64 / 1e6
+    ));
+    scope.spawn(move || {
+        while !stop.load(Ordering::Acquire) {
+            bar.set_position(done.load(Ordering::Relaxed).min(left));
+            std::thread::sleep(TICK);
+        }
+        bar.finish_and_clear();
+    });
+}
