@@ -69,8 +69,9 @@ pub fn run(request: &DumpRequest) -> Result<ExitCode> {
         {
             eprintln!(
                 "pyprobe: process {}: asyncio's pure-Python tasks (asyncio.tasks._PyTask) are not \
-                 listed on CPython 3.14+: the set CPython keeps them in cannot be read from \
-                 outside; those running now ({running}) stand in their threads' stacks",
+                 listed on CPython 3.14+ (pyprobe reads the lists of asyncio's C tasks there, \
+                 and CPython keeps the others apart); those running now ({running}) stand in \
+                 their threads' stacks",
                 request.pid
             );
         }

@@ -32,6 +32,8 @@ enum Loop {
     TaskGroup,
     /// asyncio, every task of its pure-Python class (`asyncio.tasks._PyTask`).
     PyTask,
+    /// asyncio without its C module: every task and future pure-Python.
+    Pure,
 }
 
 /// Records `async_tasks.py` (3 workers, 2 s) with `--async`, on `event_loop`.
@@ -42,6 +44,7 @@ fn record_async_with(py: &Python, event_loop: Loop) -> Run {
         Loop::Uvloop => "uvloop",
         Loop::TaskGroup => "taskgroup",
         Loop::PyTask => "pytask",
+        Loop::Pure => "pure",
     };
     let path = tmp_path(&format!("async-tasks-{version}-{name}.pyprobe"));
     let mut cmd = pyprobe();
@@ -60,7 +63,7 @@ fn record_async_with(py: &Python, event_loop: Loop) -> Run {
                 pypi_compiled("uvloop", UVLOOP, version.trim_start_matches("pyenv-")),
             );
         }
-        Loop::TaskGroup | Loop::PyTask => {
+        Loop::TaskGroup | Loop::PyTask | Loop::Pure => {
             cmd.arg(name);
         }
         Loop::Asyncio => {}
@@ -265,6 +268,15 @@ fn logical_stacks_of_pure_python_tasks_on_3_7_to_3_15() {
     }
 }
 
+/// asyncio without its C module (as where `_asyncio` is missing): `gather`'s
+/// future is pure-Python too, and keeps its done-callbacks in an attribute.
+#[test]
+fn logical_stacks_without_asyncio_s_c_module_on_3_9_to_3_15() {
+    for version in ["3.9", "3.11", "3.13", "3.14", "3.15"] {
+        check_logical_stacks_on(version, Loop::Pure);
+    }
+}
+
 #[test]
 fn logical_stacks_of_tasks_awaiting_tasks_on_3_13() {
     check_logical_stacks("3.13");
@@ -461,17 +473,21 @@ fn check_dump_async_of_pure_python_tasks(py: &Python) {
     check_dump_async_of(py, &["pytask"]);
 }
 
-/// From 3.14 asyncio's pure-Python tasks are kept where pyprobe cannot list
-/// them: `dump --async` says so, and the running one stands with its whole
-/// chain in its thread's stack.
+/// From 3.14 asyncio's pure-Python tasks (made by a task factory, or every task
+/// where asyncio's C module is missing) are not in the lists pyprobe reads:
+/// `dump --async` says so, and the running one stands with its whole chain in
+/// its thread's stack.
 #[test]
 fn dump_async_of_pure_python_tasks_on_3_14_and_3_15_says_they_are_not_listed() {
-    for version in ["3.14", "3.15"] {
+    let cases = ["3.14", "3.15"]
+        .into_iter()
+        .flat_map(|v| [(v, "pytask"), (v, "pure")]);
+    for (version, kind) in cases {
         let Some(py) = python(version) else { continue };
         let _serial = serial();
         let mut target = std::process::Command::new(&py.launcher)
             .arg(fixture_script("async_tasks.py"))
-            .args(["3", "3", "pytask"])
+            .args(["3", "3", kind])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("start the target");
@@ -485,17 +501,18 @@ fn dump_async_of_pure_python_tasks_on_3_14_and_3_15_says_they_are_not_listed() {
         for _ in 0..5 {
             let out = run_pyprobe(&["dump", "-p", &target.id().to_string(), "--async"]);
             let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-            assert!(out.status.success(), "{version}: {stderr}");
+            assert!(out.status.success(), "{version} {kind}: {stderr}");
             if stderr.contains("pure-Python tasks (asyncio.tasks._PyTask) are not listed") {
                 found = Some((String::from_utf8_lossy(&out.stdout).into_owned(), stderr));
                 break;
             }
         }
         let _ = target.wait();
-        let (stdout, stderr) = found.unwrap_or_else(|| panic!("{version}: no note in 5 dumps"));
+        let (stdout, stderr) =
+            found.unwrap_or_else(|| panic!("{version} {kind}: no note in 5 dumps"));
         assert!(
             stderr.contains("those running now (1)"),
-            "{version}: {stderr}"
+            "{version} {kind}: {stderr}"
         );
         // The crunching fetch task under its worker under main's task.
         let markers: Vec<&str> = stdout
@@ -508,7 +525,7 @@ fn dump_async_of_pure_python_tasks_on_3_14_and_3_15_says_they_are_not_listed() {
                 && markers[0] == "[task]"
                 && markers[1].starts_with("[task worker-")
                 && markers[2].starts_with("[task fetch-"),
-            "{version}: {stdout}"
+            "{version} {kind}: {stdout}"
         );
     }
 }
@@ -544,6 +561,17 @@ fn async_all_of_pure_python_tasks_on_3_14_says_the_waiting_ones_are_missing() {
             said,
             "{extra:?}: {stderr}"
         );
+    }
+}
+
+/// asyncio without its C module before 3.14: every task is listed from
+/// asyncio's registry, each under its awaiter (`gather`'s future pure-Python).
+#[test]
+fn dump_async_lists_every_task_without_asyncio_s_c_module_before_3_14() {
+    for version in ["3.9", "3.13"] {
+        if let Some(py) = python(version) {
+            check_dump_async_of(&py, &["pure"]);
+        }
     }
 }
 

@@ -460,8 +460,9 @@ impl<'a> Recorder<'a> {
         }
         if sampler.unlisted_tasks {
             let line = "--async=all: asyncio's pure-Python tasks (asyncio.tasks._PyTask) ran, and \
-                        on CPython 3.14+ the waiting ones cannot be listed (CPython keeps them in \
-                        its _asyncio module's private state): only their running samples are shown";
+                        on CPython 3.14+ the waiting ones cannot be listed (pyprobe reads the lists \
+                        of asyncio's C tasks there, and CPython keeps the others apart): only their \
+                        running samples are shown";
             caveats.write(&mut builder, pid, end_ns, line.to_string());
         }
         let events = builder.events();

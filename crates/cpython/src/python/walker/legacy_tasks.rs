@@ -542,12 +542,13 @@ impl Walker {
     }
 
     /// The done-callbacks of the future at `future`: the first, then each of the
-    /// list's (callback, context) pairs'.
+    /// list's (callback, context) pairs'. A pure-Python future (a task, or
+    /// `gather`'s where asyncio's C module is missing) keeps them in its
+    /// `_callbacks` list.
     fn done_callbacks(&self, future: u64) -> Vec<u64> {
-        if let Some(py) = self.py_task(future) {
-            return py
-                .callbacks
-                .map_or_else(Vec::new, |l| self.list_callbacks(l));
+        if self.is_plain_instance(future) {
+            let [callbacks] = self.attributes(future, ["_callbacks"]);
+            return callbacks.map_or_else(Vec::new, |l| self.list_callbacks(l));
         }
         let mem = &self.reader.mem;
         let mut head = [0u8; FUT_CALLBACKS as usize + 8];

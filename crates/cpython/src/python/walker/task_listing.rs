@@ -24,8 +24,8 @@ pub struct TaskListing {
     /// Tasks not read by the deadline, none of them running then: (task, its
     /// coroutine before 3.14, else 0).
     rest: Vec<TaskAndCoroutine>,
-    /// 3.14+: asyncio's pure-Python tasks found running, not in `tasks`
-    /// (CPython keeps the set of them where pyprobe cannot read it).
+    /// 3.14+: asyncio's pure-Python tasks found running, not in `tasks` (only
+    /// the lists of asyncio's C tasks are read there).
     pub pure_python_running: usize,
 }
 
@@ -51,8 +51,13 @@ impl Walker {
         let (mut stacks, frames) = self.walk_keeping_frames(false)?;
         let Some(layout) = self.task_layout() else {
             let Some(legacy) = self.legacy_tasks else {
-                self.make_logical_pure(&mut stacks, &frames);
-                return Ok((stacks, None));
+                // 3.14+ without asyncio's C module: only pure-Python tasks.
+                let running = self.make_logical_pure(&mut stacks, &frames);
+                let listing = (running > 0).then(|| TaskListing {
+                    pure_python_running: running,
+                    ..TaskListing::default()
+                });
+                return Ok((stacks, listing));
             };
             let tasks = self.legacy_list(legacy, &stacks, &frames, deadline);
             self.make_logical_legacy(legacy, &mut stacks, &frames);
