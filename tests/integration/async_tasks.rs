@@ -507,6 +507,7 @@ fn dump_async_of_pure_python_tasks_on_3_14_and_3_15_says_they_are_not_listed() {
                 break;
             }
         }
+        let _ = target.kill();
         let _ = target.wait();
         let (stdout, stderr) =
             found.unwrap_or_else(|| panic!("{version} {kind}: no note in 5 dumps"));
@@ -592,6 +593,8 @@ fn check_dump_async_of(py: &Python, extra: &[&str]) {
     let pid = target.id().to_string();
     let out = run_pyprobe(&["dump", "-p", &pid, "--async", "--format", "json"]);
     let text = run_pyprobe(&["dump", "-p", &pid, "--async"]);
+    // Dumped: the rest of its run would only hold the other tests up.
+    let _ = target.kill();
     let _ = target.wait();
     assert!(
         out.status.success(),
