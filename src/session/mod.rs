@@ -4,6 +4,7 @@
 pub mod dump;
 mod dump_async;
 pub mod probes;
+mod progress;
 pub mod record;
 pub mod report;
 pub mod report_lines;

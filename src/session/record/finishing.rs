@@ -10,8 +10,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::Scope;
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-
 /// Below this much work left (events to read and replay), the end comes within
 /// about a second: nothing is said.
 const SAY_FROM: u64 = 8_000_000;
@@ -43,16 +41,13 @@ pub(super) fn show<'scope>(
         eprintln!("{what}");
         return;
     }
-    let bar = ProgressBar::with_draw_target(Some(left), ProgressDrawTarget::stderr());
-    bar.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {percent}% ({eta} left)")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
+    let bar = crate::session::progress::bar(
+        left,
+        format!(
+            "pyprobe: the target has ended; finishing the views of its {:.1} M events",
+            events as f64 / 1e6
+        ),
     );
-    bar.set_message(format!(
-        "pyprobe: the target has ended; finishing the views of its {:.1} M events",
-        events as f64 / 1e6
-    ));
     scope.spawn(move || {
         while !stop.load(Ordering::Acquire) {
             bar.set_position(done.load(Ordering::Relaxed).min(left));

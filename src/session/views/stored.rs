@@ -6,7 +6,6 @@ use std::io::IsTerminal;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use pyprobe_recording::analyze::SampleFilter;
 use pyprobe_recording::output::calls::KeptReplay;
@@ -140,16 +139,8 @@ fn views_of(file: &Path, notes: Notes) -> Result<Option<StoredViews>> {
     }
     let mut reader = open(file)?;
     let bar = (notes == Notes::Say && std::io::stderr().is_terminal()).then(|| {
-        let bar = ProgressBar::with_draw_target(
-            Some(before.bytes().saturating_mul(2)),
-            ProgressDrawTarget::stderr_with_hz(4),
-        );
-        bar.set_style(
-            ProgressStyle::with_template("{msg} [{bar:30}] {percent}% ({eta} left)")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar.set_message(format!("pyprobe: reading {}", file.display()));
-        bar
+        let len = before.bytes().saturating_mul(2);
+        crate::session::progress::bar(len, format!("pyprobe: reading {}", file.display()))
     });
     let views = StoredViews::build_reporting(&mut reader, &mut |pass, read| {
         if let Some(bar) = &bar {
