@@ -315,15 +315,12 @@ mod tests {
     #[test]
     fn a_shortfall_is_said_from_five_percent_of_the_ticks_due() {
         let at = |taken, missed| {
-            let stalled = 0;
-            missed_ticks_line(
-                TickCount {
-                    taken,
-                    missed,
-                    stalled,
-                },
-                2_500_000,
-            )
+            let ticks = TickCount {
+                taken,
+                missed,
+                stalled: 0,
+            };
+            missed_ticks_line(ticks, 2_500_000)
         };
         assert_eq!(at(1000, 0), None);
         assert_eq!(at(1000, 52), None, "under 5 %");
