@@ -69,10 +69,10 @@ pub fn run(request: &DumpRequest) -> Result<ExitCode> {
         {
             eprintln!(
                 "pyprobe: process {}: asyncio's pure-Python tasks (asyncio.tasks._PyTask) are not \
-                 listed on CPython 3.14+ (pyprobe reads the lists of asyncio's C tasks there, \
-                 and CPython keeps the others apart); those running now ({running}) stand in \
-                 their threads' stacks",
-                request.pid
+                 listed on CPython 3.14+ ({}); those running now ({running}) stand in their \
+                 threads' stacks",
+                request.pid,
+                super::dump_async::PURE_PYTHON_UNLISTED
             );
         }
         (stacks, tasks.map(|l| l.tasks), None)

@@ -10,6 +10,11 @@ use pyprobe_cpython::python::walker::{AsyncTask, PyFrame, Walker, MAX_TASKS};
 use pyprobe_recording::output::names::short_path;
 use pyprobe_recording::output::terminal::escaped;
 
+/// Why asyncio's pure-Python tasks are not listed on CPython 3.14+ (said by
+/// `dump --async` and in the caveat of `record --async=all`).
+pub(crate) const PURE_PYTHON_UNLISTED: &str = "pyprobe reads the lists of asyncio's C tasks \
+     there, and CPython keeps the others apart";
+
 /// Says on stderr why the tasks of the process cannot be read.
 pub fn why_no_tasks(walker: &Walker) {
     let why = if walker.version().at_least(3, 14) {

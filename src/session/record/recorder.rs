@@ -459,11 +459,13 @@ impl<'a> Recorder<'a> {
             caveats.write(&mut builder, pid, end_ns, line);
         }
         if sampler.unlisted_tasks {
-            let line = "--async=all: asyncio's pure-Python tasks (asyncio.tasks._PyTask) ran, and \
-                        on CPython 3.14+ the waiting ones cannot be listed (pyprobe reads the lists \
-                        of asyncio's C tasks there, and CPython keeps the others apart): only their \
-                        running samples are shown";
-            caveats.write(&mut builder, pid, end_ns, line.to_string());
+            let line = format!(
+                "--async=all: asyncio's pure-Python tasks (asyncio.tasks._PyTask) ran, and on \
+                 CPython 3.14+ the waiting ones cannot be listed ({}): only their running \
+                 samples are shown",
+                crate::session::dump_async::PURE_PYTHON_UNLISTED
+            );
+            caveats.write(&mut builder, pid, end_ns, line);
         }
         let events = builder.events();
         let (opened, write_error) = builder.into_parts();
