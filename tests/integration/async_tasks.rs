@@ -485,21 +485,15 @@ fn dump_async_of_pure_python_tasks_on_3_14_and_3_15_says_they_are_not_listed() {
     for (version, kind) in cases {
         let Some(py) = python(version) else { continue };
         let _serial = serial();
-        let mut target = std::process::Command::new(&py.launcher)
-            .arg(fixture_script("async_tasks.py"))
-            .args(["3", "3", kind])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("start the target");
-        let mut lines =
-            std::io::BufRead::lines(std::io::BufReader::new(target.stdout.take().unwrap()));
-        assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("ready"));
+        let script = fixture_script("async_tasks.py");
+        let mut target = Target::spawn(&py.launcher, &[&script, "3", "3", kind]);
+        target.wait_for_line("ready");
         std::thread::sleep(std::time::Duration::from_millis(300));
         // The thread is between two tasks now and then (the loop's own work):
         // a few dumps, until one finds a task running.
         let mut found = None;
         for _ in 0..5 {
-            let out = run_pyprobe(&["dump", "-p", &target.id().to_string(), "--async"]);
+            let out = run_pyprobe(&["dump", "-p", &target.pid().to_string(), "--async"]);
             let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
             assert!(out.status.success(), "{version} {kind}: {stderr}");
             if stderr.contains("pure-Python tasks (asyncio.tasks._PyTask) are not listed") {
@@ -507,8 +501,8 @@ fn dump_async_of_pure_python_tasks_on_3_14_and_3_15_says_they_are_not_listed() {
                 break;
             }
         }
-        let _ = target.kill();
-        let _ = target.wait();
+        // Dumped: ended here, not after its run (it would hold the other tests up).
+        drop(target);
         let (stdout, stderr) =
             found.unwrap_or_else(|| panic!("{version} {kind}: no note in 5 dumps"));
         assert!(
@@ -580,22 +574,17 @@ fn dump_async_lists_every_task_without_asyncio_s_c_module_before_3_14() {
 fn check_dump_async_of(py: &Python, extra: &[&str]) {
     let _serial = serial();
     let version = py.version;
-    let mut target = std::process::Command::new(&py.launcher)
-        .arg(fixture_script("async_tasks.py"))
-        .args(["3", "4"])
-        .args(extra)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("start the target");
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(target.stdout.take().unwrap()));
-    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("ready"));
+    let script = fixture_script("async_tasks.py");
+    let mut args = vec![script.as_str(), "3", "4"];
+    args.extend_from_slice(extra);
+    let mut target = Target::spawn(&py.launcher, &args);
+    target.wait_for_line("ready");
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let pid = target.id().to_string();
+    let pid = target.pid().to_string();
     let out = run_pyprobe(&["dump", "-p", &pid, "--async", "--format", "json"]);
     let text = run_pyprobe(&["dump", "-p", &pid, "--async"]);
-    // Dumped: the rest of its run would only hold the other tests up.
-    let _ = target.kill();
-    let _ = target.wait();
+    // Dumped: ended here, not after its run (it would hold the other tests up).
+    drop(target);
     assert!(
         out.status.success(),
         "{}",
