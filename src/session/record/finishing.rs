@@ -29,25 +29,20 @@ pub(super) fn show<'scope>(
     if left < SAY_FROM {
         return;
     }
-    // Each event is read into the first pass, then replayed.
-    let share = left as f64 * 50.0 / events.max(1) as f64;
-    let what = format!(
-        "pyprobe: the target has ended; finishing the views of its {:.1} M events, {share:.0}% \
-         of the work left: it is done during the run only on idle CPU, and the target and \
-         pyprobe kept the CPUs busy",
+    let head = format!(
+        "pyprobe: the target has ended; finishing the views of its {:.1} M events",
         events as f64 / 1e6
     );
     if !std::io::stderr().is_terminal() {
-        eprintln!("{what}");
+        // Each event is read into the first pass, then replayed.
+        let share = left as f64 * 50.0 / events.max(1) as f64;
+        eprintln!(
+            "{head}, {share:.0}% of the work left: it is done during the run only on idle \
+             CPU, and the target and pyprobe kept the CPUs busy"
+        );
         return;
     }
-    let bar = crate::session::progress::bar(
-        left,
-        format!(
-            "pyprobe: the target has ended; finishing the views of its {:.1} M events",
-            events as f64 / 1e6
-        ),
-    );
+    let bar = crate::session::progress::bar(left, head);
     scope.spawn(move || {
         while !stop.load(Ordering::Acquire) {
             bar.set_position(done.load(Ordering::Relaxed).min(left));
