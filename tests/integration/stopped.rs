@@ -9,8 +9,11 @@
 //! Each engine and mode is covered (`--mode trace` through the ring on 3.9 and the
 //! hook on 3.13, the default mode and `--mode sample` on 3.11), with both servers
 //! (a thread per request, a pool of 8 threads) and each of the three ways of
-//! stopping pyprobe somewhere. The tests are timing-sensitive and run one at a time
-//! ([`serial`]); the control test runs the same timeline with no pyprobe at all.
+//! stopping pyprobe somewhere. The control test runs the same timeline with no
+//! pyprobe at all. The tests are timing-sensitive: the test command runs them in a
+//! stage of their own, two at a time and nothing else beside them (the bounds'
+//! slack is what such a loaded 2-CPU machine adds; mostly they wait, for the
+//! client's timeline).
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -393,7 +396,6 @@ fn wait_stopped(pid: i32, limit: Duration) -> bool {
 /// The server `kind` under `version`, pyprobe attached with `mode` (or no pyprobe
 /// at all: the control), the client running 12 s; 3 s in, `action` on pyprobe.
 fn stopped_case(version: &'static str, mode: Option<&[&str]>, kind: &str, action: Action) {
-    let _serial = serial();
     let Some(py) = python(version) else { return };
     let what = format!("{version} {kind} server, pyprobe {mode:?}, {action:?}");
     let mut server = Server::start(&py, kind);
@@ -537,7 +539,6 @@ impl Probe {
 /// While pyprobe is stopped (SIGSTOP), SIGTERM ends the server under load within
 /// the bound, with status 0.
 fn sigterm_case(version: &'static str, mode: &[&str], kind: &str) {
-    let _serial = serial();
     let Some(py) = python(version) else { return };
     let what = format!("{version} {kind} server, pyprobe {mode:?}, SIGTERM while stopped");
     let mut server = Server::start(&py, kind);
