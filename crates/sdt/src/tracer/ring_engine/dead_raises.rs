@@ -155,13 +155,16 @@ mod tests {
             put(&mut map, H_HELD + 16 * k + 8, flag);
         }
         put(&mut map, H_HELD_COUNT, held.len() as u64);
-        put(&mut map, H_STALE, 1_000_000);
+        // Some seconds of cycles: a beat of this test stays fresh on a loaded
+        // machine, one at 0 is stale on any machine up for longer than that.
+        put(&mut map, H_STALE, 10_000_000_000);
         let mut mem = ProcessMemory::new(pid);
         let undo =
             |mem: &mut ProcessMemory| undo_dead_raises(mem, &read_maps(pid).expect("maps"), &ours);
-        // Another process's ring, a consumer that left, one that beats: untouched.
-        let now = read_tsc();
-        for (owner, alive, beat) in [(pid + 1, 1, 0), (pid, 0, 0), (pid, 1, now)] {
+        // Another process's ring, a consumer that left, one that beats (just
+        // now): untouched.
+        for (owner, alive, beats) in [(pid + 1, 1, false), (pid, 0, false), (pid, 1, true)] {
+            let beat = if beats { read_tsc() } else { 0 };
             put(&mut map, H_OWNER, owner as u64);
             put(&mut map, H_ALIVE, alive);
             put(&mut map, H_HEARTBEAT, beat);
