@@ -27,6 +27,7 @@ use crate::recording::{Completion, RecordError, RecordingReader};
 
 pub mod ahead;
 mod building;
+mod side_by_side;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -207,8 +207,8 @@ fn views_built_while_the_recording_grew_are_byte_for_byte_the_views_of_the_file(
     let (ahead, whole) = kept_and_built(&path);
     assert_eq!(ahead, postcard::to_stdvec(&whole).unwrap());
 
-    // Still catching up at the end: the pass and the views read on from their
-    // own readers.
+    // Still catching up at the end: the pass reads the rest of its chunk, then
+    // the views' reader reads on for both, the replay beside the pass.
     let done = read_while_written(&path, FirstReturn::Soon, Reading::Slowly);
     let Some(ViewsOutcome::Kept { late }) = done.views else {
         panic!(
@@ -234,5 +234,12 @@ fn views_are_dropped_when_a_later_plan_answers_otherwise() {
     let path = dir.path().join("end.pyprobe");
     let done = read_while_written(&path, FirstReturn::AtTheEnd, Reading::ToTheEnd);
     assert!(matches!(done.views, Some(ViewsOutcome::Refuted)));
+    assert!(ahead::take(&path).is_none());
+    // The same, the rest read after the end by the pass and the views side by
+    // side: refuted there, and the pass reads on to the end all the same.
+    let path = dir.path().join("beside.pyprobe");
+    let done = read_while_written(&path, FirstReturn::AtTheEnd, Reading::AsItGrows);
+    assert!(matches!(done.views, Some(ViewsOutcome::Refuted)));
+    assert!(done.planned_late > 0);
     assert!(ahead::take(&path).is_none());
 }

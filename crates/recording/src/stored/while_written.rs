@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+use super::side_by_side::{side_by_side, ViewsAtTheEnd};
 use super::{ahead, ViewsBuilder};
 use crate::analyze::checkpoints::ChunkEnd;
 use crate::analyze::first_pass::{FirstPass, Planned};
@@ -42,17 +43,17 @@ const EVENTS_BETWEEN_LOOKS: u32 = 4096;
 pub const DONE_EVERY: u64 = 1 << 16;
 
 /// Counts the events of a pass into a shared count, a batch at a time.
-struct Counted<'a> {
+pub(super) struct Counted<'a> {
     done: &'a AtomicU64,
     batch: u64,
 }
 
 impl<'a> Counted<'a> {
-    fn new(done: &'a AtomicU64) -> Self {
+    pub(super) fn new(done: &'a AtomicU64) -> Self {
         Counted { done, batch: 0 }
     }
 
-    fn one(&mut self) {
+    pub(super) fn one(&mut self) {
         self.batch += 1;
         if self.batch == DONE_EVERY {
             self.done.fetch_add(DONE_EVERY, Ordering::Relaxed);
@@ -67,7 +68,7 @@ impl Drop for Counted<'_> {
     }
 }
 
-type Reader = RecordingReader<BufReader<File>>;
+pub(super) type Reader = RecordingReader<BufReader<File>>;
 
 /// The session's flag that the recording is finished, looked at once every
 /// [`EVENTS_BETWEEN_LOOKS`] events.
@@ -352,10 +353,11 @@ impl WhileWritten {
         events.saturating_sub(self.planned) + replayed.map_or(0, |r| events.saturating_sub(r))
     }
 
-    /// The recording is finished (its end marker written): reads the rest, the
-    /// first pass first, then the views' replay if every answer of their plans
-    /// holds, each decoded ahead by a thread of its own now that a CPU may be
-    /// free. Adds to `done` as it goes (every [`DONE_EVERY`] events read or
+    /// The recording is finished (its end marker written): reads the rest into
+    /// the first pass and, if every answer of their plans holds, into the views:
+    /// side by side, each on a thread of its own (see [`side_by_side`]), where
+    /// the rest goes past the chunk being read; else the pass first, then the
+    /// views. Adds to `done` as it goes (every [`DONE_EVERY`] events read or
     /// replayed), for a progress line. `None` when the file cannot be read to
     /// its end marker.
     pub fn finish(self, done: &AtomicU64) -> Option<Finished> {
@@ -364,50 +366,71 @@ impl WhileWritten {
             mut pass,
             planned,
             views,
+            lag,
             ..
         } = self;
-        let (names, pending) = match views {
-            // The views' reader reads for both: the rest into the pass, and what
-            // it reads in place into the events waiting.
-            Some(Views {
-                mut reader,
-                builder,
-                waiting: Some(mut waiting),
-                ..
-            }) => {
-                let names = read_tail(&mut reader, &mut pass, planned, Some(&mut waiting), done)?;
-                (names, Some((builder, waiting, reader)))
-            }
-            Some(Views {
-                reader, builder, ..
-            }) => {
-                let names = read_tail(&mut planner, &mut pass, planned, None, done)?;
-                (names, Some((builder, VecDeque::new(), reader)))
-            }
-            None => (
-                read_tail(&mut planner, &mut pass, planned, None, done)?,
-                None,
-            ),
+        let Some(Views {
+            reader,
+            builder,
+            planned_at,
+            waiting,
+        }) = views
+        else {
+            let names = read_tail(&mut planner, &mut pass, planned, None, done)?;
+            let (plan, census) = pass.finish();
+            return Some(finished(planned, names, Planned { plan, census }, None));
         };
+        // The views' reader reads for both (the events it read wait for the
+        // replay), or the pass's own while the views catch up: first the rest of
+        // its chunk, into the pass.
+        let (mut waiting, mut for_pass, views_reader) = match waiting {
+            Some(waiting) => (Some(waiting), reader, None),
+            None => (None, planner, Some(reader)),
+        };
+        read_in_place(&mut for_pass, &mut pass, planned, waiting.as_mut(), done)?;
+        let waiting = waiting.unwrap_or_default();
+        if matches!(for_pass.completion(), Completion::Reading) {
+            // The rest: read once, by the views' reader, for both.
+            let in_pass = for_pass.events_read();
+            let views = ViewsAtTheEnd {
+                builder,
+                planned_at,
+                waiting,
+                reader: views_reader.unwrap_or(for_pass),
+            };
+            let ended = side_by_side(pass, in_pass, views, lag, done)?;
+            return Some(finished(
+                planned,
+                ended.names,
+                ended.planned,
+                Some(ended.views),
+            ));
+        }
+        let names = names_at_the_end(&for_pass)?;
+        let reader = views_reader.unwrap_or(for_pass);
         let (plan, census) = pass.finish();
-        let planned_whole = Planned { plan, census };
-        let views = pending.map(|(builder, waiting, reader)| {
-            replay_rest(builder, waiting, reader, &planned_whole, &names, done)
-        });
-        Some(Finished {
-            key: names.key,
-            planned: planned_whole,
-            events: names.events,
-            planned_late: names.events.saturating_sub(planned),
-            strings: names.strings,
-            qualnames: names.qualnames,
-            views,
-        })
+        let whole = Planned { plan, census };
+        let views = replay_rest(builder, waiting, reader, &whole, &names, done);
+        Some(finished(planned, names, whole, Some(views)))
+    }
+}
+
+/// What [`WhileWritten::finish`] comes to, the pass having planned `planned`
+/// events before the recording ended.
+fn finished(planned: u64, names: Names, whole: Planned, views: Option<ViewsOutcome>) -> Finished {
+    Finished {
+        key: names.key,
+        planned: whole,
+        events: names.events,
+        planned_late: names.events.saturating_sub(planned),
+        strings: names.strings,
+        qualnames: names.qualnames,
+        views,
     }
 }
 
 /// What the reader that read a recording to its end marker knows.
-struct Names {
+pub(super) struct Names {
     key: FileKey,
     strings: Vec<String>,
     qualnames: Qualnames,
@@ -415,7 +438,7 @@ struct Names {
 }
 
 impl Names {
-    fn of(reader: &Reader) -> Option<Names> {
+    pub(super) fn of(reader: &Reader) -> Option<Names> {
         Some(Names {
             key: reader.file_key()?,
             strings: reader.strings().to_vec(),
@@ -432,30 +455,52 @@ fn read_tail(
     reader: &mut Reader,
     pass: &mut FirstPass<'static>,
     planned: u64,
-    mut waiting: Option<&mut VecDeque<(Event, Option<ChunkEnd>)>>,
+    waiting: Option<&mut VecDeque<(Event, Option<ChunkEnd>)>>,
     done: &AtomicU64,
 ) -> Option<Names> {
+    read_in_place(reader, pass, planned, waiting, done)?;
+    if !matches!(reader.completion(), Completion::Reading) {
+        return names_at_the_end(reader);
+    }
     let mut counted = Counted::new(done);
-    let mut plan = |r: &Reader, event: &Event| {
+    let (strings, qualnames) = (reader.strings().to_vec(), reader.qualnames().clone());
+    let tail = read_rest_ahead(reader, strings, qualnames, |r, event| {
         if r.events_read() > planned {
-            pass.push(event, r.strings());
+            pass.push(&event, r.strings());
             counted.one();
         }
-    };
+    })?;
+    Names::of(&tail)
+}
+
+/// Reads `reader` in place to the end of its chunk (or to the end marker),
+/// into `pass` the events after the first `planned`, and into `waiting` too,
+/// when given. `None` at an error.
+fn read_in_place(
+    reader: &mut Reader,
+    pass: &mut FirstPass<'static>,
+    planned: u64,
+    mut waiting: Option<&mut VecDeque<(Event, Option<ChunkEnd>)>>,
+    done: &AtomicU64,
+) -> Option<()> {
+    let mut counted = Counted::new(done);
     read_to_chunk_end(reader, |r, event| {
-        plan(r, &event);
+        if r.events_read() > planned {
+            pass.push(&event, r.strings());
+            counted.one();
+        }
         if let Some(w) = waiting.as_mut() {
             w.push_back((event, ChunkEnd::of(r)));
         }
-    })?;
+    })
+}
+
+/// The names of a reader that stopped reading: `None` unless at the end marker.
+fn names_at_the_end(reader: &Reader) -> Option<Names> {
     match reader.completion() {
-        Completion::Reading => {}
-        Completion::Complete(_) => return Names::of(reader),
-        _ => return None,
+        Completion::Complete(_) => Names::of(reader),
+        _ => None,
     }
-    let (strings, qualnames) = (reader.strings().to_vec(), reader.qualnames().clone());
-    let tail = read_rest_ahead(reader, strings, qualnames, |r, event| plan(r, &event))?;
-    Names::of(&tail)
 }
 
 /// Settles the views with the whole recording's plan and, if they hold,
@@ -512,7 +557,10 @@ fn replay_rest(
 /// Reads `reader` in place (resumed where the file ended, if it did) to the
 /// end of the events chunk it is in, or to the end marker, giving `each` every
 /// event with the reader that read it; `None` at an error.
-fn read_to_chunk_end(reader: &mut Reader, mut each: impl FnMut(&Reader, Event)) -> Option<()> {
+pub(super) fn read_to_chunk_end(
+    reader: &mut Reader,
+    mut each: impl FnMut(&Reader, Event),
+) -> Option<()> {
     reader.resume().ok()?;
     while !reader.at_chunk_end() {
         // None: the end marker was read (the thread read to it before it
