@@ -654,6 +654,10 @@ fn views_ahead_line(ahead: &plan_ahead::Ahead, taken: bool) -> Option<String> {
         ViewsOutcome::Unread => "its replay made while they were written was dropped: the \
                             recording could not be read to its end"
             .into(),
+        ViewsOutcome::Unplanned => "its replay made while they were written was dropped: after \
+                               the recording ended, its first pass could not plan for long (a \
+                               process whose cost per event was still being measured)"
+            .into(),
     };
     Some(said)
 }

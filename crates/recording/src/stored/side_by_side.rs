@@ -27,6 +27,12 @@ use crate::recording::{Completion, Event};
 const BATCH: usize = 4096;
 /// Batches on their way at most: the pass waits for the replay beyond.
 const BATCHES_ON_THE_WAY: usize = 32;
+/// Events the replay keeps waiting for a plan at most, in lags. Past it, the
+/// pass could not plan for that long (a process whose cost per event is still
+/// being measured, whose answers the whole plan would refute anyway): the views
+/// are given up, so that the pass has the CPUs to itself and memory stays
+/// bounded.
+const MOST_WAITING_LAGS: u64 = 4;
 
 /// Events read, each with where its chunk ended (when it was the last).
 type Waiting = VecDeque<(Event, Option<ChunkEnd>)>;
@@ -245,6 +251,9 @@ impl Replay {
                     self.settled = true;
                 }
             }
+            if !self.settled && self.waiting.len() as u64 > MOST_WAITING_LAGS * self.lag {
+                return Err(ViewsOutcome::Unplanned);
+            }
         }
         // The pass ended: with the whole plan, unless it could not read on.
         if !self.settled {
@@ -255,15 +264,10 @@ impl Replay {
         Ok((self.builder, late))
     }
 
-    /// Replays the events waiting that a plan saw `lag` events past, or that
-    /// are twice the lag behind the pass, with the newest plan, as during the
-    /// run (the pass may be unable to plan for a while: a process whose cost
-    /// per event is still being measured); all, once settled.
+    /// Replays the events waiting that a plan saw `lag` events past (all, once
+    /// settled).
     fn replay_what_may_be(&mut self, counted: &mut Counted) {
-        while self.settled
-            || self.builder.events() + self.lag < self.planned_at
-            || self.waiting.len() as u64 > 2 * self.lag
-        {
+        while self.settled || self.builder.events() + self.lag < self.planned_at {
             let Some((event, end)) = self.waiting.pop_front() else {
                 return;
             };

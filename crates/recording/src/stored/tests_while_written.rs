@@ -12,6 +12,10 @@ use crate::recording::{Event, EventKind, FrameRef, Header, RecordingWriter};
 const ROUNDS: u32 = 700_000;
 /// Events written between two looks at the file.
 const STEP: u64 = 300_000;
+/// The child process of [`write_traced`] (its first thread's id), and the round
+/// it starts at.
+const CHILD: u32 = 40;
+const CHILD_FROM: u32 = 640_000;
 
 /// When the first call of the decorated function `deco` (entered at its `def`
 /// line, 12; its code object's first line is 11) returns, which is when the
@@ -28,9 +32,11 @@ enum FirstReturn {
 
 /// A traced CPython 3.13 recording: two threads in a hot loop under `main`,
 /// with gaps of two lengths (the cost per event a replay takes away), and
-/// thread 9 calling `deco`. `written` is called each [`STEP`] events, the file
-/// flushed: what `record`'s planning thread sees of a recording as it grows.
-fn write_traced(path: &Path, first_return: FirstReturn, mut written: impl FnMut()) {
+/// thread 9 calling `deco`; with `child`, a child process (`--subprocesses`)
+/// in the hot loop too over the last rounds, too few for its cost per event to
+/// be measured. `written` is called each [`STEP`] events, the file flushed:
+/// what `record`'s planning thread sees of a recording as it grows.
+fn write_traced(path: &Path, first_return: FirstReturn, child: bool, mut written: impl FnMut()) {
     let header = Header {
         python_version: "3.13.5".into(),
         mode: "trace".into(),
@@ -44,6 +50,7 @@ fn write_traced(path: &Path, first_return: FirstReturn, mut written: impl FnMut(
         function: w.intern(name),
         line,
     };
+    let command = w.intern("python3 child.py");
     let (main, work, leaf, deco) = (
         frame(&mut w, "main", 5),
         frame(&mut w, "work", 20),
@@ -84,6 +91,14 @@ fn write_traced(path: &Path, first_return: FirstReturn, mut written: impl FnMut(
             event(&mut w, 9, EventKind::Call { frame: deco });
             event(&mut w, 9, ret(deco, 11));
         }
+        if child && round == CHILD_FROM {
+            let parent = 0;
+            event(&mut w, CHILD, EventKind::ProcessStart { parent, command });
+        }
+        if child && round > CHILD_FROM {
+            event(&mut w, CHILD, EventKind::Call { frame: leaf });
+            event(&mut w, CHILD, ret(leaf, 30));
+        }
         let tid = if (round / 1000) % 2 == 0 { 7 } else { 8 };
         event(&mut w, tid, EventKind::Call { frame: work });
         event(&mut w, tid, EventKind::Call { frame: leaf });
@@ -113,11 +128,16 @@ enum Reading {
 
 /// What `record`'s planning thread does with the recording written at `path`,
 /// reading it as `reading` says, then the session when it ends.
-fn read_while_written(path: &Path, first_return: FirstReturn, reading: Reading) -> Finished {
+fn read_while_written(
+    path: &Path,
+    first_return: FirstReturn,
+    child: bool,
+    reading: Reading,
+) -> Finished {
     let finished = AtomicBool::new(false);
     let mut ww: Option<WhileWritten> = None;
     let mut looks = 0;
-    write_traced(path, first_return, || {
+    write_traced(path, first_return, child, || {
         let ww = ww.get_or_insert_with(|| {
             let reader = RecordingReader::open_in_place(path).unwrap();
             let ww = WhileWritten::new(path.to_path_buf(), reader).with_lag(50_000);
@@ -172,7 +192,7 @@ fn kept_and_built(path: &Path) -> (Vec<u8>, StoredViews) {
 fn views_built_while_the_recording_grew_are_byte_for_byte_the_views_of_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.pyprobe");
-    let done = read_while_written(&path, FirstReturn::Soon, Reading::AsItGrows);
+    let done = read_while_written(&path, FirstReturn::Soon, false, Reading::AsItGrows);
     let Some(ViewsOutcome::Kept { late }) = done.views else {
         panic!("not kept");
     };
@@ -201,7 +221,7 @@ fn views_built_while_the_recording_grew_are_byte_for_byte_the_views_of_the_file(
 
     // The thread's last look read to the end marker before the recording was
     // said finished: nothing is left to plan.
-    let done = read_while_written(&path, FirstReturn::Soon, Reading::ToTheEnd);
+    let done = read_while_written(&path, FirstReturn::Soon, false, Reading::ToTheEnd);
     assert!(matches!(done.views, Some(ViewsOutcome::Kept { .. })));
     assert_eq!(done.planned_late, 0);
     let (ahead, whole) = kept_and_built(&path);
@@ -209,7 +229,7 @@ fn views_built_while_the_recording_grew_are_byte_for_byte_the_views_of_the_file(
 
     // Still catching up at the end: the pass reads the rest of its chunk, then
     // the views' reader reads on for both, the replay beside the pass.
-    let done = read_while_written(&path, FirstReturn::Soon, Reading::Slowly);
+    let done = read_while_written(&path, FirstReturn::Soon, false, Reading::Slowly);
     let Some(ViewsOutcome::Kept { late }) = done.views else {
         panic!(
             "not kept: {:?}",
@@ -227,19 +247,36 @@ fn views_are_dropped_when_a_later_plan_answers_otherwise() {
     // `deco` entered again after its row's first line was learned: the first
     // plan's answer (line 12) is contradicted on the way.
     let path = dir.path().join("later.pyprobe");
-    let done = read_while_written(&path, FirstReturn::Later, Reading::AsItGrows);
+    let done = read_while_written(&path, FirstReturn::Later, false, Reading::AsItGrows);
     assert!(!matches!(done.views, Some(ViewsOutcome::Kept { .. })));
     assert!(ahead::take(&path).is_none());
     // Learned only at the end: the whole recording's plan refutes them.
     let path = dir.path().join("end.pyprobe");
-    let done = read_while_written(&path, FirstReturn::AtTheEnd, Reading::ToTheEnd);
+    let done = read_while_written(&path, FirstReturn::AtTheEnd, false, Reading::ToTheEnd);
     assert!(matches!(done.views, Some(ViewsOutcome::Refuted)));
     assert!(ahead::take(&path).is_none());
     // The same, the rest read after the end by the pass and the views side by
     // side: refuted there, and the pass reads on to the end all the same.
     let path = dir.path().join("beside.pyprobe");
-    let done = read_while_written(&path, FirstReturn::AtTheEnd, Reading::AsItGrows);
+    let done = read_while_written(&path, FirstReturn::AtTheEnd, false, Reading::AsItGrows);
     assert!(matches!(done.views, Some(ViewsOutcome::Refuted)));
+    assert!(done.planned_late > 0);
+    assert!(ahead::take(&path).is_none());
+}
+
+/// A process whose cost per event is not measured yet when the recording ends
+/// leaves the pass unable to plan: the replay beside it gives the views up
+/// instead of holding every event read after, and the pass reads on.
+#[test]
+fn views_are_given_up_when_the_pass_cannot_plan_after_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("child.pyprobe");
+    let done = read_while_written(&path, FirstReturn::Soon, true, Reading::AsItGrows);
+    assert!(
+        matches!(done.views, Some(ViewsOutcome::Unplanned)),
+        "{:?}",
+        done.views.map(|v| matches!(v, ViewsOutcome::Refuted))
+    );
     assert!(done.planned_late > 0);
     assert!(ahead::take(&path).is_none());
 }

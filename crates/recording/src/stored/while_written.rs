@@ -148,6 +148,10 @@ pub enum ViewsOutcome {
     Refuted,
     /// The file could not be read to its end.
     Unread,
+    /// After the recording ended, the first pass could not plan for long (a
+    /// process whose cost per event was still being measured): the replay
+    /// gave up rather than hold the events waiting for a plan.
+    Unplanned,
 }
 
 /// The first pass of the whole recording and its names, and the views.
