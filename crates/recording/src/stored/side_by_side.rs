@@ -16,12 +16,12 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
-use super::while_written::{read_to_chunk_end, Counted, Names, Reader};
+use super::while_written::{read_to_the_end, Counted, Names, Reader};
 use super::{ahead, ViewsBuilder, ViewsOutcome};
 use crate::analyze::checkpoints::ChunkEnd;
 use crate::analyze::first_pass::{FirstPass, Planned};
 use crate::analyze::replay::Plan;
-use crate::recording::{Completion, Event};
+use crate::recording::Event;
 
 /// Events handed on at a time.
 const BATCH: usize = 4096;
@@ -121,7 +121,7 @@ pub(super) fn side_by_side(
 /// after the first `planned`) and on to the replay, a provisional plan every
 /// `lag` events, then the whole plan. Returns the reader that read the end marker.
 fn plan_and_hand_on(
-    mut reader: Reader,
+    reader: Reader,
     mut pass: FirstPass<'static>,
     planned: u64,
     lag: u64,
@@ -152,21 +152,7 @@ fn plan_and_hand_on(
             }
         }
     };
-    read_to_chunk_end(&mut reader, &mut each)?;
-    let rest = match reader.completion() {
-        Completion::Reading => {
-            let (strings, qualnames) = (reader.strings().to_vec(), reader.qualnames().clone());
-            let mut rest = reader.go_on_reading_ahead(strings, qualnames).ok()?;
-            while let Some(event) = rest.events().next() {
-                each(&rest, event.ok()?);
-            }
-            rest
-        }
-        _ => reader,
-    };
-    if !matches!(rest.completion(), Completion::Complete(_)) {
-        return None;
-    }
+    let rest = read_to_the_end(reader, &mut each)?;
     let names = Names::of(&rest)?;
     let (plan, census) = pass.finish();
     hand.on(HandedOn::Whole(plan.clone()));

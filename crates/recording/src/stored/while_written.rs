@@ -366,7 +366,7 @@ impl WhileWritten {
     /// its end marker.
     pub fn finish(self, done: &AtomicU64) -> Option<Finished> {
         let WhileWritten {
-            mut planner,
+            planner,
             mut pass,
             planned,
             views,
@@ -380,7 +380,7 @@ impl WhileWritten {
             waiting,
         }) = views
         else {
-            let names = read_tail(&mut planner, &mut pass, planned, None, done)?;
+            let names = read_tail(planner, &mut pass, planned, done)?;
             let (plan, census) = pass.finish();
             return Some(finished(planned, names, Planned { plan, census }, None));
         };
@@ -414,7 +414,7 @@ impl WhileWritten {
         let reader = views_reader.unwrap_or(for_pass);
         let (plan, census) = pass.finish();
         let whole = Planned { plan, census };
-        let views = replay_rest(builder, waiting, reader, &whole, &names, done);
+        let views = replay_rest(builder, waiting, reader, &whole, done);
         Some(finished(planned, names, whole, Some(views)))
     }
 }
@@ -452,23 +452,17 @@ impl Names {
     }
 }
 
-/// Reads every event of `reader` from where it is, into `pass` those after the
-/// first `planned`: in place to the end of its chunk (into `waiting` too, when
-/// given), then ahead by a thread. `None` unless it reads to the end marker.
+/// Reads every event of `reader` from where it is to the end marker, into
+/// `pass` those after the first `planned`. `None` unless it reads to the end
+/// marker.
 fn read_tail(
-    reader: &mut Reader,
+    reader: Reader,
     pass: &mut FirstPass<'static>,
     planned: u64,
-    waiting: Option<&mut VecDeque<(Event, Option<ChunkEnd>)>>,
     done: &AtomicU64,
 ) -> Option<Names> {
-    read_in_place(reader, pass, planned, waiting, done)?;
-    if !matches!(reader.completion(), Completion::Reading) {
-        return names_at_the_end(reader);
-    }
     let mut counted = Counted::new(done);
-    let (strings, qualnames) = (reader.strings().to_vec(), reader.qualnames().clone());
-    let tail = read_rest_ahead(reader, strings, qualnames, |r, event| {
+    let tail = read_to_the_end(reader, |r, event| {
         if r.events_read() > planned {
             pass.push(&event, r.strings());
             counted.one();
@@ -513,9 +507,8 @@ fn names_at_the_end(reader: &Reader) -> Option<Names> {
 fn replay_rest(
     mut builder: ViewsBuilder,
     waiting: VecDeque<(Event, Option<ChunkEnd>)>,
-    mut reader: Reader,
+    reader: Reader,
     planned: &Planned,
-    names: &Names,
     done: &AtomicU64,
 ) -> ViewsOutcome {
     if !builder.settle(planned.plan.clone()) {
@@ -529,26 +522,10 @@ fn replay_rest(
     }
     // Events already waiting were read in place up to a chunk end; a reader
     // still catching up may be inside one.
-    let in_place = read_to_chunk_end(&mut reader, |r, event| {
+    let rest = read_to_the_end(reader, |r, event| {
         builder.push(r, &event);
         counted.one();
     });
-    if in_place.is_none() {
-        return ViewsOutcome::Unread;
-    }
-    let rest = match reader.completion() {
-        Completion::Reading => read_rest_ahead(
-            &reader,
-            names.strings.clone(),
-            names.qualnames.clone(),
-            |r, event| {
-                builder.push(r, &event);
-                counted.one();
-            },
-        ),
-        Completion::Complete(_) => Some(reader),
-        _ => None,
-    };
     let Some((rest, key)) = rest.and_then(|r| r.file_key().map(|key| (r, key))) else {
         return ViewsOutcome::Unread;
     };
@@ -561,10 +538,7 @@ fn replay_rest(
 /// Reads `reader` in place (resumed where the file ended, if it did) to the
 /// end of the events chunk it is in, or to the end marker, giving `each` every
 /// event with the reader that read it; `None` at an error.
-pub(super) fn read_to_chunk_end(
-    reader: &mut Reader,
-    mut each: impl FnMut(&Reader, Event),
-) -> Option<()> {
+fn read_to_chunk_end(reader: &mut Reader, mut each: impl FnMut(&Reader, Event)) -> Option<()> {
     reader.resume().ok()?;
     while !reader.at_chunk_end() {
         // None: the end marker was read (the thread read to it before it
@@ -577,17 +551,22 @@ pub(super) fn read_to_chunk_end(
     Some(())
 }
 
-/// Reads the rest of the recording after `reader`'s place (a chunk end),
-/// decoded ahead by a thread that knows the names `strings` and `qualnames`
-/// (at least those defined before that place), giving `each` every event with
-/// the reader that read it. Returns that reader once it read the end marker;
-/// `None` at an error, or without it.
-fn read_rest_ahead(
-    reader: &Reader,
-    strings: Vec<String>,
-    qualnames: Qualnames,
+/// Reads every event from `reader`'s place to the end marker: in place to the
+/// end of its chunk, then decoded ahead by a thread that knows the names
+/// `reader` knows, giving `each` every event with the reader that read it.
+/// Returns the reader that read the end marker; `None` at an error, or without
+/// it.
+pub(super) fn read_to_the_end(
+    mut reader: Reader,
     mut each: impl FnMut(&Reader, Event),
 ) -> Option<Reader> {
+    read_to_chunk_end(&mut reader, &mut each)?;
+    match reader.completion() {
+        Completion::Reading => {}
+        Completion::Complete(_) => return Some(reader),
+        _ => return None,
+    }
+    let (strings, qualnames) = (reader.strings().to_vec(), reader.qualnames().clone());
     let mut rest = reader.go_on_reading_ahead(strings, qualnames).ok()?;
     while let Some(event) = rest.events().next() {
         each(&rest, event.ok()?);
