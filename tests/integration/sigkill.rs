@@ -25,39 +25,22 @@ fn killed_once(py: &Python, script: &std::path::Path, seed: &mut u64, run: &str)
         .unwrap();
     let pid = target.id() as i32;
     std::thread::sleep(Duration::from_millis(150));
-    let out_path = std::env::temp_dir().join(format!(
-        "pyprobe-sigkill-{}-{run}.pyprobe",
-        std::process::id()
-    ));
-    let tracer = pyprobe()
-        .args([
-            "record",
-            "-p",
-            &pid.to_string(),
-            "--mode",
-            "trace",
-            "-o",
-            out_path.to_str().unwrap(),
-        ])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    // Killed, pyprobe leaves what it recorded in OUT.partial: removed with it.
+    let recording = TempFile::new(&format!("sigkill-{run}.pyprobe"));
+    let tracer = Tracer::record(
+        recording.path(),
+        &["-p", &pid.to_string(), "--mode", "trace"],
+    );
     std::thread::sleep(Duration::from_millis(random_ms(seed, 100, 800)));
-    unsafe { libc::kill(tracer.id() as i32, libc::SIGKILL) };
-    let tracer_out = tracer.wait_with_output().unwrap();
+    tracer.signal(libc::SIGKILL);
+    let (_, stderr) = tracer.wait(Duration::from_secs(30));
     let out = target.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let ok = out.status.success() && stdout.trim() == "done True";
     if !ok {
         eprintln!("run {run}: target {:?}, output {stdout:?}", out.status);
     }
-    let restored = String::from_utf8_lossy(&tracer_out.stderr)
-        .contains("pyprobe guardian: pyprobe died; restored");
-    // Killed, pyprobe leaves what it recorded in OUT.partial.
-    let mut partial = out_path.clone().into_os_string();
-    partial.push(".partial");
-    let _ = std::fs::remove_file(partial);
-    let _ = std::fs::remove_file(out_path);
+    let restored = stderr.contains("pyprobe guardian: pyprobe died; restored");
     (ok, restored)
 }
 
