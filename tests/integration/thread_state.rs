@@ -414,3 +414,108 @@ fn sleepers_woken_by_the_last_sample_are_not_counted_on_a_cpu_under_load() {
         );
     }
 }
+
+/// Threads that have not run since an earlier tick are not read again: their
+/// stacks are those read then. `sleep_phases.py` keeps 300 threads waiting on an
+/// event, while one sleeps in turn in phase_a() and, four calls deeper, in
+/// phase_b(). With `--idle`, the waiting threads' samples are all in idle_wait,
+/// and the phaser's split between its phases as its own clock says: a stack kept
+/// past a run of its thread would draw one phase where the other was.
+#[test]
+fn threads_that_have_not_run_since_the_last_tick_keep_their_stacks() {
+    for version in ["3.9", "3.13", "3.15"] {
+        let Some(py) = python(version) else { continue };
+        let out = TempFile::new(&format!("sleep-phases-{version}.pyprobe"));
+        let run = pyprobe()
+            .args(["record", "-v", "-o", out.path()])
+            .arg("--")
+            .arg(&py.launcher)
+            .arg(fixture_script("sleep_phases.py"))
+            .args(["300", "3"])
+            .output()
+            .unwrap();
+        assert_no_panic("record", &run.stderr);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{version}: {stderr}");
+        let spent: Value = serde_json::from_slice(&run.stdout).unwrap();
+        let spent_a = spent["phase_a"].as_f64().unwrap();
+        let spent_b = spent["phase_b"].as_f64().unwrap();
+        let folded = run_pyprobe(&[
+            "flame",
+            out.path(),
+            "--idle",
+            "--format",
+            "collapsed",
+            "-o",
+            "-",
+        ]);
+        let (mut waiting, mut in_a, mut in_b, mut phaser) = (0u64, 0u64, 0u64, 0u64);
+        for line in String::from_utf8_lossy(&folded.stdout).lines() {
+            let (stack, count) = line.rsplit_once(' ').unwrap();
+            let count: u64 = count.parse().unwrap();
+            let names: Vec<&str> = stack
+                .split(';')
+                .map(|f| f.split(" (").next().unwrap())
+                .collect();
+            let at = |name: &str| names.iter().position(|n| *n == name);
+            if at("idle_wait").is_some() {
+                waiting += count;
+            } else if let Some(p) = at("phaser") {
+                phaser += count;
+                // Only the loop's own frame may be a leaf outside the phases (between
+                // them, a sample of its bookkeeping).
+                match &names[p + 1..] {
+                    ["phase_a"] => in_a += count,
+                    ["phase_b", "descend", "descend", "descend", "descend"] => in_b += count,
+                    [] => {}
+                    other => panic!("{version}: the phaser at {other:?} ({stack})"),
+                }
+            }
+        }
+        let sampled = (in_a + in_b) as f64;
+        assert!(sampled > 100.0, "{version}: {in_a} + {in_b} phase samples");
+        let (share, truth) = (in_a as f64 / sampled, spent_a / (spent_a + spent_b));
+        assert!(
+            (share - truth).abs() < 0.15,
+            "{version}: phase_a has {share:.2} of the phaser's samples, {truth:.2} of its time"
+        );
+        assert!(
+            phaser - in_a - in_b < phaser / 10,
+            "{version}: {phaser} {in_a} {in_b}"
+        );
+        assert!(
+            waiting > 100 * 300,
+            "{version}: {waiting} samples of the waiting threads"
+        );
+        // The waiting threads were not read again at every tick, where the kernel
+        // keeps the counts that tell (its scheduler statistics).
+        let kept = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("pyprobe: ")?.split_once(" of the "))
+            .and_then(|(k, rest)| Some((k.parse::<u64>().ok()?, rest.split(' ').next()?)))
+            .and_then(|(k, all)| Some((k, all.parse::<u64>().ok()?)))
+            .unwrap_or_else(|| panic!("{version}: no line of kept samples: {stderr}"));
+        if schedstat_kept() {
+            assert!(
+                kept.0 * 2 > kept.1,
+                "{version}: {} of {} samples kept",
+                kept.0,
+                kept.1
+            );
+        }
+    }
+}
+
+/// Whether this kernel keeps scheduler statistics per thread (`schedstat`).
+fn schedstat_kept() -> bool {
+    let text = std::fs::read_to_string("/proc/self/schedstat").unwrap_or_default();
+    let switched: u64 = text
+        .split_whitespace()
+        .nth(2)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0);
+    if switched == 0 {
+        eprintln!("NOTICE: this kernel keeps no scheduler statistics: no stack is kept");
+    }
+    switched > 0
+}

@@ -9,6 +9,7 @@ use std::rc::Rc;
 use anyhow::{Context, Result};
 
 use pyprobe_cpython::python::probe_catalog::{ProbeGroup, ProbeKind};
+use pyprobe_cpython::python::walker::TickStill;
 use pyprobe_recording::output::file::partial_path;
 use pyprobe_recording::recording::{EventKind, Header, ThinLevel};
 use pyprobe_recording::stored::ViewsOutcome;
@@ -27,7 +28,7 @@ use super::plan_ahead::{self, PlanAhead};
 use super::request::Target;
 use super::resolver::{needs_context_stacks, samples_used, Chosen, MeaningCache, Mode};
 use super::return_types::write_return_types;
-use super::sampler::Sampler;
+use super::sampler::{Sampler, Tick};
 use super::settings::{default_output, recording_in, Settings};
 use super::status::Status;
 use crate::session::views::FlameFormat;
@@ -323,7 +324,18 @@ impl<'a> Recorder<'a> {
                 ts_ns,
                 on_cpu,
                 stopped,
-            } => self.on_tick(pid, ts_ns, &on_cpu, stopped),
+                tick,
+                still,
+            } => self.on_tick(Tick {
+                pid,
+                ts_ns,
+                on_cpu: &on_cpu,
+                stopped,
+                still: TickStill {
+                    tick,
+                    still: &still,
+                },
+            }),
             TraceEvent::TickDone { pid } => self.sampler.after_tick(pid, &mut self.builder),
             TraceEvent::Paused { .. } => {
                 // What the target did before the pause is on disk before pyprobe
@@ -396,11 +408,11 @@ impl<'a> Recorder<'a> {
     }
 
     /// An engine tick: every thread's stack, when sampling now.
-    fn on_tick(&mut self, pid: i32, ts_ns: u64, on_cpu: &[(i32, bool)], stopped: bool) {
+    fn on_tick(&mut self, tick: Tick) {
         let sampling = samples_used(self.settings.alongside, &self.chosen.borrow());
         if sampling && (self.announced || !self.launched) && !self.exact_window {
-            self.sampler
-                .sample(pid, ts_ns, on_cpu, stopped, &mut self.builder);
+            let ts_ns = tick.ts_ns;
+            self.sampler.sample(tick, &mut self.builder);
             self.builder.flush_if_due(ts_ns);
         }
     }
@@ -579,6 +591,13 @@ impl<'a> Recorder<'a> {
         );
         for text in &caveats.0 {
             eprintln!("pyprobe: caveat: {text}");
+        }
+        if sampler.verbose && sampler.samples > 0 {
+            eprintln!(
+                "pyprobe: {} of the {} samples were of threads that had not run since an \
+                 earlier tick: their stacks were not read again",
+                sampler.kept, sampler.samples
+            );
         }
         if request.async_waiting && sampler.samples > 0 {
             eprintln!(

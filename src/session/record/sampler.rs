@@ -11,7 +11,9 @@
 use rustc_hash::FxHashMap;
 
 use pyprobe_cpython::native::{join, EvalCalls, Joined, NativeUnwinder, NotJoined};
-use pyprobe_cpython::python::walker::{PyFrame, WaitingLimits, WaitingPlan, WaitingTasks, Walker};
+use pyprobe_cpython::python::walker::{
+    PyFrame, TickStill, WaitingLimits, WaitingPlan, WaitingTasks, Walker,
+};
 use pyprobe_recording::recording::{EventKind, FrameRef, SampleState, WalkedFrame};
 use pyprobe_sdt::ring::RingStack;
 
@@ -53,6 +55,9 @@ pub struct Sampler {
     /// Samples of running threads whose stack changed under the walk, recorded
     /// as [`TORN`] alone.
     pub torn: u64,
+    /// Samples of threads that had not run since an earlier tick, whose stacks
+    /// were not read again.
+    pub kept: u64,
     /// Stacks captured in the target; those with frames whose code objects were
     /// freed before pyprobe read them, and those frames.
     pub captured_stacks: u64,
@@ -131,6 +136,19 @@ impl NativeCounts {
     }
 }
 
+/// One engine tick of one process, as the sampler takes it.
+pub struct Tick<'a> {
+    pub pid: i32,
+    pub ts_ns: u64,
+    /// Which of its threads were on a CPU (see the engine's tick).
+    pub on_cpu: &'a [(i32, bool)],
+    /// Every thread is held in a ptrace-stop until the sample is taken, so its
+    /// registers can be read (`--native`).
+    pub stopped: bool,
+    /// The threads that have not run since an earlier tick.
+    pub still: TickStill<'a>,
+}
+
 /// One process's walker, or when to try attaching it again.
 #[derive(Default)]
 struct Slot {
@@ -142,6 +160,9 @@ struct Slot {
     /// about a millisecond, often with the target stopped, so retries back off.
     failures: u32,
     retry_at_ns: u64,
+    /// The frames of the last tick's samples, by thread state: a thread the walker
+    /// kept (it has not run since) is written with them again, not named anew.
+    frames_at_tick: FxHashMap<u64, Vec<WalkedFrame>>,
 }
 
 /// Longest wait between two attempts to attach the walker.
@@ -215,6 +236,15 @@ impl Sampler {
         self.walker(pid, pyprobe_sdt::tracer::signals::monotonic_ns())
     }
 
+    /// The frames of process `pid`'s samples at the last tick (see
+    /// [`Slot::frames_at_tick`]), taken out.
+    fn take_frames_at_tick(&mut self, pid: i32) -> FxHashMap<u64, Vec<WalkedFrame>> {
+        self.walkers
+            .get_mut(&pid)
+            .map(|slot| std::mem::take(&mut slot.frames_at_tick))
+            .unwrap_or_default()
+    }
+
     /// Process `pid` ran `execve` or ended: its walker read the old image.
     pub fn forget(&mut self, pid: i32) {
         self.walkers.remove(&pid);
@@ -253,18 +283,17 @@ impl Sampler {
         WalkedFrame { code, line: f.line }
     }
 
-    /// Takes one sample of every thread of `pid`; `on_cpu` says which of its threads
-    /// were on a CPU (see the engine's tick); `stopped`: every thread is held in a
-    /// ptrace-stop until this returns, so its registers can be read (`--native`).
-    pub fn sample(
-        &mut self,
-        pid: i32,
-        ts_ns: u64,
-        on_cpu: &[(i32, bool)],
-        stopped: bool,
-        builder: &mut EventBuilder,
-    ) {
+    /// Takes one sample of every thread of the tick's process.
+    pub fn sample(&mut self, tick: Tick, builder: &mut EventBuilder) {
+        let Tick {
+            pid,
+            ts_ns,
+            on_cpu,
+            stopped,
+            still: at,
+        } = tick;
         self.ticks += 1;
+        let on_cpu: FxHashMap<i32, bool> = on_cpu.iter().copied().collect();
         let (async_tasks, async_waiting) = (self.async_tasks, self.async_waiting);
         let limits = self.waiting_limits();
         let Some(walker) = self.walker(pid, ts_ns) else {
@@ -280,8 +309,7 @@ impl Sampler {
                 .async_stacks_and_waiting(true, limits)
                 .map(|(s, w)| (s, Some(w), None)),
             (true, _) => walker.async_stacks(!stopped).map(|s| (s, None, None)),
-            (false, true) => walker.stacks().map(|s| (s, None, None)),
-            (false, false) => walker.stacks_of_running().map(|s| (s, None, None)),
+            (false, stopped) => walker.stacks_at_tick(!stopped, at).map(|s| (s, None, None)),
         };
         let (stacks, waiting, plan) = match read {
             Ok(s) => s,
@@ -299,6 +327,8 @@ impl Sampler {
         } else {
             None
         };
+        let mut last_frames = self.take_frames_at_tick(pid);
+        let mut frames_at_tick = FxHashMap::default();
         for stack in stacks {
             if stack.frames.is_empty() {
                 continue;
@@ -323,16 +353,21 @@ impl Sampler {
                         None => EvalCalls::Unknown,
                     },
                 ),
-                None => Self::frames(builder, pid, &stack.frames),
+                None => {
+                    let kept = last_frames
+                        .remove(&stack.thread_state)
+                        .filter(|_| stack.kept);
+                    self.kept += u64::from(stack.kept);
+                    let frames = kept.unwrap_or_else(|| Self::frames(builder, pid, &stack.frames));
+                    frames_at_tick.insert(stack.thread_state, frames.clone());
+                    frames
+                }
             };
             let tid = stack.native_tid.unwrap_or(pid);
             let state = SampleState {
                 // Only a tid the walker knows is looked up: the fallback (the pid)
                 // would give the main thread's state to another thread.
-                on_cpu: stack
-                    .native_tid
-                    .and_then(|t| on_cpu.iter().find(|(id, _)| *id == t))
-                    .map(|(_, c)| *c),
+                on_cpu: stack.native_tid.and_then(|t| on_cpu.get(&t).copied()),
                 holds_gil: stack.holds_gil,
             };
             builder.write(tid, ts_ns, EventKind::Sample { frames, state });
@@ -340,6 +375,9 @@ impl Sampler {
         }
         if let Some(unwinder) = native {
             self.put_native(pid, unwinder);
+        }
+        if let Some(slot) = self.walkers.get_mut(&pid) {
+            slot.frames_at_tick = frames_at_tick;
         }
         if let Some(waiting) = waiting {
             self.write_waiting(pid, ts_ns, waiting, builder);

@@ -7,6 +7,7 @@ pub mod maps;
 pub mod memory;
 pub mod objects;
 pub mod status;
+pub mod task_looks;
 
 pub use maps::{read_maps, MapEntry};
 pub use objects::{find_probe_object, LoadedObject};

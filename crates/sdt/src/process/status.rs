@@ -185,42 +185,6 @@ impl KeptTaskFile {
     }
 }
 
-/// The `stat` files of many threads kept open (see [`KeptTaskFile`]), up to a
-/// quarter of the descriptors pyprobe may open; a thread past that has its file
-/// opened at each look. A sample of 1,000 threads read them all: opening and
-/// closing each was a quarter of the sampler's time.
-#[derive(Debug, Default)]
-pub(crate) struct KeptTaskStates {
-    files: rustc_hash::FxHashMap<i32, KeptTaskFile>,
-    /// How many files may be kept (`None` until first asked).
-    most: Option<usize>,
-}
-
-impl KeptTaskStates {
-    /// Most files kept, whatever the limit.
-    const MOST: usize = 16_384;
-
-    /// The scheduler state of thread `tid` of process `pid` (see [`task_state`]).
-    pub fn state(&mut self, pid: i32, tid: i32) -> Option<char> {
-        let most = *self.most.get_or_insert_with(|| {
-            let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-                .map_or(1024, |(soft, _)| soft);
-            usize::try_from(soft / 4)
-                .unwrap_or(Self::MOST)
-                .min(Self::MOST)
-        });
-        if self.files.len() < most || self.files.contains_key(&tid) {
-            return self.files.entry(tid).or_default().state(pid, tid);
-        }
-        task_state(pid, tid)
-    }
-
-    /// Closes the files of the threads `alive` says are gone.
-    pub fn keep_only(&mut self, alive: impl Fn(i32) -> bool) {
-        self.files.retain(|&tid, _| alive(tid));
-    }
-}
-
 /// The state letter of a `/proc/.../stat` line (or its start): the first character
 /// after the last `)`, which closes the name (a name may hold `)` itself).
 fn parse_stat_state(stat: &[u8]) -> Option<char> {

@@ -149,8 +149,10 @@ pub struct Engine {
     /// its maps and ELF files took 50 ms of a 10,000-thread attach, all of it held.
     /// The object carrying them stays mapped for the process's life.
     pub(super) prepared: Option<(i32, Result<Option<ProbeSet>>)>,
-    /// The threads' `stat` files, read at every sample.
-    pub(super) task_states: crate::process::status::KeptTaskStates,
+    /// The threads' `stat` and `schedstat` files, read at every sample.
+    pub(super) task_states: crate::process::task_looks::KeptTaskStates,
+    /// Sampling ticks begun, counted from 1: the number of the last.
+    pub(super) tick_number: u64,
 }
 
 /// Sampling ticks over a run.
@@ -209,6 +211,7 @@ impl Engine {
             busy: Default::default(),
             prepared: None,
             task_states: Default::default(),
+            tick_number: 0,
         }
     }
 

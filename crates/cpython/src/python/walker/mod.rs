@@ -73,12 +73,14 @@ mod locate;
 mod objects;
 mod py_tasks;
 mod stacks;
+mod still;
 mod task_listing;
 mod tasks;
 mod threads;
 mod values;
 mod waiting;
 
+pub use still::TickStill;
 pub use task_listing::TaskListing;
 pub use tasks::{task_marker, AsyncTask, TaskInfo, MAX_TASKS, TASK_FILE};
 pub use waiting::{WaitingLimits, WaitingPlan, WaitingTasks};
@@ -193,6 +195,9 @@ pub struct ThreadStack {
     /// cannot be told (no GIL offsets for this version, a free-threaded build, or
     /// unreadable).
     pub holds_gil: Option<bool>,
+    /// The thread has not run since the last tick it was read at: these are the
+    /// frames read then ([`Walker::stacks_at_tick`]).
+    pub kept: bool,
 }
 
 /// The (frame, code object) addresses of one thread's frames, outermost first.
@@ -236,6 +241,8 @@ pub struct Walker {
     /// 3.14+: a thread was seen running one of asyncio's pure-Python tasks,
     /// which cannot be listed there.
     pure_python_tasks_seen: bool,
+    /// The stacks read at the last sampling tick, for threads still at the next.
+    kept_stacks: still::KeptStacks,
     /// The `tp_basicsize` and `tp_dictoffset` of the types `instances` met.
     instance_types: std::cell::RefCell<std::collections::HashMap<u64, Option<(u64, u64)>>>,
     /// The attribute names `instances` read, by address.
@@ -327,6 +334,7 @@ impl Walker {
                 .then(|| instances::InstanceLayout::of(version.minor))
                 .flatten(),
             instance_types: Default::default(),
+            kept_stacks: Default::default(),
             attribute_names: Default::default(),
         })
     }
@@ -371,7 +379,24 @@ impl Walker {
         self.read_stacks(true)
     }
 
+    /// As [`Self::stacks_of_running`] (`running`) or [`Self::stacks`], at a sampling
+    /// tick: a thread still since a tick at or before the last one it was read at
+    /// is not walked again (see [`TickStill`]).
+    pub fn stacks_at_tick(&mut self, running: bool, at: TickStill) -> Result<Vec<ThreadStack>> {
+        let stacks = self.read_stacks_keeping(running, Some(&at))?;
+        self.kept_stacks.keep(at.tick, &stacks);
+        Ok(stacks)
+    }
+
     fn read_stacks(&mut self, running: bool) -> Result<Vec<ThreadStack>> {
+        self.read_stacks_keeping(running, None)
+    }
+
+    fn read_stacks_keeping(
+        &mut self,
+        running: bool,
+        at: Option<&TickStill>,
+    ) -> Result<Vec<ThreadStack>> {
         // One moment's walk: each code object is checked once in it.
         self.reader.new_naming_batch();
         let tstates = self
@@ -381,7 +406,15 @@ impl Walker {
         let holders = self.reader.gil_holders();
         let raws: Vec<RawThread> = tstates
             .iter()
-            .map(|(t, buf)| self.thread_walked(*t, buf, running))
+            .map(|(t, buf)| {
+                at.and_then(|at| {
+                    let thread_id = self.reader.thread_id_of(buf);
+                    let mut raw = self.kept_stacks.still(*t, thread_id, at)?;
+                    raw.native_id = self.reader.native_id_of(buf);
+                    Some(raw)
+                })
+                .unwrap_or_else(|| self.thread_walked(*t, buf, running))
+            })
             .collect();
         Ok(self.resolve(raws, holders.as_deref()))
     }
@@ -497,6 +530,7 @@ impl Walker {
             frames: raw.frames,
             truncated: raw.truncated,
             torn: raw.torn,
+            kept: false,
         }))
     }
 
@@ -661,6 +695,7 @@ impl Walker {
                 truncated: raw.truncated,
                 torn: raw.torn,
                 eval_calls: raw.eval_calls,
+                kept: raw.kept,
             })
             .collect()
     }

@@ -44,6 +44,8 @@ pub(crate) struct RawThread {
     pub eval_calls: Option<Vec<usize>>,
     /// See [`super::ThreadStack::torn`].
     pub torn: bool,
+    /// See [`super::ThreadStack::kept`].
+    pub kept: bool,
 }
 
 pub(crate) struct StackReader<M> {

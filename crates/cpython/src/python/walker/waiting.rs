@@ -50,6 +50,7 @@ pub(super) fn waiting_stack(on: Option<&ThreadStack>, frames: Vec<PyFrame>) -> T
         torn: false,
         eval_calls: None,
         holds_gil: Some(false),
+        kept: false,
     }
 }
 

@@ -265,12 +265,16 @@ pub enum TraceEvent<'a> {
     /// Time to take a sample of process `pid`; `stopped`: every thread is held in a
     /// ptrace-stop until the sink returns. `on_cpu`: whether each of its threads was on
     /// a CPU, read from the kernel before anything was stopped (a thread missing was
-    /// not readable).
+    /// not readable). `tick`: this tick's number, counted up from 1. `still`: the
+    /// threads (tid, tick) that have not run since the look of that earlier tick,
+    /// sorted: their stacks are those read at any tick since.
     Tick {
         pid: i32,
         ts_ns: u64,
         stopped: bool,
         on_cpu: Vec<(i32, bool)>,
+        tick: u64,
+        still: Vec<(i32, u64)>,
     },
     /// The threads of process `pid`, held for its [`TraceEvent::Tick`], run again:
     /// what a sample may read with them running (asyncio's waiting tasks) is

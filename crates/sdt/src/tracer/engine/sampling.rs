@@ -9,6 +9,7 @@ use nix::sys::ptrace;
 use nix::unistd::Pid;
 
 use crate::process::status::tgid_of;
+use crate::process::task_looks::TickLook;
 
 use crate::sdt::MemoryReader;
 use crate::tracer::clock::monotonic_ns;
@@ -37,6 +38,7 @@ impl Engine {
             self.unblock_samples_of_many_threads(sink);
         }
         let blocking = self.options.blocking_samples && !self.budget.samples_unblocked;
+        self.tick_number += 1;
         // Each process is sampled on its own: stopped only while its own stacks are
         // read, never while another process's are. One still starting (its
         // interpreter not mapped yet) has nothing to read.
@@ -57,12 +59,14 @@ impl Engine {
                     continue;
                 }
                 self.drain_ring_of(pid, sink);
-                let on_cpu = self.cpu_states(pid);
+                let (on_cpu, still) = self.cpu_states(pid);
                 sink(TraceEvent::Tick {
                     pid,
                     ts_ns: monotonic_ns(),
                     stopped: false,
                     on_cpu,
+                    tick: self.tick_number,
+                    still,
                 });
             }
         }
@@ -85,7 +89,7 @@ impl Engine {
         let running = |t: &Thread| matches!(t.state, ThreadState::Running | ThreadState::New);
         let mut interrupted = std::collections::HashSet::new();
         // Before the stop, which would show every thread as stopped.
-        let mut on_cpu: HashMap<i32, Vec<(i32, bool)>> = left
+        let mut on_cpu: HashMap<i32, CpuStates> = left
             .iter()
             .map(|&pid| (pid, self.cpu_states(pid)))
             .collect();
@@ -121,7 +125,7 @@ impl Engine {
                 let budgeted = self.budget.meter.is_some();
                 let hold = budgeted.then(|| self.budget.own_schedule.begin());
                 self.drain_ring_of(pid, sink);
-                let mut cpu = on_cpu.remove(&pid).unwrap_or_default();
+                let (mut cpu, still) = on_cpu.remove(&pid).unwrap_or_default();
                 for (tid, on) in &mut cpu {
                     *on = *on && !self.stopped_in_a_blocking_call(pid, *tid);
                 }
@@ -130,6 +134,8 @@ impl Engine {
                     ts_ns: monotonic_ns(),
                     stopped: true,
                     on_cpu: cpu,
+                    tick: self.tick_number,
+                    still,
                 });
                 self.resume_process(pid);
                 if let Some(hold) = hold {
@@ -211,16 +217,24 @@ impl Engine {
     /// Whether each thread of process `pid` is on a CPU (running or runnable), from
     /// the kernel's scheduler state. A thread in a ptrace-stop of pyprobe's own (a
     /// probe hit, an interrupt) was caught running; one in a group-stop (SIGSTOP) or a
-    /// vfork wait was not.
-    pub(in crate::tracer) fn cpu_states(&mut self, pid: i32) -> Vec<(i32, bool)> {
+    /// vfork wait was not. And the threads that have not run since an earlier tick
+    /// (see [`TraceEvent::Tick`]): of 2,000 threads waiting, reading each one's
+    /// `stat` and stack at every tick left most ticks untaken.
+    pub(in crate::tracer) fn cpu_states(&mut self, pid: i32) -> CpuStates {
         let threads = &self.threads;
         self.task_states.keep_only(|tid| threads.contains_key(&tid));
         let states = &mut self.task_states;
-        threads
+        let tick = self.tick_number;
+        let mut still = Vec::new();
+        let on_cpu = threads
             .iter()
             .filter(|(_, t)| t.tgid == pid)
             .filter_map(|(&tid, t)| {
-                let on_cpu = match states.state(pid, tid)? {
+                let look = states.tick_look(pid, tid, tick)?;
+                if let TickLook::Still { since, .. } = look {
+                    still.push((tid, since));
+                }
+                let on_cpu = match look.state() {
                     'R' => true,
                     't' => !matches!(
                         t.state,
@@ -234,9 +248,15 @@ impl Engine {
                 };
                 Some((tid, on_cpu))
             })
-            .collect()
+            .collect();
+        still.sort_unstable();
+        (on_cpu, still)
     }
 }
+
+/// Of one process's threads: (tid, on a CPU), and (tid, since) of those still
+/// since tick `since` (see [`TraceEvent::Tick`]).
+type CpuStates = (Vec<(i32, bool)>, Vec<(i32, u64)>);
 
 /// Whether registers at a stop in the signal path show a system call (`orig_rax`,
 /// not -1) cut short to be restarted when the thread runs on: it was waiting in it.

@@ -162,20 +162,30 @@ impl<M: Memory> StackReader<M> {
         }
     }
 
+    /// A thread state's thread id (`pthread_t`), from its bytes (0: unreadable).
+    pub(crate) fn thread_id_of(&self, buf: &[u8]) -> u64 {
+        field_u64(buf, self.layout.tstate_thread_id).unwrap_or(0)
+    }
+
+    /// A thread state's `native_thread_id` (3.11+), from its bytes.
+    pub(crate) fn native_id_of(&self, buf: &[u8]) -> Option<i32> {
+        self.layout
+            .tstate_native_thread_id
+            .and_then(|o| field_i32(buf, o).ok())
+            .filter(|&t| t > 0)
+    }
+
     /// A thread state's ids and innermost frame (`None`: unreadable), from its bytes.
     pub(crate) fn thread_header(&self, tstate: u64, buf: &[u8]) -> (RawThread, Option<u64>) {
         let mut raw = RawThread {
             thread_state: tstate,
-            thread_id: field_u64(buf, self.layout.tstate_thread_id).unwrap_or(0),
-            native_id: self
-                .layout
-                .tstate_native_thread_id
-                .and_then(|o| field_i32(buf, o).ok())
-                .filter(|&t| t > 0),
+            thread_id: self.thread_id_of(buf),
+            native_id: self.native_id_of(buf),
             frames: Vec::new(),
             truncated: false,
             eval_calls: None,
             torn: false,
+            kept: false,
         };
         let frame = self.innermost_of(buf);
         if frame.is_none() {
