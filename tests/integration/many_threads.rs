@@ -22,6 +22,12 @@ fn attach_to_threads(version: &'static str, mode: &str, threads: &str) -> String
     let Some(py) = python(version) else {
         return String::new();
     };
+    attach_to_threads_of(&py, mode, threads)
+}
+
+/// [`attach_to_threads`] with the interpreter `py`.
+fn attach_to_threads_of(py: &Python, mode: &str, threads: &str) -> String {
+    let version = py.version;
     let mut target = Command::new(&py.launcher)
         .arg(repo().join("fixtures/python/many_threads.py"))
         .args([threads, "6"])
@@ -113,6 +119,33 @@ fn two_thousand_threads_in_the_default_mode_keep_its_budget_3_15() {
         "{stderr}"
     );
     assert!(!stderr.contains("exceeded"), "{stderr}");
+}
+
+/// The same where the interpreter has no probes (pyenv's builds, as Docker's and
+/// python.org's): the budget holds the sample stops alone. It once started only
+/// with probes, and every tick stopped the 2,000 threads whatever it cost.
+#[test]
+fn two_thousand_threads_in_the_default_mode_keep_its_budget_without_probes() {
+    let Some((version, exe)) = pyenv_builds().into_iter().find(|(v, _)| v == "3.12") else {
+        eprintln!("NOTICE: skipped: no pyenv build of 3.12 on this machine");
+        return;
+    };
+    let py = Python {
+        version: Box::leak(format!("pyenv-{version}").into_boxed_str()),
+        launcher: exe.clone(),
+        binary: exe,
+    };
+    let stderr = attach_to_threads_of(&py, "auto", "2000");
+    assert!(stderr.contains("has no SDT probes"), "{stderr}");
+    assert!(
+        stderr.contains("stopping 2001 threads for a sample would hold the target"),
+        "{stderr}"
+    );
+    let budget = stderr
+        .lines()
+        .find(|l| l.starts_with("pyprobe: overhead budget 5% held"))
+        .unwrap_or_else(|| panic!("no closing line of the budget: {stderr}"));
+    assert!(!budget.contains("GC, import and audit"), "{budget}");
 }
 
 #[test]

@@ -278,16 +278,18 @@ pub(super) fn budget_line(max: f64, b: &pyprobe_sdt::tracer::BudgetSummary) -> S
     } else {
         "exceeded"
     };
-    let kept = if b.traced_functions {
+    let kept = if b.samples_only {
+        String::new()
+    } else if b.traced_functions {
         format!(
-            "calls traced exactly {:.1}% of the time, in {} window{}, sampled in between",
+            "; calls traced exactly {:.1}% of the time, in {} window{}, sampled in between",
             b.exact_fraction * 100.0,
             b.windows,
             if b.windows == 1 { "" } else { "s" }
         )
     } else {
         format!(
-            "stacks of GC, import and audit events recorded {:.1}% of the time",
+            "; stacks of GC, import and audit events recorded {:.1}% of the time",
             b.exact_fraction * 100.0
         )
     };
@@ -301,7 +303,7 @@ pub(super) fn budget_line(max: f64, b: &pyprobe_sdt::tracer::BudgetSummary) -> S
     };
     format!(
         "overhead budget {}% {held}: the target was stopped for pyprobe {:.2}% of its run \
-         time{setup}; {kept}{sampled}",
+         time{setup}{kept}{sampled}",
         max * 100.0,
         b.slowdown * 100.0
     )

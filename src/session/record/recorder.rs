@@ -606,8 +606,12 @@ impl<'a> Recorder<'a> {
             );
         }
         if let (Some(max), Some(b)) = (settings.budget, budget_summary) {
-            // Said when the budget changed what was recorded, or was exceeded.
-            let acted = b.traced_functions || b.exact_fraction < 1.0 || b.slowdown > max;
+            // Said when the budget changed what was recorded or how samples were
+            // taken, or was exceeded.
+            let acted = b.traced_functions
+                || b.exact_fraction < 1.0
+                || b.samples_unblocked
+                || b.slowdown > max;
             if acted || request.verbose {
                 eprintln!("pyprobe: {}", budget_line(max, &b));
             }

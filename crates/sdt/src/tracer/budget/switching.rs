@@ -21,8 +21,12 @@ const UNCOUNTED_FOR_NS: u64 = 100_000_000;
 /// The engine's side of the overhead budget, in one place: the budget, the kernel's
 /// share of a stop, the timing of stops, and how the ring's stack probes are thinned.
 pub(in crate::tracer) struct BudgetBook {
-    /// The budget itself, once budgeted probes are installed.
+    /// The budget itself, once budgeted probes are installed, or at the first
+    /// sample stop of processes with no probes at all (`samples_only`).
     pub(in crate::tracer) meter: Option<Budget>,
+    /// The meter holds only the sample stops: no traced process has probes (a
+    /// CPython built without them). Probes installed later start it afresh.
+    pub(in crate::tracer) samples_only: bool,
     /// Ring set-up done during the current stop (not charged to the budget), and
     /// over the whole run.
     pub(in crate::tracer) setup_in_stop_ns: u64,
@@ -58,6 +62,7 @@ impl BudgetBook {
     pub(in crate::tracer) fn new(max_overhead: Option<f64>) -> BudgetBook {
         BudgetBook {
             meter: None,
+            samples_only: false,
             thin: ThinLevel::Full,
             thinned_at: 0,
             setup_in_stop_ns: 0,
@@ -103,6 +108,9 @@ impl Engine {
             return;
         }
         self.budget.traced_functions |= budgeted;
+        if std::mem::take(&mut self.budget.samples_only) {
+            self.budget.meter = None;
+        }
         match &self.budget.meter {
             None => {
                 let now = monotonic_ns();
@@ -403,6 +411,30 @@ impl Engine {
     /// the largest process's thread count (see [`predicted_stop_ns`]): samples go
     /// on without stopping it from the start, as [`Self::unblock_costly_samples`]
     /// decides later on measured stops.
+    /// The budget holds the sample stops too where no process has probes for it
+    /// (a CPython built without them, as most are): started at the first tick at
+    /// which every traced process was found to have none. Without it, stopping
+    /// 300 threads at every tick held a server 4 ms a time, whatever it cost.
+    pub(in crate::tracer) fn budget_sample_stops(&mut self) {
+        let Some(max) = self.options.max_overhead else {
+            return;
+        };
+        if self.budget.meter.is_some() || !self.options.blocking_samples {
+            return;
+        }
+        let probeless = |p: &crate::tracer::engine::Proc| {
+            let set = &p.patches.set;
+            !p.awaiting_object
+                && set.budgeted.is_empty()
+                && set.stack_probes.is_empty()
+                && set.needs_stop.is_empty()
+        };
+        if !self.procs.is_empty() && self.procs.values().all(probeless) {
+            self.budget.meter = Some(Budget::new(max, monotonic_ns()));
+            self.budget.samples_only = true;
+        }
+    }
+
     pub(in crate::tracer) fn unblock_samples_of_many_threads(
         &mut self,
         sink: &mut dyn FnMut(TraceEvent),
@@ -449,11 +481,14 @@ impl Engine {
         }
         self.budget.samples_unblocked = true;
         let steady_ns = b.steady_sample_ns().unwrap_or(0);
+        let leaves = match self.budget.samples_only {
+            true => "allows",
+            false => "leaves for exact windows",
+        };
         sink(TraceEvent::Notice(format!(
             "overhead budget: stopping the target for a sample costs it {} µs in steady \
-             state, {:.1}% of its time at this rate, more than the budget leaves for exact \
-             windows; sampling on without stopping it (as --nonblocking; lower -r to keep \
-             the stops)",
+             state, {:.1}% of its time at this rate, more than the budget {leaves}; sampling \
+             on without stopping it (as --nonblocking; lower -r to keep the stops)",
             steady_ns / 1000,
             steady_ns as f64 * 100.0 / interval as f64
         )));
@@ -470,6 +505,7 @@ impl Engine {
                 slowdown: b.overall_slowdown(now),
                 setup_ns: self.budget.setup_total_ns + self.budget.setup_in_stop_ns,
                 traced_functions: self.budget.traced_functions,
+                samples_only: self.budget.samples_only,
                 windows: b.windows(),
                 blocking_samples,
                 sample_mean_ns,
@@ -493,6 +529,8 @@ pub struct BudgetSummary {
     pub setup_ns: u64,
     /// Function (or line) probes were under the budget, not only stacks.
     pub traced_functions: bool,
+    /// No probes were: the budget held the sample stops alone.
+    pub samples_only: bool,
     /// Exact windows opened (the first one included).
     pub windows: u64,
     /// Samples that stopped the target between windows, and their mean cost.

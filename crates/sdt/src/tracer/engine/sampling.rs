@@ -34,6 +34,7 @@ impl Engine {
             self.poll_budget(sink);
             return Ok(());
         }
+        self.budget_sample_stops();
         if self.options.blocking_samples && !self.budget.samples_unblocked {
             self.unblock_samples_of_many_threads(sink);
         }
