@@ -22,7 +22,7 @@ const UNCOUNTED_FOR_NS: u64 = 100_000_000;
 /// share of a stop, the timing of stops, and how the ring's stack probes are thinned.
 pub(in crate::tracer) struct BudgetBook {
     /// The budget itself, once budgeted probes are installed, or at the first
-    /// sample stop of processes with no probes at all (`samples_only`).
+    /// tick where no traced process has probes at all (`samples_only`).
     pub(in crate::tracer) meter: Option<Budget>,
     /// The meter holds only the sample stops: no traced process has probes (a
     /// CPython built without them). Probes installed later start it afresh.
@@ -405,16 +405,10 @@ impl Engine {
         });
     }
 
-    /// Before the first blocking sample: a process with thousands of threads takes
-    /// tens of ms to stop, so the three stops that would measure it would alone break
-    /// the budget (2,000 idle threads: 50 ms each, 8 % of a 2 s run). Predicted from
-    /// the largest process's thread count (see [`predicted_stop_ns`]): samples go
-    /// on without stopping it from the start, as [`Self::unblock_costly_samples`]
-    /// decides later on measured stops.
     /// The budget holds the sample stops too where no process has probes for it
     /// (a CPython built without them, as most are): started at the first tick at
     /// which every traced process was found to have none. Without it, stopping
-    /// 300 threads at every tick held a server 4 ms a time, whatever it cost.
+    /// 300 threads at every tick held a server 8 ms a time, whatever it cost.
     pub(in crate::tracer) fn budget_sample_stops(&mut self) {
         let Some(max) = self.options.max_overhead else {
             return;
@@ -435,6 +429,12 @@ impl Engine {
         }
     }
 
+    /// Before the first blocking sample: a process with thousands of threads takes
+    /// tens of ms to stop, so the three stops that would measure it would alone break
+    /// the budget (2,000 idle threads: 50 ms each, 8 % of a 2 s run). Predicted from
+    /// the largest process's thread count (see [`predicted_stop_ns`]): samples go
+    /// on without stopping it from the start, as [`Self::unblock_costly_samples`]
+    /// decides later on measured stops.
     pub(in crate::tracer) fn unblock_samples_of_many_threads(
         &mut self,
         sink: &mut dyn FnMut(TraceEvent),
