@@ -491,9 +491,12 @@ fn threads_that_have_not_run_since_the_last_tick_keep_their_stacks() {
         // keeps the counts that tell (its scheduler statistics).
         let kept = stderr
             .lines()
-            .find_map(|l| l.strip_prefix("pyprobe: ")?.split_once(" of the "))
-            .and_then(|(k, rest)| Some((k.parse::<u64>().ok()?, rest.split(' ').next()?)))
-            .and_then(|(k, all)| Some((k, all.parse::<u64>().ok()?)))
+            .filter(|l| l.contains("samples were of threads that had not run"))
+            .find_map(|l| {
+                let (kept, rest) = l.strip_prefix("pyprobe: ")?.split_once(" of the ")?;
+                let all = rest.split(' ').next()?;
+                Some((kept.parse::<u64>().ok()?, all.parse::<u64>().ok()?))
+            })
             .unwrap_or_else(|| panic!("{version}: no line of kept samples: {stderr}"));
         if schedstat_kept() {
             assert!(
