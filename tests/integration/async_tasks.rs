@@ -695,11 +695,7 @@ fn legacy_pyenv_builds() -> Vec<Python> {
     pyenv_builds()
         .into_iter()
         .filter(|(version, _)| ["3.7", "3.8", "3.10", "3.12"].contains(&version.as_str()))
-        .map(|(version, exe)| Python {
-            version: Box::leak(format!("pyenv-{version}").into_boxed_str()),
-            launcher: exe.clone(),
-            binary: exe,
-        })
+        .map(|(version, exe)| pyenv_python(&version, exe))
         .collect()
 }
 

@@ -130,12 +130,7 @@ fn two_thousand_threads_in_the_default_mode_keep_its_budget_without_probes() {
         eprintln!("NOTICE: skipped: no pyenv build of 3.12 on this machine");
         return;
     };
-    let py = Python {
-        version: Box::leak(format!("pyenv-{version}").into_boxed_str()),
-        launcher: exe.clone(),
-        binary: exe,
-    };
-    let stderr = attach_to_threads_of(&py, "auto", "2000");
+    let stderr = attach_to_threads_of(&pyenv_python(&version, exe), "auto", "2000");
     assert!(stderr.contains("has no SDT probes"), "{stderr}");
     assert!(
         stderr.contains("stopping 2001 threads for a sample would hold the target"),

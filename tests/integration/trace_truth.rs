@@ -266,11 +266,7 @@ fn calls_and_resumes_are_the_programs_own_through_the_hook_everywhere() {
             .and_then(|m| m.parse().ok())
             .unwrap_or(0);
         if version.starts_with("3.") && minor >= 7 {
-            pythons.push(Python {
-                version: Box::leak(format!("pyenv-{version}").into_boxed_str()),
-                launcher: exe.clone(),
-                binary: exe,
-            });
+            pythons.push(pyenv_python(&version, exe));
         }
     }
     for py in &pythons {

@@ -416,6 +416,16 @@ pub fn pyenv_builds() -> Vec<(String, PathBuf)> {
     builds
 }
 
+/// A pyenv-style build of `version` (`X.Y`, from [`pyenv_builds`]) as a test
+/// interpreter, named `pyenv-X.Y`: its launcher and its binary are its executable.
+pub fn pyenv_python(version: &str, exe: PathBuf) -> Python {
+    Python {
+        version: Box::leak(format!("pyenv-{version}").into_boxed_str()),
+        launcher: exe.clone(),
+        binary: exe,
+    }
+}
+
 /// Every interpreter to run library-level checks on: Debian's and pyenv's.
 pub fn all_interpreters() -> Vec<(String, PathBuf)> {
     let mut all: Vec<(String, PathBuf)> = VERSIONS
