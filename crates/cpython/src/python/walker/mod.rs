@@ -183,7 +183,7 @@ pub struct ThreadStack {
     /// The walk stopped early: unreadable or corrupt memory (often: the thread ran
     /// while being read), a cycle, or more than 1024 frames.
     pub truncated: bool,
-    /// Read with the thread running ([`Walker::stacks_of_running`]), and its
+    /// Read with the thread running ([`Walker::stacks_at_tick`], `running`), and its
     /// innermost frame changed under the walk: the frames may not be one stack.
     pub torn: bool,
     /// How many of `frames` each call of the eval loop runs, outermost first, where
@@ -203,7 +203,7 @@ pub struct ThreadStack {
 /// The (frame, code object) addresses of one thread's frames, outermost first.
 type FrameAddresses = Vec<(u64, u64)>;
 
-/// How many times a torn walk is made again at once ([`Walker::stacks_of_running`]).
+/// How many times a torn walk is made again at once ([`Walker::stacks_at_tick`], `running`).
 const TORN_RETRIES: usize = 2;
 
 /// Reads the Python stacks of one process. See the module documentation.
@@ -370,33 +370,20 @@ impl Walker {
     /// Fails only when `_PyRuntime` cannot be read (e.g. the process is gone); a thread
     /// whose stack cannot be read whole comes back [`truncated`](ThreadStack::truncated).
     pub fn stacks(&mut self) -> Result<Vec<ThreadStack>> {
-        self.read_stacks(false)
+        self.read_stacks(false, None)
     }
 
-    /// As [`Self::stacks`], of threads that may run while they are read: each
-    /// stack says whether its thread ran under the walk ([`ThreadStack::torn`]).
-    pub fn stacks_of_running(&mut self) -> Result<Vec<ThreadStack>> {
-        self.read_stacks(true)
-    }
-
-    /// As [`Self::stacks_of_running`] (`running`) or [`Self::stacks`], at a sampling
-    /// tick: a thread still since a tick at or before the last one it was read at
-    /// is not walked again (see [`TickStill`]).
+    /// As [`Self::stacks`], at a sampling tick: a thread still since a tick at or
+    /// before the last one it was read at is not walked again (see [`TickStill`]).
+    /// With `running`, of threads that may run while they are read: each stack
+    /// says whether its thread ran under the walk ([`ThreadStack::torn`]).
     pub fn stacks_at_tick(&mut self, running: bool, at: TickStill) -> Result<Vec<ThreadStack>> {
-        let stacks = self.read_stacks_keeping(running, Some(&at))?;
+        let stacks = self.read_stacks(running, Some(&at))?;
         self.kept_stacks.keep(at.tick, &stacks);
         Ok(stacks)
     }
 
-    fn read_stacks(&mut self, running: bool) -> Result<Vec<ThreadStack>> {
-        self.read_stacks_keeping(running, None)
-    }
-
-    fn read_stacks_keeping(
-        &mut self,
-        running: bool,
-        at: Option<&TickStill>,
-    ) -> Result<Vec<ThreadStack>> {
+    fn read_stacks(&mut self, running: bool, at: Option<&TickStill>) -> Result<Vec<ThreadStack>> {
         // One moment's walk: each code object is checked once in it.
         self.reader.new_naming_batch();
         let tstates = self
@@ -462,7 +449,7 @@ impl Walker {
             .collect())
     }
 
-    /// As [`Self::stacks`] (`running`: [`Self::stacks_of_running`]), with the
+    /// As [`Self::stacks`] (`running`: read running, as by [`Self::stacks_at_tick`]), with the
     /// address of each frame and of its code object, outermost first as the frames.
     fn walk_keeping_frames(
         &mut self,

@@ -189,7 +189,7 @@ pub(super) fn marker_frame(text: &str) -> PyFrame {
 }
 
 impl Walker {
-    /// As [`Walker::stacks`] (`running`: [`Walker::stacks_of_running`]), each
+    /// As [`Walker::stacks`] (`running`: read running, as by [`Walker::stacks_at_tick`]), each
     /// thread that runs an asyncio task shown as the task's logical stack: the tasks
     /// awaiting it, outermost first, each a marker frame and the frames of the
     /// coroutines it stands in (see [`Self::awaited_frames`]),
